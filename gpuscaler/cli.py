@@ -1,0 +1,153 @@
+"""Command line: validate-config, simulate, once, run.
+
+Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
+Bad input never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.controller import Controller
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+NO_ADAPTER_NOTICE = (
+    "source: simulator on the bundled trace. The Prometheus and Kubernetes adapters are "
+    "not built yet (issues 4 and 5), so `once` and `run` observe and act on an in-process "
+    "simulated cluster, never a real one."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _config_or_exit(path: str | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = _config_or_exit(args.path)
+    print(f"{args.path}: valid: {config.summary()}")
+    return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gpuscaler.sim.report import table, write_report
+    from gpuscaler.sim.simulate import simulate
+    from gpuscaler.sim.trace import TraceError, load_trace
+
+    config = _config_or_exit(args.config)
+    if args.hours is not None and args.hours <= 0:
+        print("--hours must be > 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        trace = load_trace(args.trace)
+        result = simulate(trace, args.hours, args.seed, config)
+    except TraceError as e:
+        print(f"bad trace: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(table(summary))
+    if args.report:
+        for path in write_report(result, Path(args.report)):
+            print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _live_controller(config: Config, dry_run: bool) -> Controller:
+    from gpuscaler.sim.live import LiveSimulation
+
+    print(NO_ADAPTER_NOTICE, file=sys.stderr)
+    live = LiveSimulation(config, wall_start=time.time())
+    return Controller(live.config, live, live, dry_run=dry_run or config.control.dry_run)
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    config = _config_or_exit(args.config)
+    controller = _live_controller(config, args.dry_run)
+    result = controller.tick(time.time())
+    for d in result.plan.decisions:
+        print(json.dumps(d.as_record()))
+    for s in result.plan.skips:
+        print(json.dumps(s.as_record()))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuscaler.loop import ControlLoop
+
+    config = _config_or_exit(args.config)
+    controller = _live_controller(config, args.dry_run)
+    ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
+    return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpuscaler", description="Predictive GPU autoscaler for Kubernetes.")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("validate-config", help="check a config file and exit")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("simulate", help="replay a load trace against a simulated cluster")
+    p.add_argument("--trace", help="CSV: time column, then requests per bin (default: bundled)")
+    p.add_argument(
+        "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--config", help="config YAML (default: built-in defaults)")
+    p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_simulate)
+
+    for name, func, help_text in (
+        ("once", cmd_once, "run one control cycle and print the plan as JSON lines"),
+        ("run", cmd_run, "run the control loop until SIGTERM/SIGINT"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
+        if name == "run":
+            p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from gpuscaler.logs import setup_logging
+
+    setup_logging(args.log_level)
+    logging.captureWarnings(True)
+    if getattr(args, "command", None) == "simulate" and args.hours is None and args.trace is None:
+        args.hours = 24.0
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""The imperative shell around the core: one tick = observe, forecast, plan, act, record.
+
+The same `Controller.tick` runs under the APScheduler loop (`gpuscaler.loop`) against a
+real cluster and under the simulator's clock against a simulated one; only the source and
+the actuator differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuscaler.config import Config, ForecastConfig
+from gpuscaler.core.forecast import ForecastEngine, make_engine
+from gpuscaler.core.model import Decision, History, Plan, Snapshot, record_applied
+from gpuscaler.core.plan import plan as make_plan
+from gpuscaler.core.snapshot import Observations, build_snapshot
+from gpuscaler.logs import log_plan
+
+log = logging.getLogger("gpuscaler.controller")
+
+
+class ObservationSource(Protocol):
+    """Reads metrics and cluster state as of `now`."""
+
+    name: str
+
+    def observe(self, now: float) -> Observations: ...
+
+
+class Actuator(Protocol):
+    """Carries decisions out; returns those that took effect."""
+
+    def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]: ...
+
+
+@dataclass(frozen=True)
+class TickResult:
+    snapshot: Snapshot
+    plan: Plan
+    applied: tuple[Decision, ...]
+    seconds: float
+
+
+@dataclass
+class TickStats:
+    ticks: int = 0
+    failed: int = 0
+    last_success: float | None = None
+    listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(
+        self,
+        config: Config,
+        source: ObservationSource,
+        actuator: Actuator,
+        dry_run: bool | None = None,
+        log_decisions: bool = True,
+    ):
+        self.config = config
+        self.source = source
+        self.actuator = actuator
+        self.dry_run = config.control.dry_run if dry_run is None else dry_run
+        self.history = History()
+        self.stats = TickStats()
+        self.log_decisions = log_decisions
+        self._engines: dict[ForecastConfig, ForecastEngine] = {}
+
+    def engines(self) -> dict[ForecastConfig, ForecastEngine]:
+        """One engine per distinct forecast config, built once."""
+        cfgs = [self.config.forecast]
+        cfgs += [
+            self.config.pool_section(p.name, "forecast", ForecastConfig)
+            for p in self.config.node_pools
+        ]
+        cfgs += [
+            self.config.workload_section(w.key, "forecast", ForecastConfig)
+            for w in self.config.workloads
+        ]
+        for cfg in cfgs:
+            if cfg not in self._engines:
+                self._engines[cfg] = make_engine(cfg)
+        return self._engines
+
+    def tick(self, now: float) -> TickResult:
+        started = time.perf_counter()
+        raw = self.source.observe(now)
+        snapshot = build_snapshot(raw, self.config, now, self.engines())
+        plan = make_plan(snapshot, self.config, self.history, now)
+        applied = () if self.dry_run else self.actuator.apply(plan.decisions)
+        self.history = record_applied(plan.history, applied)
+        result = TickResult(snapshot, plan, applied, time.perf_counter() - started)
+        self.stats.ticks += 1
+        self.stats.last_success = now
+        if self.log_decisions:
+            log_plan(plan, applied, self.dry_run)
+        for listener in self.stats.listeners:
+            listener(result)
+        return result
+
+    def safe_tick(self, now: float) -> TickResult | None:
+        """A tick whose failure is logged and counted; the loop goes on."""
+        try:
+            return self.tick(now)
+        except Exception:
+            self.stats.failed += 1
+            log.exception("tick failed", extra={"event": "tick_failed", "tick_time": now})
+            return None

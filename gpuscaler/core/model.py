@@ -1,0 +1,249 @@
+"""Frozen data the core reads and writes: observations in, a plan out.
+
+Times are float unix seconds. Utilization is in percent. A workload's `load` is the GPU
+utilization summed over its GPUs, in percent of one GPU (250 means 2.5 GPUs' worth of busy
+time); divided by a replica's GPU share it is the sum of replica utilization the HPA
+formula divides by the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuscaler.config import TIME_SLICE_LEVELS
+
+FloatArray = npt.NDArray[np.float64]
+
+DecisionKind = Literal["fragments", "replica_floor", "time_slice"]
+
+
+@dataclass(frozen=True, eq=False)
+class Series:
+    """Samples of one signal on a regular grid; NaN marks a gap."""
+
+    start: float
+    step: float
+    values: FloatArray
+
+    @property
+    def end(self) -> float:
+        """Time of the last slot of the grid."""
+        return self.start + self.step * (len(self.values) - 1)
+
+    def last_sample_time(self) -> float | None:
+        finite = np.flatnonzero(np.isfinite(self.values))
+        return None if finite.size == 0 else self.start + self.step * float(finite[-1])
+
+
+@dataclass(frozen=True, eq=False)
+class Forecast:
+    """A forecast path on a grid of `step` seconds after `origin`, with its interval."""
+
+    origin: float
+    step: float
+    mean: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+    level: float
+    method: str
+    reason: str
+    last_value: float
+
+    @property
+    def peak(self) -> float:
+        """Highest point of the mean path over the horizon."""
+        return float(np.max(self.mean))
+
+    @property
+    def peak_upper(self) -> float:
+        """Highest point of the interval's upper bound over the horizon."""
+        return float(np.max(self.upper))
+
+    def is_finite(self) -> bool:
+        return bool(
+            np.all(np.isfinite(self.mean))
+            and np.all(np.isfinite(self.lower))
+            and np.all(np.isfinite(self.upper))
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.method} peak {self.peak:.1f} (upper {self.peak_upper:.1f} at "
+            f"{self.level:.0%}) over {len(self.mean) * self.step:.0f}s"
+        )
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What the core knows of one forecast input: its forecast, or why there is none."""
+
+    last_sample_time: float | None
+    forecast: Forecast | None
+    problem: str | None = None
+    """Set by an adapter or the forecaster when the input cannot be trusted."""
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    name: str
+    utilization: Signal
+    """Mean GPU utilization of the pool's GPUs (percent)."""
+    fragments: int | None
+    """Fragments per GPU the pool runs now; None when unknown."""
+    time_slice_level: str | None
+    stall_mean_pct: float | None
+    """Mean stall over the configured stall window; None when unknown."""
+    stall_last_sample_time: float | None = None
+    gpu_memory_gib: float | None = None
+    """Overrides the config's value when the cluster reports it (nvidia.com/gpu.memory)."""
+    max_shares_held: int = 0
+    """Most GPU shares held by pods on any one GPU of the pool."""
+
+
+@dataclass(frozen=True)
+class WorkloadObservation:
+    key: str
+    load: Signal
+    """GPU utilization summed over the workload's GPUs, percent of one GPU."""
+    floor: int | None
+    """The replica floor set now (minReplicaCount / minReplicas); None when unknown."""
+    replicas: int | None
+    max_replicas: int | None = None
+    """The object's own ceiling (maxReplicaCount / maxReplicas)."""
+    replica_gpu_share: float = 1.0
+    """GPU one replica can use: 1 for a whole GPU, about 1/n on a GPU shared n ways."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one tick observed, with forecasts attached."""
+
+    time: float
+    pools: tuple[PoolObservation, ...] = ()
+    workloads: tuple[WorkloadObservation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One action of a plan: set `target`'s `kind` from `from_value` to `to_value`."""
+
+    time: float
+    kind: DecisionKind
+    target: str
+    from_value: int | str
+    to_value: int | str
+    reason: str
+    forecast: Mapping[str, float] | None = None
+
+    @property
+    def direction(self) -> int:
+        return _direction(self.from_value, self.to_value)
+
+    def as_record(self) -> dict[str, object]:
+        """The fields of a decisions.jsonl line."""
+        return {
+            "time": self.time,
+            "kind": self.kind,
+            "target": self.target,
+            "from": self.from_value,
+            "to": self.to_value,
+            "reason": self.reason,
+            "forecast": dict(self.forecast) if self.forecast is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A target the tick did not act on, and why."""
+
+    time: float
+    kind: DecisionKind
+    target: str
+    reason: str
+    invalid_input: bool
+    """True when the input was missing, stale or not finite; False for a policy hold."""
+
+    def as_record(self) -> dict[str, object]:
+        return {
+            "time": self.time,
+            "kind": self.kind,
+            "target": self.target,
+            "skipped": True,
+            "invalid_input": self.invalid_input,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class TargetHistory:
+    """What the policy remembers of one target between ticks."""
+
+    last_change_at: float | None = None
+    last_direction: int = 0
+    pending_since: float | None = None
+    """Since when the current trigger has held."""
+    pending_direction: int = 0
+    recommendations: tuple[tuple[float, int], ...] = ()
+    """(time, recommended value) within the stabilization window."""
+    calm_since: float | None = None
+    """Since when the signal has stayed on the calm side (time slice recovery)."""
+
+
+EMPTY_TARGET = TargetHistory()
+
+
+@dataclass(frozen=True)
+class History:
+    targets: Mapping[str, TargetHistory] = field(default_factory=lambda: MappingProxyType({}))
+
+    def get(self, key: str) -> TargetHistory:
+        return self.targets.get(key, EMPTY_TARGET)
+
+    def updated(self, changes: Mapping[str, TargetHistory]) -> History:
+        merged = dict(self.targets)
+        merged.update(changes)
+        return History(MappingProxyType(merged))
+
+
+def target_key(kind: DecisionKind, target: str) -> str:
+    return f"{kind}:{target}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    time: float
+    decisions: tuple[Decision, ...]
+    skips: tuple[Skip, ...]
+    history: History
+    """History after this tick's observations, before any change is recorded."""
+
+
+_LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}
+
+
+def _direction(a: int | str, b: int | str) -> int:
+    """+1 when b is more (fragments, replicas, a longer slice) than a, -1 when less."""
+    ra = a if isinstance(a, int) else _LEVEL_RANK.get(a, 0)
+    rb = b if isinstance(b, int) else _LEVEL_RANK.get(b, 0)
+    return (rb > ra) - (rb < ra)
+
+
+def record_applied(history: History, applied: tuple[Decision, ...]) -> History:
+    """History after `applied` decisions really took effect: cooldowns start now."""
+    changes = {}
+    for d in applied:
+        key = target_key(d.kind, d.target)
+        changes[key] = replace(
+            history.get(key),
+            last_change_at=d.time,
+            last_direction=d.direction,
+            pending_since=None,
+            pending_direction=0,
+        )
+    return history.updated(changes)

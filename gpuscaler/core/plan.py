@@ -1,0 +1,40 @@
+"""The pure planner: snapshot + config + history + now in, a plan out."""
+
+from __future__ import annotations
+
+from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
+from gpuscaler.core.fragments import decide_fragments
+from gpuscaler.core.guards import Outcome
+from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory, target_key
+from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.time_slice import decide_time_slice
+
+
+def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Plan:
+    outcomes: dict[str, Outcome] = {}
+    staleness = config.metrics.staleness
+    pools = {p.name: p for p in config.node_pools}
+    for obs in snapshot.pools:
+        pool = pools.get(obs.name)
+        if pool is None:
+            continue  # observed but not configured: never touched
+        key = target_key("fragments", obs.name)
+        frag_cfg = config.pool_section(obs.name, "fragments", FragmentsConfig)
+        outcomes[key] = decide_fragments(obs, pool, frag_cfg, staleness, history.get(key), now)
+        key = target_key("time_slice", obs.name)
+        ts_cfg = config.pool_section(obs.name, "time_slice", TimeSliceConfig)
+        outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
+    configured = {w.key for w in config.workloads}
+    for wobs in snapshot.workloads:
+        if wobs.key not in configured:
+            continue
+        key = target_key("replica_floor", wobs.key)
+        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
+        outcomes[key] = decide_replica_floor(wobs, rep_cfg, staleness, history.get(key), now)
+    changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
+    return Plan(
+        time=now,
+        decisions=tuple(o.decision for o in outcomes.values() if o.decision is not None),
+        skips=tuple(o.skip for o in outcomes.values() if o.skip is not None),
+        history=history.updated(changes),
+    )

@@ -1,0 +1,128 @@
+"""From raw observations (series and cluster state) to the snapshot the planner reads."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscaler.config import Config, ForecastConfig
+from gpuscaler.core.forecast import ForecastEngine, forecast_series
+from gpuscaler.core.model import PoolObservation, Series, Signal, Snapshot, WorkloadObservation
+
+
+@dataclass(frozen=True)
+class RawPool:
+    name: str
+    utilization: Series | None
+    stall: Series | None
+    fragments: int | None
+    time_slice_level: str | None
+    gpu_memory_gib: float | None = None
+    max_shares_held: int = 0
+    problem: str | None = None
+    """Set by the adapter when the source failed for this pool."""
+
+
+@dataclass(frozen=True)
+class RawWorkload:
+    key: str
+    load: Series | None
+    floor: int | None
+    replicas: int | None
+    max_replicas: int | None = None
+    replica_gpu_share: float = 1.0
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Observations:
+    time: float
+    pools: tuple[RawPool, ...] = ()
+    workloads: tuple[RawWorkload, ...] = ()
+
+
+def window_mean(
+    series: Series | None, now: float, window: float
+) -> tuple[float | None, float | None]:
+    """Mean of the finite samples in (now - window, now], and the newest sample's time."""
+    if series is None:
+        return None, None
+    last = series.last_sample_time()
+    first = int(np.ceil((now - window - series.start) / series.step + 1e-9))
+    values = series.values[max(0, first) :]
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return None, last
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(finite.mean()), last
+
+
+def _forecasts(
+    items: list[tuple[Series | None, str | None, ForecastConfig]],
+    now: float,
+    clip: tuple[float, float | None],
+    engines: dict[ForecastConfig, ForecastEngine] | None,
+) -> list[Signal]:
+    """Forecast every series, batching those that share a forecast config."""
+    out: list[Signal | None] = [None] * len(items)
+    groups: dict[ForecastConfig, list[int]] = {}
+    for i, (_, problem, cfg) in enumerate(items):
+        if problem is None:
+            groups.setdefault(cfg, []).append(i)
+        else:
+            series = items[i][0]
+            out[i] = Signal(series.last_sample_time() if series else None, None, problem)
+    for cfg, idx in groups.items():
+        engine = engines.get(cfg) if engines is not None else None
+        signals = forecast_series([items[i][0] for i in idx], cfg, now, engine, clip)
+        for i, s in zip(idx, signals, strict=True):
+            out[i] = s
+    return [s for s in out if s is not None]
+
+
+def build_snapshot(
+    raw: Observations,
+    config: Config,
+    now: float,
+    engines: dict[ForecastConfig, ForecastEngine] | None = None,
+) -> Snapshot:
+    pool_items = [
+        (p.utilization, p.problem, config.pool_section(p.name, "forecast", ForecastConfig))
+        for p in raw.pools
+    ]
+    load_items = [
+        (w.load, w.problem, config.workload_section(w.key, "forecast", ForecastConfig))
+        for w in raw.workloads
+    ]
+    pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines)
+    load_signals = _forecasts(load_items, now, (0.0, None), engines)
+    pools = []
+    for p, signal in zip(raw.pools, pool_signals, strict=True):
+        stall, stall_last = window_mean(p.stall, now, config.time_slice.stall_window)
+        pools.append(
+            PoolObservation(
+                name=p.name,
+                utilization=signal,
+                fragments=p.fragments,
+                time_slice_level=p.time_slice_level,
+                stall_mean_pct=None if p.problem else stall,
+                stall_last_sample_time=stall_last,
+                gpu_memory_gib=p.gpu_memory_gib,
+                max_shares_held=p.max_shares_held,
+            )
+        )
+    workloads = [
+        WorkloadObservation(
+            key=w.key,
+            load=signal,
+            floor=w.floor,
+            replicas=w.replicas,
+            max_replicas=w.max_replicas,
+            replica_gpu_share=w.replica_gpu_share,
+        )
+        for w, signal in zip(raw.workloads, load_signals, strict=True)
+    ]
+    return Snapshot(time=now, pools=tuple(pools), workloads=tuple(workloads))

@@ -1,0 +1,87 @@
+"""Time slice level of a node pool (nvidia-smi compute-policy levels).
+
+Stall (engine busy while SMs idle) averaging above `stall_above_pct` over the stall window
+means tenants thrash each other's caches: step the slice longer. Once stall has stayed
+below `recover_below_pct` for the stabilization period, step back toward the pool's base
+level (compute-bound: medium, about 100 ms; IO-bound: short, about 50 ms).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Final
+
+from gpuscaler.config import TIME_SLICE_LEVELS, NodePoolConfig, TimeSliceConfig
+from gpuscaler.core.guards import Outcome, cooling_down, hold, invalid
+from gpuscaler.core.model import Decision, PoolObservation, TargetHistory
+
+KIND: Final = "time_slice"
+
+
+def base_level(pool: NodePoolConfig, cfg: TimeSliceConfig) -> str:
+    return cfg.compute_bound_level if pool.profile == "compute_bound" else cfg.io_bound_level
+
+
+def decide_time_slice(
+    obs: PoolObservation,
+    pool: NodePoolConfig,
+    cfg: TimeSliceConfig,
+    staleness: float,
+    h: TargetHistory,
+    now: float,
+) -> Outcome:
+    target = obs.name
+    stall = obs.stall_mean_pct
+    if stall is None or not math.isfinite(stall):
+        return invalid(KIND, target, now, "stall mean missing or not finite", h)
+    if obs.stall_last_sample_time is None or now - obs.stall_last_sample_time > staleness:
+        return invalid(KIND, target, now, "stall series stale or empty", h)
+    current = obs.time_slice_level or "default"
+    if current not in TIME_SLICE_LEVELS:
+        return invalid(KIND, target, now, f"unknown time slice level {current!r}", h)
+    rank = TIME_SLICE_LEVELS.index(current)
+    base = base_level(pool, cfg)
+    window = f"{cfg.stall_window:.0f}s"
+    if stall > cfg.stall_above_pct:
+        h = replace(h, calm_since=None)
+        if rank == len(TIME_SLICE_LEVELS) - 1:
+            return hold(KIND, target, now, f"at bound: stall {stall:.1f}%, slice already long", h)
+        to = TIME_SLICE_LEVELS[min(len(TIME_SLICE_LEVELS) - 1, rank + cfg.max_step)]
+        why = f"stall mean over {window} {stall:.1f}% > {cfg.stall_above_pct:g}%"
+    elif stall < cfg.recover_below_pct and current != base:
+        calm = h.calm_since if h.calm_since is not None else now
+        h = replace(h, calm_since=calm)
+        if now - calm < cfg.stabilization:
+            return hold(
+                KIND,
+                target,
+                now,
+                f"wait: stall {stall:.1f}% low for {now - calm:.0f}s of "
+                f"{cfg.stabilization:.0f}s before returning toward {base}",
+                h,
+            )
+        step = 1 if TIME_SLICE_LEVELS.index(base) > rank else -1
+        to = TIME_SLICE_LEVELS[rank + step]
+        why = (
+            f"stall mean over {window} {stall:.1f}% < {cfg.recover_below_pct:g}% for "
+            f"{now - calm:.0f}s, back toward base {base}"
+        )
+    else:
+        if stall >= cfg.recover_below_pct:
+            h = replace(h, calm_since=None)
+        return hold(KIND, target, now, f"hold: stall {stall:.1f}% at level {current}", h)
+    left = cooling_down(h, now, cfg.cooldown)
+    if left > 0:
+        return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
+    decision = Decision(
+        time=now,
+        kind=KIND,
+        target=target,
+        from_value=current,
+        to_value=to,
+        reason=f"{why}; {current} ({cfg.level_ms.get(current, 0)}ms) -> {to} "
+        f"({cfg.level_ms.get(to, 0)}ms)",
+        forecast={"stall_mean": stall},
+    )
+    return Outcome(replace(h, calm_since=None), decision=decision)

@@ -1,0 +1,75 @@
+"""Structured logs: one JSON object per line (or readable text on a terminal)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from gpuscaler.core.model import Decision, Plan
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+decisions_log = logging.getLogger("gpuscaler.decisions")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str = "INFO", json_lines: bool | None = None) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_lines is None:
+        json_lines = not sys.stderr.isatty()
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def log_plan(plan: Plan, applied: tuple[Decision, ...], dry_run: bool) -> None:
+    done = {id(d) for d in applied}
+    for d in plan.decisions:
+        outcome = "dry_run" if dry_run else ("applied" if id(d) in done else "not_applied")
+        decisions_log.info(
+            "%s %s: %s -> %s (%s)",
+            d.kind,
+            d.target,
+            d.from_value,
+            d.to_value,
+            d.reason,
+            extra={"event": "decision", "outcome": outcome, **_prefixed(d.as_record())},
+        )
+    decisions_log.info(
+        "tick: %d decisions, %d applied, %d skipped",
+        len(plan.decisions),
+        len(applied),
+        len(plan.skips),
+        extra={
+            "event": "tick",
+            "tick_time": plan.time,
+            "decisions": len(plan.decisions),
+            "applied": len(applied),
+            "skipped": len(plan.skips),
+            "invalid_inputs": sum(s.invalid_input for s in plan.skips),
+        },
+    )
+
+
+def _prefixed(record: dict[str, object]) -> dict[str, object]:
+    # LogRecord reserves some names ("from" is not one, but keep keys unambiguous).
+    return {("decision_time" if k == "time" else k): v for k, v in record.items()}

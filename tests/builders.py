@@ -1,0 +1,111 @@
+"""Tiny builders for core inputs: one line per test row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscaler.config import Config, NodePoolConfig, parse_config
+from gpuscaler.core.model import (
+    Forecast,
+    PoolObservation,
+    Signal,
+    TargetHistory,
+    WorkloadObservation,
+)
+
+NOW = 1_700_000_000.0
+
+
+def forecast(peak: float, upper: float | None = None, last: float | None = None) -> Forecast:
+    upper = peak + 5 if upper is None else upper
+    steps = 30
+    return Forecast(
+        origin=NOW,
+        step=10.0,
+        mean=np.full(steps, float(peak)),
+        lower=np.full(steps, max(0.0, 2.0 * peak - upper)),
+        upper=np.full(steps, float(upper)),
+        level=0.6,
+        method="test",
+        reason="test forecast",
+        last_value=peak if last is None else last,
+    )
+
+
+def signal(
+    peak: float | None,
+    upper: float | None = None,
+    age: float = 1.0,
+    problem: str | None = None,
+) -> Signal:
+    f = None if peak is None else forecast(peak, upper)
+    return Signal(last_sample_time=NOW - age, forecast=f, problem=problem)
+
+
+def pool(**kw: object) -> NodePoolConfig:
+    base: dict[str, object] = {
+        "name": "a100",
+        "selector": {"label": "nvidia.com/gpu.product", "value": "A100"},
+        "gpu_memory_gib": 80,
+        "workload_type": "inference",
+    }
+    base.update(kw)
+    return NodePoolConfig.model_validate(base)
+
+
+def pool_obs(
+    util: Signal,
+    fragments: int | None = 4,
+    stall: float | None = 5.0,
+    level: str | None = "medium",
+    held: int = 0,
+    gpu_memory_gib: float | None = None,
+) -> PoolObservation:
+    return PoolObservation(
+        name="a100",
+        utilization=util,
+        fragments=fragments,
+        time_slice_level=level,
+        stall_mean_pct=stall,
+        stall_last_sample_time=NOW - 1,
+        gpu_memory_gib=gpu_memory_gib,
+        max_shares_held=held,
+    )
+
+
+def workload_obs(
+    load: Signal,
+    floor: int | None = 4,
+    max_replicas: int | None = None,
+    share: float = 1.0,
+) -> WorkloadObservation:
+    return WorkloadObservation(
+        key="ml/ScaledObject/chat",
+        load=load,
+        floor=floor,
+        replicas=floor,
+        max_replicas=max_replicas,
+        replica_gpu_share=share,
+    )
+
+
+def history(
+    changed_ago: float | None = None,
+    direction: int = 0,
+    pending_for: float | None = None,
+    pending_direction: int = 0,
+    recs: tuple[tuple[float, int], ...] = (),
+    calm_for: float | None = None,
+) -> TargetHistory:
+    return TargetHistory(
+        last_change_at=None if changed_ago is None else NOW - changed_ago,
+        last_direction=direction,
+        pending_since=None if pending_for is None else NOW - pending_for,
+        pending_direction=pending_direction,
+        recommendations=tuple((NOW - ago, v) for ago, v in recs),
+        calm_since=None if calm_for is None else NOW - calm_for,
+    )
+
+
+def config(yaml_text: str = "") -> Config:
+    return parse_config(yaml_text)

@@ -1,0 +1,147 @@
+"""Forecasting engines, bucketing and method choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from builders import NOW
+
+from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast import (
+    LeastSquaresArima,
+    StatsmodelsArima,
+    bucket,
+    forecast_series,
+    last_finite,
+)
+from gpuscaler.core.model import Series
+
+
+def arima_paths(
+    n: int, t: int, phi: tuple[float, ...], seed: int, sigma: float = 1.0
+) -> np.ndarray:
+    """Simulate ARIMA(p,1,0) series: AR(p) differences, integrated, around level 50."""
+    rng = np.random.default_rng(seed)
+    p = len(phi)
+    z = np.zeros((n, t + 100))
+    e = rng.normal(0, sigma, (n, t + 100))
+    for j in range(p, t + 100):
+        z[:, j] = sum(phi[i] * z[:, j - 1 - i] for i in range(p)) + e[:, j]
+    return 50 + np.cumsum(z[:, 100:], axis=1)
+
+
+def test_the_fast_engine_recovers_ar_coefficients_of_every_series_in_a_batch() -> None:
+    hist = arima_paths(40, 2000, (0.5, -0.3), seed=1)
+    fitted = LeastSquaresArima(2, 1).fit(hist)
+    assert np.allclose(fitted.phi.mean(axis=0), [0.5, -0.3], atol=0.03)
+    assert np.all(np.abs(fitted.phi[:, 0] - 0.5) < 0.1)
+    assert np.allclose(fitted.sigma2, 1.0, atol=0.15)
+
+
+def test_the_fast_engine_matches_statsmodels_arima_on_the_same_order() -> None:
+    hist = arima_paths(4, 360, (0.4, 0.2, -0.1, 0.05, 0.0), seed=2)
+    fast = LeastSquaresArima(5, 1).forecast(hist, 30, 0.8)
+    ref = StatsmodelsArima((5, 1, 0)).forecast(hist, 30, 0.8)
+    scale = np.abs(ref.upper - ref.mean).mean()
+    assert np.abs(fast.mean - ref.mean).max() < 0.25 * scale
+    width_ratio = (fast.upper - fast.mean) / (ref.upper - ref.mean)
+    assert np.all((width_ratio > 0.85) & (width_ratio < 1.15))
+
+
+def test_prediction_intervals_cover_about_their_level() -> None:
+    hist = arima_paths(400, 600, (0.6,), seed=3)
+    train, future = hist[:, :570], hist[:, 570:]
+    paths = LeastSquaresArima(1, 1).forecast(train, 30, 0.8)
+    inside = (future >= paths.lower) & (future <= paths.upper)
+    assert 0.74 < inside.mean() < 0.86
+
+
+def test_gaps_stay_gaps_and_still_give_a_finite_forecast() -> None:
+    hist = arima_paths(2, 400, (0.5,), seed=4)
+    hist[0, 100:140] = np.nan
+    hist[1, -3:] = np.nan  # the newest samples missing
+    paths = LeastSquaresArima(5, 1).forecast(hist, 10, 0.8)
+    assert np.all(np.isfinite(paths.mean)) and np.all(np.isfinite(paths.upper))
+    assert np.isnan(hist[0, 120])  # nothing filled in the input
+
+
+def test_a_flat_series_forecasts_its_level_with_a_finite_interval() -> None:
+    hist = np.full((1, 200), 42.0)
+    paths = LeastSquaresArima(5, 1).forecast(hist, 10, 0.8)
+    assert np.allclose(paths.mean, 42.0)
+    assert np.all(np.isfinite(paths.upper))
+
+
+def test_a_series_too_short_to_fit_gives_nan_not_a_guess() -> None:
+    paths = LeastSquaresArima(5, 1).forecast(np.full((1, 6), 1.0), 5, 0.8)
+    assert np.all(np.isnan(paths.mean))
+
+
+def test_last_finite_skips_trailing_gaps_and_reports_all_nan_rows() -> None:
+    a = np.array([[1.0, 2.0, np.nan], [np.nan, np.nan, np.nan], [3.0, np.nan, 4.0]])
+    out = last_finite(a)
+    assert out[0] == 2.0 and np.isnan(out[1]) and out[2] == 4.0
+
+
+@pytest.mark.parametrize(
+    ("values", "end_offset", "expected"),
+    [
+        ([1, 3, 5, 7], 0, [2.0, 6.0]),
+        ([1, np.nan, np.nan, np.nan], 0, [1.0, np.nan]),
+        ([1, 3, 5, 7, 9], 0, [4.0, 8.0]),  # the oldest partial bucket is dropped
+        ([1, 3, 5, 7], 1, [4.0, 7.0]),  # the newest bucket ends at `end`, one step later
+    ],
+)
+def test_bucket_averages_finite_samples_per_bucket(
+    values: list[float], end_offset: int, expected: list[float]
+) -> None:
+    s = Series(start=0.0, step=0.5, values=np.asarray(values, dtype=float))
+    out = bucket(s, 1.0, s.end + 0.5 * end_offset)
+    assert out.step == 1.0
+    np.testing.assert_allclose(out.values, expected, equal_nan=True)
+
+
+def _series(values: np.ndarray, step: float = 0.5) -> Series:
+    return Series(start=NOW - step * (len(values) - 1), step=step, values=values)
+
+
+def test_forecast_series_prefers_the_window_mean_on_a_spiky_series_and_says_so() -> None:
+    rng = np.random.default_rng(5)
+    spiky = 40 + rng.exponential(10, 7200)  # i.i.d. spikes: no memory for the AR to use
+    (sig,) = forecast_series([_series(spiky)], ForecastConfig(), NOW)
+    assert sig.forecast is not None and sig.problem is None
+    assert sig.forecast.method == "window_mean"
+    assert "beats arima(5,1,0)" in sig.forecast.reason
+
+
+def test_forecast_series_keeps_the_model_on_a_trending_series() -> None:
+    t = np.arange(7200)
+    trend = 20 + 60 * t / 7200 + np.sin(t / 300) * 5
+    (sig,) = forecast_series([_series(trend)], ForecastConfig(), NOW)
+    assert sig.forecast is not None
+    assert sig.forecast.method == "arima(5,1,0)"
+    assert sig.forecast.mean[-1] > trend[-1]
+
+
+@pytest.mark.parametrize(
+    ("series", "problem"),
+    [
+        (None, "no samples"),
+        (np.full(7200, np.nan), "no samples"),
+        (np.concatenate([np.full(7000, np.nan), np.full(200, 50.0)]), "only 100s of samples"),
+    ],
+)
+def test_forecast_series_says_why_there_is_no_forecast(
+    series: np.ndarray | None, problem: str
+) -> None:
+    (sig,) = forecast_series([None if series is None else _series(series)], ForecastConfig(), NOW)
+    assert sig.forecast is None
+    assert sig.problem is not None and problem in sig.problem
+
+
+def test_utilization_forecasts_are_clipped_to_zero_to_one_hundred() -> None:
+    t = np.arange(7200)
+    rising = np.minimum(100, 10 + t * 0.02)
+    (sig,) = forecast_series([_series(rising)], ForecastConfig(), NOW, clip=(0.0, 100.0))
+    assert sig.forecast is not None
+    assert sig.forecast.upper.max() <= 100.0 and sig.forecast.lower.min() >= 0.0

@@ -1,0 +1,257 @@
+"""Fragments per GPU: one named row per rule and per edge case."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from builders import NOW, history, pool, pool_obs, signal
+
+from gpuscaler.config import FragmentsConfig, NodePoolConfig
+from gpuscaler.core.fragments import decide_fragments, memory_limit
+from gpuscaler.core.model import PoolObservation, Signal, TargetHistory
+
+STALENESS = 120.0
+SUSTAINED_DOWN = history(pending_for=60, pending_direction=-1)
+SUSTAINED_UP = history(pending_for=60, pending_direction=+1)
+
+
+@dataclass
+class Row:
+    name: str
+    obs: PoolObservation
+    expect: tuple[str, object]
+    """("set", to) | ("hold", text in reason) | ("invalid", text in reason)"""
+    hist: TargetHistory = field(default_factory=TargetHistory)
+    cfg: dict[str, object] = field(default_factory=dict)
+    pool: NodePoolConfig = field(default_factory=pool)
+
+
+def nan_signal() -> Signal:
+    s = signal(90, 95)
+    assert s.forecast is not None
+    s.forecast.mean[3] = np.nan
+    return s
+
+
+ROWS = [
+    Row(
+        "halves fragments when the forecast peak is above 85 percent",
+        pool_obs(signal(90, 95), fragments=4),
+        ("set", 2),
+        SUSTAINED_DOWN,
+    ),
+    Row(
+        "doubles fragments when the forecast upper bound is below 40 percent",
+        pool_obs(signal(20, 30), fragments=4),
+        ("set", 8),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "holds when the forecast sits between the thresholds",
+        pool_obs(signal(60, 70)),
+        ("hold", "within"),
+    ),
+    Row(
+        "does not double when only the mean is low but the upper bound is not",
+        pool_obs(signal(35, 45)),
+        ("hold", "within"),
+    ),
+    Row(
+        "waits when a trigger has not yet held for the sustain period",
+        pool_obs(signal(90, 95)),
+        ("hold", "wait"),
+        history(pending_for=30, pending_direction=-1),
+    ),
+    Row(
+        "starts the sustain clock on the first tick above the threshold",
+        pool_obs(signal(90, 95)),
+        ("hold", "for 0s of the 60s"),
+    ),
+    Row(
+        "acts at once when the sustain period is zero",
+        pool_obs(signal(90, 95)),
+        ("set", 2),
+        cfg={"sustain": "0s"},
+    ),
+    Row(
+        "waits out the cooldown after a change",
+        pool_obs(signal(90, 95)),
+        ("hold", "cooldown"),
+        history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1),
+    ),
+    Row(
+        "acts again once the cooldown has passed",
+        pool_obs(signal(90, 95), fragments=2),
+        ("set", 1),
+        history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1),
+    ),
+    Row(
+        "needs the reversal margin to undo a doubling",
+        pool_obs(signal(87, 95)),
+        ("hold", "within [40%, 90%]"),
+        history(changed_ago=900, direction=+1),
+    ),
+    Row(
+        "undoes a doubling once the margin is passed",
+        pool_obs(signal(91, 95)),
+        ("set", 2),
+        history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1),
+    ),
+    Row(
+        "needs the reversal margin to undo a halving",
+        pool_obs(signal(30, 38)),
+        ("hold", "within [35%, 85%]"),
+        history(changed_ago=900, direction=-1),
+    ),
+    Row(
+        "never goes below the fewest allowed count",
+        pool_obs(signal(95, 99), fragments=1),
+        ("hold", "already at fewest allowed"),
+        SUSTAINED_DOWN,
+    ),
+    Row(
+        "never goes above the most allowed count",
+        pool_obs(signal(5, 10), fragments=8),
+        ("hold", "most allowed"),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "keeps training fragments at 8 GiB or more",
+        pool_obs(signal(5, 10), fragments=2),
+        ("hold", "memory bound"),
+        SUSTAINED_UP,
+        pool=pool(gpu_memory_gib=16, workload_type="training"),
+    ),
+    Row(
+        "allows training fragments that keep 8 GiB after reserve and over-commit",
+        pool_obs(signal(5, 10), fragments=2),
+        ("set", 4),
+        SUSTAINED_UP,
+        pool=pool(gpu_memory_gib=24, workload_type="training"),
+    ),
+    Row(
+        "keeps inference fragments at 4 GiB or more",
+        pool_obs(signal(5, 10), fragments=4),
+        ("hold", "below the 4 GiB inference floor"),
+        SUSTAINED_UP,
+        pool=pool(gpu_memory_gib=16),
+    ),
+    Row(
+        "uses the GPU memory the cluster reports over the configured one",
+        pool_obs(signal(5, 10), fragments=4, gpu_memory_gib=16),
+        ("hold", "memory bound"),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "never over-commits compute when stepping more than one doubling",
+        pool_obs(signal(25, 30), fragments=2),
+        ("set", 4),
+        SUSTAINED_UP,
+        cfg={"max_step": 2},
+    ),
+    Row(
+        "quadruples in one step when memory and compute allow it",
+        pool_obs(signal(5, 10), fragments=2),
+        ("set", 8),
+        SUSTAINED_UP,
+        cfg={"max_step": 2},
+    ),
+    Row(
+        "never lowers fragments below the shares pods hold",
+        pool_obs(signal(90, 95), fragments=4, held=3),
+        ("hold", "needs preemption first"),
+        SUSTAINED_DOWN,
+    ),
+    Row("takes no action without a forecast", pool_obs(signal(None)), ("invalid", "no forecast")),
+    Row("takes no action on stale data", pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
+    Row("takes no action on a NaN forecast", pool_obs(nan_signal()), ("invalid", "not finite")),
+    Row(
+        "takes no action when the source reported a problem",
+        pool_obs(signal(90, 95, problem="Prometheus unreachable")),
+        ("invalid", "Prometheus unreachable"),
+    ),
+    Row(
+        "takes no action when current fragments are unknown",
+        pool_obs(signal(90, 95), fragments=None),
+        ("invalid", "unknown"),
+    ),
+    Row(
+        "takes no action when current fragments are not an allowed count",
+        pool_obs(signal(90, 95), fragments=3),
+        ("invalid", "not in allowed"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_fragment_rule(row: Row) -> None:
+    cfg = FragmentsConfig.model_validate(row.cfg)
+    out = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW)
+    kind, value = row.expect
+    if kind == "set":
+        assert out.skip is None, out.skip
+        assert out.decision is not None
+        assert out.decision.to_value == value
+        assert out.decision.from_value == row.obs.fragments
+        assert "fragments" in out.decision.reason and "forecast" in out.decision.reason
+    else:
+        assert out.decision is None
+        assert out.skip is not None
+        assert out.skip.invalid_input is (kind == "invalid")
+        assert str(value) in out.skip.reason, out.skip.reason
+
+
+def test_a_decision_reason_names_forecast_threshold_and_bound() -> None:
+    out = decide_fragments(
+        pool_obs(signal(5, 10), fragments=2),
+        pool(gpu_memory_gib=24, workload_type="training"),
+        FragmentsConfig(),
+        STALENESS,
+        SUSTAINED_UP,
+        NOW,
+    )
+    assert out.decision is not None
+    reason = out.decision.reason
+    assert "upper bound 10.0% < 40%" in reason
+    assert "memory bound" in reason
+
+
+def test_a_value_hovering_at_the_threshold_never_changes_fragments() -> None:
+    cfg = FragmentsConfig.model_validate({"sustain": "1m"})
+    h = TargetHistory()
+    decisions = 0
+    for tick in range(200):
+        peak = 86.0 if tick % 2 else 84.0  # crosses 85 % every other 30 s tick
+        now = NOW + 30 * tick
+        obs = pool_obs(signal(peak, peak + 3), fragments=4)
+        obs = PoolObservation(
+            **{**obs.__dict__, "utilization": Signal(now - 1, obs.utilization.forecast)}
+        )
+        out = decide_fragments(obs, pool(), cfg, STALENESS, h, now)
+        h = out.history
+        decisions += out.decision is not None
+    assert decisions == 0
+
+
+def test_invalid_input_clears_a_pending_trigger() -> None:
+    out = decide_fragments(
+        pool_obs(signal(90, 95, age=999)), pool(), FragmentsConfig(), STALENESS, SUSTAINED_DOWN, NOW
+    )
+    assert out.history.pending_since is None
+
+
+@pytest.mark.parametrize(
+    ("gib", "kind", "expected"),
+    [
+        (80, "inference", 27),
+        (80, "training", 13),
+        (16, "training", 2),
+        (24, "training", 4),
+        (16, "inference", 5),
+    ],
+)
+def test_memory_limit_counts_reserve_and_overcommit(gib: float, kind: str, expected: int) -> None:
+    cfg = FragmentsConfig()
+    assert memory_limit(gib, cfg.min_fragment_memory_gib[kind], cfg) == expected  # type: ignore[index]

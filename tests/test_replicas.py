@@ -1,0 +1,164 @@
+"""Replica floor: the HPA formula on the forecast's upper bound, one row per rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from builders import NOW, history, signal, workload_obs
+
+from gpuscaler.config import ReplicasConfig
+from gpuscaler.core.model import TargetHistory, WorkloadObservation
+from gpuscaler.core.replicas import decide_replica_floor, hpa_desired
+
+STALENESS = 120.0
+
+
+@dataclass
+class Row:
+    name: str
+    obs: WorkloadObservation
+    expect: tuple[str, object]
+    hist: TargetHistory = field(default_factory=TargetHistory)
+    cfg: dict[str, object] = field(default_factory=dict)
+
+
+def nan_load() -> WorkloadObservation:
+    obs = workload_obs(signal(300, 490))
+    assert obs.load.forecast is not None
+    obs.load.forecast.upper[-1] = np.inf
+    return obs
+
+
+ROWS = [
+    Row(
+        "raises the floor to ceil(forecast upper bound / target)",
+        workload_obs(signal(280, 490), floor=4),
+        ("set", 7),
+    ),
+    Row(
+        "sizes from the upper bound, not the mean",
+        workload_obs(signal(100, 490), floor=4),
+        ("set", 7),
+    ),
+    Row(
+        "holds within the 10 percent tolerance of the current floor",
+        workload_obs(signal(280, 300), floor=4),
+        ("hold", "floor stays 4"),
+    ),
+    Row(
+        "divides by the GPU share of one replica on a shared GPU",
+        workload_obs(signal(100, 140), floor=2, share=0.5),
+        ("set", 4),
+    ),
+    Row(
+        "adds at most max_step_up replicas per change",
+        workload_obs(signal(1000, 2100), floor=2),
+        ("set", 10),
+        cfg={"max_step_up": 8},
+    ),
+    Row(
+        "never sets the floor above max_replicas",
+        workload_obs(signal(3000, 4000), floor=45),
+        ("set", 50),
+    ),
+    Row(
+        "never sets the floor above the object's own maximum",
+        workload_obs(signal(500, 700), floor=4, max_replicas=6),
+        ("set", 6),
+    ),
+    Row(
+        "never sets the floor below min_replicas",
+        workload_obs(signal(5, 10), floor=3),
+        ("set", 2),
+        cfg={"min_replicas": 2},
+    ),
+    Row(
+        "scales down only to the highest recommendation in the stabilization window",
+        workload_obs(signal(100, 140), floor=8),
+        ("set", 7),
+        history(recs=((100, 7),)),
+    ),
+    Row(
+        "holds the floor while the window remembers a recommendation as high",
+        workload_obs(signal(100, 140), floor=8),
+        ("hold", "stabilization"),
+        history(recs=((100, 8),)),
+    ),
+    Row(
+        "forgets recommendations older than the window and removes at most max_step_down",
+        workload_obs(signal(100, 140), floor=8),
+        ("set", 6),
+        history(recs=((400, 8),)),
+    ),
+    Row(
+        "waits out the cooldown after a change",
+        workload_obs(signal(280, 490), floor=4),
+        ("hold", "cooldown"),
+        history(changed_ago=10, direction=1),
+    ),
+    Row(
+        "takes no action without a forecast", workload_obs(signal(None)), ("invalid", "no forecast")
+    ),
+    Row(
+        "takes no action on stale data",
+        workload_obs(signal(280, 490, age=121)),
+        ("invalid", "stale"),
+    ),
+    Row("takes no action on a non-finite forecast", nan_load(), ("invalid", "not finite")),
+    Row(
+        "takes no action when the source reported a problem",
+        workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")),
+        ("invalid", "HTTP 503"),
+    ),
+    Row(
+        "takes no action when the current floor is unknown",
+        workload_obs(signal(280, 490), floor=None),
+        ("invalid", "floor unknown"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_replica_floor_rule(row: Row) -> None:
+    cfg = ReplicasConfig.model_validate(row.cfg)
+    out = decide_replica_floor(row.obs, cfg, STALENESS, row.hist, NOW)
+    kind, value = row.expect
+    if kind == "set":
+        assert out.skip is None, out.skip
+        assert out.decision is not None
+        assert out.decision.to_value == value, out.decision.reason
+        assert "forecast upper" in out.decision.reason
+    else:
+        assert out.decision is None, out.decision
+        assert out.skip is not None
+        assert out.skip.invalid_input is (kind == "invalid")
+        assert str(value) in out.skip.reason, out.skip.reason
+
+
+def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
+    out = decide_replica_floor(
+        workload_obs(signal(280, 490), floor=4),
+        ReplicasConfig(),
+        STALENESS,
+        history(recs=((400, 9), (100, 5))),
+        NOW,
+    )
+    assert out.history.recommendations == ((NOW - 100, 5), (NOW, 7))
+
+
+@pytest.mark.parametrize(
+    ("load", "share", "target", "expected"),
+    [
+        (0.0, 1.0, 70.0, 0),
+        (70.0, 1.0, 70.0, 1),
+        (70.1, 1.0, 70.0, 2),
+        (140.0, 0.5, 70.0, 4),
+        (350.0, 1.0, 50.0, 7),
+    ],
+)
+def test_hpa_formula_is_ceil_of_load_over_share_times_target(
+    load: float, share: float, target: float, expected: int
+) -> None:
+    assert hpa_desired(load, share, target) == expected
