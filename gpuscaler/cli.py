@@ -60,7 +60,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         trace = load_trace(args.trace)
-        result = simulate(trace, args.hours, args.seed, config)
+        result = simulate(trace, args.hours, args.seed, config, args.start)
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
     )
+    p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
     p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")

@@ -65,6 +65,11 @@ class Forecast:
         """Highest point of the interval's upper bound over the horizon."""
         return float(np.max(self.upper))
 
+    def peak_upper_within(self, seconds: float) -> float:
+        """Highest point of the upper bound over the first `seconds` of the horizon."""
+        steps = max(1, min(len(self.upper), round(seconds / self.step)))
+        return float(np.max(self.upper[:steps]))
+
     def is_finite(self) -> bool:
         return bool(
             np.all(np.isfinite(self.mean))

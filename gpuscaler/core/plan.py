@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
 from gpuscaler.core.fragments import decide_fragments
-from gpuscaler.core.guards import Outcome
+from gpuscaler.core.guards import Outcome, invalid
 from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory, target_key
 from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.time_slice import decide_time_slice
@@ -31,6 +31,21 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         key = target_key("replica_floor", wobs.key)
         rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
         outcomes[key] = decide_replica_floor(wobs, rep_cfg, staleness, history.get(key), now)
+    # Configured targets the tick saw nothing of: no action, and say so.
+    seen_pools = {p.name for p in snapshot.pools}
+    for name in pools:
+        if name not in seen_pools:
+            for kind in ("fragments", "time_slice"):
+                key = target_key(kind, name)
+                outcomes[key] = invalid(
+                    kind, name, now, "no observation of this node pool", history.get(key)
+                )
+    seen_workloads = {w.key for w in snapshot.workloads}
+    for wkey in sorted(configured - seen_workloads):
+        key = target_key("replica_floor", wkey)
+        outcomes[key] = invalid(
+            "replica_floor", wkey, now, "no observation of this workload", history.get(key)
+        )
     changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
     return Plan(
         time=now,

@@ -41,7 +41,7 @@ def decide_replica_floor(
     forecast = obs.load.forecast
     assert forecast is not None
     current = obs.floor
-    upper = forecast.peak_upper
+    upper = forecast.peak_upper_within(cfg.lead_time)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
     raw = hpa_desired(upper, share, cfg.target_utilization_pct)

@@ -194,20 +194,26 @@ def _run(
     return RunResult(policy, cluster, decisions, track, controller.stats.failed)
 
 
-def simulate(trace: Trace, hours: float | None, seed: int, config: Config) -> SimulationResult:
+def simulate(
+    trace: Trace, hours: float | None, seed: int, config: Config, start_hours: float = 0.0
+) -> SimulationResult:
+    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
     config = scenario_config(config)
-    seconds = trace.duration if hours is None else hours * 3600.0
+    offset = start_hours * 3600.0
+    available = trace.duration - offset
+    seconds = available if hours is None else hours * 3600.0
     needed = config.metrics.window + config.forecast.horizon + config.control.interval
-    if seconds > trace.duration + 1e-9:
+    if offset < 0 or seconds > available + 1e-9:
         raise TraceError(
-            f"{trace.name}: {hours:g} h asked, the trace holds {trace.duration / 3600:.2f} h"
+            f"{trace.name}: {seconds / 3600:g} h from hour {start_hours:g} asked, the trace "
+            f"holds {trace.duration / 3600:.2f} h"
         )
     if seconds < needed:
         raise TraceError(
             f"{trace.name}: {seconds / 3600:.2f} h is shorter than one forecast window "
             f"({needed / 3600:.2f} h: metrics window + horizon + one interval)"
         )
-    start = trace.start
+    start = trace.start + offset
     demand = demand_from_trace(
         trace, start, seconds, config.simulator.gpu_seconds_per_request, seed
     )

@@ -1,0 +1,106 @@
+"""The control loop: no overlapping ticks, failures counted, clean stop on signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from builders import config
+
+from gpuscaler.controller import Controller
+from gpuscaler.core.model import Decision
+from gpuscaler.core.snapshot import Observations
+from gpuscaler.loop import ControlLoop
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SlowSource:
+    """Each observation takes `delay` seconds; records how many ran at once."""
+
+    name = "slow"
+
+    def __init__(self, delay: float, fail_on: set[int] | None = None):
+        self.delay = delay
+        self.fail_on = fail_on or set()
+        self.calls = 0
+        self.running = 0
+        self.max_running = 0
+        self.lock = threading.Lock()
+
+    def observe(self, now: float) -> Observations:
+        with self.lock:
+            self.calls += 1
+            call = self.calls
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        try:
+            time.sleep(self.delay)
+            if call in self.fail_on:
+                raise RuntimeError(f"source failed on call {call}")
+            return Observations(now)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+class NoActuator:
+    def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
+        return tuple(decisions)
+
+
+def test_a_tick_slower_than_the_interval_never_overlaps_the_next() -> None:
+    source = SlowSource(delay=0.35)
+    controller = Controller(config(), source, NoActuator())
+    loop = ControlLoop(controller, interval=0.1, max_ticks=4)
+    started = time.monotonic()
+    loop.run(install_signal_handlers=False)
+    assert time.monotonic() - started < 10
+    assert source.max_running == 1
+    assert controller.stats.ticks == 4
+    assert loop.skipped_overlaps >= 1  # runs that came due mid-tick were skipped, not queued
+
+
+def test_a_failed_tick_is_counted_and_the_loop_goes_on() -> None:
+    source = SlowSource(delay=0.0, fail_on={2})
+    controller = Controller(config(), source, NoActuator())
+    ControlLoop(controller, interval=0.05, max_ticks=4).run(install_signal_handlers=False)
+    assert controller.stats.failed == 1
+    assert controller.stats.ticks == 3
+
+
+def test_sigterm_stops_the_loop_cleanly(tmp_path: Path) -> None:
+    cfg = tmp_path / "gpuscaler.yaml"
+    cfg.write_text("control: {interval: 1s}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuscaler.cli", "run", "--config", str(cfg), "--dry-run"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    try:
+        deadline = time.monotonic() + 60
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if '"event": "tick"' in line:
+                break
+        else:
+            pytest.fail("no tick within 60 s: " + "".join(lines))
+        assert any("simulator" in line for line in lines)  # says it is not a real cluster
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0
+    assert '"event": "stopped"' in rest
+    assert "Traceback" not in rest

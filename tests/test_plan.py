@@ -1,0 +1,122 @@
+"""The planner as a whole: composition, unconfigured targets, history, purity."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from builders import NOW, config, pool_obs, signal, workload_obs
+
+from gpuscaler.core.model import History, Series, Snapshot, record_applied, target_key
+from gpuscaler.core.plan import plan
+from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload, build_snapshot, window_mean
+
+CONFIG = config(
+    """
+fragments: {sustain: 0s}
+node_pools:
+  - {name: a100, selector: {label: nvidia.com/gpu.product, value: A100}, gpu_memory_gib: 80}
+workloads:
+  - {namespace: ml, kind: ScaledObject, name: chat, node_pool: a100}
+"""
+)
+
+
+def test_a_plan_holds_one_outcome_per_configured_target() -> None:
+    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    p = plan(snap, CONFIG, History(), NOW)
+    kinds = sorted(d.kind for d in p.decisions)
+    assert kinds == ["fragments", "replica_floor", "time_slice"]
+    assert p.skips == ()
+
+
+def test_targets_not_in_the_config_are_never_touched() -> None:
+    stranger = replace(pool_obs(signal(90, 95), stall=20), name="not-configured")
+    snap = Snapshot(
+        NOW, (stranger,), (replace(workload_obs(signal(280, 490)), key="x/ScaledObject/y"),)
+    )
+    p = plan(snap, CONFIG, History(), NOW)
+    assert p.decisions == ()
+    assert {s.target for s in p.skips} == {"a100", "ml/ScaledObject/chat"}  # configured, unseen
+
+
+def test_configured_targets_with_no_observation_are_skipped_with_a_reason() -> None:
+    p = plan(Snapshot(NOW), CONFIG, History(), NOW)
+    assert p.decisions == ()
+    assert len(p.skips) == 3 and all(s.invalid_input for s in p.skips)
+    assert all("no observation" in s.reason for s in p.skips)
+
+
+def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
+    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    history = History()
+    a, b = plan(snap, CONFIG, history, NOW), plan(snap, CONFIG, history, NOW)
+    assert [d.as_record() for d in a.decisions] == [d.as_record() for d in b.decisions]
+    assert dict(history.targets) == {}
+
+
+def test_only_applied_decisions_start_a_cooldown() -> None:
+    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    p = plan(snap, CONFIG, History(), NOW)
+    frag = next(d for d in p.decisions if d.kind == "fragments")
+    after = record_applied(p.history, (frag,))
+    assert after.get(target_key("fragments", "a100")).last_change_at == NOW
+    assert after.get(target_key("fragments", "a100")).last_direction == -1
+    assert after.get(target_key("replica_floor", "ml/ScaledObject/chat")).last_change_at is None
+
+
+def test_a_source_problem_reaches_the_plan_as_a_reason_and_no_action() -> None:
+    raw = Observations(
+        NOW,
+        (RawPool("a100", None, None, 4, "medium", problem="Prometheus: connection refused"),),
+        (
+            RawWorkload(
+                "ml/ScaledObject/chat", None, 4, 4, problem="Prometheus: connection refused"
+            ),
+        ),
+    )
+    p = plan(build_snapshot(raw, CONFIG, NOW), CONFIG, History(), NOW)
+    assert p.decisions == ()
+    assert all("connection refused" in s.reason or "stall" in s.reason for s in p.skips)
+    assert all(s.invalid_input for s in p.skips)
+
+
+def test_window_mean_averages_finite_samples_inside_the_window() -> None:
+    values = np.array([100.0, 100.0, 10.0, np.nan, 20.0])
+    s = Series(start=NOW - 4 * 60, step=60.0, values=values)
+    mean, last = window_mean(s, NOW, 150.0)  # the last two and a half minutes: 10, NaN, 20
+    assert mean == 15.0 and last == NOW
+
+
+def test_window_mean_of_only_gaps_is_unknown() -> None:
+    s = Series(start=NOW - 60, step=30.0, values=np.full(3, np.nan))
+    assert window_mean(s, NOW, 300.0) == (None, None)
+
+
+FORBIDDEN = {
+    "time",
+    "socket",
+    "requests",
+    "urllib3",
+    "kubernetes",
+    "prometheus_api_client",
+    "http",
+    "os",
+    "subprocess",
+}
+
+
+def test_the_core_imports_no_clock_network_or_cluster_client() -> None:
+    core = Path(__file__).resolve().parents[1] / "gpuscaler" / "core"
+    for path in core.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            assert not set(names) & FORBIDDEN, f"{path.name} imports {names}"
