@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuscaler.config import Config, ConfigError, load_config
 from gpuscaler.controller import Controller
@@ -75,6 +76,49 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from gpuscaler.backtest import BacktestError, backtest
+    from gpuscaler.config import ForecastConfig, parse_duration
+
+    config = _config_or_exit(args.config)
+    try:
+        horizon = parse_duration(args.horizon)
+        resample = parse_duration(args.resample) if args.resample else None
+        window = parse_duration(args.window) if args.window else config.metrics.window
+    except ValueError as e:
+        print(f"bad argument: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.agg != "mean" and resample is None:
+        print("--agg needs --resample", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cfg: ForecastConfig = config.forecast
+    try:
+        report = backtest(args.series, cfg, horizon, window, resample, args.agg, args.max_origins)
+    except BacktestError as e:
+        print(f"bad series: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(backtest_table(report))
+    return EXIT_OK
+
+
+def backtest_table(report: dict[str, Any]) -> str:
+    lines = [f"horizon {report['horizon_s']:g}s"]
+    header = (
+        f"{'series':<24}{'method':<20}{'mae':>10}{'rel_naive':>11}{'peak_mae':>10}{'coverage':>10}"
+    )
+    lines.append(header)
+    sections = {"(overall)": report["overall"], **report["series"]}
+    for name, methods in sections.items():
+        for method, s in methods.items():
+            cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
+            text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
+            lines.append(f"{name[:23]:<24}{method:<20}{text}")
+    return "\n".join(lines)
+
+
 def _live_controller(config: Config, dry_run: bool) -> Controller:
     from gpuscaler.sim.live import LiveSimulation
 
@@ -123,6 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("backtest", help="rolling-origin forecast evaluation on a CSV")
+    p.add_argument("--series", required=True, help="CSV: timestamp,value[,series]")
+    p.add_argument("--horizon", default="5m")
+    p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
+    p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
+    p.add_argument("--window", help="history per origin (default: metrics.window)")
+    p.add_argument("--max-origins", type=int, default=400, help="origins per series at most")
+    p.add_argument("--config", help="config YAML (forecast section)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_backtest)
 
     for name, func, help_text in (
         ("once", cmd_once, "run one control cycle and print the plan as JSON lines"),

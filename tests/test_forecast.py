@@ -11,6 +11,7 @@ from gpuscaler.core.forecast import (
     LeastSquaresArima,
     StatsmodelsArima,
     bucket,
+    choose_method,
     forecast_series,
     last_finite,
 )
@@ -105,13 +106,45 @@ def _series(values: np.ndarray, step: float = 0.5) -> Series:
     return Series(start=NOW - step * (len(values) - 1), step=step, values=values)
 
 
-def test_forecast_series_prefers_the_window_mean_on_a_spiky_series_and_says_so() -> None:
+def test_on_a_spiky_series_the_ensemble_beats_arima_alone_and_reports_every_error() -> None:
     rng = np.random.default_rng(5)
     spiky = 40 + rng.exponential(10, 7200)  # i.i.d. spikes: no memory for the AR to use
     (sig,) = forecast_series([_series(spiky)], ForecastConfig(), NOW)
     assert sig.forecast is not None and sig.problem is None
-    assert sig.forecast.method == "window_mean"
-    assert "beats arima(5,1,0)" in sig.forecast.reason
+    errors = sig.forecast.errors
+    assert set(errors) == {"ensemble", "arima", "ses", "window_mean", "last_value"}
+    assert errors["ensemble"] < errors["arima"]
+    assert errors["ensemble"] < errors["last_value"]
+    assert "window mean" in sig.forecast.reason and "last value" in sig.forecast.reason
+
+
+@pytest.mark.parametrize(
+    ("errors", "chosen"),
+    [
+        ({"ensemble": 10.0, "last_value": 12.0, "window_mean": 11.0}, "ensemble"),
+        ({"ensemble": 10.0, "last_value": 9.5, "window_mean": 11.0}, "ensemble"),  # within 10 %
+        ({"ensemble": 10.0, "last_value": 8.9, "window_mean": 11.0}, "last_value"),
+        ({"ensemble": 10.0, "last_value": 9.0, "window_mean": 8.0}, "window_mean"),
+        (
+            {"ensemble": 10.0, "last_value": 9.0, "window_mean": 9.0},
+            "ensemble",
+        ),  # exactly 10 % is not over
+    ],
+)
+def test_a_baseline_replaces_the_ensemble_only_when_clearly_better_on_recent_data(
+    errors: dict[str, float], chosen: str
+) -> None:
+    assert choose_method(errors) == chosen
+
+
+def test_after_a_clean_level_shift_the_last_value_takes_over_and_says_so() -> None:
+    level = np.full(7200, 30.0)
+    level[-8 * 120 :] = 70.0  # a noiseless step 8 minutes ago: the smoothers still lag it
+    (sig,) = forecast_series([_series(level)], ForecastConfig(), NOW)
+    assert sig.forecast is not None
+    assert sig.forecast.method == "last_value"
+    assert "beats the ensemble" in sig.forecast.reason
+    np.testing.assert_allclose(sig.forecast.mean, 70.0)
 
 
 def test_forecast_series_keeps_the_model_on_a_trending_series() -> None:
@@ -119,8 +152,8 @@ def test_forecast_series_keeps_the_model_on_a_trending_series() -> None:
     trend = 20 + 60 * t / 7200 + np.sin(t / 300) * 5
     (sig,) = forecast_series([_series(trend)], ForecastConfig(), NOW)
     assert sig.forecast is not None
-    assert sig.forecast.method == "arima(5,1,0)"
-    assert sig.forecast.mean[-1] > trend[-1]
+    assert sig.forecast.method == "ensemble"
+    assert sig.forecast.mean[-1] > trend[-1] - 1  # follows the trend, does not fall back
 
 
 @pytest.mark.parametrize(

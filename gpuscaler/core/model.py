@@ -19,6 +19,7 @@ import numpy.typing as npt
 from gpuscaler.config import TIME_SLICE_LEVELS
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 DecisionKind = Literal["fragments", "replica_floor", "time_slice"]
 
@@ -54,6 +55,9 @@ class Forecast:
     method: str
     reason: str
     last_value: float
+    errors: Mapping[str, float] = field(default_factory=dict)
+    """Recent in-window MAE over the horizon per candidate (ensemble, arima, ses,
+    window_mean, last_value): the forecaster's self-assessment."""
 
     @property
     def peak(self) -> float:

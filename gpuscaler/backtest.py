@@ -1,0 +1,325 @@
+"""Rolling-origin backtest of the forecaster against baselines on any CSV of
+`timestamp,value[,series]`.
+
+At each origin every method sees the same window of history and forecasts the horizon;
+scores are averaged over origins and over the horizon's steps:
+
+- `mae`: mean absolute error over the horizon path;
+- `relative_to_naive`: MAE / the last-value forecast's MAE (below 1 beats it);
+- `peak_mae`: error of the forecast's maximum over the horizon against the actual maximum;
+- `coverage`: share of actual points inside the method's prediction interval.
+
+Methods: `gpuscaler` (the production forecaster: the configured engine with its
+self-assessed choice of baseline), `naive` (last value), `window_mean` (mean of the last
+12 points), `statsmodels_arima` (statsmodels ARIMA of the configured order, refitted at
+each origin). Baselines' intervals are the empirical quantiles of their own errors at each
+step within the window.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast import (
+    WINDOW_MEAN_POINTS,
+    ForecastEngine,
+    StatsmodelsArima,
+    forecast_series,
+    make_engine,
+)
+from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.sim.trace import TraceError, parse_times, read_csv, regular_step
+
+METHODS = ("gpuscaler", "naive", "window_mean", "statsmodels_arima")
+AGGREGATIONS = ("mean", "sum", "max", "count")
+
+
+class BacktestError(Exception):
+    """Input the backtest cannot use; the message says what and where."""
+
+
+def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
+    """Named time series (float values indexed by unix seconds) from a CSV: a time column,
+    then either a value column and an optional non-numeric series column, or several
+    numeric columns, one series each."""
+    p = Path(path)
+    try:
+        frame = read_csv(p, str(p))
+    except TraceError as e:
+        raise BacktestError(str(e)) from e
+    if frame.shape[1] < 2:
+        raise BacktestError(f"{p}: needs a timestamp column and a value column")
+    try:
+        times = parse_times(frame.iloc[:, 0], str(p))
+    except TraceError as e:
+        raise BacktestError(str(e)) from e
+    rest = frame.iloc[:, 1:]
+    numeric = {c: pd.to_numeric(rest[c], errors="coerce") for c in rest.columns}
+    is_numeric = {c: bool(v.notna().any()) for c, v in numeric.items()}
+    out: dict[str, pd.Series] = {}
+    if len(rest.columns) >= 2 and not is_numeric[rest.columns[1]]:
+        value_col, series_col = rest.columns[0], rest.columns[1]
+        if not is_numeric[value_col]:
+            raise BacktestError(f"{p}: column {value_col!r} has no numeric values")
+        for name, idx in frame.groupby(frame[series_col].astype(str)).groups.items():
+            values = numeric[value_col].loc[idx].to_numpy(dtype=np.float64)
+            out[str(name)] = pd.Series(values, index=times[np.asarray(idx)])
+    else:
+        for column in rest.columns:
+            if is_numeric[column]:
+                out[str(column)] = pd.Series(
+                    numeric[column].to_numpy(dtype=np.float64), index=times
+                )
+        if not out:
+            raise BacktestError(f"{p}: no numeric value column")
+    for name, s in out.items():
+        if not np.all(np.diff(s.index.to_numpy()) >= 0):
+            raise BacktestError(f"{p}: series {name!r}: timestamps go backwards")
+    return out
+
+
+def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: str) -> Series:
+    """A regular grid: resampled into `resample`-second bins, or checked to be regular."""
+    t = s.index.to_numpy(dtype=np.float64)
+    v = s.to_numpy(dtype=np.float64)
+    if resample is not None:
+        bins = np.floor((t - t[0]) / resample).astype(np.int64)
+        frame = pd.DataFrame({"bin": bins, "v": v})
+        grouped = frame.groupby("bin")["v"]
+        counts = grouped.count() if agg != "count" else grouped.size()
+        values = grouped.agg(agg) if agg != "count" else grouped.size().astype(float)
+        grid = np.full(int(bins[-1]) + 1, np.nan)
+        grid[values.index.to_numpy()] = values.to_numpy(dtype=np.float64)
+        if agg != "count":
+            grid[counts.index.to_numpy()[counts.to_numpy() == 0]] = np.nan
+        return Series(start=float(t[0]), step=resample, values=grid)
+    if len(t) < 2:
+        raise BacktestError(f"{where}: series {name!r} has fewer than 2 points")
+    try:
+        step = regular_step(t, f"{where}: series {name!r}")
+    except TraceError as e:
+        raise BacktestError(f"{e}; pass --resample to put it on a grid") from e
+    slots = np.round((t - t[0]) / step).astype(np.int64)
+    grid = np.full(int(slots[-1]) + 1, np.nan)
+    grid[slots] = v
+    return Series(start=float(t[0]), step=step, values=grid)
+
+
+@dataclass(frozen=True)
+class Scores:
+    mae: float
+    relative_to_naive: float
+    peak_mae: float
+    coverage: float
+    origins: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        def r(x: float) -> float | None:
+            return round(x, 4) if math.isfinite(x) else None
+
+        return {
+            "mae": r(self.mae),
+            "relative_to_naive": r(self.relative_to_naive),
+            "peak_mae": r(self.peak_mae),
+            "coverage": r(self.coverage),
+            "origins": self.origins,
+        }
+
+
+@dataclass
+class _Errors:
+    """Per-origin error sums of one method, pooled later across series."""
+
+    abs_err: list[float]
+    peak_err: list[float]
+    inside: list[float]
+
+
+def _empirical_interval(
+    hist: FloatArray, point: FloatArray, steps: int, level: float, kind: str
+) -> tuple[FloatArray, FloatArray]:
+    """Quantiles of the baseline's own errors at each step inside each history row."""
+    n, w = hist.shape
+    lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
+    lower = np.full((n, steps), np.nan)
+    upper = np.full((n, steps), np.nan)
+    k = WINDOW_MEAN_POINTS
+    if kind == "window_mean":
+        windows = np.lib.stride_tricks.sliding_window_view(hist, k, axis=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            means = np.nanmean(windows, axis=2)  # means[:, j] ends at hist[:, j + k - 1]
+    for h in range(1, steps + 1):
+        if kind == "naive":
+            err = hist[:, h:] - hist[:, : w - h]
+        else:
+            err = hist[:, k - 1 + h :] - means[:, : w - k + 1 - h]
+        if err.shape[1] == 0:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lower[:, h - 1] = point[:, h - 1] + np.nanquantile(err, lo_q, axis=1)
+            upper[:, h - 1] = point[:, h - 1] + np.nanquantile(err, hi_q, axis=1)
+    return lower, upper
+
+
+def evaluate_series(
+    series: Series,
+    cfg: ForecastConfig,
+    horizon: float,
+    window: float,
+    max_origins: int,
+    engine: ForecastEngine | None = None,
+    reference: ForecastEngine | None = None,
+) -> dict[str, _Errors]:
+    step = series.step
+    steps = max(1, round(horizon / max(step, cfg.fit_step)))
+    per = max(1, round(cfg.fit_step / step))  # samples per forecast step
+    if per > 1:
+        raise BacktestError(
+            f"series step {step:g}s is finer than forecast.fit_step {cfg.fit_step:g}s; "
+            "pass --resample to the fit step"
+        )
+    win = max(round(window / step), WINDOW_MEAN_POINTS + 2)
+    values = series.values
+    first, last = win - 1, len(values) - 1 - steps
+    if last < first:
+        raise BacktestError(
+            f"{len(values)} points hold no origin: need a {win}-point window plus "
+            f"{steps} steps of horizon"
+        )
+    stride = max(1, math.ceil((last - first + 1) / max_origins))
+    origins = np.arange(last, first - 1, -stride)[::-1]
+    idx = origins[:, None] - np.arange(win)[::-1][None, :]
+    hist = values[idx]  # (origins, window)
+    actual = values[origins[:, None] + 1 + np.arange(steps)[None, :]]
+    keep = np.isfinite(hist[:, -1]) & np.isfinite(actual).any(axis=1)
+    origins, hist, actual = origins[keep], hist[keep], actual[keep]
+    if origins.size == 0:
+        raise BacktestError("no origin with a finite last value and a finite future")
+    fcfg = cfg.model_copy(
+        update={
+            "horizon": steps * step,
+            "fit_step": step,
+            "min_history": step * (sum(cfg.order) + 2),
+        }
+    )
+    engine = engine or make_engine(fcfg)
+    slices = [Series(start=0.0, step=step, values=row) for row in hist]
+    signals = forecast_series(
+        slices, fcfg, now=(win - 1) * step, engine=engine, clip=(-math.inf, None)
+    )
+    level = cfg.interval_level
+    paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
+    g_mean = np.full(actual.shape, np.nan)
+    g_lo, g_hi = g_mean.copy(), g_mean.copy()
+    for r, sig in enumerate(signals):
+        if sig.forecast is not None:
+            g_mean[r], g_lo[r], g_hi[r] = sig.forecast.mean, sig.forecast.lower, sig.forecast.upper
+    paths["gpuscaler"] = (g_mean, g_lo, g_hi)
+    last_vals = hist[:, -1]
+    naive = np.repeat(last_vals[:, None], steps, axis=1)
+    paths["naive"] = (naive, *_empirical_interval(hist, naive, steps, level, "naive"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        wm = np.nanmean(hist[:, -WINDOW_MEAN_POINTS:], axis=1)
+    wmean = np.repeat(wm[:, None], steps, axis=1)
+    paths["window_mean"] = (wmean, *_empirical_interval(hist, wmean, steps, level, "window_mean"))
+    reference = reference or StatsmodelsArima(cfg.order)
+    ref = reference.forecast(hist, steps, level)
+    paths["statsmodels_arima"] = (ref.mean, ref.lower, ref.upper)
+    out: dict[str, _Errors] = {}
+    finite = np.isfinite(actual)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        actual_peak = np.nanmax(np.where(finite, actual, -np.inf), axis=1)
+    for method, (mean, lo, hi) in paths.items():
+        ok = finite & np.isfinite(mean)
+        rows = ok.any(axis=1)
+        abs_err = np.where(ok, np.abs(mean - actual), np.nan)
+        inside = np.where(
+            ok & np.isfinite(lo) & np.isfinite(hi), (actual >= lo) & (actual <= hi), np.nan
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            peak = np.abs(np.nanmax(np.where(ok, mean, -np.inf), axis=1) - actual_peak)
+            out[method] = _Errors(
+                abs_err=list(np.nanmean(abs_err[rows], axis=1)),
+                peak_err=list(peak[rows]),
+                inside=list(np.nanmean(inside[rows], axis=1)),
+            )
+    return out
+
+
+def _scores(errors: dict[str, _Errors]) -> dict[str, Scores]:
+    maes = {m: float(np.nanmean(e.abs_err)) if e.abs_err else math.nan for m, e in errors.items()}
+    naive = maes.get("naive", math.nan)
+    return {
+        m: Scores(
+            mae=maes[m],
+            relative_to_naive=maes[m] / naive if naive and math.isfinite(naive) else math.nan,
+            peak_mae=float(np.nanmean(e.peak_err)) if e.peak_err else math.nan,
+            coverage=float(np.nanmean(e.inside)) if e.inside else math.nan,
+            origins=len(e.abs_err),
+        )
+        for m, e in errors.items()
+    }
+
+
+def backtest(
+    path: str | Path,
+    cfg: ForecastConfig,
+    horizon: float,
+    window: float,
+    resample: float | None = None,
+    agg: str = "mean",
+    max_origins: int = 400,
+) -> dict[str, Any]:
+    if agg not in AGGREGATIONS:
+        raise BacktestError(f"--agg must be one of {', '.join(AGGREGATIONS)}, not {agg!r}")
+    raw = load_series_csv(path)
+    per_series: dict[str, dict[str, Scores]] = {}
+    pooled: dict[str, _Errors] = {m: _Errors([], [], []) for m in METHODS}
+    for name, s in raw.items():
+        grid = to_grid(name, s, resample, agg, str(path))
+        try:
+            errors = evaluate_series(grid, cfg, horizon, window, max_origins)
+        except BacktestError as e:
+            raise BacktestError(f"{path}: series {name!r}: {e}") from e
+        per_series[name] = _scores(errors)
+        for m, errs in errors.items():
+            # Pool relative errors by scaling each series by its own naive MAE, so a
+            # series with large values does not drown the rest.
+            scale = per_series[name]["naive"].mae or 1.0
+            pooled[m].abs_err += [x / scale for x in errs.abs_err]
+            pooled[m].peak_err += [x / scale for x in errs.peak_err]
+            pooled[m].inside += errs.inside
+    overall = _scores(pooled)
+    return {
+        "horizon_s": horizon,
+        "overall": {m: _overall(overall[m], per_series, m) for m in METHODS},
+        "series": {n: {m: sc.as_dict() for m, sc in s.items()} for n, s in per_series.items()},
+    }
+
+
+def _overall(
+    scores: Scores, per_series: dict[str, dict[str, Scores]], method: str
+) -> dict[str, float | int | None]:
+    """Overall: relative_to_naive and coverage pooled across series (each series' errors
+    scaled by its own naive MAE); mae and peak_mae averaged over series in their units."""
+    d = scores.as_dict()
+    d["mae"] = _round(float(np.mean([s[method].mae for s in per_series.values()])))
+    d["peak_mae"] = _round(float(np.mean([s[method].peak_mae for s in per_series.values()])))
+    return d
+
+
+def _round(x: float) -> float | None:
+    return round(float(x), 4) if math.isfinite(x) else None
