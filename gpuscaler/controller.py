@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import ForecastEngine, make_engine
-from gpuscaler.core.model import Decision, History, Plan, Snapshot, record_applied
+from gpuscaler.core.model import Decision, FitState, History, Plan, Snapshot, record_applied
 from gpuscaler.core.plan import plan as make_plan
 from gpuscaler.core.snapshot import Observations, build_snapshot
 from gpuscaler.logs import log_plan
@@ -70,6 +70,7 @@ class Controller:
         self.stats = TickStats()
         self.log_decisions = log_decisions
         self._engines: dict[ForecastConfig, ForecastEngine] = {}
+        self.fits: Mapping[str, FitState] = {}
 
     def engines(self) -> dict[ForecastConfig, ForecastEngine]:
         """One engine per distinct forecast config, built once."""
@@ -90,7 +91,8 @@ class Controller:
     def tick(self, now: float) -> TickResult:
         started = time.perf_counter()
         raw = self.source.observe(now)
-        snapshot = build_snapshot(raw, self.config, now, self.engines())
+        snapshot = build_snapshot(raw, self.config, now, self.engines(), self.fits)
+        self.fits = snapshot.fits
         plan = make_plan(snapshot, self.config, self.history, now)
         applied = () if self.dry_run else self.actuator.apply(plan.decisions)
         self.history = record_applied(plan.history, applied)

@@ -86,10 +86,13 @@ def test_resampling_sums_irregular_events_into_bins(tmp_path: Path) -> None:
         "--json",
     )
     assert out.returncode == 0, out.stderr
-    assert set(json.loads(out.stdout)["series"]) == {
-        "Tokens",
-        "Generated",
-    }  # one series per numeric column
+    assert set(json.loads(out.stdout)["series"]) == {"count"}  # rows per bin: one series
+
+
+def test_each_numeric_column_is_its_own_series(tmp_path: Path) -> None:
+    csv = tmp_path / "cols.csv"
+    csv.write_text("t,a,b\n" + "".join(f"{i * 10},{i % 7},{i % 5}\n" for i in range(50)))
+    assert sorted(load_series_csv(csv)) == ["a", "b"]
 
 
 @pytest.mark.parametrize(

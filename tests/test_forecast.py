@@ -178,3 +178,40 @@ def test_utilization_forecasts_are_clipped_to_zero_to_one_hundred() -> None:
     (sig,) = forecast_series([_series(rising)], ForecastConfig(), NOW, clip=(0.0, 100.0))
     assert sig.forecast is not None
     assert sig.forecast.upper.max() <= 100.0 and sig.forecast.lower.min() >= 0.0
+
+
+def test_a_fit_younger_than_refit_every_is_reused_and_an_older_one_refitted() -> None:
+    from gpuscaler.core.forecast import refit_or_reuse
+    from gpuscaler.core.model import FitState
+
+    hist = arima_paths(3, 400, (0.5,), seed=9)
+    engine = LeastSquaresArima(1, 1)
+    young = FitState(fitted_at=NOW - 100, intercept=0.0, phi=(0.11,), sigma2=2.0)
+    old = FitState(fitted_at=NOW - 400, intercept=0.0, phi=(0.22,), sigma2=2.0)
+    fitted, states, refitted = refit_or_reuse(
+        engine, hist, ["a", "b", "c"], {"a": young, "b": old}, NOW, refit_every=300
+    )
+    assert refitted == 2  # "b" too old, "c" never fitted
+    assert fitted.phi[0, 0] == 0.11 and states["a"] is young
+    assert abs(fitted.phi[1, 0] - 0.5) < 0.2 and states["b"].fitted_at == NOW
+    assert states["c"].fitted_at == NOW
+
+
+def test_between_refits_new_observations_still_move_the_forecast() -> None:
+    cfg = ForecastConfig()
+    base = 50 + np.sin(np.arange(7200) / 400) * 10
+    states: dict[str, object] = {}
+    first = forecast_series([_series(base)], cfg, NOW, keys=["s"], states=states)  # type: ignore[arg-type]
+    moved = np.concatenate([base[60:], np.full(60, 90.0)])  # 30 s later, load jumped
+    later: dict[str, object] = {}
+    second = forecast_series(
+        [_series(moved)],
+        cfg,
+        NOW + 30,
+        keys=["s"],
+        prior=states,
+        states=later,  # type: ignore[arg-type]
+    )
+    assert later["s"] is states["s"]  # not refitted
+    assert first[0].forecast is not None and second[0].forecast is not None
+    assert second[0].forecast.mean[0] > first[0].forecast.mean[0] + 5

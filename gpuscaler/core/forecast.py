@@ -26,7 +26,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.model import FloatArray, Forecast, IntArray, Series, Signal
+from gpuscaler.core.model import FitState, FloatArray, Forecast, IntArray, Series, Signal
 
 _RIDGE = 1e-6
 """Tiny ridge on the normal equations: keeps a flat (constant) series solvable."""
@@ -41,6 +41,46 @@ class Fitted:
     intercept: FloatArray  # (n,)
     phi: FloatArray  # (n, p)
     sigma2: FloatArray  # (n,)
+
+
+def refit_or_reuse(
+    engine: LeastSquaresArima,
+    hist: FloatArray,
+    keys: Sequence[str | None],
+    prior: Mapping[str, FitState],
+    now: float,
+    refit_every: float,
+) -> tuple[Fitted, dict[str, FitState], int]:
+    """Coefficients for every row: reused where the series' fit is younger than
+    `refit_every` (its state, the newest observations, still moves the forecast), refitted
+    in one batch otherwise. Returns them, the fit states to keep, and how many were refit."""
+    n = hist.shape[0]
+    stale = [
+        r
+        for r, key in enumerate(keys)
+        if key is None
+        or key not in prior
+        or now - prior[key].fitted_at >= refit_every
+        or len(prior[key].phi) != engine.p
+    ]
+    intercept, phi, sigma2 = np.empty(n), np.empty((n, engine.p)), np.empty(n)
+    if stale:
+        fresh = engine.fit(hist[stale])
+        intercept[stale], phi[stale], sigma2[stale] = fresh.intercept, fresh.phi, fresh.sigma2
+    states: dict[str, FitState] = {}
+    stale_set = set(stale)
+    for r, key in enumerate(keys):
+        if r not in stale_set:
+            assert key is not None
+            old = prior[key]
+            intercept[r], phi[r], sigma2[r] = old.intercept, old.phi, old.sigma2
+        if key is not None:
+            states[key] = (
+                FitState(now, float(intercept[r]), tuple(phi[r].tolist()), float(sigma2[r]))
+                if r in stale_set
+                else prior[key]
+            )
+    return Fitted(intercept, phi, sigma2), states, len(stale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -389,8 +429,14 @@ def forecast_series(
     now: float,
     engine: ForecastEngine | None = None,
     clip: tuple[float, float | None] = (0.0, None),
+    keys: Sequence[str | None] | None = None,
+    prior: Mapping[str, FitState] | None = None,
+    states: dict[str, FitState] | None = None,
 ) -> list[Signal]:
-    """Forecast each series `cfg.horizon` ahead of `now`, or say why not."""
+    """Forecast each series `cfg.horizon` ahead of `now`, or say why not.
+
+    With `keys`, each series' fitted coefficients are taken from `prior` while younger than
+    `cfg.refit_every`, and the fit states to keep for the next call are put in `states`."""
     engine = engine or make_engine(cfg)
     steps = max(1, round(cfg.horizon / cfg.fit_step))
     signals: list[Signal | None] = [None] * len(series)
@@ -424,7 +470,17 @@ def forecast_series(
         hist = np.full((len(rows), width), np.nan)
         for r, row in enumerate(rows):
             hist[r, width - len(row) :] = row
-        forecasts = _forecast_batch(engine, hist, steps, cfg, now)
+        row_keys = [keys[i] for i in index] if keys is not None else [None] * len(index)
+        forecasts = _forecast_batch(
+            engine,
+            hist,
+            steps,
+            cfg,
+            now,
+            row_keys,
+            prior or {},
+            states if states is not None else {},
+        )
         lo_clip, hi_clip = clip
         for r, i in enumerate(index):
             s = series[i]
@@ -450,7 +506,14 @@ def choose_method(errors: Mapping[str, float]) -> str:
 
 
 def _forecast_batch(
-    engine: ForecastEngine, hist: FloatArray, steps: int, cfg: ForecastConfig, now: float
+    engine: ForecastEngine,
+    hist: FloatArray,
+    steps: int,
+    cfg: ForecastConfig,
+    now: float,
+    keys: Sequence[str | None],
+    prior: Mapping[str, FitState],
+    states: dict[str, FitState],
 ) -> list[Forecast]:
     """The ensemble of ARIMA, exponential smoothing and the window mean, unless a baseline
     has been clearly more accurate on the series' recent history; the plain engine when it
@@ -459,7 +522,8 @@ def _forecast_batch(
     last_values = last_finite(hist)
     assessment: Assessment | None = None
     if isinstance(engine, LeastSquaresArima):
-        fitted = engine.fit(hist)
+        fitted, new_states, _ = refit_or_reuse(engine, hist, keys, prior, now, cfg.refit_every)
+        states.update(new_states)
         paths = engine.predict(fitted, hist, steps, cfg.interval_level)
         if cfg.ensemble:
             assessment = assess(engine, fitted, hist, steps)

@@ -89,6 +89,17 @@ class Forecast:
 
 
 @dataclass(frozen=True)
+class FitState:
+    """One series' fitted forecast coefficients and when they were fitted: kept between
+    ticks so parameters are refitted only every forecast.refit_every."""
+
+    fitted_at: float
+    intercept: float
+    phi: tuple[float, ...]
+    sigma2: float
+
+
+@dataclass(frozen=True)
 class Signal:
     """What the core knows of one forecast input: its forecast, or why there is none."""
 
@@ -136,6 +147,8 @@ class Snapshot:
     time: float
     pools: tuple[PoolObservation, ...] = ()
     workloads: tuple[WorkloadObservation, ...] = ()
+    fits: Mapping[str, FitState] = field(default_factory=lambda: MappingProxyType({}))
+    """Forecast model state per series key, for the next tick."""
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import ForecastEngine, forecast_series
-from gpuscaler.core.model import PoolObservation, Series, Signal, Snapshot, WorkloadObservation
+from gpuscaler.core.model import (
+    FitState,
+    PoolObservation,
+    Series,
+    Signal,
+    Snapshot,
+    WorkloadObservation,
+)
 
 
 @dataclass(frozen=True)
@@ -61,23 +70,33 @@ def window_mean(
 
 
 def _forecasts(
-    items: list[tuple[Series | None, str | None, ForecastConfig]],
+    items: list[tuple[str, Series | None, str | None, ForecastConfig]],
     now: float,
     clip: tuple[float, float | None],
     engines: dict[ForecastConfig, ForecastEngine] | None,
+    prior: Mapping[str, FitState],
+    states: dict[str, FitState],
 ) -> list[Signal]:
     """Forecast every series, batching those that share a forecast config."""
     out: list[Signal | None] = [None] * len(items)
     groups: dict[ForecastConfig, list[int]] = {}
-    for i, (_, problem, cfg) in enumerate(items):
+    for i, (_, series, problem, cfg) in enumerate(items):
         if problem is None:
             groups.setdefault(cfg, []).append(i)
         else:
-            series = items[i][0]
             out[i] = Signal(series.last_sample_time() if series else None, None, problem)
     for cfg, idx in groups.items():
         engine = engines.get(cfg) if engines is not None else None
-        signals = forecast_series([items[i][0] for i in idx], cfg, now, engine, clip)
+        signals = forecast_series(
+            [items[i][1] for i in idx],
+            cfg,
+            now,
+            engine,
+            clip,
+            keys=[items[i][0] for i in idx],
+            prior=prior,
+            states=states,
+        )
         for i, s in zip(idx, signals, strict=True):
             out[i] = s
     return [s for s in out if s is not None]
@@ -88,17 +107,32 @@ def build_snapshot(
     config: Config,
     now: float,
     engines: dict[ForecastConfig, ForecastEngine] | None = None,
+    fits: Mapping[str, FitState] | None = None,
 ) -> Snapshot:
+    """Forecasts attached to what was observed; `fits` are the model states of the previous
+    tick (refitted every forecast.refit_every), the new ones ride on the snapshot."""
+    states: dict[str, FitState] = {}
     pool_items = [
-        (p.utilization, p.problem, config.pool_section(p.name, "forecast", ForecastConfig))
+        (
+            f"pool:{p.name}",
+            p.utilization,
+            p.problem,
+            config.pool_section(p.name, "forecast", ForecastConfig),
+        )
         for p in raw.pools
     ]
     load_items = [
-        (w.load, w.problem, config.workload_section(w.key, "forecast", ForecastConfig))
+        (
+            f"workload:{w.key}",
+            w.load,
+            w.problem,
+            config.workload_section(w.key, "forecast", ForecastConfig),
+        )
         for w in raw.workloads
     ]
-    pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines)
-    load_signals = _forecasts(load_items, now, (0.0, None), engines)
+    prior = fits or {}
+    pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
+    load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
     pools = []
     for p, signal in zip(raw.pools, pool_signals, strict=True):
         stall, stall_last = window_mean(p.stall, now, config.time_slice.stall_window)
@@ -125,4 +159,6 @@ def build_snapshot(
         )
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]
-    return Snapshot(time=now, pools=tuple(pools), workloads=tuple(workloads))
+    return Snapshot(
+        time=now, pools=tuple(pools), workloads=tuple(workloads), fits=MappingProxyType(states)
+    )
