@@ -282,6 +282,15 @@ class ReplicasConfig(_Strict):
 M = TypeVar("M", bound=BaseModel)
 
 
+def _only_sections(
+    overrides: dict[str, dict[str, Any]], allowed: dict[str, type[BaseModel]], owner: str
+) -> dict[str, dict[str, Any]]:
+    unknown = set(overrides) - set(allowed)
+    if unknown:
+        raise ValueError(f"cannot override {sorted(unknown)} ({owner} overrides {sorted(allowed)})")
+    return overrides
+
+
 class NodeSelector(_Strict):
     label: str = Field(min_length=1)
     value: str = Field(min_length=1)
@@ -304,13 +313,7 @@ class NodePoolConfig(_Strict):
     @field_validator("overrides")
     @classmethod
     def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        unknown = set(value) - set(POOL_OVERRIDABLE)
-        if unknown:
-            raise ValueError(
-                f"cannot override {sorted(unknown)} (a node pool overrides "
-                f"{sorted(POOL_OVERRIDABLE)})"
-            )
-        return value
+        return _only_sections(value, POOL_OVERRIDABLE, "a node pool")
 
 
 class WorkloadConfig(_Strict):
@@ -329,13 +332,7 @@ class WorkloadConfig(_Strict):
     @field_validator("overrides")
     @classmethod
     def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        unknown = set(value) - set(WORKLOAD_OVERRIDABLE)
-        if unknown:
-            raise ValueError(
-                f"cannot override {sorted(unknown)} (a workload overrides "
-                f"{sorted(WORKLOAD_OVERRIDABLE)})"
-            )
-        return value
+        return _only_sections(value, WORKLOAD_OVERRIDABLE, "a workload")
 
 
 POOL_OVERRIDABLE: dict[str, type[BaseModel]] = {

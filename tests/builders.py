@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, parse_config
+from gpuscaler.core.guards import Outcome
 from gpuscaler.core.model import (
     Forecast,
     PoolObservation,
@@ -109,3 +110,18 @@ def history(
 
 def config(yaml_text: str = "") -> Config:
     return parse_config(yaml_text)
+
+
+def assert_outcome(out: Outcome, expect: tuple[str, object], decision_text: str) -> None:
+    """expect: ("set", to) | ("hold", text in the reason) | ("invalid", text in the reason)."""
+    kind, value = expect
+    if kind == "set":
+        assert out.skip is None, out.skip
+        assert out.decision is not None
+        assert out.decision.to_value == value, out.decision.reason
+        assert decision_text in out.decision.reason, out.decision.reason
+    else:
+        assert out.decision is None, out.decision
+        assert out.skip is not None
+        assert out.skip.invalid_input is (kind == "invalid")
+        assert str(value) in out.skip.reason, out.skip.reason

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from builders import NOW, history, signal, workload_obs
+from builders import NOW, assert_outcome, history, signal, workload_obs
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
@@ -124,17 +124,7 @@ ROWS = [
 def test_replica_floor_rule(row: Row) -> None:
     cfg = ReplicasConfig.model_validate(row.cfg)
     out = decide_replica_floor(row.obs, cfg, STALENESS, row.hist, NOW)
-    kind, value = row.expect
-    if kind == "set":
-        assert out.skip is None, out.skip
-        assert out.decision is not None
-        assert out.decision.to_value == value, out.decision.reason
-        assert "forecast upper" in out.decision.reason
-    else:
-        assert out.decision is None, out.decision
-        assert out.skip is not None
-        assert out.skip.invalid_input is (kind == "invalid")
-        assert str(value) in out.skip.reason, out.skip.reason
+    assert_outcome(out, row.expect, "forecast upper")
 
 
 def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
