@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuscaler.config import Config, ConfigError, load_config
 from gpuscaler.controller import Controller
+from gpuscaler.core.model import Decision
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -127,9 +128,35 @@ def _live_controller(config: Config, dry_run: bool) -> Controller:
     return Controller(live.config, live, live, dry_run=dry_run or config.control.dry_run)
 
 
+class _NoActuator:
+    """Until the Kubernetes adapter exists nothing can be changed: every plan is dry."""
+
+    def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
+        return ()
+
+
+def _prometheus_controller(config: Config, state_file: str | None) -> Controller:
+    from gpuscaler.adapters.prometheus import PrometheusSource, load_state
+
+    state, said = load_state(state_file, config)
+    print(
+        f"source: Prometheus at {config.prometheus.url}; {said}. No Kubernetes adapter yet "
+        "(issue 5): dry run, nothing is changed.",
+        file=sys.stderr,
+    )
+    return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
+
+
 def cmd_once(args: argparse.Namespace) -> int:
     config = _config_or_exit(args.config)
-    controller = _live_controller(config, args.dry_run)
+    if config.prometheus.url:
+        try:
+            controller = _prometheus_controller(config, args.state)
+        except ValueError as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        controller = _live_controller(config, args.dry_run)
     result = controller.tick(time.time())
     for d in result.plan.decisions:
         print(json.dumps(d.as_record()))
@@ -186,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True)
         p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
+        p.add_argument("--state", help="YAML of current fragments and replica floors")
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
         p.set_defaults(func=func)

@@ -308,6 +308,10 @@ class NodePoolConfig(_Strict):
     sharing: Literal["time-slicing", "mps"] = "time-slicing"
     initial_fragments: int | None = Field(None, ge=1)
     """Fragments assumed when no adapter reports them (simulator, first cycle)."""
+    metrics_matchers: dict[str, str] = Field(default_factory=dict)
+    """Exact-match labels that select this pool's GPU series in Prometheus, e.g.
+    {modelName: NVIDIA A100-SXM4-80GB} or {Hostname: gpu-node-1} ("Hostname" also matches
+    the lowercase "hostname" newer dcgm-exporters use). Values are escaped."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("overrides")
@@ -346,6 +350,67 @@ WORKLOAD_OVERRIDABLE: dict[str, type[BaseModel]] = {
 }
 
 
+class PrometheusQueries(_Strict):
+    """PromQL templates. `{matchers}` is replaced by the target's escaped label matchers,
+    `{lookback}` by twice the metrics step: `last_over_time(...[{lookback}])` keeps a missed
+    scrape a gap instead of Prometheus' 5-minute lookback filling it with an old value."""
+
+    pool_utilization: str = "avg(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+    pool_stall: str = "avg(last_over_time(nvidia_gpu_stall_percentage{{{matchers}}}[{lookback}]))"
+    workload_load: str = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+
+    @field_validator("pool_utilization", "pool_stall", "workload_load")
+    @classmethod
+    def _placeholders(cls, value: str) -> str:
+        try:
+            value.format(matchers='a="b"', lookback="1s")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"template must use only {{matchers}} and {{lookback}} (double other braces): {e}"
+            ) from e
+        if "{matchers}" not in value:
+            raise ValueError("template must contain {matchers}")
+        return value
+
+
+class PrometheusConfig(_Strict):
+    url: str | None = None
+    """Prometheus base URL; unset = no Prometheus source (simulator only)."""
+    timeout: Seconds = Field(10.0, gt=0)
+    """Per request: a slow server costs at most this per query and cycle."""
+    retries: int = Field(2, ge=0, le=10)
+    """Retries of a failed request (connection errors and 5xx), with backoff."""
+    backoff: Seconds = Field(0.5, ge=0)
+    """First backoff between retries; doubles each retry."""
+    overlap: Seconds = Field(5.0, ge=0)
+    """Each incremental fetch re-reads this much before the newest sample held, for samples
+    that arrived late."""
+    bearer_token_file: str | None = None
+    """Re-read whenever the file changes (projected service account tokens rotate)."""
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    insecure_skip_verify: bool = False
+    """Explicitly skip TLS verification (never the default)."""
+    queries: PrometheusQueries = PrometheusQueries()
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.url is not None and not re.match(r"^https?://[^\s/]+", self.url):
+            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+        if (self.basic_auth_username is None) != (self.basic_auth_password_file is None):
+            raise ValueError(
+                "basic auth needs both basic_auth_username and basic_auth_password_file"
+            )
+        if self.basic_auth_username is not None and self.bearer_token_file is not None:
+            raise ValueError("use either a bearer token or basic auth, not both")
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("a client certificate needs both client_cert_file and client_key_file")
+        return self
+
+
 class SimulatorConfig(_Strict):
     cold_start: Seconds = Field(60.0, ge=0)
     """A new replica serves only after this (image pull, model load)."""
@@ -369,6 +434,7 @@ class Config(_Strict):
     node_pools: tuple[NodePoolConfig, ...] = ()
     workloads: tuple[WorkloadConfig, ...] = ()
     simulator: SimulatorConfig = SimulatorConfig()
+    prometheus: PrometheusConfig = PrometheusConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
