@@ -358,8 +358,17 @@ class PrometheusQueries(_Strict):
     pool_utilization: str = "avg(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
     pool_stall: str = "avg(last_over_time(nvidia_gpu_stall_percentage{{{matchers}}}[{lookback}]))"
     workload_load: str = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+    pool_memory_used: str = "max(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}]))"
+    """MiB used on the pool's fullest GPU."""
+    pool_memory_total: str = (
+        "min(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}])"
+        " + last_over_time(DCGM_FI_DEV_FB_FREE{{{matchers}}}[{lookback}]))"
+    )
+    """MiB of the pool's smallest GPU (used + free)."""
 
-    @field_validator("pool_utilization", "pool_stall", "workload_load")
+    @field_validator(
+        "pool_utilization", "pool_stall", "workload_load", "pool_memory_used", "pool_memory_total"
+    )
     @classmethod
     def _placeholders(cls, value: str) -> str:
         try:

@@ -61,6 +61,7 @@ def pool_obs(
     level: str | None = "medium",
     held: int = 0,
     gpu_memory_gib: float | None = None,
+    memory_used_gib: float | None = None,
 ) -> PoolObservation:
     return PoolObservation(
         name="a100",
@@ -71,6 +72,7 @@ def pool_obs(
         stall_last_sample_time=NOW - 1,
         gpu_memory_gib=gpu_memory_gib,
         max_shares_held=held,
+        memory_used_gib=memory_used_gib,
     )
 
 

@@ -65,7 +65,12 @@ def write_openmetrics(
 
 
 @contextmanager
-def prometheus(data: Path | None = None, scrape_target: str | None = None) -> Iterator[str]:
+def prometheus(
+    data: Path | None = None,
+    scrape_target: str | None = None,
+    rule_file: Path | None = None,
+    port: int | None = None,
+) -> Iterator[str]:
     """A running Prometheus (backfilled from the OpenMetrics file `data`, or scraping
     `scrape_target` every 500 ms); yields its URL, stops it and removes its data after."""
     prom, tool = binaries()
@@ -87,8 +92,11 @@ def prometheus(data: Path | None = None, scrape_target: str | None = None) -> It
                 "scrape_configs:\n  - job_name: exporter\n    scrape_interval: 500ms\n"
                 f"    scrape_timeout: 400ms\n    static_configs: [{{targets: ['{scrape_target}']}}]\n"
             )
-        config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + scrape)
-        port = free_port()
+        rules = f"rule_files: ['{rule_file}']\n" if rule_file else ""
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + rules + scrape
+        )
+        port = port or free_port()
         proc = subprocess.Popen(
             [
                 prom,

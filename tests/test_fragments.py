@@ -159,6 +159,19 @@ ROWS = [
         cfg={"max_step": 2},
     ),
     Row(
+        "never shrinks fragments below the memory tenants already use",
+        pool_obs(signal(5, 10), fragments=2, memory_used_gib=60),  # 30 GiB per tenant
+        ("hold", "memory in use: tenants hold 30.0 GiB each"),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "stops doubling where the memory tenants use would no longer fit",
+        pool_obs(signal(5, 10), fragments=2, memory_used_gib=30),  # 15 GiB per tenant
+        ("set", 4),
+        SUSTAINED_UP,
+        cfg={"max_step": 2},
+    ),
+    Row(
         "never lowers fragments below the shares pods hold",
         pool_obs(signal(90, 95), fragments=4, held=3),
         ("hold", "needs preemption first"),

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from promserver import STEP, prometheus, write_openmetrics
+from promserver import STEP, free_port, prometheus, write_openmetrics
 
 from gpuscaler.adapters.prometheus import (
     CurrentState,
@@ -47,12 +47,22 @@ PLANTED = {
     "nan": lambda i: float("nan") if i > POINTS - 20 else 60 + _noise(i),
     "gone": lambda i: None if i > POINTS - 1200 else 60 + _noise(i),  # silent for 10 min
     "gappy": lambda i: None if (i // 400) % 3 == 1 else 62 + _noise(i),  # gaps, recent data
+    "full": lambda i: 15 + _noise(i),  # idle, but its tenants fill the memory
 }
+FB_USED_MIB = {"idle": 20_000.0, "full": 70_000.0}  # of 81,920 MiB
 POOL_LABEL = {"idle": "hostname"}  # the newer dcgm-exporter's lowercase label
 
 
 def _metrics() -> dict[str, list[tuple[dict[str, str], Any]]]:
-    util, stall = [], []
+    util, stall, used, free = [], [], [], []
+    for name, mib in FB_USED_MIB.items():
+        labels = {
+            POOL_LABEL.get(name, "Hostname"): f"node-{name}",
+            "gpu": "0",
+            "UUID": f"GPU-{name}",
+        }
+        used.append((labels, lambda i, mib=mib: mib))
+        free.append((labels, lambda i, mib=mib: 81_920.0 - mib))
     for name, fn in PLANTED.items():
         labels = {
             POOL_LABEL.get(name, "Hostname"): f"node-{name}",
@@ -68,7 +78,12 @@ def _metrics() -> dict[str, list[tuple[dict[str, str], Any]]]:
         ({**work, "pod": "chat-7d9f-b", "gpu": "2"}, lambda i: 100 + 150 * i / POINTS - _noise(i))
     )
     util.append(({**work, "pod": "chatty-1", "gpu": "3"}, lambda i: 500.0))  # must not match "chat"
-    return {"DCGM_FI_DEV_GPU_UTIL": util, "nvidia_gpu_stall_percentage": stall}
+    return {
+        "DCGM_FI_DEV_GPU_UTIL": util,
+        "nvidia_gpu_stall_percentage": stall,
+        "DCGM_FI_DEV_FB_USED": used,
+        "DCGM_FI_DEV_FB_FREE": free,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +97,7 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _config(url: str, extra: str = "") -> str:
     pools = "\n".join(
         f"  - {{name: {name}, selector: {{label: pool, value: {name}}}, gpu_memory_gib: 80, "
-        f"initial_fragments: {2 if name == 'idle' else 4}, "
+        f"initial_fragments: {2 if name in ('idle', 'full') else 4}, "
         f"metrics_matchers: {{{POOL_LABEL.get(name, 'Hostname')}: node-{name}}}}}"
         for name in [*PLANTED, "ghost"]
     )
@@ -143,6 +158,8 @@ def test_once_dry_run_plans_the_planted_decisions_and_skips_the_bad_series(
     assert floor["from"] == 2 and floor["to"] >= 4  # ~250 % GPU rising, target 70 %
     assert not skipped[("fragments", "flat")]["invalid_input"]
     assert not skipped[("fragments", "gappy")]["invalid_input"]  # gaps are not a failure
+    full = skipped[("fragments", "full")]  # measured memory in use blocks the doubling
+    assert not full["invalid_input"] and "tenants hold 34.2 GiB each" in full["reason"]
     for pool, reason in (("nan", "NaN or Inf"), ("gone", "stale"), ("ghost", "empty result")):
         for kind in ("fragments", "time_slice"):
             skip = skipped[(kind, pool)]
@@ -174,7 +191,7 @@ def test_the_first_cycle_backfills_in_chunks_and_later_cycles_fetch_only_what_is
     source = PrometheusSource(config, CurrentState(), transport)
     now = END + 1
     obs = source.observe(now)
-    first = [c for c in transport.calls if "node-flat" in c[0] and "DCGM" in c[0]]
+    first = [c for c in transport.calls if "node-flat" in c[0] and "GPU_UTIL" in c[0]]
     assert len(first) == 2  # 2 h at 500 ms = 14,400 points: two chunks of at most 10,000
     assert all((end - start) / STEP + 1 <= 11_000 for _, start, end in first)
     flat = next(p for p in obs.pools if p.name == "flat")
@@ -183,7 +200,7 @@ def test_the_first_cycle_backfills_in_chunks_and_later_cycles_fetch_only_what_is
     assert np.isnan(flat.utilization.values[:7000]).all()  # before the data: gaps, not zeros
     transport.calls.clear()
     source.observe(now + 30)
-    later = [c for c in transport.calls if "node-flat" in c[0] and "DCGM" in c[0]]
+    later = [c for c in transport.calls if "node-flat" in c[0] and "GPU_UTIL" in c[0]]
     assert len(later) == 1
     _, start, end = later[0]
     assert end - start <= 30 + config.prometheus.overlap + 1  # only what is new
@@ -311,17 +328,23 @@ def test_a_misbehaving_server_or_bad_data_means_no_action(
     assert source.health.ok is healthy
 
 
-def test_a_stopped_server_means_no_action_and_the_next_good_cycle_recovers(
-    prom_url: str, tmp_path: Path
-) -> None:
-    dead = "http://127.0.0.1:9"  # discard port: nothing listens
-    _, source = _source(dead)
-    flat = next(p for p in source.observe(END + 1).pools if p.name == "flat")
-    assert flat.problem is not None and "cannot connect" in flat.problem
-    assert not source.health.ok
-    source.transport = Transport(parse_config(_config(prom_url)).prometheus)
-    flat = next(p for p in source.observe(END + 2).pools if p.name == "flat")
-    assert flat.problem is None and source.health.ok
+def test_a_stopped_server_means_no_action_and_the_next_good_cycle_recovers(tmp_path: Path) -> None:
+    data = tmp_path / "data.om"
+    flat = [({"Hostname": "node-flat"}, PLANTED["flat"])]
+    metrics = {"DCGM_FI_DEV_GPU_UTIL": flat, "nvidia_gpu_stall_percentage": flat}
+    write_openmetrics(data, metrics, START, POINTS)
+    port = free_port()
+    with prometheus(data, port=port) as url:
+        _, source = _source(url)
+        pool = next(p for p in source.observe(END + 1).pools if p.name == "flat")
+        assert pool.problem is None and source.health.ok
+    # The server is stopped: no action, an unhealthy source, the window kept.
+    pool = next(p for p in source.observe(END + 2).pools if p.name == "flat")
+    assert pool.problem is not None and "cannot connect" in pool.problem
+    assert not source.health.ok and pool.utilization is not None
+    with prometheus(data, port=port):  # back on the same address
+        pool = next(p for p in source.observe(END + 3).pools if p.name == "flat")
+    assert pool.problem is None and source.health.ok
 
 
 def test_secrets_never_appear_in_errors_and_a_rotated_token_is_read_again(tmp_path: Path) -> None:

@@ -322,6 +322,21 @@ class PrometheusSource:
             return window.series(), "empty result: no series matches"
         return window.series(), None
 
+    def _newest_gib(
+        self, key: str, template: str, matchers: Mapping[str, str], now: float
+    ) -> tuple[float | None, str | None]:
+        """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
+        (or not recently): memory then bounds fragments by the config alone. A failing
+        query is still a problem."""
+        query = build_query(template, matchers, self.lookback)
+        series, problem = self._fetch(key, query, now)
+        if problem is not None and not problem.startswith("empty result"):
+            return None, problem
+        last = series.last_sample_time() if series is not None else None
+        if series is None or last is None or now - last > self.config.metrics.staleness:
+            return None, None
+        return float(series.values[np.isfinite(series.values)][-1]) / 1024, None
+
     def observe(self, now: float) -> Observations:
         queries = self.config.prometheus.queries
         self._transport_errors = []
@@ -343,7 +358,13 @@ class PrometheusSource:
             stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
             util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now)
             stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now)
-            problem = util_problem or stall_problem
+            used_gib, used_problem = self._newest_gib(
+                f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
+            )
+            total_gib, total_problem = self._newest_gib(
+                f"pool:{p.name}:fb_total", queries.pool_memory_total, p.metrics_matchers, now
+            )
+            problem = util_problem or stall_problem or used_problem or total_problem
             pools.append(
                 RawPool(
                     name=p.name,
@@ -351,6 +372,8 @@ class PrometheusSource:
                     stall=stall,
                     fragments=self.state.fragments.get(p.name, p.initial_fragments or 1),
                     time_slice_level=self.state.time_slice_levels.get(p.name),
+                    gpu_memory_gib=total_gib,
+                    memory_used_gib=used_gib,
                     problem=f"prometheus: {problem}" if problem else None,
                 )
             )

@@ -128,9 +128,21 @@ def decide_fragments(
             )
         else:
             limit = "max step"
+        if candidates and obs.memory_used_gib is not None:
+            # Tenants already use this much each; a smaller share would not hold them.
+            per_tenant = obs.memory_used_gib / current
+            usable = gpu_gib * (1 - cfg.memory_reserve_ratio) * cfg.max_memory_overcommit
+            fitting = [f for f in candidates if usable / f >= per_tenant]
+            if len(fitting) < len(candidates):
+                refused = candidates[len(fitting)]
+                limit = (
+                    f"memory in use: tenants hold {per_tenant:.1f} GiB each, {refused} "
+                    f"fragments would leave {usable / refused:.1f} GiB"
+                )
+                candidates = fitting
         if not candidates:
             return hold(KIND, target, now, f"at bound: {why}, {limit}", h)
-        bound = limit
+        to, bound = candidates[-1], limit
     decision = Decision(
         time=now,
         kind=KIND,

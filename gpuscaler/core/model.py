@@ -124,6 +124,8 @@ class PoolObservation:
     """Overrides the config's value when the cluster reports it (nvidia.com/gpu.memory)."""
     max_shares_held: int = 0
     """Most GPU shares held by pods on any one GPU of the pool."""
+    memory_used_gib: float | None = None
+    """Memory in use on the pool's fullest GPU (frame buffer), when measured."""
 
 
 @dataclass(frozen=True)

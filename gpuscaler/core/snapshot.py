@@ -32,6 +32,8 @@ class RawPool:
     max_shares_held: int = 0
     problem: str | None = None
     """Set by the adapter when the source failed for this pool."""
+    memory_used_gib: float | None = None
+    """Memory used on the pool's fullest GPU, newest sample."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ def build_snapshot(
                 stall_last_sample_time=stall_last,
                 gpu_memory_gib=p.gpu_memory_gib,
                 max_shares_held=p.max_shares_held,
+                memory_used_gib=p.memory_used_gib,
             )
         )
     workloads = [
