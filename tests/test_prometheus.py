@@ -366,3 +366,42 @@ def test_secrets_never_appear_in_errors_and_a_rotated_token_is_read_again(tmp_pa
             transport.query_range("up", END - 1, END, STEP)
         seen = transport.client.headers
     assert seen == {"Authorization": "Bearer s3cr3t-token-2"}
+
+
+def test_basic_auth_is_sent_and_its_password_never_appears_in_errors(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("hunter2-secret\n")
+    with _bad_server("echo") as url:
+        extra = (
+            f'prometheus: {{url: "{url}", retries: 0, basic_auth_username: gpuscaler, '
+            f"basic_auth_password_file: {password}}}\n"
+        )
+        transport = Transport(parse_config(_config(url, extra)).prometheus)
+        with pytest.raises(SourceError) as info:
+            transport.query_range("up", END - 1, END, STEP)
+    import base64
+
+    sent = base64.b64encode(b"gpuscaler:hunter2-secret").decode()
+    assert sent not in str(info.value) and "hunter2" not in str(info.value)
+    assert transport.client.auth == ("gpuscaler", "hunter2-secret")
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ('prometheus: {url: "ftp://x"}', "is not an http(s) URL"),
+        ('prometheus: {url: "http://x", basic_auth_username: u}', "needs both"),
+        ('prometheus: {url: "http://x", client_cert_file: /c}', "client certificate needs both"),
+        ("prometheus: {queries: {pool_utilization: 'avg(x)'}}", "must contain {matchers}"),
+        (
+            "prometheus: {queries: {pool_utilization: 'avg(x{{{matchers}}}[{oops}])'}}",
+            "only {matchers} and {lookback}",
+        ),
+    ],
+)
+def test_a_bad_prometheus_section_is_refused(extra: str, problem: str) -> None:
+    from gpuscaler.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(extra)
+    assert any(problem in p for p in info.value.problems), info.value.problems

@@ -17,6 +17,7 @@ recovers by itself.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import os
@@ -153,6 +154,9 @@ class Transport:
         if cfg.basic_auth_username and cfg.basic_auth_password_file:
             password = self._read_secret(cfg.basic_auth_password_file)
             self.client.auth = (cfg.basic_auth_username, password)
+            # A server may echo the header back: its encoded form is a secret too.
+            pair = f"{cfg.basic_auth_username}:{password}".encode()
+            self._secrets.add(base64.b64encode(pair).decode())
 
     def scrub(self, text: str) -> str:
         for secret in self._secrets:
