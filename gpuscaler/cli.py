@@ -147,16 +147,21 @@ def _prometheus_controller(config: Config, state_file: str | None) -> Controller
     return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
 
 
+def _controller(args: argparse.Namespace, config: Config) -> Controller:
+    """Prometheus when configured (always dry until the Kubernetes adapter exists), else
+    the simulated cluster; exits 2 on a bad state file."""
+    if not config.prometheus.url:
+        return _live_controller(config, args.dry_run)
+    try:
+        return _prometheus_controller(config, args.state)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
 def cmd_once(args: argparse.Namespace) -> int:
     config = _config_or_exit(args.config)
-    if config.prometheus.url:
-        try:
-            controller = _prometheus_controller(config, args.state)
-        except ValueError as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_BAD_INPUT
-    else:
-        controller = _live_controller(config, args.dry_run)
+    controller = _controller(args, config)
     result = controller.tick(time.time())
     for d in result.plan.decisions:
         print(json.dumps(d.as_record()))
@@ -169,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuscaler.loop import ControlLoop
 
     config = _config_or_exit(args.config)
-    controller = _live_controller(config, args.dry_run)
+    controller = _controller(args, config)
     ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
 

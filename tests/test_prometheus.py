@@ -405,3 +405,38 @@ def test_a_bad_prometheus_section_is_refused(extra: str, problem: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(extra)
     assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("- a list\n", "expected a mapping"),
+        ("pools: {p: {fragments: many}}\n", "malformed state file"),
+        (None, "cannot read state file"),
+    ],
+)
+def test_a_bad_state_file_exits_two_before_any_query(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    cfg = tmp_path / "gpuscaler.yaml"
+    cfg.write_text(_config("http://127.0.0.1:9"))
+    state = tmp_path / "state.yaml"
+    if content is not None:
+        state.write_text(content)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuscaler.cli",
+            "once",
+            "--config",
+            str(cfg),
+            "--state",
+            str(state),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
