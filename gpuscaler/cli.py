@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,9 +62,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.hours is not None and args.hours <= 0:
         print("--hours must be > 0", file=sys.stderr)
         return EXIT_BAD_INPUT
+    listeners = []
+    stop = threading.Event()
+    if args.metrics_port:
+        stop = _stop_on_signal()  # a signal during the replay ends the serving after it
+        from gpuscaler.observability import ControllerMetrics, serve, sim_health
+
+        metrics = ControllerMetrics()
+        listeners.append(metrics)
+        serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
+        print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
     try:
         trace = load_trace(args.trace)
-        result = simulate(trace, args.hours, args.seed, config, args.start)
+        result = simulate(trace, args.hours, args.seed, config, args.start, metrics=listeners)
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -74,7 +86,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.report:
         for path in write_report(result, Path(args.report)):
             print(f"wrote {path}", file=sys.stderr)
+    if args.metrics_port:
+        print("replay done; still serving /metrics until interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        while not stop.wait(0.2):
+            pass
     return EXIT_OK
+
+
+def _stop_on_signal() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    return done
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -170,11 +195,22 @@ def cmd_once(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve_metrics(controller: Controller, interval: float, port: int, host: str) -> None:
+    from gpuscaler.observability import ControllerMetrics, HealthState, serve
+
+    metrics = ControllerMetrics()
+    metrics.attach(controller)
+    serve(metrics, HealthState(controller, interval), port, host)
+    print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuscaler.loop import ControlLoop
 
     config = _config_or_exit(args.config)
     controller = _controller(args, config)
+    if args.metrics_port:
+        _serve_metrics(controller, config.control.interval, args.metrics_port, args.metrics_host)
     ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
 
@@ -198,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
     p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the replay's metrics on 127.0.0.1:PORT, and keep serving until interrupted",
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("backtest", help="rolling-origin forecast evaluation on a CSV")
@@ -221,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--state", help="YAML of current fragments and replica floors")
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+            p.add_argument(
+                "--metrics-port",
+                type=int,
+                default=8080,
+                help="/metrics, /healthz, /readyz (0: off)",
+            )
         p.set_defaults(func=func)
     return parser
 

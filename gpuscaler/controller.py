@@ -50,7 +50,11 @@ class TickStats:
     ticks: int = 0
     failed: int = 0
     last_success: float | None = None
+    """Tick time (`now`) of the last tick that completed."""
+    last_success_wall: float | None = None
+    """Wall-clock time it completed at (for /healthz)."""
     listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
+    failure_listeners: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Controller:
@@ -99,6 +103,7 @@ class Controller:
         result = TickResult(snapshot, plan, applied, time.perf_counter() - started)
         self.stats.ticks += 1
         self.stats.last_success = now
+        self.stats.last_success_wall = time.time()
         if self.log_decisions:
             log_plan(plan, applied, self.dry_run)
         for listener in self.stats.listeners:
@@ -112,4 +117,6 @@ class Controller:
         except Exception:
             self.stats.failed += 1
             log.exception("tick failed", extra={"event": "tick_failed", "tick_time": now})
+            for listener in self.stats.failure_listeners:
+                listener()
             return None

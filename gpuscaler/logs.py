@@ -52,7 +52,7 @@ def log_plan(plan: Plan, applied: tuple[Decision, ...], dry_run: bool) -> None:
             d.from_value,
             d.to_value,
             d.reason,
-            extra={"event": "decision", "outcome": outcome, **_prefixed(d.as_record())},
+            extra={"event": "decision", "outcome": outcome, **d.as_record()},
         )
     decisions_log.info(
         "tick: %d decisions, %d applied, %d skipped",
@@ -68,8 +68,3 @@ def log_plan(plan: Plan, applied: tuple[Decision, ...], dry_run: bool) -> None:
             "invalid_inputs": sum(s.invalid_input for s in plan.skips),
         },
     )
-
-
-def _prefixed(record: dict[str, object]) -> dict[str, object]:
-    # LogRecord reserves some names ("from" is not one, but keep keys unambiguous).
-    return {("decision_time" if k == "time" else k): v for k, v in record.items()}

@@ -79,7 +79,17 @@ def test_sigterm_stops_the_loop_cleanly(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuscaler.yaml"
     cfg.write_text("control: {interval: 1s}\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuscaler.cli", "run", "--config", str(cfg), "--dry-run"],
+        [
+            sys.executable,
+            "-m",
+            "gpuscaler.cli",
+            "run",
+            "--config",
+            str(cfg),
+            "--dry-run",
+            "--metrics-port",
+            "0",
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.model import Decision, FloatArray
 from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, demand_from_trace
 from gpuscaler.sim.trace import Trace, TraceError
+
+if TYPE_CHECKING:
+    from gpuscaler.observability import ControllerMetrics
 
 DEFAULT_POOL = NodePoolConfig(
     name="a100-80gb",
@@ -166,6 +170,7 @@ def _run(
     seconds: float,
     demand: FloatArray,
     seed: int,
+    metrics: Sequence[ControllerMetrics] = (),
 ) -> RunResult:
     workload = next(w for w in config.workloads if w.node_pool)
     pool = next(p for p in config.node_pools if p.name == workload.node_pool)
@@ -180,6 +185,9 @@ def _run(
         decisions.extend(result.applied)
 
     controller.stats.listeners.append(listen)
+    if policy == "gpuscaler":
+        for m in metrics:
+            m.attach(controller)
     interval = config.control.interval
     warmup = config.forecast.min_history
     t = start + interval
@@ -195,7 +203,12 @@ def _run(
 
 
 def simulate(
-    trace: Trace, hours: float | None, seed: int, config: Config, start_hours: float = 0.0
+    trace: Trace,
+    hours: float | None,
+    seed: int,
+    config: Config,
+    start_hours: float = 0.0,
+    metrics: Sequence[ControllerMetrics] = (),
 ) -> SimulationResult:
     """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
     config = scenario_config(config)
@@ -218,7 +231,7 @@ def simulate(
         trace, start, seconds, config.simulator.gpu_seconds_per_request, seed
     )
     runs = {
-        policy: _run(policy, config, trace, start, seconds, demand, seed)
+        policy: _run(policy, config, trace, start, seconds, demand, seed, metrics)
         for policy in ("gpuscaler", "reactive")
     }
     return SimulationResult(

@@ -1,0 +1,257 @@
+"""What an operator sees: Prometheus metrics of every tick, and /healthz, /readyz.
+
+Label sets are bounded: targets come from the config (pools, workloads), kinds and
+outcomes from fixed lists; reasons are reduced to their leading word ("hold", "cooldown",
+"wait", "at bound", "blocked", "no action", or "decision"). No per-pod labels.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpuscaler.config import TIME_SLICE_LEVELS
+from gpuscaler.controller import Controller, TickResult
+from gpuscaler.core.model import Forecast, Skip
+
+_REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action")
+
+
+def reason_class(skip: Skip) -> str:
+    """The bounded label for a skip's reason."""
+    return next((c for c in _REASON_CLASSES if skip.reason.startswith(c)), "other").replace(
+        " ", "_"
+    )
+
+
+class ControllerMetrics:
+    """Metrics fed by the controller's tick listener; one registry per controller."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.observed = Gauge(
+            "gpuscaler_observed_value",
+            "Newest observed value of a forecast target "
+            "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU).",
+            ["kind", "target"],
+            registry=r,
+        )
+        self.forecast = Gauge(
+            "gpuscaler_forecast_value",
+            "Forecast of a target over the horizon: mean and "
+            "interval bounds at the horizon's end, and the peaks over the horizon.",
+            ["kind", "target", "series"],
+            registry=r,
+        )
+        self.forecast_error = Gauge(
+            "gpuscaler_forecast_recent_error",
+            "Recent in-window mean absolute error at the "
+            "horizon, per forecasting method (the forecaster's self-assessment).",
+            ["kind", "target", "method"],
+            registry=r,
+        )
+        self.stall = Gauge(
+            "gpuscaler_stall_ratio",
+            "Mean GPU stall over the stall window, as a ratio.",
+            ["pool"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "gpuscaler_decisions",
+            "Decisions and skips by kind, outcome and reason class.",
+            ["kind", "outcome", "reason"],
+            registry=r,
+        )
+        self.fragments = Gauge(
+            "gpuscaler_fragments", "Fragments per GPU of a node pool.", ["pool"], registry=r
+        )
+        self.floor = Gauge(
+            "gpuscaler_replica_floor", "Replica floor of a workload.", ["workload"], registry=r
+        )
+        self.replicas = Gauge(
+            "gpuscaler_replicas", "Current replicas of a workload.", ["workload"], registry=r
+        )
+        self.time_slice = Gauge(
+            "gpuscaler_time_slice_level",
+            "Time slice level of a node pool (0 default, 1 short, 2 medium, 3 long).",
+            ["pool"],
+            registry=r,
+        )
+        self.tick_seconds = Histogram(
+            "gpuscaler_tick_duration_seconds",
+            "Duration of a control tick.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.ticks_failed = Counter(
+            "gpuscaler_ticks_failed", "Ticks that raised and were skipped.", registry=r
+        )
+        self.invalid_inputs = Gauge(
+            "gpuscaler_invalid_inputs",
+            "Targets skipped in the last tick because their input "
+            "was missing, stale or not finite.",
+            registry=r,
+        )
+        self.source_up = Gauge(
+            "gpuscaler_source_up",
+            "1 when the source answered in the last tick.",
+            ["source"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "gpuscaler_leader", "1 while this replica is the acting leader.", registry=r
+        )
+        self.config_generation = Gauge(
+            "gpuscaler_config_generation", "Generation of the config in force.", registry=r
+        )
+        self.config_reload_failures = Counter(
+            "gpuscaler_config_reload_failures", "New configs refused as invalid.", registry=r
+        )
+        self.last_success = Gauge(
+            "gpuscaler_last_successful_tick_timestamp_seconds",
+            "Unix time of the last tick that completed.",
+            registry=r,
+        )
+        self.leader.set(1)  # a single replica acts; leader election (issue 5) will drive it
+        self.config_generation.set(1)
+
+    def _forecast(self, kind: str, target: str, f: Forecast | None, last: float | None) -> None:
+        if f is None:
+            return
+        self.observed.labels(kind, target).set(f.last_value)
+        for name, value in (
+            ("mean", float(f.mean[-1])),
+            ("lower", float(f.lower[-1])),
+            ("upper", float(f.upper[-1])),
+            ("peak", f.peak),
+            ("peak_upper", f.peak_upper),
+        ):
+            self.forecast.labels(kind, target, name).set(value)
+        for method, err in f.errors.items():
+            self.forecast_error.labels(kind, target, method).set(err)
+
+    def on_tick(self, result: TickResult, dry_run: bool, source: str, source_ok: bool) -> None:
+        snap = result.snapshot
+        for p in snap.pools:
+            self._forecast("pool", p.name, p.utilization.forecast, p.utilization.last_sample_time)
+            if p.stall_mean_pct is not None:
+                self.stall.labels(p.name).set(p.stall_mean_pct / 100)
+            if p.fragments is not None:
+                self.fragments.labels(p.name).set(p.fragments)
+            level = p.time_slice_level or "default"
+            if level in TIME_SLICE_LEVELS:
+                self.time_slice.labels(p.name).set(TIME_SLICE_LEVELS.index(level))
+        for w in snap.workloads:
+            self._forecast("workload", w.key, w.load.forecast, w.load.last_sample_time)
+            if w.floor is not None:
+                self.floor.labels(w.key).set(w.floor)
+            if w.replicas is not None:
+                self.replicas.labels(w.key).set(w.replicas)
+        applied = {id(d) for d in result.applied}
+        for d in result.plan.decisions:
+            outcome = "dry_run" if dry_run else ("applied" if id(d) in applied else "not_applied")
+            self.decisions.labels(d.kind, outcome, "decision").inc()
+            if id(d) in applied and d.kind == "fragments":
+                self.fragments.labels(d.target).set(int(d.to_value))
+            elif id(d) in applied and d.kind == "replica_floor":
+                self.floor.labels(d.target).set(int(d.to_value))
+        for s in result.plan.skips:
+            outcome = "invalid_input" if s.invalid_input else "held"
+            self.decisions.labels(s.kind, outcome, reason_class(s)).inc()
+        self.invalid_inputs.set(sum(s.invalid_input for s in result.plan.skips))
+        self.tick_seconds.observe(result.seconds)
+        self.source_up.labels(source).set(1 if source_ok else 0)
+        self.last_success.set(result.plan.time)
+
+    def attach(self, controller: Controller) -> None:
+        """Feed these metrics from every tick of `controller`."""
+
+        def listen(result: TickResult) -> None:
+            health = getattr(controller.source, "health", None)
+            ok = bool(getattr(health, "ok", True))
+            self.on_tick(result, controller.dry_run, controller.source.name, ok)
+
+        controller.stats.listeners.append(listen)
+        controller.stats.failure_listeners.append(self.ticks_failed.inc)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthState:
+    """Healthy while ticks complete; ready once the config is valid (always, once running)
+    and the first tick has seen its sources."""
+
+    def __init__(self, controller: Controller, interval: float, clock: Any = time.time) -> None:
+        self.controller = controller
+        self.interval = interval
+        self.clock = clock
+        self.started = clock()
+
+    def healthy(self) -> tuple[bool, str]:
+        last = self.controller.stats.last_success_wall
+        limit = 3 * self.interval + 30  # three missed ticks, plus a slow first one
+        since = self.clock() - (last if last is not None else self.started)
+        if since > limit:
+            return False, f"no tick completed for {since:.0f}s (limit {limit:.0f}s)"
+        return True, "ticks complete"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.controller.stats.ticks == 0:
+            return False, "no tick has completed yet"
+        health = getattr(self.controller.source, "health", None)
+        if health is not None and getattr(health, "last_success", None) is None:
+            return False, f"source {self.controller.source.name} not seen yet"
+        return True, "ready"
+
+
+def serve(
+    metrics: ControllerMetrics, health: Any, port: int, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """/metrics, /healthz and /readyz on `port` in a daemon thread; returns the server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                self._send(200, metrics.exposition(), CONTENT_TYPE_LATEST)
+            elif self.path.startswith("/healthz"):
+                ok, why = health.healthy()
+                self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
+            elif self.path.startswith("/readyz"):
+                ok, why = health.ready()
+                self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
+    return server
+
+
+class _AlwaysHealthy:
+    def healthy(self) -> tuple[bool, str]:
+        return True, "simulation"
+
+    def ready(self) -> tuple[bool, str]:
+        return True, "simulation"
+
+
+def sim_health() -> Any:
+    """Health for `simulate --metrics-port`: the replay has no live sources."""
+    return _AlwaysHealthy()

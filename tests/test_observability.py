@@ -1,0 +1,207 @@
+"""Metrics, /healthz and /readyz: what an operator sees."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from promserver import binaries, free_port
+
+from gpuscaler.config import Config
+from gpuscaler.observability import ControllerMetrics, HealthState, serve
+from gpuscaler.sim.simulate import simulate
+from gpuscaler.sim.trace import load_trace
+
+EXPECTED = {
+    "gpuscaler_observed_value",
+    "gpuscaler_forecast_value",
+    "gpuscaler_forecast_recent_error",
+    "gpuscaler_stall_ratio",
+    "gpuscaler_decisions_total",
+    "gpuscaler_fragments",
+    "gpuscaler_replica_floor",
+    "gpuscaler_replicas",
+    "gpuscaler_time_slice_level",
+    "gpuscaler_tick_duration_seconds_bucket",
+    "gpuscaler_ticks_failed_total",
+    "gpuscaler_invalid_inputs",
+    "gpuscaler_source_up",
+    "gpuscaler_leader",
+    "gpuscaler_config_generation",
+    "gpuscaler_config_reload_failures_total",
+    "gpuscaler_last_successful_tick_timestamp_seconds",
+}
+
+
+@pytest.fixture(scope="module")
+def exposition() -> str:
+    metrics = ControllerMetrics()
+    simulate(load_trace(), 2, 1, Config(), metrics=[metrics])
+    return metrics.exposition().decode()
+
+
+def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> None:
+    names = {
+        line.split("{")[0].split(" ")[0]
+        for line in exposition.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert names >= EXPECTED, EXPECTED - names
+    assert (
+        'gpuscaler_forecast_value{kind="workload",series="peak_upper",target="default/ScaledObject/llm-chat"}'
+        in exposition
+    )
+    assert (
+        'gpuscaler_decisions_total{kind="replica_floor",outcome="applied",reason="decision"}'
+        in exposition
+    )
+    assert "pod=" not in exposition  # no per-pod labels
+
+
+def test_metric_names_pass_promtool_check_metrics(exposition: str) -> None:
+    _, promtool = binaries()
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stdout + out.stderr
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.last_success_wall: float | None = None
+
+
+class _Source:
+    name = "prometheus"
+
+    class health:
+        last_success: float | None = None
+
+
+class _Controller:
+    def __init__(self) -> None:
+        self.stats = _Stats()
+        self.source = _Source()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complete() -> None:
+    clock = [1000.0]
+    controller = _Controller()
+    health = HealthState(controller, interval=30, clock=lambda: clock[0])  # type: ignore[arg-type]
+    port = free_port()
+    server = serve(ControllerMetrics(), health, port, host="127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _get(base + "/readyz")[0] == 503
+        assert _get(base + "/healthz")[0] == 200
+        controller.stats.ticks = 1
+        controller.stats.last_success_wall = clock[0]
+        assert _get(base + "/readyz") == (503, "source prometheus not seen yet\n")
+        _Source.health.last_success = clock[0]
+        assert _get(base + "/readyz")[0] == 200
+        clock[0] += 121  # more than three intervals (and slack) without a completed tick
+        status, body = _get(base + "/healthz")
+        assert status == 503 and "no tick completed" in body
+        assert _get(base + "/metrics")[0] == 200
+        assert _get(base + "/nope")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
+
+
+def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
+    """Every PromQL expression of the dashboard (panels and annotations, variables filled
+    with match-all), and its label_values variables as (label, selector)."""
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    exprs += [a["expr"] for a in board["annotations"]["list"]]
+    fill = {"$workload": ".*", "$pool": ".*", "$namespace": ".*", "$__rate_interval": "1m"}
+    for var, value in fill.items():
+        exprs = [e.replace(var, value) for e in exprs]
+    variables = []
+    for v in board["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.match(r"label_values\((.*), (\w+)\)$", v["query"]["query"])
+            assert m, v["query"]["query"]
+            selector = m.group(1).replace("$namespace", ".*")
+            variables.append((m.group(2), selector))
+    return exprs, variables
+
+
+def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
+    exprs, variables = _dashboard_queries()
+    used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
+    exposed = {
+        line.split("{")[0].split(" ")[0]
+        for line in exposition.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert used and used <= exposed, used - exposed
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simulate() -> None:
+    from promserver import prometheus
+
+    port = free_port()
+    exprs, variables = _dashboard_queries()
+    with prometheus(scrape_target=f"127.0.0.1:{port}") as url:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuscaler.cli",
+                "simulate",
+                "--hours",
+                "24",
+                "--metrics-port",
+                str(port),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            missing: list[str] = exprs
+            deadline = time.monotonic() + 120
+            while missing and time.monotonic() < deadline:
+                time.sleep(1)
+                missing = [e for e in exprs if not _instant(url, e)]
+            assert not missing, f"no data for: {missing}"
+            for label, selector in variables:
+                query = urllib.parse.urlencode({"match[]": selector})
+                status, body = _get(f"{url}/api/v1/label/{label}/values?{query}")
+                assert status == 200 and json.loads(body)["data"], (label, selector)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def _instant(url: str, expr: str) -> bool:
+    status, body = _get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    assert status in (200, 503), (expr, body)  # 400 = the query does not parse
+    return status == 200 and bool(json.loads(body)["data"]["result"])
