@@ -205,3 +205,28 @@ def _instant(url: str, expr: str) -> bool:
     status, body = _get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
     assert status in (200, 503), (expr, body)  # 400 = the query does not parse
     return status == 200 and bool(json.loads(body)["data"]["result"])
+
+
+def test_each_decision_is_one_json_log_line_with_the_decision_fields() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuscaler.cli",
+            "once",
+            "--config",
+            str(Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    decisions = [r for r in records if r.get("event") == "decision"]
+    ticks = [r for r in records if r.get("event") == "tick"]
+    assert decisions and len(ticks) == 1
+    for r in decisions:
+        assert {"time", "kind", "target", "from", "to", "reason", "forecast", "outcome"} <= set(r)
+    stdout_lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {d["reason"] for d in decisions} <= {d["reason"] for d in stdout_lines}
