@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, parse_config
@@ -127,3 +130,11 @@ def assert_outcome(out: Outcome, expect: tuple[str, object], decision_text: str)
         assert out.skip is not None
         assert out.skip.invalid_input is (kind == "invalid")
         assert str(value) in out.skip.reason, out.skip.reason
+
+
+CLI = [sys.executable, "-m", "gpuscaler.cli"]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`gpuscaler ARGS` in a fresh process, output captured, bounded in time."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)

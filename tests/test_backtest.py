@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import run_cli
 
 from gpuscaler.backtest import BacktestError, backtest, load_series_csv
 from gpuscaler.config import ForecastConfig
@@ -18,12 +18,7 @@ SCORES = {"mae", "relative_to_naive", "peak_mae", "coverage", "origins"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuscaler.cli", "backtest", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli("backtest", *args, timeout=300)
 
 
 def _ar_csv(path: Path, n: int = 900, step: int = 10, series: int = 1, seed: int = 3) -> Path:

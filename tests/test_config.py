@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import run_cli
 
 from gpuscaler.config import (
     Config,
@@ -223,9 +223,7 @@ def test_an_empty_file_gives_the_defaults() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuscaler.cli", *args], capture_output=True, text=True, timeout=60
-    )
+    return run_cli(*args, timeout=60)
 
 
 def test_validate_config_prints_a_one_line_summary_and_exits_zero() -> None:

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from builders import run_cli
 from promserver import binaries, free_port
 
 from gpuscaler.config import Config
@@ -208,17 +209,10 @@ def _instant(url: str, expr: str) -> bool:
 
 
 def test_each_decision_is_one_json_log_line_with_the_decision_fields() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuscaler.cli",
-            "once",
-            "--config",
-            str(Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_cli(
+        "once",
+        "--config",
+        str(Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"),
         timeout=120,
     )
     assert out.returncode == 0, out.stderr

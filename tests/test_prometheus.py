@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from builders import run_cli
 from promserver import STEP, free_port, prometheus, write_openmetrics
 
 from gpuscaler.adapters.prometheus import (
@@ -130,22 +129,7 @@ def test_once_dry_run_plans_the_planted_decisions_and_skips_the_bad_series(
         "pools: {rising: {fragments: 4, time_slice_level: medium}}\n"
         "workloads: {ml/ScaledObject/chat: {floor: 2, replicas: 2}}\n"
     )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuscaler.cli",
-            "once",
-            "--config",
-            str(cfg),
-            "--dry-run",
-            "--state",
-            str(state),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_cli("once", "--config", str(cfg), "--dry-run", "--state", str(state), timeout=120)
     assert out.returncode == 0, out.stderr
     assert "source: Prometheus" in out.stderr and "state file" in out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
@@ -423,20 +407,6 @@ def test_a_bad_state_file_exits_two_before_any_query(
     state = tmp_path / "state.yaml"
     if content is not None:
         state.write_text(content)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuscaler.cli",
-            "once",
-            "--config",
-            str(cfg),
-            "--state",
-            str(state),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_cli("once", "--config", str(cfg), "--state", str(state), timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import run_cli
 
 from gpuscaler.config import Config, parse_config
 from gpuscaler.sim.simulate import simulate
@@ -25,12 +25,7 @@ POLICY_KEYS = {
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuscaler.cli", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli("simulate", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
