@@ -121,7 +121,7 @@ class ControllerMetrics:
         self.leader.set(1)  # a single replica acts; leader election (issue 5) will drive it
         self.config_generation.set(1)
 
-    def _forecast(self, kind: str, target: str, f: Forecast | None, last: float | None) -> None:
+    def _forecast(self, kind: str, target: str, f: Forecast | None) -> None:
         if f is None:
             return
         self.observed.labels(kind, target).set(f.last_value)
@@ -139,7 +139,7 @@ class ControllerMetrics:
     def on_tick(self, result: TickResult, dry_run: bool, source: str, source_ok: bool) -> None:
         snap = result.snapshot
         for p in snap.pools:
-            self._forecast("pool", p.name, p.utilization.forecast, p.utilization.last_sample_time)
+            self._forecast("pool", p.name, p.utilization.forecast)
             if p.stall_mean_pct is not None:
                 self.stall.labels(p.name).set(p.stall_mean_pct / 100)
             if p.fragments is not None:
@@ -148,7 +148,7 @@ class ControllerMetrics:
             if level in TIME_SLICE_LEVELS:
                 self.time_slice.labels(p.name).set(TIME_SLICE_LEVELS.index(level))
         for w in snap.workloads:
-            self._forecast("workload", w.key, w.load.forecast, w.load.last_sample_time)
+            self._forecast("workload", w.key, w.load.forecast)
             if w.floor is not None:
                 self.floor.labels(w.key).set(w.floor)
             if w.replicas is not None:

@@ -81,12 +81,6 @@ class Forecast:
             and np.all(np.isfinite(self.upper))
         )
 
-    def describe(self) -> str:
-        return (
-            f"{self.method} peak {self.peak:.1f} (upper {self.peak_upper:.1f} at "
-            f"{self.level:.0%}) over {len(self.mean) * self.step:.0f}s"
-        )
-
 
 @dataclass(frozen=True)
 class FitState:

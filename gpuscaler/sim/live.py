@@ -10,8 +10,8 @@ from dataclasses import replace
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision, Series
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sim.cluster import SimulatedCluster, demand_from_trace
-from gpuscaler.sim.simulate import scenario_config
+from gpuscaler.sim.cluster import demand_from_trace
+from gpuscaler.sim.simulate import scenario_cluster, scenario_config
 from gpuscaler.sim.trace import Trace, load_trace
 
 
@@ -25,20 +25,10 @@ class LiveSimulation:
         trace = trace or load_trace()
         window = self.config.metrics.window
         self.offset = trace.start + window - wall_start  # simulated time = wall time + offset
-        workload = next(w for w in self.config.workloads if w.node_pool)
-        pool = next(p for p in self.config.node_pools if p.name == workload.node_pool)
         demand = demand_from_trace(
             trace, trace.start, trace.duration, self.config.simulator.gpu_seconds_per_request, seed
         )
-        self.cluster = SimulatedCluster(
-            self.config,
-            workload.key,
-            pool.name,
-            demand,
-            trace.start,
-            seed,
-            pool.initial_fragments or self.config.fragments.allowed[0],
-        )
+        self.cluster = scenario_cluster(self.config, demand, trace.start, seed)
         self._next_hpa = trace.start + self.config.control.interval
         self._advance(trace.start + window)
 

@@ -52,6 +52,17 @@ def scenario_config(config: Config) -> Config:
     )
 
 
+def scenario_cluster(
+    config: Config, demand: FloatArray, start: float, seed: int
+) -> SimulatedCluster:
+    """The simulated cluster for the first workload with a node pool, at that pool's
+    initial fragments."""
+    workload = next(w for w in config.workloads if w.node_pool)
+    pool = next(p for p in config.node_pools if p.name == workload.node_pool)
+    fragments = pool.initial_fragments or config.fragments.allowed[0]
+    return SimulatedCluster(config, workload.key, pool.name, demand, start, seed, fragments)
+
+
 @dataclass
 class ForecastTrack:
     origin: list[float] = field(default_factory=list)
@@ -172,10 +183,7 @@ def _run(
     seed: int,
     metrics: Sequence[ControllerMetrics] = (),
 ) -> RunResult:
-    workload = next(w for w in config.workloads if w.node_pool)
-    pool = next(p for p in config.node_pools if p.name == workload.node_pool)
-    fragments = pool.initial_fragments or config.fragments.allowed[0]
-    cluster = SimulatedCluster(config, workload.key, pool.name, demand, start, seed, fragments)
+    cluster = scenario_cluster(config, demand, start, seed)
     track = ForecastTrack()
     decisions: list[Decision] = []
     controller = Controller(config, cluster, cluster, dry_run=False, log_decisions=False)
