@@ -420,6 +420,67 @@ class PrometheusConfig(_Strict):
         return self
 
 
+class ObjectRef(_Strict):
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+class LeaseConfig(_Strict):
+    name: str = Field("gpuscaler-leader", min_length=1)
+    namespace: str | None = None
+    """Unset: the pod's own namespace (POD_NAMESPACE), else `default`."""
+    duration: Seconds = Field(15.0, gt=0)
+    """A leader silent this long is presumed gone (client-go's default, 15 s)."""
+    renew_deadline: Seconds = Field(10.0, gt=0)
+    """A leader that has not renewed for this long stops acting, before its lease
+    expires and another replica may take over."""
+    retry_period: Seconds = Field(2.0, gt=0)
+    """How often the lease is renewed or, on a standby, tried."""
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if not self.retry_period < self.renew_deadline < self.duration:
+            raise ValueError(
+                "need retry_period < renew_deadline < duration, so a leader stops acting "
+                "before its lease can expire"
+            )
+        return self
+
+
+class KubernetesConfig(_Strict):
+    device_plugin_config_map: ObjectRef = ObjectRef(
+        namespace="nvidia-device-plugin", name="gpuscaler-sharing-configs"
+    )
+    """The ConfigMap the NVIDIA device plugin's config-manager reads named configs from."""
+    sharing_config_names: dict[Literal["time-slicing", "mps"], str] = Field(
+        default_factory=lambda: {"time-slicing": "ts-{n}", "mps": "mps-{n}"}  # type: ignore[arg-type]
+    )
+    """Name of the device-plugin config giving n fragments per GPU; a node selects one with
+    the label nvidia.com/device-plugin.config."""
+    time_slice_label: str = Field("gpuscaler.io/time-slice", min_length=1)
+    """Node label a node-side agent reads to set the time slice (default/short/medium/long)."""
+    max_nodes_per_tick: int = Field(2, ge=1)
+    """Nodes relabelled per pool per tick: each relabel restarts that node's device plugin,
+    so a pool changes a few nodes at a time and a bad config shows before it is everywhere."""
+    max_writes_per_minute: int = Field(30, ge=1)
+    """All Kubernetes writes of one controller (patches, creates) per minute at most, a
+    bound on what a runaway plan could do."""
+    events_namespace: str = Field("default", min_length=1)
+    """Namespace of Events about cluster-scoped objects (Nodes), as kubectl expects."""
+    lease: LeaseConfig = LeaseConfig()
+
+    @field_validator("sharing_config_names")
+    @classmethod
+    def _has_n(cls, value: dict[str, str]) -> dict[str, str]:
+        for strategy, pattern in value.items():
+            if "{n}" not in pattern or not re.fullmatch(r"[A-Za-z0-9._{}-]+", pattern):
+                raise ValueError(
+                    f"{strategy}: {pattern!r} must contain {{n}} and only label-value "
+                    "characters (letters, digits, '-', '_', '.')"
+                )
+        return value
+
+
 class SimulatorConfig(_Strict):
     cold_start: Seconds = Field(60.0, ge=0)
     """A new replica serves only after this (image pull, model load)."""
@@ -444,6 +505,7 @@ class Config(_Strict):
     workloads: tuple[WorkloadConfig, ...] = ()
     simulator: SimulatorConfig = SimulatorConfig()
     prometheus: PrometheusConfig = PrometheusConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

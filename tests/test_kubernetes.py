@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from builders import NOW
 from kubefake import FakeCluster, fake_apiserver
+from kubeobjects import hpa, scaled_object
 from kubernetes import client
 
-from gpuscaler.adapters.kubernetes import KubeError, KubeWorkloads
+from gpuscaler.adapters.kubernetes import KubeActuator, KubeError, kube_actuator
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Decision
 
@@ -23,43 +24,6 @@ workloads:
   - {namespace: ml, kind: HorizontalPodAutoscaler, name: keda-hpa-chat}
 """
 )
-
-
-def _scaled_object(floor: int, maximum: int = 20, opted: bool = True) -> dict[str, Any]:
-    labels = {"gpuscaler.io/enabled": "true"} if opted else {}
-    return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": "chat", "namespace": "ml", "labels": labels},
-        "spec": {
-            "minReplicaCount": floor,
-            "maxReplicaCount": maximum,
-            "scaleTargetRef": {"name": "chat"},
-        },
-    }
-
-
-def _hpa(name: str, floor: int, maximum: int = 10, owner: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ml",
-        "labels": {"gpuscaler.io/enabled": "true"},
-    }
-    if owner:
-        meta["ownerReferences"] = [
-            {"apiVersion": "keda.sh/v1alpha1", "kind": owner, "name": "chat", "uid": "u"}
-        ]
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": meta,
-        "spec": {
-            "minReplicas": floor,
-            "maxReplicas": maximum,
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-        },
-        "status": {"currentReplicas": floor, "desiredReplicas": floor},
-    }
 
 
 def _decision(target: str, old: int, new: int) -> Decision:
@@ -75,19 +39,19 @@ def _decision(target: str, old: int, new: int) -> Decision:
 
 
 @pytest.fixture
-def kube() -> Iterator[tuple[KubeWorkloads, FakeCluster]]:
+def kube() -> Iterator[tuple[KubeActuator, FakeCluster]]:
     with (
         fake_apiserver() as (url, cluster),
         client.ApiClient(client.Configuration(host=url)) as api,
     ):
-        yield KubeWorkloads(api, CONFIG, identity="test"), cluster
+        yield kube_actuator(api, CONFIG, identity="test"), cluster
 
 
 def test_a_scaled_object_floor_is_set_with_an_annotation_and_an_event(
-    kube: tuple[KubeWorkloads, FakeCluster],
+    kube: tuple[KubeActuator, FakeCluster],
 ) -> None:
     workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", _scaled_object(2))
+    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
     applied = workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)])
     assert len(applied) == 1
     obj = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
@@ -100,20 +64,20 @@ def test_a_scaled_object_floor_is_set_with_an_annotation_and_an_event(
 
 
 def test_an_hpa_floor_is_set_but_never_above_its_maximum(
-    kube: tuple[KubeWorkloads, FakeCluster],
+    kube: tuple[KubeActuator, FakeCluster],
 ) -> None:
     workloads, cluster = kube
-    cluster.add("autoscaling/v2", "horizontalpodautoscalers", _hpa("embed", 2, maximum=5))
+    cluster.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 2, maximum=5))
     assert workloads.apply([_decision("ml/HorizontalPodAutoscaler/embed", 2, 9)])
-    hpa = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "ml", "embed")
-    assert hpa is not None and hpa["spec"]["minReplicas"] == 5
+    obj = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "ml", "embed")
+    assert obj is not None and obj["spec"]["minReplicas"] == 5
 
 
 def test_no_write_when_the_floor_already_has_the_value(
-    kube: tuple[KubeWorkloads, FakeCluster],
+    kube: tuple[KubeActuator, FakeCluster],
 ) -> None:
     workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", _scaled_object(7))
+    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 7))
     assert workloads.apply([_decision("ml/ScaledObject/chat", 7, 7)])
     assert not [r for r in cluster.requests if r[0] == "PATCH"]
 
@@ -122,14 +86,14 @@ def test_no_write_when_the_floor_already_has_the_value(
     ("seed", "target"),
     [
         (
-            ("keda.sh/v1alpha1", "scaledobjects", _scaled_object(2, opted=False)),
+            ("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2, opted=False)),
             "ml/ScaledObject/chat",
         ),
         (
             (
                 "autoscaling/v2",
                 "horizontalpodautoscalers",
-                _hpa("keda-hpa-chat", 2, owner="ScaledObject"),
+                hpa("keda-hpa-chat", 2, owner="ScaledObject"),
             ),
             "ml/HorizontalPodAutoscaler/keda-hpa-chat",
         ),
@@ -137,7 +101,7 @@ def test_no_write_when_the_floor_already_has_the_value(
     ids=["an object that did not opt in", "the HPA that KEDA owns"],
 )
 def test_refused_objects_are_never_written(
-    kube: tuple[KubeWorkloads, FakeCluster], seed: tuple[str, str, dict[str, Any]], target: str
+    kube: tuple[KubeActuator, FakeCluster], seed: tuple[str, str, dict[str, Any]], target: str
 ) -> None:
     workloads, cluster = kube
     cluster.add(*seed)
@@ -145,9 +109,9 @@ def test_refused_objects_are_never_written(
     assert not [r for r in cluster.requests if r[0] in ("PATCH", "PUT", "POST")]
 
 
-def test_a_conflict_is_re_read_and_retried(kube: tuple[KubeWorkloads, FakeCluster]) -> None:
+def test_a_conflict_is_re_read_and_retried(kube: tuple[KubeActuator, FakeCluster]) -> None:
     workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", _scaled_object(2))
+    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
     cluster.fail_next("PATCH", r"/scaledobjects/chat$", 409)
     assert workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)])
     patches = [r for r in cluster.requests if r[0] == "PATCH"]
@@ -157,27 +121,27 @@ def test_a_conflict_is_re_read_and_retried(kube: tuple[KubeWorkloads, FakeCluste
 
 
 def test_a_stale_resource_version_is_never_overwritten(
-    kube: tuple[KubeWorkloads, FakeCluster],
+    kube: tuple[KubeActuator, FakeCluster],
 ) -> None:
     workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", _scaled_object(2))
-    state = workloads.read(CONFIG.workloads[0])
+    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
+    state = workloads.workloads.read(CONFIG.workloads[0])
     cluster.objects[("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")]["metadata"][
         "resourceVersion"
     ] = "999999"
     body = {"metadata": {"resourceVersion": state.resource_version}, "spec": {"minReplicaCount": 9}}
     with pytest.raises(client.rest.ApiException) as info:
-        workloads.custom.patch_namespaced_custom_object(
+        workloads.workloads.custom.patch_namespaced_custom_object(
             "keda.sh", "v1alpha1", "ml", "scaledobjects", "chat", body
         )
     assert info.value.status == 409
 
 
 def test_an_api_error_leaves_the_object_unchanged_and_the_decision_unapplied(
-    kube: tuple[KubeWorkloads, FakeCluster],
+    kube: tuple[KubeActuator, FakeCluster],
 ) -> None:
     workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", _scaled_object(2))
+    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
     cluster.fail_next("PATCH", r"/scaledobjects/chat$", 500)
     assert workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)]) == ()
     obj = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
@@ -185,7 +149,7 @@ def test_an_api_error_leaves_the_object_unchanged_and_the_decision_unapplied(
     assert "annotations" not in obj["metadata"]  # floor and annotation travel in one patch
 
 
-def test_a_missing_object_is_a_clear_error(kube: tuple[KubeWorkloads, FakeCluster]) -> None:
+def test_a_missing_object_is_a_clear_error(kube: tuple[KubeActuator, FakeCluster]) -> None:
     workloads, _ = kube
     with pytest.raises(KubeError, match="read ml/ScaledObject/chat: HTTP 404"):
-        workloads.read(CONFIG.workloads[0])
+        workloads.workloads.read(CONFIG.workloads[0])

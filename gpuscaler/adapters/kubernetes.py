@@ -1,19 +1,28 @@
-"""Kubernetes adapter (first part of issue 5): read replica floors, write them back.
+"""Kubernetes adapter: read the cluster, and carry out decisions on it.
 
-Reads each configured workload's floor, ceiling and replicas from its KEDA ScaledObject
-(`spec.minReplicaCount`, `spec.maxReplicaCount`, `status` of its HPA is not needed) or
-HPA (`spec.minReplicas`, `spec.maxReplicas`, `status.currentReplicas`), and sets floors:
+Reading: nodes, pods, KEDA ScaledObjects and HPAs as JSON, parsed by
+`gpuscaler.adapters.cluster` (the same rules as `once --cluster-snapshot FILE`).
 
-- only on objects that opt in (label `gpuscaler.io/enabled: "true"`);
-- never on the HPA that KEDA owns (owner reference to a ScaledObject): patch the
-  ScaledObject instead;
-- never above the object's own maximum;
-- idempotent: no write when the floor already has the value;
-- optimistic concurrency: the patch carries the resourceVersion read; on 409 it re-reads
+Writing, for every actuator:
+- only objects labelled `gpuscaler.io/enabled: "true"` (never the HPA that KEDA owns:
+  its ScaledObject is patched instead);
+- idempotent: nothing is written when the object already has the value;
+- optimistic concurrency: each patch carries the resourceVersion read; on 409 it re-reads
   and tries again, at most `MAX_CONFLICT_RETRIES` times;
-- each change records an Event on the object with the reason and an annotation
-  `gpuscaler.io/last-decision` with the decision as JSON, in the same patch as the floor,
-  so the two never disagree.
+- the value and the annotation with the decision travel in one patch, so they never
+  disagree, and an Event with the reason is recorded on the object;
+- every write spends from one `WriteBudget` (writes per minute) and asks `may_act` first,
+  so a replica that lost its lease stops between two writes.
+
+Actuators:
+- replica floor: ScaledObject `spec.minReplicaCount` or HPA `spec.minReplicas`, never
+  above the object's own maximum;
+- fragments per GPU of a node pool: make sure the named sharing config exists in the
+  device-plugin ConfigMap, then relabel `nvidia.com/device-plugin.config` on a few nodes
+  per tick; a node whose pods hold more shares than the new count allows is left alone
+  (that needs preemption first); later ticks finish the rollout;
+- time slice level of a node pool: the node label a node-side agent reads, rolled out the
+  same way.
 API errors are translated once, here, into `KubeError`.
 """
 
@@ -21,100 +30,234 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.config import Config, WorkloadConfig
+from gpuscaler.adapters.cluster import (
+    LAST_DECISION,
+    NODE_DECISION,
+    OPT_IN_LABEL,
+    PLUGIN_CONFIG_LABEL,
+    ClusterObjects,
+    ClusterStateError,
+    CurrentState,
+    Node,
+    ScaleObject,
+    current_state,
+    parse_objects,
+    parse_scale_object,
+    pool_nodes,
+    shares_held,
+    sharing_config_name,
+    unavailable_state,
+)
+from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 
-OPT_IN_LABEL = "gpuscaler.io/enabled"
-LAST_DECISION = "gpuscaler.io/last-decision"
 MAX_CONFLICT_RETRIES = 3
 """A 409 means someone else wrote between our read and patch; three fresh reads settle any
 ordinary race without spinning."""
 KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
+REPORTING_CONTROLLER = "gpuscaler.io/controller"
 
 
 class KubeError(Exception):
-    """A Kubernetes API call that failed; the message names the object and the status."""
+    """A Kubernetes API call that failed or was refused; the message names the object."""
 
 
-@dataclass(frozen=True)
-class WorkloadState:
-    floor: int | None
-    max_replicas: int | None
-    replicas: int | None
-    opted_in: bool
-    resource_version: str
+def _api_error(action: str, e: ApiException) -> KubeError:
+    return KubeError(f"{action}: HTTP {e.status} {e.reason}")
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data = json.loads(response.data)
+    if not isinstance(data, dict):
+        raise KubeError("answer is not a JSON object")
+    return data
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ClusterReader:
+    """Reads nodes, pods, ScaledObjects and HPAs, as JSON (no model conversion)."""
+
+    def __init__(self, api: client.ApiClient, config: Config):
+        self.config = config
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.hpa = client.AutoscalingV2Api(api)
+        self.healthy = True
+        self.last_error: str | None = None
+
+    def _items(self, kind: str, fetch: Callable[[], Any]) -> list[dict[str, Any]]:
+        try:
+            answer = fetch()
+        except ApiException as e:
+            if kind == "ScaledObject" and e.status == 404:
+                return []  # KEDA is not installed: HPAs only
+            raise _api_error(f"list {kind}", e) from None
+        doc = answer if isinstance(answer, dict) else _json(answer)
+        items = doc.get("items") or []
+        return [{**item, "kind": kind} for item in items]  # list items carry no kind
+
+    def objects(self) -> ClusterObjects:
+        items = self._items("Node", lambda: self.core.list_node(_preload_content=False))
+        items += self._items(
+            "Pod", lambda: self.core.list_pod_for_all_namespaces(_preload_content=False)
+        )
+        items += self._items(
+            "ScaledObject",
+            lambda: self.custom.list_cluster_custom_object(*KEDA),
+        )
+        items += self._items(
+            "HorizontalPodAutoscaler",
+            lambda: self.hpa.list_horizontal_pod_autoscaler_for_all_namespaces(
+                _preload_content=False
+            ),
+        )
+        return parse_objects(items, self.config)
+
+    def state(self) -> CurrentState:
+        """The current state; on any failure every target is flagged (no action)."""
+        try:
+            state = current_state(self.objects(), self.config)
+        except (KubeError, ClusterStateError, ValueError) as e:
+            self.healthy, self.last_error = False, str(e)
+            log.warning(
+                "kubernetes: cannot read cluster state: %s",
+                e,
+                extra={"event": "source_unhealthy", "source": "kubernetes"},
+            )
+            return unavailable_state(self.config, f"cannot read cluster state: {e}")
+        self.healthy, self.last_error = True, None
+        return state
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class WriteBudget:
+    """At most `per_minute` writes in any 60 s; `take` says whether one more may go."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic):
+        self.per_minute = per_minute
+        self.clock = clock
+        self._times: deque[float] = deque()
+
+    def take(self) -> bool:
+        now = self.clock()
+        while self._times and now - self._times[0] >= 60:
+            self._times.popleft()
+        if len(self._times) >= self.per_minute:
+            return False
+        self._times.append(now)
+        return True
+
+
+class Writer:
+    """What every actuator shares: the write gate (leadership and budget) and Events."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        identity: str,
+        budget: WriteBudget | None = None,
+        may_act: Callable[[], bool] = lambda: True,
+    ):
+        self.config = config
+        self.events = client.EventsV1Api(api)
+        self.identity = identity
+        self.budget = budget or WriteBudget(config.kubernetes.max_writes_per_minute)
+        self.may_act = may_act
+
+    def gate(self, what: str) -> None:
+        """Raise unless one more write may go now."""
+        if not self.may_act():
+            raise KubeError(f"{what}: not the leader (lease lost or not held); not written")
+        if not self.budget.take():
+            raise KubeError(
+                f"{what}: write budget spent ({self.budget.per_minute}/min); retried next tick"
+            )
+
+    def event(
+        self,
+        regarding: client.V1ObjectReference,
+        namespace: str,
+        reason: str,
+        action: str,
+        note: str,
+        type_: str = "Normal",
+    ) -> None:
+        event = client.EventsV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{regarding.name}.", namespace=namespace),
+            event_time=datetime.now(UTC),
+            reason=reason,
+            action=action,
+            note=note[:1024],
+            type=type_,
+            reporting_controller=REPORTING_CONTROLLER,
+            reporting_instance=self.identity,
+            regarding=regarding,
+        )
+        try:
+            self.events.create_namespaced_event(namespace, event)
+        except ApiException as e:  # the change is made; a lost Event is logged, not fatal
+            log.warning("event %s on %s not recorded: HTTP %s", reason, regarding.name, e.status)
+
+
+def _record(d: Decision) -> str:
+    return json.dumps(d.as_record())
 
 
 class KubeWorkloads:
     """Reads and sets replica floors of the configured workloads."""
 
-    def __init__(self, api: client.ApiClient, config: Config, identity: str = "gpuscaler"):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        identity: str = "gpuscaler",
+        writer: Writer | None = None,
+    ):
         self.config = config
         self.custom = client.CustomObjectsApi(api)
         self.hpa = client.AutoscalingV2Api(api)
-        self.events = client.EventsV1Api(api)
-        self.identity = identity
-
-    # ------------------------------------------------------------------ reading
-
-    def _raw(self, w: WorkloadConfig) -> dict[str, Any]:
-        try:
-            if w.kind == "ScaledObject":
-                obj = self.custom.get_namespaced_custom_object(
-                    *KEDA[:2], w.namespace, KEDA[2], w.name
-                )
-                if not isinstance(obj, dict):
-                    raise KubeError(f"read {w.key}: answer is not an object")
-                return obj
-            hpa = self.hpa.read_namespaced_horizontal_pod_autoscaler(w.name, w.namespace)
-            out: dict[str, Any] = self.hpa.api_client.sanitize_for_serialization(hpa)
-            return out
-        except ApiException as e:
-            raise KubeError(f"read {w.key}: HTTP {e.status} {e.reason}") from None
-
-    def read(self, w: WorkloadConfig) -> WorkloadState:
-        obj = self._raw(w)
-        meta = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        opted = (meta.get("labels") or {}).get(OPT_IN_LABEL) == "true"
-        if w.kind == "ScaledObject":
-            # KEDA's defaults: minReplicaCount 0, maxReplicaCount 100.
-            return WorkloadState(
-                floor=int(spec.get("minReplicaCount", 0)),
-                max_replicas=int(spec.get("maxReplicaCount", 100)),
-                replicas=None,
-                opted_in=opted,
-                resource_version=str(meta.get("resourceVersion", "")),
-            )
-        owners = meta.get("ownerReferences") or []
-        if any(o.get("kind") == "ScaledObject" for o in owners):
-            opted = False  # KEDA owns this HPA: its ScaledObject is the thing to set
-        status = obj.get("status") or {}
-        return WorkloadState(
-            floor=int(spec.get("minReplicas", 1)),  # the HPA's default minimum is 1
-            max_replicas=int(spec["maxReplicas"]) if "maxReplicas" in spec else None,
-            replicas=int(status["currentReplicas"]) if "currentReplicas" in status else None,
-            opted_in=opted,
-            resource_version=str(meta.get("resourceVersion", "")),
-        )
-
-    # ------------------------------------------------------------------ writing
+        self.writer = writer or Writer(api, config, identity)
 
     def _workload(self, key: str) -> WorkloadConfig:
         for w in self.config.workloads:
             if w.key == key:
                 return w
         raise KubeError(f"{key} is not a configured workload")
+
+    def read(self, w: WorkloadConfig) -> ScaleObject:
+        try:
+            if w.kind == "ScaledObject":
+                obj = self.custom.get_namespaced_custom_object(
+                    *KEDA[:2], w.namespace, KEDA[2], w.name
+                )
+            else:
+                obj = _json(
+                    self.hpa.read_namespaced_horizontal_pod_autoscaler(
+                        w.name, w.namespace, _preload_content=False
+                    )
+                )
+        except ApiException as e:
+            raise _api_error(f"read {w.key}", e) from None
+        if not isinstance(obj, dict):
+            raise KubeError(f"read {w.key}: answer is not an object")
+        return parse_scale_object({**obj, "metadata": obj.get("metadata") or {}}, w.kind)
 
     def _patch(self, w: WorkloadConfig, body: dict[str, Any]) -> None:
         if w.kind == "ScaledObject":
@@ -132,17 +275,19 @@ class KubeWorkloads:
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             state = self.read(w)
             if not state.opted_in:
-                log.info("not touching %s: not opted in (label %s=true)", w.key, OPT_IN_LABEL)
+                why = "owned by KEDA" if state.owned_by_keda else f"no label {OPT_IN_LABEL}=true"
+                log.info("not touching %s: %s", w.key, why)
                 return False
             want = int(decision.to_value)
             if state.max_replicas is not None:
                 want = min(want, state.max_replicas)  # never above the object's own maximum
             if state.floor == want:
                 return True  # idempotent: nothing to write
+            self.writer.gate(f"floor of {w.key}")
             body = {
                 "metadata": {
                     "resourceVersion": state.resource_version,
-                    "annotations": {LAST_DECISION: json.dumps(decision.as_record())},
+                    "annotations": {LAST_DECISION: _record(decision)},
                 },
                 "spec": {field: want},
             }
@@ -151,48 +296,307 @@ class KubeWorkloads:
             except ApiException as e:
                 if e.status == 409:
                     continue  # someone wrote first: read again
-                raise KubeError(f"patch {w.key}: HTTP {e.status} {e.reason}") from None
-            self._event(w, decision, state.floor, want)
+                raise _api_error(f"patch {w.key}", e) from None
+            api_version = "keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2"
+            self.writer.event(
+                client.V1ObjectReference(
+                    api_version=api_version, kind=w.kind, name=w.name, namespace=w.namespace
+                ),
+                w.namespace,
+                "ReplicaFloorChanged",
+                "SetReplicaFloor",
+                f"floor {state.floor} -> {want}: {decision.reason}",
+            )
             return True
         raise KubeError(f"patch {w.key}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
 
-    def _event(self, w: WorkloadConfig, d: Decision, old: int | None, new: int) -> None:
-        group, version = (
-            (KEDA[0] + "/" + KEDA[1], w.kind)
-            if w.kind == "ScaledObject"
-            else (
-                "autoscaling/v2",
-                w.kind,
+    def apply_one(self, d: Decision) -> bool:
+        return self.set_floor(d)
+
+
+def sharing_config(strategy: str, fragments: int) -> str:
+    """The device-plugin config document giving `fragments` replicas per GPU."""
+    doc: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": "none"}}
+    if fragments > 1:  # replicas 1 is no sharing at all: the plain config
+        resources = [{"name": "nvidia.com/gpu", "replicas": fragments}]
+        if strategy == "mps":
+            doc["sharing"] = {"mps": {"renameByDefault": False, "resources": resources}}
+        else:
+            doc["sharing"] = {
+                "timeSlicing": {
+                    "renameByDefault": False,
+                    "failRequestsGreaterThanOne": False,
+                    "resources": resources,
+                }
+            }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _config_replicas(text: str) -> tuple[str | None, int]:
+    """(strategy, replicas) a device-plugin config document sets; (None, 1) for none."""
+    doc = yaml.safe_load(text) or {}
+    sharing = doc.get("sharing") or {}
+    for key, strategy in (("timeSlicing", "time-slicing"), ("mps", "mps")):
+        section = sharing.get(key)
+        if section:
+            for r in section.get("resources") or []:
+                if r.get("name") == "nvidia.com/gpu":
+                    return strategy, int(r.get("replicas", 1))
+    return None, 1
+
+
+class KubeNodePools:
+    """Fragments and time slice of node pools, through node labels."""
+
+    def __init__(self, api: client.ApiClient, config: Config, writer: Writer):
+        self.config = config
+        self.core = client.CoreV1Api(api)
+        self.reader = ClusterReader(api, config)
+        self.writer = writer
+
+    def _pool(self, name: str) -> NodePoolConfig:
+        for p in self.config.node_pools:
+            if p.name == name:
+                return p
+        raise KubeError(f"{name} is not a configured node pool")
+
+    # ------------------------------------------------------------------ device plugin
+
+    def ensure_sharing_config(self, pool: NodePoolConfig, fragments: int) -> str:
+        """The name of the config giving `fragments` per GPU, added to the device-plugin
+        ConfigMap when missing. An existing config of that name that says something else
+        is never overwritten: the operator owns it."""
+        ref = self.config.kubernetes.device_plugin_config_map
+        name = sharing_config_name(pool, fragments, self.config)
+        where = f"ConfigMap {ref.namespace}/{ref.name}"
+        for _ in range(MAX_CONFLICT_RETRIES + 1):
+            try:
+                cm = _json(
+                    self.core.read_namespaced_config_map(
+                        ref.name, ref.namespace, _preload_content=False
+                    )
+                )
+            except ApiException as e:
+                raise _api_error(f"read {where}", e) from None
+            data = cm.get("data") or {}
+            meta = cm.get("metadata") or {}
+            if name in data:
+                try:
+                    strategy, replicas = _config_replicas(data[name])
+                except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+                    raise KubeError(
+                        f"{where}: config {name} is not a device-plugin config"
+                    ) from None
+                expected = pool.sharing if fragments > 1 else None
+                if (strategy, replicas) != (expected, fragments):
+                    raise KubeError(
+                        f"{where}: config {name} sets {strategy or 'no sharing'} with "
+                        f"{replicas} replicas, not {pool.sharing} with {fragments}; "
+                        "left as it is, fix or rename it"
+                    )
+                return name
+            if (meta.get("labels") or {}).get(OPT_IN_LABEL) != "true":
+                raise KubeError(
+                    f"{where}: config {name} is missing and the ConfigMap has no label "
+                    f"{OPT_IN_LABEL}=true, so gpuscaler may not add it"
+                )
+            self.writer.gate(f"add {name} to {where}")
+            body = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "data": {name: sharing_config(pool.sharing, fragments)},
+            }
+            try:
+                self.core.patch_namespaced_config_map(ref.name, ref.namespace, body)
+            except ApiException as e:
+                if e.status == 409:
+                    continue
+                raise _api_error(f"patch {where}", e) from None
+            self.writer.event(
+                client.V1ObjectReference(
+                    api_version="v1", kind="ConfigMap", name=ref.name, namespace=ref.namespace
+                ),
+                ref.namespace,
+                "SharingConfigAdded",
+                "AddSharingConfig",
+                f"added device-plugin config {name} ({pool.sharing}, {fragments} per GPU)",
             )
-        )
-        event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{w.name}.", namespace=w.namespace),
-            event_time=datetime.now(UTC),
-            reason="ReplicaFloorChanged",
-            action="SetReplicaFloor",
-            note=f"floor {old} -> {new}: {d.reason}"[:1024],
-            type="Normal",
-            reporting_controller="gpuscaler.io/controller",
-            reporting_instance=self.identity,
-            regarding=client.V1ObjectReference(
-                api_version=group, kind=version, name=w.name, namespace=w.namespace
-            ),
-        )
+            return name
+        raise KubeError(f"patch {where}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
+
+    # ------------------------------------------------------------------ nodes
+
+    def _label_for(self, kind: str, pool: NodePoolConfig, value: str) -> tuple[str, str]:
+        if kind == "fragments":
+            return PLUGIN_CONFIG_LABEL, sharing_config_name(pool, int(value), self.config)
+        return self.config.kubernetes.time_slice_label, value
+
+    def _relabel(self, node: Node, kind: str, label: str, value: str, record: str) -> bool:
+        """Patch one node's label and decision annotation; True if written."""
+        current = node
+        for _ in range(MAX_CONFLICT_RETRIES + 1):
+            if current.labels.get(label) == value:
+                return False
+            self.writer.gate(f"label {label} on node {node.name}")
+            body = {
+                "metadata": {
+                    "resourceVersion": current.resource_version,
+                    "labels": {label: value},
+                    "annotations": {NODE_DECISION[kind]: record},
+                }
+            }
+            try:
+                self.core.patch_node(node.name, body)
+                return True
+            except ApiException as e:
+                if e.status != 409:
+                    raise _api_error(f"patch node {node.name}", e) from None
+            try:
+                fresh = _json(self.core.read_node(node.name, _preload_content=False))
+            except ApiException as e:
+                raise _api_error(f"read node {node.name}", e) from None
+            current = parse_objects([{**fresh, "kind": "Node"}], self.config).nodes[0]
+        raise KubeError(f"patch node {node.name}: still conflicting")
+
+    def roll_out(
+        self,
+        kind: str,
+        pool: NodePoolConfig,
+        value: str,
+        record: str,
+        objects: ClusterObjects | None = None,
+    ) -> int:
+        """Relabel up to max_nodes_per_tick nodes of the pool toward `value`; the number
+        relabelled. Raises KubeError when the pool may not be touched at all."""
+        objects = objects or self.reader.objects()
+        nodes = pool_nodes(objects, pool)
+        if not nodes:
+            raise KubeError(f"pool {pool.name}: no nodes")
+        refused = [n.name for n in nodes if not n.opted_in]
+        if refused:
+            raise KubeError(
+                f"pool {pool.name}: node(s) {', '.join(refused[:3])} lack {OPT_IN_LABEL}=true; "
+                "a pool is changed whole or not at all"
+            )
+        label, label_value = self._label_for(kind, pool, value)
+        pending = [n for n in nodes if n.labels.get(label) != label_value]
+        if kind == "fragments":
+            blocked = [
+                n for n in pending if shares_held(n, objects.pods) > int(value)
+            ]  # lowering below what pods hold needs preemption first
+            for n in blocked:
+                log.info(
+                    "node %s keeps its fragments: its pods hold %d shares per GPU > %s",
+                    n.name,
+                    shares_held(n, objects.pods),
+                    value,
+                )
+            pending = [n for n in pending if n not in blocked]
+        done = 0
+        for node in pending[: self.config.kubernetes.max_nodes_per_tick]:
+            try:
+                written = self._relabel(node, kind, label, label_value, record)
+            except KubeError as e:
+                if done == 0:
+                    raise
+                # Each node is whole (label and annotation in one patch); the nodes done
+                # carry the decision, so the next tick resumes the rollout from them.
+                log.warning("rollout on pool %s paused after %d node(s): %s", pool.name, done, e)
+                break
+            if written:
+                done += 1
+                self.writer.event(
+                    client.V1ObjectReference(api_version="v1", kind="Node", name=node.name),
+                    self.config.kubernetes.events_namespace,
+                    "FragmentsChanged" if kind == "fragments" else "TimeSliceChanged",
+                    "SetNodeLabel",
+                    f"{label}={label_value} (pool {pool.name}): {json.loads(record)['reason']}",
+                )
+        return done
+
+    def apply_one(self, d: Decision) -> bool:
+        pool = self._pool(d.target)
+        if d.kind == "fragments":
+            self.ensure_sharing_config(pool, int(d.to_value))
+        return self.roll_out(d.kind, pool, str(d.to_value), _record(d)) > 0
+
+    def continue_rollouts(self, skip: set[str] | frozenset[str] = frozenset()) -> int:
+        """Carry on rollouts that earlier ticks started (nodes of a pool lagging behind
+        the newest gpuscaler decision on its nodes); pools in `skip` are left alone.
+        Returns the nodes relabelled."""
         try:
-            self.events.create_namespaced_event(w.namespace, event)
-        except ApiException as e:  # the change is made; a lost Event is logged, not fatal
-            log.warning("event for %s not recorded: HTTP %s", w.key, e.status)
+            objects = self.reader.objects()
+        except (KubeError, ClusterStateError) as e:
+            log.warning("rollouts paused: %s", e)
+            return 0
+        done = 0
+        for pool in self.config.node_pools:
+            nodes = pool_nodes(objects, pool)
+            for kind in NODE_DECISION:
+                if f"{kind}:{pool.name}" in skip:
+                    continue
+                records = [
+                    n.annotations[NODE_DECISION[kind]]
+                    for n in nodes
+                    if NODE_DECISION[kind] in n.annotations
+                ]
+                if not records:
+                    continue
+                newest = max(records, key=_record_time)
+                try:
+                    target = str(json.loads(newest)["to"])
+                    label, value = self._label_for(kind, pool, target)
+                    if any(n.labels.get(label) != value for n in nodes):
+                        done += self.roll_out(kind, pool, target, newest, objects)
+                except (KubeError, ValueError, KeyError) as e:
+                    log.warning("rollout of %s on pool %s paused: %s", kind, pool.name, e)
+        return done
+
+
+def _record_time(record: str) -> float:
+    try:
+        return float(json.loads(record)["time"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+
+
+class KubeActuator:
+    """The controller's actuator on a real cluster: each decision to its adapter; a
+    failure is logged with its reason and leaves that decision unapplied."""
+
+    def __init__(self, workloads: KubeWorkloads, pools: KubeNodePools):
+        self.workloads = workloads
+        self.pools = pools
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        """Actuator: the replica floor decisions that took effect; others are left to the
-        adapters that own them."""
+        self.pools.continue_rollouts({f"{d.kind}:{d.target}" for d in decisions})
         done = []
         for d in decisions:
-            if d.kind != "replica_floor":
-                continue
+            adapter: KubeWorkloads | KubeNodePools = (
+                self.workloads if d.kind == "replica_floor" else self.pools
+            )
             try:
-                if self.set_floor(d):
+                if adapter.apply_one(d):
                     done.append(d)
             except KubeError as e:
-                log.warning("replica floor of %s not set: %s", d.target, e)
+                log.warning(
+                    "%s of %s not applied: %s",
+                    d.kind,
+                    d.target,
+                    e,
+                    extra={"event": "not_applied", "kind": d.kind, "target": d.target},
+                )
         return tuple(done)
+
+
+def kube_actuator(
+    api: client.ApiClient,
+    config: Config,
+    identity: str,
+    may_act: Callable[[], bool] = lambda: True,
+    budget: WriteBudget | None = None,
+) -> KubeActuator:
+    """The actuator for `config`, all writes behind one gate (leadership and budget)."""
+    writer = Writer(api, config, identity, budget, may_act)
+    return KubeActuator(
+        KubeWorkloads(api, config, identity, writer), KubeNodePools(api, config, writer)
+    )

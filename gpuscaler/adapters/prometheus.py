@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +33,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from gpuscaler.adapters.cluster import CurrentState
 from gpuscaler.config import Config, PrometheusConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
@@ -262,22 +263,22 @@ class Health:
     failures: int = 0
 
 
-@dataclass(frozen=True)
-class CurrentState:
-    """What the cluster runs now, until the Kubernetes adapter reads it: from the config's
-    initial_fragments, or a state file."""
-
-    fragments: Mapping[str, int] = field(default_factory=dict)
-    time_slice_levels: Mapping[str, str] = field(default_factory=dict)
-    floors: Mapping[str, int] = field(default_factory=dict)
-    replicas: Mapping[str, int] = field(default_factory=dict)
-    max_replicas: Mapping[str, int] = field(default_factory=dict)
+StateReader = Callable[[], CurrentState]
+"""Reads what the cluster runs now; called once per tick."""
 
 
 class PrometheusSource:
+    """Metrics from Prometheus joined with the cluster's current state (fixed, or read
+    each tick by a `StateReader`)."""
+
     name = "prometheus"
 
-    def __init__(self, config: Config, state: CurrentState, transport: Transport | None = None):
+    def __init__(
+        self,
+        config: Config,
+        state: CurrentState | StateReader,
+        transport: Transport | None = None,
+    ):
         self.config = config
         self.state = state
         self.transport = transport or Transport(config.prometheus)
@@ -341,18 +342,35 @@ class PrometheusSource:
             return None, None
         return float(series.values[np.isfinite(series.values)][-1]) / 1024, None
 
+    def reconfigure(self, config: Config) -> None:
+        """Use `config` from the next tick: windows of targets no longer configured are
+        dropped, all of them when the sampling grid changed."""
+        if (config.metrics.step, config.metrics.window) != (
+            self.config.metrics.step,
+            self.config.metrics.window,
+        ):
+            self.windows.clear()
+        keep = {f"pool:{p.name}:" for p in config.node_pools}
+        keep |= {f"workload:{w.key}" for w in config.workloads}
+        for key in list(self.windows):
+            if not any(key == k or key.startswith(k) for k in keep):
+                del self.windows[key]
+        self.config = config
+
     def observe(self, now: float) -> Observations:
         queries = self.config.prometheus.queries
         self._transport_errors = []
+        state = self.state() if callable(self.state) else self.state
         pools = []
         for p in self.config.node_pools:
+            cluster_problem = state.problems.get(f"pool:{p.name}")
             if not p.metrics_matchers:
                 pools.append(
                     RawPool(
                         p.name,
                         None,
                         None,
-                        self.state.fragments.get(p.name),
+                        state.fragments.get(p.name),
                         None,
                         problem="no metrics_matchers configured for this pool",
                     )
@@ -374,11 +392,12 @@ class PrometheusSource:
                     name=p.name,
                     utilization=util,
                     stall=stall,
-                    fragments=self.state.fragments.get(p.name, p.initial_fragments or 1),
-                    time_slice_level=self.state.time_slice_levels.get(p.name),
-                    gpu_memory_gib=total_gib,
+                    fragments=state.fragments.get(p.name),
+                    time_slice_level=state.time_slice_levels.get(p.name),
+                    gpu_memory_gib=total_gib or state.gpu_memory_gib.get(p.name),
+                    max_shares_held=state.shares_held.get(p.name, 0),
                     memory_used_gib=used_gib,
-                    problem=f"prometheus: {problem}" if problem else None,
+                    problem=_problem(problem, cluster_problem),
                 )
             )
         workloads = []
@@ -389,10 +408,10 @@ class PrometheusSource:
                 RawWorkload(
                     key=w.key,
                     load=load,
-                    floor=self.state.floors.get(w.key),
-                    replicas=self.state.replicas.get(w.key),
-                    max_replicas=self.state.max_replicas.get(w.key),
-                    problem=f"prometheus: {problem}" if problem else None,
+                    floor=state.floors.get(w.key),
+                    replicas=state.replicas.get(w.key),
+                    max_replicas=state.max_replicas.get(w.key),
+                    problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
                 )
             )
         self._record_health(now, self._transport_errors)
@@ -416,6 +435,12 @@ class PrometheusSource:
             self.health.last_success = now
 
 
+def _problem(prometheus: str | None, cluster: str | None) -> str | None:
+    if prometheus:
+        return f"prometheus: {prometheus}"
+    return f"kubernetes: {cluster}" if cluster else None
+
+
 def load_state(path: str | None, config: Config) -> tuple[CurrentState, str]:
     """The cluster's current state from a YAML file, or the config's initial values;
     with a sentence saying which, for the operator."""
@@ -437,8 +462,10 @@ def load_state(path: str | None, config: Config) -> tuple[CurrentState, str]:
     pools = doc.get("pools") or {}
     workloads = doc.get("workloads") or {}
     try:
+        initial = {p.name: p.initial_fragments or 1 for p in config.node_pools}
         state = CurrentState(
-            fragments={k: int(v["fragments"]) for k, v in pools.items() if "fragments" in v},
+            fragments=initial
+            | {k: int(v["fragments"]) for k, v in pools.items() if "fragments" in v},
             time_slice_levels={
                 k: str(v["time_slice_level"]) for k, v in pools.items() if "time_slice_level" in v
             },

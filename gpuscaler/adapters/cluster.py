@@ -1,0 +1,428 @@
+"""Cluster state from Kubernetes objects: GPU nodes grouped into pools, pods holding GPUs,
+opted-in ScaledObjects and HPAs.
+
+Pure parsing of the objects as JSON dicts (what the API returns and what `kubectl get
+-o yaml` prints), so the live reader and `once --cluster-snapshot FILE` share every rule:
+
+- a node is in a pool when its label `selector.label` equals `selector.value`;
+- its fragments per GPU come from `nvidia.com/device-plugin.config` when that names a
+  sharing config (`ts-4` -> 4), else from feature discovery's `nvidia.com/gpu.replicas`;
+- while a rollout is under way (nodes disagree) the pool's fragments are the target the
+  newest gpuscaler decision on its nodes set, so the core does not decide again;
+- a pod holds GPUs when it is bound to a node, not finished, and requests `nvidia.com/gpu`;
+  a node's shares held per GPU are its pods' requests over its physical GPU count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
+
+Json = dict[str, Any]
+
+OPT_IN_LABEL = "gpuscaler.io/enabled"
+PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+GPU_RESOURCE = "nvidia.com/gpu"
+LAST_DECISION = "gpuscaler.io/last-decision"
+"""Annotation with the last decision applied to an object, as JSON."""
+NODE_DECISION = {
+    "fragments": "gpuscaler.io/last-fragments-decision",
+    "time_slice": "gpuscaler.io/last-time-slice-decision",
+}
+"""Per-kind annotation on nodes: fragments and time slice roll out independently."""
+
+
+@dataclass(frozen=True)
+class CurrentState:
+    """What the cluster runs now, keyed by pool name and workload key: read from the
+    cluster each tick, or from a state file or the config's initial values."""
+
+    fragments: Mapping[str, int] = field(default_factory=dict)
+    time_slice_levels: Mapping[str, str] = field(default_factory=dict)
+    floors: Mapping[str, int] = field(default_factory=dict)
+    replicas: Mapping[str, int] = field(default_factory=dict)
+    max_replicas: Mapping[str, int] = field(default_factory=dict)
+    shares_held: Mapping[str, int] = field(default_factory=dict)
+    """Most GPU shares held by pods on one GPU of the pool."""
+    gpu_memory_gib: Mapping[str, float] = field(default_factory=dict)
+    """Per pool, from nvidia.com/gpu.memory of its nodes."""
+    problems: Mapping[str, str] = field(default_factory=dict)
+    """Why a target's state cannot be trusted ("pool:NAME" or "workload:KEY")."""
+
+
+class ClusterStateError(ValueError):
+    """Objects that cannot be read as cluster state; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    resource_version: str
+    gpu_count: int | None
+    """Physical GPUs (nvidia.com/gpu.count; else capacity over replicas)."""
+    gpu_memory_mib: float | None
+    fragments: int | None
+    time_slice_level: str | None
+
+    @property
+    def opted_in(self) -> bool:
+        return self.labels.get(OPT_IN_LABEL) == "true"
+
+    def decision_target(self, kind: str) -> tuple[float, str] | None:
+        """(time, to) of the last decision of `kind` applied to this node."""
+        raw = self.annotations.get(NODE_DECISION[kind])
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw)
+            return float(record["time"]), str(record["to"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class GpuPod:
+    namespace: str
+    name: str
+    node: str | None
+    gpus: int
+    priority: int
+    priority_class: str | None
+    start_time: str | None
+    phase: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class ScaleObject:
+    """A ScaledObject or HPA as gpuscaler sees it."""
+
+    key: str
+    floor: int
+    max_replicas: int | None
+    replicas: int | None
+    opted_in: bool
+    owned_by_keda: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class PoolState:
+    name: str
+    nodes: tuple[Node, ...]
+    fragments: int | None
+    time_slice_level: str | None
+    gpu_memory_gib: float | None
+    max_shares_held: int
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterObjects:
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[GpuPod, ...] = ()
+    scale_objects: Mapping[str, ScaleObject] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _meta(obj: Json, where: str) -> Json:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise ClusterStateError(f"{where}: no metadata.name")
+    return meta
+
+
+def _int(value: Any, where: str) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ClusterStateError(f"{where}: {value!r} is not a whole number") from None
+
+
+def sharing_fragments(config_name: str | None, config: Config) -> int | None:
+    """Fragments a named device-plugin config gives ("ts-4" -> 4), None if not ours."""
+    if config_name is None:
+        return None
+    for pattern in config.kubernetes.sharing_config_names.values():
+        regex = re.escape(pattern).replace(re.escape("{n}"), r"(\d+)")
+        m = re.fullmatch(regex, config_name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def sharing_config_name(pool: NodePoolConfig, fragments: int, config: Config) -> str:
+    return config.kubernetes.sharing_config_names[pool.sharing].format(n=fragments)
+
+
+def parse_node(obj: Json, config: Config) -> Node:
+    meta = _meta(obj, "Node")
+    where = f"Node {meta['name']}"
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    fragments = sharing_fragments(labels.get(PLUGIN_CONFIG_LABEL), config)
+    if fragments is None and "nvidia.com/gpu.replicas" in labels:
+        fragments = _int(labels["nvidia.com/gpu.replicas"], f"{where} nvidia.com/gpu.replicas")
+    gpu_count: int | None = None
+    if "nvidia.com/gpu.count" in labels:
+        gpu_count = _int(labels["nvidia.com/gpu.count"], f"{where} nvidia.com/gpu.count")
+    else:
+        capacity = ((obj.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+        if capacity is not None:
+            gpu_count = _int(capacity, f"{where} capacity") // max(1, fragments or 1)
+    memory = labels.get("nvidia.com/gpu.memory")
+    return Node(
+        name=meta["name"],
+        labels=labels,
+        annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        resource_version=str(meta.get("resourceVersion", "")),
+        gpu_count=gpu_count,
+        gpu_memory_mib=float(_int(memory, f"{where} nvidia.com/gpu.memory")) if memory else None,
+        fragments=fragments,
+        time_slice_level=labels.get(config.kubernetes.time_slice_label),
+    )
+
+
+def _gpus_requested(spec: Json, where: str) -> int:
+    total = 0
+    for c in spec.get("containers") or []:
+        resources = c.get("resources") or {}
+        amount = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
+            resources.get("requests") or {}
+        ).get(GPU_RESOURCE)
+        if amount is not None:
+            total += _int(amount, f"{where} container {c.get('name')} {GPU_RESOURCE}")
+    return total
+
+
+def parse_pod(obj: Json) -> GpuPod | None:
+    """The pod if it requests GPUs, else None."""
+    meta = _meta(obj, "Pod")
+    where = f"Pod {meta.get('namespace')}/{meta['name']}"
+    spec = obj.get("spec") or {}
+    gpus = _gpus_requested(spec, where)
+    if gpus == 0:
+        return None
+    status = obj.get("status") or {}
+    return GpuPod(
+        namespace=str(meta.get("namespace", "default")),
+        name=meta["name"],
+        node=spec.get("nodeName"),
+        gpus=gpus,
+        priority=int(spec.get("priority") or 0),
+        priority_class=spec.get("priorityClassName"),
+        start_time=status.get("startTime"),
+        phase=str(status.get("phase", "Pending")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        terminating=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
+    meta = _meta(obj, kind)
+    spec = obj.get("spec") or {}
+    key = f"{meta.get('namespace', 'default')}/{kind}/{meta['name']}"
+    labels = dict(meta.get("labels") or {})
+    owned = any(o.get("kind") == "ScaledObject" for o in meta.get("ownerReferences") or [])
+    if kind == "ScaledObject":
+        # KEDA's defaults: minReplicaCount 0, maxReplicaCount 100.
+        floor = _int(spec.get("minReplicaCount", 0), f"{key} spec.minReplicaCount")
+        ceiling: int | None = _int(spec.get("maxReplicaCount", 100), f"{key} maxReplicaCount")
+        replicas = None
+    else:
+        floor = _int(spec.get("minReplicas", 1), f"{key} spec.minReplicas")  # HPA default 1
+        ceiling = _int(spec["maxReplicas"], f"{key} maxReplicas") if "maxReplicas" in spec else None
+        current = (obj.get("status") or {}).get("currentReplicas")
+        replicas = _int(current, f"{key} status.currentReplicas") if current is not None else None
+    return ScaleObject(
+        key=key,
+        floor=floor,
+        max_replicas=ceiling,
+        replicas=replicas,
+        opted_in=labels.get(OPT_IN_LABEL) == "true" and not owned,
+        owned_by_keda=owned,
+        labels=labels,
+        annotations=dict(meta.get("annotations") or {}),
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
+    """Nodes, GPU pods, ScaledObjects and HPAs out of a mixed list; other kinds ignored."""
+    nodes, pods, scale = [], [], {}
+    hpa_replicas: dict[str, int] = {}
+    for i, obj in enumerate(items):
+        if not isinstance(obj, dict):
+            raise ClusterStateError(f"items[{i}]: not an object")
+        kind = obj.get("kind")
+        try:
+            if kind == "Node":
+                nodes.append(parse_node(obj, config))
+            elif kind == "Pod":
+                pod = parse_pod(obj)
+                if pod is not None:
+                    pods.append(pod)
+            elif kind in ("ScaledObject", "HorizontalPodAutoscaler"):
+                so = parse_scale_object(obj, kind)
+                scale[so.key] = so
+                if so.owned_by_keda and so.replicas is not None:
+                    owner = next(
+                        o["name"]
+                        for o in obj["metadata"]["ownerReferences"]
+                        if o.get("kind") == "ScaledObject"
+                    )
+                    ns = so.key.split("/", 1)[0]
+                    hpa_replicas[f"{ns}/ScaledObject/{owner}"] = so.replicas
+        except ClusterStateError as e:
+            raise ClusterStateError(f"items[{i}]: {e}") from None
+    # A ScaledObject's replicas are those of the HPA KEDA made for it.
+    for key, replicas in hpa_replicas.items():
+        if key in scale:
+            scale[key] = replace(scale[key], replicas=replicas)
+    return ClusterObjects(tuple(nodes), tuple(pods), scale)
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
+    return tuple(
+        n for n in objects.nodes if n.labels.get(pool.selector.label) == pool.selector.value
+    )
+
+
+def shares_held(node: Node, pods: Iterable[GpuPod]) -> int:
+    """Most shares the node's pods hold on one of its GPUs (requests spread evenly)."""
+    held = sum(
+        p.gpus for p in pods if p.node == node.name and p.phase not in ("Succeeded", "Failed")
+    )
+    return math.ceil(held / max(1, node.gpu_count or 1))
+
+
+def _rollout_value(nodes: tuple[Node, ...], kind: str, current: list[str]) -> str | None:
+    """The pool's value for `kind`: the one every node has, else the target of the newest
+    gpuscaler decision on its nodes (a rollout under way), else the most common one."""
+    if not current:
+        return None
+    if len(set(current)) == 1:
+        return current[0]
+    targets = [t for n in nodes if (t := n.decision_target(kind)) is not None]
+    if targets:
+        return max(targets)[1]
+    counts = Counter(current).most_common()
+    return counts[0][0]
+
+
+def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
+    nodes = pool_nodes(objects, pool)
+    if not nodes:
+        return PoolState(
+            pool.name,
+            (),
+            None,
+            None,
+            None,
+            0,
+            problem=f"no node has {pool.selector.label}={pool.selector.value}",
+        )
+    frag_values = [str(n.fragments) for n in nodes if n.fragments is not None]
+    problem = None
+    if len(frag_values) < len(nodes):
+        unknown = [n.name for n in nodes if n.fragments is None][:3]
+        problem = f"fragments unknown on node(s) {', '.join(unknown)} (no sharing config label)"
+    fragments = _rollout_value(nodes, "fragments", frag_values)
+    levels = [n.time_slice_level or "default" for n in nodes]
+    memories = [n.gpu_memory_mib for n in nodes if n.gpu_memory_mib is not None]
+    return PoolState(
+        name=pool.name,
+        nodes=nodes,
+        fragments=int(fragments) if fragments is not None and problem is None else None,
+        time_slice_level=_rollout_value(nodes, "time_slice", levels),
+        gpu_memory_gib=min(memories) / 1024 if memories else None,
+        max_shares_held=max(shares_held(n, objects.pods) for n in nodes),
+        problem=problem,
+    )
+
+
+def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[WorkloadConfig, ...]:
+    """Opted-in ScaledObjects and HPAs the config does not list, with default policy;
+    `gpuscaler.io/type` and `gpuscaler.io/node-pool` annotations say what the config would."""
+    listed = {w.key for w in config.workloads}
+    pools = {p.name for p in config.node_pools}
+    found = []
+    for key, so in sorted(objects.scale_objects.items()):
+        if key in listed or not so.opted_in:
+            continue
+        namespace, kind, name = key.split("/", 2)
+        kind_type = so.annotations.get("gpuscaler.io/type", "inference")
+        pool = so.annotations.get("gpuscaler.io/node-pool")
+        found.append(
+            WorkloadConfig(
+                namespace=namespace,
+                kind=kind,
+                name=name,
+                type="training" if kind_type == "training" else "inference",
+                node_pool=pool if pool in pools else None,
+            )
+        )
+    return tuple(found)
+
+
+def current_state(objects: ClusterObjects, config: Config) -> CurrentState:
+    """The state the core plans against, with a problem for each target that is missing
+    or ambiguous in the cluster."""
+    fragments, levels, held, memory, problems = {}, {}, {}, {}, {}
+    for p in config.node_pools:
+        pool = pool_state(objects, p)
+        if pool.fragments is not None:
+            fragments[p.name] = pool.fragments
+        if pool.time_slice_level is not None:
+            levels[p.name] = pool.time_slice_level
+        if pool.gpu_memory_gib is not None:
+            memory[p.name] = pool.gpu_memory_gib
+        held[p.name] = pool.max_shares_held
+        if pool.problem:
+            problems[f"pool:{p.name}"] = pool.problem
+    floors, replicas, ceilings = {}, {}, {}
+    for w in config.workloads:
+        so = objects.scale_objects.get(w.key)
+        if so is None:
+            problems[f"workload:{w.key}"] = f"{w.kind} {w.namespace}/{w.name} not found"
+            continue
+        floors[w.key] = so.floor
+        if so.replicas is not None:
+            replicas[w.key] = so.replicas
+        if so.max_replicas is not None:
+            ceilings[w.key] = so.max_replicas
+    return CurrentState(
+        fragments=fragments,
+        time_slice_levels=levels,
+        floors=floors,
+        replicas=replicas,
+        max_replicas=ceilings,
+        shares_held=held,
+        gpu_memory_gib=memory,
+        problems=problems,
+    )
+
+
+def unavailable_state(config: Config, why: str) -> CurrentState:
+    """Every target flagged: the cluster could not be read, so nothing may be decided."""
+    keys = [f"pool:{p.name}" for p in config.node_pools]
+    keys += [f"workload:{w.key}" for w in config.workloads]
+    return CurrentState(problems=dict.fromkeys(keys, why))
