@@ -19,14 +19,13 @@ from typing import Any
 
 from gpuscaler.config import Config, ConfigError, load_config
 from gpuscaler.controller import Controller
-from gpuscaler.core.model import Decision
+from gpuscaler.logs import decision_outcome
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 NO_ADAPTER_NOTICE = (
-    "source: simulator on the bundled trace. The Prometheus and Kubernetes adapters are "
-    "not built yet (issues 4 and 5), so `once` and `run` observe and act on an in-process "
-    "simulated cluster, never a real one."
+    "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
+    "`run` observe and act on an in-process simulated cluster, never a real one."
 )
 
 
@@ -153,53 +152,72 @@ def _live_controller(config: Config, dry_run: bool) -> Controller:
     return Controller(live.config, live, live, dry_run=dry_run or config.control.dry_run)
 
 
-class _NoActuator:
-    """Until the Kubernetes adapter exists nothing can be changed: every plan is dry."""
-
-    def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        return ()
-
-
-def _prometheus_controller(config: Config, state_file: str | None) -> Controller:
+def _prometheus_controller(config: Config, state_file: str) -> Controller:
     from gpuscaler.adapters.prometheus import PrometheusSource, load_state
+    from gpuscaler.app import _NoActuator
 
     state, said = load_state(state_file, config)
     print(
-        f"source: Prometheus at {config.prometheus.url}; {said}. No Kubernetes adapter yet "
-        "(issue 5): dry run, nothing is changed.",
+        f"source: Prometheus at {config.prometheus.url}; {said}; no cluster: dry run.",
         file=sys.stderr,
     )
     return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
 
 
-def _controller(args: argparse.Namespace, config: Config) -> Controller:
-    """Prometheus when configured (always dry until the Kubernetes adapter exists), else
-    the simulated cluster; exits 2 on a bad state file."""
-    if not config.prometheus.url:
-        return _live_controller(config, args.dry_run)
+def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:
+    """The controller for once/run, and the cluster parts around it (None without a
+    cluster). Exits 2 on bad input: a bad state or snapshot file, no Kubernetes API."""
+    from gpuscaler.app import SetupError, cluster_controller, kube_api, snapshot_controller
+
+    snapshot = getattr(args, "cluster_snapshot", None)
     try:
-        return _prometheus_controller(config, args.state)
-    except ValueError as e:
+        if snapshot is not None:
+            if not args.dry_run:
+                raise SetupError("--cluster-snapshot plans only: add --dry-run")
+            controller = snapshot_controller(config, snapshot)
+            print(
+                f"cluster state from {snapshot}; metrics from Prometheus; dry run", file=sys.stderr
+            )
+            return controller, None
+        if not config.prometheus.url:
+            return _live_controller(config, args.dry_run), None
+        if args.state is not None:
+            return _prometheus_controller(config, args.state), None
+        api = kube_api(args.kubeconfig)
+        parts = cluster_controller(
+            config,
+            api,
+            dry_run=args.dry_run,
+            config_path=args.config,
+            leader_election=args.command == "run" and not args.no_leader_election,
+        )
+        return parts.controller, parts
+    except (SetupError, ValueError) as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
 def cmd_once(args: argparse.Namespace) -> int:
     config = _config_or_exit(args.config)
-    controller = _controller(args, config)
+    controller, _ = _controller(args, config)
     result = controller.tick(time.time())
     for d in result.plan.decisions:
-        print(json.dumps(d.as_record()))
+        outcome = decision_outcome(d, result.applied, result.mode)
+        print(json.dumps(d.as_record() | {"outcome": outcome}))
     for s in result.plan.skips:
         print(json.dumps(s.as_record()))
     return EXIT_OK
 
 
-def _serve_metrics(controller: Controller, interval: float, port: int, host: str) -> None:
+def _serve_metrics(
+    controller: Controller, parts: Any, interval: float, port: int, host: str
+) -> None:
     from gpuscaler.observability import ControllerMetrics, HealthState, serve
 
     metrics = ControllerMetrics()
     metrics.attach(controller)
+    if parts is not None:
+        metrics.attach_cluster(parts)
     serve(metrics, HealthState(controller, interval), port, host)
     print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
 
@@ -208,10 +226,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuscaler.loop import ControlLoop
 
     config = _config_or_exit(args.config)
-    controller = _controller(args, config)
+    controller, parts = _controller(args, config)
     if args.metrics_port:
-        _serve_metrics(controller, config.control.interval, args.metrics_port, args.metrics_host)
-    ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
+        _serve_metrics(
+            controller, parts, config.control.interval, args.metrics_port, args.metrics_host
+        )
+    if parts is not None and parts.elector is not None:
+        parts.elector.start()
+    try:
+        ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
+    finally:
+        if parts is not None:
+            parts.stop()  # releases the lease so a standby takes over at once
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
 
 
@@ -260,9 +286,24 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True)
         p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
-        p.add_argument("--state", help="YAML of current fragments and replica floors")
+        p.add_argument(
+            "--state", help="plan without a cluster: YAML of current fragments and floors"
+        )
+        p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+        if name == "once":
+            p.add_argument(
+                "--cluster-snapshot",
+                metavar="FILE",
+                help="plan (with --dry-run) against `kubectl get nodes,pods,"
+                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output",
+            )
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+            p.add_argument(
+                "--no-leader-election",
+                action="store_true",
+                help="act without a Lease (one replica only)",
+            )
             p.add_argument(
                 "--metrics-port",
                 type=int,

@@ -43,6 +43,8 @@ class TickResult:
     plan: Plan
     applied: tuple[Decision, ...]
     seconds: float
+    mode: str = "acting"
+    """acting (the plan was carried out), dry_run, or standby (another replica leads)."""
 
 
 @dataclass
@@ -65,11 +67,16 @@ class Controller:
         actuator: Actuator,
         dry_run: bool | None = None,
         log_decisions: bool = True,
+        is_leader: Callable[[], bool] | None = None,
     ):
         self.config = config
         self.source = source
         self.actuator = actuator
         self.dry_run = config.control.dry_run if dry_run is None else dry_run
+        self.is_leader: Callable[[], bool] = is_leader or (lambda: True)
+        """Standbys observe and plan (their forecasts stay warm) but never act."""
+        self.before_tick: list[Callable[[], object]] = []
+        """Run first in every tick: config reload, workload discovery."""
         self.history = History()
         self.stats = TickStats()
         self.log_decisions = log_decisions
@@ -92,20 +99,36 @@ class Controller:
                 self._engines[cfg] = make_engine(cfg)
         return self._engines
 
+    def reconfigure(self, config: Config) -> None:
+        """Use `config` from the next tick on; history and model state are kept."""
+        self.config = config
+        for part in (self.source, self.actuator):
+            reconfigure = getattr(part, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(config)
+
+    def mode(self) -> str:
+        if self.dry_run or self.config.control.dry_run:
+            return "dry_run"
+        return "acting" if self.is_leader() else "standby"
+
     def tick(self, now: float) -> TickResult:
         started = time.perf_counter()
+        for hook in self.before_tick:
+            hook()
         raw = self.source.observe(now)
         snapshot = build_snapshot(raw, self.config, now, self.engines(), self.fits)
         self.fits = snapshot.fits
         plan = make_plan(snapshot, self.config, self.history, now)
-        applied = () if self.dry_run else self.actuator.apply(plan.decisions)
+        mode = self.mode()
+        applied = self.actuator.apply(plan.decisions) if mode == "acting" else ()
         self.history = record_applied(plan.history, applied)
-        result = TickResult(snapshot, plan, applied, time.perf_counter() - started)
+        result = TickResult(snapshot, plan, applied, time.perf_counter() - started, mode)
         self.stats.ticks += 1
         self.stats.last_success = now
         self.stats.last_success_wall = time.time()
         if self.log_decisions:
-            log_plan(plan, applied, self.dry_run)
+            log_plan(plan, applied, mode)
         for listener in self.stats.listeners:
             listener(result)
         return result

@@ -41,10 +41,16 @@ def setup_logging(level: str = "INFO", json_lines: bool | None = None) -> None:
     root.setLevel(level)
 
 
-def log_plan(plan: Plan, applied: tuple[Decision, ...], dry_run: bool) -> None:
-    done = {id(d) for d in applied}
+def decision_outcome(d: Decision, applied: tuple[Decision, ...], mode: str) -> str:
+    """applied | not_applied when acting; else the mode (dry_run, standby)."""
+    if mode != "acting":
+        return mode
+    return "applied" if any(a is d for a in applied) else "not_applied"
+
+
+def log_plan(plan: Plan, applied: tuple[Decision, ...], mode: str) -> None:
     for d in plan.decisions:
-        outcome = "dry_run" if dry_run else ("applied" if id(d) in done else "not_applied")
+        outcome = decision_outcome(d, applied, mode)
         decisions_log.info(
             "%s %s: %s -> %s (%s)",
             d.kind,
@@ -61,6 +67,7 @@ def log_plan(plan: Plan, applied: tuple[Decision, ...], dry_run: bool) -> None:
         len(plan.skips),
         extra={
             "event": "tick",
+            "mode": mode,
             "tick_time": plan.time,
             "decisions": len(plan.decisions),
             "applied": len(applied),

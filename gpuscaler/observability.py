@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gpuscaler.config import TIME_SLICE_LEVELS
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.model import Forecast, Skip
+from gpuscaler.logs import decision_outcome
 
 _REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action")
 
@@ -118,8 +119,8 @@ class ControllerMetrics:
             "Unix time of the last tick that completed.",
             registry=r,
         )
-        self.leader.set(1)  # a single replica acts; leader election (issue 5) will drive it
         self.config_generation.set(1)
+        self._refused_seen = 0
 
     def _forecast(self, kind: str, target: str, f: Forecast | None) -> None:
         if f is None:
@@ -136,7 +137,10 @@ class ControllerMetrics:
         for method, err in f.errors.items():
             self.forecast_error.labels(kind, target, method).set(err)
 
-    def on_tick(self, result: TickResult, dry_run: bool, source: str, source_ok: bool) -> None:
+    def on_config(self, generation: int) -> None:
+        self.config_generation.set(generation)
+
+    def on_tick(self, result: TickResult, source: str, source_ok: bool) -> None:
         snap = result.snapshot
         for p in snap.pools:
             self._forecast("pool", p.name, p.utilization.forecast)
@@ -153,13 +157,12 @@ class ControllerMetrics:
                 self.floor.labels(w.key).set(w.floor)
             if w.replicas is not None:
                 self.replicas.labels(w.key).set(w.replicas)
-        applied = {id(d) for d in result.applied}
         for d in result.plan.decisions:
-            outcome = "dry_run" if dry_run else ("applied" if id(d) in applied else "not_applied")
+            outcome = decision_outcome(d, result.applied, result.mode)
             self.decisions.labels(d.kind, outcome, "decision").inc()
-            if id(d) in applied and d.kind == "fragments":
+            if outcome == "applied" and d.kind == "fragments":
                 self.fragments.labels(d.target).set(int(d.to_value))
-            elif id(d) in applied and d.kind == "replica_floor":
+            elif outcome == "applied" and d.kind == "replica_floor":
                 self.floor.labels(d.target).set(int(d.to_value))
         for s in result.plan.skips:
             outcome = "invalid_input" if s.invalid_input else "held"
@@ -175,10 +178,26 @@ class ControllerMetrics:
         def listen(result: TickResult) -> None:
             health = getattr(controller.source, "health", None)
             ok = bool(getattr(health, "ok", True))
-            self.on_tick(result, controller.dry_run, controller.source.name, ok)
+            self.on_tick(result, controller.source.name, ok)
+            self.leader.set(1 if controller.is_leader() else 0)
 
         controller.stats.listeners.append(listen)
         controller.stats.failure_listeners.append(self.ticks_failed.inc)
+
+    def attach_cluster(self, parts: Any) -> None:
+        """Kubernetes health and config reloads of a cluster-backed controller
+        (`gpuscaler.app.ClusterController`)."""
+
+        def listen(result: TickResult) -> None:
+            self.source_up.labels("kubernetes").set(1 if parts.reader.healthy else 0)
+            if parts.reloader is not None:
+                self.config_generation.set(parts.reloader.generation)
+                refused = parts.reloader.failures - self._refused_seen
+                if refused > 0:
+                    self.config_reload_failures.inc(refused)
+                    self._refused_seen = parts.reloader.failures
+
+        parts.controller.stats.listeners.append(listen)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

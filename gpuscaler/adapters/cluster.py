@@ -426,3 +426,59 @@ def unavailable_state(config: Config, why: str) -> CurrentState:
     keys = [f"pool:{p.name}" for p in config.node_pools]
     keys += [f"workload:{w.key}" for w in config.workloads]
     return CurrentState(problems=dict.fromkeys(keys, why))
+
+
+SNAPSHOT_COMMAND = (
+    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml"
+)
+
+
+def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
+    """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them).
+    Nodes and pods must both be there: without pods the shares held are unknown, and
+    fragments could be planned below them."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as e:
+        raise ClusterStateError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ClusterStateError(
+            f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}"
+        ) from None
+    items: list[Json] = []
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict) or "kind" not in doc:
+            raise ClusterStateError(f"{path}: document {i + 1} is not a Kubernetes object")
+        if isinstance(doc.get("items"), list):
+            items += doc["items"]
+        else:
+            items.append(doc)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            raise ClusterStateError(f"{path}: items[{i}] has no kind")
+    kinds = {item["kind"] for item in items}
+    missing = [k for k in ("Node", "Pod") if k not in kinds]
+    if missing:
+        raise ClusterStateError(
+            f"{path}: no {' and no '.join(missing)} objects; the file should hold the "
+            f"output of `{SNAPSHOT_COMMAND}`"
+        )
+    try:
+        return parse_objects(items, config)
+    except ClusterStateError as e:
+        raise ClusterStateError(f"{path}: {e}") from None
+
+
+def with_discovered(config: Config, objects: ClusterObjects | None) -> Config:
+    """`config` plus the opted-in ScaledObjects and HPAs it does not list."""
+    if objects is None:
+        return config
+    found = discovered_workloads(objects, config)
+    if not found:
+        return config
+    return config.model_copy(update={"workloads": config.workloads + found})

@@ -98,6 +98,11 @@ class ClusterReader:
         self.hpa = client.AutoscalingV2Api(api)
         self.healthy = True
         self.last_error: str | None = None
+        self.last_objects: ClusterObjects | None = None
+        """What the last successful read saw (for workload discovery)."""
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
 
     def _items(self, kind: str, fetch: Callable[[], Any]) -> list[dict[str, Any]]:
         try:
@@ -130,7 +135,8 @@ class ClusterReader:
     def state(self) -> CurrentState:
         """The current state; on any failure every target is flagged (no action)."""
         try:
-            state = current_state(self.objects(), self.config)
+            objects = self.objects()
+            state = current_state(objects, self.config)
         except (KubeError, ClusterStateError, ValueError) as e:
             self.healthy, self.last_error = False, str(e)
             log.warning(
@@ -139,7 +145,7 @@ class ClusterReader:
                 extra={"event": "source_unhealthy", "source": "kubernetes"},
             )
             return unavailable_state(self.config, f"cannot read cluster state: {e}")
-        self.healthy, self.last_error = True, None
+        self.healthy, self.last_error, self.last_objects = True, None, objects
         return state
 
 
@@ -566,6 +572,10 @@ class KubeActuator:
     def __init__(self, workloads: KubeWorkloads, pools: KubeNodePools):
         self.workloads = workloads
         self.pools = pools
+
+    def reconfigure(self, config: Config) -> None:
+        for part in (self.workloads, self.pools, self.pools.reader, self.workloads.writer):
+            part.config = config
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         self.pools.continue_rollouts({f"{d.kind}:{d.target}" for d in decisions})

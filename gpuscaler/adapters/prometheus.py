@@ -350,6 +350,8 @@ class PrometheusSource:
             self.config.metrics.window,
         ):
             self.windows.clear()
+        if config.prometheus != self.config.prometheus:
+            self.transport = Transport(config.prometheus)
         keep = {f"pool:{p.name}:" for p in config.node_pools}
         keep |= {f"workload:{w.key}" for w in config.workloads}
         for key in list(self.windows):

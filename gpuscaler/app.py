@@ -1,0 +1,152 @@
+"""Assembly of the controller against a real cluster: Prometheus for metrics, the
+Kubernetes API for state and actions, a Lease for leadership, the config file for reload.
+
+`cli` parses arguments and calls these; nothing here parses arguments or prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.config.config_exception import ConfigException
+
+from gpuscaler.adapters.cluster import (
+    ClusterStateError,
+    current_state,
+    load_cluster_snapshot,
+    with_discovered,
+)
+from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
+from gpuscaler.adapters.prometheus import PrometheusSource
+from gpuscaler.config import Config, ConfigError
+from gpuscaler.controller import Controller
+from gpuscaler.core.model import Decision
+from gpuscaler.leader import LeaderElector
+from gpuscaler.reload import ConfigReloader
+
+log = logging.getLogger("gpuscaler.app")
+
+
+class SetupError(Exception):
+    """The controller cannot be assembled; the message says what to fix."""
+
+
+def kube_api(kubeconfig: str | None) -> client.ApiClient:
+    """In-cluster config inside a pod (unless a kubeconfig is given), else the kubeconfig
+    (`--kubeconfig`, $KUBECONFIG, ~/.kube/config)."""
+    configuration = client.Configuration()
+    try:
+        load: Any = kube_config.load_kube_config
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            load(config_file=kubeconfig, client_configuration=configuration)
+    except (ConfigException, OSError) as e:
+        raise SetupError(
+            f"no Kubernetes API: {e}. Run in a pod, pass --kubeconfig, or plan without a "
+            "cluster: --cluster-snapshot FILE (once) or --state FILE"
+        ) from None
+    return client.ApiClient(configuration)
+
+
+def identity() -> str:
+    """This replica's name in the Lease and in Events: the pod name when in a pod."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class _NoActuator:
+    """For plans against a file or a state: nothing can be changed."""
+
+    def apply(self, decisions: Any) -> tuple[Decision, ...]:
+        return ()
+
+
+def snapshot_controller(config: Config, path: str) -> Controller:
+    """Shadow mode: cluster state from a `kubectl get -o yaml` dump, metrics from
+    Prometheus, always dry."""
+    if not config.prometheus.url:
+        raise SetupError("--cluster-snapshot plans on metrics: set prometheus.url in the config")
+    try:
+        objects = load_cluster_snapshot(path, config)
+    except ClusterStateError as e:
+        raise SetupError(str(e)) from None
+    config = with_discovered(config, objects)
+    state = current_state(objects, config)
+    return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
+
+
+@dataclass
+class ClusterController:
+    """The controller and the parts around it that `run` starts and stops."""
+
+    controller: Controller
+    reader: ClusterReader
+    elector: LeaderElector | None
+    reloader: ConfigReloader | None
+    refused: list[ConfigError] = field(default_factory=list)
+
+    def stop(self) -> None:
+        if self.elector is not None:
+            self.elector.stop()
+
+
+def cluster_controller(
+    config: Config,
+    api: client.ApiClient,
+    dry_run: bool,
+    config_path: str | None = None,
+    leader_election: bool = True,
+) -> ClusterController:
+    """Prometheus + Kubernetes; leader-elected acting; the config file reloaded before
+    each tick; opted-in ScaledObjects and HPAs the config does not list discovered."""
+    me = identity()
+    reader = ClusterReader(api, config)
+    elector = None
+    if leader_election:
+        lease = config.kubernetes.lease
+        namespace = lease.namespace or os.environ.get("POD_NAMESPACE") or "default"
+        elector = LeaderElector(api, namespace, me, lease)
+    may_act = elector.is_leader if elector is not None else (lambda: True)
+    actuator = kube_actuator(api, config, me, may_act=may_act)
+    source = PrometheusSource(config, reader.state)
+    controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
+    parts = ClusterController(controller, reader, elector, None)
+    base = [config]  # the file's config, before discovered workloads are added
+
+    def refresh(new_base: Config | None = None) -> None:
+        if new_base is not None:
+            base[0] = new_base
+        want = with_discovered(base[0], reader.last_objects)
+        if new_base is not None or want.workloads != controller.config.workloads:
+            reader.reconfigure(want)
+            controller.reconfigure(want)
+
+    controller.before_tick.append(refresh)
+    if config_path is not None:
+        writer = Writer(api, config, me)
+
+        def refused(e: ConfigError) -> None:
+            parts.refused.append(e)
+            pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+            if pod and namespace:
+                writer.event(
+                    client.V1ObjectReference(
+                        api_version="v1", kind="Pod", name=pod, namespace=namespace
+                    ),
+                    namespace,
+                    "ConfigRefused",
+                    "ReloadConfig",
+                    "new config refused, the running one stays: " + "; ".join(e.problems),
+                    type_="Warning",
+                )
+
+        reloader = ConfigReloader(config_path, lambda c, _: refresh(c), refused)
+        parts.reloader = reloader
+        controller.before_tick.insert(0, reloader.check)
+    return parts

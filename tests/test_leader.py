@@ -1,0 +1,154 @@
+"""Leader election on a Lease, against the fake API server, on a shared fake clock."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from kubefake import FakeCluster, fake_apiserver
+from kubeobjects import node, plugin_configmap
+from kubernetes import client
+
+from gpuscaler.adapters.kubernetes import kube_actuator, sharing_config
+from gpuscaler.config import LeaseConfig, parse_config
+from gpuscaler.core.model import Decision
+from gpuscaler.leader import LeaderElector
+
+LEASE = LeaseConfig(duration="15s", renew_deadline="10s", retry_period="2s")
+KEY = ("coordination.k8s.io/v1", "leases", "gpuscaler", "gpuscaler-leader")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
+    with (
+        fake_apiserver() as (url, fake),
+        client.ApiClient(client.Configuration(host=url)) as api,
+    ):
+        yield api, fake
+
+
+def _pair(api: client.ApiClient, clock: Clock) -> tuple[LeaderElector, LeaderElector]:
+    return (
+        LeaderElector(api, "gpuscaler", "replica-a", LEASE, clock=clock),
+        LeaderElector(api, "gpuscaler", "replica-b", LEASE, clock=clock),
+    )
+
+
+def _holder(fake: FakeCluster) -> str | None:
+    lease = fake.get(*KEY)
+    assert lease is not None
+    holder: str | None = lease["spec"].get("holderIdentity")
+    return holder
+
+
+def test_of_two_replicas_exactly_one_leads(cluster: tuple[client.ApiClient, FakeCluster]) -> None:
+    api, fake = cluster
+    clock = Clock()
+    a, b = _pair(api, clock)
+    assert a.step() is True
+    assert b.step() is False
+    for _ in range(20):  # renewals keep the lease with a
+        clock.t += LEASE.retry_period
+        assert a.step() is True
+        assert b.step() is False
+    assert _holder(fake) == "replica-a"
+
+
+def test_a_leader_that_cannot_renew_stops_acting_before_the_lease_expires_then_a_standby_takes_over(
+    cluster: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    api, fake = cluster
+    clock = Clock()
+    a, b = _pair(api, clock)
+    assert a.step()
+    b.step()  # b first sees a's record now
+    stopped_acting = took_over = None
+    for _ in range(100):
+        clock.t += 0.5
+        fake.fail_next("PUT", "/leases/", 500)  # a's renewals fail from now on
+        a.step()
+        if not a.is_leader() and stopped_acting is None:
+            stopped_acting = clock.t
+        if b.step() and took_over is None:
+            took_over = clock.t
+        assert not (a.is_leader() and b.is_leader())
+        if took_over:
+            break
+    assert stopped_acting is not None and took_over is not None
+    assert stopped_acting - 1000.0 <= LEASE.renew_deadline
+    assert took_over - 1000.0 >= LEASE.duration
+    assert stopped_acting < took_over
+    lease = fake.get(*KEY)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "replica-b"
+    assert lease["spec"]["leaseTransitions"] == 1
+
+
+def test_a_released_lease_is_taken_over_at_once(
+    cluster: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    api, fake = cluster
+    clock = Clock()
+    a, b = _pair(api, clock)
+    a.step()
+    b.step()
+    a.release()
+    assert not a.is_leader()
+    clock.t += LEASE.retry_period
+    assert b.step() is True
+    assert _holder(fake) == "replica-b"
+
+
+def test_under_random_api_failures_two_replicas_never_lead_at_once(
+    cluster: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    api, fake = cluster
+    clock = Clock()
+    replicas = _pair(api, clock)
+    rng = random.Random(7)
+    leaders_seen = set()
+    for i in range(600):
+        clock.t += rng.uniform(0.2, 3.0)
+        sick = replicas[(i // 100) % 2]  # its API calls mostly fail, for 100 rounds at a time
+        for r in replicas:
+            if rng.random() < (0.95 if r is sick else 0.2):
+                fake.fail_next(rng.choice(["GET", "PUT"]), "/leases/", rng.choice([500, 503]))
+            r.step()
+            fake.faults.clear()
+        acting = [r.identity for r in replicas if r.is_leader()]
+        assert len(acting) <= 1, acting
+        leaders_seen.update(acting)
+    assert leaders_seen == {"replica-a", "replica-b"}  # leadership did move
+
+
+def test_only_the_leader_writes_to_the_cluster(
+    cluster: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    api, fake = cluster
+    config = parse_config(
+        "node_pools: [{name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}]"
+    )
+    fake.add("v1", "configmaps", plugin_configmap({"ts-4": sharing_config("time-slicing", 4)}))
+    fake.add("v1", "nodes", node("gpu-0"))
+    clock = Clock()
+    a, b = _pair(api, clock)
+    a.step()
+    b.step()
+    decision = Decision(1.0, "fragments", "a100", 2, 4, "forecast upper 30% < 40%")
+    standby = kube_actuator(api, config, "replica-b", may_act=b.is_leader)
+    assert standby.apply([decision]) == ()
+    gpu0 = fake.get("v1", "nodes", None, "gpu-0")
+    assert (
+        gpu0 is not None and gpu0["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "ts-2"
+    )
+    leader = kube_actuator(api, config, "replica-a", may_act=a.is_leader)
+    assert leader.apply([decision]) == (decision,)
