@@ -232,6 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             controller, parts, config.control.interval, args.metrics_port, args.metrics_host
         )
     if parts is not None and parts.elector is not None:
+        parts.elector.step()  # the first tick knows whether it leads
         parts.elector.start()
     try:
         ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()

@@ -1,5 +1,8 @@
 """Kubernetes adapter: read the cluster, and carry out decisions on it.
 
+Objects travel as JSON (`_preload_content=False`): the client's models reject objects
+with fields they do not expect to be empty, and gpuscaler reads only a few fields.
+
 Reading: nodes, pods, KEDA ScaledObjects and HPAs as JSON, parsed by
 `gpuscaler.adapters.cluster` (the same rules as `once --cluster-snapshot FILE`).
 
@@ -217,7 +220,7 @@ class Writer:
             regarding=regarding,
         )
         try:
-            self.events.create_namespaced_event(namespace, event)
+            self.events.create_namespaced_event(namespace, event, _preload_content=False)
         except ApiException as e:  # the change is made; a lost Event is logged, not fatal
             log.warning("event %s on %s not recorded: HTTP %s", reason, regarding.name, e.status)
 
@@ -271,7 +274,9 @@ class KubeWorkloads:
                 *KEDA[:2], w.namespace, KEDA[2], w.name, body
             )
         else:
-            self.hpa.patch_namespaced_horizontal_pod_autoscaler(w.name, w.namespace, body)
+            self.hpa.patch_namespaced_horizontal_pod_autoscaler(
+                w.name, w.namespace, body, _preload_content=False
+            )
 
     def set_floor(self, decision: Decision) -> bool:
         """Set the floor `decision` asks for; True when the object now has it (written or
@@ -412,7 +417,9 @@ class KubeNodePools:
                 "data": {name: sharing_config(pool.sharing, fragments)},
             }
             try:
-                self.core.patch_namespaced_config_map(ref.name, ref.namespace, body)
+                self.core.patch_namespaced_config_map(
+                    ref.name, ref.namespace, body, _preload_content=False
+                )
             except ApiException as e:
                 if e.status == 409:
                     continue
@@ -451,7 +458,7 @@ class KubeNodePools:
                 }
             }
             try:
-                self.core.patch_node(node.name, body)
+                self.core.patch_node(node.name, body, _preload_content=False)
                 return True
             except ApiException as e:
                 if e.status != 409:

@@ -1,0 +1,113 @@
+"""Config reload without a restart, and workload discovery, on the cluster-backed controller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from builders import NOW
+from kubefake import FakeCluster, fake_apiserver
+from kubeobjects import hpa
+from kubernetes import client
+
+from gpuscaler.app import cluster_controller
+from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.observability import ControllerMetrics
+from gpuscaler.reload import ConfigReloader
+
+BASE = """
+prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
+replicas: {max_replicas: 50}
+workloads:
+  - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
+"""
+
+
+def test_a_changed_valid_config_is_swapped_in_and_the_generation_goes_up(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    seen: list[tuple[Config, int]] = []
+    reloader = ConfigReloader(path, lambda c, g: seen.append((c, g)))
+    assert reloader.check() is False  # unchanged
+    path.write_text(BASE.replace("max_replicas: 50", "max_replicas: 80"))
+    assert reloader.check() is True
+    assert reloader.generation == 2
+    assert seen[0][0].replicas.max_replicas == 80 and seen[0][1] == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("replicas: {max_replicas: -1}", "replicas.max_replicas"),
+        ("control: [unclosed", "not valid YAML"),
+        (None, "file not found"),
+    ],
+    ids=["an invalid value", "broken YAML", "the file gone"],
+)
+def test_an_invalid_new_config_is_refused_once_and_the_running_one_stays(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    reloaded: list[Config] = []
+    refused: list[ConfigError] = []
+    reloader = ConfigReloader(path, lambda c, g: reloaded.append(c), refused.append)
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    assert reloader.check() is False
+    assert reloader.check() is False  # the same broken content is reported once
+    assert reloaded == [] and reloader.generation == 1 and reloader.failures == 1
+    assert len(refused) == 1 and any(problem in p for p in refused[0].problems)
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
+    with (
+        fake_apiserver() as (url, cluster),
+        client.ApiClient(client.Configuration(host=url)) as api,
+    ):
+        yield api, cluster
+
+
+def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_workloads(
+    api: tuple[client.ApiClient, FakeCluster], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_NAME", "gpuscaler-abc")
+    monkeypatch.setenv("POD_NAMESPACE", "gpuscaler")
+    _, fake = api
+    fake.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 1))
+    fake.add("autoscaling/v2", "horizontalpodautoscalers", hpa("found", 1))  # opted in, unlisted
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    parts = cluster_controller(load_config(path), api[0], dry_run=True, config_path=str(path))
+    metrics = ControllerMetrics()
+    metrics.attach(parts.controller)
+    metrics.attach_cluster(parts)
+    controller = parts.controller
+
+    controller.tick(NOW)
+    controller.tick(NOW + 30)  # discovery uses what the previous tick read
+    keys = [w.key for w in controller.config.workloads]
+    assert keys == ["ml/HorizontalPodAutoscaler/embed", "ml/HorizontalPodAutoscaler/found"]
+
+    path.write_text("replicas: {max_replicas: -1}\n")
+    controller.tick(NOW + 60)
+    assert controller.config.replicas.max_replicas == 50  # the running config stays
+    events = [o for (_, p, _, _), o in fake.objects.items() if p == "events"]
+    assert [e["reason"] for e in events] == ["ConfigRefused"]
+    assert events[0]["regarding"]["name"] == "gpuscaler-abc"
+    assert "replicas.max_replicas" in events[0]["note"]
+
+    path.write_text(BASE.replace("max_replicas: 50", "max_replicas: 80"))
+    controller.tick(NOW + 90)
+    assert controller.config.replicas.max_replicas == 80
+    assert parts.reader.config.replicas.max_replicas == 80
+    assert controller.source.config.replicas.max_replicas == 80  # type: ignore[attr-defined]
+    assert [w.key for w in controller.config.workloads][-1] == "ml/HorizontalPodAutoscaler/found"
+    text = metrics.exposition().decode()
+    assert "gpuscaler_config_generation 2.0" in text
+    assert "gpuscaler_config_reload_failures_total 1.0" in text
+    assert 'gpuscaler_source_up{source="kubernetes"} 1.0' in text
