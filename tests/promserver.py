@@ -136,3 +136,16 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
             pass
         time.sleep(0.2)
     raise RuntimeError(f"prometheus not ready within {timeout:g}s: {log.read_text()[-2000:]}")
+
+
+SHIPPED_RULE = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheusrule.yaml"
+
+
+def shipped_rules(directory: Path) -> Path:
+    """The shipped PrometheusRule's groups as a plain Prometheus rule file in `directory`."""
+    import yaml
+
+    rule = yaml.safe_load(SHIPPED_RULE.read_text())
+    path = directory / "gpuscaler-rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    return path

@@ -24,6 +24,16 @@ SNAPSHOT = Path(__file__).parent / "data" / "cluster-snapshot.yaml"
 POINTS = 7200
 END = math.floor(time.time()) - 20
 START = END - (POINTS - 1) * STEP
+
+
+def _plant_now() -> None:
+    """Planted data ends just before the fixture starts, not at import: the CLI plans at
+    wall-clock time, and other modules may run for minutes in between."""
+    global END, START
+    END = math.floor(time.time()) - 20
+    START = END - (POINTS - 1) * STEP
+
+
 PLURALS = {
     "Node": ("v1", "nodes"),
     "Pod": ("v1", "pods"),
@@ -66,6 +76,7 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
     }
     data = tmp_path_factory.mktemp("prom") / "data.om"
+    _plant_now()
     write_openmetrics(data, series, START, POINTS)
     with prometheus(data) as url:
         yield url

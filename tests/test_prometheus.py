@@ -35,6 +35,14 @@ END = math.floor(time.time()) - 30  # the newest planted sample
 START = END - (POINTS - 1) * STEP
 
 
+def _plant_now() -> None:
+    """Planted data ends just before the fixture starts, not at import: the CLI plans at
+    wall-clock time, and other modules may run for minutes in between."""
+    global END, START
+    END = math.floor(time.time()) - 30
+    START = END - (POINTS - 1) * STEP
+
+
 def _noise(i: int) -> float:
     return 1.5 * math.sin(i * 0.7) + 0.8 * math.sin(i * 0.13)
 
@@ -88,6 +96,7 @@ def _metrics() -> dict[str, list[tuple[dict[str, str], Any]]]:
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("prom") / "data.om"
+    _plant_now()
     write_openmetrics(data, _metrics(), START, POINTS)
     with prometheus(data) as url:
         yield url

@@ -11,13 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
-from promserver import free_port, prometheus
+from promserver import free_port, prometheus, shipped_rules
 
 from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Series
-
-RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "gpuscaler-rules.yaml"
 
 
 class Exporter:
@@ -49,11 +47,12 @@ class Exporter:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[tuple[Exporter, str]]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exporter, str]]:
+    rules = shipped_rules(tmp_path_factory.mktemp("rules"))
     exporter = Exporter()
     exporter.set(util=73.0, engine=0.8, sm=0.5)
     try:
-        with prometheus(scrape_target=f"127.0.0.1:{exporter.port}", rule_file=RULES) as url:
+        with prometheus(scrape_target=f"127.0.0.1:{exporter.port}", rule_file=rules) as url:
             yield exporter, url
     finally:
         exporter.close()
@@ -126,14 +125,15 @@ def test_new_samples_reach_the_window_on_the_next_cycle(live: tuple[Exporter, st
     pytest.fail("the new value never arrived")
 
 
-def test_the_shipped_rules_pass_promtool() -> None:
+def test_the_shipped_rules_pass_promtool(tmp_path: Path) -> None:
     import subprocess
 
     from promserver import binaries
 
     _, promtool = binaries()
+    rules = shipped_rules(tmp_path)
     out = subprocess.run(
-        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 rules found" in out.stdout

@@ -1,0 +1,134 @@
+"""The shipped manifests: rendered with kubectl kustomize, validated offline against the
+Kubernetes schemas, and checked against what the code expects of them."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuscaler.adapters.kubernetes import sharing_config
+from gpuscaler.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+KUBERNETES_VERSION = "1.31.0"
+"""The oldest Kubernetes the manifests must fit (autoscaling/v2, events.k8s.io/v1)."""
+CRDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}
+"""Custom resources: no schema ships with Kubernetes; checked field by field below."""
+
+
+@functools.cache
+def render(directory: str) -> tuple[dict[str, Any], ...]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        if os.environ.get("CI"):
+            pytest.fail("kubectl is not installed; CI must render the manifests")
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def _one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+@pytest.mark.parametrize("directory", ["deploy", "deploy/examples", "deploy/grafana"])
+def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(directory: str) -> None:
+    docs = render(directory)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRDS:
+            continue
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_a_manifest_with_a_wrong_field_is_caught_by_the_validation() -> None:
+    deployment = dict(_one(render("deploy"), "Deployment"))
+    deployment["spec"] = {**deployment["spec"], "replica": 2}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_custom_resources_have_the_fields_their_operators_need() -> None:
+    docs = render("deploy")
+    rule = _one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    records = [r.get("record") for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert "nvidia_gpu_stall_percentage" in records
+    monitor = _one(docs, "ServiceMonitor")
+    service = _one(docs, "Service")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    so = _one(render("deploy/examples"), "ScaledObject")
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    assert so["metadata"]["labels"]["gpuscaler.io/enabled"] == "true"
+    assert {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "triggers"} <= set(so["spec"])
+
+
+def test_the_deployment_runs_two_restricted_replicas_with_meaningful_probes() -> None:
+    docs = render("deploy")
+    deployment = _one(docs, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert spec["serviceAccountName"] == _one(docs, "ServiceAccount")["metadata"]["name"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    port = container["ports"][0]["containerPort"]
+    assert container["args"][container["args"].index("--metrics-port") + 1] == str(port)
+    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    assert "limits" in container["resources"] and "requests" in container["resources"]
+    # The config file the container reads is the ConfigMap's key, mounted read-only.
+    config_path = Path(container["args"][container["args"].index("--config") + 1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    configmap = _one(docs, "ConfigMap", volume["configMap"]["name"])
+    parse_config(configmap["data"][config_path.name], "deploy ConfigMap")
+
+
+def test_the_dockerfile_runs_as_a_non_root_user_and_writes_nothing() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    final = text.split("\nFROM ")[-1]
+    user = re.search(r"^USER (\d+)(?::(\d+))?$", final, re.M)
+    assert user is not None and int(user.group(1)) != 0
+    deployment = _one(render("deploy"), "Deployment")
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(
+        user.group(1)
+    )
+    assert "PYTHONDONTWRITEBYTECODE=1" in final
+    assert "MPLCONFIGDIR=/tmp" in final
+
+
+def test_the_example_sharing_configs_are_the_ones_gpuscaler_writes() -> None:
+    cm = _one(render("deploy/examples"), "ConfigMap", "gpuscaler-sharing-configs")
+    config = parse_config(
+        (ROOT / "deploy" / "config.yaml").read_text(), "deploy/config.yaml"
+    ).kubernetes
+    assert cm["metadata"]["namespace"] == config.device_plugin_config_map.namespace
+    for name, text in cm["data"].items():
+        strategy, n = name.rsplit("-", 1)
+        expected = sharing_config("mps" if strategy == "mps" else "time-slicing", int(n))
+        assert yaml.safe_load(text) == yaml.safe_load(expected), name

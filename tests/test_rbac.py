@@ -1,0 +1,162 @@
+"""The shipped RBAC grants exactly what the code uses: every API call of a scenario that
+walks every code path is allowed by the rendered ClusterRole/Roles and their bindings,
+and every grant is used by some call."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from builders import NOW
+from kubefake import _PATH, FakeCluster, fake_apiserver
+from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
+from kubernetes import client
+from test_deploy import render
+
+from gpuscaler.adapters.kubernetes import ClusterReader, kube_actuator
+from gpuscaler.app import cluster_controller
+from gpuscaler.config import ConfigError, parse_config
+from gpuscaler.core.model import Decision
+from gpuscaler.leader import LeaderElector
+
+NAMESPACE = "gpuscaler"  # where the Deployment runs (POD_NAMESPACE)
+CONFIG = parse_config(
+    """
+prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
+node_pools:
+  - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
+workloads:
+  - {namespace: ml, kind: ScaledObject, name: chat}
+  - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
+"""
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None
+    name: str | None
+
+
+def as_call(method: str, path: str) -> Call:
+    m = _PATH.match(path)
+    assert m is not None, path
+    group = "" if m.group("core") else m.group("group")
+    resource, name, sub = m.group("plural"), m.group("name"), m.group("sub")
+    if sub:
+        resource = f"{resource}/{sub}"
+    verb = {
+        "GET": "get" if name else "list",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete",
+    }[method]
+    return Call(verb, group, resource, m.group("ns"), None if method == "POST" else name)
+
+
+def _scenario(api: client.ApiClient, fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Kubernetes call gpuscaler can make, conflicts and re-reads included."""
+    monkeypatch.setenv("POD_NAME", "gpuscaler-abc")
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    fake.add("v1", "configmaps", plugin_configmap({}))
+    for i in range(2):
+        fake.add("v1", "nodes", node(f"gpu-{i}"))
+    fake.add("v1", "pods", gpu_pod("chat-1", "gpu-0"))
+    fake.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
+    fake.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 1))
+    ClusterReader(api, CONFIG).state()
+    actuator = kube_actuator(api, CONFIG, "gpuscaler-abc")
+    fake.fail_next("PATCH", "/nodes/gpu-0$", 409)  # re-read the node
+    fake.fail_next("PATCH", "/configmaps/", 409)  # re-read the ConfigMap
+    actuator.apply(
+        [
+            Decision(NOW, "fragments", "a100", 2, 4, "r"),
+            Decision(NOW, "time_slice", "a100", "medium", "long", "r"),
+            Decision(NOW, "replica_floor", "ml/ScaledObject/chat", 2, 5, "r"),
+            Decision(NOW, "replica_floor", "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
+        ]
+    )
+    elector = LeaderElector(api, NAMESPACE, "gpuscaler-abc", CONFIG.kubernetes.lease)
+    elector.step()  # create
+    elector.step()  # get, update
+    elector.release()
+    parts = cluster_controller(CONFIG, api, dry_run=True, config_path="/nonexistent/config.yaml")
+    assert parts.reloader is not None
+    parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+
+
+def _rules() -> list[tuple[dict[str, Any], str | None]]:
+    """(rule, namespace it applies in; None = every namespace) for gpuscaler's account."""
+    docs = render("deploy")
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
+    out = []
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["name"] == "gpuscaler" and s["namespace"] == NAMESPACE for s in b["subjects"]):
+            continue
+        ref = b["roleRef"]
+        ns = b["metadata"].get("namespace")
+        role = roles[(ref["kind"], None if ref["kind"] == "ClusterRole" else ns, ref["name"])]
+        out += [(rule, ns) for rule in role["rules"]]
+    return out
+
+
+def _allows(rule: dict[str, Any], ns: str | None, call: Call) -> bool:
+    names = rule.get("resourceNames")
+    return (
+        call.group in rule["apiGroups"]
+        and call.resource in rule["resources"]
+        and call.verb in rule["verbs"]
+        and (ns is None or call.namespace == ns)
+        and (not names or call.name in names)
+    )
+
+
+def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    with (
+        fake_apiserver() as (url, fake),
+        client.ApiClient(client.Configuration(host=url)) as api,
+    ):
+        _scenario(api, fake, monkeypatch)
+    calls = {as_call(m, p) for m, p in fake.requests}
+    rules = _rules()
+    denied = [c for c in calls if not any(_allows(r, ns, c) for r, ns in rules)]
+    assert denied == []
+    unused = [
+        (r["apiGroups"], r["resources"], verb, ns)
+        for r, ns in rules
+        for verb in r["verbs"]
+        if not any(_allows({**r, "verbs": [verb]}, ns, c) for c in calls)
+    ]
+    assert unused == []
+    # The scenario did exercise the conflict paths (re-reads) and all three actuators.
+    assert Call("get", "", "nodes", None, "gpu-0") in calls
+    assert {c.resource for c in calls if c.verb == "patch"} == {
+        "nodes",
+        "configmaps",
+        "scaledobjects",
+        "horizontalpodautoscalers",
+    }
+
+
+@pytest.mark.parametrize(
+    ("call", "allowed"),
+    [
+        (Call("delete", "", "nodes", None, "gpu-0"), False),
+        (Call("patch", "", "configmaps", "kube-system", "gpuscaler-sharing-configs"), False),
+        (Call("patch", "", "configmaps", "nvidia-device-plugin", "other"), False),
+        (Call("update", "coordination.k8s.io", "leases", NAMESPACE, "someone-else"), False),
+        (Call("list", "", "secrets", None, None), False),
+        (Call("patch", "keda.sh", "scaledobjects", "ml", "chat"), True),
+    ],
+    ids=lambda v: re.sub(r"\W+", "-", str(v))[:60] if isinstance(v, Call) else str(v),
+)
+def test_the_rules_refuse_what_gpuscaler_never_does(call: Call, allowed: bool) -> None:
+    assert any(_allows(r, ns, call) for r, ns in _rules()) is allowed
