@@ -3,6 +3,7 @@ with data backfilled by `promtool tsdb create-blocks-from openmetrics`."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -29,6 +30,14 @@ def binaries() -> tuple[str, str]:
     if os.environ.get("CI"):
         pytest.fail(f"{reason}; CI must run the real-server tests")
     pytest.skip(reason)
+
+
+def planted_window(points: int, lag: float) -> tuple[float, float]:
+    """(start, end) of `points` samples at STEP ending `lag` seconds before now: call it in
+    the fixture that plants them, not at import, since a CLI under test plans at
+    wall-clock time and other test modules may run for minutes in between."""
+    end = math.floor(time.time()) - lag
+    return end - (points - 1) * STEP, end
 
 
 def free_port() -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,13 @@ import yaml
 from builders import run_cli
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import plugin_configmap
-from promserver import STEP, prometheus, write_openmetrics
+from promserver import planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.kubernetes import sharing_config
 
 SNAPSHOT = Path(__file__).parent / "data" / "cluster-snapshot.yaml"
 POINTS = 7200
-END = math.floor(time.time()) - 20
-START = END - (POINTS - 1) * STEP
-
-
-def _plant_now() -> None:
-    """Planted data ends just before the fixture starts, not at import: the CLI plans at
-    wall-clock time, and other modules may run for minutes in between."""
-    global END, START
-    END = math.floor(time.time()) - 20
-    START = END - (POINTS - 1) * STEP
+START, END = planted_window(POINTS, 20)  # set again by the fixture that plants them
 
 
 PLURALS = {
@@ -76,7 +66,8 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
     }
     data = tmp_path_factory.mktemp("prom") / "data.om"
-    _plant_now()
+    global START, END
+    START, END = planted_window(POINTS, 20)
     write_openmetrics(data, series, START, POINTS)
     with prometheus(data) as url:
         yield url

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import yaml
 from builders import NOW
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 
@@ -48,15 +47,6 @@ def _labels(cluster: FakeCluster, name: str) -> dict[str, str]:
 
 def _writes(cluster: FakeCluster) -> list[tuple[str, str]]:
     return [r for r in cluster.requests if r[0] in ("PATCH", "PUT", "POST", "DELETE")]
-
-
-@pytest.fixture
-def api() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
-    with (
-        fake_apiserver() as (url, cluster),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        yield api, cluster
 
 
 @pytest.fixture

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster
 from kubeobjects import node, plugin_configmap
 from kubernetes import client
 
@@ -27,19 +26,18 @@ class Clock:
         return self.t
 
 
+Pair = tuple[LeaderElector, LeaderElector, Clock, FakeCluster]
+
+
 @pytest.fixture
-def cluster() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
-    with (
-        fake_apiserver() as (url, fake),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        yield api, fake
-
-
-def _pair(api: client.ApiClient, clock: Clock) -> tuple[LeaderElector, LeaderElector]:
+def pair(api: tuple[client.ApiClient, FakeCluster]) -> Pair:
+    """Two replicas on one fake clock, electing over one fake API server."""
+    clock = Clock()
     return (
-        LeaderElector(api, "gpuscaler", "replica-a", LEASE, clock=clock),
-        LeaderElector(api, "gpuscaler", "replica-b", LEASE, clock=clock),
+        LeaderElector(api[0], "gpuscaler", "replica-a", LEASE, clock=clock),
+        LeaderElector(api[0], "gpuscaler", "replica-b", LEASE, clock=clock),
+        clock,
+        api[1],
     )
 
 
@@ -50,10 +48,8 @@ def _holder(fake: FakeCluster) -> str | None:
     return holder
 
 
-def test_of_two_replicas_exactly_one_leads(cluster: tuple[client.ApiClient, FakeCluster]) -> None:
-    api, fake = cluster
-    clock = Clock()
-    a, b = _pair(api, clock)
+def test_of_two_replicas_exactly_one_leads(pair: Pair) -> None:
+    a, b, clock, fake = pair
     assert a.step() is True
     assert b.step() is False
     for _ in range(20):  # renewals keep the lease with a
@@ -64,11 +60,9 @@ def test_of_two_replicas_exactly_one_leads(cluster: tuple[client.ApiClient, Fake
 
 
 def test_a_leader_that_cannot_renew_stops_acting_before_the_lease_expires_then_a_standby_takes_over(
-    cluster: tuple[client.ApiClient, FakeCluster],
+    pair: Pair,
 ) -> None:
-    api, fake = cluster
-    clock = Clock()
-    a, b = _pair(api, clock)
+    a, b, clock, fake = pair
     assert a.step()
     b.step()  # b first sees a's record now
     stopped_acting = took_over = None
@@ -93,12 +87,8 @@ def test_a_leader_that_cannot_renew_stops_acting_before_the_lease_expires_then_a
     assert lease["spec"]["leaseTransitions"] == 1
 
 
-def test_a_released_lease_is_taken_over_at_once(
-    cluster: tuple[client.ApiClient, FakeCluster],
-) -> None:
-    api, fake = cluster
-    clock = Clock()
-    a, b = _pair(api, clock)
+def test_a_released_lease_is_taken_over_at_once(pair: Pair) -> None:
+    a, b, clock, fake = pair
     a.step()
     b.step()
     a.release()
@@ -108,12 +98,9 @@ def test_a_released_lease_is_taken_over_at_once(
     assert _holder(fake) == "replica-b"
 
 
-def test_under_random_api_failures_two_replicas_never_lead_at_once(
-    cluster: tuple[client.ApiClient, FakeCluster],
-) -> None:
-    api, fake = cluster
-    clock = Clock()
-    replicas = _pair(api, clock)
+def test_under_random_api_failures_two_replicas_never_lead_at_once(pair: Pair) -> None:
+    a, b, clock, fake = pair
+    replicas = (a, b)
     rng = random.Random(7)
     leaders_seen = set()
     for i in range(600):
@@ -131,24 +118,22 @@ def test_under_random_api_failures_two_replicas_never_lead_at_once(
 
 
 def test_only_the_leader_writes_to_the_cluster(
-    cluster: tuple[client.ApiClient, FakeCluster],
+    api: tuple[client.ApiClient, FakeCluster], pair: Pair
 ) -> None:
-    api, fake = cluster
+    a, b, _, fake = pair
     config = parse_config(
         "node_pools: [{name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}]"
     )
     fake.add("v1", "configmaps", plugin_configmap({"ts-4": sharing_config("time-slicing", 4)}))
     fake.add("v1", "nodes", node("gpu-0"))
-    clock = Clock()
-    a, b = _pair(api, clock)
     a.step()
     b.step()
     decision = Decision(1.0, "fragments", "a100", 2, 4, "forecast upper 30% < 40%")
-    standby = kube_actuator(api, config, "replica-b", may_act=b.is_leader)
+    standby = kube_actuator(api[0], config, "replica-b", may_act=b.is_leader)
     assert standby.apply([decision]) == ()
     gpu0 = fake.get("v1", "nodes", None, "gpu-0")
     assert (
         gpu0 is not None and gpu0["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "ts-2"
     )
-    leader = kube_actuator(api, config, "replica-a", may_act=a.is_leader)
+    leader = kube_actuator(api[0], config, "replica-a", may_act=a.is_leader)
     assert leader.apply([decision]) == (decision,)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 from builders import run_cli
-from promserver import STEP, free_port, prometheus, write_openmetrics
+from promserver import STEP, free_port, planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.prometheus import (
     CurrentState,
@@ -31,16 +31,7 @@ from gpuscaler.adapters.prometheus import (
 from gpuscaler.config import Config, parse_config
 
 POINTS = 7200  # one hour at 500 ms
-END = math.floor(time.time()) - 30  # the newest planted sample
-START = END - (POINTS - 1) * STEP
-
-
-def _plant_now() -> None:
-    """Planted data ends just before the fixture starts, not at import: the CLI plans at
-    wall-clock time, and other modules may run for minutes in between."""
-    global END, START
-    END = math.floor(time.time()) - 30
-    START = END - (POINTS - 1) * STEP
+START, END = planted_window(POINTS, 30)  # set again by the fixture that plants them
 
 
 def _noise(i: int) -> float:
@@ -96,7 +87,8 @@ def _metrics() -> dict[str, list[tuple[dict[str, str], Any]]]:
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("prom") / "data.om"
-    _plant_now()
+    global START, END
+    START, END = planted_window(POINTS, 30)
     write_openmetrics(data, _metrics(), START, POINTS)
     with prometheus(data) as url:
         yield url

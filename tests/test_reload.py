@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from builders import NOW
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster
 from kubeobjects import hpa
 from kubernetes import client
 
@@ -61,15 +60,6 @@ def test_an_invalid_new_config_is_refused_once_and_the_running_one_stays(
     assert reloader.check() is False  # the same broken content is reported once
     assert reloaded == [] and reloader.generation == 1 and reloader.failures == 1
     assert len(refused) == 1 and any(problem in p for p in refused[0].problems)
-
-
-@pytest.fixture
-def api() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
-    with (
-        fake_apiserver() as (url, cluster),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        yield api, cluster
 
 
 def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_workloads(

@@ -82,10 +82,18 @@ def _api_error(action: str, e: ApiException) -> KubeError:
 
 
 def _json(response: Any) -> dict[str, Any]:
-    data = json.loads(response.data)
+    data = response if isinstance(response, dict) else json.loads(response.data)
     if not isinstance(data, dict):
         raise KubeError("answer is not a JSON object")
     return data
+
+
+def _read(action: str, call: Callable[[], Any]) -> dict[str, Any]:
+    """One object, as JSON; API errors become KubeError naming `action`."""
+    try:
+        return _json(call())
+    except ApiException as e:
+        raise _api_error(action, e) from None
 
 
 # --------------------------------------------------------------------------- reading
@@ -114,7 +122,7 @@ class ClusterReader:
             if kind == "ScaledObject" and e.status == 404:
                 return []  # KEDA is not installed: HPAs only
             raise _api_error(f"list {kind}", e) from None
-        doc = answer if isinstance(answer, dict) else _json(answer)
+        doc = _json(answer)
         items = doc.get("items") or []
         return [{**item, "kind": kind} for item in items]  # list items carry no kind
 
@@ -251,21 +259,20 @@ class KubeWorkloads:
         raise KubeError(f"{key} is not a configured workload")
 
     def read(self, w: WorkloadConfig) -> ScaleObject:
-        try:
-            if w.kind == "ScaledObject":
-                obj = self.custom.get_namespaced_custom_object(
+        if w.kind == "ScaledObject":
+            obj = _read(
+                f"read {w.key}",
+                lambda: self.custom.get_namespaced_custom_object(
                     *KEDA[:2], w.namespace, KEDA[2], w.name
-                )
-            else:
-                obj = _json(
-                    self.hpa.read_namespaced_horizontal_pod_autoscaler(
-                        w.name, w.namespace, _preload_content=False
-                    )
-                )
-        except ApiException as e:
-            raise _api_error(f"read {w.key}", e) from None
-        if not isinstance(obj, dict):
-            raise KubeError(f"read {w.key}: answer is not an object")
+                ),
+            )
+        else:
+            obj = _read(
+                f"read {w.key}",
+                lambda: self.hpa.read_namespaced_horizontal_pod_autoscaler(
+                    w.name, w.namespace, _preload_content=False
+                ),
+            )
         return parse_scale_object({**obj, "metadata": obj.get("metadata") or {}}, w.kind)
 
     def _patch(self, w: WorkloadConfig, body: dict[str, Any]) -> None:
@@ -381,14 +388,12 @@ class KubeNodePools:
         name = sharing_config_name(pool, fragments, self.config)
         where = f"ConfigMap {ref.namespace}/{ref.name}"
         for _ in range(MAX_CONFLICT_RETRIES + 1):
-            try:
-                cm = _json(
-                    self.core.read_namespaced_config_map(
-                        ref.name, ref.namespace, _preload_content=False
-                    )
-                )
-            except ApiException as e:
-                raise _api_error(f"read {where}", e) from None
+            cm = _read(
+                f"read {where}",
+                lambda: self.core.read_namespaced_config_map(
+                    ref.name, ref.namespace, _preload_content=False
+                ),
+            )
             data = cm.get("data") or {}
             meta = cm.get("metadata") or {}
             if name in data:
@@ -463,10 +468,10 @@ class KubeNodePools:
             except ApiException as e:
                 if e.status != 409:
                     raise _api_error(f"patch node {node.name}", e) from None
-            try:
-                fresh = _json(self.core.read_node(node.name, _preload_content=False))
-            except ApiException as e:
-                raise _api_error(f"read node {node.name}", e) from None
+            fresh = _read(
+                f"read node {node.name}",
+                lambda: self.core.read_node(node.name, _preload_content=False),
+            )
             current = parse_objects([{**fresh, "kind": "Node"}], self.config).nodes[0]
         raise KubeError(f"patch node {node.name}: still conflicting")
 
