@@ -420,6 +420,58 @@ class PrometheusConfig(_Strict):
         return self
 
 
+class PreemptionConfig(_Strict):
+    enabled: bool = True
+    """Free GPUs for pending high-priority pods; off = plan nothing, touch nothing."""
+    beneficiary_min_priority: int = 1_000_000
+    """Pods at or above this priority (e.g. PriorityClass gpu-critical) may have GPUs freed
+    for them when they are pending because no GPU fits."""
+    victim_max_priority: int = 10_000
+    """Only pods below this priority are ever victims."""
+    protected_namespaces: tuple[str, ...] = (
+        "kube-system",
+        "gpu-operator",
+        "nvidia-device-plugin",
+        "gpuscaler",
+    )
+    """Never a victim: the cluster's own machinery."""
+    protected_labels: dict[str, str] = Field(default_factory=dict)
+    """A pod with any of these label values is never a victim."""
+    pending_for: Seconds = Field(30.0, ge=0)
+    """A beneficiary must be unschedulable this long first: the scheduler may still place
+    it, and a pod that just arrived often fits after a scale-down settles."""
+    soft_grace: Seconds = Field(300.0, ge=0)
+    """Tier 1: time a victim gets to checkpoint (annotation gpuscaler.io/checkpoint-done)
+    or exit before it is evicted; 5 min fits one checkpoint of a large model."""
+    checkpoint_endpoint: str | None = None
+    """Optional: POST here to ask for a checkpoint ({pod_ip} is replaced), e.g.
+    "http://{pod_ip}:8080/checkpoint"."""
+    checkpoint_fresh: Seconds = Field(900.0, gt=0)
+    """Victims whose last checkpoint (gpuscaler.io/last-checkpoint) is younger than this
+    lose least work and are preferred."""
+    eviction_grace_period: Seconds = Field(30.0, ge=0)
+    """Tier 2: deleteOptions.gracePeriodSeconds of the eviction (SIGTERM to SIGKILL)."""
+    eviction_retry: Seconds = Field(30.0, gt=0)
+    """After a 429 (a PodDisruptionBudget), wait this long before trying again."""
+    max_eviction_attempts: int = Field(4, ge=1)
+    """Then the victim is given up and another is chosen (or, with escalate_to_delete, the
+    pod is deleted)."""
+    escalate_to_delete: bool = False
+    """Delete a pod whose eviction a PDB keeps refusing (off: PDBs are respected)."""
+    terminating_timeout: Seconds = Field(300.0, gt=0)
+    """Tier 3: a victim still Terminating this long after eviction is force-deleted."""
+    memory_release_timeout: Seconds = Field(120.0, gt=0)
+    """Tier 3: GPU memory of a gone victim must be seen released within this, else the
+    node is tainted for a node-side cleanup."""
+    released_below_mib: float = Field(1024.0, ge=0)
+    """Frame buffer used at or below this on a GPU with no pod = released (the reference
+    leak check: util < 5 % and FB used > 1 GiB)."""
+    max_in_flight: int = Field(2, ge=1)
+    """Victims being preempted at once, at most."""
+    max_per_hour: int = Field(10, ge=1)
+    """Victims chosen per rolling hour, at most."""
+
+
 class ObjectRef(_Strict):
     namespace: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -506,6 +558,7 @@ class Config(_Strict):
     simulator: SimulatorConfig = SimulatorConfig()
     prometheus: PrometheusConfig = PrometheusConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -11,17 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from gpuscaler.config import TIME_SLICE_LEVELS
 
+if TYPE_CHECKING:
+    from gpuscaler.core.preemption import PreemptionObservation
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-DecisionKind = Literal["fragments", "replica_floor", "time_slice"]
+DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +148,8 @@ class Snapshot:
     workloads: tuple[WorkloadObservation, ...] = ()
     fits: Mapping[str, FitState] = field(default_factory=lambda: MappingProxyType({}))
     """Forecast model state per series key, for the next tick."""
+    preemption: PreemptionObservation | None = None
+    """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,8 @@ class Decision:
     to_value: int | str
     reason: str
     forecast: Mapping[str, float] | None = None
+    detail: Mapping[str, str | int | float | None] | None = None
+    """What an adapter needs beyond from/to (preemption: action, beneficiary, node)."""
 
     @property
     def direction(self) -> int:
@@ -173,7 +180,7 @@ class Decision:
             "to": self.to_value,
             "reason": self.reason,
             "forecast": dict(self.forecast) if self.forecast is not None else None,
-        }
+        } | ({"detail": dict(self.detail)} if self.detail is not None else {})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory, target_key
+from gpuscaler.core.model import (
+    Decision,
+    History,
+    Plan,
+    Skip,
+    Snapshot,
+    TargetHistory,
+    target_key,
+)
+from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.time_slice import decide_time_slice
 
@@ -47,9 +56,13 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
             "replica_floor", wkey, now, "no observation of this workload", history.get(key)
         )
     changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
+    preempt: tuple[tuple[Decision, ...], tuple[Skip, ...]] = ((), ())
+    if snapshot.preemption is not None:
+        preempt = decide_preemption(snapshot.preemption, config.preemption, now)
     return Plan(
         time=now,
-        decisions=tuple(o.decision for o in outcomes.values() if o.decision is not None),
-        skips=tuple(o.skip for o in outcomes.values() if o.skip is not None),
+        decisions=tuple(o.decision for o in outcomes.values() if o.decision is not None)
+        + preempt[0],
+        skips=tuple(o.skip for o in outcomes.values() if o.skip is not None) + preempt[1],
         history=history.updated(changes),
     )

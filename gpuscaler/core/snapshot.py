@@ -19,6 +19,7 @@ from gpuscaler.core.model import (
     Snapshot,
     WorkloadObservation,
 )
+from gpuscaler.core.preemption import PreemptionObservation
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Observations:
     time: float
     pools: tuple[RawPool, ...] = ()
     workloads: tuple[RawWorkload, ...] = ()
+    preemption: PreemptionObservation | None = None
 
 
 def window_mean(
@@ -163,5 +165,9 @@ def build_snapshot(
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]
     return Snapshot(
-        time=now, pools=tuple(pools), workloads=tuple(workloads), fits=MappingProxyType(states)
+        time=now,
+        pools=tuple(pools),
+        workloads=tuple(workloads),
+        fits=MappingProxyType(states),
+        preemption=raw.preemption,
     )

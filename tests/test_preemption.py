@@ -1,0 +1,356 @@
+"""Three-tier preemption as pure functions: who is chosen, where, and each tier's step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from builders import NOW
+
+from gpuscaler.config import PreemptionConfig, merge_section
+from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.preemption import (
+    TRANSITIONS,
+    NodeView,
+    PodView,
+    PreemptionObservation,
+    TransitionError,
+    VictimState,
+    check_transition,
+    decide_preemption,
+)
+
+CFG = PreemptionConfig()
+
+
+def pod(name: str, node: str | None, gpus: int = 1, priority: int = 0, **kw: object) -> PodView:
+    ns = str(kw.pop("namespace", "ml"))
+    defaults: dict[str, object] = {
+        "phase": "Running" if node else "Pending",
+        "start_time": NOW - 3600,
+    }
+    return PodView(f"{ns}/{name}", ns, node, gpus, priority, **(defaults | kw))  # type: ignore[arg-type]
+
+
+def critical(gpus: int = 2, **kw: object) -> PodView:
+    return pod("critical", None, gpus, 1_000_000, unschedulable_since=NOW - 60, **kw)
+
+
+def node(name: str, shares: int = 4, memory: float | None = 36.0) -> NodeView:
+    return NodeView(name, shares, memory)
+
+
+def _plan(
+    *pods: PodView,
+    nodes: tuple[NodeView, ...] = (node("n1"),),
+    states: tuple[VictimState, ...] = (),
+    cfg: PreemptionConfig = CFG,
+    memory: dict[str, bool | None] | None = None,
+) -> tuple[tuple[Decision, ...], tuple[Skip, ...]]:
+    obs = PreemptionObservation(pods, nodes, states, memory or {})
+    return decide_preemption(obs, cfg, NOW)
+
+
+def _victims(decisions: tuple[Decision, ...]) -> list[str]:
+    return sorted(d.target for d in decisions if d.to_value == "soft")
+
+
+# --------------------------------------------------------------------------- who and where
+
+FULL_N1 = (pod("a", "n1", 2, 100), pod("b", "n1", 1, 50), pod("c", "n1", 1, 10))
+
+
+@pytest.mark.parametrize(
+    ("pods", "nodes", "victims", "why"),
+    [
+        ((critical(), *FULL_N1), (node("n1"),), ["ml/b", "ml/c"], ""),
+        ((critical(1), *FULL_N1), (node("n1"),), ["ml/c"], ""),
+        (
+            (
+                critical(),
+                pod("a", "n1", 2, 100),
+                pod("b", "n1", 2, 50),
+                pod("x", "n2", 2, 10),
+                pod("y", "n2", 2, 20),
+            ),
+            (node("n1"), node("n2")),
+            ["ml/x"],
+            "",
+        ),
+        (
+            (
+                critical(),
+                pod("a", "n1", 2, 10, pdb_blocked=True),
+                pod("b", "n1", 2, 10),
+                pod("x", "n2", 2, 10, pdb_blocked=True),
+                pod("y", "n2", 2, 10, pdb_blocked=True),
+            ),
+            (node("n1"), node("n2")),
+            ["ml/b"],
+            "",
+        ),
+        (
+            (
+                critical(),
+                pod("a", "n1", 1, 10),
+                pod("b", "n1", 1, 10),
+                pod("c", "n1", 2, 10),
+                pod("x", "n2", 2, 10),
+                pod("y", "n2", 2, 10),
+            ),
+            (node("n1"), node("n2")),
+            ["ml/c"],
+            "",
+        ),
+        (
+            (
+                critical(2),
+                pod("old", "n1", 2, 10, checkpoint_at=NOW - 3000),
+                pod("new", "n1", 2, 10, checkpoint_at=NOW - 60),
+            ),
+            (node("n1"),),
+            ["ml/new"],
+            "",
+        ),
+        (
+            (
+                critical(),
+                pod("a", "n1", 2, 10, namespace="kube-system"),
+                pod("b", "n1", 2, 10, namespace="gpuscaler"),
+            ),
+            (node("n1"),),
+            [],
+            "would not fit",
+        ),
+        (
+            (critical(), pod("a", "n1", 2, 20_000), pod("b", "n1", 2, 20_000)),
+            (node("n1"),),
+            [],
+            "would not fit",
+        ),
+        (
+            (critical(), pod("a", "n1", 2, 1, opted_out=True), pod("b", "n1", 2, 10)),
+            (node("n1"),),
+            ["ml/b"],
+            "",
+        ),
+        ((critical(gpus=5), *FULL_N1), (node("n1"),), [], "preemptible < 5"),
+        ((critical(gpu_memory_gib=40), *FULL_N1), (node("n1"),), [], "36.0 GiB, 40 GiB needed"),
+        ((critical(), pod("a", "n1", 2, 10)), (node("n1"),), [], "has 2 free share(s) already"),
+        ((critical(preemption_never=True), *FULL_N1), (node("n1"),), [], None),
+        ((replace(critical(), unschedulable_since=NOW - 5), *FULL_N1), (node("n1"),), [], None),
+        ((replace(critical(), priority=999_999), *FULL_N1), (node("n1"),), [], None),
+    ],
+    ids=[
+        "the fewest low-priority victims that make room, most important given back first",
+        "one share needed: only the lowest priority goes",
+        "the node whose highest victim priority is lowest",
+        "the node with the fewest PDB violations",
+        "the node with the fewest victims when priorities tie",
+        "the victim with the freshest checkpoint loses least work",
+        "protected namespaces are never victims",
+        "pods at or above victim_max_priority are never victims",
+        "a pod that opted out is spared even when it is the better victim",
+        "freeing everything preemptible would not fit it",
+        "a share too small for its GPU memory",
+        "a free share already: the scheduler will place it",
+        "a beneficiary whose PriorityClass never preempts",
+        "pending for less than pending_for",
+        "below beneficiary_min_priority",
+    ],
+)
+def test_victims_and_node_are_chosen_like_kube_scheduler_but_only_where_it_really_fits(
+    pods: tuple[PodView, ...], nodes: tuple[NodeView, ...], victims: list[str], why: str | None
+) -> None:
+    decisions, skips = _plan(*pods, nodes=nodes)
+    assert _victims(decisions) == victims
+    if why is None:
+        assert decisions == () and skips == ()
+    elif why:
+        assert any(why in s.reason for s in skips), skips
+    for d in decisions:
+        assert d.detail is not None and d.detail["action"] == "request_checkpoint"
+        assert d.detail["beneficiary"] == "ml/critical"
+
+
+def test_limits_bound_victims_in_flight_and_per_hour() -> None:
+    busy = tuple(
+        VictimState(f"ml/v{i}", "ml/other", "n9", 1, 0, "cleanup", NOW - 10, NOW - 600)
+        for i in range(2)
+    )
+    _, skips = _plan(critical(), *FULL_N1, states=busy)
+    assert any("limits leave 0" in s.reason for s in skips)
+    done = tuple(
+        VictimState(f"ml/v{i}", "ml/other", "n9", 1, 0, "done", NOW - 10, NOW - 600)
+        for i in range(10)
+    )
+    _, skips = _plan(critical(), *FULL_N1, states=done)
+    assert any("max_per_hour 10" in s.reason for s in skips)
+    old = tuple(replace(s, requested_at=NOW - 4000) for s in done)
+    decisions, _ = _plan(critical(), *FULL_N1, states=old)
+    assert _victims(decisions) == ["ml/b", "ml/c"]
+
+
+def test_a_beneficiary_with_victims_under_way_gets_no_new_ones() -> None:
+    state = VictimState("ml/c", "ml/critical", "n1", 1, 10, "soft", NOW - 10, NOW - 10)
+    decisions, _ = _plan(critical(), *FULL_N1, states=(state,))
+    assert _victims(decisions) == []
+
+
+# --------------------------------------------------------------------------- tiers
+
+SOFT = VictimState("ml/c", "ml/critical", "n1", 1, 10, "soft", NOW - 30, NOW - 30)
+HARD = replace(SOFT, tier="hard", since=NOW - 20)
+CLEANUP = replace(SOFT, tier="cleanup", since=NOW - 30, gone_at=NOW - 30)
+VICTIM = pod("c", "n1", 1, 10)
+
+
+@pytest.mark.parametrize(
+    ("state", "pods", "memory", "expect"),
+    [
+        (SOFT, (critical(), VICTIM), {}, ("hold", "soft tier, 270s left")),
+        (
+            replace(SOFT, since=NOW - 301),
+            (critical(), VICTIM),
+            {},
+            ("hard", "evict", "soft grace 300s over"),
+        ),
+        (
+            SOFT,
+            (critical(), replace(VICTIM, checkpoint_done_at=NOW - 5)),
+            {},
+            ("hard", "evict", "checkpoint acknowledged after 25s"),
+        ),
+        (
+            SOFT,
+            (critical(), replace(VICTIM, checkpoint_done_at=NOW - 100)),
+            {},
+            ("hold", "soft tier"),
+        ),
+        (SOFT, (critical(),), {}, ("cleanup", "record_gone", "exited during the soft tier")),
+        (
+            SOFT,
+            (replace(critical(), node="n2"), VICTIM),
+            {},
+            ("aborted", "abort", "was scheduled on n2"),
+        ),
+        (SOFT, (VICTIM,), {}, ("aborted", "abort", "is gone")),
+        (HARD, (critical(), VICTIM), {}, ("hard", "evict", "attempt 1")),
+        (
+            replace(HARD, evicted_at=NOW - 5),
+            (critical(), replace(VICTIM, terminating_since=NOW - 5)),
+            {},
+            ("hold", "terminating for 5s"),
+        ),
+        (
+            replace(HARD, evicted_at=NOW - 400),
+            (critical(), replace(VICTIM, terminating_since=NOW - 301)),
+            {},
+            ("hard", "force_delete", "stuck Terminating for 301s"),
+        ),
+        (
+            replace(HARD, attempts=1, last_attempt_at=NOW - 10),
+            (critical(), VICTIM),
+            {},
+            ("hold", "retry in 20s"),
+        ),
+        (
+            replace(HARD, attempts=1, last_attempt_at=NOW - 31),
+            (critical(), VICTIM),
+            {},
+            ("hard", "evict", "attempt 2"),
+        ),
+        (
+            replace(HARD, attempts=4, last_attempt_at=NOW - 31),
+            (critical(), VICTIM),
+            {},
+            ("given_up", "give_up", "refused 4 times"),
+        ),
+        (
+            replace(HARD, evicted_at=NOW - 5),
+            (critical(),),
+            {},
+            ("cleanup", "record_gone", "victim is gone"),
+        ),
+        (
+            CLEANUP,
+            (critical(),),
+            {"ml/c": True},
+            ("done", "confirm_released", "GPU memory released"),
+        ),
+        (CLEANUP, (critical(),), {"ml/c": False}, ("hold", "30s for GPU memory release")),
+        (
+            replace(CLEANUP, since=NOW - 121),
+            (critical(),),
+            {"ml/c": False},
+            ("quarantined", "quarantine", "node n1 tainted"),
+        ),
+        (
+            replace(CLEANUP, since=NOW - 121),
+            (critical(),),
+            {"ml/c": None},
+            ("done", "confirm_released", "not verified"),
+        ),
+    ],
+    ids=[
+        "soft: waiting for the checkpoint",
+        "soft: grace over, evict",
+        "soft: checkpoint acknowledged early, evict now",
+        "soft: an acknowledgement older than the request does not count",
+        "soft: the victim exited by itself",
+        "soft: the beneficiary was scheduled elsewhere",
+        "soft: the beneficiary is gone",
+        "hard: evict",
+        "hard: terminating, wait",
+        "hard: stuck terminating, force-delete",
+        "hard: a PDB refused, wait before retrying",
+        "hard: retry the eviction",
+        "hard: a PDB kept refusing, give up",
+        "hard: gone, check memory",
+        "cleanup: memory released",
+        "cleanup: memory held, still within the timeout",
+        "cleanup: memory held past the timeout, quarantine",
+        "cleanup: a missing metric never quarantines",
+    ],
+)
+def test_each_tier_takes_its_next_step(
+    state: VictimState,
+    pods: tuple[PodView, ...],
+    memory: dict[str, bool | None],
+    expect: tuple[str, ...],
+) -> None:
+    decisions, skips = _plan(*pods, states=(state,), memory=memory)
+    mine = [d for d in decisions if d.target == "ml/c"]
+    if expect[0] == "hold":
+        assert mine == []
+        assert any(expect[1] in s.reason for s in skips if s.target == "ml/c"), skips
+        return
+    (d,) = mine
+    assert d.from_value == state.tier and d.to_value == expect[0]
+    assert d.detail is not None and d.detail["action"] == expect[1]
+    assert expect[2] in d.reason, d.reason
+
+
+def test_a_pdb_refusal_leads_to_escalation_only_when_configured() -> None:
+    state = replace(HARD, attempts=4, last_attempt_at=NOW - 31)
+    decisions, _ = _plan(
+        critical(), VICTIM, states=(state,), cfg=replace_cfg(escalate_to_delete=True)
+    )
+    assert [(d.to_value, (d.detail or {})["action"]) for d in decisions] == [("hard", "delete")]
+
+
+def replace_cfg(**kw: object) -> PreemptionConfig:
+    return merge_section(CFG, kw, PreemptionConfig)
+
+
+def test_the_transition_table_allows_no_way_back() -> None:
+    for old, new in [("hard", "soft"), ("cleanup", "hard"), ("done", "soft"), ("none", "hard")]:
+        with pytest.raises(TransitionError):
+            check_transition(old, new)
+    assert all(not TRANSITIONS[t] for t in ("done", "aborted", "given_up", "quarantined"))
+
+
+def test_nothing_is_decided_when_the_cluster_could_not_be_read() -> None:
+    obs = PreemptionObservation((critical(), *FULL_N1), (node("n1"),), problem="HTTP 500")
+    decisions, skips = decide_preemption(obs, CFG, NOW)
+    assert decisions == () and skips[0].invalid_input
