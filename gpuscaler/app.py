@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -23,10 +23,12 @@ from gpuscaler.adapters.cluster import (
     with_discovered,
 )
 from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
+from gpuscaler.adapters.preemption import GpuMemoryProbe, PreemptionReader
 from gpuscaler.adapters.prometheus import PrometheusSource
 from gpuscaler.config import Config, ConfigError
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import Decision
+from gpuscaler.core.snapshot import Observations
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
 
@@ -81,6 +83,28 @@ def snapshot_controller(config: Config, path: str) -> Controller:
     return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
 
 
+class ClusterSource:
+    """Prometheus metrics and cluster state, plus what preemption needs (pods, records,
+    GPU memory of gone victims) when preemption is enabled."""
+
+    name = "prometheus"
+
+    def __init__(self, prometheus: PrometheusSource, preemption: PreemptionReader):
+        self.prometheus = prometheus
+        self.preemption = preemption
+        self.health = prometheus.health
+
+    def reconfigure(self, config: Config) -> None:
+        self.prometheus.reconfigure(config)
+        self.preemption.reconfigure(config)
+
+    def observe(self, now: float) -> Observations:
+        raw = self.prometheus.observe(now)  # reads the cluster first
+        if not self.prometheus.config.preemption.enabled:
+            return raw
+        return replace(raw, preemption=self.preemption.observe(now))
+
+
 @dataclass
 class ClusterController:
     """The controller and the parts around it that `run` starts and stops."""
@@ -106,15 +130,19 @@ def cluster_controller(
     """Prometheus + Kubernetes; leader-elected acting; the config file reloaded before
     each tick; opted-in ScaledObjects and HPAs the config does not list discovered."""
     me = identity()
+    home = os.environ.get("POD_NAMESPACE") or "gpuscaler"  # where gpuscaler's own objects live
     reader = ClusterReader(api, config)
     elector = None
     if leader_election:
         lease = config.kubernetes.lease
-        namespace = lease.namespace or os.environ.get("POD_NAMESPACE") or "default"
-        elector = LeaderElector(api, namespace, me, lease)
+        elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
-    actuator = kube_actuator(api, config, me, may_act=may_act)
-    source = PrometheusSource(config, reader.state)
+    actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home)
+    prometheus = PrometheusSource(config, reader.state)
+    source = ClusterSource(
+        prometheus,
+        PreemptionReader(api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)),
+    )
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None)
     base = [config]  # the file's config, before discovered workloads are added

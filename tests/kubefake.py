@@ -124,7 +124,9 @@ class FakeCluster:
     objects: dict[Key, Json] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     """(verb, path) of every request, for RBAC checks."""
-    faults: list[tuple[str, re.Pattern[str], int]] = field(default_factory=list)
+    codes: list[int] = field(default_factory=list)
+    """The status code answered to each request, in the same order."""
+    faults: list[tuple[str, re.Pattern[str], int, int]] = field(default_factory=list)
     version: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,9 +149,19 @@ class FakeCluster:
     def get(self, gv: str, plural: str, namespace: str | None, name: str) -> Json | None:
         return copy.deepcopy(self.objects.get((gv, plural, namespace, name)))
 
-    def fail_next(self, verb: str, path_pattern: str, code: int) -> None:
-        """The next `verb` request whose path matches gets `code`."""
-        self.faults.append((verb, re.compile(path_pattern), code))
+    def fail_next(self, verb: str, path_pattern: str, code: int, after: int = 0) -> None:
+        """The next `verb` request whose path matches gets `code` (after letting `after`
+        such requests through)."""
+        self.faults.append((verb, re.compile(path_pattern), code, after))
+
+    def answered(self, verb: str, path_pattern: str, code: int) -> int:
+        """How many `verb` requests matching the path were answered with `code`."""
+        pattern = re.compile(path_pattern)
+        return sum(
+            1
+            for (v, p), c in zip(self.requests, self.codes, strict=True)
+            if v == verb and pattern.search(p) and c == code
+        )
 
     # ------------------------------------------------------------------ handling
 
@@ -158,68 +170,76 @@ class FakeCluster:
     ) -> tuple[int, Json]:
         with self.lock:
             self.requests.append((verb, path))
-            for i, (v, pattern, code) in enumerate(self.faults):
-                if v == verb and pattern.search(path):
-                    del self.faults[i]
-                    return code, status(
-                        code, "InternalError" if code >= 500 else "Injected", "injected fault"
-                    )
-            m = _PATH.match(path)
-            if not m:
-                return 404, status(404, "NotFound", f"no route {path}")
-            gv = "v1" if m.group("core") else f"{m.group('group')}/{m.group('version')}"
-            ns, plural, name, sub = (
-                m.group("ns"),
-                m.group("plural"),
-                m.group("name"),
-                m.group("sub"),
-            )
-            key: Key = (gv, plural, ns, name or "")
-            if sub == "eviction" and verb == "POST":
-                return self._evict(ns, name or "")
-            if sub is not None and sub != "status":
-                return 404, status(404, "NotFound", f"no subresource {sub}")
-            if name is None:
-                if verb == "GET":
-                    return 200, self._list(gv, plural, ns, query)
-                if verb == "POST":
-                    return self._create(gv, plural, ns, body)
-                return 405, status(405, "MethodNotAllowed", verb)
-            current = self.objects.get(key)
-            if current is None:
-                return 404, status(404, "NotFound", f'{plural} "{name}" not found')
+            code, answer = self._answer(verb, path, query, ctype, body)
+            self.codes.append(code)
+            return code, answer
+
+    def _answer(
+        self, verb: str, path: str, query: dict[str, list[str]], ctype: str, body: Any
+    ) -> tuple[int, Json]:
+        for i, (v, pattern, code, after) in enumerate(self.faults):
+            if v == verb and pattern.search(path):
+                if after > 0:
+                    self.faults[i] = (v, pattern, code, after - 1)
+                    break
+                del self.faults[i]
+                return code, status(
+                    code, "InternalError" if code >= 500 else "Injected", "injected fault"
+                )
+        m = _PATH.match(path)
+        if not m:
+            return 404, status(404, "NotFound", f"no route {path}")
+        gv = "v1" if m.group("core") else f"{m.group('group')}/{m.group('version')}"
+        ns, plural, name, sub = (
+            m.group("ns"),
+            m.group("plural"),
+            m.group("name"),
+            m.group("sub"),
+        )
+        key: Key = (gv, plural, ns, name or "")
+        if sub == "eviction" and verb == "POST":
+            return self._evict(ns, name or "")
+        if sub is not None and sub != "status":
+            return 404, status(404, "NotFound", f"no subresource {sub}")
+        if name is None:
             if verb == "GET":
-                return 200, copy.deepcopy(current)
-            if verb == "DELETE":
-                del self.objects[key]
-                return 200, status(200, "", "deleted") | {"status": "Success"}
-            if verb == "PUT":
-                sent = (body.get("metadata") or {}).get("resourceVersion")
-                if sent is not None and sent != current["metadata"]["resourceVersion"]:
-                    return 409, status(
-                        409,
-                        "Conflict",
-                        f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; please apply your changes to the latest version and try again',
-                    )
-                new = copy.deepcopy(body)
-                new["metadata"] = {**current["metadata"], **new.get("metadata", {})}
-                self.objects[key] = self._bump(new)
-                return 200, copy.deepcopy(new)
-            if verb == "PATCH":
-                if ctype.startswith("application/merge-patch+json"):
-                    new = merge_patch(current, body)
-                elif ctype.startswith("application/strategic-merge-patch+json"):
-                    new = strategic_merge_patch(current, body)
-                else:
-                    return 415, status(
-                        415, "UnsupportedMediaType", f"unsupported patch type {ctype}"
-                    )
-                sent = ((body or {}).get("metadata") or {}).get("resourceVersion")
-                if sent is not None and sent != current["metadata"]["resourceVersion"]:
-                    return 409, status(409, "Conflict", "the object has been modified")
-                self.objects[key] = self._bump(new)
-                return 200, copy.deepcopy(new)
+                return 200, self._list(gv, plural, ns, query)
+            if verb == "POST":
+                return self._create(gv, plural, ns, body)
             return 405, status(405, "MethodNotAllowed", verb)
+        current = self.objects.get(key)
+        if current is None:
+            return 404, status(404, "NotFound", f'{plural} "{name}" not found')
+        if verb == "GET":
+            return 200, copy.deepcopy(current)
+        if verb == "DELETE":
+            del self.objects[key]
+            return 200, status(200, "", "deleted") | {"status": "Success"}
+        if verb == "PUT":
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                return 409, status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; please apply your changes to the latest version and try again',
+                )
+            new = copy.deepcopy(body)
+            new["metadata"] = {**current["metadata"], **new.get("metadata", {})}
+            self.objects[key] = self._bump(new)
+            return 200, copy.deepcopy(new)
+        if verb == "PATCH":
+            if ctype.startswith("application/merge-patch+json"):
+                new = merge_patch(current, body)
+            elif ctype.startswith("application/strategic-merge-patch+json"):
+                new = strategic_merge_patch(current, body)
+            else:
+                return 415, status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+            sent = ((body or {}).get("metadata") or {}).get("resourceVersion")
+            if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                return 409, status(409, "Conflict", "the object has been modified")
+            self.objects[key] = self._bump(new)
+            return 200, copy.deepcopy(new)
+        return 405, status(405, "MethodNotAllowed", verb)
 
     def _list(self, gv: str, plural: str, ns: str | None, query: dict[str, list[str]]) -> Json:
         selector = (query.get("labelSelector") or [""])[0]

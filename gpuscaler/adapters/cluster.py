@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
@@ -97,11 +98,18 @@ class GpuPod:
     gpus: int
     priority: int
     priority_class: str | None
-    start_time: str | None
+    start_time: float | None
     phase: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    terminating: bool = False
+    terminating_since: float | None = None
+    unschedulable_since: float | None = None
+    """lastTransitionTime of PodScheduled=False with reason Unschedulable."""
+    pod_ip: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,16 @@ def parse_pod(obj: Json) -> GpuPod | None:
     if gpus == 0:
         return None
     status = obj.get("status") or {}
+    unschedulable = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        None,
+    )
     return GpuPod(
         namespace=str(meta.get("namespace", "default")),
         name=meta["name"],
@@ -225,11 +243,15 @@ def parse_pod(obj: Json) -> GpuPod | None:
         gpus=gpus,
         priority=int(spec.get("priority") or 0),
         priority_class=spec.get("priorityClassName"),
-        start_time=status.get("startTime"),
+        start_time=parse_time(status.get("startTime")),
         phase=str(status.get("phase", "Pending")),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
-        terminating=meta.get("deletionTimestamp") is not None,
+        terminating_since=parse_time(meta.get("deletionTimestamp")),
+        unschedulable_since=parse_time(unschedulable.get("lastTransitionTime"))
+        if unschedulable
+        else None,
+        pod_ip=status.get("podIP"),
     )
 
 
@@ -260,6 +282,16 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         annotations=dict(meta.get("annotations") or {}),
         resource_version=str(meta.get("resourceVersion", "")),
     )
+
+
+def parse_time(text: Any) -> float | None:
+    """Unix seconds of an RFC 3339 timestamp, None when absent or unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:

@@ -581,21 +581,29 @@ class KubeActuator:
     """The controller's actuator on a real cluster: each decision to its adapter; a
     failure is logged with its reason and leaves that decision unapplied."""
 
-    def __init__(self, workloads: KubeWorkloads, pools: KubeNodePools):
+    def __init__(self, workloads: KubeWorkloads, pools: KubeNodePools, preemption: Any = None):
         self.workloads = workloads
         self.pools = pools
+        self.preemption = preemption
+        """`gpuscaler.adapters.preemption.KubePreemption`, when preemption may act."""
 
     def reconfigure(self, config: Config) -> None:
-        for part in (self.workloads, self.pools, self.pools.reader, self.workloads.writer):
+        parts: list[Any] = [self.workloads, self.pools, self.pools.reader, self.workloads.writer]
+        if self.preemption is not None:
+            parts.append(self.preemption)
+        for part in parts:
             part.config = config
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         self.pools.continue_rollouts({f"{d.kind}:{d.target}" for d in decisions})
         done = []
         for d in decisions:
-            adapter: KubeWorkloads | KubeNodePools = (
-                self.workloads if d.kind == "replica_floor" else self.pools
+            adapter: Any = {"replica_floor": self.workloads, "preemption": self.preemption}.get(
+                d.kind, self.pools
             )
+            if adapter is None:
+                log.warning("%s of %s not applied: no adapter", d.kind, d.target)
+                continue
             try:
                 if adapter.apply_one(d):
                     done.append(d)
@@ -616,9 +624,15 @@ def kube_actuator(
     identity: str,
     may_act: Callable[[], bool] = lambda: True,
     budget: WriteBudget | None = None,
+    namespace: str = "gpuscaler",
 ) -> KubeActuator:
-    """The actuator for `config`, all writes behind one gate (leadership and budget)."""
+    """The actuator for `config`, all writes behind one gate (leadership and budget);
+    preemption records live in `namespace` (gpuscaler's own)."""
+    from gpuscaler.adapters.preemption import KubePreemption
+
     writer = Writer(api, config, identity, budget, may_act)
     return KubeActuator(
-        KubeWorkloads(api, config, identity, writer), KubeNodePools(api, config, writer)
+        KubeWorkloads(api, config, identity, writer),
+        KubeNodePools(api, config, writer),
+        KubePreemption(api, config, writer, namespace),
     )
