@@ -16,15 +16,18 @@ from kubernetes import client
 from test_deploy import render
 
 from gpuscaler.adapters.kubernetes import ClusterReader, kube_actuator
+from gpuscaler.adapters.preemption import PreemptionReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
 from gpuscaler.core.model import Decision
+from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.leader import LeaderElector
 
 NAMESPACE = "gpuscaler"  # where the Deployment runs (POD_NAMESPACE)
 CONFIG = parse_config(
     """
 prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
+preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
 workloads:
@@ -89,6 +92,69 @@ def _scenario(api: client.ApiClient, fake: FakeCluster, monkeypatch: pytest.Monk
     parts = cluster_controller(CONFIG, api, dry_run=True, config_path="/nonexistent/config.yaml")
     assert parts.reloader is not None
     parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+    _preemption(api, fake)
+
+
+def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
+    """Every preemption step: checkpoint request (and its HTTP call), eviction, force
+    delete, quarantine, against a victim on gpu-1."""
+    victim = gpu_pod("train", "gpu-1", 16, namespace="batch", priority=10)  # all of gpu-1
+    victim["status"]["podIP"] = "127.0.0.1"
+    fake.add("v1", "pods", victim)
+    pending = gpu_pod(
+        "critical", None, 16, namespace="serving", priority=1_000_000, phase="Pending"
+    )
+    pending["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "lastTransitionTime": "2020-01-01T00:00:00Z",
+        }
+    ]
+    fake.add("v1", "pods", pending)
+    config = CONFIG
+    cluster = ClusterReader(api, config)
+    cluster.state()
+    actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=NAMESPACE)
+    reader = PreemptionReader(api, config, cluster, NAMESPACE)
+    decisions, _ = decide_preemption(reader.observe(NOW), config.preemption, NOW)
+    assert [d.to_value for d in decisions] == ["soft"]
+    assert actuator.apply(decisions) == decisions
+    victim_key = decisions[0].target
+    for step in (
+        Decision(
+            NOW + 1, "preemption", victim_key, "soft", "hard", "r", detail={"action": "evict"}
+        ),
+        Decision(
+            NOW + 2,
+            "preemption",
+            victim_key,
+            "hard",
+            "hard",
+            "r",
+            detail={"action": "force_delete"},
+        ),
+        Decision(
+            NOW + 3,
+            "preemption",
+            victim_key,
+            "hard",
+            "cleanup",
+            "r",
+            detail={"action": "record_gone"},
+        ),
+        Decision(
+            NOW + 4,
+            "preemption",
+            victim_key,
+            "cleanup",
+            "quarantined",
+            "r",
+            detail={"action": "quarantine"},
+        ),
+    ):
+        assert actuator.apply([step]) == (step,)
 
 
 def _rules() -> list[tuple[dict[str, Any], str | None]]:
@@ -143,6 +209,8 @@ def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.Monke
         "configmaps",
         "scaledobjects",
         "horizontalpodautoscalers",
+        "pods",
+        "pods/status",
     }
 
 
