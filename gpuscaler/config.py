@@ -544,6 +544,10 @@ class SimulatorConfig(_Strict):
     """Std dev of measurement noise added to utilization (percentage points)."""
     switch_overhead: float = Field(0.03, ge=0, lt=0.5)
     """Throughput lost per doubling of time-slicing tenants on a busy GPU."""
+    preemption_burst_after: Seconds | None = 1800.0
+    """A burst of high-priority pods into a full batch pool this long into the replay,
+    to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
+    inside even a 2 h replay."""
 
 
 class Config(_Strict):

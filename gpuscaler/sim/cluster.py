@@ -35,6 +35,7 @@ from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.core.model import Decision, FloatArray, Series
 from gpuscaler.core.replicas import hpa_desired
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.sim.preemption import SimulatedPreemption
 from gpuscaler.sim.trace import Trace
 
 SAMPLE = 0.5
@@ -117,6 +118,12 @@ class SimulatedCluster:
         self.fragment_changes: list[Decision] = []
         self.time_slice_changes: list[Decision] = []
         self.cursor = 0  # next sample to simulate
+        burst = config.simulator.preemption_burst_after
+        self.preemption = (
+            SimulatedPreemption(start, config.preemption, burst_after=burst)
+            if burst is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ simulation
 
@@ -128,6 +135,8 @@ class SimulatedCluster:
 
     def advance_to(self, now: float) -> None:
         """Simulate the samples in [cursor time, now)."""
+        if self.preemption is not None:
+            self.preemption.advance(now)
         end = min(len(self.demand), round((now - self.start) / SAMPLE))
         if end <= self.cursor:
             return
@@ -229,12 +238,15 @@ class SimulatedCluster:
             max_replicas=self.replicas_cfg.max_replicas,
             replica_gpu_share=self.share(),
         )
-        return Observations(time=now, pools=(pool,), workloads=(workload,))
+        preemption = self.preemption.observe(now) if self.preemption is not None else None
+        return Observations(now, (pool,), (workload,), preemption)
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         for d in decisions:
-            assert isinstance(d.to_value, int) or d.kind == "time_slice"
-            if d.kind == "replica_floor":
+            if d.kind == "preemption":
+                assert self.preemption is not None
+                self.preemption.apply(d)
+            elif d.kind == "replica_floor":
                 self.floor = int(d.to_value)
                 self.set_replicas(d.time, max(self.floor, len(self.ready_at)))
             elif d.kind == "fragments":

@@ -34,6 +34,14 @@ def table(summary: dict[str, Any]) -> str:
     for key, label in ROWS:
         g, r = summary["gpuscaler"][key], summary["reactive"][key]
         lines.append(f"{label + ' (' + key + ')':<62}{_fmt(g):>12}{_fmt(r):>12}")
+    preemption = summary["gpuscaler"].get("preemption")
+    if preemption:
+        lines.append(
+            "preemption: a burst of high-priority pods into a full batch pool (README); the "
+            "baseline has no tiers, only the scheduler's one delete"
+        )
+        for key, value in preemption.items():
+            lines.append(f"{'  ' + key:<62}{_fmt(value):>12}{'-':>12}")
     return "\n".join(lines)
 
 

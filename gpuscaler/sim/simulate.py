@@ -170,6 +170,9 @@ def _metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
         "time_slice_changes": len(run.cluster.time_slice_changes),
         "mean_replicas": round(float(np.mean(rec.replicas[s])), 2),
         "failed_ticks": run.failed_ticks,
+        "preemption": run.cluster.preemption.summary()
+        if run.cluster.preemption is not None and run.policy == "gpuscaler"
+        else None,
     }
 
 
