@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gpuscaler.config import TIME_SLICE_LEVELS
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.model import Forecast, Skip
+from gpuscaler.core.preemption import IN_FLIGHT, TRANSITIONS
 from gpuscaler.logs import decision_outcome
 
 _REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action")
@@ -119,6 +120,24 @@ class ControllerMetrics:
             "Unix time of the last tick that completed.",
             registry=r,
         )
+        self.preemption_steps = Counter(
+            "gpuscaler_preemption_steps",
+            "Preemption steps by the tier they lead to (soft, hard, cleanup, done, aborted, "
+            "given_up, quarantined), the action and its outcome.",
+            ["tier", "action", "outcome"],
+            registry=r,
+        )
+        self.preemptions_in_flight = Gauge(
+            "gpuscaler_preemptions_in_flight",
+            "Victims in the soft, hard or cleanup tier.",
+            registry=r,
+        )
+        self.preemption_victims = Gauge(
+            "gpuscaler_preemption_victims",
+            "Victims on record (kept a day), by tier.",
+            ["tier"],
+            registry=r,
+        )
         self.config_generation.set(1)
         self._refused_seen = 0
 
@@ -164,6 +183,7 @@ class ControllerMetrics:
                 self.fragments.labels(d.target).set(int(d.to_value))
             elif outcome == "applied" and d.kind == "replica_floor":
                 self.floor.labels(d.target).set(int(d.to_value))
+        self._preemption(result)
         for s in result.plan.skips:
             outcome = "invalid_input" if s.invalid_input else "held"
             self.decisions.labels(s.kind, outcome, reason_class(s)).inc()
@@ -171,6 +191,21 @@ class ControllerMetrics:
         self.tick_seconds.observe(result.seconds)
         self.source_up.labels(source).set(1 if source_ok else 0)
         self.last_success.set(result.plan.time)
+
+    def _preemption(self, result: TickResult) -> None:
+        obs = result.snapshot.preemption
+        if obs is None:
+            return
+        tiers = [s.tier for s in obs.states]
+        for tier in TRANSITIONS:
+            if tier != "none":
+                self.preemption_victims.labels(tier).set(tiers.count(tier))
+        self.preemptions_in_flight.set(sum(t in IN_FLIGHT for t in tiers))
+        for d in result.plan.decisions:
+            if d.kind == "preemption":
+                action = str((d.detail or {}).get("action", "other"))
+                outcome = decision_outcome(d, result.applied, result.mode)
+                self.preemption_steps.labels(str(d.to_value), action, outcome).inc()
 
     def attach(self, controller: Controller) -> None:
         """Feed these metrics from every tick of `controller`."""

@@ -40,6 +40,9 @@ EXPECTED = {
     "gpuscaler_config_generation",
     "gpuscaler_config_reload_failures_total",
     "gpuscaler_last_successful_tick_timestamp_seconds",
+    "gpuscaler_preemption_steps_total",
+    "gpuscaler_preemptions_in_flight",
+    "gpuscaler_preemption_victims",
 }
 
 
@@ -66,6 +69,10 @@ def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> N
         in exposition
     )
     assert "pod=" not in exposition  # no per-pod labels
+    # the replay's preemption burst went through every tier up to a quarantine
+    for tier in ("soft", "hard", "cleanup", "done", "quarantined"):
+        assert "gpuscaler_preemption_steps_total{action=" in exposition
+        assert f'tier="{tier}"' in exposition, tier
 
 
 def test_metric_names_pass_promtool_check_metrics(exposition: str) -> None:

@@ -95,7 +95,7 @@ def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_work
     controller.tick(NOW + 90)
     assert controller.config.replicas.max_replicas == 80
     assert parts.reader.config.replicas.max_replicas == 80
-    assert controller.source.config.replicas.max_replicas == 80  # type: ignore[attr-defined]
+    assert controller.source.prometheus.config.replicas.max_replicas == 80  # type: ignore[attr-defined]
     assert [w.key for w in controller.config.workloads][-1] == "ml/HorizontalPodAutoscaler/found"
     text = metrics.exposition().decode()
     assert "gpuscaler_config_generation 2.0" in text

@@ -67,9 +67,20 @@ def test_report_writes_decisions_a_summary_and_a_plot(tmp_path: Path) -> None:
     assert "under_provisioned_share" in out.stdout  # the readable table
     lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
     assert lines, "a 3 h replay makes at least one decision"
+    assert any('"kind": "preemption"' in line for line in lines)  # the burst at 30 min
     for line in lines:
         record = json.loads(line)
-        assert set(record) == {"time", "kind", "target", "from", "to", "reason", "forecast"}
+        assert set(record) == {
+            "time",
+            "kind",
+            "target",
+            "from",
+            "to",
+            "reason",
+            "forecast",
+            "detail",
+        }
+        assert (record["detail"] is not None) == (record["kind"] == "preemption")
         assert record["reason"]
     assert (tmp_path / "simulation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "summary.json").read_text())["hours"] == 3

@@ -180,7 +180,8 @@ class Decision:
             "to": self.to_value,
             "reason": self.reason,
             "forecast": dict(self.forecast) if self.forecast is not None else None,
-        } | ({"detail": dict(self.detail)} if self.detail is not None else {})
+            "detail": dict(self.detail) if self.detail is not None else None,
+        }
 
 
 @dataclass(frozen=True)

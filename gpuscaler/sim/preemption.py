@@ -7,7 +7,7 @@ The model (stated wherever results are shown):
 - At `burst_after` into the replay, `burst_pods` pods of priority 1,000,000 asking for 2
   GPUs each arrive; the scheduler finds no room (they are Unschedulable).
 - A victim asked to checkpoint acknowledges after `checkpoint_seconds` if it supports
-  checkpoints (every other pod does), else ignores the request until evicted.
+  checkpoints (every fourth pod does), else ignores the request until evicted.
 - An evicted pod terminates after its grace period; its GPU memory is released 10 s
   later, except for one pod in eight (the 3rd, 11th, ...) whose process leaks it:
   tier 3 must catch that.
@@ -74,7 +74,7 @@ class SimulatedPreemption:
                         start_time=self.start - 7200 + 60 * i,
                         checkpoint_at=self.start - 300 if fresh else self.start - 7200,
                     ),
-                    supports_checkpoint=i % 2 == 0,
+                    supports_checkpoint=i % 4 == 0,
                     leaks_memory=i % 8 == 2,
                 )
                 used += gpus
