@@ -18,13 +18,16 @@ from gpuscaler.core.model import Decision, Skip
 from gpuscaler.core.preemption import decide_preemption
 
 T0 = 1_800_000_000.0
-CONFIG = parse_config(
-    """
+CONFIG_TEXT = """
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
-preemption: {soft_grace: 5m, memory_release_timeout: 2m, eviction_retry: 30s, max_eviction_attempts: 2}
+preemption:
+  soft_grace: 5m
+  memory_release_timeout: 2m
+  eviction_retry: 30s
+  max_eviction_attempts: 2
 """
-)
+CONFIG = parse_config(CONFIG_TEXT)
 Api = tuple[client.ApiClient, FakeCluster]
 
 
@@ -259,3 +262,74 @@ def test_a_protected_namespace_is_never_touched(api: Api) -> None:
     assert decisions == ()
     assert any("would not fit" in s.reason for s in skips)
     assert not [r for r in fake.requests if r[0] in ("POST", "PATCH", "DELETE")]
+
+
+class HeldMemory:
+    """A memory probe whose GPUs stay held (the real one is tested against Prometheus)."""
+
+    def released(self, state: object, now: float) -> bool:
+        return False
+
+
+def test_memory_still_held_after_the_victim_left_taints_and_labels_the_node(api: Api) -> None:
+    _, fake = api
+    _seed(fake)
+    reader_memory: Any = HeldMemory()
+    for t in (T0, T0 + 301, T0 + 310, T0 + 500):
+        cluster = ClusterReader(api[0], CONFIG)
+        cluster.state()
+        obs = PreemptionReader(api[0], CONFIG, cluster, "gpuscaler", reader_memory).observe(t)
+        decisions, _ = decide_preemption(obs, CONFIG.preemption, t)
+        kube_actuator(api[0], CONFIG, "test").apply(decisions)
+    assert _state(fake)["tier"] == "quarantined"
+    node = fake.get("v1", "nodes", None, "gpu-0")
+    assert node is not None
+    assert node["spec"]["taints"] == [
+        {"key": "gpuscaler.io/gpu-memory-held", "value": "true", "effect": "NoSchedule"}
+    ]
+    assert node["metadata"]["labels"]["gpuscaler.io/gpu-cleanup"] == "required"
+    warnings = [
+        o for (_, p, _, _), o in fake.objects.items() if p == "events" and o["type"] == "Warning"
+    ]
+    assert "GPUMemoryHeld" in [e["reason"] for e in warnings]
+
+
+def test_the_checkpoint_endpoint_is_called_with_the_reason_and_deadline(api: Api) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _, fake = api
+        _seed(fake)
+        victim = fake.objects[("v1", "pods", "batch", "train")]
+        victim["status"]["podIP"] = "127.0.0.1"
+        config = parse_config(
+            CONFIG_TEXT
+            + f'  checkpoint_endpoint: "http://{{pod_ip}}:{server.server_address[1]}/checkpoint"\n'
+        )
+        cluster = ClusterReader(api[0], config)
+        cluster.state()
+        obs = PreemptionReader(api[0], config, cluster, "gpuscaler").observe(T0)
+        decisions, _ = decide_preemption(obs, config.preemption, T0)
+        kube_actuator(api[0], config, "test").apply(decisions)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert len(received) == 1
+    assert received[0]["deadline"] == rfc3339(T0 + 300)
+    assert "serving/critical" in received[0]["reason"]

@@ -72,6 +72,8 @@ GPU_MEMORY = "gpuscaler.io/gpu-memory-gib"
 VICTIM_ANNOTATION = "gpuscaler.io/preemption"
 BENEFICIARY_ANNOTATION = "gpuscaler.io/preempting"
 QUARANTINE_TAINT = "gpuscaler.io/gpu-memory-held"
+NUMA_LABEL = "gpuscaler.io/gpus-per-numa-node"
+"""Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
 
 
 def rfc3339(t: float) -> str:
@@ -181,8 +183,14 @@ class PreemptionReader:
             for n in pool_nodes(objects, pool):
                 per_gpu = max(1, n.fragments or 1)
                 memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
+                numa = n.labels.get(NUMA_LABEL, "")
                 nodes.append(
-                    NodeView(n.name, (n.gpu_count or 0) * per_gpu, memory * (1 - reserve) / per_gpu)
+                    NodeView(
+                        n.name,
+                        (n.gpu_count or 0) * per_gpu,
+                        memory * (1 - reserve) / per_gpu,
+                        int(numa) * per_gpu if numa.isdigit() else None,
+                    )
                 )
         released: dict[str, bool | None] = {}
         for s in states:

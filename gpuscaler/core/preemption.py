@@ -95,6 +95,9 @@ class NodeView:
     """GPU shares the node advertises (GPUs x fragments)."""
     share_memory_gib: float | None
     """Usable GPU memory per share (after the reserve), when known."""
+    numa_domain_shares: int | None = None
+    """Shares of the GPUs in one NUMA domain, when the topology is known (label
+    gpuscaler.io/gpus-per-numa-node): a multi-GPU pod must fit inside one domain."""
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,11 @@ def choose_victims(
             f"{node.name}: a share has {node.share_memory_gib:.1f} GiB, "
             f"{beneficiary.gpu_memory_gib:g} GiB needed"
         )
+    if need > 1 and node.numa_domain_shares is not None and need > node.numa_domain_shares:
+        return None, (
+            f"{node.name}: {need} shares do not fit one NUMA domain "
+            f"({node.numa_domain_shares} shares each)"
+        )
     on_node = [p for p in pods if p.node == node.name and not p.gone]
     free = node.shares - sum(p.gpus for p in on_node)
     if free >= need:
@@ -410,6 +418,9 @@ def _start(
                 + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
                 gpus=v.gpus,
                 priority=v.priority,
+                checkpoint_deadline=now + cfg.soft_grace,
+                evicted_by=now + cfg.soft_grace,
+                gone_by=now + cfg.soft_grace + cfg.eviction_grace_period,
             )
         )
         taken.add(v.key)
