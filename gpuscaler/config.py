@@ -327,6 +327,12 @@ class WorkloadConfig(_Strict):
     type: Literal["training", "inference"] = "inference"
     node_pool: str | None = None
     """The pool it runs on (for fragments and preemption); optional."""
+    priority: int | None = None
+    """Priority of its pods. At or above preemption.beneficiary_min_priority, with
+    preemption.forecast_trigger on, replicas its forecast floor asks for that do not fit
+    the pool free GPUs ahead of time."""
+    gpus_per_replica: int = Field(1, ge=1)
+    """GPU shares one replica requests (nvidia.com/gpu)."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @property
@@ -470,6 +476,12 @@ class PreemptionConfig(_Strict):
     """Victims being preempted at once, at most."""
     max_per_hour: int = Field(10, ge=1)
     """Victims chosen per rolling hour, at most."""
+    forecast_trigger: bool = False
+    """Also free GPUs ahead of time for replicas that a high-priority workload's forecast
+    floor asks for and its pool has no room for (off: only pods already pending)."""
+    fragments_trigger: bool = False
+    """Also preempt low-priority pods holding more shares of a GPU than the fewer fragments
+    a hot pool should go to (off: the fragments change waits until they leave)."""
 
 
 class ObjectRef(_Strict):

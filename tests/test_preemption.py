@@ -361,3 +361,88 @@ def test_nothing_is_decided_when_the_cluster_could_not_be_read() -> None:
     obs = PreemptionObservation((critical(), *FULL_N1), (node("n1"),), problem="HTTP 500")
     decisions, skips = decide_preemption(obs, CFG, NOW)
     assert decisions == () and skips[0].invalid_input
+
+
+def _forecast_plan(floor: int, replicas: int, trigger: bool = True) -> tuple[Decision, ...]:
+    """plan() on a workload whose floor asks for replicas that do not exist yet, on a full
+    pool of low-priority pods."""
+    from builders import config as make_config
+    from builders import signal, workload_obs
+
+    from gpuscaler.core.model import History, Snapshot
+    from gpuscaler.core.plan import plan
+
+    config = make_config(
+        f"""
+preemption: {{forecast_trigger: {str(trigger).lower()}}}
+node_pools: [{{name: a100, gpu_memory_gib: 80, selector: {{label: l, value: v}}}}]
+workloads: [{{namespace: ml, kind: ScaledObject, name: chat, node_pool: a100, priority: 1000000}}]
+"""
+    )
+    # no replica decision this tick (its load is unreadable): the floor in force counts
+    obs = replace(workload_obs(signal(None, problem="x"), floor=floor), replicas=replicas)
+    nodes = (NodeView("n1", 4, 36.0, pool="a100"), NodeView("other", 8, 36.0, pool="h100"))
+    snapshot = Snapshot(NOW, workloads=(obs,), preemption=PreemptionObservation(FULL_N1, nodes))
+    return tuple(
+        d for d in plan(snapshot, config, History(), NOW).decisions if d.kind == "preemption"
+    )
+
+
+@pytest.mark.parametrize(
+    ("floor", "replicas", "trigger", "victims"),
+    [
+        (3, 2, True, ["ml/c"]),
+        (4, 2, True, ["ml/b", "ml/c"]),
+        (2, 2, True, []),
+        (3, 2, False, []),
+    ],
+    ids=[
+        "one replica the floor asks for and the pool cannot hold",
+        "two such replicas",
+        "every replica exists: nothing ahead of time",
+        "the forecast trigger switched off",
+    ],
+)
+def test_the_forecast_trigger_frees_room_ahead_of_time_only_in_the_workloads_pool(
+    floor: int, replicas: int, trigger: bool, victims: list[str]
+) -> None:
+    decisions = _forecast_plan(floor, replicas, trigger)
+    assert sorted(d.target for d in decisions) == victims
+    for d in decisions:
+        assert d.reason.startswith("forecast: ml/ScaledObject/chat needs one more replica")
+        assert d.detail is not None and d.detail["node"] == "n1"
+
+
+@pytest.mark.parametrize(
+    ("trigger", "victims"),
+    [(True, ["ml/b", "ml/c"]), (False, [])],
+    ids=["fewer fragments on a hot pool free room from low-priority pods", "switched off"],
+)
+def test_the_fragments_trigger_preempts_what_fewer_fragments_cannot_hold(
+    trigger: bool, victims: list[str]
+) -> None:
+    from builders import config as make_config
+    from builders import pool_obs, signal
+
+    from gpuscaler.core.model import History, Snapshot
+    from gpuscaler.core.plan import plan
+
+    config = make_config(
+        f"""
+preemption: {{fragments_trigger: {str(trigger).lower()}}}
+fragments: {{sustain: 0s}}
+node_pools: [{{name: a100, gpu_memory_gib: 80, selector: {{label: l, value: v}}}}]
+"""
+    )
+    # One GPU at 4 fragments holding 4 shares, 92 % busy: 2 fragments need 2 shares freed.
+    hot = pool_obs(signal(92.0), fragments=4, held=4)
+    pods = (pod("a", "n1", 2, 100), pod("b", "n1", 1, 50), pod("c", "n1", 1, 10))
+    nodes = (NodeView("n1", 4, 18.0, pool="a100"),)
+    snapshot = Snapshot(NOW, pools=(hot,), preemption=PreemptionObservation(pods, nodes))
+    result = plan(snapshot, config, History(), NOW)
+    chosen = sorted(d.target for d in result.decisions if d.kind == "preemption")
+    assert any("needs preemption first" in s.reason for s in result.skips)
+    assert chosen == victims  # priorities 50 and 10 go, 100 keeps its 2 shares
+    for d in result.decisions:
+        if d.kind == "preemption":
+            assert "fewer fragments on n1 (2 shares)" in d.reason

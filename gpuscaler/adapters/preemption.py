@@ -190,6 +190,7 @@ class PreemptionReader:
                         (n.gpu_count or 0) * per_gpu,
                         memory * (1 - reserve) / per_gpu,
                         int(numa) * per_gpu if numa.isdigit() else None,
+                        pool.name,
                     )
                 )
         released: dict[str, bool | None] = {}

@@ -9,6 +9,7 @@ compute never over-committed after the change.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Final
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
@@ -95,7 +96,7 @@ def decide_fragments(
             return hold(KIND, target, now, f"at bound: {why}, already at fewest allowed", h)
         to = candidates[0]
         if to < obs.max_shares_held:
-            return hold(
+            held = hold(
                 KIND,
                 target,
                 now,
@@ -103,6 +104,7 @@ def decide_fragments(
                 f"{to} fragments needs preemption first",
                 h,
             )
+            return replace(held, blocked_until_preempted=to)
         bound = f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
     else:
         want = current << cfg.max_step

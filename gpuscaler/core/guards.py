@@ -16,6 +16,8 @@ class Outcome:
     history: TargetHistory
     decision: Decision | None = None
     skip: Skip | None = None
+    blocked_until_preempted: int | None = None
+    """Fragments the pool would go to once pods holding more shares than that are gone."""
 
 
 def input_problem(signal: Signal, now: float, staleness: float) -> str | None:

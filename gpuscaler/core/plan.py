@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
@@ -14,9 +16,43 @@ from gpuscaler.core.model import (
     TargetHistory,
     target_key,
 )
-from gpuscaler.core.preemption import decide_preemption
+from gpuscaler.core.preemption import (
+    PodView,
+    decide_preemption,
+    forecast_beneficiaries,
+    fragments_beneficiaries,
+)
 from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.time_slice import decide_time_slice
+
+
+def _forecast_demand(
+    snapshot: Snapshot, config: Config, outcomes: dict[str, Outcome], now: float
+) -> tuple[PodView, ...]:
+    """Replicas of high-priority workloads that their forecast floor asks for (this tick's
+    decision, else the floor in force) and that do not exist yet."""
+    workloads = {w.key: w for w in config.workloads}
+    wanted = []
+    for obs in snapshot.workloads:
+        w = workloads.get(obs.key)
+        if (
+            w is None
+            or w.node_pool is None
+            or w.priority is None
+            or w.priority < config.preemption.beneficiary_min_priority
+            or obs.replicas is None
+        ):
+            continue
+        decision = outcomes.get(target_key("replica_floor", obs.key))
+        floor = obs.floor
+        if decision is not None and decision.decision is not None:
+            floor = int(decision.decision.to_value)
+        missing = (floor or 0) - obs.replicas
+        if missing > 0:
+            wanted.append(
+                (w.key, w.namespace, w.node_pool, w.priority, missing, w.gpus_per_replica)
+            )
+    return forecast_beneficiaries(wanted, now)
 
 
 def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Plan:
@@ -58,7 +94,23 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
     preempt: tuple[tuple[Decision, ...], tuple[Skip, ...]] = ((), ())
     if snapshot.preemption is not None:
-        preempt = decide_preemption(snapshot.preemption, config.preemption, now)
+        seen = snapshot.preemption
+        extra: tuple[PodView, ...] = ()
+        if config.preemption.forecast_trigger:
+            extra += _forecast_demand(snapshot, config, outcomes, now)
+        if config.preemption.fragments_trigger:
+            for p in snapshot.pools:
+                out = outcomes.get(target_key("fragments", p.name))
+                if out is not None and out.blocked_until_preempted and p.fragments:
+                    extra += fragments_beneficiaries(
+                        p.name,
+                        p.fragments,
+                        out.blocked_until_preempted,
+                        seen,
+                        config.preemption.beneficiary_min_priority,
+                    )
+        seen = replace(seen, pods=seen.pods + extra)
+        preempt = decide_preemption(seen, config.preemption, now)
     return Plan(
         time=now,
         decisions=tuple(o.decision for o in outcomes.values() if o.decision is not None)

@@ -44,6 +44,10 @@ TRANSITIONS: Final[Mapping[str, frozenset[str]]] = {
     "quarantined": frozenset(),
 }
 IN_FLIGHT: Final = frozenset({"soft", "hard", "cleanup"})
+FORECAST_PREFIX: Final = "forecast:"
+"""Beneficiaries that are replicas a forecast asks for, not pods (yet)."""
+FRAGMENTS_PREFIX: Final = "fragments:"
+"""Beneficiaries that are fewer fragments on a node, not pods."""
 
 
 class TransitionError(ValueError):
@@ -82,6 +86,12 @@ class PodView:
     """gpuscaler.io/checkpoint-done: when it acknowledged a requested checkpoint."""
     gpu_memory_gib: float | None = None
     """gpuscaler.io/gpu-memory-gib: GPU memory it needs per share."""
+    pool: str | None = None
+    """For a replica the forecast asks for: the only node pool it may go to."""
+    only_node: str | None = None
+    shrink_to: int | None = None
+    """For fewer fragments on `only_node`: its shares after the change; room is made when
+    the pods left hold no more than that."""
 
     @property
     def gone(self) -> bool:
@@ -98,6 +108,7 @@ class NodeView:
     numa_domain_shares: int | None = None
     """Shares of the GPUs in one NUMA domain, when the topology is known (label
     gpuscaler.io/gpus-per-numa-node): a multi-GPU pod must fit inside one domain."""
+    pool: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,7 +286,7 @@ def is_beneficiary(p: PodView, cfg: PreemptionConfig, now: float) -> bool:
     return (
         p.node is None
         and p.phase == "Pending"
-        and p.gpus > 0
+        and (p.gpus > 0 or p.shrink_to is not None)
         and p.priority >= cfg.beneficiary_min_priority
         and not p.preemption_never
         and p.unschedulable_since is not None
@@ -350,7 +361,8 @@ def choose_victims(
             f"({node.numa_domain_shares} shares each)"
         )
     on_node = [p for p in pods if p.node == node.name and not p.gone]
-    free = node.shares - sum(p.gpus for p in on_node)
+    shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
+    free = shares - sum(p.gpus for p in on_node)
     if free >= need:
         return Choice(node.name, ()), f"{node.name} has {free} free share(s) already"
     candidates = [
@@ -382,6 +394,8 @@ def _start(
 ) -> list[Decision] | Skip:
     choices, reasons = [], []
     for node in obs.nodes:
+        if (b.pool is not None and node.pool != b.pool) or b.only_node not in (None, node.name):
+            continue
         choice, why = choose_victims(b, node, obs.pods, taken, cfg)
         if choice is not None and not choice.victims:
             return _hold(now, b.key, f"no action: {why}; the scheduler can place it")
@@ -400,7 +414,22 @@ def _start(
             f"blocked: needs {len(best.victims)} victim(s) on {best.node}, limits leave {budget} "
             f"(max_in_flight {cfg.max_in_flight}, max_per_hour {cfg.max_per_hour})",
         )
-    waited = now - (b.unschedulable_since or now)
+    if b.shrink_to is not None:
+        why = (
+            f"fewer fragments on {b.only_node} ({b.shrink_to} shares) need the pods there to "
+            "hold no more"
+        )
+    elif b.key.startswith(FORECAST_PREFIX):
+        why = (
+            f"forecast: {b.key.removeprefix(FORECAST_PREFIX).split('#')[0]} needs one more "
+            f"replica ({b.gpus} GPU share(s)) within the horizon and its pool has no room"
+        )
+    else:
+        waited = now - (b.unschedulable_since or now)
+        why = (
+            f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for "
+            f"{waited:.0f}s"
+        )
     out = []
     for v in best.victims:
         state = VictimState(v.key, b.key, best.node, v.gpus, v.priority, "none", now, now)
@@ -411,8 +440,7 @@ def _start(
                 state,
                 "soft",
                 "request_checkpoint",
-                f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for "
-                f"{waited:.0f}s; {v.key} (priority {v.priority}, {v.gpus} share(s)) on "
+                f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on "
                 f"{best.node} frees room"
                 + (", checkpointed recently" if fresh else "")
                 + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
@@ -460,3 +488,55 @@ def decide_preemption(
             decisions += started
             budget -= len(started)
     return tuple(decisions), tuple(skips)
+
+
+def forecast_beneficiaries(
+    wanted: list[tuple[str, str, str, int, int, int]], now: float
+) -> tuple[PodView, ...]:
+    """Replicas a forecast floor asks for and that do not exist yet, as pending pods:
+    (workload key, namespace, pool, priority, missing replicas, shares per replica). Their
+    keys are stable across ticks, so a preemption started for one goes on while the
+    forecast still asks for it, and its soft tier is aborted when it no longer does."""
+    out = []
+    for key, namespace, pool, priority, missing, shares in wanted:
+        for i in range(missing):
+            out.append(
+                PodView(
+                    f"{FORECAST_PREFIX}{key}#{i}",
+                    namespace,
+                    None,
+                    shares,
+                    priority,
+                    "Pending",
+                    unschedulable_since=-math.inf,  # needed within the horizon: no wait
+                    pool=pool,
+                )
+            )
+    return tuple(out)
+
+
+def fragments_beneficiaries(
+    pool: str, current: int, to: int, obs: PreemptionObservation, priority: int
+) -> tuple[PodView, ...]:
+    """One per node of `pool` whose pods hold more shares than fewer fragments (`to`
+    instead of `current` per GPU) leave: the room needed, as a pending pod pinned there."""
+
+    def held(node: str) -> int:
+        return sum(p.gpus for p in obs.pods if p.node == node and not p.gone)
+
+    return tuple(
+        PodView(
+            f"{FRAGMENTS_PREFIX}{pool}/{n.name}",
+            "",
+            None,
+            0,
+            priority,
+            "Pending",
+            unschedulable_since=-math.inf,
+            pool=pool,
+            only_node=n.name,
+            shrink_to=n.shares // current * to,
+        )
+        for n in obs.nodes
+        if n.pool == pool and current > 0 and held(n.name) > n.shares // current * to
+    )
