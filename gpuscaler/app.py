@@ -23,11 +23,16 @@ from gpuscaler.adapters.cluster import (
     with_discovered,
 )
 from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
-from gpuscaler.adapters.preemption import GpuMemoryProbe, PreemptionReader
+from gpuscaler.adapters.preemption import (
+    GpuMemoryProbe,
+    PreemptionReader,
+    preemption_observation,
+)
 from gpuscaler.adapters.prometheus import PrometheusSource
 from gpuscaler.config import Config, ConfigError
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import Decision
+from gpuscaler.core.preemption import PreemptionObservation
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
@@ -80,7 +85,25 @@ def snapshot_controller(config: Config, path: str) -> Controller:
         raise SetupError(str(e)) from None
     config = with_discovered(config, objects)
     state = current_state(objects, config)
-    return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
+    preemption = preemption_observation(
+        objects, config, list(objects.priority_classes), list(objects.disruption_budgets)
+    )
+    source = _WithPreemption(PrometheusSource(config, state), preemption)
+    return Controller(config, source, _NoActuator(), dry_run=True)
+
+
+class _WithPreemption:
+    """A source plus a fixed preemption observation (from a file)."""
+
+    name = "prometheus"
+
+    def __init__(self, source: PrometheusSource, preemption: PreemptionObservation):
+        self.source = source
+        self.health = source.health
+        self.preemption = preemption
+
+    def observe(self, now: float) -> Observations:
+        return replace(self.source.observe(now), preemption=self.preemption)
 
 
 class ClusterSource:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ START, END = planted_window(POINTS, 20)  # set again by the fixture that plants 
 
 
 PLURALS = {
+    "PriorityClass": ("scheduling.k8s.io/v1", "priorityclasses"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "Node": ("v1", "nodes"),
     "Pod": ("v1", "pods"),
     "ScaledObject": ("keda.sh/v1alpha1", "scaledobjects"),
@@ -116,6 +119,13 @@ def test_once_dry_run_plans_against_a_kubectl_dump(prom_url: str, tmp_path: Path
     assert "no series matches" in skips[("fragments", "l4-24gb")]
     assert ("replica_floor", "ml/HorizontalPodAutoscaler/embedder") in skips
     assert not any("web" in target for _, target in skips)  # not opted in
+    # research/train-llama-0 (gpu-critical, 4 GPUs) is Unschedulable: sweep-a frees room on
+    # gpu-a100-0 (sweep-b on gpu-a100-1 is protected by a PDB), after asking to checkpoint.
+    preempt = decisions[("preemption", "research/sweep-a-0")]
+    assert (preempt["from"], preempt["to"], preempt["outcome"]) == ("none", "soft", "dry_run")
+    assert preempt["detail"]["beneficiary"] == "research/train-llama-0"
+    assert preempt["detail"]["node"] == "gpu-a100-0"
+    assert preempt["detail"]["checkpoint_deadline"] > time.time()
 
 
 @pytest.mark.parametrize(
@@ -221,5 +231,8 @@ def test_run_acts_on_the_cluster_as_leader(prom_url: str, tmp_path: Path) -> Non
         )
         assert reasons.count("FragmentsChanged") == 2
         assert "ReplicaFloorChanged" in reasons and "SharingConfigAdded" in reasons
+        victim = cluster.get("v1", "pods", "research", "sweep-a-0")
+        assert victim is not None
+        assert "gpuscaler.io/checkpoint-requested" in victim["metadata"]["annotations"]
         web = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "frontend", "web")
         assert web is not None and "annotations" not in web["metadata"]

@@ -14,6 +14,7 @@ from gpuscaler.adapters.cluster import (
     parse_node,
     parse_objects,
     pool_state,
+    schedulable_on,
 )
 from gpuscaler.config import parse_config
 
@@ -141,3 +142,115 @@ def test_shares_held_per_gpu(pods: list[dict[str, Any]], held: int) -> None:
 def test_garbage_objects_are_refused_naming_the_item_and_field(obj: Any, message: str) -> None:
     with pytest.raises(ClusterStateError, match=re.escape(message)):
         parse_objects([obj], CONFIG)
+
+
+QUARANTINED = {"key": "gpuscaler.io/gpu-memory-held", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "taints", "fits"),
+    [
+        ({}, [], True),
+        ({"nodeSelector": {"nvidia.com/gpu.product": A100}}, [], True),
+        ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}, [], False),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "nvidia.com/gpu.product",
+                                            "operator": "In",
+                                            "values": [A100],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            [],
+            True,
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "nvidia.com/gpu.product",
+                                            "operator": "NotIn",
+                                            "values": [A100],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            [],
+            False,
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                                {
+                                    "matchExpressions": [
+                                        {"key": "kubernetes.io/hostname", "operator": "Exists"}
+                                    ]
+                                },
+                            ]
+                        }
+                    }
+                }
+            },
+            [],
+            True,
+        ),
+        ({}, [QUARANTINED], False),
+        (
+            {"tolerations": [{"key": "gpuscaler.io/gpu-memory-held", "operator": "Exists"}]},
+            [QUARANTINED],
+            True,
+        ),
+        (
+            {"tolerations": [{"key": "gpuscaler.io/gpu-memory-held", "value": "false"}]},
+            [QUARANTINED],
+            False,
+        ),
+        ({}, [{"key": "maintenance", "effect": "PreferNoSchedule"}], True),
+    ],
+    ids=[
+        "no constraints",
+        "a matching nodeSelector",
+        "a nodeSelector for another product",
+        "required affinity In",
+        "required affinity NotIn",
+        "any one of several affinity terms",
+        "a quarantine taint it does not tolerate",
+        "a toleration for that taint",
+        "a toleration for another value",
+        "a soft taint does not keep it off",
+    ],
+)
+def test_a_pending_pod_is_only_placed_where_the_scheduler_could(
+    spec: dict[str, Any], taints: list[dict[str, str]], fits: bool
+) -> None:
+    raw = node("n")
+    raw["spec"] = {"taints": taints}
+    pending = gpu_pod("p", None)
+    pending["spec"] |= spec
+    objects = parse_objects([raw, pending], CONFIG)
+    assert schedulable_on(objects.pods[0], objects.nodes[0]) is fits

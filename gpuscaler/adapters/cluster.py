@@ -73,6 +73,7 @@ class Node:
     gpu_memory_mib: float | None
     fragments: int | None
     time_slice_level: str | None
+    taints: tuple[Json, ...] = ()
 
     @property
     def opted_in(self) -> bool:
@@ -106,6 +107,10 @@ class GpuPod:
     unschedulable_since: float | None = None
     """lastTransitionTime of PodScheduled=False with reason Unschedulable."""
     pod_ip: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_affinity: tuple[Json, ...] = ()
+    """requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms."""
+    tolerations: tuple[Json, ...] = ()
 
     @property
     def key(self) -> str:
@@ -143,6 +148,9 @@ class ClusterObjects:
     nodes: tuple[Node, ...] = ()
     pods: tuple[GpuPod, ...] = ()
     scale_objects: Mapping[str, ScaleObject] = field(default_factory=dict)
+    priority_classes: tuple[Json, ...] = ()
+    disruption_budgets: tuple[Json, ...] = ()
+    """As JSON, when the objects came with them (a kubectl dump may include them)."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -202,6 +210,7 @@ def parse_node(obj: Json, config: Config) -> Node:
         gpu_memory_mib=float(_int(memory, f"{where} nvidia.com/gpu.memory")) if memory else None,
         fragments=fragments,
         time_slice_level=labels.get(config.kubernetes.time_slice_label),
+        taints=tuple((obj.get("spec") or {}).get("taints") or ()),
     )
 
 
@@ -252,6 +261,17 @@ def parse_pod(obj: Json) -> GpuPod | None:
         if unschedulable
         else None,
         pod_ip=status.get("podIP"),
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        node_affinity=tuple(
+            (
+                ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+                    "requiredDuringSchedulingIgnoredDuringExecution"
+                )
+                or {}
+            ).get("nodeSelectorTerms")
+            or ()
+        ),
+        tolerations=tuple(spec.get("tolerations") or ()),
     )
 
 
@@ -297,6 +317,8 @@ def parse_time(text: Any) -> float | None:
 def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
     """Nodes, GPU pods, ScaledObjects and HPAs out of a mixed list; other kinds ignored."""
     nodes, pods, scale = [], [], {}
+    classes: list[Json] = []
+    budgets: list[Json] = []
     hpa_replicas: dict[str, int] = {}
     for i, obj in enumerate(items):
         if not isinstance(obj, dict):
@@ -309,6 +331,12 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
                 pod = parse_pod(obj)
                 if pod is not None:
                     pods.append(pod)
+            elif kind == "PriorityClass":
+                _meta(obj, kind)
+                classes.append(obj)
+            elif kind == "PodDisruptionBudget":
+                _meta(obj, kind)
+                budgets.append(obj)
             elif kind in ("ScaledObject", "HorizontalPodAutoscaler"):
                 so = parse_scale_object(obj, kind)
                 scale[so.key] = so
@@ -326,7 +354,7 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
     for key, replicas in hpa_replicas.items():
         if key in scale:
             scale[key] = replace(scale[key], replicas=replicas)
-    return ClusterObjects(tuple(nodes), tuple(pods), scale)
+    return ClusterObjects(tuple(nodes), tuple(pods), scale, tuple(classes), tuple(budgets))
 
 
 # --------------------------------------------------------------------------- pools
@@ -514,3 +542,45 @@ def with_discovered(config: Config, objects: ClusterObjects | None) -> Config:
     if not found:
         return config
     return config.model_copy(update={"workloads": config.workloads + found})
+
+
+def _expression_matches(expr: Json, labels: Mapping[str, str]) -> bool:
+    key, op, values = str(expr.get("key")), expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # Gt/Lt and unknown operators: not assumed to match
+
+
+def _tolerates(tolerations: tuple[Json, ...], taint: Json) -> bool:
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint.get("effect")):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, "", taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def schedulable_on(pod: GpuPod, node: Node) -> bool:
+    """Whether the scheduler could place `pod` on `node` as far as labels and taints go:
+    nodeSelector, required node affinity (In, NotIn, Exists, DoesNotExist), and NoSchedule
+    or NoExecute taints it does not tolerate."""
+    if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    if pod.node_affinity and not any(
+        all(_expression_matches(e, node.labels) for e in term.get("matchExpressions") or [])
+        for term in pod.node_affinity
+    ):
+        return False
+    return all(
+        _tolerates(pod.tolerations, t)
+        for t in node.taints
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )

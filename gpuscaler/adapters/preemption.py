@@ -37,7 +37,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.cluster import GpuPod, parse_time, pool_nodes
+from gpuscaler.adapters.cluster import (
+    ClusterObjects,
+    GpuPod,
+    Node,
+    parse_time,
+    pool_nodes,
+    schedulable_on,
+)
 from gpuscaler.adapters.kubernetes import (
     MAX_CONFLICT_RETRIES,
     ClusterReader,
@@ -87,7 +94,9 @@ def _record_key(victim: str) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def pod_view(p: GpuPod, never: set[str], pdb_blocked: bool) -> PodView:
+def pod_view(
+    p: GpuPod, never: set[str], pdb_blocked: bool, nodes: tuple[Node, ...] = ()
+) -> PodView:
     memory = p.annotations.get(GPU_MEMORY)
     try:
         gpu_memory = float(memory) if memory is not None else None
@@ -110,6 +119,9 @@ def pod_view(p: GpuPod, never: set[str], pdb_blocked: bool) -> PodView:
         checkpoint_at=parse_time(p.annotations.get(LAST_CHECKPOINT)),
         checkpoint_done_at=parse_time(p.annotations.get(CHECKPOINT_DONE)),
         gpu_memory_gib=gpu_memory,
+        allowed_nodes=frozenset(n.name for n in nodes if schedulable_on(p, n))
+        if p.node is None
+        else None,
     )
 
 
@@ -164,40 +176,57 @@ class PreemptionReader:
         try:
             objects = self.cluster.last_objects or self.cluster.objects()
             classes = _json(self.scheduling.list_priority_class(_preload_content=False))
-            never = {
-                c["metadata"]["name"]
-                for c in classes.get("items") or []
-                if c.get("preemptionPolicy") == "Never"
-            }
             pdbs = _json(
                 self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
             )
             states, _ = self.states()
         except (KubeError, ApiException, KeyError) as e:
             return PreemptionObservation(problem=f"cannot read preemption state: {e}")
-        blocked = _pdb_blocked(objects.pods, pdbs.get("items") or [])
-        pods = tuple(pod_view(p, never, p.key in blocked) for p in objects.pods)
-        nodes = []
-        reserve = self.config.fragments.memory_reserve_ratio
-        for pool in self.config.node_pools:
-            for n in pool_nodes(objects, pool):
-                per_gpu = max(1, n.fragments or 1)
-                memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
-                numa = n.labels.get(NUMA_LABEL, "")
-                nodes.append(
-                    NodeView(
-                        n.name,
-                        (n.gpu_count or 0) * per_gpu,
-                        memory * (1 - reserve) / per_gpu,
-                        int(numa) * per_gpu if numa.isdigit() else None,
-                        pool.name,
-                    )
-                )
         released: dict[str, bool | None] = {}
         for s in states:
             if s.tier == "cleanup":
                 released[s.victim] = self.memory.released(s, now) if self.memory else None
-        return PreemptionObservation(pods, tuple(nodes), states, released)
+        return preemption_observation(
+            objects,
+            self.config,
+            classes.get("items") or [],
+            pdbs.get("items") or [],
+            states,
+            released,
+        )
+
+
+def preemption_observation(
+    objects: ClusterObjects,
+    config: Config,
+    priority_classes: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]],
+    states: tuple[VictimState, ...] = (),
+    released: Mapping[str, bool | None] | None = None,
+) -> PreemptionObservation:
+    """What the core needs, from cluster objects (read live, or from a kubectl dump)."""
+    never = {
+        c["metadata"]["name"] for c in priority_classes if c.get("preemptionPolicy") == "Never"
+    }
+    blocked = _pdb_blocked(objects.pods, pdbs)
+    pods = tuple(pod_view(p, never, p.key in blocked, objects.nodes) for p in objects.pods)
+    nodes = []
+    reserve = config.fragments.memory_reserve_ratio
+    for pool in config.node_pools:
+        for n in pool_nodes(objects, pool):
+            per_gpu = max(1, n.fragments or 1)
+            memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
+            numa = n.labels.get(NUMA_LABEL, "")
+            nodes.append(
+                NodeView(
+                    n.name,
+                    (n.gpu_count or 0) * per_gpu,
+                    memory * (1 - reserve) / per_gpu,
+                    int(numa) * per_gpu if numa.isdigit() else None,
+                    pool.name,
+                )
+            )
+    return PreemptionObservation(pods, tuple(nodes), states, released or {})
 
 
 def _pdb_blocked(pods: tuple[GpuPod, ...], pdbs: list[dict[str, Any]]) -> set[str]:

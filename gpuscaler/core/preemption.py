@@ -89,6 +89,8 @@ class PodView:
     pool: str | None = None
     """For a replica the forecast asks for: the only node pool it may go to."""
     only_node: str | None = None
+    allowed_nodes: frozenset[str] | None = None
+    """Nodes its nodeSelector, required affinity and tolerations admit; None: any."""
     shrink_to: int | None = None
     """For fewer fragments on `only_node`: its shares after the change; room is made when
     the pods left hold no more than that."""
@@ -395,6 +397,8 @@ def _start(
     choices, reasons = [], []
     for node in obs.nodes:
         if (b.pool is not None and node.pool != b.pool) or b.only_node not in (None, node.name):
+            continue
+        if b.allowed_nodes is not None and node.name not in b.allowed_nodes:
             continue
         choice, why = choose_victims(b, node, obs.pods, taken, cfg)
         if choice is not None and not choice.victims:
