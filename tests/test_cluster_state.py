@@ -147,75 +147,30 @@ def test_garbage_objects_are_refused_naming_the_item_and_field(obj: Any, message
 QUARANTINED = {"key": "gpuscaler.io/gpu-memory-held", "value": "true", "effect": "NoSchedule"}
 
 
+def _affinity(*terms: list[dict[str, Any]]) -> dict[str, Any]:
+    required = {"nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}
+    return {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    }
+
+
+def _expr(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": list(values)}
+
+
+PRODUCT = "nvidia.com/gpu.product"
+
+
 @pytest.mark.parametrize(
     ("spec", "taints", "fits"),
     [
         ({}, [], True),
-        ({"nodeSelector": {"nvidia.com/gpu.product": A100}}, [], True),
-        ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}, [], False),
+        ({"nodeSelector": {PRODUCT: A100}}, [], True),
+        ({"nodeSelector": {PRODUCT: "NVIDIA-L4"}}, [], False),
+        (_affinity([_expr(PRODUCT, "In", A100)]), [], True),
+        (_affinity([_expr(PRODUCT, "NotIn", A100)]), [], False),
         (
-            {
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {
-                                            "key": "nvidia.com/gpu.product",
-                                            "operator": "In",
-                                            "values": [A100],
-                                        }
-                                    ]
-                                }
-                            ]
-                        }
-                    }
-                }
-            },
-            [],
-            True,
-        ),
-        (
-            {
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {
-                                            "key": "nvidia.com/gpu.product",
-                                            "operator": "NotIn",
-                                            "values": [A100],
-                                        }
-                                    ]
-                                }
-                            ]
-                        }
-                    }
-                }
-            },
-            [],
-            False,
-        ),
-        (
-            {
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
-                                {
-                                    "matchExpressions": [
-                                        {"key": "kubernetes.io/hostname", "operator": "Exists"}
-                                    ]
-                                },
-                            ]
-                        }
-                    }
-                }
-            },
+            _affinity([_expr("zone", "Exists")], [_expr("kubernetes.io/hostname", "Exists")]),
             [],
             True,
         ),

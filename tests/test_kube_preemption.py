@@ -56,6 +56,15 @@ def _seed(fake: FakeCluster, **victim_kw: Any) -> None:
     fake.add("v1", "pods", _pending())
 
 
+@pytest.fixture
+def started(api: Api) -> tuple[Tick, FakeCluster]:
+    """The seeded cluster after the first tick: batch/train asked to checkpoint at T0."""
+    _seed(api[1])
+    tick = Tick(api)
+    tick(T0)
+    return tick, api[1]
+
+
 class Tick:
     """One control tick's preemption part, with fresh adapter objects each time (as
     after a restart): read, decide, act."""
@@ -198,11 +207,8 @@ def test_a_pdb_refusal_is_retried_then_given_up_and_never_forced(api: Api) -> No
     assert not [r for r in fake.requests if r[0] == "DELETE"]
 
 
-def test_a_pod_stuck_terminating_is_force_deleted(api: Api) -> None:
-    _, fake = api
-    _seed(fake)
-    tick = Tick(api)
-    tick(T0)
+def test_a_pod_stuck_terminating_is_force_deleted(started: tuple[Tick, FakeCluster]) -> None:
+    tick, fake = started
     victim = fake.get("v1", "pods", "batch", "train")
     tick(T0 + 301)  # evicted; the kubelet never finishes: the pod stays Terminating
     assert victim is not None
@@ -218,22 +224,20 @@ def test_a_pod_stuck_terminating_is_force_deleted(api: Api) -> None:
     assert len(_evictions(fake)) == 1  # never evicted twice
 
 
-def test_a_victim_that_exits_during_the_soft_tier_skips_the_eviction(api: Api) -> None:
-    _, fake = api
-    _seed(fake)
-    tick = Tick(api)
-    tick(T0)
+def test_a_victim_that_exits_during_the_soft_tier_skips_the_eviction(
+    started: tuple[Tick, FakeCluster],
+) -> None:
+    tick, fake = started
     del fake.objects[("v1", "pods", "batch", "train")]  # it checkpointed and exited
     _, _, applied = tick(T0 + 30)
     assert [d.to_value for d in applied] == ["cleanup"]
     assert _evictions(fake) == []
 
 
-def test_a_beneficiary_scheduled_elsewhere_aborts_the_soft_tier(api: Api) -> None:
-    _, fake = api
-    _seed(fake)
-    tick = Tick(api)
-    tick(T0)
+def test_a_beneficiary_scheduled_elsewhere_aborts_the_soft_tier(
+    started: tuple[Tick, FakeCluster],
+) -> None:
+    tick, fake = started
     pending = fake.get("v1", "pods", "serving", "critical")
     assert pending is not None
     pending["spec"]["nodeName"] = "gpu-9"

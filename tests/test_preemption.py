@@ -198,6 +198,12 @@ def test_limits_bound_victims_in_flight_and_per_hour() -> None:
     assert _victims(decisions) == ["ml/b", "ml/c"]
 
 
+def test_a_victim_given_up_is_not_chosen_again_and_another_is() -> None:
+    gave_up = VictimState("ml/c", "ml/critical", "n1", 1, 10, "given_up", NOW - 10, NOW - 400)
+    decisions, _ = _plan(critical(1), *FULL_N1, states=(gave_up,))
+    assert _victims(decisions) == ["ml/b"]
+
+
 def test_a_beneficiary_with_victims_under_way_gets_no_new_ones() -> None:
     state = VictimState("ml/c", "ml/critical", "n1", 1, 10, "soft", NOW - 10, NOW - 10)
     decisions, _ = _plan(critical(), *FULL_N1, states=(state,))

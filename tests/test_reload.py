@@ -101,3 +101,7 @@ def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_work
     assert "gpuscaler_config_generation 2.0" in text
     assert "gpuscaler_config_reload_failures_total 1.0" in text
     assert 'gpuscaler_source_up{source="kubernetes"} 1.0' in text
+    assert "gpuscaler_leader 1.0" in text
+    controller.is_leader = lambda: False  # the lease went to another replica
+    controller.tick(NOW + 120)
+    assert "gpuscaler_leader 0.0" in metrics.exposition().decode()

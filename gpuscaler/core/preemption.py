@@ -481,7 +481,8 @@ def decide_preemption(
     last_hour = sum(now - s.requested_at < 3600 for s in obs.states)
     budget = min(cfg.max_in_flight - in_flight, cfg.max_per_hour - last_hour)
     busy = {s.beneficiary for s in obs.states if s.tier in ("soft", "hard")}
-    taken = {s.victim for s in obs.states if s.tier in IN_FLIGHT}
+    # A victim given up (a PDB kept refusing) is not chosen again while its record lasts.
+    taken = {s.victim for s in obs.states if s.tier in IN_FLIGHT or s.tier == "given_up"}
     for b in sorted(obs.pods, key=lambda p: (-p.priority, p.unschedulable_since or 0.0)):
         if not is_beneficiary(b, cfg, now) or b.key in busy:
             continue
