@@ -77,6 +77,7 @@ def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_work
     metrics.attach(parts.controller)
     metrics.attach_cluster(parts)
     controller = parts.controller
+    assert parts.elector is not None and parts.elector.step()  # this replica leads
 
     controller.tick(NOW)
     controller.tick(NOW + 30)  # discovery uses what the previous tick read
