@@ -160,7 +160,7 @@ def cluster_controller(
         lease = config.kubernetes.lease
         elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
-    actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home)
+    actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home, reader=reader)
     prometheus = PrometheusSource(config, reader.state)
     source = ClusterSource(
         prometheus,

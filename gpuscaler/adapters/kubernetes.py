@@ -366,10 +366,18 @@ def _config_replicas(text: str) -> tuple[str | None, int]:
 class KubeNodePools:
     """Fragments and time slice of node pools, through node labels."""
 
-    def __init__(self, api: client.ApiClient, config: Config, writer: Writer):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        writer: Writer,
+        reader: ClusterReader | None = None,
+    ):
         self.config = config
         self.core = client.CoreV1Api(api)
-        self.reader = ClusterReader(api, config)
+        self.reader = reader or ClusterReader(api, config)
+        """Shared with the source: rollouts are continued from what this tick already read
+        (each write still checks the resourceVersion), not from a second listing."""
         self.writer = writer
 
     def _pool(self, name: str) -> NodePoolConfig:
@@ -542,7 +550,7 @@ class KubeNodePools:
         the newest gpuscaler decision on its nodes); pools in `skip` are left alone.
         Returns the nodes relabelled."""
         try:
-            objects = self.reader.objects()
+            objects = self.reader.last_objects or self.reader.objects()
         except (KubeError, ClusterStateError) as e:
             log.warning("rollouts paused: %s", e)
             return 0
@@ -625,6 +633,7 @@ def kube_actuator(
     may_act: Callable[[], bool] = lambda: True,
     budget: WriteBudget | None = None,
     namespace: str = "gpuscaler",
+    reader: ClusterReader | None = None,
 ) -> KubeActuator:
     """The actuator for `config`, all writes behind one gate (leadership and budget);
     preemption records live in `namespace` (gpuscaler's own)."""
@@ -633,6 +642,6 @@ def kube_actuator(
     writer = Writer(api, config, identity, budget, may_act)
     return KubeActuator(
         KubeWorkloads(api, config, identity, writer),
-        KubeNodePools(api, config, writer),
+        KubeNodePools(api, config, writer, reader),
         KubePreemption(api, config, writer, namespace),
     )
