@@ -67,7 +67,7 @@ def identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-class _NoActuator:
+class NoActuator:
     """For plans against a file or a state: nothing can be changed."""
 
     def apply(self, decisions: Any) -> tuple[Decision, ...]:
@@ -89,7 +89,7 @@ def snapshot_controller(config: Config, path: str) -> Controller:
         objects, config, list(objects.priority_classes), list(objects.disruption_budgets)
     )
     source = _WithPreemption(PrometheusSource(config, state), preemption)
-    return Controller(config, source, _NoActuator(), dry_run=True)
+    return Controller(config, source, NoActuator(), dry_run=True)
 
 
 class _WithPreemption:
@@ -168,12 +168,13 @@ def cluster_controller(
     )
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None)
-    base = [config]  # the file's config, before discovered workloads are added
+    base = config  # the file's config, before discovered workloads are added
 
     def refresh(new_base: Config | None = None) -> None:
+        nonlocal base
         if new_base is not None:
-            base[0] = new_base
-        want = with_discovered(base[0], reader.last_objects)
+            base = new_base
+        want = with_discovered(base, reader.last_objects)
         if new_base is not None or want.workloads != controller.config.workloads:
             reader.reconfigure(want)
             controller.reconfigure(want)

@@ -154,14 +154,14 @@ def _live_controller(config: Config, dry_run: bool) -> Controller:
 
 def _prometheus_controller(config: Config, state_file: str) -> Controller:
     from gpuscaler.adapters.prometheus import PrometheusSource, load_state
-    from gpuscaler.app import _NoActuator
+    from gpuscaler.app import NoActuator
 
     state, said = load_state(state_file, config)
     print(
         f"source: Prometheus at {config.prometheus.url}; {said}; no cluster: dry run.",
         file=sys.stderr,
     )
-    return Controller(config, PrometheusSource(config, state), _NoActuator(), dry_run=True)
+    return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
 
 
 def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from kubefake import FakeCluster
+from kubefake import FakeCluster, serving
 from kubeobjects import gpu_pod, node
 from kubernetes import client
 
@@ -299,8 +299,7 @@ def test_memory_still_held_after_the_victim_left_taints_and_labels_the_node(api:
 
 
 def test_the_checkpoint_endpoint_is_called_with_the_reason_and_deadline(api: Api) -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     received: list[dict[str, Any]] = []
 
@@ -313,27 +312,20 @@ def test_the_checkpoint_endpoint_is_called_with_the_reason_and_deadline(api: Api
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        _, fake = api
-        _seed(fake)
-        victim = fake.objects[("v1", "pods", "batch", "train")]
-        victim["status"]["podIP"] = "127.0.0.1"
+    _, fake = api
+    _seed(fake)
+    victim = fake.objects[("v1", "pods", "batch", "train")]
+    victim["status"]["podIP"] = "127.0.0.1"
+    with serving(Handler) as url:
+        port = url.rsplit(":", 1)[1]
         config = parse_config(
-            CONFIG_TEXT
-            + f'  checkpoint_endpoint: "http://{{pod_ip}}:{server.server_address[1]}/checkpoint"\n'
+            CONFIG_TEXT + f'  checkpoint_endpoint: "http://{{pod_ip}}:{port}/checkpoint"\n'
         )
         cluster = ClusterReader(api[0], config)
         cluster.state()
         obs = PreemptionReader(api[0], config, cluster, "gpuscaler").observe(T0)
         decisions, _ = decide_preemption(obs, config.preemption, T0)
         kube_actuator(api[0], config, "test").apply(decisions)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
     assert len(received) == 1
     assert received[0]["deadline"] == rfc3339(T0 + 300)
     assert "serving/critical" in received[0]["reason"]

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client
@@ -63,6 +63,9 @@ from gpuscaler.adapters.cluster import (
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
+
+if TYPE_CHECKING:  # the preemption adapter builds on this module
+    pass
 
 log = logging.getLogger("gpuscaler.kubernetes")
 

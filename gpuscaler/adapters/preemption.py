@@ -125,16 +125,27 @@ def pod_view(
     )
 
 
+def parse_record(key: str, raw: str) -> VictimState:
+    try:
+        return VictimState(**json.loads(raw))
+    except (ValueError, TypeError) as e:
+        raise KubeError(f"ConfigMap {STATE_CONFIGMAP} key {key}: unreadable record: {e}") from None
+
+
 def parse_states(data: Mapping[str, str]) -> tuple[VictimState, ...]:
-    states = []
-    for key, raw in sorted(data.items()):
-        try:
-            states.append(VictimState(**json.loads(raw)))
-        except (ValueError, TypeError) as e:
-            raise KubeError(
-                f"ConfigMap {STATE_CONFIGMAP} key {key}: unreadable record: {e}"
-            ) from None
-    return tuple(states)
+    return tuple(parse_record(key, raw) for key, raw in sorted(data.items()))
+
+
+def read_records(core: client.CoreV1Api, namespace: str) -> dict[str, Any] | None:
+    """The records ConfigMap as JSON, None while it does not exist (no preemption yet)."""
+    try:
+        return _json(
+            core.read_namespaced_config_map(STATE_CONFIGMAP, namespace, _preload_content=False)
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _api_error(f"read ConfigMap {namespace}/{STATE_CONFIGMAP}", e) from None
 
 
 class PreemptionReader:
@@ -159,18 +170,9 @@ class PreemptionReader:
     def reconfigure(self, config: Config) -> None:
         self.config = config
 
-    def states(self) -> tuple[tuple[VictimState, ...], dict[str, Any] | None]:
-        try:
-            cm = _json(
-                self.core.read_namespaced_config_map(
-                    STATE_CONFIGMAP, self.namespace, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return (), None
-            raise _api_error(f"read ConfigMap {self.namespace}/{STATE_CONFIGMAP}", e) from None
-        return parse_states(cm.get("data") or {}), cm
+    def states(self) -> tuple[VictimState, ...]:
+        cm = read_records(self.core, self.namespace)
+        return parse_states((cm or {}).get("data") or {})
 
     def observe(self, now: float) -> PreemptionObservation:
         try:
@@ -179,7 +181,7 @@ class PreemptionReader:
             pdbs = _json(
                 self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
             )
-            states, _ = self.states()
+            states = self.states()
         except (KubeError, ApiException, KeyError) as e:
             return PreemptionObservation(problem=f"cannot read preemption state: {e}")
         released: dict[str, bool | None] = {}
@@ -311,19 +313,10 @@ class KubePreemption:
         """Store `new` after checking the stored tier allows it (`expect` is the tier the
         decision was made from); creates the ConfigMap on first use."""
         for _ in range(MAX_CONFLICT_RETRIES + 1):
-            try:
-                cm: dict[str, Any] | None = _json(
-                    self.core.read_namespaced_config_map(
-                        STATE_CONFIGMAP, self.namespace, _preload_content=False
-                    )
-                )
-            except ApiException as e:
-                if e.status != 404:
-                    raise _api_error(f"read ConfigMap {STATE_CONFIGMAP}", e) from None
-                cm = None
+            cm = read_records(self.core, self.namespace)
             data = (cm or {}).get("data") or {}
-            stored = data.get(_record_key(new.victim))
-            current = parse_states({"k": stored})[0] if stored else None
+            key = _record_key(new.victim)
+            current = parse_record(key, data[key]) if key in data else None
             tier = current.tier if current is not None else "none"
             if current is not None and current.tier not in IN_FLIGHT and expect == "none":
                 tier = "none"  # a finished record: this victim may be chosen again
@@ -334,10 +327,10 @@ class KubePreemption:
                 )
             check_transition(tier, new.tier)
             body: dict[str, Any] = {"data": {_record_key(new.victim): json.dumps(asdict(new))}}
-            for key, raw in data.items():  # prune finished records older than a day
-                old = parse_states({key: raw})[0]
+            for other, raw in data.items():  # prune finished records older than a day
+                old = parse_record(other, raw)
                 if old.tier not in IN_FLIGHT and new.since - old.since > KEEP_FINISHED:
-                    body["data"][key] = None
+                    body["data"][other] = None
             self.writer.gate(f"preemption record of {new.victim}")
             try:
                 if cm is None:
@@ -365,16 +358,11 @@ class KubePreemption:
         raise KubeError(f"ConfigMap {STATE_CONFIGMAP}: still conflicting")
 
     def _stored(self, victim: str) -> VictimState:
-        cm = _read(
-            f"read ConfigMap {STATE_CONFIGMAP}",
-            lambda: self.core.read_namespaced_config_map(
-                STATE_CONFIGMAP, self.namespace, _preload_content=False
-            ),
-        )
-        raw = (cm.get("data") or {}).get(_record_key(victim))
+        key = _record_key(victim)
+        raw = ((read_records(self.core, self.namespace) or {}).get("data") or {}).get(key)
         if raw is None:
             raise KubeError(f"{victim}: no preemption record")
-        return parse_states({"k": raw})[0]
+        return parse_record(key, raw)
 
     # ------------------------------------------------------------------ pods
 

@@ -27,7 +27,7 @@ from gpuscaler.core.time_slice import decide_time_slice
 
 
 def _forecast_demand(
-    snapshot: Snapshot, config: Config, outcomes: dict[str, Outcome], now: float
+    snapshot: Snapshot, config: Config, outcomes: dict[str, Outcome]
 ) -> tuple[PodView, ...]:
     """Replicas of high-priority workloads that their forecast floor asks for (this tick's
     decision, else the floor in force) and that do not exist yet."""
@@ -52,7 +52,7 @@ def _forecast_demand(
             wanted.append(
                 (w.key, w.namespace, w.node_pool, w.priority, missing, w.gpus_per_replica)
             )
-    return forecast_beneficiaries(wanted, now)
+    return forecast_beneficiaries(wanted)
 
 
 def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Plan:
@@ -97,7 +97,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         seen = snapshot.preemption
         extra: tuple[PodView, ...] = ()
         if config.preemption.forecast_trigger:
-            extra += _forecast_demand(snapshot, config, outcomes, now)
+            extra += _forecast_demand(snapshot, config, outcomes)
         if config.preemption.fragments_trigger:
             for p in snapshot.pools:
                 out = outcomes.get(target_key("fragments", p.name))

@@ -496,7 +496,7 @@ def decide_preemption(
 
 
 def forecast_beneficiaries(
-    wanted: list[tuple[str, str, str, int, int, int]], now: float
+    wanted: list[tuple[str, str, str, int, int, int]],
 ) -> tuple[PodView, ...]:
     """Replicas a forecast floor asks for and that do not exist yet, as pending pods:
     (workload key, namespace, pool, priority, missing replicas, shares per replica). Their
