@@ -311,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
                 default=8080,
                 help="/metrics, /healthz, /readyz (0: off)",
             )
+            p.add_argument(
+                "--metrics-host",
+                default="0.0.0.0",
+                help="address to serve /metrics, /healthz, /readyz on (default: all, for probes)",
+            )
         p.set_defaults(func=func)
     return parser
 
