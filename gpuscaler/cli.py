@@ -183,7 +183,7 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             return _live_controller(config, args.dry_run), None
         if args.state is not None:
             return _prometheus_controller(config, args.state), None
-        api = kube_api(args.kubeconfig)
+        api = kube_api(args.kubeconfig, config.kubernetes)
         parts = cluster_controller(
             config,
             api,

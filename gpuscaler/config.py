@@ -532,6 +532,16 @@ class KubernetesConfig(_Strict):
     events_namespace: str = Field("default", min_length=1)
     """Namespace of Events about cluster-scoped objects (Nodes), as kubectl expects."""
     lease: LeaseConfig = LeaseConfig()
+    connect_timeout: Seconds = Field(5.0, gt=0, le=60)
+    """Every API call gives up connecting after this: an API server that does not accept
+    connections must not hold a tick (or a lease renewal) for long."""
+    read_timeout: Seconds = Field(15.0, gt=0, le=300)
+    """Every API call gives up waiting for an answer after this (a server that accepts and
+    never answers). Lists of a large cluster take a few seconds; 15 s leaves room."""
+    tick_api_budget: Seconds = Field(60.0, gt=0, le=3600)
+    """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
+    fail at once (their targets get no action, with the reason) and the next tick starts
+    afresh. Lease renewals, on their own thread, are not charged."""
 
     @field_validator("sharing_config_names")
     @classmethod
