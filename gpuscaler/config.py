@@ -314,6 +314,17 @@ class NodePoolConfig(_Strict):
     the lowercase "hostname" newer dcgm-exporters use). Values are escaped."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
+    @field_validator("metrics_matchers")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:  # Prometheus' grammar; a value may be anything (it is escaped)
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) or name.startswith("__"):
+                raise ValueError(
+                    f"{name!r} is not a Prometheus label name (letters, digits and '_', not "
+                    "starting with a digit or '__')"
+                )
+        return value
+
     @field_validator("overrides")
     @classmethod
     def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -354,6 +365,11 @@ WORKLOAD_OVERRIDABLE: dict[str, type[BaseModel]] = {
     "replicas": ReplicasConfig,
     "forecast": ForecastConfig,
 }
+
+
+def redact_url(url: str) -> str:
+    """`url` with the password of any `user:password@` part replaced by ***: safe to print."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", r"\1:***@", url)
 
 
 class PrometheusQueries(_Strict):
@@ -414,7 +430,7 @@ class PrometheusConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.url is not None and not re.match(r"^https?://[^\s/]+", self.url):
-            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+            raise ValueError(f"url {redact_url(self.url)!r} is not an http(s) URL")
         if (self.basic_auth_username is None) != (self.basic_auth_password_file is None):
             raise ValueError(
                 "basic auth needs both basic_auth_username and basic_auth_password_file"
