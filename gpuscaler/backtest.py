@@ -36,13 +36,14 @@ from gpuscaler.core.forecast import (
     make_engine,
 )
 from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.errors import InputError
 from gpuscaler.sim.trace import TraceError, parse_times, read_csv, regular_step
 
 METHODS = ("gpuscaler", "naive", "window_mean", "statsmodels_arima")
 AGGREGATIONS = ("mean", "sum", "max", "count")
 
 
-class BacktestError(Exception):
+class BacktestError(InputError):
     """Input the backtest cannot use; the message says what and where."""
 
 

@@ -13,15 +13,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuscaler.config import Config, ConfigError, load_config, redact_url
 from gpuscaler.controller import Controller
+from gpuscaler.errors import InputError, OutsideError
 from gpuscaler.logs import decision_outcome
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 NO_ADAPTER_NOTICE = (
     "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
@@ -36,11 +38,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def _config_or_exit(path: str | None) -> Config:
+def _config_or_exit(path: str | None, require_targets: bool = True) -> Config:
+    """The config file, or exit 2 naming every problem. `once`, `run` and validation need
+    it to say what it manages; `simulate` and `backtest` bring their own targets."""
     if path is None:
         return Config()
     try:
-        return load_config(path)
+        return load_config(path, require_targets)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -57,7 +61,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuscaler.sim.simulate import simulate
     from gpuscaler.sim.trace import TraceError, load_trace
 
-    config = _config_or_exit(args.config)
+    config = _config_or_exit(args.config, require_targets=False)
     if args.hours is not None and args.hours <= 0:
         print("--hours must be > 0", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -105,11 +109,14 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
     from gpuscaler.config import ForecastConfig, parse_duration
 
-    config = _config_or_exit(args.config)
+    config = _config_or_exit(args.config, require_targets=False)
     try:
         horizon = parse_duration(args.horizon)
         resample = parse_duration(args.resample) if args.resample else None
         window = parse_duration(args.window) if args.window else config.metrics.window
+        for flag, value in (("--horizon", horizon), ("--resample", resample), ("--window", window)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag} must be longer than 0s")
     except ValueError as e:
         print(f"bad argument: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -165,6 +172,21 @@ def _prometheus_controller(config: Config, state_file: str) -> Controller:
     return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
 
 
+def _reloading(
+    controller: Controller,
+    args: argparse.Namespace,
+    adapt: Callable[[Config], Config] = lambda c: c,
+) -> Controller:
+    """`run` without a cluster reloads its config file too: a valid change applies from the
+    next tick (`adapt`ed as the mode needs), an invalid one is logged and refused."""
+    if args.command == "run":
+        from gpuscaler.reload import ConfigReloader
+
+        reloader = ConfigReloader(args.config, lambda c, _: controller.reconfigure(adapt(c)))
+        controller.before_tick.insert(0, reloader.check)
+    return controller
+
+
 def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:
     """The controller for once/run, and the cluster parts around it (None without a
     cluster). Exits 2 on bad input: a bad state or snapshot file, no Kubernetes API."""
@@ -181,9 +203,12 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             )
             return controller, None
         if not config.prometheus.url:
-            return _live_controller(config, args.dry_run), None
+            from gpuscaler.sim.simulate import scenario_config
+
+            live = _live_controller(config, args.dry_run)
+            return _reloading(live, args, scenario_config), None
         if args.state is not None:
-            return _prometheus_controller(config, args.state), None
+            return _reloading(_prometheus_controller(config, args.state), args), None
         api = kube_api(args.kubeconfig, config.kubernetes)
         parts = cluster_controller(
             config,
@@ -243,9 +268,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _report_dir(text: str) -> str:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuscaler", description="Predictive GPU autoscaler for Kubernetes.")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("validate-config", help="check a config file and exit")
@@ -260,7 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
-    p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        type=_report_dir,
+        help="write decisions.jsonl, summary.json and a PNG",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--metrics-port",
@@ -276,7 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
     p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
     p.add_argument("--window", help="history per origin (default: metrics.window)")
-    p.add_argument("--max-origins", type=int, default=400, help="origins per series at most")
+    p.add_argument(
+        "--max-origins", type=_positive_int, default=400, help="origins per series at most"
+    )
     p.add_argument("--config", help="config YAML (forecast section)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_backtest)
@@ -330,8 +384,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.captureWarnings(True)
     if getattr(args, "command", None) == "simulate" and args.hours is None and args.trace is None:
         args.hours = 24.0
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # the one error path: see gpuscaler/errors.py
+        if args.debug:
+            raise
+        code, message = explain(e)
+        print(f"gpuscaler {args.command}: {message}", file=sys.stderr)
     return code
+
+
+def explain(e: BaseException) -> tuple[int, str]:
+    """Exit code and message for an exception no command handled itself."""
+    if isinstance(e, InputError):
+        return EXIT_BAD_INPUT, str(e)
+    if isinstance(e, OutsideError | OSError):
+        return EXIT_FAILURE, str(e) or type(e).__name__
+    return EXIT_FAILURE, (
+        f"internal error ({type(e).__name__}: {e}); this is a bug in gpuscaler, please report "
+        "it. Run again with --debug for the traceback."
+    )
 
 
 if __name__ == "__main__":

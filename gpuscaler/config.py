@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from gpuscaler.errors import InputError
+
 # --------------------------------------------------------------------------- durations
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -54,7 +56,15 @@ def parse_duration(text: str) -> float:
             f"bad duration {text!r}: expected a number with a unit ms, s, m, h or d "
             "(e.g. '500ms', '30s', '5m', '1h')"
         )
+    if total > MAX_DURATION:
+        raise ValueError(f"duration {text!r} is longer than a year: no gpuscaler setting is")
     return total
+
+
+MAX_DURATION = 366 * 86400.0
+"""Longer than any sensible window, cooldown or timeout: a typo such as '99999d'."""
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this is refused before parsing (the shipped one is 10 KB)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -70,17 +80,30 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 """A duration written in YAML as "30s"; held as float seconds."""
 
 
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's `true` is not the number 1: pydantic's lax mode would take it as one."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in _NUMBERS:
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 # --------------------------------------------------------------------------- sections
 
 
 class ControlConfig(_Strict):
-    interval: Seconds = Field(30.0, gt=0)
-    """How often the controller ticks. 30 s: twice the HPA sync period, well below the
-    5 min horizon, and cheap with the batched forecaster."""
+    interval: Seconds = Field(30.0, gt=0, le=3600)
+    """How often the controller ticks (at most hourly: slower cannot act ahead of load).
+    30 s: twice the HPA sync period, well below the 5 min horizon, and cheap with the
+    batched forecaster."""
     dry_run: bool = False
     """Plan and report, never write to the cluster."""
 
@@ -611,6 +634,12 @@ class Config(_Strict):
             )
         if self.metrics.staleness < self.metrics.step:
             problems.append("metrics.staleness: shorter than metrics.step")
+        if self.forecast.horizon >= self.metrics.window:
+            problems.append(
+                f"forecast.horizon: {format_duration(self.forecast.horizon)} is not shorter "
+                f"than metrics.window {format_duration(self.metrics.window)}; a forecast "
+                "cannot see further ahead than the history it learns from"
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -668,7 +697,7 @@ def merge_section(base: BaseModel, override: dict[str, Any], model: type[M]) -> 
     return model.model_validate({**_as_yaml(base), **override})
 
 
-class ConfigError(Exception):
+class ConfigError(InputError):
     """A config that cannot be used. `problems` holds one 'path: reason' line each."""
 
     def __init__(self, source: str, problems: list[str]):
@@ -750,7 +779,9 @@ def _reference_problems(doc: dict[str, Any]) -> list[str]:
             if not isinstance(w, dict):
                 continue
             key = (w.get("namespace"), w.get("kind"), w.get("name"))
-            if None not in key and key in seen:
+            if not all(isinstance(k, str) for k in key):
+                continue  # a list or map where a name belongs is reported by the schema
+            if key in seen:
                 problems.append(
                     f"workloads[{i}]: duplicate workload {'/'.join(str(k) for k in key)}"
                 )
@@ -761,18 +792,32 @@ def _reference_problems(doc: dict[str, Any]) -> list[str]:
     return problems
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+MANAGES_NOTHING = (
+    "(top level): manages nothing: no node_pools and no workloads. List them, or write "
+    "`workloads: []` to manage only the ScaledObjects and HPAs labelled "
+    "gpuscaler.io/enabled=true"
+)
+
+
+def parse_config(text: str, source: str = "<config>", require_targets: bool = False) -> Config:
+    """The validated config, or ConfigError listing every problem with its path.
+    `require_targets`: a config for a controller must say what it manages (an empty file
+    is a mistake, not a valid config)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from e
+    except RecursionError:
+        raise ConfigError(source, ["not valid YAML: nested too deeply"]) from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(doc).__name__}"])
     problems = _reference_problems(doc) + _override_problems(doc)
+    if require_targets and "node_pools" not in doc and "workloads" not in doc:
+        problems.append(MANAGES_NOTHING)
     try:
         config = Config.model_validate(doc)
     except ValidationError as e:
@@ -782,12 +827,18 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, require_targets: bool = True) -> Config:
+    """The config file, checked; see `parse_config`."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                str(p), [f"file is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}"]
+            )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(str(p), ["file not found"]) from e
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(p), [f"cannot read: {e}"]) from e
-    return parse_config(text, str(p))
+    return parse_config(text, str(p), require_targets)

@@ -64,6 +64,7 @@ from gpuscaler.adapters.cluster import (
 from gpuscaler.adapters.kube.api import NO_ANSWER
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
+from gpuscaler.errors import OutsideError
 
 if TYPE_CHECKING:  # the preemption adapter builds on this module
     pass
@@ -77,7 +78,7 @@ KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
 REPORTING_CONTROLLER = "gpuscaler.io/controller"
 
 
-class KubeError(Exception):
+class KubeError(OutsideError):
     """A Kubernetes API call that failed or was refused; the message names the object."""
 
 

@@ -38,6 +38,7 @@ from gpuscaler.adapters.cluster import CurrentState
 from gpuscaler.config import Config, PrometheusConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.errors import OutsideError
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -53,7 +54,7 @@ HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
 
 
-class SourceError(Exception):
+class SourceError(OutsideError):
     """A fetch that failed; the message is safe to log (no secrets)."""
 
 

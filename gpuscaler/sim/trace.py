@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 
 from gpuscaler.core.model import FloatArray
+from gpuscaler.errors import InputError
 
 BUNDLED_TRACE = "azure_llm_2024_conversation_10s.csv.gz"
 
 
-class TraceError(Exception):
+class TraceError(InputError):
     """A trace that cannot be used; the message names the file and the problem."""
 
 
