@@ -37,7 +37,14 @@ from gpuscaler.core.forecast import (
 )
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.errors import InputError
-from gpuscaler.sim.trace import TraceError, parse_times, read_csv, regular_step
+from gpuscaler.sim.trace import (
+    TraceError,
+    bounded_span,
+    finite_times,
+    parse_times,
+    read_csv,
+    regular_step,
+)
 
 METHODS = ("gpuscaler", "naive", "window_mean", "statsmodels_arima")
 AGGREGATIONS = ("mean", "sum", "max", "count")
@@ -59,7 +66,7 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     if frame.shape[1] < 2:
         raise BacktestError(f"{p}: needs a timestamp column and a value column")
     try:
-        times = parse_times(frame.iloc[:, 0], str(p))
+        times = finite_times(parse_times(frame.iloc[:, 0], str(p)), frame, str(p))
     except TraceError as e:
         raise BacktestError(str(e)) from e
     rest = frame.iloc[:, 1:]
@@ -87,11 +94,19 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     return out
 
 
+def _bounded(times: FloatArray, step: float, where: str) -> None:
+    try:
+        bounded_span(times, step, where)
+    except TraceError as e:
+        raise BacktestError(str(e)) from e
+
+
 def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: str) -> Series:
     """A regular grid: resampled into `resample`-second bins, or checked to be regular."""
     t = s.index.to_numpy(dtype=np.float64)
     v = s.to_numpy(dtype=np.float64)
     if resample is not None:
+        _bounded(t, resample, where)
         bins = np.floor((t - t[0]) / resample).astype(np.int64)
         frame = pd.DataFrame({"bin": bins, "v": v})
         grouped = frame.groupby("bin")["v"]
@@ -108,6 +123,7 @@ def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: st
         step = regular_step(t, f"{where}: series {name!r}")
     except TraceError as e:
         raise BacktestError(f"{e}; pass --resample to put it on a grid") from e
+    _bounded(t, step, where)
     slots = np.round((t - t[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = v

@@ -17,6 +17,9 @@ from gpuscaler.core.model import FloatArray
 from gpuscaler.errors import InputError
 
 BUNDLED_TRACE = "azure_llm_2024_conversation_10s.csv.gz"
+MAX_SLOTS = 10_000_000
+"""Bins a trace may span, gaps included (80 MB of float64): 3 years of 10 s bins. A
+larger span is a bad timestamp or a gap, refused before anything is allocated."""
 
 
 class TraceError(InputError):
@@ -49,14 +52,34 @@ def bundled_trace_path() -> Path:
 def parse_times(column: pd.Series, where: str) -> FloatArray:
     """Unix seconds from a column of unix seconds or ISO-8601 strings."""
     numeric = pd.to_numeric(column, errors="coerce")
-    if numeric.notna().all():
+    if numeric.notna().sum() == column.notna().sum():  # numbers, and maybe empty cells
         return numeric.to_numpy(dtype=np.float64)
     try:
-        parsed = pd.to_datetime(column, utc=True, format="ISO8601")
-    except (ValueError, TypeError) as e:
+        parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
+        seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime is a ValueError
         raise TraceError(f"{where}: time column is neither unix seconds nor ISO-8601 ({e})") from e
-    seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
     return np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
+
+
+def finite_times(times: FloatArray, frame: pd.DataFrame, where: str) -> FloatArray:
+    """`times`, or TraceError naming the first row (1 = the header) without a finite time."""
+    bad = np.flatnonzero(~np.isfinite(times))
+    if bad.size:
+        raw = frame.iloc[int(bad[0]), 0]
+        raise TraceError(f"{where}: row {int(bad[0]) + 2}: time {raw!r} is not a finite time")
+    return times
+
+
+def bounded_span(times: FloatArray, step: float, where: str) -> None:
+    """Refuse, before anything is allocated, a grid of more than MAX_SLOTS bins of `step`."""
+    span = (times[-1] - times[0]) / step + 1
+    if span > MAX_SLOTS:
+        gap = int(np.argmax(np.diff(times))) if times.size > 1 else 0
+        raise TraceError(
+            f"{where}: spans {span:.3g} bins of {step:g}s, at most {MAX_SLOTS:,}; the largest "
+            f"gap is between rows {gap + 2} and {gap + 3} ({times[gap + 1] - times[gap]:.3g}s)"
+        )
 
 
 def regular_step(times: FloatArray, where: str) -> float:
@@ -106,13 +129,14 @@ def load_trace(path: str | Path | None = None) -> Trace:
             break
     if numeric_name is None:
         raise TraceError(f"{where}: no numeric column after the time column")
-    times = parse_times(frame[frame.columns[0]], where)
+    times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
     counts = pd.to_numeric(frame[numeric_name], errors="coerce").to_numpy(dtype=np.float64)
     if np.any(counts[np.isfinite(counts)] < 0):
         raise TraceError(f"{where}: column {numeric_name!r} has negative request counts")
     step = regular_step(times, where) if len(times) > 1 else 0.0
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
+    bounded_span(times, step, where)
     # Put missing rows back as NaN so the grid is regular.
     slots = np.round((times - times[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
