@@ -24,6 +24,7 @@ test: setup lint typecheck
 lint: setup
 	$(BIN)/ruff check gpuscaler tests bench
 	$(BIN)/ruff format --check gpuscaler tests bench
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
