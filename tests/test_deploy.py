@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from controlplane import kubectl_path
 
 from gpuscaler.adapters.kubernetes import sharing_config
 from gpuscaler.config import parse_config
@@ -27,11 +27,13 @@ CRDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}
 
 @functools.cache
 def render(directory: str) -> tuple[dict[str, Any], ...]:
-    kubectl = shutil.which("kubectl")
+    kubectl = kubectl_path()  # the one tests/controlplane/build.sh built, else PATH's
     if kubectl is None:
         if os.environ.get("CI"):
-            pytest.fail("kubectl is not installed; CI must render the manifests")
-        pytest.skip("kubectl is not installed")
+            pytest.fail(
+                "kubectl is not built (tests/controlplane/build.sh); CI must render the manifests"
+            )
+        pytest.skip("kubectl is not built (tests/controlplane/build.sh) nor installed")
     out = subprocess.run(
         [kubectl, "kustomize", str(ROOT / directory)],
         capture_output=True,
