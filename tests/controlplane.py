@@ -274,6 +274,7 @@ class ControlPlane:
         self.url = ""
         self.ca_file = self.pki / "ca.crt"
         self.admin_kubeconfig = self.dir / "admin.kubeconfig"
+        self.kubectl_stderr = ""
 
     # ------------------------------------------------------------------ start / stop
 
@@ -430,6 +431,7 @@ class ControlPlane:
         )
         if check and out.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+        self.kubectl_stderr = out.stderr  # warnings (Pod Security, deprecations) land here
         return out.stdout
 
     def install_crds(self) -> None:

@@ -26,7 +26,8 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 
 
-def _config(ns: str, extra: str = "") -> Config:
+def _config(ns: str, extra: str = "", plugin_ns: str | None = None) -> Config:
+    """The pool, workloads in `ns`, and the device-plugin ConfigMap in `plugin_ns` (`ns`)."""
     return parse_config(
         f"""
 node_pools:
@@ -38,12 +39,12 @@ workloads:
   - {{namespace: {ns}, kind: ScaledObject, name: chat}}
   - {{namespace: {ns}, kind: HorizontalPodAutoscaler, name: embed}}
 kubernetes:
-  device_plugin_config_map: {{namespace: {ns}, name: gpuscaler-sharing-configs}}
+  device_plugin_config_map: {{namespace: {plugin_ns or ns}, name: gpuscaler-sharing-configs}}
 """
     )
 
 
-CONFIG = _config("ml")
+CONFIG = _config("ml", plugin_ns="nvidia-device-plugin")  # the fake server's seeds
 CM = ("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
 
 
