@@ -83,9 +83,20 @@ class KubeError(OutsideError):
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
+    """The server's own message rides along for refusals and invalid objects: a 403 names
+    the user, verb and resource RBAC lacks, a 422 the field the schema refused. A call that
+    got no answer (status 0) says what happened on the wire instead."""
     if e.status == NO_ANSWER:
         return KubeError(f"{action}: {e.reason}")
-    return KubeError(f"{action}: HTTP {e.status} {e.reason}")
+    message = f"{action}: HTTP {e.status} {e.reason}"
+    if e.status in (403, 422):
+        try:
+            detail = json.loads(e.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            detail = None
+        if isinstance(detail, str) and detail:
+            message += f": {detail[:300]}"
+    return KubeError(message)
 
 
 def _json(response: Any) -> dict[str, Any]:
