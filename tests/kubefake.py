@@ -23,6 +23,7 @@ import copy
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,6 +130,8 @@ class FakeCluster:
     faults: list[tuple[str, re.Pattern[str], int, int]] = field(default_factory=list)
     version: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
+    delay: float = 0.0
+    """Seconds every request waits before it is answered: a server that hangs."""
 
     def _bump(self, obj: Json) -> Json:
         self.version += 1
@@ -327,6 +330,8 @@ def fake_apiserver(cluster: FakeCluster | None = None) -> Iterator[tuple[str, Fa
             except json.JSONDecodeError:
                 self._send(400, status(400, "BadRequest", "body is not JSON"))
                 return
+            if cluster.delay:
+                time.sleep(cluster.delay)
             code, out = cluster.handle(
                 self.command,
                 url.path,

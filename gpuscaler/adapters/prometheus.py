@@ -348,7 +348,8 @@ class PrometheusSource:
         except SourceError as e:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
-        window.fetched_until = end
+        if got_any or window.series().last_sample_time() is not None:
+            window.fetched_until = end  # an empty window is backfilled again next tick
         if absurd is not None:
             return window.series(), absurd
         if had_bad:

@@ -34,7 +34,12 @@ def decide_time_slice(
     target = obs.name
     stall = obs.stall_mean_pct
     if stall is None or not math.isfinite(stall):
-        return invalid(KIND, target, now, "stall mean missing or not finite", h)
+        why = obs.utilization.problem or (  # the pool's problem, if it has one
+            f"stall: no sample in the last {cfg.stall_window:.0f}s (stale or missing)"
+            if stall is None
+            else "stall mean not finite"
+        )
+        return invalid(KIND, target, now, why, h)
     if obs.stall_last_sample_time is None or now - obs.stall_last_sample_time > staleness:
         return invalid(KIND, target, now, "stall series stale or empty", h)
     current = obs.time_slice_level or "default"
