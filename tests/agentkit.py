@@ -146,9 +146,7 @@ def fake_nvidia_smi(directory: Path, exit_code: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "calls.log"
     script = directory / "nvidia-smi"
-    fail = (
-        f'echo "Insufficient Permissions" >&2; exit {exit_code}' if exit_code else "exit 0"
-    )
+    fail = f'echo "Insufficient Permissions" >&2; exit {exit_code}' if exit_code else "exit 0"
     script.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n{fail}\n')
     script.chmod(0o755)
     return log
@@ -165,7 +163,7 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def __init__(self, pods: list[dict[str, Any]]):
         self.pods = pods
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method name
+    def List(self, request: Any, context: Any) -> Any:  # the gRPC method name
         return api_pb2.ListPodResourcesResponse(
             pod_resources=[
                 api_pb2.PodResources(
@@ -175,9 +173,7 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
                         api_pb2.ContainerResources(
                             name=c,
                             devices=[
-                                api_pb2.ContainerDevices(
-                                    resource_name=r, device_ids=ids
-                                )
+                                api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
                                 for r, ids in devices.items()
                             ],
                         )

@@ -128,7 +128,9 @@ def test_a_time_slice_label_change_is_applied_once_and_mig_gpus_are_skipped(worl
         agent.poll(now)
     assert calls(log) == [f"compute-policy -i {GPU0} --set-timeslice 2"]
     assert stored_node(cluster)["metadata"]["annotations"][TIME_SLICE_APPLIED] == "medium"
-    cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"]["gpuscaler.io/time-slice"] = "long"
+    cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"][
+        "gpuscaler.io/time-slice"
+    ] = "long"
     agent.poll(30)
     agent.poll(40)
     assert calls(log)[1:] == [f"compute-policy -i {GPU0} --set-timeslice 3"]
@@ -153,7 +155,10 @@ def test_a_failing_nvidia_smi_leaves_the_label_unapplied_with_a_warning_event(wo
     (warning,) = [e for e in events(cluster) if e["reason"] == "TimeSliceNotApplied"]
     assert warning["type"] == "Warning" and "Insufficient Permissions" in warning["note"]
     assert "exit 4" in warning["note"] and warning["regarding"]["name"] == NODE
-    assert 'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0' in metrics.exposition().decode()
+    assert (
+        'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0'
+        in metrics.exposition().decode()
+    )
 
 
 def test_a_node_that_did_not_opt_in_gets_no_time_slice(world: Any) -> None:
@@ -262,7 +267,9 @@ def test_a_live_pods_process_and_host_processes_are_never_touched(world: Any) ->
     assert any("GPU 1" in p and "host processes" in p for p in report.problems)
 
 
-def test_an_unknown_cgroup_format_is_reported_not_guessed(world: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_cgroup_format_is_reported_not_guessed(
+    world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}, quarantined=True))
     pid = node.start("0::/kubepods/burstable/not-a-pod-segment/abc\n", GPU0, 3000)
@@ -273,7 +280,10 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(world: Any, caplog: py
     assert node.alive(pid)
     reported = [r.getMessage() for r in caplog.records if "cgroup not understood" in r.getMessage()]
     assert len(reported) == 1 and str(pid) in reported[0]
-    assert 'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0' in metrics.exposition().decode()
+    assert (
+        'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0'
+        in metrics.exposition().decode()
+    )
     assert not report.lifted
 
 
@@ -281,7 +291,11 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(world: Any, caplog: py
     ("name", "labels", "extra"),
     [
         ("dry run", {"gpuscaler.io/enabled": "true"}, "  dry_run: true\n"),
-        ("dry run inherited from control.dry_run", {"gpuscaler.io/enabled": "true"}, "control:\n  dry_run: true\n"),
+        (
+            "dry run inherited from control.dry_run",
+            {"gpuscaler.io/enabled": "true"},
+            "control:\n  dry_run: true\n",
+        ),
         ("node not opted in", {}, ""),
     ],
 )
@@ -315,7 +329,9 @@ def test_when_the_pod_list_fails_no_process_is_an_orphan(world: Any) -> None:
     assert any("pods unknown" in p for p in report.problems)
     assert 'gpuscaler_agent_source_up{source="kubernetes"} 0.0' in metrics.exposition().decode()
     pods_listed = [p for v, p in cluster.requests if v == "GET" and p.endswith("/pods")]
-    assert pods_listed  # and always with this node's field selector (checked in test_rbac-style below)
+    assert (
+        pods_listed
+    )  # and always with this node's field selector (checked in test_rbac-style below)
 
 
 def test_pods_are_listed_only_with_this_nodes_field_selector(world: Any) -> None:
@@ -342,8 +358,16 @@ def test_the_pod_to_gpu_mapping_from_pod_resources_is_a_metric(world: Any) -> No
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({}))
     pods = [
-        {"name": "serving-0", "namespace": "ml", "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}}},
-        {"name": "trainer", "namespace": "ml", "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}}},
+        {
+            "name": "serving-0",
+            "namespace": "ml",
+            "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}},
+        },
+        {
+            "name": "trainer",
+            "namespace": "ml",
+            "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}},
+        },
         {"name": "web", "namespace": "web", "containers": {"w": {}}},
     ]
     with pod_resources_server(pods) as socket:

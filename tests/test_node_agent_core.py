@@ -22,7 +22,9 @@ from gpuscaler.core.orphans import CgroupOwner, GpuProc, OrphanAction
 
 
 def gpu(index: int, used: float = 300, mig: bool = False, numa: int = 0) -> GpuFacts:
-    return GpuFacts(f"GPU-{index}", index, f"00000000:{index + 10:02X}:00.0", 81920, used, mig, numa)
+    return GpuFacts(
+        f"GPU-{index}", index, f"00000000:{index + 10:02X}:00.0", 81920, used, mig, numa
+    )
 
 
 @pytest.mark.parametrize(
@@ -30,14 +32,33 @@ def gpu(index: int, used: float = 300, mig: bool = False, numa: int = 0) -> GpuF
     [
         ("no label: nothing asked", None, {}, [], [], False),
         ("fresh start: every GPU", "medium", {}, [("GPU-0", 2), ("GPU-1", 2)], [], False),
-        ("already applied: nothing", "medium", {"GPU-0": "medium", "GPU-1": "medium"}, [], [], False),
-        ("label changed: every GPU", "long", {"GPU-0": "medium", "GPU-1": "medium"}, [("GPU-0", 3), ("GPU-1", 3)], [], False),
+        (
+            "already applied: nothing",
+            "medium",
+            {"GPU-0": "medium", "GPU-1": "medium"},
+            [],
+            [],
+            False,
+        ),
+        (
+            "label changed: every GPU",
+            "long",
+            {"GPU-0": "medium", "GPU-1": "medium"},
+            [("GPU-0", 3), ("GPU-1", 3)],
+            [],
+            False,
+        ),
         ("one GPU behind", "short", {"GPU-0": "short"}, [("GPU-1", 1)], [], False),
         ("a bad label value", "fast", {}, [], [], True),
     ],
 )
 def test_the_time_slice_is_set_only_where_it_differs(
-    name: str, label: str | None, applied: dict[str, str], apply: list[tuple[str, int]], skipped: list[str], problem: bool
+    name: str,
+    label: str | None,
+    applied: dict[str, str],
+    apply: list[tuple[str, int]],
+    skipped: list[str],
+    problem: bool,
 ) -> None:
     plan = time_slice_plan(label, [gpu(1), gpu(0)], applied)
     assert list(plan.apply) == apply, name
@@ -53,22 +74,42 @@ def test_a_mig_gpu_is_skipped_with_a_reason() -> None:
 
 @pytest.mark.parametrize(
     ("failed", "current", "want"),
-    [({}, None, "long"), ({"GPU-0": "exit 1"}, None, None), ({"GPU-0": "exit 1"}, "short", "short")],
+    [
+        ({}, None, "long"),
+        ({"GPU-0": "exit 1"}, None, None),
+        ({"GPU-0": "exit 1"}, "short", "short"),
+    ],
 )
-def test_a_failure_leaves_the_applied_annotation_as_it_was(failed: dict[str, str], current: str | None, want: str | None) -> None:
+def test_a_failure_leaves_the_applied_annotation_as_it_was(
+    failed: dict[str, str], current: str | None, want: str | None
+) -> None:
     assert applied_annotation(TimeSlicePlan("long"), failed, current) == want
 
 
 def test_the_topology_annotation_lists_every_gpu_by_index_with_the_extenders_keys() -> None:
     value = json.loads(topology_annotation([gpu(1, numa=1), gpu(0, numa=-1)]))
     assert value == [
-        {"uuid": "GPU-0", "index": 0, "pci_bus_id": "00000000:0A:00.0", "memory_mib": 81920, "numa_node": -1},
-        {"uuid": "GPU-1", "index": 1, "pci_bus_id": "00000000:0B:00.0", "memory_mib": 81920, "numa_node": 1},
+        {
+            "uuid": "GPU-0",
+            "index": 0,
+            "pci_bus_id": "00000000:0A:00.0",
+            "memory_mib": 81920,
+            "numa_node": -1,
+        },
+        {
+            "uuid": "GPU-1",
+            "index": 1,
+            "pci_bus_id": "00000000:0B:00.0",
+            "memory_mib": 81920,
+            "numa_node": 1,
+        },
     ]
 
 
 def _action(kind: str, gpu_uuid: str, owner: str = "pod") -> OrphanAction:
-    p = GpuProc(7, 1, gpu_uuid, 100.0, "python3", CgroupOwner(owner, "u" if owner == "pod" else None))  # type: ignore[arg-type]
+    p = GpuProc(
+        7, 1, gpu_uuid, 100.0, "python3", CgroupOwner(owner, "u" if owner == "pod" else None)
+    )  # type: ignore[arg-type]
     return OrphanAction(kind, p, "test")  # type: ignore[arg-type]
 
 
@@ -78,15 +119,37 @@ def _action(kind: str, gpu_uuid: str, owner: str = "pod") -> OrphanAction:
         ("not quarantined", False, [gpu(0, used=9000)], [], False),
         ("memory back below the threshold", True, [gpu(0, used=300), gpu(1, used=1024)], [], True),
         ("memory still held with no pod", True, [gpu(0, used=300), gpu(1, used=5000)], [], False),
-        ("held by a live pod: in use, not leaked", True, [gpu(0, used=5000)], [_action("keep", "GPU-0")], True),
+        (
+            "held by a live pod: in use, not leaked",
+            True,
+            [gpu(0, used=5000)],
+            [_action("keep", "GPU-0")],
+            True,
+        ),
         ("an orphan still waiting", True, [gpu(0, used=300)], [_action("wait", "GPU-0")], False),
-        ("a process with an unknown cgroup", True, [gpu(0, used=300)], [_action("report", "GPU-0", "unknown")], False),
-        ("a host process holding memory", True, [gpu(0, used=5000)], [_action("keep", "GPU-0", "host")], False),
+        (
+            "a process with an unknown cgroup",
+            True,
+            [gpu(0, used=300)],
+            [_action("report", "GPU-0", "unknown")],
+            False,
+        ),
+        (
+            "a host process holding memory",
+            True,
+            [gpu(0, used=5000)],
+            [_action("keep", "GPU-0", "host")],
+            False,
+        ),
         ("pods unknown this poll", True, [gpu(0, used=0)], None, False),
     ],
 )
 def test_the_quarantine_is_lifted_only_when_every_gpu_is_clean(
-    name: str, quarantined: bool, gpus: list[GpuFacts], actions: list[OrphanAction] | None, lift: bool
+    name: str,
+    quarantined: bool,
+    gpus: list[GpuFacts],
+    actions: list[OrphanAction] | None,
+    lift: bool,
 ) -> None:
     decision = quarantine_decision(quarantined, gpus, actions, 1024)
     assert decision.lift == lift, decision.reason
@@ -95,13 +158,19 @@ def test_the_quarantine_is_lifted_only_when_every_gpu_is_clean(
 
 @pytest.mark.parametrize(
     ("nvml", "sysfs"),
-    [("00000000:3B:00.0", "0000:3b:00.0"), ("00000001:AF:1F.7", "0001:af:1f.7"), ("0000:07:00.0", "0000:07:00.0")],
+    [
+        ("00000000:3B:00.0", "0000:3b:00.0"),
+        ("00000001:AF:1F.7", "0001:af:1f.7"),
+        ("0000:07:00.0", "0000:07:00.0"),
+    ],
 )
 def test_nvml_bus_ids_become_sysfs_names(nvml: str, sysfs: str) -> None:
     assert sysfs_bus_id(nvml) == sysfs
 
 
-@pytest.mark.parametrize("bad", ["", "3B:00.0", "00000000:3B:00", "0000:3b:20.0", "zz:00:00.0", "00000000:100:00.0"])
+@pytest.mark.parametrize(
+    "bad", ["", "3B:00.0", "00000000:3B:00", "0000:3b:20.0", "zz:00:00.0", "00000000:100:00.0"]
+)
 def test_a_malformed_bus_id_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         sysfs_bus_id(bad)
