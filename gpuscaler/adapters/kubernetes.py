@@ -194,12 +194,9 @@ class Writer:
         identity: str,
         budget: WriteBudget | None = None,
         may_act: Callable[[], bool] = lambda: True,
-        request_timeout: float | None = None,
     ):
         self.config = config
         self.events = client.EventsV1Api(api)
-        self.request_timeout = request_timeout
-        """Seconds each Event create may take (None: the client's default, none)."""
         self.identity = identity
         self.budget = budget or WriteBudget(config.kubernetes.max_writes_per_minute)
         self.may_act = may_act
@@ -234,9 +231,7 @@ class Writer:
             regarding=regarding,
         )
         try:
-            self.events.create_namespaced_event(
-                namespace, event, _preload_content=False, _request_timeout=self.request_timeout
-            )
+            self.events.create_namespaced_event(namespace, event, _preload_content=False)
         except ApiException as e:  # the change is made; a lost Event is logged, not fatal
             log.warning("event %s on %s not recorded: HTTP %s", reason, regarding.name, e.status)
 

@@ -78,11 +78,7 @@ class NodeApi:
         self.timeout = config.agent.api_timeout
         self.core = client.CoreV1Api(api)
         self.writer = Writer(
-            api,
-            config,
-            identity,
-            WriteBudget(config.kubernetes.max_writes_per_minute),
-            request_timeout=self.timeout,
+            api, config, identity, WriteBudget(config.kubernetes.max_writes_per_minute)
         )
 
     def _call(self, action: str, fn: Callable[[], Any]) -> dict[str, Any]:
