@@ -22,6 +22,7 @@ from gpuscaler.adapters.cluster import (
     load_cluster_snapshot,
     with_discovered,
 )
+from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
 from gpuscaler.adapters.preemption import (
     GpuMemoryProbe,
@@ -29,7 +30,7 @@ from gpuscaler.adapters.preemption import (
     preemption_observation,
 )
 from gpuscaler.adapters.prometheus import PrometheusSource
-from gpuscaler.config import Config, ConfigError
+from gpuscaler.config import Config, ConfigError, KubernetesConfig
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import Decision
 from gpuscaler.core.preemption import PreemptionObservation
@@ -44,9 +45,9 @@ class SetupError(Exception):
     """The controller cannot be assembled; the message says what to fix."""
 
 
-def kube_api(kubeconfig: str | None) -> client.ApiClient:
+def kube_api(kubeconfig: str | None, limits: KubernetesConfig | None = None) -> BoundedApiClient:
     """In-cluster config inside a pod (unless a kubeconfig is given), else the kubeconfig
-    (`--kubeconfig`, $KUBECONFIG, ~/.kube/config)."""
+    (`--kubeconfig`, $KUBECONFIG, ~/.kube/config); every call bounded in time."""
     configuration = client.Configuration()
     try:
         load: Any = kube_config.load_kube_config
@@ -59,7 +60,10 @@ def kube_api(kubeconfig: str | None) -> client.ApiClient:
             f"no Kubernetes API: {e}. Run in a pod, pass --kubeconfig, or plan without a "
             "cluster: --cluster-snapshot FILE (once) or --state FILE"
         ) from None
-    return client.ApiClient(configuration)
+    limits = limits or KubernetesConfig()
+    return BoundedApiClient(
+        configuration, limits.connect_timeout, limits.read_timeout, limits.tick_api_budget
+    )
 
 
 def identity() -> str:
@@ -180,6 +184,8 @@ def cluster_controller(
             controller.reconfigure(want)
 
     controller.before_tick.append(refresh)
+    if isinstance(api, BoundedApiClient):
+        controller.before_tick.insert(0, api.begin_tick)
     if config_path is not None:
         writer = Writer(api, config, me)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.config import Config, ConfigError, load_config, redact_url
 from gpuscaler.controller import Controller
 from gpuscaler.logs import decision_outcome
 
@@ -158,7 +158,8 @@ def _prometheus_controller(config: Config, state_file: str) -> Controller:
 
     state, said = load_state(state_file, config)
     print(
-        f"source: Prometheus at {config.prometheus.url}; {said}; no cluster: dry run.",
+        f"source: Prometheus at {redact_url(config.prometheus.url or '')}; {said}; no cluster: "
+        "dry run.",
         file=sys.stderr,
     )
     return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
@@ -183,7 +184,7 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             return _live_controller(config, args.dry_run), None
         if args.state is not None:
             return _prometheus_controller(config, args.state), None
-        api = kube_api(args.kubeconfig)
+        api = kube_api(args.kubeconfig, config.kubernetes)
         parts = cluster_controller(
             config,
             api,

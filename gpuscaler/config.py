@@ -314,6 +314,17 @@ class NodePoolConfig(_Strict):
     the lowercase "hostname" newer dcgm-exporters use). Values are escaped."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
+    @field_validator("metrics_matchers")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:  # Prometheus' grammar; a value may be anything (it is escaped)
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) or name.startswith("__"):
+                raise ValueError(
+                    f"{name!r} is not a Prometheus label name (letters, digits and '_', not "
+                    "starting with a digit or '__')"
+                )
+        return value
+
     @field_validator("overrides")
     @classmethod
     def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -354,6 +365,11 @@ WORKLOAD_OVERRIDABLE: dict[str, type[BaseModel]] = {
     "replicas": ReplicasConfig,
     "forecast": ForecastConfig,
 }
+
+
+def redact_url(url: str) -> str:
+    """`url` with the password of any `user:password@` part replaced by ***: safe to print."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", r"\1:***@", url)
 
 
 class PrometheusQueries(_Strict):
@@ -414,7 +430,7 @@ class PrometheusConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.url is not None and not re.match(r"^https?://[^\s/]+", self.url):
-            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+            raise ValueError(f"url {redact_url(self.url)!r} is not an http(s) URL")
         if (self.basic_auth_username is None) != (self.basic_auth_password_file is None):
             raise ValueError(
                 "basic auth needs both basic_auth_username and basic_auth_password_file"
@@ -532,6 +548,16 @@ class KubernetesConfig(_Strict):
     events_namespace: str = Field("default", min_length=1)
     """Namespace of Events about cluster-scoped objects (Nodes), as kubectl expects."""
     lease: LeaseConfig = LeaseConfig()
+    connect_timeout: Seconds = Field(5.0, gt=0, le=60)
+    """Every API call gives up connecting after this: an API server that does not accept
+    connections must not hold a tick (or a lease renewal) for long."""
+    read_timeout: Seconds = Field(15.0, gt=0, le=300)
+    """Every API call gives up waiting for an answer after this (a server that accepts and
+    never answers). Lists of a large cluster take a few seconds; 15 s leaves room."""
+    tick_api_budget: Seconds = Field(60.0, gt=0, le=3600)
+    """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
+    fail at once (their targets get no action, with the reason) and the next tick starts
+    afresh. Lease renewals, on their own thread, are not charged."""
 
     @field_validator("sharing_config_names")
     @classmethod

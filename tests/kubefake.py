@@ -213,7 +213,7 @@ class FakeCluster:
         )
         key: Key = (gv, plural, ns, name or "")
         if sub == "eviction" and verb == "POST":
-            return self._evict(ns, name or "")
+            return self._evict(ns, name or "", (body or {}).get("deleteOptions"))
         if sub is not None and sub != "status":
             return 404, status(404, "NotFound", f"no subresource {sub}")
         if name is None:
@@ -228,6 +228,9 @@ class FakeCluster:
         if verb == "GET":
             return 200, copy.deepcopy(current)
         if verb == "DELETE":
+            refused = _precondition_failed(current, body)
+            if refused is not None:
+                return refused
             del self.objects[key]
             return 200, status(200, "", "deleted") | {"status": "Success"}
         if verb == "PUT":
@@ -292,11 +295,14 @@ class FakeCluster:
         self.objects[key] = self._bump(copy.deepcopy(body))
         return 201, copy.deepcopy(self.objects[key])
 
-    def _evict(self, ns: str | None, name: str) -> tuple[int, Json]:
+    def _evict(self, ns: str | None, name: str, options: Json | None) -> tuple[int, Json]:
         key: Key = ("v1", "pods", ns, name)
         pod = self.objects.get(key)
         if pod is None:
             return 404, status(404, "NotFound", f'pods "{name}" not found')
+        refused = _precondition_failed(pod, options)
+        if refused is not None:
+            return refused
         labels = pod["metadata"].get("labels") or {}
         for (g, p, n, _), pdb in self.objects.items():
             if g == "policy/v1" and p == "poddisruptionbudgets" and n == ns:
@@ -310,6 +316,18 @@ class FakeCluster:
                     )
         del self.objects[key]
         return 201, status(201, "", "evicted") | {"status": "Success"}
+
+
+def _precondition_failed(obj: Json, options: Json | None) -> tuple[int, Json] | None:
+    """DeleteOptions.preconditions.uid, as the API server checks it (409 Conflict)."""
+    uid = ((options or {}).get("preconditions") or {}).get("uid")
+    if uid is None or uid == obj["metadata"].get("uid"):
+        return None
+    message = (
+        f"Precondition failed: UID in precondition: {uid}, "
+        f"UID in object meta: {obj['metadata'].get('uid')}"
+    )
+    return 409, status(409, "Conflict", message)
 
 
 @contextmanager

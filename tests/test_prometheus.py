@@ -252,6 +252,11 @@ class _Handler(BaseHTTPRequestHandler):
             "error": (503, b"overloaded"),
             "echo": (500, ("token was " + self.headers.get("Authorization", "")).encode()),
             "slow": (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}'),
+            "object_sample": (
+                200,
+                b'{"status":"success","data":{"resultType":"matrix",'
+                b'"result":[{"metric":{},"values":[{"t":1,"v":"2"}]}]}}',
+            ),
             "infinite": (
                 200,
                 json.dumps(

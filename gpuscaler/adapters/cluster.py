@@ -111,6 +111,8 @@ class GpuPod:
     node_affinity: tuple[Json, ...] = ()
     """requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms."""
     tolerations: tuple[Json, ...] = ()
+    uid: str = ""
+    """metadata.uid: a pod recreated under the same name (a StatefulSet's) is another pod."""
 
     @property
     def key(self) -> str:
@@ -248,6 +250,7 @@ def parse_pod(obj: Json) -> GpuPod | None:
     return GpuPod(
         namespace=str(meta.get("namespace", "default")),
         name=meta["name"],
+        uid=str(meta.get("uid") or ""),
         node=spec.get("nodeName"),
         gpus=gpus,
         priority=int(spec.get("priority") or 0),

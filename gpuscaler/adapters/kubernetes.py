@@ -61,6 +61,7 @@ from gpuscaler.adapters.cluster import (
     sharing_config_name,
     unavailable_state,
 )
+from gpuscaler.adapters.kube.api import NO_ANSWER
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
 
@@ -81,6 +82,8 @@ class KubeError(Exception):
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
+    if e.status == NO_ANSWER:
+        return KubeError(f"{action}: {e.reason}")
     return KubeError(f"{action}: HTTP {e.status} {e.reason}")
 
 

@@ -104,6 +104,7 @@ def pod_view(
         gpu_memory = None
     return PodView(
         key=p.key,
+        uid=p.uid,
         namespace=p.namespace,
         node=p.node,
         gpus=p.gpus,
@@ -298,6 +299,13 @@ class GpuMemoryProbe:
 # --------------------------------------------------------------------------- acting
 
 
+def _delete_options(uid: str, grace: int | None) -> client.V1DeleteOptions:
+    """Delete options that only ever reach the victim itself: with its UID as a
+    precondition the API server answers 409 for a same-name replacement."""
+    preconditions = client.V1Preconditions(uid=uid) if uid else None
+    return client.V1DeleteOptions(grace_period_seconds=grace, preconditions=preconditions)
+
+
 class KubePreemption:
     """Carries out the core's preemption steps; see the module docstring."""
 
@@ -432,28 +440,28 @@ class KubePreemption:
             raise _api_error(f"set DisruptionTarget on {s.victim}", e) from None
         eviction = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=name, namespace=ns),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=int(grace)),
+            delete_options=_delete_options(s.uid, int(grace)),
         )
         try:
             self.core.create_namespaced_pod_eviction(name, ns, eviction, _preload_content=False)
         except ApiException as e:
             if e.status == 429:
                 return False
-            if e.status == 404:
+            if e.status in (404, 409):  # gone, or a pod of that name with another UID
                 return True
             raise _api_error(f"evict {s.victim}", e) from None
         return True
 
-    def _delete(self, key: str, grace: int | None) -> None:
-        ns, name = key.split("/", 1)
-        self.writer.gate(f"delete {key}")
+    def _delete(self, s: VictimState, grace: int | None) -> None:
+        ns, name = s.victim.split("/", 1)
+        self.writer.gate(f"delete {s.victim}")
         try:
             self.core.delete_namespaced_pod(
-                name, ns, grace_period_seconds=grace, _preload_content=False
+                name, ns, body=_delete_options(s.uid, grace), _preload_content=False
             )
         except ApiException as e:
-            if e.status != 404:
-                raise _api_error(f"delete {key}", e) from None
+            if e.status not in (404, 409):  # 409: the UID precondition, another pod now
+                raise _api_error(f"delete {s.victim}", e) from None
 
     def _quarantine(self, s: VictimState) -> None:
         node = _read(
@@ -511,6 +519,7 @@ class KubePreemption:
                 node=str(detail["node"]),
                 gpus=int(detail.get("gpus") or 0),
                 priority=int(detail.get("priority") or 0),
+                uid=str(detail.get("uid") or ""),
                 tier="soft",
                 since=now,
                 requested_at=now,
@@ -568,7 +577,7 @@ class KubePreemption:
             return True
         if action in ("force_delete", "delete"):
             self._write_state(replace(s, evicted_at=s.evicted_at or now, reason=d.reason), "hard")
-            self._delete(d.target, 0 if action == "force_delete" else None)
+            self._delete(s, 0 if action == "force_delete" else None)
             self._event(d.target, "PreemptionDeleted", d.reason, "Warning")
             return True
         if action == "quarantine":

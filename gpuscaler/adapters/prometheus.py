@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import requests
@@ -42,6 +43,12 @@ log = logging.getLogger("gpuscaler.prometheus")
 
 MAX_POINTS = 10_000
 """Points per series per request: below Prometheus' hard limit of 11,000."""
+PERCENT = (0.0, 100.0)
+"""GPU utilization and stall are percentages: anything else is a broken exporter or rule."""
+LOAD = (0.0, 100.0 * 100_000)
+"""A workload's load sums its pods' GPU utilization: at most 100 % on each of 100,000 GPUs."""
+MEMORY_MIB = (0.0, 1024.0 * 1024)
+"""Frame buffer per GPU in MiB: no GPU has a TiB."""
 HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
 
@@ -131,6 +138,9 @@ class Transport:
             session.cert = (cfg.client_cert_file, cfg.client_key_file)
         self._token: tuple[float, str] | None = None
         self._secrets: set[str] = set()
+        password = urlsplit(cfg.url).password
+        if password:  # credentials in the URL itself are a secret like any other
+            self._secrets.add(password)
 
     def _read_secret(self, path: str) -> str:
         try:
@@ -195,6 +205,16 @@ class Transport:
 # --------------------------------------------------------------------------- decoding
 
 
+def out_of_range(values: FloatArray, bounds: tuple[float, float]) -> str | None:
+    """A problem naming the first finite value outside `bounds`, None when all are in."""
+    lo, hi = bounds
+    finite = values[np.isfinite(values)]
+    bad = finite[(finite < lo) | (finite > hi)]
+    if bad.size == 0:
+        return None
+    return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
+
+
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     """(times, values, had_non_finite) of a single-series matrix result; several series
     are refused, an empty result gives empty arrays."""
@@ -210,7 +230,7 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     try:
         times = np.array([float(p[0]) for p in item["values"]], dtype=np.float64)
         values = np.array([float(p[1]) for p in item["values"]], dtype=np.float64)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError):
         raise SourceError('a sample is not [timestamp, "value"]') from None
     bad = ~np.isfinite(values)
     values[bad] = np.nan
@@ -288,9 +308,13 @@ class PrometheusSource:
         step = config.metrics.step
         self.lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
 
-    def _fetch(self, key: str, query: str, now: float) -> tuple[Series | None, str | None]:
+    def _fetch(
+        self, key: str, query: str, now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
         """The target's window after fetching what is new, and the problem if any; a
-        transport failure is also recorded for the source's health."""
+        transport failure is also recorded for the source's health. Values outside
+        `bounds` (the metric's physical range) are invalid input: kept out of the window,
+        and the target gets no action this tick."""
         step = self.config.metrics.step
         size = round(self.config.metrics.window / step)
         window = self.windows.setdefault(key, Window(step=step, size=size))
@@ -301,6 +325,7 @@ class PrometheusSource:
         if window.fetched_until is not None:
             start = max(first, window.fetched_until - self.config.prometheus.overlap)
         had_bad = False
+        absurd: str | None = None
         got_any = False
         chunk = math.floor(MAX_POINTS * step)
         last = math.floor(end)  # the client sends whole seconds
@@ -311,6 +336,8 @@ class PrometheusSource:
                 times, values, bad = decode_matrix(
                     self.transport.query_range(query, t, chunk_end, step)
                 )
+                absurd = absurd or out_of_range(values, bounds)
+                values[(values < bounds[0]) | (values > bounds[1])] = np.nan
                 window.write(times, values)
                 had_bad |= bad
                 got_any |= times.size > 0
@@ -321,6 +348,8 @@ class PrometheusSource:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
         window.fetched_until = end
+        if absurd is not None:
+            return window.series(), absurd
         if had_bad:
             return window.series(), "NaN or Inf in the newest samples"
         if not got_any and window.series().last_sample_time() is None:
@@ -334,7 +363,7 @@ class PrometheusSource:
         (or not recently): memory then bounds fragments by the config alone. A failing
         query is still a problem."""
         query = build_query(template, matchers, self.lookback)
-        series, problem = self._fetch(key, query, now)
+        series, problem = self._fetch(key, query, now, MEMORY_MIB)
         if problem is not None and not problem.startswith("empty result"):
             return None, problem
         last = series.last_sample_time() if series is not None else None
@@ -380,8 +409,8 @@ class PrometheusSource:
                 continue
             util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
             stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
-            util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now)
-            stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now)
+            util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
+            stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
             used_gib, used_problem = self._newest_gib(
                 f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
             )
@@ -405,7 +434,7 @@ class PrometheusSource:
         workloads = []
         for w in self.config.workloads:
             query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
-            load, problem = self._fetch(f"workload:{w.key}", query, now)
+            load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
             workloads.append(
                 RawWorkload(
                     key=w.key,

@@ -94,6 +94,8 @@ class PodView:
     shrink_to: int | None = None
     """For fewer fragments on `only_node`: its shares after the change; room is made when
     the pods left hold no more than that."""
+    uid: str = ""
+    """metadata.uid: what identifies a victim, never its name alone."""
 
     @property
     def gone(self) -> bool:
@@ -132,6 +134,10 @@ class VictimState:
     attempts: int = 0
     last_attempt_at: float | None = None
     gone_at: float | None = None
+    uid: str = ""
+    """The victim pod's metadata.uid when it was chosen. A pod of the same name with
+    another UID is a replacement: the victim is gone, and the replacement is never touched.
+    Records written before UIDs were kept have "" and match by name."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +182,15 @@ def _progress(
     now: float,
 ) -> Decision | Skip | None:
     pod = pods.get(s.victim)
-    gone = pod is None or pod.gone
+    replaced = pod is not None and bool(s.uid) and pod.uid != s.uid
+    gone = pod is None or pod.gone or replaced
+    swap = f" (the pod now named so has UID {pod.uid}, not {s.uid})" if replaced and pod else ""
     if s.tier == "soft":
         beneficiary = pods.get(s.beneficiary)
         if gone:
-            return _step(now, s, "cleanup", "record_gone", "victim exited during the soft tier")
+            return _step(
+                now, s, "cleanup", "record_gone", f"victim exited during the soft tier{swap}"
+            )
         assert pod is not None
         if beneficiary is None or beneficiary.node is not None:
             why = "is gone" if beneficiary is None else f"was scheduled on {beneficiary.node}"
@@ -210,7 +220,7 @@ def _progress(
     if s.tier == "hard":
         if gone:
             return _step(
-                now, s, "cleanup", "record_gone", "victim is gone; checking its GPU memory"
+                now, s, "cleanup", "record_gone", f"victim is gone{swap}; checking its GPU memory"
             )
         assert pod is not None
         if pod.terminating_since is not None:
@@ -225,7 +235,17 @@ def _progress(
                 )
             return _hold(now, s.victim, f"wait: terminating for {stuck:.0f}s")
         if s.evicted_at is not None:
-            return _hold(now, s.victim, "wait: evicted, not terminating yet")
+            waited = now - s.evicted_at
+            if waited < cfg.terminating_timeout:
+                return _hold(now, s.victim, f"wait: evicted {waited:.0f}s ago, not terminating yet")
+            return _step(  # the way out: the slot is freed, the pod is never touched again
+                now,
+                s,
+                "given_up",
+                "give_up",
+                f"evicted {waited:.0f}s ago but never started terminating (limit "
+                f"{cfg.terminating_timeout:.0f}s); record closed, pod left alone",
+            )
         if s.attempts >= cfg.max_eviction_attempts:
             if cfg.escalate_to_delete:
                 return _step(
@@ -436,7 +456,9 @@ def _start(
         )
     out = []
     for v in best.victims:
-        state = VictimState(v.key, b.key, best.node, v.gpus, v.priority, "none", now, now)
+        state = VictimState(
+            v.key, b.key, best.node, v.gpus, v.priority, "none", now, now, uid=v.uid
+        )
         fresh = v.checkpoint_at is not None and now - v.checkpoint_at <= cfg.checkpoint_fresh
         out.append(
             _step(
@@ -450,6 +472,7 @@ def _start(
                 + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
                 gpus=v.gpus,
                 priority=v.priority,
+                uid=v.uid,
                 checkpoint_deadline=now + cfg.soft_grace,
                 evicted_by=now + cfg.soft_grace,
                 gone_by=now + cfg.soft_grace + cfg.eviction_grace_period,

@@ -1,0 +1,1 @@
+"""The Kubernetes adapter's pieces: `api` is the client every other piece talks through."""

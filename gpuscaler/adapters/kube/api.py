@@ -1,0 +1,81 @@
+"""The Kubernetes API client every adapter uses, with the bounds every call needs.
+
+- **Timeouts**: a call that does not set `_request_timeout` gets (connect, read) from
+  `kubernetes.connect_timeout` / `read_timeout`. The official client passes no timeout at
+  all by default (its urllib3 pool then waits forever on a server that accepts and never
+  answers), so this is set per call, where the client reads it.
+- **A budget per tick**: `begin_tick()` (called first in every tick) starts a deadline for
+  the calling thread; each call's timeouts are cut to what is left, and a call once it is
+  spent fails at once. Other threads (the Lease renewals) are not charged.
+- **One error type**: a connection refused, reset or timed out comes out as an
+  `ApiException` with status 0 and a reason naming what happened, so the adapters' one
+  error path (HTTP errors -> `KubeError` naming the call) covers transport failures too,
+  and a tick flags its targets instead of failing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+NO_ANSWER = 0
+"""`ApiException.status` of a call that got no HTTP answer (refused, reset, timed out)."""
+
+
+class BoundedApiClient(client.ApiClient):
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 15.0,
+        tick_budget: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(configuration)
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.tick_budget = tick_budget
+        self.clock = clock
+        self._local = threading.local()
+
+    def begin_tick(self) -> None:
+        """Start the calling thread's API-time budget for one tick."""
+        self._local.deadline = self.clock() + self.tick_budget
+
+    def _timeouts(self) -> tuple[float, float]:
+        connect, read = self.connect_timeout, self.read_timeout
+        deadline: float | None = getattr(self._local, "deadline", None)
+        if deadline is None:
+            return connect, read
+        left = deadline - self.clock()
+        if left <= 0:
+            raise ApiException(
+                status=NO_ANSWER,
+                reason=f"the tick's Kubernetes API time budget ({self.tick_budget:g}s) is spent",
+            )
+        return min(connect, left), min(read, left)
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self._timeouts()
+        try:
+            return super().call_api(*args, **kwargs)
+        except urllib3.exceptions.HTTPError as e:
+            raise ApiException(status=NO_ANSWER, reason=_transport_reason(e)) from None
+
+
+def _transport_reason(e: urllib3.exceptions.HTTPError) -> str:
+    """What went wrong on the wire, without the URL's query or any header."""
+    cause = getattr(e, "reason", None) or e
+    # NewConnectionError subclasses ConnectTimeoutError in urllib3: ask for it first.
+    if isinstance(cause, urllib3.exceptions.NewConnectionError | ConnectionError):
+        return "cannot connect to the API server (connection refused or unreachable)"
+    if isinstance(cause, urllib3.exceptions.TimeoutError | TimeoutError):
+        return f"no answer from the API server in time ({type(cause).__name__})"
+    return f"API server connection failed ({type(cause).__name__})"
