@@ -616,8 +616,9 @@ class AgentConfig(_Strict):
     """The nvidia-smi binary (name on PATH or a path)."""
     command_timeout: Seconds = Field(30.0, gt=0)
     """An nvidia-smi call slower than this failed."""
-    api_timeout: Seconds = Field(10.0, gt=0)
-    """Every Kubernetes and kubelet API call is abandoned after this."""
+    pod_resources_timeout: Seconds = Field(5.0, gt=0)
+    """A kubelet pod-resources `List` is abandoned after this (Kubernetes API calls are
+    bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
 
 
 class Config(_Strict):

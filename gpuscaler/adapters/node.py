@@ -1,8 +1,9 @@
 """Kubernetes adapter of the node agent: its own Node and the pods bound to it.
 
 Built on `gpuscaler.adapters.kubernetes` (JSON objects, `KubeError`, the `Writer`'s gate
-and Events). Every call carries `agent.api_timeout`; every patch carries the
-resourceVersion read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
+and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: connect and read
+timeouts on every call, a time budget per poll). Every patch carries the resourceVersion
+read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
 
 What the agent may touch (deploy/agent/rbac.yaml): get and patch Nodes (its own, by the
 code; RBAC cannot name a node per DaemonSet pod), list pods (only with the field selector
@@ -75,7 +76,6 @@ class NodeApi:
     def __init__(self, api: client.ApiClient, config: Config, node: str, identity: str):
         self.config = config
         self.node = node
-        self.timeout = config.agent.api_timeout
         self.core = client.CoreV1Api(api)
         self.writer = Writer(
             api, config, identity, WriteBudget(config.kubernetes.max_writes_per_minute)
@@ -93,9 +93,7 @@ class NodeApi:
         return _node_view(
             self._call(
                 f"read node {self.node}",
-                lambda: self.core.read_node(
-                    self.node, _preload_content=False, _request_timeout=self.timeout
-                ),
+                lambda: self.core.read_node(self.node, _preload_content=False),
             )
         )
 
@@ -107,7 +105,6 @@ class NodeApi:
             lambda: self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node}",
                 _preload_content=False,
-                _request_timeout=self.timeout,
             ),
         )
         uids: set[str] = set()
@@ -125,11 +122,7 @@ class NodeApi:
             body.setdefault("metadata", {})["resourceVersion"] = node.resource_version
             self.writer.gate(f"{what} on node {self.node}")
             try:
-                doc = _json(
-                    self.core.patch_node(
-                        self.node, body, _preload_content=False, _request_timeout=self.timeout
-                    )
-                )
+                doc = _json(self.core.patch_node(self.node, body, _preload_content=False))
                 return _node_view(doc)
             except ApiException as e:
                 if e.status != 409:

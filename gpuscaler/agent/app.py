@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,12 +53,15 @@ def node_name(given: str | None) -> str:
     return name
 
 
-def build_agent(config: Config, args: AgentArgs, metrics: AgentMetrics) -> NodeAgent:
+def build_agent(
+    config: Config, args: AgentArgs, metrics: AgentMetrics
+) -> tuple[NodeAgent, Callable[[], None]]:
+    """The agent, and what starts each poll (the API client's time budget per poll)."""
     from gpuscaler.app import SetupError, identity, kube_api
 
     name = node_name(args.node)
     try:
-        api = kube_api(args.kubeconfig)
+        api = kube_api(args.kubeconfig, config.kubernetes)
     except SetupError as e:
         raise AgentSetupError(str(e)) from None
     nvml: Nvml
@@ -67,14 +71,15 @@ def build_agent(config: Config, args: AgentArgs, metrics: AgentMetrics) -> NodeA
         raise AgentSetupError(f"no NVML: {e}") from None
     cfg = config.agent
     socket = cfg.pod_resources_socket
-    return NodeAgent(
+    agent = NodeAgent(
         config,
         NodeApi(api, config, name, identity()),
         nvml,
         HostFs(Path(cfg.proc_root), Path(cfg.sys_root)),
         metrics,
-        pod_devices=functools.partial(list_devices, socket, cfg.api_timeout),
+        pod_devices=functools.partial(list_devices, socket, cfg.pod_resources_timeout),
     )
+    return agent, api.begin_tick
 
 
 def _stop_event() -> threading.Event:
@@ -84,8 +89,14 @@ def _stop_event() -> threading.Event:
     return done
 
 
-def poll_once(agent: NodeAgent, metrics: AgentMetrics, health: AgentHealth) -> bool:
+def poll_once(
+    agent: NodeAgent,
+    metrics: AgentMetrics,
+    health: AgentHealth,
+    begin: Callable[[], None] = lambda: None,
+) -> bool:
     """One poll; a failure is logged and counted, and the loop goes on."""
+    begin()
     try:
         report = agent.poll(time.monotonic())
     except (KubeError, NvmlError, PodResourcesError, OSError) as e:
@@ -105,7 +116,7 @@ def run_agent(config: Config, args: AgentArgs) -> int:
 
     metrics = AgentMetrics()
     health = AgentHealth(config.agent.poll_interval)
-    agent = build_agent(config, args, metrics)
+    agent, begin = build_agent(config, args, metrics)
     stop = _stop_event()
     if args.metrics_port:
         serve(metrics, health, args.metrics_port, args.metrics_host)
@@ -117,7 +128,7 @@ def run_agent(config: Config, args: AgentArgs) -> int:
     print(f"agent on node {agent.node.node}: {mode}", file=sys.stderr)
     polls = 0
     while True:
-        poll_once(agent, metrics, health)
+        poll_once(agent, metrics, health, begin)
         polls += 1
         if args.max_polls is not None and polls >= args.max_polls:
             break
