@@ -211,3 +211,13 @@ def test_every_agent_call_is_allowed_and_every_grant_is_used() -> None:
 )
 def test_the_agent_rules_refuse_what_the_agent_never_does(call: Call) -> None:
     assert not any(_allows(r, None, call) for r in _agent_rules())
+
+
+def test_the_daemonset_arguments_are_accepted_by_the_parser() -> None:
+    from gpuscaler.cli import build_parser
+
+    _, container = _agent_pod()
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "agent" and args.node is None  # from NODE_NAME
+    assert args.metrics_port == container["ports"][0]["containerPort"]
+    assert args.metrics_host == "0.0.0.0"  # the kubelet probes the pod IP
