@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from agentkit import (
     BUS0,
     BUS1,
@@ -33,26 +32,16 @@ from builders import run_cli
 from kubefake import FakeCluster, fake_apiserver
 from promserver import free_port
 from test_agent import GONE, LIVE, NODE, node_object, pod
+from test_cluster_cli import _kubeconfig
 
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
 
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
 
 
-def kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": url}}],
-                "users": [{"name": "agent", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "agent"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
+def kubeconfig(directory: Path, url: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    return _kubeconfig(directory, url)
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:

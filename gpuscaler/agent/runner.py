@@ -20,7 +20,7 @@ from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kubernetes import KubeError
 from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeView
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
-from gpuscaler.adapters.nvml import Nvml, NvmlError
+from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
 from gpuscaler.adapters.podresources import PodDevice, PodResourcesError
 from gpuscaler.agent.cleanup import carry_out
 from gpuscaler.agent.metrics import AgentMetrics
@@ -101,6 +101,8 @@ class NodeAgent:
         self.signalled: dict[tuple[int, int], GpuProc] = {}
         self.reported: set[tuple[str, tuple[int, int]]] = set()
         self.mig_reported: set[str] = set()
+        self._raw: dict[str, Gpu] = {}
+        self._indexes: dict[str, str] = {}
         self.not_acting = ""
         """Why this poll only reports (dry run, node not opted in); empty when it acts."""
 
@@ -134,6 +136,9 @@ class NodeAgent:
         return value
 
     def _gpus(self) -> list[GpuFacts]:
+        raw = self.nvml.gpus()
+        self._raw = {g.uuid: g for g in raw}
+        self._indexes = {g.uuid: str(g.index) for g in raw}
         gpus = [
             GpuFacts(
                 uuid=g.uuid,
@@ -144,7 +149,7 @@ class NodeAgent:
                 mig=g.mig,
                 numa_node=self.host.numa_node(g.pci_bus_id),
             )
-            for g in self.nvml.gpus()
+            for g in raw
         ]
         for g in gpus:
             self.metrics.memory_used.labels(str(g.index)).set(g.memory_used_mib)
@@ -152,11 +157,8 @@ class NodeAgent:
 
     def _processes(self, gpus: list[GpuFacts]) -> list[GpuProc]:
         out = []
-        by_uuid = {g.uuid: g for g in self.nvml.gpus()}
         for g in gpus:
-            if g.uuid not in by_uuid:
-                continue
-            for p in self.nvml.processes(by_uuid[g.uuid]):
+            for p in self.nvml.processes(self._raw[g.uuid]):
                 start = self.host.start_time(p.pid)
                 text = self.host.cgroup(p.pid)
                 if start is None or text is None:
@@ -249,7 +251,8 @@ class NodeAgent:
             log.warning("time-slice annotation not written: %s", e)
 
     def _index(self, uuid: str) -> str:
-        return next((str(g.index) for g in self.nvml.gpus() if g.uuid == uuid), uuid)
+        """The GPU's index (as this poll's NVML listing gave it), for labels and Events."""
+        return self._indexes.get(uuid, uuid)
 
     def _why_not_acting(self, view: NodeView) -> str:
         if self.dry_run:
