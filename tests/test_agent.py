@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -393,3 +394,41 @@ def test_an_unreachable_pod_resources_socket_is_reported_and_the_poll_goes_on(wo
     assert any("pod-resources List" in p for p in report.problems)
     assert len(calls(log)) == 2
     assert 'gpuscaler_agent_source_up{source="pod_resources"} 0.0' in metrics.exposition().decode()
+
+
+def test_the_agent_metrics_pass_promtool_check_metrics(world: Any) -> None:
+    from promserver import binaries
+
+    node, cluster, api = world
+    cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}, quarantined=True))
+    node.start(systemd_v2(GONE), GPU0, 4096)
+    pods = [{"name": "p", "namespace": "ml", "containers": {"c": {"nvidia.com/gpu": [GPU0]}}}]
+    with pod_resources_server(pods) as socket:
+        agent, metrics = make_agent(node, api, socket=socket)
+        for now in (0, 60):
+            agent.poll(now)
+    _, promtool = binaries()
+    out = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=metrics.exposition().decode(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_refused_lift_leaves_the_taint_and_says_why(world: Any) -> None:
+    node, cluster, api = world
+    cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}, quarantined=True))
+    agent, metrics = make_agent(node, api)
+    cluster.fail_next("PATCH", f"/nodes/{NODE}$", 403, after=1)  # topology passes, lift refused
+    report = agent.poll(0)
+    assert not report.lifted
+    assert QUARANTINE_TAINT in json.dumps(stored_node(cluster)["spec"])
+    (kept,) = [e for e in events(cluster) if e["reason"] == "GPUQuarantineKept"]
+    assert kept["type"] == "Warning" and "403" in kept["note"]
+    assert (
+        'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0'
+        in metrics.exposition().decode()
+    )

@@ -51,6 +51,9 @@ class AgentMetrics:
             ["gpu", "owner"],
             registry=r,
         )
+        self._cleanup_metrics(r)
+
+    def _cleanup_metrics(self, r: CollectorRegistry) -> None:
         self.signals = Counter(
             "gpuscaler_agent_orphan_signals",
             "Signals to orphaned GPU processes by signal and outcome (sent, gone, reused, "
