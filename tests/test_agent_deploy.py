@@ -221,3 +221,18 @@ def test_the_daemonset_arguments_are_accepted_by_the_parser() -> None:
     assert args.command == "agent" and args.node is None  # from NODE_NAME
     assert args.metrics_port == container["ports"][0]["containerPort"]
     assert args.metrics_host == "0.0.0.0"  # the kubelet probes the pod IP
+
+
+def test_the_shipped_config_lists_every_agent_field_at_its_default_with_a_comment() -> None:
+    import yaml
+
+    from gpuscaler.config import AgentConfig, load_config
+
+    path = Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"
+    assert load_config(path).agent == AgentConfig()
+    section = yaml.safe_load(path.read_text())["agent"]
+    assert set(section) == set(AgentConfig.model_fields)
+    lines = path.read_text().split("\nagent:\n", 1)[1].splitlines()
+    for name in AgentConfig.model_fields:
+        line = next(line for line in lines if line.strip().startswith(f"{name}:"))
+        assert "#" in line, f"agent.{name} has no comment"
