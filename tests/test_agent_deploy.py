@@ -13,7 +13,7 @@ from agentkit import BUS0, GPU0, cgroupfs_v1, fake_node
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import gpu_pod, node
 from kubernetes import client
-from test_deploy import _one, render
+from test_deploy import ROOT, _one, render
 from test_rbac import Call, _allows, _preemption, as_call
 
 from gpuscaler.adapters.host import HostFs
@@ -31,6 +31,20 @@ def _agent_pod() -> tuple[dict[str, Any], dict[str, Any]]:
     spec = ds["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     return spec, container
+
+
+def test_the_agent_has_its_own_privileged_namespace_and_the_controllers_stays_restricted() -> None:
+    (namespace,) = [d for d in render("deploy/agent") if d["kind"] == "Namespace"]
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPID, hostPath
+    namespaced = [
+        d
+        for d in render("deploy/agent")
+        if d["kind"] not in ("Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding")
+    ]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {namespace["metadata"]["name"]}
+    controller = _one(render("deploy"), "Namespace")
+    assert controller["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_the_daemonset_runs_on_gpu_nodes_with_only_the_privileges_the_agent_needs() -> None:
@@ -75,9 +89,16 @@ def test_the_daemonset_reads_the_controllers_config_and_is_probed_and_scraped() 
     config_path = Path(args[args.index("--config") + 1])
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent))
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    configmap = _one(render("deploy"), "ConfigMap", volume["configMap"]["name"])
-    parse_config(configmap["data"][config_path.name], "deploy ConfigMap")
     docs = render("deploy/agent")
+    configmap = _one(docs, "ConfigMap", volume["configMap"]["name"])
+    agent = parse_config(configmap["data"][config_path.name], "deploy/agent ConfigMap")
+    controller = parse_config((ROOT / "deploy" / "config.yaml").read_text(), "deploy/config.yaml")
+    # What the agent shares with the controller must agree (two files, one meaning).
+    assert agent.preemption.released_below_mib == controller.preemption.released_below_mib
+    assert agent.kubernetes.time_slice_label == controller.kubernetes.time_slice_label
+    assert agent.kubernetes.events_namespace == controller.kubernetes.events_namespace
+    assert agent.control.dry_run == controller.control.dry_run
+    assert configmap["metadata"]["namespace"] == _one(docs, "DaemonSet")["metadata"]["namespace"]
     assert spec["priorityClassName"] == _one(docs, "PriorityClass")["metadata"]["name"]
     assert spec["serviceAccountName"] == _one(docs, "ServiceAccount")["metadata"]["name"]
     service = _one(docs, "Service")
@@ -98,7 +119,7 @@ def _agent_rules() -> list[dict[str, Any]]:
     docs = render("deploy/agent")
     binding = _one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "gpuscaler-agent", "namespace": "gpuscaler"}
+        {"kind": "ServiceAccount", "name": "gpuscaler-agent", "namespace": "gpuscaler-agent"}
     ]
     rules: list[dict[str, Any]] = _one(docs, "ClusterRole", binding["roleRef"]["name"])["rules"]
     return rules
