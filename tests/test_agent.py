@@ -432,3 +432,28 @@ def test_a_refused_lift_leaves_the_taint_and_says_why(world: Any) -> None:
         'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0'
         in metrics.exposition().decode()
     )
+
+
+def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(world: Any) -> None:
+    node, cluster, api = world
+    cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}))
+    pid = node.start(systemd_v2(GONE), GPU0, 1000, ignore_sigterm=True)
+    agent, metrics = make_agent(node, api)
+    signals: list[str] = []
+    agent.host = type(agent.host)(node.proc, node.sys)
+    real = agent.host.signal
+
+    def refuse_kill(p: int, start: int, sig: Any) -> str:  # stuck in D state: it does not die
+        signals.append(sig.name)
+        return "sent" if sig.name == "SIGKILL" else real(p, start, sig)
+
+    object.__setattr__(agent.host, "signal", refuse_kill)
+    for now in (0, 60, 70, 80, 90):
+        agent.poll(now)
+    assert signals == ["SIGTERM", "SIGKILL", "SIGKILL", "SIGKILL"]
+    notes = [e["note"] for e in events(cluster) if e["reason"] == "OrphanGPUProcessKilled"]
+    assert len(notes) == 2 and node.alive(pid)
+    assert (
+        'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0'
+        in metrics.exposition().decode()
+    )

@@ -82,9 +82,10 @@ def _signal(agent: NodeAgent, a: OrphanAction, report: PollReport) -> None:
         )
         return
     agent.metrics.signals.labels(name, outcome).inc()
-    log.warning("%s %s: %s (%s)", name, outcome, describe(agent, p), a.reason)
-    if outcome != "sent":
-        return
+    if outcome != "sent" or (p.key, name) in agent.sent:
+        return  # a SIGKILL repeated on a process that will not die is not news
+    log.warning("%s sent: %s (%s)", name, describe(agent, p), a.reason)
+    agent.sent.add((p.key, name))
     agent.signalled[p.key] = p
     agent.node.event(
         "OrphanGPUProcessKilled",
@@ -101,6 +102,7 @@ def _freed(agent: NodeAgent, procs: list[GpuProc]) -> None:
         if key in present:
             continue
         del agent.signalled[key]
+        agent.sent = {(k, n) for k, n in agent.sent if k != key}
         if p.used_mib is not None:
             agent.metrics.freed.inc(p.used_mib)
         agent.node.event(

@@ -99,6 +99,9 @@ class NodeAgent:
         """The level whose last try failed (its Warning Event is not repeated every poll)."""
         self.memory = OrphanMemory()
         self.signalled: dict[tuple[int, int], GpuProc] = {}
+        """Processes signalled and not yet seen gone (their memory-freed Event is due)."""
+        self.sent: set[tuple[tuple[int, int], str]] = set()
+        """(process, signal) already announced by an Event."""
         self.reported: set[tuple[str, tuple[int, int]]] = set()
         self.mig_reported: set[str] = set()
         self._raw: dict[str, Gpu] = {}
