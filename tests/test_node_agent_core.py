@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from gpuscaler.adapters.nvml import sysfs_bus_id
 from gpuscaler.core.node_agent import (
+    TOPOLOGY_ANNOTATION,
     GpuFacts,
     TimeSlicePlan,
     applied_annotation,
+    gpus_per_numa_domain,
     quarantine_decision,
     time_slice_plan,
     topology_annotation,
@@ -180,3 +182,55 @@ def test_a_malformed_bus_id_is_refused(bad: str) -> None:
 def test_any_valid_bus_id_round_trips(domain: int, bus: int, device: int, function: int) -> None:
     nvml = f"{domain:08X}:{bus:02X}:{device:02X}.{function}"
     assert sysfs_bus_id(nvml) == f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+
+
+def _topology(*numa: int) -> str:
+    return topology_annotation([gpu(i, numa=n) for i, n in enumerate(numa)])
+
+
+@pytest.mark.parametrize(
+    ("name", "annotation", "size"),
+    [
+        ("two domains of four", _topology(0, 0, 0, 0, 1, 1, 1, 1), 4),
+        ("one domain", _topology(0, 0), 2),
+        ("uneven: the smallest", _topology(0, 0, 0, 1), 1),
+        ("a GPU with an unknown domain", _topology(0, -1), None),
+        ("absent", None, None),
+        ("not JSON", "{", None),
+        ("wrong shape", '[{"index": 0}]', None),
+        ("empty list", "[]", None),
+    ],
+)
+def test_the_numa_domain_size_comes_from_the_topology_annotation(
+    name: str, annotation: str | None, size: int | None
+) -> None:
+    assert gpus_per_numa_domain(annotation) == size, name
+
+
+@pytest.mark.parametrize(
+    ("annotation", "label", "shares"),
+    [
+        (_topology(0, 0, 1, 1), None, 4),  # 2 GPUs a domain x 2 shares a GPU (ts-2)
+        (_topology(0, 0, 1, 1), "4", 4),  # the agent's annotation wins over the label
+        (_topology(0, -1, 1, 1), "1", 2),  # unknown domain: the label is the fallback
+        (None, None, None),
+    ],
+)
+def test_preemption_reads_the_numa_domains_the_agent_publishes(
+    annotation: str | None, label: str | None, shares: int | None
+) -> None:
+    from kubeobjects import node
+
+    from gpuscaler.adapters.cluster import parse_objects
+    from gpuscaler.adapters.preemption import NUMA_LABEL, preemption_observation
+    from gpuscaler.config import parse_config
+
+    config = parse_config(
+        "node_pools:\n  - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}\n"
+    )
+    doc = node("gpu-0", gpus=4, annotations={TOPOLOGY_ANNOTATION: annotation} if annotation else {})
+    if label:
+        doc["metadata"]["labels"][NUMA_LABEL] = label
+    observation = preemption_observation(parse_objects([doc], config), config, [], [])
+    (view,) = observation.nodes
+    assert view.numa_domain_shares == shares

@@ -31,13 +31,13 @@ from gpuscaler.adapters.kubernetes import (
 )
 from gpuscaler.adapters.preemption import QUARANTINE_TAINT
 from gpuscaler.config import Config
+from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION
 
 log = logging.getLogger("gpuscaler.agent")
 
 TIME_SLICE_APPLIED = "gpuscaler.io/time-slice-applied"
 """Node annotation: the time-slice level the agent applied to every GPU that takes one."""
-GPU_TOPOLOGY = "gpuscaler.io/gpu-topology"
-"""Node annotation: JSON list of {uuid, index, pci_bus_id, memory_mib, numa_node}."""
+GPU_TOPOLOGY = TOPOLOGY_ANNOTATION
 CLEANUP_LABEL = "gpuscaler.io/gpu-cleanup"
 """Set to `required` with the quarantine taint by preemption tier 3."""
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"

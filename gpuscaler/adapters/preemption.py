@@ -57,6 +57,7 @@ from gpuscaler.adapters.kubernetes import (
 from gpuscaler.adapters.prometheus import SourceError, Transport, escape_label_value
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision
+from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
 from gpuscaler.core.preemption import (
     IN_FLIGHT,
     NodeView,
@@ -220,12 +221,15 @@ def preemption_observation(
             per_gpu = max(1, n.fragments or 1)
             memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
             numa = n.labels.get(NUMA_LABEL, "")
+            domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
+            if domain is None and numa.isdigit():
+                domain = int(numa)
             nodes.append(
                 NodeView(
                     n.name,
                     (n.gpu_count or 0) * per_gpu,
                     memory * (1 - reserve) / per_gpu,
-                    int(numa) * per_gpu if numa.isdigit() else None,
+                    domain * per_gpu if domain is not None else None,
                     pool.name,
                 )
             )

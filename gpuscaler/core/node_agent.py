@@ -78,6 +78,10 @@ def applied_annotation(
 
 # --------------------------------------------------------------------------- topology
 
+TOPOLOGY_ANNOTATION = "gpuscaler.io/gpu-topology"
+"""Node annotation the agent publishes: JSON list of {uuid, index, pci_bus_id, memory_mib,
+numa_node} (the scheduler extender and preemption's NUMA fit read it)."""
+
 
 def topology_annotation(gpus: Sequence[GpuFacts]) -> str:
     """The `gpuscaler.io/gpu-topology` value: a JSON list, one object per GPU by index,
@@ -142,3 +146,20 @@ def quarantine_decision(
     return QuarantineDecision(
         True, True, f"every GPU at or below {released_below_mib:.0f} MiB or used by a live pod"
     )
+
+
+def gpus_per_numa_domain(annotation: str | None) -> int | None:
+    """GPUs in the smallest NUMA domain of a node, from its topology annotation; None when
+    absent, malformed, or any GPU's domain is unknown (-1): then the
+    `gpuscaler.io/gpus-per-numa-node` label is the fallback. The smallest, so a fit is
+    never promised that only a larger domain could give."""
+    if not annotation:
+        return None
+    try:
+        gpus = json.loads(annotation)
+        domains = [int(g["numa_node"]) for g in gpus]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not domains or min(domains) < 0:
+        return None
+    return min(domains.count(d) for d in set(domains))
