@@ -41,6 +41,8 @@ def carry_out(
     report: PollReport,
 ) -> None:
     _freed(agent, procs)
+    present = {p.key for p in procs}
+    agent.reported = {r for r in agent.reported if r[1] in present}  # gone: forgotten
     for a in actions:
         if a.kind == "report":
             _once(agent, "unknown", a, f"GPU process {a.proc.pid} left alone: {a.reason}")
