@@ -457,3 +457,20 @@ def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(
         'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0'
         in metrics.exposition().decode()
     )
+
+
+def test_an_unreachable_api_server_fails_the_poll_counted_and_the_loop_goes_on(world: Any) -> None:
+    from gpuscaler.adapters.kube.api import BoundedApiClient
+    from gpuscaler.agent.app import poll_once
+    from gpuscaler.agent.metrics import AgentHealth
+
+    node, _, _ = world
+    with BoundedApiClient(client.Configuration(host="http://127.0.0.1:1"), 1, 1, 5) as dead:
+        agent, metrics = make_agent(node, dead)
+        health = AgentHealth(10)
+        assert poll_once(agent, metrics, health, dead.begin_tick) is False
+        assert poll_once(agent, metrics, health, dead.begin_tick) is False
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_polls_total{outcome="failed"} 2.0' in text
+    assert 'gpuscaler_agent_source_up{source="kubernetes"} 0.0' in text
+    assert health.ready() == (False, "no poll has completed yet")
