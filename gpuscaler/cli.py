@@ -1,4 +1,4 @@
-"""Command line: validate-config, simulate, once, run.
+"""Command line: validate-config, simulate, backtest, once, run, agent.
 
 Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
 Bad input never prints a traceback.
@@ -268,6 +268,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """The node agent (issue 16): see gpuscaler.agent."""
+    from gpuscaler.agent.app import AgentArgs, AgentSetupError, run_agent
+
+    config = _config_or_exit(args.config, require_targets=False)  # the agent manages its node
+    try:
+        return run_agent(
+            config,
+            AgentArgs(
+                node=args.node,
+                kubeconfig=args.kubeconfig,
+                metrics_port=args.metrics_port,
+                metrics_host=args.metrics_host,
+                fake_nvml=args.fake_nvml,
+                max_polls=args.max_polls,
+            ),
+        )
+    except AgentSetupError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _agent_parser(sub: Any) -> None:
+    p = sub.add_parser("agent", help="the node agent: time slices, GPU topology, orphan cleanup")
+    p.add_argument("--config", required=True)
+    p.add_argument("--node", help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for the probes (all)")
+    p.add_argument("--fake-nvml", help=argparse.SUPPRESS)  # tests: GPUs from a JSON file
+    p.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_agent)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -372,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help="address to serve /metrics, /healthz, /readyz on (default: all, for probes)",
             )
         p.set_defaults(func=func)
+    _agent_parser(sub)
     return parser
 
 

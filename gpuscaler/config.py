@@ -611,6 +611,39 @@ class SimulatorConfig(_Strict):
     inside even a 2 h replay."""
 
 
+class AgentConfig(_Strict):
+    """The node agent (`gpuscaler agent`, a DaemonSet): time slices, GPU topology and the
+    cleanup of GPU processes that evicted pods leave behind."""
+
+    poll_interval: Seconds = Field(10.0, gt=0)
+    """How often the agent reads the node, NVML and the pods: a label change applies
+    within this, and an orphan is seen this late at most."""
+    orphan_grace: Seconds = Field(60.0, ge=0)
+    """A GPU process whose pod is gone must stay so this long before SIGTERM: a pod list
+    read an instant before its pod appeared, or a container still shutting down."""
+    kill_timeout: Seconds = Field(10.0, gt=0)
+    """SIGTERM, then SIGKILL when the process is still alive this long after."""
+    dry_run: bool | None = None
+    """Report what would be killed, set and lifted, and change nothing. Unset: follows
+    `control.dry_run`, so a deployment that starts dry starts dry on the nodes too."""
+    time_slice: bool = True
+    """Apply the node's time-slice label with nvidia-smi (needs CAP_SYS_ADMIN; off: the
+    DaemonSet may drop that capability)."""
+    proc_root: str = "/proc"
+    """The host's /proc (the DaemonSet runs with hostPID)."""
+    sys_root: str = "/sys"
+    """The host's /sys (NUMA node of each GPU's PCI device)."""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """The kubelet pod-resources API (read-only mount); unreachable: no device metric."""
+    nvidia_smi: str = Field("nvidia-smi", min_length=1)
+    """The nvidia-smi binary (name on PATH or a path)."""
+    command_timeout: Seconds = Field(30.0, gt=0)
+    """An nvidia-smi call slower than this failed."""
+    pod_resources_timeout: Seconds = Field(5.0, gt=0)
+    """A kubelet pod-resources `List` is abandoned after this (Kubernetes API calls are
+    bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
+
+
 class Config(_Strict):
     control: ControlConfig = ControlConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -624,6 +657,7 @@ class Config(_Strict):
     prometheus: PrometheusConfig = PrometheusConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     preemption: PreemptionConfig = PreemptionConfig()
+    agent: AgentConfig = AgentConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

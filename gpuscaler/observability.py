@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -265,8 +265,14 @@ class HealthState:
         return True, "ready"
 
 
+class Exposition(Protocol):
+    """Anything with a text exposition: the controller's metrics, the node agent's."""
+
+    def exposition(self) -> bytes: ...
+
+
 def serve(
-    metrics: ControllerMetrics, health: Any, port: int, host: str = "0.0.0.0"
+    metrics: Exposition, health: Any, port: int, host: str = "0.0.0.0"
 ) -> ThreadingHTTPServer:
     """/metrics, /healthz and /readyz on `port` in a daemon thread; returns the server."""
 

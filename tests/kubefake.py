@@ -10,7 +10,8 @@ gpuscaler depends on:
 - PATCH honours the content type: JSON merge patch (RFC 7386), strategic merge patch
   (maps merged, lists of objects merged by `name` or `type`, `null` deletes), anything
   else is 415;
-- GET of a collection filters by `labelSelector` (equality, `!=`, `in`, `notin`, exists);
+- GET of a collection filters by `labelSelector` (equality, `!=`, `in`, `notin`, exists)
+  and by `fieldSelector` equalities on dotted paths (`spec.nodeName=NAME`);
 - `pods/NAME/eviction` deletes the pod (201) unless a PodDisruptionBudget in the namespace
   selects it with `status.disruptionsAllowed` 0 (429 TooManyRequests);
 - Events and Leases are ordinary objects.
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -104,6 +106,20 @@ def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
             if term[1:] in labels:
                 return False
         elif term not in labels:
+            return False
+    return True
+
+
+def _fields_match(selector: str, obj: Json) -> bool:
+    """Field selector equalities (`a.b=v`, `a.b==v`, `a.b!=v`), as the API server applies
+    them to the fields it supports (pods: spec.nodeName, metadata.name, status.phase)."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        negate = "!=" in term
+        path, value = re.split(r"!=|==|=", term, maxsplit=1)
+        actual: Any = obj
+        for part in path.split("."):
+            actual = actual.get(part) if isinstance(actual, dict) else None
+        if (str(actual if actual is not None else "") == value) == negate:
             return False
     return True
 
@@ -249,6 +265,7 @@ class FakeCluster:
 
     def _list(self, gv: str, plural: str, ns: str | None, query: dict[str, list[str]]) -> Json:
         selector = (query.get("labelSelector") or [""])[0]
+        fields = (query.get("fieldSelector") or [""])[0]
         items = [
             copy.deepcopy(o)
             for (g, p, n, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][3])
@@ -256,6 +273,7 @@ class FakeCluster:
             and p == plural
             and (ns is None or n == ns)
             and _selector_matches(selector, (o.get("metadata") or {}).get("labels") or {})
+            and _fields_match(fields, o)
         ]
         kind = (items[0].get("kind", "") + "List") if items else "List"
         return {
@@ -370,3 +388,20 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def kubeconfig_for(url: str, path: Path) -> Path:
+    """A kubeconfig at `path` pointing a client at `url` (the fake, or a closed port)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "me", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path

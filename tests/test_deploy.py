@@ -50,7 +50,9 @@ def _one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -
     return found[0]
 
 
-@pytest.mark.parametrize("directory", ["deploy", "deploy/examples", "deploy/grafana"])
+@pytest.mark.parametrize(
+    "directory", ["deploy", "deploy/examples", "deploy/grafana", "deploy/agent"]
+)
 def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(directory: str) -> None:
     docs = render(directory)
     assert docs

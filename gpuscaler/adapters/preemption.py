@@ -57,6 +57,7 @@ from gpuscaler.adapters.kubernetes import (
 from gpuscaler.adapters.prometheus import SourceError, Transport, escape_label_value
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision
+from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
 from gpuscaler.core.preemption import (
     IN_FLIGHT,
     NodeView,
@@ -80,6 +81,9 @@ VICTIM_ANNOTATION = "gpuscaler.io/preemption"
 BENEFICIARY_ANNOTATION = "gpuscaler.io/preempting"
 QUARANTINE_TAINT = "gpuscaler.io/gpu-memory-held"
 NUMA_LABEL = "gpuscaler.io/gpus-per-numa-node"
+AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
+"""The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
+cannot attribute to pods (MPS)."""
 """Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
 
 
@@ -220,12 +224,15 @@ def preemption_observation(
             per_gpu = max(1, n.fragments or 1)
             memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
             numa = n.labels.get(NUMA_LABEL, "")
+            domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
+            if domain is None and numa.isdigit():
+                domain = int(numa)
             nodes.append(
                 NodeView(
                     n.name,
                     (n.gpu_count or 0) * per_gpu,
                     memory * (1 - reserve) / per_gpu,
-                    int(numa) * per_gpu if numa.isdigit() else None,
+                    domain * per_gpu if domain is not None else None,
                     pool.name,
                 )
             )
@@ -251,7 +258,9 @@ class GpuMemoryProbe:
     the GPUs attributed to the pod while it ran, then their frame buffer since it left.
     True: some sample at or below `released_below_mib`, or another pod now uses the GPU;
     False: every sample above it, the GPU idle (util < 5 %) and no pod on it; None: not
-    measurable (no per-pod attribution, no samples, Prometheus failing)."""
+    measurable (no per-pod attribution, no samples, Prometheus failing). Where
+    dcgm-exporter has no per-pod series (MPS), the GPUs and the pods on them come from the
+    node agent's `gpuscaler_agent_pod_gpu_device` instead."""
 
     def __init__(self, config: Config, transport: Transport):
         self.config = config
@@ -273,6 +282,9 @@ class GpuMemoryProbe:
                 5.0,
             )
             uuids = sorted({r["metric"].get("UUID") for r in attributed} - {None})
+            by_agent = not uuids  # MPS: no per-pod series; the node agent's mapping instead
+            if by_agent:
+                uuids = self._agent_gpus(namespace, pod, s.requested_at - 60, gone)
             if not uuids:
                 return None
             match = "|".join(re.escape(u) for u in uuids)
@@ -280,10 +292,11 @@ class GpuMemoryProbe:
             start = math.floor(gone)
             memory = self._series(f"DCGM_FI_DEV_FB_USED{{{selector}}}", start, now, 1.0)
             util = self._series(f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}", start, now, 1.0)
+            others = self._agent_pods(match, start, now) - {(namespace, pod)} if by_agent else set()
         except SourceError as e:
             log.warning("memory check of %s: %s", s.victim, e)
             return None
-        if any(r["metric"].get("pod") not in (None, "", pod) for r in memory):
+        if others or any(r["metric"].get("pod") not in (None, "", pod) for r in memory):
             return True  # another pod holds the GPU now: it is in use, not leaked
         values = [float(v) for r in memory for _, v in r["values"]]
         busy = [float(v) for r in util for _, v in r["values"]]
@@ -294,6 +307,25 @@ class GpuMemoryProbe:
         if busy and max(busy) < 5:
             return False
         return None
+
+    def _agent_gpus(self, namespace: str, pod: str, start: float, end: float) -> list[str]:
+        """GPU UUIDs the kubelet allocated to the pod, from the node agent's
+        `gpuscaler_agent_pod_gpu_device` (pod-resources API)."""
+        series = self._series(
+            f"{AGENT_POD_GPU}{{namespace={escape_label_value(namespace)},"
+            f"pod={escape_label_value(pod)}}}",
+            start,
+            end,
+            5.0,
+        )
+        return sorted({r["metric"].get("gpu") for r in series} - {None})
+
+    def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
+        """(namespace, pod) the agent saw holding these GPUs in the window."""
+        series = self._series(
+            f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
+        )
+        return {(r["metric"].get("namespace", ""), r["metric"].get("pod", "")) for r in series}
 
 
 # --------------------------------------------------------------------------- acting

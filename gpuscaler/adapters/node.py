@@ -1,0 +1,164 @@
+"""Kubernetes adapter of the node agent: its own Node and the pods bound to it.
+
+Built on `gpuscaler.adapters.kubernetes` (JSON objects, `KubeError`, the `Writer`'s gate
+and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: connect and read
+timeouts on every call, a time budget per poll). Every patch carries the resourceVersion
+read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
+
+What the agent may touch (deploy/agent/rbac.yaml): get and patch Nodes (its own, by the
+code; RBAC cannot name a node per DaemonSet pod), list pods (only with the field selector
+`spec.nodeName=<its node>`), create Events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kubernetes import (
+    MAX_CONFLICT_RETRIES,
+    KubeError,
+    WriteBudget,
+    Writer,
+    _api_error,
+    _json,
+)
+from gpuscaler.adapters.preemption import QUARANTINE_TAINT
+from gpuscaler.config import Config
+from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION
+
+log = logging.getLogger("gpuscaler.agent")
+
+TIME_SLICE_APPLIED = "gpuscaler.io/time-slice-applied"
+"""Node annotation: the time-slice level the agent applied to every GPU that takes one."""
+GPU_TOPOLOGY = TOPOLOGY_ANNOTATION
+CLEANUP_LABEL = "gpuscaler.io/gpu-cleanup"
+"""Set to `required` with the quarantine taint by preemption tier 3."""
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""A static pod's mirror carries the UID its cgroup is named after here."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    taints: list[dict[str, Any]]
+    resource_version: str | None
+
+    @property
+    def quarantined(self) -> bool:
+        return CLEANUP_LABEL in self.labels or any(
+            t.get("key") == QUARANTINE_TAINT for t in self.taints
+        )
+
+
+def _node_view(doc: dict[str, Any]) -> NodeView:
+    meta = doc.get("metadata") or {}
+    return NodeView(
+        name=str(meta.get("name")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        taints=list((doc.get("spec") or {}).get("taints") or []),
+        resource_version=meta.get("resourceVersion"),
+    )
+
+
+class NodeApi:
+    """The agent's calls, all about one node."""
+
+    def __init__(self, api: client.ApiClient, config: Config, node: str, identity: str):
+        self.config = config
+        self.node = node
+        self.core = client.CoreV1Api(api)
+        self.writer = Writer(
+            api, config, identity, WriteBudget(config.kubernetes.max_writes_per_minute)
+        )
+
+    def _call(self, action: str, fn: Callable[[], Any]) -> dict[str, Any]:
+        try:
+            return _json(fn())
+        except ApiException as e:
+            raise _api_error(action, e) from None
+        except urllib3.exceptions.HTTPError as e:  # timeouts, refused connections
+            raise KubeError(f"{action}: {type(e).__name__}: {e}") from None
+
+    def read(self) -> NodeView:
+        return _node_view(
+            self._call(
+                f"read node {self.node}",
+                lambda: self.core.read_node(self.node, _preload_content=False),
+            )
+        )
+
+    def pod_uids(self) -> frozenset[str]:
+        """UIDs of every pod the API lists on this node (Terminating ones included: their
+        processes are still the pod's), with static pods' config UIDs."""
+        doc = self._call(
+            f"list pods on node {self.node}",
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node}",
+                _preload_content=False,
+            ),
+        )
+        uids: set[str] = set()
+        for pod in doc.get("items") or []:
+            meta = pod.get("metadata") or {}
+            uids.update(str(v) for v in (meta.get("uid"), _mirror(meta)) if v)
+        return frozenset(uids)
+
+    def _patch(self, what: str, body_for: Callable[[NodeView], dict[str, Any]]) -> NodeView:
+        """Patch the node with the body `body_for(current)` builds (resourceVersion added);
+        on 409 re-read and rebuild. Returns the node as written."""
+        node = self.read()
+        for _ in range(MAX_CONFLICT_RETRIES + 1):
+            body = body_for(node)
+            body.setdefault("metadata", {})["resourceVersion"] = node.resource_version
+            self.writer.gate(f"{what} on node {self.node}")
+            try:
+                doc = _json(self.core.patch_node(self.node, body, _preload_content=False))
+                return _node_view(doc)
+            except ApiException as e:
+                if e.status != 409:
+                    raise _api_error(f"{what} on node {self.node}", e) from None
+            except urllib3.exceptions.HTTPError as e:
+                raise KubeError(f"{what} on node {self.node}: {e}") from None
+            node = self.read()
+        raise KubeError(f"{what} on node {self.node}: still conflicting")
+
+    def annotate(self, values: dict[str, str]) -> NodeView:
+        return self._patch("annotate", lambda _node: {"metadata": {"annotations": values}})
+
+    def lift_quarantine(self) -> NodeView:
+        """Remove the `gpu-memory-held` taint and the cleanup label, in one patch."""
+
+        def body(node: NodeView) -> dict[str, Any]:
+            taints = [t for t in node.taints if t.get("key") != QUARANTINE_TAINT]
+            return {"metadata": {"labels": {CLEANUP_LABEL: None}}, "spec": {"taints": taints}}
+
+        return self._patch("lift quarantine", body)
+
+    def event(self, reason: str, action: str, note: str, type_: str = "Normal") -> None:
+        """An Event on the node; a lost Event is logged, never fatal."""
+        try:
+            self.writer.event(
+                client.V1ObjectReference(api_version="v1", kind="Node", name=self.node),
+                self.config.kubernetes.events_namespace,
+                reason,
+                action,
+                note,
+                type_,
+            )
+        except urllib3.exceptions.HTTPError as e:
+            log.warning("event %s on node %s not recorded: %s", reason, self.node, e)
+
+
+def _mirror(meta: dict[str, Any]) -> str | None:
+    value = (meta.get("annotations") or {}).get(MIRROR_ANNOTATION)
+    return str(value) if value else None

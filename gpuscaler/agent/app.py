@@ -1,0 +1,137 @@
+"""Assembly of the node agent and its poll loop (`gpuscaler agent --config PATH [--node N]`).
+
+The node name comes from `--node`, else `NODE_NAME` (the DaemonSet sets it by the downward
+API from spec.nodeName). `cli` parses arguments and calls `run_agent`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscaler.adapters.host import HostFs
+from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.adapters.node import NodeApi
+from gpuscaler.adapters.nvml import FakeNvml, Nvml, NvmlError, RealNvml
+from gpuscaler.adapters.podresources import PodResourcesError, list_devices
+from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
+from gpuscaler.agent.runner import NodeAgent
+from gpuscaler.config import Config
+
+log = logging.getLogger("gpuscaler.agent")
+
+
+class AgentSetupError(Exception):
+    """The agent cannot start; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class AgentArgs:
+    node: str | None
+    kubeconfig: str | None
+    metrics_port: int
+    metrics_host: str
+    fake_nvml: str | None = None
+    max_polls: int | None = None
+
+
+def node_name(given: str | None) -> str:
+    name = given or os.environ.get("NODE_NAME")
+    if not name:
+        raise AgentSetupError(
+            "no node name: pass --node NAME or set NODE_NAME (the DaemonSet sets it from "
+            "spec.nodeName by the downward API)"
+        )
+    return name
+
+
+def build_agent(
+    config: Config, args: AgentArgs, metrics: AgentMetrics
+) -> tuple[NodeAgent, Callable[[], None]]:
+    """The agent, and what starts each poll (the API client's time budget per poll)."""
+    from gpuscaler.app import SetupError, identity, kube_api
+
+    name = node_name(args.node)
+    try:
+        api = kube_api(args.kubeconfig, config.kubernetes)
+    except SetupError as e:
+        raise AgentSetupError(str(e)) from None
+    nvml: Nvml
+    try:
+        nvml = FakeNvml(args.fake_nvml) if args.fake_nvml else RealNvml()
+    except NvmlError as e:
+        raise AgentSetupError(f"no NVML: {e}") from None
+    cfg = config.agent
+    socket = cfg.pod_resources_socket
+    agent = NodeAgent(
+        config,
+        NodeApi(api, config, name, identity()),
+        nvml,
+        HostFs(Path(cfg.proc_root), Path(cfg.sys_root)),
+        metrics,
+        pod_devices=functools.partial(list_devices, socket, cfg.pod_resources_timeout),
+    )
+    return agent, api.begin_tick
+
+
+def _stop_event() -> threading.Event:
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    return done
+
+
+def poll_once(
+    agent: NodeAgent,
+    metrics: AgentMetrics,
+    health: AgentHealth,
+    begin: Callable[[], None] = lambda: None,
+) -> bool:
+    """One poll; a failure is logged and counted, and the loop goes on."""
+    begin()
+    try:
+        report = agent.poll(time.monotonic())
+    except (KubeError, NvmlError, PodResourcesError, OSError) as e:
+        metrics.polls.labels("failed").inc()
+        health.record(False)
+        log.warning("poll failed: %s", e, extra={"event": "poll_failed"})
+        return False
+    metrics.polls.labels("ok").inc()
+    health.record(True)
+    log.debug("poll: %d GPU(s), problems: %s", len(report.gpus), report.problems)
+    return True
+
+
+def run_agent(config: Config, args: AgentArgs) -> int:
+    """Poll every `agent.poll_interval` until SIGTERM/SIGINT. 0 on a clean stop."""
+    from gpuscaler.observability import serve
+
+    metrics = AgentMetrics()
+    health = AgentHealth(config.agent.poll_interval)
+    agent, begin = build_agent(config, args, metrics)
+    stop = _stop_event()
+    if args.metrics_port:
+        serve(metrics, health, args.metrics_port, args.metrics_host)
+        print(
+            f"serving /metrics, /healthz, /readyz on {args.metrics_host}:{args.metrics_port}",
+            file=sys.stderr,
+        )
+    mode = "dry run" if agent.dry_run else "acting"
+    print(f"agent on node {agent.node.node}: {mode}", file=sys.stderr)
+    polls = 0
+    while True:
+        poll_once(agent, metrics, health, begin)
+        polls += 1
+        if args.max_polls is not None and polls >= args.max_polls:
+            break
+        if stop.wait(config.agent.poll_interval):
+            break
+    return 0

@@ -1,0 +1,188 @@
+"""Which GPU processes did an evicted pod leave behind, and what to do with each.
+
+Pure: the agent reads `/proc/<pid>/cgroup`, NVML and the pod list, and passes the text,
+the processes, the live pod UIDs, what it remembers and `now` in; these functions answer.
+
+Pod UID from a cgroup file. The kubelet names a pod's cgroup after its UID
+(kubernetes/kubernetes `pkg/kubelet/cm/pod_container_manager_linux.go`, `GetPodContainerName`:
+`"pod" + string(pod.UID)`, under the QoS cgroup `kubepods[/burstable|/besteffort]`), and the
+systemd driver turns each `/`-separated part into a slice with `-` escaped to `_`
+(`pkg/kubelet/cm/cgroup_manager_linux.go`, `ToSystemd` / `escapeSystemdCgroupName`):
+
+    cgroupfs, v1:  11:devices:/kubepods/besteffort/pod0f1e.../<container id>
+    cgroupfs, v2:  0::/kubepods/burstable/pod0f1e.../<container id>
+    systemd,  v1:  4:memory:/kubepods.slice/kubepods-burstable.slice/
+                       kubepods-burstable-pod0f1e..._....slice/cri-containerd-<id>.scope
+    systemd,  v2:  0::/kubepods.slice/kubepods-pod0f1e..._....slice/crio-<id>.scope
+    in a private cgroup namespace (the agent's own, cgroup v2): 0::/../../kubepods-....slice/...
+
+A UID is the 36-character dashed form, or 32 hex digits (static pods: a hash of the
+manifest; their API mirror pod carries it in `kubernetes.io/config.mirror`).
+
+Never a candidate: a process with no pod UID (host services, persistenced, the MPS control
+daemon `nvidia-cuda-mps-server`), a process of a pod the API still lists, anything when the
+pod list could not be read. A cgroup file that names `kubepods` but no UID we can read is
+reported as unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
+_POD_SEGMENT = re.compile(rf"^(?:kubepods(?:-[a-z]+)*-)?pod(?P<uid>{_UID})(?:\.slice)?$")
+_LINE = re.compile(r"^(?P<id>\d+):(?P<controllers>[^:]*):(?P<path>/.*)$")
+
+CgroupKind = Literal["pod", "host", "unknown"]
+
+
+@dataclass(frozen=True)
+class CgroupOwner:
+    """Whose process it is, by its cgroup file: a pod (with its UID), the host (no pod),
+    or unknown (with the reason)."""
+
+    kind: CgroupKind
+    pod_uid: str | None = None
+    reason: str = ""
+
+
+def _segment_uid(segment: str) -> str | None:
+    m = _POD_SEGMENT.match(segment)
+    if m is None:
+        return None
+    uid = m.group("uid").replace("_", "-")
+    return uid
+
+
+def pod_uid_from_cgroup(text: str) -> CgroupOwner:
+    """The pod a process belongs to, from the text of its `/proc/<pid>/cgroup`."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return CgroupOwner("unknown", reason="empty cgroup file")
+    uids: set[str] = set()
+    kubepods = False
+    for line in lines:
+        m = _LINE.match(line)
+        if m is None:
+            return CgroupOwner("unknown", reason=f"not a cgroup line: {line[:80]!r}")
+        segments = [s for s in m.group("path").split("/") if s and s != ".."]
+        kubepods = kubepods or any(s.startswith("kubepods") for s in segments)
+        uids.update(u for u in map(_segment_uid, segments) if u is not None)
+    if len(uids) > 1:
+        return CgroupOwner("unknown", reason=f"several pod UIDs: {', '.join(sorted(uids))}")
+    if uids:
+        return CgroupOwner("pod", pod_uid=uids.pop())
+    if kubepods:
+        return CgroupOwner(
+            "unknown", reason=f"under kubepods but no pod<uid> segment: {lines[0][:120]!r}"
+        )
+    return CgroupOwner("host", reason="no kubepods cgroup: not a pod's process")
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class GpuProc:
+    """One compute process on one GPU, with its owner. `start` (clock ticks since boot,
+    /proc/<pid>/stat field 22) tells a reused PID from the process first seen."""
+
+    pid: int
+    start: int
+    gpu: str
+    used_mib: float | None
+    name: str
+    owner: CgroupOwner
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
+
+
+@dataclass(frozen=True)
+class OrphanPolicy:
+    grace: float
+    """An orphan must be seen this long before it is signalled (a pod being replaced, a
+    pod list read just before the pod appeared)."""
+    kill_timeout: float
+    """SIGTERM first; SIGKILL when still alive this long after."""
+
+
+@dataclass(frozen=True)
+class OrphanMemory:
+    """What the agent remembers between polls, by (pid, start): when each orphan was first
+    seen and when it was sent SIGTERM."""
+
+    first_seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    terminated: dict[tuple[int, int], float] = field(default_factory=dict)
+
+
+ActionKind = Literal["sigterm", "sigkill", "wait", "keep", "report"]
+
+
+@dataclass(frozen=True)
+class OrphanAction:
+    kind: ActionKind
+    proc: GpuProc
+    reason: str
+
+
+def orphan_actions(
+    procs: list[GpuProc],
+    live_pod_uids: frozenset[str] | None,
+    memory: OrphanMemory,
+    now: float,
+    policy: OrphanPolicy,
+) -> tuple[list[OrphanAction], OrphanMemory]:
+    """One action per process, and the memory for the next poll. `live_pod_uids` None:
+    the pod list could not be read, so nothing is an orphan this time."""
+    actions: list[OrphanAction] = []
+    first_seen: dict[tuple[int, int], float] = {}
+    terminated: dict[tuple[int, int], float] = {}
+    for p in procs:
+        if p.owner.kind == "unknown":
+            actions.append(OrphanAction("report", p, f"cgroup not understood: {p.owner.reason}"))
+            continue
+        if p.owner.kind == "host" or p.owner.pod_uid is None:
+            actions.append(OrphanAction("keep", p, "no pod UID (host process)"))
+            continue
+        if live_pod_uids is None:
+            actions.append(OrphanAction("keep", p, "pod list unknown this poll"))
+            continue
+        if p.owner.pod_uid in live_pod_uids:
+            actions.append(OrphanAction("keep", p, f"pod {p.owner.pod_uid} exists"))
+            continue
+        seen = memory.first_seen.get(p.key, now)
+        first_seen[p.key] = seen
+        actions.append(_orphan_step(p, seen, memory.terminated.get(p.key), now, policy))
+        if actions[-1].kind == "sigterm":
+            terminated[p.key] = now
+        elif p.key in memory.terminated:
+            terminated[p.key] = memory.terminated[p.key]
+    return actions, OrphanMemory(first_seen, terminated)
+
+
+def _orphan_step(
+    p: GpuProc, seen: float, termed: float | None, now: float, policy: OrphanPolicy
+) -> OrphanAction:
+    uid = p.owner.pod_uid
+    if termed is not None:
+        if now - termed >= policy.kill_timeout:
+            return OrphanAction(
+                "sigkill",
+                p,
+                f"pod {uid} gone; still alive {now - termed:.0f}s after SIGTERM "
+                f"(limit {policy.kill_timeout:.0f}s)",
+            )
+        return OrphanAction("wait", p, f"pod {uid} gone; SIGTERM sent {now - termed:.0f}s ago")
+    if now - seen >= policy.grace:
+        return OrphanAction(
+            "sigterm",
+            p,
+            f"pod {uid} gone; orphan for {now - seen:.0f}s (grace {policy.grace:.0f}s)",
+        )
+    return OrphanAction(
+        "wait", p, f"pod {uid} gone; orphan for {now - seen:.0f}s of {policy.grace:.0f}s grace"
+    )

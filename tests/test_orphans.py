@@ -1,0 +1,193 @@
+"""Which GPU processes are orphans: the cgroup parser (kubelet's naming, both drivers, both
+cgroup versions) and the grace / SIGTERM / SIGKILL decisions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuscaler.core.orphans import (
+    CgroupOwner,
+    GpuProc,
+    OrphanMemory,
+    OrphanPolicy,
+    orphan_actions,
+    pod_uid_from_cgroup,
+)
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+ESC = UID.replace("-", "_")
+STATIC = "6c8b8ed0a3e04d1c0c5f8b6c5b5c0b9b"  # a static pod: the manifest hash
+
+# Path forms from kubelet (kubernetes/kubernetes pkg/kubelet/cm/cgroup_manager_linux.go,
+# ToSystemd / escapeSystemdCgroupName; pod_container_manager_linux.go, "pod" + UID).
+CASES = [
+    (
+        "cgroup v2, systemd, burstable",
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope",
+        "pod",
+        UID,
+    ),
+    (
+        "cgroup v2, systemd, guaranteed",
+        f"0::/kubepods.slice/kubepods-pod{ESC}.slice/crio-abc.scope",
+        "pod",
+        UID,
+    ),
+    (
+        "cgroup v2, systemd, besteffort",
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESC}.slice/docker-abc.scope",
+        "pod",
+        UID,
+    ),
+    ("cgroup v2, cgroupfs, burstable", f"0::/kubepods/burstable/pod{UID}/abc", "pod", UID),
+    ("cgroup v2, cgroupfs, guaranteed", f"0::/kubepods/pod{UID}/abc", "pod", UID),
+    (
+        "cgroup v1, cgroupfs",
+        f"12:memory:/kubepods/besteffort/pod{UID}/abc\n11:devices:/kubepods/besteffort/pod{UID}/abc\n1:name=systemd:/kubepods/besteffort/pod{UID}/abc",
+        "pod",
+        UID,
+    ),
+    (
+        "cgroup v1, systemd",
+        f"4:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope\n2:cpu,cpuacct:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope",
+        "pod",
+        UID,
+    ),
+    (
+        "cgroup v2 seen from a private cgroup namespace",
+        f"0::/../../kubepods-besteffort-pod{ESC}.slice/cri-containerd-abc.scope",
+        "pod",
+        UID,
+    ),
+    (
+        "a runtime cgroupsPath slice:prefix:id, not a kubelet path: reported",
+        f"0::/system.slice/containerd.service/kubepods-burstable-pod{ESC}.slice:cri-containerd:abc",
+        "unknown",
+        None,
+    ),
+    ("a static pod's hash UID", f"0::/kubepods/burstable/pod{STATIC}/abc", "pod", STATIC),
+    ("persistenced, a host service", "0::/system.slice/nvidia-persistenced.service", "host", None),
+    ("the MPS control daemon", "0::/system.slice/nvidia-mps.service", "host", None),
+    ("a login shell", "0::/user.slice/user-1000.slice/session-3.scope", "host", None),
+    ("init", "0::/init.scope", "host", None),
+    ("the root cgroup", "0::/", "host", None),
+    ("a plain docker container", "0::/docker/0123456789abcdef", "host", None),
+    ("kubepods but no pod segment", "0::/kubepods/burstable/abc", "unknown", None),
+    ("kubepods with a malformed UID", "0::/kubepods/burstable/pod1234/abc", "unknown", None),
+    (
+        "two pods in one file",
+        f"12:memory:/kubepods/pod{UID}/a\n11:devices:/kubepods/pod{STATIC}/a",
+        "unknown",
+        None,
+    ),
+    ("empty file", "", "unknown", None),
+    ("not cgroup lines", "hello world", "unknown", None),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "kind", "uid"), CASES, ids=[c[0] for c in CASES])
+def test_a_cgroup_file_gives_the_pod_uid_or_says_why_not(
+    name: str, text: str, kind: str, uid: str | None
+) -> None:
+    owner = pod_uid_from_cgroup(text)
+    assert (owner.kind, owner.pod_uid) == (kind, uid), owner.reason
+    if kind == "unknown":
+        assert owner.reason
+
+
+uids = st.uuids().map(str)
+forms = st.sampled_from(
+    [
+        lambda u: (
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u.replace('-', '_')}.slice/cri-containerd-1.scope"
+        ),
+        lambda u: f"0::/kubepods/besteffort/pod{u}/1",
+        lambda u: f"3:cpu:/kubepods/pod{u}/1\n2:memory:/kubepods/pod{u}/1",
+        lambda u: f"0::/../kubepods-pod{u.replace('-', '_')}.slice/crio-1.scope",
+    ]
+)
+
+
+@given(uids, forms)
+def test_every_kubelet_form_of_any_uid_parses_back_to_that_uid(uid: str, form: object) -> None:
+    assert callable(form)
+    assert pod_uid_from_cgroup(form(uid)) == CgroupOwner("pod", pod_uid=uid)
+
+
+@given(st.text(max_size=300))
+def test_no_text_makes_the_parser_raise_or_invent_a_uid(text: str) -> None:
+    owner = pod_uid_from_cgroup(text)
+    assert owner.kind in ("pod", "host", "unknown")
+    if owner.kind == "pod":
+        assert owner.pod_uid is not None and owner.pod_uid in text.replace("_", "-")
+
+
+# --------------------------------------------------------------------------- decisions
+
+POLICY = OrphanPolicy(grace=60, kill_timeout=10)
+GONE = "99999999-0000-0000-0000-000000000000"
+
+
+def proc(pid: int, uid: str | None, kind: str = "pod", start: int = 100) -> GpuProc:
+    owner = CgroupOwner(kind, pod_uid=uid, reason="test")  # type: ignore[arg-type]
+    return GpuProc(pid, start, "GPU-0", 2048.0, "python3", owner)
+
+
+def test_an_orphan_waits_out_its_grace_then_gets_sigterm_then_sigkill() -> None:
+    p = proc(10, GONE)
+    steps = []
+    memory = OrphanMemory()
+    for now in (0, 30, 59, 60, 65, 70):
+        (action,), memory = orphan_actions([p], frozenset({UID}), memory, now, POLICY)
+        steps.append((now, action.kind))
+    assert steps == [
+        (0, "wait"),
+        (30, "wait"),
+        (59, "wait"),
+        (60, "sigterm"),
+        (65, "wait"),
+        (70, "sigkill"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "live", "kind"),
+    [
+        ("a live pod's process", proc(1, UID), frozenset({UID}), "keep"),
+        ("a host process", proc(2, None, "host"), frozenset(), "keep"),
+        ("an unknown cgroup", proc(3, None, "unknown"), frozenset(), "report"),
+        ("any process when the pod list is unknown", proc(4, GONE), None, "keep"),
+        (
+            "a process of a static pod, by its mirror's config UID",
+            proc(5, STATIC),
+            frozenset({STATIC}),
+            "keep",
+        ),
+    ],
+)
+def test_never_a_candidate(name: str, p: GpuProc, live: frozenset[str] | None, kind: str) -> None:
+    memory = OrphanMemory()
+    for now in (0, 1000, 2000):
+        (action,), memory = orphan_actions([p], live, memory, now, POLICY)
+        assert action.kind == kind, name
+    assert memory == OrphanMemory()
+
+
+def test_a_reused_pid_starts_its_own_grace() -> None:
+    memory = OrphanMemory()
+    _, memory = orphan_actions([proc(10, GONE, start=100)], frozenset(), memory, 0, POLICY)
+    (action,), memory = orphan_actions(
+        [proc(10, GONE, start=555)], frozenset(), memory, 100, POLICY
+    )
+    assert action.kind == "wait"
+
+
+def test_an_orphan_whose_pod_reappears_is_forgotten() -> None:
+    memory = OrphanMemory()
+    _, memory = orphan_actions([proc(10, UID)], frozenset(), memory, 0, POLICY)
+    (action,), memory = orphan_actions([proc(10, UID)], frozenset({UID}), memory, 30, POLICY)
+    assert action.kind == "keep" and memory == OrphanMemory()
+    (action,), _ = orphan_actions([proc(10, UID)], frozenset(), memory, 70, POLICY)
+    assert action.kind == "wait"  # the grace starts again
