@@ -218,3 +218,37 @@ def test_a_pdb_with_room_lets_the_eviction_through(cluster: Cluster) -> None:
     path = f"/apis/policy/v1/namespaces/{cluster.batch}/poddisruptionbudgets/batch"
     # The eviction spent the budget (the API server decrements it, the controller agrees).
     assert cluster.kube.get(path)["status"]["disruptionsAllowed"] == 0
+
+
+def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
+    scheduler: object, cluster: Cluster
+) -> None:
+    """kube-scheduler, not a hand-written status, marks the pod Unschedulable; the pods
+    on the node have the beneficiary's own priority, so the scheduler cannot preempt."""
+    kube = cluster.kube
+    kube.add_gpu_node("gpu-0", node("gpu-0", config="ts-2", gpus=2)["metadata"]["labels"], gpus=4)
+    for name in ("a", "b"):
+        cluster.pod(name, cluster.batch, "gpu-0", 2, "gpu-test-critical")
+        kube.make_running(cluster.batch, name)
+    cluster.pod("critical", cluster.serving, None, 2, "gpu-test-critical")
+    path = f"/api/v1/namespaces/{cluster.serving}/pods/critical"
+
+    def verdict() -> dict[str, Any] | None:
+        for c in kube.get(path).get("status", {}).get("conditions") or []:
+            if c["type"] == "PodScheduled" and c["status"] == "False":
+                return c
+        return None
+
+    wait_until("the scheduler's verdict", lambda: verdict() is not None, 60, 0.5)
+    condition = verdict()
+    assert condition is not None and condition["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    reader = ClusterReader(cluster.api, CONFIG)
+    reader.state()
+    obs = PreemptionReader(cluster.api, CONFIG, reader, cluster.home).observe(time.time())
+    (pending,) = [p for p in obs.pods if p.key == f"{cluster.serving}/critical"]
+    assert pending.unschedulable_since is not None
+    assert abs(pending.unschedulable_since - time.time()) < 120
+    decisions, skips = decide_preemption(obs, CONFIG.preemption, time.time())
+    assert decisions == ()  # equal priorities: nothing to preempt, and it says so
+    assert skips
