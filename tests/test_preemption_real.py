@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -148,7 +149,9 @@ def cluster(kube: Kube) -> Cluster:
 
 
 def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None:
-    t0 = time.time()
+    # The decisions run on a virtual clock ahead of which the server's own timestamps
+    # (the deletionTimestamp an eviction sets) must not fall: start it in the past.
+    t0 = time.time() - 400
     cluster.seed(t0 - 60)
     _, _, applied = cluster.tick(t0)
     assert [(d.target, d.to_value) for d in applied] == [(f"{cluster.batch}/train", "soft")]
@@ -162,21 +165,23 @@ def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None
     assert [(d.to_value, (d.detail or {})["action"]) for d in applied] == [("hard", "evict")]
     assert cluster.evictions() == [201]
     # No kubelet finishes the graceful deletion: the real server leaves the pod
-    # Terminating, with the DisruptionTarget condition gpuscaler set before evicting.
+    # Terminating, with the DisruptionTarget condition the Eviction API itself sets.
     victim = cluster.victim()
     assert victim is not None and victim["metadata"].get("deletionTimestamp")
     (target,) = [c for c in victim["status"]["conditions"] if c["type"] == "DisruptionTarget"]
-    assert target["reason"] == "PreemptionByGpuscaler"
+    assert target["reason"] == "EvictionByEvictionAPI"
     assert cluster.state()["tier"] == "hard"
 
-    _, skips, applied = cluster.tick(t0 + 400)
-    assert applied == () and any("terminating for" in s.reason for s in skips)
-    _, _, applied = cluster.tick(t0 + 301 + 30 + 301)  # past terminating_timeout
+    deleting = datetime.fromisoformat(victim["metadata"]["deletionTimestamp"]).timestamp()
+    assert abs(deleting - (time.time() + 30)) < 30  # now + the eviction's grace period
+    _, skips, applied = cluster.tick(deleting + 99)
+    assert applied == () and any("terminating for 99s" in s.reason for s in skips)
+    _, _, applied = cluster.tick(deleting + 301)  # past terminating_timeout
     assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
     assert cluster.victim() is None
-    _, _, applied = cluster.tick(t0 + 700)
+    _, _, applied = cluster.tick(deleting + 310)
     assert [d.to_value for d in applied] == ["cleanup"]
-    _, _, applied = cluster.tick(t0 + 700 + 121)  # no dcgm series here: not measurable
+    _, _, applied = cluster.tick(deleting + 310 + 121)  # no dcgm series: not measurable
     assert [d.to_value for d in applied] == ["done"]
     assert cluster.evictions() == [201]  # evicted exactly once
     keep = cluster.kube.get(f"/api/v1/namespaces/{cluster.batch}/pods/keep")
@@ -249,6 +254,5 @@ def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
     (pending,) = [p for p in obs.pods if p.key == f"{cluster.serving}/critical"]
     assert pending.unschedulable_since is not None
     assert abs(pending.unschedulable_since - time.time()) < 120
-    decisions, skips = decide_preemption(obs, CONFIG.preemption, time.time())
-    assert decisions == ()  # equal priorities: nothing to preempt, and it says so
-    assert skips
+    decisions, _ = decide_preemption(obs, CONFIG.preemption, time.time() + 600)
+    assert decisions == ()  # equal priorities: no victim
