@@ -98,6 +98,7 @@ def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event
             "spec": {"containers": [{"name": "gpuscaler", "image": "gpuscaler:0.1.0"}]},
         }
     )
+    monkeypatch.setenv("POD_UID", pod["metadata"]["uid"])  # the Deployment's fieldRef
     kube.create(hpa("embed", 1, namespace=ml))
     kube.create(hpa("found", 1, namespace=ml))  # opted in, not in the config
     base = BASE.replace("namespace: ml", f"namespace: {ml}")
