@@ -220,7 +220,7 @@ def node_view(node: NodeGpus, margin: float) -> NodeView:
         usable_sum=sum(usable),
         usable_sorted=tuple(sorted(usable)),
         domains=tuple(tuple(sorted(v)) for v in groups.values()),
-        fragmentation=std,
+        fragmentation=round(std, 9),  # equal ratios give 0, not 1e-17
         total_mib=sum(g.total_mib for g in node.gpus),
     )
 

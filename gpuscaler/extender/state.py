@@ -103,6 +103,8 @@ class GpuState:
         self._measured: dict[str, NodeGpus] = {}
         self._lock = threading.Lock()  # guards the ledger and snapshot swaps
         self._node_locks: dict[str, threading.Lock] = {}
+        self.pod_uids: set[str] | None = None
+        """UIDs of the GPU scheduler's pods at the last listing."""
         self.last_error: str | None = None
         self.refreshed_at: float | None = None
 
@@ -130,6 +132,7 @@ class GpuState:
         with self._lock:
             if pods is not None:
                 self._rebuild_ledger(pods, listed_at)
+                self.pod_uids = {p.uid for p in pods}
             self._expire(self.clock())
             self.snapshot = self._build(meta)
         self.last_error = "; ".join(errors) or None
@@ -213,3 +216,20 @@ class GpuState:
         views = dict(snap.views)
         views[node] = node_view(with_reservations(snap.gpus[node], mine), self.margin)
         self.snapshot = Snapshot(snap.gpus, views, snap.meta, snap.problems, snap.largest_total)
+
+
+class FixedCluster:
+    """GPU data and nodes given up front, no pods: for benchmarks and planning runs."""
+
+    def __init__(self, gpus: dict[str, NodeGpus], meta: dict[str, NodeMeta] | None = None):
+        self.gpus = gpus
+        self.meta = meta if meta is not None else {n: NodeMeta(n) for n in gpus}
+
+    def fetch(self) -> dict[str, NodeGpus]:
+        return dict(self.gpus)
+
+    def nodes(self) -> dict[str, NodeMeta]:
+        return self.meta
+
+    def pods(self) -> list[PodRecord]:
+        return []
