@@ -123,7 +123,8 @@ class SchedulingKube:
         }
         self._call(
             f"bind pod {namespace}/{name} to {node}",
-            self.core.create_namespaced_binding,
+            self.core.create_namespaced_pod_binding,  # pods/NAME/binding, as kube-scheduler
+            name=name,
             namespace=namespace,
             body=binding,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -115,6 +116,10 @@ def serve(
         )
     )
     log.info("extender serving on %s:%d", host, port, extra={"event": "extender_started"})
+    # uvicorn stops on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
+    # a no-op one here, so the Lease is released and the exit code is 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()
     finally:
