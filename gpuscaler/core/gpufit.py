@@ -205,6 +205,7 @@ class NodeView:
     fragmentation: float
     """Population stddev of the per-GPU used ratio (0 = even)."""
     total_mib: float
+    sampled_at: float
 
 
 def node_view(node: NodeGpus, margin: float) -> NodeView:
@@ -222,6 +223,7 @@ def node_view(node: NodeGpus, margin: float) -> NodeView:
         domains=tuple(tuple(sorted(v)) for v in groups.values()),
         fragmentation=round(std, 9),  # equal ratios give 0, not 1e-17
         total_mib=sum(g.total_mib for g in node.gpus),
+        sampled_at=node.sampled_at,
     )
 
 
@@ -251,8 +253,14 @@ def fit_problem(view: NodeView, req: PodRequest) -> str | None:
 def topology_bonus(view: NodeView, req: PodRequest) -> float:
     if req.gpu_count <= 1:
         return 0.0
-    best = max((_fitting(d, req.per_gpu_mib) for d in view.domains), default=0)
-    return 100.0 if best >= req.gpu_count else 100.0 * best / req.gpu_count
+    need, count = req.per_gpu_mib, req.gpu_count
+    best = 0
+    for d in view.domains:
+        n = len(d) - bisect.bisect_left(d, need)
+        if n >= count:
+            return 100.0
+        best = max(best, n)
+    return 100.0 * best / count
 
 
 def score(view: NodeView, req: PodRequest) -> float:

@@ -3,6 +3,7 @@ refreshed every cache TTL in a background thread, leader-elected, served by uvic
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -59,6 +60,7 @@ class Refresher:
             try:
                 self.state.refresh()
                 self.app.observe_state(self.state.pod_uids)
+                gc.freeze()  # the long-lived state leaves the GC's scans: no pauses in verbs
             except Exception:  # never let the thread die: the data would only go stale
                 log.exception("extender refresh failed")
             self._stop.wait(self.every)

@@ -119,7 +119,7 @@ class Extender:
             if name in snap.meta:
                 return "no_gpu_data", f"node {name} has no GPU metrics (dcgm-exporter)"
             return "unknown_node", f"node {name} is unknown to the GPU extender"
-        if freshness(now - snap.gpus[name].sampled_at, self.config.cache_ttl) == "stale":
+        if freshness(now - view.sampled_at, self.config.cache_ttl) == "stale":
             return "stale", STALE_REASON
         why = fit_problem(view, req)
         if why is None:
@@ -136,13 +136,12 @@ class Extender:
             req = None
         if req is None:
             return [(n, 0) for n in names]
-        snap = self.state.snapshot
-        now = self.wall()
-        ttl = self.config.cache_ttl
+        views = self.state.snapshot.views
+        oldest = self.wall() - 3 * self.config.cache_ttl  # older: stale, scored 0
         out = []
         for name in names:
-            view = snap.views.get(name)
-            if view is None or freshness(now - snap.gpus[name].sampled_at, ttl) == "stale":
+            view = views.get(name)
+            if view is None or view.sampled_at < oldest:
                 out.append((name, 0))
             else:
                 out.append((name, extender_score(score(view, req))))
