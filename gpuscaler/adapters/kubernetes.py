@@ -81,7 +81,17 @@ class KubeError(Exception):
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
-    return KubeError(f"{action}: HTTP {e.status} {e.reason}")
+    """The server's own message rides along for refusals and invalid objects: a 403 names
+    the user, verb and resource RBAC lacks, a 422 the field the schema refused."""
+    message = f"{action}: HTTP {e.status} {e.reason}"
+    if e.status in (403, 422):
+        try:
+            detail = json.loads(e.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            detail = None
+        if isinstance(detail, str) and detail:
+            message += f": {detail[:300]}"
+    return KubeError(message)
 
 
 def _json(response: Any) -> dict[str, Any]:
