@@ -7,6 +7,9 @@ import threading
 import time
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from promserver import free_port
+
 from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import Gpu, NodeGpus
 from gpuscaler.extender.metrics import ExtenderMetrics
@@ -15,6 +18,7 @@ from gpuscaler.extender.service import Extender, KubeError
 from gpuscaler.extender.state import GpuState, NodeMeta, PodRecord
 
 A100 = 40960.0
+MIB = A100
 
 
 def gpu_node(
@@ -123,3 +127,38 @@ def make_extender(
     state.refresh()
     extender = Extender(state, cluster, config, lambda: True, time.time)
     return ExtenderApp(extender, ExtenderMetrics(), lambda: None), state
+
+
+class DcgmExporter:
+    """dcgm-exporter's frame-buffer series for a few GPUs, values set by the test."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["gpu", "UUID", "pci_bus_id", "Hostname", "hostname", "modelName"]
+        self.gauges = {
+            f: Gauge(f"DCGM_FI_DEV_FB_{f.upper()}", f"FB {f} (MiB)", labels, registry=self.registry)
+            for f in ("used", "free", "reserved")
+        }
+        self.port = free_port()
+        self.server, self.thread = start_http_server(
+            self.port, addr="127.0.0.1", registry=self.registry
+        )
+
+    def gpu(self, node: str, index: int, used: float, lowercase: bool = False) -> None:
+        host = ("", node) if lowercase else (node, "")
+        labels = (str(index), f"GPU-{node}-{index}", f"0000:{index:02x}:00.0", *host, "A100")
+        reserved = 512.0
+        self.gauges["used"].labels(*labels).set(used)
+        self.gauges["free"].labels(*labels).set(MIB - used - reserved)
+        self.gauges["reserved"].labels(*labels).set(reserved)
+
+    def drop_node(self, node: str) -> None:
+        for g in self.gauges.values():
+            for labels in list(g._metrics):
+                if node in labels[3:5]:
+                    g.remove(*labels)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)

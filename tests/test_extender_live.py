@@ -20,51 +20,13 @@ from typing import Any
 import pytest
 import yaml
 from builders import CLI
-from extenderkit import args, pod
+from extenderkit import MIB, DcgmExporter, args, pod
 from kubefake import FakeCluster, fake_apiserver
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from promserver import free_port, prometheus
 
 from gpuscaler.adapters.gpuinfo import PrometheusGpus, grouped_query
 from gpuscaler.adapters.prometheus import Transport
 from gpuscaler.config import PrometheusConfig
-
-MIB = 40960.0
-
-
-class DcgmExporter:
-    """dcgm-exporter's frame-buffer series for a few GPUs, values set by the test."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        labels = ["gpu", "UUID", "pci_bus_id", "Hostname", "hostname", "modelName"]
-        self.gauges = {
-            f: Gauge(f"DCGM_FI_DEV_FB_{f.upper()}", f"FB {f} (MiB)", labels, registry=self.registry)
-            for f in ("used", "free", "reserved")
-        }
-        self.port = free_port()
-        self.server, self.thread = start_http_server(
-            self.port, addr="127.0.0.1", registry=self.registry
-        )
-
-    def gpu(self, node: str, index: int, used: float, lowercase: bool = False) -> None:
-        host = ("", node) if lowercase else (node, "")
-        labels = (str(index), f"GPU-{node}-{index}", f"0000:{index:02x}:00.0", *host, "A100")
-        reserved = 512.0
-        self.gauges["used"].labels(*labels).set(used)
-        self.gauges["free"].labels(*labels).set(MIB - used - reserved)
-        self.gauges["reserved"].labels(*labels).set(reserved)
-
-    def drop_node(self, node: str) -> None:
-        for g in self.gauges.values():
-            for labels in list(g._metrics):
-                if node in labels[3:5]:
-                    g.remove(*labels)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +229,35 @@ def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
     assert sorted(str(n) for n in nodes) == ["None", "uneven"]
     assert sorted(bool(e) for e in answers.values()) == [False, True]
     assert "no longer fits" in next(e for e in answers.values() if e)
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "message"),
+    [
+        (None, [], "file not found"),
+        ("scheduler: {cache_ttl: soon}\n", [], "scheduler.cache_ttl"),
+        ("scheduler: {}\n", [], "prometheus.url is not set"),
+        (
+            "prometheus: {url: 'http://127.0.0.1:9'}\n",
+            ["--port", "70000"],
+            "--port 70000: not a TCP port",
+        ),
+        ("prometheus: {url: 'http://127.0.0.1:9'}\n", ["--port", "x"], "invalid int value"),
+        (
+            "prometheus: {url: 'http://127.0.0.1:9'}\n",
+            ["--kubeconfig", "/nonexistent/kubeconfig"],
+            "no Kubernetes API",
+        ),
+    ],
+)
+def test_the_extender_refuses_bad_input_with_exit_2_and_no_traceback(
+    tmp_path: Path, config: str | None, argv: list[str], message: str
+) -> None:
+    from builders import run_cli
+
+    path = tmp_path / "gpuscaler.yaml"
+    if config is not None:
+        path.write_text(config)
+    out = run_cli("extender", "--config", str(path), *argv, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
