@@ -27,6 +27,7 @@ from promserver import free_port, prometheus
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+RBAC = ROOT / "deploy" / "scheduler" / "extender-rbac.yaml"
 FULL = MIB - 512 - 100  # a GPU with next to nothing free
 
 
@@ -60,13 +61,19 @@ class GpuScheduler:
         port = free_port()
         cfg = self.dir / "gpuscaler.yaml"
         cfg.write_text(
-            f"prometheus: {{url: '{prom}'}}\n"
-            "scheduler: {cache_ttl: 1s, node_resync: 1s, lease: {namespace: kube-system}}\n"
+            f"prometheus: {{url: '{prom}'}}\nscheduler: {{cache_ttl: 1s, node_resync: 1s}}\n"
         )
-        env = os.environ | {"POD_NAME": "extender-e2e"}
+        # as deployed: the extender's ServiceAccount with the shipped RBAC, nothing more
+        self.kube = cp.Kube(self.plane)
+        self.kube.namespace("gpuscaler")
+        self.plane.kubectl("apply", "-f", str(RBAC))
+        kubeconfig = self.plane.token_kubeconfig(
+            "gpuscaler", "gpuscaler-extender", self.dir / "extender.kubeconfig"
+        )
+        env = os.environ | {"POD_NAME": "extender-e2e", "POD_NAMESPACE": "gpuscaler"}
         self.extender = subprocess.Popen(
             [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
-             "--kubeconfig", str(self.plane.admin_kubeconfig)],
+             "--kubeconfig", str(kubeconfig)],
             stdout=subprocess.PIPE, stderr=(self.dir / "extender.log").open("w"), text=True, env=env,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
@@ -100,6 +107,9 @@ class GpuScheduler:
             self.extender.send_signal(signal.SIGTERM)
             self.extender.wait(30)
         self.exporter.close()
+        if hasattr(self, "kube"):
+            self.plane.kubectl("delete", "-f", str(RBAC), "--wait=false", check=False)
+            self.kube.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +127,7 @@ def gpu_scheduler(
     log = (s.dir / "extender.log").read_text()
     assert "Traceback" not in log, log[-3000:]
     assert s.extender.returncode == 0, log[-3000:]
+    assert "HTTP 403" not in log, log[-3000:]  # the shipped RBAC allowed every call
 
 
 def _pod(kube: cp.Kube, ns: str, name: str, memory: int, count: int = 1) -> None:
