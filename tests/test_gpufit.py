@@ -316,3 +316,44 @@ def test_a_reservation_round_trips_through_pod_annotations() -> None:
     assert reservation_from_pod("u", "ns", "p", {}, 5.0) is None
     with pytest.raises(AnnotationError, match="gpu-scheduler/reservation"):
         reservation_from_pod("u", "ns", "p", {"gpu-scheduler/reservation": "[]"}, 5.0)
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+annotation_values = st.one_of(
+    st.text(max_size=12), st.integers(-(10**12), 10**12).map(str), st.just(" 8 ")
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["gpu-scheduler/memory-mb", "gpu-scheduler/gpu-count", "other"]),
+        annotation_values,
+    )
+)
+def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(annotations) -> None:
+    try:
+        req = pod_request(annotations)
+    except AnnotationError as e:
+        assert "gpu-scheduler/" in str(e)
+        return
+    if req is not None:
+        assert req.memory_mib > 0 and 1 <= req.gpu_count <= 64
+        assert req.per_gpu_mib * req.gpu_count >= req.memory_mib
+
+
+@given(
+    st.lists(st.floats(0, A100), min_size=1, max_size=8),
+    st.integers(1, 200000),
+    st.integers(1, 8),
+)
+def test_placement_agrees_with_the_filter(used, memory, count) -> None:
+    n = node("n", used, [i // 4 for i in range(len(used))])
+    req = PodRequest(memory, count)
+    chosen = place(n, req, MARGIN)
+    fits = fit_problem(node_view(n, MARGIN), req) is None
+    # k GPUs with ceil(memory / k) each imply the sum rule: filter and placement agree
+    assert bool(chosen) == fits
+    if fits:
+        assert len({u for u, _ in chosen}) == count
