@@ -120,12 +120,12 @@ class MemoryCluster:
 
 
 def make_extender(
-    cluster: MemoryCluster, config: SchedulerConfig | None = None
+    cluster: MemoryCluster, config: SchedulerConfig | None = None, clock: Any = time.time
 ) -> tuple[ExtenderApp, GpuState]:
     config = config or SchedulerConfig()
-    state = GpuState(cluster, cluster, config.memory_margin, config.reservation_ttl, time.time)
+    state = GpuState(cluster, cluster, config.memory_margin, config.reservation_ttl, clock)
     state.refresh()
-    extender = Extender(state, cluster, config, lambda: True, time.time)
+    extender = Extender(state, cluster, config, lambda: True, clock)
     return ExtenderApp(extender, ExtenderMetrics(), lambda: None), state
 
 

@@ -278,11 +278,16 @@ def test_reservations_are_rebuilt_from_pod_annotations_and_dropped_with_the_pod(
         "/bind", json={"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "n1"}
     )
     # a new replica (restart, or a new leader) knows the reservation from the pod alone
-    app2, state2 = make_extender(cluster)
+    clock = [time.time()]
+    app2, state2 = make_extender(cluster, clock=lambda: clock[0])
     assert set(state2.reservations) == {"uid-a"}
     c2 = TestClient(app2.build())
     assert c2.post("/filter", json=args(pod("b", memory="20000"), ["n1"])).json()["NodeNames"] == []
     del cluster.objects[("default", "a")]  # the pod is deleted
+    state2.refresh()
+    assert set(state2.reservations) == {"uid-a"}  # a bind may still be in flight: kept 30 s
+    clock[0] += 31
+    cluster.gpus["n1"] = gpu_node("n1", [0.0], at=clock[0])
     state2.refresh()
     assert state2.reservations == {}
     assert c2.post("/filter", json=args(pod("b", memory="20000"), ["n1"])).json()["NodeNames"] == [

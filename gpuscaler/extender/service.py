@@ -181,7 +181,7 @@ class Extender:
         why = fit_problem(view, req)
         if why is not None:
             return f"{where}: no longer fits: {why}"
-        mine = [r for r in self.state.reservations.values() if r.node == b.Node]
+        mine = self.state.reservations_on(b.Node)
         chosen = place(with_reservations(gpus, mine), req, self.config.memory_margin)
         used = {g.uuid: g.used_mib for g in gpus.gpus}
         r = Reservation(

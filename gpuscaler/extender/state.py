@@ -34,6 +34,10 @@ from gpuscaler.core.gpufit import (
 
 log = logging.getLogger("gpuscaler.extender")
 
+LISTING_GRACE = 30.0
+"""Seconds an in-memory reservation outlives its absence from a pod listing: longer than
+any bind (annotate + Binding, each call bounded by a 10 s timeout)."""
+
 
 @dataclass(frozen=True)
 class NodeMeta:
@@ -155,8 +159,9 @@ class GpuState:
             if r is not None:
                 rebuilt[r.uid] = r
         for uid, r in self.reservations.items():
-            # made by a bind after the listing began: the listing cannot know it yet
-            if uid not in rebuilt and r.assumed_at >= listed_at:
+            # a bind in flight while the listing ran may be missing from it: kept a little
+            # longer (a deleted pod's memory stays reserved for LISTING_GRACE at most)
+            if uid not in rebuilt and listed_at - r.assumed_at < LISTING_GRACE:
                 rebuilt[uid] = r
         self.reservations = rebuilt
 
@@ -196,6 +201,10 @@ class GpuState:
         return Snapshot(gpus, views, meta, problems, largest)
 
     # ------------------------------------------------------------------ ledger writes
+
+    def reservations_on(self, node: str) -> list[Reservation]:
+        with self._lock:
+            return [r for r in self.reservations.values() if r.node == node]
 
     def reserve(self, r: Reservation) -> None:
         with self._lock:
