@@ -357,3 +357,35 @@ def test_placement_agrees_with_the_filter(used, memory, count) -> None:
     assert bool(chosen) == fits
     if fits:
         assert len({u for u, _ in chosen}) == count
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.floats(0, A100), min_size=1, max_size=8),
+            st.lists(st.one_of(st.none(), st.integers(0, 2)), min_size=8, max_size=8),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(1, 100000),
+    st.integers(1, 8),
+)
+def test_the_array_filter_and_score_agree_with_the_scalar_reference(nodes, memory, count) -> None:
+    import numpy as np
+
+    from gpuscaler.core.gputable import extender_scores, fits, node_table, scores
+
+    views = {
+        f"n{i}": node_view(node(f"n{i}", used, numa[: len(used)]), MARGIN)
+        for i, (used, numa) in enumerate(nodes)
+    }
+    table = node_table(views)
+    req = PodRequest(memory, count)
+    rows = table.rows([*views, "missing"])
+    assert rows[-1] == -1
+    ok, values = fits(table, rows[:-1], req), scores(table, rows[:-1], req)
+    for i, view in enumerate(views.values()):
+        assert bool(ok[i]) == (fit_problem(view, req) is None)
+        assert values[i] == pytest.approx(score(view, req), abs=1e-9)
+        assert extender_scores(np.array([score(view, req)]))[0] == extender_score(score(view, req))

@@ -16,22 +16,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+import numpy as np
+
 from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import (
     STALE_REASON,
     AnnotationError,
     PodRequest,
     Reservation,
-    extender_score,
     fit_problem,
     freshness,
     place,
     pod_request,
     request_problem,
     reservation_annotations,
-    score,
     with_reservations,
 )
+from gpuscaler.core.gputable import extender_scores, fits, scores
 from gpuscaler.extender.protocol import ExtenderArgs, ExtenderBindingArgs
 from gpuscaler.extender.state import GpuState, PodRecord, Snapshot
 
@@ -97,16 +98,23 @@ class Extender:
             answer.kept = list(names)
             return answer
         now = self.wall()
-        for name in names:
+        table = snap.table
+        rows = table.rows(names)
+        known = rows >= 0
+        good = np.zeros(len(names), dtype=bool)
+        if known.any():
+            at = rows[known]
+            fresh = table.sampled_at[at] >= now - 3 * self.config.cache_ttl
+            good[known] = fits(table, at, req) & fresh
+        for i in np.flatnonzero(~good):  # the refused: few, each with its sentence
+            name = names[i]
             reason, why = self._node_problem(snap, name, req, now)
-            if why is None:
-                answer.kept.append(name)
-                continue
             answer.reasons[reason] += 1
             if reason in ("insufficient_memory", "insufficient_gpus"):
-                answer.failed[name] = why
+                answer.failed[name] = why or ""
             else:
-                answer.unresolvable[name] = why
+                answer.unresolvable[name] = why or ""
+        answer.kept = [names[i] for i in np.flatnonzero(good)]
         return answer
 
     def _node_problem(
@@ -136,16 +144,15 @@ class Extender:
             req = None
         if req is None:
             return [(n, 0) for n in names]
-        views = self.state.snapshot.views
-        oldest = self.wall() - 3 * self.config.cache_ttl  # older: stale, scored 0
-        out = []
-        for name in names:
-            view = views.get(name)
-            if view is None or view.sampled_at < oldest:
-                out.append((name, 0))
-            else:
-                out.append((name, extender_score(score(view, req))))
-        return out
+        table = self.state.snapshot.table
+        rows = table.rows(names)
+        out = np.zeros(len(names), dtype=np.int64)
+        known = rows >= 0
+        if known.any():
+            at = rows[known]
+            fresh = table.sampled_at[at] >= self.wall() - 3 * self.config.cache_ttl
+            out[known] = np.where(fresh, extender_scores(scores(table, at, req)), 0)
+        return list(zip(names, out.tolist(), strict=True))
 
     # ------------------------------------------------------------------ bind
 

@@ -31,6 +31,7 @@ from gpuscaler.core.gpufit import (
     with_numa,
     with_reservations,
 )
+from gpuscaler.core.gputable import NodeTable, node_table
 
 log = logging.getLogger("gpuscaler.extender")
 
@@ -84,6 +85,8 @@ class Snapshot:
     problems: dict[str, str] = field(default_factory=dict)
     """Nodes whose annotations cannot be read, with the sentence naming the annotation."""
     largest_total: float | None = None
+    table: NodeTable = field(default_factory=lambda: node_table({}))
+    """The views as arrays, for the verbs' many-node questions."""
 
 
 class GpuState:
@@ -198,7 +201,7 @@ class GpuState:
             for name, n in gpus.items()
         }
         largest = max((v.total_mib for v in views.values()), default=None)
-        return Snapshot(gpus, views, meta, problems, largest)
+        return Snapshot(gpus, views, meta, problems, largest, node_table(views))
 
     # ------------------------------------------------------------------ ledger writes
 
@@ -224,7 +227,9 @@ class GpuState:
         mine = [r for r in self.reservations.values() if r.node == node]
         views = dict(snap.views)
         views[node] = node_view(with_reservations(snap.gpus[node], mine), self.margin)
-        self.snapshot = Snapshot(snap.gpus, views, snap.meta, snap.problems, snap.largest_total)
+        self.snapshot = Snapshot(
+            snap.gpus, views, snap.meta, snap.problems, snap.largest_total, node_table(views)
+        )
 
 
 class FixedCluster:
