@@ -229,6 +229,8 @@ def test_two_pods_racing_for_one_slot_are_never_both_bound(
     assert winner is not None
     time.sleep(8)  # the loser has had several scheduling attempts by now
     assert [n for n in ("race-a", "race-b") if _node_of(kube, ns, n)] == [winner]
+    annotations = kube.core.read_namespaced_pod(winner, ns).metadata.annotations
+    assert annotations["gpu-scheduler/reserved-mb"] == "30000"  # bound by the extender
 
 
 def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain(
@@ -244,3 +246,6 @@ def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain(
     ns = kube.namespace()
     _pod(kube, ns, "tp4", 4 * 20000, count=4)
     assert _wait_bound(kube, ns, "tp4") == packed
+    record = kube.core.read_namespaced_pod("tp4", ns).metadata.annotations
+    reserved = json.loads(record["gpu-scheduler/reservation"])["gpus"]
+    assert sorted(reserved) == [f"GPU-{packed}-{i}" for i in range(4)]  # all on NUMA node 0
