@@ -1,4 +1,4 @@
-"""Command line: validate-config, simulate, backtest, once, run, agent.
+"""Command line: validate-config, simulate, backtest, once, run, agent, extender.
 
 Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
 Bad input never prints a traceback.
@@ -319,6 +319,34 @@ def _report_dir(text: str) -> str:
     return text
 
 
+def cmd_extender(args: argparse.Namespace) -> int:
+    """The scheduler extender for a second kube-scheduler (issue 15)."""
+    from gpuscaler.app import SetupError, kube_api
+
+    config = _config_or_exit(args.config, require_targets=False)  # it places pods, not targets
+    if not config.prometheus.url:
+        print(
+            "prometheus.url is not set: the extender reads GPU memory from dcgm-exporter "
+            "through Prometheus",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if not 0 < args.port < 65536:
+        print(f"--port {args.port}: not a TCP port", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        api = kube_api(args.kubeconfig, config.kubernetes)
+    except SetupError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from gpuscaler.extender.run import serve
+
+    paths = "/filter, /prioritize, /bind, /healthz, /readyz, /metrics"
+    print(f"serving {paths} on {args.host}:{args.port}", file=sys.stderr)
+    serve(config, api, args.host, args.port, leader_election=not args.no_leader_election)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuscaler", description="Predictive GPU autoscaler for Kubernetes.")
     parser.add_argument(
@@ -407,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(func=func)
     _agent_parser(sub)
+    p = sub.add_parser("extender", help="serve the memory-aware kube-scheduler extender")
+    p.add_argument("--config", required=True)
+    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument(
+        "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
+    )
+    p.set_defaults(func=cmd_extender)
     return parser
 
 

@@ -644,6 +644,27 @@ class AgentConfig(_Strict):
     bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
 
 
+class SchedulerConfig(_Strict):
+    """The scheduler extender (`gpuscaler extender`): memory- and NUMA-aware placement."""
+
+    scheduler_name: str = Field("gpu-scheduler", min_length=1)
+    """spec.schedulerName of the pods the second kube-scheduler (and so the extender) places."""
+    cache_ttl: Seconds = Field(5.0, gt=0)
+    """GPU state is refreshed this often; a node not refreshed for 3 TTLs is filtered out
+    as stale (the design's 5 s)."""
+    memory_margin: float = Field(0.1, ge=0, lt=1)
+    """Share of each GPU's memory never handed out: the design's 10 % OOM margin."""
+    reservation_ttl: Seconds = Field(300.0, gt=0)
+    """A bound pod's memory counts as used until measured memory shows it, or this long:
+    5 min covers an image pull and a CUDA start."""
+    sample_max_age: Seconds = Field(60.0, gt=0)
+    """Only dcgm-exporter samples younger than this count (two 30 s exporter intervals)."""
+    node_resync: Seconds = Field(30.0, gt=0)
+    """Node objects (topology annotation, NUMA label, pool labels) are re-read this often."""
+    lease: LeaseConfig = LeaseConfig(name="gpuscaler-extender")
+    """The extender's own Lease: one replica holds the reservation ledger."""
+
+
 class Config(_Strict):
     control: ControlConfig = ControlConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -658,6 +679,7 @@ class Config(_Strict):
     kubernetes: KubernetesConfig = KubernetesConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     agent: AgentConfig = AgentConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

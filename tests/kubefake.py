@@ -218,6 +218,8 @@ class FakeCluster:
         key: Key = (gv, plural, ns, name or "")
         if sub == "eviction" and verb == "POST":
             return self._evict(ns, name or "", (body or {}).get("deleteOptions"))
+        if sub == "binding" and verb == "POST":
+            return self._bind(ns, name or "", body)
         if sub is not None and sub != "status":
             return 404, status(404, "NotFound", f"no subresource {sub}")
         if name is None:
@@ -298,6 +300,21 @@ class FakeCluster:
         meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         self.objects[key] = self._bump(copy.deepcopy(body))
         return 201, copy.deepcopy(self.objects[key])
+
+    def _bind(self, ns: str | None, name: str, body: Json) -> tuple[int, Json]:
+        """pods/NAME/binding: sets spec.nodeName once; a bound pod or another UID is 409,
+        as the real registry does (pkg/registry/core/pod/storage assignPod)."""
+        pod = self.objects.get(("v1", "pods", ns, name))
+        if pod is None:
+            return 404, status(404, "NotFound", f'pods "{name}" not found')
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid and uid != pod["metadata"].get("uid"):
+            return 409, status(409, "Conflict", "Precondition failed: UID")
+        if pod.get("spec", {}).get("nodeName"):
+            return 409, status(409, "Conflict", f"pod {name} is already assigned")
+        pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
+        self._bump(pod)
+        return 201, status(201, "Created", "bound") | {"status": "Success"}
 
     def _evict(self, ns: str | None, name: str, options: Json | None) -> tuple[int, Json]:
         key: Key = ("v1", "pods", ns, name)

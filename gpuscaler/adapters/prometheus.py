@@ -176,14 +176,24 @@ class Transport:
         return text
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Any]:
-        self._authorize()
-        try:
-            result: Any = self.client.custom_query_range(
+        return self._call(
+            lambda: self.client.custom_query_range(
                 query,
                 start_time=datetime.fromtimestamp(start, UTC),
                 end_time=datetime.fromtimestamp(end, UTC),
                 step=format_step(step),
             )
+        )
+
+    def query(self, query: str) -> list[Any]:
+        """An instant query (the scheduler extender's grouped GPU-memory read)."""
+        return self._call(lambda: self.client.custom_query(query))
+
+    def _call(self, request: Callable[[], Any]) -> list[Any]:
+        """`data.result` of one request, every failure a SourceError without secrets."""
+        self._authorize()
+        try:
+            result: Any = request()
         except requests.exceptions.JSONDecodeError:
             raise SourceError("answer is not JSON") from None
         except requests.Timeout:
