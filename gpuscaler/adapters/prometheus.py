@@ -91,17 +91,35 @@ def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
     return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
 
 
-def workload_matchers(namespace: str, name: str) -> list[str]:
+POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
+"""dcgm-exporter's pod attribution, as scraped: `pod`/`namespace` when the ServiceMonitor
+honours the exporter's labels, `exported_pod`/`exported_namespace` under the stock
+`honorLabels: false` of the dcgm-exporter Helm chart and the GPU Operator (Prometheus
+renames a scraped label that clashes with a target label)."""
+
+
+def workload_matchers(
+    namespace: str, name: str, labels: tuple[str, str] = POD_LABELS[0]
+) -> list[str]:
     """Matchers for a workload's pods: its namespace and pods named `<name>-...` (the
     Deployment/StatefulSet naming); the name is regex-escaped, then string-escaped."""
+    ns_label, pod_label = labels
     return [
-        f"namespace={escape_label_value(namespace)}",
-        f"pod=~{escape_label_value(re.escape(name) + '-.+')}",
+        f"{ns_label}={escape_label_value(namespace)}",
+        f"{pod_label}=~{escape_label_value(re.escape(name) + '-.+')}",
     ]
 
 
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
-    return template.format(matchers=",".join(workload_matchers(namespace, name)), lookback=lookback)
+    """The template over the workload's pods under either label convention: `(A) or (B)`
+    takes the plain labels when they match and the exported ones otherwise."""
+    parts = [
+        template.format(
+            matchers=",".join(workload_matchers(namespace, name, labels)), lookback=lookback
+        )
+        for labels in POD_LABELS
+    ]
+    return " or ".join(f"({p})" for p in parts)
 
 
 def format_step(seconds: float) -> str:
