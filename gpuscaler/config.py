@@ -562,6 +562,12 @@ class KubernetesConfig(_Strict):
     the label nvidia.com/device-plugin.config."""
     time_slice_label: str = Field("gpuscaler.io/time-slice", min_length=1)
     """Node label a node-side agent reads to set the time slice (default/short/medium/long)."""
+    config_propagation: Seconds = Field(90.0, ge=0)
+    """A sharing config gpuscaler adds to the device-plugin ConfigMap is named on a node
+    only this long after: the kubelet syncs a mounted ConfigMap after a delay (about a
+    minute), and the config-manager exits when the label names a config its copy lacks
+    (NVIDIA/k8s-device-plugin cmd/config-manager/main.go). 0: relabel at once (only when
+    the configs are pre-provisioned)."""
     max_nodes_per_tick: int = Field(2, ge=1)
     """Nodes relabelled per pool per tick: each relabel restarts that node's device plugin,
     so a pool changes a few nodes at a time and a bad config shows before it is everywhere."""

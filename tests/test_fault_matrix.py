@@ -34,6 +34,7 @@ from kubeobjects import node, plugin_configmap, scaled_object
 from kubernetes import client
 
 from gpuscaler.adapters.kube.api import BoundedApiClient
+from gpuscaler.adapters.kubernetes import sharing_config
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
 from gpuscaler.controller import TickResult
@@ -165,7 +166,8 @@ class World:
         for pool in POOLS:
             n = node(f"gpu-{pool}", config="ts-4", gpus=2, extra_labels={"pool": pool})
             fake.add("v1", "nodes", n)
-        fake.add("v1", "configmaps", plugin_configmap({}))  # gpuscaler adds what it needs
+        configs = {f"ts-{n}": sharing_config("time-slicing", n) for n in (1, 2, 4, 8)}
+        fake.add("v1", "configmaps", plugin_configmap(configs))  # pre-provisioned
         for w in WORKLOADS:
             fake.add("keda.sh/v1alpha1", "scaledobjects", scaled_object(w, 1))
         text = CONFIG.format(url=prom_url)
