@@ -247,13 +247,10 @@ class TimeSliceConfig(_Strict):
     recover_below_pct: float = Field(7.5, ge=0)
     """Mean stall below this for `stabilization`: step back toward the base level."""
     compute_bound_level: TimeSliceLevel = "medium"
-    """Base level for compute-bound pools (about 100 ms slices)."""
+    """Base level for compute-bound pools: a longer slice (nvidia-smi levels carry no
+    published durations; the design's 100 ms intent)."""
     io_bound_level: TimeSliceLevel = "short"
-    """Base level for IO-bound pools (about 50 ms slices)."""
-    level_ms: dict[TimeSliceLevel, int] = Field(
-        default_factory=lambda: {"default": 0, "short": 50, "medium": 100, "long": 200}  # type: ignore[arg-type]
-    )
-    """Nominal slice of each nvidia-smi level, for reasons and dashboards (0: driver's)."""
+    """Base level for IO-bound pools: a shorter slice (the design's 50 ms intent)."""
     cooldown: Seconds = Field(600.0, ge=0)
     """Minimum time between changes of one pool; a change needs the 5 min window to refill."""
     stabilization: Seconds = Field(900.0, ge=0)

@@ -3,7 +3,10 @@
 Stall (engine busy while SMs idle) averaging above `stall_above_pct` over the stall window
 means tenants thrash each other's caches: step the slice longer. Once stall has stayed
 below `recover_below_pct` for the stabilization period, step back toward the pool's base
-level (compute-bound: medium, about 100 ms; IO-bound: short, about 50 ms).
+level (compute-bound: medium; IO-bound: short). `nvidia-smi compute-policy --set-timeslice`
+takes levels 0-3 (default, short, medium, long) and NVIDIA publishes no durations for
+them, so gpuscaler speaks of levels only: the design's "100 ms for compute-bound, 50 ms for
+IO-bound" intent maps to a longer and a shorter level.
 """
 
 from __future__ import annotations
@@ -85,8 +88,7 @@ def decide_time_slice(
         target=target,
         from_value=current,
         to_value=to,
-        reason=f"{why}; {current} ({cfg.level_ms.get(current, 0)}ms) -> {to} "
-        f"({cfg.level_ms.get(to, 0)}ms)",
+        reason=f"{why}; level {current} -> {to}",
         forecast={"stall_mean": stall},
     )
     return Outcome(replace(h, calm_since=None), decision=decision)
