@@ -14,6 +14,7 @@ reported at the override's path.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
 
@@ -704,16 +705,32 @@ class Config(_Strict):
         return self
 
     _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
+    _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
 
     # Resolved per-target policy: global section with the target's override merged in,
-    # validated once and kept.
+    # validated once and kept. Targets are indexed once per config (a config is frozen),
+    # so a tick plans in time linear in the number of targets.
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with its own (empty) caches: pydantic copies private attributes, and a
+        copy with other targets must not answer from the original's index."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolved, copy._overrides = {}, None
+        return copy
+
+    def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
+        if self._overrides is None:
+            index = {f"pool:{p.name}": p.overrides for p in self.node_pools}
+            index |= {f"workload:{w.key}": w.overrides for w in self.workloads}
+            self._overrides = index
+        return self._overrides.get(owner, {})
+
     def pool_section(self, pool: str, section: str, model: type[M]) -> M:
-        overrides = next((p.overrides for p in self.node_pools if p.name == pool), {})
-        return self._section(f"pool:{pool}", section, overrides.get(section), model)
+        owner = f"pool:{pool}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
 
     def workload_section(self, key: str, section: str, model: type[M]) -> M:
-        overrides = next((w.overrides for w in self.workloads if w.key == key), {})
-        return self._section(f"workload:{key}", section, overrides.get(section), model)
+        owner = f"workload:{key}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
 
     def _section(
         self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
