@@ -15,6 +15,7 @@ from typing import Final
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import Decision, TargetHistory, WorkloadObservation
+from gpuscaler.core.skill import assess, in_fallback, remember
 
 KIND: Final = "replica_floor"
 
@@ -44,18 +45,21 @@ def decide_replica_floor(
     upper = forecast.peak_upper_within(cfg.lead_time)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
+    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper)
     raw = hpa_desired(upper, share, cfg.target_utilization_pct)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = upper / (share * current * cfg.target_utilization_pct) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
+    if fallback is not None:
+        raw = cfg.min_replicas
     recommended = max(cfg.min_replicas, min(ceiling, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
     h = replace(h, recommendations=recs)
     # Scale down only to the highest recommendation in the window.
     stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = (
+    why = fallback or (
         f"forecast upper {upper:.0f}% GPU / ({share:g} GPU x target "
         f"{cfg.target_utilization_pct:g}%) -> {raw} replicas"
     )
@@ -92,6 +96,26 @@ def decide_replica_floor(
         forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
     )
     return Outcome(h, decision=decision)
+
+
+def _skill_check(
+    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float
+) -> tuple[TargetHistory, str | None]:
+    """History with this tick scored, and the reason when the floor steps back to
+    reactive because the forecast has had no skill (None when it keeps the floor)."""
+    h = remember(h, now, value, upper, cfg.skill_window + cfg.lead_time)
+    skill = assess(h, now, cfg.lead_time, cfg.skill_min_origins)
+    fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
+    h = replace(h, fallback=fallback)
+    if not fallback:
+        return h, None
+    score = "none yet" if skill.score is None else f"{skill.score:.2f}"
+    return h, (
+        f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
+        f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
+        f"reactive shortfall than flat headroom would), floor back to min "
+        f"{cfg.min_replicas}; the reactive autoscaler decides"
+    )
 
 
 def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:
