@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -17,11 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.config import Config, ConfigError, load_config, parse_duration
 from gpuscaler.controller import Controller
 from gpuscaler.logs import decision_outcome
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+SAMPLE_SECONDS = 0.5
+"""The simulator's slot: the finest bin a trace can be resampled to."""
 
 NO_ADAPTER_NOTICE = (
     "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
@@ -58,9 +61,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuscaler.sim.trace import TraceError, load_trace
 
     config = _config_or_exit(args.config)
-    if args.hours is not None and args.hours <= 0:
-        print("--hours must be > 0", file=sys.stderr)
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        print(f"--hours must be a finite number > 0, got {args.hours:g}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not (math.isfinite(args.start) and args.start >= 0):
+        print(f"--start must be a finite number >= 0, got {args.start:g}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    resample = None
+    if args.resample is not None:
+        try:
+            resample = parse_duration(args.resample)
+        except ValueError as e:
+            print(f"--resample: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not (math.isfinite(resample) and resample >= SAMPLE_SECONDS):
+            print(f"--resample must be at least 500ms, got {args.resample}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     listeners = []
     stop = threading.Event()
     if args.metrics_port:
@@ -72,7 +88,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
         print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
     try:
-        trace = load_trace(args.trace)
+        trace = load_trace(args.trace, resample, args.column)
+        print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
         result = simulate(trace, args.hours, args.seed, config, args.start, metrics=listeners)
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
@@ -103,7 +120,7 @@ def _stop_on_signal() -> threading.Event:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
-    from gpuscaler.config import ForecastConfig, parse_duration
+    from gpuscaler.config import ForecastConfig
 
     config = _config_or_exit(args.config)
     try:
@@ -257,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
     )
     p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
+    p.add_argument(
+        "--resample",
+        help="bin a per-request log or irregular series into counts per bin, e.g. 10s",
+    )
+    p.add_argument(
+        "--column",
+        help="column holding requests (default: the first numeric one; with --resample, "
+        "rows are counted unless a column is named, whose values are then summed)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
     p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")

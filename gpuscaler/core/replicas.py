@@ -46,13 +46,13 @@ def decide_replica_floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
     h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper)
-    raw = hpa_desired(upper, share, cfg.target_utilization_pct)
+    # No skill: size for the observed value, as a reactive scaler on this signal would.
+    sized = forecast.last_value if fallback is not None else upper
+    raw = hpa_desired(sized, share, cfg.target_utilization_pct)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = upper / (share * current * cfg.target_utilization_pct) if current else 0.0
+    usage_ratio = sized / (share * current * cfg.target_utilization_pct) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
-    if fallback is not None:
-        raw = cfg.min_replicas
     recommended = max(cfg.min_replicas, min(ceiling, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
@@ -103,8 +103,9 @@ def _skill_check(
 ) -> tuple[TargetHistory, str | None]:
     """History with this tick scored, and the reason when the floor steps back to
     reactive because the forecast has had no skill (None when it keeps the floor)."""
-    h = remember(h, now, value, upper, cfg.skill_window + cfg.lead_time)
-    skill = assess(h, now, cfg.lead_time, cfg.skill_min_origins)
+    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
+    h = remember(h, now, value, upper, keep)
+    skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     h = replace(h, fallback=fallback)
     if not fallback:
@@ -113,8 +114,8 @@ def _skill_check(
     return h, (
         f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
         f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
-        f"reactive shortfall than flat headroom would), floor back to min "
-        f"{cfg.min_replicas}; the reactive autoscaler decides"
+        f"reactive shortfall than flat headroom would), so the floor follows the "
+        f"observed {value:.0f}% GPU instead of the forecast upper bound {upper:.0f}%"
     )
 
 

@@ -1,8 +1,9 @@
 """Has a workload's forecast earned its floor? A counterfactual on the observed series.
 
 At each past tick (an origin o) three capacities are compared against what came:
-- reactive R_o: what the reactive autoscaler alone sizes for, the highest value seen in
-  the lead time before o (the HPA holds its highest recommendation while scaling down);
+- reactive R_o: what a reactive scaler on the same signal sizes for, the highest value
+  seen in the stabilization window before o (the HPA holds its highest recommendation
+  of that window while scaling down);
 - predictive P_o = max(R_o, forecast upper bound over the lead time at o): the floor;
 - need Y_o: the highest value observed in (o, o + lead].
 Shortfalls are max(0, Y - capacity). The floor's extra capacity, sum(P - R), is then
@@ -37,7 +38,9 @@ def remember(
     return replace(h, seen=seen)
 
 
-def assess(h: TargetHistory, now: float, lead: float, min_origins: int) -> Skill:
+def assess(
+    h: TargetHistory, now: float, lead: float, stabilization: float, min_origins: int
+) -> Skill:
     if len(h.seen) < 2:
         return Skill(None, 0)
     rec = np.asarray(h.seen, dtype=np.float64)
@@ -46,7 +49,7 @@ def assess(h: TargetHistory, now: float, lead: float, min_origins: int) -> Skill
     if not scored.any():
         return Skill(None, 0)
     o = t[scored][:, None]
-    before = (t[None, :] >= o - lead) & (t[None, :] <= o)
+    before = (t[None, :] >= o - stabilization) & (t[None, :] <= o)
     after = (t[None, :] > o) & (t[None, :] <= o + lead)
     has_after = after.any(axis=1)
     reactive = np.where(before, v[None, :], -np.inf).max(axis=1)[has_after]
