@@ -81,9 +81,7 @@ def run_window(window: tuple[str, str, float, float]) -> dict[str, Any]:
     label, source, start, hours = window
     t0 = time.perf_counter()
     trace = _trace(source)
-    result = simulate(
-        trace, None if math.isnan(hours) else hours, 1, _config(trace, source), start
-    )
+    result = simulate(trace, None if math.isnan(hours) else hours, 1, _config(trace, source), start)
     s = result.summary()
     g = s["gpuscaler"]
     curve = s["baselines"]["reactive"]

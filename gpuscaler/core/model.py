@@ -221,9 +221,9 @@ class TargetHistory:
     """(time, recommended value) within the stabilization window."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
-    seen: tuple[tuple[float, float, float], ...] = ()
-    """(time, last observed value, forecast upper bound over the lead time) of recent
-    ticks: the record a forecast's skill is scored on (replica floors)."""
+    seen: tuple[tuple[float, float, float, float], ...] = ()
+    """(time, last observed value, forecast upper bound and mean peak over the lead
+    time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
     fallback: bool = False
     """The forecast has had no skill lately: the floor has stepped back to reactive."""
 

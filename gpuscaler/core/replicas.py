@@ -9,6 +9,8 @@ Scale-down only to the highest recommendation of the stabilization window; steps
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from dataclasses import replace
 from typing import Final
 
@@ -45,14 +47,16 @@ def decide_replica_floor(
     upper = forecast.peak_upper_within(cfg.lead_time)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
-    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper)
-    # No skill: size for the observed value, as a reactive scaler on this signal would.
-    sized = forecast.last_value if fallback is not None else upper
-    raw = hpa_desired(sized, share, cfg.target_utilization_pct)
+    mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
+    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper, mean_peak)
+    sized, aim = upper, cfg.target_utilization_pct
+    raw = hpa_desired(sized, share, aim)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = sized / (share * current * cfg.target_utilization_pct) if current else 0.0
+    usage_ratio = sized / (share * current * aim) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
+    if fallback is not None:
+        raw = cfg.min_replicas  # no skill: the reactive autoscaler alone decides
     recommended = max(cfg.min_replicas, min(ceiling, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
@@ -99,12 +103,14 @@ def decide_replica_floor(
 
 
 def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float
+    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float, mean: float
 ) -> tuple[TargetHistory, str | None]:
     """History with this tick scored, and the reason when the floor steps back to
     reactive because the forecast has had no skill (None when it keeps the floor)."""
+    if not cfg.skill_check:
+        return h, None
     keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
-    h = remember(h, now, value, upper, keep)
+    h = remember(h, now, value, upper, mean, keep)
     skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     h = replace(h, fallback=fallback)
@@ -114,8 +120,9 @@ def _skill_check(
     return h, (
         f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
         f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
-        f"reactive shortfall than flat headroom would), so the floor follows the "
-        f"observed {value:.0f}% GPU instead of the forecast upper bound {upper:.0f}%"
+        f"reactive shortfall than flat headroom or a level floor at the same cost would); "
+        f"the floor steps back to min {cfg.min_replicas} and the reactive autoscaler "
+        f"decides (forecast upper bound {upper:.0f}% unused)"
     )
 
 

@@ -1,17 +1,18 @@
 """Has a workload's forecast earned its floor? A counterfactual on the observed series.
 
-At each past tick (an origin o) three capacities are compared against what came:
+At each past tick (an origin o) capacities are compared against what came:
 - reactive R_o: what a reactive scaler on the same signal sizes for, the highest value
   seen in the stabilization window before o (the HPA holds its highest recommendation
   of that window while scaling down);
 - predictive P_o = max(R_o, forecast upper bound over the lead time at o): the floor;
 - need Y_o: the highest value observed in (o, o + lead].
 Shortfalls are max(0, Y - capacity). The floor's extra capacity, sum(P - R), is then
-spread evenly instead (flat headroom u per origin, the same cost). Skill is the shortfall
-the forecast avoided beyond what flat headroom avoids, as a share of the reactive
-shortfall: (short(R + u) - short(P)) / short(R). Zero means the forecast placed its
-extra capacity no better than a lower target would have; no reactive shortfall at all
-means nothing to gain (skill 0).
+placed two cheaper ways at the same total: spread evenly (flat headroom, what a lower
+target buys), and as a level floor (the recent mean plus the forecast's own band, shifted
+to the same cost: what knowing the level without foresight buys). Skill is the shortfall
+the forecast avoided beyond the better of the two, as a share of the reactive shortfall.
+Zero: the forecast's extra capacity did no better than a lower target or a level would
+have; no reactive shortfall at all means nothing to gain (skill 0).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpuscaler.core.model import TargetHistory
+from gpuscaler.core.model import FloatArray, TargetHistory
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,29 @@ class Skill:
 
 
 def remember(
-    h: TargetHistory, now: float, value: float, upper: float, keep: float
+    h: TargetHistory, now: float, value: float, upper: float, mean: float, keep: float
 ) -> TargetHistory:
-    """History with this tick's observation and forecast added, older than `keep` gone."""
-    seen = (*tuple(r for r in h.seen if r[0] > now - keep), (now, value, upper))
+    """History with this tick's observation and forecast (upper bound and mean peak over
+    the lead time) added, records older than `keep` gone."""
+    seen = (*tuple(r for r in h.seen if r[0] > now - keep), (now, value, upper, mean))
     return replace(h, seen=seen)
+
+
+def _shortfall(need: FloatArray, capacity: FloatArray) -> float:
+    return float(np.maximum(0.0, need - capacity).sum())
+
+
+def _at_cost(reactive: FloatArray, base: FloatArray, extra: float) -> FloatArray:
+    """max(reactive, base + c) with c chosen (bisection) so its extra over `reactive`
+    sums to `extra`."""
+    lo, hi = -float(np.max(base - reactive)) - 1.0, float(extra) + 1.0
+    for _ in range(40):
+        c = (lo + hi) / 2
+        if float(np.maximum(reactive, base + c).sum() - reactive.sum()) > extra:
+            hi = c
+        else:
+            lo = c
+    return np.maximum(reactive, base + lo)
 
 
 def assess(
@@ -44,34 +63,36 @@ def assess(
     if len(h.seen) < 2:
         return Skill(None, 0)
     rec = np.asarray(h.seen, dtype=np.float64)
-    t, v, up = rec[:, 0], rec[:, 1], rec[:, 2]
-    scored = t + lead <= now
-    if not scored.any():
-        return Skill(None, 0)
+    t, v = rec[:, 0], rec[:, 1]
+    scored = np.flatnonzero(t + lead <= now)
     o = t[scored][:, None]
     before = (t[None, :] >= o - stabilization) & (t[None, :] <= o)
     after = (t[None, :] > o) & (t[None, :] <= o + lead)
-    has_after = after.any(axis=1)
-    reactive = np.where(before, v[None, :], -np.inf).max(axis=1)[has_after]
-    need = np.where(after, v[None, :], -np.inf).max(axis=1)[has_after]
-    n = int(reactive.size)
+    ok = after.any(axis=1)
+    n = int(ok.sum())
     if n < min_origins:
         return Skill(None, n)
-    predictive = np.maximum(reactive, up[scored][has_after])
-    flat = reactive + float(np.mean(predictive - reactive))
-    short_r = float(np.maximum(0.0, need - reactive).sum())
+    reactive = np.where(before, v[None, :], -np.inf).max(axis=1)[ok]
+    need = np.where(after, v[None, :], -np.inf).max(axis=1)[ok]
+    level = (np.where(before, v[None, :], 0.0).sum(axis=1) / before.sum(axis=1))[ok]
+    upper, mean = rec[scored, 2][ok], rec[scored, 3][ok]
+    predictive = np.maximum(reactive, upper)
+    short_r = _shortfall(need, reactive)
     if short_r <= 1e-9:
         return Skill(0.0, n)
-    short_p = float(np.maximum(0.0, need - predictive).sum())
-    short_flat = float(np.maximum(0.0, need - flat).sum())
-    return Skill((short_flat - short_p) / short_r, n)
+    extra = float((predictive - reactive).sum())
+    flat = reactive + extra / n
+    levelled = _at_cost(reactive, level + (upper - mean), extra)
+    best_other = min(_shortfall(need, flat), _shortfall(need, levelled))
+    return Skill((best_other - _shortfall(need, predictive)) / short_r, n)
 
 
 def in_fallback(h: TargetHistory, skill: Skill, below: float, above: float) -> bool:
     """Whether the floor steps back to reactive: skill under `below` engages, over
-    `above` returns (hysteresis); no verdict keeps the current state."""
+    `above` returns (hysteresis). Until enough origins are scored the forecast has
+    proven nothing: reactive."""
     if skill.score is None:
-        return h.fallback
+        return True
     if h.fallback:
         return skill.score < above
     return skill.score < below

@@ -18,7 +18,7 @@ def _shape(family: str, n: int, rng: np.random.Generator) -> FloatArray:
     """A positive load shape of mean about 1 over `n` bins."""
     t = np.arange(n) * BIN
     if family == "diurnal":  # a 6 h "day" so a few cycles fit in one window
-        return 1.0 + 0.6 * np.sin(2 * np.pi * t / (6 * 3600.0))
+        return np.asarray(1.0 + 0.6 * np.sin(2 * np.pi * t / (6 * 3600.0)), dtype=np.float64)
     if family == "steps":  # a new level every 20-60 minutes
         out = np.empty(n)
         i = 0
