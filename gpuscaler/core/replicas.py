@@ -9,10 +9,10 @@ Scale-down only to the highest recommendation of the stabilization window; steps
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from dataclasses import replace
 from typing import Final
+
+import numpy as np
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
