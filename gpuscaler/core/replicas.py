@@ -4,6 +4,9 @@ The HPA formula, desired = ceil(load / target), applied to the forecast's upper 
 the horizon instead of the current value: the floor rises before the load does, and the
 reactive autoscaler above it keeps the ceiling (effective replicas = max(floor, reactive)).
 Scale-down only to the highest recommendation of the stabilization window; steps bounded.
+The forecast must earn the floor: it is scored every tick against reactive sizing on the
+observed series (gpuscaler.core.skill); until it has shown skill, and whenever it loses
+it, the floor steps back to min_replicas and the reactive autoscaler alone decides.
 """
 
 from __future__ import annotations
