@@ -90,7 +90,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace, resample, args.column)
         print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
-        result = simulate(trace, args.hours, args.seed, config, args.start, metrics=listeners)
+        result = simulate(
+            trace,
+            args.hours,
+            args.seed,
+            config,
+            args.start,
+            metrics=listeners,
+            baselines=not args.no_baselines,
+        )
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -282,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--column",
         help="column holding requests (default: the first numeric one; with --resample, "
         "rows are counted unless a column is named, whose values are then summed)",
+    )
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the baseline sweeps (no equal-cost figure; about 3x faster)",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")

@@ -185,6 +185,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
                 "24",
                 "--metrics-port",
                 str(port),
+                "--no-baselines",  # only the controller's run feeds the metrics
                 "--json",
             ],
             stdout=subprocess.PIPE,

@@ -15,6 +15,10 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
+pytestmark = pytest.mark.timeout(900)
+"""Each replay runs gpuscaler, the reactive HPA and 33 baseline runs: minutes on a busy
+2-core machine, beyond the suite's 120 s default."""
+
 POLICY_KEYS = {
     "slo_violation_share",
     "p99_wait_s",
