@@ -288,6 +288,34 @@ class ReplicasConfig(_Strict):
     lead_time: Seconds = Field(120.0, gt=0)
     """The floor covers the forecast's upper bound from now to now + lead_time: about
     the time a replica added now needs to serve (KEDA polling + cold start)."""
+    skill_check: bool = True
+    """Score the forecast against reactive sizing and fall back when it has no skill
+    (false: the forecast always sets the floor)."""
+    skill_window: Seconds = Field(3600.0, gt=0)
+    """Forecast origins of this long are scored for the skill self-assessment."""
+    skill_min_origins: int = Field(20, ge=1)
+    """Fewer scored origins than this: no verdict yet, the floor stays reactive until
+    the forecast has shown skill."""
+    skill_fallback_below: float = Field(0.1, ge=-1, le=1)
+    """Skill below this: the floor stops following the forecast and sizes for the
+    observed value (reactive on the workload's signal). Skill is the share of a reactive
+    scaler's shortfall the forecast's extra capacity avoided beyond what the same extra
+    capacity as flat headroom or as a level floor would have (gpuscaler.core.skill)."""
+    skill_return_above: float = Field(0.2, ge=-1, le=1)
+    """Skill back above this: the forecast sets the floor again (hysteresis). White noise
+    with its level known exactly scores 0-0.12 (tests/test_skill.py), a 20-minute cycle
+    0.63."""
+
+    @field_validator("skill_return_above")
+    @classmethod
+    def _return_above_fallback(cls, value: float, info: ValidationInfo) -> float:
+        below = info.data.get("skill_fallback_below")
+        if below is not None and value < below:
+            raise ValueError(
+                f"skill_return_above ({value:g}) must not be below skill_fallback_below "
+                f"({below:g}), or the floor would flap"
+            )
+        return value
 
     @field_validator("max_replicas")
     @classmethod
@@ -600,7 +628,24 @@ class KubernetesConfig(_Strict):
 
 class SimulatorConfig(_Strict):
     cold_start: Seconds = Field(60.0, ge=0)
-    """A new replica serves only after this (image pull, model load)."""
+    """A new replica serves at the earliest this long after its pod is created (image
+    pull, model load); each cold start is drawn uniformly from [cold_start,
+    cold_start_max]."""
+    cold_start_max: Seconds = Field(120.0, ge=0)
+    """Slowest cold start (uniform draw, seeded): 60-120 s loads a model onto a GPU."""
+    sync_delay: Seconds = Field(15.0, ge=0)
+    """Between a scaler's decision (HPA recommendation, KEDA poll, floor write) and the
+    pod being created or deleted: the HPA's 15 s sync period."""
+    drain_max: Seconds = Field(30.0, ge=0)
+    """A leaving replica keeps its GPU and serves the queue until the queue present at
+    its removal is drained, at most this long (terminationGracePeriodSeconds 30 s)."""
+    slo_wait: Seconds = Field(2.0, gt=0)
+    """A request waiting longer than this in the queue violates the SLO."""
+    fragment_disruption: Seconds = Field(30.0, ge=0)
+    """After a fragment change the device plugin restarts on each node of the pool and
+    replicas move to the new layout: capacity is reduced for this long."""
+    fragment_disruption_capacity: float = Field(0.5, ge=0, le=1)
+    """Share of capacity left during a fragment change's disruption."""
     gpu_seconds_per_request: float = Field(0.06, gt=0)
     """GPU-busy seconds one request costs on a whole GPU: the load model's scale."""
     replica_gpu_share: float = Field(1.0, gt=0, le=1)
@@ -613,6 +658,15 @@ class SimulatorConfig(_Strict):
     """A burst of high-priority pods into a full batch pool this long into the replay,
     to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
     inside even a 2 h replay."""
+
+    @model_validator(mode="after")
+    def _cold_start_range(self) -> Self:
+        if self.cold_start_max < self.cold_start:
+            raise ValueError(
+                f"cold_start_max ({self.cold_start_max:g}s) must not be below cold_start "
+                f"({self.cold_start:g}s)"
+            )
+        return self
 
 
 class AgentConfig(_Strict):

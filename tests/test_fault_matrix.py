@@ -136,7 +136,7 @@ metrics: {{step: 5s, window: 20m, staleness: 2m}}
 forecast: {{fit_step: 10s, min_history: 5m, horizon: 5m}}
 fragments: {{sustain: 0s, cooldown: 0s}}
 time_slice: {{stall_window: 2m, cooldown: 0s}}
-replicas: {{cooldown: 0s, max_replicas: 20}}
+replicas: {{cooldown: 0s, max_replicas: 20, skill_check: false}}  # floors from the first tick
 preemption: {{enabled: false}}
 kubernetes:
   max_writes_per_minute: 1000

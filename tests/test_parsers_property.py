@@ -26,7 +26,7 @@ from gpuscaler.adapters.cluster import ClusterStateError, load_cluster_snapshot
 from gpuscaler.adapters.prometheus import SourceError, decode_matrix
 from gpuscaler.backtest import BacktestError, load_series_csv, to_grid
 from gpuscaler.config import Config, ConfigError, parse_config, parse_duration
-from gpuscaler.sim.trace import TraceError, load_trace
+from gpuscaler.sim.trace import MAX_BINS, TraceError, load_trace
 
 BUDGET = settings(
     max_examples=150,
@@ -123,7 +123,7 @@ def test_any_trace_csv_is_a_trace_or_a_trace_error_in_bounded_memory(
     except TraceError as e:
         assert str(path) in str(e)
     else:
-        assert trace.counts.size <= 10_000_000 and trace.bin_seconds > 0
+        assert trace.counts.size <= MAX_BINS and trace.bin_seconds > 0
 
 
 @pytest.mark.parametrize(

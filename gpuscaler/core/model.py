@@ -123,6 +123,8 @@ class PoolObservation:
     """Most GPU shares held by pods on any one GPU of the pool."""
     memory_used_gib: float | None = None
     """Memory in use on the pool's fullest GPU (frame buffer), when measured."""
+    gpus_held: int | None = None
+    """GPUs held by pods of the pool now; with one, more fragments pack nothing."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,11 @@ class TargetHistory:
     """(time, recommended value) within the stabilization window."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
+    seen: tuple[tuple[float, float, float, float], ...] = ()
+    """(time, last observed value, forecast upper bound and mean peak over the lead
+    time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
+    fallback: bool = False
+    """The forecast has had no skill lately: the floor has stepped back to reactive."""
 
 
 EMPTY_TARGET = TargetHistory()
