@@ -353,7 +353,6 @@ _LABELS = {
     "ses": "smoothing",
     "ses_avg": "averaged smoothing",
     "window_mean": "window mean",
-    "window_mean_long": "long window mean",
 }
 
 
