@@ -82,6 +82,7 @@ def test_the_adaptive_state_rides_on_the_fit_state_from_tick_to_tick() -> None:
     values = 50 + rng.normal(0, 1, 900) * np.linspace(0.5, 4.0, 900)
     cfg = ForecastConfig()
     fits: dict[str, FitState] = {}
+    levels = []
     for k in range(360, 900, 3):
         kept: dict[str, FitState] = {}
         now = NOW + 10.0 * k
@@ -89,11 +90,14 @@ def test_the_adaptive_state_rides_on_the_fit_state_from_tick_to_tick() -> None:
             [_series(values[k - 360 : k], now)], cfg, now, keys=["p"], prior=fits, states=kept
         )
         fits = kept
+        interval = fits["p"].interval
+        assert interval is not None
+        levels.append(interval.level)
     state = fits["p"].interval
     assert state is not None and state.points > 1000
-    assert state.level > 0.7
+    assert np.mean(levels[len(levels) // 2 :]) > 0.7  # wider than nominal while noise grows
     assert sig.forecast is not None and "interval at conformal level" in sig.forecast.reason
-    assert abs(1 - state.misses / state.points - 0.7) < 0.08
+    assert abs(1 - state.misses / state.points - 0.7) < 0.05
 
 
 def test_the_peak_is_above_a_flat_paths_maximum_when_peaks_ran_higher() -> None:

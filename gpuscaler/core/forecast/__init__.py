@@ -42,6 +42,7 @@ from gpuscaler.core.forecast.ensemble import (
     WINDOW_MEAN_POINTS,
     Assessment,
     assess,
+    assess_batched,
     choose_method,
 )
 from gpuscaler.core.forecast.intervals import (
@@ -216,7 +217,9 @@ def _forecast_batch(b: _Batch) -> list[Forecast]:
     assessment: Assessment | None = None
     if model.fitted is not None and b.cfg.ensemble:
         assert isinstance(b.engine, LeastSquaresArima)
-        assessment = assess(b.engine, model.fitted, b.hist, b.steps, model.paths.mean, model.usable)
+        assessment = assess_batched(
+            b.engine, model.fitted, b.hist, b.steps, model.paths.mean, model.usable
+        )
     adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
     if assessment is None:
         out = [_plain(b, model, r) for r in range(b.hist.shape[0])]

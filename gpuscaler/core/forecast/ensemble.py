@@ -19,7 +19,7 @@ import numpy as np
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
-ASSESS_ORIGINS = 120
+ASSESS_ORIGINS = 72
 """In-window origins every member is scored on, at most (36 let noise switch the
 fallback on and off)."""
 ORIGIN_SPACING = 15
@@ -211,7 +211,7 @@ def assess(
         return None
     future = hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]]  # (n, O, steps)
     levels, alpha = _flat_members(hist, origins, future)
-    in_window = {k: np.repeat(v[:, :-1, None], steps, axis=2) for k, v in levels.items()}
+    in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
     ok = arima_ok[:, None, None]
     in_window["arima"] = np.where(
@@ -233,6 +233,43 @@ def assess(
             warnings.simplefilter("ignore", RuntimeWarning)
             peak_errors[name] = np.nanmax(future, axis=2) - np.nanmax(in_window[name], axis=2)
     return Assessment(live, errors, weights, residuals, peak_errors, alpha)
+
+
+ASSESS_CHUNK = 128
+"""Series assessed together: bounds the (series, origins, steps) temporaries to ~4 MB
+each (a thousand series at once held ~470 MB)."""
+
+
+def assess_batched(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    steps: int,
+    arima_live: FloatArray,
+    arima_ok: BoolArray,
+) -> Assessment | None:
+    """`assess` over chunks of ASSESS_CHUNK series, put back together."""
+    parts = []
+    for i in range(0, hist.shape[0], ASSESS_CHUNK):
+        rows = slice(i, i + ASSESS_CHUNK)
+        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
+        a = assess(engine, part, hist[rows], steps, arima_live[rows], arima_ok[rows])
+        if a is None:  # too few origins: the same for every row of the window
+            return None
+        parts.append(a)
+
+    def cat(field: str) -> dict[str, FloatArray]:
+        first: dict[str, FloatArray] = getattr(parts[0], field)
+        return {k: np.concatenate([getattr(p, field)[k] for p in parts]) for k in first}
+
+    return Assessment(
+        cat("paths"),
+        cat("errors"),
+        cat("weights"),
+        cat("residuals"),
+        cat("peak_errors"),
+        np.concatenate([p.alpha for p in parts]),
+    )
 
 
 def _weights(

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from gpuscaler.core.model import BoolArray, FloatArray, IntervalState, IssuedInterval
+from gpuscaler.core.model import FloatArray, IntervalState, IssuedInterval
 
 MIN_RESIDUALS = 8
 """Fewer recent errors than this at a step: no conformal interval from them."""
@@ -55,10 +55,17 @@ def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
 
 
 def peak_offset(peak_errors: FloatArray) -> FloatArray:
-    """Per row (n,): PEAK_QUANTILE of the recent peak errors (n, origins), 0 if none."""
-    finite: BoolArray = np.asarray(np.isfinite(peak_errors).any(axis=1))
-    safe = np.where(finite[:, None], peak_errors, 0.0)
-    out: FloatArray = np.where(finite, np.nanquantile(safe, PEAK_QUANTILE, axis=1), 0.0)
+    """Per row (n,): PEAK_QUANTILE of the recent peak errors (n, origins), interpolated
+    between order statistics, ignoring NaN; 0 for a row with none."""
+    ordered = np.sort(peak_errors, axis=1)  # NaN sorts last
+    count = np.isfinite(peak_errors).sum(axis=1)
+    pos = PEAK_QUANTILE * np.maximum(count - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(count - 1, 0))
+    rows = np.arange(peak_errors.shape[0])
+    frac = pos - lo
+    value = ordered[rows, lo] * (1 - frac) + ordered[rows, hi] * frac
+    out: FloatArray = np.where(count > 0, value, 0.0)
     return out
 
 
