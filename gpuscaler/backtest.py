@@ -9,8 +9,9 @@ scores are averaged over origins and over the horizon's steps:
 - `peak_mae`: error of the forecast's maximum over the horizon against the actual maximum;
 - `coverage`: share of actual points inside the method's prediction interval.
 
-Methods: `gpuscaler` (the production forecaster: the configured engine with its
-self-assessed choice of baseline), `naive` (last value), `window_mean` (mean of the last
+Methods: `gpuscaler` (the production forecaster, run origin after origin with the fit
+states the controller threads from tick to tick: refits, the adaptive interval level; its
+peak is `Forecast.peak`), `naive` (last value), `window_mean` (mean of the last
 12 points), `statsmodels_arima` (statsmodels ARIMA of the configured order, refitted at
 each origin). Baselines' intervals are the empirical quantiles of their own errors at each
 step within the window.
