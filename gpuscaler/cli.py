@@ -173,6 +173,13 @@ def backtest_table(report: dict[str, Any]) -> str:
             cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
             text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
             lines.append(f"{name[:23]:<24}{method:<20}{text}")
+    worst = report.get("worst") or {}
+    if len(report["series"]) > 1 and worst:
+        rel = worst.get("relative_to_naive")
+        lines.append(
+            f"worst series for gpuscaler: {worst['series']} (relative_to_naive "
+            f"{rel if rel is not None else '-'}, coverage {worst.get('coverage')})"
+        )
     return "\n".join(lines)
 
 

@@ -133,9 +133,9 @@ class ForecastConfig(_Strict):
     replicas.lead_time 2m): 0.6 leaves 37-54 % of the reactive HPA's under-provisioning
     for +4-7 % GPU-hours, 0.7 leaves 28-33 % for +5-9 %, 0.8 leaves 20-25 % for +6-11 %."""
     ensemble: bool = True
-    """Forecast the mean of ARIMA, exponential smoothing and the 2-minute window mean
-    (each scored on the series' recent history) instead of ARIMA alone: on the Azure
-    traces the ensemble beats each of its parts."""
+    """Forecast the ensemble of ARIMA, exponential smoothing (best-fit and averaged over its
+    constants) and the 2-minute window mean, weighted by their recent error on the series'
+    own history, instead of ARIMA alone (see the README's Forecasting section)."""
     engine: Literal["fast", "statsmodels"] = "fast"
     """fast: batched least-squares ARIMA(p,d,0) for all series at once; statsmodels: the
     reference ARIMA, 100x slower."""
