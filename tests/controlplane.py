@@ -342,6 +342,7 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 cannot be an Endpoint
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.pki}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
@@ -534,17 +535,20 @@ class Kube:
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Json:
         """A raw API call; ApiException on an error status."""
-        response = self.api.call_api(
-            path,
-            method,
+        method, url, headers, data, post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=30,
         )
-        data = response[0].data
-        return json.loads(data) if data else {}
+        response = self.api.call_api(
+            method, url, header_params=headers, body=data, post_params=post, _request_timeout=30
+        )
+        response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data) if response.data else {}
 
     def get(self, path: str) -> Json:
         return self.request("GET", path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -148,7 +149,9 @@ def cluster(kube: Kube) -> Cluster:
 
 
 def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None:
-    t0 = time.time()
+    # The decisions run on a virtual clock ahead of which the server's own timestamps
+    # (the deletionTimestamp an eviction sets) must not fall: start it in the past.
+    t0 = time.time() - 400
     cluster.seed(t0 - 60)
     _, _, applied = cluster.tick(t0)
     assert [(d.target, d.to_value) for d in applied] == [(f"{cluster.batch}/train", "soft")]
@@ -162,21 +165,23 @@ def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None
     assert [(d.to_value, (d.detail or {})["action"]) for d in applied] == [("hard", "evict")]
     assert cluster.evictions() == [201]
     # No kubelet finishes the graceful deletion: the real server leaves the pod
-    # Terminating, with the DisruptionTarget condition gpuscaler set before evicting.
+    # Terminating, with the DisruptionTarget condition the Eviction API itself sets.
     victim = cluster.victim()
     assert victim is not None and victim["metadata"].get("deletionTimestamp")
     (target,) = [c for c in victim["status"]["conditions"] if c["type"] == "DisruptionTarget"]
-    assert target["reason"] == "PreemptionByGpuscaler"
+    assert target["reason"] == "EvictionByEvictionAPI"
     assert cluster.state()["tier"] == "hard"
 
-    _, skips, applied = cluster.tick(t0 + 400)
-    assert applied == () and any("terminating for" in s.reason for s in skips)
-    _, _, applied = cluster.tick(t0 + 301 + 30 + 301)  # past terminating_timeout
+    deleting = datetime.fromisoformat(victim["metadata"]["deletionTimestamp"]).timestamp()
+    assert abs(deleting - (time.time() + 30)) < 30  # now + the eviction's grace period
+    _, skips, applied = cluster.tick(deleting + 99)
+    assert applied == () and any("terminating for 99s" in s.reason for s in skips)
+    _, _, applied = cluster.tick(deleting + 301)  # past terminating_timeout
     assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
     assert cluster.victim() is None
-    _, _, applied = cluster.tick(t0 + 700)
+    _, _, applied = cluster.tick(deleting + 310)
     assert [d.to_value for d in applied] == ["cleanup"]
-    _, _, applied = cluster.tick(t0 + 700 + 121)  # no dcgm series here: not measurable
+    _, _, applied = cluster.tick(deleting + 310 + 121)  # no dcgm series: not measurable
     assert [d.to_value for d in applied] == ["done"]
     assert cluster.evictions() == [201]  # evicted exactly once
     keep = cluster.kube.get(f"/api/v1/namespaces/{cluster.batch}/pods/keep")
@@ -218,3 +223,36 @@ def test_a_pdb_with_room_lets_the_eviction_through(cluster: Cluster) -> None:
     path = f"/apis/policy/v1/namespaces/{cluster.batch}/poddisruptionbudgets/batch"
     # The eviction spent the budget (the API server decrements it, the controller agrees).
     assert cluster.kube.get(path)["status"]["disruptionsAllowed"] == 0
+
+
+def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
+    scheduler: object, cluster: Cluster
+) -> None:
+    """kube-scheduler, not a hand-written status, marks the pod Unschedulable; the pods
+    on the node have the beneficiary's own priority, so the scheduler cannot preempt."""
+    kube = cluster.kube
+    kube.add_gpu_node("gpu-0", node("gpu-0", config="ts-2", gpus=2)["metadata"]["labels"], gpus=4)
+    for name in ("a", "b"):
+        cluster.pod(name, cluster.batch, "gpu-0", 2, "gpu-test-critical")
+        kube.make_running(cluster.batch, name)
+    cluster.pod("critical", cluster.serving, None, 2, "gpu-test-critical")
+    path = f"/api/v1/namespaces/{cluster.serving}/pods/critical"
+
+    def verdict() -> dict[str, Any] | None:
+        for c in kube.get(path).get("status", {}).get("conditions") or []:
+            if c["type"] == "PodScheduled" and c["status"] == "False":
+                return c
+        return None
+
+    wait_until("the scheduler's verdict", lambda: verdict() is not None, 60, 0.5)
+    condition = verdict()
+    assert condition is not None and condition["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    reader = ClusterReader(cluster.api, CONFIG)
+    reader.state()
+    obs = PreemptionReader(cluster.api, CONFIG, reader, cluster.home).observe(time.time())
+    (pending,) = [p for p in obs.pods if p.key == f"{cluster.serving}/critical"]
+    assert pending.unschedulable_since is not None
+    assert abs(pending.unschedulable_since - time.time()) < 120
+    decisions, _ = decide_preemption(obs, CONFIG.preemption, time.time() + 600)
+    assert decisions == ()  # equal priorities: no victim

@@ -98,6 +98,7 @@ def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event
             "spec": {"containers": [{"name": "gpuscaler", "image": "gpuscaler:0.1.0"}]},
         }
     )
+    monkeypatch.setenv("POD_UID", pod["metadata"]["uid"])  # the Deployment's fieldRef
     kube.create(hpa("embed", 1, namespace=ml))
     kube.create(hpa("found", 1, namespace=ml))  # opted in, not in the config
     base = BASE.replace("namespace: ml", f"namespace: {ml}")
@@ -129,7 +130,11 @@ def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event
     update("replicas: {max_replicas: -1}\n")
     controller.tick(NOW + 60)
     assert controller.config.replicas.max_replicas == 50  # the running config stays
-    events = kube.get(f"/apis/events.k8s.io/v1/namespaces/{home}/events")["items"]
+    events = [
+        e
+        for e in kube.get(f"/apis/events.k8s.io/v1/namespaces/{home}/events")["items"]
+        if e["reportingController"] == "gpuscaler.io/controller"  # not kube-scheduler's
+    ]
     assert [e["reason"] for e in events] == ["ConfigRefused"]
     assert events[0]["regarding"]["name"] == "gpuscaler-abc"
     assert events[0]["regarding"]["uid"] == pod["metadata"]["uid"]
