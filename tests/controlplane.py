@@ -16,7 +16,8 @@ The fixtures (tests/conftest.py):
 - `kube` (function): a `Kube` handle for one test: `kube.api` (admin `ApiClient`),
   `kube.namespace()` a fresh namespace, `kube.add_gpu_node(...)`, `kube.make_running(...)`,
   `kube.create(doc)`; everything it made is deleted afterwards (nodes, namespaces).
-- `scheduler` (session): also starts kube-scheduler on the same control plane.
+- `scheduler` (function): kube-scheduler on the same control plane for one test (stopped
+  after it, so other tests' pending pods stay pending).
 
 `ControlPlane` API: `.url`, `.ca_file`, `.admin_kubeconfig`, `.api()`, `.kubectl(*args)`,
 `.start_controller_manager()`, `.start_scheduler()`, `.stop()`,
@@ -410,6 +411,11 @@ class ControlPlane:
             ],
         )
         self._wait_http(p, f"https://127.0.0.1:{port}/healthz", _insecure())
+
+    def stop_scheduler(self) -> None:
+        p = self.processes.pop("kube-scheduler", None)
+        if p is not None:
+            p.stop()
 
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
