@@ -64,11 +64,14 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Contr
         plane.stop()
 
 
-@pytest.fixture(scope="session")
-def scheduler(control_plane: cp.ControlPlane) -> cp.ControlPlane:
-    """The control plane with kube-scheduler running too."""
+@pytest.fixture
+def scheduler(control_plane: cp.ControlPlane) -> Iterator[cp.ControlPlane]:
+    """The control plane with kube-scheduler running too, for this test only."""
     control_plane.start_scheduler()
-    return control_plane
+    try:
+        yield control_plane
+    finally:
+        control_plane.stop_scheduler()
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ The fixtures (tests/conftest.py):
 - `kube` (function): a `Kube` handle for one test: `kube.api` (admin `ApiClient`),
   `kube.namespace()` a fresh namespace, `kube.add_gpu_node(...)`, `kube.make_running(...)`,
   `kube.create(doc)`; everything it made is deleted afterwards (nodes, namespaces).
-- `scheduler` (session): also starts kube-scheduler on the same control plane.
+- `scheduler` (function): kube-scheduler on the same control plane for one test (stopped
+  after it, so other tests' pending pods stay pending).
 
 `ControlPlane` API: `.url`, `.ca_file`, `.admin_kubeconfig`, `.api()`, `.kubectl(*args)`,
 `.start_controller_manager()`, `.start_scheduler()`, `.stop()`,
@@ -411,6 +412,11 @@ class ControlPlane:
         )
         self._wait_http(p, f"https://127.0.0.1:{port}/healthz", _insecure())
 
+    def stop_scheduler(self) -> None:
+        p = self.processes.pop("kube-scheduler", None)
+        if p is not None:
+            p.stop()
+
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
             self.processes[name].stop()
@@ -502,6 +508,8 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.nodes: list[str] = []
         self.namespaces: list[str] = []
+        self.strays: list[str] = []
+        """Paths of seeded objects in namespaces this test did not make."""
 
     def namespace(self, name: str | None = None) -> str:
         """A fresh namespace (unique name unless given), with its default ServiceAccount
@@ -665,8 +673,8 @@ class Kube:
             ):
                 meta.pop(key, None)
             ns = meta.get("namespace")
-            if ns and ns not in self.namespaces and ns != "default" and not self._exists(ns):
-                self.namespace(ns)
+            if ns and ns not in self.namespaces and ns not in _SYSTEM_NAMESPACES:
+                self.namespace(ns)  # (waits for one of that name an earlier test deleted)
             owners = []
             for ref in meta.pop("ownerReferences", None) or []:
                 owner = made.get((ref["kind"], ns, ref["name"]))
@@ -676,6 +684,8 @@ class Kube:
                 meta["ownerReferences"] = owners
             status = doc.pop("status", None)
             created = self.create(doc)
+            if ns and ns not in self.namespaces:  # kube-system, default: not deleted whole
+                self.strays.append(self.path(doc))
             if doc["kind"] == "Node":
                 self.nodes.append(meta["name"])
                 self.request(
@@ -711,6 +721,9 @@ class Kube:
         return f"{base}/{doc['metadata']['name']}"
 
     def cleanup(self) -> None:
+        for path in self.strays:
+            with contextlib.suppress(ApiException):
+                self.request("DELETE", path + "?gracePeriodSeconds=0")
         for name in self.nodes:
             with contextlib.suppress(ApiException):
                 self.core.delete_node(name)
@@ -723,6 +736,7 @@ class Kube:
         self.api.close()
 
 
+_SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
 _STATUS = {"Node", "Pod", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ScaledObject"}
 """Kinds whose status is a subresource, written after the object."""
 _PLURALS = {

@@ -29,8 +29,7 @@ import pytest
 import yaml
 from controlplane import ROOT, Kube, free_port, wait_until
 from kubeobjects import plugin_configmap
-from test_cluster_cli import SNAPSHOT, _config
-from test_cluster_cli import prom_url as prom_url  # the planted real Prometheus (module)
+from test_cluster_cli import SNAPSHOT, _config, planted_prometheus
 from test_deploy import render
 
 from gpuscaler.adapters.kubernetes import sharing_config
@@ -57,6 +56,14 @@ def _deployment(name: str, replicas: int) -> dict[str, Any]:
             },
         },
     }
+
+
+@pytest.fixture
+def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The planted real Prometheus, fresh for each test: its samples end just before the
+    test, so gpuscaler finds them fresh (stale ones never cause an action)."""
+    with planted_prometheus(tmp_path_factory.mktemp("prom")) as url:
+        yield url
 
 
 @pytest.fixture
@@ -215,7 +222,10 @@ def test_run_acts_on_the_cluster_as_leader_with_its_service_account(
     )
     assert "ts-4" in cm.data
     assert _lease_holder(cluster) is None  # released on a clean stop
-    node_events = [e["reason"] for e in _events(cluster, "default", "FragmentsChanged")]
+    nodes = {cluster.core.read_node(n).metadata.uid for n in ("gpu-a100-0", "gpu-a100-1")}
+    node_events = [  # `default` outlives the test: only the events about these nodes
+        e for e in _events(cluster, "default", "FragmentsChanged") if e["regarding"]["uid"] in nodes
+    ]
     assert len(node_events) == 2
     assert _events(cluster, "ml", "ReplicaFloorChanged")
     assert _events(cluster, "nvidia-device-plugin", "SharingConfigAdded")

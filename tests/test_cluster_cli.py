@@ -8,6 +8,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,13 @@ def _wave(i: int) -> float:
 
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with planted_prometheus(tmp_path_factory.mktemp("prom")) as url:
+        yield url
+
+
+@contextmanager
+def planted_prometheus(directory: Path) -> Iterator[str]:
+    """A real Prometheus holding the last hour of the planted series, ending just now."""
     a100 = {"modelName": "NVIDIA A100-SXM4-80GB"}
     series: dict[str, list[tuple[dict[str, str], Any]]] = {
         "DCGM_FI_DEV_GPU_UTIL": [
@@ -53,7 +61,7 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             ({**a100, "Hostname": "gpu-a100-0", "gpu": "0", "UUID": "GPU-a0"}, lambda i: 3.0)
         ],
     }
-    data = tmp_path_factory.mktemp("prom") / "data.om"
+    data = directory / "data.om"
     global START, END
     START, END = planted_window(POINTS, 20)
     write_openmetrics(data, series, START, POINTS)

@@ -214,6 +214,10 @@ def test_the_manifests_apply_to_a_real_server_and_its_pods_are_admitted(kube: Ku
     restricted Pod Security admission and the Priority plugin (the controller-manager's
     ReplicaSet controller creates them; nothing schedules them here)."""
     kube.namespace("nvidia-device-plugin")  # the device plugin's install made it
+    # Other tests' PriorityClasses of these names (their values are immutable) go first.
+    kube.plane.kubectl(
+        "delete", "priorityclass", "gpu-critical", "gpu-standard", "gpu-batch", "--ignore-not-found"
+    )
     for directory in ("deploy/examples", "deploy"):
         out = kube.plane.kubectl("apply", "-k", str(ROOT / directory))
         assert "created" in out, out

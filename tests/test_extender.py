@@ -398,3 +398,18 @@ def test_the_parser_answers_any_body_with_args_or_a_protocol_error(body: bytes) 
         return
     assert isinstance(parsed, ExtenderArgs)
     assert all(isinstance(n, str) for n in parsed.node_names())
+
+
+def test_a_deleted_node_is_forgotten_once_long_silent() -> None:
+    clock = [time.time()]
+    cluster = MemoryCluster(
+        {"n1": gpu_node("n1", [0.0], at=clock[0]), "n2": gpu_node("n2", [0.0], at=clock[0])}
+    )
+    _, state = make_extender(cluster, clock=lambda: clock[0])
+    del cluster.gpus["n2"], cluster.meta["n2"]  # node deleted, its exporter gone
+    clock[0] += 60
+    state.refresh()
+    assert "n2" in state.snapshot.gpus  # still its last state (stale)
+    clock[0] += 600
+    state.refresh()
+    assert "n2" not in state.snapshot.gpus and "n1" in state.snapshot.gpus

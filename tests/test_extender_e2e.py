@@ -31,6 +31,17 @@ RBAC = ROOT / "deploy" / "scheduler" / "extender-rbac.yaml"
 FULL = MIB - 512 - 100  # a GPU with next to nothing free
 
 
+def _in_namespace(path: Path, namespace: str) -> str:
+    """The shipped manifests with their `gpuscaler` namespace replaced, rules unchanged."""
+    docs = list(yaml.safe_load_all(path.read_text()))
+    for doc in docs:
+        if doc["metadata"].get("namespace") == "gpuscaler":
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+    return yaml.safe_dump_all(docs)
+
+
 class GpuScheduler:
     """Prometheus + exporter + extender + second kube-scheduler, for one module."""
 
@@ -65,12 +76,14 @@ class GpuScheduler:
         )
         # as deployed: the extender's ServiceAccount with the shipped RBAC, nothing more
         self.kube = cp.Kube(self.plane)
-        self.kube.namespace("gpuscaler")
-        self.plane.kubectl("apply", "-f", str(RBAC))
+        home = self.kube.namespace()  # not `gpuscaler`: other modules install there
+        self.rbac = self.dir / "extender-rbac.yaml"
+        self.rbac.write_text(_in_namespace(RBAC, home))
+        self.plane.kubectl("apply", "-f", str(self.rbac))
         kubeconfig = self.plane.token_kubeconfig(
-            "gpuscaler", "gpuscaler-extender", self.dir / "extender.kubeconfig"
+            home, "gpuscaler-extender", self.dir / "extender.kubeconfig"
         )
-        env = os.environ | {"POD_NAME": "extender-e2e", "POD_NAMESPACE": "gpuscaler"}
+        env = os.environ | {"POD_NAME": "extender-e2e", "POD_NAMESPACE": home}
         self.extender = subprocess.Popen(
             [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
              "--kubeconfig", str(kubeconfig)],
@@ -108,7 +121,7 @@ class GpuScheduler:
             self.extender.wait(30)
         self.exporter.close()
         if hasattr(self, "kube"):
-            self.plane.kubectl("delete", "-f", str(RBAC), "--wait=false", check=False)
+            self.plane.kubectl("delete", "-f", str(self.rbac), "--wait=false", check=False)
             self.kube.cleanup()
 
 

@@ -5,9 +5,11 @@ refused with 403 and reported as a clear error, not a traceback."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ def _seed(kube: Kube) -> None:
         kube.seed([node(f"gpu-{i}")])
     kube.create(scaled_object("chat", 2))
     kube.create(hpa("embed", 1))
-    for name, value in (("gpu-batch", 10), ("gpu-critical", 1_000_000)):
+    for name, value in (("gpu-test-batch", 10), ("gpu-test-critical", 1_000_000)):
         kube.ensure(
             {
                 "apiVersion": "scheduling.k8s.io/v1",
@@ -104,7 +106,10 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
 
     # Preemption, every tier: a critical pod cannot be scheduled, a batch pod holds gpu-1.
-    victim = kube.create(_pod("train", "gpu-1", 16, "batch", "gpu-batch"))
+    chat = gpu_pod("chat-1", "gpu-0", 1)  # gpu-0 is not free either; never a victim
+    chat["metadata"]["annotations"] = {"gpuscaler.io/preemptible": "false"}
+    kube.seed([chat])
+    victim = kube.create(_pod("train", "gpu-1", 16, "batch", "gpu-test-batch"))
     kube.make_running("batch", "train")
     kube.request(
         "PATCH",
@@ -112,7 +117,7 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
         {"status": {"podIP": "127.0.0.1"}},
         "application/merge-patch+json",
     )
-    kube.create(_pod("critical", None, 16, "serving", "gpu-critical"))
+    kube.create(_pod("critical", None, 16, "serving", "gpu-test-critical"))
     kube.request(
         "PATCH",
         "/api/v1/namespaces/serving/pods/critical/status",
@@ -133,7 +138,8 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     )
     reader.state()
     preemption = PreemptionReader(api, config, reader, HOME)
-    soft, _ = decide_preemption(preemption.observe(NOW), config.preemption, NOW)
+    now = time.time()  # the server stamped the pods with the real time
+    soft, _ = decide_preemption(preemption.observe(now), config.preemption, now)
     assert [d.to_value for d in soft] == ["soft"]
     assert actuator.apply(soft) == soft
     key = soft[0].target
@@ -146,7 +152,7 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
         ],
         start=1,
     ):
-        step = Decision(NOW + i, "preemption", key, old, new, "r", detail={"action": action})
+        step = Decision(now + i, "preemption", key, old, new, "r", detail={"action": action})
         assert actuator.apply([step]) == (step,), action
     with pytest.raises(ApiException) as gone:
         kube.core.read_namespaced_pod("train", "batch")
@@ -218,7 +224,7 @@ def test_a_service_account_without_grants_gets_a_clear_error_from_the_cli(
         timeout=120,
     )
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert "list Node: HTTP 403 Forbidden" in out.stderr
-    assert (
-        'User "system:serviceaccount:gpuscaler:nobody" cannot list resource "nodes"' in out.stderr
-    )
+    messages = [json.loads(line)["msg"] for line in out.stderr.splitlines() if line.startswith("{")]
+    (refused,) = [m for m in messages if "HTTP 403" in m]
+    assert "list Node: HTTP 403 Forbidden" in refused
+    assert 'User "system:serviceaccount:gpuscaler:nobody" cannot list resource "nodes"' in refused

@@ -37,6 +37,8 @@ from gpuscaler.core.gputable import NodeTable, node_table
 
 log = logging.getLogger("gpuscaler.extender")
 
+FORGET_AFTER = 600.0
+"""Seconds after which the last GPU state of a node that no longer exists is dropped."""
 LISTING_GRACE = 30.0
 """Seconds an in-memory reservation outlives its absence from a pod listing: longer than
 any bind (annotate + Binding, each call bounded by a 10 s timeout)."""
@@ -162,6 +164,10 @@ class GpuState:
                 del self.reservations[uid]
 
     def _build(self, meta: dict[str, NodeMeta]) -> Snapshot:
+        now = self.clock()
+        for name, n in list(self._measured.items()):  # a deleted node, long silent: forget it
+            if meta and name not in meta and now - n.sampled_at > FORGET_AFTER:
+                del self._measured[name]
         gpus: dict[str, NodeGpus] = {}
         problems: dict[str, str] = {}
         for name, measured in self._measured.items():
