@@ -113,6 +113,7 @@ class GpuPod:
     node_affinity: tuple[Json, ...] = ()
     """requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms."""
     tolerations: tuple[Json, ...] = ()
+    uid: str = ""
 
     @property
     def key(self) -> str:
@@ -262,6 +263,7 @@ def parse_pod(obj: Json) -> GpuPod | None:
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
         terminating_since=parse_time(meta.get("deletionTimestamp")),
+        uid=str(meta.get("uid", "")),
         unschedulable_since=parse_time(unschedulable.get("lastTransitionTime"))
         if unschedulable
         else None,

@@ -93,6 +93,11 @@ def _record_key(victim: str) -> str:
     return victim.replace("/", ".")
 
 
+def _only(uid: str) -> client.V1Preconditions | None:
+    """Act on exactly the pod chosen: the server refuses (409) a pod with another uid."""
+    return client.V1Preconditions(uid=uid) if uid else None
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -121,6 +126,7 @@ def pod_view(
         checkpoint_at=parse_time(p.annotations.get(LAST_CHECKPOINT)),
         checkpoint_done_at=parse_time(p.annotations.get(CHECKPOINT_DONE)),
         gpu_memory_gib=gpu_memory,
+        uid=p.uid,
         allowed_nodes=frozenset(n.name for n in nodes if schedulable_on(p, n))
         if p.node is None
         else None,
@@ -419,26 +425,33 @@ class KubePreemption:
         self.writer.gate(f"evict {s.victim}")
         eviction = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=name, namespace=ns),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=int(grace)),
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=int(grace), preconditions=_only(s.uid)
+            ),
         )
         try:
             self.core.create_namespaced_pod_eviction(name, ns, eviction, _preload_content=False)
         except ApiException as e:
             if e.status == 429:
                 return False
-            if e.status == 404:
-                return True
+            if e.status == 404 or (e.status == 409 and s.uid):
+                return True  # gone, or a new pod under its name (the uid precondition)
             raise _api_error(f"evict {s.victim}", e) from None
         return True
 
-    def _delete(self, key: str, grace: int | None) -> None:
+    def _delete(self, key: str, grace: int | None, uid: str = "") -> None:
         ns, name = key.split("/", 1)
         self.writer.gate(f"delete {key}")
         try:
             self.core.delete_namespaced_pod(
-                name, ns, grace_period_seconds=grace, _preload_content=False
+                name,
+                ns,
+                body=client.V1DeleteOptions(grace_period_seconds=grace, preconditions=_only(uid)),
+                _preload_content=False,
             )
         except ApiException as e:
+            if e.status == 409 and uid:
+                return  # a new pod under the victim's name: not ours to delete
             if e.status != 404:
                 raise _api_error(f"delete {key}", e) from None
 
@@ -502,6 +515,7 @@ class KubePreemption:
                 since=now,
                 requested_at=now,
                 reason=d.reason,
+                uid=str(detail.get("uid") or ""),
             )
             self._write_state(s, "none")
             self._annotate(
@@ -555,7 +569,7 @@ class KubePreemption:
             return True
         if action in ("force_delete", "delete"):
             self._write_state(replace(s, evicted_at=s.evicted_at or now, reason=d.reason), "hard")
-            self._delete(d.target, 0 if action == "force_delete" else None)
+            self._delete(d.target, 0 if action == "force_delete" else None, s.uid)
             self._event(d.target, "PreemptionDeleted", d.reason, "Warning")
             return True
         if action == "quarantine":

@@ -92,6 +92,8 @@ class PodView:
     allowed_nodes: frozenset[str] | None = None
     """Nodes its nodeSelector, required affinity and tolerations admit; None: any."""
     shrink_to: int | None = None
+    uid: str = ""
+    """metadata.uid: a pod recreated under the same name (a StatefulSet's) has another."""
     """For fewer fragments on `only_node`: its shares after the change; room is made when
     the pods left hold no more than that."""
 
@@ -132,6 +134,8 @@ class VictimState:
     attempts: int = 0
     last_attempt_at: float | None = None
     gone_at: float | None = None
+    uid: str = ""
+    """The victim pod's uid when it was chosen (empty in records written before)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,9 @@ def _progress(
     now: float,
 ) -> Decision | Skip | None:
     pod = pods.get(s.victim)
-    gone = pod is None or pod.gone
+    # The victim is a pod, not a name: one recreated under its name is not it.
+    replaced = pod is not None and bool(s.uid) and bool(pod.uid) and pod.uid != s.uid
+    gone = pod is None or pod.gone or replaced
     if s.tier == "soft":
         beneficiary = pods.get(s.beneficiary)
         if gone:
@@ -450,6 +456,7 @@ def _start(
                 + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
                 gpus=v.gpus,
                 priority=v.priority,
+                uid=v.uid,
                 checkpoint_deadline=now + cfg.soft_grace,
                 evicted_by=now + cfg.soft_grace,
                 gone_by=now + cfg.soft_grace + cfg.eviction_grace_period,
