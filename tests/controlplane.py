@@ -390,6 +390,7 @@ class ControlPlane:
                 f"--root-ca-file={self.ca_file}",
                 "--use-service-account-credentials=false",
                 "--concurrent-namespace-syncs=2",
+                "--horizontal-pod-autoscaler-sync-period=2s",  # 15 s by default
                 "--v=1",
             ],
         )
