@@ -14,8 +14,13 @@ The fixtures (tests/conftest.py):
   root CA publisher, namespaces, garbage collector). Missing binaries skip the test,
   or fail it under CI=true.
 - `kube` (function): a `Kube` handle for one test: `kube.api` (admin `ApiClient`),
-  `kube.namespace()` a fresh namespace, `kube.add_gpu_node(...)`, `kube.make_running(...)`,
-  `kube.create(doc)`; everything it made is deleted afterwards (nodes, namespaces).
+  `kube.core` (`CoreV1Api`), `kube.namespace()` a fresh namespace (or a fixed name, waited
+  for if an earlier test's is still terminating), `kube.add_gpu_node(name, labels, gpus)`,
+  `kube.make_running(ns, pod)`, `kube.create(doc)` / `kube.ensure(doc)` (any object as
+  JSON), `kube.seed(items)` (a `kubectl get -o yaml` dump, statuses included),
+  `kube.get(path)` / `kube.request(method, path, body, content_type)` (raw API calls);
+  everything it made is deleted afterwards (nodes, namespaces, seeded strays).
+- `Recorder(api)` logs every (method, path, status) an `ApiClient` sends.
 - `scheduler` (function): kube-scheduler on the same control plane for one test (stopped
   after it, so other tests' pending pods stay pending).
 
