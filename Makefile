@@ -27,7 +27,7 @@ test-fast: setup lint typecheck
 	$(BIN)/pytest -q -m "not controlplane"
 
 ## Build the test control plane into ~/.cache/gpuscaler/controlplane (a no-op once built;
-## about 20 min cold on 2 cores). Without Go, the tests that need it skip (fail under CI).
+## 35 min cold here on 2 shared cores). Without Go, the tests that need it skip (fail under CI).
 controlplane:
 	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/controlplane/build.sh >/dev/null; \
 	else echo "go not found: the control-plane tests will skip" >&2; fi

@@ -185,7 +185,9 @@ def test_two_real_replicas_elect_one_leader_and_the_other_takes_over_when_it_die
 def test_run_acts_on_the_cluster_as_leader_with_its_service_account(
     cluster: Kube, prom_url: str, tmp_path: Path
 ) -> None:
-    cfg = _config(tmp_path, prom_url)
+    # The flow end to end in two ticks: a config gpuscaler adds is named on nodes at once
+    # here; the propagation wait itself is tested in test_kube_nodes.py.
+    cfg = _config(tmp_path, prom_url, "kubernetes: {config_propagation: 0s}\n")
     kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
     out = subprocess.run(
         [

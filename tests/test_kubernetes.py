@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from builders import NOW
-from controlplane import Kube
+from controlplane import Kube, wait_until
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import hpa, scaled_object
 from kubernetes import client
@@ -185,6 +185,50 @@ def test_a_missing_object_is_a_clear_error(real: Real) -> None:
     workloads, _, ns = real
     with pytest.raises(KubeError, match=f"read {ns}/ScaledObject/chat: HTTP 404"):
         workloads.workloads.read(workloads.workloads.config.workloads[0])
+
+
+def test_the_real_hpa_controller_scales_the_workload_up_to_the_floor_written(
+    real: Real,
+) -> None:
+    """The claim a floor rests on: the HPA controller (kube-controller-manager) raises
+    the replicas to minReplicas whatever its metrics say (there are none here), and the
+    ReplicaSet controller makes the pods."""
+    workloads, kube, ns = real
+    labels = {"app": "embed"}
+    kube.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "embed", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "x"}]},
+                },
+            },
+        }
+    )
+    doc = hpa("embed", 1, maximum=8, namespace=ns)
+    doc.pop("status")
+    kube.create(doc)
+    assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 1, 4)])
+    deployment = f"/apis/apps/v1/namespaces/{ns}/deployments/embed"
+    wait_until(
+        "the HPA controller scales to the floor",
+        lambda: kube.get(deployment)["spec"]["replicas"] == 4,
+        60,
+        0.5,
+    )
+    wait_until(
+        "the ReplicaSet makes the pods",
+        lambda: len(kube.core.list_namespaced_pod(ns, label_selector="app=embed").items) == 4,
+        60,
+        0.5,
+    )
+    status = kube.get(HPA.format(ns=ns, name="embed"))["status"]
+    assert status["desiredReplicas"] == 4
 
 
 # A 500 on the patch cannot be made on a real server on demand: the fake stays for it.

@@ -304,3 +304,75 @@ def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_t
     assert refused.value.status == 409
     still = cluster.victim()
     assert still is not None and not still["metadata"].get("deletionTimestamp")
+
+
+def test_a_victim_recreated_under_its_name_is_a_new_pod_and_never_touched(
+    cluster: Cluster,
+) -> None:
+    """The real StatefulSet controller recreates `sweep-0` as soon as it is deleted: the
+    same name, another uid. The victim is the pod gpuscaler chose, by uid."""
+    kube = cluster.kube
+    t0 = time.time() - 400
+    cluster.seed(t0 - 60)
+    kube.core.delete_namespaced_pod("train", cluster.batch, grace_period_seconds=0)
+    labels = {"app": "sweep"}
+    kube.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "sweep", "namespace": cluster.batch},
+            "spec": {
+                "replicas": 1,
+                "serviceName": "sweep",
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "priorityClassName": "gpu-test-batch",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "x",
+                                "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+    )
+    path = f"/api/v1/namespaces/{cluster.batch}/pods/sweep-0"
+    wait_until("the StatefulSet makes sweep-0", lambda: bool(kube.get(path)), 30, 0.2)
+    kube.request(  # bound as the scheduler binds, then Running as the kubelet reports
+        "POST",
+        path + "/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "sweep-0"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-0"},
+        },
+    )
+    kube.make_running(cluster.batch, "sweep-0")
+    chosen = kube.get(path)["metadata"]["uid"]
+    _, _, applied = cluster.tick(t0)
+    assert [(d.target, d.to_value) for d in applied] == [(f"{cluster.batch}/sweep-0", "soft")]
+    cluster.tick(t0 + 301)  # evicted; no kubelet: it stays Terminating
+    deleting = datetime.fromisoformat(kube.get(path)["metadata"]["deletionTimestamp"]).timestamp()
+    _, _, applied = cluster.tick(deleting + 301)
+    assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
+
+    def recreated() -> bool:
+        try:
+            return bool(kube.get(path)["metadata"]["uid"] != chosen)
+        except ApiException:
+            return False
+
+    wait_until("the StatefulSet recreates sweep-0", recreated, 30, 0.2)
+    new = kube.get(path)
+    _, _, applied = cluster.tick(deleting + 310)
+    assert [d.to_value for d in applied] == ["cleanup"]  # the victim is gone
+    after = kube.get(path)
+    assert after["metadata"]["uid"] == new["metadata"]["uid"]
+    assert not after["metadata"].get("deletionTimestamp")  # the new pod is left alone
+    assert "gpuscaler.io/checkpoint-requested" not in (after["metadata"].get("annotations") or {})

@@ -1,6 +1,7 @@
 """The shipped RBAC grants exactly what the code uses: every API call of a scenario that
 walks every code path is allowed by the rendered ClusterRole/Roles and their bindings,
-and every grant is used by some call."""
+and every grant is used by some call. (The same calls as the ServiceAccount against the real
+RBAC authorizer: tests/test_rbac_real.py.)"""
 
 from __future__ import annotations
 

@@ -466,8 +466,8 @@ class KubePreemption:
         except ApiException as e:
             if e.status == 429:
                 return False
-            if e.status in (404, 409):  # gone, or a pod of that name with another UID
-                return True
+            if e.status == 404 or (e.status == 409 and s.uid):
+                return True  # gone, or a new pod under its name (the uid precondition)
             raise _api_error(f"evict {s.victim}", e) from None
         return True
 
@@ -479,7 +479,9 @@ class KubePreemption:
                 name, ns, body=_delete_options(s.uid, grace), _preload_content=False
             )
         except ApiException as e:
-            if e.status not in (404, 409):  # 409: the UID precondition, another pod now
+            if e.status == 409 and s.uid:
+                return  # a new pod under the victim's name: not ours to delete
+            if e.status != 404:
                 raise _api_error(f"delete {s.victim}", e) from None
 
     def _quarantine(self, s: VictimState) -> None:

@@ -182,7 +182,8 @@ def _progress(
     now: float,
 ) -> Decision | Skip | None:
     pod = pods.get(s.victim)
-    replaced = pod is not None and bool(s.uid) and pod.uid != s.uid
+    # The victim is a pod, not a name: one recreated under its name is not it.
+    replaced = pod is not None and bool(s.uid) and bool(pod.uid) and pod.uid != s.uid
     gone = pod is None or pod.gone or replaced
     swap = f" (the pod now named so has UID {pod.uid}, not {s.uid})" if replaced and pod else ""
     if s.tier == "soft":

@@ -32,7 +32,7 @@ done
 echo "build.sh: building ${missing[*]} ($version) into $bin" >&2
 start=$(date +%s)
 # -mod=mod: go.sum pins every module; nothing is vendored.
-CGO_ENABLED=0 go build -mod=mod -p "${GPUSCALER_CP_JOBS:-2}" -trimpath -tags providerless \
+CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath -tags providerless \
   -ldflags='-s -w' -o "$tmp/" "${pkgs[@]}"
 for t in "${missing[@]}"; do mv "$tmp/$t" "$bin/$t"; done
 echo "build.sh: built in $(( $(date +%s) - start )) s" >&2

@@ -1,0 +1,130 @@
+"""Certificates and kubeconfigs for the test control plane (tests/controlplane.py), made
+with `cryptography`: a CA, the apiserver's serving certificate, an admin client
+certificate (system:masters) and the ServiceAccount signing key."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+Json = dict[str, Any]
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+def _cert(
+    subject: x509.Name,
+    key: rsa.RSAPrivateKey,
+    issuer: tuple[x509.Name, rsa.RSAPrivateKey] | None = None,
+    ca: bool = False,
+    sans: list[x509.GeneralName] | None = None,
+    server: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    name, signer = issuer or (subject, key)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        b = b.add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), True
+        )
+    else:
+        usage = x509.oid.ExtendedKeyUsageOID
+        b = b.add_extension(
+            x509.ExtendedKeyUsage([usage.SERVER_AUTH if server else usage.CLIENT_AUTH]), False
+        )
+    if sans:
+        b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return b.sign(signer, hashes.SHA256())
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def make_pki(d: Path) -> None:
+    """ca.crt, apiserver.{crt,key} (127.0.0.1, localhost, kubernetes.default.svc),
+    admin.{crt,key} (system:masters) and the ServiceAccount signing key sa.{key,pub}."""
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuscaler-test-ca")])
+    ca = _cert(ca_name, ca_key, ca=True)
+    (d / "ca.crt").write_bytes(_pem(ca))
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    sans += [
+        x509.DNSName(n)
+        for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+    ]
+    server_key = _key()
+    server = _cert(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+        server_key,
+        (ca_name, ca_key),
+        sans=sans,
+        server=True,
+    )
+    (d / "apiserver.crt").write_bytes(_pem(server))
+    (d / "apiserver.key").write_bytes(_pem_key(server_key))
+    admin_key = _key()
+    admin = _cert(
+        x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
+            ]
+        ),
+        admin_key,
+        (ca_name, ca_key),
+    )
+    (d / "admin.crt").write_bytes(_pem(admin))
+    (d / "admin.key").write_bytes(_pem_key(admin_key))
+    sa = _key()
+    (d / "sa.key").write_bytes(_pem_key(sa))
+    (d / "sa.pub").write_bytes(
+        sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, user: Json) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
