@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup simulate test lint typecheck bench clean
+.PHONY: setup simulate test test-fast controlplane lint typecheck bench clean
 
 $(BIN)/gpuscaler: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,20 @@ setup: $(BIN)/gpuscaler
 simulate: setup
 	$(BIN)/gpuscaler simulate --report report
 
-## The tests, with lint and type checks first.
-test: setup lint typecheck
+## The tests, with lint and type checks first. The real control plane (kube-apiserver &
+## co., built from Go once per machine, see tests/controlplane/build.sh) comes first.
+test: setup lint typecheck controlplane
 	$(BIN)/pytest -q
+
+## The same without the tests that need the real control plane (marker `controlplane`).
+test-fast: setup lint typecheck
+	$(BIN)/pytest -q -m "not controlplane"
+
+## Build the test control plane into ~/.cache/gpuscaler/controlplane (a no-op once built;
+## about 20 min cold on 2 cores). Without Go, the tests that need it skip (fail under CI).
+controlplane:
+	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/controlplane/build.sh >/dev/null; \
+	else echo "go not found: the control-plane tests will skip" >&2; fi
 
 lint: setup
 	$(BIN)/ruff check gpuscaler tests bench

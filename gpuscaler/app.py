@@ -195,7 +195,11 @@ def cluster_controller(
             if pod and namespace:
                 writer.event(
                     client.V1ObjectReference(
-                        api_version="v1", kind="Pod", name=pod, namespace=namespace
+                        api_version="v1",
+                        kind="Pod",
+                        name=pod,
+                        namespace=namespace,
+                        uid=os.environ.get("POD_UID"),  # found by kubectl describe pod
                     ),
                     namespace,
                     "ConfigRefused",

@@ -18,3 +18,53 @@ def api() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
         client.ApiClient(client.Configuration(host=url)) as api,
     ):
         yield api, cluster
+
+
+# --------------------------------------------------------------------------- real control plane
+# tests/controlplane.py says what these give; `make test-fast` leaves their tests out.
+
+import os  # noqa: E402
+
+import controlplane as cp  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if {"control_plane", "kube", "scheduler"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.controlplane)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.ControlPlane]:
+    """etcd, kube-apiserver (vendored CRDs installed) and kube-controller-manager."""
+    missing = cp.missing_binaries()
+    if missing:
+        why = f"control plane binaries missing in {cp.bin_dir()}: {', '.join(missing)}; run tests/controlplane/build.sh"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    plane = cp.ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    try:
+        plane.start()
+        plane.start_controller_manager()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def scheduler(control_plane: cp.ControlPlane) -> cp.ControlPlane:
+    """The control plane with kube-scheduler running too."""
+    control_plane.start_scheduler()
+    return control_plane
+
+
+@pytest.fixture
+def kube(control_plane: cp.ControlPlane) -> Iterator[cp.Kube]:
+    """One test's handle on the real control plane; its nodes and namespaces are
+    deleted afterwards."""
+    handle = cp.Kube(control_plane)
+    try:
+        yield handle
+    finally:
+        handle.cleanup()

@@ -62,26 +62,35 @@ def gpu_pod(
     }
 
 
-def scaled_object(name: str, floor: int, maximum: int = 20, opted: bool = True) -> Json:
+def scaled_object(
+    name: str, floor: int, maximum: int = 20, opted: bool = True, namespace: str = "ml"
+) -> Json:
     labels = {"gpuscaler.io/enabled": "true"} if opted else {}
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": {"name": name, "namespace": "ml", "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "minReplicaCount": floor,
             "maxReplicaCount": maximum,
             "scaleTargetRef": {"name": name},
+            # The real CRD requires triggers (kedacore/keda config/crd/bases).
+            "triggers": [{"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}],
         },
     }
 
 
 def hpa(
-    name: str, floor: int, maximum: int = 10, owner: str | None = None, replicas: int | None = None
+    name: str,
+    floor: int,
+    maximum: int = 10,
+    owner: str | None = None,
+    replicas: int | None = None,
+    namespace: str = "ml",
 ) -> Json:
     meta: Json = {
         "name": name,
-        "namespace": "ml",
+        "namespace": namespace,
         "labels": {"gpuscaler.io/enabled": "true"},
     }
     if owner:
@@ -102,13 +111,15 @@ def hpa(
     }
 
 
-def plugin_configmap(data: dict[str, str], opted: bool = True) -> Json:
+def plugin_configmap(
+    data: dict[str, str], opted: bool = True, namespace: str = "nvidia-device-plugin"
+) -> Json:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
             "name": "gpuscaler-sharing-configs",
-            "namespace": "nvidia-device-plugin",
+            "namespace": namespace,
             "labels": {"gpuscaler.io/enabled": "true"} if opted else {},
         },
         "data": data,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from agentkit import (
     BUS0,
     BUS1,
@@ -32,16 +33,23 @@ from builders import run_cli
 from kubefake import FakeCluster, fake_apiserver
 from promserver import free_port
 from test_agent import GONE, LIVE, NODE, node_object, pod
-from test_cluster_cli import _kubeconfig
 
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
 
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
 
 
-def kubeconfig(directory: Path, url: str) -> Path:
-    directory.mkdir(exist_ok=True)
-    return _kubeconfig(directory, url)
+def kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for the plain-HTTP test API server."""
+    cluster = {"name": "c", "cluster": {"server": url}}
+    context = {"name": "c", "context": {"cluster": "c", "user": "agent"}}
+    doc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
+    path.write_text(
+        yaml.safe_dump(
+            doc | {"users": [{"name": "agent", "user": {"token": "t"}}], "current-context": "c"}
+        )
+    )
+    return path
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:

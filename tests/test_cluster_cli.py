@@ -1,38 +1,23 @@
 """`once --cluster-snapshot` and `run` end to end: a real Prometheus with an hour of
-planted dcgm-exporter series, the fake Kubernetes API seeded from a realistic kubectl dump."""
+planted dcgm-exporter series, a realistic kubectl dump (also seeded on the real control plane by
+tests/test_as_deployed.py, which runs `run` against it)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from builders import run_cli
-from kubefake import FakeCluster, fake_apiserver
-from kubeobjects import plugin_configmap
 from promserver import planted_window, prometheus, write_openmetrics
-
-from gpuscaler.adapters.kubernetes import sharing_config
 
 SNAPSHOT = Path(__file__).parent / "data" / "cluster-snapshot.yaml"
 POINTS = 7200
 START, END = planted_window(POINTS, 20)  # set again by the fixture that plants them
-
-
-PLURALS = {
-    "PriorityClass": ("scheduling.k8s.io/v1", "priorityclasses"),
-    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
-    "Node": ("v1", "nodes"),
-    "Pod": ("v1", "pods"),
-    "ScaledObject": ("keda.sh/v1alpha1", "scaledobjects"),
-    "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"),
-}
 
 
 def _wave(i: int) -> float:
@@ -166,73 +151,4 @@ def test_a_bad_cluster_snapshot_is_a_clear_error(
     assert "Traceback" not in out.stderr
 
 
-def _seed(cluster: FakeCluster) -> None:
-    for item in yaml.safe_load(SNAPSHOT.read_text())["items"]:
-        gv, plural = PLURALS[item["kind"]]
-        cluster.add(gv, plural, item)
-    cluster.add("v1", "configmaps", plugin_configmap({"ts-2": sharing_config("time-slicing", 2)}))
-
-
-def _kubeconfig(tmp: Path, url: str) -> Path:
-    path = tmp / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "me", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
-
-
-def test_run_acts_on_the_cluster_as_leader(prom_url: str, tmp_path: Path) -> None:
-    cfg = _config(tmp_path, prom_url)
-    with fake_apiserver() as (url, cluster):
-        _seed(cluster)
-        env_before = dict(os.environ)
-        os.environ.update({"POD_NAME": "gpuscaler-abc", "POD_NAMESPACE": "gpuscaler"})
-        try:
-            out = run_cli(
-                "run",
-                "--config",
-                str(cfg),
-                "--kubeconfig",
-                str(_kubeconfig(tmp_path, url)),
-                "--max-ticks",
-                "2",
-                "--metrics-port",
-                "0",
-            )
-        finally:
-            os.environ.clear()
-            os.environ.update(env_before)
-        assert out.returncode == 0, out.stderr[-3000:]
-        so = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
-        assert so is not None and so["spec"]["minReplicaCount"] > 2
-        assert "gpuscaler.io/last-decision" in so["metadata"]["annotations"]
-        keda_hpa = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "ml", "keda-hpa-chat")
-        assert keda_hpa is not None and keda_hpa["spec"]["minReplicas"] == 2  # never KEDA's HPA
-        for name in ("gpu-a100-0", "gpu-a100-1"):
-            node = cluster.get("v1", "nodes", None, name)
-            assert node is not None
-            assert node["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "ts-4"
-        cm = cluster.get("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
-        assert cm is not None and "ts-4" in cm["data"]
-        lease = cluster.get("coordination.k8s.io/v1", "leases", "gpuscaler", "gpuscaler-leader")
-        assert lease is not None
-        assert lease["spec"].get("holderIdentity") is None  # released on a clean stop
-        reasons = sorted(
-            o["reason"] for (_, p, _, _), o in cluster.objects.items() if p == "events"
-        )
-        assert reasons.count("FragmentsChanged") == 2
-        assert "ReplicaFloorChanged" in reasons and "SharingConfigAdded" in reasons
-        victim = cluster.get("v1", "pods", "research", "sweep-a-0")
-        assert victim is not None
-        assert "gpuscaler.io/checkpoint-requested" in victim["metadata"]["annotations"]
-        web = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "frontend", "web")
-        assert web is not None and "annotations" not in web["metadata"]
+# `run` against a cluster: tests/test_as_deployed.py, on the real control plane.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from controlplane import Kube, kubectl_path, wait_until
 
 from gpuscaler.adapters.kubernetes import sharing_config
 from gpuscaler.config import parse_config
@@ -27,11 +27,13 @@ CRDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}
 
 @functools.cache
 def render(directory: str) -> tuple[dict[str, Any], ...]:
-    kubectl = shutil.which("kubectl")
+    kubectl = kubectl_path()  # the one tests/controlplane/build.sh built, else PATH's
     if kubectl is None:
         if os.environ.get("CI"):
-            pytest.fail("kubectl is not installed; CI must render the manifests")
-        pytest.skip("kubectl is not installed")
+            pytest.fail(
+                "kubectl is not built (tests/controlplane/build.sh); CI must render the manifests"
+            )
+        pytest.skip("kubectl is not built (tests/controlplane/build.sh) nor installed")
     out = subprocess.run(
         [kubectl, "kustomize", str(ROOT / directory)],
         capture_output=True,
@@ -134,3 +136,32 @@ def test_the_example_sharing_configs_are_the_ones_gpuscaler_writes() -> None:
         strategy, n = name.rsplit("-", 1)
         expected = sharing_config("mps" if strategy == "mps" else "time-slicing", int(n))
         assert yaml.safe_load(text) == yaml.safe_load(expected), name
+
+
+def test_the_manifests_apply_to_a_real_server_and_its_pods_are_admitted(kube: Kube) -> None:
+    """kubectl apply -k, as the README says, on the real kube-apiserver with the real CRDs
+    (ServiceMonitor, PrometheusRule, ScaledObject schemas); the Deployment's pods pass the
+    restricted Pod Security admission and the Priority plugin (the controller-manager's
+    ReplicaSet controller creates them; nothing schedules them here)."""
+    kube.namespace("nvidia-device-plugin")  # the device plugin's install made it
+    for directory in ("deploy/examples", "deploy"):
+        out = kube.plane.kubectl("apply", "-k", str(ROOT / directory))
+        assert "created" in out, out
+    kube.namespaces.append("gpuscaler")  # deleted after the test
+    kube.plane.kubectl("apply", "-k", str(ROOT / "deploy"), "--dry-run=server")
+    assert "Warning" not in kube.plane.kubectl_stderr, kube.plane.kubectl_stderr
+
+    def pods() -> list[Any]:
+        return list(
+            kube.core.list_namespaced_pod(
+                "gpuscaler", label_selector="app.kubernetes.io/name=gpuscaler"
+            ).items
+        )
+
+    wait_until("the ReplicaSet creates both pods", lambda: len(pods()) == 2, 60, 0.5)
+    for pod in pods():
+        assert pod.spec.priority == 2_000_000_000  # system-cluster-critical
+        assert pod.spec.service_account_name == "gpuscaler"
+    so = kube.get("/apis/keda.sh/v1alpha1/namespaces/default/scaledobjects/llm-chat")
+    assert so["metadata"]["labels"]["gpuscaler.io/enabled"] == "true"
+    kube.plane.kubectl("delete", "-k", str(ROOT / "deploy/examples"), "--wait=false")

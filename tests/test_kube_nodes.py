@@ -1,12 +1,16 @@
-"""Fragments and time slice of node pools, and the cluster state, against the fake API."""
+"""Fragments and time slice of node pools, and the cluster state, against the real
+kube-apiserver (tests/controlplane.py). The fake API server stays only for faults a real
+server cannot be made to give on demand (a 500 mid-rollout, an unreadable cluster)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
 from builders import NOW
+from controlplane import Kube, Recorder
 from kubefake import FakeCluster
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
@@ -18,20 +22,29 @@ from gpuscaler.adapters.kubernetes import (
     kube_actuator,
     sharing_config,
 )
-from gpuscaler.config import parse_config
+from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 
-CONFIG = parse_config(
-    f"""
+
+def _config(ns: str, extra: str = "", plugin_ns: str | None = None) -> Config:
+    """The pool, workloads in `ns`, and the device-plugin ConfigMap in `plugin_ns` (`ns`)."""
+    return parse_config(
+        f"""
 node_pools:
   - name: a100
     selector: {{label: nvidia.com/gpu.product, value: {A100}}}
     gpu_memory_gib: 80
+    {extra}
 workloads:
-  - {{namespace: ml, kind: ScaledObject, name: chat}}
-  - {{namespace: ml, kind: HorizontalPodAutoscaler, name: embed}}
+  - {{namespace: {ns}, kind: ScaledObject, name: chat}}
+  - {{namespace: {ns}, kind: HorizontalPodAutoscaler, name: embed}}
+kubernetes:
+  device_plugin_config_map: {{namespace: {plugin_ns or ns}, name: gpuscaler-sharing-configs}}
 """
-)
+    )
+
+
+CONFIG = _config("ml", plugin_ns="nvidia-device-plugin")  # the fake server's seeds
 CM = ("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
 
 
@@ -39,19 +52,55 @@ def _fragments(old: int, new: int, at: float = NOW) -> Decision:
     return Decision(at, "fragments", "a100", old, new, f"forecast upper 30% < 40% ({new})")
 
 
+class Real:
+    """One test's real cluster: a fresh namespace for the ConfigMap and workloads, the
+    actuator's client recorded (what the fake's request log was)."""
+
+    def __init__(self, kube: Kube):
+        self.kube = kube
+        self.ns = kube.namespace()
+        self.config = _config(self.ns)
+        self.record = Recorder(kube.plane.api())
+
+    def actuator(self, config: Config | None = None, **kw: Any) -> KubeActuator:
+        return kube_actuator(self.record_api, config or self.config, "test", **kw)
+
+    @property
+    def record_api(self) -> client.ApiClient:
+        return self.record.api
+
+    def seed_pool(
+        self, configs: dict[str, str], n: int = 3, opted_cm: bool = True, **kw: Any
+    ) -> None:
+        self.kube.create(plugin_configmap(configs, opted=opted_cm, namespace=self.ns))
+        self.kube.seed([node(f"gpu-{i}", **kw) for i in range(n)])
+
+    def pod(self, *args: Any, **kw: Any) -> None:
+        self.kube.seed([gpu_pod(*args, namespace=self.ns, **kw)])
+
+    def labels(self, name: str) -> dict[str, str]:
+        return dict(self.kube.core.read_node(name).metadata.labels)
+
+    def configmap(self) -> dict[str, Any]:
+        return self.kube.get(f"/api/v1/namespaces/{self.ns}/configmaps/gpuscaler-sharing-configs")
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for ns in (self.ns, "default"):
+            items = self.kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+            out += [e for e in items if e.get("reportingInstance") == "test"]
+        return out
+
+
+@pytest.fixture
+def real(kube: Kube) -> Real:
+    return Real(kube)
+
+
 def _labels(cluster: FakeCluster, name: str) -> dict[str, str]:
     obj = cluster.get("v1", "nodes", None, name)
     assert obj is not None
     return dict(obj["metadata"]["labels"])
-
-
-def _writes(cluster: FakeCluster) -> list[tuple[str, str]]:
-    return [r for r in cluster.requests if r[0] in ("PATCH", "PUT", "POST", "DELETE")]
-
-
-@pytest.fixture
-def kube(api: tuple[client.ApiClient, FakeCluster]) -> tuple[KubeActuator, FakeCluster]:
-    return kube_actuator(api[0], CONFIG, identity="test"), api[1]
 
 
 def _seed_pool(cluster: FakeCluster, configs: dict[str, str], n: int = 3, **kw: object) -> None:
@@ -61,48 +110,48 @@ def _seed_pool(cluster: FakeCluster, configs: dict[str, str], n: int = 3, **kw: 
 
 
 def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
-    kube: tuple[KubeActuator, FakeCluster],
+    real: Real,
 ) -> None:
-    actuator, cluster = kube
-    _seed_pool(cluster, {"ts-2": sharing_config("time-slicing", 2)})
+    actuator = real.actuator()
+    real.seed_pool({"ts-2": sharing_config("time-slicing", 2)})
     assert actuator.apply([_fragments(2, 4)])
-    cm = cluster.get(*CM)
-    assert cm is not None
-    ts4 = yaml.safe_load(cm["data"]["ts-4"])
+    ts4 = yaml.safe_load(real.configmap()["data"]["ts-4"])
     assert ts4["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
-    labels = [_labels(cluster, f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)]
+    labels = [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)]
     assert labels == ["ts-4", "ts-4", "ts-2"]  # max_nodes_per_tick = 2
-    node0 = cluster.get("v1", "nodes", None, "gpu-0")
-    assert node0 is not None
-    record = json.loads(node0["metadata"]["annotations"]["gpuscaler.io/last-fragments-decision"])
+    node0 = real.kube.core.read_node("gpu-0")
+    record = json.loads(node0.metadata.annotations["gpuscaler.io/last-fragments-decision"])
     assert record["to"] == 4 and "forecast upper" in record["reason"]
-    events = [o for (_, p, _, _), o in cluster.objects.items() if p == "events"]
+    events = real.events()
     assert sorted(e["reason"] for e in events) == [
         "FragmentsChanged",
         "FragmentsChanged",
         "SharingConfigAdded",
     ]
+    # Events about a Node (cluster-scoped) live in `default`, regarding the real node.
+    node_events = [e for e in events if e["regarding"]["kind"] == "Node"]
+    assert {e["metadata"]["namespace"] for e in node_events} == {"default"}
+    assert node0.metadata.uid in {e["regarding"].get("uid") for e in node_events}
     # The pool reads as 4 while the rollout is under way, so the core does not decide again.
-    state = ClusterReader(actuator.pools.reader.core.api_client, CONFIG).state()
+    state = ClusterReader(real.kube.api, real.config).state()
     assert state.fragments == {"a100": 4}
     # The next tick, with no new decision, finishes the rollout; then nothing is written.
+    actuator.pools.reader.state()
     actuator.apply([])
-    assert _labels(cluster, "gpu-2")["nvidia.com/device-plugin.config"] == "ts-4"
-    before = len(_writes(cluster))
+    assert real.labels("gpu-2")["nvidia.com/device-plugin.config"] == "ts-4"
+    actuator.pools.reader.state()
+    before = len(real.record.writes())
     actuator.apply([])
-    assert len(_writes(cluster)) == before
+    assert len(real.record.writes()) == before
 
 
-def test_an_mps_pool_gets_an_mps_config(api: tuple[client.ApiClient, FakeCluster]) -> None:
-    config = parse_config(
-        f"node_pools: [{{name: a100, sharing: mps, gpu_memory_gib: 80, selector: {{label: nvidia.com/gpu.product, value: {A100}}}}}]"
-    )
-    actuator = kube_actuator(api[0], config, "test")
-    _seed_pool(api[1], {}, config="mps-2")
+def test_an_mps_pool_gets_an_mps_config(real: Real) -> None:
+    config = _config(real.ns, "sharing: mps")
+    actuator = real.actuator(config)
+    real.seed_pool({}, config="mps-2")
     assert actuator.apply([_fragments(2, 4)])
-    cm = api[1].get(*CM)
-    assert cm is not None and "mps" in yaml.safe_load(cm["data"]["mps-4"])["sharing"]
-    assert _labels(api[1], "gpu-0")["nvidia.com/device-plugin.config"] == "mps-4"
+    assert "mps" in yaml.safe_load(real.configmap()["data"]["mps-4"])["sharing"]
+    assert real.labels("gpu-0")["nvidia.com/device-plugin.config"] == "mps-4"
 
 
 @pytest.mark.parametrize(
@@ -121,66 +170,77 @@ def test_an_mps_pool_gets_an_mps_config(api: tuple[client.ApiClient, FakeCluster
     ],
 )
 def test_a_fragments_change_is_refused_whole_and_nothing_is_written(
-    kube: tuple[KubeActuator, FakeCluster],
+    real: Real,
     caplog: pytest.LogCaptureFixture,
     configs: dict[str, str],
     cm_opted: bool,
     node_opted: bool,
     why: str,
 ) -> None:
-    actuator, cluster = kube
-    cluster.add("v1", "configmaps", plugin_configmap(configs, opted=cm_opted))
-    cluster.add("v1", "nodes", node("gpu-0"))
-    cluster.add("v1", "nodes", node("gpu-1", opted=node_opted))
+    actuator = real.actuator()
+    real.kube.create(plugin_configmap(configs, opted=cm_opted, namespace=real.ns))
+    real.kube.seed([node("gpu-0"), node("gpu-1", opted=node_opted)])
     assert actuator.apply([_fragments(2, 4)]) == ()
-    assert _writes(cluster) == []
+    assert real.record.writes() == []
     assert why in caplog.text
 
 
-def test_fewer_fragments_never_go_below_the_shares_pods_hold(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    actuator, cluster = kube
-    _seed_pool(cluster, {"ts-2": sharing_config("time-slicing", 2)}, n=2, config="ts-4", gpus=1)
+def test_fewer_fragments_never_go_below_the_shares_pods_hold(real: Real) -> None:
+    actuator = real.actuator()
+    real.seed_pool({"ts-2": sharing_config("time-slicing", 2)}, n=2, config="ts-4", gpus=1)
     for i in range(3):  # 3 shares on gpu-0's single GPU
-        cluster.add("v1", "pods", gpu_pod(f"chat-{i}", "gpu-0"))
-    cluster.add("v1", "pods", gpu_pod("done", "gpu-1", gpus=4, phase="Succeeded"))
+        real.pod(f"chat-{i}", "gpu-0")
+    real.pod("done", "gpu-1", gpus=4, phase="Succeeded")
+    actuator.pools.reader.state()
     assert actuator.apply([_fragments(4, 2)])
-    assert _labels(cluster, "gpu-0")["nvidia.com/device-plugin.config"] == "ts-4"
-    assert _labels(cluster, "gpu-1")["nvidia.com/device-plugin.config"] == "ts-2"
+    assert real.labels("gpu-0")["nvidia.com/device-plugin.config"] == "ts-4"
+    assert real.labels("gpu-1")["nvidia.com/device-plugin.config"] == "ts-2"
 
 
-def test_a_time_slice_decision_relabels_the_pools_nodes(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    actuator, cluster = kube
-    _seed_pool(cluster, {}, n=2)
+def test_a_time_slice_decision_relabels_the_pools_nodes(real: Real) -> None:
+    actuator = real.actuator()
+    real.seed_pool({}, n=2)
     d = Decision(NOW, "time_slice", "a100", "medium", "long", "stall 22% > 15% over 5m")
     assert actuator.apply([d])
-    assert [_labels(cluster, f"gpu-{i}")["gpuscaler.io/time-slice"] for i in range(2)] == [
+    assert [real.labels(f"gpu-{i}")["gpuscaler.io/time-slice"] for i in range(2)] == [
         "long",
         "long",
     ]
-    cm = cluster.get(*CM)
-    assert cm is not None and cm["data"] == {}  # time slice never touches the plugin config
+    assert real.configmap().get("data") is None  # time slice never touches the plugin config
 
 
-def test_a_node_conflict_is_re_read_and_retried(kube: tuple[KubeActuator, FakeCluster]) -> None:
-    actuator, cluster = kube
-    _seed_pool(cluster, {"ts-4": sharing_config("time-slicing", 4)}, n=1)
-    cluster.fail_next("PATCH", r"/nodes/gpu-0$", 409)
-    assert actuator.apply([_fragments(2, 4)])
-    assert _labels(cluster, "gpu-0")["nvidia.com/device-plugin.config"] == "ts-4"
-    assert [r for r in cluster.requests if r[0] == "PATCH"] == [
-        ("PATCH", "/api/v1/nodes/gpu-0"),
-        ("PATCH", "/api/v1/nodes/gpu-0"),
-    ]
+def test_a_real_node_conflict_is_re_read_and_retried(real: Real) -> None:
+    actuator = real.actuator()
+    real.seed_pool({"ts-4": sharing_config("time-slicing", 4)}, n=1)
+    actuator.pools.reader.state()  # the tick's read: gpu-0 at its current resourceVersion
+    # Someone else (GFD, say) writes the node between the read and gpuscaler's patch.
+    real.kube.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-0",
+        {"metadata": {"labels": {"feature.node.kubernetes.io/probe": "1"}}},
+        "application/merge-patch+json",
+    )
+    assert (
+        actuator.pools.roll_out(
+            "fragments",
+            real.config.node_pools[0],
+            "4",
+            json.dumps(_fragments(2, 4).as_record()),
+            actuator.pools.reader.last_objects,
+        )
+        == 1
+    )
+    assert real.labels("gpu-0")["nvidia.com/device-plugin.config"] == "ts-4"
+    node_calls = [(m, st) for m, p, st in real.record.calls if p == "/api/v1/nodes/gpu-0"]
+    assert node_calls == [("PATCH", 409), ("GET", 200), ("PATCH", 200)]
 
 
 def test_an_api_error_mid_rollout_leaves_each_node_whole_and_the_next_tick_resumes(
-    kube: tuple[KubeActuator, FakeCluster],
+    api: tuple[client.ApiClient, FakeCluster],
 ) -> None:
-    actuator, cluster = kube
+    """Fake server: a 500 on the second node's patch cannot be made on a real server."""
+    cluster = api[1]
+    actuator = kube_actuator(api[0], CONFIG, identity="test")
     _seed_pool(cluster, {"ts-4": sharing_config("time-slicing", 4)}, n=2)
     cluster.fail_next("PATCH", r"/nodes/gpu-1$", 500)
     assert actuator.apply([_fragments(2, 4)])  # started: its cooldown runs from now
@@ -193,61 +253,58 @@ def test_an_api_error_mid_rollout_leaves_each_node_whole_and_the_next_tick_resum
     assert _labels(cluster, "gpu-1")["nvidia.com/device-plugin.config"] == "ts-4"
 
 
-def test_writes_stop_when_the_budget_is_spent_or_leadership_is_lost(
-    api: tuple[client.ApiClient, FakeCluster],
-) -> None:
-    _, cluster = api
-    _seed_pool(cluster, {"ts-4": sharing_config("time-slicing", 4)}, n=3)
+def test_writes_stop_when_the_budget_is_spent_or_leadership_is_lost(real: Real) -> None:
+    real.seed_pool({"ts-4": sharing_config("time-slicing", 4)}, n=3)
     clock = [0.0]
     budget = WriteBudget(1, clock=lambda: clock[0])
-    actuator = kube_actuator(api[0], CONFIG, "test", budget=budget)
+    actuator = real.actuator(budget=budget)
     assert actuator.apply([_fragments(2, 4)])  # one node relabelled, then the budget is spent
-    assert [_labels(cluster, f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)] == [
+    assert [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)] == [
         "ts-4",
         "ts-2",
         "ts-2",
     ]
     clock[0] = 61.0  # a minute later the budget is back
     leader = [False]
-    actuator = kube_actuator(api[0], CONFIG, "test", may_act=lambda: leader[0], budget=budget)
-    writes = len(_writes(cluster))
+    actuator = real.actuator(may_act=lambda: leader[0], budget=budget)
+    writes = len(real.record.writes())
     actuator.apply([])
-    assert len(_writes(cluster)) == writes  # not the leader: nothing written
+    assert len(real.record.writes()) == writes  # not the leader: nothing written
     leader[0] = True
     actuator.apply([])
-    assert _labels(cluster, "gpu-1")["nvidia.com/device-plugin.config"] == "ts-4"
+    assert real.labels("gpu-1")["nvidia.com/device-plugin.config"] == "ts-4"
 
 
-def test_the_cluster_state_groups_nodes_into_pools_and_finds_workloads(
-    api: tuple[client.ApiClient, FakeCluster],
-) -> None:
-    _, cluster = api
-    cluster.add("v1", "nodes", node("gpu-0", config="ts-4", gpus=2))
-    cluster.add("v1", "nodes", node("cpu-0", config=None, product="none"))
-    for i in range(5):  # 5 shares over 2 GPUs: 3 on the fuller one
-        cluster.add("v1", "pods", gpu_pod(f"chat-{i}", "gpu-0"))
-    cluster.add("v1", "pods", gpu_pod("pending", None, gpus=8, phase="Pending"))
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
-    cluster.add(
-        "autoscaling/v2",
-        "horizontalpodautoscalers",
-        hpa("keda-hpa-chat", 2, owner="chat", replicas=6),
+def test_the_cluster_state_groups_nodes_into_pools_and_finds_workloads(real: Real) -> None:
+    ns = real.ns
+    real.kube.seed(
+        [node("gpu-0", config="ts-4", gpus=2), node("cpu-0", config=None, product="none")]
     )
-    state = ClusterReader(api[0], CONFIG).state()
+    for i in range(5):  # 5 shares over 2 GPUs: 3 on the fuller one
+        real.pod(f"chat-{i}", "gpu-0")
+    real.pod("pending", None, gpus=8, phase="Pending")
+    real.kube.seed(
+        [
+            scaled_object("chat", 2, namespace=ns),
+            hpa("keda-hpa-chat", 2, owner="chat", replicas=6, namespace=ns),
+        ]
+    )
+    state = ClusterReader(real.kube.api, real.config).state()
     assert state.fragments == {"a100": 4}
     assert state.shares_held == {"a100": 3}
     assert state.gpu_memory_gib == {"a100": 80.0}
     assert state.time_slice_levels == {"a100": "default"}
-    assert state.floors == {"ml/ScaledObject/chat": 2}
-    assert state.replicas == {"ml/ScaledObject/chat": 6}  # from the HPA KEDA made for it
+    assert state.floors == {f"{ns}/ScaledObject/chat": 2}
+    assert state.replicas == {f"{ns}/ScaledObject/chat": 6}  # from the HPA KEDA made for it
     assert state.problems == {
-        "workload:ml/HorizontalPodAutoscaler/embed": "HorizontalPodAutoscaler ml/embed not found"
+        f"workload:{ns}/HorizontalPodAutoscaler/embed": f"HorizontalPodAutoscaler {ns}/embed not found"
     }
 
 
 def test_without_keda_installed_hpas_are_still_read(
     api: tuple[client.ApiClient, FakeCluster],
 ) -> None:
+    """Fake server: the KEDA CRD is installed on the shared real server for good."""
     _, cluster = api
     cluster.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 3))
     cluster.fail_next("GET", r"/scaledobjects$", 404)
@@ -258,6 +315,7 @@ def test_without_keda_installed_hpas_are_still_read(
 def test_an_unreadable_cluster_flags_every_target_so_nothing_is_decided(
     api: tuple[client.ApiClient, FakeCluster],
 ) -> None:
+    """Fake server: a 500 on listing nodes cannot be made on a real server."""
     _, cluster = api
     cluster.fail_next("GET", r"/api/v1/nodes$", 500)
     reader = ClusterReader(api[0], CONFIG)

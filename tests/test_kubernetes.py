@@ -1,4 +1,5 @@
-"""Replica floors through the official client against the fake API server."""
+"""Replica floors through the official client against the real kube-apiserver, with the
+real KEDA ScaledObject CRD (tests/data/crds) and autoscaling/v2 HPAs."""
 
 from __future__ import annotations
 
@@ -8,22 +9,28 @@ from typing import Any
 
 import pytest
 from builders import NOW
+from controlplane import Kube
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import hpa, scaled_object
 from kubernetes import client
 
 from gpuscaler.adapters.kubernetes import KubeActuator, KubeError, kube_actuator
-from gpuscaler.config import parse_config
+from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 
-CONFIG = parse_config(
-    """
+SO = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}"
+HPA = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}"
+
+
+def _config(ns: str) -> Config:
+    return parse_config(
+        f"""
 workloads:
-  - {namespace: ml, kind: ScaledObject, name: chat}
-  - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
-  - {namespace: ml, kind: HorizontalPodAutoscaler, name: keda-hpa-chat}
+  - {{namespace: {ns}, kind: ScaledObject, name: chat}}
+  - {{namespace: {ns}, kind: HorizontalPodAutoscaler, name: embed}}
+  - {{namespace: {ns}, kind: HorizontalPodAutoscaler, name: keda-hpa-chat}}
 """
-)
+    )
 
 
 def _decision(target: str, old: int, new: int) -> Decision:
@@ -38,118 +45,166 @@ def _decision(target: str, old: int, new: int) -> Decision:
     )
 
 
+Real = tuple[KubeActuator, Kube, str]
+
+
 @pytest.fixture
-def kube() -> Iterator[tuple[KubeActuator, FakeCluster]]:
-    with (
-        fake_apiserver() as (url, cluster),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        yield kube_actuator(api, CONFIG, identity="test"), cluster
+def real(kube: Kube) -> Real:
+    ns = kube.namespace()
+    return kube_actuator(kube.api, _config(ns), identity="test"), kube, ns
 
 
-def test_a_scaled_object_floor_is_set_with_an_annotation_and_an_event(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
-    applied = workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)])
+def _events(kube: Kube, ns: str) -> list[dict[str, Any]]:
+    items = kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if e.get("reportingController") == "gpuscaler.io/controller"]
+
+
+def test_a_scaled_object_floor_is_set_with_an_annotation_and_an_event(real: Real) -> None:
+    workloads, kube, ns = real
+    kube.create(scaled_object("chat", 2, namespace=ns))
+    applied = workloads.apply([_decision(f"{ns}/ScaledObject/chat", 2, 7)])
     assert len(applied) == 1
-    obj = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
-    assert obj is not None and obj["spec"]["minReplicaCount"] == 7
+    obj = kube.get(SO.format(ns=ns, name="chat"))
+    assert obj["spec"]["minReplicaCount"] == 7
     record = json.loads(obj["metadata"]["annotations"]["gpuscaler.io/last-decision"])
     assert record["to"] == 7 and "forecast upper" in record["reason"]
-    events = [o for (g, p, _, _), o in cluster.objects.items() if p == "events"]
-    assert len(events) == 1 and events[0]["reason"] == "ReplicaFloorChanged"
-    assert events[0]["regarding"]["kind"] == "ScaledObject"
+    (event,) = _events(kube, ns)
+    assert event["reason"] == "ReplicaFloorChanged" and "floor 2 -> 7" in event["note"]
+    assert event["regarding"]["kind"] == "ScaledObject"
+    assert event["regarding"]["uid"] == obj["metadata"]["uid"]
 
 
-def test_an_hpa_floor_is_set_but_never_above_its_maximum(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    workloads, cluster = kube
-    cluster.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 2, maximum=5))
-    assert workloads.apply([_decision("ml/HorizontalPodAutoscaler/embed", 2, 9)])
-    obj = cluster.get("autoscaling/v2", "horizontalpodautoscalers", "ml", "embed")
-    assert obj is not None and obj["spec"]["minReplicas"] == 5
+def test_an_hpa_floor_is_set_but_never_above_its_maximum(real: Real) -> None:
+    workloads, kube, ns = real
+    kube.create(hpa("embed", 2, maximum=5, namespace=ns))
+    assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 2, 9)])
+    assert kube.get(HPA.format(ns=ns, name="embed"))["spec"]["minReplicas"] == 5
 
 
-def test_no_write_when_the_floor_already_has_the_value(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 7))
-    assert workloads.apply([_decision("ml/ScaledObject/chat", 7, 7)])
-    assert not [r for r in cluster.requests if r[0] == "PATCH"]
+def test_no_write_when_the_floor_already_has_the_value(real: Real) -> None:
+    workloads, kube, ns = real
+    created = kube.create(scaled_object("chat", 7, namespace=ns))
+    assert workloads.apply([_decision(f"{ns}/ScaledObject/chat", 7, 7)])
+    after = kube.get(SO.format(ns=ns, name="chat"))
+    assert after["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert _events(kube, ns) == []
 
 
 @pytest.mark.parametrize(
-    ("seed", "target"),
+    ("which", "target"),
     [
-        (
-            ("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2, opted=False)),
-            "ml/ScaledObject/chat",
-        ),
-        (
-            (
-                "autoscaling/v2",
-                "horizontalpodautoscalers",
-                hpa("keda-hpa-chat", 2, owner="ScaledObject"),
-            ),
-            "ml/HorizontalPodAutoscaler/keda-hpa-chat",
-        ),
+        ("not opted in", "ScaledObject/chat"),
+        ("owned by KEDA", "HorizontalPodAutoscaler/keda-hpa-chat"),
     ],
-    ids=["an object that did not opt in", "the HPA that KEDA owns"],
 )
-def test_refused_objects_are_never_written(
-    kube: tuple[KubeActuator, FakeCluster], seed: tuple[str, str, dict[str, Any]], target: str
-) -> None:
-    workloads, cluster = kube
-    cluster.add(*seed)
-    assert workloads.apply([_decision(target, 2, 7)]) == ()
-    assert not [r for r in cluster.requests if r[0] in ("PATCH", "PUT", "POST")]
+def test_refused_objects_are_never_written(real: Real, which: str, target: str) -> None:
+    workloads, kube, ns = real
+    if which == "not opted in":
+        obj = kube.create(scaled_object("chat", 2, opted=False, namespace=ns))
+        path = SO.format(ns=ns, name="chat")
+    else:
+        owner = kube.create(scaled_object("chat", 2, namespace=ns))
+        doc = hpa("keda-hpa-chat", 2, namespace=ns)
+        doc["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "keda.sh/v1alpha1",
+                "kind": "ScaledObject",
+                "name": "chat",
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+        obj = kube.create(doc)
+        path = HPA.format(ns=ns, name="keda-hpa-chat")
+    assert workloads.apply([_decision(f"{ns}/{target}", 2, 7)]) == ()
+    after = kube.get(path)  # (the real HPA controller writes the HPA's status meanwhile)
+    assert after["spec"] == obj["spec"]
+    assert "gpuscaler.io/last-decision" not in (after["metadata"].get("annotations") or {})
 
 
-def test_a_conflict_is_re_read_and_retried(kube: tuple[KubeActuator, FakeCluster]) -> None:
-    workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
-    cluster.fail_next("PATCH", r"/scaledobjects/chat$", 409)
-    assert workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)])
-    patches = [r for r in cluster.requests if r[0] == "PATCH"]
-    assert len(patches) == 2
-    obj = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
-    assert obj is not None and obj["spec"]["minReplicaCount"] == 7
+def test_a_real_conflict_is_re_read_and_retried(real: Real) -> None:
+    workloads, kube, ns = real
+    kube.create(scaled_object("chat", 2, namespace=ns))
+    path = SO.format(ns=ns, name="chat")
+    read = workloads.workloads.read
+    reads = []
+
+    def read_then_someone_writes(w: Any) -> Any:
+        state = read(w)
+        if not reads:  # another writer changes the object between our read and patch
+            kube.request(
+                "PATCH",
+                path,
+                {"metadata": {"labels": {"team": "x"}}},
+                "application/merge-patch+json",
+            )
+        reads.append(state)
+        return state
+
+    workloads.workloads.read = read_then_someone_writes  # type: ignore[method-assign]
+    assert workloads.apply([_decision(f"{ns}/ScaledObject/chat", 2, 7)])
+    assert len(reads) == 2  # the 409 made it read again
+    obj = kube.get(path)
+    assert obj["spec"]["minReplicaCount"] == 7 and obj["metadata"]["labels"]["team"] == "x"
 
 
-def test_a_stale_resource_version_is_never_overwritten(
-    kube: tuple[KubeActuator, FakeCluster],
-) -> None:
-    workloads, cluster = kube
-    cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
-    state = workloads.workloads.read(CONFIG.workloads[0])
-    cluster.objects[("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")]["metadata"][
-        "resourceVersion"
-    ] = "999999"
+def test_a_stale_resource_version_is_refused_by_the_server(real: Real) -> None:
+    workloads, kube, ns = real
+    kube.create(scaled_object("chat", 2, namespace=ns))
+    state = workloads.workloads.read(workloads.workloads.config.workloads[0])
+    kube.request(
+        "PATCH",
+        SO.format(ns=ns, name="chat"),
+        {"spec": {"maxReplicaCount": 30}},
+        "application/merge-patch+json",
+    )
     body = {"metadata": {"resourceVersion": state.resource_version}, "spec": {"minReplicaCount": 9}}
     with pytest.raises(client.rest.ApiException) as info:
         workloads.workloads.custom.patch_namespaced_custom_object(
-            "keda.sh", "v1alpha1", "ml", "scaledobjects", "chat", body
+            "keda.sh", "v1alpha1", ns, "scaledobjects", "chat", body
         )
     assert info.value.status == 409
 
 
-def test_an_api_error_leaves_the_object_unchanged_and_the_decision_unapplied(
-    kube: tuple[KubeActuator, FakeCluster],
+def test_the_crds_own_rule_refuses_a_floor_above_the_maximum(real: Real) -> None:
+    """The KEDA CRD's CEL rule (minReplicaCount <= maxReplicaCount) is enforced by the
+    real server: the reason gpuscaler clamps a floor to the object's maximum."""
+    _, kube, ns = real
+    kube.create(scaled_object("chat", 2, maximum=5, namespace=ns))
+    with pytest.raises(client.rest.ApiException) as info:
+        kube.request(
+            "PATCH",
+            SO.format(ns=ns, name="chat"),
+            {"spec": {"minReplicaCount": 9}},
+            "application/merge-patch+json",
+        )
+    assert info.value.status == 422 and "minReplicaCount must be less than" in info.value.body
+
+
+def test_a_missing_object_is_a_clear_error(real: Real) -> None:
+    workloads, _, ns = real
+    with pytest.raises(KubeError, match=f"read {ns}/ScaledObject/chat: HTTP 404"):
+        workloads.workloads.read(workloads.workloads.config.workloads[0])
+
+
+# A 500 on the patch cannot be made on a real server on demand: the fake stays for it.
+@pytest.fixture
+def fake() -> Iterator[tuple[KubeActuator, FakeCluster]]:
+    with (
+        fake_apiserver() as (url, cluster),
+        client.ApiClient(client.Configuration(host=url)) as api,
+    ):
+        yield kube_actuator(api, _config("ml"), identity="test"), cluster
+
+
+def test_a_server_error_leaves_the_object_unchanged_and_the_decision_unapplied(
+    fake: tuple[KubeActuator, FakeCluster],
 ) -> None:
-    workloads, cluster = kube
+    """Fake server: a 500 on demand is a fault the real server cannot be made to give."""
+    workloads, cluster = fake
     cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
     cluster.fail_next("PATCH", r"/scaledobjects/chat$", 500)
     assert workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)]) == ()
     obj = cluster.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")
     assert obj is not None and obj["spec"]["minReplicaCount"] == 2
     assert "annotations" not in obj["metadata"]  # floor and annotation travel in one patch
-
-
-def test_a_missing_object_is_a_clear_error(kube: tuple[KubeActuator, FakeCluster]) -> None:
-    workloads, _ = kube
-    with pytest.raises(KubeError, match="read ml/ScaledObject/chat: HTTP 404"):
-        workloads.workloads.read(CONFIG.workloads[0])

@@ -1,10 +1,15 @@
-"""Leader election on a Lease, against the fake API server, on a shared fake clock."""
+"""Leader election on a Lease, on a shared fake clock: against the real kube-apiserver,
+and against the fake API server only where API failures must be injected (a real server
+cannot be made to fail renewals on demand). Two real `gpuscaler run` processes electing
+over a real Lease: tests/test_as_deployed.py."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
+from controlplane import Kube
 from kubefake import FakeCluster
 from kubeobjects import node, plugin_configmap
 from kubernetes import client
@@ -27,6 +32,7 @@ class Clock:
 
 
 Pair = tuple[LeaderElector, LeaderElector, Clock, FakeCluster]
+Real = tuple[LeaderElector, LeaderElector, Clock, Kube, str]
 
 
 @pytest.fixture
@@ -41,6 +47,19 @@ def pair(api: tuple[client.ApiClient, FakeCluster]) -> Pair:
     )
 
 
+@pytest.fixture
+def real(kube: Kube) -> Real:
+    """Two replicas on one fake clock, electing over the real API server."""
+    clock, ns = Clock(), kube.namespace()
+    return (
+        LeaderElector(kube.api, ns, "replica-a", LEASE, clock=clock),
+        LeaderElector(kube.api, ns, "replica-b", LEASE, clock=clock),
+        clock,
+        kube,
+        ns,
+    )
+
+
 def _holder(fake: FakeCluster) -> str | None:
     lease = fake.get(*KEY)
     assert lease is not None
@@ -48,15 +67,22 @@ def _holder(fake: FakeCluster) -> str | None:
     return holder
 
 
-def test_of_two_replicas_exactly_one_leads(pair: Pair) -> None:
-    a, b, clock, fake = pair
+def _real_lease(kube: Kube, ns: str) -> dict[str, Any]:
+    return kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/gpuscaler-leader")
+
+
+def test_of_two_replicas_exactly_one_leads(real: Real) -> None:
+    a, b, clock, kube, ns = real
     assert a.step() is True
     assert b.step() is False
     for _ in range(20):  # renewals keep the lease with a
         clock.t += LEASE.retry_period
         assert a.step() is True
         assert b.step() is False
-    assert _holder(fake) == "replica-a"
+    lease = _real_lease(kube, ns)
+    assert lease["spec"]["holderIdentity"] == "replica-a"
+    assert lease["spec"]["leaseDurationSeconds"] == 15
+    assert lease["spec"]["renewTime"] > lease["spec"]["acquireTime"]  # renewed, same holder
 
 
 def test_a_leader_that_cannot_renew_stops_acting_before_the_lease_expires_then_a_standby_takes_over(
@@ -87,15 +113,18 @@ def test_a_leader_that_cannot_renew_stops_acting_before_the_lease_expires_then_a
     assert lease["spec"]["leaseTransitions"] == 1
 
 
-def test_a_released_lease_is_taken_over_at_once(pair: Pair) -> None:
-    a, b, clock, fake = pair
+def test_a_released_lease_is_taken_over_at_once(real: Real) -> None:
+    a, b, clock, kube, ns = real
     a.step()
     b.step()
     a.release()
     assert not a.is_leader()
+    assert _real_lease(kube, ns)["spec"].get("holderIdentity") is None
     clock.t += LEASE.retry_period
     assert b.step() is True
-    assert _holder(fake) == "replica-b"
+    lease = _real_lease(kube, ns)
+    assert lease["spec"]["holderIdentity"] == "replica-b"
+    assert lease["spec"]["leaseTransitions"] == 1
 
 
 def test_under_random_api_failures_two_replicas_never_lead_at_once(pair: Pair) -> None:
@@ -117,23 +146,22 @@ def test_under_random_api_failures_two_replicas_never_lead_at_once(pair: Pair) -
     assert leaders_seen == {"replica-a", "replica-b"}  # leadership did move
 
 
-def test_only_the_leader_writes_to_the_cluster(
-    api: tuple[client.ApiClient, FakeCluster], pair: Pair
-) -> None:
-    a, b, _, fake = pair
+def test_only_the_leader_writes_to_the_cluster(real: Real) -> None:
+    a, b, _, kube, ns = real
     config = parse_config(
-        "node_pools: [{name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}]"
+        "node_pools: [{name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}]\n"
+        f"kubernetes: {{device_plugin_config_map: {{namespace: {ns}, name: gpuscaler-sharing-configs}}}}"
     )
-    fake.add("v1", "configmaps", plugin_configmap({"ts-4": sharing_config("time-slicing", 4)}))
-    fake.add("v1", "nodes", node("gpu-0"))
+    kube.create(plugin_configmap({"ts-4": sharing_config("time-slicing", 4)}, namespace=ns))
+    kube.seed([node("gpu-0")])
     a.step()
     b.step()
     decision = Decision(1.0, "fragments", "a100", 2, 4, "forecast upper 30% < 40%")
-    standby = kube_actuator(api[0], config, "replica-b", may_act=b.is_leader)
+    standby = kube_actuator(kube.api, config, "replica-b", may_act=b.is_leader)
     assert standby.apply([decision]) == ()
-    gpu0 = fake.get("v1", "nodes", None, "gpu-0")
-    assert (
-        gpu0 is not None and gpu0["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "ts-2"
-    )
-    leader = kube_actuator(api[0], config, "replica-a", may_act=a.is_leader)
+    labels = kube.core.read_node("gpu-0").metadata.labels
+    assert labels["nvidia.com/device-plugin.config"] == "ts-2"
+    leader = kube_actuator(kube.api, config, "replica-a", may_act=a.is_leader)
     assert leader.apply([decision]) == (decision,)
+    labels = kube.core.read_node("gpu-0").metadata.labels
+    assert labels["nvidia.com/device-plugin.config"] == "ts-4"

@@ -210,7 +210,6 @@ def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.Monke
         "scaledobjects",
         "horizontalpodautoscalers",
         "pods",
-        "pods/status",
     }
 
 

@@ -1,12 +1,14 @@
-"""Config reload without a restart, and workload discovery, on the cluster-backed controller."""
+"""Config reload without a restart, and workload discovery, on the cluster-backed controller
+(the last test against the real kube-apiserver, the ConfigMap projected as the kubelet does)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from builders import NOW
-from kubefake import FakeCluster
+from controlplane import Kube
 from kubeobjects import hpa
 from kubernetes import client
 
@@ -62,17 +64,58 @@ def test_an_invalid_new_config_is_refused_once_and_the_running_one_stays(
     assert len(refused) == 1 and any(problem in p for p in refused[0].problems)
 
 
-def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_workloads(
-    api: tuple[client.ApiClient, FakeCluster], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _project(kube: Kube, ns: str, name: str, volume: Path) -> Path:
+    """Write the ConfigMap as the kubelet's volume does (kubernetes pkg/volume/util/
+    atomic_writer.go): the data in a fresh `..<timestamp>` directory, the `..data` symlink
+    swapped to it by a rename, and each key a symlink through `..data`."""
+    data = kube.core.read_namespaced_config_map(name, ns).data or {}
+    volume.mkdir(exist_ok=True)
+    stamp = volume / f"..{time.time_ns()}"
+    stamp.mkdir()
+    for key, text in data.items():
+        (stamp / key).write_text(text)
+    tmp = volume / "..data_tmp"
+    tmp.symlink_to(stamp.name)
+    tmp.rename(volume / "..data")
+    for key in data:
+        link = volume / key
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{key}")
+    return volume
+
+
+def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event_and_discovers_workloads(
+    kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    home, ml = kube.namespace(), kube.namespace()
     monkeypatch.setenv("POD_NAME", "gpuscaler-abc")
-    monkeypatch.setenv("POD_NAMESPACE", "gpuscaler")
-    _, fake = api
-    fake.add("autoscaling/v2", "horizontalpodautoscalers", hpa("embed", 1))
-    fake.add("autoscaling/v2", "horizontalpodautoscalers", hpa("found", 1))  # opted in, unlisted
-    path = tmp_path / "c.yaml"
-    path.write_text(BASE)
-    parts = cluster_controller(load_config(path), api[0], dry_run=True, config_path=str(path))
+    monkeypatch.setenv("POD_NAMESPACE", home)
+    pod = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpuscaler-abc", "namespace": home},
+            "spec": {"containers": [{"name": "gpuscaler", "image": "gpuscaler:0.1.0"}]},
+        }
+    )
+    monkeypatch.setenv("POD_UID", pod["metadata"]["uid"])  # the Deployment's fieldRef
+    kube.create(hpa("embed", 1, namespace=ml))
+    kube.create(hpa("found", 1, namespace=ml))  # opted in, not in the config
+    base = BASE.replace("namespace: ml", f"namespace: {ml}")
+    cm = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="gpuscaler-config"), data={"gpuscaler.yaml": base}
+    )
+    kube.core.create_namespaced_config_map(home, cm)
+
+    def update(text: str) -> None:  # kubectl edit cm, then the kubelet syncs the volume
+        kube.core.patch_namespaced_config_map(
+            "gpuscaler-config", home, {"data": {"gpuscaler.yaml": text}}
+        )
+        _project(kube, home, "gpuscaler-config", volume)
+
+    volume = _project(kube, home, "gpuscaler-config", tmp_path / "config")
+    path = volume / "gpuscaler.yaml"
+    parts = cluster_controller(load_config(path), kube.api, dry_run=True, config_path=str(path))
     metrics = ControllerMetrics()
     metrics.attach(parts.controller)
     metrics.attach_cluster(parts)
@@ -82,22 +125,28 @@ def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_work
     controller.tick(NOW)
     controller.tick(NOW + 30)  # discovery uses what the previous tick read
     keys = [w.key for w in controller.config.workloads]
-    assert keys == ["ml/HorizontalPodAutoscaler/embed", "ml/HorizontalPodAutoscaler/found"]
+    assert keys == [f"{ml}/HorizontalPodAutoscaler/embed", f"{ml}/HorizontalPodAutoscaler/found"]
 
-    path.write_text("replicas: {max_replicas: -1}\n")
+    update("replicas: {max_replicas: -1}\n")
     controller.tick(NOW + 60)
     assert controller.config.replicas.max_replicas == 50  # the running config stays
-    events = [o for (_, p, _, _), o in fake.objects.items() if p == "events"]
+    events = [
+        e
+        for e in kube.get(f"/apis/events.k8s.io/v1/namespaces/{home}/events")["items"]
+        if e["reportingController"] == "gpuscaler.io/controller"  # not kube-scheduler's
+    ]
     assert [e["reason"] for e in events] == ["ConfigRefused"]
     assert events[0]["regarding"]["name"] == "gpuscaler-abc"
+    assert events[0]["regarding"]["uid"] == pod["metadata"]["uid"]
+    assert events[0]["type"] == "Warning"
     assert "replicas.max_replicas" in events[0]["note"]
 
-    path.write_text(BASE.replace("max_replicas: 50", "max_replicas: 80"))
+    update(base.replace("max_replicas: 50", "max_replicas: 80"))
     controller.tick(NOW + 90)
     assert controller.config.replicas.max_replicas == 80
     assert parts.reader.config.replicas.max_replicas == 80
     assert controller.source.prometheus.config.replicas.max_replicas == 80  # type: ignore[attr-defined]
-    assert [w.key for w in controller.config.workloads][-1] == "ml/HorizontalPodAutoscaler/found"
+    assert [w.key for w in controller.config.workloads][-1] == f"{ml}/HorizontalPodAutoscaler/found"
     text = metrics.exposition().decode()
     assert "gpuscaler_config_generation 2.0" in text
     assert "gpuscaler_config_reload_failures_total 1.0" in text
@@ -106,3 +155,4 @@ def test_the_running_controller_reloads_refuses_with_an_event_and_discovers_work
     controller.is_leader = lambda: False  # the lease went to another replica
     controller.tick(NOW + 120)
     assert "gpuscaler_leader 0.0" in metrics.exposition().decode()
+    parts.stop()

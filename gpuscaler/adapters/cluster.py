@@ -74,6 +74,8 @@ class Node:
     fragments: int | None
     time_slice_level: str | None
     taints: tuple[Json, ...] = ()
+    uid: str = ""
+    """metadata.uid: Events name it, so `kubectl describe node` finds them."""
 
     @property
     def opted_in(self) -> bool:
@@ -132,6 +134,8 @@ class ScaleObject:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    uid: str = ""
+    """metadata.uid: Events name it, so `kubectl describe` finds them."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ def parse_node(obj: Json, config: Config) -> Node:
         fragments=fragments,
         time_slice_level=labels.get(config.kubernetes.time_slice_label),
         taints=tuple((obj.get("spec") or {}).get("taints") or ()),
+        uid=str(meta.get("uid", "")),
     )
 
 
@@ -304,6 +309,7 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         labels=labels,
         annotations=dict(meta.get("annotations") or {}),
         resource_version=str(meta.get("resourceVersion", "")),
+        uid=str(meta.get("uid", "")),
     )
 
 

@@ -82,9 +82,19 @@ class KubeError(Exception):
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
+    """The server's own message rides along for refusals and invalid objects: a 403 names
+    the user, verb and resource RBAC lacks, a 422 the field the schema refused."""
     if e.status == NO_ANSWER:
         return KubeError(f"{action}: {e.reason}")
-    return KubeError(f"{action}: HTTP {e.status} {e.reason}")
+    message = f"{action}: HTTP {e.status} {e.reason}"
+    if e.status in (403, 422):
+        try:
+            detail = json.loads(e.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            detail = None
+        if isinstance(detail, str) and detail:
+            message += f": {detail[:300]}"
+    return KubeError(message)
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -223,7 +233,11 @@ class Writer:
         type_: str = "Normal",
     ) -> None:
         event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{regarding.name}.", namespace=namespace),
+            # Named as client-go's recorder names them (tools/events/event_recorder.go:
+            # "<object>.<unix nanoseconds in hex>"); a generateName may not end in ".".
+            metadata=client.V1ObjectMeta(
+                name=f"{regarding.name}.{time.time_ns():x}", namespace=namespace
+            ),
             event_time=datetime.now(UTC),
             reason=reason,
             action=action,
@@ -236,7 +250,7 @@ class Writer:
         try:
             self.events.create_namespaced_event(namespace, event, _preload_content=False)
         except ApiException as e:  # the change is made; a lost Event is logged, not fatal
-            log.warning("event %s on %s not recorded: HTTP %s", reason, regarding.name, e.status)
+            log.warning("%s", _api_error(f"event {reason} on {regarding.name} not recorded", e))
 
 
 def _record(d: Decision) -> str:
@@ -324,7 +338,11 @@ class KubeWorkloads:
             api_version = "keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2"
             self.writer.event(
                 client.V1ObjectReference(
-                    api_version=api_version, kind=w.kind, name=w.name, namespace=w.namespace
+                    api_version=api_version,
+                    kind=w.kind,
+                    name=w.name,
+                    namespace=w.namespace,
+                    uid=state.uid or None,
                 ),
                 w.namespace,
                 "ReplicaFloorChanged",
@@ -445,7 +463,11 @@ class KubeNodePools:
                 raise _api_error(f"patch {where}", e) from None
             self.writer.event(
                 client.V1ObjectReference(
-                    api_version="v1", kind="ConfigMap", name=ref.name, namespace=ref.namespace
+                    api_version="v1",
+                    kind="ConfigMap",
+                    name=ref.name,
+                    namespace=ref.namespace,
+                    uid=meta.get("uid"),
                 ),
                 ref.namespace,
                 "SharingConfigAdded",
@@ -537,7 +559,9 @@ class KubeNodePools:
             if written:
                 done += 1
                 self.writer.event(
-                    client.V1ObjectReference(api_version="v1", kind="Node", name=node.name),
+                    client.V1ObjectReference(
+                        api_version="v1", kind="Node", name=node.name, uid=node.uid or None
+                    ),
                     self.config.kubernetes.events_namespace,
                     "FragmentsChanged" if kind == "fragments" else "TimeSliceChanged",
                     "SetNodeLabel",

@@ -11,9 +11,11 @@ carry annotations mirroring it, for whoever looks at the pods.
 
 Steps:
 - request_checkpoint: record soft, annotate the victim, Event, optional HTTP POST;
-- evict: record hard (the evidence, written first), Event, condition DisruptionTarget on
-  the victim, then the Eviction API with gracePeriodSeconds; a 429 (PDB) is recorded as
-  an attempt and retried later by the core;
+- evict: record hard (the evidence, written first), Event, then the Eviction API with
+  gracePeriodSeconds (the API server itself sets the victim's DisruptionTarget condition,
+  reason EvictionByEvictionAPI, overwriting any set before: kubernetes
+  pkg/registry/core/pod/storage/eviction.go); a 429 (PDB) is recorded as an attempt and
+  retried later by the core;
 - force_delete / delete: delete the pod (grace 0 for a pod stuck Terminating);
 - quarantine: taint and label the node so nothing lands on the held GPU, Warning Event;
 - record_gone, abort, give_up, confirm_released: the record only.
@@ -455,21 +457,6 @@ class KubePreemption:
         """True when the eviction was accepted, False when a PDB refused it (429)."""
         ns, name = s.victim.split("/", 1)
         self.writer.gate(f"evict {s.victim}")
-        condition = {
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": "PreemptionByGpuscaler",
-            "message": f"preempted for {s.beneficiary}: {s.reason}"[:1024],
-            "lastTransitionTime": rfc3339(s.since),
-        }
-        try:
-            self.core.patch_namespaced_pod_status(
-                name, ns, {"status": {"conditions": [condition]}}, _preload_content=False
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return True  # gone already
-            raise _api_error(f"set DisruptionTarget on {s.victim}", e) from None
         eviction = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=name, namespace=ns),
             delete_options=_delete_options(s.uid, int(grace)),

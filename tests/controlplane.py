@@ -1,0 +1,733 @@
+"""A real Kubernetes control plane for the tests: etcd, kube-apiserver, and on demand
+kube-controller-manager and kube-scheduler, built from the k8s.io/kubernetes Go module by
+`tests/controlplane/build.sh` (binaries cached outside the repository, keyed by version).
+
+Everything listens on 127.0.0.1 on free ports, with self-signed certificates, RBAC
+authorization and ServiceAccount token signing; there is no kubelet, so nodes are plain
+API objects and pods are made Running/Ready by a status patch. Every process is stopped
+by its PID, every wait is bounded in time.
+
+The fixtures (tests/conftest.py):
+- `control_plane` (session): a started `ControlPlane` with the vendored CRDs
+  (tests/data/crds: KEDA ScaledObject, Prometheus Operator ServiceMonitor/PrometheusRule)
+  and kube-controller-manager running (PDB status, ReplicaSets, HPA, ServiceAccount tokens,
+  root CA publisher, namespaces, garbage collector). Missing binaries skip the test,
+  or fail it under CI=true.
+- `kube` (function): a `Kube` handle for one test: `kube.api` (admin `ApiClient`),
+  `kube.namespace()` a fresh namespace, `kube.add_gpu_node(...)`, `kube.make_running(...)`,
+  `kube.create(doc)`; everything it made is deleted afterwards (nodes, namespaces).
+- `scheduler` (session): also starts kube-scheduler on the same control plane.
+
+`ControlPlane` API: `.url`, `.ca_file`, `.admin_kubeconfig`, `.api()`, `.kubectl(*args)`,
+`.start_controller_manager()`, `.start_scheduler()`, `.stop()`,
+`.token_kubeconfig(namespace, service_account, path)` (a kubeconfig carrying a
+TokenRequest token, for running as a ServiceAccount).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+Json = dict[str, Any]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CRDS = HERE / "data" / "crds"
+TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+START_TIMEOUT = 60.0
+"""Seconds for a component to answer ready; the apiserver needs about 4 on an idle 2-core
+machine, more when the suite shares it."""
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def k8s_version() -> str:
+    for line in (HERE / "controlplane" / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if "k8s.io/kubernetes" in parts:
+            return parts[parts.index("k8s.io/kubernetes") + 1]
+    raise RuntimeError("tests/controlplane/go.mod requires no k8s.io/kubernetes")
+
+
+def bin_dir() -> Path:
+    """Where build.sh puts the binaries ($GPUSCALER_CP_CACHE/<version>/bin)."""
+    cache = os.environ.get("GPUSCALER_CP_CACHE") or str(
+        Path.home() / ".cache" / "gpuscaler" / "controlplane"
+    )
+    return Path(cache) / k8s_version() / "bin"
+
+
+def missing_binaries() -> list[str]:
+    return [t for t in TOOLS if not os.access(bin_dir() / t, os.X_OK)]
+
+
+def kubectl_path() -> str | None:
+    """The built kubectl, else one on PATH."""
+    built = bin_dir() / "kubectl"
+    return str(built) if os.access(built, os.X_OK) else shutil.which("kubectl")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, every: float = 0.1) -> None:
+    """Poll `check` until it is true; TimeoutError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # not up yet: connection refused, 5xx, 404 ...
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+# --------------------------------------------------------------------------- certificates
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+def _cert(
+    subject: x509.Name,
+    key: rsa.RSAPrivateKey,
+    issuer: tuple[x509.Name, rsa.RSAPrivateKey] | None = None,
+    ca: bool = False,
+    sans: list[x509.GeneralName] | None = None,
+    server: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    name, signer = issuer or (subject, key)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        b = b.add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), True
+        )
+    else:
+        usage = x509.oid.ExtendedKeyUsageOID
+        b = b.add_extension(
+            x509.ExtendedKeyUsage([usage.SERVER_AUTH if server else usage.CLIENT_AUTH]), False
+        )
+    if sans:
+        b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return b.sign(signer, hashes.SHA256())
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def make_pki(d: Path) -> None:
+    """ca.crt, apiserver.{crt,key} (127.0.0.1, localhost, kubernetes.default.svc),
+    admin.{crt,key} (system:masters) and the ServiceAccount signing key sa.{key,pub}."""
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuscaler-test-ca")])
+    ca = _cert(ca_name, ca_key, ca=True)
+    (d / "ca.crt").write_bytes(_pem(ca))
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    sans += [
+        x509.DNSName(n)
+        for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+    ]
+    server_key = _key()
+    server = _cert(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+        server_key,
+        (ca_name, ca_key),
+        sans=sans,
+        server=True,
+    )
+    (d / "apiserver.crt").write_bytes(_pem(server))
+    (d / "apiserver.key").write_bytes(_pem_key(server_key))
+    admin_key = _key()
+    admin = _cert(
+        x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
+            ]
+        ),
+        admin_key,
+        (ca_name, ca_key),
+    )
+    (d / "admin.crt").write_bytes(_pem(admin))
+    (d / "admin.key").write_bytes(_pem_key(admin_key))
+    sa = _key()
+    (d / "sa.key").write_bytes(_pem_key(sa))
+    (d / "sa.pub").write_bytes(
+        sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, user: Json) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "test", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Process:
+    """A component started in its own process group, logging to a file, stopped by PID."""
+
+    def __init__(self, name: str, argv: list[str], log: Path):
+        self.name = name
+        self.log = log
+        with log.open("wb") as out:
+            self.popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ controller-manager, scheduler on demand) on 127.0.0.1."""
+
+    def __init__(self, workdir: Path | None = None, bin: Path | None = None):
+        self.bin = bin or bin_dir()
+        self.dir = workdir or Path(tempfile.mkdtemp(prefix="gpuscaler-cp-"))
+        self.pki = self.dir / "pki"
+        self.pki.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, Process] = {}
+        self.port = 0
+        self.url = ""
+        self.ca_file = self.pki / "ca.crt"
+        self.admin_kubeconfig = self.dir / "admin.kubeconfig"
+        self.kubectl_stderr = ""
+
+    # ------------------------------------------------------------------ start / stop
+
+    def _start(self, name: str, argv: list[str]) -> Process:
+        p = Process(name, [str(self.bin / name), *argv], self.dir / f"{name}.log")
+        self.processes[name] = p
+        return p
+
+    def _wait_http(self, p: Process, url: str, context: ssl.SSLContext | None) -> None:
+        def ready() -> bool:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
+                return bool(r.status == 200)
+
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                if ready():
+                    return
+            except RuntimeError:
+                raise
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{p.name} not ready at {url} within {START_TIMEOUT:.0f} s:\n{p.tail()}")
+
+    def admin_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        return ctx
+
+    def start(self) -> ControlPlane:
+        try:
+            self._start_core()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_core(self) -> None:
+        make_pki(self.pki)
+        client_port, peer_port, self.port = free_port(), free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{client_port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        etcd = self._start(
+            "etcd",
+            [
+                "--name=default",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(etcd, f"{etcd_url}/health", None)
+        self.url = f"https://127.0.0.1:{self.port}"
+        apiserver = self._start(
+            "kube-apiserver",
+            [
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 cannot be an Endpoint
+                f"--secure-port={self.port}",
+                f"--cert-dir={self.pki}",
+                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+                f"--client-ca-file={self.ca_file}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self.pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        write_kubeconfig(
+            self.admin_kubeconfig,
+            self.url,
+            self.ca_file,
+            {
+                "client-certificate": str(self.pki / "admin.crt"),
+                "client-key": str(self.pki / "admin.key"),
+            },
+        )
+        self._wait_http(apiserver, f"{self.url}/readyz", self.admin_ssl())
+        self.install_crds()
+
+    def start_controller_manager(self) -> None:
+        if "kube-controller-manager" in self.processes:
+            return
+        # No kubelet heartbeats here: the node lifecycle and taint eviction controllers
+        # would taint every node unreachable and evict its pods, so they are off.
+        p = self._start(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={self.admin_kubeconfig}",
+                f"--authentication-kubeconfig={self.admin_kubeconfig}",
+                f"--authorization-kubeconfig={self.admin_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={(port := free_port())}",
+                "--leader-elect=false",
+                "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.ca_file}",
+                "--use-service-account-credentials=false",
+                "--concurrent-namespace-syncs=2",
+                "--v=1",
+            ],
+        )
+        self._wait_http(p, f"https://127.0.0.1:{port}/healthz", _insecure())
+
+    def start_scheduler(self) -> None:
+        if "kube-scheduler" in self.processes:
+            return
+        p = self._start(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={self.admin_kubeconfig}",
+                f"--authentication-kubeconfig={self.admin_kubeconfig}",
+                f"--authorization-kubeconfig={self.admin_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={(port := free_port())}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        self._wait_http(p, f"https://127.0.0.1:{port}/healthz", _insecure())
+
+    def stop(self) -> None:
+        for name in reversed(list(self.processes)):
+            self.processes[name].stop()
+        self.processes.clear()
+
+    # ------------------------------------------------------------------ using it
+
+    def api(self) -> client.ApiClient:
+        """An admin client (system:masters)."""
+        return kube_config.new_client_from_config(config_file=str(self.admin_kubeconfig))
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        out = subprocess.run(
+            [str(self.bin / "kubectl"), f"--kubeconfig={self.admin_kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+        self.kubectl_stderr = out.stderr  # warnings (Pod Security, deprecations) land here
+        return out.stdout
+
+    def install_crds(self) -> None:
+        self.kubectl("apply", "--server-side", "-f", str(CRDS))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
+        """A TokenRequest token of the ServiceAccount (as the kubelet mounts one)."""
+        with self.api() as api:
+            answer = client.CoreV1Api(api).create_namespaced_service_account_token(
+                service_account,
+                namespace,
+                client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+                ),
+            )
+        return str(answer.status.token)
+
+    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
+        return write_kubeconfig(
+            path, self.url, self.ca_file, {"token": self.token(namespace, service_account)}
+        )
+
+
+def _insecure() -> ssl.SSLContext:
+    """For the components' own /healthz (self-signed serving certs of their own)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+# --------------------------------------------------------------------------- per test
+
+
+class Recorder:
+    """Records every (method, path, status) an `ApiClient` sends, refusals included: what
+    the fake server's request log was, for the real server."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        self.calls: list[tuple[str, str, int]] = []
+        request = api.rest_client.request
+
+        def recorded(method: str, url: str, *args: Any, **kw: Any) -> Any:
+            path = "/" + url.split("://", 1)[-1].split("/", 1)[-1].split("?")[0]
+            try:
+                answer = request(method, url, *args, **kw)
+            except ApiException as e:
+                self.calls.append((method, path, int(e.status)))
+                raise
+            self.calls.append((method, path, int(answer.status)))
+            return answer
+
+        api.rest_client.request = recorded
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [(m, p) for m, p, _ in self.calls if m in ("PATCH", "PUT", "POST", "DELETE")]
+
+
+class Kube:
+    """One test's view of the shared control plane; cleans up what it made."""
+
+    def __init__(self, plane: ControlPlane):
+        self.plane = plane
+        self.api = plane.api()
+        self.core = client.CoreV1Api(self.api)
+        self.nodes: list[str] = []
+        self.namespaces: list[str] = []
+
+    def namespace(self, name: str | None = None) -> str:
+        """A fresh namespace (unique name unless given), with its default ServiceAccount
+        (pods are refused until the controller-manager made it)."""
+        name = name or f"t-{uuid.uuid4().hex[:8]}"
+        # A fixed name an earlier test used may still be terminating: wait for it to go.
+        wait_until(f"namespace {name} gone", lambda: not self._exists(name), 60, 0.5)
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        self.namespaces.append(name)
+        wait_until(
+            f"ServiceAccount {name}/default",
+            lambda: self.core.read_namespaced_service_account("default", name) is not None,
+            30,
+        )
+        return name
+
+    def create(self, doc: Json) -> Json:
+        """Create any object from its JSON (namespaced by its metadata.namespace)."""
+        return self.request("POST", self.path(doc).rsplit("/", 1)[0], doc)
+
+    def ensure(self, doc: Json) -> Json:
+        """Create, or leave as it is when it exists (cluster-wide objects tests share)."""
+        try:
+            return self.create(doc)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return self.get(self.path(doc))
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Json:
+        """A raw API call; ApiException on an error status."""
+        method, url, headers, data, post = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method, url, header_params=headers, body=data, post_params=post, _request_timeout=30
+        )
+        response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data) if response.data else {}
+
+    def get(self, path: str) -> Json:
+        return self.request("GET", path)
+
+    def add_gpu_node(
+        self, name: str, labels: dict[str, str], gpus: int = 8, annotations: Json | None = None
+    ) -> Json:
+        """A Node as GPU feature discovery and the device plugin leave it: the labels,
+        `nvidia.com/gpu` capacity and allocatable, Ready, and no not-ready taint."""
+        self.core.create_node(
+            client.V1Node(
+                metadata=client.V1ObjectMeta(name=name, labels=labels, annotations=annotations)
+            )
+        )
+        self.nodes.append(name)
+        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
+            "application/strategic-merge-patch+json",
+        )
+        # No kubelet will lift the taints a new node gets; remove them as it would.
+        return self.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {"spec": {"taints": None}},
+            "application/merge-patch+json",
+        )
+
+    def make_running(self, namespace: str, name: str, ready: bool = True) -> Json:
+        """What a kubelet would report: phase Running, containers started, Ready."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = "True" if ready else "False"
+        pod = self.core.read_namespaced_pod(name, namespace)
+        containers = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        conditions = [
+            {
+                "type": t,
+                "status": status if t in ("Ready", "ContainersReady") else "True",
+                "lastTransitionTime": now,
+            }
+            for t in ("Initialized", "PodScheduled", "ContainersReady", "Ready")
+        ]
+        return self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "podIP": "10.1.0.10",
+                    "conditions": conditions,
+                    "containerStatuses": containers,
+                }
+            },
+            "application/strategic-merge-patch+json",
+        )
+
+    def seed(self, items: list[Json]) -> dict[tuple[str, str | None, str], Json]:
+        """Create objects as `kubectl get -o yaml` dumped them: server-set fields dropped,
+        namespaces made, owner references pointed at the owners created here (others
+        dropped, or the garbage collector would delete the orphan), then each status
+        written through its subresource as a kubelet or controller would. Returns the
+        created objects by (kind, namespace, name)."""
+        made: dict[tuple[str, str | None, str], Json] = {}
+        order = {k: i for i, k in enumerate(("PriorityClass", "Node", "ScaledObject"))}
+        for item in sorted(items, key=lambda d: order.get(d["kind"], len(order))):
+            doc = json.loads(json.dumps(item))
+            meta = doc["metadata"]
+            spec = doc.get("spec") or {}
+            if doc["kind"] == "Pod" and not spec.get("priorityClassName", "system-").startswith(
+                "system-"
+            ):
+                # A dump of pods without every PriorityClass they name: the Priority
+                # admission plugin refuses a pod whose class is missing, so make it.
+                self.ensure(
+                    {
+                        "apiVersion": "scheduling.k8s.io/v1",
+                        "kind": "PriorityClass",
+                        "metadata": {"name": spec["priorityClassName"]},
+                        "value": spec.get("priority", 0),
+                    }
+                )
+            if doc["kind"] == "PriorityClass":
+                self.ensure(doc)
+                continue
+            for key in (
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "managedFields",
+                "generation",
+                "selfLink",
+            ):
+                meta.pop(key, None)
+            ns = meta.get("namespace")
+            if ns and ns not in self.namespaces and ns != "default" and not self._exists(ns):
+                self.namespace(ns)
+            owners = []
+            for ref in meta.pop("ownerReferences", None) or []:
+                owner = made.get((ref["kind"], ns, ref["name"]))
+                if owner is not None:
+                    owners.append({**ref, "uid": owner["metadata"]["uid"]})
+            if owners:
+                meta["ownerReferences"] = owners
+            status = doc.pop("status", None)
+            created = self.create(doc)
+            if doc["kind"] == "Node":
+                self.nodes.append(meta["name"])
+                self.request(
+                    "PATCH",
+                    f"/api/v1/nodes/{meta['name']}",
+                    {"spec": {"taints": doc.get("spec", {}).get("taints")}},
+                    "application/merge-patch+json",
+                )
+            if status and doc["kind"] in _STATUS:
+                created = self.request(
+                    "PATCH",
+                    self.path(doc) + "/status",
+                    {"status": status},
+                    "application/merge-patch+json",
+                )
+            made[(doc["kind"], ns, meta["name"])] = created
+        return made
+
+    def _exists(self, ns: str) -> bool:
+        try:
+            self.core.read_namespace(ns)
+            return True
+        except ApiException:
+            return False
+
+    def path(self, doc: Json) -> str:
+        """The API path of the object `doc` names."""
+        group, _, version = doc["apiVersion"].rpartition("/")
+        plural = _PLURALS.get(doc["kind"]) or doc["kind"].lower() + "s"
+        ns = doc["metadata"].get("namespace")
+        prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        base = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+        return f"{base}/{doc['metadata']['name']}"
+
+    def cleanup(self) -> None:
+        for name in self.nodes:
+            with contextlib.suppress(ApiException):
+                self.core.delete_node(name)
+        for ns in self.namespaces:
+            try:  # no kubelet finishes a graceful deletion: pods go at once
+                self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+                self.core.delete_namespace(ns)
+            except ApiException:
+                pass
+        self.api.close()
+
+
+_STATUS = {"Node", "Pod", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ScaledObject"}
+"""Kinds whose status is a subresource, written after the object."""
+_PLURALS = {
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PriorityClass": "priorityclasses",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "Ingress": "ingresses",
+}

@@ -1,0 +1,221 @@
+"""RBAC for real: deploy/rbac.yaml applied to the real kube-apiserver (RBAC authorizer),
+gpuscaler run as its ServiceAccount with a TokenRequest token (not as admin). Every call
+of a scenario that walks the Kubernetes code paths is allowed; an ungranted call is
+refused with 403 and reported as a clear error, not a traceback."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import NOW
+from controlplane import ROOT, ControlPlane, Kube, Recorder
+from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kubernetes import ClusterReader, kube_actuator
+from gpuscaler.adapters.preemption import PreemptionReader
+from gpuscaler.app import cluster_controller
+from gpuscaler.config import ConfigError, parse_config
+from gpuscaler.core.model import Decision
+from gpuscaler.core.preemption import decide_preemption
+from gpuscaler.leader import LeaderElector
+
+HOME = "gpuscaler"  # the Deployment's namespace (POD_NAMESPACE)
+CONFIG = """
+prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
+preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
+node_pools:
+  - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
+workloads:
+  - {namespace: ml, kind: ScaledObject, name: chat}
+  - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
+"""
+
+
+def _as_service_account(
+    plane: ControlPlane, tmp: Path, name: str = "gpuscaler"
+) -> client.ApiClient:
+    kubeconfig = plane.token_kubeconfig(HOME, name, tmp / f"{name}.kubeconfig")
+    return kube_config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def _seed(kube: Kube) -> None:
+    for ns in (HOME, "nvidia-device-plugin", "ml", "batch", "serving"):
+        kube.namespace(ns)
+    kube.plane.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
+    kube.create(plugin_configmap({}))
+    for i in range(2):
+        kube.seed([node(f"gpu-{i}")])
+    kube.create(scaled_object("chat", 2))
+    kube.create(hpa("embed", 1))
+    for name, value in (("gpu-batch", 10), ("gpu-critical", 1_000_000)):
+        kube.ensure(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            }
+        )
+
+
+def _pod(name: str, node_name: str | None, gpus: int, ns: str, cls: str) -> dict[str, Any]:
+    doc = gpu_pod(name, node_name, gpus, namespace=ns)
+    doc["spec"].pop("priority")  # the Priority admission plugin sets it from the class
+    doc["spec"]["priorityClassName"] = cls
+    doc.pop("status")
+    return doc
+
+
+def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
+    kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed(kube)
+    config = parse_config(CONFIG)
+    api = _as_service_account(kube.plane, tmp_path)
+    record = Recorder(api)
+    monkeypatch.setenv("POD_NAME", "gpuscaler-abc")
+    monkeypatch.setenv("POD_NAMESPACE", HOME)
+    reader = ClusterReader(api, config)
+    reader.state()
+    assert reader.healthy, reader.last_error
+    actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=HOME)
+    decisions = (
+        Decision(NOW, "fragments", "a100", 2, 4, "r"),
+        Decision(NOW, "time_slice", "a100", "medium", "long", "r"),
+        Decision(NOW, "replica_floor", "ml/ScaledObject/chat", 2, 5, "r"),
+        Decision(NOW, "replica_floor", "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
+    )
+    assert actuator.apply(decisions) == decisions
+    elector = LeaderElector(api, HOME, "gpuscaler-abc", config.kubernetes.lease)
+    assert elector.step()  # create
+    assert elector.step()  # get, update
+    elector.release()
+    parts = cluster_controller(config, api, dry_run=True, config_path="/nonexistent/config.yaml")
+    assert parts.reloader is not None
+    parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+
+    # Preemption, every tier: a critical pod cannot be scheduled, a batch pod holds gpu-1.
+    victim = kube.create(_pod("train", "gpu-1", 16, "batch", "gpu-batch"))
+    kube.make_running("batch", "train")
+    kube.request(
+        "PATCH",
+        "/api/v1/namespaces/batch/pods/train/status",
+        {"status": {"podIP": "127.0.0.1"}},
+        "application/merge-patch+json",
+    )
+    kube.create(_pod("critical", None, 16, "serving", "gpu-critical"))
+    kube.request(
+        "PATCH",
+        "/api/v1/namespaces/serving/pods/critical/status",
+        {
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "lastTransitionTime": "2020-01-01T00:00:00Z",
+                    }
+                ],
+            }
+        },
+        "application/strategic-merge-patch+json",
+    )
+    reader.state()
+    preemption = PreemptionReader(api, config, reader, HOME)
+    soft, _ = decide_preemption(preemption.observe(NOW), config.preemption, NOW)
+    assert [d.to_value for d in soft] == ["soft"]
+    assert actuator.apply(soft) == soft
+    key = soft[0].target
+    for i, (old, new, action) in enumerate(
+        [
+            ("soft", "hard", "evict"),
+            ("hard", "hard", "force_delete"),
+            ("hard", "cleanup", "record_gone"),
+            ("cleanup", "quarantined", "quarantine"),
+        ],
+        start=1,
+    ):
+        step = Decision(NOW + i, "preemption", key, old, new, "r", detail={"action": action})
+        assert actuator.apply([step]) == (step,), action
+    with pytest.raises(ApiException) as gone:
+        kube.core.read_namespaced_pod("train", "batch")
+    assert gone.value.status == 404 and victim["metadata"]["uid"]
+
+    refused = [c for c in record.calls if c[2] in (401, 403)]
+    assert refused == []
+    verbs = {(m, p.split("/")[-1] if "/" in p else p) for m, p, _ in record.calls}
+    assert ("POST", "eviction") in verbs and ("PUT", "gpuscaler-leader") in verbs
+    assert len(record.calls) > 40
+
+
+def test_an_ungranted_call_is_refused_with_403_and_reported_clearly(
+    kube: Kube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _seed(kube)
+    kube.create(
+        plugin_configmap({})
+        | {
+            "metadata": {
+                "name": "other",
+                "namespace": "nvidia-device-plugin",
+                "labels": {"gpuscaler.io/enabled": "true"},
+            }
+        }
+    )
+    # The Role grants the device-plugin ConfigMap by name: point gpuscaler at another one.
+    config = parse_config(
+        CONFIG
+        + "kubernetes: {device_plugin_config_map: {namespace: nvidia-device-plugin, name: other}}\n"
+    )
+    api = _as_service_account(kube.plane, tmp_path)
+    actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=HOME)
+    with caplog.at_level(logging.WARNING, "gpuscaler.kubernetes"):
+        applied = actuator.apply([Decision(NOW, "fragments", "a100", 2, 4, "r")])
+    assert applied == ()
+    (line,) = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert "read ConfigMap nvidia-device-plugin/other: HTTP 403 Forbidden" in line
+    assert 'cannot get resource "configmaps"' in line  # the server's reason, not a traceback
+    assert "system:serviceaccount:gpuscaler:gpuscaler" in line
+    labels = kube.core.read_node("gpu-0").metadata.labels
+    assert labels["nvidia.com/device-plugin.config"] == "ts-2"  # nothing half-applied
+
+
+def test_a_service_account_without_grants_gets_a_clear_error_from_the_cli(
+    kube: Kube, tmp_path: Path
+) -> None:
+    kube.namespace(HOME)
+    kube.core.create_namespaced_service_account(
+        HOME, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody"))
+    )
+    kubeconfig = kube.plane.token_kubeconfig(HOME, "nobody", tmp_path / "nobody.kubeconfig")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG)
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "gpuscaler"),
+            "once",
+            "--dry-run",
+            "--config",
+            str(cfg),
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "list Node: HTTP 403 Forbidden" in out.stderr
+    assert (
+        'User "system:serviceaccount:gpuscaler:nobody" cannot list resource "nodes"' in out.stderr
+    )
