@@ -198,3 +198,91 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
     )
     assert killed["reportingController"] == "gpuscaler.io/controller"
     plane.kubectl("delete", "-k", str(ROOT / "deploy" / "agent"), "--wait=false", check=False)
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def _label(kube: Kube, node: str, labels: dict[str, str | None]) -> None:
+    kube.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"labels": labels}},
+        "application/merge-patch+json",
+    )
+
+
+def test_on_the_real_server_a_label_change_is_applied_once_and_a_failure_is_a_warning(
+    kube: Kube, monkeypatch: Any
+) -> None:
+    from test_agent import make_agent
+
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    kube.add_gpu_node(name, {"gpuscaler.io/enabled": "true", "gpuscaler.io/time-slice": "short"})
+    with fake_node() as node, kube.plane.api() as api:
+        node.add_gpu(GPU0, 0, BUS0, numa=0)
+        node.add_gpu(GPU1, 1, BUS1, numa=1)
+        smi = fake_nvidia_smi(node.root / "bin")
+        monkeypatch.setenv("PATH", f"{node.root / 'bin'}:{os.environ['PATH']}")
+        agent, _ = make_agent(node, api, name=name)
+        for now in (0, 10):
+            agent.poll(now)
+        _label(kube, name, {"gpuscaler.io/time-slice": "long"})
+        agent.poll(20)
+        agent.poll(30)
+        assert calls(smi) == [
+            f"compute-policy -i {GPU0} --set-timeslice 1",
+            f"compute-policy -i {GPU1} --set-timeslice 1",
+            f"compute-policy -i {GPU0} --set-timeslice 3",
+            f"compute-policy -i {GPU1} --set-timeslice 3",
+        ]
+        assert _node(kube, name)["metadata"]["annotations"][TIME_SLICE_APPLIED] == "long"
+        fake_nvidia_smi(node.root / "bin", exit_code=6)  # now it fails
+        _label(kube, name, {"gpuscaler.io/time-slice": "medium"})
+        agent.poll(40)
+    assert _node(kube, name)["metadata"]["annotations"][TIME_SLICE_APPLIED] == "long"
+    events = _events(kube, name)
+    applied = sorted(e["note"] for e in events if e["reason"] == "TimeSliceApplied")
+    assert applied == ["time slice long applied", "time slice short applied"]
+    (warning,) = [e for e in events if e["reason"] == "TimeSliceNotApplied"]
+    assert warning["type"] == "Warning" and "exit 6" in warning["note"]
+    assert warning["regarding"]["uid"] == _node(kube, name)["metadata"]["uid"]
+
+
+def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_run_only_reports(
+    kube: Kube,
+) -> None:
+    from test_agent import make_agent
+
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    kube.add_gpu_node(name, {"gpuscaler.io/enabled": "true"})
+    _quarantine(kube, name)
+    ns = kube.namespace()
+    live = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "serving", "namespace": ns},
+            "spec": {"nodeName": name, "containers": [{"name": "m", "image": "x"}]},
+        }
+    )
+    with fake_node() as node, kube.plane.api() as api:
+        node.add_gpu(GPU0, 0, BUS0, numa=0)
+        pids = [
+            node.start(systemd_v2(live["metadata"]["uid"]), GPU0, 20000),
+            node.start("0::/system.slice/nvidia-persistenced.service\n", GPU0, 100),
+            node.start("0::/system.slice/nvidia-mps.service\n", GPU0, 100),
+            node.start(cgroupfs_v1(str(uuid.uuid4())), GPU0, 8000),  # an orphan, but dry run
+        ]
+        agent, _ = make_agent(node, api, extra="  dry_run: true\n", name=name)
+        for now in (0, 100, 200):
+            report = agent.poll(now)
+        assert all(node.alive(p) for p in pids)
+    assert not report.lifted
+    stored = _node(kube, name)
+    assert (
+        QUARANTINE_TAINT in json.dumps(stored["spec"])
+        and CLEANUP_LABEL in stored["metadata"]["labels"]
+    )
+    assert GPU_TOPOLOGY in stored["metadata"]["annotations"]  # published in dry run too
+    assert not [e for e in _events(kube, name) if e["reason"].startswith("Orphan")]
