@@ -17,12 +17,13 @@ from builders import run_cli
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import scaled_object
 from kubernetes import client
-from test_kubernetes import CONFIG, _decision
+from test_kubernetes import _config, _decision
 
 from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kubernetes import MAX_CONFLICT_RETRIES, ClusterReader, kube_actuator
 
 ROOT = Path(__file__).resolve().parent.parent
+CONFIG = _config("ml")  # test_kubernetes builds its config per namespace since the real server
 
 
 @pytest.fixture
