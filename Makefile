@@ -35,6 +35,7 @@ controlplane:
 lint: setup
 	$(BIN)/ruff check gpuscaler tests bench
 	$(BIN)/ruff format --check gpuscaler tests bench
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

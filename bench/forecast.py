@@ -78,10 +78,13 @@ def bucket_means(values: np.ndarray, per: int) -> np.ndarray:
 def _fast_batch(path: str, queue: mp.Queue) -> None:  # type: ignore[type-arg]
     """In a fresh process: load the series, forecast the whole batch, report time and peak
     RSS (imports + the 1,000 x 7,200 input + the forecast's own memory)."""
+    from threadpoolctl import threadpool_limits
+
     from gpuscaler.config import ForecastConfig
     from gpuscaler.core.forecast import forecast_series
     from gpuscaler.core.model import Series
 
+    threadpool_limits(limits=1)
     data = np.load(path)[:, :-HELD_OUT]
     cfg = ForecastConfig()
     origin = NOW - HELD_OUT * STEP
@@ -111,6 +114,16 @@ def statsmodels_loop(
 
 
 def main() -> None:
+    import statsmodels.tsa.arima.model  # noqa: F401  # loads scipy's BLAS: the limit reaches it
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread: with multithreaded BLAS on 2 shared cores statsmodels is 10-20x
+    # slower, which would flatter the speedup.
+    with threadpool_limits(limits=1):
+        _main()
+
+
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=30, help="series for statsmodels")
     parser.add_argument(

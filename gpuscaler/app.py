@@ -35,13 +35,14 @@ from gpuscaler.controller import Controller
 from gpuscaler.core.model import Decision
 from gpuscaler.core.preemption import PreemptionObservation
 from gpuscaler.core.snapshot import Observations
+from gpuscaler.errors import InputError
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
 
 log = logging.getLogger("gpuscaler.app")
 
 
-class SetupError(Exception):
+class SetupError(InputError):
     """The controller cannot be assembled; the message says what to fix."""
 
 

@@ -9,8 +9,9 @@ scores are averaged over origins and over the horizon's steps:
 - `peak_mae`: error of the forecast's maximum over the horizon against the actual maximum;
 - `coverage`: share of actual points inside the method's prediction interval.
 
-Methods: `gpuscaler` (the production forecaster: the configured engine with its
-self-assessed choice of baseline), `naive` (last value), `window_mean` (mean of the last
+Methods: `gpuscaler` (the production forecaster, run origin after origin with the fit
+states the controller threads from tick to tick: refits, the adaptive interval level; its
+peak is `Forecast.peak`), `naive` (last value), `window_mean` (mean of the last
 12 points), `statsmodels_arima` (statsmodels ARIMA of the configured order, refitted at
 each origin). Baselines' intervals are the empirical quantiles of their own errors at each
 step within the window.
@@ -35,14 +36,22 @@ from gpuscaler.core.forecast import (
     forecast_series,
     make_engine,
 )
-from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.sim.trace import TraceError, parse_times, read_csv, regular_step
+from gpuscaler.core.model import FitState, FloatArray, IntArray, Series
+from gpuscaler.errors import InputError
+from gpuscaler.sim.trace import (
+    TraceError,
+    bounded_span,
+    finite_times,
+    parse_times,
+    read_csv,
+    regular_step,
+)
 
 METHODS = ("gpuscaler", "naive", "window_mean", "statsmodels_arima")
 AGGREGATIONS = ("mean", "sum", "max", "count")
 
 
-class BacktestError(Exception):
+class BacktestError(InputError):
     """Input the backtest cannot use; the message says what and where."""
 
 
@@ -58,7 +67,7 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     if frame.shape[1] < 2:
         raise BacktestError(f"{p}: needs a timestamp column and a value column")
     try:
-        times = parse_times(frame.iloc[:, 0], str(p))
+        times = finite_times(parse_times(frame.iloc[:, 0], str(p)), frame, str(p))
     except TraceError as e:
         raise BacktestError(str(e)) from e
     rest = frame.iloc[:, 1:]
@@ -86,11 +95,19 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     return out
 
 
+def _bounded(times: FloatArray, step: float, where: str) -> None:
+    try:
+        bounded_span(times, step, where)
+    except TraceError as e:
+        raise BacktestError(str(e)) from e
+
+
 def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: str) -> Series:
     """A regular grid: resampled into `resample`-second bins, or checked to be regular."""
     t = s.index.to_numpy(dtype=np.float64)
     v = s.to_numpy(dtype=np.float64)
     if resample is not None:
+        _bounded(t, resample, where)
         bins = np.floor((t - t[0]) / resample).astype(np.int64)
         frame = pd.DataFrame({"bin": bins, "v": v})
         grouped = frame.groupby("bin")["v"]
@@ -107,6 +124,7 @@ def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: st
         step = regular_step(t, f"{where}: series {name!r}")
     except TraceError as e:
         raise BacktestError(f"{e}; pass --resample to put it on a grid") from e
+    _bounded(t, step, where)
     slots = np.round((t - t[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = v
@@ -171,6 +189,36 @@ def _empirical_interval(
     return lower, upper
 
 
+def _gpuscaler_paths(
+    hist: FloatArray,
+    origins: IntArray,
+    step: float,
+    fcfg: ForecastConfig,
+    engine: ForecastEngine | None,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """The production forecaster at each origin in time order, as the controller runs it:
+    the fit states (refit every forecast.refit_every, the adaptive interval level) carried
+    from one origin to the next. Mean, lower, upper (origins, steps) and the peak."""
+    engine = engine or make_engine(fcfg)
+    n, win = hist.shape
+    steps = round(fcfg.horizon / step)
+    mean, lower, upper = (np.full((n, steps), np.nan) for _ in range(3))
+    peak = np.full(n, np.nan)
+    states: dict[str, FitState] = {}
+    for r in range(n):
+        now = float(origins[r]) * step
+        s = Series(start=now - step * (win - 1), step=step, values=hist[r])
+        kept: dict[str, FitState] = {}
+        (sig,) = forecast_series(
+            [s], fcfg, now, engine, (-math.inf, None), keys=["s"], prior=states, states=kept
+        )
+        states = kept or states
+        if sig.forecast is not None:
+            f = sig.forecast
+            mean[r], lower[r], upper[r], peak[r] = f.mean, f.lower, f.upper, f.peak
+    return mean, lower, upper, peak
+
+
 def evaluate_series(
     series: Series,
     cfg: ForecastConfig,
@@ -180,6 +228,7 @@ def evaluate_series(
     engine: ForecastEngine | None = None,
     reference: ForecastEngine | None = None,
 ) -> dict[str, _Errors]:
+    """Errors of every method at up to `max_origins` origins of `series`."""
     step = series.step
     steps = max(1, round(horizon / max(step, cfg.fit_step)))
     per = max(1, round(cfg.fit_step / step))  # samples per forecast step
@@ -212,18 +261,9 @@ def evaluate_series(
             "min_history": step * (sum(cfg.order) + 2),
         }
     )
-    engine = engine or make_engine(fcfg)
-    slices = [Series(start=0.0, step=step, values=row) for row in hist]
-    signals = forecast_series(
-        slices, fcfg, now=(win - 1) * step, engine=engine, clip=(-math.inf, None)
-    )
     level = cfg.interval_level
     paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
-    g_mean = np.full(actual.shape, np.nan)
-    g_lo, g_hi = g_mean.copy(), g_mean.copy()
-    for r, sig in enumerate(signals):
-        if sig.forecast is not None:
-            g_mean[r], g_lo[r], g_hi[r] = sig.forecast.mean, sig.forecast.lower, sig.forecast.upper
+    g_mean, g_lo, g_hi, g_peak = _gpuscaler_paths(hist, origins, step, fcfg, engine)
     paths["gpuscaler"] = (g_mean, g_lo, g_hi)
     last_vals = hist[:, -1]
     naive = np.repeat(last_vals[:, None], steps, axis=1)
@@ -243,6 +283,11 @@ def evaluate_series(
         actual_peak = np.nanmax(np.where(finite, actual, -np.inf), axis=1)
     for method, (mean, lo, hi) in paths.items():
         ok = finite & np.isfinite(mean)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            path_peak = np.nanmax(np.where(ok, mean, -np.inf), axis=1)
+        if method == "gpuscaler":  # its own peak forecast, not the path's maximum
+            path_peak = np.where(np.isfinite(g_peak), g_peak, path_peak)
         rows = ok.any(axis=1)
         abs_err = np.where(ok, np.abs(mean - actual), np.nan)
         inside = np.where(
@@ -250,7 +295,7 @@ def evaluate_series(
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            peak = np.abs(np.nanmax(np.where(ok, mean, -np.inf), axis=1) - actual_peak)
+            peak = np.abs(path_peak - actual_peak)
             out[method] = _Errors(
                 abs_err=list(np.nanmean(abs_err[rows], axis=1)),
                 peak_err=list(peak[rows]),
@@ -282,7 +327,11 @@ def backtest(
     resample: float | None = None,
     agg: str = "mean",
     max_origins: int = 400,
+    reference: ForecastEngine | None = None,
 ) -> dict[str, Any]:
+    """Every series of the CSV scored per series and pooled; `worst` names the series on
+    which the forecaster did worst relative to the last value. A constant series is
+    scored like any other (the last value's error is 0 there)."""
     if agg not in AGGREGATIONS:
         raise BacktestError(f"--agg must be one of {', '.join(AGGREGATIONS)}, not {agg!r}")
     raw = load_series_csv(path)
@@ -296,14 +345,14 @@ def backtest(
     for name, s in raw.items():
         grid = to_grid(name, s, resample, agg, str(path))
         try:
-            errors = evaluate_series(grid, cfg, horizon, window, max_origins)
+            errors = evaluate_series(grid, cfg, horizon, window, max_origins, reference=reference)
         except BacktestError as e:
             raise BacktestError(f"{path}: series {name!r}: {e}") from e
         per_series[name] = _scores(errors)
         for m, errs in errors.items():
             # Pool relative errors by scaling each series by its own naive MAE, so a
             # series with large values does not drown the rest.
-            scale = per_series[name]["naive"].mae or 1.0
+            scale = _scale(per_series[name]["naive"].mae, grid.values)
             pooled[m].abs_err += [x / scale for x in errs.abs_err]
             pooled[m].peak_err += [x / scale for x in errs.peak_err]
             pooled[m].inside += errs.inside
@@ -312,7 +361,33 @@ def backtest(
         "horizon_s": horizon,
         "overall": {m: _overall(overall[m], per_series, m) for m in METHODS},
         "series": {n: {m: sc.as_dict() for m, sc in s.items()} for n, s in per_series.items()},
+        "worst": _worst(per_series),
     }
+
+
+def _scale(naive_mae: float, values: FloatArray) -> float:
+    """What a series' errors are divided by when pooled: its naive MAE, or for a series
+    the last value forecasts perfectly (constant), its mean absolute level (1 if 0)."""
+    if naive_mae and math.isfinite(naive_mae):
+        return naive_mae
+    finite = values[np.isfinite(values)]
+    level = float(np.mean(np.abs(finite))) if finite.size else 0.0
+    return level or 1.0
+
+
+def _worst(per_series: dict[str, dict[str, Scores]]) -> dict[str, Any]:
+    """The series where gpuscaler is worst against the last value (by MAE when no series
+    has a relative figure, e.g. all constant)."""
+    if not per_series:
+        return {}
+
+    def key(name: str) -> tuple[float, float]:
+        g = per_series[name]["gpuscaler"]
+        rel = g.relative_to_naive if math.isfinite(g.relative_to_naive) else -math.inf
+        return rel, g.mae if math.isfinite(g.mae) else -math.inf
+
+    name = max(per_series, key=key)
+    return {"series": name, **per_series[name]["gpuscaler"].as_dict()}
 
 
 def _overall(

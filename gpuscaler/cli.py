@@ -1,4 +1,4 @@
-"""Command line: validate-config, simulate, backtest, once, run, agent.
+"""Command line: validate-config, simulate, backtest, once, run, agent, extender.
 
 Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
 Bad input never prints a traceback.
@@ -9,19 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.config import Config, ConfigError, load_config, redact_url
+from gpuscaler.config import Config, ConfigError, load_config, parse_duration, redact_url
 from gpuscaler.controller import Controller
+from gpuscaler.errors import InputError, OutsideError
 from gpuscaler.logs import decision_outcome
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+SAMPLE_SECONDS = 0.5
+"""The simulator's slot: the finest bin a trace can be resampled to."""
 
 NO_ADAPTER_NOTICE = (
     "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
@@ -36,11 +41,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def _config_or_exit(path: str | None) -> Config:
+def _config_or_exit(path: str | None, require_targets: bool = True) -> Config:
+    """The config file, or exit 2 naming every problem. `once`, `run` and validation need
+    it to say what it manages; `simulate` and `backtest` bring their own targets."""
     if path is None:
         return Config()
     try:
-        return load_config(path)
+        return load_config(path, require_targets)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -57,10 +64,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuscaler.sim.simulate import simulate
     from gpuscaler.sim.trace import TraceError, load_trace
 
-    config = _config_or_exit(args.config)
-    if args.hours is not None and args.hours <= 0:
-        print("--hours must be > 0", file=sys.stderr)
+    config = _config_or_exit(args.config, require_targets=False)
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        print(f"--hours must be a finite number > 0, got {args.hours:g}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not (math.isfinite(args.start) and args.start >= 0):
+        print(f"--start must be a finite number >= 0, got {args.start:g}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    resample = None
+    if args.resample is not None:
+        try:
+            resample = parse_duration(args.resample)
+        except ValueError as e:
+            print(f"--resample: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not (math.isfinite(resample) and resample >= SAMPLE_SECONDS):
+            print(f"--resample must be at least 500ms, got {args.resample}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     listeners = []
     stop = threading.Event()
     if args.metrics_port:
@@ -72,8 +92,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
         print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
     try:
-        trace = load_trace(args.trace)
-        result = simulate(trace, args.hours, args.seed, config, args.start, metrics=listeners)
+        trace = load_trace(args.trace, resample, args.column)
+        print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
+        result = simulate(
+            trace,
+            args.hours,
+            args.seed,
+            config,
+            args.start,
+            metrics=listeners,
+            baselines=not args.no_baselines,
+        )
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -103,13 +132,16 @@ def _stop_on_signal() -> threading.Event:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
-    from gpuscaler.config import ForecastConfig, parse_duration
+    from gpuscaler.config import ForecastConfig
 
-    config = _config_or_exit(args.config)
+    config = _config_or_exit(args.config, require_targets=False)
     try:
         horizon = parse_duration(args.horizon)
         resample = parse_duration(args.resample) if args.resample else None
         window = parse_duration(args.window) if args.window else config.metrics.window
+        for flag, value in (("--horizon", horizon), ("--resample", resample), ("--window", window)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag} must be longer than 0s")
     except ValueError as e:
         print(f"bad argument: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -141,6 +173,13 @@ def backtest_table(report: dict[str, Any]) -> str:
             cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
             text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
             lines.append(f"{name[:23]:<24}{method:<20}{text}")
+    worst = report.get("worst") or {}
+    if len(report["series"]) > 1 and worst:
+        rel = worst.get("relative_to_naive")
+        lines.append(
+            f"worst series for gpuscaler: {worst['series']} (relative_to_naive "
+            f"{rel if rel is not None else '-'}, coverage {worst.get('coverage')})"
+        )
     return "\n".join(lines)
 
 
@@ -165,6 +204,21 @@ def _prometheus_controller(config: Config, state_file: str) -> Controller:
     return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
 
 
+def _reloading(
+    controller: Controller,
+    args: argparse.Namespace,
+    adapt: Callable[[Config], Config] = lambda c: c,
+) -> Controller:
+    """`run` without a cluster reloads its config file too: a valid change applies from the
+    next tick (`adapt`ed as the mode needs), an invalid one is logged and refused."""
+    if args.command == "run":
+        from gpuscaler.reload import ConfigReloader
+
+        reloader = ConfigReloader(args.config, lambda c, _: controller.reconfigure(adapt(c)))
+        controller.before_tick.insert(0, reloader.check)
+    return controller
+
+
 def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:
     """The controller for once/run, and the cluster parts around it (None without a
     cluster). Exits 2 on bad input: a bad state or snapshot file, no Kubernetes API."""
@@ -181,9 +235,12 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             )
             return controller, None
         if not config.prometheus.url:
-            return _live_controller(config, args.dry_run), None
+            from gpuscaler.sim.simulate import scenario_config
+
+            live = _live_controller(config, args.dry_run)
+            return _reloading(live, args, scenario_config), None
         if args.state is not None:
-            return _prometheus_controller(config, args.state), None
+            return _reloading(_prometheus_controller(config, args.state), args), None
         api = kube_api(args.kubeconfig, config.kubernetes)
         parts = cluster_controller(
             config,
@@ -247,7 +304,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     """The node agent (issue 16): see gpuscaler.agent."""
     from gpuscaler.agent.app import AgentArgs, AgentSetupError, run_agent
 
-    config = _config_or_exit(args.config)
+    config = _config_or_exit(args.config, require_targets=False)  # the agent manages its node
     try:
         return run_agent(
             config,
@@ -277,9 +334,59 @@ def _agent_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_agent)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _report_dir(text: str) -> str:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    return text
+
+
+def cmd_extender(args: argparse.Namespace) -> int:
+    """The scheduler extender for a second kube-scheduler (issue 15)."""
+    from gpuscaler.app import SetupError, kube_api
+
+    config = _config_or_exit(args.config, require_targets=False)  # it places pods, not targets
+    if not config.prometheus.url:
+        print(
+            "prometheus.url is not set: the extender reads GPU memory from dcgm-exporter "
+            "through Prometheus",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if not 0 < args.port < 65536:
+        print(f"--port {args.port}: not a TCP port", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        api = kube_api(args.kubeconfig, config.kubernetes)
+    except SetupError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from gpuscaler.extender.run import serve
+
+    paths = "/filter, /prioritize, /bind, /healthz, /readyz, /metrics"
+    print(f"serving {paths} on {args.host}:{args.port}", file=sys.stderr)
+    serve(config, api, args.host, args.port, leader_election=not args.no_leader_election)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpuscaler", description="Predictive GPU autoscaler for Kubernetes.")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL"
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("validate-config", help="check a config file and exit")
@@ -292,9 +399,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
     )
     p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
+    p.add_argument(
+        "--resample",
+        help="bin a per-request log or irregular series into counts per bin, e.g. 10s",
+    )
+    p.add_argument(
+        "--column",
+        help="column holding requests (default: the first numeric one; with --resample, "
+        "rows are counted unless a column is named, whose values are then summed)",
+    )
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the baseline sweeps (no equal-cost figure; about 3x faster)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
-    p.add_argument("--report", metavar="DIR", help="write decisions.jsonl, summary.json and a PNG")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        type=_report_dir,
+        help="write decisions.jsonl, summary.json and a PNG",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--metrics-port",
@@ -310,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
     p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
     p.add_argument("--window", help="history per origin (default: metrics.window)")
-    p.add_argument("--max-origins", type=int, default=400, help="origins per series at most")
+    p.add_argument(
+        "--max-origins", type=_positive_int, default=400, help="origins per series at most"
+    )
     p.add_argument("--config", help="config YAML (forecast section)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_backtest)
@@ -353,6 +481,15 @@ def build_parser() -> argparse.ArgumentParser:
             )
         p.set_defaults(func=func)
     _agent_parser(sub)
+    p = sub.add_parser("extender", help="serve the memory-aware kube-scheduler extender")
+    p.add_argument("--config", required=True)
+    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument(
+        "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
+    )
+    p.set_defaults(func=cmd_extender)
     return parser
 
 
@@ -365,8 +502,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.captureWarnings(True)
     if getattr(args, "command", None) == "simulate" and args.hours is None and args.trace is None:
         args.hours = 24.0
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # the one error path: see gpuscaler/errors.py
+        if args.debug:
+            raise
+        code, message = explain(e)
+        print(f"gpuscaler {args.command}: {message}", file=sys.stderr)
     return code
+
+
+def explain(e: BaseException) -> tuple[int, str]:
+    """Exit code and message for an exception no command handled itself."""
+    if isinstance(e, InputError):
+        return EXIT_BAD_INPUT, str(e)
+    if isinstance(e, OutsideError | OSError):
+        return EXIT_FAILURE, str(e) or type(e).__name__
+    return EXIT_FAILURE, (
+        f"internal error ({type(e).__name__}: {e}); this is a bug in gpuscaler, please report "
+        "it. Run again with --debug for the traceback."
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ reported at the override's path.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
 
@@ -29,6 +30,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from gpuscaler.errors import InputError
 
 # --------------------------------------------------------------------------- durations
 
@@ -54,7 +57,15 @@ def parse_duration(text: str) -> float:
             f"bad duration {text!r}: expected a number with a unit ms, s, m, h or d "
             "(e.g. '500ms', '30s', '5m', '1h')"
         )
+    if total > MAX_DURATION:
+        raise ValueError(f"duration {text!r} is longer than a year: no gpuscaler setting is")
     return total
+
+
+MAX_DURATION = 366 * 86400.0
+"""Longer than any sensible window, cooldown or timeout: a typo such as '99999d'."""
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this is refused before parsing (the shipped one is 10 KB)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -70,17 +81,30 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 """A duration written in YAML as "30s"; held as float seconds."""
 
 
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's `true` is not the number 1: pydantic's lax mode would take it as one."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in _NUMBERS:
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 # --------------------------------------------------------------------------- sections
 
 
 class ControlConfig(_Strict):
-    interval: Seconds = Field(30.0, gt=0)
-    """How often the controller ticks. 30 s: twice the HPA sync period, well below the
-    5 min horizon, and cheap with the batched forecaster."""
+    interval: Seconds = Field(30.0, gt=0, le=3600)
+    """How often the controller ticks (at most hourly: slower cannot act ahead of load).
+    30 s: twice the HPA sync period, well below the 5 min horizon, and cheap with the
+    batched forecaster."""
     dry_run: bool = False
     """Plan and report, never write to the cluster."""
 
@@ -109,9 +133,9 @@ class ForecastConfig(_Strict):
     replicas.lead_time 2m): 0.6 leaves 37-54 % of the reactive HPA's under-provisioning
     for +4-7 % GPU-hours, 0.7 leaves 28-33 % for +5-9 %, 0.8 leaves 20-25 % for +6-11 %."""
     ensemble: bool = True
-    """Forecast the mean of ARIMA, exponential smoothing and the 2-minute window mean
-    (each scored on the series' recent history) instead of ARIMA alone: on the Azure
-    traces the ensemble beats each of its parts."""
+    """Forecast the ensemble of ARIMA, exponential smoothing (best-fit and averaged over its
+    constants) and the 2-minute window mean, weighted by their recent error on the series'
+    own history, instead of ARIMA alone (see the README's Forecasting section)."""
     engine: Literal["fast", "statsmodels"] = "fast"
     """fast: batched least-squares ARIMA(p,d,0) for all series at once; statsmodels: the
     reference ARIMA, 100x slower."""
@@ -224,13 +248,10 @@ class TimeSliceConfig(_Strict):
     recover_below_pct: float = Field(7.5, ge=0)
     """Mean stall below this for `stabilization`: step back toward the base level."""
     compute_bound_level: TimeSliceLevel = "medium"
-    """Base level for compute-bound pools (about 100 ms slices)."""
+    """Base level for compute-bound pools: a longer slice (nvidia-smi levels carry no
+    published durations; the design's 100 ms intent)."""
     io_bound_level: TimeSliceLevel = "short"
-    """Base level for IO-bound pools (about 50 ms slices)."""
-    level_ms: dict[TimeSliceLevel, int] = Field(
-        default_factory=lambda: {"default": 0, "short": 50, "medium": 100, "long": 200}  # type: ignore[arg-type]
-    )
-    """Nominal slice of each nvidia-smi level, for reasons and dashboards (0: driver's)."""
+    """Base level for IO-bound pools: a shorter slice (the design's 50 ms intent)."""
     cooldown: Seconds = Field(600.0, ge=0)
     """Minimum time between changes of one pool; a change needs the 5 min window to refill."""
     stabilization: Seconds = Field(900.0, ge=0)
@@ -267,6 +288,34 @@ class ReplicasConfig(_Strict):
     lead_time: Seconds = Field(120.0, gt=0)
     """The floor covers the forecast's upper bound from now to now + lead_time: about
     the time a replica added now needs to serve (KEDA polling + cold start)."""
+    skill_check: bool = True
+    """Score the forecast against reactive sizing and fall back when it has no skill
+    (false: the forecast always sets the floor)."""
+    skill_window: Seconds = Field(3600.0, gt=0)
+    """Forecast origins of this long are scored for the skill self-assessment."""
+    skill_min_origins: int = Field(20, ge=1)
+    """Fewer scored origins than this: no verdict yet, the floor stays reactive until
+    the forecast has shown skill."""
+    skill_fallback_below: float = Field(0.1, ge=-1, le=1)
+    """Skill below this: the floor stops following the forecast and sizes for the
+    observed value (reactive on the workload's signal). Skill is the share of a reactive
+    scaler's shortfall the forecast's extra capacity avoided beyond what the same extra
+    capacity as flat headroom or as a level floor would have (gpuscaler.core.skill)."""
+    skill_return_above: float = Field(0.2, ge=-1, le=1)
+    """Skill back above this: the forecast sets the floor again (hysteresis). White noise
+    with its level known exactly scores 0-0.12 (tests/test_skill.py), a 20-minute cycle
+    0.63."""
+
+    @field_validator("skill_return_above")
+    @classmethod
+    def _return_above_fallback(cls, value: float, info: ValidationInfo) -> float:
+        below = info.data.get("skill_fallback_below")
+        if below is not None and value < below:
+            raise ValueError(
+                f"skill_return_above ({value:g}) must not be below skill_fallback_below "
+                f"({below:g}), or the floor would flap"
+            )
+        return value
 
     @field_validator("max_replicas")
     @classmethod
@@ -539,6 +588,12 @@ class KubernetesConfig(_Strict):
     the label nvidia.com/device-plugin.config."""
     time_slice_label: str = Field("gpuscaler.io/time-slice", min_length=1)
     """Node label a node-side agent reads to set the time slice (default/short/medium/long)."""
+    config_propagation: Seconds = Field(90.0, ge=0)
+    """A sharing config gpuscaler adds to the device-plugin ConfigMap is named on a node
+    only this long after: the kubelet syncs a mounted ConfigMap after a delay (about a
+    minute), and the config-manager exits when the label names a config its copy lacks
+    (NVIDIA/k8s-device-plugin cmd/config-manager/main.go). 0: relabel at once (only when
+    the configs are pre-provisioned)."""
     max_nodes_per_tick: int = Field(2, ge=1)
     """Nodes relabelled per pool per tick: each relabel restarts that node's device plugin,
     so a pool changes a few nodes at a time and a bad config shows before it is everywhere."""
@@ -573,7 +628,24 @@ class KubernetesConfig(_Strict):
 
 class SimulatorConfig(_Strict):
     cold_start: Seconds = Field(60.0, ge=0)
-    """A new replica serves only after this (image pull, model load)."""
+    """A new replica serves at the earliest this long after its pod is created (image
+    pull, model load); each cold start is drawn uniformly from [cold_start,
+    cold_start_max]."""
+    cold_start_max: Seconds = Field(120.0, ge=0)
+    """Slowest cold start (uniform draw, seeded): 60-120 s loads a model onto a GPU."""
+    sync_delay: Seconds = Field(15.0, ge=0)
+    """Between a scaler's decision (HPA recommendation, KEDA poll, floor write) and the
+    pod being created or deleted: the HPA's 15 s sync period."""
+    drain_max: Seconds = Field(30.0, ge=0)
+    """A leaving replica keeps its GPU and serves the queue until the queue present at
+    its removal is drained, at most this long (terminationGracePeriodSeconds 30 s)."""
+    slo_wait: Seconds = Field(2.0, gt=0)
+    """A request waiting longer than this in the queue violates the SLO."""
+    fragment_disruption: Seconds = Field(30.0, ge=0)
+    """After a fragment change the device plugin restarts on each node of the pool and
+    replicas move to the new layout: capacity is reduced for this long."""
+    fragment_disruption_capacity: float = Field(0.5, ge=0, le=1)
+    """Share of capacity left during a fragment change's disruption."""
     gpu_seconds_per_request: float = Field(0.06, gt=0)
     """GPU-busy seconds one request costs on a whole GPU: the load model's scale."""
     replica_gpu_share: float = Field(1.0, gt=0, le=1)
@@ -586,6 +658,15 @@ class SimulatorConfig(_Strict):
     """A burst of high-priority pods into a full batch pool this long into the replay,
     to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
     inside even a 2 h replay."""
+
+    @model_validator(mode="after")
+    def _cold_start_range(self) -> Self:
+        if self.cold_start_max < self.cold_start:
+            raise ValueError(
+                f"cold_start_max ({self.cold_start_max:g}s) must not be below cold_start "
+                f"({self.cold_start:g}s)"
+            )
+        return self
 
 
 class AgentConfig(_Strict):
@@ -621,6 +702,27 @@ class AgentConfig(_Strict):
     bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
 
 
+class SchedulerConfig(_Strict):
+    """The scheduler extender (`gpuscaler extender`): memory- and NUMA-aware placement."""
+
+    scheduler_name: str = Field("gpu-scheduler", min_length=1)
+    """spec.schedulerName of the pods the second kube-scheduler (and so the extender) places."""
+    cache_ttl: Seconds = Field(5.0, gt=0)
+    """GPU state is refreshed this often; a node not refreshed for 3 TTLs is filtered out
+    as stale (the design's 5 s)."""
+    memory_margin: float = Field(0.1, ge=0, lt=1)
+    """Share of each GPU's memory never handed out: the design's 10 % OOM margin."""
+    reservation_ttl: Seconds = Field(300.0, gt=0)
+    """A bound pod's memory counts as used until measured memory shows it, or this long:
+    5 min covers an image pull and a CUDA start."""
+    sample_max_age: Seconds = Field(60.0, gt=0)
+    """Only dcgm-exporter samples younger than this count (two 30 s exporter intervals)."""
+    node_resync: Seconds = Field(30.0, gt=0)
+    """Node objects (topology annotation, NUMA label, pool labels) are re-read this often."""
+    lease: LeaseConfig = LeaseConfig(name="gpuscaler-extender")
+    """The extender's own Lease: one replica holds the reservation ledger."""
+
+
 class Config(_Strict):
     control: ControlConfig = ControlConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -635,6 +737,7 @@ class Config(_Strict):
     kubernetes: KubernetesConfig = KubernetesConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     agent: AgentConfig = AgentConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -645,21 +748,43 @@ class Config(_Strict):
             )
         if self.metrics.staleness < self.metrics.step:
             problems.append("metrics.staleness: shorter than metrics.step")
+        if self.forecast.horizon >= self.metrics.window:
+            problems.append(
+                f"forecast.horizon: {format_duration(self.forecast.horizon)} is not shorter "
+                f"than metrics.window {format_duration(self.metrics.window)}; a forecast "
+                "cannot see further ahead than the history it learns from"
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
     _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
+    _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
 
     # Resolved per-target policy: global section with the target's override merged in,
-    # validated once and kept.
+    # validated once and kept. Targets are indexed once per config (a config is frozen),
+    # so a tick plans in time linear in the number of targets.
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with its own (empty) caches: pydantic copies private attributes, and a
+        copy with other targets must not answer from the original's index."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolved, copy._overrides = {}, None
+        return copy
+
+    def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
+        if self._overrides is None:
+            index = {f"pool:{p.name}": p.overrides for p in self.node_pools}
+            index |= {f"workload:{w.key}": w.overrides for w in self.workloads}
+            self._overrides = index
+        return self._overrides.get(owner, {})
+
     def pool_section(self, pool: str, section: str, model: type[M]) -> M:
-        overrides = next((p.overrides for p in self.node_pools if p.name == pool), {})
-        return self._section(f"pool:{pool}", section, overrides.get(section), model)
+        owner = f"pool:{pool}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
 
     def workload_section(self, key: str, section: str, model: type[M]) -> M:
-        overrides = next((w.overrides for w in self.workloads if w.key == key), {})
-        return self._section(f"workload:{key}", section, overrides.get(section), model)
+        owner = f"workload:{key}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
 
     def _section(
         self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
@@ -702,7 +827,7 @@ def merge_section(base: BaseModel, override: dict[str, Any], model: type[M]) -> 
     return model.model_validate({**_as_yaml(base), **override})
 
 
-class ConfigError(Exception):
+class ConfigError(InputError):
     """A config that cannot be used. `problems` holds one 'path: reason' line each."""
 
     def __init__(self, source: str, problems: list[str]):
@@ -784,7 +909,9 @@ def _reference_problems(doc: dict[str, Any]) -> list[str]:
             if not isinstance(w, dict):
                 continue
             key = (w.get("namespace"), w.get("kind"), w.get("name"))
-            if None not in key and key in seen:
+            if not all(isinstance(k, str) for k in key):
+                continue  # a list or map where a name belongs is reported by the schema
+            if key in seen:
                 problems.append(
                     f"workloads[{i}]: duplicate workload {'/'.join(str(k) for k in key)}"
                 )
@@ -795,18 +922,32 @@ def _reference_problems(doc: dict[str, Any]) -> list[str]:
     return problems
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+MANAGES_NOTHING = (
+    "(top level): manages nothing: no node_pools and no workloads. List them, or write "
+    "`workloads: []` to manage only the ScaledObjects and HPAs labelled "
+    "gpuscaler.io/enabled=true"
+)
+
+
+def parse_config(text: str, source: str = "<config>", require_targets: bool = False) -> Config:
+    """The validated config, or ConfigError listing every problem with its path.
+    `require_targets`: a config for a controller must say what it manages (an empty file
+    is a mistake, not a valid config)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from e
+    except RecursionError:
+        raise ConfigError(source, ["not valid YAML: nested too deeply"]) from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(source, [f"(top level): expected a mapping, got {type(doc).__name__}"])
     problems = _reference_problems(doc) + _override_problems(doc)
+    if require_targets and "node_pools" not in doc and "workloads" not in doc:
+        problems.append(MANAGES_NOTHING)
     try:
         config = Config.model_validate(doc)
     except ValidationError as e:
@@ -816,12 +957,18 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, require_targets: bool = True) -> Config:
+    """The config file, checked; see `parse_config`."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                str(p), [f"file is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}"]
+            )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(str(p), ["file not found"]) from e
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(str(p), [f"cannot read: {e}"]) from e
-    return parse_config(text, str(p))
+    return parse_config(text, str(p), require_targets)

@@ -60,6 +60,15 @@ def log_plan(plan: Plan, applied: tuple[Decision, ...], mode: str) -> None:
             d.reason,
             extra={"event": "decision", "outcome": outcome, **d.as_record()},
         )
+    for s in plan.skips:  # bad input is a warning every tick; a target held is detail
+        decisions_log.log(
+            logging.WARNING if s.invalid_input else logging.DEBUG,
+            "%s %s: %s",
+            s.kind,
+            s.target,
+            s.reason,
+            extra={"event": "skip", **s.as_record()},
+        )
     decisions_log.info(
         "tick: %d decisions, %d applied, %d skipped",
         len(plan.decisions),

@@ -24,12 +24,14 @@ import copy
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -144,6 +146,8 @@ class FakeCluster:
     faults: list[tuple[str, re.Pattern[str], int, int]] = field(default_factory=list)
     version: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
+    delay: float = 0.0
+    """Seconds every request waits before it is answered: a server that hangs."""
 
     def _bump(self, obj: Json) -> Json:
         self.version += 1
@@ -214,6 +218,8 @@ class FakeCluster:
         key: Key = (gv, plural, ns, name or "")
         if sub == "eviction" and verb == "POST":
             return self._evict(ns, name or "", (body or {}).get("deleteOptions"))
+        if sub == "binding" and verb == "POST":
+            return self._bind(ns, name or "", body)
         if sub is not None and sub != "status":
             return 404, status(404, "NotFound", f"no subresource {sub}")
         if name is None:
@@ -295,6 +301,21 @@ class FakeCluster:
         self.objects[key] = self._bump(copy.deepcopy(body))
         return 201, copy.deepcopy(self.objects[key])
 
+    def _bind(self, ns: str | None, name: str, body: Json) -> tuple[int, Json]:
+        """pods/NAME/binding: sets spec.nodeName once; a bound pod or another UID is 409,
+        as the real registry does (pkg/registry/core/pod/storage assignPod)."""
+        pod = self.objects.get(("v1", "pods", ns, name))
+        if pod is None:
+            return 404, status(404, "NotFound", f'pods "{name}" not found')
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid and uid != pod["metadata"].get("uid"):
+            return 409, status(409, "Conflict", "Precondition failed: UID")
+        if pod.get("spec", {}).get("nodeName"):
+            return 409, status(409, "Conflict", f"pod {name} is already assigned")
+        pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
+        self._bump(pod)
+        return 201, status(201, "Created", "bound") | {"status": "Success"}
+
     def _evict(self, ns: str | None, name: str, options: Json | None) -> tuple[int, Json]:
         key: Key = ("v1", "pods", ns, name)
         pod = self.objects.get(key)
@@ -344,6 +365,8 @@ def fake_apiserver(cluster: FakeCluster | None = None) -> Iterator[tuple[str, Fa
             except json.JSONDecodeError:
                 self._send(400, status(400, "BadRequest", "body is not JSON"))
                 return
+            if cluster.delay:
+                time.sleep(cluster.delay)
             code, out = cluster.handle(
                 self.command,
                 url.path,
@@ -382,3 +405,20 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def kubeconfig_for(url: str, path: Path) -> Path:
+    """A kubeconfig at `path` pointing a client at `url` (the fake, or a closed port)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "me", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path

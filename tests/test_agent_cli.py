@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from agentkit import (
     BUS0,
     BUS1,
@@ -30,7 +29,7 @@ from agentkit import (
     terminate,
 )
 from builders import run_cli
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from promserver import free_port
 from test_agent import GONE, LIVE, NODE, node_object, pod
 
@@ -39,17 +38,9 @@ from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPL
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
 
 
-def kubeconfig(path: Path, url: str) -> Path:
-    """A kubeconfig for the plain-HTTP test API server."""
-    cluster = {"name": "c", "cluster": {"server": url}}
-    context = {"name": "c", "context": {"cluster": "c", "user": "agent"}}
-    doc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context]}
-    path.write_text(
-        yaml.safe_dump(
-            doc | {"users": [{"name": "agent", "user": {"token": "t"}}], "current-context": "c"}
-        )
-    )
-    return path
+def kubeconfig(directory: Path, url: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    return kubeconfig_for(url, directory / "kubeconfig")
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:

@@ -128,3 +128,54 @@ def test_a_series_finer_than_the_fit_step_must_be_resampled(tmp_path: Path) -> N
     csv = _ar_csv(tmp_path / "fine.csv", n=400, step=1)
     with pytest.raises(BacktestError, match="pass --resample"):
         backtest(csv, ForecastConfig(), horizon=60, window=300)
+
+
+def _pods_csv(path: Path, n: int = 600, step: int = 10) -> Path:
+    """Pod-like GPU utilization: one pod constant, one near-flat with rare blips, one
+    mean-reverting busy pod."""
+    rng = np.random.default_rng(11)
+    lines = ["timestamp,value,pod"]
+    x = 0.0
+    for i in range(n):
+        x = 0.9 * x + rng.normal(0, 5)
+        blip = 1.5 if i % 97 == 0 else 0.0
+        t = 1_700_000_000 + i * step
+        lines += [f"{t},37,idle", f"{t},{12 + blip},flat", f"{t},{60 + x:.3f},busy"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_many_named_series_are_scored_pooled_and_per_series_with_the_worst_named(
+    tmp_path: Path,
+) -> None:
+    csv = _pods_csv(tmp_path / "pods.csv")
+    out = _cli("--series", str(csv), "--horizon", "2m", "--window", "30m", "--max-origins", "30")
+    assert out.returncode == 0, out.stderr
+    assert "worst series for gpuscaler:" in out.stdout
+    report = backtest(csv, ForecastConfig(), horizon=120, window=1800, max_origins=30)
+    assert set(report["series"]) == {"idle", "flat", "busy"}
+    assert set(report["overall"]) == METHODS
+    assert report["worst"]["series"] in {"flat", "busy"}
+    for scores in report["series"].values():
+        assert scores["gpuscaler"]["coverage"] is not None  # coverage per series
+
+
+def test_a_constant_series_is_scored_not_refused_and_naive_has_zero_error(
+    tmp_path: Path,
+) -> None:
+    csv = _pods_csv(tmp_path / "pods.csv")
+    report = backtest(csv, ForecastConfig(), horizon=120, window=1800, max_origins=30)
+    idle = report["series"]["idle"]
+    assert idle["naive"]["mae"] == 0.0
+    assert idle["gpuscaler"]["mae"] == 0.0 and idle["gpuscaler"]["peak_mae"] == 0.0
+    assert idle["gpuscaler"]["relative_to_naive"] is None  # 0 / 0: no ratio to show
+    flat = report["series"]["flat"]["gpuscaler"]
+    assert flat["mae"] is not None and flat["mae"] < 1.0  # never an explosive path
+
+
+def test_the_peak_is_scored_from_the_forecasts_own_peak(tmp_path: Path) -> None:
+    csv = _ar_csv(tmp_path / "ar.csv", n=1500)
+    report = backtest(csv, ForecastConfig(), horizon=120, window=3600, max_origins=60)
+    series = report["series"]["s0"]
+    # A flat averaged path's maximum runs low; the peak forecast corrects for it.
+    assert series["gpuscaler"]["peak_mae"] < series["window_mean"]["peak_mae"]

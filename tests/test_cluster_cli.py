@@ -68,6 +68,7 @@ def _config(tmp: Path, url: str, extra: str = "") -> Path:
 control: {{interval: 2s}}
 prometheus: {{url: "{url}", timeout: 5s, retries: 1}}
 fragments: {{sustain: 0s}}
+replicas: {{skill_check: false}}  # one tick has no skill verdict; these test the adapters
 node_pools:
   - name: a100-80gb
     selector: {{label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}

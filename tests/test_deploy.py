@@ -51,7 +51,7 @@ def _one(docs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -
 
 
 @pytest.mark.parametrize(
-    "directory", ["deploy", "deploy/examples", "deploy/grafana", "deploy/agent"]
+    "directory", ["deploy", "deploy/examples", "deploy/grafana", "deploy/agent", "deploy/scheduler"]
 )
 def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(directory: str) -> None:
     docs = render(directory)
@@ -136,6 +136,76 @@ def test_the_example_sharing_configs_are_the_ones_gpuscaler_writes() -> None:
         strategy, n = name.rsplit("-", 1)
         expected = sharing_config("mps" if strategy == "mps" else "time-slicing", int(n))
         assert yaml.safe_load(text) == yaml.safe_load(expected), name
+
+
+def test_the_second_scheduler_calls_the_extender_the_way_it_serves() -> None:
+    """deploy/scheduler: the KubeSchedulerConfiguration's extender entry matches the
+    extender's Service, port, routes and config (gpuscaler/extender/server.py)."""
+    from gpuscaler.extender.metrics import ExtenderMetrics
+    from gpuscaler.extender.server import ExtenderApp
+
+    docs = render("deploy/scheduler")
+    scheduler_cm = next(d for d in docs if d["metadata"]["name"].startswith("gpu-scheduler-config"))
+    ksc = yaml.safe_load(scheduler_cm["data"]["config.yaml"])
+    assert ksc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert ksc["kind"] == "KubeSchedulerConfiguration"
+    extender_cm = _one(docs, "ConfigMap", "gpuscaler-extender-config")
+    config = parse_config(extender_cm["data"]["gpuscaler.yaml"], "extender ConfigMap")
+    (profile,) = ksc["profiles"]
+    assert profile["schedulerName"] == config.scheduler.scheduler_name == "gpu-scheduler"
+    election = ksc["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceName"] not in ("kube-scheduler", config.scheduler.lease.name)
+    (ext,) = ksc["extenders"]
+    assert ext["nodeCacheCapable"] is True
+    app = ExtenderApp(None, ExtenderMetrics(), lambda: None).build()  # type: ignore[arg-type]
+    routes = {r.path for r in app.routes}  # type: ignore[attr-defined]
+    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert f"/{ext[verb]}" in routes, verb
+    assert ext["weight"] > 0 and ext["ignorable"] is False
+    service = _one(docs, "Service", "gpuscaler-extender")
+    port = service["spec"]["ports"][0]
+    assert ext["urlPrefix"] == (
+        f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:{port['port']}"
+    )
+    deployment = _one(docs, "Deployment", "gpuscaler-extender")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:1] == ["extender"]
+    assert container["args"][container["args"].index("--port") + 1] == str(
+        container["ports"][0]["containerPort"]
+    )
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    selector = service["spec"]["selector"].items()
+    assert selector <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # the controller's Service and ServiceMonitor (deploy/) never select extender pods
+    assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] != (
+        "gpuscaler"
+    )
+
+
+def test_the_extender_rbac_grants_bind_patch_and_its_own_lease() -> None:
+    docs = render("deploy/scheduler")
+    role = _one(docs, "ClusterRole", "gpuscaler-extender")
+    grants = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {
+        ("pods/binding", "create"),
+        ("pods", "patch"),
+        ("pods", "get"),
+        ("pods", "list"),
+    } <= grants
+    assert ("nodes", "list") in grants
+    lease = _one(docs, "Role", "gpuscaler-extender-lease")
+    named = next(r for r in lease["rules"] if r.get("resourceNames"))
+    assert named["resourceNames"] == ["gpuscaler-extender"]
+    assert (
+        _one(docs, "Deployment", "gpuscaler-extender")["spec"]["template"]["spec"][
+            "serviceAccountName"
+        ]
+        == _one(docs, "ServiceAccount", "gpuscaler-extender")["metadata"]["name"]
+    )
+    scheduler_lease = _one(docs, "Role", "gpu-scheduler-lease")
+    assert any(r.get("resourceNames") == ["gpu-scheduler"] for r in scheduler_lease["rules"])
 
 
 def test_the_manifests_apply_to_a_real_server_and_its_pods_are_admitted(kube: Kube) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -46,6 +46,24 @@ ROWS = [
         "doubles fragments when the forecast upper bound is below 40 percent",
         pool_obs(signal(20, 30), fragments=4),
         ("set", 8),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "doubles when the pool's demand would fit one GPU fewer (4 GPUs at 30 percent)",
+        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
+        ("set", 8),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "does not double when one GPU holds the pool: more fragments would pack nothing",
+        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=1),
+        ("hold", "pack nothing"),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)",
+        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=2),
+        ("hold", "pack nothing"),
         SUSTAINED_UP,
     ),
     Row(

@@ -13,17 +13,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from builders import run_cli
-from kubefake import FakeCluster, fake_apiserver
+from builders import NOW, run_cli
+from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from kubeobjects import scaled_object
 from kubernetes import client
-from test_kubernetes import _config, _decision
 
 from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kubernetes import MAX_CONFLICT_RETRIES, ClusterReader, kube_actuator
+from gpuscaler.config import parse_config
+from gpuscaler.core.model import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = _config("ml")  # test_kubernetes builds its config per namespace since the real server
+CONFIG = parse_config(
+    """
+workloads:
+  - {namespace: ml, kind: ScaledObject, name: chat}
+  - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
+"""
+)
+
+
+def _decision(target: str, old: int, new: int) -> Decision:
+    return Decision(NOW, "replica_floor", target, old, new, "forecast upper 490% -> 7 replicas")
 
 
 @pytest.fixture
@@ -92,13 +103,7 @@ def test_a_refused_connection_flags_every_target_instead_of_failing_the_tick(
 def test_once_against_an_unreachable_api_server_plans_no_action_and_says_why(
     tmp_path: Path, closed_port: str
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: '{closed_port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = kubeconfig_for(closed_port, tmp_path / "kubeconfig")
     config = tmp_path / "gpuscaler.yaml"
     config.write_text(
         "prometheus: {url: 'http://127.0.0.1:1'}\n"

@@ -22,6 +22,7 @@ from gpuscaler.adapters.kubernetes import (
     kube_actuator,
     sharing_config,
 )
+from gpuscaler.adapters.preemption import rfc3339
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 
@@ -114,9 +115,18 @@ def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
 ) -> None:
     actuator = real.actuator()
     real.seed_pool({"ts-2": sharing_config("time-slicing", 2)})
-    assert actuator.apply([_fragments(2, 4)])
+    # The config is added, but no node names it before the kubelet can have synced it to
+    # every config-manager (which exits on a config it lacks): issue 13.
+    assert not actuator.apply([_fragments(2, 4)])
     ts4 = yaml.safe_load(real.configmap()["data"]["ts-4"])
     assert ts4["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
+    added = real.configmap()["metadata"]["annotations"]["gpuscaler.io/config-added-ts-4"]
+    assert added == rfc3339(NOW)
+    assert {real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)} == {
+        "ts-2"
+    }
+    assert not actuator.apply([_fragments(2, 4, at=NOW + 60)])  # still propagating
+    assert actuator.apply([_fragments(2, 4, at=NOW + 90)])
     labels = [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)]
     assert labels == ["ts-4", "ts-4", "ts-2"]  # max_nodes_per_tick = 2
     node0 = real.kube.core.read_node("gpu-0")
@@ -149,7 +159,8 @@ def test_an_mps_pool_gets_an_mps_config(real: Real) -> None:
     config = _config(real.ns, "sharing: mps")
     actuator = real.actuator(config)
     real.seed_pool({}, config="mps-2")
-    assert actuator.apply([_fragments(2, 4)])
+    assert not actuator.apply([_fragments(2, 4)])  # added; named on nodes 90 s later
+    assert actuator.apply([_fragments(2, 4, at=NOW + 90)])
     assert "mps" in yaml.safe_load(real.configmap()["data"]["mps-4"])["sharing"]
     assert real.labels("gpu-0")["nvidia.com/device-plugin.config"] == "mps-4"
 

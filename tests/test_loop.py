@@ -77,7 +77,7 @@ def test_a_failed_tick_is_counted_and_the_loop_goes_on() -> None:
 
 def test_sigterm_stops_the_loop_cleanly(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuscaler.yaml"
-    cfg.write_text("control: {interval: 1s}\n")
+    cfg.write_text("control: {interval: 1s}\nworkloads: []  # the built-in scenario\n")
     proc = subprocess.Popen(
         [
             sys.executable,

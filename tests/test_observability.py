@@ -17,7 +17,7 @@ import pytest
 from builders import run_cli
 from promserver import binaries, free_port
 
-from gpuscaler.config import Config
+from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.observability import ControllerMetrics, HealthState, serve
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import load_trace
@@ -49,7 +49,10 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def exposition() -> str:
     metrics = ControllerMetrics()
-    simulate(load_trace(), 2, 1, Config(), metrics=[metrics])
+    # Without the skill self-assessment the floor follows the forecast from the first
+    # tick, so a 2 h replay makes replica floor decisions too.
+    config = Config(replicas=ReplicasConfig(skill_check=False))
+    simulate(load_trace(), 2, 1, config, metrics=[metrics], baselines=False)
     return metrics.exposition().decode()
 
 
@@ -136,6 +139,8 @@ def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complet
         server.server_close()
 
 
+EXTENDER = "gpuscaler_extender_"
+"""The scheduling row's metrics come from `gpuscaler extender`, not the controller."""
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
 
 
@@ -161,6 +166,7 @@ def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
 def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
     exprs, variables = _dashboard_queries()
     used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
+    used = {m for m in used if not m.startswith(EXTENDER)}  # tests/test_extender_observability.py
     exposed = {
         line.split("{")[0].split(" ")[0]
         for line in exposition.splitlines()
@@ -169,11 +175,18 @@ def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
     assert used and used <= exposed, used - exposed
 
 
-def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simulate() -> None:
+def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simulate(
+    tmp_path: Path,
+) -> None:
     from promserver import prometheus
 
+    # Replica floor panels need floor decisions early in the replay: without the skill
+    # self-assessment the forecast sets the floor from the first tick.
+    config = tmp_path / "gpuscaler.yaml"
+    config.write_text("replicas: {skill_check: false}\n")
     port = free_port()
     exprs, variables = _dashboard_queries()
+    exprs = [e for e in exprs if EXTENDER not in e]  # the extender's row: its own test
     with prometheus(scrape_target=f"127.0.0.1:{port}") as url:
         proc = subprocess.Popen(
             [
@@ -185,6 +198,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
                 "24",
                 "--metrics-port",
                 str(port),
+                "--no-baselines",  # only the controller's run feeds the metrics
+                "--config",
+                str(config),
                 "--json",
             ],
             stdout=subprocess.PIPE,
@@ -215,13 +231,15 @@ def _instant(url: str, expr: str) -> bool:
     return status == 200 and bool(json.loads(body)["data"]["result"])
 
 
-def test_each_decision_is_one_json_log_line_with_the_decision_fields() -> None:
-    out = run_cli(
-        "once",
-        "--config",
-        str(Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"),
-        timeout=120,
-    )
+def test_each_decision_is_one_json_log_line_with_the_decision_fields(tmp_path: Path) -> None:
+    shipped = Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"
+    # One tick has no skill verdict yet, so the shipped floor stays reactive; without the
+    # self-assessment the forecast sets it and the tick logs decisions.
+    config = tmp_path / "gpuscaler.yaml"
+    text = shipped.read_text()
+    assert "  skill_check: true" in text
+    config.write_text(text.replace("  skill_check: true", "  skill_check: false"))
+    out = run_cli("once", "--config", str(config), timeout=120)
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     decisions = [r for r in records if r.get("event") == "decision"]

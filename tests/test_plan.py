@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 from builders import NOW, config, pool_obs, signal, workload_obs
@@ -93,30 +91,3 @@ def test_window_mean_averages_finite_samples_inside_the_window() -> None:
 def test_window_mean_of_only_gaps_is_unknown() -> None:
     s = Series(start=NOW - 60, step=30.0, values=np.full(3, np.nan))
     assert window_mean(s, NOW, 300.0) == (None, None)
-
-
-FORBIDDEN = {
-    "time",
-    "socket",
-    "requests",
-    "urllib3",
-    "kubernetes",
-    "prometheus_api_client",
-    "http",
-    "os",
-    "subprocess",
-}
-
-
-def test_the_core_imports_no_clock_network_or_cluster_client() -> None:
-    core = Path(__file__).resolve().parents[1] / "gpuscaler" / "core"
-    for path in core.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [(node.module or "").split(".")[0]]
-            else:
-                continue
-            assert not set(names) & FORBIDDEN, f"{path.name} imports {names}"

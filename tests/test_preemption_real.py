@@ -256,3 +256,51 @@ def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
     assert abs(pending.unschedulable_since - time.time()) < 120
     decisions, _ = decide_preemption(obs, CONFIG.preemption, time.time() + 600)
     assert decisions == ()  # equal priorities: no victim
+
+
+def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_the_uid(
+    cluster: Cluster,
+) -> None:
+    """Issue 17, defect 1, on the real server: the victim is evicted, a StatefulSet-like
+    controller recreates `train` under the same name, and gpuscaler never evicts the new
+    pod; a stale eviction carrying the old UID is refused by the API server itself."""
+    t0 = time.time() - 400
+    cluster.seed(t0 - 60)
+    cluster.tick(t0)
+    first_uid = cluster.state()["uid"]
+    victim = cluster.victim()
+    assert victim is not None and victim["metadata"]["uid"] == first_uid
+    cluster.tick(t0 + 301)  # evicted; no kubelet: it stays Terminating until deleted
+    assert cluster.evictions() == [201]
+    cluster.kube.request(
+        "DELETE",
+        f"/api/v1/namespaces/{cluster.batch}/pods/train",
+        {"gracePeriodSeconds": 0},
+        "application/json",
+    )
+    replacement = cluster.pod("train", cluster.batch, "gpu-0", 2, "gpu-test-batch")
+    cluster.kube.make_running(cluster.batch, "train")
+    assert replacement["metadata"]["uid"] != first_uid
+    for t in (t0 + 320, t0 + 360, t0 + 500):
+        cluster.tick(t)
+    assert cluster.state()["tier"] in ("cleanup", "done")
+    assert cluster.evictions() == [201]  # the replacement was never evicted
+    live = cluster.victim()
+    assert live is not None and live["metadata"]["uid"] == replacement["metadata"]["uid"]
+    assert not live["metadata"].get("deletionTimestamp")
+    # A stale eviction for the old UID: the real server answers 409 and leaves the pod.
+    with pytest.raises(ApiException) as refused:
+        cluster.kube.request(
+            "POST",
+            f"/api/v1/namespaces/{cluster.batch}/pods/train/eviction",
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "train", "namespace": cluster.batch},
+                "deleteOptions": {"preconditions": {"uid": first_uid}},
+            },
+            "application/json",
+        )
+    assert refused.value.status == 409
+    still = cluster.victim()
+    assert still is not None and not still["metadata"].get("deletionTimestamp")

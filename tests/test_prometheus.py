@@ -104,6 +104,7 @@ def _config(url: str, extra: str = "") -> str:
     return f"""
 prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms}}
 fragments: {{sustain: 0s}}
+replicas: {{skill_check: false}}  # one tick has no skill verdict; these test the adapters
 node_pools:
 {pools}
 workloads:

@@ -28,6 +28,7 @@ CONFIG = parse_config(
     """
 prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
 preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
+kubernetes: {config_propagation: 0s}  # the walk covers every call; the wait is tested elsewhere
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
 workloads:

@@ -31,6 +31,7 @@ HOME = "gpuscaler"  # the Deployment's namespace (POD_NAMESPACE)
 CONFIG = """
 prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
 preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
+kubernetes: {config_propagation: 0s}  # the walk covers every call; the wait is tested elsewhere
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
 workloads:
@@ -174,8 +175,10 @@ def test_an_ungranted_call_is_refused_with_403_and_reported_clearly(
     )
     # The Role grants the device-plugin ConfigMap by name: point gpuscaler at another one.
     config = parse_config(
-        CONFIG
-        + "kubernetes: {device_plugin_config_map: {namespace: nvidia-device-plugin, name: other}}\n"
+        CONFIG.replace(
+            "kubernetes: {config_propagation: 0s}",
+            "kubernetes: {device_plugin_config_map: {namespace: nvidia-device-plugin, name: other}}",
+        )
     )
     api = _as_service_account(kube.plane, tmp_path)
     actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=HOME)

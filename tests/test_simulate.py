@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,13 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
+pytestmark = pytest.mark.timeout(900)
+"""Each replay runs gpuscaler, the reactive HPA and 33 baseline runs: minutes on a busy
+2-core machine, beyond the suite's 120 s default."""
+
 POLICY_KEYS = {
+    "slo_violation_share",
+    "p99_wait_s",
     "under_provisioned_share",
     "gpu_hours",
     "scaling_actions",
@@ -24,21 +31,21 @@ POLICY_KEYS = {
 }
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return run_cli("simulate", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def bundled_default() -> dict[str, dict[str, float]]:
+def bundled_default() -> dict[str, Any]:
     """The README's main job: simulate with no arguments."""
     out = _cli("--json")
     assert out.returncode == 0, out.stderr
-    result: dict[str, dict[str, float]] = json.loads(out.stdout)
+    result: dict[str, Any] = json.loads(out.stdout)
     return result
 
 
 def test_simulate_with_no_arguments_reports_both_policies_on_the_bundled_trace(
-    bundled_default: dict[str, dict[str, float]],
+    bundled_default: dict[str, Any],
 ) -> None:
     assert bundled_default["trace"] == "azure_llm_2024_conversation_10s.csv.gz"
     assert bundled_default["hours"] == 24
@@ -46,16 +53,51 @@ def test_simulate_with_no_arguments_reports_both_policies_on_the_bundled_trace(
         assert set(bundled_default[policy]) >= POLICY_KEYS
 
 
-def test_gpuscaler_is_less_under_provisioned_than_reactive_for_at_most_ten_percent_more_gpu_hours(
-    bundled_default: dict[str, dict[str, float]],
+def test_gpuscaler_is_no_worse_than_the_reactive_curve_at_its_own_gpu_hours(
+    bundled_default: dict[str, Any],
 ) -> None:
-    g, r = bundled_default["gpuscaler"], bundled_default["reactive"]
-    assert g["under_provisioned_share"] < r["under_provisioned_share"]
-    assert g["gpu_hours"] <= 1.10 * r["gpu_hours"]
+    # Issue 11: the old headline (less under-provisioned for more GPU-hours) was bought
+    # with headroom. The claim is now the equal-cost one, on the SLO.
+    g = bundled_default["gpuscaler"]
+    at = bundled_default["equal_cost"]["reactive"]
+    assert at is not None, bundled_default["equal_cost_outside"]
+    assert at["gpu_hours"] == g["gpu_hours"]
+    tie = g["slo_violation_share"] < 0.001 and at["slo_violation_share"] < 0.001
+    assert tie or g["slo_violation_share"] <= 1.05 * at["slo_violation_share"]
+    reactive70 = next(p for p in bundled_default["baselines"]["reactive"] if p["target_pct"] == 70)
+    assert g["scaling_actions"] <= reactive70["scaling_actions"]
+
+
+def test_the_json_carries_the_slo_the_baseline_curves_and_the_equal_cost_figure(
+    bundled_default: dict[str, Any],
+) -> None:
+    out = bundled_default
+    assert out["slo_wait_s"] == 2.0
+    assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor"}
+    for curve in out["baselines"].values():
+        assert [p["target_pct"] for p in curve] == list(range(40, 91, 5))
+        for point in curve:
+            assert set(point) >= {
+                "target_pct",
+                "gpu_hours",
+                "slo_violation_share",
+                "p99_wait_s",
+                "scaling_actions",
+            }
+    assert set(out["equal_cost"]) == set(out["baselines"])
+    for name, at in out["equal_cost"].items():
+        if at is None:
+            assert name in out["equal_cost_outside"]
+        else:
+            assert set(at) >= {"slo_violation_share", "p99_wait_s"}
+    # The reactive run is the reactive curve's 70 % point: same cluster, same arrivals.
+    reactive70 = next(p for p in out["baselines"]["reactive"] if p["target_pct"] == 70)
+    assert reactive70["gpu_hours"] == out["reactive"]["gpu_hours"]
+    assert reactive70["slo_violation_share"] == out["reactive"]["slo_violation_share"]
 
 
 def test_the_forecast_beats_the_last_value_at_the_horizon(
-    bundled_default: dict[str, dict[str, float]],
+    bundled_default: dict[str, Any],
 ) -> None:
     g = bundled_default["gpuscaler"]
     assert g["forecast_mae"] < g["naive_mae"]
@@ -65,6 +107,7 @@ def test_report_writes_decisions_a_summary_and_a_plot(tmp_path: Path) -> None:
     out = _cli("--hours", "3", "--report", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "under_provisioned_share" in out.stdout  # the readable table
+    assert out.stdout.splitlines()[1].startswith("Equal cost")  # it leads
     lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
     assert lines, "a 3 h replay makes at least one decision"
     assert any('"kind": "preemption"' in line for line in lines)  # the burst at 30 min
@@ -114,8 +157,8 @@ def _rows(n: int, step: int = 10, start: int = 1_700_000_000) -> str:
             "neither unix seconds nor ISO-8601",
         ),
         (
-            "fewer points than one forecast window",
-            "time,requests\n" + _rows(300),
+            "shorter than 30 minutes",
+            "time,requests\n" + _rows(150),
             "shorter than one forecast window",
         ),
     ],
@@ -184,20 +227,102 @@ workloads:
 
 def test_an_idle_pool_gets_more_fragments_step_by_step_through_the_controller() -> None:
     result = simulate(
-        _flat_trace(50), None, 1, _scenario(1, "{min_replicas: 4, max_replicas: 200}")
+        _flat_trace(50),
+        None,
+        1,
+        _scenario(1, "{min_replicas: 4, max_replicas: 200}"),
+        baselines=False,
     )
     steps = [
         (d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == "fragments"
     ]
-    assert steps == [(1, 2), (2, 4), (4, 8)]
-    assert result.gpuscaler.cluster.fragments == 8
+    # 4 replicas forced by min_replicas on 0.3 GPUs of demand: packing them saves GPUs
+    # until one GPU holds all four; an eighth fragment would pack nothing (issue 11: no
+    # ratchet to 8).
+    assert steps == [(1, 2), (2, 4)]
+    assert result.gpuscaler.cluster.fragments == 4
     assert result.reactive.cluster.fragments == 1  # the baseline never changes sharing
 
 
 def test_a_hot_shared_pool_gets_fewer_fragments_and_a_longer_time_slice() -> None:
     result = simulate(
-        _flat_trace(500), None, 1, _scenario(8, "{max_replicas: 200, target_utilization_pct: 90}")
+        _flat_trace(500),
+        None,
+        1,
+        _scenario(8, "{max_replicas: 200, target_utilization_pct: 90}"),
+        baselines=False,
     )
     kinds = {(d.kind, d.from_value, d.to_value) for d in result.gpuscaler.decisions}
     assert ("fragments", 8, 4) in kinds
     assert ("time_slice", "medium", "long") in kinds
+
+
+def test_fragments_come_back_down_when_demand_rises_after_a_quiet_start() -> None:
+    # Quiet for 3 h (4 forced replicas pack onto fewer GPUs), then 20x the demand: the
+    # decision goes both ways, on demand per GPU rather than utilization.
+    counts = np.concatenate([np.full(3 * 360, 50.0), np.full(3 * 360, 1000.0)])
+    trace = Trace("quiet-then-busy", 1.7e9, 10.0, counts)
+    result = simulate(
+        trace, None, 1, _scenario(1, "{min_replicas: 4, max_replicas: 200}"), baselines=False
+    )
+    steps = [
+        (d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == "fragments"
+    ]
+    assert (1, 2) in steps
+    up = steps.index((1, 2))
+    assert any(int(b) < int(a) for a, b in steps[up:]), steps
+
+
+def test_a_short_trace_runs_reactive_until_min_history_and_says_how_much_was_scored(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, "t.csv", "t,r\n" + _rows(270))  # 45 minutes
+    out = _cli("--trace", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["hours"] == 0.75
+    assert summary["forecast_from_hours"] == pytest.approx(10 / 60, abs=1e-3)
+    assert summary["scored_hours"] == pytest.approx(0.75 - 10 / 60, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--hours", "nan"), "--hours must be a finite number > 0"),
+        (("--hours", "-1"), "--hours must be a finite number > 0"),
+        (("--hours", "0"), "--hours must be a finite number > 0"),
+        (("--start", "nan"), "--start must be a finite number >= 0"),
+        (("--start", "-2"), "--start must be a finite number >= 0"),
+        (("--resample", "fast"), "--resample"),
+        (("--resample", "100ms"), "at least 500ms"),
+    ],
+)
+def test_bad_numbers_exit_two_with_the_reason(args: tuple[str, ...], message: str) -> None:
+    out = _cli(*args, timeout=60)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_gap_needing_unbounded_memory_is_refused_with_the_remedy(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", "t,r\n0,1\n10,1\n10000000000,1\n")
+    out = _cli("--trace", str(path), timeout=60)
+    assert out.returncode == 2
+    assert "cut the gap out" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_per_request_log_is_binned_by_resample_and_the_column_is_named(
+    tmp_path: Path,
+) -> None:
+    rows = "".join(f"{1_700_000_000 + i * 0.7:.3f},{100 + i % 5},7\n" for i in range(4000))
+    path = _write(tmp_path, "log.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    counted = load_trace(path, resample=10.0)
+    assert counted.bin_seconds == 10.0 and counted.counts.sum() == 4000
+    assert "rows counted" in counted.source
+    summed = load_trace(path, resample=10.0, column="GeneratedTokens")
+    assert summed.counts.sum() == 7 * 4000 and "GeneratedTokens" in summed.source
+    out = _cli("--trace", str(path), "--resample", "10s", "--column", "nope", timeout=60)
+    assert out.returncode == 2 and "no column 'nope'" in out.stderr
+    assert "ContextTokens" in out.stderr  # the remedy: the columns there are
+    out = _cli("--trace", str(path), "--resample", "10s", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "rows counted as requests" in out.stderr

@@ -369,10 +369,35 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
 # --------------------------------------------------------------------------- pools
 
 
+SHARED_SUFFIX = "-SHARED"
+"""GPU feature discovery appends this to `nvidia.com/gpu.product` while the node's GPUs are
+shared (time-slicing replicas > 1, unless the resource is renamed): NVIDIA/k8s-device-plugin
+internal/lm/resource.go, resourceLabeler.productLabel. A pool selected by product keeps its
+nodes through every fragment change only if both forms match."""
+MIG_MARK = "-MIG-"
+"""GFD names a MIG device's product `<model>-MIG-<profile>` (same file, NewMIGResourceLabeler)."""
+
+
+def selects(selector_value: str, label_value: str | None, label: str) -> bool:
+    """Does a node's label value match the pool selector? A `*.product` label matches with or
+    without GFD's -SHARED suffix, so sharing never moves a node out of its pool."""
+    if label_value is None:
+        return False
+    if label_value == selector_value:
+        return True
+    return label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+
+
 def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
-    return tuple(
-        n for n in objects.nodes if n.labels.get(pool.selector.label) == pool.selector.value
-    )
+    label, value = pool.selector.label, pool.selector.value.removesuffix(SHARED_SUFFIX)
+    return tuple(n for n in objects.nodes if selects(value, n.labels.get(label), label))
+
+
+def is_mig(node: Node) -> bool:
+    """A node whose GPUs are split by MIG: GFD's mig.strategy single/mixed, or a MIG product."""
+    strategy = node.labels.get("nvidia.com/mig.strategy", "none")
+    product = node.labels.get("nvidia.com/gpu.product", "")
+    return strategy in ("single", "mixed") or MIG_MARK in product
 
 
 def shares_held(node: Node, pods: Iterable[GpuPod]) -> int:
@@ -411,7 +436,13 @@ def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
         )
     frag_values = [str(n.fragments) for n in nodes if n.fragments is not None]
     problem = None
-    if len(frag_values) < len(nodes):
+    mig = [n.name for n in nodes if is_mig(n)]
+    if mig:
+        problem = (
+            f"MIG pool (node(s) {', '.join(mig[:3])}): its GPUs are MIG instances, whose size "
+            "is the MIG profile; fragments and time slices are left alone"
+        )
+    elif len(frag_values) < len(nodes):
         unknown = [n.name for n in nodes if n.fragments is None][:3]
         problem = f"fragments unknown on node(s) {', '.join(unknown)} (no sharing config label)"
     fragments = _rollout_value(nodes, "fragments", frag_values)

@@ -56,6 +56,7 @@ from gpuscaler.adapters.cluster import (
     current_state,
     parse_objects,
     parse_scale_object,
+    parse_time,
     pool_nodes,
     shares_held,
     sharing_config_name,
@@ -64,6 +65,7 @@ from gpuscaler.adapters.cluster import (
 from gpuscaler.adapters.kube.api import NO_ANSWER
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
+from gpuscaler.errors import OutsideError
 
 if TYPE_CHECKING:  # the preemption adapter builds on this module
     pass
@@ -77,13 +79,26 @@ KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
 REPORTING_CONTROLLER = "gpuscaler.io/controller"
 
 
-class KubeError(Exception):
+class KubeError(OutsideError):
     """A Kubernetes API call that failed or was refused; the message names the object."""
+
+
+class ConfigNotReady(KubeError):
+    """A sharing config just added, not yet safe to name on a node: try again later."""
+
+
+CONFIG_ADDED = "gpuscaler.io/config-added-"
+"""Annotation on the device-plugin ConfigMap, per config gpuscaler added: when."""
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
     """The server's own message rides along for refusals and invalid objects: a 403 names
-    the user, verb and resource RBAC lacks, a 422 the field the schema refused."""
+    the user, verb and resource RBAC lacks, a 422 the field the schema refused. A call that
+    got no answer (status 0) says what happened on the wire instead."""
     if e.status == NO_ANSWER:
         return KubeError(f"{action}: {e.reason}")
     message = f"{action}: HTTP {e.status} {e.reason}"
@@ -412,10 +427,12 @@ class KubeNodePools:
 
     # ------------------------------------------------------------------ device plugin
 
-    def ensure_sharing_config(self, pool: NodePoolConfig, fragments: int) -> str:
-        """The name of the config giving `fragments` per GPU, added to the device-plugin
-        ConfigMap when missing. An existing config of that name that says something else
-        is never overwritten: the operator owns it."""
+    def ensure_sharing_config(self, pool: NodePoolConfig, fragments: int, now: float) -> str:
+        """The name of the config giving `fragments` per GPU, once nodes may name it: added
+        to the device-plugin ConfigMap when missing (with the time, in an annotation), and
+        usable `kubernetes.config_propagation` after that (ConfigNotReady until then). An
+        existing config of that name that says something else is never overwritten: the
+        operator owns it."""
         ref = self.config.kubernetes.device_plugin_config_map
         name = sharing_config_name(pool, fragments, self.config)
         where = f"ConfigMap {ref.namespace}/{ref.name}"
@@ -442,6 +459,8 @@ class KubeNodePools:
                         f"{replicas} replicas, not {pool.sharing} with {fragments}; "
                         "left as it is, fix or rename it"
                     )
+                added = parse_time((meta.get("annotations") or {}).get(CONFIG_ADDED + name))
+                self._propagated(name, added, now)
                 return name
             if (meta.get("labels") or {}).get(OPT_IN_LABEL) != "true":
                 raise KubeError(
@@ -450,7 +469,10 @@ class KubeNodePools:
                 )
             self.writer.gate(f"add {name} to {where}")
             body = {
-                "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                "metadata": {
+                    "resourceVersion": meta.get("resourceVersion"),
+                    "annotations": {CONFIG_ADDED + name: _rfc3339(now)},
+                },
                 "data": {name: sharing_config(pool.sharing, fragments)},
             }
             try:
@@ -474,8 +496,20 @@ class KubeNodePools:
                 "AddSharingConfig",
                 f"added device-plugin config {name} ({pool.sharing}, {fragments} per GPU)",
             )
+            self._propagated(name, now, now)
             return name
         raise KubeError(f"patch {where}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
+
+    def _propagated(self, name: str, added: float | None, now: float) -> None:
+        """Raise ConfigNotReady while a config gpuscaler added may not have reached every
+        node's config-manager yet; a config without the annotation was there before."""
+        wait = self.config.kubernetes.config_propagation
+        if added is not None and now - added < wait:
+            raise ConfigNotReady(
+                f"config {name} was added {now - added:.0f}s ago; nodes are relabelled "
+                f"{wait:.0f}s after (kubernetes.config_propagation), once the kubelet has "
+                "synced it to every device plugin"
+            )
 
     # ------------------------------------------------------------------ nodes
 
@@ -572,7 +606,7 @@ class KubeNodePools:
     def apply_one(self, d: Decision) -> bool:
         pool = self._pool(d.target)
         if d.kind == "fragments":
-            self.ensure_sharing_config(pool, int(d.to_value))
+            self.ensure_sharing_config(pool, int(d.to_value), d.time)
         return self.roll_out(d.kind, pool, str(d.to_value), _record(d)) > 0
 
     def continue_rollouts(self, skip: set[str] | frozenset[str] = frozenset()) -> int:

@@ -38,6 +38,7 @@ from gpuscaler.adapters.cluster import CurrentState
 from gpuscaler.config import Config, PrometheusConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.errors import OutsideError
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -53,7 +54,7 @@ HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
 
 
-class SourceError(Exception):
+class SourceError(OutsideError):
     """A fetch that failed; the message is safe to log (no secrets)."""
 
 
@@ -90,17 +91,35 @@ def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
     return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
 
 
-def workload_matchers(namespace: str, name: str) -> list[str]:
+POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
+"""dcgm-exporter's pod attribution, as scraped: `pod`/`namespace` when the ServiceMonitor
+honours the exporter's labels, `exported_pod`/`exported_namespace` under the stock
+`honorLabels: false` of the dcgm-exporter Helm chart and the GPU Operator (Prometheus
+renames a scraped label that clashes with a target label)."""
+
+
+def workload_matchers(
+    namespace: str, name: str, labels: tuple[str, str] = POD_LABELS[0]
+) -> list[str]:
     """Matchers for a workload's pods: its namespace and pods named `<name>-...` (the
     Deployment/StatefulSet naming); the name is regex-escaped, then string-escaped."""
+    ns_label, pod_label = labels
     return [
-        f"namespace={escape_label_value(namespace)}",
-        f"pod=~{escape_label_value(re.escape(name) + '-.+')}",
+        f"{ns_label}={escape_label_value(namespace)}",
+        f"{pod_label}=~{escape_label_value(re.escape(name) + '-.+')}",
     ]
 
 
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
-    return template.format(matchers=",".join(workload_matchers(namespace, name)), lookback=lookback)
+    """The template over the workload's pods under either label convention: `(A) or (B)`
+    takes the plain labels when they match and the exported ones otherwise."""
+    parts = [
+        template.format(
+            matchers=",".join(workload_matchers(namespace, name, labels)), lookback=lookback
+        )
+        for labels in POD_LABELS
+    ]
+    return " or ".join(f"({p})" for p in parts)
 
 
 def format_step(seconds: float) -> str:
@@ -175,14 +194,24 @@ class Transport:
         return text
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Any]:
-        self._authorize()
-        try:
-            result: Any = self.client.custom_query_range(
+        return self._call(
+            lambda: self.client.custom_query_range(
                 query,
                 start_time=datetime.fromtimestamp(start, UTC),
                 end_time=datetime.fromtimestamp(end, UTC),
                 step=format_step(step),
             )
+        )
+
+    def query(self, query: str) -> list[Any]:
+        """An instant query (the scheduler extender's grouped GPU-memory read)."""
+        return self._call(lambda: self.client.custom_query(query))
+
+    def _call(self, request: Callable[[], Any]) -> list[Any]:
+        """`data.result` of one request, every failure a SourceError without secrets."""
+        self._authorize()
+        try:
+            result: Any = request()
         except requests.exceptions.JSONDecodeError:
             raise SourceError("answer is not JSON") from None
         except requests.Timeout:
@@ -347,7 +376,8 @@ class PrometheusSource:
         except SourceError as e:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
-        window.fetched_until = end
+        if got_any or window.series().last_sample_time() is not None:
+            window.fetched_until = end  # an empty window is backfilled again next tick
         if absurd is not None:
             return window.series(), absurd
         if had_bad:

@@ -107,6 +107,18 @@ def decide_fragments(
             return replace(held, blocked_until_preempted=to)
         bound = f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
     else:
+        g = obs.gpus_held
+        if g is not None and upper * g > cfg.more_below_pct * (g - 1):
+            # Demand in GPUs (per-GPU demand x GPUs held) must fit one GPU fewer at the
+            # "more" threshold, or a doubling packs nothing and only adds overhead.
+            return hold(
+                KIND,
+                target,
+                now,
+                f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit "
+                f"{g - 1} GPUs at {more_at:g}%: more fragments would pack nothing",
+                h,
+            )
         want = current << cfg.max_step
         # Compute never over-committed: per-GPU demand scales with tenants per GPU.
         compute_max = (cfg.max_compute_commit * 100) * current / max(upper, 1e-9)

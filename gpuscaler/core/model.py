@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
@@ -61,11 +62,15 @@ class Forecast:
     errors: Mapping[str, float] = field(default_factory=dict)
     """Recent in-window MAE over the horizon per candidate (ensemble, arima, ses,
     window_mean, last_value): the forecaster's self-assessment."""
+    peak_error: float = 0.0
+    """Median of the recent errors of the path's maximum against the actual maximum over
+    the horizon: an averaged path is flatter than the load, so its maximum runs low."""
 
     @property
     def peak(self) -> float:
-        """Highest point of the mean path over the horizon."""
-        return float(np.max(self.mean))
+        """Forecast maximum over the horizon: the path's highest point plus the median of
+        its recent peak errors."""
+        return float(np.max(self.mean)) + self.peak_error
 
     @property
     def peak_upper(self) -> float:
@@ -94,6 +99,32 @@ class FitState:
     intercept: float
     phi: tuple[float, ...]
     sigma2: float
+    interval: IntervalState | None = None
+    """The adaptive interval correction carried across ticks (None: not started)."""
+
+
+@dataclass(frozen=True)
+class IssuedInterval:
+    """An interval issued at `origin`: bounds of the buckets ending `step`, 2 `step`, ...
+    later, kept until every one is observed."""
+
+    origin: float
+    step: float
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class IntervalState:
+    """Adaptive conformal inference state of one series (Gibbs & Candes 2021): the level
+    the conformal quantile is taken at, moved after every tick by how often the intervals
+    issued earlier missed the points observed since."""
+
+    level: float
+    checked_at: float
+    pending: tuple[IssuedInterval, ...] = ()
+    points: int = 0
+    misses: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +154,8 @@ class PoolObservation:
     """Most GPU shares held by pods on any one GPU of the pool."""
     memory_used_gib: float | None = None
     """Memory in use on the pool's fullest GPU (frame buffer), when measured."""
+    gpus_held: int | None = None
+    """GPUs held by pods of the pool now; with one, more fragments pack nothing."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +252,11 @@ class TargetHistory:
     """(time, recommended value) within the stabilization window."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
+    seen: tuple[tuple[float, float, float, float], ...] = ()
+    """(time, last observed value, forecast upper bound and mean peak over the lead
+    time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
+    fallback: bool = False
+    """The forecast has had no skill lately: the floor has stepped back to reactive."""
 
 
 EMPTY_TARGET = TargetHistory()

@@ -4,6 +4,9 @@ The HPA formula, desired = ceil(load / target), applied to the forecast's upper 
 the horizon instead of the current value: the floor rises before the load does, and the
 reactive autoscaler above it keeps the ceiling (effective replicas = max(floor, reactive)).
 Scale-down only to the highest recommendation of the stabilization window; steps bounded.
+The forecast must earn the floor: it is scored every tick against reactive sizing on the
+observed series (gpuscaler.core.skill); until it has shown skill, and whenever it loses
+it, the floor steps back to min_replicas and the reactive autoscaler alone decides.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ import math
 from dataclasses import replace
 from typing import Final
 
+import numpy as np
+
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import Decision, TargetHistory, WorkloadObservation
+from gpuscaler.core.skill import assess, in_fallback, remember
 
 KIND: Final = "replica_floor"
 
@@ -44,18 +50,23 @@ def decide_replica_floor(
     upper = forecast.peak_upper_within(cfg.lead_time)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
-    raw = hpa_desired(upper, share, cfg.target_utilization_pct)
+    mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
+    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper, mean_peak)
+    sized, aim = upper, cfg.target_utilization_pct
+    raw = hpa_desired(sized, share, aim)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = upper / (share * current * cfg.target_utilization_pct) if current else 0.0
+    usage_ratio = sized / (share * current * aim) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
+    if fallback is not None:
+        raw = cfg.min_replicas  # no skill: the reactive autoscaler alone decides
     recommended = max(cfg.min_replicas, min(ceiling, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
     h = replace(h, recommendations=recs)
     # Scale down only to the highest recommendation in the window.
     stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = (
+    why = fallback or (
         f"forecast upper {upper:.0f}% GPU / ({share:g} GPU x target "
         f"{cfg.target_utilization_pct:g}%) -> {raw} replicas"
     )
@@ -92,6 +103,30 @@ def decide_replica_floor(
         forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
     )
     return Outcome(h, decision=decision)
+
+
+def _skill_check(
+    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float, mean: float
+) -> tuple[TargetHistory, str | None]:
+    """History with this tick scored, and the reason when the floor steps back to
+    reactive because the forecast has had no skill (None when it keeps the floor)."""
+    if not cfg.skill_check:
+        return h, None
+    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
+    h = remember(h, now, value, upper, mean, keep)
+    skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
+    fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
+    h = replace(h, fallback=fallback)
+    if not fallback:
+        return h, None
+    score = "none yet" if skill.score is None else f"{skill.score:.2f}"
+    return h, (
+        f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
+        f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
+        f"reactive shortfall than flat headroom or a level floor at the same cost would); "
+        f"the floor steps back to min {cfg.min_replicas} and the reactive autoscaler "
+        f"decides (forecast upper bound {upper:.0f}% unused)"
+    )
 
 
 def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:

@@ -35,6 +35,8 @@ class RawPool:
     """Set by the adapter when the source failed for this pool."""
     memory_used_gib: float | None = None
     """Memory used on the pool's fullest GPU, newest sample."""
+    gpus_held: int | None = None
+    """GPUs the pool's workloads hold now, when the source knows."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def build_snapshot(
                 gpu_memory_gib=p.gpu_memory_gib,
                 max_shares_held=p.max_shares_held,
                 memory_used_gib=p.memory_used_gib,
+                gpus_held=p.gpus_held,
             )
         )
     workloads = [

@@ -3,7 +3,10 @@
 Stall (engine busy while SMs idle) averaging above `stall_above_pct` over the stall window
 means tenants thrash each other's caches: step the slice longer. Once stall has stayed
 below `recover_below_pct` for the stabilization period, step back toward the pool's base
-level (compute-bound: medium, about 100 ms; IO-bound: short, about 50 ms).
+level (compute-bound: medium; IO-bound: short). `nvidia-smi compute-policy --set-timeslice`
+takes levels 0-3 (default, short, medium, long) and NVIDIA publishes no durations for
+them, so gpuscaler speaks of levels only: the design's "100 ms for compute-bound, 50 ms for
+IO-bound" intent maps to a longer and a shorter level.
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ def decide_time_slice(
     target = obs.name
     stall = obs.stall_mean_pct
     if stall is None or not math.isfinite(stall):
-        return invalid(KIND, target, now, "stall mean missing or not finite", h)
+        why = obs.utilization.problem or (  # the pool's problem, if it has one
+            f"stall: no sample in the last {cfg.stall_window:.0f}s (stale or missing)"
+            if stall is None
+            else "stall mean not finite"
+        )
+        return invalid(KIND, target, now, why, h)
     if obs.stall_last_sample_time is None or now - obs.stall_last_sample_time > staleness:
         return invalid(KIND, target, now, "stall series stale or empty", h)
     current = obs.time_slice_level or "default"
@@ -80,8 +88,7 @@ def decide_time_slice(
         target=target,
         from_value=current,
         to_value=to,
-        reason=f"{why}; {current} ({cfg.level_ms.get(current, 0)}ms) -> {to} "
-        f"({cfg.level_ms.get(to, 0)}ms)",
+        reason=f"{why}; level {current} -> {to}",
         forecast={"stall_mean": stall},
     )
     return Outcome(replace(h, calm_since=None), decision=decision)

@@ -6,21 +6,26 @@ The load model (stated wherever results are shown):
 - Requests: the trace's per-bin rate, linearly interpolated to 500 ms, with Poisson
   arrivals in each 500 ms slot (seeded).
 - Work: each request costs `gpu_seconds_per_request` GPU-seconds on a whole GPU.
-- Fragments: with f fragments per GPU each replica holds 1/f of a GPU; time-slicing f
-  tenants costs `switch_overhead` of throughput per doubling, so busy GPU time =
-  work / (1 - switch_overhead * log2 f).
-- Capacity: ready replicas x 1/f GPU of busy time. Demand above it is under-provisioning.
-- Utilization: the workload's load signal is its busy GPU time in percent of one GPU
-  (capped by capacity) plus Gaussian measurement noise; a pool GPU's utilization is that
-  load over the GPUs its ready replicas occupy. 0.2 % of samples are dropped (gaps).
+- Queue: work that capacity cannot serve in a slot waits, FIFO, for the next slots (a
+  fluid queue, `gpuscaler.sim.queue`); nothing is dropped. A request's wait is the time
+  until cumulative service reaches the cumulative work up to its slot.
+- Time-slicing: replicas are packed f to a GPU (f fragments). A replica alone on a GPU
+  can use all of it; k tenants sharing one lose `switch_overhead` of throughput per
+  doubling, so a GPU with k tenants serves 1 - switch_overhead x log2 k GPU-seconds a
+  second. GPUs held = ceil(replicas holding a pod / f).
+- Lead times: a scaler's decision reaches the pods `sync_delay` later; a new pod holds
+  its GPU from then and serves after a cold start drawn from [cold_start,
+  cold_start_max]; a leaving ready pod keeps its GPU and serves until the queue present
+  at its removal is drained (at most `drain_max`). A fragment change restarts the device
+  plugin: capacity x `fragment_disruption_capacity` for `fragment_disruption`.
+- Signals: the workload's utilization (what the HPA reads) is busy GPU time served, in
+  percent of one GPU, plus Gaussian noise; its demand signal (what a request-rate query
+  gives) is the arriving work in percent of one GPU. A pool's utilization is its demand
+  per GPU held (what tenants would use unthrottled). 0.2 % of samples are dropped.
 - Stall: 30 % x utilization^2 x log2(f)/3, scaled by the time slice level (long 0.6,
   medium 1.0, short 1.2, default 1.1): contention grows with tenants and load.
-- Replicas: a new replica is ready `cold_start` after it is created; removal is at once,
-  newest first. GPUs provisioned = ceil(replicas / f), ready or not.
-- The reactive autoscaler (a simulated HPA) is always there: every tick it applies the
-  HPA formula to the last interval's utilization, with the same target, tolerance,
-  bounds, 300 s scale-down stabilization and a scale-up limit of max(2x, +4); effective
-  replicas = max(floor, HPA answer).
+- The reactive autoscaler (`gpuscaler.sim.scalers`) is always there; effective replicas
+  = max(floor, its answer).
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import numpy as np
 
 from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.core.model import Decision, FloatArray, Series
-from gpuscaler.core.replicas import hpa_desired
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.preemption import SimulatedPreemption
+from gpuscaler.sim.queue import lindley
+from gpuscaler.sim.scalers import Scaler, ScalerKind
 from gpuscaler.sim.trace import Trace
 
 SAMPLE = 0.5
@@ -43,15 +49,11 @@ SAMPLE = 0.5
 DROP_PROBABILITY = 0.002
 """Share of samples lost to missed scrapes."""
 STALL_LEVEL_FACTOR = {"default": 1.1, "short": 1.2, "medium": 1.0, "long": 0.6}
-HPA_SCALE_UP_PODS = 4
-"""The HPA's default scale-up policy: at most double, or add 4 pods, per period."""
+INF = math.inf
 
 
-def demand_from_trace(
-    trace: Trace, start: float, seconds: float, gpu_seconds_per_request: float, seed: int
-) -> FloatArray:
-    """Work arriving in each 500 ms slot, in GPUs' worth of busy time (whole GPU, no
-    sharing overhead)."""
+def arrivals_from_trace(trace: Trace, start: float, seconds: float, seed: int) -> FloatArray:
+    """Requests arriving in each 500 ms slot: Poisson at the trace's interpolated rate."""
     n = int(seconds / SAMPLE)
     t = start + SAMPLE * np.arange(n)
     centers = trace.start + trace.bin_seconds * (np.arange(len(trace.counts)) + 0.5)
@@ -59,8 +61,45 @@ def demand_from_trace(
     ok = np.isfinite(rate)
     lam = np.interp(t, centers[ok], rate[ok])
     rng = np.random.default_rng(seed)
-    arrivals = rng.poisson(lam * SAMPLE)
-    return np.asarray(arrivals * gpu_seconds_per_request / SAMPLE, dtype=np.float64)
+    return np.asarray(rng.poisson(lam * SAMPLE), dtype=np.float64)
+
+
+def demand_from_trace(
+    trace: Trace, start: float, seconds: float, gpu_seconds_per_request: float, seed: int
+) -> FloatArray:
+    """Work arriving in each 500 ms slot, in GPUs' worth of busy time (whole GPU, no
+    sharing overhead)."""
+    counts = arrivals_from_trace(trace, start, seconds, seed)
+    return np.asarray(counts * gpu_seconds_per_request / SAMPLE, dtype=np.float64)
+
+
+def efficiency(tenants: FloatArray | float, overhead: float) -> FloatArray:
+    """GPU-seconds a GPU serves per second with `tenants` time-slicing it."""
+    k = np.maximum(np.asarray(tenants, dtype=np.float64), 1.0)
+    return np.asarray(1.0 - overhead * np.log2(k), dtype=np.float64)
+
+
+def layout_capacity(ready: FloatArray, fragments: int, overhead: float) -> FloatArray:
+    """GPUs' worth of service of `ready` replicas packed `fragments` to a GPU."""
+    full = np.floor(ready / fragments)
+    rest = ready - full * fragments
+    partial = np.where(rest > 0, efficiency(rest, overhead), 0.0)
+    return np.asarray(full * efficiency(fragments, overhead) + partial, dtype=np.float64)
+
+
+RECORDED = (
+    "requests",
+    "demand_busy",
+    "demand_pct",
+    "capacity",
+    "served",
+    "queue",
+    "load",
+    "pool_util",
+    "stall",
+    "gpus",
+    "replicas",
+)
 
 
 @dataclass
@@ -68,8 +107,15 @@ class Recorder:
     """Per-sample arrays of one run."""
 
     n: int
+    requests: FloatArray = field(init=False)
     demand_busy: FloatArray = field(init=False)
+    """Work arriving, in GPUs busy at the current sharing (overhead included)."""
+    demand_pct: FloatArray = field(init=False)
     capacity: FloatArray = field(init=False)
+    served: FloatArray = field(init=False)
+    """GPU-seconds of work served in the slot."""
+    queue: FloatArray = field(init=False)
+    """GPU-seconds of work waiting at the end of the slot."""
     load: FloatArray = field(init=False)
     pool_util: FloatArray = field(init=False)
     stall: FloatArray = field(init=False)
@@ -77,24 +123,34 @@ class Recorder:
     replicas: FloatArray = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("demand_busy", "capacity", "load", "pool_util", "stall", "gpus", "replicas"):
+        for name in RECORDED:
             setattr(self, name, np.full(self.n, np.nan))
+
+
+@dataclass
+class Pod:
+    created: float
+    ready: float
+    leave: float = INF
 
 
 class SimulatedCluster:
     """Observation source and actuator for the controller, backed by the simulation."""
 
     name = "simulator"
+    slot = SAMPLE
 
     def __init__(
         self,
         config: Config,
         workload_key: str,
         pool_name: str,
-        demand: FloatArray,
+        arrivals: FloatArray,
         start: float,
         seed: int,
         fragments: int,
+        scaler: tuple[ScalerKind, float] | None = None,
+        controlled: bool = True,
     ):
         self.config = config
         self.sim = config.simulator
@@ -105,23 +161,36 @@ class SimulatedCluster:
         )
         pool = next(p for p in config.node_pools if p.name == pool_name)
         self.gpu_memory_gib = pool.gpu_memory_gib
-        self.demand = demand
+        self.arrivals = arrivals
+        self.work = arrivals * self.sim.gpu_seconds_per_request  # GPU-seconds per slot
         self.start = start
-        self.rng = np.random.default_rng(seed + 1)
-        self.rec = Recorder(len(demand))
+        rng = np.random.default_rng(seed + 1)
+        n = len(arrivals)
+        self.noise = rng.normal(0.0, self.sim.noise_pct, n)
+        self.stall_noise = rng.normal(0.0, 0.5, n)
+        self.dropped = rng.random(n) < DROP_PROBABILITY
+        self.observed = controlled
+        """Whether a controller reads the pool's signals (baselines skip computing them)."""
+        self.cold_rng = np.random.default_rng(seed + 2)
+        self.rec = Recorder(len(arrivals))
         self.fragments = fragments
         self.time_slice_level = "medium" if pool.profile == "compute_bound" else "short"
         self.floor = self.replicas_cfg.min_replicas
-        self.ready_at: list[float] = [start] * max(1, self.replicas_cfg.min_replicas)
-        self.hpa_recs: list[tuple[float, int]] = []
+        self.pods = [Pod(start, start) for _ in range(max(1, self.replicas_cfg.min_replicas))]
+        kind, target = scaler or ("hpa_util", self.replicas_cfg.target_utilization_pct)
+        self.scaler = Scaler(
+            kind, target, self.replicas_cfg, config.control.interval, config.forecast.horizon
+        )
         self.replica_changes: list[tuple[float, int, int]] = []
         self.fragment_changes: list[Decision] = []
         self.time_slice_changes: list[Decision] = []
+        self.disrupted_until = -INF
+        self.q = 0.0  # GPU-seconds queued at the cursor
         self.cursor = 0  # next sample to simulate
         burst = config.simulator.preemption_burst_after
         self.preemption = (
             SimulatedPreemption(start, config.preemption, burst_after=burst)
-            if burst is not None
+            if burst is not None and controlled
             else None
         )
 
@@ -130,87 +199,98 @@ class SimulatedCluster:
     def share(self) -> float:
         return 1.0 / self.fragments
 
-    def efficiency(self) -> float:
-        return 1.0 - self.sim.switch_overhead * math.log2(self.fragments)
+    def recent(self, values: FloatArray, seconds: float) -> FloatArray:
+        """The last `seconds` of a recorded array, up to the cursor."""
+        return values[max(0, self.cursor - round(seconds / SAMPLE)) : self.cursor]
+
+    def spec_count(self) -> int:
+        """Replicas the workload asks for (pods not leaving)."""
+        return sum(1 for p in self.pods if p.leave == INF)
+
+    def ready_count(self, now: float) -> int:
+        return sum(1 for p in self.pods if p.ready <= now < p.leave)
 
     def advance_to(self, now: float) -> None:
         """Simulate the samples in [cursor time, now)."""
         if self.preemption is not None:
             self.preemption.advance(now)
-        end = min(len(self.demand), round((now - self.start) / SAMPLE))
+        end = min(len(self.arrivals), round((now - self.start) / SAMPLE))
         if end <= self.cursor:
             return
         idx = np.arange(self.cursor, end)
         t = self.start + SAMPLE * idx
-        ready_times = np.sort(np.asarray(self.ready_at))
-        ready = np.searchsorted(ready_times, t, side="right").astype(np.float64)
+        self.pods = [p for p in self.pods if p.leave > t[0]]
+        created = np.sort([p.created for p in self.pods])
+        ready_t = np.sort([p.ready for p in self.pods])
+        leave = np.sort([p.leave for p in self.pods])
+        gone = np.searchsorted(leave, t, side="right")
+        ready = (np.searchsorted(ready_t, t, side="right") - gone).astype(np.float64)
+        held = (np.searchsorted(created, t, side="right") - gone).astype(np.float64)
         f = self.fragments
-        demand_busy = self.demand[idx] / self.efficiency()
-        capacity = ready / f
-        served = np.minimum(demand_busy, capacity)
-        noise = self.rng.normal(0.0, self.sim.noise_pct, len(idx))
-        load = np.maximum(0.0, 100.0 * served + noise * np.sqrt(np.maximum(ready / f, 1.0)))
-        gpus_ready = np.maximum(1.0, np.ceil(ready / f))
-        util = np.clip(100.0 * served / gpus_ready + noise, 0.0, 100.0)
-        stall = (
-            30.0
-            * (util / 100.0) ** 2
-            * (math.log2(f) / 3.0)
-            * STALL_LEVEL_FACTOR[self.time_slice_level]
-        )
-        stall = np.clip(stall + self.rng.normal(0.0, 0.5, len(idx)), 0.0, 100.0)
-        dropped = self.rng.random(len(idx)) < DROP_PROBABILITY
+        overhead = self.sim.switch_overhead
+        capacity = layout_capacity(ready, f, overhead)
+        disrupted = t < self.disrupted_until
+        capacity = np.where(disrupted, capacity * self.sim.fragment_disruption_capacity, capacity)
+        work = self.work[idx]
+        queue, served = lindley(self.q, work, capacity * SAMPLE)
+        self.q = float(queue[-1])
+        gpus = np.ceil(held / f)
+        demand_pct = 100.0 * work / SAMPLE
+        noise = self.noise[idx]
+        load = np.maximum(0.0, 100.0 * served / SAMPLE + noise * np.sqrt(np.maximum(ready / f, 1)))
+        dropped = self.dropped[idx]
         load[dropped] = np.nan
-        util[dropped] = np.nan
-        stall[dropped] = np.nan
+        eff = float(efficiency(min(f, max(1.0, float(held[-1]))), overhead))
         r = self.rec
-        r.demand_busy[idx] = demand_busy
+        if self.observed:
+            pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
+            busy = np.clip(100.0 * served / SAMPLE / np.maximum(gpus, 1.0), 0.0, 100.0)
+            stall = 30.0 * (busy / 100.0) ** 2 * (math.log2(f) / 3.0)
+            stall *= STALL_LEVEL_FACTOR[self.time_slice_level]
+            stall = np.clip(stall + self.stall_noise[idx], 0.0, 100.0)
+            pool_util[dropped] = np.nan
+            stall[dropped] = np.nan
+            r.pool_util[idx] = pool_util
+            r.stall[idx] = stall
+        r.requests[idx] = self.arrivals[idx]
+        r.demand_busy[idx] = work / SAMPLE / eff
+        r.demand_pct[idx] = demand_pct
         r.capacity[idx] = capacity
+        r.served[idx] = served
+        r.queue[idx] = queue
         r.load[idx] = load
-        r.pool_util[idx] = util
-        r.stall[idx] = stall
-        r.gpus[idx] = math.ceil(len(self.ready_at) / f)
-        r.replicas[idx] = len(self.ready_at)
+        r.gpus[idx] = gpus
+        r.replicas[idx] = self.spec_count()
         self.cursor = end
 
-    def ready_count(self, now: float) -> int:
-        return sum(1 for t in self.ready_at if t <= now)
+    def _drain_seconds(self) -> float:
+        if self.cursor == 0:
+            return 0.0
+        cap = float(self.rec.capacity[self.cursor - 1])
+        if cap <= 0:
+            return self.sim.drain_max
+        return min(self.sim.drain_max, self.q / cap)
 
     def set_replicas(self, now: float, n: int) -> None:
-        current = len(self.ready_at)
+        current = self.spec_count()
         if n == current:
             return
+        at = now + self.sim.sync_delay
         if n > current:
-            self.ready_at += [now + self.sim.cold_start] * (n - current)
+            lo, hi = self.sim.cold_start, self.sim.cold_start_max
+            for cold in self.cold_rng.uniform(lo, hi, n - current):
+                self.pods.append(Pod(at, at + float(cold)))
         else:
-            self.ready_at = sorted(self.ready_at)[:n]  # newest (latest ready) go first
+            staying = [p for p in self.pods if p.leave == INF]
+            # Newest (latest ready) go first; one not serving yet just disappears.
+            for p in sorted(staying, key=lambda p: p.ready)[n:]:
+                p.leave = at if p.ready > at else at + self._drain_seconds()
+                p.ready = min(p.ready, p.leave)
         self.replica_changes.append((now, current, n))
 
     def hpa_step(self, now: float) -> None:
-        """The reactive autoscaler: HPA formula on the last interval's utilization."""
-        cfg = self.replicas_cfg
-        i1 = self.cursor
-        i0 = max(0, i1 - int(self.config.control.interval / SAMPLE))
-        window = self.rec.load[i0:i1]
-        finite = window[np.isfinite(window)]
-        ready = self.ready_count(now)
-        current = len(self.ready_at)
-        if finite.size == 0 or ready == 0:
-            desired = current  # missing metrics: hold, as the HPA does on no data
-        else:
-            load = float(finite.mean())
-            usage_ratio = load / (self.share() * ready * cfg.target_utilization_pct)
-            if abs(usage_ratio - 1) <= cfg.tolerance:
-                desired = current
-            else:
-                desired = hpa_desired(load, self.share(), cfg.target_utilization_pct)
-        ceiling = cfg.max_replicas
-        desired = max(cfg.min_replicas, min(ceiling, desired))
-        desired = min(desired, max(2 * current, current + HPA_SCALE_UP_PODS))
-        self.hpa_recs = [(t, v) for t, v in self.hpa_recs if t > now - 300.0] + [(now, desired)]
-        if desired < current:
-            desired = min(current, max(v for _, v in self.hpa_recs))
-        self.set_replicas(now, max(self.floor, desired))
+        """The reactive autoscaler's step; effective replicas = max(floor, its answer)."""
+        self.set_replicas(now, max(self.floor, self.scaler.step(self, now)))
 
     # ------------------------------------------------------------------ ports
 
@@ -229,12 +309,13 @@ class SimulatedCluster:
             time_slice_level=self.time_slice_level,
             gpu_memory_gib=self.gpu_memory_gib,
             max_shares_held=0,
+            gpus_held=int(self.rec.gpus[self.cursor - 1]) if self.cursor else None,
         )
         workload = RawWorkload(
             key=self.workload_key,
-            load=self._series(self.rec.load, now),
+            load=self._series(self.rec.demand_pct, now),
             floor=self.floor,
-            replicas=len(self.ready_at),
+            replicas=self.spec_count(),
             max_replicas=self.replicas_cfg.max_replicas,
             replica_gpu_share=self.share(),
         )
@@ -248,11 +329,12 @@ class SimulatedCluster:
                 self.preemption.apply(d)
             elif d.kind == "replica_floor":
                 self.floor = int(d.to_value)
-                self.set_replicas(d.time, max(self.floor, len(self.ready_at)))
+                self.set_replicas(d.time, max(self.floor, self.spec_count()))
             elif d.kind == "fragments":
                 self.fragments = int(d.to_value)
+                self.disrupted_until = d.time + self.sim.fragment_disruption
                 self.fragment_changes.append(d)
             elif d.kind == "time_slice":
-                self.time_slice_level = str(d.to_value)
                 self.time_slice_changes.append(d)
+                self.time_slice_level = str(d.to_value)
         return tuple(decisions)

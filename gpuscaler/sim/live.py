@@ -10,7 +10,7 @@ from dataclasses import replace
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision, Series
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sim.cluster import demand_from_trace
+from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.simulate import scenario_cluster, scenario_config
 from gpuscaler.sim.trace import Trace, load_trace
 
@@ -25,10 +25,8 @@ class LiveSimulation:
         trace = trace or load_trace()
         window = self.config.metrics.window
         self.offset = trace.start + window - wall_start  # simulated time = wall time + offset
-        demand = demand_from_trace(
-            trace, trace.start, trace.duration, self.config.simulator.gpu_seconds_per_request, seed
-        )
-        self.cluster = scenario_cluster(self.config, demand, trace.start, seed)
+        arrivals = arrivals_from_trace(trace, trace.start, trace.duration, seed)
+        self.cluster = scenario_cluster(self.config, arrivals, trace.start, seed)
         self._next_hpa = trace.start + self.config.control.interval
         self._advance(trace.start + window)
 

@@ -1,4 +1,5 @@
-"""Simulator output: a readable table, decisions.jsonl and a PNG plot."""
+"""Simulator output: a readable table (leading with the equal-cost comparison),
+decisions.jsonl and a PNG of the trade-off and the time series."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from typing import Any
 import numpy as np
 
 from gpuscaler.sim.cluster import SAMPLE
+from gpuscaler.sim.queue import fluid_waits
 from gpuscaler.sim.simulate import RunResult, SimulationResult
 
 ROWS = (
-    ("under_provisioned_share", "share of time demand > ready capacity"),
-    ("gpu_hours", "GPU-hours provisioned"),
+    ("slo_violation_share", "share of requests waiting > SLO"),
+    ("p99_wait_s", "p99 queue wait (s)"),
+    ("gpu_hours", "GPU-hours held"),
     ("scaling_actions", "replica count changes"),
     ("direction_reversals", "up/down reversals"),
+    ("under_provisioned_share", "share of time demand > ready capacity"),
     ("forecast_mae", "forecast MAE at horizon (% GPU)"),
     ("naive_mae", "last-value MAE at horizon (% GPU)"),
     ("fragment_changes", "fragment changes"),
@@ -23,12 +27,42 @@ ROWS = (
     ("mean_replicas", "mean replicas"),
     ("failed_ticks", "failed ticks"),
 )
+BASELINE_LABELS = {
+    "reactive": "reactive HPA on utilization",
+    "keda_rate": "KEDA on request rate",
+    "predictive_floor": "predictive floor (FFT + 5 min max)",
+}
+
+
+def equal_cost_lines(summary: dict[str, Any]) -> list[str]:
+    g = summary["gpuscaler"]
+    lines = [
+        f"Equal cost: each baseline swept over targets 40..90 % and read at gpuscaler's "
+        f"{g['gpu_hours']:g} GPU-hours; SLO = wait <= {summary['slo_wait_s']:g}s",
+        f"{'':<44}{'SLO violations':>16}{'p99 wait (s)':>14}",
+        f"{'gpuscaler':<44}{100 * g['slo_violation_share']:>15.3f}%{g['p99_wait_s']:>14.3f}",
+    ]
+    for name, at in summary.get("equal_cost", {}).items():
+        label = BASELINE_LABELS.get(name, name) + " @ equal"
+        if at is None:
+            why = summary.get("equal_cost_outside", {}).get(name, "outside the curve")
+            lines.append(f"{label:<44}  n/a: {why}")
+        else:
+            lines.append(
+                f"{label:<44}{100 * at['slo_violation_share']:>15.3f}%{at['p99_wait_s']:>14.3f}"
+            )
+    return lines
 
 
 def table(summary: dict[str, Any]) -> str:
+    scored = summary.get("scored_hours", summary["hours"])
     lines = [
-        f"trace {summary['trace']}, {summary['hours']:g} h; GPU utilization derived from "
-        "request counts by the simulator's load model (README)",
+        f"trace {summary['trace']}, {summary['hours']:g} h ({scored:g} h scored; the "
+        f"controller from {summary.get('forecast_from_hours', 0):g} h, reactive alone "
+        "before); GPU load derived from request counts by the simulator's load model "
+        "(README)",
+        *(equal_cost_lines(summary) if summary.get("baselines") else []),
+        "",
         f"{'metric':<62}{'gpuscaler':>12}{'reactive':>12}",
     ]
     for key, label in ROWS:
@@ -72,43 +106,79 @@ def _plot(result: SimulationResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 1, figsize=(14, 8), sharex=True)
-    runs: list[RunResult] = [result.gpuscaler, result.reactive]
-    for ax, run in zip(axes, runs, strict=True):
-        rec = run.cluster.rec
-        n = run.cluster.cursor
-        hours = np.arange(n) * SAMPLE / 3600
-        stride = 20  # plot 10 s points
-        ax.plot(
-            hours[::stride],
-            rec.demand_busy[:n:stride],
-            lw=0.6,
-            color="0.45",
-            label="demand (GPUs busy)",
-        )
-        ax.plot(
-            hours[::stride],
-            rec.capacity[:n:stride],
-            lw=1.0,
-            color="tab:blue",
-            label="ready capacity (GPUs)",
-        )
-        if run.track.origin:
-            h = result.config.forecast.horizon
-            fx = (np.asarray(run.track.origin) + h - result.start) / 3600
-            ax.fill_between(
-                fx,
-                np.asarray(run.track.lower) / 100,
-                np.asarray(run.track.upper) / 100,
-                color="tab:orange",
-                alpha=0.3,
-                label=f"forecast {result.config.forecast.interval_level:.0%} band at +{h:.0f}s",
-            )
-        ax.set_title(f"{run.policy}")
-        ax.set_ylabel("GPUs")
-        ax.legend(loc="upper left", fontsize=8)
-    axes[-1].set_xlabel("hours into trace")
-    fig.suptitle(f"{result.trace}: simulated GPU load (derived from request counts) vs capacity")
+    fig = plt.figure(figsize=(14, 12))
+    grid = fig.add_gridspec(3, 1, height_ratios=(1.1, 1, 1))
+    _trade_off(fig.add_subplot(grid[0]), result)
+    top = fig.add_subplot(grid[1])
+    bottom = fig.add_subplot(grid[2], sharex=top, sharey=top)
+    for ax, run in ((top, result.gpuscaler), (bottom, result.reactive)):
+        _series(ax, result, run)
+    bottom.set_xlabel("hours into trace")
+    fig.suptitle(f"{result.trace}: GPU load derived from request counts (load model in the README)")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _trade_off(ax: Any, result: SimulationResult) -> None:
+    summary = result.summary()
+    for name, curve in result.baselines.items():
+        pts = sorted(curve, key=lambda p: p["gpu_hours"])
+        x = [p["gpu_hours"] for p in pts]
+        y = [100 * p["slo_violation_share"] for p in pts]
+        ax.plot(x, y, marker="o", ms=3, label=BASELINE_LABELS.get(name, name) + " (40..90 %)")
+        for p in pts[:: max(1, len(pts) // 4)]:
+            ax.annotate(
+                f"{p['target_pct']}", (p["gpu_hours"], 100 * p["slo_violation_share"]), fontsize=6
+            )
+    g = summary["gpuscaler"]
+    ax.plot([g["gpu_hours"]], [100 * g["slo_violation_share"]], "k*", ms=14, label="gpuscaler")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("GPU-hours held")
+    ax.set_ylabel(f"% requests waiting > {result.config.simulator.slo_wait:g}s")
+    ax.set_title("trade-off: each baseline swept over its target; gpuscaler's point on it")
+    ax.legend(loc="upper right", fontsize=8)
+
+
+def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
+    rec = run.cluster.rec
+    n = run.cluster.cursor
+    per = round(60 / SAMPLE)  # 1 minute means: readable over a day
+    m = n // per * per
+    hours = (np.arange(m // per) + 1) * per * SAMPLE / 3600
+    demand = rec.demand_busy[:m].reshape(-1, per).mean(axis=1)
+    capacity = rec.capacity[:m].reshape(-1, per).mean(axis=1)
+    ax.plot(hours, demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
+    ax.plot(hours, capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
+    waits = fluid_waits(run.cluster.work[:n], rec.served[:n], SAMPLE)
+    late = np.flatnonzero((waits > result.config.simulator.slo_wait) & (rec.requests[:n] > 0))
+    if late.size:
+        ax.plot(
+            late * SAMPLE / 3600,
+            np.zeros(late.size),
+            "|",
+            color="tab:red",
+            ms=10,
+            label="requests over the SLO",
+        )
+    if run.track.origin:
+        h = result.config.forecast.horizon
+        fx = (np.asarray(run.track.origin) + h - result.start) / 3600
+        ax.fill_between(
+            fx,
+            np.asarray(run.track.lower) / 100,
+            np.asarray(run.track.upper) / 100,
+            color="tab:orange",
+            alpha=0.3,
+            label=f"forecast {result.config.forecast.interval_level:.0%} band at +{h:.0f}s",
+        )
+    for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
+        times = [(d.time - result.start) / 3600 for d in run.decisions if d.kind == kind]
+        for i, t in enumerate(times):
+            ax.axvline(t, color=color, lw=0.8, ls="--", label=f"{kind} change" if i == 0 else None)
+    pre = [(d.time - result.start) / 3600 for d in run.decisions if d.kind == "preemption"]
+    if pre:
+        ax.plot(pre, np.zeros(len(pre)), "v", color="black", ms=5, label="preemption step")
+    ax.set_title(run.policy)
+    ax.set_ylabel("GPUs")
+    ax.legend(loc="upper left", fontsize=7)

@@ -14,7 +14,10 @@ import numpy as np
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.model import Decision, FloatArray
-from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, demand_from_trace
+from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, arrivals_from_trace
+from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
+from gpuscaler.sim.queue import fluid_waits, wait_figures
+from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -53,14 +56,22 @@ def scenario_config(config: Config) -> Config:
 
 
 def scenario_cluster(
-    config: Config, demand: FloatArray, start: float, seed: int
+    config: Config,
+    arrivals: FloatArray,
+    start: float,
+    seed: int,
+    scaler: tuple[ScalerKind, float] | None = None,
+    controlled: bool = True,
 ) -> SimulatedCluster:
     """The simulated cluster for the first workload with a node pool, at that pool's
-    initial fragments."""
+    initial fragments, under `scaler` (default: the HPA on utilization at the
+    workload's target)."""
     workload = next(w for w in config.workloads if w.node_pool)
     pool = next(p for p in config.node_pools if p.name == workload.node_pool)
     fragments = pool.initial_fragments or config.fragments.allowed[0]
-    return SimulatedCluster(config, workload.key, pool.name, demand, start, seed, fragments)
+    return SimulatedCluster(
+        config, workload.key, pool.name, arrivals, start, seed, fragments, scaler, controlled
+    )
 
 
 @dataclass
@@ -98,18 +109,35 @@ class SimulationResult:
     hours: float
     start: float
     scored_from: int
-    """First scored sample (after the warm-up of one metrics window)."""
+    """First scored sample (after the warm-up)."""
     gpuscaler: RunResult
     reactive: RunResult
     config: Config
+    baselines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    forecast_from: float = 0.0
+    """Seconds into the replay from which the controller ran (reactive alone before)."""
 
     def summary(self) -> dict[str, Any]:
+        g = _metrics(self, self.gpuscaler)
+        scored = (self.gpuscaler.cluster.cursor - self.scored_from) * SAMPLE / 3600
         return {
             "trace": self.trace,
             "hours": self.hours,
+            "scored_hours": round(scored, 3),
+            "forecast_from_hours": round(self.forecast_from / 3600, 3),
             "load_model": "utilization derived from request counts (see README)",
-            "gpuscaler": _metrics(self, self.gpuscaler),
+            "slo_wait_s": self.config.simulator.slo_wait,
+            "gpuscaler": g,
             "reactive": _metrics(self, self.reactive),
+            "baselines": self.baselines,
+            "equal_cost": {
+                name: equal_cost(curve, g["gpu_hours"]) for name, curve in self.baselines.items()
+            },
+            "equal_cost_outside": {
+                name: why
+                for name, curve in self.baselines.items()
+                if (why := reason_outside(curve, g["gpu_hours"])) is not None
+            },
         }
 
 
@@ -125,10 +153,10 @@ def _bucket_means(values: FloatArray, width: int) -> FloatArray:
 
 def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, float]:
     """MAE at the horizon of the policy's forecasts and of the last-value forecast, both
-    against the observed load bucket ending at origin + horizon, over the scored ticks."""
+    against the observed demand bucket ending at origin + horizon, over the scored ticks."""
     cfg = sim.config.forecast
     width = round(cfg.fit_step / SAMPLE)
-    buckets = _bucket_means(run.cluster.rec.load, width)
+    buckets = _bucket_means(run.cluster.rec.demand_pct, width)
     ahead = round(cfg.horizon / cfg.fit_step)
 
     def bucket_at(t: float) -> int:
@@ -149,21 +177,35 @@ def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, floa
     return forecast_mae, naive_mae
 
 
+def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict[str, Any]:
+    """The SLO-true outcome of one run: waits of the requests arriving in the scored
+    part, GPU-hours held (time integral), replica changes and reversals."""
+    rec = cluster.rec
+    n = cluster.cursor
+    s = slice(scored_from, n)
+    work = cluster.work[:n]
+    waits = fluid_waits(work, rec.served[:n], SAMPLE)[s]
+    p99, share = wait_figures(rec.requests[s], waits, slo)
+    t0 = cluster.start + scored_from * SAMPLE
+    changes = [c for c in cluster.replica_changes if c[0] >= t0]
+    directions = [1 if new > old else -1 for _, old, new in changes]
+    return {
+        "slo_violation_share": round(share, 6),
+        "p99_wait_s": round(p99, 3),
+        "gpu_hours": round(float(np.nansum(rec.gpus[s])) * SAMPLE / 3600, 3),
+        "scaling_actions": len(changes),
+        "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
+    }
+
+
 def _metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
     rec = run.cluster.rec
     s = slice(sim.scored_from, run.cluster.cursor)
     under = rec.demand_busy[s] > rec.capacity[s] + 1e-9
-    changes = [
-        c for c in run.cluster.replica_changes if (c[0] - sim.start) / SAMPLE >= sim.scored_from
-    ]
-    directions = [1 if new > old else -1 for _, old, new in changes]
-    reversals = sum(1 for a, b in itertools.pairwise(directions) if a != b)
     forecast_mae, naive_mae = _forecast_errors(sim, run)
     return {
+        **slo_metrics(run.cluster, sim.scored_from, sim.config.simulator.slo_wait),
         "under_provisioned_share": round(float(under.mean()), 5),
-        "gpu_hours": round(float(np.nansum(rec.gpus[s]) * SAMPLE / 3600), 2),
-        "scaling_actions": len(changes),
-        "direction_reversals": reversals,
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
         "fragment_changes": len(run.cluster.fragment_changes),
@@ -179,14 +221,15 @@ def _metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
 def _run(
     policy: str,
     config: Config,
-    trace: Trace,
     start: float,
     seconds: float,
-    demand: FloatArray,
+    arrivals: FloatArray,
     seed: int,
     metrics: Sequence[ControllerMetrics] = (),
+    scaler: tuple[ScalerKind, float] | None = None,
+    warmup: float | None = None,
 ) -> RunResult:
-    cluster = scenario_cluster(config, demand, start, seed)
+    cluster = scenario_cluster(config, arrivals, start, seed, scaler, policy == "gpuscaler")
     track = ForecastTrack()
     decisions: list[Decision] = []
     controller = Controller(config, cluster, cluster, dry_run=False, log_decisions=False)
@@ -200,7 +243,7 @@ def _run(
         for m in metrics:
             m.attach(controller)
     interval = config.control.interval
-    warmup = config.forecast.min_history
+    warmup = config.forecast.min_history if warmup is None else warmup
     t = start + interval
     end = start + seconds
     while t <= end:
@@ -213,6 +256,20 @@ def _run(
     return RunResult(policy, cluster, decisions, track, controller.stats.failed)
 
 
+def run_baselines(
+    config: Config, start: float, seconds: float, arrivals: FloatArray, seed: int, scored: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Every baseline at every swept target, on the same arrivals and cluster model."""
+    slo = config.simulator.slo_wait
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for name, kind in BASELINES.items():
+        curves[name] = []
+        for target in sweep_targets():
+            run = _run(name, config, start, seconds, arrivals, seed, scaler=(kind, target))
+            curves[name].append({"target_pct": target, **slo_metrics(run.cluster, scored, slo)})
+    return curves
+
+
 def simulate(
     trace: Trace,
     hours: float | None,
@@ -220,37 +277,60 @@ def simulate(
     config: Config,
     start_hours: float = 0.0,
     metrics: Sequence[ControllerMetrics] = (),
+    baselines: bool = True,
 ) -> SimulationResult:
     """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
     config = scenario_config(config)
     offset = start_hours * 3600.0
     available = trace.duration - offset
     seconds = available if hours is None else hours * 3600.0
-    needed = config.metrics.window + config.forecast.horizon + config.control.interval
     if offset < 0 or seconds > available + 1e-9:
         raise TraceError(
             f"{trace.name}: {seconds / 3600:g} h from hour {start_hours:g} asked, the trace "
             f"holds {trace.duration / 3600:.2f} h"
         )
-    if seconds < needed:
-        raise TraceError(
-            f"{trace.name}: {seconds / 3600:.2f} h is shorter than one forecast window "
-            f"({needed / 3600:.2f} h: metrics window + horizon + one interval)"
-        )
+    scored_from, forecast_from = warmup_plan(config, seconds, trace.name)
     start = trace.start + offset
-    demand = demand_from_trace(
-        trace, start, seconds, config.simulator.gpu_seconds_per_request, seed
-    )
+    arrivals = arrivals_from_trace(trace, start, seconds, seed)
     runs = {
-        policy: _run(policy, config, trace, start, seconds, demand, seed, metrics)
+        policy: _run(policy, config, start, seconds, arrivals, seed, metrics, warmup=forecast_from)
         for policy in ("gpuscaler", "reactive")
     }
     return SimulationResult(
         trace=trace.name,
         hours=round(seconds / 3600, 3),
         start=start,
-        scored_from=int(config.metrics.window / SAMPLE),
+        scored_from=scored_from,
         gpuscaler=runs["gpuscaler"],
         reactive=runs["reactive"],
         config=config,
+        baselines=run_baselines(config, start, seconds, arrivals, seed, scored_from)
+        if baselines
+        else {},
+        forecast_from=forecast_from,
     )
+
+
+MIN_SECONDS = 1800.0
+"""Shortest replay: 30 minutes."""
+
+
+def warmup_plan(config: Config, seconds: float, name: str) -> tuple[int, float]:
+    """(first scored sample, seconds before the controller starts). A replay long enough
+    for one metrics window plus the horizon is scored after that window; a shorter one
+    (at least 30 minutes and min_history plus the horizon) is scored after min_history,
+    the reactive autoscaler alone running until then."""
+    window, horizon = config.metrics.window, config.forecast.horizon
+    min_history = config.forecast.min_history
+    if seconds >= window + horizon + config.control.interval:
+        return int(window / SAMPLE), min_history
+    needed = max(MIN_SECONDS, min_history + horizon)
+    if seconds < needed - 1e-9:
+        raise TraceError(
+            f"{name}: {seconds / 60:.1f} min is shorter than one forecast window "
+            f"({needed / 60:.0f} min: forecast.min_history "
+            f"{min_history / 60:g} min + horizon {horizon / 60:g} min, at least 30 min); "
+            f"supply at least {needed / 60:.0f} min of trace, or set forecast.min_history "
+            "lower"
+        )
+    return int(min_history / SAMPLE), min_history

@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 
 from gpuscaler.core.model import FloatArray
+from gpuscaler.errors import InputError
 
 BUNDLED_TRACE = "azure_llm_2024_conversation_10s.csv.gz"
 
 
-class TraceError(Exception):
+class TraceError(InputError):
     """A trace that cannot be used; the message names the file and the problem."""
 
 
@@ -30,6 +31,8 @@ class Trace:
     bin_seconds: float
     counts: FloatArray
     """Requests per bin (NaN where missing)."""
+    source: str = ""
+    """Where the counts came from (the column, or how rows were binned)."""
 
     @property
     def rate(self) -> FloatArray:
@@ -48,14 +51,23 @@ def bundled_trace_path() -> Path:
 def parse_times(column: pd.Series, where: str) -> FloatArray:
     """Unix seconds from a column of unix seconds or ISO-8601 strings."""
     numeric = pd.to_numeric(column, errors="coerce")
-    if numeric.notna().all():
+    if numeric.notna().sum() == column.notna().sum():  # numbers, and maybe empty cells
         return numeric.to_numpy(dtype=np.float64)
     try:
-        parsed = pd.to_datetime(column, utc=True, format="ISO8601")
-    except (ValueError, TypeError) as e:
+        parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
+        seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime is a ValueError
         raise TraceError(f"{where}: time column is neither unix seconds nor ISO-8601 ({e})") from e
-    seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
     return np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
+
+
+def finite_times(times: FloatArray, frame: pd.DataFrame, where: str) -> FloatArray:
+    """`times`, or TraceError naming the first row (1 = the header) without a finite time."""
+    bad = np.flatnonzero(~np.isfinite(times))
+    if bad.size:
+        raw = frame.iloc[int(bad[0]), 0]
+        raise TraceError(f"{where}: row {int(bad[0]) + 2}: time {raw!r} is not a finite time")
+    return times
 
 
 def regular_step(times: FloatArray, where: str) -> float:
@@ -91,29 +103,92 @@ def read_csv(path: Path, where: str) -> pd.DataFrame:
     return frame
 
 
-def load_trace(path: str | Path | None = None) -> Trace:
+MAX_BINS = 50_000_000
+"""Longest regular grid a trace may need (400 MB of float64): a gap beyond is refused."""
+
+
+def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
+    if column is not None:
+        if column not in frame.columns[1:]:
+            raise TraceError(
+                f"{where}: no column {column!r}; columns after the time column: "
+                f"{', '.join(map(str, frame.columns[1:]))}"
+            )
+        if pd.to_numeric(frame[column], errors="coerce").notna().sum() == 0:
+            raise TraceError(f"{where}: column {column!r} has no numeric values")
+        return column
+    for name in frame.columns[1:]:
+        if pd.to_numeric(frame[name], errors="coerce").notna().sum() > 0:
+            return str(name)
+    raise TraceError(f"{where}: no numeric column after the time column")
+
+
+def bounded_span(times: FloatArray, step: float, where: str) -> int:
+    """Bins of `step` from the first time to the last, refused (before anything is
+    allocated) beyond MAX_BINS."""
+    return _grid_size(float(times[-1] - times[0]), step, where)
+
+
+def _grid_size(span: float, step: float, where: str) -> int:
+    bins = int(span / step) + 1
+    if bins > MAX_BINS:
+        raise TraceError(
+            f"{where}: the trace spans {span / 3600:.1f} h, {bins:,} bins of {step:g}s "
+            f"(more than {MAX_BINS:,}): cut the gap out of the file or pass a coarser "
+            "--resample"
+        )
+    return bins
+
+
+def _binned(times: FloatArray, values: FloatArray | None, width: float, where: str) -> FloatArray:
+    """Per-bin sums of `values` (row counts when None) on a `width`-second grid from the
+    first time; an empty bin holds 0 requests."""
+    if np.any(np.diff(times) < 0):
+        i = int(np.flatnonzero(np.diff(times) < 0)[0])
+        raise TraceError(f"{where}: time goes backwards at row {i + 2}")
+    bins = np.floor((times - times[0]) / width).astype(np.int64)
+    size = _grid_size(float(times[-1] - times[0]), width, where)
+    weights = None if values is None else np.nan_to_num(values, nan=0.0)
+    return np.bincount(bins, weights=weights, minlength=size).astype(np.float64)
+
+
+def load_trace(
+    path: str | Path | None = None, resample: float | None = None, column: str | None = None
+) -> Trace:
+    """A trace from a CSV: a time column then requests per bin (the first numeric
+    column, or `column`). With `resample` (seconds), rows are binned: each row counts as
+    one request (a per-request log), or `column`'s values are summed per bin."""
     p = bundled_trace_path() if path is None else Path(path)
     where = str(p) if path is not None else f"bundled trace {BUNDLED_TRACE}"
     frame = read_csv(p, where)
-    if frame.shape[1] < 2:
+    if frame.shape[1] < 2 and resample is None:
         raise TraceError(f"{where}: needs a time column and a numeric column, found 1 column")
-    numeric_name = None
-    for name in frame.columns[1:]:
-        values = pd.to_numeric(frame[name], errors="coerce")
-        if values.notna().sum() > 0:
-            numeric_name = name
-            break
-    if numeric_name is None:
-        raise TraceError(f"{where}: no numeric column after the time column")
-    times = parse_times(frame[frame.columns[0]], where)
+    times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
+    if resample is not None:
+        values = None
+        what = "rows counted as requests"
+        if column is not None:
+            name = _value_column(frame, column, where)
+            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
+            what = f"column {name!r} summed"
+        if values is not None and np.any(values[np.isfinite(values)] < 0):
+            raise TraceError(f"{where}: column {column!r} has negative request counts")
+        grid = _binned(times, values, resample, where)
+        if len(grid) < 2:
+            raise TraceError(f"{where}: all rows fall in one {resample:g}s bin: not a trace")
+        return Trace(p.name, float(times[0]), resample, grid, f"{what} per {resample:g}s bin")
+    numeric_name = _value_column(frame, column, where)
     counts = pd.to_numeric(frame[numeric_name], errors="coerce").to_numpy(dtype=np.float64)
     if np.any(counts[np.isfinite(counts)] < 0):
         raise TraceError(f"{where}: column {numeric_name!r} has negative request counts")
+    if np.any(np.isinf(counts)):
+        raise TraceError(f"{where}: column {numeric_name!r} has infinite values")
     step = regular_step(times, where) if len(times) > 1 else 0.0
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
     # Put missing rows back as NaN so the grid is regular.
     slots = np.round((times - times[0]) / step).astype(np.int64)
+    _grid_size(float(times[-1] - times[0]), step, where)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = counts
-    return Trace(name=p.name, start=float(times[0]), bin_seconds=step, counts=grid)
+    return Trace(p.name, float(times[0]), step, grid, f"column {numeric_name!r}")

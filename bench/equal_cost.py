@@ -1,0 +1,188 @@
+"""gpuscaler against the baselines at equal GPU-hours, on every window the issue names.
+
+Windows: 24 h at hours 0, 48, 96 and 144 of both shared 2024 traces; the shared 2023
+per-request logs binned to 10 s (about 1 h each, their GPU-seconds per request scaled so
+mean demand is 2 GPUs: at 0.06 they would need a sixth of one GPU); and 6 h of each
+synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Default config, seed 1.
+
+Each window runs `simulate` (gpuscaler, reactive HPA at 70 %, and every baseline swept
+over targets 40..90 %). The reactive curve is read at gpuscaler's own GPU-hours; the
+gates of issue 11 are checked:
+- never worse: SLO-violation share <= reactive@equal x 1.05, or both below 0.1 %;
+- where reactive@equal violates for more than 0.5 % of requests: at most half of its
+  violations, and no more than the predictive-floor baseline at equal GPU-hours;
+- no more scaling actions than reactive at 70 %.
+A window passing every gate is a win, any failure a loss. ratio = gpuscaler /
+reactive@equal SLO-violation share, where either is at least 0.1 % (ties below that
+carry no ratio).
+
+Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuscaler.config import Config
+from gpuscaler.sim.equal_cost import equal_cost
+from gpuscaler.sim.simulate import simulate
+from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
+from gpuscaler.sim.trace import Trace, load_trace
+
+DATA = Path("/work/shared/data")
+TIE = 0.001
+"""Both below 0.1 % of requests violating: a tie."""
+HIGH = 0.005
+MEAN_DEMAND_GPUS = 2.0
+
+
+def windows(quick: bool) -> list[tuple[str, str, float, float]]:
+    """(label, source, start hour, hours): source is a path, or synthetic:<family>."""
+    out = []
+    starts = (0, 48) if quick else (0, 48, 96, 144)
+    for name in ("azure_llm_2024_conversation_10s.csv", "azure_llm_2024_coding_10s.csv"):
+        for s in starts:
+            out.append((f"{name.split('_10s')[0][10:]}@{s}h", str(DATA / name), s, 24.0))
+    for name in ("azure_llm_2023_code.csv", "azure_llm_2023_conv.csv"):
+        out.append((name[:-4][10:], str(DATA / name), 0.0, math.nan))
+    for family in FAMILIES:
+        out.append((f"synthetic-{family}", f"synthetic:{family}", 0.0, 6.0))
+    return out
+
+
+def _trace(source: str) -> Trace:
+    if source.startswith("synthetic:"):
+        return synthetic_trace(source.split(":", 1)[1], hours=6.0, seed=7)
+    if "2023" in source:
+        return load_trace(source, resample=10.0)
+    return load_trace(source)
+
+
+def _config(trace: Trace, source: str) -> Config:
+    config = Config()
+    if "2023" not in source:
+        return config
+    rate = float(np.nansum(trace.counts)) / trace.duration
+    gps = MEAN_DEMAND_GPUS / rate
+    return config.model_copy(
+        update={"simulator": config.simulator.model_copy(update={"gpu_seconds_per_request": gps})}
+    )
+
+
+def run_window(window: tuple[str, str, float, float]) -> dict[str, Any]:
+    label, source, start, hours = window
+    t0 = time.perf_counter()
+    trace = _trace(source)
+    result = simulate(trace, None if math.isnan(hours) else hours, 1, _config(trace, source), start)
+    s = result.summary()
+    g = s["gpuscaler"]
+    curve = s["baselines"]["reactive"]
+    reactive70 = next(p for p in curve if p["target_pct"] == 70)
+    return {
+        "window": label,
+        "hours": s["hours"],
+        "scored_hours": s["scored_hours"],
+        "gpuscaler": g,
+        "reactive70": reactive70,
+        "equal": _equal(curve, g["gpu_hours"]),
+        "floor_equal": _equal(s["baselines"]["predictive_floor"], g["gpu_hours"]),
+        "keda_equal": _equal(s["baselines"]["keda_rate"], g["gpu_hours"]),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _equal(curve: list[dict[str, Any]], gpu_hours: float) -> dict[str, Any]:
+    """The curve at gpuscaler's GPU-hours; outside it, its nearest end (marked)."""
+    at = equal_cost(curve, gpu_hours)
+    if at is not None:
+        return {**at, "where": "equal"}
+    end = min(curve, key=lambda p: abs(p["gpu_hours"] - gpu_hours))
+    where = "cheapest point" if gpu_hours < end["gpu_hours"] else "dearest point"
+    return {
+        "gpu_hours": end["gpu_hours"],
+        "slo_violation_share": end["slo_violation_share"],
+        "p99_wait_s": end["p99_wait_s"],
+        "where": where,
+    }
+
+
+def judge(row: dict[str, Any]) -> dict[str, Any]:
+    g = row["gpuscaler"]["slo_violation_share"]
+    r = row["equal"]["slo_violation_share"]
+    f = row["floor_equal"]["slo_violation_share"]
+    failed = []
+    if row["equal"]["where"] == "dearest point" and g > r:
+        failed.append("dearer than the whole reactive curve")
+    if not (g <= r * 1.05 or (g < TIE and r < TIE)):
+        failed.append("worse than reactive@equal")
+    if r > HIGH and (g > 0.5 * r or g > f):
+        failed.append("not half of reactive's violations or above the predictive floor")
+    if row["gpuscaler"]["scaling_actions"] > row["reactive70"]["scaling_actions"]:
+        failed.append("more scaling actions than reactive@70")
+    tie = g < TIE and r < TIE
+    ratio = None if tie or r == 0 else g / r
+    if ratio is None and not tie:
+        ratio = math.inf if g > 0 else 1.0
+    return {**row, "failed": failed, "tie": tie, "ratio": ratio}
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.3f}" if pct else f"{x:.3g}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| window | GPU-h | SLO viol. % gpuscaler | reactive@equal | predictive floor@equal "
+        "| KEDA rate@equal | p99 wait s (g / r@equal) | actions (g / r@70) | ratio | verdict |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        g = r["gpuscaler"]
+        where = "" if r["equal"]["where"] == "equal" else f" ({r['equal']['where']})"
+        verdict = "win" if not r["failed"] else "LOSS: " + "; ".join(r["failed"])
+        lines.append(
+            f"| {r['window']} | {g['gpu_hours']:.1f} | {_fmt(g['slo_violation_share'])} | "
+            f"{_fmt(r['equal']['slo_violation_share'])}{where} | "
+            f"{_fmt(r['floor_equal']['slo_violation_share'])} | "
+            f"{_fmt(r['keda_equal']['slo_violation_share'])} | "
+            f"{g['p99_wait_s']:.3f} / {r['equal']['p99_wait_s']:.3f} | "
+            f"{g['scaling_actions']} / {r['reactive70']['scaling_actions']} | "
+            f"{'tie' if r['tie'] else _fmt(r['ratio'], pct=False)} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two windows per 2024 trace")
+    parser.add_argument("--jobs", type=int, default=1, help="windows run in parallel")
+    parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
+    args = parser.parse_args()
+    todo = windows(args.quick)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = [judge(r) for r in pool.map(run_window, todo)]
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    wins = sum(1 for r in rows if not r["failed"])
+    worst = max(ratios) if ratios else 1.0
+    mean = float(np.mean(ratios)) if ratios else 1.0
+    print(
+        f"RESULT windows={len(rows)} wins={wins} losses={len(rows) - wins} "
+        f"ties={sum(1 for r in rows if r['tie'])} worst_ratio={worst:.3f} mean_ratio={mean:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+"""Forecasting: series in, forecasts with intervals and a peak out. Pure computation.
+
+- `engines`: ARIMA(p, d, 0) by batched least squares (production) and statsmodels'
+  ARIMA (reference), bucketing, and the stability rule every fit must pass;
+- `ensemble`: members scored on each series' own recent history, weighted by evidence;
+- `intervals`: split-conformal intervals with an adaptive correction carried across
+  ticks per series, and the peak's offset.
+
+`forecast_series` puts them together: per series the ensemble (or the last value when it
+has clearly been better), its conformal interval, its peak, and a reason naming every
+member dropped and why. An unstable or runaway fit never reaches a decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast.engines import (
+    Fitted,
+    ForecastEngine,
+    LeastSquaresArima,
+    PathBatch,
+    StatsmodelsArima,
+    bucket,
+    inverse_root_modulus,
+    last_finite,
+    make_engine,
+    refit_or_reuse,
+    stable_fit,
+    within_band,
+    z_score,
+)
+from gpuscaler.core.forecast.ensemble import (
+    ASSESS_ORIGINS,
+    FALLBACK_MARGIN,
+    MEMBERS,
+    SES_ALPHAS,
+    WINDOW_MEAN_POINTS,
+    Assessment,
+    assess,
+    assess_batched,
+    choose_method,
+)
+from gpuscaler.core.forecast.intervals import (
+    conformal_half_width,
+    coverage_note,
+    issue,
+    naive_half_width,
+    peak_offset,
+    resolve,
+)
+from gpuscaler.core.model import (
+    BoolArray,
+    FitState,
+    FloatArray,
+    Forecast,
+    IntervalState,
+    Series,
+    Signal,
+)
+
+__all__ = [
+    "ASSESS_ORIGINS",
+    "FALLBACK_MARGIN",
+    "SES_ALPHAS",
+    "WINDOW_MEAN_POINTS",
+    "Assessment",
+    "Fitted",
+    "ForecastEngine",
+    "LeastSquaresArima",
+    "PathBatch",
+    "StatsmodelsArima",
+    "assess",
+    "bucket",
+    "choose_method",
+    "forecast_series",
+    "last_finite",
+    "make_engine",
+    "refit_or_reuse",
+    "z_score",
+]
+
+
+def _admit(s: Series | None, cfg: ForecastConfig) -> Signal | None:
+    """Why `s` cannot be forecast (a Signal without forecast), or None when it can."""
+    last = s.last_sample_time() if s is not None else None
+    if s is None or last is None:
+        return Signal(last, None, "no samples in the window")
+    if s.step > cfg.fit_step + 1e-9:
+        return Signal(
+            last,
+            None,
+            f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s",
+        )
+    observed = float(np.isfinite(s.values).sum()) * s.step
+    if observed < cfg.min_history:
+        return Signal(
+            last,
+            None,
+            f"only {observed:.0f}s of samples in the window, forecast needs {cfg.min_history:.0f}s",
+        )
+    return None
+
+
+def forecast_series(
+    series: Sequence[Series | None],
+    cfg: ForecastConfig,
+    now: float,
+    engine: ForecastEngine | None = None,
+    clip: tuple[float, float | None] = (0.0, None),
+    keys: Sequence[str | None] | None = None,
+    prior: Mapping[str, FitState] | None = None,
+    states: dict[str, FitState] | None = None,
+) -> list[Signal]:
+    """Forecast each series `cfg.horizon` ahead of `now`, or say why not.
+
+    With `keys`, each series' fitted coefficients are taken from `prior` while younger than
+    `cfg.refit_every`, its adaptive interval state is carried on, and the states to keep
+    for the next call are put in `states`."""
+    signals: list[Signal | None] = [_admit(s, cfg) for s in series]
+    index = [i for i, s in enumerate(signals) if s is None]
+    if index:
+        rows = [bucket(series[i], cfg.fit_step, now).values for i in index]  # type: ignore[arg-type]
+        width = max(len(r) for r in rows)
+        hist = np.full((len(rows), width), np.nan)
+        for r, row in enumerate(rows):
+            hist[r, width - len(row) :] = row
+        batch = _Batch(
+            engine or make_engine(cfg),
+            hist,
+            max(1, round(cfg.horizon / cfg.fit_step)),
+            cfg,
+            now,
+            [keys[i] for i in index] if keys is not None else [None] * len(index),
+            prior or {},
+            states if states is not None else {},
+            clip,
+        )
+        for i, f in zip(index, _forecast_batch(batch), strict=True):
+            s = series[i]
+            assert s is not None
+            problem = None if f.is_finite() else "forecast is not finite (NaN or Inf)"
+            signals[i] = Signal(s.last_sample_time(), f, problem)
+    return [s for s in signals if s is not None]
+
+
+@dataclass(frozen=True, eq=False)
+class _Batch:
+    engine: ForecastEngine
+    hist: FloatArray
+    steps: int
+    cfg: ForecastConfig
+    now: float
+    keys: Sequence[str | None]
+    prior: Mapping[str, FitState]
+    states: dict[str, FitState]
+    clip: tuple[float, float | None]
+
+
+@dataclass(frozen=True, eq=False)
+class _Model:
+    """The engine's paths and which rows may be used, with why not."""
+
+    paths: PathBatch
+    fitted: Fitted | None
+    usable: BoolArray
+    dropped: list[str | None]
+
+
+def _model(b: _Batch) -> _Model:
+    """Fit (or reuse) and forecast with the engine; drop every row whose fit is unstable
+    or whose path leaves the window's band."""
+    n = b.hist.shape[0]
+    fitted: Fitted | None = None
+    level = b.cfg.interval_level
+    stable: BoolArray
+    modulus: FloatArray
+    if isinstance(b.engine, LeastSquaresArima):
+        fitted, new_states, _ = refit_or_reuse(
+            b.engine, b.hist, b.keys, b.prior, b.now, b.cfg.refit_every
+        )
+        b.states.update(new_states)
+        paths = b.engine.predict(fitted, b.hist, b.steps, level)
+        stable = stable_fit(fitted)
+        modulus = inverse_root_modulus(fitted.phi)
+    else:
+        paths = b.engine.forecast(b.hist, b.steps, level)
+        stable, modulus = np.ones(n, dtype=bool), np.zeros(n)
+    finite: BoolArray = np.asarray(np.isfinite(paths.mean).all(axis=1))
+    banded = within_band(paths.mean, b.hist)
+    name = b.engine.name
+    dropped: list[str | None] = []
+    for r in range(n):
+        if not finite[r]:
+            dropped.append(f"{name} dropped: no fit")
+        elif not stable[r]:
+            dropped.append(
+                f"{name} dropped: unstable fit (a characteristic root inside or near the unit "
+                f"circle, inverse root modulus {modulus[r]:.3f})"
+            )
+        elif not banded[r]:
+            dropped.append(f"{name} dropped: its path leaves the window's range")
+        else:
+            dropped.append(None)
+    return _Model(paths, fitted, finite & stable & banded, dropped)
+
+
+def _forecast_batch(b: _Batch) -> list[Forecast]:
+    """The evidence-weighted ensemble, unless the last value has clearly been more
+    accurate on the series' recent history; the engine's path alone when there is too
+    little history to assess (and the last value when that path was dropped)."""
+    model = _model(b)
+    assessment: Assessment | None = None
+    if model.fitted is not None and b.cfg.ensemble:
+        assert isinstance(b.engine, LeastSquaresArima)
+        assessment = assess_batched(
+            b.engine, model.fitted, b.hist, b.steps, model.paths.mean, model.usable
+        )
+    adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
+    if assessment is None:
+        out = [_plain(b, model, r) for r in range(b.hist.shape[0])]
+    else:
+        out = _assessed(b, model, assessment, adaptive)
+    out = [_clipped(f, b.clip) for f in out]
+    for r, key in enumerate(b.keys):
+        state = adaptive[r]
+        if key is not None and state is not None and key in b.states:
+            interval = issue(state, out[r].lower, out[r].upper, b.cfg.fit_step)
+            b.states[key] = replace(b.states[key], interval=interval)
+    return out
+
+
+def _adaptive(b: _Batch, r: int, key: str | None) -> IntervalState | None:
+    """The series' adaptive interval state after checking what was observed since the
+    previous tick (None for a series without a kept state)."""
+    if key is None or key not in b.states:
+        return None
+    prior = b.prior[key].interval if key in b.prior else None
+    return resolve(prior, b.hist[r], b.now, b.cfg.fit_step, b.cfg.interval_level)
+
+
+def _plain(b: _Batch, model: _Model, r: int) -> Forecast:
+    """The engine's own path and interval, or the last value when the path was dropped."""
+    last = float(last_finite(b.hist[r : r + 1])[0])
+    name = b.engine.name
+    if model.usable[r]:
+        mean, lower, upper = (
+            a[r] for a in (model.paths.mean, model.paths.lower, model.paths.upper)
+        )
+        reason = f"{name} fit" + ("" if not b.cfg.ensemble else ", too little history to assess")
+        method = name
+    else:
+        half = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+        mean = np.full(b.steps, last)
+        lower, upper = mean - half, mean + half
+        reason, method = f"last value: {model.dropped[r]}", "last_value"
+    return _forecast(b, mean, lower, upper, method, reason, last)
+
+
+def _forecast(
+    b: _Batch,
+    mean: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    method: str,
+    reason: str,
+    last: float,
+    errors: Mapping[str, float] | None = None,
+    peak_error: float = 0.0,
+) -> Forecast:
+    return Forecast(
+        origin=b.now,
+        step=b.cfg.fit_step,
+        mean=mean,
+        lower=np.minimum(lower, mean),
+        upper=np.maximum(upper, mean),
+        level=b.cfg.interval_level,
+        method=method,
+        reason=reason,
+        last_value=last,
+        errors=errors or {},
+        peak_error=peak_error,
+    )
+
+
+def _clipped(f: Forecast, clip: tuple[float, float | None]) -> Forecast:
+    """`f` with its path, interval and peak inside `clip`."""
+    lo, hi = clip
+    mean = np.clip(f.mean, lo, hi)
+    peak = float(np.clip(f.peak, lo, hi))
+    return replace(
+        f,
+        mean=mean,
+        lower=np.clip(f.lower, lo, hi),
+        upper=np.clip(f.upper, lo, hi),
+        peak_error=peak - float(np.max(mean)) if np.isfinite(peak) else f.peak_error,
+    )
+
+
+def _assessed(
+    b: _Batch, model: _Model, a: Assessment, adaptive: Sequence[IntervalState | None]
+) -> list[Forecast]:
+    n = b.hist.shape[0]
+    nominal = b.cfg.interval_level
+    levels = np.array([s.level if s is not None else nominal for s in adaptive])
+    names = list(a.errors)
+    table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
+    halves = {m: conformal_half_width(np.abs(res), levels) for m, res in a.residuals.items()}
+    peaks = {m: peak_offset(pe) for m, pe in a.peak_errors.items()}
+    last_values = last_finite(b.hist)
+    out = []
+    for r in range(n):
+        errors = {k: v for k, v in zip(names, table[r].tolist(), strict=True) if np.isfinite(v)}
+        if "last_value" not in errors:
+            out.append(_plain(b, model, r))
+            continue
+        method = choose_method(errors)
+        mean = a.paths[method][r]
+        half = halves[method][r]
+        if not np.all(np.isfinite(half)):
+            half = _fallback_half(b, model, r)
+        reason = (
+            _reason(b, model, a, r, method, errors) + "; " + coverage_note(adaptive[r], nominal)
+        )
+        out.append(
+            _forecast(
+                b,
+                mean,
+                mean - half,
+                mean + half,
+                method,
+                reason,
+                float(last_values[r]),
+                errors,
+                float(peaks[method][r]),
+            )
+        )
+    return out
+
+
+def _fallback_half(b: _Batch, model: _Model, r: int) -> FloatArray:
+    """Half width when too few recent errors: the model's, or the last value's."""
+    if model.usable[r]:
+        out: FloatArray = model.paths.upper[r] - model.paths.mean[r]
+    else:
+        out = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+    return out
+
+
+_LABELS = {
+    "arima": "",
+    "ses": "smoothing",
+    "ses_avg": "averaged smoothing",
+    "window_mean": "window mean",
+}
+
+
+def _reason(
+    b: _Batch, model: _Model, a: Assessment, r: int, method: str, errors: Mapping[str, float]
+) -> str:
+    name = b.engine.name
+    label = {**_LABELS, "arima": name}
+    weights = ", ".join(f"{label[m]} {a.weights[m][r]:.2f}" for m in MEMBERS)
+    arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
+    ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
+    scores = (
+        f"recent error {ens} vs last value {errors['last_value']:.2f}, "
+        f"window mean {errors.get('window_mean', np.nan):.2f}, {name} {arima}"
+    )
+    dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
+    if method == "ensemble":
+        return (
+            f"ensemble weighted by recent error ({weights}; smoothing alpha "
+            f"{a.alpha[r]:.2f}): {scores}{dropped}"
+        )
+    return (
+        f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on recent "
+        f"data; {scores}{dropped}"
+    )

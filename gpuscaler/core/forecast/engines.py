@@ -1,0 +1,333 @@
+"""Forecast engines: series in, model paths out. Pure computation.
+
+Two engines give the same model class, ARIMA(p, d, 0):
+
+- `LeastSquaresArima` fits every series of a batch at once by least squares on the
+  d-times differenced series (numpy, batched normal equations). This is the production
+  engine: about 100x cheaper per series than statsmodels.
+- `StatsmodelsArima` wraps `statsmodels.tsa.arima.model.ARIMA` (any order, q > 0 too):
+  the reference the fast engine is measured against.
+
+A fit is usable only when it is stable (`stable_fit`): every characteristic root of the
+AR polynomial outside the unit circle, and its path inside a band around the window's
+range (`within_band`). Anything else is dropped by the ensemble, never used.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from gpuscaler.config import ForecastConfig
+from gpuscaler.core.model import BoolArray, FitState, FloatArray, Series
+
+_RIDGE = 1e-6
+"""Tiny ridge on the normal equations: keeps a flat (constant) series solvable."""
+_CHUNK = 256
+"""Series per batched solve: bounds the design tensor to ~ 256 x window x (p+1) floats."""
+
+
+@dataclass(frozen=True, eq=False)
+class Fitted:
+    """Per-series AR coefficients of the differenced series (NaN rows: not fittable)."""
+
+    intercept: FloatArray  # (n,)
+    phi: FloatArray  # (n, p)
+    sigma2: FloatArray  # (n,)
+
+
+def refit_or_reuse(
+    engine: LeastSquaresArima,
+    hist: FloatArray,
+    keys: Sequence[str | None],
+    prior: Mapping[str, FitState],
+    now: float,
+    refit_every: float,
+) -> tuple[Fitted, dict[str, FitState], int]:
+    """Coefficients for every row: reused where the series' fit is younger than
+    `refit_every` (its state, the newest observations, still moves the forecast), refitted
+    in one batch otherwise. Returns them, the fit states to keep, and how many were refit."""
+    n = hist.shape[0]
+    stale = [
+        r
+        for r, key in enumerate(keys)
+        if key is None
+        or key not in prior
+        or now - prior[key].fitted_at >= refit_every
+        or len(prior[key].phi) != engine.p
+    ]
+    intercept, phi, sigma2 = np.empty(n), np.empty((n, engine.p)), np.empty(n)
+    if stale:
+        fresh = engine.fit(hist[stale])
+        intercept[stale], phi[stale], sigma2[stale] = fresh.intercept, fresh.phi, fresh.sigma2
+    states: dict[str, FitState] = {}
+    stale_set = set(stale)
+    for r, key in enumerate(keys):
+        if r not in stale_set:
+            assert key is not None
+            old = prior[key]
+            intercept[r], phi[r], sigma2[r] = old.intercept, old.phi, old.sigma2
+        if key is not None:
+            states[key] = (
+                FitState(
+                    now,
+                    float(intercept[r]),
+                    tuple(phi[r].tolist()),
+                    float(sigma2[r]),
+                    prior[key].interval if key in prior else None,
+                )
+                if r in stale_set
+                else prior[key]
+            )
+    return Fitted(intercept, phi, sigma2), states, len(stale)
+
+
+@dataclass(frozen=True, eq=False)
+class PathBatch:
+    mean: FloatArray  # (n, steps)
+    lower: FloatArray
+    upper: FloatArray
+
+
+class ForecastEngine(Protocol):
+    name: str
+
+    def forecast(self, histories: FloatArray, steps: int, level: float) -> PathBatch:
+        """Forecast each row of `histories` (n, T; NaN = gap) `steps` ahead."""
+        ...
+
+
+def z_score(level: float) -> float:
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def last_finite(histories: FloatArray) -> FloatArray:
+    """Last finite value of each row (NaN for a row with none)."""
+    finite = np.isfinite(histories)
+    idx = histories.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
+    out: FloatArray = histories[np.arange(histories.shape[0]), idx]
+    out[~finite.any(axis=1)] = np.nan
+    return out
+
+
+class LeastSquaresArima:
+    """ARIMA(p, d, 0) with intercept, fitted by batched least squares."""
+
+    def __init__(self, p: int, d: int):
+        if d not in (0, 1):
+            raise ValueError("LeastSquaresArima supports d in {0, 1}")
+        self.p, self.d = p, d
+        # Like statsmodels' ARIMA: a constant only when the series is not differenced
+        # (with d = 1 a constant would be a drift that extrapolates every trend).
+        self.const = d == 0
+        self.name = f"arima({p},{d},0)"
+
+    def fit(self, histories: FloatArray) -> Fitted:
+        z = np.diff(histories, n=self.d, axis=1) if self.d else histories
+        n = z.shape[0]
+        parts = [self._fit_chunk(z[i : i + _CHUNK]) for i in range(0, n, _CHUNK)]
+        return Fitted(
+            intercept=np.concatenate([c for c, _, _ in parts]),
+            phi=np.concatenate([f for _, f, _ in parts]),
+            sigma2=np.concatenate([s for _, _, s in parts]),
+        )
+
+    def _fit_chunk(self, z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        p, k = self.p, self.p + 1
+        n = z.shape[0]
+        if z.shape[1] <= p:
+            nan = np.full(n, np.nan)
+            return nan, np.full((n, p), np.nan), nan
+        windows = sliding_window_view(z, p + 1, axis=1)  # (n, m, p+1): lags..., target
+        valid = np.isfinite(windows).all(axis=2)
+        x = np.empty(windows.shape, dtype=np.float64)
+        x[..., 0] = 1.0 if self.const else 0.0  # with no constant the ridge pins it at 0
+        x[..., 1:] = windows[..., :p][..., ::-1]  # z[t-1], z[t-2], ..., z[t-p]
+        x[~valid] = 0.0
+        y = np.where(valid, windows[..., p], 0.0)
+        xtx = np.einsum("nmk,nml->nkl", x, x) + _RIDGE * np.eye(k)
+        xty = np.einsum("nmk,nm->nk", x, y)
+        beta = np.linalg.solve(xtx, xty[..., None])[..., 0]
+        resid = np.where(valid, y - np.einsum("nmk,nk->nm", x, beta), 0.0)
+        count = valid.sum(axis=1)
+        dof = count - p - int(self.const)
+        sigma2 = (resid**2).sum(axis=1) / np.maximum(dof, 1)
+        bad = dof < 2
+        beta[bad] = np.nan
+        sigma2[bad] = np.nan
+        return beta[:, 0], beta[:, 1:], sigma2
+
+    def predict_mean(self, fitted: Fitted, histories: FloatArray, steps: int) -> FloatArray:
+        """Mean paths (n, steps) continuing each row of `histories` with `fitted`."""
+        z = np.diff(histories, n=self.d, axis=1) if self.d else histories
+        lags = z[:, z.shape[1] - self.p :][:, ::-1] if self.p else z[:, :0]
+        return self.roll(fitted, lags, last_finite(histories), nanmean_rows(z), steps)
+
+    def roll(
+        self, fitted: Fitted, lags: FloatArray, last: FloatArray, zmean: FloatArray, steps: int
+    ) -> FloatArray:
+        """Run the recursion `steps` ahead from per-row state: `lags` (rows, p) newest
+        first, `last` level (rows,). A gap in the lags is filled with the row's mean
+        difference `zmean`, the model's best guess for a missing value."""
+        lags = np.where(np.isfinite(lags), lags, zmean[:, None])
+        zpath = np.empty((lags.shape[0], steps))
+        for h in range(steps):
+            nxt = fitted.intercept + (fitted.phi * lags).sum(axis=1)
+            zpath[:, h] = nxt
+            if self.p:
+                lags = np.concatenate([nxt[:, None], lags[:, :-1]], axis=1)
+        return last[:, None] + np.cumsum(zpath, axis=1) if self.d else zpath
+
+    def half_width(self, fitted: Fitted, steps: int, level: float) -> FloatArray:
+        """Half width (n, steps) of the prediction interval, from the MA(inf) weights."""
+        n, p = fitted.phi.shape
+        psi = np.zeros((n, steps))
+        psi[:, 0] = 1.0
+        for j in range(1, steps):
+            for i in range(1, min(j, p) + 1):
+                psi[:, j] += fitted.phi[:, i - 1] * psi[:, j - i]
+        if self.d:
+            psi = np.cumsum(psi, axis=1)
+        return z_score(level) * np.sqrt(fitted.sigma2[:, None] * np.cumsum(psi**2, axis=1))
+
+    def predict(self, fitted: Fitted, histories: FloatArray, steps: int, level: float) -> PathBatch:
+        mean = self.predict_mean(fitted, histories, steps)
+        half = self.half_width(fitted, steps, level)
+        return PathBatch(mean=mean, lower=mean - half, upper=mean + half)
+
+    def forecast(self, histories: FloatArray, steps: int, level: float) -> PathBatch:
+        return self.predict(self.fit(histories), histories, steps, level)
+
+
+class StatsmodelsArima:
+    """Reference engine: statsmodels' state-space ARIMA, one series at a time."""
+
+    def __init__(self, order: tuple[int, int, int]):
+        self.order = order
+        self.name = f"statsmodels-arima{order}"
+
+    def forecast(self, histories: FloatArray, steps: int, level: float) -> PathBatch:
+        from statsmodels.tsa.arima.model import ARIMA
+        from threadpoolctl import threadpool_limits
+
+        # One BLAS thread (limited after the import, which loads scipy's own BLAS): a small
+        # state-space fit is 20x slower with multithreaded OpenBLAS on 2 busy cores
+        # (2.3 s against 0.1 s per ARIMA(5,1,0) fit on 360 points, measured here).
+        with threadpool_limits(limits=1):
+            return self._forecast(ARIMA, histories, steps, level)
+
+    def _forecast(
+        self, arima: type[Any], histories: FloatArray, steps: int, level: float
+    ) -> PathBatch:
+        n = histories.shape[0]
+        mean, lower, upper = (np.full((n, steps), np.nan) for _ in range(3))
+        for i, row in enumerate(histories):
+            if np.isfinite(row).sum() < sum(self.order) + 3:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    result = arima(row, order=self.order).fit()
+                    frame = result.get_forecast(steps).summary_frame(alpha=1 - level)
+                except (ValueError, np.linalg.LinAlgError):
+                    continue
+            mean[i] = frame["mean"].to_numpy()
+            lower[i] = frame["mean_ci_lower"].to_numpy()
+            upper[i] = frame["mean_ci_upper"].to_numpy()
+        return PathBatch(mean, lower, upper)
+
+
+def make_engine(cfg: ForecastConfig) -> ForecastEngine:
+    p, d, _q = cfg.order
+    if cfg.engine == "fast":
+        return LeastSquaresArima(p, d)
+    return StatsmodelsArima(cfg.order)
+
+
+def nanmean_rows(a: FloatArray) -> FloatArray:
+    finite = np.isfinite(a)
+    count = finite.sum(axis=1)
+    total = np.where(finite, a, 0.0).sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), 0.0)
+
+
+# --------------------------------------------------------------------------- resampling
+
+
+def bucket(series: Series, width: float, end: float) -> Series:
+    """Means of `series` over buckets of `width` seconds ending at `end`; NaN where a bucket
+    holds no finite sample. Gaps stay gaps."""
+    per = max(1, round(width / series.step))
+    # Align the last bucket's end with `end` so forecasts start from the same origin.
+    offset = round((end - series.end) / series.step)
+    values = series.values
+    if offset > 0:
+        values = np.concatenate([values, np.full(offset, np.nan)])
+    elif offset < 0:
+        values = values[: len(values) + offset]
+    usable = (len(values) // per) * per
+    block = values[len(values) - usable :].reshape(-1, per)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=1)
+    sums = np.where(finite, block, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / counts, np.nan)
+    step = per * series.step
+    return Series(start=end - step * (len(means) - 1), step=step, values=means)
+
+
+# --------------------------------------------------------------------------- stability
+
+ROOT_MARGIN = 1e-3
+"""A characteristic root must lie at least this far outside the unit circle (inverse roots
+of modulus up to 1 - ROOT_MARGIN): a root on or inside the circle makes the AR recursion
+grow without bound, the explosive fits of near-constant pod windows."""
+BAND = 1.0
+"""A usable path stays within the window's range widened by this many ranges each side."""
+
+
+def inverse_root_modulus(phi: FloatArray) -> FloatArray:
+    """Largest modulus of the inverse characteristic roots per row of `phi` (n, p): the
+    eigenvalues of the AR companion matrix. Below 1 means every root of
+    1 - phi_1 z - ... - phi_p z^p lies outside the unit circle. NaN for a NaN row."""
+    n, p = phi.shape
+    if p == 0:
+        return np.zeros(n)
+    finite: BoolArray = np.asarray(np.isfinite(phi).all(axis=1))
+    comp = np.zeros((n, p, p))
+    comp[:, 0, :] = np.where(finite[:, None], phi, 0.0)
+    comp[:, 1:, :-1] = np.eye(p - 1)
+    out: FloatArray = np.abs(np.linalg.eigvals(comp)).max(axis=1)
+    out[~finite] = np.nan
+    return out
+
+
+def window_band(hist: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Per row: the window's range widened by BAND ranges each side (a flat window's
+    range counts as a millionth of its level, so only a flat path passes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanmin(hist, axis=1), np.nanmax(hist, axis=1)
+    span = np.maximum(hi - lo, 1e-6 * np.maximum(np.abs(hi), 1.0))
+    return lo - BAND * span, hi + BAND * span
+
+
+def within_band(paths: FloatArray, hist: FloatArray) -> BoolArray:
+    """Rows (n,) whose finite path stays inside `window_band` of their window."""
+    lo, hi = window_band(hist)
+    inside = (paths >= lo[:, None]) & (paths <= hi[:, None])
+    ok: BoolArray = np.asarray(inside.all(axis=1), dtype=bool)
+    return ok
+
+
+def stable_fit(fitted: Fitted) -> BoolArray:
+    """Rows (n,) whose AR fit has every characteristic root outside the unit circle."""
+    with np.errstate(invalid="ignore"):
+        ok: BoolArray = np.asarray(inverse_root_modulus(fitted.phi) < 1.0 - ROOT_MARGIN)
+    return ok

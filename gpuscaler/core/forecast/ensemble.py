@@ -1,0 +1,315 @@
+"""The ensemble: members scored on each series' own recent history, weighted by evidence.
+
+At in-window origins whose next `steps` points are known, every member forecasts the
+horizon path. A member's weight is the inverse of its recent squared error over the full
+horizon, inflated by (m + k) / (m - k) when its k parameters were fitted on the m points it
+is scored on (in-sample optimism). A member with no usable path (a gap, a dropped fit)
+gets weight 0; the others carry the forecast. The last value replaces the ensemble only
+when its recent error is FALLBACK_MARGIN lower.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
+from gpuscaler.core.model import BoolArray, FloatArray, IntArray
+
+ASSESS_ORIGINS = 72
+"""In-window origins every member is scored on, at most (36 let noise switch the
+fallback on and off)."""
+ORIGIN_SPACING = 15
+"""Origins are max(1, steps // ORIGIN_SPACING) points apart (2 at a 30-step horizon)."""
+WINDOW_MEAN_POINTS = 12
+"""The short window mean averages the last 12 buckets (2 min at 10 s)."""
+LONG_MEAN_POINTS = 60
+"""The long window mean averages the last 60 buckets (10 min at 10 s): scored only."""
+SES_ALPHAS = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0])
+"""Smoothing constants of simple exponential smoothing, searched per series."""
+FALLBACK_MARGIN = 0.25
+"""The last value replaces the ensemble only when its recent error is 25 % lower: a
+smaller lead is within the noise of a few dozen overlapping origins."""
+WEIGHT_POWER = 1.0
+"""Weights are proportional to the corrected recent squared error to this power (-1)."""
+MEMBERS = ("arima", "ses", "ses_avg", "window_mean")
+"""The members that carry weight."""
+SCORED_ONLY = ("window_mean_long",)
+"""Scored and reported, no weight: with inverse-squared-error weights the long mean got
+10-20 % and cost 0.02-0.04 relative-to-naive on the 2023 conversation trace (0.9835
+against 0.9457 without it) and 0.01 on the 2024 week at 1 min (bench/forecast_quality)."""
+SELECTABLE = ("ensemble", "last_value")
+
+
+@dataclass(frozen=True, eq=False)
+class Assessment:
+    """Paths at the live origin and recent errors, per series."""
+
+    paths: dict[str, FloatArray]  # name -> (n, steps): members, "ensemble", "last_value"
+    errors: dict[str, FloatArray]  # name -> (n,) in-window MAE over the horizon path
+    weights: dict[str, FloatArray]  # member -> (n,), summing to 1 (0 where unusable)
+    residuals: dict[str, FloatArray]  # selectable -> (n, origins, steps): actual - path
+    peak_errors: dict[str, FloatArray]  # selectable -> (n, origins): actual max - path max
+    alpha: FloatArray  # (n,) best-fit smoothing constant
+
+
+def origins_for(t: int, steps: int, lowest: int) -> IntArray:
+    spacing = max(1, steps // ORIGIN_SPACING)
+    out: IntArray = np.arange(t - steps - 1, lowest - 1, -spacing)[:ASSESS_ORIGINS][::-1]
+    return out
+
+
+def ses_levels(hist: FloatArray) -> FloatArray:
+    """Smoothed levels (alphas, n, t) for every constant in SES_ALPHAS, level[t] = alpha *
+    y[t] + (1 - alpha) * level[t - 1] from level[0] = y[0], gaps forward-filled: one
+    multiply-add per point on time-major contiguous arrays (cheap for one series or a
+    thousand)."""
+    filled = np.ascontiguousarray(forward_fill(hist).T)  # (t, n)
+    a = SES_ALPHAS[:, None]
+    keep = 1.0 - a
+    scaled = a[None, :, :] * filled[:, None, :]  # (t, A, n)
+    out = np.empty_like(scaled)
+    out[0] = filled[0][None, :]
+    for j in range(1, filled.shape[0]):
+        np.multiply(out[j - 1], keep, out=out[j])
+        out[j] += scaled[j]
+    levels: FloatArray = out.transpose(1, 2, 0)
+    return levels
+
+
+def forward_fill(a: FloatArray) -> FloatArray:
+    """Each gap takes the last finite value before it (the first finite one at the start)."""
+    finite = np.isfinite(a)
+    idx = np.where(finite, np.arange(a.shape[1])[None, :], 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    out: FloatArray = a[np.arange(a.shape[0])[:, None], idx]
+    return np.where(np.isfinite(out), out, last_finite(a[:, ::-1])[:, None])
+
+
+def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:
+    """Mean squared error over origins and steps of flat paths at `level` (..., n, O),
+    from the future's per-origin count, sum and sum of squares (n, O); NaN if none."""
+    ok = np.isfinite(level) & (s0 > 0)
+    sq = np.where(ok, s2 - 2 * level * s1 + level**2 * s0, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = np.maximum(sq, 0.0).sum(axis=-1) / np.where(ok, s0, 0).sum(axis=-1)
+    return out
+
+
+def _stats(resid: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none)."""
+    finite = np.isfinite(resid)
+    r = np.where(finite, resid, 0.0)
+    count = finite.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mae: FloatArray = np.abs(r).sum(axis=(1, 2)) / count
+        mse: FloatArray = (r * r).sum(axis=(1, 2)) / count
+    return np.where(count > 0, mae, np.nan), np.where(count > 0, mse, np.nan)
+
+
+def _window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
+    """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps."""
+    idx = ends[:, None] - np.arange(points)[None, :]
+    windows = np.where(idx >= 0, hist[:, np.maximum(idx, 0)], np.nan)
+    finite = np.isfinite(windows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = np.where(finite, windows, 0.0).sum(axis=2) / finite.sum(axis=2)
+    return out
+
+
+def _arima_in_window(
+    engine: LeastSquaresArima, fitted: Fitted, hist: FloatArray, origins: IntArray, steps: int
+) -> FloatArray:
+    """ARIMA rolled from every origin of every series at once: (n, origins, steps)."""
+    n, o = hist.shape[0], origins.size
+    p, d = engine.p, engine.d
+    z = np.diff(hist, n=d, axis=1) if d else hist
+    lags = z[:, (origins[:, None] - d) - np.arange(p)[None, :]].reshape(n * o, p)
+    rep = Fitted(
+        intercept=np.repeat(fitted.intercept, o),
+        phi=np.repeat(fitted.phi, o, axis=0),
+        sigma2=np.repeat(fitted.sigma2, o),
+    )
+    zmean = np.repeat(nanmean_rows(z), o)
+    last_at = hist[:, origins].reshape(-1)
+    out: FloatArray = engine.roll(rep, lags, last_at, zmean, steps).reshape(n, o, steps)
+    return out
+
+
+def _smoothing(
+    hist: FloatArray, origins: IntArray, moments: tuple[FloatArray, FloatArray, FloatArray]
+) -> tuple[dict[str, FloatArray], FloatArray]:
+    """Best-fit smoothing and smoothing averaged over its constants by inverse recent
+    squared error: levels at the origins (n, O + 1; the last column is the live origin),
+    and the best constant per series."""
+    levels = ses_levels(hist)[:, :, np.append(origins, hist.shape[1] - 1)]  # (A, n, O + 1)
+    mse = _flat_sq_error(*moments, levels[:, :, :-1])  # (A, n)
+    mse = np.where(np.isfinite(mse), mse, np.inf)
+    best = np.argmin(mse, axis=0)
+    rows = np.arange(hist.shape[0])
+    inv = 1.0 / (mse + _tiny(hist)[None, :])
+    avg = (inv[:, :, None] * levels).sum(axis=0) / inv.sum(axis=0)[:, None]
+    return {"ses": levels[best, rows], "ses_avg": avg}, SES_ALPHAS[best]
+
+
+def _tiny(hist: FloatArray) -> FloatArray:
+    """A squared error too small to tell apart from zero, per row (keeps 1/MSE finite)."""
+    out: FloatArray = 1e-12 * (1.0 + nanmean_rows(hist * hist))
+    return out
+
+
+def _optimism(engine: LeastSquaresArima, hist: FloatArray, origins: int) -> dict[str, FloatArray]:
+    """(m + k) / (m - k) per member: k parameters fitted on the m points scored."""
+    n = hist.shape[0]
+    k = engine.p + int(engine.const)
+    m = np.maximum(np.isfinite(hist).sum(axis=1) - engine.d - engine.p, k + 1).astype(float)
+    one = np.ones(n)
+    chosen = np.full(n, (origins + 1) / max(origins - 1, 1))
+    return {
+        "arima": (m + k) / (m - k),
+        "ses": chosen,
+        "ses_avg": chosen,
+        "window_mean": one,
+        "window_mean_long": one,
+    }
+
+
+def _flat_members(
+    hist: FloatArray, origins: IntArray, future: FloatArray
+) -> tuple[dict[str, FloatArray], FloatArray]:
+    """The flat members' levels (n, O + 1): at each origin, then at the live origin."""
+    finite = np.isfinite(future)
+    f = np.where(finite, future, 0.0)
+    moments = (finite.sum(axis=2).astype(float), f.sum(axis=2), (f * f).sum(axis=2))
+    levels, alpha = _smoothing(hist, origins, moments)
+    ends = np.append(origins, hist.shape[1] - 1)
+    levels["window_mean"] = _window_means(hist, ends, WINDOW_MEAN_POINTS)
+    levels["window_mean_long"] = _window_means(hist, ends, LONG_MEAN_POINTS)
+    levels["last_value"] = np.concatenate([hist[:, origins], last_finite(hist)[:, None]], axis=1)
+    return levels, alpha
+
+
+def assess(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    steps: int,
+    arima_live: FloatArray,
+    arima_ok: BoolArray,
+) -> Assessment | None:
+    """Score every member on the series' recent history and weight them by evidence;
+    `arima_live` is the model's path at the live origin, used only where `arima_ok`.
+
+    ARIMA is scored with the coefficients fitted on the whole window (in-sample: its
+    error is inflated by the optimism factor rather than refitted at every origin)."""
+    t = hist.shape[1]
+    origins = origins_for(t, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
+    if origins.size < 4:
+        return None
+    future = hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]]  # (n, O, steps)
+    levels, alpha = _flat_members(hist, origins, future)
+    in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
+    live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
+    ok = arima_ok[:, None, None]
+    in_window["arima"] = np.where(
+        ok, _arima_in_window(engine, fitted, hist, origins, steps), np.nan
+    )
+    live["arima"] = np.where(arima_ok[:, None], arima_live, np.nan)
+    errors: dict[str, FloatArray] = {}
+    mse: dict[str, FloatArray] = {}
+    for name, path in in_window.items():
+        errors[name], mse[name] = _stats(future - path)
+    weights = _weights(mse, live, _optimism(engine, hist, origins.size), _tiny(hist))
+    in_window["ensemble"] = _combine(weights, in_window)
+    live["ensemble"] = _combine(weights, live)
+    residuals, peak_errors = {}, {}
+    for name in SELECTABLE:
+        residuals[name] = future - in_window[name]
+        errors[name] = _stats(residuals[name])[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            peak_errors[name] = np.nanmax(future, axis=2) - np.nanmax(in_window[name], axis=2)
+    return Assessment(live, errors, weights, residuals, peak_errors, alpha)
+
+
+ASSESS_CHUNK = 128
+"""Series assessed together: bounds the (series, origins, steps) temporaries to ~4 MB
+each (a thousand series at once held ~470 MB)."""
+
+
+def assess_batched(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    steps: int,
+    arima_live: FloatArray,
+    arima_ok: BoolArray,
+) -> Assessment | None:
+    """`assess` over chunks of ASSESS_CHUNK series, put back together."""
+    parts = []
+    for i in range(0, hist.shape[0], ASSESS_CHUNK):
+        rows = slice(i, i + ASSESS_CHUNK)
+        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
+        a = assess(engine, part, hist[rows], steps, arima_live[rows], arima_ok[rows])
+        if a is None:  # too few origins: the same for every row of the window
+            return None
+        parts.append(a)
+
+    def cat(field: str) -> dict[str, FloatArray]:
+        first: dict[str, FloatArray] = getattr(parts[0], field)
+        return {k: np.concatenate([getattr(p, field)[k] for p in parts]) for k in first}
+
+    return Assessment(
+        cat("paths"),
+        cat("errors"),
+        cat("weights"),
+        cat("residuals"),
+        cat("peak_errors"),
+        np.concatenate([p.alpha for p in parts]),
+    )
+
+
+def _weights(
+    mse: Mapping[str, FloatArray],
+    live: Mapping[str, FloatArray],
+    optimism: Mapping[str, FloatArray],
+    tiny: FloatArray,
+) -> dict[str, FloatArray]:
+    """Inverse corrected recent squared error per member, normalized per series; 0 for a
+    member whose error or live path is not finite (all 0 where no member is usable)."""
+    raw = {}
+    for name in MEMBERS:
+        usable = np.isfinite(mse[name]) & np.isfinite(live[name]).all(axis=1)
+        corrected = np.where(usable, mse[name], 1.0) * optimism[name] + tiny
+        raw[name] = np.where(usable, corrected**-WEIGHT_POWER, 0.0)
+    total = sum(raw.values())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {k: np.where(total > 0, v / total, 0.0) for k, v in raw.items()}
+
+
+def _combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) -> FloatArray:
+    """The weighted mean of the members' paths, over the members with a finite value at
+    each point (NaN where none has one)."""
+    first = paths[MEMBERS[0]]
+    shape = (-1,) + (1,) * (first.ndim - 1)
+    total, wsum = np.zeros(first.shape), np.zeros(first.shape)
+    for name in MEMBERS:
+        path = paths[name]
+        w = np.where(np.isfinite(path), weights[name].reshape(shape), 0.0)
+        total += np.where(w > 0, w * path, 0.0)
+        wsum += w
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = np.where(wsum > 0, total / wsum, np.nan)
+    return out
+
+
+def choose_method(errors: Mapping[str, float]) -> str:
+    """The ensemble, unless the last value's recent error is more than FALLBACK_MARGIN
+    lower (or the ensemble has no error to show)."""
+    ens, last = errors.get("ensemble", np.nan), errors["last_value"]
+    if not np.isfinite(ens) or last < ens * (1 - FALLBACK_MARGIN):
+        return "last_value"
+    return "ensemble"

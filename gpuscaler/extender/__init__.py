@@ -1,0 +1,1 @@
+"""The scheduler extender: memory- and NUMA-aware Filter, Score and Bind for kube-scheduler."""

@@ -1,0 +1,156 @@
+"""The extender's HTTP face: a Starlette ASGI app with the verbs kube-scheduler calls
+(`POST {urlPrefix}/filter|prioritize|bind`) and /healthz, /readyz, /metrics.
+
+- A body that is not the protocol: 400 naming what is wrong (kube-scheduler logs it).
+- Anything else that goes wrong inside a verb: a protocol answer carrying `Error`, never
+  a 500 without one. A filter answer always carries NodeNames (or Nodes).
+- Filter and Prioritize are computed on the event loop (pure, sub-millisecond per 100
+  nodes); Bind, which calls the Kubernetes API, runs in the thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from gpuscaler.core.gpufit import freshness
+from gpuscaler.extender import protocol
+from gpuscaler.extender.metrics import ExtenderMetrics
+from gpuscaler.extender.protocol import ExtenderArgs, ProtocolError
+from gpuscaler.extender.service import Extender, FilterAnswer
+
+log = logging.getLogger("gpuscaler.extender")
+JSON = "application/json"
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type=JSON)
+
+
+class ExtenderApp:
+    def __init__(
+        self,
+        extender: Extender,
+        metrics: ExtenderMetrics,
+        ready: Callable[[], str | None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.extender = extender
+        self.metrics = metrics
+        self.ready = ready
+        self.clock = clock
+        self.refused_since: dict[str, float] = {}
+        """Pod UID -> when the filter first found no node for it (until one fits)."""
+
+    def build(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/filter", self._verb("filter", self._filter), methods=["POST"]),
+                Route("/prioritize", self._verb("prioritize", self._prioritize), methods=["POST"]),
+                Route("/bind", self._verb("bind", self._bind), methods=["POST"]),
+                Route("/healthz", self._healthz, methods=["GET"]),
+                Route("/readyz", self._readyz, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
+            ]
+        )
+
+    def _verb(
+        self, verb: str, handle: Callable[[bytes], Awaitable[bytes]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        histogram = self.metrics.latency.labels(verb)
+
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            body = await request.body()
+            try:
+                answer = await handle(body)
+            except ProtocolError as e:
+                self.metrics.bad_requests.inc()
+                return PlainTextResponse(f"{verb}: {e}\n", status_code=400)
+            finally:
+                histogram.observe(time.perf_counter() - started)
+            return _json(answer)
+
+        return endpoint
+
+    # ------------------------------------------------------------------ verbs
+
+    async def _filter(self, body: bytes) -> bytes:
+        args = protocol.parse_args(body)
+        try:
+            answer = self.extender.filter(args)
+        except Exception as e:  # a defect: say so in the protocol, keep serving
+            log.exception("filter failed")
+            return protocol.filter_result(args, [], {}, {}, f"gpuscaler extender: {e}")
+        self.metrics.rejected(answer.reasons)
+        self._track_refusals(args, answer)
+        return protocol.filter_result(args, answer.kept, answer.failed, answer.unresolvable)
+
+    def _track_refusals(self, args: ExtenderArgs, answer: FilterAnswer) -> None:
+        uid = args.Pod.metadata.uid
+        if answer.kept or not uid:
+            self.refused_since.pop(uid, None)
+        else:
+            self.refused_since.setdefault(uid, self.clock())
+
+    async def _prioritize(self, body: bytes) -> bytes:
+        args = protocol.parse_args(body)
+        try:
+            scores = self.extender.prioritize(args)
+        except Exception:
+            log.exception("prioritize failed")
+            scores = [(n, 0) for n in args.node_names()]
+        return protocol.priorities(scores)
+
+    async def _bind(self, body: bytes) -> bytes:
+        args = protocol.parse_binding(body)
+        try:
+            error = await run_in_threadpool(self.extender.bind, args)
+        except Exception as e:
+            log.exception("bind failed")
+            error = f"gpuscaler extender: {type(e).__name__}: {e}"
+        self.metrics.binds.labels("refused" if error else "bound").inc()
+        if not error:
+            self.refused_since.pop(args.PodUID, None)
+        else:
+            log.info("bind refused: %s", error, extra={"event": "bind_refused"})
+        return protocol.binding_result(error)
+
+    # ------------------------------------------------------------------ health
+
+    async def _healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def _readyz(self, request: Request) -> Response:
+        problem = self.ready()
+        if problem is not None:
+            return PlainTextResponse(problem + "\n", status_code=503)
+        return PlainTextResponse("ok\n")
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    # ------------------------------------------------------------------ state metrics
+
+    def observe_state(self, live_uids: set[str] | None = None) -> None:
+        """Refresh the state gauges; forget refusals of pods that are gone."""
+        state = self.extender.state
+        snap = state.snapshot
+        now = self.extender.wall()
+        ttl = self.extender.config.cache_ttl
+        ages: Counter[str] = Counter(freshness(now - n.sampled_at, ttl) for n in snap.gpus.values())
+        if live_uids is not None:
+            for uid in list(self.refused_since):
+                if uid not in live_uids:
+                    del self.refused_since[uid]
+        oldest = min(self.refused_since.values(), default=None)
+        waiting = self.clock() - oldest if oldest is not None else 0.0
+        self.metrics.observe_state(snap, ages, len(state.reservations), waiting)

@@ -1,0 +1,231 @@
+"""The three verbs: Filter and Prioritize read one snapshot; Bind is the commit point.
+
+Bind, per node under a lock: re-check the fit on the cache (at most one TTL old) plus
+every reservation, pick the GPUs, write the reservation on the pod (annotations keyed by
+its UID), count it in the ledger, then create the Binding. A second pod racing for the
+same memory finds the first one's reservation and is refused; kube-scheduler then retries
+it with fresh Filter answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+import numpy as np
+
+from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.config import SchedulerConfig
+from gpuscaler.core.gpufit import (
+    STALE_REASON,
+    AnnotationError,
+    PodRecord,
+    PodRequest,
+    Reservation,
+    fit_problem,
+    freshness,
+    place,
+    pod_request,
+    request_problem,
+    reservation_annotations,
+    with_reservations,
+)
+from gpuscaler.core.gputable import extender_scores, fits, scores
+from gpuscaler.extender.protocol import ExtenderArgs, ExtenderBindingArgs
+from gpuscaler.extender.state import GpuState, Snapshot
+
+log = logging.getLogger("gpuscaler.extender")
+
+
+__all__ = ["KubeError"]  # the adapters' own error type: one KubeError in the project
+
+
+class Binder(Protocol):
+    def get_pod(self, namespace: str, name: str) -> PodRecord: ...
+
+    def annotate(self, namespace: str, name: str, uid: str, values: dict[str, str | None]) -> None:
+        """Merge `values` into the pod's annotations (None removes), only if its UID is `uid`."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+@dataclass
+class FilterAnswer:
+    kept: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    reasons: Counter[str] = field(default_factory=Counter)
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Extender:
+    def __init__(
+        self,
+        state: GpuState,
+        binder: Binder,
+        config: SchedulerConfig,
+        is_leader: Callable[[], bool],
+        wall: Callable[[], float],
+    ):
+        self.state = state
+        self.binder = binder
+        self.config = config
+        self.is_leader = is_leader
+        self.wall = wall
+
+    # ------------------------------------------------------------------ filter
+
+    def filter(self, args: ExtenderArgs) -> FilterAnswer:
+        names = args.node_names()
+        answer = FilterAnswer()
+        snap = self.state.snapshot
+        try:
+            req = pod_request(args.Pod.metadata.annotations)
+            problem = request_problem(req, snap.largest_total) if req is not None else None
+        except AnnotationError as e:
+            req, problem = None, str(e)
+        if problem is not None:  # nothing about a node would change this: unresolvable
+            answer.unresolvable = dict.fromkeys(names, problem)
+            answer.reasons["bad_annotation"] += len(names)
+            return answer
+        if req is None:  # asks for no GPU memory: every node is fine
+            answer.kept = list(names)
+            return answer
+        now = self.wall()
+        table = snap.table
+        rows = table.rows(names)
+        known = rows >= 0
+        good = np.zeros(len(names), dtype=bool)
+        if known.any():
+            at = rows[known]
+            fresh = table.sampled_at[at] >= now - 3 * self.config.cache_ttl
+            good[known] = fits(table, at, req) & fresh
+        for i in np.flatnonzero(~good):  # the refused: few, each with its sentence
+            name = names[i]
+            reason, why = self._node_problem(snap, name, req, now)
+            answer.reasons[reason] += 1
+            if reason in ("insufficient_memory", "insufficient_gpus"):
+                answer.failed[name] = why or ""
+            else:
+                answer.unresolvable[name] = why or ""
+        answer.kept = [names[i] for i in np.flatnonzero(good)]
+        return answer
+
+    def _node_problem(
+        self, snap: Snapshot, name: str, req: PodRequest, now: float
+    ) -> tuple[str, str | None]:
+        view = snap.views.get(name)
+        if view is None:
+            if name in snap.problems:
+                return "bad_node_annotation", snap.problems[name]
+            if name in snap.meta:
+                return "no_gpu_data", f"node {name} has no GPU metrics (dcgm-exporter)"
+            return "unknown_node", f"node {name} is unknown to the GPU extender"
+        if freshness(now - view.sampled_at, self.config.cache_ttl) == "stale":
+            return "stale", STALE_REASON
+        why = fit_problem(view, req)
+        if why is None:
+            return "", None
+        return ("insufficient_gpus" if "GPU(s)" in why else "insufficient_memory"), why
+
+    # ------------------------------------------------------------------ prioritize
+
+    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
+        names = args.node_names()
+        try:
+            req = pod_request(args.Pod.metadata.annotations)
+        except AnnotationError:
+            req = None
+        if req is None:
+            return [(n, 0) for n in names]
+        table = self.state.snapshot.table
+        rows = table.rows(names)
+        out = np.zeros(len(names), dtype=np.int64)
+        known = rows >= 0
+        if known.any():
+            at = rows[known]
+            fresh = table.sampled_at[at] >= self.wall() - 3 * self.config.cache_ttl
+            out[known] = np.where(fresh, extender_scores(scores(table, at, req)), 0)
+        return list(zip(names, out.tolist(), strict=True))
+
+    # ------------------------------------------------------------------ bind
+
+    def bind(self, b: ExtenderBindingArgs) -> str:
+        """ "" when bound, else the error for ExtenderBindingResult.Error."""
+        where = f"pod {b.PodNamespace}/{b.PodName}"
+        if not self.is_leader():
+            return "this extender replica is not the leader; the scheduler will retry"
+        try:
+            pod = self.binder.get_pod(b.PodNamespace, b.PodName)
+            if pod.uid != b.PodUID:
+                return f"{where} was replaced (UID {pod.uid}, binding asked for {b.PodUID})"
+            try:
+                req = pod_request(pod.annotations)
+            except AnnotationError as e:
+                return f"{where}: {e}"
+            if req is None:
+                self.binder.bind(b.PodNamespace, b.PodName, b.PodUID, b.Node)
+                return ""
+            with self.state.node_lock(b.Node):
+                return self._commit(b, req, where)
+        except KubeError as e:
+            return f"{where}: {e}"
+
+    def _commit(self, b: ExtenderBindingArgs, req: PodRequest, where: str) -> str:
+        snap = self.state.snapshot
+        gpus, view = snap.gpus.get(b.Node), snap.views.get(b.Node)
+        if gpus is None or view is None:
+            return f"{where}: node {b.Node} has no GPU data"
+        now = self.wall()
+        if freshness(now - gpus.sampled_at, self.config.cache_ttl) != "fresh":
+            return f"{where}: {STALE_REASON} on node {b.Node}"
+        why = fit_problem(view, req)
+        if why is not None:
+            return f"{where}: no longer fits: {why}"
+        mine = self.state.reservations_on(b.Node)
+        chosen = place(with_reservations(gpus, mine), req, self.config.memory_margin)
+        used = {g.uuid: g.used_mib for g in gpus.gpus}
+        r = Reservation(
+            b.PodUID,
+            b.PodNamespace,
+            b.PodName,
+            b.Node,
+            chosen,
+            tuple((u, used[u]) for u, _ in chosen),
+            now,
+        )
+        self.binder.annotate(
+            b.PodNamespace, b.PodName, b.PodUID, dict(reservation_annotations(r, rfc3339(now)))
+        )
+        self.state.reserve(r)
+        try:
+            self.binder.bind(b.PodNamespace, b.PodName, b.PodUID, b.Node)
+        except KubeError:
+            self.state.release(b.PodUID)
+            self._unannotate(b)
+            raise
+        log.info(
+            "%s bound to %s, %d MiB reserved on %s",
+            where,
+            b.Node,
+            req.memory_mib,
+            ",".join(u for u, _ in chosen),
+            extra={"event": "bound", "uid": b.PodUID, "node": b.Node},
+        )
+        return ""
+
+    def _unannotate(self, b: ExtenderBindingArgs) -> None:
+        keys = reservation_annotations(
+            Reservation(b.PodUID, b.PodNamespace, b.PodName, b.Node, (), (), 0.0), ""
+        )
+        try:
+            self.binder.annotate(b.PodNamespace, b.PodName, b.PodUID, dict.fromkeys(keys))
+        except KubeError as e:  # the reservation then ends by its TTL
+            log.warning("pod %s/%s: reservation not removed: %s", b.PodNamespace, b.PodName, e)

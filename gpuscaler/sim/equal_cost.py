@@ -1,0 +1,59 @@
+"""The equal-cost figure: a baseline's trade-off curve (GPU-hours against SLO outcome,
+one point per swept target) read at gpuscaler's own GPU-hours."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuscaler.sim.scalers import ScalerKind
+
+BASELINES: dict[str, ScalerKind] = {
+    "reactive": "hpa_util",
+    "keda_rate": "keda_rate",
+    "predictive_floor": "predictive_floor",
+}
+"""Baseline name in the report -> the scaler that runs it."""
+FIGURES = ("slo_violation_share", "p99_wait_s")
+
+
+def sweep_targets() -> list[int]:
+    """Target utilizations swept for every baseline: 40..90 % in steps of 5."""
+    return list(range(40, 91, 5))
+
+
+def equal_cost(curve: list[dict[str, Any]], gpu_hours: float) -> dict[str, Any] | None:
+    """Each figure of `curve` linearly interpolated at `gpu_hours` along the curve
+    sorted by GPU-hours; None (with the reason in `reason_outside`) when `gpu_hours`
+    falls outside the curve."""
+    if not curve:
+        return None
+    points = sorted(curve, key=lambda p: (p["gpu_hours"], -p["target_pct"]))
+    hours = np.array([p["gpu_hours"] for p in points], dtype=np.float64)
+    if not hours[0] <= gpu_hours <= hours[-1]:
+        return None
+    out: dict[str, Any] = {"gpu_hours": gpu_hours}
+    for figure in FIGURES:
+        values = np.array([p[figure] for p in points], dtype=np.float64)
+        out[figure] = round(float(np.interp(gpu_hours, hours, values)), 6)
+    return out
+
+
+def reason_outside(curve: list[dict[str, Any]], gpu_hours: float) -> str | None:
+    """Why `equal_cost` is None for this curve, or None when it is not."""
+    if not curve:
+        return "no curve"
+    lo = min(curve, key=lambda p: p["gpu_hours"])
+    hi = max(curve, key=lambda p: p["gpu_hours"])
+    if gpu_hours < lo["gpu_hours"]:
+        return (
+            f"gpuscaler's {gpu_hours:g} GPU-hours are below the curve's cheapest point "
+            f"({lo['gpu_hours']:g} at target {lo['target_pct']} %)"
+        )
+    if gpu_hours > hi["gpu_hours"]:
+        return (
+            f"gpuscaler's {gpu_hours:g} GPU-hours are above the curve's dearest point "
+            f"({hi['gpu_hours']:g} at target {hi['target_pct']} %)"
+        )
+    return None

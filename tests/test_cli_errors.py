@@ -1,0 +1,187 @@
+"""Bad input at the command line and in the config gets exit 2 and a message naming it;
+an unexpected error gets exit 1 and a message, with the traceback only under --debug
+(issue 17, defects 10-12, 14 and 15)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from builders import CLI, run_cli
+
+from gpuscaler import cli
+from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.adapters.prometheus import SourceError
+from gpuscaler.config import ConfigError
+from gpuscaler.sim.trace import TraceError
+
+WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "workloads:\n  - {namespace: [a, b], kind: ScaledObject, name: x}\n",
+            "workloads[0].namespace: Input should be a valid string",
+        ),
+        (
+            "workloads:\n  - {namespace: a, kind: ScaledObject, name: {x: 1}}\n",
+            "workloads[0].name: Input should be a valid string",
+        ),
+        (
+            "replicas: {min_replicas: true}\n" + WORKLOAD,
+            "min_replicas: expected a number, got true",
+        ),
+        ("fragments: {max_step: false}\n" + WORKLOAD, "max_step: expected a number, got false"),
+        ("control: {interval: 99999999999999d}\n" + WORKLOAD, "longer than a year"),
+        ("control: {interval: 2h}\n" + WORKLOAD, "control.interval: Input should be less than"),
+        ("forecast: {horizon: 2h}\n" + WORKLOAD, "forecast.horizon: 2h is not shorter than"),
+        ("", "manages nothing"),
+        ("control: {dry_run: true}\n", "manages nothing"),
+        ("[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    ],
+    ids=[
+        "namespace as a list",
+        "name as a map",
+        "boolean as an integer",
+        "boolean as a step",
+        "absurd duration",
+        "tick slower than hourly",
+        "horizon beyond the window",
+        "empty file",
+        "nothing to manage",
+        "deep nesting",
+    ],
+)
+def test_nonsense_in_the_config_is_refused_with_its_path(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    out = run_cli("validate-config", str(path), timeout=60)
+    assert out.returncode == 2, out.stdout
+    assert problem in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_config_that_relies_on_discovery_says_so_and_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("workloads: []\n")
+    out = run_cli("validate-config", str(path), timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_huge_config_file_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(WORKLOAD + "# padding\n" * 200_000)  # 2 MB of comments
+    started = time.monotonic()
+    out = run_cli("validate-config", str(path), timeout=60)
+    assert out.returncode == 2
+    assert "a config is at most 1,048,576" in out.stderr
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["backtest", "--series", "S", "--resample", "0s"], "--resample must be longer than 0s"),
+        (["backtest", "--series", "S", "--window", "0s"], "--window must be longer than 0s"),
+        (["backtest", "--series", "S", "--horizon", "0s"], "--horizon must be longer than 0s"),
+        (["backtest", "--series", "S", "--max-origins", "0"], "0 must be at least 1"),
+        (["backtest", "--series", "S", "--max-origins", "-3"], "-3 must be at least 1"),
+        (["backtest", "--series", "S", "--max-origins", "x"], "'x' is not a whole number"),
+        (["simulate", "--report", "FILE"], "exists and is not a directory"),
+        (["--log-level", "BOGUS", "validate-config", "X"], "invalid choice: 'BOGUS'"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_argument(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    series = tmp_path / "s.csv"
+    series.write_text("timestamp,value\n" + "".join(f"{60 * i},{i % 7}\n" for i in range(300)))
+    existing = tmp_path / "report.txt"
+    existing.write_text("not a directory")
+    argv = [{"S": str(series), "FILE": str(existing)}.get(a, a) for a in args]
+    out = run_cli(*argv, timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "says"),
+    [
+        (ConfigError("c.yaml", ["control.interval: bad"]), 2, "control.interval: bad"),
+        (TraceError("t.csv: row 3: not a number"), 2, "row 3"),
+        (KubeError("patch node n1: HTTP 500"), 1, "patch node n1"),
+        (SourceError("cannot connect"), 1, "cannot connect"),
+        (PermissionError(13, "Permission denied", "/report"), 1, "Permission denied"),
+        (ZeroDivisionError("division by zero"), 1, "this is a bug in gpuscaler"),
+    ],
+)
+def test_the_one_error_path_maps_each_kind_of_failure_to_its_exit_code(
+    error: Exception, code: int, says: str
+) -> None:
+    got, message = cli.explain(error)
+    assert got == code
+    assert says in message
+
+
+def test_an_unexpected_error_is_a_message_and_its_traceback_only_under_debug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def broken(args: object) -> int:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(cli, "cmd_validate", broken)
+    assert cli.main(["validate-config", "x"]) == 1
+    err = capsys.readouterr().err
+    assert "gpuscaler validate-config: internal error (ZeroDivisionError" in err
+    assert "--debug" in err and "Traceback" not in err
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["--debug", "validate-config", "x"])
+
+
+def _wait_for(proc: subprocess.Popen[str], log: Path, text: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if text in log.read_text():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return False
+
+
+def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "gpuscaler.yaml"
+    original = (Path(__file__).parent.parent / "config" / "gpuscaler.yaml").read_text()
+    config.write_text(original.replace("interval: 30s", "interval: 1s", 1))
+    log = tmp_path / "run.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [*CLI, "run", "--config", str(config), "--metrics-port", "0"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            assert _wait_for(proc, log, '"event": "tick"', 60), log.read_text()[-2000:]
+            config.write_text(config.read_text().replace("dry_run: false", "dry_run: true", 1))
+            assert _wait_for(proc, log, "config reloaded (generation 2)", 30), log.read_text()
+            config.write_text("control: {interval: soon}\n" + WORKLOAD)
+            assert _wait_for(proc, log, "new config refused", 30), log.read_text()[-2000:]
+            assert proc.poll() is None, "an invalid edit never stops the loop"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert "control.interval" in log.read_text()

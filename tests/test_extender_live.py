@@ -1,0 +1,263 @@
+"""The extender as deployed: `gpuscaler extender --config PATH --port P` in a subprocess,
+reading dcgm-exporter series from a real Prometheus (scraping an exporter in this process
+every 500 ms) with ONE grouped query, and the API server fake (kubefake) for nodes, pods,
+Leases and Bindings. Requests are shaped as kube-scheduler sends them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from builders import CLI
+from extenderkit import MIB, DcgmExporter, args, pod
+from kubefake import FakeCluster, fake_apiserver
+from promserver import free_port, prometheus
+
+from gpuscaler.adapters.gpuinfo import PrometheusGpus, grouped_query
+from gpuscaler.adapters.prometheus import Transport
+from gpuscaler.config import PrometheusConfig
+
+
+@pytest.fixture(scope="module")
+def dcgm() -> Iterator[tuple[DcgmExporter, str]]:
+    exporter = DcgmExporter()
+    for i in range(4):  # "even": 4 GPUs at 25 %; NUMA from the topology annotation
+        exporter.gpu("even", i, 0.25 * MIB)
+    exporter.gpu("uneven", 0, 0.0, lowercase=True)  # the newer lowercase label
+    exporter.gpu("uneven", 1, 0.8 * MIB, lowercase=True)
+    exporter.gpu("tiny", 0, 0.0)
+    try:
+        with prometheus(scrape_target=f"127.0.0.1:{exporter.port}") as url:
+            _wait(lambda: len(_fetch(url)) == 3, 30, "three nodes scraped")
+            yield exporter, url
+    finally:
+        exporter.close()
+
+
+def _fetch(url: str) -> dict[str, Any]:
+    return PrometheusGpus(Transport(PrometheusConfig(url=url)), 60.0, time.time).fetch()
+
+
+def _wait(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporter, str]) -> None:
+    _, url = dcgm
+    transport = Transport(PrometheusConfig(url=url))
+    sent: list[str] = []
+    query = transport.query
+    transport.query = lambda q: (sent.append(q), query(q))[1]  # type: ignore[method-assign]
+    nodes = PrometheusGpus(transport, 60.0, time.time).fetch()
+    assert sent == [grouped_query(60.0)]  # one request for all nodes
+    assert sorted(nodes) == ["even", "tiny", "uneven"]
+    even = nodes["even"]
+    assert [g.uuid for g in even.gpus] == [f"GPU-even-{i}" for i in range(4)]
+    # total = used + free + reserved; driver-reserved memory counts as used
+    assert even.gpus[0].total_mib == pytest.approx(MIB)
+    assert even.gpus[0].used_mib == pytest.approx(0.25 * MIB + 512)
+    assert [g.used_mib for g in nodes["uneven"].gpus] == pytest.approx([512, 0.8 * MIB + 512])
+
+
+def _kubeconfig(tmp: Path, url: str) -> Path:
+    path = tmp / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "me", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+def _seed(cluster: FakeCluster) -> None:
+    topology = [{"uuid": f"GPU-even-{i}", "index": i, "numa_node": i // 2} for i in range(4)]
+    cluster.add(
+        "v1",
+        "nodes",
+        {
+            "metadata": {
+                "name": "even",
+                "annotations": {"gpuscaler.io/gpu-topology": json.dumps(topology)},
+            }
+        },
+    )
+    cluster.add(
+        "v1",
+        "nodes",
+        {"metadata": {"name": "uneven", "labels": {"gpuscaler.io/gpus-per-numa-node": "1"}}},
+    )
+    cluster.add("v1", "nodes", {"metadata": {"name": "tiny"}})
+    for name, memory in (("a", "30000"), ("b", "30000"), ("c", "1000")):
+        body = pod(name, memory=memory)
+        body["metadata"]["uid"] = f"uid-{name}"
+        cluster.add("v1", "pods", body)
+
+
+def _post(base: str, verb: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{base}/{verb}", data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+@pytest.fixture
+def served(dcgm: tuple[DcgmExporter, str], tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
+    _, prom = dcgm
+    cfg = tmp_path / "gpuscaler.yaml"
+    cfg.write_text(f"prometheus:\n  url: {prom}\nscheduler:\n  cache_ttl: 1s\n")
+    port = free_port()
+    with fake_apiserver() as (url, cluster):
+        _seed(cluster)
+        env = os.environ | {"POD_NAME": "extender-0", "POD_NAMESPACE": "gpuscaler"}
+        proc = subprocess.Popen(
+            [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
+             "--kubeconfig", str(_kubeconfig(tmp_path, url))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait(lambda: _get(base + "/readyz") == 200 or proc.poll() is not None, 60, "ready")
+            assert proc.poll() is None, proc.communicate()[1]
+            yield base, cluster
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            assert "Traceback" not in err, err
+    lease = cluster.get("coordination.k8s.io/v1", "leases", "gpuscaler", "gpuscaler-extender")
+    assert lease is not None  # it ran leader-elected on its own Lease
+
+
+def test_the_served_extender_filters_scores_and_binds_as_kube_scheduler_asks(
+    served: tuple[str, FakeCluster],
+) -> None:
+    base, cluster = served
+    names = ["even", "uneven", "tiny", "ghost"]
+    status, body = _post(base, "filter", args(pod("a", memory="30000"), names))
+    assert status == 200
+    # even: 4 GPUs at 25 % + 512 reserved -> 26,112 MiB usable each, none holds 30,000
+    assert body["NodeNames"] == ["uneven", "tiny"]
+    assert body["FailedNodes"] == {
+        "even": "node even has 0 GPU(s) with 30000 MiB usable, pod requests 1"
+    }
+    assert (
+        body["FailedAndUnresolvableNodes"]["ghost"] == "node ghost is unknown to the GPU extender"
+    )
+    # a 2-GPU pod: "even" has 2 GPUs in each NUMA domain, "uneven" one per domain
+    status, scores = _post(
+        base, "prioritize", args(pod("m", memory="20000", count="2"), ["even", "uneven"])
+    )
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["even"] > by_host["uneven"]
+    status, answer = _post(
+        base, "bind", {"PodName": "c", "PodNamespace": "default", "PodUID": "uid-c", "Node": "even"}
+    )
+    assert (status, answer) == (200, {"Error": ""})
+    bound = cluster.get("v1", "pods", "default", "c")
+    assert bound is not None and bound["spec"]["nodeName"] == "even"
+    assert bound["metadata"]["annotations"]["gpu-scheduler/reserved-mb"] == "1000"
+    assert _post(base, "filter", b"{oops")[0] == 400
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'gpuscaler_extender_binds_total{outcome="bound"} 1.0' in text
+    assert "gpuscaler_extender_leader 1.0" in text
+
+
+def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
+    served: tuple[str, FakeCluster],
+) -> None:
+    base, cluster = served
+    # "uneven" GPU 0 holds one 30,000 MiB pod (36,352 usable), GPU 1 none
+    for name in ("a", "b"):
+        assert _post(base, "filter", args(pod(name, memory="30000"), ["uneven"]))[1][
+            "NodeNames"
+        ] == ["uneven"]
+    answers: dict[str, str] = {}
+
+    def bind(name: str) -> None:
+        body = {
+            "PodName": name,
+            "PodNamespace": "default",
+            "PodUID": f"uid-{name}",
+            "Node": "uneven",
+        }
+        answers[name] = _post(base, "bind", body)[1]["Error"]
+
+    threads = [threading.Thread(target=bind, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    nodes = [cluster.get("v1", "pods", "default", n)["spec"].get("nodeName") for n in ("a", "b")]
+    assert sorted(str(n) for n in nodes) == ["None", "uneven"]
+    assert sorted(bool(e) for e in answers.values()) == [False, True]
+    assert "no longer fits" in next(e for e in answers.values() if e)
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "message"),
+    [
+        (None, [], "file not found"),
+        ("scheduler: {cache_ttl: soon}\n", [], "scheduler.cache_ttl"),
+        ("scheduler: {}\n", [], "prometheus.url is not set"),
+        (
+            "prometheus: {url: 'http://127.0.0.1:9'}\n",
+            ["--port", "70000"],
+            "--port 70000: not a TCP port",
+        ),
+        ("prometheus: {url: 'http://127.0.0.1:9'}\n", ["--port", "x"], "invalid int value"),
+        (
+            "prometheus: {url: 'http://127.0.0.1:9'}\n",
+            ["--kubeconfig", "/nonexistent/kubeconfig"],
+            "no Kubernetes API",
+        ),
+    ],
+)
+def test_the_extender_refuses_bad_input_with_exit_2_and_no_traceback(
+    tmp_path: Path, config: str | None, argv: list[str], message: str
+) -> None:
+    from builders import run_cli
+
+    path = tmp_path / "gpuscaler.yaml"
+    if config is not None:
+        path.write_text(config)
+    out = run_cli("extender", "--config", str(path), *argv, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr

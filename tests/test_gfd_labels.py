@@ -1,0 +1,116 @@
+"""Node pools as GPU feature discovery labels them in each sharing state, built the way
+NVIDIA/k8s-device-plugin internal/lm/resource.go builds them (productLabel,
+replicasLabel, NewMIGResourceLabeler): a pool keeps every node while gpuscaler moves its
+fragments 1 -> 2 -> 4 -> 2 -> 1, and a MIG pool is recognised and left alone (issue 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubeobjects import node
+
+from gpuscaler.adapters.cluster import parse_objects, pool_state, selects
+from gpuscaler.config import parse_config
+
+MODEL = "NVIDIA A100-SXM4-80GB"  # as NVML names it; GFD replaces spaces with '-'
+PRODUCT = MODEL.replace(" ", "-")
+
+
+def gfd(strategy: str, replicas: int, renamed: bool = False) -> dict[str, str]:
+    """The labels GFD sets for `strategy` (none, time-slicing, mps, mig) at `replicas`."""
+    product = PRODUCT
+    if strategy == "mig":
+        return {
+            "nvidia.com/gpu.product": f"{PRODUCT}-MIG-1g.10gb",
+            "nvidia.com/mig.strategy": "single",
+            "nvidia.com/gpu.replicas": "1",
+        }
+    shared = replicas > 1 and strategy in ("time-slicing", "mps") and not renamed
+    if shared:
+        product += "-SHARED"
+    return {
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.replicas": str(replicas),
+        "nvidia.com/gpu.sharing-strategy": strategy if replicas > 1 else "none",
+    }
+
+
+CONFIG = parse_config(
+    f"""
+node_pools:
+  - {{name: a100, gpu_memory_gib: 80, selector: {{label: nvidia.com/gpu.product, value: {PRODUCT}}}}}
+workloads: []
+"""
+)
+
+
+def _objects(nodes: list[dict[str, Any]]) -> Any:
+    return parse_objects(nodes, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "selector", "matches"),
+    [
+        ("nvidia.com/gpu.product", PRODUCT, PRODUCT, True),
+        ("nvidia.com/gpu.product", PRODUCT + "-SHARED", PRODUCT, True),
+        ("nvidia.com/gpu.product", PRODUCT + "-SHARED-SHARED", PRODUCT, False),
+        ("nvidia.com/gpu.product", PRODUCT + "-MIG-1g.10gb", PRODUCT, False),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3", PRODUCT, False),
+        ("pool", "batch-SHARED", "batch", False),  # only *.product labels get the suffix
+        ("pool", "batch", "batch", True),
+        ("nvidia.com/gpu.product", None, PRODUCT, False),
+    ],
+)
+def test_a_product_selector_matches_with_or_without_the_shared_suffix(
+    label: str, value: str | None, selector: str, matches: bool
+) -> None:
+    assert selects(selector, value, label) is matches
+
+
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+def test_a_pool_keeps_every_node_through_1_2_4_2_1_fragments(strategy: str) -> None:
+    prefix = "ts" if strategy == "time-slicing" else "mps"
+    for fragments in (1, 2, 4, 2, 1):
+        nodes = [
+            node(f"gpu-{i}", config=f"{prefix}-{fragments}", extra_labels=gfd(strategy, fragments))
+            for i in range(3)
+        ]
+        state = pool_state(_objects(nodes), CONFIG.node_pools[0])
+        assert [n.name for n in state.nodes] == ["gpu-0", "gpu-1", "gpu-2"], fragments
+        assert state.fragments == fragments and state.problem is None
+
+
+def test_a_pool_half_way_through_a_rollout_still_holds_both_label_forms() -> None:
+    nodes = [
+        node("gpu-0", config="ts-2", extra_labels=gfd("time-slicing", 2)),
+        node("gpu-1", config="ts-1", extra_labels=gfd("time-slicing", 1)),
+    ]
+    state = pool_state(_objects(nodes), CONFIG.node_pools[0])
+    assert [n.name for n in state.nodes] == ["gpu-0", "gpu-1"]
+
+
+def test_a_selector_written_with_the_suffix_selects_the_pool_too() -> None:
+    config = parse_config(
+        f"""
+node_pools:
+  - {{name: a100, gpu_memory_gib: 80, selector: {{label: nvidia.com/gpu.product, value: {PRODUCT}-SHARED}}}}
+workloads: []
+"""
+    )
+    nodes = [node("gpu-0", config="ts-1", extra_labels=gfd("time-slicing", 1))]
+    assert [n.name for n in pool_state(_objects(nodes), config.node_pools[0]).nodes] == ["gpu-0"]
+
+
+def test_a_mig_pool_is_recognised_and_its_fragments_left_alone() -> None:
+    config = parse_config(
+        """
+node_pools:
+  - {name: mig, gpu_memory_gib: 80, selector: {label: pool, value: mig}}
+workloads: []
+"""
+    )
+    nodes = [node("gpu-0", config="ts-1", extra_labels={**gfd("mig", 1), "pool": "mig"})]
+    state = pool_state(parse_objects(nodes, config), config.node_pools[0])
+    assert state.problem is not None and "MIG pool" in state.problem
+    assert state.fragments is None  # nothing to change: no fragments decision can be made

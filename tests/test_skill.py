@@ -1,0 +1,97 @@
+"""The forecast's skill self-assessment: the floor steps back to reactive sizing when the
+forecast placed its extra capacity no better than flat headroom, and returns when it
+does again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from builders import NOW, forecast, workload_obs
+
+from gpuscaler.config import ReplicasConfig
+from gpuscaler.core.model import Signal, TargetHistory
+from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.skill import assess, in_fallback, remember
+
+TICK = 30.0
+CFG = ReplicasConfig(max_replicas=200)
+
+
+def run(
+    values: np.ndarray, paths: tuple[np.ndarray, np.ndarray], h: TargetHistory, t0: float
+) -> tuple[TargetHistory, list[str]]:
+    """Tick the floor decider over `values` (observed) with forecasts (mean, upper)."""
+    reasons = []
+    for i, (v, mean, up) in enumerate(zip(values, *paths, strict=True)):
+        now = t0 + i * TICK
+        f = forecast(float(mean), float(up), last=float(v))
+        obs = workload_obs(Signal(now - 1, f), floor=4, share=1.0)
+        out = decide_replica_floor(obs, CFG, 120.0, h, now)
+        h = out.history
+        reasons.append(out.decision.reason if out.decision else out.skip.reason)  # type: ignore[union-attr]
+    return h, reasons
+
+
+def white_noise(n: int, seed: int = 0) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    values = 300 + np.random.default_rng(seed).normal(0, 30, n)
+    # An honest forecast of noise: its level, with a band.
+    return values, (np.full(n, 300.0), np.full(n, 330.0))
+
+
+def predictable(n: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    t = np.arange(n + 4) * TICK
+    values = 300 + 150 * np.sin(2 * np.pi * t / 1200.0)  # a 20-minute cycle
+    ahead = np.array([values[i + 1 : i + 5].max() for i in range(n)])  # the next 2 minutes
+    return values[:n], (ahead, ahead + 5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fallback_engages_on_a_white_noise_workload_and_says_why(seed: int) -> None:
+    values, paths = white_noise(150, seed)
+    h, reasons = run(values, paths, TargetHistory(), NOW)
+    assert h.fallback
+    assert "skill fallback" in reasons[-1] and "reactive autoscaler decides" in reasons[-1]
+
+
+def test_the_fallback_disengages_when_the_workload_becomes_predictable() -> None:
+    values, paths = white_noise(150)
+    h, _ = run(values, paths, TargetHistory(), NOW)
+    assert h.fallback
+    values, paths = predictable(150)
+    h, reasons = run(values, paths, h, NOW + 150 * TICK)
+    assert not h.fallback
+    assert "skill fallback" not in reasons[-1] and "forecast upper" in reasons[-1]
+
+
+def test_a_predictable_workload_never_falls_back() -> None:
+    values, paths = predictable(150)
+    h, _ = run(values, paths, TargetHistory(), NOW)
+    skill = assess(h, NOW + 149 * TICK, 120.0, 300.0, 20)
+    assert skill.score is not None and skill.score > 0.5
+    assert not h.fallback
+
+
+def test_before_enough_origins_are_scored_the_floor_stays_reactive() -> None:
+    h = TargetHistory()
+    for i in range(10):
+        h = remember(h, NOW + i * TICK, 100.0, 500.0, 400.0, 3600.0)
+    skill = assess(h, NOW + 9 * TICK, 120.0, 300.0, 20)
+    assert skill.score is None
+    assert in_fallback(h, skill, 0.05, 0.15)
+
+
+def test_between_the_thresholds_the_state_holds_either_way() -> None:
+    from gpuscaler.core.skill import Skill
+
+    middle = Skill(0.1, 50)
+    assert in_fallback(replace(TargetHistory(), fallback=True), middle, 0.05, 0.15)
+    assert not in_fallback(TargetHistory(), middle, 0.05, 0.15)
+
+
+def test_old_records_leave_the_window() -> None:
+    h = TargetHistory()
+    for i in range(200):
+        h = remember(h, NOW + i * TICK, 1.0, 1.0, 1.0, 3600.0)
+    assert len(h.seen) == 120
