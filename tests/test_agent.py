@@ -81,7 +81,11 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node, FakeCluster, 
 
 
 def make_agent(
-    node: Node, api: client.ApiClient, extra: str = "", socket: str | None = None
+    node: Node,
+    api: client.ApiClient,
+    extra: str = "",
+    socket: str | None = None,
+    name: str = NODE,
 ) -> tuple[NodeAgent, AgentMetrics]:
     config: Config = parse_config(
         f"agent:\n  proc_root: {node.proc}\n  sys_root: {node.sys}\n  orphan_grace: 60s\n"
@@ -90,7 +94,7 @@ def make_agent(
     metrics = AgentMetrics()
     agent = NodeAgent(
         config,
-        NodeApi(api, config, NODE, "agent-test"),
+        NodeApi(api, config, name, "agent-test"),
         FakeNvml(node.nvml_file),
         HostFs(node.proc, node.sys),
         metrics,

@@ -60,9 +60,7 @@ def test_the_daemonset_runs_on_gpu_nodes_with_only_the_privileges_the_agent_need
     assert spec["securityContext"]["runAsUser"] == 0  # added capabilities need UID 0
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     # It must stay on (and lift) a quarantined node.
-    assert {"key": QUARANTINE_TAINT, "operator": "Exists", "effect": "NoSchedule"} in spec[
-        "tolerations"
-    ]
+    assert {"operator": "Exists"} in spec["tolerations"]  # the quarantine taint included
 
 
 def test_the_daemonset_mounts_the_pod_resources_socket_read_only_where_the_config_looks() -> None:

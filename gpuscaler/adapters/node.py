@@ -51,6 +51,7 @@ class NodeView:
     annotations: dict[str, str]
     taints: list[dict[str, Any]]
     resource_version: str | None
+    uid: str | None = None
 
     @property
     def quarantined(self) -> bool:
@@ -67,6 +68,7 @@ def _node_view(doc: dict[str, Any]) -> NodeView:
         annotations=dict(meta.get("annotations") or {}),
         taints=list((doc.get("spec") or {}).get("taints") or []),
         resource_version=meta.get("resourceVersion"),
+        uid=meta.get("uid"),
     )
 
 
@@ -77,6 +79,8 @@ class NodeApi:
         self.config = config
         self.node = node
         self.core = client.CoreV1Api(api)
+        self.uid: str | None = None
+        """The node's uid once read: Events name it, so `kubectl describe node` shows them."""
         self.writer = Writer(
             api, config, identity, WriteBudget(config.kubernetes.max_writes_per_minute)
         )
@@ -90,12 +94,14 @@ class NodeApi:
             raise KubeError(f"{action}: {type(e).__name__}: {e}") from None
 
     def read(self) -> NodeView:
-        return _node_view(
+        view = _node_view(
             self._call(
                 f"read node {self.node}",
                 lambda: self.core.read_node(self.node, _preload_content=False),
             )
         )
+        self.uid = view.uid or self.uid
+        return view
 
     def pod_uids(self) -> frozenset[str]:
         """UIDs of every pod the API lists on this node (Terminating ones included: their
@@ -148,7 +154,9 @@ class NodeApi:
         """An Event on the node; a lost Event is logged, never fatal."""
         try:
             self.writer.event(
-                client.V1ObjectReference(api_version="v1", kind="Node", name=self.node),
+                client.V1ObjectReference(
+                    api_version="v1", kind="Node", name=self.node, uid=self.uid
+                ),
                 self.config.kubernetes.events_namespace,
                 reason,
                 action,
