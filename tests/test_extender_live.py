@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from builders import CLI
 from extenderkit import MIB, DcgmExporter, args, pod
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from promserver import free_port, prometheus
 
 from gpuscaler.adapters.gpuinfo import PrometheusGpus, grouped_query
@@ -73,23 +72,6 @@ def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporte
     assert even.gpus[0].total_mib == pytest.approx(MIB)
     assert even.gpus[0].used_mib == pytest.approx(0.25 * MIB + 512)
     assert [g.used_mib for g in nodes["uneven"].gpus] == pytest.approx([512, 0.8 * MIB + 512])
-
-
-def _kubeconfig(tmp: Path, url: str) -> Path:
-    path = tmp / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "me", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
 
 
 def _seed(cluster: FakeCluster) -> None:
@@ -148,7 +130,7 @@ def served(dcgm: tuple[DcgmExporter, str], tmp_path: Path) -> Iterator[tuple[str
         env = os.environ | {"POD_NAME": "extender-0", "POD_NAMESPACE": "gpuscaler"}
         proc = subprocess.Popen(
             [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
-             "--kubeconfig", str(_kubeconfig(tmp_path, url))],
+             "--kubeconfig", str(kubeconfig_for(url, tmp_path / "kubeconfig"))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
