@@ -29,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "gpuscaler.yaml"
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
-COMMANDS = ("validate-config", "simulate", "backtest", "once", "run")
+COMMANDS = ("validate-config", "simulate", "backtest", "once", "run", "agent", "extender")
 
 
 def _deployment_container() -> dict[str, Any]:
