@@ -15,6 +15,7 @@ from kubefake import FakeCluster
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 
+from gpuscaler.adapters.cluster import rfc3339
 from gpuscaler.adapters.kubernetes import (
     ClusterReader,
     KubeActuator,
@@ -22,7 +23,6 @@ from gpuscaler.adapters.kubernetes import (
     kube_actuator,
     sharing_config,
 )
-from gpuscaler.adapters.preemption import rfc3339
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 

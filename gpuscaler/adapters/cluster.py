@@ -21,7 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
@@ -311,6 +311,11 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         resource_version=str(meta.get("resourceVersion", "")),
         uid=str(meta.get("uid", "")),
     )
+
+
+def rfc3339(t: float) -> str:
+    """Unix seconds as the RFC 3339 timestamp Kubernetes writes (whole seconds, UTC)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: Any) -> float | None:

@@ -58,6 +58,7 @@ from gpuscaler.adapters.cluster import (
     parse_scale_object,
     parse_time,
     pool_nodes,
+    rfc3339,
     shares_held,
     sharing_config_name,
     unavailable_state,
@@ -89,10 +90,6 @@ class ConfigNotReady(KubeError):
 
 CONFIG_ADDED = "gpuscaler.io/config-added-"
 """Annotation on the device-plugin ConfigMap, per config gpuscaler added: when."""
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _api_error(action: str, e: ApiException) -> KubeError:
@@ -471,7 +468,7 @@ class KubeNodePools:
             body = {
                 "metadata": {
                     "resourceVersion": meta.get("resourceVersion"),
-                    "annotations": {CONFIG_ADDED + name: _rfc3339(now)},
+                    "annotations": {CONFIG_ADDED + name: rfc3339(now)},
                 },
                 "data": {name: sharing_config(pool.sharing, fragments)},
             }

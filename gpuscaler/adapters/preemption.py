@@ -33,7 +33,6 @@ import re
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -45,6 +44,7 @@ from gpuscaler.adapters.cluster import (
     Node,
     parse_time,
     pool_nodes,
+    rfc3339,
     schedulable_on,
 )
 from gpuscaler.adapters.kubernetes import (
@@ -87,10 +87,6 @@ AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
 """The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
 cannot attribute to pods (MPS)."""
 """Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _record_key(victim: str) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.adapters.cluster import parse_time
 from gpuscaler.adapters.kubernetes import KubeError
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import (
@@ -35,15 +35,6 @@ def _load(response: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KubeError("answer is not a JSON object")
     return data
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def pod_record(obj: dict[str, Any]) -> PodRecord:
