@@ -170,12 +170,18 @@ def test_two_real_replicas_elect_one_leader_and_the_other_takes_over_when_it_die
     took = time.monotonic() - killed
     assert took >= 3, f"taken over after {took:.1f} s: before the lease could expire"
     wait_until("b acts", lambda: cluster.get(SO)["spec"]["minReplicaCount"] > 2, 60, 0.5)
-    mine = [
-        e
-        for e in _events(cluster, "ml", "ReplicaFloorChanged")
-        if e.get("reportingInstance") == "gpuscaler-b"
-    ]
-    assert mine, "the new leader recorded no Event"
+
+    def recorded_by_b() -> bool:
+        return any(
+            e.get("reportingInstance") == "gpuscaler-b"
+            for e in _events(cluster, "ml", "ReplicaFloorChanged")
+        )
+
+    # The Event is written just after the patch that set the floor: wait for it too.
+    try:
+        wait_until("b records an Event", recorded_by_b, 30, 0.5)
+    except TimeoutError:
+        pytest.fail(f"the new leader recorded no Event; its log:\n{b.output()[-3000:]}")
     b.signal(signal.SIGTERM)
     b.popen.wait(30)
     assert _lease_holder(cluster) is None  # released on a clean stop
