@@ -1,0 +1,291 @@
+"""The whole config, and how a YAML file becomes one: every problem named with its path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from gpuscaler.config.base import MAX_CONFIG_BYTES, M, StrictModel, format_duration, parse_duration
+from gpuscaler.config.control import (
+    ControlConfig,
+    ForecastConfig,
+    FragmentsConfig,
+    MetricsConfig,
+    ReplicasConfig,
+    TimeSliceConfig,
+)
+from gpuscaler.config.systems import (
+    AgentConfig,
+    KubernetesConfig,
+    PreemptionConfig,
+    PrometheusConfig,
+    SchedulerConfig,
+    SimulatorConfig,
+)
+from gpuscaler.config.targets import (
+    POOL_OVERRIDABLE,
+    WORKLOAD_OVERRIDABLE,
+    NodePoolConfig,
+    WorkloadConfig,
+)
+from gpuscaler.errors import InputError
+
+
+class Config(StrictModel):
+    control: ControlConfig = ControlConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    forecast: ForecastConfig = ForecastConfig()
+    fragments: FragmentsConfig = FragmentsConfig()
+    time_slice: TimeSliceConfig = TimeSliceConfig()
+    replicas: ReplicasConfig = ReplicasConfig()
+    node_pools: tuple[NodePoolConfig, ...] = ()
+    workloads: tuple[WorkloadConfig, ...] = ()
+    simulator: SimulatorConfig = SimulatorConfig()
+    prometheus: PrometheusConfig = PrometheusConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
+    agent: AgentConfig = AgentConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        problems: list[str] = []
+        if self.metrics.window < self.forecast.min_history:
+            problems.append(
+                "metrics.window: shorter than forecast.min_history, no forecast could be made"
+            )
+        if self.metrics.staleness < self.metrics.step:
+            problems.append("metrics.staleness: shorter than metrics.step")
+        if self.forecast.horizon >= self.metrics.window:
+            problems.append(
+                f"forecast.horizon: {format_duration(self.forecast.horizon)} is not shorter "
+                f"than metrics.window {format_duration(self.metrics.window)}; a forecast "
+                "cannot see further ahead than the history it learns from"
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
+    _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
+
+    # Resolved per-target policy: global section with the target's override merged in,
+    # validated once and kept. Targets are indexed once per config (a config is frozen),
+    # so a tick plans in time linear in the number of targets.
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with its own (empty) caches: pydantic copies private attributes, and a
+        copy with other targets must not answer from the original's index."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolved, copy._overrides = {}, None
+        return copy
+
+    def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
+        if self._overrides is None:
+            index = {f"pool:{p.name}": p.overrides for p in self.node_pools}
+            index |= {f"workload:{w.key}": w.overrides for w in self.workloads}
+            self._overrides = index
+        return self._overrides.get(owner, {})
+
+    def pool_section(self, pool: str, section: str, model: type[M]) -> M:
+        owner = f"pool:{pool}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
+
+    def workload_section(self, key: str, section: str, model: type[M]) -> M:
+        owner = f"workload:{key}"
+        return self._section(owner, section, self._target_overrides(owner).get(section), model)
+
+    def _section(
+        self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
+    ) -> M:
+        base = getattr(self, section)
+        if override is None:
+            assert isinstance(base, model)
+            return base
+        cached = self._resolved.get((owner, section))
+        if cached is None:
+            cached = merge_section(base, override, model)
+            self._resolved[(owner, section)] = cached
+        assert isinstance(cached, model)
+        return cached
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.node_pools)} node pool(s), {len(self.workloads)} workload(s), "
+            f"interval {format_duration(self.control.interval)}, "
+            f"horizon {format_duration(self.forecast.horizon)}, "
+            f"ARIMA{self.forecast.order} on {self.forecast.engine} engine, "
+            f"dry_run={'on' if self.control.dry_run else 'off'}"
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _as_yaml(section: BaseModel) -> dict[str, Any]:
+    """A section's values as YAML would write them (durations with their unit again)."""
+    out = section.model_dump()
+    for name, info in type(section).model_fields.items():
+        if any(getattr(m, "func", None) is parse_duration for m in info.metadata):
+            out[name] = f"{out[name]!r}s"
+    return out
+
+
+def merge_section(base: BaseModel, override: dict[str, Any], model: type[M]) -> M:
+    """`base` with `override` (raw YAML values) merged in, validated as a whole."""
+    return model.model_validate({**_as_yaml(base), **override})
+
+
+class ConfigError(InputError):
+    """A config that cannot be used. `problems` holds one 'path: reason' line each."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid config\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _problems(error: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[str]:
+    lines = []
+    for err in error.errors():
+        loc = prefix + tuple(p for p in err["loc"] if p not in ("function-after",))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        if "\n" in msg:
+            lines += msg.split("\n")  # several problems, each naming its own path
+            continue
+        lines.append(f"{_path(loc)}: {msg}")
+    return lines
+
+
+def _override_problems(doc: dict[str, Any]) -> list[str]:
+    """Each override merged over its global section (or the default section, where the
+    global one is itself invalid) and validated, reported at the override's path."""
+    problems: list[str] = []
+    for list_name, sections in (
+        ("node_pools", POOL_OVERRIDABLE),
+        ("workloads", WORKLOAD_OVERRIDABLE),
+    ):
+        items = doc.get(list_name)
+        if not isinstance(items, list):
+            continue
+        for i, item in enumerate(items):
+            overrides = item.get("overrides") if isinstance(item, dict) else None
+            if not isinstance(overrides, dict):
+                continue
+            for section, override in overrides.items():
+                model = sections.get(section)
+                if model is None or not isinstance(override, dict):
+                    continue  # reported by the schema
+                try:
+                    base = model.model_validate(doc.get(section) or {})
+                except ValidationError:
+                    base = model()
+                try:
+                    merge_section(base, override, model)
+                except ValidationError as e:
+                    problems += _problems(e, (list_name, i, "overrides", section))
+    return problems
+
+
+def _reference_problems(doc: dict[str, Any]) -> list[str]:
+    """Duplicates and dangling references, found on the raw document so they are reported
+    even when other fields are invalid."""
+    problems: list[str] = []
+    pools = doc.get("node_pools") or []
+    names: list[object] = []
+    if isinstance(pools, list):
+        for i, p in enumerate(pools):
+            name = p.get("name") if isinstance(p, dict) else None
+            if name is not None and name in names:
+                problems.append(f"node_pools[{i}].name: duplicate node pool {name!r}")
+            names.append(name)
+    workloads = doc.get("workloads") or []
+    if isinstance(workloads, list):
+        seen: set[tuple[object, ...]] = set()
+        for i, w in enumerate(workloads):
+            if not isinstance(w, dict):
+                continue
+            key = (w.get("namespace"), w.get("kind"), w.get("name"))
+            if not all(isinstance(k, str) for k in key):
+                continue  # a list or map where a name belongs is reported by the schema
+            if key in seen:
+                problems.append(
+                    f"workloads[{i}]: duplicate workload {'/'.join(str(k) for k in key)}"
+                )
+            seen.add(key)
+            pool = w.get("node_pool")
+            if pool is not None and pool not in names:
+                problems.append(f"workloads[{i}].node_pool: no node pool named {pool!r}")
+    return problems
+
+
+MANAGES_NOTHING = (
+    "(top level): manages nothing: no node_pools and no workloads. List them, or write "
+    "`workloads: []` to manage only the ScaledObjects and HPAs labelled "
+    "gpuscaler.io/enabled=true"
+)
+
+
+def parse_config(text: str, source: str = "<config>", require_targets: bool = False) -> Config:
+    """The validated config, or ConfigError listing every problem with its path.
+    `require_targets`: a config for a controller must say what it manages (an empty file
+    is a mistake, not a valid config)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(source, [f"not valid YAML{where}: {getattr(e, 'problem', e)}"]) from e
+    except RecursionError:
+        raise ConfigError(source, ["not valid YAML: nested too deeply"]) from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping, got {type(doc).__name__}"])
+    problems = _reference_problems(doc) + _override_problems(doc)
+    if require_targets and "node_pools" not in doc and "workloads" not in doc:
+        problems.append(MANAGES_NOTHING)
+    try:
+        config = Config.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(source, _problems(e) + problems) from e
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def load_config(path: str | Path, require_targets: bool = True) -> Config:
+    """The config file, checked; see `parse_config`."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                str(p), [f"file is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}"]
+            )
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigError(str(p), ["file not found"]) from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(p), [f"cannot read: {e}"]) from e
+    return parse_config(text, str(p), require_targets)

@@ -1,0 +1,323 @@
+"""Config sections of the outside systems (Prometheus, Kubernetes) and of
+preemption, the simulator, the node agent and the scheduler extender.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from gpuscaler.config.base import Seconds, StrictModel
+
+
+def redact_url(url: str) -> str:
+    """`url` with the password of any `user:password@` part replaced by ***: safe to print."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", r"\1:***@", url)
+
+
+class PrometheusQueries(StrictModel):
+    """PromQL templates. `{matchers}` is replaced by the target's escaped label matchers,
+    `{lookback}` by twice the metrics step: `last_over_time(...[{lookback}])` keeps a missed
+    scrape a gap instead of Prometheus' 5-minute lookback filling it with an old value."""
+
+    pool_utilization: str = "avg(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+    pool_stall: str = "avg(last_over_time(nvidia_gpu_stall_percentage{{{matchers}}}[{lookback}]))"
+    workload_load: str = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+    pool_memory_used: str = "max(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}]))"
+    """MiB used on the pool's fullest GPU."""
+    pool_memory_total: str = (
+        "min(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}])"
+        " + last_over_time(DCGM_FI_DEV_FB_FREE{{{matchers}}}[{lookback}]))"
+    )
+    """MiB of the pool's smallest GPU (used + free)."""
+
+    @field_validator(
+        "pool_utilization", "pool_stall", "workload_load", "pool_memory_used", "pool_memory_total"
+    )
+    @classmethod
+    def _placeholders(cls, value: str) -> str:
+        try:
+            value.format(matchers='a="b"', lookback="1s")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"template must use only {{matchers}} and {{lookback}} (double other braces): {e}"
+            ) from e
+        if "{matchers}" not in value:
+            raise ValueError("template must contain {matchers}")
+        return value
+
+
+class PrometheusConfig(StrictModel):
+    url: str | None = None
+    """Prometheus base URL; unset = no Prometheus source (simulator only)."""
+    timeout: Seconds = Field(10.0, gt=0)
+    """Per request: a slow server costs at most this per query and cycle."""
+    retries: int = Field(2, ge=0, le=10)
+    """Retries of a failed request (connection errors and 5xx), with backoff."""
+    backoff: Seconds = Field(0.5, ge=0)
+    """First backoff between retries; doubles each retry."""
+    overlap: Seconds = Field(5.0, ge=0)
+    """Each incremental fetch re-reads this much before the newest sample held, for samples
+    that arrived late."""
+    bearer_token_file: str | None = None
+    """Re-read whenever the file changes (projected service account tokens rotate)."""
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    insecure_skip_verify: bool = False
+    """Explicitly skip TLS verification (never the default)."""
+    queries: PrometheusQueries = PrometheusQueries()
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.url is not None and not re.match(r"^https?://[^\s/]+", self.url):
+            raise ValueError(f"url {redact_url(self.url)!r} is not an http(s) URL")
+        if (self.basic_auth_username is None) != (self.basic_auth_password_file is None):
+            raise ValueError(
+                "basic auth needs both basic_auth_username and basic_auth_password_file"
+            )
+        if self.basic_auth_username is not None and self.bearer_token_file is not None:
+            raise ValueError("use either a bearer token or basic auth, not both")
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("a client certificate needs both client_cert_file and client_key_file")
+        return self
+
+
+class PreemptionConfig(StrictModel):
+    enabled: bool = True
+    """Free GPUs for pending high-priority pods; off = plan nothing, touch nothing."""
+    beneficiary_min_priority: int = 1_000_000
+    """Pods at or above this priority (e.g. PriorityClass gpu-critical) may have GPUs freed
+    for them when they are pending because no GPU fits."""
+    victim_max_priority: int = 10_000
+    """Only pods below this priority are ever victims."""
+    protected_namespaces: tuple[str, ...] = (
+        "kube-system",
+        "gpu-operator",
+        "nvidia-device-plugin",
+        "gpuscaler",
+    )
+    """Never a victim: the cluster's own machinery."""
+    protected_labels: dict[str, str] = Field(default_factory=dict)
+    """A pod with any of these label values is never a victim."""
+    pending_for: Seconds = Field(30.0, ge=0)
+    """A beneficiary must be unschedulable this long first: the scheduler may still place
+    it, and a pod that just arrived often fits after a scale-down settles."""
+    soft_grace: Seconds = Field(300.0, ge=0)
+    """Tier 1: time a victim gets to checkpoint (annotation gpuscaler.io/checkpoint-done)
+    or exit before it is evicted; 5 min fits one checkpoint of a large model."""
+    checkpoint_endpoint: str | None = None
+    """Optional: POST here to ask for a checkpoint ({pod_ip} is replaced), e.g.
+    "http://{pod_ip}:8080/checkpoint"."""
+    checkpoint_fresh: Seconds = Field(900.0, gt=0)
+    """Victims whose last checkpoint (gpuscaler.io/last-checkpoint) is younger than this
+    lose least work and are preferred."""
+    eviction_grace_period: Seconds = Field(30.0, ge=0)
+    """Tier 2: deleteOptions.gracePeriodSeconds of the eviction (SIGTERM to SIGKILL)."""
+    eviction_retry: Seconds = Field(30.0, gt=0)
+    """After a 429 (a PodDisruptionBudget), wait this long before trying again."""
+    max_eviction_attempts: int = Field(4, ge=1)
+    """Then the victim is given up and another is chosen (or, with escalate_to_delete, the
+    pod is deleted)."""
+    escalate_to_delete: bool = False
+    """Delete a pod whose eviction a PDB keeps refusing (off: PDBs are respected)."""
+    terminating_timeout: Seconds = Field(300.0, gt=0)
+    """Tier 3: a victim still Terminating this long after eviction is force-deleted."""
+    memory_release_timeout: Seconds = Field(120.0, gt=0)
+    """Tier 3: GPU memory of a gone victim must be seen released within this, else the
+    node is tainted for a node-side cleanup."""
+    released_below_mib: float = Field(1024.0, ge=0)
+    """Frame buffer used at or below this on a GPU with no pod = released (the reference
+    leak check: util < 5 % and FB used > 1 GiB)."""
+    max_in_flight: int = Field(2, ge=1)
+    """Victims being preempted at once, at most."""
+    max_per_hour: int = Field(10, ge=1)
+    """Victims chosen per rolling hour, at most."""
+    forecast_trigger: bool = False
+    """Also free GPUs ahead of time for replicas that a high-priority workload's forecast
+    floor asks for and its pool has no room for (off: only pods already pending)."""
+    fragments_trigger: bool = False
+    """Also preempt low-priority pods holding more shares of a GPU than the fewer fragments
+    a hot pool should go to (off: the fragments change waits until they leave)."""
+
+
+class ObjectRef(StrictModel):
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+class LeaseConfig(StrictModel):
+    name: str = Field("gpuscaler-leader", min_length=1)
+    namespace: str | None = None
+    """Unset: the pod's own namespace (POD_NAMESPACE), else `default`."""
+    duration: Seconds = Field(15.0, gt=0)
+    """A leader silent this long is presumed gone (client-go's default, 15 s)."""
+    renew_deadline: Seconds = Field(10.0, gt=0)
+    """A leader that has not renewed for this long stops acting, before its lease
+    expires and another replica may take over."""
+    retry_period: Seconds = Field(2.0, gt=0)
+    """How often the lease is renewed or, on a standby, tried."""
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if not self.retry_period < self.renew_deadline < self.duration:
+            raise ValueError(
+                "need retry_period < renew_deadline < duration, so a leader stops acting "
+                "before its lease can expire"
+            )
+        return self
+
+
+class KubernetesConfig(StrictModel):
+    device_plugin_config_map: ObjectRef = ObjectRef(
+        namespace="nvidia-device-plugin", name="gpuscaler-sharing-configs"
+    )
+    """The ConfigMap the NVIDIA device plugin's config-manager reads named configs from."""
+    sharing_config_names: dict[Literal["time-slicing", "mps"], str] = Field(
+        default_factory=lambda: {"time-slicing": "ts-{n}", "mps": "mps-{n}"}  # type: ignore[arg-type]
+    )
+    """Name of the device-plugin config giving n fragments per GPU; a node selects one with
+    the label nvidia.com/device-plugin.config."""
+    time_slice_label: str = Field("gpuscaler.io/time-slice", min_length=1)
+    """Node label a node-side agent reads to set the time slice (default/short/medium/long)."""
+    config_propagation: Seconds = Field(90.0, ge=0)
+    """A sharing config gpuscaler adds to the device-plugin ConfigMap is named on a node
+    only this long after: the kubelet syncs a mounted ConfigMap after a delay (about a
+    minute), and the config-manager exits when the label names a config its copy lacks
+    (NVIDIA/k8s-device-plugin cmd/config-manager/main.go). 0: relabel at once (only when
+    the configs are pre-provisioned)."""
+    max_nodes_per_tick: int = Field(2, ge=1)
+    """Nodes relabelled per pool per tick: each relabel restarts that node's device plugin,
+    so a pool changes a few nodes at a time and a bad config shows before it is everywhere."""
+    max_writes_per_minute: int = Field(30, ge=1)
+    """All Kubernetes writes of one controller (patches, creates) per minute at most, a
+    bound on what a runaway plan could do."""
+    events_namespace: str = Field("default", min_length=1)
+    """Namespace of Events about cluster-scoped objects (Nodes), as kubectl expects."""
+    lease: LeaseConfig = LeaseConfig()
+    connect_timeout: Seconds = Field(5.0, gt=0, le=60)
+    """Every API call gives up connecting after this: an API server that does not accept
+    connections must not hold a tick (or a lease renewal) for long."""
+    read_timeout: Seconds = Field(15.0, gt=0, le=300)
+    """Every API call gives up waiting for an answer after this (a server that accepts and
+    never answers). Lists of a large cluster take a few seconds; 15 s leaves room."""
+    tick_api_budget: Seconds = Field(60.0, gt=0, le=3600)
+    """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
+    fail at once (their targets get no action, with the reason) and the next tick starts
+    afresh. Lease renewals, on their own thread, are not charged."""
+
+    @field_validator("sharing_config_names")
+    @classmethod
+    def _has_n(cls, value: dict[str, str]) -> dict[str, str]:
+        for strategy, pattern in value.items():
+            if "{n}" not in pattern or not re.fullmatch(r"[A-Za-z0-9._{}-]+", pattern):
+                raise ValueError(
+                    f"{strategy}: {pattern!r} must contain {{n}} and only label-value "
+                    "characters (letters, digits, '-', '_', '.')"
+                )
+        return value
+
+
+class SimulatorConfig(StrictModel):
+    cold_start: Seconds = Field(60.0, ge=0)
+    """A new replica serves at the earliest this long after its pod is created (image
+    pull, model load); each cold start is drawn uniformly from [cold_start,
+    cold_start_max]."""
+    cold_start_max: Seconds = Field(120.0, ge=0)
+    """Slowest cold start (uniform draw, seeded): 60-120 s loads a model onto a GPU."""
+    sync_delay: Seconds = Field(15.0, ge=0)
+    """Between a scaler's decision (HPA recommendation, KEDA poll, floor write) and the
+    pod being created or deleted: the HPA's 15 s sync period."""
+    drain_max: Seconds = Field(30.0, ge=0)
+    """A leaving replica keeps its GPU and serves the queue until the queue present at
+    its removal is drained, at most this long (terminationGracePeriodSeconds 30 s)."""
+    slo_wait: Seconds = Field(2.0, gt=0)
+    """A request waiting longer than this in the queue violates the SLO."""
+    fragment_disruption: Seconds = Field(30.0, ge=0)
+    """After a fragment change the device plugin restarts on each node of the pool and
+    replicas move to the new layout: capacity is reduced for this long."""
+    fragment_disruption_capacity: float = Field(0.5, ge=0, le=1)
+    """Share of capacity left during a fragment change's disruption."""
+    gpu_seconds_per_request: float = Field(0.06, gt=0)
+    """GPU-busy seconds one request costs on a whole GPU: the load model's scale."""
+    replica_gpu_share: float = Field(1.0, gt=0, le=1)
+    """GPU share one replica holds at 1 fragment."""
+    noise_pct: float = Field(2.0, ge=0)
+    """Std dev of measurement noise added to utilization (percentage points)."""
+    switch_overhead: float = Field(0.03, ge=0, lt=0.5)
+    """Throughput lost per doubling of time-slicing tenants on a busy GPU."""
+    preemption_burst_after: Seconds | None = 1800.0
+    """A burst of high-priority pods into a full batch pool this long into the replay,
+    to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
+    inside even a 2 h replay."""
+
+    @model_validator(mode="after")
+    def _cold_start_range(self) -> Self:
+        if self.cold_start_max < self.cold_start:
+            raise ValueError(
+                f"cold_start_max ({self.cold_start_max:g}s) must not be below cold_start "
+                f"({self.cold_start:g}s)"
+            )
+        return self
+
+
+class AgentConfig(StrictModel):
+    """The node agent (`gpuscaler agent`, a DaemonSet): time slices, GPU topology and the
+    cleanup of GPU processes that evicted pods leave behind."""
+
+    poll_interval: Seconds = Field(10.0, gt=0)
+    """How often the agent reads the node, NVML and the pods: a label change applies
+    within this, and an orphan is seen this late at most."""
+    orphan_grace: Seconds = Field(60.0, ge=0)
+    """A GPU process whose pod is gone must stay so this long before SIGTERM: a pod list
+    read an instant before its pod appeared, or a container still shutting down."""
+    kill_timeout: Seconds = Field(10.0, gt=0)
+    """SIGTERM, then SIGKILL when the process is still alive this long after."""
+    dry_run: bool | None = None
+    """Report what would be killed, set and lifted, and change nothing. Unset: follows
+    `control.dry_run`, so a deployment that starts dry starts dry on the nodes too."""
+    time_slice: bool = True
+    """Apply the node's time-slice label with nvidia-smi (needs CAP_SYS_ADMIN; off: the
+    DaemonSet may drop that capability)."""
+    proc_root: str = "/proc"
+    """The host's /proc (the DaemonSet runs with hostPID)."""
+    sys_root: str = "/sys"
+    """The host's /sys (NUMA node of each GPU's PCI device)."""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """The kubelet pod-resources API (read-only mount); unreachable: no device metric."""
+    nvidia_smi: str = Field("nvidia-smi", min_length=1)
+    """The nvidia-smi binary (name on PATH or a path)."""
+    command_timeout: Seconds = Field(30.0, gt=0)
+    """An nvidia-smi call slower than this failed."""
+    pod_resources_timeout: Seconds = Field(5.0, gt=0)
+    """A kubelet pod-resources `List` is abandoned after this (Kubernetes API calls are
+    bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
+
+
+class SchedulerConfig(StrictModel):
+    """The scheduler extender (`gpuscaler extender`): memory- and NUMA-aware placement."""
+
+    scheduler_name: str = Field("gpu-scheduler", min_length=1)
+    """spec.schedulerName of the pods the second kube-scheduler (and so the extender) places."""
+    cache_ttl: Seconds = Field(5.0, gt=0)
+    """GPU state is refreshed this often; a node not refreshed for 3 TTLs is filtered out
+    as stale (the design's 5 s)."""
+    memory_margin: float = Field(0.1, ge=0, lt=1)
+    """Share of each GPU's memory never handed out: the design's 10 % OOM margin."""
+    reservation_ttl: Seconds = Field(300.0, gt=0)
+    """A bound pod's memory counts as used until measured memory shows it, or this long:
+    5 min covers an image pull and a CUDA start."""
+    sample_max_age: Seconds = Field(60.0, gt=0)
+    """Only dcgm-exporter samples younger than this count (two 30 s exporter intervals)."""
+    node_resync: Seconds = Field(30.0, gt=0)
+    """Node objects (topology annotation, NUMA label, pool labels) are re-read this often."""
+    lease: LeaseConfig = LeaseConfig(name="gpuscaler-extender")
+    """The extender's own Lease: one replica holds the reservation ledger."""
