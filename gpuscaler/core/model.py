@@ -19,7 +19,7 @@ import numpy.typing as npt
 from gpuscaler.config import TIME_SLICE_LEVELS
 
 if TYPE_CHECKING:
-    from gpuscaler.core.preemption import PreemptionObservation
+    from gpuscaler.core.preemption.views import PreemptionObservation
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -1,0 +1,69 @@
+"""Three-tier preemption of low-priority GPU pods, as pure functions.
+
+When a pod at or above `beneficiary_min_priority` has been unschedulable for
+`pending_for` and no node has a free GPU share for it, victims are chosen on one node the
+way kube-scheduler chooses them (fewest PDB violations, then the lowest highest-victim
+priority, the smallest priority sum, the fewest victims, the latest start), but only if
+freeing them really makes the pod fit, and preferring victims with the freshest checkpoint
+(least work lost). Each victim then goes through the tiers:
+
+    none -> soft      ask to checkpoint (annotation, optional HTTP call)
+    soft -> hard      checkpoint acknowledged, or soft_grace over: evict (evidence first)
+    soft -> cleanup   the pod exited by itself
+    soft -> aborted   the beneficiary no longer needs it (scheduled elsewhere, gone)
+    hard -> hard      retry an eviction a PDB refused; force-delete a pod stuck Terminating
+    hard -> given_up  a PDB kept refusing (another victim is chosen next tick)
+    hard -> cleanup   the pod is gone
+    cleanup -> done         its GPU memory was seen released (or cannot be measured)
+    cleanup -> quarantined  memory stays held on a GPU with no pod: taint the node
+
+`TRANSITIONS` is the whole table; every step is checked against it here and again by the
+adapter against the state it reads before acting, so a restart resumes, never repeats.
+"""
+
+from __future__ import annotations
+
+from gpuscaler.core.preemption.choice import Choice, choose_victims, is_beneficiary, is_candidate
+from gpuscaler.core.preemption.decide import (
+    decide_preemption,
+    forecast_beneficiaries,
+    fragments_beneficiaries,
+)
+from gpuscaler.core.preemption.transitions import (
+    IN_FLIGHT,
+    KIND,
+    TRANSITIONS,
+    Tier,
+    TransitionError,
+    check_transition,
+)
+from gpuscaler.core.preemption.views import (
+    FORECAST_PREFIX,
+    FRAGMENTS_PREFIX,
+    NodeView,
+    PodView,
+    PreemptionObservation,
+    VictimState,
+)
+
+__all__ = [
+    "FORECAST_PREFIX",
+    "FRAGMENTS_PREFIX",
+    "IN_FLIGHT",
+    "KIND",
+    "TRANSITIONS",
+    "Choice",
+    "NodeView",
+    "PodView",
+    "PreemptionObservation",
+    "Tier",
+    "TransitionError",
+    "VictimState",
+    "check_transition",
+    "choose_victims",
+    "decide_preemption",
+    "forecast_beneficiaries",
+    "fragments_beneficiaries",
+    "is_beneficiary",
+    "is_candidate",
+]

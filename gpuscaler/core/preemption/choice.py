@@ -1,0 +1,199 @@
+"""New preemptions: who may benefit, who may be a victim, and which victims on
+which node, chosen the way kube-scheduler chooses them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuscaler.config import PreemptionConfig
+from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.preemption.transitions import hold, step_decision
+from gpuscaler.core.preemption.views import (
+    FORECAST_PREFIX,
+    NodeView,
+    PodView,
+    PreemptionObservation,
+    VictimState,
+)
+
+# --------------------------------------------------------------------------- new victims
+
+
+def is_beneficiary(p: PodView, cfg: PreemptionConfig, now: float) -> bool:
+    return (
+        p.node is None
+        and p.phase == "Pending"
+        and (p.gpus > 0 or p.shrink_to is not None)
+        and p.priority >= cfg.beneficiary_min_priority
+        and not p.preemption_never
+        and p.unschedulable_since is not None
+        and now - p.unschedulable_since >= cfg.pending_for
+    )
+
+
+def is_candidate(p: PodView, cfg: PreemptionConfig) -> bool:
+    return (
+        p.node is not None
+        and not p.gone
+        and p.terminating_since is None
+        and p.priority < cfg.victim_max_priority
+        and p.namespace not in cfg.protected_namespaces
+        and not any(p.labels.get(k) == v for k, v in cfg.protected_labels.items())
+        and not p.opted_out
+    )
+
+
+@dataclass(frozen=True)
+class Choice:
+    node: str
+    victims: tuple[PodView, ...]
+
+    def rank(self) -> tuple[int, int, int, int, float, str]:
+        """kube-scheduler's node order: lower is better."""
+        top = max(v.priority for v in self.victims)
+        starts = [v.start_time or 0.0 for v in self.victims if v.priority == top]
+        return (
+            sum(v.pdb_blocked for v in self.victims),
+            top,
+            sum(v.priority for v in self.victims),
+            len(self.victims),
+            -min(starts),  # the latest start of the highest-priority victims wins
+            self.node,
+        )
+
+
+def _reprieve_order(p: PodView) -> tuple[bool, int, float, float]:
+    """Victims are given back in this order while the beneficiary still fits: PDB-
+    protected first, then higher priority, then the stalest checkpoint (most work to lose),
+    then the earliest start. What is left are the victims."""
+    return (
+        not p.pdb_blocked,
+        -p.priority,
+        p.checkpoint_at if p.checkpoint_at is not None else -math.inf,
+        p.start_time or 0.0,
+    )
+
+
+def choose_victims(
+    beneficiary: PodView,
+    node: NodeView,
+    pods: tuple[PodView, ...],
+    taken: set[str],
+    cfg: PreemptionConfig,
+) -> tuple[Choice | None, str]:
+    """Victims on `node` that make `beneficiary` fit, or None and why not."""
+    need = beneficiary.gpus
+    if (
+        beneficiary.gpu_memory_gib is not None
+        and node.share_memory_gib is not None
+        and node.share_memory_gib < beneficiary.gpu_memory_gib
+    ):
+        return None, (
+            f"{node.name}: a share has {node.share_memory_gib:.1f} GiB, "
+            f"{beneficiary.gpu_memory_gib:g} GiB needed"
+        )
+    if need > 1 and node.numa_domain_shares is not None and need > node.numa_domain_shares:
+        return None, (
+            f"{node.name}: {need} shares do not fit one NUMA domain "
+            f"({node.numa_domain_shares} shares each)"
+        )
+    on_node = [p for p in pods if p.node == node.name and not p.gone]
+    shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
+    free = shares - sum(p.gpus for p in on_node)
+    if free >= need:
+        return Choice(node.name, ()), f"{node.name} has {free} free share(s) already"
+    candidates = [
+        p
+        for p in on_node
+        if is_candidate(p, cfg) and p.priority < beneficiary.priority and p.key not in taken
+    ]
+    if free + sum(p.gpus for p in candidates) < need:
+        return (
+            None,
+            f"{node.name}: {free} free + {sum(p.gpus for p in candidates)} preemptible < {need}",
+        )
+    victims = list(candidates)
+    available = free + sum(p.gpus for p in candidates)
+    for p in sorted(candidates, key=_reprieve_order):
+        if available - p.gpus >= need:
+            available -= p.gpus
+            victims.remove(p)
+    return Choice(node.name, tuple(victims)), ""
+
+
+def start_preemption(
+    b: PodView,
+    obs: PreemptionObservation,
+    cfg: PreemptionConfig,
+    taken: set[str],
+    budget: int,
+    now: float,
+) -> list[Decision] | Skip:
+    choices, reasons = [], []
+    for node in obs.nodes:
+        if (b.pool is not None and node.pool != b.pool) or b.only_node not in (None, node.name):
+            continue
+        if b.allowed_nodes is not None and node.name not in b.allowed_nodes:
+            continue
+        choice, why = choose_victims(b, node, obs.pods, taken, cfg)
+        if choice is not None and not choice.victims:
+            return hold(now, b.key, f"no action: {why}; the scheduler can place it")
+        if choice is None:
+            reasons.append(why)
+        else:
+            choices.append(choice)
+    if not choices:
+        detail = "; ".join(reasons[:3]) or "no GPU nodes"
+        return hold(now, b.key, f"blocked: freeing preemptible pods would not fit it ({detail})")
+    best = min(choices, key=Choice.rank)
+    if len(best.victims) > budget:
+        return hold(
+            now,
+            b.key,
+            f"blocked: needs {len(best.victims)} victim(s) on {best.node}, limits leave {budget} "
+            f"(max_in_flight {cfg.max_in_flight}, max_per_hour {cfg.max_per_hour})",
+        )
+    if b.shrink_to is not None:
+        why = (
+            f"fewer fragments on {b.only_node} ({b.shrink_to} shares) need the pods there to "
+            "hold no more"
+        )
+    elif b.key.startswith(FORECAST_PREFIX):
+        why = (
+            f"forecast: {b.key.removeprefix(FORECAST_PREFIX).split('#')[0]} needs one more "
+            f"replica ({b.gpus} GPU share(s)) within the horizon and its pool has no room"
+        )
+    else:
+        waited = now - (b.unschedulable_since or now)
+        why = (
+            f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for "
+            f"{waited:.0f}s"
+        )
+    out = []
+    for v in best.victims:
+        state = VictimState(
+            v.key, b.key, best.node, v.gpus, v.priority, "none", now, now, uid=v.uid
+        )
+        fresh = v.checkpoint_at is not None and now - v.checkpoint_at <= cfg.checkpoint_fresh
+        out.append(
+            step_decision(
+                now,
+                state,
+                "soft",
+                "request_checkpoint",
+                f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on "
+                f"{best.node} frees room"
+                + (", checkpointed recently" if fresh else "")
+                + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
+                gpus=v.gpus,
+                priority=v.priority,
+                uid=v.uid,
+                checkpoint_deadline=now + cfg.soft_grace,
+                evicted_by=now + cfg.soft_grace,
+                gone_by=now + cfg.soft_grace + cfg.eviction_grace_period,
+            )
+        )
+        taken.add(v.key)
+    return out
