@@ -16,13 +16,9 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.config.config_exception import ConfigException
 
-from gpuscaler.adapters.cluster import (
-    ClusterStateError,
-    current_state,
-    load_cluster_snapshot,
-    with_discovered,
-)
 from gpuscaler.adapters.kube.api import BoundedApiClient
+from gpuscaler.adapters.kube.cluster import current_state, load_cluster_snapshot, with_discovered
+from gpuscaler.adapters.kube.objects import ClusterStateError
 from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
 from gpuscaler.adapters.preemption import (
     GpuMemoryProbe,

@@ -9,13 +9,8 @@ from typing import Any
 import pytest
 from kubeobjects import A100, gpu_pod, node
 
-from gpuscaler.adapters.cluster import (
-    ClusterStateError,
-    parse_node,
-    parse_objects,
-    pool_state,
-    schedulable_on,
-)
+from gpuscaler.adapters.kube.cluster import pool_state, schedulable_on
+from gpuscaler.adapters.kube.objects import ClusterStateError, parse_node, parse_objects
 from gpuscaler.config import parse_config
 
 CONFIG = parse_config(

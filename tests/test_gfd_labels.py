@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from kubeobjects import node
 
-from gpuscaler.adapters.cluster import parse_objects, pool_state, selects
+from gpuscaler.adapters.kube.cluster import pool_state, selects
+from gpuscaler.adapters.kube.objects import parse_objects
 from gpuscaler.config import parse_config
 
 MODEL = "NVIDIA A100-SXM4-80GB"  # as NVML names it; GFD replaces spaces with '-'

@@ -15,7 +15,7 @@ from kubefake import FakeCluster
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 
-from gpuscaler.adapters.cluster import rfc3339
+from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kubernetes import (
     ClusterReader,
     KubeActuator,

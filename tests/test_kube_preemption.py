@@ -16,7 +16,7 @@ from kubefake import FakeCluster, serving
 from kubeobjects import gpu_pod, node
 from kubernetes import client
 
-from gpuscaler.adapters.cluster import rfc3339
+from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kubernetes import ClusterReader, KubeActuator, kube_actuator
 from gpuscaler.adapters.preemption import STATE_CONFIGMAP, PreemptionReader
 from gpuscaler.config import parse_config

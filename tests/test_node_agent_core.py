@@ -221,7 +221,7 @@ def test_preemption_reads_the_numa_domains_the_agent_publishes(
 ) -> None:
     from kubeobjects import node
 
-    from gpuscaler.adapters.cluster import parse_objects
+    from gpuscaler.adapters.kube.objects import parse_objects
     from gpuscaler.adapters.preemption import NUMA_LABEL, preemption_observation
     from gpuscaler.config import parse_config
 

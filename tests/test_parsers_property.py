@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuscaler.adapters.cluster import ClusterStateError, load_cluster_snapshot
+from gpuscaler.adapters.kube.cluster import load_cluster_snapshot
+from gpuscaler.adapters.kube.objects import ClusterStateError
 from gpuscaler.adapters.prometheus import SourceError, decode_matrix
 from gpuscaler.backtest import BacktestError, load_series_csv, to_grid
 from gpuscaler.config import Config, ConfigError, parse_config, parse_duration

@@ -43,7 +43,14 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.cluster import (
+from gpuscaler.adapters.kube.api import NO_ANSWER
+from gpuscaler.adapters.kube.cluster import (
+    current_state,
+    pool_nodes,
+    shares_held,
+    unavailable_state,
+)
+from gpuscaler.adapters.kube.objects import (
     LAST_DECISION,
     NODE_DECISION,
     OPT_IN_LABEL,
@@ -53,17 +60,12 @@ from gpuscaler.adapters.cluster import (
     CurrentState,
     Node,
     ScaleObject,
-    current_state,
     parse_objects,
     parse_scale_object,
     parse_time,
-    pool_nodes,
     rfc3339,
-    shares_held,
     sharing_config_name,
-    unavailable_state,
 )
-from gpuscaler.adapters.kube.api import NO_ANSWER
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
 from gpuscaler.errors import OutsideError

@@ -38,15 +38,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.cluster import (
-    ClusterObjects,
-    GpuPod,
-    Node,
-    parse_time,
-    pool_nodes,
-    rfc3339,
-    schedulable_on,
-)
+from gpuscaler.adapters.kube.cluster import pool_nodes, schedulable_on
+from gpuscaler.adapters.kube.objects import ClusterObjects, GpuPod, Node, parse_time, rfc3339
 from gpuscaler.adapters.kubernetes import (
     MAX_CONFLICT_RETRIES,
     ClusterReader,

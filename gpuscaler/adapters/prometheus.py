@@ -34,7 +34,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from gpuscaler.adapters.cluster import CurrentState
+from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.config import Config, PrometheusConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload

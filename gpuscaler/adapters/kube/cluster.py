@@ -1,0 +1,285 @@
+"""What the cluster runs now, from its objects: GPU nodes grouped into pools, the
+workloads that opted in, where a pod may be scheduled.
+
+- a node is in a pool when its label `selector.label` equals `selector.value`;
+- while a rollout is under way (nodes disagree) the pool's fragments are the target the
+  newest gpuscaler decision on its nodes set, so the core does not decide again;
+- a node's shares held per GPU are its pods' requests over its physical GPU count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from gpuscaler.adapters.kube.objects import (
+    ClusterObjects,
+    ClusterStateError,
+    CurrentState,
+    GpuPod,
+    Json,
+    Node,
+    PoolState,
+    parse_objects,
+)
+from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
+
+# --------------------------------------------------------------------------- pools
+
+
+SHARED_SUFFIX = "-SHARED"
+"""GPU feature discovery appends this to `nvidia.com/gpu.product` while the node's GPUs are
+shared (time-slicing replicas > 1, unless the resource is renamed): NVIDIA/k8s-device-plugin
+internal/lm/resource.go, resourceLabeler.productLabel. A pool selected by product keeps its
+nodes through every fragment change only if both forms match."""
+MIG_MARK = "-MIG-"
+"""GFD names a MIG device's product `<model>-MIG-<profile>` (same file, NewMIGResourceLabeler)."""
+
+
+def selects(selector_value: str, label_value: str | None, label: str) -> bool:
+    """Does a node's label value match the pool selector? A `*.product` label matches with or
+    without GFD's -SHARED suffix, so sharing never moves a node out of its pool."""
+    if label_value is None:
+        return False
+    if label_value == selector_value:
+        return True
+    return label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+
+
+def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
+    label, value = pool.selector.label, pool.selector.value.removesuffix(SHARED_SUFFIX)
+    return tuple(n for n in objects.nodes if selects(value, n.labels.get(label), label))
+
+
+def is_mig(node: Node) -> bool:
+    """A node whose GPUs are split by MIG: GFD's mig.strategy single/mixed, or a MIG product."""
+    strategy = node.labels.get("nvidia.com/mig.strategy", "none")
+    product = node.labels.get("nvidia.com/gpu.product", "")
+    return strategy in ("single", "mixed") or MIG_MARK in product
+
+
+def shares_held(node: Node, pods: Iterable[GpuPod]) -> int:
+    """Most shares the node's pods hold on one of its GPUs (requests spread evenly)."""
+    held = sum(
+        p.gpus for p in pods if p.node == node.name and p.phase not in ("Succeeded", "Failed")
+    )
+    return math.ceil(held / max(1, node.gpu_count or 1))
+
+
+def _rollout_value(nodes: tuple[Node, ...], kind: str, current: list[str]) -> str | None:
+    """The pool's value for `kind`: the one every node has, else the target of the newest
+    gpuscaler decision on its nodes (a rollout under way), else the most common one."""
+    if not current:
+        return None
+    if len(set(current)) == 1:
+        return current[0]
+    targets = [t for n in nodes if (t := n.decision_target(kind)) is not None]
+    if targets:
+        return max(targets)[1]
+    counts = Counter(current).most_common()
+    return counts[0][0]
+
+
+def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
+    nodes = pool_nodes(objects, pool)
+    if not nodes:
+        return PoolState(
+            pool.name,
+            (),
+            None,
+            None,
+            None,
+            0,
+            problem=f"no node has {pool.selector.label}={pool.selector.value}",
+        )
+    frag_values = [str(n.fragments) for n in nodes if n.fragments is not None]
+    problem = None
+    mig = [n.name for n in nodes if is_mig(n)]
+    if mig:
+        problem = (
+            f"MIG pool (node(s) {', '.join(mig[:3])}): its GPUs are MIG instances, whose size "
+            "is the MIG profile; fragments and time slices are left alone"
+        )
+    elif len(frag_values) < len(nodes):
+        unknown = [n.name for n in nodes if n.fragments is None][:3]
+        problem = f"fragments unknown on node(s) {', '.join(unknown)} (no sharing config label)"
+    fragments = _rollout_value(nodes, "fragments", frag_values)
+    levels = [n.time_slice_level or "default" for n in nodes]
+    memories = [n.gpu_memory_mib for n in nodes if n.gpu_memory_mib is not None]
+    return PoolState(
+        name=pool.name,
+        nodes=nodes,
+        fragments=int(fragments) if fragments is not None and problem is None else None,
+        time_slice_level=_rollout_value(nodes, "time_slice", levels),
+        gpu_memory_gib=min(memories) / 1024 if memories else None,
+        max_shares_held=max(shares_held(n, objects.pods) for n in nodes),
+        problem=problem,
+    )
+
+
+def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[WorkloadConfig, ...]:
+    """Opted-in ScaledObjects and HPAs the config does not list, with default policy;
+    `gpuscaler.io/type` and `gpuscaler.io/node-pool` annotations say what the config would."""
+    listed = {w.key for w in config.workloads}
+    pools = {p.name for p in config.node_pools}
+    found = []
+    for key, so in sorted(objects.scale_objects.items()):
+        if key in listed or not so.opted_in:
+            continue
+        namespace, kind, name = key.split("/", 2)
+        kind_type = so.annotations.get("gpuscaler.io/type", "inference")
+        pool = so.annotations.get("gpuscaler.io/node-pool")
+        found.append(
+            WorkloadConfig(
+                namespace=namespace,
+                kind=kind,
+                name=name,
+                type="training" if kind_type == "training" else "inference",
+                node_pool=pool if pool in pools else None,
+            )
+        )
+    return tuple(found)
+
+
+def current_state(objects: ClusterObjects, config: Config) -> CurrentState:
+    """The state the core plans against, with a problem for each target that is missing
+    or ambiguous in the cluster."""
+    fragments, levels, held, memory, problems = {}, {}, {}, {}, {}
+    for p in config.node_pools:
+        pool = pool_state(objects, p)
+        if pool.fragments is not None:
+            fragments[p.name] = pool.fragments
+        if pool.time_slice_level is not None:
+            levels[p.name] = pool.time_slice_level
+        if pool.gpu_memory_gib is not None:
+            memory[p.name] = pool.gpu_memory_gib
+        held[p.name] = pool.max_shares_held
+        if pool.problem:
+            problems[f"pool:{p.name}"] = pool.problem
+    floors, replicas, ceilings = {}, {}, {}
+    for w in config.workloads:
+        so = objects.scale_objects.get(w.key)
+        if so is None:
+            problems[f"workload:{w.key}"] = f"{w.kind} {w.namespace}/{w.name} not found"
+            continue
+        floors[w.key] = so.floor
+        if so.replicas is not None:
+            replicas[w.key] = so.replicas
+        if so.max_replicas is not None:
+            ceilings[w.key] = so.max_replicas
+    return CurrentState(
+        fragments=fragments,
+        time_slice_levels=levels,
+        floors=floors,
+        replicas=replicas,
+        max_replicas=ceilings,
+        shares_held=held,
+        gpu_memory_gib=memory,
+        problems=problems,
+    )
+
+
+def unavailable_state(config: Config, why: str) -> CurrentState:
+    """Every target flagged: the cluster could not be read, so nothing may be decided."""
+    keys = [f"pool:{p.name}" for p in config.node_pools]
+    keys += [f"workload:{w.key}" for w in config.workloads]
+    return CurrentState(problems=dict.fromkeys(keys, why))
+
+
+SNAPSHOT_COMMAND = (
+    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml"
+)
+
+
+def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
+    """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them).
+    Nodes and pods must both be there: without pods the shares held are unknown, and
+    fragments could be planned below them."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as e:
+        raise ClusterStateError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ClusterStateError(
+            f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}"
+        ) from None
+    items: list[Json] = []
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict) or "kind" not in doc:
+            raise ClusterStateError(f"{path}: document {i + 1} is not a Kubernetes object")
+        if isinstance(doc.get("items"), list):
+            items += doc["items"]
+        else:
+            items.append(doc)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            raise ClusterStateError(f"{path}: items[{i}] has no kind")
+    kinds = {item["kind"] for item in items}
+    missing = [k for k in ("Node", "Pod") if k not in kinds]
+    if missing:
+        raise ClusterStateError(
+            f"{path}: no {' and no '.join(missing)} objects; the file should hold the "
+            f"output of `{SNAPSHOT_COMMAND}`"
+        )
+    try:
+        return parse_objects(items, config)
+    except ClusterStateError as e:
+        raise ClusterStateError(f"{path}: {e}") from None
+
+
+def with_discovered(config: Config, objects: ClusterObjects | None) -> Config:
+    """`config` plus the opted-in ScaledObjects and HPAs it does not list."""
+    if objects is None:
+        return config
+    found = discovered_workloads(objects, config)
+    if not found:
+        return config
+    return config.model_copy(update={"workloads": config.workloads + found})
+
+
+def _expression_matches(expr: Json, labels: Mapping[str, str]) -> bool:
+    key, op, values = str(expr.get("key")), expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # Gt/Lt and unknown operators: not assumed to match
+
+
+def _tolerates(tolerations: tuple[Json, ...], taint: Json) -> bool:
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint.get("effect")):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, "", taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def schedulable_on(pod: GpuPod, node: Node) -> bool:
+    """Whether the scheduler could place `pod` on `node` as far as labels and taints go:
+    nodeSelector, required node affinity (In, NotIn, Exists, DoesNotExist), and NoSchedule
+    or NoExecute taints it does not tolerate."""
+    if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
+        return False
+    if pod.node_affinity and not any(
+        all(_expression_matches(e, node.labels) for e in term.get("matchExpressions") or [])
+        for term in pod.node_affinity
+    ):
+        return False
+    return all(
+        _tolerates(pod.tolerations, t)
+        for t in node.taints
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
