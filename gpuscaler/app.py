@@ -16,10 +16,12 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.config.config_exception import ConfigException
 
+from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.cluster import current_state, load_cluster_snapshot, with_discovered
 from gpuscaler.adapters.kube.objects import ClusterStateError
-from gpuscaler.adapters.kubernetes import ClusterReader, Writer, kube_actuator
+from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.writer import Writer
 from gpuscaler.adapters.preemption import (
     GpuMemoryProbe,
     PreemptionReader,

@@ -29,7 +29,7 @@ from agentkit import (
 )
 from controlplane import Kube, wait_until
 
-from gpuscaler.adapters.kubernetes import Writer
+from gpuscaler.adapters.kube.writer import Writer
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
 from gpuscaler.adapters.preemption import QUARANTINE_TAINT, KubePreemption
 from gpuscaler.config import parse_config

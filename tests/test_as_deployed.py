@@ -32,7 +32,7 @@ from kubeobjects import plugin_configmap
 from test_cluster_cli import SNAPSHOT, _config, planted_prometheus
 from test_deploy import render
 
-from gpuscaler.adapters.kubernetes import sharing_config
+from gpuscaler.adapters.kube.nodepools import sharing_config
 
 HOME = "gpuscaler"
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")

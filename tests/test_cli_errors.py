@@ -14,7 +14,7 @@ import pytest
 from builders import CLI, run_cli
 
 from gpuscaler import cli
-from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.prometheus import SourceError
 from gpuscaler.config import ConfigError
 from gpuscaler.sim.trace import TraceError

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from controlplane import Kube, kubectl_path, wait_until
 
-from gpuscaler.adapters.kubernetes import sharing_config
+from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,7 +34,7 @@ from kubeobjects import node, plugin_configmap, scaled_object
 from kubernetes import client
 
 from gpuscaler.adapters.kube.api import BoundedApiClient
-from gpuscaler.adapters.kubernetes import sharing_config
+from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
 from gpuscaler.controller import TickResult

@@ -18,8 +18,10 @@ from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from kubeobjects import scaled_object
 from kubernetes import client
 
+from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
-from gpuscaler.adapters.kubernetes import MAX_CONFLICT_RETRIES, ClusterReader, kube_actuator
+from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Decision
 

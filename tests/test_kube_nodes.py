@@ -15,14 +15,11 @@ from kubefake import FakeCluster
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 
+from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
+from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.adapters.kube.objects import rfc3339
-from gpuscaler.adapters.kubernetes import (
-    ClusterReader,
-    KubeActuator,
-    WriteBudget,
-    kube_actuator,
-    sharing_config,
-)
+from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.writer import WriteBudget
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 

@@ -16,8 +16,9 @@ from kubefake import FakeCluster, serving
 from kubeobjects import gpu_pod, node
 from kubernetes import client
 
+from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.objects import rfc3339
-from gpuscaler.adapters.kubernetes import ClusterReader, KubeActuator, kube_actuator
+from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.preemption import STATE_CONFIGMAP, PreemptionReader
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Decision, Skip

@@ -14,7 +14,8 @@ from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import hpa, scaled_object
 from kubernetes import client
 
-from gpuscaler.adapters.kubernetes import KubeActuator, KubeError, kube_actuator
+from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision
 

@@ -14,7 +14,8 @@ from kubefake import FakeCluster
 from kubeobjects import node, plugin_configmap
 from kubernetes import client
 
-from gpuscaler.adapters.kubernetes import kube_actuator, sharing_config
+from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.config import LeaseConfig, parse_config
 from gpuscaler.core.model import Decision
 from gpuscaler.leader import LeaderElector

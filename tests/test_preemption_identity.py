@@ -19,7 +19,7 @@ from kubeobjects import gpu_pod
 from test_kube_preemption import CONFIG, Api, Tick, _evictions, _seed, _state
 from test_preemption import CFG, _plan, critical, node, pod
 
-from gpuscaler.adapters.kubernetes import kube_actuator
+from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.preemption import KubePreemption
 from gpuscaler.core.preemption import VictimState
 

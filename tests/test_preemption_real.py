@@ -18,8 +18,9 @@ from controlplane import Kube, Recorder, wait_until
 from kubeobjects import gpu_pod, node
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.objects import rfc3339
-from gpuscaler.adapters.kubernetes import ClusterReader, kube_actuator
+from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.preemption import STATE_CONFIGMAP, PreemptionReader
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Decision, Skip

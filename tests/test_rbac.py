@@ -16,7 +16,8 @@ from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 from test_deploy import render
 
-from gpuscaler.adapters.kubernetes import ClusterReader, kube_actuator
+from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.preemption import PreemptionReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config

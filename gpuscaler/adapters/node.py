@@ -1,6 +1,6 @@
 """Kubernetes adapter of the node agent: its own Node and the pods bound to it.
 
-Built on `gpuscaler.adapters.kubernetes` (JSON objects, `KubeError`, the `Writer`'s gate
+Built on `gpuscaler.adapters.kube` (JSON objects, `KubeError`, the `Writer`'s gate
 and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: connect and read
 timeouts on every call, a time budget per poll). Every patch carries the resourceVersion
 read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
@@ -21,14 +21,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kubernetes import (
-    MAX_CONFLICT_RETRIES,
-    KubeError,
-    WriteBudget,
-    Writer,
-    _api_error,
-    _json,
-)
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
+from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, WriteBudget, Writer
 from gpuscaler.adapters.preemption import QUARANTINE_TAINT
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION
@@ -87,9 +81,9 @@ class NodeApi:
 
     def _call(self, action: str, fn: Callable[[], Any]) -> dict[str, Any]:
         try:
-            return _json(fn())
+            return json_body(fn())
         except ApiException as e:
-            raise _api_error(action, e) from None
+            raise api_error(action, e) from None
         except urllib3.exceptions.HTTPError as e:  # timeouts, refused connections
             raise KubeError(f"{action}: {type(e).__name__}: {e}") from None
 
@@ -128,11 +122,11 @@ class NodeApi:
             body.setdefault("metadata", {})["resourceVersion"] = node.resource_version
             self.writer.gate(f"{what} on node {self.node}")
             try:
-                doc = _json(self.core.patch_node(self.node, body, _preload_content=False))
+                doc = json_body(self.core.patch_node(self.node, body, _preload_content=False))
                 return _node_view(doc)
             except ApiException as e:
                 if e.status != 409:
-                    raise _api_error(f"{what} on node {self.node}", e) from None
+                    raise api_error(f"{what} on node {self.node}", e) from None
             except urllib3.exceptions.HTTPError as e:
                 raise KubeError(f"{what} on node {self.node}: {e}") from None
             node = self.read()

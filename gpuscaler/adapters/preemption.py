@@ -38,17 +38,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json
 from gpuscaler.adapters.kube.cluster import pool_nodes, schedulable_on
 from gpuscaler.adapters.kube.objects import ClusterObjects, GpuPod, Node, parse_time, rfc3339
-from gpuscaler.adapters.kubernetes import (
-    MAX_CONFLICT_RETRIES,
-    ClusterReader,
-    KubeError,
-    Writer,
-    _api_error,
-    _json,
-    _read,
-)
+from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
 from gpuscaler.adapters.prometheus import SourceError, Transport, escape_label_value
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision
@@ -135,13 +129,13 @@ def parse_states(data: Mapping[str, str]) -> tuple[VictimState, ...]:
 def read_records(core: client.CoreV1Api, namespace: str) -> dict[str, Any] | None:
     """The records ConfigMap as JSON, None while it does not exist (no preemption yet)."""
     try:
-        return _json(
+        return json_body(
             core.read_namespaced_config_map(STATE_CONFIGMAP, namespace, _preload_content=False)
         )
     except ApiException as e:
         if e.status == 404:
             return None
-        raise _api_error(f"read ConfigMap {namespace}/{STATE_CONFIGMAP}", e) from None
+        raise api_error(f"read ConfigMap {namespace}/{STATE_CONFIGMAP}", e) from None
 
 
 class PreemptionReader:
@@ -173,8 +167,8 @@ class PreemptionReader:
     def observe(self, now: float) -> PreemptionObservation:
         try:
             objects = self.cluster.last_objects or self.cluster.objects()
-            classes = _json(self.scheduling.list_priority_class(_preload_content=False))
-            pdbs = _json(
+            classes = json_body(self.scheduling.list_priority_class(_preload_content=False))
+            pdbs = json_body(
                 self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
             )
             states = self.states()
@@ -385,7 +379,7 @@ class KubePreemption:
             except ApiException as e:
                 if e.status == 409:
                     continue
-                raise _api_error(f"write ConfigMap {STATE_CONFIGMAP}", e) from None
+                raise api_error(f"write ConfigMap {STATE_CONFIGMAP}", e) from None
         raise KubeError(f"ConfigMap {STATE_CONFIGMAP}: still conflicting")
 
     def _stored(self, victim: str) -> VictimState:
@@ -410,7 +404,7 @@ class KubePreemption:
             )
         except ApiException as e:
             if e.status != 404:  # a pod already gone needs no annotation
-                raise _api_error(f"annotate pod {key}", e) from None
+                raise api_error(f"annotate pod {key}", e) from None
 
     def _event(self, key: str, reason: str, note: str, type_: str = "Normal") -> None:
         self.writer.event(self._pod_ref(key), key.split("/", 1)[0], reason, "Preempt", note, type_)
@@ -421,7 +415,7 @@ class KubePreemption:
             return
         ns, name = key.split("/", 1)
         try:
-            pod = _json(self.core.read_namespaced_pod(name, ns, _preload_content=False))
+            pod = json_body(self.core.read_namespaced_pod(name, ns, _preload_content=False))
             ip = (pod.get("status") or {}).get("podIP")
             if not ip:
                 return
@@ -457,7 +451,7 @@ class KubePreemption:
                 return False
             if e.status == 404 or (e.status == 409 and s.uid):
                 return True  # gone, or a new pod under its name (the uid precondition)
-            raise _api_error(f"evict {s.victim}", e) from None
+            raise api_error(f"evict {s.victim}", e) from None
         return True
 
     def _delete(self, s: VictimState, grace: int | None) -> None:
@@ -471,10 +465,10 @@ class KubePreemption:
             if e.status == 409 and s.uid:
                 return  # a new pod under the victim's name: not ours to delete
             if e.status != 404:
-                raise _api_error(f"delete {s.victim}", e) from None
+                raise api_error(f"delete {s.victim}", e) from None
 
     def _quarantine(self, s: VictimState) -> None:
-        node = _read(
+        node = read_json(
             f"read node {s.node}", lambda: self.core.read_node(s.node, _preload_content=False)
         )
         meta = node.get("metadata") or {}
@@ -505,7 +499,7 @@ class KubePreemption:
                 _preload_content=False,
             )
         except ApiException as e:
-            raise _api_error(f"taint node {s.node}", e) from None
+            raise api_error(f"taint node {s.node}", e) from None
         self.writer.event(
             client.V1ObjectReference(api_version="v1", kind="Node", name=s.node),
             self.config.kubernetes.events_namespace,

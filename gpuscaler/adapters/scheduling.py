@@ -12,8 +12,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.objects import parse_time
-from gpuscaler.adapters.kubernetes import KubeError
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import (
     ASSUME_TIME_ANNOTATION,

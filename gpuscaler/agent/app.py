@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscaler.adapters.host import HostFs
-from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.node import NodeApi
 from gpuscaler.adapters.nvml import FakeNvml, Nvml, NvmlError, RealNvml
 from gpuscaler.adapters.podresources import PodResourcesError, list_devices

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from gpuscaler.adapters.host import HostFs
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.objects import OPT_IN_LABEL
-from gpuscaler.adapters.kubernetes import KubeError
 from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeView
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
 from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError

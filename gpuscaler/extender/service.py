@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from gpuscaler.adapters.kubernetes import KubeError
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import (
     STALE_REASON,

@@ -11,10 +11,15 @@
   `ApiException` with status 0 and a reason naming what happened, so the adapters' one
   error path (HTTP errors -> `KubeError` naming the call) covers transport failures too,
   and a tick flags its targets instead of failing.
+
+Objects travel as JSON (`_preload_content=False`): the client's models reject objects
+with fields they do not expect to be empty, and gpuscaler reads only a few fields. API
+errors are translated once, here, into `KubeError`.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +28,8 @@ from typing import Any
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.errors import OutsideError
 
 NO_ANSWER = 0
 """`ApiException.status` of a call that got no HTTP answer (refused, reset, timed out)."""
@@ -79,3 +86,39 @@ def _transport_reason(e: urllib3.exceptions.HTTPError) -> str:
     if isinstance(cause, urllib3.exceptions.TimeoutError | TimeoutError):
         return f"no answer from the API server in time ({type(cause).__name__})"
     return f"API server connection failed ({type(cause).__name__})"
+
+
+class KubeError(OutsideError):
+    """A Kubernetes API call that failed or was refused; the message names the object."""
+
+
+def api_error(action: str, e: ApiException) -> KubeError:
+    """The server's own message rides along for refusals and invalid objects: a 403 names
+    the user, verb and resource RBAC lacks, a 422 the field the schema refused. A call that
+    got no answer (status 0) says what happened on the wire instead."""
+    if e.status == NO_ANSWER:
+        return KubeError(f"{action}: {e.reason}")
+    message = f"{action}: HTTP {e.status} {e.reason}"
+    if e.status in (403, 422):
+        try:
+            detail = json.loads(e.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            detail = None
+        if isinstance(detail, str) and detail:
+            message += f": {detail[:300]}"
+    return KubeError(message)
+
+
+def json_body(response: Any) -> dict[str, Any]:
+    data = response if isinstance(response, dict) else json.loads(response.data)
+    if not isinstance(data, dict):
+        raise KubeError("answer is not a JSON object")
+    return data
+
+
+def read_json(action: str, call: Callable[[], Any]) -> dict[str, Any]:
+    """One object, as JSON; API errors become KubeError naming `action`."""
+    try:
+        return json_body(call())
+    except ApiException as e:
+        raise api_error(action, e) from None

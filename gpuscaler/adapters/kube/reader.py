@@ -1,0 +1,92 @@
+"""Reading the cluster: nodes, pods, KEDA ScaledObjects and HPAs as JSON, parsed by
+`gpuscaler.adapters.kube.objects` (the same rules as `once --cluster-snapshot FILE`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
+from gpuscaler.adapters.kube.cluster import (
+    current_state,
+    unavailable_state,
+)
+from gpuscaler.adapters.kube.objects import (
+    ClusterObjects,
+    ClusterStateError,
+    CurrentState,
+    parse_objects,
+)
+from gpuscaler.adapters.kube.workloads import KEDA
+from gpuscaler.config import Config
+
+log = logging.getLogger("gpuscaler.kubernetes")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ClusterReader:
+    """Reads nodes, pods, ScaledObjects and HPAs, as JSON (no model conversion)."""
+
+    def __init__(self, api: client.ApiClient, config: Config):
+        self.config = config
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.hpa = client.AutoscalingV2Api(api)
+        self.healthy = True
+        self.last_error: str | None = None
+        self.last_objects: ClusterObjects | None = None
+        """What the last successful read saw (for workload discovery)."""
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+
+    def _items(self, kind: str, fetch: Callable[[], Any]) -> list[dict[str, Any]]:
+        try:
+            answer = fetch()
+        except ApiException as e:
+            if kind == "ScaledObject" and e.status == 404:
+                return []  # KEDA is not installed: HPAs only
+            raise api_error(f"list {kind}", e) from None
+        doc = json_body(answer)
+        items = doc.get("items") or []
+        return [{**item, "kind": kind} for item in items]  # list items carry no kind
+
+    def objects(self) -> ClusterObjects:
+        items = self._items("Node", lambda: self.core.list_node(_preload_content=False))
+        items += self._items(
+            "Pod", lambda: self.core.list_pod_for_all_namespaces(_preload_content=False)
+        )
+        items += self._items(
+            "ScaledObject",
+            lambda: self.custom.list_cluster_custom_object(*KEDA),
+        )
+        items += self._items(
+            "HorizontalPodAutoscaler",
+            lambda: self.hpa.list_horizontal_pod_autoscaler_for_all_namespaces(
+                _preload_content=False
+            ),
+        )
+        return parse_objects(items, self.config)
+
+    def state(self) -> CurrentState:
+        """The current state; on any failure every target is flagged (no action)."""
+        try:
+            objects = self.objects()
+            state = current_state(objects, self.config)
+        except (KubeError, ClusterStateError, ValueError) as e:
+            self.healthy, self.last_error = False, str(e)
+            log.warning(
+                "kubernetes: cannot read cluster state: %s",
+                e,
+                extra={"event": "source_unhealthy", "source": "kubernetes"},
+            )
+            return unavailable_state(self.config, f"cannot read cluster state: {e}")
+        self.healthy, self.last_error, self.last_objects = True, None, objects
+        return state

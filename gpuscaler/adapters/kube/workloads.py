@@ -1,0 +1,124 @@
+"""Replica floors: ScaledObject `spec.minReplicaCount` or HPA `spec.minReplicas`, never
+above the object's own maximum.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kube.api import KubeError, api_error, read_json
+from gpuscaler.adapters.kube.objects import (
+    LAST_DECISION,
+    OPT_IN_LABEL,
+    ScaleObject,
+    parse_scale_object,
+)
+from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
+from gpuscaler.config import Config, WorkloadConfig
+from gpuscaler.core.model import Decision
+
+log = logging.getLogger("gpuscaler.kubernetes")
+KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
+
+
+class KubeWorkloads:
+    """Reads and sets replica floors of the configured workloads."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        identity: str = "gpuscaler",
+        writer: Writer | None = None,
+    ):
+        self.config = config
+        self.custom = client.CustomObjectsApi(api)
+        self.hpa = client.AutoscalingV2Api(api)
+        self.writer = writer or Writer(api, config, identity)
+
+    def _workload(self, key: str) -> WorkloadConfig:
+        for w in self.config.workloads:
+            if w.key == key:
+                return w
+        raise KubeError(f"{key} is not a configured workload")
+
+    def read(self, w: WorkloadConfig) -> ScaleObject:
+        if w.kind == "ScaledObject":
+            obj = read_json(
+                f"read {w.key}",
+                lambda: self.custom.get_namespaced_custom_object(
+                    *KEDA[:2], w.namespace, KEDA[2], w.name
+                ),
+            )
+        else:
+            obj = read_json(
+                f"read {w.key}",
+                lambda: self.hpa.read_namespaced_horizontal_pod_autoscaler(
+                    w.name, w.namespace, _preload_content=False
+                ),
+            )
+        return parse_scale_object({**obj, "metadata": obj.get("metadata") or {}}, w.kind)
+
+    def _patch(self, w: WorkloadConfig, body: dict[str, Any]) -> None:
+        if w.kind == "ScaledObject":
+            self.custom.patch_namespaced_custom_object(
+                *KEDA[:2], w.namespace, KEDA[2], w.name, body
+            )
+        else:
+            self.hpa.patch_namespaced_horizontal_pod_autoscaler(
+                w.name, w.namespace, body, _preload_content=False
+            )
+
+    def set_floor(self, decision: Decision) -> bool:
+        """Set the floor `decision` asks for; True when the object now has it (written or
+        already so), False when refused (not opted in, owned by KEDA). Raises KubeError."""
+        w = self._workload(decision.target)
+        field = "minReplicaCount" if w.kind == "ScaledObject" else "minReplicas"
+        for _ in range(MAX_CONFLICT_RETRIES + 1):
+            state = self.read(w)
+            if not state.opted_in:
+                why = "owned by KEDA" if state.owned_by_keda else f"no label {OPT_IN_LABEL}=true"
+                log.info("not touching %s: %s", w.key, why)
+                return False
+            want = int(decision.to_value)
+            if state.max_replicas is not None:
+                want = min(want, state.max_replicas)  # never above the object's own maximum
+            if state.floor == want:
+                return True  # idempotent: nothing to write
+            self.writer.gate(f"floor of {w.key}")
+            body = {
+                "metadata": {
+                    "resourceVersion": state.resource_version,
+                    "annotations": {LAST_DECISION: decision_record(decision)},
+                },
+                "spec": {field: want},
+            }
+            try:
+                self._patch(w, body)
+            except ApiException as e:
+                if e.status == 409:
+                    continue  # someone wrote first: read again
+                raise api_error(f"patch {w.key}", e) from None
+            api_version = "keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2"
+            self.writer.event(
+                client.V1ObjectReference(
+                    api_version=api_version,
+                    kind=w.kind,
+                    name=w.name,
+                    namespace=w.namespace,
+                    uid=state.uid or None,
+                ),
+                w.namespace,
+                "ReplicaFloorChanged",
+                "SetReplicaFloor",
+                f"floor {state.floor} -> {want}: {decision.reason}",
+            )
+            return True
+        raise KubeError(f"patch {w.key}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
+
+    def apply_one(self, d: Decision) -> bool:
+        return self.set_floor(d)

@@ -1,0 +1,115 @@
+"""The one gate every write passes, for every actuator:
+- only objects labelled `gpuscaler.io/enabled: "true"` (never the HPA that KEDA owns:
+  its ScaledObject is patched instead);
+- idempotent: nothing is written when the object already has the value;
+- optimistic concurrency: each patch carries the resourceVersion read; on 409 it re-reads
+  and tries again, at most `MAX_CONFLICT_RETRIES` times;
+- the value and the annotation with the decision travel in one patch, so they never
+  disagree, and an Event with the reason is recorded on the object;
+- every write spends from one `WriteBudget` (writes per minute) and asks `may_act` first,
+  so a replica that lost its lease stops between two writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kube.api import KubeError, api_error
+from gpuscaler.config import Config
+from gpuscaler.core.model import Decision
+
+log = logging.getLogger("gpuscaler.kubernetes")
+
+MAX_CONFLICT_RETRIES = 3
+"""A 409 means someone else wrote between our read and patch; three fresh reads settle any
+ordinary race without spinning."""
+REPORTING_CONTROLLER = "gpuscaler.io/controller"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class WriteBudget:
+    """At most `per_minute` writes in any 60 s; `take` says whether one more may go."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic):
+        self.per_minute = per_minute
+        self.clock = clock
+        self._times: deque[float] = deque()
+
+    def take(self) -> bool:
+        now = self.clock()
+        while self._times and now - self._times[0] >= 60:
+            self._times.popleft()
+        if len(self._times) >= self.per_minute:
+            return False
+        self._times.append(now)
+        return True
+
+
+class Writer:
+    """What every actuator shares: the write gate (leadership and budget) and Events."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        identity: str,
+        budget: WriteBudget | None = None,
+        may_act: Callable[[], bool] = lambda: True,
+    ):
+        self.config = config
+        self.events = client.EventsV1Api(api)
+        self.identity = identity
+        self.budget = budget or WriteBudget(config.kubernetes.max_writes_per_minute)
+        self.may_act = may_act
+
+    def gate(self, what: str) -> None:
+        """Raise unless one more write may go now."""
+        if not self.may_act():
+            raise KubeError(f"{what}: not the leader (lease lost or not held); not written")
+        if not self.budget.take():
+            raise KubeError(
+                f"{what}: write budget spent ({self.budget.per_minute}/min); retried next tick"
+            )
+
+    def event(
+        self,
+        regarding: client.V1ObjectReference,
+        namespace: str,
+        reason: str,
+        action: str,
+        note: str,
+        type_: str = "Normal",
+    ) -> None:
+        event = client.EventsV1Event(
+            # Named as client-go's recorder names them (tools/events/event_recorder.go:
+            # "<object>.<unix nanoseconds in hex>"); a generateName may not end in ".".
+            metadata=client.V1ObjectMeta(
+                name=f"{regarding.name}.{time.time_ns():x}", namespace=namespace
+            ),
+            event_time=datetime.now(UTC),
+            reason=reason,
+            action=action,
+            note=note[:1024],
+            type=type_,
+            reporting_controller=REPORTING_CONTROLLER,
+            reporting_instance=self.identity,
+            regarding=regarding,
+        )
+        try:
+            self.events.create_namespaced_event(namespace, event, _preload_content=False)
+        except ApiException as e:  # the change is made; a lost Event is logged, not fatal
+            log.warning("%s", api_error(f"event {reason} on {regarding.name} not recorded", e))
+
+
+def decision_record(d: Decision) -> str:
+    return json.dumps(d.as_record())
