@@ -28,7 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import STEP, prometheus
 
-from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
 from gpuscaler.controller import Controller
 

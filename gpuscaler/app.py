@@ -27,7 +27,7 @@ from gpuscaler.adapters.preemption import (
     PreemptionReader,
     preemption_observation,
 )
-from gpuscaler.adapters.prometheus import PrometheusSource
+from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import Config, ConfigError, KubernetesConfig
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import Decision

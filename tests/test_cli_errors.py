@@ -15,7 +15,7 @@ from builders import CLI, run_cli
 
 from gpuscaler import cli
 from gpuscaler.adapters.kube.api import KubeError
-from gpuscaler.adapters.prometheus import SourceError
+from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.config import ConfigError
 from gpuscaler.sim.trace import TraceError
 

@@ -24,7 +24,7 @@ from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from promserver import free_port, prometheus
 
 from gpuscaler.adapters.gpuinfo import PrometheusGpus, grouped_query
-from gpuscaler.adapters.prometheus import Transport
+from gpuscaler.adapters.prometheus.transport import Transport
 from gpuscaler.config import PrometheusConfig
 
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from gpuscaler.adapters.kube.cluster import load_cluster_snapshot
 from gpuscaler.adapters.kube.objects import ClusterStateError
-from gpuscaler.adapters.prometheus import SourceError, decode_matrix
+from gpuscaler.adapters.prometheus.transport import SourceError
+from gpuscaler.adapters.prometheus.window import decode_matrix
 from gpuscaler.backtest import BacktestError, load_series_csv, to_grid
 from gpuscaler.config import Config, ConfigError, parse_config, parse_duration
 from gpuscaler.sim.trace import MAX_BINS, TraceError, load_trace

@@ -18,16 +18,15 @@ import pytest
 from builders import run_cli
 from promserver import STEP, free_port, planted_window, prometheus, write_openmetrics
 
-from gpuscaler.adapters.prometheus import (
-    CurrentState,
-    PrometheusSource,
-    SourceError,
-    Transport,
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.promql import (
     build_query,
     build_workload_query,
     escape_label_value,
     format_step,
 )
+from gpuscaler.adapters.prometheus.source import PrometheusSource
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import Config, parse_config
 
 POINTS = 7200  # one hour at 500 ms

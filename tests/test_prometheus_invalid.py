@@ -15,14 +15,10 @@ from builders import run_cli
 from promserver import planted_window, prometheus, write_openmetrics
 from test_prometheus import _bad_server
 
-from gpuscaler.adapters.prometheus import (
-    CurrentState,
-    PrometheusSource,
-    SourceError,
-    Transport,
-    decode_matrix,
-    out_of_range,
-)
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.source import PrometheusSource
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import decode_matrix, out_of_range
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller

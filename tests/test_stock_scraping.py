@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from promserver import planted_window, prometheus, write_openmetrics
 
-from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
 
 POINTS = 1200

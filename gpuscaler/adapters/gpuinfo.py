@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gpuscaler.adapters.prometheus import SourceError, Transport
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import format_duration
 from gpuscaler.core.gpufit import Gpu, NodeGpus
 

@@ -43,7 +43,8 @@ from gpuscaler.adapters.kube.cluster import pool_nodes, schedulable_on
 from gpuscaler.adapters.kube.objects import ClusterObjects, GpuPod, Node, parse_time, rfc3339
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
-from gpuscaler.adapters.prometheus import SourceError, Transport, escape_label_value
+from gpuscaler.adapters.prometheus.promql import escape_label_value
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision
 from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain

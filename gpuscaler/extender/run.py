@@ -15,7 +15,7 @@ import uvicorn
 from kubernetes import client
 
 from gpuscaler.adapters.gpuinfo import PrometheusGpus
-from gpuscaler.adapters.prometheus import Transport
+from gpuscaler.adapters.prometheus.transport import Transport
 from gpuscaler.adapters.scheduling import SchedulingKube
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import NodeMeta, PodRecord

@@ -1,0 +1,78 @@
+"""PromQL: label values escaped into matchers; `Hostname` also tried as `hostname`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+HOSTNAME_LABELS = ("Hostname", "hostname")
+"""dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
+
+
+# --------------------------------------------------------------------------- PromQL
+
+
+def escape_label_value(value: str) -> str:
+    """A PromQL double-quoted string literal holding exactly `value`."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def matcher_sets(labels: Mapping[str, str]) -> list[str]:
+    """Matcher lists (comma-joined) for the labels; two when a Hostname label is involved."""
+    for name in labels:
+        if not _LABEL_NAME.match(name):
+            raise ValueError(f"invalid Prometheus label name {name!r}")
+    variants: list[dict[str, str]] = [dict(labels)]
+    host = next((h for h in HOSTNAME_LABELS if h in labels), None)
+    if host is not None:
+        other = HOSTNAME_LABELS[1] if host == HOSTNAME_LABELS[0] else HOSTNAME_LABELS[0]
+        swapped = {(other if k == host else k): v for k, v in labels.items()}
+        variants = [dict(labels), swapped]
+    return [
+        ",".join(f"{k}={escape_label_value(v)}" for k, v in sorted(v.items())) for v in variants
+    ]
+
+
+def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
+    parts = [template.format(matchers=m, lookback=lookback) for m in matcher_sets(labels)]
+    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+
+
+POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
+"""dcgm-exporter's pod attribution, as scraped: `pod`/`namespace` when the ServiceMonitor
+honours the exporter's labels, `exported_pod`/`exported_namespace` under the stock
+`honorLabels: false` of the dcgm-exporter Helm chart and the GPU Operator (Prometheus
+renames a scraped label that clashes with a target label)."""
+
+
+def workload_matchers(
+    namespace: str, name: str, labels: tuple[str, str] = POD_LABELS[0]
+) -> list[str]:
+    """Matchers for a workload's pods: its namespace and pods named `<name>-...` (the
+    Deployment/StatefulSet naming); the name is regex-escaped, then string-escaped."""
+    ns_label, pod_label = labels
+    return [
+        f"{ns_label}={escape_label_value(namespace)}",
+        f"{pod_label}=~{escape_label_value(re.escape(name) + '-.+')}",
+    ]
+
+
+def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
+    """The template over the workload's pods under either label convention: `(A) or (B)`
+    takes the plain labels when they match and the exported ones otherwise."""
+    parts = [
+        template.format(
+            matchers=",".join(workload_matchers(namespace, name, labels)), lookback=lookback
+        )
+        for labels in POD_LABELS
+    ]
+    return " or ".join(f"({p})" for p in parts)
+
+
+def format_step(seconds: float) -> str:
+    """A query_range step Prometheus accepts: float seconds ('0.5'), never '0.5s'."""
+    return f"{seconds:g}"

@@ -1,0 +1,235 @@
+"""The source: per target, the first cycle backfills in chunks under Prometheus'
+11,000-points-per-series limit, later cycles fetch only what is new (plus a small overlap
+for late samples); memory is window x targets.
+
+Failure policy: any failure for a target sets its `problem`, so the core takes no action
+on it and says why; the source's health records the last error; the next good fetch
+recovers by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import (
+    LOAD,
+    MEMORY_MIB,
+    PERCENT,
+    Window,
+    decode_matrix,
+    out_of_range,
+)
+from gpuscaler.config import Config
+from gpuscaler.core.model import Series
+from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+
+log = logging.getLogger("gpuscaler.prometheus")
+
+MAX_POINTS = 10_000
+"""Points per series per request: below Prometheus' hard limit of 11,000."""
+
+
+@dataclass
+class Health:
+    ok: bool = True
+    last_error: str | None = None
+    last_success: float | None = None
+    failures: int = 0
+
+
+StateReader = Callable[[], CurrentState]
+"""Reads what the cluster runs now; called once per tick."""
+
+
+class PrometheusSource:
+    """Metrics from Prometheus joined with the cluster's current state (fixed, or read
+    each tick by a `StateReader`)."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        config: Config,
+        state: CurrentState | StateReader,
+        transport: Transport | None = None,
+    ):
+        self.config = config
+        self.state = state
+        self.transport = transport or Transport(config.prometheus)
+        self.windows: dict[str, Window] = {}
+        self.health = Health()
+        self._transport_errors: list[str] = []
+        step = config.metrics.step
+        self.lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
+
+    def _fetch(
+        self, key: str, query: str, now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
+        """The target's window after fetching what is new, and the problem if any; a
+        transport failure is also recorded for the source's health. Values outside
+        `bounds` (the metric's physical range) are invalid input: kept out of the window,
+        and the target gets no action this tick."""
+        step = self.config.metrics.step
+        size = round(self.config.metrics.window / step)
+        window = self.windows.setdefault(key, Window(step=step, size=size))
+        end = math.floor(now / step) * step
+        window.advance(end)
+        first = end - step * (size - 1)
+        start = first
+        if window.fetched_until is not None:
+            start = max(first, window.fetched_until - self.config.prometheus.overlap)
+        had_bad = False
+        absurd: str | None = None
+        got_any = False
+        chunk = math.floor(MAX_POINTS * step)
+        last = math.floor(end)  # the client sends whole seconds
+        try:
+            t = math.floor(start)
+            while True:
+                chunk_end = min(last, t + chunk)
+                times, values, bad = decode_matrix(
+                    self.transport.query_range(query, t, chunk_end, step)
+                )
+                absurd = absurd or out_of_range(values, bounds)
+                values[(values < bounds[0]) | (values > bounds[1])] = np.nan
+                window.write(times, values)
+                had_bad |= bad
+                got_any |= times.size > 0
+                if chunk_end >= last:
+                    break
+                t = chunk_end  # chunks share their edge sample: none is skipped
+        except SourceError as e:
+            self._transport_errors.append(f"{key}: {e}")
+            return window.series(), str(e)
+        if got_any or window.series().last_sample_time() is not None:
+            window.fetched_until = end  # an empty window is backfilled again next tick
+        if absurd is not None:
+            return window.series(), absurd
+        if had_bad:
+            return window.series(), "NaN or Inf in the newest samples"
+        if not got_any and window.series().last_sample_time() is None:
+            return window.series(), "empty result: no series matches"
+        return window.series(), None
+
+    def _newest_gib(
+        self, key: str, template: str, matchers: Mapping[str, str], now: float
+    ) -> tuple[float | None, str | None]:
+        """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
+        (or not recently): memory then bounds fragments by the config alone. A failing
+        query is still a problem."""
+        query = build_query(template, matchers, self.lookback)
+        series, problem = self._fetch(key, query, now, MEMORY_MIB)
+        if problem is not None and not problem.startswith("empty result"):
+            return None, problem
+        last = series.last_sample_time() if series is not None else None
+        if series is None or last is None or now - last > self.config.metrics.staleness:
+            return None, None
+        return float(series.values[np.isfinite(series.values)][-1]) / 1024, None
+
+    def reconfigure(self, config: Config) -> None:
+        """Use `config` from the next tick: windows of targets no longer configured are
+        dropped, all of them when the sampling grid changed."""
+        if (config.metrics.step, config.metrics.window) != (
+            self.config.metrics.step,
+            self.config.metrics.window,
+        ):
+            self.windows.clear()
+        if config.prometheus != self.config.prometheus:
+            self.transport = Transport(config.prometheus)
+        keep = {f"pool:{p.name}:" for p in config.node_pools}
+        keep |= {f"workload:{w.key}" for w in config.workloads}
+        for key in list(self.windows):
+            if not any(key == k or key.startswith(k) for k in keep):
+                del self.windows[key]
+        self.config = config
+
+    def observe(self, now: float) -> Observations:
+        queries = self.config.prometheus.queries
+        self._transport_errors = []
+        state = self.state() if callable(self.state) else self.state
+        pools = []
+        for p in self.config.node_pools:
+            cluster_problem = state.problems.get(f"pool:{p.name}")
+            if not p.metrics_matchers:
+                pools.append(
+                    RawPool(
+                        p.name,
+                        None,
+                        None,
+                        state.fragments.get(p.name),
+                        None,
+                        problem="no metrics_matchers configured for this pool",
+                    )
+                )
+                continue
+            util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
+            stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
+            util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
+            stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
+            used_gib, used_problem = self._newest_gib(
+                f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
+            )
+            total_gib, total_problem = self._newest_gib(
+                f"pool:{p.name}:fb_total", queries.pool_memory_total, p.metrics_matchers, now
+            )
+            problem = util_problem or stall_problem or used_problem or total_problem
+            pools.append(
+                RawPool(
+                    name=p.name,
+                    utilization=util,
+                    stall=stall,
+                    fragments=state.fragments.get(p.name),
+                    time_slice_level=state.time_slice_levels.get(p.name),
+                    gpu_memory_gib=total_gib or state.gpu_memory_gib.get(p.name),
+                    max_shares_held=state.shares_held.get(p.name, 0),
+                    memory_used_gib=used_gib,
+                    problem=_problem(problem, cluster_problem),
+                )
+            )
+        workloads = []
+        for w in self.config.workloads:
+            query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
+            load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
+            workloads.append(
+                RawWorkload(
+                    key=w.key,
+                    load=load,
+                    floor=state.floors.get(w.key),
+                    replicas=state.replicas.get(w.key),
+                    max_replicas=state.max_replicas.get(w.key),
+                    problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
+                )
+            )
+        self._record_health(now, self._transport_errors)
+        return Observations(now, tuple(pools), tuple(workloads))
+
+    def _record_health(self, now: float, errors: list[str]) -> None:
+        if errors:
+            self.health.ok = False
+            self.health.failures += 1
+            self.health.last_error = errors[0]
+            log.warning(
+                "prometheus: %d target(s) failed: %s",
+                len(errors),
+                errors[0],
+                extra={"event": "source_unhealthy", "source": "prometheus"},
+            )
+        else:
+            if not self.health.ok:
+                log.info("prometheus recovered", extra={"event": "source_recovered"})
+            self.health.ok = True
+            self.health.last_success = now
+
+
+def _problem(prometheus: str | None, cluster: str | None) -> str | None:
+    if prometheus:
+        return f"prometheus: {prometheus}"
+    return f"kubernetes: {cluster}" if cluster else None

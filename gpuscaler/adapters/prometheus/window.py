@@ -1,0 +1,93 @@
+"""Decoding and the window: the `data.result` matrix checked for shape, values parsed,
+NaN/Inf flagged; per target a sliding window on the step grid, gaps NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuscaler.adapters.prometheus.transport import SourceError
+from gpuscaler.core.model import FloatArray, Series
+
+PERCENT = (0.0, 100.0)
+"""GPU utilization and stall are percentages: anything else is a broken exporter or rule."""
+LOAD = (0.0, 100.0 * 100_000)
+"""A workload's load sums its pods' GPU utilization: at most 100 % on each of 100,000 GPUs."""
+MEMORY_MIB = (0.0, 1024.0 * 1024)
+"""Frame buffer per GPU in MiB: no GPU has a TiB."""
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def out_of_range(values: FloatArray, bounds: tuple[float, float]) -> str | None:
+    """A problem naming the first finite value outside `bounds`, None when all are in."""
+    lo, hi = bounds
+    finite = values[np.isfinite(values)]
+    bad = finite[(finite < lo) | (finite > hi)]
+    if bad.size == 0:
+        return None
+    return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
+
+
+def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
+    """(times, values, had_non_finite) of a single-series matrix result; several series
+    are refused, an empty result gives empty arrays."""
+    if not isinstance(result, list):
+        raise SourceError("data.result is not a list")
+    if len(result) == 0:
+        return np.empty(0), np.empty(0), False
+    if len(result) > 1:
+        raise SourceError(f"query returned {len(result)} series, expected one aggregate")
+    item = result[0]
+    if not isinstance(item, dict) or not isinstance(item.get("values"), list):
+        raise SourceError("result item has no values list")
+    try:
+        times = np.array([float(p[0]) for p in item["values"]], dtype=np.float64)
+        values = np.array([float(p[1]) for p in item["values"]], dtype=np.float64)
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise SourceError('a sample is not [timestamp, "value"]') from None
+    bad = ~np.isfinite(values)
+    values[bad] = np.nan
+    return times, values, bool(bad.any())
+
+
+# --------------------------------------------------------------------------- window
+
+
+@dataclass
+class Window:
+    """One target's samples on the grid k * step, covering the last `window` seconds."""
+
+    step: float
+    size: int
+    end: float | None = None  # grid time of the last slot
+    values: FloatArray = field(default_factory=lambda: np.empty(0))
+    fetched_until: float | None = None
+
+    def advance(self, end: float) -> None:
+        """Move the window to end at `end`, keeping what overlaps, NaN for the rest."""
+        new = np.full(self.size, np.nan)
+        if self.end is not None and self.values.size:
+            shift = round((end - self.end) / self.step)
+            keep = self.size - shift
+            if 0 < keep <= self.size:
+                new[:keep] = self.values[shift:]
+            elif shift <= 0:
+                new = self.values.copy()
+        self.values, self.end = new, end
+
+    def write(self, times: FloatArray, values: FloatArray) -> None:
+        assert self.end is not None
+        idx = np.round((times - self.end) / self.step).astype(np.int64) + self.size - 1
+        ok = (idx >= 0) & (idx < self.size)
+        self.values[idx[ok]] = values[ok]
+
+    def series(self) -> Series:
+        assert self.end is not None
+        return Series(
+            start=self.end - self.step * (self.size - 1), step=self.step, values=self.values
+        )
