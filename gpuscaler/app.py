@@ -20,13 +20,10 @@ from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.cluster import current_state, load_cluster_snapshot, with_discovered
 from gpuscaler.adapters.kube.objects import ClusterStateError
+from gpuscaler.adapters.kube.preemption_reader import PreemptionReader, preemption_observation
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import Writer
-from gpuscaler.adapters.preemption import (
-    GpuMemoryProbe,
-    PreemptionReader,
-    preemption_observation,
-)
+from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import Config, ConfigError, KubernetesConfig
 from gpuscaler.controller import Controller

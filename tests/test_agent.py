@@ -31,10 +31,10 @@ from kubefake import FakeCluster, fake_apiserver
 from kubernetes import client
 
 from gpuscaler.adapters.host import HostFs
+from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi
 from gpuscaler.adapters.nvml import FakeNvml
 from gpuscaler.adapters.podresources import list_devices
-from gpuscaler.adapters.preemption import QUARANTINE_TAINT
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config, parse_config

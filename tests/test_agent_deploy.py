@@ -17,10 +17,10 @@ from test_deploy import ROOT, _one, render
 from test_rbac import Call, _allows, _preemption, as_call
 
 from gpuscaler.adapters.host import HostFs
+from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.node import CLEANUP_LABEL, NodeApi
 from gpuscaler.adapters.nvidia_smi import SmiResult
 from gpuscaler.adapters.nvml import FakeNvml
-from gpuscaler.adapters.preemption import QUARANTINE_TAINT
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config, parse_config

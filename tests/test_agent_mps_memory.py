@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
-from gpuscaler.adapters.preemption import AGENT_POD_GPU, GpuMemoryProbe
+from gpuscaler.adapters.prometheus.memory import AGENT_POD_GPU, GpuMemoryProbe
 from gpuscaler.adapters.prometheus.transport import Transport
 from gpuscaler.config import parse_config
 from gpuscaler.core.preemption import VictimState

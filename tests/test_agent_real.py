@@ -29,9 +29,10 @@ from agentkit import (
 )
 from controlplane import Kube, wait_until
 
+from gpuscaler.adapters.kube.eviction import KubePreemption
+from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.kube.writer import Writer
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
-from gpuscaler.adapters.preemption import QUARANTINE_TAINT, KubePreemption
 from gpuscaler.config import parse_config
 from gpuscaler.core.preemption import VictimState
 

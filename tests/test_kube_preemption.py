@@ -18,8 +18,9 @@ from kubernetes import client
 
 from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.objects import rfc3339
+from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
+from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.adapters.preemption import STATE_CONFIGMAP, PreemptionReader
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Decision, Skip
 from gpuscaler.core.preemption import decide_preemption

@@ -34,7 +34,7 @@ def test_the_layer_contracts_hold() -> None:
         ("core/replicas.py", "from gpuscaler.app import kube_api", "The core imports nothing"),
         ("core/replicas.py", "import time", "no clock, network"),
         ("core/fragments.py", "import kubernetes", "no clock, network"),
-        ("adapters/prometheus.py", "from gpuscaler import controller", "Adapters never"),
+        ("adapters/prometheus/source.py", "from gpuscaler import controller", "Adapters never"),
         (
             "sim/report.py",
             "from gpuscaler.adapters import prometheus",

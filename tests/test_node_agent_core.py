@@ -222,7 +222,8 @@ def test_preemption_reads_the_numa_domains_the_agent_publishes(
     from kubeobjects import node
 
     from gpuscaler.adapters.kube.objects import parse_objects
-    from gpuscaler.adapters.preemption import NUMA_LABEL, preemption_observation
+    from gpuscaler.adapters.kube.preemption_reader import preemption_observation
+    from gpuscaler.adapters.kube.preemption_records import NUMA_LABEL
     from gpuscaler.config import parse_config
 
     config = parse_config(

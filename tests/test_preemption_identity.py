@@ -20,7 +20,7 @@ from test_kube_preemption import CONFIG, Api, Tick, _evictions, _seed, _state
 from test_preemption import CFG, _plan, critical, node, pod
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
-from gpuscaler.adapters.preemption import KubePreemption
+from gpuscaler.adapters.kube.eviction import KubePreemption
 from gpuscaler.core.preemption import VictimState
 
 T0 = 1_800_000_000.0

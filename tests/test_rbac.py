@@ -17,8 +17,8 @@ from kubernetes import client
 from test_deploy import render
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.adapters.preemption import PreemptionReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
 from gpuscaler.core.model import Decision

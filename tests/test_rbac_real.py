@@ -22,8 +22,8 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.adapters.preemption import PreemptionReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
 from gpuscaler.core.model import Decision

@@ -22,8 +22,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
+from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, WriteBudget, Writer
-from gpuscaler.adapters.preemption import QUARANTINE_TAINT
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION
 

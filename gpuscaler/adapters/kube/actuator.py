@@ -73,7 +73,7 @@ def kube_actuator(
 ) -> KubeActuator:
     """The actuator for `config`, all writes behind one gate (leadership and budget);
     preemption records live in `namespace` (gpuscaler's own)."""
-    from gpuscaler.adapters.preemption import KubePreemption
+    from gpuscaler.adapters.kube.eviction import KubePreemption
 
     writer = Writer(api, config, identity, budget, may_act)
     return KubeActuator(

@@ -1,15 +1,4 @@
-"""Preemption against a real cluster: what the core needs to decide, and its steps done.
-
-State: one ConfigMap (`gpuscaler-preemptions` in gpuscaler's namespace) holds every
-victim's record (tier, beneficiary, node, GPUs, priority, reason, timestamps) as JSON
-under the key `<namespace>.<pod>`. It outlives the victim pod, is written with its
-resourceVersion BEFORE each step acts (write-ahead), and every write re-checks the stored
-tier against the transition table, so a restart at any tier resumes and never repeats a
-step, forgets a victim or evicts twice. The victim (`gpuscaler.io/preemption`,
-`gpuscaler.io/checkpoint-requested`) and the beneficiary (`gpuscaler.io/preempting`)
-carry annotations mirroring it, for whoever looks at the pods.
-
-Steps:
+"""Preemption steps carried out on a real cluster, each recorded before it acts:
 - request_checkpoint: record soft, annotate the victim, Event, optional HTTP POST;
 - evict: record hard (the evidence, written first), Event, then the Eviction API with
   gracePeriodSeconds (the API server itself sets the victim's DisruptionTarget condition,
@@ -19,19 +8,13 @@ Steps:
 - force_delete / delete: delete the pod (grace 0 for a pod stuck Terminating);
 - quarantine: taint and label the node so nothing lands on the held GPU, Warning Event;
 - record_gone, abort, give_up, confirm_released: the record only.
-
-GPU memory release (tier 3) is read from Prometheus: the GPUs (UUID) dcgm-exporter
-attributed to the victim pod, then their frame buffer after it left.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -39,279 +22,28 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json
-from gpuscaler.adapters.kube.cluster import pool_nodes, schedulable_on
-from gpuscaler.adapters.kube.objects import ClusterObjects, GpuPod, Node, parse_time, rfc3339
-from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.objects import rfc3339
+from gpuscaler.adapters.kube.preemption_records import (
+    BENEFICIARY_ANNOTATION,
+    CHECKPOINT_REQUESTED,
+    KEEP_FINISHED,
+    QUARANTINE_TAINT,
+    STATE_CONFIGMAP,
+    VICTIM_ANNOTATION,
+    parse_record,
+    read_records,
+    record_key,
+)
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
-from gpuscaler.adapters.prometheus.promql import escape_label_value
-from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import Config
 from gpuscaler.core.model import Decision
-from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
 from gpuscaler.core.preemption import (
     IN_FLIGHT,
-    NodeView,
-    PodView,
-    PreemptionObservation,
     VictimState,
     check_transition,
 )
 
 log = logging.getLogger("gpuscaler.preemption")
-
-STATE_CONFIGMAP = "gpuscaler-preemptions"
-KEEP_FINISHED = 24 * 3600
-"""Finished records are kept a day: evidence for operators, and the per-hour limit."""
-CHECKPOINT_REQUESTED = "gpuscaler.io/checkpoint-requested"
-CHECKPOINT_DONE = "gpuscaler.io/checkpoint-done"
-LAST_CHECKPOINT = "gpuscaler.io/last-checkpoint"
-PREEMPTIBLE = "gpuscaler.io/preemptible"
-GPU_MEMORY = "gpuscaler.io/gpu-memory-gib"
-VICTIM_ANNOTATION = "gpuscaler.io/preemption"
-BENEFICIARY_ANNOTATION = "gpuscaler.io/preempting"
-QUARANTINE_TAINT = "gpuscaler.io/gpu-memory-held"
-NUMA_LABEL = "gpuscaler.io/gpus-per-numa-node"
-AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
-"""The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
-cannot attribute to pods (MPS)."""
-"""Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
-
-
-def _record_key(victim: str) -> str:
-    return victim.replace("/", ".")
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def pod_view(
-    p: GpuPod, never: set[str], pdb_blocked: bool, nodes: tuple[Node, ...] = ()
-) -> PodView:
-    memory = p.annotations.get(GPU_MEMORY)
-    try:
-        gpu_memory = float(memory) if memory is not None else None
-    except ValueError:
-        gpu_memory = None
-    return PodView(
-        key=p.key,
-        uid=p.uid,
-        namespace=p.namespace,
-        node=p.node,
-        gpus=p.gpus,
-        priority=p.priority,
-        phase=p.phase,
-        start_time=p.start_time,
-        unschedulable_since=p.unschedulable_since,
-        terminating_since=p.terminating_since,
-        labels=p.labels,
-        opted_out=p.annotations.get(PREEMPTIBLE) == "false",
-        preemption_never=p.priority_class in never,
-        pdb_blocked=pdb_blocked,
-        checkpoint_at=parse_time(p.annotations.get(LAST_CHECKPOINT)),
-        checkpoint_done_at=parse_time(p.annotations.get(CHECKPOINT_DONE)),
-        gpu_memory_gib=gpu_memory,
-        allowed_nodes=frozenset(n.name for n in nodes if schedulable_on(p, n))
-        if p.node is None
-        else None,
-    )
-
-
-def parse_record(key: str, raw: str) -> VictimState:
-    try:
-        return VictimState(**json.loads(raw))
-    except (ValueError, TypeError) as e:
-        raise KubeError(f"ConfigMap {STATE_CONFIGMAP} key {key}: unreadable record: {e}") from None
-
-
-def parse_states(data: Mapping[str, str]) -> tuple[VictimState, ...]:
-    return tuple(parse_record(key, raw) for key, raw in sorted(data.items()))
-
-
-def read_records(core: client.CoreV1Api, namespace: str) -> dict[str, Any] | None:
-    """The records ConfigMap as JSON, None while it does not exist (no preemption yet)."""
-    try:
-        return json_body(
-            core.read_namespaced_config_map(STATE_CONFIGMAP, namespace, _preload_content=False)
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise api_error(f"read ConfigMap {namespace}/{STATE_CONFIGMAP}", e) from None
-
-
-class PreemptionReader:
-    """Pods, nodes, PriorityClasses, PDBs and the records, as the core's observation."""
-
-    def __init__(
-        self,
-        api: client.ApiClient,
-        config: Config,
-        cluster: ClusterReader,
-        namespace: str,
-        memory: GpuMemoryProbe | None = None,
-    ):
-        self.config = config
-        self.cluster = cluster
-        self.namespace = namespace
-        self.core = client.CoreV1Api(api)
-        self.scheduling = client.SchedulingV1Api(api)
-        self.policy = client.PolicyV1Api(api)
-        self.memory = memory
-
-    def reconfigure(self, config: Config) -> None:
-        self.config = config
-
-    def states(self) -> tuple[VictimState, ...]:
-        cm = read_records(self.core, self.namespace)
-        return parse_states((cm or {}).get("data") or {})
-
-    def observe(self, now: float) -> PreemptionObservation:
-        try:
-            objects = self.cluster.last_objects or self.cluster.objects()
-            classes = json_body(self.scheduling.list_priority_class(_preload_content=False))
-            pdbs = json_body(
-                self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
-            )
-            states = self.states()
-        except (KubeError, ApiException, KeyError) as e:
-            return PreemptionObservation(problem=f"cannot read preemption state: {e}")
-        released: dict[str, bool | None] = {}
-        for s in states:
-            if s.tier == "cleanup":
-                released[s.victim] = self.memory.released(s, now) if self.memory else None
-        return preemption_observation(
-            objects,
-            self.config,
-            classes.get("items") or [],
-            pdbs.get("items") or [],
-            states,
-            released,
-        )
-
-
-def preemption_observation(
-    objects: ClusterObjects,
-    config: Config,
-    priority_classes: list[dict[str, Any]],
-    pdbs: list[dict[str, Any]],
-    states: tuple[VictimState, ...] = (),
-    released: Mapping[str, bool | None] | None = None,
-) -> PreemptionObservation:
-    """What the core needs, from cluster objects (read live, or from a kubectl dump)."""
-    never = {
-        c["metadata"]["name"] for c in priority_classes if c.get("preemptionPolicy") == "Never"
-    }
-    blocked = _pdb_blocked(objects.pods, pdbs)
-    pods = tuple(pod_view(p, never, p.key in blocked, objects.nodes) for p in objects.pods)
-    nodes = []
-    reserve = config.fragments.memory_reserve_ratio
-    for pool in config.node_pools:
-        for n in pool_nodes(objects, pool):
-            per_gpu = max(1, n.fragments or 1)
-            memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
-            numa = n.labels.get(NUMA_LABEL, "")
-            domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
-            if domain is None and numa.isdigit():
-                domain = int(numa)
-            nodes.append(
-                NodeView(
-                    n.name,
-                    (n.gpu_count or 0) * per_gpu,
-                    memory * (1 - reserve) / per_gpu,
-                    domain * per_gpu if domain is not None else None,
-                    pool.name,
-                )
-            )
-    return PreemptionObservation(pods, tuple(nodes), states, released or {})
-
-
-def _pdb_blocked(pods: tuple[GpuPod, ...], pdbs: list[dict[str, Any]]) -> set[str]:
-    """Pods selected (matchLabels) by a PodDisruptionBudget that allows no disruption now."""
-    out = set()
-    for pdb in pdbs:
-        if int((pdb.get("status") or {}).get("disruptionsAllowed", 0)) > 0:
-            continue
-        ns = pdb["metadata"].get("namespace")
-        match = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        for p in pods:
-            if p.namespace == ns and all(p.labels.get(k) == v for k, v in match.items()):
-                out.add(p.key)
-    return out
-
-
-class GpuMemoryProbe:
-    """Was a gone victim's GPU memory released? From dcgm-exporter series in Prometheus:
-    the GPUs attributed to the pod while it ran, then their frame buffer since it left.
-    True: some sample at or below `released_below_mib`, or another pod now uses the GPU;
-    False: every sample above it, the GPU idle (util < 5 %) and no pod on it; None: not
-    measurable (no per-pod attribution, no samples, Prometheus failing). Where
-    dcgm-exporter has no per-pod series (MPS), the GPUs and the pods on them come from the
-    node agent's `gpuscaler_agent_pod_gpu_device` instead."""
-
-    def __init__(self, config: Config, transport: Transport):
-        self.config = config
-        self.transport = transport
-
-    def _series(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        result = self.transport.query_range(query, start, end, step)
-        return [r for r in result if isinstance(r, dict) and isinstance(r.get("values"), list)]
-
-    def released(self, s: VictimState, now: float) -> bool | None:
-        namespace, pod = s.victim.split("/", 1)
-        gone = s.gone_at or s.since
-        try:
-            attributed = self._series(
-                f"DCGM_FI_DEV_FB_USED{{namespace={escape_label_value(namespace)},"
-                f"pod={escape_label_value(pod)}}}",
-                s.requested_at - 60,
-                gone,
-                5.0,
-            )
-            uuids = sorted({r["metric"].get("UUID") for r in attributed} - {None})
-            by_agent = not uuids  # MPS: no per-pod series; the node agent's mapping instead
-            if by_agent:
-                uuids = self._agent_gpus(namespace, pod, s.requested_at - 60, gone)
-            if not uuids:
-                return None
-            match = "|".join(re.escape(u) for u in uuids)
-            selector = f"UUID=~{escape_label_value(match)}"
-            start = math.floor(gone)
-            memory = self._series(f"DCGM_FI_DEV_FB_USED{{{selector}}}", start, now, 1.0)
-            util = self._series(f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}", start, now, 1.0)
-            others = self._agent_pods(match, start, now) - {(namespace, pod)} if by_agent else set()
-        except SourceError as e:
-            log.warning("memory check of %s: %s", s.victim, e)
-            return None
-        if others or any(r["metric"].get("pod") not in (None, "", pod) for r in memory):
-            return True  # another pod holds the GPU now: it is in use, not leaked
-        values = [float(v) for r in memory for _, v in r["values"]]
-        busy = [float(v) for r in util for _, v in r["values"]]
-        if not values:
-            return None
-        if min(values) <= self.config.preemption.released_below_mib:
-            return True
-        if busy and max(busy) < 5:
-            return False
-        return None
-
-    def _agent_gpus(self, namespace: str, pod: str, start: float, end: float) -> list[str]:
-        """GPU UUIDs the kubelet allocated to the pod, from the node agent's
-        `gpuscaler_agent_pod_gpu_device` (pod-resources API)."""
-        series = self._series(
-            f"{AGENT_POD_GPU}{{namespace={escape_label_value(namespace)},"
-            f"pod={escape_label_value(pod)}}}",
-            start,
-            end,
-            5.0,
-        )
-        return sorted({r["metric"].get("gpu") for r in series} - {None})
-
-    def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
-        """(namespace, pod) the agent saw holding these GPUs in the window."""
-        series = self._series(
-            f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
-        )
-        return {(r["metric"].get("namespace", ""), r["metric"].get("pod", "")) for r in series}
 
 
 # --------------------------------------------------------------------------- acting
@@ -341,7 +73,7 @@ class KubePreemption:
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             cm = read_records(self.core, self.namespace)
             data = (cm or {}).get("data") or {}
-            key = _record_key(new.victim)
+            key = record_key(new.victim)
             current = parse_record(key, data[key]) if key in data else None
             tier = current.tier if current is not None else "none"
             if current is not None and current.tier not in IN_FLIGHT and expect == "none":
@@ -352,7 +84,7 @@ class KubePreemption:
                     "not repeated"
                 )
             check_transition(tier, new.tier)
-            body: dict[str, Any] = {"data": {_record_key(new.victim): json.dumps(asdict(new))}}
+            body: dict[str, Any] = {"data": {record_key(new.victim): json.dumps(asdict(new))}}
             for other, raw in data.items():  # prune finished records older than a day
                 old = parse_record(other, raw)
                 if old.tier not in IN_FLIGHT and new.since - old.since > KEEP_FINISHED:
@@ -384,7 +116,7 @@ class KubePreemption:
         raise KubeError(f"ConfigMap {STATE_CONFIGMAP}: still conflicting")
 
     def _stored(self, victim: str) -> VictimState:
-        key = _record_key(victim)
+        key = record_key(victim)
         raw = ((read_records(self.core, self.namespace) or {}).get("data") or {}).get(key)
         if raw is None:
             raise KubeError(f"{victim}: no preemption record")

@@ -1,0 +1,168 @@
+"""What the preemption decider observes, read from the cluster (or a kubectl dump):
+pods, nodes, PriorityClasses, PodDisruptionBudgets and the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kube.api import KubeError, json_body
+from gpuscaler.adapters.kube.cluster import pool_nodes, schedulable_on
+from gpuscaler.adapters.kube.objects import ClusterObjects, GpuPod, Node, parse_time
+from gpuscaler.adapters.kube.preemption_records import (
+    CHECKPOINT_DONE,
+    GPU_MEMORY,
+    LAST_CHECKPOINT,
+    NUMA_LABEL,
+    PREEMPTIBLE,
+    parse_states,
+    read_records,
+)
+from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
+from gpuscaler.config import Config
+from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
+from gpuscaler.core.preemption import (
+    NodeView,
+    PodView,
+    PreemptionObservation,
+    VictimState,
+)
+
+# --------------------------------------------------------------------------- reading
+
+
+def pod_view(
+    p: GpuPod, never: set[str], pdb_blocked: bool, nodes: tuple[Node, ...] = ()
+) -> PodView:
+    memory = p.annotations.get(GPU_MEMORY)
+    try:
+        gpu_memory = float(memory) if memory is not None else None
+    except ValueError:
+        gpu_memory = None
+    return PodView(
+        key=p.key,
+        uid=p.uid,
+        namespace=p.namespace,
+        node=p.node,
+        gpus=p.gpus,
+        priority=p.priority,
+        phase=p.phase,
+        start_time=p.start_time,
+        unschedulable_since=p.unschedulable_since,
+        terminating_since=p.terminating_since,
+        labels=p.labels,
+        opted_out=p.annotations.get(PREEMPTIBLE) == "false",
+        preemption_never=p.priority_class in never,
+        pdb_blocked=pdb_blocked,
+        checkpoint_at=parse_time(p.annotations.get(LAST_CHECKPOINT)),
+        checkpoint_done_at=parse_time(p.annotations.get(CHECKPOINT_DONE)),
+        gpu_memory_gib=gpu_memory,
+        allowed_nodes=frozenset(n.name for n in nodes if schedulable_on(p, n))
+        if p.node is None
+        else None,
+    )
+
+
+class PreemptionReader:
+    """Pods, nodes, PriorityClasses, PDBs and the records, as the core's observation."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: Config,
+        cluster: ClusterReader,
+        namespace: str,
+        memory: GpuMemoryProbe | None = None,
+    ):
+        self.config = config
+        self.cluster = cluster
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.memory = memory
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+
+    def states(self) -> tuple[VictimState, ...]:
+        cm = read_records(self.core, self.namespace)
+        return parse_states((cm or {}).get("data") or {})
+
+    def observe(self, now: float) -> PreemptionObservation:
+        try:
+            objects = self.cluster.last_objects or self.cluster.objects()
+            classes = json_body(self.scheduling.list_priority_class(_preload_content=False))
+            pdbs = json_body(
+                self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
+            )
+            states = self.states()
+        except (KubeError, ApiException, KeyError) as e:
+            return PreemptionObservation(problem=f"cannot read preemption state: {e}")
+        released: dict[str, bool | None] = {}
+        for s in states:
+            if s.tier == "cleanup":
+                released[s.victim] = self.memory.released(s, now) if self.memory else None
+        return preemption_observation(
+            objects,
+            self.config,
+            classes.get("items") or [],
+            pdbs.get("items") or [],
+            states,
+            released,
+        )
+
+
+def preemption_observation(
+    objects: ClusterObjects,
+    config: Config,
+    priority_classes: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]],
+    states: tuple[VictimState, ...] = (),
+    released: Mapping[str, bool | None] | None = None,
+) -> PreemptionObservation:
+    """What the core needs, from cluster objects (read live, or from a kubectl dump)."""
+    never = {
+        c["metadata"]["name"] for c in priority_classes if c.get("preemptionPolicy") == "Never"
+    }
+    blocked = _pdb_blocked(objects.pods, pdbs)
+    pods = tuple(pod_view(p, never, p.key in blocked, objects.nodes) for p in objects.pods)
+    nodes = []
+    reserve = config.fragments.memory_reserve_ratio
+    for pool in config.node_pools:
+        for n in pool_nodes(objects, pool):
+            per_gpu = max(1, n.fragments or 1)
+            memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
+            numa = n.labels.get(NUMA_LABEL, "")
+            domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
+            if domain is None and numa.isdigit():
+                domain = int(numa)
+            nodes.append(
+                NodeView(
+                    n.name,
+                    (n.gpu_count or 0) * per_gpu,
+                    memory * (1 - reserve) / per_gpu,
+                    domain * per_gpu if domain is not None else None,
+                    pool.name,
+                )
+            )
+    return PreemptionObservation(pods, tuple(nodes), states, released or {})
+
+
+def _pdb_blocked(pods: tuple[GpuPod, ...], pdbs: list[dict[str, Any]]) -> set[str]:
+    """Pods selected (matchLabels) by a PodDisruptionBudget that allows no disruption now."""
+    out = set()
+    for pdb in pdbs:
+        if int((pdb.get("status") or {}).get("disruptionsAllowed", 0)) > 0:
+            continue
+        ns = pdb["metadata"].get("namespace")
+        match = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        for p in pods:
+            if p.namespace == ns and all(p.labels.get(k) == v for k, v in match.items()):
+                out.add(p.key)
+    return out

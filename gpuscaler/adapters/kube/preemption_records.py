@@ -1,0 +1,63 @@
+"""Preemption state in the cluster: one ConfigMap (`gpuscaler-preemptions` in gpuscaler's
+namespace) holds every victim's record (tier, beneficiary, node, GPUs, priority, reason,
+timestamps) as JSON under the key `<namespace>.<pod>`. It outlives the victim pod, is
+written with its resourceVersion BEFORE each step acts (write-ahead), and every write
+re-checks the stored tier against the transition table, so a restart at any tier resumes
+and never repeats a step, forgets a victim or evicts twice. The victim
+(`gpuscaler.io/preemption`, `gpuscaler.io/checkpoint-requested`) and the beneficiary
+(`gpuscaler.io/preempting`) carry annotations mirroring it, for whoever looks at the pods.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
+from gpuscaler.core.preemption import (
+    VictimState,
+)
+
+STATE_CONFIGMAP = "gpuscaler-preemptions"
+KEEP_FINISHED = 24 * 3600
+"""Finished records are kept a day: evidence for operators, and the per-hour limit."""
+CHECKPOINT_REQUESTED = "gpuscaler.io/checkpoint-requested"
+CHECKPOINT_DONE = "gpuscaler.io/checkpoint-done"
+LAST_CHECKPOINT = "gpuscaler.io/last-checkpoint"
+PREEMPTIBLE = "gpuscaler.io/preemptible"
+GPU_MEMORY = "gpuscaler.io/gpu-memory-gib"
+VICTIM_ANNOTATION = "gpuscaler.io/preemption"
+BENEFICIARY_ANNOTATION = "gpuscaler.io/preempting"
+QUARANTINE_TAINT = "gpuscaler.io/gpu-memory-held"
+NUMA_LABEL = "gpuscaler.io/gpus-per-numa-node"
+
+
+def record_key(victim: str) -> str:
+    return victim.replace("/", ".")
+
+
+def parse_record(key: str, raw: str) -> VictimState:
+    try:
+        return VictimState(**json.loads(raw))
+    except (ValueError, TypeError) as e:
+        raise KubeError(f"ConfigMap {STATE_CONFIGMAP} key {key}: unreadable record: {e}") from None
+
+
+def parse_states(data: Mapping[str, str]) -> tuple[VictimState, ...]:
+    return tuple(parse_record(key, raw) for key, raw in sorted(data.items()))
+
+
+def read_records(core: client.CoreV1Api, namespace: str) -> dict[str, Any] | None:
+    """The records ConfigMap as JSON, None while it does not exist (no preemption yet)."""
+    try:
+        return json_body(
+            core.read_namespaced_config_map(STATE_CONFIGMAP, namespace, _preload_content=False)
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise api_error(f"read ConfigMap {namespace}/{STATE_CONFIGMAP}", e) from None

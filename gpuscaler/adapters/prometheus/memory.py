@@ -1,0 +1,98 @@
+"""GPU memory release (preemption tier 3), read from Prometheus: the GPUs (UUID)
+dcgm-exporter attributed to the victim pod, then their frame buffer after it left.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+from gpuscaler.adapters.prometheus.promql import escape_label_value
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.config import Config
+from gpuscaler.core.preemption import (
+    VictimState,
+)
+
+log = logging.getLogger("gpuscaler.preemption")
+AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
+"""The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
+cannot attribute to pods (MPS)."""
+"""Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
+
+
+class GpuMemoryProbe:
+    """Was a gone victim's GPU memory released? From dcgm-exporter series in Prometheus:
+    the GPUs attributed to the pod while it ran, then their frame buffer since it left.
+    True: some sample at or below `released_below_mib`, or another pod now uses the GPU;
+    False: every sample above it, the GPU idle (util < 5 %) and no pod on it; None: not
+    measurable (no per-pod attribution, no samples, Prometheus failing). Where
+    dcgm-exporter has no per-pod series (MPS), the GPUs and the pods on them come from the
+    node agent's `gpuscaler_agent_pod_gpu_device` instead."""
+
+    def __init__(self, config: Config, transport: Transport):
+        self.config = config
+        self.transport = transport
+
+    def _series(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        result = self.transport.query_range(query, start, end, step)
+        return [r for r in result if isinstance(r, dict) and isinstance(r.get("values"), list)]
+
+    def released(self, s: VictimState, now: float) -> bool | None:
+        namespace, pod = s.victim.split("/", 1)
+        gone = s.gone_at or s.since
+        try:
+            attributed = self._series(
+                f"DCGM_FI_DEV_FB_USED{{namespace={escape_label_value(namespace)},"
+                f"pod={escape_label_value(pod)}}}",
+                s.requested_at - 60,
+                gone,
+                5.0,
+            )
+            uuids = sorted({r["metric"].get("UUID") for r in attributed} - {None})
+            by_agent = not uuids  # MPS: no per-pod series; the node agent's mapping instead
+            if by_agent:
+                uuids = self._agent_gpus(namespace, pod, s.requested_at - 60, gone)
+            if not uuids:
+                return None
+            match = "|".join(re.escape(u) for u in uuids)
+            selector = f"UUID=~{escape_label_value(match)}"
+            start = math.floor(gone)
+            memory = self._series(f"DCGM_FI_DEV_FB_USED{{{selector}}}", start, now, 1.0)
+            util = self._series(f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}", start, now, 1.0)
+            others = self._agent_pods(match, start, now) - {(namespace, pod)} if by_agent else set()
+        except SourceError as e:
+            log.warning("memory check of %s: %s", s.victim, e)
+            return None
+        if others or any(r["metric"].get("pod") not in (None, "", pod) for r in memory):
+            return True  # another pod holds the GPU now: it is in use, not leaked
+        values = [float(v) for r in memory for _, v in r["values"]]
+        busy = [float(v) for r in util for _, v in r["values"]]
+        if not values:
+            return None
+        if min(values) <= self.config.preemption.released_below_mib:
+            return True
+        if busy and max(busy) < 5:
+            return False
+        return None
+
+    def _agent_gpus(self, namespace: str, pod: str, start: float, end: float) -> list[str]:
+        """GPU UUIDs the kubelet allocated to the pod, from the node agent's
+        `gpuscaler_agent_pod_gpu_device` (pod-resources API)."""
+        series = self._series(
+            f"{AGENT_POD_GPU}{{namespace={escape_label_value(namespace)},"
+            f"pod={escape_label_value(pod)}}}",
+            start,
+            end,
+            5.0,
+        )
+        return sorted({r["metric"].get("gpu") for r in series} - {None})
+
+    def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
+        """(namespace, pod) the agent saw holding these GPUs in the window."""
+        series = self._series(
+            f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
+        )
+        return {(r["metric"].get("namespace", ""), r["metric"].get("pod", "")) for r in series}
