@@ -1,0 +1,138 @@
+"""The controller's subcommands: once and run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, config_or_exit
+from gpuscaler.config import Config, redact_url
+from gpuscaler.controller import Controller
+from gpuscaler.logs import decision_outcome
+
+NO_ADAPTER_NOTICE = (
+    "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
+    "`run` observe and act on an in-process simulated cluster, never a real one."
+)
+
+
+def _live_controller(config: Config, dry_run: bool) -> Controller:
+    from gpuscaler.sim.live import LiveSimulation
+
+    print(NO_ADAPTER_NOTICE, file=sys.stderr)
+    live = LiveSimulation(config, wall_start=time.time())
+    return Controller(live.config, live, live, dry_run=dry_run or config.control.dry_run)
+
+
+def _prometheus_controller(config: Config, state_file: str) -> Controller:
+    from gpuscaler.adapters.kube.state_file import load_state
+    from gpuscaler.adapters.prometheus.source import PrometheusSource
+    from gpuscaler.app import NoActuator
+
+    state, said = load_state(state_file, config)
+    print(
+        f"source: Prometheus at {redact_url(config.prometheus.url or '')}; {said}; no cluster: "
+        "dry run.",
+        file=sys.stderr,
+    )
+    return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
+
+
+def _reloading(
+    controller: Controller,
+    args: argparse.Namespace,
+    adapt: Callable[[Config], Config] = lambda c: c,
+) -> Controller:
+    """`run` without a cluster reloads its config file too: a valid change applies from the
+    next tick (`adapt`ed as the mode needs), an invalid one is logged and refused."""
+    if args.command == "run":
+        from gpuscaler.reload import ConfigReloader
+
+        reloader = ConfigReloader(args.config, lambda c, _: controller.reconfigure(adapt(c)))
+        controller.before_tick.insert(0, reloader.check)
+    return controller
+
+
+def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:
+    """The controller for once/run, and the cluster parts around it (None without a
+    cluster). Exits 2 on bad input: a bad state or snapshot file, no Kubernetes API."""
+    from gpuscaler.app import SetupError, cluster_controller, kube_api, snapshot_controller
+
+    snapshot = getattr(args, "cluster_snapshot", None)
+    try:
+        if snapshot is not None:
+            if not args.dry_run:
+                raise SetupError("--cluster-snapshot plans only: add --dry-run")
+            controller = snapshot_controller(config, snapshot)
+            print(
+                f"cluster state from {snapshot}; metrics from Prometheus; dry run", file=sys.stderr
+            )
+            return controller, None
+        if not config.prometheus.url:
+            from gpuscaler.sim.simulate import scenario_config
+
+            live = _live_controller(config, args.dry_run)
+            return _reloading(live, args, scenario_config), None
+        if args.state is not None:
+            return _reloading(_prometheus_controller(config, args.state), args), None
+        api = kube_api(args.kubeconfig, config.kubernetes)
+        parts = cluster_controller(
+            config,
+            api,
+            dry_run=args.dry_run,
+            config_path=args.config,
+            leader_election=args.command == "run" and not args.no_leader_election,
+        )
+        return parts.controller, parts
+    except (SetupError, ValueError) as e:
+        print(str(e), file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    config = config_or_exit(args.config)
+    controller, _ = _controller(args, config)
+    result = controller.tick(time.time())
+    for d in result.plan.decisions:
+        outcome = decision_outcome(d, result.applied, result.mode)
+        print(json.dumps(d.as_record() | {"outcome": outcome}))
+    for s in result.plan.skips:
+        print(json.dumps(s.as_record()))
+    return EXIT_OK
+
+
+def _serve_metrics(
+    controller: Controller, parts: Any, interval: float, port: int, host: str
+) -> None:
+    from gpuscaler.observability import ControllerMetrics, HealthState, serve
+
+    metrics = ControllerMetrics()
+    metrics.attach(controller)
+    if parts is not None:
+        metrics.attach_cluster(parts)
+    serve(metrics, HealthState(controller, interval), port, host)
+    print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuscaler.loop import ControlLoop
+
+    config = config_or_exit(args.config)
+    controller, parts = _controller(args, config)
+    if args.metrics_port:
+        _serve_metrics(
+            controller, parts, config.control.interval, args.metrics_port, args.metrics_host
+        )
+    if parts is not None and parts.elector is not None:
+        parts.elector.step()  # the first tick knows whether it leads
+        parts.elector.start()
+    try:
+        ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
+    finally:
+        if parts is not None:
+            parts.stop()  # releases the lease so a standby takes over at once
+    return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE

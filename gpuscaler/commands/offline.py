@@ -1,0 +1,139 @@
+"""The offline subcommands: validate-config, simulate and backtest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, config_or_exit, stop_on_signal
+from gpuscaler.config import parse_duration
+
+SAMPLE_SECONDS = 0.5
+"""The simulator's slot: the finest bin a trace can be resampled to."""
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = config_or_exit(args.path)
+    print(f"{args.path}: valid: {config.summary()}")
+    return EXIT_OK
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gpuscaler.sim.report import table, write_report
+    from gpuscaler.sim.simulate import simulate
+    from gpuscaler.sim.trace import TraceError, load_trace
+
+    config = config_or_exit(args.config, require_targets=False)
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        print(f"--hours must be a finite number > 0, got {args.hours:g}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not (math.isfinite(args.start) and args.start >= 0):
+        print(f"--start must be a finite number >= 0, got {args.start:g}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    resample = None
+    if args.resample is not None:
+        try:
+            resample = parse_duration(args.resample)
+        except ValueError as e:
+            print(f"--resample: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not (math.isfinite(resample) and resample >= SAMPLE_SECONDS):
+            print(f"--resample must be at least 500ms, got {args.resample}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    listeners = []
+    stop = threading.Event()
+    if args.metrics_port:
+        stop = stop_on_signal()  # a signal during the replay ends the serving after it
+        from gpuscaler.observability import ControllerMetrics, serve, sim_health
+
+        metrics = ControllerMetrics()
+        listeners.append(metrics)
+        serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
+        print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
+    try:
+        trace = load_trace(args.trace, resample, args.column)
+        print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
+        result = simulate(
+            trace,
+            args.hours,
+            args.seed,
+            config,
+            args.start,
+            metrics=listeners,
+            baselines=not args.no_baselines,
+        )
+    except TraceError as e:
+        print(f"bad trace: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(table(summary))
+    if args.report:
+        for path in write_report(result, Path(args.report)):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.metrics_port:
+        print("replay done; still serving /metrics until interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        while not stop.wait(0.2):
+            pass
+    return EXIT_OK
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from gpuscaler.backtest import BacktestError, backtest
+    from gpuscaler.config import ForecastConfig
+
+    config = config_or_exit(args.config, require_targets=False)
+    try:
+        horizon = parse_duration(args.horizon)
+        resample = parse_duration(args.resample) if args.resample else None
+        window = parse_duration(args.window) if args.window else config.metrics.window
+        for flag, value in (("--horizon", horizon), ("--resample", resample), ("--window", window)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag} must be longer than 0s")
+    except ValueError as e:
+        print(f"bad argument: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.agg != "mean" and resample is None:
+        print("--agg needs --resample", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cfg: ForecastConfig = config.forecast
+    try:
+        report = backtest(args.series, cfg, horizon, window, resample, args.agg, args.max_origins)
+    except BacktestError as e:
+        print(f"bad series: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(backtest_table(report))
+    return EXIT_OK
+
+
+def backtest_table(report: dict[str, Any]) -> str:
+    lines = [f"horizon {report['horizon_s']:g}s"]
+    header = (
+        f"{'series':<24}{'method':<20}{'mae':>10}{'rel_naive':>11}{'peak_mae':>10}{'coverage':>10}"
+    )
+    lines.append(header)
+    sections = {"(overall)": report["overall"], **report["series"]}
+    for name, methods in sections.items():
+        for method, s in methods.items():
+            cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
+            text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
+            lines.append(f"{name[:23]:<24}{method:<20}{text}")
+    worst = report.get("worst") or {}
+    if len(report["series"]) > 1 and worst:
+        rel = worst.get("relative_to_naive")
+        lines.append(
+            f"worst series for gpuscaler: {worst['series']} (relative_to_naive "
+            f"{rel if rel is not None else '-'}, coverage {worst.get('coverage')})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""The sibling programs' subcommands: agent and extender."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, config_or_exit
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """The node agent (issue 16): see gpuscaler.agent."""
+    from gpuscaler.agent.app import AgentArgs, AgentSetupError, run_agent
+
+    config = config_or_exit(args.config, require_targets=False)  # the agent manages its node
+    try:
+        return run_agent(
+            config,
+            AgentArgs(
+                node=args.node,
+                kubeconfig=args.kubeconfig,
+                metrics_port=args.metrics_port,
+                metrics_host=args.metrics_host,
+                fake_nvml=args.fake_nvml,
+                max_polls=args.max_polls,
+            ),
+        )
+    except AgentSetupError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def add_agent_parser(sub: Any) -> None:
+    p = sub.add_parser("agent", help="the node agent: time slices, GPU topology, orphan cleanup")
+    p.add_argument("--config", required=True)
+    p.add_argument("--node", help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for the probes (all)")
+    p.add_argument("--fake-nvml", help=argparse.SUPPRESS)  # tests: GPUs from a JSON file
+    p.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_agent)
+
+
+def cmd_extender(args: argparse.Namespace) -> int:
+    """The scheduler extender for a second kube-scheduler (issue 15)."""
+    from gpuscaler.app import SetupError, kube_api
+
+    config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets
+    if not config.prometheus.url:
+        print(
+            "prometheus.url is not set: the extender reads GPU memory from dcgm-exporter "
+            "through Prometheus",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if not 0 < args.port < 65536:
+        print(f"--port {args.port}: not a TCP port", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        api = kube_api(args.kubeconfig, config.kubernetes)
+    except SetupError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from gpuscaler.extender.run import serve
+
+    paths = "/filter, /prioritize, /bind, /healthz, /readyz, /metrics"
+    print(f"serving {paths} on {args.host}:{args.port}", file=sys.stderr)
+    serve(config, api, args.host, args.port, leader_election=not args.no_leader_election)
+    return EXIT_OK
