@@ -27,7 +27,7 @@ from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import Config, ConfigError, KubernetesConfig
 from gpuscaler.controller import Controller
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.preemption import PreemptionObservation
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.errors import InputError

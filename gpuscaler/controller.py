@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuscaler.config import Config, ForecastConfig
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.forecast import ForecastEngine, make_engine
-from gpuscaler.core.model import Decision, FitState, History, Plan, Snapshot, record_applied
+from gpuscaler.core.model import FitState, History, Plan, Snapshot, record_applied
 from gpuscaler.core.plan import plan as make_plan
 from gpuscaler.core.snapshot import Observations, build_snapshot
 from gpuscaler.logs import log_plan

@@ -7,7 +7,8 @@ import logging
 import sys
 from typing import Any
 
-from gpuscaler.core.model import Decision, Plan
+from gpuscaler.core.decisions import Decision
+from gpuscaler.core.model import Plan
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 

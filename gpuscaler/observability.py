@@ -17,7 +17,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpuscaler.config import TIME_SLICE_LEVELS
 from gpuscaler.controller import Controller, TickResult
-from gpuscaler.core.model import Forecast, Skip
+from gpuscaler.core.decisions import Skip
+from gpuscaler.core.model import Forecast
 from gpuscaler.core.preemption import IN_FLIGHT, TRANSITIONS
 from gpuscaler.logs import decision_outcome
 

@@ -23,7 +23,7 @@ from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import parse_config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = parse_config(

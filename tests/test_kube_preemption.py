@@ -22,7 +22,7 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.config import parse_config
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption import decide_preemption
 
 T0 = 1_800_000_000.0

@@ -17,7 +17,7 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 SO = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}"
 HPA = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}"

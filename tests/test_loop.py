@@ -14,7 +14,7 @@ import pytest
 from builders import config
 
 from gpuscaler.controller import Controller
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.loop import ControlLoop
 

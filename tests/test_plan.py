@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 from builders import NOW, config, pool_obs, signal, workload_obs
 
-from gpuscaler.core.model import History, Series, Snapshot, record_applied, target_key
+from gpuscaler.core.decisions import target_key
+from gpuscaler.core.model import History, Series, Snapshot, record_applied
 from gpuscaler.core.plan import plan
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload, build_snapshot, window_mean
 

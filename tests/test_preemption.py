@@ -8,7 +8,7 @@ import pytest
 from builders import NOW
 
 from gpuscaler.config import PreemptionConfig, merge_section
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption import (
     TRANSITIONS,
     NodeView,

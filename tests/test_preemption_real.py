@@ -24,7 +24,7 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption import decide_preemption
 
 CONFIG = parse_config(

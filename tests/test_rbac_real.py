@@ -26,7 +26,7 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.leader import LeaderElector
 

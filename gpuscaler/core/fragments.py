@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Final
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.guards import (
     Outcome,
     cooling_down,
@@ -22,7 +23,7 @@ from gpuscaler.core.guards import (
     invalid,
     sustain,
 )
-from gpuscaler.core.model import Decision, PoolObservation, TargetHistory
+from gpuscaler.core.model import PoolObservation, TargetHistory
 
 KIND: Final = "fragments"
 

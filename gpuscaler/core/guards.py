@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from gpuscaler.core.model import Decision, DecisionKind, Signal, Skip, TargetHistory
+from gpuscaler.core.decisions import Decision, DecisionKind, Skip
+from gpuscaler.core.model import Signal, TargetHistory
 
 
 @dataclass(frozen=True)

@@ -11,21 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuscaler.config import TIME_SLICE_LEVELS
-
 if TYPE_CHECKING:
     from gpuscaler.core.preemption.views import PreemptionObservation
+from gpuscaler.core.decisions import Decision, Skip, target_key
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,60 +183,6 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """One action of a plan: set `target`'s `kind` from `from_value` to `to_value`."""
-
-    time: float
-    kind: DecisionKind
-    target: str
-    from_value: int | str
-    to_value: int | str
-    reason: str
-    forecast: Mapping[str, float] | None = None
-    detail: Mapping[str, str | int | float | None] | None = None
-    """What an adapter needs beyond from/to (preemption: action, beneficiary, node)."""
-
-    @property
-    def direction(self) -> int:
-        return _direction(self.from_value, self.to_value)
-
-    def as_record(self) -> dict[str, object]:
-        """The fields of a decisions.jsonl line."""
-        return {
-            "time": self.time,
-            "kind": self.kind,
-            "target": self.target,
-            "from": self.from_value,
-            "to": self.to_value,
-            "reason": self.reason,
-            "forecast": dict(self.forecast) if self.forecast is not None else None,
-            "detail": dict(self.detail) if self.detail is not None else None,
-        }
-
-
-@dataclass(frozen=True)
-class Skip:
-    """A target the tick did not act on, and why."""
-
-    time: float
-    kind: DecisionKind
-    target: str
-    reason: str
-    invalid_input: bool
-    """True when the input was missing, stale or not finite; False for a policy hold."""
-
-    def as_record(self) -> dict[str, object]:
-        return {
-            "time": self.time,
-            "kind": self.kind,
-            "target": self.target,
-            "skipped": True,
-            "invalid_input": self.invalid_input,
-            "reason": self.reason,
-        }
-
-
-@dataclass(frozen=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
 
@@ -275,10 +218,6 @@ class History:
         return History(MappingProxyType(merged))
 
 
-def target_key(kind: DecisionKind, target: str) -> str:
-    return f"{kind}:{target}"
-
-
 @dataclass(frozen=True)
 class Plan:
     time: float
@@ -286,16 +225,6 @@ class Plan:
     skips: tuple[Skip, ...]
     history: History
     """History after this tick's observations, before any change is recorded."""
-
-
-_LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}
-
-
-def _direction(a: int | str, b: int | str) -> int:
-    """+1 when b is more (fragments, replicas, a longer slice) than a, -1 when less."""
-    ra = a if isinstance(a, int) else _LEVEL_RANK.get(a, 0)
-    rb = b if isinstance(b, int) else _LEVEL_RANK.get(b, 0)
-    return (rb > ra) - (rb < ra)
 
 
 def record_applied(history: History, applied: tuple[Decision, ...]) -> History:

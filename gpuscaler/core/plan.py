@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
+from gpuscaler.core.decisions import Decision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import (
-    Decision,
-    History,
-    Plan,
-    Skip,
-    Snapshot,
-    TargetHistory,
-    target_key,
-)
+from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
 from gpuscaler.core.preemption import (
     PodView,
     decide_preemption,

@@ -18,8 +18,9 @@ from typing import Final
 import numpy as np
 
 from gpuscaler.config import ReplicasConfig
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
-from gpuscaler.core.model import Decision, TargetHistory, WorkloadObservation
+from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.skill import assess, in_fallback, remember
 
 KIND: Final = "replica_floor"

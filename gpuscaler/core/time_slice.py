@@ -16,8 +16,9 @@ from dataclasses import replace
 from typing import Final
 
 from gpuscaler.config import TIME_SLICE_LEVELS, NodePoolConfig, TimeSliceConfig
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, invalid
-from gpuscaler.core.model import Decision, PoolObservation, TargetHistory
+from gpuscaler.core.model import PoolObservation, TargetHistory
 
 KIND: Final = "time_slice"
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscaler.config import Config, ReplicasConfig
-from gpuscaler.core.model import Decision, FloatArray, Series
+from gpuscaler.core.decisions import Decision
+from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.preemption import SimulatedPreemption
 from gpuscaler.sim.queue import lindley

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpuscaler.config import Config
-from gpuscaler.core.model import Decision, Series
+from gpuscaler.core.decisions import Decision
+from gpuscaler.core.model import Series
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.simulate import scenario_cluster, scenario_config

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
 
 BATCH_PRIORITY = 10

@@ -13,7 +13,8 @@ import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
-from gpuscaler.core.model import Decision, FloatArray
+from gpuscaler.core.decisions import Decision
+from gpuscaler.core.model import FloatArray
 from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
 from gpuscaler.sim.queue import fluid_waits, wait_figures

@@ -16,7 +16,7 @@ from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.workloads import KubeWorkloads
 from gpuscaler.adapters.kube.writer import WriteBudget, Writer
 from gpuscaler.config import Config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 

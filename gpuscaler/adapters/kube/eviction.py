@@ -36,7 +36,7 @@ from gpuscaler.adapters.kube.preemption_records import (
 )
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
 from gpuscaler.config import Config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 from gpuscaler.core.preemption import (
     IN_FLIGHT,
     VictimState,

@@ -36,7 +36,7 @@ from gpuscaler.adapters.kube.objects import (
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
 from gpuscaler.config import Config, NodePoolConfig
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 

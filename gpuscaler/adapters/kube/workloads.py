@@ -19,7 +19,7 @@ from gpuscaler.adapters.kube.objects import (
 )
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
 from gpuscaler.config import Config, WorkloadConfig
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 KEDA = ("keda.sh", "v1alpha1", "scaledobjects")

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error
 from gpuscaler.config import Config
-from gpuscaler.core.model import Decision
+from gpuscaler.core.decisions import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption.transitions import hold, step_decision
 from gpuscaler.core.preemption.views import (
     FORECAST_PREFIX,

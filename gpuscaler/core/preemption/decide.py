@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption.choice import is_beneficiary, start_preemption
 from gpuscaler.core.preemption.tiers import progress
 from gpuscaler.core.preemption.transitions import IN_FLIGHT, KIND

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption.transitions import hold, step_decision
 from gpuscaler.core.preemption.views import PodView, PreemptionObservation, VictimState
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from gpuscaler.core.model import Decision, Skip
+from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption.views import VictimState
 
 KIND: Final = "preemption"
