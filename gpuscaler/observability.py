@@ -17,7 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpuscaler.config import TIME_SLICE_LEVELS
 from gpuscaler.controller import Controller, TickResult
-from gpuscaler.core.decisions import Skip
+from gpuscaler.core.decisions import FragmentsDecision, PreemptionStep, ReplicaFloorDecision, Skip
 from gpuscaler.core.model import Forecast
 from gpuscaler.core.preemption import IN_FLIGHT, TRANSITIONS
 from gpuscaler.logs import decision_outcome
@@ -180,10 +180,13 @@ class ControllerMetrics:
         for d in result.plan.decisions:
             outcome = decision_outcome(d, result.applied, result.mode)
             self.decisions.labels(d.kind, outcome, "decision").inc()
-            if outcome == "applied" and d.kind == "fragments":
-                self.fragments.labels(d.target).set(int(d.to_value))
-            elif outcome == "applied" and d.kind == "replica_floor":
-                self.floor.labels(d.target).set(int(d.to_value))
+            if outcome != "applied":
+                continue
+            match d:
+                case FragmentsDecision():
+                    self.fragments.labels(d.target).set(d.to_value)
+                case ReplicaFloorDecision():
+                    self.floor.labels(d.target).set(d.to_value)
         self._preemption(result)
         for s in result.plan.skips:
             outcome = "invalid_input" if s.invalid_input else "held"
@@ -203,10 +206,9 @@ class ControllerMetrics:
                 self.preemption_victims.labels(tier).set(tiers.count(tier))
         self.preemptions_in_flight.set(sum(t in IN_FLIGHT for t in tiers))
         for d in result.plan.decisions:
-            if d.kind == "preemption":
-                action = str((d.detail or {}).get("action", "other"))
+            if isinstance(d, PreemptionStep):
                 outcome = decision_outcome(d, result.applied, result.mode)
-                self.preemption_steps.labels(str(d.to_value), action, outcome).inc()
+                self.preemption_steps.labels(d.to_value, d.action, outcome).inc()
 
     def attach(self, controller: Controller) -> None:
         """Feed these metrics from every tick of `controller`."""

@@ -23,7 +23,9 @@ from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    ReplicaFloorDecision,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = parse_config(
@@ -35,8 +37,8 @@ workloads:
 )
 
 
-def _decision(target: str, old: int, new: int) -> Decision:
-    return Decision(NOW, "replica_floor", target, old, new, "forecast upper 490% -> 7 replicas")
+def _decision(target: str, old: int, new: int) -> ReplicaFloorDecision:
+    return ReplicaFloorDecision(NOW, target, old, new, "forecast upper 490% -> 7 replicas")
 
 
 @pytest.fixture

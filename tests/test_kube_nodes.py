@@ -21,7 +21,10 @@ from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import WriteBudget
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    FragmentsDecision,
+    TimeSliceDecision,
+)
 
 
 def _config(ns: str, extra: str = "", plugin_ns: str | None = None) -> Config:
@@ -46,8 +49,8 @@ CONFIG = _config("ml", plugin_ns="nvidia-device-plugin")  # the fake server's se
 CM = ("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
 
 
-def _fragments(old: int, new: int, at: float = NOW) -> Decision:
-    return Decision(at, "fragments", "a100", old, new, f"forecast upper 30% < 40% ({new})")
+def _fragments(old: int, new: int, at: float = NOW) -> FragmentsDecision:
+    return FragmentsDecision(at, "a100", old, new, f"forecast upper 30% < 40% ({new})")
 
 
 class Real:
@@ -208,7 +211,7 @@ def test_fewer_fragments_never_go_below_the_shares_pods_hold(real: Real) -> None
 def test_a_time_slice_decision_relabels_the_pools_nodes(real: Real) -> None:
     actuator = real.actuator()
     real.seed_pool({}, n=2)
-    d = Decision(NOW, "time_slice", "a100", "medium", "long", "stall 22% > 15% over 5m")
+    d = TimeSliceDecision(NOW, "a100", "medium", "long", "stall 22% > 15% over 5m")
     assert actuator.apply([d])
     assert [real.labels(f"gpu-{i}")["gpuscaler.io/time-slice"] for i in range(2)] == [
         "long",

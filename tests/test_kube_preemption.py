@@ -15,6 +15,7 @@ import pytest
 from kubefake import FakeCluster, serving
 from kubeobjects import gpu_pod, node
 from kubernetes import client
+from steps import steps
 
 from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.objects import rfc3339
@@ -128,7 +129,7 @@ def test_the_three_tiers_run_in_order_with_evidence_before_the_eviction(api: Api
     victim["metadata"]["annotations"]["gpuscaler.io/checkpoint-done"] = rfc3339(T0 + 70)
     fake.objects[("v1", "pods", "batch", "train")] = victim  # the workload acknowledges
     _, _, applied = tick(T0 + 80)
-    assert [(d.to_value, (d.detail or {})["action"]) for d in applied] == [("hard", "evict")]
+    assert [(d.to_value, d.action) for d in steps(applied)] == [("hard", "evict")]
     assert fake.get("v1", "pods", "batch", "train") is None
     record = _state(fake)
     assert record["tier"] == "hard" and record["evicted_at"] == T0 + 80
@@ -224,7 +225,7 @@ def test_a_pod_stuck_terminating_is_force_deleted(started: tuple[Tick, FakeClust
     _, skips, _ = tick(T0 + 400)
     assert any("terminating for 99s" in s.reason for s in skips)
     _, _, applied = tick(T0 + 602)
-    assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
+    assert [d.action for d in steps(applied)] == ["force_delete"]
     deletes = [r for r in fake.requests if r[0] == "DELETE"]
     assert deletes == [("DELETE", "/api/v1/namespaces/batch/pods/train")]
     assert fake.get("v1", "pods", "batch", "train") is None

@@ -17,7 +17,9 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    ReplicaFloorDecision,
+)
 
 SO = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}"
 HPA = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}"
@@ -34,10 +36,9 @@ workloads:
     )
 
 
-def _decision(target: str, old: int, new: int) -> Decision:
-    return Decision(
+def _decision(target: str, old: int, new: int) -> ReplicaFloorDecision:
+    return ReplicaFloorDecision(
         NOW,
-        "replica_floor",
         target,
         old,
         new,
@@ -75,10 +76,17 @@ def test_a_scaled_object_floor_is_set_with_an_annotation_and_an_event(real: Real
     assert event["regarding"]["uid"] == obj["metadata"]["uid"]
 
 
-def test_an_hpa_floor_is_set_but_never_above_its_maximum(real: Real) -> None:
+def test_a_floor_above_the_objects_maximum_now_is_not_written(real: Real) -> None:
+    """The core clamps a floor to the maximum it observed, once; when the object's
+    maximum fell below it since, nothing is written (the value recorded would differ
+    from the one written) and the next tick decides again."""
     workloads, kube, ns = real
     kube.create(hpa("embed", 2, maximum=5, namespace=ns))
-    assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 2, 9)])
+    assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 2, 9)]) == ()
+    obj = kube.get(HPA.format(ns=ns, name="embed"))
+    assert obj["spec"]["minReplicas"] == 2
+    assert "gpuscaler.io/last-decision" not in (obj["metadata"].get("annotations") or {})
+    assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 2, 5)])
     assert kube.get(HPA.format(ns=ns, name="embed"))["spec"]["minReplicas"] == 5
 
 

@@ -17,7 +17,9 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.config import LeaseConfig, parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    FragmentsDecision,
+)
 from gpuscaler.leader import LeaderElector
 
 LEASE = LeaseConfig(duration="15s", renew_deadline="10s", retry_period="2s")
@@ -157,7 +159,7 @@ def test_only_the_leader_writes_to_the_cluster(real: Real) -> None:
     kube.seed([node("gpu-0")])
     a.step()
     b.step()
-    decision = Decision(1.0, "fragments", "a100", 2, 4, "forecast upper 30% < 40%")
+    decision = FragmentsDecision(1.0, "a100", 2, 4, "forecast upper 30% < 40%")
     standby = kube_actuator(kube.api, config, "replica-b", may_act=b.is_leader)
     assert standby.apply([decision]) == ()
     labels = kube.core.read_node("gpu-0").metadata.labels

@@ -8,7 +8,7 @@ import pytest
 from builders import NOW
 
 from gpuscaler.config import PreemptionConfig, merge_section
-from gpuscaler.core.decisions import Decision, Skip
+from gpuscaler.core.decisions import CheckpointRequest, Decision, Skip
 from gpuscaler.core.preemption import (
     TRANSITIONS,
     NodeView,
@@ -176,8 +176,8 @@ def test_victims_and_node_are_chosen_like_kube_scheduler_but_only_where_it_reall
     elif why:
         assert any(why in s.reason for s in skips), skips
     for d in decisions:
-        assert d.detail is not None and d.detail["action"] == "request_checkpoint"
-        assert d.detail["beneficiary"] == "ml/critical"
+        assert isinstance(d, CheckpointRequest) and d.action == "request_checkpoint"
+        assert d.beneficiary == "ml/critical"
 
 
 def test_limits_bound_victims_in_flight_and_per_hour() -> None:
@@ -340,7 +340,7 @@ def test_each_tier_takes_its_next_step(
         return
     (d,) = mine
     assert d.from_value == state.tier and d.to_value == expect[0]
-    assert d.detail is not None and d.detail["action"] == expect[1]
+    assert d.action == expect[1]
     assert expect[2] in d.reason, d.reason
 
 
@@ -349,7 +349,7 @@ def test_a_pdb_refusal_leads_to_escalation_only_when_configured() -> None:
     decisions, _ = _plan(
         critical(), VICTIM, states=(state,), cfg=replace_cfg(escalate_to_delete=True)
     )
-    assert [(d.to_value, (d.detail or {})["action"]) for d in decisions] == [("hard", "delete")]
+    assert [(d.to_value, d.action) for d in decisions] == [("hard", "delete")]
 
 
 def replace_cfg(**kw: object) -> PreemptionConfig:
@@ -416,7 +416,7 @@ def test_the_forecast_trigger_frees_room_ahead_of_time_only_in_the_workloads_poo
     assert sorted(d.target for d in decisions) == victims
     for d in decisions:
         assert d.reason.startswith("forecast: ml/ScaledObject/chat needs one more replica")
-        assert d.detail is not None and d.detail["node"] == "n1"
+        assert d.node == "n1"
 
 
 @pytest.mark.parametrize(

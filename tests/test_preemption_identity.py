@@ -21,6 +21,7 @@ from test_preemption import CFG, _plan, critical, node, pod
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.eviction import KubePreemption
+from gpuscaler.core.decisions import CheckpointRequest, PreemptionStep, Skip
 from gpuscaler.core.preemption import VictimState
 
 T0 = 1_800_000_000.0
@@ -32,10 +33,12 @@ def _record(tier: str, uid: str = VICTIM_UID, **kw: Any) -> VictimState:
     return replace(base, **kw)
 
 
-def _only(decisions: tuple[Any, ...], skips: tuple[Any, ...], target: str = "ml/b") -> str:
+def _only(
+    decisions: tuple[PreemptionStep, ...], skips: tuple[Skip, ...], target: str = "ml/b"
+) -> str:
     for d in decisions:
         if d.target == target:
-            return f"{d.to_value}:{(d.detail or {})['action']}:{d.reason}"
+            return f"{d.to_value}:{d.action}:{d.reason}"
     return "hold:" + next(s.reason for s in skips if s.target == target)
 
 
@@ -76,7 +79,9 @@ def test_an_eviction_that_never_starts_terminating_closes_the_record_after_the_t
 def test_new_victims_are_recorded_with_their_uid() -> None:
     victim = pod("b", "n1", 4, 50, uid=VICTIM_UID)
     decisions, _ = _plan(critical(1), victim)
-    assert [(d.target, (d.detail or {}).get("uid")) for d in decisions] == [("ml/b", VICTIM_UID)]
+    assert [(d.target, d.uid if isinstance(d, CheckpointRequest) else None) for d in decisions] == [
+        ("ml/b", VICTIM_UID)
+    ]
 
 
 def _recreate(fake: FakeCluster) -> str:

@@ -17,6 +17,7 @@ import pytest
 from controlplane import Kube, Recorder, wait_until
 from kubeobjects import gpu_pod, node
 from kubernetes.client.exceptions import ApiException
+from steps import steps
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.objects import rfc3339
@@ -165,7 +166,7 @@ def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None
     assert applied == () and any("soft tier, 240s left" in s.reason for s in skips)
 
     _, _, applied = cluster.tick(t0 + 301)  # soft grace over: the Eviction API
-    assert [(d.to_value, (d.detail or {})["action"]) for d in applied] == [("hard", "evict")]
+    assert [(d.to_value, d.action) for d in steps(applied)] == [("hard", "evict")]
     assert cluster.evictions() == [201]
     # No kubelet finishes the graceful deletion: the real server leaves the pod
     # Terminating, with the DisruptionTarget condition the Eviction API itself sets.
@@ -180,7 +181,7 @@ def test_the_three_tiers_through_the_real_eviction_api(cluster: Cluster) -> None
     _, skips, applied = cluster.tick(deleting + 99)
     assert applied == () and any("terminating for 99s" in s.reason for s in skips)
     _, _, applied = cluster.tick(deleting + 301)  # past terminating_timeout
-    assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
+    assert [d.action for d in steps(applied)] == ["force_delete"]
     assert cluster.victim() is None
     _, _, applied = cluster.tick(deleting + 310)
     assert [d.to_value for d in applied] == ["cleanup"]
@@ -221,7 +222,7 @@ def test_a_pdb_with_room_lets_the_eviction_through(cluster: Cluster) -> None:
     assert status["disruptionsAllowed"] == 1
     cluster.tick(t0)
     _, _, applied = cluster.tick(t0 + 301)
-    assert [(d.detail or {})["action"] for d in applied] == ["evict"]
+    assert [d.action for d in steps(applied)] == ["evict"]
     assert cluster.evictions() == [201]
     path = f"/apis/policy/v1/namespaces/{cluster.batch}/poddisruptionbudgets/batch"
     # The eviction spent the budget (the API server decrements it, the controller agrees).
@@ -363,7 +364,7 @@ def test_a_victim_recreated_under_its_name_is_a_new_pod_and_never_touched(
     cluster.tick(t0 + 301)  # evicted; no kubelet: it stays Terminating
     deleting = datetime.fromisoformat(kube.get(path)["metadata"]["deletionTimestamp"]).timestamp()
     _, _, applied = cluster.tick(deleting + 301)
-    assert [(d.detail or {})["action"] for d in applied] == ["force_delete"]
+    assert [d.action for d in steps(applied)] == ["force_delete"]
 
     def recreated() -> bool:
         try:

@@ -21,7 +21,14 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    CheckpointRequest,
+    Eviction,
+    FragmentsDecision,
+    PreemptionStep,
+    ReplicaFloorDecision,
+    TimeSliceDecision,
+)
 from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.leader import LeaderElector
 
@@ -82,10 +89,10 @@ def _scenario(api: client.ApiClient, fake: FakeCluster, monkeypatch: pytest.Monk
     fake.fail_next("PATCH", "/configmaps/", 409)  # re-read the ConfigMap
     actuator.apply(
         [
-            Decision(NOW, "fragments", "a100", 2, 4, "r"),
-            Decision(NOW, "time_slice", "a100", "medium", "long", "r"),
-            Decision(NOW, "replica_floor", "ml/ScaledObject/chat", 2, 5, "r"),
-            Decision(NOW, "replica_floor", "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
+            FragmentsDecision(NOW, "a100", 2, 4, "r"),
+            TimeSliceDecision(NOW, "a100", "medium", "long", "r"),
+            ReplicaFloorDecision(NOW, "ml/ScaledObject/chat", 2, 5, "r"),
+            ReplicaFloorDecision(NOW, "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
         ]
     )
     elector = LeaderElector(api, NAMESPACE, "gpuscaler-abc", CONFIG.kubernetes.lease)
@@ -125,37 +132,15 @@ def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
     assert [d.to_value for d in decisions] == ["soft"]
     assert actuator.apply(decisions) == decisions
     victim_key = decisions[0].target
+    first = decisions[0]
+    assert isinstance(first, CheckpointRequest)
+    at = (victim_key, "r")
+    where = (first.beneficiary, first.node)
     for step in (
-        Decision(
-            NOW + 1, "preemption", victim_key, "soft", "hard", "r", detail={"action": "evict"}
-        ),
-        Decision(
-            NOW + 2,
-            "preemption",
-            victim_key,
-            "hard",
-            "hard",
-            "r",
-            detail={"action": "force_delete"},
-        ),
-        Decision(
-            NOW + 3,
-            "preemption",
-            victim_key,
-            "hard",
-            "cleanup",
-            "r",
-            detail={"action": "record_gone"},
-        ),
-        Decision(
-            NOW + 4,
-            "preemption",
-            victim_key,
-            "cleanup",
-            "quarantined",
-            "r",
-            detail={"action": "quarantine"},
-        ),
+        Eviction(NOW + 1, at[0], "soft", "hard", at[1], "evict", *where, grace_seconds=0.0),
+        PreemptionStep(NOW + 2, at[0], "hard", "hard", at[1], "force_delete", *where),
+        PreemptionStep(NOW + 3, at[0], "hard", "cleanup", at[1], "record_gone", *where),
+        PreemptionStep(NOW + 4, at[0], "cleanup", "quarantined", at[1], "quarantine", *where),
     ):
         assert actuator.apply([step]) == (step,)
 

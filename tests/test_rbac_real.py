@@ -26,7 +26,15 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    CheckpointRequest,
+    Eviction,
+    FragmentsDecision,
+    PreemptionAction,
+    PreemptionStep,
+    ReplicaFloorDecision,
+    TimeSliceDecision,
+)
 from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.leader import LeaderElector
 
@@ -92,10 +100,10 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     assert reader.healthy, reader.last_error
     actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=HOME)
     decisions = (
-        Decision(NOW, "fragments", "a100", 2, 4, "r"),
-        Decision(NOW, "time_slice", "a100", "medium", "long", "r"),
-        Decision(NOW, "replica_floor", "ml/ScaledObject/chat", 2, 5, "r"),
-        Decision(NOW, "replica_floor", "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
+        FragmentsDecision(NOW, "a100", 2, 4, "r"),
+        TimeSliceDecision(NOW, "a100", "medium", "long", "r"),
+        ReplicaFloorDecision(NOW, "ml/ScaledObject/chat", 2, 5, "r"),
+        ReplicaFloorDecision(NOW, "ml/HorizontalPodAutoscaler/embed", 1, 3, "r"),
     )
     assert actuator.apply(decisions) == decisions
     elector = LeaderElector(api, HOME, "gpuscaler-abc", config.kubernetes.lease)
@@ -144,16 +152,21 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     assert [d.to_value for d in soft] == ["soft"]
     assert actuator.apply(soft) == soft
     key = soft[0].target
-    for i, (old, new, action) in enumerate(
-        [
-            ("soft", "hard", "evict"),
-            ("hard", "hard", "force_delete"),
-            ("hard", "cleanup", "record_gone"),
-            ("cleanup", "quarantined", "quarantine"),
-        ],
-        start=1,
-    ):
-        step = Decision(now + i, "preemption", key, old, new, "r", detail={"action": action})
+    first = soft[0]
+    assert isinstance(first, CheckpointRequest)
+    where = (first.beneficiary, first.node)
+    steps: list[tuple[str, str, PreemptionAction]] = [
+        ("soft", "hard", "evict"),
+        ("hard", "hard", "force_delete"),
+        ("hard", "cleanup", "record_gone"),
+        ("cleanup", "quarantined", "quarantine"),
+    ]
+    for i, (old, new, action) in enumerate(steps, start=1):
+        step: PreemptionStep = (
+            Eviction(now + i, key, old, new, "r", "evict", *where, grace_seconds=0.0)
+            if action == "evict"
+            else PreemptionStep(now + i, key, old, new, "r", action, *where)
+        )
         assert actuator.apply([step]) == (step,), action
     with pytest.raises(ApiException) as gone:
         kube.core.read_namespaced_pod("train", "batch")
@@ -190,7 +203,7 @@ def test_an_ungranted_call_is_refused_with_403_and_reported_clearly(
     api = _as_service_account(kube.plane, tmp_path)
     actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=HOME)
     with caplog.at_level(logging.WARNING, "gpuscaler.kubernetes"):
-        applied = actuator.apply([Decision(NOW, "fragments", "a100", 2, 4, "r")])
+        applied = actuator.apply([FragmentsDecision(NOW, "a100", 2, 4, "r")])
     assert applied == ()
     (line,) = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
     assert "read ConfigMap nvidia-device-plugin/other: HTTP 403 Forbidden" in line

@@ -72,6 +72,12 @@ ROWS = [
         ("set", 6),
     ),
     Row(
+        "the object's own maximum wins over a higher min_replicas (clamped once, here)",
+        workload_obs(signal(5, 10), floor=4, max_replicas=6),
+        ("set", 6),
+        cfg={"min_replicas": 8, "max_replicas": 50},
+    ),
+    Row(
         "never sets the floor below min_replicas",
         workload_obs(signal(5, 10), floor=3),
         ("set", 2),

@@ -1,50 +1,186 @@
-"""What a plan holds: decisions (each with its reason) and skips (each with why)."""
+"""What a plan holds: decisions (each with its reason) and skips (each with why).
+
+One frozen dataclass per kind of decision, so a consumer reads typed values, never casts:
+`ReplicaFloorDecision`, `FragmentsDecision`, `TimeSliceDecision`, and for preemption a
+`PreemptionStep` (the steps that carry nothing more than the action) or one of its two
+kinds with data of their own, `CheckpointRequest` and `Eviction`. `Decision` is their
+union: actuators, metrics and logs dispatch on it with `match`. `as_record()` gives the
+documented line of `decisions.jsonl`, the same for every kind (`detail` holds what a
+preemption step carries, in the order it always had).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, fields
+from typing import ClassVar, Literal
 
 from gpuscaler.config import TIME_SLICE_LEVELS
 
-if TYPE_CHECKING:
-    pass
-
-
 DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
+PreemptionAction = Literal[
+    "request_checkpoint",
+    "evict",
+    "force_delete",
+    "delete",
+    "quarantine",
+    "record_gone",
+    "abort",
+    "give_up",
+    "confirm_released",
+]
 
-@dataclass(frozen=True)
-class Decision:
-    """One action of a plan: set `target`'s `kind` from `from_value` to `to_value`."""
 
+class _Change:
+    """What every decision answers: which way it moves its target, and its record."""
+
+    kind: ClassVar[DecisionKind]
     time: float
-    kind: DecisionKind
     target: str
-    from_value: int | str
-    to_value: int | str
     reason: str
-    forecast: Mapping[str, float] | None = None
-    detail: Mapping[str, str | int | float | None] | None = None
-    """What an adapter needs beyond from/to (preemption: action, beneficiary, node)."""
+
+    @property
+    def values(self) -> tuple[int | str, int | str]:
+        raise NotImplementedError
 
     @property
     def direction(self) -> int:
-        return _direction(self.from_value, self.to_value)
+        """+1 when the new value is more (fragments, replicas, a longer slice), -1 when less."""
+        a, b = self.values
+        ra = a if isinstance(a, int) else LEVEL_RANK.get(a, 0)
+        rb = b if isinstance(b, int) else LEVEL_RANK.get(b, 0)
+        return (rb > ra) - (rb < ra)
+
+    def forecast_record(self) -> dict[str, float] | None:
+        return None
+
+    def detail_record(self) -> dict[str, str | int | float | None] | None:
+        return None
 
     def as_record(self) -> dict[str, object]:
         """The fields of a decisions.jsonl line."""
+        a, b = self.values
         return {
             "time": self.time,
             "kind": self.kind,
             "target": self.target,
-            "from": self.from_value,
-            "to": self.to_value,
+            "from": a,
+            "to": b,
             "reason": self.reason,
-            "forecast": dict(self.forecast) if self.forecast is not None else None,
-            "detail": dict(self.detail) if self.detail is not None else None,
+            "forecast": self.forecast_record(),
+            "detail": self.detail_record(),
         }
+
+
+class _Forecasted(_Change):
+    forecast: Mapping[str, float] | None
+
+    def forecast_record(self) -> dict[str, float] | None:
+        return dict(self.forecast) if self.forecast is not None else None
+
+
+@dataclass(frozen=True)
+class ReplicaFloorDecision(_Forecasted):
+    """Set a workload's replica floor (KEDA minReplicaCount, HPA minReplicas)."""
+
+    time: float
+    target: str
+    from_value: int
+    to_value: int
+    reason: str
+    forecast: Mapping[str, float] | None = None
+    kind: ClassVar[DecisionKind] = "replica_floor"
+
+    @property
+    def values(self) -> tuple[int, int]:
+        return self.from_value, self.to_value
+
+
+@dataclass(frozen=True)
+class FragmentsDecision(_Forecasted):
+    """Set a node pool's fragments per GPU."""
+
+    time: float
+    target: str
+    from_value: int
+    to_value: int
+    reason: str
+    forecast: Mapping[str, float] | None = None
+    kind: ClassVar[DecisionKind] = "fragments"
+
+    @property
+    def values(self) -> tuple[int, int]:
+        return self.from_value, self.to_value
+
+
+@dataclass(frozen=True)
+class TimeSliceDecision(_Forecasted):
+    """Set a node pool's time slice level."""
+
+    time: float
+    target: str
+    from_value: str
+    to_value: str
+    reason: str
+    forecast: Mapping[str, float] | None = None
+    kind: ClassVar[DecisionKind] = "time_slice"
+
+    @property
+    def values(self) -> tuple[str, str]:
+        return self.from_value, self.to_value
+
+
+@dataclass(frozen=True)
+class PreemptionStep(_Change):
+    """Move a victim (`target`, namespace/pod) from one tier to the next by `action`, for
+    `beneficiary`, on `node`."""
+
+    time: float
+    target: str
+    from_value: str
+    to_value: str
+    reason: str
+    action: PreemptionAction
+    beneficiary: str
+    node: str
+    kind: ClassVar[DecisionKind] = "preemption"
+
+    def __post_init__(self) -> None:
+        own = {"request_checkpoint": "CheckpointRequest", "evict": "Eviction"}
+        if type(self) is PreemptionStep and self.action in own:
+            raise TypeError(f"a {self.action} step is a {own[self.action]}, with its data")
+
+    @property
+    def values(self) -> tuple[str, str]:
+        return self.from_value, self.to_value
+
+    def detail_record(self) -> dict[str, str | int | float | None]:
+        """action, beneficiary, node, then what the step's kind carries (in field order)."""
+        skip = {"time", "target", "from_value", "to_value", "reason"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+@dataclass(frozen=True)
+class CheckpointRequest(PreemptionStep):
+    """The soft tier starts: ask the victim to checkpoint before `checkpoint_deadline`."""
+
+    gpus: int
+    priority: int
+    uid: str
+    checkpoint_deadline: float
+    evicted_by: float
+    gone_by: float
+
+
+@dataclass(frozen=True)
+class Eviction(PreemptionStep):
+    """The hard tier: evict the victim through the Eviction API with this grace period."""
+
+    grace_seconds: float
+
+
+Decision = ReplicaFloorDecision | FragmentsDecision | TimeSliceDecision | PreemptionStep
 
 
 @dataclass(frozen=True)
@@ -73,11 +209,4 @@ def target_key(kind: DecisionKind, target: str) -> str:
     return f"{kind}:{target}"
 
 
-_LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}
-
-
-def _direction(a: int | str, b: int | str) -> int:
-    """+1 when b is more (fragments, replicas, a longer slice) than a, -1 when less."""
-    ra = a if isinstance(a, int) else _LEVEL_RANK.get(a, 0)
-    rb = b if isinstance(b, int) else _LEVEL_RANK.get(b, 0)
-    return (rb > ra) - (rb < ra)
+LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Final
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import FragmentsDecision
 from gpuscaler.core.guards import (
     Outcome,
     cooling_down,
@@ -158,9 +158,8 @@ def decide_fragments(
         if not candidates:
             return hold(KIND, target, now, f"at bound: {why}, {limit}", h)
         to, bound = candidates[-1], limit
-    decision = Decision(
+    decision = FragmentsDecision(
         time=now,
-        kind=KIND,
         target=target,
         from_value=current,
         to_value=to,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
-from gpuscaler.core.decisions import Decision, Skip, target_key
+from gpuscaler.core.decisions import Decision, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
 from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
@@ -36,10 +36,10 @@ def _forecast_demand(
             or obs.replicas is None
         ):
             continue
-        decision = outcomes.get(target_key("replica_floor", obs.key))
+        outcome = outcomes.get(target_key("replica_floor", obs.key))
         floor = obs.floor
-        if decision is not None and decision.decision is not None:
-            floor = int(decision.decision.to_value)
+        if outcome is not None and isinstance(outcome.decision, ReplicaFloorDecision):
+            floor = outcome.decision.to_value
         missing = (floor or 0) - obs.replicas
         if missing > 0:
             wanted.append(

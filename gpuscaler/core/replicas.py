@@ -18,7 +18,7 @@ from typing import Final
 import numpy as np
 
 from gpuscaler.config import ReplicasConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.skill import assess, in_fallback, remember
@@ -61,7 +61,8 @@ def decide_replica_floor(
         raw = current
     if fallback is not None:
         raw = cfg.min_replicas  # no skill: the reactive autoscaler alone decides
-    recommended = max(cfg.min_replicas, min(ceiling, raw))
+    # Clamped here, once: never above the object's own maximum, even for min_replicas.
+    recommended = min(ceiling, max(cfg.min_replicas, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
     h = replace(h, recommendations=recs)
@@ -94,9 +95,8 @@ def decide_replica_floor(
             bound = f"stabilization window {cfg.scale_down_stabilization:.0f}s"
         else:
             bound = _bound(raw, to, cfg, ceiling)
-    decision = Decision(
+    decision = ReplicaFloorDecision(
         time=now,
-        kind=KIND,
         target=target,
         from_value=current,
         to_value=to,

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Final
 
 from gpuscaler.config import TIME_SLICE_LEVELS, NodePoolConfig, TimeSliceConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import TimeSliceDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, invalid
 from gpuscaler.core.model import PoolObservation, TargetHistory
 
@@ -83,9 +83,8 @@ def decide_time_slice(
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
-    decision = Decision(
+    decision = TimeSliceDecision(
         time=now,
-        kind=KIND,
         target=target,
         from_value=current,
         to_value=to,

@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscaler.config import Config, ReplicasConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    Decision,
+    FragmentsDecision,
+    PreemptionStep,
+    ReplicaFloorDecision,
+    TimeSliceDecision,
+)
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.preemption import SimulatedPreemption
@@ -325,17 +331,18 @@ class SimulatedCluster:
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         for d in decisions:
-            if d.kind == "preemption":
-                assert self.preemption is not None
-                self.preemption.apply(d)
-            elif d.kind == "replica_floor":
-                self.floor = int(d.to_value)
-                self.set_replicas(d.time, max(self.floor, self.spec_count()))
-            elif d.kind == "fragments":
-                self.fragments = int(d.to_value)
-                self.disrupted_until = d.time + self.sim.fragment_disruption
-                self.fragment_changes.append(d)
-            elif d.kind == "time_slice":
-                self.time_slice_changes.append(d)
-                self.time_slice_level = str(d.to_value)
+            match d:
+                case PreemptionStep():
+                    assert self.preemption is not None
+                    self.preemption.apply(d)
+                case ReplicaFloorDecision():
+                    self.floor = d.to_value
+                    self.set_replicas(d.time, max(self.floor, self.spec_count()))
+                case FragmentsDecision():
+                    self.fragments = d.to_value
+                    self.disrupted_until = d.time + self.sim.fragment_disruption
+                    self.fragment_changes.append(d)
+                case TimeSliceDecision():
+                    self.time_slice_changes.append(d)
+                    self.time_slice_level = d.to_value
         return tuple(decisions)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import CheckpointRequest, Eviction, PreemptionStep
 from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
 
 BATCH_PRIORITY = 10
@@ -50,7 +50,7 @@ class SimulatedPreemption:
     pods: dict[str, SimPod] = field(default_factory=dict)
     states: dict[str, VictimState] = field(default_factory=dict)
     quarantined: set[str] = field(default_factory=set)
-    steps: list[Decision] = field(default_factory=list)
+    steps: list[PreemptionStep] = field(default_factory=list)
     scheduled: dict[str, float] = field(default_factory=dict)
     """Beneficiary -> when it bound to a node."""
     _gone: dict[str, SimPod] = field(default_factory=dict)
@@ -149,46 +149,41 @@ class SimulatedPreemption:
             released,
         )
 
-    def apply(self, d: Decision) -> None:
-        detail = d.detail or {}
-        action = detail.get("action")
+    def apply(self, d: PreemptionStep) -> None:
         now = d.time
         s = self.states.get(d.target)
-        if action == "request_checkpoint":
-            s = VictimState(
-                d.target,
-                str(detail["beneficiary"]),
-                str(detail["node"]),
-                int(detail.get("gpus") or 0),
-                int(detail.get("priority") or 0),
-                "soft",
-                now,
-                now,
-                d.reason,
-            )
-            self.pods[d.target].asked_at = now
-        else:
-            assert s is not None
-            pod = self.pods.get(d.target)
-            if action == "evict" and pod is not None:
+        match d:
+            case CheckpointRequest():
+                s = VictimState(
+                    d.target, d.beneficiary, d.node, d.gpus, d.priority, "soft", now, now, d.reason
+                )
+                self.pods[d.target].asked_at = now
+                self.states[d.target] = s
+                self.steps.append(d)
+                return
+        assert s is not None
+        pod = self.pods.get(d.target)
+        match d:
+            case Eviction() if pod is not None:
                 pod.view = replace(pod.view, terminating_since=now)
                 s = replace(s, evicted_at=now, attempts=s.attempts + 1, last_attempt_at=now)
-            elif action in ("force_delete", "delete") and pod is not None:
+            case PreemptionStep(action="force_delete" | "delete") if pod is not None:
                 del self.pods[d.target]
                 pod.gone_at = now
                 self._gone[d.target] = pod
-            elif action == "quarantine":
+            case PreemptionStep(action="quarantine"):
                 self.quarantined.add(s.node)
-            extra = {"gone_at": now} if action == "record_gone" else {}
-            if str(d.to_value) != s.tier:
-                s = replace(s, tier=str(d.to_value), since=now, **extra)  # type: ignore[arg-type]
+        if d.to_value != s.tier:
+            s = replace(s, tier=d.to_value, since=now)
+            if d.action == "record_gone":
+                s = replace(s, gone_at=now)
         self.states[d.target] = s
         self.steps.append(d)
 
     def summary(self) -> dict[str, object]:
-        tiers = [str(d.to_value) for d in self.steps]
+        tiers = [d.to_value for d in self.steps]
         waits = [t - (self.start + self.burst_after) for t in self.scheduled.values()]
-        evictions = [d for d in self.steps if (d.detail or {}).get("action") == "evict"]
+        evictions = [d for d in self.steps if isinstance(d, Eviction)]
         return {
             "victims_asked_to_checkpoint": tiers.count("soft"),
             "evicted_after_a_checkpoint": sum("acknowledged" in d.reason for d in evictions),

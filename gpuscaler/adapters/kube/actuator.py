@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kubernetes import client
 
 from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.eviction import KubePreemption
 from gpuscaler.adapters.kube.nodepools import KubeNodePools
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.workloads import KubeWorkloads
 from gpuscaler.adapters.kube.writer import WriteBudget, Writer
 from gpuscaler.config import Config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import (
+    Decision,
+    FragmentsDecision,
+    PreemptionStep,
+    ReplicaFloorDecision,
+    TimeSliceDecision,
+)
 
 log = logging.getLogger("gpuscaler.kubernetes")
 
@@ -25,31 +31,44 @@ class KubeActuator:
     """The controller's actuator on a real cluster: each decision to its adapter; a
     failure is logged with its reason and leaves that decision unapplied."""
 
-    def __init__(self, workloads: KubeWorkloads, pools: KubeNodePools, preemption: Any = None):
+    def __init__(
+        self,
+        workloads: KubeWorkloads,
+        pools: KubeNodePools,
+        preemption: KubePreemption | None = None,
+    ):
         self.workloads = workloads
         self.pools = pools
         self.preemption = preemption
-        """`gpuscaler.adapters.preemption.KubePreemption`, when preemption may act."""
+        """None: preemption steps are not applied (logged)."""
 
     def reconfigure(self, config: Config) -> None:
-        parts: list[Any] = [self.workloads, self.pools, self.pools.reader, self.workloads.writer]
+        self.workloads.config = config
+        self.workloads.writer.config = config
+        self.pools.config = config
+        self.pools.reader.config = config
         if self.preemption is not None:
-            parts.append(self.preemption)
-        for part in parts:
-            part.config = config
+            self.preemption.config = config
+
+    def apply_one(self, d: Decision) -> bool:
+        """Hand `d` to the adapter of its kind; True when it changed something."""
+        match d:
+            case ReplicaFloorDecision():
+                return self.workloads.set_floor(d)
+            case FragmentsDecision() | TimeSliceDecision():
+                return self.pools.apply_one(d)
+            case PreemptionStep():
+                if self.preemption is None:
+                    log.warning("%s of %s not applied: no adapter", d.kind, d.target)
+                    return False
+                return self.preemption.apply_one(d)
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         self.pools.continue_rollouts({f"{d.kind}:{d.target}" for d in decisions})
         done = []
         for d in decisions:
-            adapter: Any = {"replica_floor": self.workloads, "preemption": self.preemption}.get(
-                d.kind, self.pools
-            )
-            if adapter is None:
-                log.warning("%s of %s not applied: no adapter", d.kind, d.target)
-                continue
             try:
-                if adapter.apply_one(d):
+                if self.apply_one(d):
                     done.append(d)
             except KubeError as e:
                 log.warning(

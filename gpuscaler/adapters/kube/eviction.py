@@ -36,7 +36,7 @@ from gpuscaler.adapters.kube.preemption_records import (
 )
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
 from gpuscaler.config import Config
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import CheckpointRequest, Eviction, PreemptionStep
 from gpuscaler.core.preemption import (
     IN_FLIGHT,
     VictimState,
@@ -245,85 +245,37 @@ class KubePreemption:
 
     # ------------------------------------------------------------------ steps
 
-    def apply_one(self, d: Decision) -> bool:
-        detail = dict(d.detail or {})
-        action = str(detail.get("action"))
-        now = d.time
-        if action == "request_checkpoint":
-            s = VictimState(
-                victim=d.target,
-                beneficiary=str(detail["beneficiary"]),
-                node=str(detail["node"]),
-                gpus=int(detail.get("gpus") or 0),
-                priority=int(detail.get("priority") or 0),
-                uid=str(detail.get("uid") or ""),
-                tier="soft",
-                since=now,
-                requested_at=now,
-                reason=d.reason,
-            )
-            self._write_state(s, "none")
-            self._annotate(
-                d.target,
-                {
-                    CHECKPOINT_REQUESTED: rfc3339(now),
-                    VICTIM_ANNOTATION: json.dumps({"tier": "soft", "for": s.beneficiary}),
-                },
-            )
-            self._annotate(
-                s.beneficiary,
-                {BENEFICIARY_ANNOTATION: json.dumps({"victim": d.target, "since": rfc3339(now)})},
-            )
-            self._event(d.target, "PreemptionRequested", f"checkpoint requested: {d.reason}")
-            self._ask_checkpoint(d.target, s)
-            return True
+    def apply_one(self, d: PreemptionStep) -> bool:
+        """Carry out one step, its record written first; raises KubeError when the stored
+        record does not match the tier the step was decided from."""
+        if isinstance(d, CheckpointRequest):
+            return self._start(d)
         s = self._stored(d.target)
         if s.tier != d.from_value:
             raise KubeError(
                 f"{d.target}: stored tier is {s.tier}, the decision was made from "
                 f"{d.from_value}; not repeated"
             )
-        to = str(d.to_value)
-        if action == "evict" and s.evicted_at is not None:
-            raise KubeError(f"{d.target}: evicted already at {rfc3339(s.evicted_at)}; never twice")
-        if action == "evict":
-            grace = float(
-                detail.get("grace_seconds") or self.config.preemption.eviction_grace_period
-            )
-            if s.tier == "soft":  # the evidence, before anything is done to the pod
-                s = self._write_state(replace(s, tier="hard", since=now, reason=d.reason), "soft")
-                self._event(
-                    d.target,
-                    "Preempting",
-                    f"evicting for {s.beneficiary} on node {s.node} ({s.gpus} GPU share(s), "
-                    f"priority {s.priority}): {d.reason}",
-                    "Warning",
+        now = d.time
+        match d:
+            case Eviction():
+                return self._evict_step(d, s)
+            case PreemptionStep(action="force_delete" | "delete"):
+                self._write_state(
+                    replace(s, evicted_at=s.evicted_at or now, reason=d.reason), "hard"
                 )
-            accepted = self._evict(s, grace)
-            self._write_state(
-                replace(
-                    s,
-                    attempts=s.attempts + 1,
-                    last_attempt_at=now,
-                    evicted_at=now if accepted else None,
-                ),
-                "hard",
-            )
-            if not accepted:
-                log.info("eviction of %s refused by a PodDisruptionBudget", d.target)
-            return True
-        if action in ("force_delete", "delete"):
-            self._write_state(replace(s, evicted_at=s.evicted_at or now, reason=d.reason), "hard")
-            self._delete(s, 0 if action == "force_delete" else None)
-            self._event(d.target, "PreemptionDeleted", d.reason, "Warning")
-            return True
-        if action == "quarantine":
-            self._write_state(replace(s, tier=to, since=now, reason=d.reason), s.tier)
-            self._quarantine(s)
-            return True
-        extra = {"gone_at": now} if action == "record_gone" else {}
-        self._write_state(replace(s, tier=to, since=now, reason=d.reason, **extra), s.tier)  # type: ignore[arg-type]
-        if action == "abort":
+                self._delete(s, 0 if d.action == "force_delete" else None)
+                self._event(d.target, "PreemptionDeleted", d.reason, "Warning")
+                return True
+            case PreemptionStep(action="quarantine"):
+                self._write_state(replace(s, tier=d.to_value, since=now, reason=d.reason), s.tier)
+                self._quarantine(s)
+                return True
+        new = replace(s, tier=d.to_value, since=now, reason=d.reason)
+        if d.action == "record_gone":
+            new = replace(new, gone_at=now)
+        self._write_state(new, s.tier)
+        if d.action == "abort":
             self._annotate(
                 d.target,
                 {
@@ -331,4 +283,65 @@ class KubePreemption:
                     VICTIM_ANNOTATION: json.dumps({"tier": "aborted", "for": s.beneficiary}),
                 },
             )
+        return True
+
+    def _start(self, d: CheckpointRequest) -> bool:
+        """The soft tier: record, annotate victim and beneficiary, Event, ask to checkpoint."""
+        now = d.time
+        s = VictimState(
+            victim=d.target,
+            beneficiary=d.beneficiary,
+            node=d.node,
+            gpus=d.gpus,
+            priority=d.priority,
+            uid=d.uid,
+            tier="soft",
+            since=now,
+            requested_at=now,
+            reason=d.reason,
+        )
+        self._write_state(s, "none")
+        self._annotate(
+            d.target,
+            {
+                CHECKPOINT_REQUESTED: rfc3339(now),
+                VICTIM_ANNOTATION: json.dumps({"tier": "soft", "for": s.beneficiary}),
+            },
+        )
+        self._annotate(
+            s.beneficiary,
+            {BENEFICIARY_ANNOTATION: json.dumps({"victim": d.target, "since": rfc3339(now)})},
+        )
+        self._event(d.target, "PreemptionRequested", f"checkpoint requested: {d.reason}")
+        self._ask_checkpoint(d.target, s)
+        return True
+
+    def _evict_step(self, d: Eviction, s: VictimState) -> bool:
+        """The hard tier: the evidence recorded first, then the Eviction API; a refusal (a
+        PodDisruptionBudget) is recorded as an attempt, for the core to retry."""
+        now = d.time
+        if s.evicted_at is not None:
+            raise KubeError(f"{d.target}: evicted already at {rfc3339(s.evicted_at)}; never twice")
+        grace = d.grace_seconds or self.config.preemption.eviction_grace_period
+        if s.tier == "soft":  # the evidence, before anything is done to the pod
+            s = self._write_state(replace(s, tier="hard", since=now, reason=d.reason), "soft")
+            self._event(
+                d.target,
+                "Preempting",
+                f"evicting for {s.beneficiary} on node {s.node} ({s.gpus} GPU share(s), "
+                f"priority {s.priority}): {d.reason}",
+                "Warning",
+            )
+        accepted = self._evict(s, grace)
+        self._write_state(
+            replace(
+                s,
+                attempts=s.attempts + 1,
+                last_attempt_at=now,
+                evicted_at=now if accepted else None,
+            ),
+            "hard",
+        )
+        if not accepted:
+            log.info("eviction of %s refused by a PodDisruptionBudget", d.target)
         return True

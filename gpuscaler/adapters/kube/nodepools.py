@@ -36,7 +36,7 @@ from gpuscaler.adapters.kube.objects import (
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
 from gpuscaler.config import Config, NodePoolConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import FragmentsDecision, TimeSliceDecision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 
@@ -281,10 +281,10 @@ class KubeNodePools:
                 )
         return done
 
-    def apply_one(self, d: Decision) -> bool:
+    def apply_one(self, d: FragmentsDecision | TimeSliceDecision) -> bool:
         pool = self._pool(d.target)
-        if d.kind == "fragments":
-            self.ensure_sharing_config(pool, int(d.to_value), d.time)
+        if isinstance(d, FragmentsDecision):
+            self.ensure_sharing_config(pool, d.to_value, d.time)
         return self.roll_out(d.kind, pool, str(d.to_value), decision_record(d)) > 0
 
     def continue_rollouts(self, skip: set[str] | frozenset[str] = frozenset()) -> int:

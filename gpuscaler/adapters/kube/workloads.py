@@ -19,7 +19,7 @@ from gpuscaler.adapters.kube.objects import (
 )
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
 from gpuscaler.config import Config, WorkloadConfig
-from gpuscaler.core.decisions import Decision
+from gpuscaler.core.decisions import ReplicaFloorDecision
 
 log = logging.getLogger("gpuscaler.kubernetes")
 KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
@@ -73,9 +73,12 @@ class KubeWorkloads:
                 w.name, w.namespace, body, _preload_content=False
             )
 
-    def set_floor(self, decision: Decision) -> bool:
+    def set_floor(self, decision: ReplicaFloorDecision) -> bool:
         """Set the floor `decision` asks for; True when the object now has it (written or
-        already so), False when refused (not opted in, owned by KEDA). Raises KubeError."""
+        already so), False when refused (not opted in, owned by KEDA, or its maximum is
+        now below the floor: the core clamps to the maximum it observed, once, and decides
+        again next tick, so the value recorded is always the value written). Raises
+        KubeError."""
         w = self._workload(decision.target)
         field = "minReplicaCount" if w.kind == "ScaledObject" else "minReplicas"
         for _ in range(MAX_CONFLICT_RETRIES + 1):
@@ -84,9 +87,16 @@ class KubeWorkloads:
                 why = "owned by KEDA" if state.owned_by_keda else f"no label {OPT_IN_LABEL}=true"
                 log.info("not touching %s: %s", w.key, why)
                 return False
-            want = int(decision.to_value)
-            if state.max_replicas is not None:
-                want = min(want, state.max_replicas)  # never above the object's own maximum
+            want = decision.to_value
+            if state.max_replicas is not None and want > state.max_replicas:
+                log.warning(
+                    "not touching %s: its maximum is now %d, below the floor decided (%d); "
+                    "decided again next tick",
+                    w.key,
+                    state.max_replicas,
+                    want,
+                )
+                return False
             if state.floor == want:
                 return True  # idempotent: nothing to write
             self.writer.gate(f"floor of {w.key}")
@@ -119,6 +129,3 @@ class KubeWorkloads:
             )
             return True
         raise KubeError(f"patch {w.key}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
-
-    def apply_one(self, d: Decision) -> bool:
-        return self.set_floor(d)

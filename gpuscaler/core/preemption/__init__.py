@@ -33,7 +33,6 @@ from gpuscaler.core.preemption.transitions import (
     IN_FLIGHT,
     KIND,
     TRANSITIONS,
-    Tier,
     TransitionError,
     check_transition,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "NodeView",
     "PodView",
     "PreemptionObservation",
-    "Tier",
     "TransitionError",
     "VictimState",
     "check_transition",

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.decisions import Decision, Skip
-from gpuscaler.core.preemption.transitions import hold, step_decision
+from gpuscaler.core.decisions import CheckpointRequest, Skip
+from gpuscaler.core.preemption.transitions import checkpoint_step, hold
 from gpuscaler.core.preemption.views import (
     FORECAST_PREFIX,
     NodeView,
@@ -130,7 +130,7 @@ def start_preemption(
     taken: set[str],
     budget: int,
     now: float,
-) -> list[Decision] | Skip:
+) -> list[CheckpointRequest] | Skip:
     choices, reasons = [], []
     for node in obs.nodes:
         if (b.pool is not None and node.pool != b.pool) or b.only_node not in (None, node.name):
@@ -178,21 +178,15 @@ def start_preemption(
         )
         fresh = v.checkpoint_at is not None and now - v.checkpoint_at <= cfg.checkpoint_fresh
         out.append(
-            step_decision(
+            checkpoint_step(
                 now,
                 state,
-                "soft",
-                "request_checkpoint",
                 f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on "
                 f"{best.node} frees room"
                 + (", checkpointed recently" if fresh else "")
                 + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
-                gpus=v.gpus,
-                priority=v.priority,
-                uid=v.uid,
-                checkpoint_deadline=now + cfg.soft_grace,
-                evicted_by=now + cfg.soft_grace,
-                gone_by=now + cfg.soft_grace + cfg.eviction_grace_period,
+                cfg.soft_grace,
+                cfg.eviction_grace_period,
             )
         )
         taken.add(v.key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.decisions import Decision, Skip
+from gpuscaler.core.decisions import PreemptionStep, Skip
 from gpuscaler.core.preemption.choice import is_beneficiary, start_preemption
 from gpuscaler.core.preemption.tiers import progress
 from gpuscaler.core.preemption.transitions import IN_FLIGHT, KIND
@@ -21,18 +21,18 @@ from gpuscaler.core.preemption.views import (
 
 def decide_preemption(
     obs: PreemptionObservation, cfg: PreemptionConfig, now: float
-) -> tuple[tuple[Decision, ...], tuple[Skip, ...]]:
+) -> tuple[tuple[PreemptionStep, ...], tuple[Skip, ...]]:
     """The next step of every preemption under way, and new ones for pending pods."""
     if not cfg.enabled:
         return (), ()
     if obs.problem is not None:
         return (), (Skip(now, KIND, "cluster", f"no action: {obs.problem}", invalid_input=True),)
     pods = {p.key: p for p in obs.pods}
-    decisions: list[Decision] = []
+    decisions: list[PreemptionStep] = []
     skips: list[Skip] = []
     for s in obs.states:
         out = progress(s, pods, obs, cfg, now)
-        if isinstance(out, Decision):
+        if isinstance(out, PreemptionStep):
             decisions.append(out)
         elif isinstance(out, Skip):
             skips.append(out)

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.decisions import Decision, Skip
-from gpuscaler.core.preemption.transitions import hold, step_decision
+from gpuscaler.core.decisions import PreemptionStep, Skip
+from gpuscaler.core.preemption.transitions import evict_step, hold, step_decision
 from gpuscaler.core.preemption.views import PodView, PreemptionObservation, VictimState
 
-# --------------------------------------------------------------------------- progress
+
+@dataclass(frozen=True)
+class _Victim:
+    """A victim's record with the pod it names now, when that is still the victim."""
+
+    state: VictimState
+    pod: PodView | None
+    """None when the victim is gone (deleted, finished, or replaced under its name)."""
+    swap: str
+    """Why a pod of the victim's name is not the victim (another UID), else ""."""
 
 
 def progress(
@@ -18,123 +28,140 @@ def progress(
     obs: PreemptionObservation,
     cfg: PreemptionConfig,
     now: float,
-) -> Decision | Skip | None:
+) -> PreemptionStep | Skip | None:
+    """The next step of `s`'s preemption, a hold saying what it waits for, or None when
+    the record is finished."""
     pod = pods.get(s.victim)
     # The victim is a pod, not a name: one recreated under its name is not it.
     replaced = pod is not None and bool(s.uid) and bool(pod.uid) and pod.uid != s.uid
     gone = pod is None or pod.gone or replaced
     swap = f" (the pod now named so has UID {pod.uid}, not {s.uid})" if replaced and pod else ""
+    victim = _Victim(s, None if gone else pod, swap)
     if s.tier == "soft":
-        beneficiary = pods.get(s.beneficiary)
-        if gone:
-            return step_decision(
-                now, s, "cleanup", "record_gone", f"victim exited during the soft tier{swap}"
-            )
-        assert pod is not None
-        if beneficiary is None or beneficiary.node is not None:
-            why = "is gone" if beneficiary is None else f"was scheduled on {beneficiary.node}"
-            return step_decision(now, s, "aborted", "abort", f"beneficiary {s.beneficiary} {why}")
-        if pod.checkpoint_done_at is not None and pod.checkpoint_done_at >= s.requested_at:
-            waited = pod.checkpoint_done_at - s.requested_at
-            return step_decision(
-                now,
-                s,
-                "hard",
-                "evict",
-                f"checkpoint acknowledged after {waited:.0f}s: evict for {s.beneficiary}",
-                grace_seconds=cfg.eviction_grace_period,
-            )
-        if now - s.since >= cfg.soft_grace:
-            return step_decision(
-                now,
-                s,
-                "hard",
-                "evict",
-                f"soft grace {cfg.soft_grace:.0f}s over without a checkpoint: evict for "
-                f"{s.beneficiary}",
-                grace_seconds=cfg.eviction_grace_period,
-            )
-        left = cfg.soft_grace - (now - s.since)
-        return hold(now, s.victim, f"wait: soft tier, {left:.0f}s left to checkpoint")
+        return _soft(victim, pods.get(s.beneficiary), cfg, now)
     if s.tier == "hard":
-        if gone:
-            return step_decision(
-                now, s, "cleanup", "record_gone", f"victim is gone{swap}; checking its GPU memory"
-            )
-        assert pod is not None
-        if pod.terminating_since is not None:
-            stuck = now - pod.terminating_since
-            if stuck >= cfg.terminating_timeout:
-                return step_decision(
-                    now,
-                    s,
-                    "hard",
-                    "force_delete",
-                    f"stuck Terminating for {stuck:.0f}s (limit {cfg.terminating_timeout:.0f}s)",
-                )
-            return hold(now, s.victim, f"wait: terminating for {stuck:.0f}s")
-        if s.evicted_at is not None:
-            waited = now - s.evicted_at
-            if waited < cfg.terminating_timeout:
-                return hold(now, s.victim, f"wait: evicted {waited:.0f}s ago, not terminating yet")
-            return step_decision(  # the way out: the slot is freed, the pod is never touched again
-                now,
-                s,
-                "given_up",
-                "give_up",
-                f"evicted {waited:.0f}s ago but never started terminating (limit "
-                f"{cfg.terminating_timeout:.0f}s); record closed, pod left alone",
-            )
-        if s.attempts >= cfg.max_eviction_attempts:
-            if cfg.escalate_to_delete:
-                return step_decision(
-                    now,
-                    s,
-                    "hard",
-                    "delete",
-                    f"eviction refused {s.attempts} times (PodDisruptionBudget): deleting, "
-                    "as escalate_to_delete allows",
-                )
-            return step_decision(
-                now,
-                s,
-                "given_up",
-                "give_up",
-                f"eviction refused {s.attempts} times (PodDisruptionBudget); another victim "
-                "will be chosen",
-            )
-        if s.last_attempt_at is not None and now - s.last_attempt_at < cfg.eviction_retry:
-            left = cfg.eviction_retry - (now - s.last_attempt_at)
-            return hold(now, s.victim, f"wait: eviction refused, retry in {left:.0f}s")
-        return step_decision(
-            now,
-            s,
-            "hard",
-            "evict",
-            f"evict for {s.beneficiary} (attempt {s.attempts + 1})",
-            grace_seconds=cfg.eviction_grace_period,
-        )
+        return _hard(victim, cfg, now)
     if s.tier == "cleanup":
-        released = obs.memory_released.get(s.victim)
-        if released:
-            return step_decision(now, s, "done", "confirm_released", "GPU memory released")
-        waited = now - s.since
-        if waited < cfg.memory_release_timeout:
-            return hold(now, s.victim, f"wait: cleanup, {waited:.0f}s for GPU memory release")
-        if released is False:
+        return _cleanup(s, obs.memory_released.get(s.victim), cfg, now)
+    return None
+
+
+def _soft(
+    v: _Victim, beneficiary: PodView | None, cfg: PreemptionConfig, now: float
+) -> PreemptionStep | Skip:
+    """Asked to checkpoint: evict once it did or its grace is over; abort when the
+    beneficiary no longer needs the room."""
+    s, pod = v.state, v.pod
+    if pod is None:
+        return step_decision(
+            now, s, "cleanup", "record_gone", f"victim exited during the soft tier{v.swap}"
+        )
+    if beneficiary is None or beneficiary.node is not None:
+        why = "is gone" if beneficiary is None else f"was scheduled on {beneficiary.node}"
+        return step_decision(now, s, "aborted", "abort", f"beneficiary {s.beneficiary} {why}")
+    if pod.checkpoint_done_at is not None and pod.checkpoint_done_at >= s.requested_at:
+        waited = pod.checkpoint_done_at - s.requested_at
+        return evict_step(
+            now,
+            s,
+            f"checkpoint acknowledged after {waited:.0f}s: evict for {s.beneficiary}",
+            cfg.eviction_grace_period,
+        )
+    if now - s.since >= cfg.soft_grace:
+        return evict_step(
+            now,
+            s,
+            f"soft grace {cfg.soft_grace:.0f}s over without a checkpoint: evict for "
+            f"{s.beneficiary}",
+            cfg.eviction_grace_period,
+        )
+    left = cfg.soft_grace - (now - s.since)
+    return hold(now, s.victim, f"wait: soft tier, {left:.0f}s left to checkpoint")
+
+
+def _hard(v: _Victim, cfg: PreemptionConfig, now: float) -> PreemptionStep | Skip:
+    """Evicted (or being evicted): wait for it to go, force a pod stuck Terminating,
+    retry an eviction a PDB refused, and give up when that keeps failing."""
+    s, pod = v.state, v.pod
+    if pod is None:
+        return step_decision(
+            now, s, "cleanup", "record_gone", f"victim is gone{v.swap}; checking its GPU memory"
+        )
+    if pod.terminating_since is not None:
+        stuck = now - pod.terminating_since
+        if stuck >= cfg.terminating_timeout:
             return step_decision(
                 now,
                 s,
-                "quarantined",
-                "quarantine",
-                f"GPU memory still held {waited:.0f}s after the pod left, no pod on the GPU: "
-                f"node {s.node} tainted until a node-side cleanup",
+                "hard",
+                "force_delete",
+                f"stuck Terminating for {stuck:.0f}s (limit {cfg.terminating_timeout:.0f}s)",
+            )
+        return hold(now, s.victim, f"wait: terminating for {stuck:.0f}s")
+    if s.evicted_at is not None:
+        waited = now - s.evicted_at
+        if waited < cfg.terminating_timeout:
+            return hold(now, s.victim, f"wait: evicted {waited:.0f}s ago, not terminating yet")
+        return step_decision(  # the way out: the slot is freed, the pod is never touched again
+            now,
+            s,
+            "given_up",
+            "give_up",
+            f"evicted {waited:.0f}s ago but never started terminating (limit "
+            f"{cfg.terminating_timeout:.0f}s); record closed, pod left alone",
+        )
+    if s.attempts >= cfg.max_eviction_attempts:
+        if cfg.escalate_to_delete:
+            return step_decision(
+                now,
+                s,
+                "hard",
+                "delete",
+                f"eviction refused {s.attempts} times (PodDisruptionBudget): deleting, "
+                "as escalate_to_delete allows",
             )
         return step_decision(
             now,
             s,
-            "done",
-            "confirm_released",
-            "GPU memory not measurable (no per-pod dcgm-exporter series): not verified",
+            "given_up",
+            "give_up",
+            f"eviction refused {s.attempts} times (PodDisruptionBudget); another victim "
+            "will be chosen",
         )
-    return None
+    if s.last_attempt_at is not None and now - s.last_attempt_at < cfg.eviction_retry:
+        left = cfg.eviction_retry - (now - s.last_attempt_at)
+        return hold(now, s.victim, f"wait: eviction refused, retry in {left:.0f}s")
+    return evict_step(
+        now,
+        s,
+        f"evict for {s.beneficiary} (attempt {s.attempts + 1})",
+        cfg.eviction_grace_period,
+    )
+
+
+def _cleanup(
+    s: VictimState, released: bool | None, cfg: PreemptionConfig, now: float
+) -> PreemptionStep | Skip:
+    """The victim is gone: done once its GPU memory is released (or cannot be measured),
+    quarantine the node when it stays held."""
+    if released:
+        return step_decision(now, s, "done", "confirm_released", "GPU memory released")
+    waited = now - s.since
+    if waited < cfg.memory_release_timeout:
+        return hold(now, s.victim, f"wait: cleanup, {waited:.0f}s for GPU memory release")
+    if released is False:
+        return step_decision(
+            now,
+            s,
+            "quarantined",
+            "quarantine",
+            f"GPU memory still held {waited:.0f}s after the pod left, no pod on the GPU: "
+            f"node {s.node} tainted until a node-side cleanup",
+        )
+    return step_decision(
+        now,
+        s,
+        "done",
+        "confirm_released",
+        "GPU memory not measurable (no per-pod dcgm-exporter series): not verified",
+    )

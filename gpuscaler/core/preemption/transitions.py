@@ -5,13 +5,18 @@ place a step is checked against it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Final
 
-from gpuscaler.core.decisions import Decision, Skip
+from gpuscaler.core.decisions import (
+    CheckpointRequest,
+    Eviction,
+    PreemptionAction,
+    PreemptionStep,
+    Skip,
+)
 from gpuscaler.core.preemption.views import VictimState
 
 KIND: Final = "preemption"
-Tier = Literal["none", "soft", "hard", "cleanup", "done", "aborted", "given_up", "quarantined"]
 TRANSITIONS: Final[Mapping[str, frozenset[str]]] = {
     "none": frozenset({"soft"}),
     "soft": frozenset({"hard", "cleanup", "aborted"}),
@@ -35,17 +40,51 @@ def check_transition(old: str, new: str) -> None:
 
 
 def step_decision(
-    now: float, state: VictimState, to: str, action: str, reason: str, **extra: str | int | float
-) -> Decision:
+    now: float, state: VictimState, to: str, action: PreemptionAction, reason: str
+) -> PreemptionStep:
+    """The step `action` taking `state`'s victim to tier `to`, checked against the table."""
     check_transition(state.tier, to)
-    return Decision(
+    return PreemptionStep(
+        now, state.victim, state.tier, to, reason, action, state.beneficiary, state.node
+    )
+
+
+def evict_step(now: float, state: VictimState, reason: str, grace_seconds: float) -> Eviction:
+    """The hard tier's eviction of `state`'s victim, checked against the table."""
+    check_transition(state.tier, "hard")
+    return Eviction(
         now,
-        KIND,
         state.victim,
         state.tier,
-        to,
+        "hard",
         reason,
-        detail={"action": action, "beneficiary": state.beneficiary, "node": state.node, **extra},
+        "evict",
+        state.beneficiary,
+        state.node,
+        grace_seconds,
+    )
+
+
+def checkpoint_step(
+    now: float, state: VictimState, reason: str, soft_grace: float, eviction_grace: float
+) -> CheckpointRequest:
+    """A new victim's soft tier: ask it to checkpoint within `soft_grace`."""
+    check_transition(state.tier, "soft")
+    return CheckpointRequest(
+        now,
+        state.victim,
+        state.tier,
+        "soft",
+        reason,
+        "request_checkpoint",
+        state.beneficiary,
+        state.node,
+        gpus=state.gpus,
+        priority=state.priority,
+        uid=state.uid,
+        checkpoint_deadline=now + soft_grace,
+        evicted_by=now + soft_grace,
+        gone_by=now + soft_grace + eviction_grace,
     )
 
 
