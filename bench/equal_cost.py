@@ -46,7 +46,7 @@ MEAN_DEMAND_GPUS = 2.0
 
 def windows(quick: bool) -> list[tuple[str, str, float, float]]:
     """(label, source, start hour, hours): source is a path, or synthetic:<family>."""
-    out = []
+    out: list[tuple[str, str, float, float]] = []
     starts = (0, 48) if quick else (0, 48, 96, 144)
     for name in ("azure_llm_2024_conversation_10s.csv", "azure_llm_2024_coding_10s.csv"):
         for s in starts:

@@ -98,9 +98,10 @@ def build_app(nodes: int, gpus: int, seed: int) -> ExtenderApp:
     cfg = SchedulerConfig()
     state = GpuState(fixed, fixed, cfg.memory_margin, cfg.reservation_ttl, time.time)
     state.refresh()
+    no_binder: Any = None  # the benchmark never binds
     return ExtenderApp(
-        Extender(state, None, cfg, lambda: True, time.time), ExtenderMetrics(), lambda: None
-    )  # type: ignore[arg-type]
+        Extender(state, no_binder, cfg, lambda: True, time.time), ExtenderMetrics(), lambda: None
+    )
 
 
 def serve(port: int, nodes: int, gpus: int, seed: int) -> None:

@@ -72,7 +72,8 @@ def bucket_means(values: np.ndarray, per: int) -> np.ndarray:
     block = values[:, values.shape[1] - usable :].reshape(values.shape[0], -1, per)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(block, axis=2)
+        means: np.ndarray = np.nanmean(block, axis=2)
+        return means
 
 
 def _fast_batch(path: str, queue: mp.Queue) -> None:  # type: ignore[type-arg]

@@ -32,7 +32,8 @@ def to_target(path: np.ndarray, step: float) -> np.ndarray:
     """A forecast path on `step` seconds as 10 s means over the horizon."""
     if step <= TARGET:
         per = round(TARGET / step)
-        return path.reshape(-1, per).mean(axis=1)
+        means: np.ndarray = path.reshape(-1, per).mean(axis=1)
+        return means
     return np.repeat(path, round(step / TARGET))
 
 

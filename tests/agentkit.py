@@ -159,7 +159,7 @@ def calls(log: Path) -> list[str]:
 # --------------------------------------------------------------------------- pod-resources
 
 
-class _Lister(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, pods: list[dict[str, Any]]):
         self.pods = pods
 
@@ -191,7 +191,7 @@ def pod_resources_server(pods: list[dict[str, Any]]) -> Iterator[str]:
     directory = tempfile.mkdtemp(prefix="podres-", dir="/tmp")  # unix paths: 108 bytes max
     path = os.path.join(directory, "kubelet.sock")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(pods), server)
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(pods), server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"unix://{path}")
     server.start()
     try:

@@ -312,7 +312,10 @@ class ControlPlane:
 
     def api(self) -> client.ApiClient:
         """An admin client (system:masters)."""
-        return kube_config.new_client_from_config(config_file=str(self.admin_kubeconfig))
+        api: client.ApiClient = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.admin_kubeconfig)
+        )
+        return api
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         out = subprocess.run(
@@ -341,6 +344,7 @@ class ControlPlane:
                     spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
                 ),
             )
+        assert answer.status is not None
         return str(answer.status.token)
 
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
@@ -372,14 +376,14 @@ class Recorder:
         def recorded(method: str, url: str, *args: Any, **kw: Any) -> Any:
             path = "/" + url.split("://", 1)[-1].split("/", 1)[-1].split("?")[0]
             try:
-                answer = request(method, url, *args, **kw)
+                answer = request(method, url, *args, **kw)  # type: ignore[no-untyped-call]
             except ApiException as e:
                 self.calls.append((method, path, int(e.status)))
                 raise
             self.calls.append((method, path, int(answer.status)))
             return answer
 
-        api.rest_client.request = recorded
+        api.rest_client.request = recorded  # type: ignore[method-assign]
 
     def writes(self) -> list[tuple[str, str]]:
         return [(m, p) for m, p, _ in self.calls if m in ("PATCH", "PUT", "POST", "DELETE")]
@@ -439,7 +443,7 @@ class Kube:
         response = self.api.call_api(
             method, url, header_params=headers, body=data, post_params=post, _request_timeout=30
         )
-        response.read()
+        response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             raise ApiException(http_resp=response)
         return json.loads(response.data) if response.data else {}
@@ -496,7 +500,7 @@ class Kube:
                 "started": True,
                 "state": {"running": {"startedAt": now}},
             }
-            for c in pod.spec.containers
+            for c in (pod.spec.containers if pod.spec else [])
         ]
         conditions = [
             {
@@ -619,7 +623,7 @@ class Kube:
                 self.core.delete_namespace(ns)
             except ApiException:
                 pass
-        self.api.close()
+        self.api.close()  # type: ignore[no-untyped-call]
 
 
 _SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}

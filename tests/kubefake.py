@@ -365,6 +365,7 @@ def fake_apiserver(cluster: FakeCluster | None = None) -> Iterator[tuple[str, Fa
             except json.JSONDecodeError:
                 self._send(400, status(400, "BadRequest", "body is not JSON"))
                 return
+            assert cluster is not None
             if cluster.delay:
                 time.sleep(cluster.delay)
             code, out = cluster.handle(

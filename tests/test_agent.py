@@ -350,7 +350,7 @@ def test_pods_are_listed_only_with_this_nodes_field_selector(world: Any) -> None
             seen.extend(query.get("fieldSelector") or ["(none)"])
         return original(verb, path, query, ctype, body)
 
-    cluster.handle = spy  # type: ignore[method-assign]
+    cluster.handle = spy
     agent, _ = make_agent(node, api)
     agent.poll(0)
     assert seen == [f"spec.nodeName={NODE}"]

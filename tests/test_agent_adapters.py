@@ -43,9 +43,9 @@ def stand_in_pynvml(mig_supported: bool) -> types.ModuleType:
     m.nvmlDeviceGetHandleByIndex = handles.__getitem__  # type: ignore[attr-defined]
     m.nvmlDeviceGetHandleByUUID = lambda u: "h0" if u == GPU0 else "h1"  # type: ignore[attr-defined]
     m.nvmlDeviceGetUUID = uuids.__getitem__  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPciInfo = lambda h: ns(
+    m.nvmlDeviceGetPciInfo = lambda h: ns(  # type: ignore[attr-defined]
         busId=b"00000000:3B:00.0" if h == "h0" else "00000000:AF:00.0"
-    )  # type: ignore[attr-defined]
+    )
     m.nvmlDeviceGetMemoryInfo = lambda h: ns(total=81920 * MIB, used=512 * MIB)  # type: ignore[attr-defined]
 
     def mig(h: str) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from builders import CLI
 from extenderkit import MIB, DcgmExporter
+from kubemeta import annotations_of
 from promserver import free_port, prometheus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +166,8 @@ def _pod(kube: cp.Kube, ns: str, name: str, memory: int, count: int = 1) -> None
 
 
 def _node_of(kube: cp.Kube, ns: str, name: str) -> str | None:
-    return kube.core.read_namespaced_pod(name, ns).spec.node_name  # type: ignore[no-any-return]
+    spec = kube.core.read_namespaced_pod(name, ns).spec
+    return None if spec is None else spec.node_name
 
 
 def _wait_bound(kube: cp.Kube, ns: str, name: str, timeout: float = 60) -> str:
@@ -201,7 +203,7 @@ def test_a_pod_lands_on_the_node_the_formula_prefers(
     _pod(kube, ns, "llm", 8192)
     assert _wait_bound(kube, ns, "llm") == even
     pod = kube.core.read_namespaced_pod("llm", ns)
-    assert pod.metadata.annotations["gpu-scheduler/reserved-mb"] == "8192"
+    assert annotations_of(pod)["gpu-scheduler/reserved-mb"] == "8192"
 
 
 def test_a_pod_no_node_can_hold_stays_pending_with_the_extenders_reason(
@@ -242,7 +244,7 @@ def test_two_pods_racing_for_one_slot_are_never_both_bound(
     assert winner is not None
     time.sleep(8)  # the loser has had several scheduling attempts by now
     assert [n for n in ("race-a", "race-b") if _node_of(kube, ns, n)] == [winner]
-    annotations = kube.core.read_namespaced_pod(winner, ns).metadata.annotations
+    annotations = annotations_of(kube.core.read_namespaced_pod(winner, ns))
     assert annotations["gpu-scheduler/reserved-mb"] == "30000"  # bound by the extender
 
 
@@ -259,6 +261,6 @@ def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain(
     ns = kube.namespace()
     _pod(kube, ns, "tp4", 4 * 20000, count=4)
     assert _wait_bound(kube, ns, "tp4") == packed
-    record = kube.core.read_namespaced_pod("tp4", ns).metadata.annotations
+    record = annotations_of(kube.core.read_namespaced_pod("tp4", ns))
     reserved = json.loads(record["gpu-scheduler/reservation"])["gpus"]
     assert sorted(reserved) == [f"GPU-{packed}-{i}" for i in range(4)]  # all on NUMA node 0

@@ -61,8 +61,13 @@ def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporte
     _, url = dcgm
     transport = Transport(PrometheusConfig(url=url))
     sent: list[str] = []
-    query = transport.query
-    transport.query = lambda q: (sent.append(q), query(q))[1]  # type: ignore[method-assign]
+    original = transport.query
+
+    def recorded(query: str) -> list[Any]:
+        sent.append(query)
+        return original(query)
+
+    transport.query = recorded  # type: ignore[method-assign]
     nodes = PrometheusGpus(transport, 60.0, time.time).fetch()
     assert sent == [grouped_query(60.0)]  # one request for all nodes
     assert sorted(nodes) == ["even", "tiny", "uneven"]
@@ -207,7 +212,8 @@ def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
         t.start()
     for t in threads:
         t.join(15)
-    nodes = [cluster.get("v1", "pods", "default", n)["spec"].get("nodeName") for n in ("a", "b")]
+    pods = [cluster.get("v1", "pods", "default", n) for n in ("a", "b")]
+    nodes = [p["spec"].get("nodeName") for p in pods if p is not None]
     assert sorted(str(n) for n in nodes) == ["None", "uneven"]
     assert sorted(bool(e) for e in answers.values()) == [False, True]
     assert "no longer fits" in next(e for e in answers.values() if e)

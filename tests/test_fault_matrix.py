@@ -33,6 +33,7 @@ from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import node, plugin_configmap, scaled_object
 from kubernetes import client
 
+from gpuscaler.adapters.kube.actuator import KubeActuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.app import cluster_controller
@@ -320,14 +321,18 @@ def test_an_api_server_that_hangs_flags_every_target_within_the_timeouts(world: 
 def test_leadership_lost_mid_tick_stops_the_remaining_writes(world: World) -> None:
     writes: list[int] = []
     leading = {"now": True}
-    world.parts.controller.actuator.workloads.writer.may_act = lambda: leading["now"]
+    actuator = world.parts.controller.actuator
+    assert isinstance(actuator, KubeActuator)
+    actuator.workloads.writer.may_act = lambda: leading["now"]
     original = world.fake.handle
 
-    def count(verb: str, path: str, *rest: Any) -> Any:
+    def count(
+        verb: str, path: str, query: dict[str, list[str]], ctype: str, body: Any
+    ) -> tuple[int, dict[str, Any]]:
         if verb == "PATCH":
             writes.append(1)
             leading["now"] = False  # lost after the first write
-        return original(verb, path, *rest)
+        return original(verb, path, query, ctype, body)
 
     world.fake.handle = count  # type: ignore[method-assign]
     result = world.tick()
@@ -338,19 +343,23 @@ def test_leadership_lost_mid_tick_stops_the_remaining_writes(world: World) -> No
 def test_a_config_changed_mid_tick_applies_whole_from_the_next_tick(
     prometheus: tuple[str, Faults], tmp_path: Path
 ) -> None:
-    path = tmp_path / "gpuscaler.yaml"
+    config_file = tmp_path / "gpuscaler.yaml"
     with fake_apiserver() as (url, fake):
-        world = World(prometheus[0], prometheus[1], url, fake, config_path=path)
+        world = World(prometheus[0], prometheus[1], url, fake, config_path=config_file)
         original = fake.handle
         edited: list[bool] = []
 
-        def edit_during_the_first_write(verb: str, route: str, *rest: Any) -> Any:
+        def edit_during_the_first_write(
+            verb: str, path: str, query: dict[str, list[str]], ctype: str, body: Any
+        ) -> tuple[int, dict[str, Any]]:
             if verb == "PATCH" and not edited:
                 edited.append(True)  # the operator saves a new config mid-tick
-                path.write_text(
-                    path.read_text().replace("preemption:", "control: {dry_run: true}\npreemption:")
+                config_file.write_text(
+                    config_file.read_text().replace(
+                        "preemption:", "control: {dry_run: true}\npreemption:"
+                    )
                 )
-            return original(verb, route, *rest)
+            return original(verb, path, query, ctype, body)
 
         fake.handle = edit_during_the_first_write  # type: ignore[method-assign]
         first = world.tick()

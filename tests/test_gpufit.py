@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 
@@ -33,7 +34,9 @@ MARGIN = 0.1
 A100 = 40960.0  # MiB
 
 
-def node(name: str, used: list[float], numa: list[int | None] | None = None, total: float = A100):
+def node(
+    name: str, used: list[float], numa: Sequence[int | None] | None = None, total: float = A100
+) -> NodeGpus:
     numa = numa or [None] * len(used)
     gpus = tuple(Gpu(f"{name}-gpu{i}", i, total, u, numa[i]) for i, u in enumerate(used))
     return NodeGpus(name, gpus, sampled_at=100.0)
@@ -82,7 +85,9 @@ def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_alloca
         ),
     ],
 )
-def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(used, req, problem) -> None:
+def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(
+    used: list[float], req: PodRequest, problem: str | None
+) -> None:
     assert fit_problem(node_view(node("n", used), MARGIN), req) == problem
 
 
@@ -108,7 +113,9 @@ def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(used, re
         ),
     ],
 )
-def test_score_weighs_even_memory_use_and_one_numa_domain(used, numa, req, expected) -> None:
+def test_score_weighs_even_memory_use_and_one_numa_domain(
+    used: list[float], numa: list[int | None] | None, req: PodRequest, expected: float
+) -> None:
     view = node_view(node("n", used, numa), MARGIN)
     if expected is None:
         assert topology_bonus(view, req) == 100.0  # domain 1 still holds 4
@@ -147,7 +154,9 @@ def test_scores_map_to_0_to_10_rounded_half_up(value: float, mapped: int) -> Non
         (15.1, "stale"),
     ],
 )
-def test_stale_nodes_are_scored_from_last_state_up_to_three_ttls_then_filtered(age, state) -> None:
+def test_stale_nodes_are_scored_from_last_state_up_to_three_ttls_then_filtered(
+    age: float, state: str
+) -> None:
     assert freshness(age, ttl=5.0) == state
 
 
@@ -179,7 +188,7 @@ def test_reservations_count_as_used_memory() -> None:
     ],
 )
 def test_a_reservation_ends_when_measured_memory_shows_the_pod_or_after_its_ttl(
-    used_now, sampled_at, now, why
+    used_now: float, sampled_at: float, now: float, why: str | None
 ) -> None:
     r = Reservation("u", "ns", "p", "n", (("n-gpu0", 10000.0),), (("n-gpu0", 1000.0),), 120.0)
     n = NodeGpus("n", (Gpu("n-gpu0", 0, A100, used_now),), sampled_at)
@@ -235,7 +244,9 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
         ),
     ],
 )
-def test_pod_annotations_are_read_or_refused_naming_the_annotation(annotations, expected) -> None:
+def test_pod_annotations_are_read_or_refused_naming_the_annotation(
+    annotations: dict[str, str], expected: PodRequest | str | None
+) -> None:
     if isinstance(expected, str):
         with pytest.raises(AnnotationError) as e:
             pod_request(annotations)
@@ -301,7 +312,9 @@ def test_numa_comes_from_the_topology_annotation_then_the_label() -> None:
         (None, "0", "label gpuscaler.io/gpus-per-numa-node: '0' is not a positive whole number"),
     ],
 )
-def test_malformed_node_topology_is_refused_naming_the_annotation(topology, label, message) -> None:
+def test_malformed_node_topology_is_refused_naming_the_annotation(
+    topology: str, label: str | None, message: str
+) -> None:
     with pytest.raises(AnnotationError) as e:
         numa_map(topology, label, node("n", [0.0]).gpus)
     assert str(e.value) == message
@@ -332,7 +345,9 @@ annotation_values = st.one_of(
         annotation_values,
     )
 )
-def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(annotations) -> None:
+def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(
+    annotations: dict[str, str],
+) -> None:
     try:
         req = pod_request(annotations)
     except AnnotationError as e:
@@ -348,7 +363,7 @@ def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(annota
     st.integers(1, 200000),
     st.integers(1, 8),
 )
-def test_placement_agrees_with_the_filter(used, memory, count) -> None:
+def test_placement_agrees_with_the_filter(used: list[float], memory: int, count: int) -> None:
     n = node("n", used, [i // 4 for i in range(len(used))])
     req = PodRequest(memory, count)
     chosen = place(n, req, MARGIN)
@@ -371,7 +386,9 @@ def test_placement_agrees_with_the_filter(used, memory, count) -> None:
     st.integers(1, 100000),
     st.integers(1, 8),
 )
-def test_the_array_filter_and_score_agree_with_the_scalar_reference(nodes, memory, count) -> None:
+def test_the_array_filter_and_score_agree_with_the_scalar_reference(
+    nodes: list[tuple[list[float], list[int | None]]], memory: int, count: int
+) -> None:
     import numpy as np
 
     from gpuscaler.core.gputable import extender_scores, fits, node_table, scores

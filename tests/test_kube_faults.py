@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import NOW, run_cli
@@ -78,7 +79,7 @@ def closed_port() -> str:
     return f"http://127.0.0.1:{port}"  # nothing listens there any more
 
 
-def _bounded(url: str, **kw: float) -> BoundedApiClient:
+def _bounded(url: str, **kw: Any) -> BoundedApiClient:
     return BoundedApiClient(client.Configuration(host=url), **kw)
 
 

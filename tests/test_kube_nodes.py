@@ -12,6 +12,7 @@ import yaml
 from builders import NOW
 from controlplane import Kube, Recorder
 from kubefake import FakeCluster
+from kubemeta import annotations_of, labels_of, meta
 from kubeobjects import A100, gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 
@@ -77,10 +78,10 @@ class Real:
         self.kube.seed([node(f"gpu-{i}", **kw) for i in range(n)])
 
     def pod(self, *args: Any, **kw: Any) -> None:
-        self.kube.seed([gpu_pod(*args, namespace=self.ns, **kw)])
+        self.kube.seed([gpu_pod(*args, **(kw | {"namespace": self.ns}))])
 
     def labels(self, name: str) -> dict[str, str]:
-        return dict(self.kube.core.read_node(name).metadata.labels)
+        return dict(labels_of(self.kube.core.read_node(name)))
 
     def configmap(self) -> dict[str, Any]:
         return self.kube.get(f"/api/v1/namespaces/{self.ns}/configmaps/gpuscaler-sharing-configs")
@@ -130,7 +131,7 @@ def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
     labels = [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)]
     assert labels == ["ts-4", "ts-4", "ts-2"]  # max_nodes_per_tick = 2
     node0 = real.kube.core.read_node("gpu-0")
-    record = json.loads(node0.metadata.annotations["gpuscaler.io/last-fragments-decision"])
+    record = json.loads(annotations_of(node0)["gpuscaler.io/last-fragments-decision"])
     assert record["to"] == 4 and "forecast upper" in record["reason"]
     events = real.events()
     assert sorted(e["reason"] for e in events) == [
@@ -141,7 +142,7 @@ def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
     # Events about a Node (cluster-scoped) live in `default`, regarding the real node.
     node_events = [e for e in events if e["regarding"]["kind"] == "Node"]
     assert {e["metadata"]["namespace"] for e in node_events} == {"default"}
-    assert node0.metadata.uid in {e["regarding"].get("uid") for e in node_events}
+    assert meta(node0).uid in {e["regarding"].get("uid") for e in node_events}
     # The pool reads as 4 while the rollout is under way, so the core does not decide again.
     state = ClusterReader(real.kube.api, real.config).state()
     assert state.fragments == {"a100": 4}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from kubefake import FakeCluster, fake_apiserver, merge_patch, strategic_merge_patch
+from kubemeta import labels_of, meta
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def _node(name: str, labels: dict[str, str]) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
-def _pod(ns: str, name: str, labels: dict[str, str]) -> dict[str, object]:
+def _pod(ns: str, name: str, labels: dict[str, str]) -> Any:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -41,11 +43,11 @@ def test_a_strategic_merge_patch_of_a_node_label_bumps_the_resource_version(
         "v1", "nodes", _node("gpu-1", {"nvidia.com/device-plugin.config": "ts-2", "pool": "a"})
     )
     core = client.CoreV1Api(api_client)
-    before = core.read_node("gpu-1").metadata.resource_version
+    before = meta(core.read_node("gpu-1")).resource_version
     core.patch_node("gpu-1", {"metadata": {"labels": {"nvidia.com/device-plugin.config": "ts-4"}}})
     node = core.read_node("gpu-1")
-    assert node.metadata.labels == {"nvidia.com/device-plugin.config": "ts-4", "pool": "a"}
-    assert int(node.metadata.resource_version) > int(before)
+    assert labels_of(node) == {"nvidia.com/device-plugin.config": "ts-4", "pool": "a"}
+    assert int(meta(node).resource_version or 0) > int(before or 0)
     assert ("PATCH", "/api/v1/nodes/gpu-1") in cluster.requests
 
 
@@ -57,7 +59,7 @@ def test_a_replace_with_a_stale_resource_version_is_a_conflict(
     core = client.CoreV1Api(api_client)
     node = core.read_node("gpu-1")
     core.patch_node("gpu-1", {"metadata": {"labels": {"x": "1"}}})  # someone else wrote
-    node.metadata.labels = {"x": "2"}
+    meta(node).labels = {"x": "2"}
     with pytest.raises(ApiException) as info:
         core.replace_node("gpu-1", node)
     assert info.value.status == 409
@@ -95,7 +97,7 @@ def test_collections_filter_by_label_selector(
     cluster.add("v1", "pods", _pod("ml", "b", {"app": "chat", "tier": "low"}))
     cluster.add("v1", "pods", _pod("ml", "c", {"app": "embed", "tier": "mid"}))
     pods = client.CoreV1Api(api_client).list_namespaced_pod("ml", label_selector=selector)
-    assert [p.metadata.name for p in pods.items] == expected
+    assert [meta(p).name for p in pods.items] == expected
 
 
 def test_eviction_is_refused_with_429_under_a_budget_and_allowed_without(
@@ -121,7 +123,7 @@ def test_eviction_is_refused_with_429_under_a_budget_and_allowed_without(
     with pytest.raises(ApiException) as info:
         core.create_namespaced_pod_eviction("guarded", "ml", eviction)
     assert info.value.status == 429
-    eviction.metadata.name = "free"
+    meta(eviction).name = "free"
     core.create_namespaced_pod_eviction("free", "ml", eviction)
     assert cluster.get("v1", "pods", "ml", "free") is None
     assert cluster.get("v1", "pods", "ml", "guarded") is not None
@@ -145,7 +147,9 @@ def test_custom_objects_take_merge_patches_and_leases_and_events_are_objects(
     custom.patch_namespaced_custom_object(
         "keda.sh", "v1alpha1", "ml", "scaledobjects", "chat", {"spec": {"minReplicaCount": 4}}
     )
-    obj = custom.get_namespaced_custom_object("keda.sh", "v1alpha1", "ml", "scaledobjects", "chat")
+    obj: Any = custom.get_namespaced_custom_object(
+        "keda.sh", "v1alpha1", "ml", "scaledobjects", "chat"
+    )
     assert obj["spec"] == {"minReplicaCount": 4, "maxReplicaCount": 20}
     coord = client.CoordinationV1Api(api_client)
     lease = client.V1Lease(
@@ -153,7 +157,8 @@ def test_custom_objects_take_merge_patches_and_leases_and_events_are_objects(
         spec=client.V1LeaseSpec(holder_identity="a", lease_duration_seconds=15),
     )
     coord.create_namespaced_lease("gpuscaler", lease)
-    assert coord.read_namespaced_lease("gpuscaler", "gpuscaler").spec.holder_identity == "a"
+    read = coord.read_namespaced_lease("gpuscaler", "gpuscaler")
+    assert read.spec is not None and read.spec.holder_identity == "a"
     events = client.EventsV1Api(api_client)
     events.create_namespaced_event(
         "ml",
@@ -182,7 +187,7 @@ def test_an_injected_fault_fails_exactly_the_next_matching_request(
         core.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}})
     assert info.value.status == 500
     core.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}})
-    assert core.read_node("gpu-1").metadata.labels == {"a": "1"}
+    assert labels_of(core.read_node("gpu-1")) == {"a": "1"}
 
 
 @pytest.mark.parametrize(

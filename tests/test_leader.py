@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from controlplane import Kube
 from kubefake import FakeCluster
+from kubemeta import labels_of
 from kubeobjects import node, plugin_configmap
 from kubernetes import client
 
@@ -162,9 +163,9 @@ def test_only_the_leader_writes_to_the_cluster(real: Real) -> None:
     decision = FragmentsDecision(1.0, "a100", 2, 4, "forecast upper 30% < 40%")
     standby = kube_actuator(kube.api, config, "replica-b", may_act=b.is_leader)
     assert standby.apply([decision]) == ()
-    labels = kube.core.read_node("gpu-0").metadata.labels
+    labels = labels_of(kube.core.read_node("gpu-0"))
     assert labels["nvidia.com/device-plugin.config"] == "ts-2"
     leader = kube_actuator(kube.api, config, "replica-a", may_act=a.is_leader)
     assert leader.apply([decision]) == (decision,)
-    labels = kube.core.read_node("gpu-0").metadata.labels
+    labels = labels_of(kube.core.read_node("gpu-0"))
     assert labels["nvidia.com/device-plugin.config"] == "ts-4"

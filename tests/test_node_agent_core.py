@@ -4,6 +4,7 @@ the quarantine; and the PCI bus id conversion between NVML and sysfs."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -108,11 +109,11 @@ def test_the_topology_annotation_lists_every_gpu_by_index_with_the_extenders_key
     ]
 
 
-def _action(kind: str, gpu_uuid: str, owner: str = "pod") -> OrphanAction:
+def _action(kind: Any, gpu_uuid: str, owner: Any = "pod") -> OrphanAction:
     p = GpuProc(
         7, 1, gpu_uuid, 100.0, "python3", CgroupOwner(owner, "u" if owner == "pod" else None)
-    )  # type: ignore[arg-type]
-    return OrphanAction(kind, p, "test")  # type: ignore[arg-type]
+    )
+    return OrphanAction(kind, p, "test")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 from builders import NOW
 
 from gpuscaler.config import PreemptionConfig, merge_section
-from gpuscaler.core.decisions import CheckpointRequest, Decision, Skip
+from gpuscaler.core.decisions import CheckpointRequest, PreemptionStep, Skip
 from gpuscaler.core.preemption import (
     TRANSITIONS,
     NodeView,
@@ -46,12 +46,12 @@ def _plan(
     states: tuple[VictimState, ...] = (),
     cfg: PreemptionConfig = CFG,
     memory: dict[str, bool | None] | None = None,
-) -> tuple[tuple[Decision, ...], tuple[Skip, ...]]:
+) -> tuple[tuple[PreemptionStep, ...], tuple[Skip, ...]]:
     obs = PreemptionObservation(pods, nodes, states, memory or {})
     return decide_preemption(obs, cfg, NOW)
 
 
-def _victims(decisions: tuple[Decision, ...]) -> list[str]:
+def _victims(decisions: tuple[PreemptionStep, ...]) -> list[str]:
     return sorted(d.target for d in decisions if d.to_value == "soft")
 
 
@@ -369,7 +369,7 @@ def test_nothing_is_decided_when_the_cluster_could_not_be_read() -> None:
     assert decisions == () and skips[0].invalid_input
 
 
-def _forecast_plan(floor: int, replicas: int, trigger: bool = True) -> tuple[Decision, ...]:
+def _forecast_plan(floor: int, replicas: int, trigger: bool = True) -> tuple[PreemptionStep, ...]:
     """plan() on a workload whose floor asks for replicas that do not exist yet, on a full
     pool of low-priority pods."""
     from builders import config as make_config
@@ -390,7 +390,7 @@ workloads: [{{namespace: ml, kind: ScaledObject, name: chat, node_pool: a100, pr
     nodes = (NodeView("n1", 4, 36.0, pool="a100"), NodeView("other", 8, 36.0, pool="h100"))
     snapshot = Snapshot(NOW, workloads=(obs,), preemption=PreemptionObservation(FULL_N1, nodes))
     return tuple(
-        d for d in plan(snapshot, config, History(), NOW).decisions if d.kind == "preemption"
+        d for d in plan(snapshot, config, History(), NOW).decisions if isinstance(d, PreemptionStep)
     )
 
 

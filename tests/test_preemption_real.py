@@ -245,7 +245,8 @@ def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
     def verdict() -> dict[str, Any] | None:
         for c in kube.get(path).get("status", {}).get("conditions") or []:
             if c["type"] == "PodScheduled" and c["status"] == "False":
-                return c
+                found: dict[str, Any] = c
+                return found
         return None
 
     wait_until("the scheduler's verdict", lambda: verdict() is not None, 60, 0.5)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from builders import NOW
 from controlplane import ROOT, ControlPlane, Kube, Recorder
+from kubemeta import labels_of
 from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
 from kubernetes import config as kube_config
@@ -55,7 +56,10 @@ def _as_service_account(
     plane: ControlPlane, tmp: Path, name: str = "gpuscaler"
 ) -> client.ApiClient:
     kubeconfig = plane.token_kubeconfig(HOME, name, tmp / f"{name}.kubeconfig")
-    return kube_config.new_client_from_config(config_file=str(kubeconfig))
+    api: client.ApiClient = kube_config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig)
+    )
+    return api
 
 
 def _seed(kube: Kube) -> None:
@@ -209,7 +213,7 @@ def test_an_ungranted_call_is_refused_with_403_and_reported_clearly(
     assert "read ConfigMap nvidia-device-plugin/other: HTTP 403 Forbidden" in line
     assert 'cannot get resource "configmaps"' in line  # the server's reason, not a traceback
     assert "system:serviceaccount:gpuscaler:gpuscaler" in line
-    labels = kube.core.read_node("gpu-0").metadata.labels
+    labels = labels_of(kube.core.read_node("gpu-0"))
     assert labels["nvidia.com/device-plugin.config"] == "ts-2"  # nothing half-applied
 
 

@@ -5,7 +5,7 @@ dcgm-exporter Helm chart and the GPU Operator ship ServiceMonitors with
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -16,6 +16,10 @@ from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
 
 POINTS = 1200
+
+
+def _constant(value: float) -> Callable[[int], float | None]:
+    return lambda i: value
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, flo
         ({"namespace": "ml", "pod": "embed-6f-a", "UUID": "GPU-4"}, 30.0),  # honorLabels: true
     ]
     data = tmp_path_factory.mktemp("scraped") / "data.om"
-    series = [(labels, lambda i, v=v: v) for labels, v in util]
+    series = [(labels, _constant(v)) for labels, v in util]
     write_openmetrics(data, {"DCGM_FI_DEV_GPU_UTIL": series}, start, POINTS)
     with prometheus(data) as url:
         yield url, end
