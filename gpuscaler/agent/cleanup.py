@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import TYPE_CHECKING
 
+from gpuscaler.agent.parts import CleanupState, PollReport
 from gpuscaler.core.orphans import GpuProc, OrphanAction
-
-if TYPE_CHECKING:
-    from gpuscaler.agent.runner import NodeAgent, PollReport
 
 log = logging.getLogger("gpuscaler.agent")
 
@@ -26,15 +23,15 @@ def _mib(value: float | None) -> str:
     return "unknown MiB" if value is None else f"{value:.0f} MiB"
 
 
-def describe(agent: NodeAgent, p: GpuProc) -> str:
+def describe(agent: CleanupState, p: GpuProc) -> str:
     return (
-        f"PID {p.pid} ({p.name}) of pod UID {p.owner.pod_uid} on GPU {agent._index(p.gpu)} "
+        f"PID {p.pid} ({p.name}) of pod UID {p.owner.pod_uid} on GPU {agent.gpu_index(p.gpu)} "
         f"({p.gpu}) holding {_mib(p.used_mib)}"
     )
 
 
 def carry_out(
-    agent: NodeAgent,
+    agent: CleanupState,
     actions: list[OrphanAction],
     procs: list[GpuProc],
     acting: bool,
@@ -60,7 +57,7 @@ def carry_out(
                 )
 
 
-def _once(agent: NodeAgent, kind: str, a: OrphanAction, message: str) -> None:
+def _once(agent: CleanupState, kind: str, a: OrphanAction, message: str) -> None:
     key = (kind, a.proc.key)
     if key in agent.reported:
         return
@@ -68,7 +65,7 @@ def _once(agent: NodeAgent, kind: str, a: OrphanAction, message: str) -> None:
     log.warning("%s", message, extra={"event": kind, "pid": a.proc.pid})
 
 
-def _signal(agent: NodeAgent, a: OrphanAction, report: PollReport) -> None:
+def _signal(agent: CleanupState, a: OrphanAction, report: PollReport) -> None:
     p = a.proc
     name = a.kind.upper()
     try:
@@ -97,7 +94,7 @@ def _signal(agent: NodeAgent, a: OrphanAction, report: PollReport) -> None:
     )
 
 
-def _freed(agent: NodeAgent, procs: list[GpuProc]) -> None:
+def _freed(agent: CleanupState, procs: list[GpuProc]) -> None:
     """Events for signalled processes no longer on any GPU: their memory is freed."""
     present = {p.key for p in procs}
     for key, p in list(agent.signalled.items()):
@@ -111,5 +108,5 @@ def _freed(agent: NodeAgent, procs: list[GpuProc]) -> None:
             "OrphanGPUMemoryFreed",
             "KillOrphan",
             f"PID {p.pid} of pod UID {p.owner.pod_uid} exited; {_mib(p.used_mib)} freed on "
-            f"GPU {agent._index(p.gpu)} ({p.gpu})",
+            f"GPU {agent.gpu_index(p.gpu)} ({p.gpu})",
         )

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kube.api import KubeError
@@ -24,6 +23,7 @@ from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
 from gpuscaler.adapters.podresources import PodDevice, PodResourcesError
 from gpuscaler.agent.cleanup import carry_out
 from gpuscaler.agent.metrics import AgentMetrics
+from gpuscaler.agent.parts import NodeClient, PollReport
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import (
     GpuFacts,
@@ -44,29 +44,6 @@ from gpuscaler.core.orphans import (
 
 log = logging.getLogger("gpuscaler.agent")
 T = TypeVar("T")
-
-
-class NodeClient(Protocol):
-    """What the agent needs of the Kubernetes API (gpuscaler.adapters.node.NodeApi)."""
-
-    node: str
-
-    def read(self) -> NodeView: ...
-    def pod_uids(self) -> frozenset[str]: ...
-    def annotate(self, values: dict[str, str]) -> NodeView: ...
-    def lift_quarantine(self) -> NodeView: ...
-    def event(self, reason: str, action: str, note: str, type_: str = "Normal") -> None: ...
-
-
-@dataclass
-class PollReport:
-    """What one poll saw and did (for logs and tests)."""
-
-    gpus: list[GpuFacts] = field(default_factory=list)
-    actions: list[OrphanAction] | None = None
-    time_slice_set: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    lifted: bool = False
 
 
 class NodeAgent:
@@ -224,7 +201,7 @@ class NodeAgent:
             self.metrics.time_slice_sets.labels("ok" if result.ok else "failed").inc()
             if result.ok:
                 self.applied[uuid] = level
-                self.metrics.time_slice.labels(self._index(uuid)).set(n)
+                self.metrics.time_slice.labels(self.gpu_index(uuid)).set(n)
                 report.time_slice_set.append(uuid)
             else:
                 failed[uuid] = result.detail
@@ -253,7 +230,7 @@ class NodeAgent:
         except KubeError as e:
             log.warning("time-slice annotation not written: %s", e)
 
-    def _index(self, uuid: str) -> str:
+    def gpu_index(self, uuid: str) -> str:
         """The GPU's index (as this poll's NVML listing gave it), for labels and Events."""
         return self._indexes.get(uuid, uuid)
 
@@ -299,7 +276,7 @@ class NodeAgent:
         for a in actions:
             orphan = a.kind in ("sigterm", "sigkill", "wait")
             owner = "orphan" if orphan else a.proc.owner.kind
-            gpu = self._index(a.proc.gpu)
+            gpu = self.gpu_index(a.proc.gpu)
             self.metrics.processes.labels(gpu, owner).inc()
 
     # ------------------------------------------------------------------ quarantine

@@ -18,16 +18,35 @@ per step, and scale-down only to the highest recommendation of the last 300 s.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
-from gpuscaler.config import ReplicasConfig
+from gpuscaler.config import ReplicasConfig, SimulatorConfig
 from gpuscaler.core.model import FloatArray
 from gpuscaler.core.replicas import hpa_desired
 
-if TYPE_CHECKING:
-    from gpuscaler.sim.cluster import SimulatedCluster
+
+class RecordedLoad(Protocol):
+    load: FloatArray
+    requests: FloatArray
+    demand_pct: FloatArray
+
+
+class SimulatedCluster(Protocol):
+    """What an autoscaler reads of the simulated cluster (`gpuscaler.sim.cluster`)."""
+
+    @property
+    def slot(self) -> float: ...
+    @property
+    def sim(self) -> SimulatorConfig: ...
+    @property
+    def rec(self) -> RecordedLoad: ...
+    def recent(self, values: FloatArray, seconds: float) -> FloatArray: ...
+    def share(self) -> float: ...
+    def spec_count(self) -> int: ...
+    def ready_count(self, now: float) -> int: ...
+
 
 ScalerKind = Literal["hpa_util", "keda_rate", "predictive_floor"]
 HPA_SCALE_UP_PODS = 4
