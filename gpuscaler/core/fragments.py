@@ -9,7 +9,7 @@ compute never over-committed after the change.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
@@ -35,6 +35,17 @@ def memory_limit(gpu_memory_gib: float, floor_gib: float, cfg: FragmentsConfig) 
     return math.floor(usable * cfg.max_memory_overcommit / floor_gib + 1e-9)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What the trigger asks for: fewer (-1) or more (+1) fragments, and why."""
+
+    direction: int
+    why: str
+    peak: float
+    upper: float
+    more_at: float
+
+
 def decide_fragments(
     obs: PoolObservation,
     pool: NodePoolConfig,
@@ -43,128 +54,180 @@ def decide_fragments(
     h: TargetHistory,
     now: float,
 ) -> Outcome:
+    """Steps, each able to stop with its reason: the input can be trusted; the forecast
+    leaves the band for long enough, out of cooldown; the next count is within every
+    bound (allowed, memory, compute, memory in use, shares held)."""
     target = obs.name
-    problem = input_problem(obs.utilization, now, staleness)
-    if problem is not None:
-        return invalid(KIND, target, now, problem, h)
-    if obs.fragments is None:
-        return invalid(KIND, target, now, "current fragments unknown", h)
-    current = obs.fragments
-    if current not in cfg.allowed:
-        return invalid(
-            KIND, target, now, f"current fragments {current} not in allowed {cfg.allowed}", h
-        )
+    current = _current(obs, cfg, staleness, h, now)
+    if isinstance(current, Outcome):
+        return current
     forecast = obs.utilization.forecast
     assert forecast is not None
-    peak, upper = forecast.peak, forecast.peak_upper
-
-    # Trigger, with a margin when it would reverse the previous change (hysteresis).
-    fewer_at = cfg.fewer_above_pct + (cfg.reversal_margin_pct if h.last_direction > 0 else 0)
-    more_at = cfg.more_below_pct - (cfg.reversal_margin_pct if h.last_direction < 0 else 0)
-    if peak > fewer_at:
-        direction, why = -1, f"forecast peak {peak:.1f}% > {fewer_at:g}%"
-    elif upper < more_at:
-        direction, why = +1, f"forecast upper bound {upper:.1f}% < {more_at:g}%"
-    else:
-        return hold(
-            KIND,
-            target,
-            now,
-            f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% within "
-            f"[{more_at:g}%, {fewer_at:g}%]",
-            sustain(h, 0, now),
-        )
-    h = sustain(h, direction, now)
+    step = _trigger(forecast.peak, forecast.peak_upper, cfg, h)
+    if isinstance(step, str):
+        return hold(KIND, target, now, step, sustain(h, 0, now))
+    h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
         return hold(
             KIND,
             target,
             now,
-            f"wait: {why} for {held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold",
+            f"wait: {step.why} for {held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold",
             h,
         )
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
-        return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s of cooldown left", h)
-
-    floor_gib = cfg.min_fragment_memory_gib[pool.workload_type]
-    gpu_gib = obs.gpu_memory_gib or pool.gpu_memory_gib
-    mem_max = memory_limit(gpu_gib, floor_gib, cfg)
-    if direction < 0:
-        want = max(1, current >> cfg.max_step)
-        candidates = [f for f in cfg.allowed if want <= f < current]
-        if not candidates:
-            return hold(KIND, target, now, f"at bound: {why}, already at fewest allowed", h)
-        to = candidates[0]
-        if to < obs.max_shares_held:
-            held = hold(
-                KIND,
-                target,
-                now,
-                f"blocked: {why}, but pods hold {obs.max_shares_held} shares of one GPU; "
-                f"{to} fragments needs preemption first",
-                h,
-            )
-            return replace(held, blocked_until_preempted=to)
-        bound = f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
+        return hold(KIND, target, now, f"cooldown: {step.why}, {left:.0f}s of cooldown left", h)
+    if step.direction < 0:
+        chosen = _fewer(obs, current, step.why, cfg, h, now)
     else:
-        g = obs.gpus_held
-        if g is not None and upper * g > cfg.more_below_pct * (g - 1):
-            # Demand in GPUs (per-GPU demand x GPUs held) must fit one GPU fewer at the
-            # "more" threshold, or a doubling packs nothing and only adds overhead.
-            return hold(
-                KIND,
-                target,
-                now,
-                f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit "
-                f"{g - 1} GPUs at {more_at:g}%: more fragments would pack nothing",
-                h,
-            )
-        want = current << cfg.max_step
-        # Compute never over-committed: per-GPU demand scales with tenants per GPU.
-        compute_max = (cfg.max_compute_commit * 100) * current / max(upper, 1e-9)
-        candidates = [
-            f for f in cfg.allowed if current < f <= min(want, mem_max) and f <= compute_max
-        ]
-        to = candidates[-1] if candidates else current
-        nxt = next((f for f in cfg.allowed if f > to), None)  # the count a bound refused
-        if nxt is None:
-            limit = "most allowed"
-        elif nxt > mem_max:
-            per = gpu_gib * (1 - cfg.memory_reserve_ratio) * cfg.max_memory_overcommit / nxt
-            limit = (
-                f"memory bound: {nxt} fragments would leave {per:.1f} GiB each, "
-                f"below the {floor_gib:g} GiB {pool.workload_type} floor"
-            )
-        elif nxt > compute_max:
-            limit = (
-                f"compute bound: {nxt} fragments would put projected demand at "
-                f"{upper * nxt / current:.0f}% of a GPU"
-            )
-        else:
-            limit = "max step"
-        if candidates and obs.memory_used_gib is not None:
-            # Tenants already use this much each; a smaller share would not hold them.
-            per_tenant = obs.memory_used_gib / current
-            usable = gpu_gib * (1 - cfg.memory_reserve_ratio) * cfg.max_memory_overcommit
-            fitting = [f for f in candidates if usable / f >= per_tenant]
-            if len(fitting) < len(candidates):
-                refused = candidates[len(fitting)]
-                limit = (
-                    f"memory in use: tenants hold {per_tenant:.1f} GiB each, {refused} "
-                    f"fragments would leave {usable / refused:.1f} GiB"
-                )
-                candidates = fitting
-        if not candidates:
-            return hold(KIND, target, now, f"at bound: {why}, {limit}", h)
-        to, bound = candidates[-1], limit
+        chosen = _more(obs, pool, current, step, cfg, h, now)
+    if isinstance(chosen, Outcome):
+        return chosen
+    to, bound = chosen
     decision = FragmentsDecision(
         time=now,
         target=target,
         from_value=current,
         to_value=to,
-        reason=f"{why} held {held_for(h, now):.0f}s; {current} -> {to} fragments ({bound}); "
-        f"{forecast.reason}",
-        forecast={"peak": peak, "upper": upper, "last": forecast.last_value},
+        reason=f"{step.why} held {held_for(h, now):.0f}s; {current} -> {to} fragments "
+        f"({bound}); {forecast.reason}",
+        forecast={"peak": step.peak, "upper": step.upper, "last": forecast.last_value},
     )
     return Outcome(h, decision=decision)
+
+
+def _current(
+    obs: PoolObservation, cfg: FragmentsConfig, staleness: float, h: TargetHistory, now: float
+) -> int | Outcome:
+    """The fragments the pool runs now, or why the input cannot be acted on."""
+    problem = input_problem(obs.utilization, now, staleness)
+    if problem is not None:
+        return invalid(KIND, obs.name, now, problem, h)
+    if obs.fragments is None:
+        return invalid(KIND, obs.name, now, "current fragments unknown", h)
+    if obs.fragments not in cfg.allowed:
+        why = f"current fragments {obs.fragments} not in allowed {cfg.allowed}"
+        return invalid(KIND, obs.name, now, why, h)
+    return obs.fragments
+
+
+def _trigger(peak: float, upper: float, cfg: FragmentsConfig, h: TargetHistory) -> _Step | str:
+    """Fewer when the forecast peak is above the band, more when its upper bound is below
+    it, with a margin when that would reverse the previous change (hysteresis); else the
+    hold's reason."""
+    fewer_at = cfg.fewer_above_pct + (cfg.reversal_margin_pct if h.last_direction > 0 else 0)
+    more_at = cfg.more_below_pct - (cfg.reversal_margin_pct if h.last_direction < 0 else 0)
+    if peak > fewer_at:
+        return _Step(-1, f"forecast peak {peak:.1f}% > {fewer_at:g}%", peak, upper, more_at)
+    if upper < more_at:
+        return _Step(+1, f"forecast upper bound {upper:.1f}% < {more_at:g}%", peak, upper, more_at)
+    return (
+        f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% within [{more_at:g}%, {fewer_at:g}%]"
+    )
+
+
+def _fewer(
+    obs: PoolObservation,
+    current: int,
+    why: str,
+    cfg: FragmentsConfig,
+    h: TargetHistory,
+    now: float,
+) -> tuple[int, str] | Outcome:
+    """At most `max_step` halvings, to an allowed count; blocked (for preemption) while
+    pods hold more shares of one GPU than that."""
+    want = max(1, current >> cfg.max_step)
+    candidates = [f for f in cfg.allowed if want <= f < current]
+    if not candidates:
+        return hold(KIND, obs.name, now, f"at bound: {why}, already at fewest allowed", h)
+    to = candidates[0]
+    if to < obs.max_shares_held:
+        held = hold(
+            KIND,
+            obs.name,
+            now,
+            f"blocked: {why}, but pods hold {obs.max_shares_held} shares of one GPU; "
+            f"{to} fragments needs preemption first",
+            h,
+        )
+        return replace(held, blocked_until_preempted=to)
+    return to, f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
+
+
+def _more(
+    obs: PoolObservation,
+    pool: NodePoolConfig,
+    current: int,
+    step: _Step,
+    cfg: FragmentsConfig,
+    h: TargetHistory,
+    now: float,
+) -> tuple[int, str] | Outcome:
+    """At most `max_step` doublings, to an allowed count that packs something and stays
+    within memory (config floor and what tenants use now) and compute."""
+    why, upper = step.why, step.upper
+    g = obs.gpus_held
+    if g is not None and upper * g > cfg.more_below_pct * (g - 1):
+        # Demand in GPUs (per-GPU demand x GPUs held) must fit one GPU fewer at the
+        # "more" threshold, or a doubling packs nothing and only adds overhead.
+        return hold(
+            KIND,
+            obs.name,
+            now,
+            f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit "
+            f"{g - 1} GPUs at {step.more_at:g}%: more fragments would pack nothing",
+            h,
+        )
+    floor_gib = cfg.min_fragment_memory_gib[pool.workload_type]
+    gpu_gib = obs.gpu_memory_gib or pool.gpu_memory_gib
+    mem_max = memory_limit(gpu_gib, floor_gib, cfg)
+    want = current << cfg.max_step
+    # Compute never over-committed: per-GPU demand scales with tenants per GPU.
+    compute_max = (cfg.max_compute_commit * 100) * current / max(upper, 1e-9)
+    candidates = [f for f in cfg.allowed if current < f <= min(want, mem_max) and f <= compute_max]
+    to = candidates[-1] if candidates else current
+    nxt = next((f for f in cfg.allowed if f > to), None)  # the count a bound refused
+    if nxt is None:
+        limit = "most allowed"
+    elif nxt > mem_max:
+        per = gpu_gib * (1 - cfg.memory_reserve_ratio) * cfg.max_memory_overcommit / nxt
+        limit = (
+            f"memory bound: {nxt} fragments would leave {per:.1f} GiB each, "
+            f"below the {floor_gib:g} GiB {pool.workload_type} floor"
+        )
+    elif nxt > compute_max:
+        limit = (
+            f"compute bound: {nxt} fragments would put projected demand at "
+            f"{upper * nxt / current:.0f}% of a GPU"
+        )
+    else:
+        limit = "max step"
+    if candidates and obs.memory_used_gib is not None:
+        candidates, limit = _memory_in_use(
+            obs.memory_used_gib, current, gpu_gib, candidates, limit, cfg
+        )
+    if not candidates:
+        return hold(KIND, obs.name, now, f"at bound: {why}, {limit}", h)
+    return candidates[-1], limit
+
+
+def _memory_in_use(
+    used_gib: float,
+    current: int,
+    gpu_gib: float,
+    candidates: list[int],
+    limit: str,
+    cfg: FragmentsConfig,
+) -> tuple[list[int], str]:
+    """Tenants already use this much each; a smaller share would not hold them."""
+    per_tenant = used_gib / current
+    usable = gpu_gib * (1 - cfg.memory_reserve_ratio) * cfg.max_memory_overcommit
+    fitting = [f for f in candidates if usable / f >= per_tenant]
+    if len(fitting) < len(candidates):
+        refused = candidates[len(fitting)]
+        limit = (
+            f"memory in use: tenants hold {per_tenant:.1f} GiB each, {refused} "
+            f"fragments would leave {usable / refused:.1f} GiB"
+        )
+    return fitting, limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
-from gpuscaler.core.decisions import Decision, ReplicaFloorDecision, Skip, target_key
+from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
 from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
@@ -85,25 +85,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
             "replica_floor", wkey, now, "no observation of this workload", history.get(key)
         )
     changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
-    preempt: tuple[tuple[Decision, ...], tuple[Skip, ...]] = ((), ())
-    if snapshot.preemption is not None:
-        seen = snapshot.preemption
-        extra: tuple[PodView, ...] = ()
-        if config.preemption.forecast_trigger:
-            extra += _forecast_demand(snapshot, config, outcomes)
-        if config.preemption.fragments_trigger:
-            for p in snapshot.pools:
-                out = outcomes.get(target_key("fragments", p.name))
-                if out is not None and out.blocked_until_preempted and p.fragments:
-                    extra += fragments_beneficiaries(
-                        p.name,
-                        p.fragments,
-                        out.blocked_until_preempted,
-                        seen,
-                        config.preemption.beneficiary_min_priority,
-                    )
-        seen = replace(seen, pods=seen.pods + extra)
-        preempt = decide_preemption(seen, config.preemption, now)
+    preempt = _preemption(snapshot, config, outcomes, now)
     return Plan(
         time=now,
         decisions=tuple(o.decision for o in outcomes.values() if o.decision is not None)
@@ -111,3 +93,29 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         skips=tuple(o.skip for o in outcomes.values() if o.skip is not None) + preempt[1],
         history=history.updated(changes),
     )
+
+
+def _preemption(
+    snapshot: Snapshot, config: Config, outcomes: dict[str, Outcome], now: float
+) -> tuple[tuple[PreemptionStep, ...], tuple[Skip, ...]]:
+    """Preemption steps, with the beneficiaries this tick's other decisions ask for (a
+    forecast floor's missing replicas, fewer fragments blocked by shares held)."""
+    if snapshot.preemption is None:
+        return (), ()
+    seen = snapshot.preemption
+    extra: tuple[PodView, ...] = ()
+    if config.preemption.forecast_trigger:
+        extra += _forecast_demand(snapshot, config, outcomes)
+    if config.preemption.fragments_trigger:
+        for p in snapshot.pools:
+            out = outcomes.get(target_key("fragments", p.name))
+            if out is not None and out.blocked_until_preempted and p.fragments:
+                extra += fragments_beneficiaries(
+                    p.name,
+                    p.fragments,
+                    out.blocked_until_preempted,
+                    seen,
+                    config.preemption.beneficiary_min_priority,
+                )
+    seen = replace(seen, pods=seen.pods + extra)
+    return decide_preemption(seen, config.preemption, now)

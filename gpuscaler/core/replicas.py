@@ -82,19 +82,7 @@ def decide_replica_floor(
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
-    if stabilized > current:
-        to = min(stabilized, current + cfg.max_step_up)
-        bound = (
-            f"max step up {cfg.max_step_up}" if to < stabilized else _bound(raw, to, cfg, ceiling)
-        )
-    else:
-        to = max(stabilized, current - cfg.max_step_down)
-        if to > stabilized:
-            bound = f"max step down {cfg.max_step_down}"
-        elif stabilized > recommended:
-            bound = f"stabilization window {cfg.scale_down_stabilization:.0f}s"
-        else:
-            bound = _bound(raw, to, cfg, ceiling)
+    to, bound = _step(current, stabilized, recommended, raw, ceiling, cfg)
     decision = ReplicaFloorDecision(
         time=now,
         target=target,
@@ -104,6 +92,23 @@ def decide_replica_floor(
         forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
     )
     return Outcome(h, decision=decision)
+
+
+def _step(
+    current: int, stabilized: int, recommended: int, raw: int, ceiling: int, cfg: ReplicasConfig
+) -> tuple[int, str]:
+    """The floor to set, within a step up or down of `current`, and what bounded it."""
+    if stabilized > current:
+        to = min(stabilized, current + cfg.max_step_up)
+        if to < stabilized:
+            return to, f"max step up {cfg.max_step_up}"
+        return to, _bound(raw, to, cfg, ceiling)
+    to = max(stabilized, current - cfg.max_step_down)
+    if to > stabilized:
+        return to, f"max step down {cfg.max_step_down}"
+    if stabilized > recommended:
+        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s"
+    return to, _bound(raw, to, cfg, ceiling)
 
 
 def _skill_check(

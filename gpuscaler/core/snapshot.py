@@ -139,23 +139,11 @@ def build_snapshot(
     prior = fits or {}
     pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
     load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
-    pools = []
-    for p, signal in zip(raw.pools, pool_signals, strict=True):
-        stall, stall_last = window_mean(p.stall, now, config.time_slice.stall_window)
-        pools.append(
-            PoolObservation(
-                name=p.name,
-                utilization=signal,
-                fragments=p.fragments,
-                time_slice_level=p.time_slice_level,
-                stall_mean_pct=None if p.problem else stall,
-                stall_last_sample_time=stall_last,
-                gpu_memory_gib=p.gpu_memory_gib,
-                max_shares_held=p.max_shares_held,
-                memory_used_gib=p.memory_used_gib,
-                gpus_held=p.gpus_held,
-            )
-        )
+    stall_window = config.time_slice.stall_window
+    pools = [
+        _pool(p, signal, now, stall_window)
+        for p, signal in zip(raw.pools, pool_signals, strict=True)
+    ]
     workloads = [
         WorkloadObservation(
             key=w.key,
@@ -173,4 +161,20 @@ def build_snapshot(
         workloads=tuple(workloads),
         fits=MappingProxyType(states),
         preemption=raw.preemption,
+    )
+
+
+def _pool(p: RawPool, signal: Signal, now: float, stall_window: float) -> PoolObservation:
+    stall, stall_last = window_mean(p.stall, now, stall_window)
+    return PoolObservation(
+        name=p.name,
+        utilization=signal,
+        fragments=p.fragments,
+        time_slice_level=p.time_slice_level,
+        stall_mean_pct=None if p.problem else stall,
+        stall_last_sample_time=stall_last,
+        gpu_memory_gib=p.gpu_memory_gib,
+        max_shares_held=p.max_shares_held,
+        memory_used_gib=p.memory_used_gib,
+        gpus_held=p.gpus_held,
     )

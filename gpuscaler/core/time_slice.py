@@ -27,6 +27,26 @@ def base_level(pool: NodePoolConfig, cfg: TimeSliceConfig) -> str:
     return cfg.compute_bound_level if pool.profile == "compute_bound" else cfg.io_bound_level
 
 
+def _checked(
+    obs: PoolObservation, cfg: TimeSliceConfig, staleness: float, h: TargetHistory, now: float
+) -> tuple[float, str] | Outcome:
+    """The stall mean and the level the pool runs now, or why they cannot be acted on."""
+    stall = obs.stall_mean_pct
+    if stall is None or not math.isfinite(stall):
+        why = obs.utilization.problem or (  # the pool's problem, if it has one
+            f"stall: no sample in the last {cfg.stall_window:.0f}s (stale or missing)"
+            if stall is None
+            else "stall mean not finite"
+        )
+        return invalid(KIND, obs.name, now, why, h)
+    if obs.stall_last_sample_time is None or now - obs.stall_last_sample_time > staleness:
+        return invalid(KIND, obs.name, now, "stall series stale or empty", h)
+    current = obs.time_slice_level or "default"
+    if current not in TIME_SLICE_LEVELS:
+        return invalid(KIND, obs.name, now, f"unknown time slice level {current!r}", h)
+    return stall, current
+
+
 def decide_time_slice(
     obs: PoolObservation,
     pool: NodePoolConfig,
@@ -36,19 +56,10 @@ def decide_time_slice(
     now: float,
 ) -> Outcome:
     target = obs.name
-    stall = obs.stall_mean_pct
-    if stall is None or not math.isfinite(stall):
-        why = obs.utilization.problem or (  # the pool's problem, if it has one
-            f"stall: no sample in the last {cfg.stall_window:.0f}s (stale or missing)"
-            if stall is None
-            else "stall mean not finite"
-        )
-        return invalid(KIND, target, now, why, h)
-    if obs.stall_last_sample_time is None or now - obs.stall_last_sample_time > staleness:
-        return invalid(KIND, target, now, "stall series stale or empty", h)
-    current = obs.time_slice_level or "default"
-    if current not in TIME_SLICE_LEVELS:
-        return invalid(KIND, target, now, f"unknown time slice level {current!r}", h)
+    checked = _checked(obs, cfg, staleness, h, now)
+    if isinstance(checked, Outcome):
+        return checked
+    stall, current = checked
     rank = TIME_SLICE_LEVELS.index(current)
     base = base_level(pool, cfg)
     window = f"{cfg.stall_window:.0f}s"

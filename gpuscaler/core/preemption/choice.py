@@ -155,22 +155,7 @@ def start_preemption(
             f"blocked: needs {len(best.victims)} victim(s) on {best.node}, limits leave {budget} "
             f"(max_in_flight {cfg.max_in_flight}, max_per_hour {cfg.max_per_hour})",
         )
-    if b.shrink_to is not None:
-        why = (
-            f"fewer fragments on {b.only_node} ({b.shrink_to} shares) need the pods there to "
-            "hold no more"
-        )
-    elif b.key.startswith(FORECAST_PREFIX):
-        why = (
-            f"forecast: {b.key.removeprefix(FORECAST_PREFIX).split('#')[0]} needs one more "
-            f"replica ({b.gpus} GPU share(s)) within the horizon and its pool has no room"
-        )
-    else:
-        waited = now - (b.unschedulable_since or now)
-        why = (
-            f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for "
-            f"{waited:.0f}s"
-        )
+    why = _need(b, now)
     out = []
     for v in best.victims:
         state = VictimState(
@@ -191,3 +176,19 @@ def start_preemption(
         )
         taken.add(v.key)
     return out
+
+
+def _need(b: PodView, now: float) -> str:
+    """Why `b` needs room: fewer fragments, a forecast replica, or a pending pod."""
+    if b.shrink_to is not None:
+        return (
+            f"fewer fragments on {b.only_node} ({b.shrink_to} shares) need the pods there to "
+            "hold no more"
+        )
+    if b.key.startswith(FORECAST_PREFIX):
+        return (
+            f"forecast: {b.key.removeprefix(FORECAST_PREFIX).split('#')[0]} needs one more "
+            f"replica ({b.gpus} GPU share(s)) within the horizon and its pool has no room"
+        )
+    waited = now - (b.unschedulable_since or now)
+    return f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for {waited:.0f}s"
