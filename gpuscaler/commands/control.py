@@ -136,3 +136,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         if parts is not None:
             parts.stop()  # releases the lease so a standby takes over at once
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
+
+
+def add_controller_parsers(sub: Any) -> None:
+    for name, func, help_text in (
+        ("once", cmd_once, "run one control cycle and print the plan as JSON lines"),
+        ("run", cmd_run, "run the control loop until SIGTERM/SIGINT"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
+        p.add_argument(
+            "--state", help="plan without a cluster: YAML of current fragments and floors"
+        )
+        p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+        if name == "once":
+            p.add_argument(
+                "--cluster-snapshot",
+                metavar="FILE",
+                help="plan (with --dry-run) against `kubectl get nodes,pods,"
+                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output",
+            )
+        if name == "run":
+            p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
+            p.add_argument(
+                "--no-leader-election",
+                action="store_true",
+                help="act without a Lease (one replica only)",
+            )
+            p.add_argument(
+                "--metrics-port",
+                type=int,
+                default=8080,
+                help="/metrics, /healthz, /readyz (0: off)",
+            )
+            p.add_argument(
+                "--metrics-host",
+                default="0.0.0.0",
+                help="address to serve /metrics, /healthz, /readyz on (default: all, for probes)",
+            )
+        p.set_defaults(func=func)

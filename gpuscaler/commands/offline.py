@@ -10,7 +10,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, config_or_exit, stop_on_signal
+from gpuscaler.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    config_or_exit,
+    positive_int,
+    report_dir,
+    stop_on_signal,
+)
 from gpuscaler.config import parse_duration
 
 SAMPLE_SECONDS = 0.5
@@ -137,3 +144,57 @@ def backtest_table(report: dict[str, Any]) -> str:
             f"{rel if rel is not None else '-'}, coverage {worst.get('coverage')})"
         )
     return "\n".join(lines)
+
+
+def add_simulate_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="replay a load trace against a simulated cluster")
+    p.add_argument("--trace", help="CSV: time column, then requests per bin (default: bundled)")
+    p.add_argument(
+        "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
+    )
+    p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
+    p.add_argument(
+        "--resample",
+        help="bin a per-request log or irregular series into counts per bin, e.g. 10s",
+    )
+    p.add_argument(
+        "--column",
+        help="column holding requests (default: the first numeric one; with --resample, "
+        "rows are counted unless a column is named, whose values are then summed)",
+    )
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the baseline sweeps (no equal-cost figure; about 3x faster)",
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--config", help="config YAML (default: built-in defaults)")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        type=report_dir,
+        help="write decisions.jsonl, summary.json and a PNG",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the replay's metrics on 127.0.0.1:PORT, and keep serving until interrupted",
+    )
+    p.set_defaults(func=cmd_simulate)
+
+
+def add_backtest_parser(sub: Any) -> None:
+    p = sub.add_parser("backtest", help="rolling-origin forecast evaluation on a CSV")
+    p.add_argument("--series", required=True, help="CSV: timestamp,value[,series]")
+    p.add_argument("--horizon", default="5m")
+    p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
+    p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
+    p.add_argument("--window", help="history per origin (default: metrics.window)")
+    p.add_argument(
+        "--max-origins", type=positive_int, default=400, help="origins per series at most"
+    )
+    p.add_argument("--config", help="config YAML (forecast section)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_backtest)

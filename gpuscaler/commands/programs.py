@@ -69,3 +69,15 @@ def cmd_extender(args: argparse.Namespace) -> int:
     print(f"serving {paths} on {args.host}:{args.port}", file=sys.stderr)
     serve(config, api, args.host, args.port, leader_election=not args.no_leader_election)
     return EXIT_OK
+
+
+def add_extender_parser(sub: Any) -> None:
+    p = sub.add_parser("extender", help="serve the memory-aware kube-scheduler extender")
+    p.add_argument("--config", required=True)
+    p.add_argument("--port", type=int, default=8888)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.add_argument(
+        "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
+    )
+    p.set_defaults(func=cmd_extender)

@@ -124,19 +124,7 @@ class KubeNodePools:
             data = cm.get("data") or {}
             meta = cm.get("metadata") or {}
             if name in data:
-                try:
-                    strategy, replicas = _config_replicas(data[name])
-                except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-                    raise KubeError(
-                        f"{where}: config {name} is not a device-plugin config"
-                    ) from None
-                expected = pool.sharing if fragments > 1 else None
-                if (strategy, replicas) != (expected, fragments):
-                    raise KubeError(
-                        f"{where}: config {name} sets {strategy or 'no sharing'} with "
-                        f"{replicas} replicas, not {pool.sharing} with {fragments}; "
-                        "left as it is, fix or rename it"
-                    )
+                _check_existing(where, name, data[name], pool, fragments)
                 added = parse_time((meta.get("annotations") or {}).get(CONFIG_ADDED + name))
                 self._propagated(name, added, now)
                 return name
@@ -318,6 +306,22 @@ class KubeNodePools:
                 except (KubeError, ValueError, KeyError) as e:
                     log.warning("rollout of %s on pool %s paused: %s", kind, pool.name, e)
         return done
+
+
+def _check_existing(where: str, name: str, text: str, pool: NodePoolConfig, fragments: int) -> None:
+    """A config of that name already there must say what gpuscaler would write: the
+    operator owns it, it is never overwritten."""
+    try:
+        strategy, replicas = _config_replicas(text)
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        raise KubeError(f"{where}: config {name} is not a device-plugin config") from None
+    expected = pool.sharing if fragments > 1 else None
+    if (strategy, replicas) != (expected, fragments):
+        raise KubeError(
+            f"{where}: config {name} sets {strategy or 'no sharing'} with "
+            f"{replicas} replicas, not {pool.sharing} with {fragments}; "
+            "left as it is, fix or rename it"
+        )
 
 
 def _record_time(record: str) -> float:
