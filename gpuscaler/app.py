@@ -187,24 +187,29 @@ def cluster_controller(
 
         def refused(e: ConfigError) -> None:
             parts.refused.append(e)
-            pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-            if pod and namespace:
-                writer.event(
-                    client.V1ObjectReference(
-                        api_version="v1",
-                        kind="Pod",
-                        name=pod,
-                        namespace=namespace,
-                        uid=os.environ.get("POD_UID"),  # found by kubectl describe pod
-                    ),
-                    namespace,
-                    "ConfigRefused",
-                    "ReloadConfig",
-                    "new config refused, the running one stays: " + "; ".join(e.problems),
-                    type_="Warning",
-                )
+            _refused_event(writer, e)
 
         reloader = ConfigReloader(config_path, lambda c, _: refresh(c), refused)
         parts.reloader = reloader
         controller.before_tick.insert(0, reloader.check)
     return parts
+
+
+def _refused_event(writer: Writer, e: ConfigError) -> None:
+    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod)."""
+    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if pod and namespace:
+        writer.event(
+            client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=pod,
+                namespace=namespace,
+                uid=os.environ.get("POD_UID"),
+            ),
+            namespace,
+            "ConfigRefused",
+            "ReloadConfig",
+            "new config refused, the running one stays: " + "; ".join(e.problems),
+            type_="Warning",
+        )

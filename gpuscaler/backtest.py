@@ -230,30 +230,7 @@ def evaluate_series(
 ) -> dict[str, _Errors]:
     """Errors of every method at up to `max_origins` origins of `series`."""
     step = series.step
-    steps = max(1, round(horizon / max(step, cfg.fit_step)))
-    per = max(1, round(cfg.fit_step / step))  # samples per forecast step
-    if per > 1:
-        raise BacktestError(
-            f"series step {step:g}s is finer than forecast.fit_step {cfg.fit_step:g}s; "
-            "pass --resample to the fit step"
-        )
-    win = max(round(window / step), WINDOW_MEAN_POINTS + 2)
-    values = series.values
-    first, last = win - 1, len(values) - 1 - steps
-    if last < first:
-        raise BacktestError(
-            f"{len(values)} points hold no origin: need a {win}-point window plus "
-            f"{steps} steps of horizon"
-        )
-    stride = max(1, math.ceil((last - first + 1) / max_origins))
-    origins = np.arange(last, first - 1, -stride)[::-1]
-    idx = origins[:, None] - np.arange(win)[::-1][None, :]
-    hist = values[idx]  # (origins, window)
-    actual = values[origins[:, None] + 1 + np.arange(steps)[None, :]]
-    keep = np.isfinite(hist[:, -1]) & np.isfinite(actual).any(axis=1)
-    origins, hist, actual = origins[keep], hist[keep], actual[keep]
-    if origins.size == 0:
-        raise BacktestError("no origin with a finite last value and a finite future")
+    steps, origins, hist, actual = _origins(series, cfg, horizon, window, max_origins)
     fcfg = cfg.model_copy(
         update={
             "horizon": steps * step,
@@ -276,32 +253,7 @@ def evaluate_series(
     reference = reference or StatsmodelsArima(cfg.order)
     ref = reference.forecast(hist, steps, level)
     paths["statsmodels_arima"] = (ref.mean, ref.lower, ref.upper)
-    out: dict[str, _Errors] = {}
-    finite = np.isfinite(actual)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        actual_peak = np.nanmax(np.where(finite, actual, -np.inf), axis=1)
-    for method, (mean, lo, hi) in paths.items():
-        ok = finite & np.isfinite(mean)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            path_peak = np.nanmax(np.where(ok, mean, -np.inf), axis=1)
-        if method == "gpuscaler":  # its own peak forecast, not the path's maximum
-            path_peak = np.where(np.isfinite(g_peak), g_peak, path_peak)
-        rows = ok.any(axis=1)
-        abs_err = np.where(ok, np.abs(mean - actual), np.nan)
-        inside = np.where(
-            ok & np.isfinite(lo) & np.isfinite(hi), (actual >= lo) & (actual <= hi), np.nan
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            peak = np.abs(path_peak - actual_peak)
-            out[method] = _Errors(
-                abs_err=list(np.nanmean(abs_err[rows], axis=1)),
-                peak_err=list(peak[rows]),
-                inside=list(np.nanmean(inside[rows], axis=1)),
-            )
-    return out
+    return _errors(paths, actual, g_peak)
 
 
 def _scores(errors: dict[str, _Errors]) -> dict[str, Scores]:
@@ -403,3 +355,70 @@ def _overall(
 
 def _round(x: float) -> float | None:
     return round(float(x), 4) if math.isfinite(x) else None
+
+
+def _origins(
+    series: Series, cfg: ForecastConfig, horizon: float, window: float, max_origins: int
+) -> tuple[int, IntArray, FloatArray, FloatArray]:
+    """Forecast steps, and up to `max_origins` evenly spread origins with a finite last
+    value and some finite future: their windows of history and the actual values after."""
+    step = series.step
+    steps = max(1, round(horizon / max(step, cfg.fit_step)))
+    per = max(1, round(cfg.fit_step / step))  # samples per forecast step
+    if per > 1:
+        raise BacktestError(
+            f"series step {step:g}s is finer than forecast.fit_step {cfg.fit_step:g}s; "
+            "pass --resample to the fit step"
+        )
+    win = max(round(window / step), WINDOW_MEAN_POINTS + 2)
+    values = series.values
+    first, last = win - 1, len(values) - 1 - steps
+    if last < first:
+        raise BacktestError(
+            f"{len(values)} points hold no origin: need a {win}-point window plus "
+            f"{steps} steps of horizon"
+        )
+    stride = max(1, math.ceil((last - first + 1) / max_origins))
+    origins = np.arange(last, first - 1, -stride)[::-1]
+    idx = origins[:, None] - np.arange(win)[::-1][None, :]
+    hist = values[idx]  # (origins, window)
+    actual = values[origins[:, None] + 1 + np.arange(steps)[None, :]]
+    keep = np.isfinite(hist[:, -1]) & np.isfinite(actual).any(axis=1)
+    origins, hist, actual = origins[keep], hist[keep], actual[keep]
+    if origins.size == 0:
+        raise BacktestError("no origin with a finite last value and a finite future")
+    return steps, origins, hist, actual
+
+
+def _errors(
+    paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]],
+    actual: FloatArray,
+    g_peak: FloatArray,
+) -> dict[str, _Errors]:
+    """Per method: mean absolute error, peak error and interval coverage per origin."""
+    out: dict[str, _Errors] = {}
+    finite = np.isfinite(actual)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        actual_peak = np.nanmax(np.where(finite, actual, -np.inf), axis=1)
+    for method, (mean, lo, hi) in paths.items():
+        ok = finite & np.isfinite(mean)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            path_peak = np.nanmax(np.where(ok, mean, -np.inf), axis=1)
+        if method == "gpuscaler":  # its own peak forecast, not the path's maximum
+            path_peak = np.where(np.isfinite(g_peak), g_peak, path_peak)
+        rows = ok.any(axis=1)
+        abs_err = np.where(ok, np.abs(mean - actual), np.nan)
+        inside = np.where(
+            ok & np.isfinite(lo) & np.isfinite(hi), (actual >= lo) & (actual <= hi), np.nan
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            peak = np.abs(path_peak - actual_peak)
+            out[method] = _Errors(
+                abs_err=list(np.nanmean(abs_err[rows], axis=1)),
+                peak_err=list(peak[rows]),
+                inside=list(np.nanmean(inside[rows], axis=1)),
+            )
+    return out

@@ -38,6 +38,15 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._target_metrics(r)
+        self._decision_metrics(r)
+        self._health_metrics(r)
+        self._preemption_metrics(r)
+        self.config_generation.set(1)
+        self._refused_seen = 0
+
+    def _target_metrics(self, r: CollectorRegistry) -> None:
+        """What was observed and forecast per target."""
         self.observed = Gauge(
             "gpuscaler_observed_value",
             "Newest observed value of a forecast target "
@@ -65,6 +74,9 @@ class ControllerMetrics:
             ["pool"],
             registry=r,
         )
+
+    def _decision_metrics(self, r: CollectorRegistry) -> None:
+        """Decisions and what they set."""
         self.decisions = Counter(
             "gpuscaler_decisions",
             "Decisions and skips by kind, outcome and reason class.",
@@ -86,6 +98,9 @@ class ControllerMetrics:
             ["pool"],
             registry=r,
         )
+
+    def _health_metrics(self, r: CollectorRegistry) -> None:
+        """The tick, the source, leadership and the config in force."""
         self.tick_seconds = Histogram(
             "gpuscaler_tick_duration_seconds",
             "Duration of a control tick.",
@@ -121,6 +136,9 @@ class ControllerMetrics:
             "Unix time of the last tick that completed.",
             registry=r,
         )
+
+    def _preemption_metrics(self, r: CollectorRegistry) -> None:
+        """Preemption steps and victims."""
         self.preemption_steps = Counter(
             "gpuscaler_preemption_steps",
             "Preemption steps by the tier they lead to (soft, hard, cleanup, done, aborted, "
@@ -139,8 +157,6 @@ class ControllerMetrics:
             ["tier"],
             registry=r,
         )
-        self.config_generation.set(1)
-        self._refused_seen = 0
 
     def _forecast(self, kind: str, target: str, f: Forecast | None) -> None:
         if f is None:

@@ -30,28 +30,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _replay_window(args: argparse.Namespace) -> float | str | None:
+    """The --resample bin in seconds (None: none), or what is wrong with --hours, --start
+    or --resample."""
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        return f"--hours must be a finite number > 0, got {args.hours:g}"
+    if not (math.isfinite(args.start) and args.start >= 0):
+        return f"--start must be a finite number >= 0, got {args.start:g}"
+    if args.resample is None:
+        return None
+    try:
+        resample = parse_duration(args.resample)
+    except ValueError as e:
+        return f"--resample: {e}"
+    if not (math.isfinite(resample) and resample >= SAMPLE_SECONDS):
+        return f"--resample must be at least 500ms, got {args.resample}"
+    return resample
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuscaler.sim.report import table, write_report
     from gpuscaler.sim.simulate import simulate
     from gpuscaler.sim.trace import TraceError, load_trace
 
     config = config_or_exit(args.config, require_targets=False)
-    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
-        print(f"--hours must be a finite number > 0, got {args.hours:g}", file=sys.stderr)
+    resample = _replay_window(args)
+    if isinstance(resample, str):
+        print(resample, file=sys.stderr)
         return EXIT_BAD_INPUT
-    if not (math.isfinite(args.start) and args.start >= 0):
-        print(f"--start must be a finite number >= 0, got {args.start:g}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    resample = None
-    if args.resample is not None:
-        try:
-            resample = parse_duration(args.resample)
-        except ValueError as e:
-            print(f"--resample: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if not (math.isfinite(resample) and resample >= SAMPLE_SECONDS):
-            print(f"--resample must be at least 500ms, got {args.resample}", file=sys.stderr)
-            return EXIT_BAD_INPUT
     listeners = []
     stop = threading.Event()
     if args.metrics_port:
