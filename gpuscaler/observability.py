@@ -173,9 +173,6 @@ class ControllerMetrics:
         for method, err in f.errors.items():
             self.forecast_error.labels(kind, target, method).set(err)
 
-    def on_config(self, generation: int) -> None:
-        self.config_generation.set(generation)
-
     def on_tick(self, result: TickResult, source: str, source_ok: bool) -> None:
         snap = result.snapshot
         for p in snap.pools:

@@ -40,7 +40,6 @@ class ClusterReader:
         self.custom = client.CustomObjectsApi(api)
         self.hpa = client.AutoscalingV2Api(api)
         self.healthy = True
-        self.last_error: str | None = None
         self.last_objects: ClusterObjects | None = None
         """What the last successful read saw (for workload discovery)."""
 
@@ -81,12 +80,12 @@ class ClusterReader:
             objects = self.objects()
             state = current_state(objects, self.config)
         except (KubeError, ClusterStateError, ValueError) as e:
-            self.healthy, self.last_error = False, str(e)
+            self.healthy = False
             log.warning(
                 "kubernetes: cannot read cluster state: %s",
                 e,
                 extra={"event": "source_unhealthy", "source": "kubernetes"},
             )
             return unavailable_state(self.config, f"cannot read cluster state: {e}")
-        self.healthy, self.last_error, self.last_objects = True, None, objects
+        self.healthy, self.last_objects = True, objects
         return state

@@ -40,7 +40,6 @@ MAX_POINTS = 10_000
 @dataclass
 class Health:
     ok: bool = True
-    last_error: str | None = None
     last_success: float | None = None
     failures: int = 0
 
@@ -215,7 +214,6 @@ class PrometheusSource:
         if errors:
             self.health.ok = False
             self.health.failures += 1
-            self.health.last_error = errors[0]
             log.warning(
                 "prometheus: %d target(s) failed: %s",
                 len(errors),
