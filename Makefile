@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+## Extra pytest arguments, e.g. CI's coverage: make test PYTEST_ARGS=--cov
+PYTEST_ARGS ?=
 
 .PHONY: setup simulate test test-fast controlplane lint typecheck bench clean
 
@@ -20,11 +22,12 @@ simulate: setup
 ## The tests, with lint and type checks first. The real control plane (kube-apiserver &
 ## co., built from Go once per machine, see tests/controlplane/build.sh) comes first.
 test: setup lint typecheck controlplane
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-## The same without the tests that need the real control plane (marker `controlplane`).
+## The quick loop: without the tests that need the real control plane (marker
+## `controlplane`) or start programs and replay hours (marker `slow`).
 test-fast: setup lint typecheck
-	$(BIN)/pytest -q -m "not controlplane"
+	$(BIN)/pytest -q -m "not controlplane and not slow" $(PYTEST_ARGS)
 
 ## Build the test control plane into ~/.cache/gpuscaler/controlplane (a no-op once built;
 ## 35 min cold here on 2 shared cores). Without Go, the tests that need it skip (fail under CI).

@@ -39,11 +39,38 @@ import os  # noqa: E402
 
 import controlplane as cp  # noqa: E402
 
+SLOW_MODULES = frozenset(
+    {
+        # each test starts a program: the CLI, lint-imports, promtool or a real Prometheus
+        "test_agent_cli",
+        "test_agent_mps_memory",
+        "test_cli_errors",
+        "test_cluster_cli",
+        "test_entrypoints",
+        "test_extender_live",
+        "test_extender_observability",
+        "test_fault_matrix",
+        "test_layers",
+        "test_observability",
+        "test_preemption_memory",
+        "test_prometheus",
+        "test_prometheus_invalid",
+        "test_prometheus_live",
+        "test_stock_scraping",
+        # simulator replays with their baselines, and planning at 10,000 workloads
+        "test_simulate",
+        "test_plan_scale",
+    }
+)
+"""Modules whose tests take seconds each: marker `slow`, left out by `make test-fast`."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if {"control_plane", "kube", "scheduler"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.controlplane)
+        if Path(str(item.fspath)).stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
