@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.decisions import (
     ReplicaFloorDecision,
@@ -174,6 +175,32 @@ def test_a_stale_resource_version_is_refused_by_the_server(real: Real) -> None:
             "keda.sh", "v1alpha1", ns, "scaledobjects", "chat", body
         )
     assert info.value.status == 409
+
+
+def test_set_floor_with_a_stale_resource_version_never_overwrites_the_newer_object(
+    real: Real,
+) -> None:
+    """`set_floor` itself, not a hand-made patch: every read it makes returns the state
+    from before another writer's change, so each of its patches carries a stale
+    resourceVersion; the real server refuses them all and the newer object stays."""
+    workloads, kube, ns = real
+    kube.create(scaled_object("chat", 2, namespace=ns))
+    path = SO.format(ns=ns, name="chat")
+    stale = workloads.workloads.read(workloads.workloads.config.workloads[0])
+    kube.request("PATCH", path, {"spec": {"maxReplicaCount": 30}}, "application/merge-patch+json")
+    reads: list[Any] = []
+
+    def stale_read(w: Any) -> Any:
+        reads.append(w)
+        return stale
+
+    workloads.workloads.read = stale_read  # type: ignore[method-assign]
+    with pytest.raises(KubeError, match="still conflicting"):
+        workloads.workloads.set_floor(_decision(f"{ns}/ScaledObject/chat", 2, 7))
+    assert len(reads) == MAX_CONFLICT_RETRIES + 1
+    obj = kube.get(path)
+    assert obj["spec"]["minReplicaCount"] == 2 and obj["spec"]["maxReplicaCount"] == 30
+    assert "gpuscaler.io/last-decision" not in (obj["metadata"].get("annotations") or {})
 
 
 def test_the_crds_own_rule_refuses_a_floor_above_the_maximum(real: Real) -> None:
