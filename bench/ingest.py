@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import STEP, prometheus
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
 from gpuscaler.controller import Controller
+from gpuscaler.sources import PrometheusSource
 
 GPUS = 1000
 POOLS = 10

@@ -24,7 +24,6 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader, preempti
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import Writer
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import Config, ConfigError, KubernetesConfig
 from gpuscaler.controller import Controller
 from gpuscaler.core.decisions import Decision
@@ -33,6 +32,7 @@ from gpuscaler.core.snapshot import Observations
 from gpuscaler.errors import InputError
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
+from gpuscaler.sources import PrometheusSource
 
 log = logging.getLogger("gpuscaler.app")
 
@@ -169,17 +169,25 @@ def cluster_controller(
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None)
     base = config  # the file's config, before discovered workloads are added
+    reloaded = False
 
-    def refresh(new_base: Config | None = None) -> None:
-        nonlocal base
-        if new_base is not None:
-            base = new_base
-        want = with_discovered(base, reader.last_objects)
-        if new_base is not None or want.workloads != controller.config.workloads:
-            reader.reconfigure(want)
-            controller.reconfigure(want)
+    def reload(new_base: Config) -> None:
+        nonlocal base, reloaded
+        base, reloaded = new_base, True
 
-    controller.before_tick.append(refresh)
+    def discover() -> None:
+        """This tick's config: the file's plus the workloads this tick's objects opt in,
+        swapped in once, before anything observes."""
+        nonlocal reloaded
+        objects = reader.prefetch()
+        want = with_discovered(base, objects if objects is not None else reader.last_objects)
+        if reloaded or want.workloads != controller.config.workloads:
+            controller.reconfigure(want)  # the source's and the actuator's parts follow
+            if reloaded:
+                reader.drop_prefetched()  # nodes are parsed with the config: read again
+            reloaded = False
+
+    controller.before_tick.append(discover)
     if isinstance(api, BoundedApiClient):
         controller.before_tick.insert(0, api.begin_tick)
     if config_path is not None:
@@ -189,7 +197,7 @@ def cluster_controller(
             parts.refused.append(e)
             _refused_event(writer, e)
 
-        reloader = ConfigReloader(config_path, lambda c, _: refresh(c), refused)
+        reloader = ConfigReloader(config_path, lambda c, _: reload(c), refused)
         parts.reloader = reloader
         controller.before_tick.insert(0, reloader.check)
     return parts

@@ -25,9 +25,9 @@ from gpuscaler.adapters.prometheus.promql import (
     escape_label_value,
     format_step,
 )
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import Config, parse_config
+from gpuscaler.sources import PrometheusSource
 
 POINTS = 7200  # one hour at 500 ms
 START, END = planted_window(POINTS, 30)  # set again by the fixture that plants them

@@ -16,12 +16,12 @@ from promserver import planted_window, prometheus, write_openmetrics
 from test_prometheus import _bad_server
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import decode_matrix, out_of_range
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller
+from gpuscaler.sources import PrometheusSource
 
 POINTS = 2400  # 20 minutes at 500 ms
 

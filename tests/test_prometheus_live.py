@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from promserver import free_port, prometheus, shipped_rules
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Series
+from gpuscaler.sources import PrometheusSource
 
 
 class Exporter:

@@ -122,10 +122,11 @@ def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event
     controller = parts.controller
     assert parts.elector is not None and parts.elector.step()  # this replica leads
 
-    controller.tick(NOW)
-    controller.tick(NOW + 30)  # discovery uses what the previous tick read
+    first = controller.tick(NOW)  # discovery uses this tick's objects: planned at once
     keys = [w.key for w in controller.config.workloads]
     assert keys == [f"{ml}/HorizontalPodAutoscaler/embed", f"{ml}/HorizontalPodAutoscaler/found"]
+    assert [w.key for w in first.snapshot.workloads] == keys
+    controller.tick(NOW + 30)
 
     update("replicas: {max_replicas: -1}\n")
     controller.tick(NOW + 60)

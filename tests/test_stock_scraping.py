@@ -12,8 +12,8 @@ import pytest
 from promserver import planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.source import PrometheusSource
 from gpuscaler.config import parse_config
+from gpuscaler.sources import PrometheusSource
 
 POINTS = 1200
 

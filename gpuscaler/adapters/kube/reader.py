@@ -41,7 +41,8 @@ class ClusterReader:
         self.hpa = client.AutoscalingV2Api(api)
         self.healthy = True
         self.last_objects: ClusterObjects | None = None
-        """What the last successful read saw (for workload discovery)."""
+        """What the last successful read saw."""
+        self._prefetched: ClusterObjects | None = None
 
     def reconfigure(self, config: Config) -> None:
         self.config = config
@@ -74,10 +75,24 @@ class ClusterReader:
         )
         return parse_objects(items, self.config)
 
+    def prefetch(self) -> ClusterObjects | None:
+        """Read the objects once, first in a tick (workload discovery needs them before
+        the config is set); the next `state()` uses them instead of reading again. None
+        when the cluster cannot be read now (`state()` then tries and says why)."""
+        try:
+            self._prefetched = self.objects()
+        except (KubeError, ClusterStateError, ValueError):
+            self._prefetched = None
+        return self._prefetched
+
+    def drop_prefetched(self) -> None:
+        """Objects prefetched under a config that changed since are read again."""
+        self._prefetched = None
+
     def state(self) -> CurrentState:
         """The current state; on any failure every target is flagged (no action)."""
         try:
-            objects = self.objects()
+            objects, self._prefetched = self._prefetched or self.objects(), None
             state = current_state(objects, self.config)
         except (KubeError, ClusterStateError, ValueError) as e:
             self.healthy = False

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
@@ -27,9 +26,8 @@ from gpuscaler.adapters.prometheus.window import (
     decode_matrix,
     out_of_range,
 )
-from gpuscaler.config import Config
+from gpuscaler.config import Config, NodePoolConfig
 from gpuscaler.core.model import Series
-from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -44,24 +42,47 @@ class Health:
     failures: int = 0
 
 
-StateReader = Callable[[], CurrentState]
-"""Reads what the cluster runs now; called once per tick."""
+@dataclass(frozen=True)
+class PoolMetrics:
+    """What Prometheus says of one node pool this tick."""
+
+    name: str
+    utilization: Series | None
+    stall: Series | None
+    memory_used_gib: float | None = None
+    """Frame buffer in use on the pool's fullest GPU, newest sample."""
+    memory_total_gib: float | None = None
+    """Frame buffer of the pool's GPUs as dcgm-exporter reports it, newest sample."""
+    problem: str | None = None
+    """Why the metrics cannot be trusted this tick (a query failed, absurd values...)."""
+    unmatched: bool = False
+    """The pool has no metrics_matchers: nothing was asked of Prometheus."""
 
 
-class PrometheusSource:
-    """Metrics from Prometheus joined with the cluster's current state (fixed, or read
-    each tick by a `StateReader`)."""
+@dataclass(frozen=True)
+class WorkloadMetrics:
+    key: str
+    load: Series | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One tick's metrics, per configured pool and workload, in config order."""
+
+    time: float
+    pools: tuple[PoolMetrics, ...] = ()
+    workloads: tuple[WorkloadMetrics, ...] = ()
+
+
+class PrometheusMetrics:
+    """Metrics from Prometheus, fetched incrementally into a window per target; nothing
+    of the cluster (`gpuscaler.sources` joins the two)."""
 
     name = "prometheus"
 
-    def __init__(
-        self,
-        config: Config,
-        state: CurrentState | StateReader,
-        transport: Transport | None = None,
-    ):
+    def __init__(self, config: Config, transport: Transport | None = None):
         self.config = config
-        self.state = state
         self.transport = transport or Transport(config.prometheus)
         self.windows: dict[str, Window] = {}
         self.health = Health()
@@ -150,65 +171,41 @@ class PrometheusSource:
                 del self.windows[key]
         self.config = config
 
-    def observe(self, now: float) -> Observations:
-        queries = self.config.prometheus.queries
+    def read(self, now: float) -> Metrics:
+        """This tick's metrics of every configured pool and workload."""
         self._transport_errors = []
-        state = self.state() if callable(self.state) else self.state
-        pools = []
-        for p in self.config.node_pools:
-            cluster_problem = state.problems.get(f"pool:{p.name}")
-            if not p.metrics_matchers:
-                pools.append(
-                    RawPool(
-                        p.name,
-                        None,
-                        None,
-                        state.fragments.get(p.name),
-                        None,
-                        problem="no metrics_matchers configured for this pool",
-                    )
-                )
-                continue
-            util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
-            stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
-            util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
-            stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
-            used_gib, used_problem = self._newest_gib(
-                f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
-            )
-            total_gib, total_problem = self._newest_gib(
-                f"pool:{p.name}:fb_total", queries.pool_memory_total, p.metrics_matchers, now
-            )
-            problem = util_problem or stall_problem or used_problem or total_problem
-            pools.append(
-                RawPool(
-                    name=p.name,
-                    utilization=util,
-                    stall=stall,
-                    fragments=state.fragments.get(p.name),
-                    time_slice_level=state.time_slice_levels.get(p.name),
-                    gpu_memory_gib=total_gib or state.gpu_memory_gib.get(p.name),
-                    max_shares_held=state.shares_held.get(p.name, 0),
-                    memory_used_gib=used_gib,
-                    problem=_problem(problem, cluster_problem),
-                )
-            )
+        pools = tuple(self._pool(p, now) for p in self.config.node_pools)
+        queries = self.config.prometheus.queries
         workloads = []
         for w in self.config.workloads:
             query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
             load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
-            workloads.append(
-                RawWorkload(
-                    key=w.key,
-                    load=load,
-                    floor=state.floors.get(w.key),
-                    replicas=state.replicas.get(w.key),
-                    max_replicas=state.max_replicas.get(w.key),
-                    problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
-                )
-            )
+            workloads.append(WorkloadMetrics(w.key, load, problem))
         self._record_health(now, self._transport_errors)
-        return Observations(now, tuple(pools), tuple(workloads))
+        return Metrics(now, pools, tuple(workloads))
+
+    def _pool(self, p: NodePoolConfig, now: float) -> PoolMetrics:
+        if not p.metrics_matchers:
+            return PoolMetrics(
+                p.name,
+                None,
+                None,
+                problem="no metrics_matchers configured for this pool",
+                unmatched=True,
+            )
+        queries = self.config.prometheus.queries
+        util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
+        stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
+        util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
+        stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
+        used_gib, used_problem = self._newest_gib(
+            f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
+        )
+        total_gib, total_problem = self._newest_gib(
+            f"pool:{p.name}:fb_total", queries.pool_memory_total, p.metrics_matchers, now
+        )
+        problem = util_problem or stall_problem or used_problem or total_problem
+        return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:
@@ -225,9 +222,3 @@ class PrometheusSource:
                 log.info("prometheus recovered", extra={"event": "source_recovered"})
             self.health.ok = True
             self.health.last_success = now
-
-
-def _problem(prometheus: str | None, cluster: str | None) -> str | None:
-    if prometheus:
-        return f"prometheus: {prometheus}"
-    return f"kubernetes: {cluster}" if cluster else None
