@@ -17,6 +17,7 @@ from gpuscaler.adapters.prometheus.source import (
     WorkloadMetrics,
 )
 from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.adapters.prometheus.window import Window
 from gpuscaler.config import Config
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 
@@ -76,8 +77,10 @@ class PrometheusSource:
         config: Config,
         state: CurrentState | StateReader,
         transport: Transport | None = None,
+        metrics: PrometheusMetrics | None = None,
     ):
-        self.metrics = PrometheusMetrics(config, transport)
+        self.metrics = metrics or PrometheusMetrics(config, transport)
+        """The metrics reader: one query per target, or another that reads the same way."""
         self.state = state
 
     @property
@@ -91,6 +94,10 @@ class PrometheusSource:
     @property
     def transport(self) -> Transport:
         return self.metrics.transport
+
+    @property
+    def windows(self) -> dict[str, Window]:
+        return self.metrics.windows
 
     def reconfigure(self, config: Config) -> None:
         self.metrics.reconfigure(config)
