@@ -13,7 +13,11 @@ from collections.abc import Sequence
 
 from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE
 from gpuscaler.commands.control import add_controller_parsers
-from gpuscaler.commands.offline import add_backtest_parser, add_simulate_parser, cmd_validate
+from gpuscaler.commands.offline import (
+    add_backtest_parser,
+    add_simulate_parser,
+    cmd_validate,
+)
 from gpuscaler.commands.programs import add_agent_parser, add_extender_parser
 from gpuscaler.errors import InputError, OutsideError
 
