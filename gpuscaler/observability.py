@@ -91,6 +91,13 @@ class ControllerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
+        self.sample_spacing = Gauge(
+            "gpuscaler_sample_spacing_seconds",
+            "Measured sample spacing of a Prometheus series coarser than metrics.step (a "
+            "scrape interval): its points are read from the newest sample within it.",
+            ["series"],
+            registry=r,
+        )
         self.ticks_failed = Counter(
             "gpuscaler_ticks_failed", "Ticks that raised and were skipped.", registry=r
         )
@@ -214,6 +221,8 @@ class ControllerMetrics:
             health = getattr(controller.source, "health", None)
             ok = bool(getattr(health, "ok", True))
             self.on_tick(result, controller.source.name, ok)
+            for series, spacing in dict(getattr(controller.source, "sample_spacing", {})).items():
+                self.sample_spacing.labels(series).set(spacing)
             self.leader.set(1 if controller.is_leader() else 0)
 
         controller.stats.listeners.append(listen)

@@ -170,6 +170,9 @@ class WorkloadObservation:
     """The object's own ceiling (maxReplicaCount / maxReplicas)."""
     replica_gpu_share: float = 1.0
     """GPU one replica can use: 1 for a whole GPU, about 1/n on a GPU shared n ways."""
+    demand: tuple[float, str] | None = None
+    """When `load` is the serving stack's demand (gpuscaler.demand), not GPU utilization:
+    what one replica serves at target, and the unit."""
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ class RawWorkload:
     max_replicas: int | None = None
     replica_gpu_share: float = 1.0
     problem: str | None = None
+    demand: tuple[float, str] | None = None
+    """Per-replica target and unit when `load` is serving demand (gpuscaler.demand)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def build_snapshot(
             replicas=w.replicas,
             max_replicas=w.max_replicas,
             replica_gpu_share=w.replica_gpu_share,
+            demand=w.demand,
         )
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]
