@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import Kube, wait_until
+from controlplane import Kube, kubectl_path, wait_until
 from test_deploy import render
 
 from gpuscaler.config import parse_config
@@ -173,6 +173,43 @@ def test_image_resources_replicas_dry_run_and_config_follow_the_values(tmp_path:
     kinds = {d["kind"] for d in docs}
     assert "PrometheusRule" not in kinds and "Namespace" not in kinds
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"] == ["gpuscaler-config"]
+
+
+def _with_gpu_operator_component(tmp_path: Path) -> tuple[dict[str, Any], ...]:
+    """The base plus deploy/components/gpu-operator, as a user's kustomization uses them."""
+    deploy = os.path.relpath(ROOT / "deploy", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{deploy}]\ncomponents: [{deploy}/components/gpu-operator]\n"
+    )
+    kubectl = kubectl_path()
+    assert kubectl is not None  # render("deploy") above skipped or failed without it
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def test_the_gpu_operator_component_changes_only_the_device_plugin_namespace(
+    tmp_path: Path,
+) -> None:
+    base = {_key(d): _comparable(d) for d in render("deploy")}
+    for key in [k for k in base if k[2] == "gpuscaler-sharing-configs"]:
+        doc = base.pop(key)
+        doc["metadata"]["namespace"] = "gpu-operator"
+        base[(key[0], "gpu-operator", key[2])] = doc
+    config = base[("ConfigMap", "gpuscaler", "gpuscaler-config")]["data"]["gpuscaler.yaml"]
+    config["kubernetes"]["device_plugin_config_map"]["namespace"] = "gpu-operator"
+    component = {_key(d): _comparable(d) for d in _with_gpu_operator_component(tmp_path)}
+    assert component == base
+
+
+def test_the_gpu_operator_component_renders_what_the_chart_does_for_gpu_operator(
+    tmp_path: Path,
+) -> None:
+    chart = template(*AS_KUSTOMIZE, "--set", "devicePlugin.namespace=gpu-operator")
+    component = _with_gpu_operator_component(tmp_path)
+    assert {_key(d): _comparable(d) for d in chart} == {_key(d): _comparable(d) for d in component}
 
 
 def test_an_invalid_value_fails_the_render_with_its_name() -> None:
