@@ -156,6 +156,32 @@ def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
         )
 
 
+def _announce_coarse_samples(
+    prometheus: PrometheusSource, controller: Controller, writer: Writer
+) -> None:
+    """One Warning Event per tick that found series sampled more coarsely than
+    metrics.step, naming them (each series is found once: adapters/spacing.py)."""
+    found: list[str] = []
+    prometheus.spacing.listeners.append(
+        lambda key, spacing, step: found.append(f"{key} every {spacing:g}s")
+    )
+
+    def announce(_: object) -> None:
+        if found:
+            step = prometheus.spacing.step
+            own_pod_event(
+                writer,
+                "CoarseSamples",
+                "ReadMetrics",
+                f"{len(found)} series sampled more coarsely than metrics.step {step:g}s (a "
+                "scrape interval?): each point is read from the newest sample within its "
+                "spacing instead of seeing gaps: " + ", ".join(found),
+            )
+            found.clear()
+
+    controller.stats.listeners.append(announce)
+
+
 @dataclass
 class ClusterController:
     """The controller and the parts around it that `run` starts and stops."""
@@ -197,16 +223,7 @@ def cluster_controller(
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None)
     own_events = Writer(api, config, me)
-    prometheus.spacing.listeners.append(
-        lambda key, spacing, step: own_pod_event(
-            own_events,
-            "CoarseSamples",
-            "ReadMetrics",
-            f"{key}: samples are {spacing:g}s apart, coarser than metrics.step {step:g}s "
-            f"(the scrape interval?); each point is read from the newest sample within "
-            f"{spacing + 2 * step:g}s instead of seeing gaps",
-        )
-    )
+    _announce_coarse_samples(prometheus, controller, own_events)
     base = config  # the file's config, before discovered workloads are added
 
     def refresh(new_base: Config | None = None) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from controlplane import Kube
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
@@ -164,9 +166,34 @@ def test_coarse_samples_become_an_event_on_the_controllers_pod_and_a_metric(
         for e in kube.get(f"/apis/events.k8s.io/v1/namespaces/{home}/events")["items"]
         if e["reason"] == "CoarseSamples"
     ]
-    notes = sorted(e["note"] for e in events)
-    assert len(notes) == len({n.split(":")[0] for n in notes})  # one per series
-    assert any(n.startswith("workload:ml/ScaledObject/chat: samples are 15s apart") for n in notes)
-    assert all(e["regarding"]["name"] == "gpuscaler-abc" for e in events)
+    (event,) = events  # one for the tick that found them, none for the next
+    assert event["regarding"]["name"] == "gpuscaler-abc" and event["type"] == "Warning"
+    assert "pool:l4:util every 15s" in event["note"]
+    assert "workload:ml/ScaledObject/chat every 15s" in event["note"]
     text = metrics.exposition().decode()
     assert 'gpuscaler_sample_spacing_seconds{series="pool:l4:util"} 15.0' in text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spacing_steps=st.integers(min_value=3, max_value=240),
+    count=st.integers(min_value=20, max_value=200),
+    missed=st.sets(st.integers(min_value=1, max_value=199), max_size=3),
+    per_run=st.integers(min_value=1, max_value=3),
+    offset=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+)
+def test_any_regular_scrape_is_measured_at_its_interval_despite_a_few_missed_scrapes(
+    spacing_steps: int, count: int, missed: set[int], per_run: int, offset: float
+) -> None:
+    assume(per_run < spacing_steps)  # else the samples leave no hole: nothing to measure
+    spacing = spacing_steps * STEP
+    times = _runs(spacing, count, per_run=per_run, skip=tuple(missed)) + round(offset / STEP) * STEP
+    assert measure_spacing(times, STEP) == spacing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=3600, allow_nan=False), max_size=300))
+def test_a_measured_spacing_is_always_coarser_than_the_step(points: list[float]) -> None:
+    times = np.unique(np.round(np.array(points) / STEP) * STEP)
+    spacing = measure_spacing(times, STEP)
+    assert spacing is None or spacing > 1.5 * STEP
