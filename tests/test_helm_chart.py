@@ -219,24 +219,24 @@ def test_an_invalid_value_fails_the_render_with_its_name() -> None:
 
 
 @pytest.mark.controlplane
-def test_the_rendered_chart_applies_to_the_real_control_plane_and_its_pods_are_admitted(
+def test_helm_install_puts_the_chart_on_the_real_control_plane_and_its_pods_are_admitted(
     kube: Kube,
 ) -> None:
-    """helm template | kubectl apply, into a namespace of the test's own, with the GPU
-    Operator's device-plugin namespace; server-side dry run without warnings (restricted
-    Pod Security), and the ReplicaSet's pods admitted."""
+    """`helm install` (as the README says) into a namespace of the test's own, with the
+    GPU Operator's device-plugin namespace: the release deploys, its notes name the
+    assumptions, no object draws a Pod Security warning, the ReplicaSet's pods are
+    admitted under the restricted standard, and `helm uninstall` removes it."""
     home, plugin = kube.namespace(), kube.namespace()
     kube.plane.kubectl("label", "namespace", home, "pod-security.kubernetes.io/enforce=restricted")
-    out = helm(
-        "template", "gpuscaler", str(CHART), "--namespace", home,
-        "--set", f"devicePlugin.namespace={plugin}",
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    kubeconfig = f"--kubeconfig={kube.plane.admin_kubeconfig}"
+    args = ["--namespace", home, "--set", f"devicePlugin.namespace={plugin}"]
+    installed = helm("install", "gpuscaler", str(CHART), kubeconfig, *args)
     try:
-        applied = kube.plane.kubectl("apply", "-f", "-", input=out.stdout)
-        assert "deployment.apps/gpuscaler created" in applied, applied
-        kube.plane.kubectl("apply", "-f", "-", "--dry-run=server", input=out.stdout)
-        assert "Warning" not in kube.plane.kubectl_stderr, kube.plane.kubectl_stderr
+        assert installed.returncode == 0, installed.stderr
+        assert "STATUS: deployed" in installed.stdout
+        assert f"ConfigMap {plugin}/gpuscaler-sharing-configs" in installed.stdout  # NOTES
+        assert "shadow mode" in installed.stdout
+        assert "PodSecurity" not in installed.stderr, installed.stderr  # restricted holds
         role = kube.get(
             f"/apis/rbac.authorization.k8s.io/v1/namespaces/{plugin}/roles/gpuscaler-sharing-configs"
         )
@@ -254,6 +254,6 @@ def test_the_rendered_chart_applies_to_the_real_control_plane_and_its_pods_are_a
             assert pod.spec.service_account_name == "gpuscaler"
             assert pod.spec.priority == 2_000_000_000  # system-cluster-critical
     finally:
-        kube.plane.kubectl(
-            "delete", "clusterrole,clusterrolebinding", "gpuscaler", "--ignore-not-found"
-        )
+        removed = helm("uninstall", "gpuscaler", kubeconfig, "--namespace", home)
+    assert removed.returncode == 0, removed.stderr
+    assert kube.plane.kubectl("get", "clusterrole", "gpuscaler", "--ignore-not-found") == ""
