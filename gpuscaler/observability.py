@@ -40,7 +40,8 @@ class ControllerMetrics:
         self.observed = Gauge(
             "gpuscaler_observed_value",
             "Newest observed value of a forecast target "
-            "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU).",
+            "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU, "
+            "or its serving demand in its demand preset's unit).",
             ["kind", "target"],
             registry=r,
         )

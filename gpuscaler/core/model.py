@@ -162,7 +162,8 @@ class PoolObservation:
 class WorkloadObservation:
     key: str
     load: Signal
-    """GPU utilization summed over the workload's GPUs, percent of one GPU."""
+    """GPU utilization summed over the workload's GPUs, percent of one GPU; or, with
+    `demand`, the serving stack's demand in its unit."""
     floor: int | None
     """The replica floor set now (minReplicaCount / minReplicas); None when unknown."""
     replicas: int | None
