@@ -108,6 +108,53 @@ def test_the_chart_renders_exactly_what_the_kustomize_base_applies() -> None:
         assert chart[key] == doc, key
 
 
+AGENT_CONFIG = re.compile(r"^gpuscaler-agent-config(-[a-z0-9]{10})?$")
+"""kustomize names the agent's ConfigMap with a hash of its content (so a change rolls the
+DaemonSet); the chart rolls it by a checksum annotation instead."""
+
+
+def _without_agent_hash(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = _comparable(doc)
+    if doc["kind"] == "ConfigMap" and AGENT_CONFIG.match(doc["metadata"]["name"]):
+        doc["metadata"]["name"] = "gpuscaler-agent-config"
+    if doc["kind"] == "DaemonSet":
+        pod = doc["spec"]["template"]
+        pod["metadata"].pop("annotations", None)
+        for volume in pod["spec"]["volumes"]:
+            if "configMap" in volume:
+                volume["configMap"]["name"] = "gpuscaler-agent-config"
+    return doc
+
+
+def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> None:
+    chart = {
+        _key(d): _without_agent_hash(d)
+        for d in template(*AS_KUSTOMIZE, "--set", "agent.enabled=true")
+    }
+    base = {
+        _key(d): d for d in map(_without_agent_hash, (*render("deploy"), *render("deploy/agent")))
+    }
+    assert sorted(chart) == sorted(base)
+    for key, doc in base.items():
+        assert chart[key] == doc, key
+
+
+def test_the_agent_rolls_when_its_config_changes() -> None:
+    def checksum(*args: str) -> str:
+        daemonset = _one(
+            template("--set", "agent.enabled=true", *args), "DaemonSet", "gpuscaler-agent"
+        )
+        return str(daemonset["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum() != checksum("--set", "dryRun=false")
+    config = _one(
+        template("--set", "agent.enabled=true", "--set", "dryRun=false"),
+        "ConfigMap",
+        "gpuscaler-agent-config",
+    )
+    assert yaml.safe_load(config["data"]["gpuscaler.yaml"])["control"]["dry_run"] is False
+
+
 def test_every_object_carries_helms_labels_and_the_base_labels() -> None:
     for doc in template(*AS_KUSTOMIZE):
         labels = doc["metadata"]["labels"]

@@ -31,3 +31,13 @@ the dry run, the Prometheus URL and the device plugin's ConfigMap from their own
 {{- $_ = set $config "kubernetes" $kubernetes -}}
 {{- toYaml $config -}}
 {{- end -}}
+
+{{/* Labels of the node agent's objects: those of deploy/agent, and Helm's own. */}}
+{{- define "gpuscaler.agentLabels" -}}
+app.kubernetes.io/name: gpuscaler-agent
+app.kubernetes.io/part-of: gpuscaler
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
