@@ -275,6 +275,11 @@ def test_helm_install_puts_the_chart_on_the_real_control_plane_and_its_pods_are_
     admitted under the restricted standard, and `helm uninstall` removes it."""
     home, plugin = kube.namespace(), kube.namespace()
     kube.plane.kubectl("label", "namespace", home, "pod-security.kubernetes.io/enforce=restricted")
+    # Cluster-scoped objects of the same names another test applied with kubectl (the
+    # kustomize base) are not Helm's to adopt: one gpuscaler per cluster.
+    kube.plane.kubectl(
+        "delete", "clusterrole,clusterrolebinding", "gpuscaler", "--ignore-not-found"
+    )
     kubeconfig = f"--kubeconfig={kube.plane.admin_kubeconfig}"
     args = ["--namespace", home, "--set", f"devicePlugin.namespace={plugin}"]
     installed = helm("install", "gpuscaler", str(CHART), kubeconfig, *args)
