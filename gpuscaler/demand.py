@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 def _last(metric: str) -> str:
@@ -112,3 +112,22 @@ class DemandConfig(BaseModel):
         if self.unit:
             return self.unit
         return PRESETS[self.preset][1] if self.preset in PRESETS else "demand units"
+
+
+DEMAND_ANNOTATION = "gpuscaler.io/demand"
+"""On an opted-in ScaledObject or HPA the config does not list: `<preset>:<per_replica>`,
+e.g. `vllm:16` (a query of one's own needs the config)."""
+
+
+def demand_from_annotation(value: str) -> DemandConfig:
+    """The demand an annotation names; ValueError saying what is wrong with it."""
+    preset, sep, per_replica = value.partition(":")
+    if not sep:
+        raise ValueError(f"{value!r} is not <preset>:<per_replica> (e.g. vllm:16)")
+    try:
+        return DemandConfig(preset=preset.strip(), per_replica=per_replica.strip())
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in e.errors()
+        )
+        raise ValueError(f"{value!r}: {problems}") from None

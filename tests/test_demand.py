@@ -6,6 +6,7 @@ workload's demand and, through a whole controller tick, its floor."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 
@@ -14,13 +15,14 @@ import pytest
 from builders import assert_outcome, signal, workload_obs
 from promserver import planted_window, prometheus, write_openmetrics
 
+from gpuscaler.adapters.cluster import ClusterObjects, ScaleObject, discovered_workloads
 from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource, build_workload_query
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, ReplicasConfig, parse_config
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import TargetHistory
 from gpuscaler.core.replicas import decide_replica_floor
-from gpuscaler.demand import PRESETS
+from gpuscaler.demand import DEMAND_ANNOTATION, PRESETS
 
 # The metric names as the servers define them (paths in gpuscaler/demand.py).
 UPSTREAM = {
@@ -176,3 +178,49 @@ def test_a_controller_tick_sets_the_floor_from_vllm_demand(vllm: tuple[str, floa
     (decision,) = [d for d in result.plan.decisions if d.target == key]
     assert decision.to_value == 4, decision.reason  # ceil(32 requests / 10 per replica)
     assert "requests (running + waiting) / 10 per replica" in decision.reason
+
+
+def _opted_in(annotations: dict[str, str]) -> ClusterObjects:
+    key = "ml/ScaledObject/chat"
+    so = ScaleObject(key, 1, 10, 1, opted_in=True, owned_by_keda=False, annotations=annotations)
+    return ClusterObjects(scale_objects={key: so})
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        ("vllm:16", ("vllm", 16.0)),
+        ("triton_queue: 4.5", ("triton_queue", 4.5)),
+        (None, None),
+    ],
+    ids=["vllm", "triton queue, spaces", "no annotation: GPU utilization"],
+)
+def test_a_discovered_workload_takes_its_demand_from_its_annotation(
+    annotation: str | None, expected: tuple[str, float] | None
+) -> None:
+    annotations = {} if annotation is None else {DEMAND_ANNOTATION: annotation}
+    (w,) = discovered_workloads(_opted_in(annotations), parse_config(""))
+    got = None if w.demand is None else (w.demand.preset, w.demand.per_replica)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("annotation", "problem"),
+    [
+        ("vllm", "is not <preset>:<per_replica>"),
+        ("vllm:0", "greater than 0"),
+        ("vllm:many", "per_replica"),
+        ("sglang:4", "preset"),
+        ("query:4", "preset query needs `query`"),
+    ],
+    ids=["no per_replica", "zero", "not a number", "unknown preset", "query without a query"],
+)
+def test_a_malformed_demand_annotation_leaves_the_workload_alone_with_one_warning(
+    annotation: str, problem: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    objects = _opted_in({DEMAND_ANNOTATION: annotation})
+    with caplog.at_level(logging.WARNING, logger="gpuscaler.cluster"):
+        assert discovered_workloads(objects, parse_config("")) == ()
+        assert discovered_workloads(objects, parse_config("")) == ()  # the next tick: quiet
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "annotation_refused"]
+    assert "ml/ScaledObject/chat" in record.getMessage() and problem in record.getMessage()
