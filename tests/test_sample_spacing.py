@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
-from gpuscaler.adapters.spacing import lookback_ms, measure_spacing
+from gpuscaler.adapters.spacing import (
+    RECHECK_EVERY,
+    SpacingTracker,
+    lookback_ms,
+    measure_spacing,
+)
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
 from gpuscaler.observability import ControllerMetrics
@@ -63,6 +68,20 @@ def test_the_sample_spacing_is_measured_from_the_holes_between_runs(
     times: np.ndarray, expected: float | None
 ) -> None:
     assert measure_spacing(times, STEP) == expected
+
+
+def test_a_fine_series_is_measured_again_only_every_ten_reads_and_a_coarse_one_told_once() -> None:
+    tracker = SpacingTracker(STEP)
+    told: list[str] = []
+    tracker.listeners.append(lambda key, spacing, step: told.append(key))
+    fine, coarse = np.arange(0, 600, STEP), _runs(15, 40)
+    measured = []
+    for read in range(RECHECK_EVERY + 1):  # the scrape becomes coarse after the first read
+        measured.append(tracker.observe("pool:a:util", fine if read == 0 else coarse))
+    assert measured == [False] * RECHECK_EVERY + [True]  # seen at the first recheck
+    assert tracker.observe("pool:a:util", coarse) is False and told == ["pool:a:util"]
+    tracker.reset(STEP, keep=lambda key: False)
+    assert tracker.measured == {}
 
 
 def test_the_lookback_covers_the_measured_spacing_plus_two_steps() -> None:

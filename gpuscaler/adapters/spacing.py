@@ -62,6 +62,11 @@ def lookback_ms(step: float, spacing: float | None) -> str:
     return f"{max(1, math.ceil(seconds * 1000))}ms"
 
 
+RECHECK_EVERY = 10
+"""A series found fine is measured again only every this many reads (five minutes at the
+30 s tick): scrape intervals change with a redeploy, not by the tick, and measuring every
+window each tick costs about twice the adapter's own work (bench/spacing.py)."""
+
 SpacingListener = Callable[[str, float, float], None]
 """Told (series key, measured spacing, metrics.step) once per coarse series."""
 
@@ -74,6 +79,8 @@ class SpacingTracker:
         self.measured: dict[str, float] = {}
         """Series key -> sample spacing in seconds, for series coarser than the step."""
         self.listeners: list[SpacingListener] = []
+        self._fine: dict[str, int] = {}
+        """Series found fine -> reads left before measuring them again."""
 
     def lookback(self, key: str) -> str:
         return lookback_ms(self.step, self.measured.get(key))
@@ -83,9 +90,15 @@ class SpacingTracker:
         series turns out coarser than the step for the first time (refetch it)."""
         if key in self.measured:
             return False
+        left = self._fine.get(key, 0)
+        if left > 0:
+            self._fine[key] = left - 1
+            return False
         spacing = measure_spacing(times, self.step)
         if spacing is None:
+            self._fine[key] = RECHECK_EVERY - 1
             return False
+        self._fine.pop(key, None)
         self.measured[key] = spacing
         log.warning(
             "%s: samples are %gs apart, coarser than metrics.step %gs (a scrape interval); "
@@ -106,5 +119,8 @@ class SpacingTracker:
         if step != self.step:
             self.step = step
             self.measured.clear()
+            self._fine.clear()
         for key in [k for k in self.measured if not keep(k)]:
             del self.measured[key]
+        for key in [k for k in self._fine if not keep(k)]:
+            del self._fine[key]
