@@ -1,9 +1,10 @@
 """Cost of the sample-spacing measurement (gpuscaler/adapters/spacing.py) in a tick.
 
 A series not yet found coarse is measured on its window (7,200 points, 1 h at 500 ms)
-every RECHECK_EVERY-th read (the amortized cost is that share of a full measurement). A window is one target's query (four per node pool, one per workload), not
-one GPU. This compares, for 1,000 windows (half scraped every 500 ms, half every 15 s, as
-a 1 s lookback returns them), that measurement with the per-window work the adapter does
+every RECHECK_EVERY-th read; the amortized cost is that share of a full measurement. A
+window is one target's query (four per node pool, one per workload), not one GPU. This
+compares, for 1,000 windows (half scraped every 500 ms, half every 15 s, as a 1 s
+lookback returns them), measuring all of them with the per-window work the adapter does
 in a steady tick anyway, measured in the same run: decoding an incremental fetch (35 s of
 points: the 30 s tick plus the 5 s overlap) and writing it into the window.
 
