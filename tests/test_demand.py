@@ -134,18 +134,25 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]
     for pod in pods:
         for name, (labels, value) in pod.items():  # type: ignore[misc]
             metrics.setdefault(name, []).append((labels, lambda i, v=value: v))
+    # TGI's router gauges and Triton's per-model series (labels model, version), one pod each.
+    tgi = {"namespace": "ml", "pod": "tgi-8d-a"}
+    metrics["tgi_queue_size"] = [(tgi, lambda i: 7.0)]
+    metrics["tgi_batch_current_size"] = [(tgi, lambda i: 5.0)]
+    triton = {"namespace": "ml", "pod": "triton-9f-a", "model": "resnet", "version": "1"}
+    metrics["nv_inference_pending_request_count"] = [(triton, lambda i: 9.0)]
+    metrics["nv_inference_count"] = [(triton, lambda i: 40.0 * i * 0.5)]  # a counter: 40/s
     data = tmp_path_factory.mktemp("vllm") / "data.om"
     write_openmetrics(data, metrics, start, POINTS)  # type: ignore[arg-type]
     with prometheus(data) as url:
         yield url, end
 
 
-def _config(url: str, name: str) -> str:
+def _config(url: str, name: str, preset: str = "vllm") -> str:
     return (
         f'prometheus: {{url: "{url}", retries: 0}}\n'
         "workloads:\n"
         f"  - namespace: ml\n    kind: ScaledObject\n    name: {name}\n"
-        "    demand: {preset: vllm, per_replica: 10}\n"
+        f"    demand: {{preset: {preset}, per_replica: 10}}\n"
         "    overrides: {replicas: {skill_check: false, cooldown: 0s}}\n"
     )
 
@@ -166,6 +173,26 @@ def test_a_workloads_demand_is_read_from_vllm_metrics_in_a_real_prometheus(
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
     assert values.size > 1000 and np.allclose(values, demand)  # chatty-0 never counts
+
+
+@pytest.mark.parametrize(
+    ("workload", "preset", "demand"),
+    [("tgi", "tgi", 12.0), ("triton", "triton_queue", 9.0), ("triton", "triton_rate", 40.0)],
+    ids=["TGI queue + batch", "Triton pending requests", "Triton inferences per second"],
+)
+def test_tgi_and_triton_demand_is_read_from_their_metrics_in_a_real_prometheus(
+    vllm: tuple[str, float], workload: str, preset: str, demand: float
+) -> None:
+    url, end = vllm
+    config = parse_config(_config(url, workload, preset))
+    raw = PrometheusSource(config, CurrentState()).observe(end + 1)
+    (w,) = raw.workloads
+    assert w.problem is None, w.problem
+    assert w.load is not None
+    values = w.load.values[np.isfinite(w.load.values)]
+    # A rate over [1m] needs a minute of samples; Prometheus extrapolates at the edges.
+    steady = values[130:-10] if preset == "triton_rate" else values
+    assert values.size > 1000 and np.allclose(steady, demand, rtol=0.02)
 
 
 def test_a_controller_tick_sets_the_floor_from_vllm_demand(vllm: tuple[str, float]) -> None:
