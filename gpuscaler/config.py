@@ -393,6 +393,11 @@ class WorkloadConfig(_Strict):
     the pool free GPUs ahead of time."""
     gpus_per_replica: int = Field(1, ge=1)
     """GPU shares one replica requests (nvidia.com/gpu)."""
+    demand_query: str | None = Field(None, min_length=1)
+    """PromQL of the workload's demand (request rate, queue length), sent as written: a
+    leading signal. Its forecast, mapped to GPU load by a ratio fitted per workload, replaces
+    the load's own forecast when it has been clearly more accurate on recent history; the
+    decision's reason says which signal won."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @property

@@ -48,6 +48,8 @@ PERCENT = (0.0, 100.0)
 """GPU utilization and stall are percentages: anything else is a broken exporter or rule."""
 LOAD = (0.0, 100.0 * 100_000)
 """A workload's load sums its pods' GPU utilization: at most 100 % on each of 100,000 GPUs."""
+DEMAND = (0.0, 1e12)
+"""A workload's demand (request rate, queue length) is never negative."""
 MEMORY_MIB = (0.0, 1024.0 * 1024)
 """Frame buffer per GPU in MiB: no GPU has a TiB."""
 HOSTNAME_LABELS = ("Hostname", "hostname")
@@ -465,6 +467,11 @@ class PrometheusSource:
         for w in self.config.workloads:
             query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
             load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
+            demand, demand_problem = (
+                self._fetch(f"workload:{w.key}:demand", w.demand_query, now, DEMAND)
+                if w.demand_query
+                else (None, None)
+            )
             workloads.append(
                 RawWorkload(
                     key=w.key,
@@ -473,6 +480,8 @@ class PrometheusSource:
                     replicas=state.replicas.get(w.key),
                     max_replicas=state.max_replicas.get(w.key),
                     problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
+                    demand=demand,
+                    demand_problem=f"prometheus: {demand_problem}" if demand_problem else None,
                 )
             )
         self._record_health(now, self._transport_errors)
