@@ -126,7 +126,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--origins", type=int, default=150, help="origins per window")
     parser.add_argument("--cache", default="/tmp/gpuscaler-statsmodels-cache")
+    parser.add_argument(
+        "--lead-margin", type=float, help="evaluate another leading.LEAD_MARGIN (default: its own)"
+    )
     args = parser.parse_args()
+    if args.lead_margin is not None:
+        import gpuscaler.core.forecast.leading as leading
+
+        leading.LEAD_MARGIN = args.lead_margin
     import statsmodels.tsa.arima.model  # noqa: F401  # loads scipy's BLAS: the limit reaches it
 
     ref = CachedReference((5, 1, 0), Path(args.cache) if args.cache else None)

@@ -10,12 +10,15 @@ future before the load shows it. Per workload, on the forecast's bucket grid:
 - the demand's own forecast: the same evidence-weighted ensemble as any series (or its
   last value when that has clearly been better); the mapped path at step h is
   `a + b * demand[t + h - lag]`, observed demand for h <= lag;
-- which signal wins: at the same in-window origins as the load's own forecast, the
-  mapped path's recent error against the actual load (inflated by (m + k) / (m - k) for
-  the k = 3 numbers fitted on the m points) against the load forecast's recent error.
-  The demand wins when its error is LEAD_MARGIN lower; its interval is split-conformal
-  from its own in-window errors (ratio and demand-forecast error together) at the
-  series' adaptive level, its peak the path's maximum plus the median recent peak error.
+- the two signals together: at the same in-window origins, the load's own forecast and
+  the mapped path are weighted by the inverse of their recent squared error against the
+  actual load (the mapped path's inflated by (m + k) / (m - k) for the k = 3 numbers of
+  the ratio fitted on its m points). The combination replaces the load's own forecast
+  only when its recent error is LEAD_MARGIN lower; its interval is split-conformal from
+  its own in-window errors (ratio, demand-forecast and load-forecast error together) at
+  the series' adaptive level, its peak the path's maximum plus the median recent peak
+  error. The signal with the larger weight won (method `demand`, or e.g.
+  `ensemble+demand` when the load's own forecast carries more weight).
 
 Either way the reason says which signal won and by how much.
 """
@@ -90,12 +93,16 @@ def fit_ratio(load: FloatArray, demand: FloatArray, max_lag: int = MAX_LAG) -> R
 
 @dataclass(frozen=True, eq=False)
 class _Mapped:
-    """The demand-mapped load path: live (steps,), in-window residuals (O, steps)."""
+    """The combination of the load's own forecast and the demand-mapped path: live
+    (steps,), in-window residuals (O, steps), recent errors, the demand's weight."""
 
     live: FloatArray
     residuals: FloatArray
     peak_errors: FloatArray
     error: float
+    own_error: float
+    demand_error: float
+    weight: float
     demand_method: str
 
 
@@ -110,30 +117,30 @@ def lead(
     demand_problem: str | None = None,
     clip: tuple[float, float | None] = (0.0, None),
 ) -> Signal:
-    """The load's signal with the demand-mapped forecast in its place when that has been
-    clearly more accurate on recent history; its reason says which signal won. With `key`,
-    the interval issued for the series in `states` is the one finally used."""
+    """The load's signal, or the combination of its forecast with the demand-mapped path
+    when that combination has been clearly more accurate on recent history; the reason
+    says which signal won. With `key`, the interval issued for the series in `states` is
+    the one finally used."""
     f = signal.forecast
     if f is None:
         return signal
     why, mapped, ratio = _try_lead(f, load, demand, cfg, now, demand_problem)
     if mapped is None or ratio is None:
         return replace(signal, forecast=replace(f, reason=f"{f.reason}; {why}"))
-    own = f.errors[f.method]
     about = (
         f"demand (lag {ratio.lag * cfg.fit_step:g}s, {ratio.ratio:.4g} load per unit "
         f"+ {ratio.intercept:.4g}, ratio error {ratio.error:.3g}; demand forecast by "
-        f"{mapped.demand_method})"
+        f"{mapped.demand_method}; recent error {mapped.demand_error:.3g})"
     )
-    if not mapped.error < own * (1 - LEAD_MARGIN):
+    errors = {**f.errors, "demand": mapped.demand_error, "with_demand": mapped.error}
+    if not mapped.error < mapped.own_error * (1 - LEAD_MARGIN):
         note = (
-            f"leading signal: GPU load's own forecast won (recent error {own:.3g} vs "
-            f"{about} {mapped.error:.3g})"
+            f"leading signal: GPU load's own forecast won (recent error "
+            f"{mapped.own_error:.3g}; with {about} {mapped.error:.3g})"
         )
-        errors = {**f.errors, "demand": mapped.error}
         return replace(signal, forecast=replace(f, reason=f"{f.reason}; {note}", errors=errors))
-    out = _demand_forecast(f, mapped, about, own, clip, key, states)
-    return replace(signal, forecast=out)
+    out = _demand_forecast(f, mapped, about, clip, key, states)
+    return replace(signal, forecast=replace(out, errors=errors))
 
 
 def _try_lead(
@@ -162,22 +169,18 @@ def _try_lead(
     ratio = fit_ratio(lh, dh, min(MAX_LAG, steps - 1))
     if ratio is None:
         return "demand not used: too few paired points or no variation", None, None
-    mapped = _map(LeastSquaresArima(p, d), lh, dh, ratio, steps, cfg.interval_level)
+    mapped = _map(LeastSquaresArima(p, d), lh, dh, ratio, f, cfg.interval_level)
     if mapped is None:
         return "demand not compared: too little history to score it", None, None
     return "", mapped, ratio
 
 
-def _map(
-    engine: LeastSquaresArima,
-    lh: FloatArray,
-    dh: FloatArray,
-    ratio: Ratio,
-    steps: int,
-    level: float,
-) -> _Mapped | None:
-    """Forecast the demand (live and at every in-window origin) and map it to load."""
-    hist = dh[None, :]
+def _scored(
+    engine: LeastSquaresArima, row: FloatArray, steps: int, level: float, method: str | None
+) -> tuple[str, FloatArray, FloatArray] | None:
+    """A series' forecast by `method` (or the one `choose_method` picks): its live path
+    and its paths at the in-window origins (O, steps; NaN where the future is unknown)."""
+    hist = row[None, :]
     fitted = engine.fit(hist)
     paths = engine.predict(fitted, hist, steps, level)
     ok = stable_fit(fitted) & np.isfinite(paths.mean).all(axis=1) & within_band(paths.mean, hist)
@@ -187,40 +190,67 @@ def _map(
     errors = {k: float(v[0]) for k, v in a.errors.items() if np.isfinite(v[0])}
     if "last_value" not in errors:
         return None
-    method = choose_method(errors)
+    method = method or choose_method(errors)
+    origins = origins_for(len(row), steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
+    ahead = origins[:, None] + 1 + np.arange(steps)[None, :]
+    return method, a.paths[method][0], row[ahead] - a.residuals[method][0]
+
+
+def _map(
+    engine: LeastSquaresArima,
+    lh: FloatArray,
+    dh: FloatArray,
+    ratio: Ratio,
+    f: Forecast,
+    level: float,
+) -> _Mapped | None:
+    """Forecast the demand (live and at every in-window origin), map it to load, and
+    weight it against the load's own forecast by inverse recent squared error."""
+    steps = len(f.mean)
+    demand = _scored(engine, dh, steps, level, None)
+    own = _scored(engine, lh, steps, level, f.method)
+    if demand is None or own is None:
+        return None
+    method, d_live, d_window = demand
     w = len(dh)
     origins = origins_for(w, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
-    ahead = origins[:, None] + 1 + np.arange(steps)[None, :]
-    window_path = dh[ahead] - a.residuals[method][0]  # (O, steps), NaN where unobserved
-    filled = forward_fill(hist)[0]
+    filled = forward_fill(dh[None, :])[0]
     lag = ratio.lag
     known = filled[origins[:, None] - lag + 1 + np.arange(lag)[None, :]]  # (O, lag)
-    in_window = np.concatenate([known, window_path[:, : steps - lag]], axis=1)
-    live_demand = np.concatenate([filled[w - lag :], a.paths[method][0][: steps - lag]])
-    mapped = ratio.intercept + ratio.ratio * in_window
-    future = lh[ahead]
-    resid = future - mapped
+    mapped = ratio.intercept + ratio.ratio * np.concatenate(
+        [known, d_window[:, : steps - lag]], axis=1
+    )
+    live = ratio.intercept + ratio.ratio * np.concatenate(
+        [filled[w - lag :], d_live[: steps - lag]]
+    )
+    future = lh[origins[:, None] + 1 + np.arange(steps)[None, :]]
     inflate = (ratio.points + RATIO_PARAMS) / max(ratio.points - RATIO_PARAMS, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        error = float(np.nanmean(np.abs(resid))) * inflate
-        peaks = np.nanmax(future, axis=1) - np.nanmax(mapped, axis=1)
-    if not np.isfinite(error):
+        mse_d = float(np.nanmean((future - mapped) ** 2)) * inflate
+        mse_l = float(np.nanmean((future - own[2]) ** 2))
+        weight = (1 / mse_d) / (1 / mse_d + 1 / mse_l) if mse_d > 0 and mse_l > 0 else 0.0
+        combined = weight * mapped + (1 - weight) * own[2]
+        resid = future - combined
+        error = float(np.nanmean(np.abs(resid))) * inflate**weight
+        peaks = np.nanmax(future, axis=1) - np.nanmax(combined, axis=1)
+        demand_error = float(np.nanmean(np.abs(future - mapped))) * inflate
+        own_error = float(np.nanmean(np.abs(future - own[2])))
+    if not (np.isfinite(error) and np.isfinite(weight)):
         return None
-    live = ratio.intercept + ratio.ratio * live_demand
-    return _Mapped(live, resid, peaks, error, method)
+    path = weight * live + (1 - weight) * f.mean
+    return _Mapped(path, resid, peaks, error, own_error, demand_error, weight, method)
 
 
 def _demand_forecast(
     f: Forecast,
     mapped: _Mapped,
     about: str,
-    own: float,
     clip: tuple[float, float | None],
     key: str | None,
     states: dict[str, FitState] | None,
 ) -> Forecast:
-    """The forecast from the demand-mapped path, its conformal interval and peak."""
+    """The forecast from the combined path, its conformal interval and peak."""
     state = states.get(key) if states is not None and key is not None else None
     level = state.interval.level if state is not None and state.interval else f.level
     half = conformal_half_width(np.abs(mapped.residuals)[None], np.array([level]))[0]
@@ -234,17 +264,23 @@ def _demand_forecast(
     if state is not None and state.interval is not None and states is not None:
         assert key is not None
         states[key] = replace(state, interval=reissue(state.interval, lower, upper))
+    w = mapped.weight
+    winner = (
+        f"{about} won (weight {w:.2f} against the GPU load's own forecast)"
+        if w >= 0.5
+        else f"GPU load's own forecast won (weight {1 - w:.2f}) with {about} at {w:.2f}"
+    )
     reason = (
-        f"leading signal: {about} won, recent error {mapped.error:.3g} vs GPU load's own "
-        f"forecast ({f.method}) {own:.3g}; instead of: {f.reason}"
+        f"leading signal: {winner}: recent error {mapped.error:.3g} together vs "
+        f"{mapped.own_error:.3g} for the load's own forecast ({f.method}); that forecast: "
+        f"{f.reason}"
     )
     return replace(
         f,
         mean=mean,
         lower=lower,
         upper=upper,
-        method="demand",
+        method="demand" if w >= 0.5 else f"{f.method}+demand",
         reason=reason,
-        errors={**f.errors, "demand": mapped.error},
         peak_error=peak,
     )
