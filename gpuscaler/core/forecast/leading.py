@@ -175,7 +175,12 @@ def _try_lead(
         return "demand not used: too few paired points or no variation", None, None
     mapped = _map(LeastSquaresArima(p, d), lh, dh, ratio, f, cfg.interval_level)
     if mapped is None:
-        return "demand not compared: too little history to score it", None, None
+        return (
+            "demand not used: too little history to score it, or its path leaves the "
+            "window's range",
+            None,
+            None,
+        )
     return "", mapped, ratio
 
 
@@ -240,9 +245,11 @@ def _map(
         peaks = np.nanmax(future, axis=1) - np.nanmax(combined, axis=1)
         demand_error = float(np.nanmean(np.abs(future - mapped))) * inflate
         own_error = float(np.nanmean(np.abs(future - own[2])))
-    if not (np.isfinite(error) and np.isfinite(weight)):
-        return None
     path = weight * live + (1 - weight) * f.mean
+    if not (np.isfinite(error) and np.isfinite(weight) and np.isfinite(path).all()):
+        return None
+    if not within_band(path[None, :], lh[None, :])[0]:
+        return None  # the stability rule: a path that leaves the window's band is never used
     return _Mapped(path, resid, peaks, error, own_error, demand_error, weight, method)
 
 
