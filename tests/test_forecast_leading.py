@@ -109,6 +109,7 @@ def test_an_unrelated_demand_loses_and_the_load_forecast_is_kept() -> None:
         (None, "prometheus: value -1 out of range", "demand not used: prometheus"),
         (np.full(N, np.nan), None, "demand not used: no samples"),
         (np.full(N, 7.0), None, "demand not used: too few paired points or no variation"),
+        (np.concatenate([np.arange(N - 6.0), np.full(6, np.nan)]), None, "is 60s old"),
     ],
 )
 def test_an_unusable_demand_leaves_the_load_forecast_and_says_why(

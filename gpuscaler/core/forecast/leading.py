@@ -57,6 +57,9 @@ bench/forecast_leading.py, 0.05 kept 12/12 at or below the load alone but gained
 on average (mean rel-to-naive 0.8254 against 0.8279); 0 gained 1.9 % (0.8125), none
 worse. Choosing the mapped path alone instead of weighting (with 0.05) lost up to 1.4 %
 on 2 of 12."""
+STALE_BUCKETS = 2
+"""A demand whose newest sample is older than this many buckets is not used: its "observed"
+values would be old ones carried forward."""
 RATIO_PARAMS = 3
 """Numbers fitted for the mapping: intercept, ratio and lag."""
 
@@ -158,8 +161,11 @@ def _try_lead(
     """The mapped path and its ratio, or why the demand cannot be compared."""
     if demand_problem:
         return f"demand not used: {demand_problem}", None, None
-    if demand is None or demand.last_sample_time() is None:
+    newest = demand.last_sample_time() if demand is not None else None
+    if demand is None or newest is None:
         return "demand not used: no samples", None, None
+    if now - newest > STALE_BUCKETS * cfg.fit_step:
+        return f"demand not used: its newest sample is {now - newest:.0f}s old", None, None
     if f.method not in f.errors:
         return "demand not compared: too little history to score the load", None, None
     p, d, _q = cfg.order
