@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from builders import run_cli
-from promserver import planted_window, prometheus, write_openmetrics
+from promserver import ValueAt, planted_window, prometheus, write_openmetrics
 from threadpoolctl import threadpool_limits
 
-from gpuscaler.adapters.prometheus import CurrentState, PrometheusSource
-from gpuscaler.backtest import backtest
+from gpuscaler.adapters.cluster import CurrentState
+from gpuscaler.adapters.prometheus import PrometheusSource
+from gpuscaler.backtest import BacktestError, backtest, on_grid
 from gpuscaler.config import ConfigError, ForecastConfig, ReplicasConfig, parse_config
 from gpuscaler.core.forecast import fit_ratio, forecast_series, lead
 from gpuscaler.core.model import FitState, Series, Signal, TargetHistory
@@ -196,7 +197,7 @@ def demand_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     data = tmp_path_factory.mktemp("prom") / "data.om"
     start, end = planted_window(POINTS, 30)
     pod = {"Hostname": "n", "gpu": "0", "UUID": "GPU-0", "namespace": "ml", "pod": "chat-1"}
-    metrics = {
+    metrics: dict[str, list[tuple[dict[str, str], ValueAt]]] = {
         "DCGM_FI_DEV_GPU_UTIL": [(pod, lambda i: 40 + 20 * math.sin(i / 300))],
         "app_requests": [
             ({"app": "chat"}, lambda i: 10 + 5 * math.sin(i / 300)),
@@ -228,3 +229,26 @@ def test_the_prometheus_source_reads_the_demand_query(demand_prom: tuple[str, fl
     (bad,) = _demand_source(url, "broken").observe(end + 1).workloads
     assert bad.demand_problem is not None and bad.demand_problem.startswith("prometheus:")
     assert bad.problem is None  # the load itself is fine: it is forecast on its own
+
+
+@pytest.mark.parametrize(
+    ("start", "values", "expect"),
+    [
+        (0.0, [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]),  # the same grid
+        (20.0, [3.0, 4.0], [math.nan, math.nan, 3.0, 4.0]),  # starts later: gaps before
+        (-20.0, [9.0, 9.0, 1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0]),  # earlier, longer
+        (100.0, [7.0], [math.nan] * 4),  # no overlap at all
+    ],
+)
+def test_a_demand_is_put_on_the_load_series_time_slots(
+    start: float, values: list[float], expect: list[float]
+) -> None:
+    grid = Series(0.0, 10.0, np.zeros(4))
+    out = on_grid(Series(start, 10.0, np.array(values)), grid)
+    assert out.start == grid.start and out.step == grid.step
+    np.testing.assert_array_equal(out.values, np.array(expect))
+
+
+def test_a_demand_on_another_step_is_refused() -> None:
+    with pytest.raises(BacktestError, match="demand step 5s differs"):
+        on_grid(Series(0.0, 5.0, np.zeros(8)), Series(0.0, 10.0, np.zeros(4)))
