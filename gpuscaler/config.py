@@ -397,6 +397,11 @@ class WorkloadConfig(_Strict):
     demand: DemandConfig | None = None
     """Demand from the serving stack's own metrics (a preset: vllm, tgi, triton_queue,
     triton_rate, or any query) instead of its pods' GPU utilization; gpuscaler.demand."""
+    leading_query: str | None = Field(None, min_length=1)
+    """PromQL of the workload's demand (request rate, queue length), sent as written: a
+    leading signal. Its forecast, mapped to GPU load by a ratio fitted per workload, replaces
+    the load's own forecast when it has been clearly more accurate on recent history; the
+    decision's reason says which signal won."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @property

@@ -100,7 +100,7 @@ def test_a_demand_floor_is_the_forecast_upper_bound_over_what_one_replica_serves
     upper: float, per_replica: float, floor: int, expect: tuple[str, object]
 ) -> None:
     obs = workload_obs(signal(upper * 0.8, upper), floor=floor, share=0.25)
-    obs = type(obs)(**{**obs.__dict__, "demand": (per_replica, "requests (running + waiting)")})
+    obs = type(obs)(**{**obs.__dict__, "serving": (per_replica, "requests (running + waiting)")})
     cfg = ReplicasConfig(skill_check=False, cooldown="0s", scale_down_stabilization="0s")  # type: ignore[arg-type]
     out = decide_replica_floor(obs, cfg, 120.0, TargetHistory(), obs.load.last_sample_time or 0)
     assert_outcome(out, expect, f"requests (running + waiting) / {per_replica:g} per replica")
@@ -169,7 +169,7 @@ def test_a_workloads_demand_is_read_from_vllm_metrics_in_a_real_prometheus(
     raw = PrometheusSource(parse_config(_config(url, workload)), CurrentState()).observe(end + 1)
     (w,) = raw.workloads
     assert w.problem is None, w.problem
-    assert w.demand == (10.0, "requests (running + waiting)")
+    assert w.serving == (10.0, "requests (running + waiting)")
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
     assert values.size > 1000 and np.allclose(values, demand)  # chatty-0 never counts

@@ -37,7 +37,7 @@ from urllib3.util.retry import Retry
 
 from gpuscaler.adapters.cluster import CurrentState
 from gpuscaler.adapters.spacing import SpacingTracker
-from gpuscaler.config import Config, PrometheusConfig
+from gpuscaler.config import Config, PrometheusConfig, WorkloadConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.demand import DEMAND_BOUNDS
@@ -502,6 +502,7 @@ class PrometheusSource:
                 now,
                 bounds,
             )
+            demand, demand_problem = self._leading(w, now)
             workloads.append(
                 RawWorkload(
                     key=w.key,
@@ -510,11 +511,20 @@ class PrometheusSource:
                     replicas=state.replicas.get(w.key),
                     max_replicas=state.max_replicas.get(w.key),
                     problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
-                    demand=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
+                    serving=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
+                    demand=demand,
+                    demand_problem=f"prometheus: {demand_problem}" if demand_problem else None,
                 )
             )
         self._record_health(now, self._transport_errors)
         return Observations(now, tuple(pools), tuple(workloads))
+
+    def _leading(self, w: WorkloadConfig, now: float) -> tuple[Series | None, str | None]:
+        """The workload's leading signal (workloads[].leading_query, sent as written)."""
+        if not w.leading_query:
+            return None, None
+        query = w.leading_query
+        return self._fetch(f"workload:{w.key}:demand", lambda _lookback: query, now, DEMAND_BOUNDS)
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:

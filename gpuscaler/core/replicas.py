@@ -65,7 +65,8 @@ def decide_replica_floor(
     h = replace(h, recommendations=recs)
     # Scale down only to the highest recommendation in the window.
     stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = fallback or f"forecast upper {upper:.{1 if obs.demand else 0}f}{sizing} -> {raw} replicas"
+    digits = 1 if obs.serving else 0
+    why = fallback or f"forecast upper {upper:.{digits}f}{sizing} -> {raw} replicas"
     if stabilized == current:
         extra = (
             ""
@@ -104,8 +105,8 @@ def decide_replica_floor(
 def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:
     """What one replica serves at target, in the load's unit, and how that reads: GPU
     percent (a GPU share times the target utilization) or the serving stack's demand."""
-    if obs.demand is not None:
-        per_replica, unit = obs.demand
+    if obs.serving is not None:
+        per_replica, unit = obs.serving
         return per_replica, f" {unit} / {per_replica:g} per replica"
     share = obs.replica_gpu_share
     return (
