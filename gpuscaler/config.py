@@ -613,6 +613,18 @@ class KubernetesConfig(_Strict):
     """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
     fail at once (their targets get no action, with the reason) and the next tick starts
     afresh. Lease renewals, on their own thread, are not charged."""
+    # issue 18: the watch cache (adapters/kube/cache.py)
+    watch_cache: bool = True
+    """Read the cluster from a watch cache (list once, then watch) instead of listing
+    nodes, pods, ScaledObjects, HPAs, PDBs and PriorityClasses every tick. false: list
+    every tick (small clusters, or an API server that cannot hold watches)."""
+    watch_timeout: Seconds = Field(300.0, ge=1, le=3600)
+    """Each watch asks the server to end it after this (timeoutSeconds); it is then opened
+    again from the last resourceVersion. 5 min is about client-go's (a random 5-10 min)."""
+    watch_stale_after: Seconds = Field(30.0, gt=0, le=3600)
+    """A cache whose watch has been failing this long is not trusted: ticks flag every
+    target until it is back. 30 s: a few retries (the backoff reaches 30 s), and well under
+    the 5 min a decision looks ahead."""
 
     @field_validator("sharing_config_names")
     @classmethod
