@@ -170,7 +170,7 @@ def cluster_controller(
         elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
     actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home, reader=reader)
-    prometheus = PrometheusSource(config, reader.state)
+    prometheus = _prometheus(config, reader.state)
     preemption = preemption_reader(
         api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)
     )
@@ -238,3 +238,12 @@ def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterR
         partial(CachedPreemptionReader, cache=cache),
         cache,
     )
+
+
+def _prometheus(config: Config, state: Any) -> PrometheusSource:
+    """Grouped, concurrent reads (issue 18) unless `prometheus.grouped_queries` is off."""
+    if not config.prometheus.grouped_queries:
+        return PrometheusSource(config, state)
+    from gpuscaler.adapters.prometheus_grouped import GroupedPrometheusSource
+
+    return GroupedPrometheusSource(config, state)

@@ -465,6 +465,14 @@ class PrometheusConfig(_Strict):
     overlap: Seconds = Field(5.0, ge=0)
     """Each incremental fetch re-reads this much before the newest sample held, for samples
     that arrived late."""
+    # issue 18: grouped, concurrent reads (adapters/prometheus_grouped.py)
+    grouped_queries: bool = True
+    """One query per signal and pool family and one for all workloads (through the shipped
+    recording rule), instead of one per target; targets a group does not cover are still
+    read one by one. false: one query per target (a Prometheus without the rule)."""
+    max_concurrent_queries: int = Field(4, ge=1, le=64)
+    """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
+    Prometheus with one tick's worth of concurrent evaluations."""
     bearer_token_file: str | None = None
     """Re-read whenever the file changes (projected service account tokens rotate)."""
     basic_auth_username: str | None = None

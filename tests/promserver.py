@@ -79,6 +79,7 @@ def prometheus(
     scrape_target: str | None = None,
     rule_file: Path | None = None,
     port: int | None = None,
+    blocks: Path | None = None,
 ) -> Iterator[str]:
     """A running Prometheus (backfilled from the OpenMetrics file `data`, or scraping
     `scrape_target` every 500 ms); yields its URL, stops it and removes its data after."""
@@ -94,6 +95,10 @@ def prometheus(
                 capture_output=True,
                 timeout=120,
             )
+        if blocks is not None:  # ready-made TSDB blocks (promtool create-blocks-from rules)
+            for block in blocks.iterdir():
+                if block.is_dir():
+                    shutil.copytree(block, tsdb / block.name)
         config = root / "prometheus.yml"
         scrape = ""
         if scrape_target:
