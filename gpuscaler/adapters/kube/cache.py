@@ -25,6 +25,7 @@ and nothing is decided on an old picture.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,9 @@ class ClusterCache:
 
     def __init__(self, api: client.ApiClient, namespace: str, limits: KubernetesConfig):
         self.limits = limits
+        self._first_lists_by = 0.0
+        """The first lists are waited for until then (one read timeout after start, for
+        all kinds together), not a read timeout per kind."""
 
         def informer(resource: Resource, transform: Any) -> Informer:
             return Informer(
@@ -106,6 +110,7 @@ class ClusterCache:
                 transform,
                 watch_timeout=limits.watch_timeout,
                 connect_timeout=limits.connect_timeout,
+                read_timeout=limits.read_timeout,
                 stale_after=limits.watch_stale_after,
             )
 
@@ -135,6 +140,7 @@ class ClusterCache:
         }
 
     def start(self) -> ClusterCache:
+        self._first_lists_by = time.monotonic() + self.limits.read_timeout
         for informer in self.informers.values():
             informer.start()
         return self
@@ -146,10 +152,10 @@ class ClusterCache:
             informer.stop()
 
     def items(self, kind: str) -> list[Any]:
-        """The cached objects of `kind`, waiting (at most the read timeout) for the first
-        list; KubeError when the cache cannot be trusted."""
+        """The cached objects of `kind` (waiting for the first lists, at most one read
+        timeout after start); KubeError when the cache cannot be trusted."""
         informer = self.informers[kind]
-        informer.wait_tried(self.limits.read_timeout)
+        informer.wait_tried(max(0.0, self._first_lists_by - time.monotonic()))
         try:
             return informer.items()
         except CacheUnavailable as e:

@@ -109,6 +109,7 @@ class Informer:
         transform: Callable[[Json], Any] = slim,
         watch_timeout: float = 300.0,
         connect_timeout: float = 5.0,
+        read_timeout: float = 15.0,
         stale_after: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -117,6 +118,7 @@ class Informer:
         self.transform = transform
         self.watch_timeout = watch_timeout
         self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
         self.stale_after = stale_after
         self.clock = clock
         self._store: dict[str, Any] = {}
@@ -270,7 +272,7 @@ class Informer:
             try:
                 answer = self._get(
                     self.resource.params(limit=PAGE, **{"continue": token}),
-                    max(15.0, self.watch_timeout / 10),
+                    self.read_timeout,
                 )
             except ApiException as e:
                 if e.status == 404:
