@@ -48,7 +48,7 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.controller import Controller
 
 CYCLE = 30.0
-PLANTED = 120.0
+PLANTED = 100.0
 """Seconds of samples before the first tick (the rest of the 10 min window is empty)."""
 HASH = "7d4f8b9c6"
 
@@ -105,6 +105,7 @@ def config(url: str, gpus: int, grouped: bool) -> Config:
     return parse_config(
         f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}}}\n'
         "metrics: {window: 10m}\n"
+        "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
         f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
     )
 
@@ -183,7 +184,7 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--sizes", default="1000,10000")
     args = parser.parse_args()
     results = {int(n): run(int(n), args.cycles) for n in args.sizes.split(",")}
