@@ -146,7 +146,7 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
             flush=True,
         )
         began = time.perf_counter()
-        with prometheus(data) as url:
+        with prometheus(data, backfill_timeout=3600) as url:
             print(
                 f"[{gpus}] backfilled + started Prometheus in {time.perf_counter() - began:.0f}s",
                 flush=True,

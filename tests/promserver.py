@@ -80,6 +80,7 @@ def prometheus(
     rule_file: Path | None = None,
     port: int | None = None,
     blocks: Path | None = None,
+    backfill_timeout: float = 120,
 ) -> Iterator[str]:
     """A running Prometheus (backfilled from the OpenMetrics file `data`, or scraping
     `scrape_target` every 500 ms); yields its URL, stops it and removes its data after."""
@@ -93,7 +94,7 @@ def prometheus(
                 [tool, "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
                 check=True,
                 capture_output=True,
-                timeout=120,
+                timeout=backfill_timeout,  # bench/tick.py backfills 10,000 GPUs
             )
         if blocks is not None:  # ready-made TSDB blocks (promtool create-blocks-from rules)
             for block in blocks.iterdir():
