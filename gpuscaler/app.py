@@ -177,6 +177,13 @@ def cluster_controller(
     source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
+    if config.prometheus.warm_state_file:  # issue 18: a restart fetches only the gap
+        from gpuscaler.adapters.prometheus_state import WarmStart
+
+        warm = WarmStart(
+            prometheus, config.prometheus.warm_state_file, config.prometheus.warm_state_every
+        )
+        controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))
     base = config  # the file's config, before discovered workloads are added
 
     def refresh(new_base: Config | None = None) -> None:

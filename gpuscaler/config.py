@@ -473,6 +473,13 @@ class PrometheusConfig(_Strict):
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
+    warm_state_file: str | None = None
+    """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
+    container restart) and read back at start, so a restart fetches only the gap. None:
+    every start backfills the whole window."""
+    warm_state_every: Seconds = Field(120.0, gt=0)
+    """The windows are saved after a tick at most this often: a restart then refetches at
+    most this much plus what passed while down."""
     bearer_token_file: str | None = None
     """Re-read whenever the file changes (projected service account tokens rotate)."""
     basic_auth_username: str | None = None
