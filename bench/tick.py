@@ -204,7 +204,9 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 tag = "grouped" if grouped else "per_target"
                 print(
                     f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
-                    f"{', '.join(f'{s:.2f}' for s in steady)} s; queries/tick {queries}",
+                    f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
+                    f"{', '.join(f'{s:.2f}' for s in observed[grouped])} s); "
+                    f"queries/tick {queries}",
                     flush=True,
                 )
                 out[f"{tag}_first"] = first
