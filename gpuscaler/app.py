@@ -191,10 +191,14 @@ class ClusterController:
     elector: LeaderElector | None
     reloader: ConfigReloader | None
     refused: list[ConfigError] = field(default_factory=list)
+    cache: Any = None
+    """The watch cache (`adapters.kube.cache.ClusterCache`) when the reader uses one."""
 
     def stop(self) -> None:
         if self.elector is not None:
             self.elector.stop()
+        if self.cache is not None:
+            self.cache.stop()
 
 
 def cluster_controller(
@@ -208,22 +212,30 @@ def cluster_controller(
     each tick; opted-in ScaledObjects and HPAs the config does not list discovered."""
     me = identity()
     home = os.environ.get("POD_NAMESPACE") or "gpuscaler"  # where gpuscaler's own objects live
-    reader = ClusterReader(api, config)
+    reader, preemption_reader, cache = _readers(api, config, home)
     elector = None
     if leader_election:
         lease = config.kubernetes.lease
         elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
     actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home, reader=reader)
-    prometheus = PrometheusSource(config, reader.state)
-    source = ClusterSource(
-        prometheus,
-        PreemptionReader(api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)),
+    prometheus = _prometheus(config, reader.state)
+    preemption = preemption_reader(
+        api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)
     )
+    source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
-    parts = ClusterController(controller, reader, elector, None)
+    parts = ClusterController(controller, reader, elector, None, cache=cache)
     own_events = Writer(api, config, me)
     _announce_coarse_samples(prometheus, controller, own_events)
+    parts = ClusterController(controller, reader, elector, None, cache=cache)
+    if config.prometheus.warm_state_file:  # issue 18: a restart fetches only the gap
+        from gpuscaler.adapters.prometheus_state import WarmStart
+
+        warm = WarmStart(
+            prometheus, config.prometheus.warm_state_file, config.prometheus.warm_state_every
+        )
+        controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))
     base = config  # the file's config, before discovered workloads are added
 
     def refresh(new_base: Config | None = None) -> None:
@@ -253,3 +265,33 @@ def cluster_controller(
         parts.reloader = reloader
         controller.before_tick.insert(0, reloader.check)
     return parts
+
+
+def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterReader, Any, Any]:
+    """The cluster reader, the preemption reader's class and the watch cache they share
+    (issue 18); listing readers when `kubernetes.watch_cache` is off."""
+    if not config.kubernetes.watch_cache:
+        return ClusterReader(api, config), PreemptionReader, None
+    from functools import partial
+
+    from gpuscaler.adapters.kube.cache import (
+        CachedClusterReader,
+        CachedPreemptionReader,
+        ClusterCache,
+    )
+
+    cache = ClusterCache(api, home, config.kubernetes).start()
+    return (
+        CachedClusterReader(api, config, cache),
+        partial(CachedPreemptionReader, cache=cache),
+        cache,
+    )
+
+
+def _prometheus(config: Config, state: Any) -> PrometheusSource:
+    """Grouped, concurrent reads (issue 18) unless `prometheus.grouped_queries` is off."""
+    if not config.prometheus.grouped_queries:
+        return PrometheusSource(config, state)
+    from gpuscaler.adapters.prometheus_grouped import GroupedPrometheusSource
+
+    return GroupedPrometheusSource(config, state)

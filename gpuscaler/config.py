@@ -466,6 +466,21 @@ class PrometheusConfig(_Strict):
     overlap: Seconds = Field(5.0, ge=0)
     """Each incremental fetch re-reads this much before the newest sample held, for samples
     that arrived late."""
+    # issue 18: grouped, concurrent reads (adapters/prometheus_grouped.py)
+    grouped_queries: bool = True
+    """One query per signal and pool family and one for all workloads (through the shipped
+    recording rule), instead of one per target; targets a group does not cover are still
+    read one by one. false: one query per target (a Prometheus without the rule)."""
+    max_concurrent_queries: int = Field(4, ge=1, le=64)
+    """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
+    Prometheus with one tick's worth of concurrent evaluations."""
+    warm_state_file: str | None = None
+    """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
+    container restart) and read back at start, so a restart fetches only the gap. None:
+    every start backfills the whole window."""
+    warm_state_every: Seconds = Field(120.0, gt=0)
+    """The windows are saved after a tick at most this often: a restart then refetches at
+    most this much plus what passed while down."""
     bearer_token_file: str | None = None
     """Re-read whenever the file changes (projected service account tokens rotate)."""
     basic_auth_username: str | None = None
@@ -614,6 +629,18 @@ class KubernetesConfig(_Strict):
     """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
     fail at once (their targets get no action, with the reason) and the next tick starts
     afresh. Lease renewals, on their own thread, are not charged."""
+    # issue 18: the watch cache (adapters/kube/cache.py)
+    watch_cache: bool = True
+    """Read the cluster from a watch cache (list once, then watch) instead of listing
+    nodes, pods, ScaledObjects, HPAs, PDBs and PriorityClasses every tick. false: list
+    every tick (small clusters, or an API server that cannot hold watches)."""
+    watch_timeout: Seconds = Field(300.0, ge=1, le=3600)
+    """Each watch asks the server to end it after this (timeoutSeconds); it is then opened
+    again from the last resourceVersion. 5 min is about client-go's (a random 5-10 min)."""
+    watch_stale_after: Seconds = Field(30.0, gt=0, le=3600)
+    """A cache whose watch has been failing this long is not trusted: ticks flag every
+    target until it is back. 30 s: a few retries (the backoff reaches 30 s), and well under
+    the 5 min a decision looks ahead."""
 
     @field_validator("sharing_config_names")
     @classmethod
