@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from builders import NOW, assert_outcome, history, signal, workload_obs
+from builders import NOW, assert_outcome, forecast, history, signal, workload_obs
 
 from gpuscaler.config import ReplicasConfig
-from gpuscaler.core.model import TargetHistory, WorkloadObservation
+from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
 from gpuscaler.core.replicas import decide_replica_floor, hpa_desired
 
 STALENESS = 120.0
@@ -56,10 +56,22 @@ ROWS = [
         ("set", 4),
     ),
     Row(
-        "adds at most max_step_up replicas per change",
+        "adds at most max_step_up_gpus worth of replicas per change",
         workload_obs(signal(1000, 2100), floor=2),
         ("set", 10),
-        cfg={"max_step_up": 8},
+        cfg={"max_step_up_gpus": 8},
+    ),
+    Row(
+        "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas",
+        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+        ("set", 10),
+        cfg={"max_step_up_gpus": 2, "max_replicas": 200},
+    ),
+    Row(
+        "may double in one step, as the HPA's default scale-up policy does",
+        workload_obs(signal(3000, 4200), floor=20),
+        ("set", 40),
+        cfg={"max_step_up_gpus": 4, "max_replicas": 100},
     ),
     Row(
         "never sets the floor above max_replicas",
@@ -90,10 +102,17 @@ ROWS = [
         history(recs=((100, 8),)),
     ),
     Row(
-        "forgets recommendations older than the window and removes at most max_step_down",
+        "forgets recommendations older than the window and drops in one step, like the HPA",
         workload_obs(signal(100, 140), floor=8),
+        ("set", 2),
+        history(recs=((400, 8),)),
+    ),
+    Row(
+        "removes at most max_step_down_gpus worth of replicas when that is set",
+        workload_obs(signal(100, 140), floor=8, share=0.5),
         ("set", 6),
         history(recs=((400, 8),)),
+        cfg={"max_step_down_gpus": 1},
     ),
     Row(
         "waits out the cooldown after a change",
@@ -128,6 +147,14 @@ def test_replica_floor_rule(row: Row) -> None:
     cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, **row.cfg})
     out = decide_replica_floor(row.obs, cfg, STALENESS, row.hist, NOW)
     assert_outcome(out, row.expect, "forecast upper")
+
+
+def test_the_floor_sizes_for_the_observed_demand_when_it_is_above_the_forecast() -> None:
+    obs = workload_obs(Signal(NOW - 1, forecast(100, 140, last=490)), floor=4)
+    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    # 490 % of a GPU at 70 % a replica: 7 replicas, with or without the forecast's skill.
+    assert_outcome(out, ("set", 7), "observed 490%")
+    assert "skill fallback" in out.decision.reason  # type: ignore[union-attr]
 
 
 def test_every_tick_remembers_its_recommendation_for_the_window() -> None:

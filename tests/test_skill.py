@@ -52,7 +52,7 @@ def test_the_fallback_engages_on_a_white_noise_workload_and_says_why(seed: int) 
     values, paths = white_noise(150, seed)
     h, reasons = run(values, paths, TargetHistory(), NOW)
     assert h.fallback
-    assert "skill fallback" in reasons[-1] and "reactive autoscaler decides" in reasons[-1]
+    assert "skill fallback" in reasons[-1] and "sizes for the observed demand alone" in reasons[-1]
 
 
 def test_the_fallback_disengages_when_the_workload_becomes_predictable() -> None:

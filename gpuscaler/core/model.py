@@ -170,6 +170,9 @@ class WorkloadObservation:
     """The object's own ceiling (maxReplicaCount / maxReplicas)."""
     replica_gpu_share: float = 1.0
     """GPU one replica can use: 1 for a whole GPU, about 1/n on a GPU shared n ways."""
+    recent_peak: float | None = None
+    """Highest `forecast.fit_step` bucket mean of the load since the previous tick (one
+    control interval); None when unknown. What the floor sizes for when reactive."""
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ The HPA formula, desired = ceil(load / target), applied to the forecast's upper 
 the horizon instead of the current value: the floor rises before the load does, and the
 reactive autoscaler above it keeps the ceiling (effective replicas = max(floor, reactive)).
 Scale-down only to the highest recommendation of the stabilization window; steps bounded.
-The forecast must earn the floor: it is scored every tick against reactive sizing on the
-observed series (gpuscaler.core.skill); until it has shown skill, and whenever it loses
-it, the floor steps back to min_replicas and the reactive autoscaler alone decides.
+The floor sizes at least for the workload's observed demand (its request rate: not
+censored at capacity like the utilization the HPA reads); the forecast must earn the
+rest: it is scored every tick against that reactive sizing on the observed series
+(gpuscaler.core.skill), and until it has shown skill, and whenever it loses it, the
+forecast is set aside and the reason says so. Step limits are in GPUs.
 """
 
 from __future__ import annotations
@@ -51,25 +53,30 @@ def decide_replica_floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     share = obs.replica_gpu_share
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
-    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper, mean_peak)
-    sized, aim = upper, cfg.target_utilization_pct
+    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
+    observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
+    h = remember(h, now, observed, upper, mean_peak, keep)
+    h, fallback = _skill_check(h, cfg, now, upper, observed)
+    # Reactive on the workload's own demand signal (uncensored, unlike utilization),
+    # held by the stabilization window below. The forecast adds to it only while it shows
+    # skill against exactly that (gpuscaler.core.skill).
+    sized = observed if fallback is not None else max(observed, upper)
+    aim = cfg.target_utilization_pct
     raw = hpa_desired(sized, share, aim)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (share * current * aim) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
-    if fallback is not None:
-        raw = cfg.min_replicas  # no skill: the reactive autoscaler alone decides
     recommended = max(cfg.min_replicas, min(ceiling, raw))
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
     h = replace(h, recommendations=recs)
     # Scale down only to the highest recommendation in the window.
     stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = fallback or (
-        f"forecast upper {upper:.0f}% GPU / ({share:g} GPU x target "
-        f"{cfg.target_utilization_pct:g}%) -> {raw} replicas"
-    )
+    source = f"observed {observed:.0f}%" if sized == observed else f"forecast upper {upper:.0f}%"
+    why = f"{source} GPU / ({share:g} GPU x target {aim:g}%) -> {raw} replicas"
+    if fallback is not None:
+        why = f"{fallback}; {why}"
     if stabilized == current:
         extra = (
             ""
@@ -80,19 +87,7 @@ def decide_replica_floor(
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
-    if stabilized > current:
-        to = min(stabilized, current + cfg.max_step_up)
-        bound = (
-            f"max step up {cfg.max_step_up}" if to < stabilized else _bound(raw, to, cfg, ceiling)
-        )
-    else:
-        to = max(stabilized, current - cfg.max_step_down)
-        if to > stabilized:
-            bound = f"max step down {cfg.max_step_down}"
-        elif stabilized > recommended:
-            bound = f"stabilization window {cfg.scale_down_stabilization:.0f}s"
-        else:
-            bound = _bound(raw, to, cfg, ceiling)
+    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
     decision = Decision(
         time=now,
         kind=KIND,
@@ -106,27 +101,51 @@ def decide_replica_floor(
 
 
 def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float, mean: float
+    h: TargetHistory, cfg: ReplicasConfig, now: float, upper: float, observed: float
 ) -> tuple[TargetHistory, str | None]:
-    """History with this tick scored, and the reason when the floor steps back to
-    reactive because the forecast has had no skill (None when it keeps the floor)."""
+    """History with the skill verdict, and the reason when the forecast is set aside
+    because it has had no skill (None when it may raise the floor)."""
     if not cfg.skill_check:
         return h, None
-    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
-    h = remember(h, now, value, upper, mean, keep)
     skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     h = replace(h, fallback=fallback)
     if not fallback:
         return h, None
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"
+    unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
     return h, (
         f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
         f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
         f"reactive shortfall than flat headroom or a level floor at the same cost would); "
-        f"the floor steps back to min {cfg.min_replicas} and the reactive autoscaler "
-        f"decides (forecast upper bound {upper:.0f}% unused)"
+        f"the floor sizes for the observed demand alone{unused}"
     )
+
+
+def _stepped(
+    current: int,
+    stabilized: int,
+    recommended: int,
+    raw: int,
+    share: float,
+    cfg: ReplicasConfig,
+    ceiling: int,
+) -> tuple[int, str]:
+    """The floor after this change, within the step limits (in GPUs), and what bound it."""
+    if stabilized > current:
+        up = max(current, math.floor(cfg.max_step_up_gpus / share + 1e-9), 1)
+        to = min(stabilized, current + up)
+        if to < stabilized:
+            return to, f"max step up {cfg.max_step_up_gpus:g} GPUs or double, {up} replicas"
+        return to, _bound(raw, to, cfg, ceiling)
+    down_gpus = cfg.max_step_down_gpus
+    down = current if down_gpus is None else max(1, math.floor(down_gpus / share + 1e-9))
+    to = max(stabilized, current - down)
+    if to > stabilized:
+        return to, f"max step down {down_gpus:g} GPUs, {down} replicas"
+    if stabilized > recommended:
+        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s"
+    return to, _bound(raw, to, cfg, ceiling)
 
 
 def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:
