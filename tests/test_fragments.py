@@ -49,9 +49,15 @@ ROWS = [
         SUSTAINED_UP,
     ),
     Row(
-        "doubles when the pool's demand would fit one GPU fewer (4 GPUs at 30 percent)",
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
+        "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("set", 8),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent",
+        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
+        ("hold", "the 2 GPUs 8 fragments leave"),
         SUSTAINED_UP,
     ),
     Row(
@@ -280,14 +286,14 @@ def test_memory_limit_counts_reserve_and_overcommit(gib: float, kind: str, expec
 
 
 def test_the_decision_goes_both_ways_as_demand_per_gpu_falls_and_rises_again() -> None:
-    # Four replicas (a forced minimum) serving a demand of 3.6 GPUs that falls to 0.8 and
+    # Four replicas (a forced minimum) serving a demand of 3.6 GPUs that falls to 0.5 and
     # comes back. Demand per GPU (what tenants would use unthrottled) is the demand over
     # the GPUs the replicas hold at the current fragments: fragments double when the
-    # demand would fit one GPU fewer, and halve again when it returns (issue 11: no
+    # demand fits the GPUs packing leaves, and halve again when it returns (issue 11: no
     # ratchet).
     cfg = FragmentsConfig()
     h, fragments, steps = TargetHistory(), 1, []
-    demand = [3.6] * 10 + list(np.linspace(3.6, 0.8, 20)) + [0.8] * 40 + [3.6] * 40
+    demand = [3.6] * 10 + list(np.linspace(3.6, 0.5, 20)) + [0.5] * 40 + [3.6] * 40
     for tick, gpus_demand in enumerate(demand):
         now = NOW + 30 * tick
         held = -(-4 // fragments)

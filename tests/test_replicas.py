@@ -93,25 +93,31 @@ ROWS = [
         "scales down only to the highest recommendation in the stabilization window",
         workload_obs(signal(100, 140), floor=8),
         ("set", 7),
-        history(recs=((100, 7),)),
+        history(recs=((100, 490),)),  # 7 replicas at 70 %
     ),
     Row(
         "holds the floor while the window remembers a recommendation as high",
         workload_obs(signal(100, 140), floor=8),
         ("hold", "stabilization"),
-        history(recs=((100, 8),)),
+        history(recs=((100, 560),)),  # 8 replicas
+    ),
+    Row(
+        "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas",
+        workload_obs(signal(100, 140), floor=14, share=0.5),
+        ("hold", "stabilization"),
+        history(recs=((100, 490),)),
     ),
     Row(
         "forgets recommendations older than the window and drops in one step, like the HPA",
         workload_obs(signal(100, 140), floor=8),
         ("set", 2),
-        history(recs=((400, 8),)),
+        history(recs=((400, 560),)),
     ),
     Row(
         "removes at most max_step_down_gpus worth of replicas when that is set",
         workload_obs(signal(100, 140), floor=8, share=0.5),
         ("set", 6),
-        history(recs=((400, 8),)),
+        history(recs=((400, 560),)),
         cfg={"max_step_down_gpus": 1},
     ),
     Row(
@@ -153,7 +159,7 @@ def test_the_floor_sizes_for_the_observed_demand_when_it_is_above_the_forecast()
     obs = workload_obs(Signal(NOW - 1, forecast(100, 140, last=490)), floor=4)
     out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
     # 490 % of a GPU at 70 % a replica: 7 replicas, with or without the forecast's skill.
-    assert_outcome(out, ("set", 7), "observed 490%")
+    assert_outcome(out, ("set", 7), "observed peak 490%")
     assert "skill fallback" in out.decision.reason  # type: ignore[union-attr]
 
 
@@ -162,10 +168,10 @@ def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
         workload_obs(signal(280, 490), floor=4),
         ReplicasConfig.model_validate(FORECAST_ONLY),
         STALENESS,
-        history(recs=((400, 9), (100, 5))),
+        history(recs=((400, 630), (100, 350))),
         NOW,
     )
-    assert out.history.recommendations == ((NOW - 100, 5), (NOW, 7))
+    assert out.history.recommendations == ((NOW - 100, 350), (NOW, 490))
 
 
 @pytest.mark.parametrize(

@@ -252,7 +252,8 @@ class TargetHistory:
     """Since when the current trigger has held."""
     pending_direction: int = 0
     recommendations: tuple[tuple[float, int], ...] = ()
-    """(time, recommended value) within the stabilization window."""
+    """(time, recommended value) within the stabilization window; for replica floors the
+    load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
     seen: tuple[tuple[float, float, float, float], ...] = ()

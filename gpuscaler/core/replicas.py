@@ -42,25 +42,77 @@ def decide_replica_floor(
 ) -> Outcome:
     target = obs.key
     problem = input_problem(obs.load, now, staleness)
-    if problem is not None:
+    if problem is not None and not _reactive_only(obs, now, staleness):
         return invalid(KIND, target, now, problem, h)
     if obs.floor is None:
         return invalid(KIND, target, now, "current replica floor unknown", h)
     forecast = obs.load.forecast
-    assert forecast is not None
-    current = obs.floor
+    window = cfg.scale_down_stabilization
+    keep = cfg.skill_window + max(cfg.lead_time, window)
+    if forecast is None:
+        # No forecast yet (too little history): reactive on the observed demand alone.
+        assert obs.recent_peak is not None
+        h = remember(h, now, obs.recent_peak, math.nan, math.nan, keep)
+        note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
+        return _floor(obs, cfg, h, now, observed_peak(h, now, window), None, note, "")
     upper = forecast.peak_upper_within(cfg.lead_time)
-    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
-    share = obs.replica_gpu_share
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
-    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
     observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
     h = remember(h, now, observed, upper, mean_peak, keep)
     h, fallback = _skill_check(h, cfg, now, upper, observed)
-    # Reactive on the workload's own demand signal (uncensored, unlike utilization),
-    # held by the stabilization window below. The forecast adds to it only while it shows
-    # skill against exactly that (gpuscaler.core.skill).
-    sized = observed if fallback is not None else max(observed, upper)
+    # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
+    # highest of the last stabilization window, as the predictive-floor baseline (Crane
+    # EHPA / AHPA: max of the last 5 minutes) does. The forecast adds to it only while it
+    # shows skill against exactly that (gpuscaler.core.skill).
+    return _floor(
+        obs,
+        cfg,
+        h,
+        now,
+        observed_peak(h, now, window),
+        None if fallback is not None else upper,
+        fallback,
+        f"; {forecast.reason}",
+        {"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
+    )
+
+
+def observed_peak(h: TargetHistory, now: float, window: float) -> float:
+    """Highest demand observed at the ticks of the last `window` seconds (each tick's
+    record is the peak since the previous one), this tick included."""
+    return max(v for t, v, _, _ in h.seen if t > now - window or t == now)
+
+
+def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
+    """Whether the floor can still size for the observed demand: the forecast alone is
+    missing (too little history), the load's own samples are fresh and finite."""
+    load = obs.load
+    return (
+        load.forecast is None
+        and obs.recent_peak is not None
+        and math.isfinite(obs.recent_peak)
+        and load.last_sample_time is not None
+        and now - load.last_sample_time <= staleness
+    )
+
+
+def _floor(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    h: TargetHistory,
+    now: float,
+    observed: float,
+    upper: float | None,
+    note: str | None,
+    tail: str,
+    figures: dict[str, float] | None = None,
+) -> Outcome:
+    """The floor for `observed` demand, or the forecast's `upper` bound when higher
+    (None: the forecast is set aside, `note` says why), stabilized and stepped."""
+    target, current, share = obs.key, obs.floor, obs.replica_gpu_share
+    assert current is not None
+    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
+    sized = observed if upper is None else max(observed, upper)
     aim = cfg.target_utilization_pct
     raw = hpa_desired(sized, share, aim)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
@@ -68,22 +120,25 @@ def decide_replica_floor(
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
     recommended = max(cfg.min_replicas, min(ceiling, raw))
+    # Scale down only to the highest recommendation of the window, as the HPA does, kept
+    # as the load sized for (percent of a GPU) so a fragment change, which changes each
+    # replica's share, does not distort it.
     window_start = now - cfg.scale_down_stabilization
-    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
+    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
     h = replace(h, recommendations=recs)
-    # Scale down only to the highest recommendation in the window.
-    stabilized = max(v for _, v in recs) if recommended < current else recommended
-    source = f"observed {observed:.0f}%" if sized == observed else f"forecast upper {upper:.0f}%"
+    held = max(cfg.min_replicas, min(ceiling, hpa_desired(max(v for _, v in recs), share, aim)))
+    stabilized = max(recommended, min(current, held)) if recommended < current else recommended
+    source = (
+        f"observed peak {observed:.0f}% over {cfg.scale_down_stabilization:.0f}s"
+        if sized == observed
+        else f"forecast upper {sized:.0f}%"
+    )
     why = f"{source} GPU / ({share:g} GPU x target {aim:g}%) -> {raw} replicas"
-    if fallback is not None:
-        why = f"{fallback}; {why}"
+    if note:
+        why = f"{note}; {why}"
     if stabilized == current:
-        extra = (
-            ""
-            if stabilized == recommended
-            else (f", held by the {cfg.scale_down_stabilization:.0f}s stabilization window")
-        )
-        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{extra}", h)
+        held = "" if stabilized == recommended else ", held by the stabilization window"
+        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{held}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
@@ -94,8 +149,8 @@ def decide_replica_floor(
         target=target,
         from_value=current,
         to_value=to,
-        reason=f"{why}; floor {current} -> {to} ({bound}); {forecast.reason}",
-        forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
+        reason=f"{why}; floor {current} -> {to} ({bound}){tail}",
+        forecast=figures or {"last": observed},
     )
     return Outcome(h, decision=decision)
 
