@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -188,3 +188,29 @@ def test_hpa_formula_is_ceil_of_load_over_share_times_target(
     load: float, share: float, target: float, expected: int
 ) -> None:
     assert hpa_desired(load, share, target) == expected
+
+
+TOO_SHORT = "only 300s of samples in the window, forecast needs 600s"
+
+
+@pytest.mark.parametrize(
+    ("load", "peak", "expect"),
+    [
+        (Signal(NOW - 1, None, TOO_SHORT), 490.0, ("set", 7)),
+        (Signal(NOW - 1, None, "HTTP 503 from Prometheus"), None, ("invalid", "HTTP 503")),
+        (Signal(NOW - 200, None, TOO_SHORT), 490.0, ("invalid", TOO_SHORT)),
+        (Signal(NOW - 1, None, TOO_SHORT), float("nan"), ("invalid", TOO_SHORT)),
+    ],
+    ids=[
+        "before the forecast has history the floor sizes for the observed demand",
+        "a source problem (no observed peak) takes no action",
+        "stale samples take no action",
+        "a non-finite observed peak takes no action",
+    ],
+)
+def test_without_a_forecast_only_the_observed_demand_sizes_the_floor(
+    load: Signal, peak: float | None, expect: tuple[str, object]
+) -> None:
+    obs = replace(workload_obs(load, floor=4), recent_peak=peak)
+    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    assert_outcome(out, expect, "no forecast")
