@@ -137,8 +137,8 @@ def _floor(
     if note:
         why = f"{note}; {why}"
     if stabilized == current:
-        held = "" if stabilized == recommended else ", held by the stabilization window"
-        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{held}", h)
+        by = "" if stabilized == recommended else ", held by the stabilization window"
+        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
