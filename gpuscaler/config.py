@@ -294,7 +294,7 @@ class ReplicasConfig(_Strict):
     the time a replica added now needs to serve (KEDA polling + cold start)."""
     skill_check: bool = True
     """Score the forecast against reactive sizing and fall back when it has no skill
-    (false: the forecast always sets the floor)."""
+    (false: the forecast's upper bound always counts with the observed demand)."""
     skill_window: Seconds = Field(3600.0, gt=0)
     """Forecast origins of this long are scored for the skill self-assessment."""
     skill_min_origins: int = Field(20, ge=1)
