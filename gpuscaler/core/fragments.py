@@ -108,15 +108,20 @@ def decide_fragments(
         bound = f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
     else:
         g = obs.gpus_held
-        if g is not None and upper * g > cfg.more_below_pct * (g - 1):
-            # Demand in GPUs (per-GPU demand x GPUs held) must fit one GPU fewer at the
-            # "more" threshold, or a doubling packs nothing and only adds overhead.
+        step = next((f for f in cfg.allowed if f > current), None)
+        after = None if g is None or step is None else math.ceil(g * current / step)
+        if g is not None and after is not None and (after >= g or upper * g > more_at * after):
+            # The same replicas packed `step` to a GPU hold `after` GPUs: the pool's demand
+            # in GPUs (per-GPU demand x GPUs held) must still fit them below the "more"
+            # threshold, or the change takes away capacity the replicas need (the
+            # autoscaler then adds replicas back: no GPU saved, only overhead).
             return hold(
                 KIND,
                 target,
                 now,
-                f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit "
-                f"{g - 1} GPUs at {more_at:g}%: more fragments would pack nothing",
+                f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit the "
+                f"{after} GPUs {step} fragments leave at {more_at:g}%: more fragments "
+                "would pack nothing",
                 h,
             )
         want = current << cfg.max_step

@@ -174,6 +174,9 @@ class WorkloadObservation:
     serving: tuple[float, str] | None = None
     """When `load` is the serving stack's demand (gpuscaler.demand), not GPU utilization:
     what one replica serves at target, and the unit."""
+    recent_peak: float | None = None
+    """Highest `forecast.fit_step` bucket mean of the load since the previous tick (one
+    control interval); None when unknown. What the floor sizes for when reactive."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,8 @@ class TargetHistory:
     """Since when the current trigger has held."""
     pending_direction: int = 0
     recommendations: tuple[tuple[float, int], ...] = ()
-    """(time, recommended value) within the stabilization window."""
+    """(time, recommended value) within the stabilization window; for replica floors the
+    load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
     seen: tuple[tuple[float, float, float, float], ...] = ()

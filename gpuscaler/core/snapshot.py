@@ -81,6 +81,27 @@ def window_mean(
         return float(finite.mean()), last
 
 
+def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
+    """Highest mean of `step`-long buckets (ending at the newest sample) over the last
+    `window` seconds; None without a finite sample there."""
+    if series is None or series.values.size == 0:
+        return None
+    width = max(1, round(step / series.step))
+    count = max(1, round(window / step)) * width
+    first = int(np.ceil((now - window - series.start) / series.step + 1e-9))
+    values = series.values[max(0, first, series.values.size - count) :]
+    usable = values.size // width * width
+    if usable == 0:
+        return None
+    block = values[values.size - usable :].reshape(-1, width)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=1)
+    if not counts.any():
+        return None
+    means = np.where(finite, block, 0.0).sum(axis=1)[counts > 0] / counts[counts > 0]
+    return float(means.max())
+
+
 def _forecasts(
     items: list[tuple[str, Series | None, str | None, ForecastConfig]],
     now: float,
@@ -185,6 +206,14 @@ def build_snapshot(
             max_replicas=w.max_replicas,
             replica_gpu_share=w.replica_gpu_share,
             serving=w.serving,
+            recent_peak=None
+            if w.problem
+            else bucket_peak(
+                w.load,
+                now,
+                config.control.interval,
+                config.workload_section(w.key, "forecast", ForecastConfig).fit_step,
+            ),
         )
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]
