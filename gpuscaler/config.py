@@ -436,12 +436,23 @@ class PrometheusQueries(_Strict):
         " + last_over_time(DCGM_FI_DEV_FB_FREE{{{matchers}}}[{lookback}]))"
     )
     """MiB of the pool's smallest GPU (used + free)."""
+    workload_requests: str | None = None
+    """Requests per second of a workload, over its pods (`gpuscaler whatif` replays it),
+    e.g. `sum(rate(vllm:request_success_total{{{matchers}}}[1m]))`; unset: whatif derives
+    the demand from `workload_load`."""
 
     @field_validator(
-        "pool_utilization", "pool_stall", "workload_load", "pool_memory_used", "pool_memory_total"
+        "pool_utilization",
+        "pool_stall",
+        "workload_load",
+        "pool_memory_used",
+        "pool_memory_total",
+        "workload_requests",
     )
     @classmethod
-    def _placeholders(cls, value: str) -> str:
+    def _placeholders(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         try:
             value.format(matchers='a="b"', lookback="1s")
         except (KeyError, IndexError, ValueError) as e:
