@@ -252,7 +252,9 @@ def test_whatif_bad_input_exits_2_with_the_reason(
 def test_whatif_on_an_unreachable_prometheus_exits_2_naming_it(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     url = f"http://user:s3cret@127.0.0.1:{free_port()}"
-    config.write_text(_config(url, ghost=False).replace("timeout: 20s", "timeout: 2s\n  retries: 0"))
+    config.write_text(
+        _config(url, ghost=False).replace("timeout: 20s", "timeout: 2s\n  retries: 0")
+    )
     done = _run("whatif", "--config", str(config), timeout=60)
     assert done.returncode == 2, done.stderr
     assert "does not answer" in done.stderr and "127.0.0.1" in done.stderr
