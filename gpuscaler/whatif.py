@@ -40,10 +40,9 @@ def parse_when(text: str, now: float, flag: str) -> float:
     except ValueError:
         pass
     try:
-        return float(text)
+        parsed: float | None = float(text)
     except ValueError:
-        pass
-    parsed = parse_time(text)
+        parsed = parse_time(text)
     if parsed is None or not math.isfinite(parsed):
         raise WhatifError(
             f"{flag} {text!r}: expected 'now', a duration ago such as '7d' or '12h', an RFC "
