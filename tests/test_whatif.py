@@ -4,6 +4,7 @@ replay is in test_whatif_live.py)."""
 
 from __future__ import annotations
 
+import io
 import math
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from gpuscaler.sim.replay import (
     verdict,
     workload_config,
 )
-from gpuscaler.whatif import WhatifError, parse_when, select
+from gpuscaler.whatif import Progress, WhatifError, parse_when, select
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 NOW = 1_800_000_000.0
@@ -268,3 +269,33 @@ def test_whatif_without_a_prometheus_url_exits_2(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "prometheus.url is not set" in out.stderr and "Traceback" not in out.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_shows_on_a_terminal_only() -> None:
+    term = _Terminal()
+    bar = Progress(term, total=4)
+    bar.request(3)
+    bar.workload("ns/ScaledObject/chat")
+    bar.close()
+    assert "[" + "#" * 8 + "." * 22 + "] 1/4 workloads, 3 range queries" in term.getvalue()
+    assert term.getvalue().endswith("\n")
+    plain = io.StringIO()
+    quiet = Progress(plain, total=4)
+    quiet.request(1)
+    quiet.workload("x")
+    quiet.close()
+    assert plain.getvalue() == ""
+
+
+def test_out_of_range_requests_are_dropped_and_listed_not_fatal() -> None:
+    signal = Signal("workload_requests", "q", _series([1.0, math.nan]), "1 value(s) outside")
+    history = WorkloadHistory(
+        W.key, 1000.0, 1010.0, 10.0, signal, Signal("workload_load", "q", None), signal
+    )
+    found = demand_rate(history, Config())
+    assert not isinstance(found, str)

@@ -80,9 +80,9 @@ def workload_config(config: Config, workload: WorkloadConfig) -> Config:
 def demand_rate(history: WorkloadHistory, config: Config) -> tuple[Series, str] | str:
     """(requests per second, which signal) or why there is no demand signal."""
     req, load = history.requests, history.load
-    if req.series is not None and req.problem is None:
+    if req.series is not None:  # samples out of range are dropped (NaN), listed in limits
         return req.series, f"request rate ({req.query})"
-    if load.series is not None and load.problem is None:
+    if load.series is not None:
         per_request = config.simulator.gpu_seconds_per_request
         rate = load.series.values / 100.0 / per_request
         what = (
@@ -200,7 +200,7 @@ def replay(
     except TraceError as e:
         return Skipped(history.key, str(e))
     actual = None
-    if history.replicas.series is not None and history.replicas.problem is None:
+    if history.replicas.series is not None:
         arrivals = arrivals_from_trace(trace, result.start, seconds, seed)
         actual = actual_run(
             result.config,
