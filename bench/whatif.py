@@ -153,7 +153,7 @@ def main() -> None:
             file=sys.stderr,
         )
         since, until = start + STEP, start + STEP + seconds
-        with prometheus(data=root / "data.om") as url:
+        with prometheus(data=root / "data.om", backfill_timeout=1800) as url:
             cfg_path = root / "whatif.yaml"
             cfg_path.write_text(config_text(url, args.workloads))
             config = parse_config(cfg_path.read_text())

@@ -79,6 +79,7 @@ def prometheus(
     scrape_target: str | None = None,
     rule_file: Path | None = None,
     port: int | None = None,
+    backfill_timeout: float = 120,
 ) -> Iterator[str]:
     """A running Prometheus (backfilled from the OpenMetrics file `data`, or scraping
     `scrape_target` every 500 ms); yields its URL, stops it and removes its data after."""
@@ -92,7 +93,7 @@ def prometheus(
                 [tool, "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
                 check=True,
                 capture_output=True,
-                timeout=120,
+                timeout=backfill_timeout,
             )
         config = root / "prometheus.yml"
         scrape = ""
