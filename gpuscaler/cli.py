@@ -149,6 +149,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         seed=args.seed,
         step=step,
         baselines=not args.no_baselines,
+        jobs=args.jobs,
     )
     print(json.dumps(outcome.summary()) if args.json else text(outcome))
     for path in outcome.files:
@@ -473,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", action="append", metavar="NS/NAME", help="only these (repeatable)")
     p.add_argument("--step", help="read step (default forecast.fit_step, 10s)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--jobs", type=_positive_int, default=1, help="workloads replayed at once (processes)"
+    )
     p.add_argument(
         "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"
     )

@@ -13,6 +13,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,10 +22,11 @@ from gpuscaler.adapters.cluster import parse_time, rfc3339
 from gpuscaler.adapters.history import HistoryReader
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
-from gpuscaler.sim.replay import Skipped, WorkloadReplay, replay
+from gpuscaler.sim.replay import Skipped, replay
 
-MAX_RANGE = 31 * 86400.0
-"""Longest history replayed: a month (the model runs at 500 ms)."""
+MAX_RANGE = 14 * 86400.0
+"""Longest history replayed: two weeks (the model holds every 500 ms slot in memory:
+about 100 MB a day of replay)."""
 
 
 class WhatifError(InputError):
@@ -137,6 +139,58 @@ def _file_name(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".png"
 
 
+@dataclass(frozen=True)
+class Job:
+    """What every workload's replay shares (picklable: `--jobs` runs them in processes)."""
+
+    config: Config
+    since: float
+    until: float
+    step: float
+    seed: int = 1
+    baselines: bool = True
+    report: Path | None = None
+
+
+Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
+"""(the workload's summary or why it was skipped, its decision records, its PNG)."""
+
+
+def replay_one(job: Job, workload: WorkloadConfig, reader: HistoryReader | None = None) -> Done:
+    """Read one workload's history, replay it and draw its PNG."""
+    reader = reader or HistoryReader(job.config)
+    history = reader.workload(workload, job.since - job.step, job.until + job.step, job.step)
+    done = replay(history, job.config, workload, job.seed, job.baselines)
+    if isinstance(done, Skipped):
+        return done, [], None
+    records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
+    png = None
+    if job.report is not None:
+        from gpuscaler.sim.report import plot
+
+        png = job.report / _file_name(done.key)
+        plot(done.result, png)
+    return done.summary(), records, png
+
+
+def _results(
+    job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader
+) -> Iterator[Done]:
+    """Each workload's replay, in order: in this process, or in `jobs` processes."""
+    if jobs <= 1 or len(workloads) <= 1:
+        for w in workloads:
+            yield replay_one(job, w, reader)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # no forked copy of a client's threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(replay_one, job, w) for w in workloads]
+        for f in futures:
+            yield f.result()
+
+
 def run_whatif(
     config: Config,
     since: float,
@@ -147,43 +201,43 @@ def run_whatif(
     step: float | None = None,
     baselines: bool = True,
     err: TextIO = sys.stderr,
+    jobs: int = 1,
 ) -> Outcome:
     """Read, replay and report every workload; raise WhatifError when none replays."""
     step = step or config.forecast.fit_step
     if not until > since:
         raise WhatifError(f"--since {rfc3339(since)} is not before --until {rfc3339(until)}")
     if until - since > MAX_RANGE:
-        raise WhatifError(f"range of {(until - since) / 86400:.1f} days: at most 31 days")
+        raise WhatifError(
+            f"range of {(until - since) / 86400:.1f} days: at most "
+            f"{MAX_RANGE / 86400:g} days (the model holds every 500 ms slot in memory)"
+        )
     if until > time.time() + step:
         raise WhatifError(f"--until {rfc3339(until)} is in the future: no history there yet")
     bar = Progress(err, len(workloads))
     reader = HistoryReader(config, progress=bar.request)
     reader.probe()
     outcome = Outcome(since, until, step)
-    decisions = None
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
-        decisions = (report / "decisions.jsonl").open("w", encoding="utf-8")
-        outcome.files.append(report / "decisions.jsonl")
+    job = Job(config, since, until, step, seed, baselines, report)
+    records: list[dict[str, Any]] = []
     try:
-        for w in workloads:
-            history = reader.workload(w, since - step, until + step, step)
-            done = replay(history, config, w, seed, baselines)
+        for w, (done, decisions, png) in zip(
+            workloads, _results(job, workloads, jobs, reader), strict=True
+        ):
             bar.workload(w.key)
             if isinstance(done, Skipped):
                 outcome.skipped.append(done)
                 continue
-            outcome.summaries.append(done.summary())
-            if report is not None and decisions is not None:
-                _write_workload(done, report, decisions, outcome)
+            outcome.summaries.append(done)
+            records.extend(decisions)
+            if png is not None:
+                outcome.files.append(png)
     finally:
         bar.close()
-        if decisions is not None:
-            decisions.close()
     if report is not None:
-        path = report / "summary.json"
-        path.write_text(json.dumps(outcome.summary(), indent=2) + "\n", encoding="utf-8")
-        outcome.files.append(path)
+        _write(report, outcome, records)
     if not outcome.summaries:
         why = "; ".join(f"{s.key}: {s.reason}" for s in outcome.skipped)
         raise WhatifError(
@@ -192,13 +246,12 @@ def run_whatif(
     return outcome
 
 
-def _write_workload(done: WorkloadReplay, report: Path, out: TextIO, outcome: Outcome) -> None:
-    from gpuscaler.sim.report import plot
-
-    for d in done.result.gpuscaler.decisions:
-        out.write(json.dumps({"workload": done.key, **d.as_record()}) + "\n")
-    path = report / _file_name(done.key)
-    plot(done.result, path)
+def _write(report: Path, outcome: Outcome, records: list[dict[str, Any]]) -> None:
+    path = report / "decisions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    outcome.files.insert(0, path)
+    path = report / "summary.json"
+    path.write_text(json.dumps(outcome.summary(), indent=2) + "\n", encoding="utf-8")
     outcome.files.append(path)
 
 

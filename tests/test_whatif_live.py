@@ -167,6 +167,8 @@ def test_whatif_reproduces_simulate_on_the_same_trace_within_one_percent(week: W
         "--report",
         str(report),
         "--json",
+        "--jobs",
+        "2",  # the two workloads in two processes: the same figures as in one
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
