@@ -21,10 +21,11 @@ from gpuscaler.config import Config, WorkloadConfig, parse_config
 from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
 from gpuscaler.sim.replay import (
-    ActualCluster,
     Skipped,
+    actual_run,
     compare,
     demand_rate,
+    held,
     hours_at_share,
     replay,
     verdict,
@@ -119,15 +120,16 @@ def test_the_workload_is_replayed_alone_on_its_pool_without_a_synthetic_burst() 
 
 
 def test_the_replicas_that_ran_hold_over_gaps_and_fill_the_start() -> None:
-    from gpuscaler.sim.simulate import scenario_cluster
+    assert list(held(_series([math.nan, 3, math.nan, math.nan, 5]))) == [3, 3, 3, 3, 5]
 
+
+def test_the_replay_of_the_replicas_that_ran_follows_them() -> None:
     cfg = workload_config(Config(workloads=(W,)), W)
-    base = scenario_cluster(cfg, np.zeros(400), 1000.0, 1, controlled=False)
-    schedule = _series([math.nan, 3, math.nan, math.nan, 5])
-    c = ActualCluster(schedule, cfg, base.workload_key, base.pool_name, np.zeros(400), 1000.0, 1, 2)
-    assert list(c.counts) == [3, 3, 3, 3, 5]
-    c.hpa_step(1045.0)
-    assert c.spec_count() == 5
+    arrivals = np.full(7200, 10.0)  # 1 h of 20 requests/s at 500 ms
+    schedule = Series(0.0, 60.0, np.r_[np.full(30, 4.0), np.full(30, 8.0)])
+    out = actual_run(cfg, schedule, arrivals, 0.0, 3600.0, 1, 0)
+    assert out["scaling_actions"] == 2  # min replicas -> 4 -> 8
+    assert out["mean_replicas"] == pytest.approx(6, abs=0.1)
 
 
 CURVE = [

@@ -13,6 +13,7 @@ was served, so demand that queued unserved is not in it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
+from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
     SimulationResult,
@@ -99,26 +100,19 @@ def history_trace(key: str, demand: Series) -> Trace:
     return Trace(key, demand.start, demand.step, demand.values * demand.step, "prometheus")
 
 
-class ActualCluster(SimulatedCluster):
-    """The simulated cluster with the replica counts the cluster actually ran, read at
-    each control interval (the last known count holds over a gap)."""
-
-    def __init__(self, replicas: Series, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        values = replicas.values.copy()
-        finite = np.isfinite(values)
-        if finite.any():  # carry the last count forward, the first one back
-            idx = np.where(finite, np.arange(len(values)), 0)
-            np.maximum.accumulate(idx, out=idx)
-            values = values[idx]
-            values[: int(np.flatnonzero(finite)[0])] = values[int(np.flatnonzero(finite)[0])]
-        self.schedule = replicas
-        self.counts = values
-
-    def hpa_step(self, now: float) -> None:
-        i = int(np.floor((now - self.schedule.start) / self.schedule.step))
-        i = min(max(i, 0), len(self.counts) - 1)
-        self.set_replicas(now, max(1, round(float(self.counts[i]))))
+def held(replicas: Series) -> FloatArray:
+    """The replica counts with the last known one held over each gap (and the first
+    known one before it)."""
+    values = replicas.values.copy()
+    finite = np.isfinite(values)
+    if not finite.any():
+        return values
+    idx = np.where(finite, np.arange(len(values)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    values = values[idx]
+    first = int(np.flatnonzero(finite)[0])
+    values[:first] = values[first]
+    return values
 
 
 def actual_run(
@@ -130,33 +124,22 @@ def actual_run(
     seed: int,
     scored_from: int,
 ) -> dict[str, Any]:
-    """SLO figures of the replay with the replicas that ran, at the pool's initial
-    fragments (the fragments that ran are not read)."""
-    base = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    cluster = ActualCluster(
-        replicas,
-        config,
-        base.workload_key,
-        base.pool_name,
-        arrivals,
-        start,
-        seed,
-        base.fragments,
-        None,
-        False,
-    )
+    """SLO figures of the replay with the replicas that ran (read at each control
+    interval), at the pool's initial fragments (the fragments that ran are not read)."""
+    cluster = scenario_cluster(config, arrivals, start, seed, controlled=False)
+    counts = held(replicas)
     interval = config.control.interval
     t = start + interval
     while t <= start + seconds:
         cluster.advance_to(t)
-        cluster.hpa_step(t)
+        i = min(max(math.floor((t - replicas.start) / replicas.step), 0), len(counts) - 1)
+        cluster.set_replicas(t, max(1, round(float(counts[i]))))
         t += interval
     cluster.advance_to(start + seconds)
     s = slice(scored_from, cluster.cursor)
     return {
         **slo_metrics(cluster, scored_from, config.simulator.slo_wait),
         "mean_replicas": round(float(np.mean(cluster.rec.replicas[s])), 2),
-        "source": "kube-state-metrics",
     }
 
 
@@ -189,7 +172,7 @@ def replay(
     seconds = history.end - history.start - 2 * history.step
     known = float(finite.sum()) * demand.step
     try:
-        scored_from, _ = warmup_plan(cfg, min(seconds, known), history.key)
+        warmup_plan(cfg, min(seconds, known), history.key)
     except TraceError as e:
         return Skipped(history.key, f"too little history: {e}")
     trace = history_trace(history.key, demand)
@@ -209,7 +192,7 @@ def replay(
             result.start,
             seconds,
             seed,
-            scored_from,
+            result.scored_from,
         )
         actual["source"] = history.replicas.name
     return WorkloadReplay(history.key, signal, result, actual, limits(history, demand, actual))
