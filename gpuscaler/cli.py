@@ -471,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="config YAML with prometheus.url")
     p.add_argument("--since", default="7d", help="start: '7d' ago, RFC 3339 or unix seconds")
     p.add_argument("--until", default="now", help="end: 'now', a duration ago, RFC 3339")
-    p.add_argument("--workload", action="append", metavar="NS/NAME", help="only these (repeatable)")
+    p.add_argument(
+        "--workload", action="extend", nargs="+", metavar="NS/NAME", help="only these workloads"
+    )
     p.add_argument("--step", help="read step (default forecast.fit_step, 10s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
