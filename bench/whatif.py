@@ -132,6 +132,9 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--replay", type=int, default=None, help="replay only the first K")
     ap.add_argument("--no-baselines", action="store_true", help="pass --no-baselines")
+    ap.add_argument(
+        "--no-simulate", action="store_true", help="skip the simulate baseline (no ratio)"
+    )
     args = ap.parse_args()
     replay = args.workloads if args.replay is None else min(args.replay, args.workloads)
     seconds = args.days * 86400
@@ -206,9 +209,11 @@ def main() -> None:
         ]
         if args.no_baselines:
             sim_cmd.append("--no-baselines")
-        t0 = time.perf_counter()
-        subprocess.run(sim_cmd, capture_output=True, text=True, env=env, check=True)
-        sim_s = time.perf_counter() - t0
+        sim_s = math.nan
+        if not args.no_simulate:
+            t0 = time.perf_counter()
+            subprocess.run(sim_cmd, capture_output=True, text=True, env=env, check=True)
+            sim_s = time.perf_counter() - t0
     per = whatif_s / replay
     ratio = per / sim_s
     print(
