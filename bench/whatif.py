@@ -4,8 +4,8 @@ Backfills (promtool) N workloads' request rate (10 s samples: the bundled Azure 
 conversation week, rotated and scaled per workload) and their HPA's replica counts
 (kube-state-metrics' `kube_horizontalpodautoscaler_status_current_replicas`, 60 s).
 Then, in one run:
-- `read`: every workload's history over the range, in-process, as whatif reads it (three
-  range queries a workload, chunked under the point limit);
+- `read`: every workload's history over the range, in-process, as whatif reads it (two
+  series a workload, request rate and replicas, chunked under the point limit);
 - `whatif`: `gpuscaler whatif` in a subprocess on the first `--replay` workloads (all by
   default), wall time and its peak RSS;
 - the baseline: `gpuscaler simulate` of workload 0's trace from a CSV for the same days,

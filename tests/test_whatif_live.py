@@ -137,6 +137,23 @@ def test_a_week_of_history_reads_back_sample_for_sample_across_chunks(week: Week
     np.testing.assert_allclose(series.values, week.rate, rtol=1e-6)
 
 
+def test_without_a_request_query_the_gpu_load_is_read_and_the_replicas_too(week: Week) -> None:
+    text = _config(week.url, ghost=False)
+    config = parse_config(text[: text.index("  queries:")] + text[text.index("simulator:") :])
+    assert config.prometheus.queries.workload_requests is None
+    reader = HistoryReader(config)
+    since = week.start + WINDOW_AT
+    history = reader.workload(config.workloads[0], since, since + 3600, STEP)
+    assert history.requests.series is None and "not set" in str(history.requests.problem)
+    assert history.load.series is not None
+    i = round(WINDOW_AT / STEP)
+    expected = week.rate[i : i + 361] * PER_REQUEST * 100
+    np.testing.assert_allclose(history.load.series.values, expected, rtol=1e-5)
+    assert history.replicas.name == "kube_horizontalpodautoscaler_status_current_replicas"
+    assert history.replicas.series is not None
+    np.testing.assert_array_equal(history.replicas.series.values, _replicas(week.rate[i : i + 361]))
+
+
 def _close(a: Any, b: Any, where: str) -> None:
     if isinstance(a, dict):
         assert set(a) == set(b), where

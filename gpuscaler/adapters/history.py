@@ -130,7 +130,8 @@ class HistoryReader:
     def workload(
         self, workload: WorkloadConfig, start: float, end: float, step: float
     ) -> WorkloadHistory:
-        """Everything the replay needs of one workload (each signal None when absent)."""
+        """Everything the replay needs of one workload (each signal None when absent; the
+        GPU load is read only when there is no request rate)."""
         queries = self.config.prometheus.queries
         lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
         ns, name = workload.namespace, workload.name
@@ -142,7 +143,9 @@ class HistoryReader:
             q = build_workload_query(queries.workload_requests, ns, name, lookback)
             requests = self._signal("workload_requests", q, start, end, step, REQUESTS)
         q = build_workload_query(queries.workload_load, ns, name, lookback)
-        load = self._signal("workload_load", q, start, end, step, LOAD)
+        load = Signal("workload_load", q, None)  # read only when needed: it costs a third
+        if requests.series is None:
+            load = self._signal("workload_load", q, start, end, step, LOAD)
         replicas = Signal("replicas", "", None)
         for signal_name, q in replica_queries(workload):
             replicas = self._signal(signal_name, q, start, end, step, REPLICAS)
