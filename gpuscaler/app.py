@@ -105,6 +105,7 @@ class _WithPreemption:
     def __init__(self, source: PrometheusSource, preemption: PreemptionObservation):
         self.source = source
         self.health = source.health
+        self.sample_spacing = source.spacing.measured
         self.preemption = preemption
 
     def observe(self, now: float) -> Observations:
@@ -121,6 +122,7 @@ class ClusterSource:
         self.prometheus = prometheus
         self.preemption = preemption
         self.health = prometheus.health
+        self.sample_spacing = prometheus.spacing.measured
 
     def reconfigure(self, config: Config) -> None:
         self.prometheus.reconfigure(config)
@@ -131,6 +133,53 @@ class ClusterSource:
         if not self.prometheus.config.preemption.enabled:
             return raw
         return replace(raw, preemption=self.preemption.observe(now))
+
+
+def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
+    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod); none
+    outside a pod."""
+    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if pod and namespace:
+        writer.event(
+            client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=pod,
+                namespace=namespace,
+                uid=os.environ.get("POD_UID"),
+            ),
+            namespace,
+            reason,
+            action,
+            note,
+            type_="Warning",
+        )
+
+
+def _announce_coarse_samples(
+    prometheus: PrometheusSource, controller: Controller, writer: Writer
+) -> None:
+    """One Warning Event per tick that found series sampled more coarsely than
+    metrics.step, naming them (each series is found once: adapters/spacing.py)."""
+    found: list[str] = []
+    prometheus.spacing.listeners.append(
+        lambda key, spacing, step: found.append(f"{key} every {spacing:g}s")
+    )
+
+    def announce(_: object) -> None:
+        if found:
+            step = prometheus.spacing.step
+            own_pod_event(
+                writer,
+                "CoarseSamples",
+                "ReadMetrics",
+                f"{len(found)} series sampled more coarsely than metrics.step {step:g}s (a "
+                "scrape interval?): each point is read from the newest sample within its "
+                "spacing instead of seeing gaps: " + ", ".join(found),
+            )
+            found.clear()
+
+    controller.stats.listeners.append(announce)
 
 
 @dataclass
@@ -173,6 +222,8 @@ def cluster_controller(
     )
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     parts = ClusterController(controller, reader, elector, None)
+    own_events = Writer(api, config, me)
+    _announce_coarse_samples(prometheus, controller, own_events)
     base = config  # the file's config, before discovered workloads are added
 
     def refresh(new_base: Config | None = None) -> None:
@@ -188,26 +239,15 @@ def cluster_controller(
     if isinstance(api, BoundedApiClient):
         controller.before_tick.insert(0, api.begin_tick)
     if config_path is not None:
-        writer = Writer(api, config, me)
 
         def refused(e: ConfigError) -> None:
             parts.refused.append(e)
-            pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-            if pod and namespace:
-                writer.event(
-                    client.V1ObjectReference(
-                        api_version="v1",
-                        kind="Pod",
-                        name=pod,
-                        namespace=namespace,
-                        uid=os.environ.get("POD_UID"),  # found by kubectl describe pod
-                    ),
-                    namespace,
-                    "ConfigRefused",
-                    "ReloadConfig",
-                    "new config refused, the running one stays: " + "; ".join(e.problems),
-                    type_="Warning",
-                )
+            own_pod_event(
+                own_events,
+                "ConfigRefused",
+                "ReloadConfig",
+                "new config refused, the running one stays: " + "; ".join(e.problems),
+            )
 
         reloader = ConfigReloader(config_path, lambda c, _: refresh(c), refused)
         parts.reloader = reloader

@@ -15,13 +15,18 @@ peak is `Forecast.peak`), `naive` (last value), `window_mean` (mean of the last
 12 points), `statsmodels_arima` (statsmodels ARIMA of the configured order, refitted at
 each origin). Baselines' intervals are the empirical quantiles of their own errors at each
 step within the window.
+
+With a demand CSV (`--demand`: the workloads' request rate or queue length, same series
+names, or one series for all), `gpuscaler` forecasts with the leading signal as the
+controller does (`gpuscaler.core.forecast.leading`), `gpuscaler_load_only` without it, and
+`demand_won` is the share of origins where the demand-mapped forecast won.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ from gpuscaler.core.forecast import (
     ForecastEngine,
     StatsmodelsArima,
     forecast_series,
+    lead,
     make_engine,
 )
 from gpuscaler.core.model import FitState, FloatArray, IntArray, Series
@@ -138,18 +144,22 @@ class Scores:
     peak_mae: float
     coverage: float
     origins: int
+    demand_won: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | None]:
         def r(x: float) -> float | None:
             return round(x, 4) if math.isfinite(x) else None
 
-        return {
+        out = {
             "mae": r(self.mae),
             "relative_to_naive": r(self.relative_to_naive),
             "peak_mae": r(self.peak_mae),
             "coverage": r(self.coverage),
             "origins": self.origins,
         }
+        if math.isfinite(self.demand_won):
+            out["demand_won"] = r(self.demand_won)
+        return out
 
 
 @dataclass
@@ -159,6 +169,8 @@ class _Errors:
     abs_err: list[float]
     peak_err: list[float]
     inside: list[float]
+    won: list[float] = field(default_factory=list)
+    """Per origin, 1 where the demand-mapped forecast won (gpuscaler with a demand)."""
 
 
 def _empirical_interval(
@@ -195,28 +207,37 @@ def _gpuscaler_paths(
     step: float,
     fcfg: ForecastConfig,
     engine: ForecastEngine | None,
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    demand: FloatArray | None = None,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
     """The production forecaster at each origin in time order, as the controller runs it:
     the fit states (refit every forecast.refit_every, the adaptive interval level) carried
-    from one origin to the next. Mean, lower, upper (origins, steps) and the peak."""
+    from one origin to the next, and with `demand` windows (origins, window) the leading
+    signal. Mean, lower, upper (origins, steps), the peak, and per origin 1 where the
+    demand won (NaN without a demand)."""
     engine = engine or make_engine(fcfg)
     n, win = hist.shape
     steps = round(fcfg.horizon / step)
     mean, lower, upper = (np.full((n, steps), np.nan) for _ in range(3))
-    peak = np.full(n, np.nan)
+    peak, won = np.full(n, np.nan), np.full(n, np.nan)
     states: dict[str, FitState] = {}
+    clip = (-math.inf, None)
     for r in range(n):
         now = float(origins[r]) * step
         s = Series(start=now - step * (win - 1), step=step, values=hist[r])
         kept: dict[str, FitState] = {}
         (sig,) = forecast_series(
-            [s], fcfg, now, engine, (-math.inf, None), keys=["s"], prior=states, states=kept
+            [s], fcfg, now, engine, clip, keys=["s"], prior=states, states=kept
         )
+        if demand is not None:
+            d = Series(start=s.start, step=step, values=demand[r])
+            sig = lead(sig, s, d, fcfg, now, "s", kept, clip=clip)
         states = kept or states
         if sig.forecast is not None:
             f = sig.forecast
             mean[r], lower[r], upper[r], peak[r] = f.mean, f.lower, f.upper, f.peak
-    return mean, lower, upper, peak
+            if demand is not None:
+                won[r] = float(f.method == "demand")
+    return mean, lower, upper, peak, won
 
 
 def evaluate_series(
@@ -227,8 +248,10 @@ def evaluate_series(
     max_origins: int,
     engine: ForecastEngine | None = None,
     reference: ForecastEngine | None = None,
+    demand: Series | None = None,
 ) -> dict[str, _Errors]:
-    """Errors of every method at up to `max_origins` origins of `series`."""
+    """Errors of every method at up to `max_origins` origins of `series` (with `demand`,
+    on the same grid, the leading signal too)."""
     step = series.step
     steps = max(1, round(horizon / max(step, cfg.fit_step)))
     per = max(1, round(cfg.fit_step / step))  # samples per forecast step
@@ -251,7 +274,7 @@ def evaluate_series(
     hist = values[idx]  # (origins, window)
     actual = values[origins[:, None] + 1 + np.arange(steps)[None, :]]
     keep = np.isfinite(hist[:, -1]) & np.isfinite(actual).any(axis=1)
-    origins, hist, actual = origins[keep], hist[keep], actual[keep]
+    origins, hist, actual, idx = origins[keep], hist[keep], actual[keep], idx[keep]
     if origins.size == 0:
         raise BacktestError("no origin with a finite last value and a finite future")
     fcfg = cfg.model_copy(
@@ -263,8 +286,15 @@ def evaluate_series(
     )
     level = cfg.interval_level
     paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
-    g_mean, g_lo, g_hi, g_peak = _gpuscaler_paths(hist, origins, step, fcfg, engine)
+    peaks: dict[str, FloatArray] = {}
+    d_hist = demand.values[idx] if demand is not None else None
+    g_mean, g_lo, g_hi, peaks["gpuscaler"], won = _gpuscaler_paths(
+        hist, origins, step, fcfg, engine, d_hist
+    )
     paths["gpuscaler"] = (g_mean, g_lo, g_hi)
+    if d_hist is not None:
+        *band, peaks["gpuscaler_load_only"], _ = _gpuscaler_paths(hist, origins, step, fcfg, engine)
+        paths["gpuscaler_load_only"] = (band[0], band[1], band[2])
     last_vals = hist[:, -1]
     naive = np.repeat(last_vals[:, None], steps, axis=1)
     paths["naive"] = (naive, *_empirical_interval(hist, naive, steps, level, "naive"))
@@ -286,8 +316,8 @@ def evaluate_series(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             path_peak = np.nanmax(np.where(ok, mean, -np.inf), axis=1)
-        if method == "gpuscaler":  # its own peak forecast, not the path's maximum
-            path_peak = np.where(np.isfinite(g_peak), g_peak, path_peak)
+        if method in peaks:  # gpuscaler's own peak forecast, not the path's maximum
+            path_peak = np.where(np.isfinite(peaks[method]), peaks[method], path_peak)
         rows = ok.any(axis=1)
         abs_err = np.where(ok, np.abs(mean - actual), np.nan)
         inside = np.where(
@@ -300,6 +330,7 @@ def evaluate_series(
                 abs_err=list(np.nanmean(abs_err[rows], axis=1)),
                 peak_err=list(peak[rows]),
                 inside=list(np.nanmean(inside[rows], axis=1)),
+                won=list(won[rows]) if method == "gpuscaler" and demand is not None else [],
             )
     return out
 
@@ -314,6 +345,7 @@ def _scores(errors: dict[str, _Errors]) -> dict[str, Scores]:
             peak_mae=float(np.nanmean(e.peak_err)) if e.peak_err else math.nan,
             coverage=float(np.nanmean(e.inside)) if e.inside else math.nan,
             origins=len(e.abs_err),
+            demand_won=float(np.mean(e.won)) if e.won else math.nan,
         )
         for m, e in errors.items()
     }
@@ -328,24 +360,36 @@ def backtest(
     agg: str = "mean",
     max_origins: int = 400,
     reference: ForecastEngine | None = None,
+    demand_path: str | Path | None = None,
+    demand_agg: str | None = None,
 ) -> dict[str, Any]:
     """Every series of the CSV scored per series and pooled; `worst` names the series on
     which the forecaster did worst relative to the last value. A constant series is
-    scored like any other (the last value's error is 0 there)."""
-    if agg not in AGGREGATIONS:
-        raise BacktestError(f"--agg must be one of {', '.join(AGGREGATIONS)}, not {agg!r}")
+    scored like any other (the last value's error is 0 there). With `demand_path`, each
+    series' demand (same name, or the file's only series) is the leading signal."""
+    for a in (agg, demand_agg or agg):
+        if a not in AGGREGATIONS:
+            raise BacktestError(f"--agg must be one of {', '.join(AGGREGATIONS)}, not {a!r}")
     raw = load_series_csv(path)
+    demands = load_series_csv(demand_path) if demand_path is not None else None
+    methods = METHODS + (("gpuscaler_load_only",) if demands is not None else ())
     if agg == "count" and len(raw) > 1 and len({len(s) for s in raw.values()}) == 1:
         # Counting rows per bin gives the same series whatever the value column.
         first = next(iter(raw.values()))
         if all(np.array_equal(s.index, first.index) for s in raw.values()):
             raw = {"count": first}
     per_series: dict[str, dict[str, Scores]] = {}
-    pooled: dict[str, _Errors] = {m: _Errors([], [], []) for m in METHODS}
+    pooled: dict[str, _Errors] = {m: _Errors([], [], []) for m in methods}
     for name, s in raw.items():
         grid = to_grid(name, s, resample, agg, str(path))
+        demand = None
+        if demands is not None:
+            d = _demand_for(name, demands, str(demand_path))
+            demand = on_grid(to_grid(name, d, resample, demand_agg or agg, str(demand_path)), grid)
         try:
-            errors = evaluate_series(grid, cfg, horizon, window, max_origins, reference=reference)
+            errors = evaluate_series(
+                grid, cfg, horizon, window, max_origins, reference=reference, demand=demand
+            )
         except BacktestError as e:
             raise BacktestError(f"{path}: series {name!r}: {e}") from e
         per_series[name] = _scores(errors)
@@ -356,13 +400,36 @@ def backtest(
             pooled[m].abs_err += [x / scale for x in errs.abs_err]
             pooled[m].peak_err += [x / scale for x in errs.peak_err]
             pooled[m].inside += errs.inside
+            pooled[m].won += errs.won
     overall = _scores(pooled)
     return {
         "horizon_s": horizon,
-        "overall": {m: _overall(overall[m], per_series, m) for m in METHODS},
+        "overall": {m: _overall(overall[m], per_series, m) for m in methods},
         "series": {n: {m: sc.as_dict() for m, sc in s.items()} for n, s in per_series.items()},
         "worst": _worst(per_series),
     }
+
+
+def _demand_for(name: str, demands: dict[str, pd.Series], where: str) -> pd.Series:
+    """The demand series named like the load series, or the file's only one."""
+    if name in demands:
+        return demands[name]
+    if len(demands) == 1:
+        return next(iter(demands.values()))
+    raise BacktestError(
+        f"{where}: no demand series named {name!r} (it has {', '.join(sorted(demands))})"
+    )
+
+
+def on_grid(s: Series, grid: Series) -> Series:
+    """`s` on `grid`'s time slots (NaN where `s` has no slot); both share one step."""
+    if abs(s.step - grid.step) > 1e-9 * grid.step:
+        raise BacktestError(f"demand step {s.step:g}s differs from the series' {grid.step:g}s")
+    slots = np.round((grid.start - s.start) / s.step).astype(np.int64) + np.arange(len(grid.values))
+    inside = (slots >= 0) & (slots < len(s.values))
+    values = np.full(len(grid.values), np.nan)
+    values[inside] = s.values[slots[inside]]
+    return Series(grid.start, grid.step, values)
 
 
 def _scale(naive_mae: float, values: FloatArray) -> float:

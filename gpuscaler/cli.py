@@ -185,7 +185,17 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     cfg: ForecastConfig = config.forecast
     try:
-        report = backtest(args.series, cfg, horizon, window, resample, args.agg, args.max_origins)
+        report = backtest(
+            args.series,
+            cfg,
+            horizon,
+            window,
+            resample,
+            args.agg,
+            args.max_origins,
+            demand_path=args.demand,
+            demand_agg=args.demand_agg,
+        )
     except BacktestError as e:
         print(f"bad series: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -207,6 +217,8 @@ def backtest_table(report: dict[str, Any]) -> str:
         for method, s in methods.items():
             cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
             text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
+            won = s.get("demand_won")
+            text += f"  demand won at {won:.0%} of origins" if won is not None else ""
             lines.append(f"{name[:23]:<24}{method:<20}{text}")
     worst = report.get("worst") or {}
     if len(report["series"]) > 1 and worst:
@@ -497,6 +509,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
     p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
     p.add_argument("--window", help="history per origin (default: metrics.window)")
+    p.add_argument(
+        "--demand",
+        help="CSV of each series' demand (request rate, queue), the leading signal: "
+        "same series names, or one series for all",
+    )
+    p.add_argument(
+        "--demand-agg",
+        choices=["mean", "sum", "max", "count"],
+        help="--resample aggregation of the demand (default: --agg)",
+    )
     p.add_argument(
         "--max-origins", type=_positive_int, default=400, help="origins per series at most"
     )

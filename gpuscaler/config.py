@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuscaler.demand import DemandConfig, check_template
 from gpuscaler.errors import InputError
 
 # --------------------------------------------------------------------------- durations
@@ -393,6 +394,14 @@ class WorkloadConfig(_Strict):
     the pool free GPUs ahead of time."""
     gpus_per_replica: int = Field(1, ge=1)
     """GPU shares one replica requests (nvidia.com/gpu)."""
+    demand: DemandConfig | None = None
+    """Demand from the serving stack's own metrics (a preset: vllm, tgi, triton_queue,
+    triton_rate, or any query) instead of its pods' GPU utilization; gpuscaler.demand."""
+    leading_query: str | None = Field(None, min_length=1)
+    """PromQL of the workload's demand (request rate, queue length), sent as written: a
+    leading signal. Its forecast, mapped to GPU load by a ratio fitted per workload, replaces
+    the load's own forecast when it has been clearly more accurate on recent history; the
+    decision's reason says which signal won."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @property
@@ -451,17 +460,7 @@ class PrometheusQueries(_Strict):
     )
     @classmethod
     def _placeholders(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        try:
-            value.format(matchers='a="b"', lookback="1s")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(
-                f"template must use only {{matchers}} and {{lookback}} (double other braces): {e}"
-            ) from e
-        if "{matchers}" not in value:
-            raise ValueError("template must contain {matchers}")
-        return value
+        return None if value is None else check_template(value)
 
 
 class PrometheusConfig(_Strict):

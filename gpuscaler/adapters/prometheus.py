@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,9 +36,11 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from gpuscaler.adapters.cluster import CurrentState
-from gpuscaler.config import Config, PrometheusConfig
+from gpuscaler.adapters.spacing import SpacingTracker
+from gpuscaler.config import Config, PrometheusConfig, WorkloadConfig
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.demand import DEMAND_BOUNDS
 from gpuscaler.errors import OutsideError
 
 log = logging.getLogger("gpuscaler.prometheus")
@@ -112,7 +115,10 @@ def workload_matchers(
 
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
     """The template over the workload's pods under either label convention: `(A) or (B)`
-    takes the plain labels when they match and the exported ones otherwise."""
+    takes the plain labels when they match and the exported ones otherwise. A template
+    without `{matchers}` (a demand query of the config's own) is taken as it is."""
+    if "{matchers}" not in template:
+        return template.format(lookback=lookback)
     parts = [
         template.format(
             matchers=",".join(workload_matchers(namespace, name, labels)), lookback=lookback
@@ -334,16 +340,29 @@ class PrometheusSource:
         self.windows: dict[str, Window] = {}
         self.health = Health()
         self._transport_errors: list[str] = []
-        step = config.metrics.step
-        self.lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
+        self.spacing = SpacingTracker(config.metrics.step)
+        """Series read more coarsely than metrics.step, and their lookback."""
+        self.sample_spacing = self.spacing.measured
 
     def _fetch(
-        self, key: str, query: str, now: float, bounds: tuple[float, float]
+        self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
     ) -> tuple[Series | None, str | None]:
         """The target's window after fetching what is new, and the problem if any; a
         transport failure is also recorded for the source's health. Values outside
         `bounds` (the metric's physical range) are invalid input: kept out of the window,
-        and the target gets no action this tick."""
+        and the target gets no action this tick. `query` builds the PromQL for a lookback:
+        a series found coarser than the step is read again at once with its own."""
+        series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        if problem is None and series is not None:
+            present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
+            if self.spacing.observe(key, series.start + series.step * present):
+                self.windows.pop(key, None)  # backfill the window with the new lookback
+                return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        return series, problem
+
+    def _fetch_once(
+        self, key: str, query: str, now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
         step = self.config.metrics.step
         size = round(self.config.metrics.window / step)
         window = self.windows.setdefault(key, Window(step=step, size=size))
@@ -392,8 +411,9 @@ class PrometheusSource:
         """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
         (or not recently): memory then bounds fragments by the config alone. A failing
         query is still a problem."""
-        query = build_query(template, matchers, self.lookback)
-        series, problem = self._fetch(key, query, now, MEMORY_MIB)
+        series, problem = self._fetch(
+            key, lambda lookback: build_query(template, matchers, lookback), now, MEMORY_MIB
+        )
         if problem is not None and not problem.startswith("empty result"):
             return None, problem
         last = series.last_sample_time() if series is not None else None
@@ -416,6 +436,7 @@ class PrometheusSource:
         for key in list(self.windows):
             if not any(key == k or key.startswith(k) for k in keep):
                 del self.windows[key]
+        self.spacing.reset(config.metrics.step, lambda key: key in self.windows)
         self.config = config
 
     def observe(self, now: float) -> Observations:
@@ -437,10 +458,19 @@ class PrometheusSource:
                     )
                 )
                 continue
-            util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
-            stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
-            util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
-            stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
+            m = p.metrics_matchers
+            util, util_problem = self._fetch(
+                f"pool:{p.name}:util",
+                partial(build_query, queries.pool_utilization, m),
+                now,
+                PERCENT,
+            )
+            stall, stall_problem = self._fetch(
+                f"pool:{p.name}:stall",
+                partial(build_query, queries.pool_stall, m),
+                now,
+                PERCENT,
+            )
             used_gib, used_problem = self._newest_gib(
                 f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
             )
@@ -463,8 +493,16 @@ class PrometheusSource:
             )
         workloads = []
         for w in self.config.workloads:
-            query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
-            load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
+            template, bounds = queries.workload_load, LOAD
+            if w.demand is not None:  # the serving stack's own demand (gpuscaler.demand)
+                template, bounds = w.demand.template, DEMAND_BOUNDS
+            load, problem = self._fetch(
+                f"workload:{w.key}",
+                partial(build_workload_query, template, w.namespace, w.name),
+                now,
+                bounds,
+            )
+            demand, demand_problem = self._leading(w, now)
             workloads.append(
                 RawWorkload(
                     key=w.key,
@@ -473,10 +511,20 @@ class PrometheusSource:
                     replicas=state.replicas.get(w.key),
                     max_replicas=state.max_replicas.get(w.key),
                     problem=_problem(problem, state.problems.get(f"workload:{w.key}")),
+                    serving=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
+                    demand=demand,
+                    demand_problem=f"prometheus: {demand_problem}" if demand_problem else None,
                 )
             )
         self._record_health(now, self._transport_errors)
         return Observations(now, tuple(pools), tuple(workloads))
+
+    def _leading(self, w: WorkloadConfig, now: float) -> tuple[Series | None, str | None]:
+        """The workload's leading signal (workloads[].leading_query, sent as written)."""
+        if not w.leading_query:
+            return None, None
+        query = w.leading_query
+        return self._fetch(f"workload:{w.key}:demand", lambda _lookback: query, now, DEMAND_BOUNDS)
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:

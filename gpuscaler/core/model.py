@@ -162,7 +162,8 @@ class PoolObservation:
 class WorkloadObservation:
     key: str
     load: Signal
-    """GPU utilization summed over the workload's GPUs, percent of one GPU."""
+    """GPU utilization summed over the workload's GPUs, percent of one GPU; or, with
+    `serving`, the serving stack's demand in its unit."""
     floor: int | None
     """The replica floor set now (minReplicaCount / minReplicas); None when unknown."""
     replicas: int | None
@@ -170,6 +171,9 @@ class WorkloadObservation:
     """The object's own ceiling (maxReplicaCount / maxReplicas)."""
     replica_gpu_share: float = 1.0
     """GPU one replica can use: 1 for a whole GPU, about 1/n on a GPU shared n ways."""
+    serving: tuple[float, str] | None = None
+    """When `load` is the serving stack's demand (gpuscaler.demand), not GPU utilization:
+    what one replica serves at target, and the unit."""
 
 
 @dataclass(frozen=True)

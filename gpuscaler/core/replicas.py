@@ -49,13 +49,12 @@ def decide_replica_floor(
     current = obs.floor
     upper = forecast.peak_upper_within(cfg.lead_time)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
-    share = obs.replica_gpu_share
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
     h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper, mean_peak)
-    sized, aim = upper, cfg.target_utilization_pct
-    raw = hpa_desired(sized, share, aim)
+    capacity, sizing = _capacity(obs, cfg)
+    raw = math.ceil(upper / capacity - 1e-9)  # the HPA formula, as hpa_desired
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = sized / (share * current * aim) if current else 0.0
+    usage_ratio = upper / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
     if fallback is not None:
@@ -66,10 +65,8 @@ def decide_replica_floor(
     h = replace(h, recommendations=recs)
     # Scale down only to the highest recommendation in the window.
     stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = fallback or (
-        f"forecast upper {upper:.0f}% GPU / ({share:g} GPU x target "
-        f"{cfg.target_utilization_pct:g}%) -> {raw} replicas"
-    )
+    digits = 1 if obs.serving else 0
+    why = fallback or f"forecast upper {upper:.{digits}f}{sizing} -> {raw} replicas"
     if stabilized == current:
         extra = (
             ""
@@ -103,6 +100,19 @@ def decide_replica_floor(
         forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
     )
     return Outcome(h, decision=decision)
+
+
+def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:
+    """What one replica serves at target, in the load's unit, and how that reads: GPU
+    percent (a GPU share times the target utilization) or the serving stack's demand."""
+    if obs.serving is not None:
+        per_replica, unit = obs.serving
+        return per_replica, f" {unit} / {per_replica:g} per replica"
+    share = obs.replica_gpu_share
+    return (
+        share * cfg.target_utilization_pct,
+        f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)",
+    )
 
 
 def _skill_check(

@@ -10,7 +10,7 @@ from types import MappingProxyType
 import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
-from gpuscaler.core.forecast import ForecastEngine, forecast_series
+from gpuscaler.core.forecast import ForecastEngine, forecast_series, lead
 from gpuscaler.core.model import (
     FitState,
     PoolObservation,
@@ -48,6 +48,12 @@ class RawWorkload:
     max_replicas: int | None = None
     replica_gpu_share: float = 1.0
     problem: str | None = None
+    serving: tuple[float, str] | None = None
+    """Per-replica target and unit when `load` is serving demand (gpuscaler.demand)."""
+    demand: Series | None = None
+    """The workload's demand (workloads[].leading_query), a leading signal; None: none named."""
+    demand_problem: str | None = None
+    """Set by the adapter when the demand cannot be trusted (the load alone is forecast)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,16 @@ def _forecasts(
     return [s for s in out if s is not None]
 
 
+def _lead(
+    signal: Signal, w: RawWorkload, cfg: ForecastConfig, now: float, states: dict[str, FitState]
+) -> Signal:
+    """The load's signal, or the demand-mapped one when the demand has been the more
+    accurate signal (only for a workload that names a demand query)."""
+    if w.load is None or (w.demand is None and w.demand_problem is None):
+        return signal
+    return lead(signal, w.load, w.demand, cfg, now, f"workload:{w.key}", states, w.demand_problem)
+
+
 def build_snapshot(
     raw: Observations,
     config: Config,
@@ -139,6 +155,10 @@ def build_snapshot(
     prior = fits or {}
     pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
     load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
+    load_signals = [
+        _lead(s, w, load_items[i][3], now, states)
+        for i, (s, w) in enumerate(zip(load_signals, raw.workloads, strict=True))
+    ]
     pools = []
     for p, signal in zip(raw.pools, pool_signals, strict=True):
         stall, stall_last = window_mean(p.stall, now, config.time_slice.stall_window)
@@ -164,6 +184,7 @@ def build_snapshot(
             replicas=w.replicas,
             max_replicas=w.max_replicas,
             replica_gpu_share=w.replica_gpu_share,
+            serving=w.serving,
         )
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]

@@ -119,3 +119,17 @@ def coverage_note(state: IntervalState | None, nominal: float) -> str:
         if math.isfinite(level)
         else f"interval level {nominal:g}"
     )
+
+
+def reissue(state: IntervalState, lower: FloatArray, upper: FloatArray) -> IntervalState:
+    """`state` with the interval issued now (the last pending one, issued at
+    `state.checked_at`) replaced by the one finally used: the adaptive level tracks the
+    interval that reached the decision."""
+    pending = state.pending
+    if not pending or abs(pending[-1].origin - state.checked_at) > 1e-9:
+        return state
+    last = pending[-1]
+    issued = IssuedInterval(last.origin, last.step, tuple(lower.tolist()), tuple(upper.tolist()))
+    return IntervalState(
+        state.level, state.checked_at, (*pending[:-1], issued), state.points, state.misses
+    )
