@@ -20,6 +20,7 @@ from gpuscaler.adapters.history import hpa_name, replica_queries
 from gpuscaler.config import Config, WorkloadConfig, parse_config
 from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
+from gpuscaler.demand import DemandConfig
 from gpuscaler.sim.replay import (
     Skipped,
     actual_run,
@@ -301,3 +302,53 @@ def test_out_of_range_requests_are_dropped_and_listed_not_fatal() -> None:
     )
     found = demand_rate(history, Config())
     assert not isinstance(found, str)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "name", "is_rate", "why"),
+    [
+        (
+            "prometheus: {queries: {workload_requests: 'sum(x{{{matchers}}})'}}\n",
+            "workload_requests",
+            True,
+            None,
+        ),
+        ("{}\n", "workload_requests", False, "workload_requests is not set"),
+        (
+            "workload_demand: {preset: triton_rate, per_replica: 10}\n",
+            "demand (triton_rate)",
+            True,
+            None,
+        ),
+        (
+            "workload_demand: {preset: query, per_replica: 5, query: 'sum(r)', unit: requests/s}\n",
+            "demand (query)",
+            True,
+            None,
+        ),
+        (
+            "workload_demand: {preset: vllm, per_replica: 16}\n",
+            "demand (vllm)",
+            False,
+            "not arrivals",
+        ),
+    ],
+)
+def test_the_request_rate_comes_from_the_query_or_a_rate_demand_never_a_queue(
+    yaml_text: str, name: str, is_rate: bool, why: str | None
+) -> None:
+    import yaml
+
+    from gpuscaler.adapters.history import request_template
+
+    doc = yaml.safe_load(yaml_text)
+    demand = doc.pop("workload_demand", None)
+    config = Config.model_validate(doc)
+    workload = W if demand is None else W.model_copy(update={"demand": DemandConfig(**demand)})
+    template, what, why_not = request_template(workload, config)
+    assert what == name
+    assert (template is not None) == is_rate
+    if why is None:
+        assert why_not is None
+    else:
+        assert why_not is not None and why in why_not

@@ -68,6 +68,30 @@ def replica_queries(workload: WorkloadConfig) -> list[tuple[str, str]]:
     ]
 
 
+def request_template(
+    workload: WorkloadConfig, config: Config
+) -> tuple[str | None, str, str | None]:
+    """(PromQL template of the workload's request rate, its name, why there is none):
+    `prometheus.queries.workload_requests`, else the workload's `demand` when it is a
+    rate (preset triton_rate, or a query whose unit ends in /s). A queue preset (vllm,
+    tgi, triton_queue) counts requests inside the server, not arrivals: not a rate."""
+    template = config.prometheus.queries.workload_requests
+    if template is not None:
+        return template, "workload_requests", None
+    demand = workload.demand
+    if demand is None:
+        return None, "workload_requests", "prometheus.queries.workload_requests is not set"
+    if demand.preset == "triton_rate" or demand.unit_name.endswith("/s"):
+        return demand.template, f"demand ({demand.preset})", None
+    return (
+        None,
+        f"demand ({demand.preset})",
+        f"the workload's demand ({demand.preset}: {demand.unit_name}) counts requests in "
+        "the server, not arrivals per second, and prometheus.queries.workload_requests "
+        "is not set",
+    )
+
+
 class HistoryReader:
     """Range reads from the configured Prometheus."""
 
@@ -135,13 +159,12 @@ class HistoryReader:
         queries = self.config.prometheus.queries
         lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
         ns, name = workload.namespace, workload.name
-        if queries.workload_requests is None:
-            requests = Signal(
-                "workload_requests", "", None, "prometheus.queries.workload_requests is not set"
-            )
+        template, what, why_not = request_template(workload, self.config)
+        if template is None:
+            requests = Signal(what, "", None, why_not)
         else:
-            q = build_workload_query(queries.workload_requests, ns, name, lookback)
-            requests = self._signal("workload_requests", q, start, end, step, REQUESTS)
+            q = build_workload_query(template, ns, name, lookback)
+            requests = self._signal(what, q, start, end, step, REQUESTS)
         q = build_workload_query(queries.workload_load, ns, name, lookback)
         load = Signal("workload_load", q, None)  # read only when needed: it costs a third
         if requests.series is None:
