@@ -1,4 +1,4 @@
-"""Command line: validate-config, simulate, backtest, once, run, agent, extender.
+"""Command line: validate-config, simulate, whatif, backtest, once, run, agent, extender.
 
 Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
 Bad input never prints a traceback.
@@ -119,6 +119,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         while not stop.wait(0.2):
             pass
+    return EXIT_OK
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from gpuscaler.whatif import parse_when, run_whatif, select, text
+
+    config = _config_or_exit(args.config)
+    now = time.time()
+    since = parse_when(args.since, now, "--since")
+    until = parse_when(args.until, now, "--until")
+    step = None
+    if args.step is not None:
+        try:
+            step = parse_duration(args.step)
+        except ValueError as e:
+            print(f"--step: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if step < 1:
+            print(f"--step must be at least 1s, got {args.step}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    report = Path(args.report) if args.report else None
+    outcome = run_whatif(
+        config,
+        since,
+        until,
+        select(config, args.workload or []),
+        report,
+        seed=args.seed,
+        step=step,
+        baselines=not args.no_baselines,
+        jobs=args.jobs,
+    )
+    print(json.dumps(outcome.summary()) if args.json else text(outcome))
+    for path in outcome.files:
+        print(f"wrote {path}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -441,6 +476,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the replay's metrics on 127.0.0.1:PORT, and keep serving until interrupted",
     )
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser(
+        "whatif", help="replay your own Prometheus history: what gpuscaler would have done"
+    )
+    p.add_argument("--config", required=True, help="config YAML with prometheus.url")
+    p.add_argument("--since", default="7d", help="start: '7d' ago, RFC 3339 or unix seconds")
+    p.add_argument("--until", default="now", help="end: 'now', a duration ago, RFC 3339")
+    p.add_argument(
+        "--workload", action="extend", nargs="+", metavar="NS/NAME", help="only these workloads"
+    )
+    p.add_argument("--step", help="read step (default forecast.fit_step, 10s)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--jobs", type=_positive_int, default=1, help="workloads replayed at once (processes)"
+    )
+    p.add_argument(
+        "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"
+    )
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        type=_report_dir,
+        help="write decisions.jsonl, summary.json and one PNG per workload",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_whatif)
 
     p = sub.add_parser("backtest", help="rolling-origin forecast evaluation on a CSV")
     p.add_argument("--series", required=True, help="CSV: timestamp,value[,series]")

@@ -449,13 +449,22 @@ class PrometheusQueries(_Strict):
         " + last_over_time(DCGM_FI_DEV_FB_FREE{{{matchers}}}[{lookback}]))"
     )
     """MiB of the pool's smallest GPU (used + free)."""
+    workload_requests: str | None = None
+    """Requests per second of a workload, over its pods (`gpuscaler whatif` replays it),
+    e.g. `sum(rate(vllm:request_success_total{{{matchers}}}[1m]))`; unset: whatif derives
+    the demand from `workload_load`."""
 
     @field_validator(
-        "pool_utilization", "pool_stall", "workload_load", "pool_memory_used", "pool_memory_total"
+        "pool_utilization",
+        "pool_stall",
+        "workload_load",
+        "pool_memory_used",
+        "pool_memory_total",
+        "workload_requests",
     )
     @classmethod
-    def _placeholders(cls, value: str) -> str:
-        return check_template(value)
+    def _placeholders(cls, value: str | None) -> str | None:
+        return None if value is None else check_template(value)
 
 
 class PrometheusConfig(_Strict):

@@ -182,3 +182,8 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     ax.set_title(run.policy)
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left", fontsize=7)
+
+
+def plot(result: SimulationResult, path: Path) -> None:
+    """The simulator's PNG of one result (`gpuscaler whatif` writes one per workload)."""
+    _plot(result, path)
