@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 
 Json = dict[str, Any]
@@ -136,6 +137,10 @@ class ScaleObject:
     resource_version: str = ""
     uid: str = ""
     """metadata.uid: Events name it, so `kubectl describe` finds them."""
+    floor_managers: tuple[str, ...] = ()
+    """Field managers owning the floor field (gpuscaler.adapters.kube.floor_facts)."""
+    external_addresses: tuple[str, ...] = ()
+    """scalerAddress of each external / external-push trigger (ScaledObjects)."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,8 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         annotations=dict(meta.get("annotations") or {}),
         resource_version=str(meta.get("resourceVersion", "")),
         uid=str(meta.get("uid", "")),
+        floor_managers=floor_managers(meta, kind),
+        external_addresses=external_addresses(spec),
     )
 
 
