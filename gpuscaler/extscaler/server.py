@@ -42,7 +42,10 @@ def serve(
 ) -> ExternalScalerServer:
     """Listen on host:port (port 0: any free port, for tests); started."""
     service = ExternalScalerService(board, stream_interval)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    # grpcio sets SO_REUSEPORT by default: a second process would share the port silently.
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers), options=[("grpc.so_reuseport", 0)]
+    )
     pb_grpc.add_ExternalScalerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
