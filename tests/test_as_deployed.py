@@ -311,6 +311,11 @@ def test_started_exactly_as_the_deployment_starts_it(
     # The replica floor earns its forecast after ~10 minutes of ticks (replicas.skill_check);
     # this test checks the deployment's mechanics within a minute, so it starts trusting.
     config.setdefault("replicas", {})["skill_check"] = False
+    # KEDA's external scaler listens on the container port the Service targets.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert config["external_scaler"]["port"] == ports["extscaler"]
+    if not _port_free(ports["extscaler"]):  # another program on this machine holds it
+        config["external_scaler"]["port"] = free_port()
     (config_dir / config_path.name).write_text(yaml.safe_dump(config))
     (sa_dir / "token").write_text(cluster.plane.token(HOME, "gpuscaler"))
     shutil.copy(cluster.plane.ca_file, sa_dir / "ca.crt")
