@@ -269,7 +269,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def _serve_metrics(
     controller: Controller, parts: Any, interval: float, port: int, host: str
-) -> None:
+) -> Any:
     from gpuscaler.observability import ControllerMetrics, HealthState, serve
 
     metrics = ControllerMetrics()
@@ -278,9 +278,12 @@ def _serve_metrics(
         metrics.attach_cluster(parts)
     serve(metrics, HealthState(controller, interval), port, host)
     print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+    return metrics.registry
 
 
-def _serve_external_scaler(args: argparse.Namespace, config: Config, parts: Any) -> Any:
+def _serve_external_scaler(
+    args: argparse.Namespace, config: Config, parts: Any, registry: Any
+) -> Any:
     """KEDA's external scaler (gpuscaler.extscaler) when a port is set; None when off."""
     port = args.external_scaler_port
     port = config.external_scaler.port if port is None else port
@@ -292,7 +295,7 @@ def _serve_external_scaler(args: argparse.Namespace, config: Config, parts: Any)
     from gpuscaler.extscaler.server import ExternalScalerSetupError, attach
 
     try:
-        server = attach(parts, port)
+        server = attach(parts, port, registry=registry)
     except ExternalScalerSetupError as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -305,11 +308,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = _config_or_exit(args.config)
     controller, parts = _controller(args, config)
+    registry = None
     if args.metrics_port:
-        _serve_metrics(
+        registry = _serve_metrics(
             controller, parts, config.control.interval, args.metrics_port, args.metrics_host
         )
-    external = _serve_external_scaler(args, config, parts)
+    external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads
         parts.elector.start()

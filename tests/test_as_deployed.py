@@ -378,6 +378,8 @@ def test_started_exactly_as_the_deployment_starts_it(
     assert f'gpuscaler_replica_floor{{workload="ml/ScaledObject/chat"}} {floor:.1f}' in metrics
     assert "gpuscaler_leader 1.0" in metrics
     assert _lease_holder(cluster) == "gpuscaler-7c9d-x1"
+    # KEDA's external scaler answers on the port the Service targets, from the same plan.
+    assert _external_floor(config["external_scaler"]["port"]) == floor, r.output()[-3000:]
     # The process ran as the Deployment's user, not root.
     ps = subprocess.run(
         ["ps", "-o", "uid=", "-p", str(_child(r.popen.pid))],
@@ -394,6 +396,22 @@ def test_started_exactly_as_the_deployment_starts_it(
     assert time.monotonic() - stopped < grace
     assert _lease_holder(cluster) is None, r.output()[-3000:]
     assert "Traceback" not in r.output()
+
+
+def _external_floor(port: int) -> float:
+    """The floor KEDA's external scaler serves for ml/chat (GetMetrics, as KEDA asks)."""
+    import grpc
+
+    from gpuscaler.extscaler.pb import externalscaler_pb2 as pb
+    from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
+
+    ref = pb.ScaledObjectRef(name="chat", namespace="ml")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        got = pb_grpc.ExternalScalerStub(channel).GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpuscaler-replica-floor"),
+            timeout=10,
+        )
+    return got.metricValues[0].metricValueFloat
 
 
 def _child(pid: int) -> int:

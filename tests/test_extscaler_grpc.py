@@ -312,3 +312,26 @@ def test_served_floors_are_never_handed_to_the_patching_actuator(board: FloorBoa
     applied = ServedFloorActuator(inner, board).apply((served, patched))
     assert inner.got == [(patched,)]
     assert set(applied) == {served, patched}
+
+
+def test_every_answer_is_counted_and_the_served_floor_is_a_metric(
+    stub: pb_grpc.ExternalScalerStub, server: ExternalScalerServer, board: FloorBoard, clock: Clock
+) -> None:
+    board.on_tick(_tick(clock.now, floor=2, to=5))
+    assert _floor(stub) == (5.0, True)
+    with pytest.raises(grpc.RpcError):
+        stub.IsActive(_ref(name="other"), timeout=5)
+    registry = server.service.metrics.registry
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    requests = "gpuscaler_external_scaler_requests_total"
+    assert sample(requests, method="GetMetrics", code="OK") == 1
+    assert sample(requests, method="IsActive", code="OK") == 1
+    assert sample(requests, method="IsActive", code="NOT_FOUND") == 1
+    assert sample("gpuscaler_external_scaler_served_floor", workload=KEY) == 5
+    assert sample("gpuscaler_external_scaler_active", workload=KEY) == 1
+    assert (
+        sample("gpuscaler_external_scaler_served_floor", workload="ml/ScaledObject/other") is None
+    )

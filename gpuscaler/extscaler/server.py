@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from gpuscaler.errors import InputError
 from gpuscaler.extscaler.board import FloorBoard, ServedFloorActuator, served_state
+from gpuscaler.extscaler.metrics import ExternalScalerMetrics
 from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
 from gpuscaler.extscaler.service import ExternalScalerService
 
@@ -39,9 +41,10 @@ def serve(
     host: str = "0.0.0.0",
     workers: int = 8,
     stream_interval: float = 5.0,
+    metrics: ExternalScalerMetrics | None = None,
 ) -> ExternalScalerServer:
     """Listen on host:port (port 0: any free port, for tests); started."""
-    service = ExternalScalerService(board, stream_interval)
+    service = ExternalScalerService(board, stream_interval, metrics=metrics)
     # grpcio sets SO_REUSEPORT by default: a second process would share the port silently.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers), options=[("grpc.so_reuseport", 0)]
@@ -67,7 +70,9 @@ def serve(
     return ExternalScalerServer(server, service, board, bound)
 
 
-def attach(parts: Any, port: int, host: str | None = None) -> ExternalScalerServer:
+def attach(
+    parts: Any, port: int, host: str | None = None, registry: CollectorRegistry | None = None
+) -> ExternalScalerServer:
     """Serve the floors of the controller in `parts` (`gpuscaler.app.ClusterController`):
     a board fed by every tick, served ScaledObjects taken out of the actuator, and their
     held floor given to the core as the current one."""
@@ -78,4 +83,5 @@ def attach(parts: Any, port: int, host: str | None = None) -> ExternalScalerServ
     prometheus = controller.source.prometheus
     prometheus.state = served_state(prometheus.state, board, lambda: parts.reader.last_objects)
     controller.stats.listeners.append(board.on_tick)
-    return serve(board, port, host or cfg.host, cfg.workers, cfg.stream_interval)
+    metrics = ExternalScalerMetrics(registry)
+    return serve(board, port, host or cfg.host, cfg.workers, cfg.stream_interval, metrics)

@@ -25,6 +25,7 @@ from gpuscaler.core.external import (
     check_request,
 )
 from gpuscaler.extscaler.board import FloorBoard
+from gpuscaler.extscaler.metrics import ExternalScalerMetrics
 from gpuscaler.extscaler.pb import externalscaler_pb2 as pb
 from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
 
@@ -36,45 +37,59 @@ NOT_MANAGED = (
 )
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    log.warning(
-        "external scaler: %s: %s",
-        code.name,
-        message,
-        extra={"event": "external_scaler_refused", "code": code.name},
-    )
-    context.abort(code, message)
-    raise AssertionError("unreachable: abort raises")  # pragma: no cover
-
-
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def __init__(
         self,
         board: FloorBoard,
         stream_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
+        metrics: ExternalScalerMetrics | None = None,
     ):
         self.board = board
         self.stream_interval = stream_interval
         self.clock = clock
+        self.metrics = metrics or ExternalScalerMetrics()
         self.stopping = False
 
-    def _answer(self, ref: Any, context: grpc.ServicerContext) -> Answer:
+    def _refuse(
+        self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, message: str
+    ) -> NoReturn:
+        self.metrics.requests.labels(method, code.name).inc()
+        log.warning(
+            "external scaler: %s %s: %s",
+            method,
+            code.name,
+            message,
+            extra={"event": "external_scaler_refused", "method": method, "code": code.name},
+        )
+        context.abort(code, message)
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+    def _answer(self, ref: Any, context: grpc.ServicerContext, method: str) -> tuple[str, Answer]:
+        """(workload key, answer) for a request's ScaledObjectRef; aborts on bad input."""
         try:
             request = check_request(ref.name, ref.namespace, dict(ref.scalerMetadata))
         except ValueError as e:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._refuse(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         managed, entry = self.board.lookup(request.key)
         if not managed:
-            _abort(
+            self._refuse(
                 context,
+                method,
                 grpc.StatusCode.NOT_FOUND,
                 f"ScaledObject {ref.namespace}/{ref.name} {NOT_MANAGED}",
             )
-        return answer(entry, self.clock(), self.board.max_age(), request.activation)
+        got = answer(entry, self.clock(), self.board.max_age(), request.activation)
+        return request.key, got
+
+    def _ok(self, method: str) -> None:
+        self.metrics.requests.labels(method, "OK").inc()
 
     def IsActive(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return pb.IsActiveResponse(result=self._answer(request, context).active)
+        key, got = self._answer(request, context, "IsActive")
+        self.metrics.active.labels(key).set(float(got.active))
+        self._ok("IsActive")
+        return pb.IsActiveResponse(result=got.active)
 
     def StreamIsActive(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         """The activity now, then again after every tick that changes it and at least
@@ -82,16 +97,19 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         version = self.board.version
         last: bool | None = None
         sent_at = 0.0
+        self._ok("StreamIsActive")
         while context.is_active() and not self.stopping:
-            active = self._answer(request, context).active
+            key, got = self._answer(request, context, "StreamIsActive")
             now = time.monotonic()
-            if active != last or now - sent_at >= self.stream_interval:
-                yield pb.IsActiveResponse(result=active)
-                last, sent_at = active, now
+            if got.active != last or now - sent_at >= self.stream_interval:
+                self.metrics.active.labels(key).set(float(got.active))
+                yield pb.IsActiveResponse(result=got.active)
+                last, sent_at = got.active, now
             version = self.board.wait(version, min(1.0, self.stream_interval))
 
     def GetMetricSpec(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self._answer(request, context)  # the same checks: a spec only for managed objects
+        self._answer(request, context, "GetMetricSpec")  # a spec only for managed objects
+        self._ok("GetMetricSpec")
         return pb.GetMetricSpecResponse(
             metricSpecs=[
                 pb.MetricSpec(
@@ -103,21 +121,25 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         )
 
     def GetMetrics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        method = "GetMetrics"
         if not request.HasField("scaledObjectRef"):
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef is missing")
+            self._refuse(
+                context, method, grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef is missing"
+            )
         ref = request.scaledObjectRef
-        got = self._answer(ref, context)
+        key, got = self._answer(ref, context, method)
         try:
             check_metric_name(request.metricName, f"ScaledObject {ref.namespace}/{ref.name}")
         except ValueError as e:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._refuse(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self.metrics.served.labels(key).set(got.value)
+        self._ok(method)
         log.debug(
-            "external scaler: %s/%s floor %d (%s)",
-            ref.namespace,
-            ref.name,
+            "external scaler: %s floor %d (%s)",
+            key,
             got.value,
             got.reason,
-            extra={"event": "external_scaler_answer", "value": got.value},
+            extra={"event": "external_scaler_answer", "target": key, "value": got.value},
         )
         return pb.GetMetricsResponse(
             metricValues=[
