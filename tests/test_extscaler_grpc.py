@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -335,3 +336,35 @@ def test_every_answer_is_counted_and_the_served_floor_is_a_metric(
     assert (
         sample("gpuscaler_external_scaler_served_floor", workload="ml/ScaledObject/other") is None
     )
+
+
+def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from kubefake import kubeconfig_for
+
+    config = tmp_path / "gpuscaler.yaml"
+    config.write_text(
+        'prometheus: {url: "http://127.0.0.1:9"}\n'
+        "workloads: [{namespace: ml, kind: ScaledObject, name: chat}]\n"
+    )
+    kubeconfig = kubeconfig_for("http://127.0.0.1:9", tmp_path / "kubeconfig")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "gpuscaler.cli", "run", "--config", str(config)),
+                *("--kubeconfig", str(kubeconfig), "--metrics-port", "0"),
+                *("--external-scaler-port", str(port), "--max-ticks", "1"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"external_scaler: cannot listen on 0.0.0.0:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
