@@ -215,3 +215,46 @@ def test_a_floor_owned_by_argo_cds_field_manager_is_not_patched(
     notes = _refusals(cluster)
     assert notes and "GitOps field manager 'argocd-controller'" in notes[0], notes
     assert "not patched" in log
+
+
+def test_leader_and_standby_both_serve_the_floor_and_neither_patches(
+    cluster: Kube, prom_url: str, tmp_path: Path, replicas: list[Replica]
+) -> None:
+    # KEDA keeps one gRPC connection and the Service may send it to either pod: a standby
+    # must answer the floor too (from its own plan), not turn it off.
+    _add_external_trigger(cluster)
+    cfg = _config(tmp_path, prom_url)
+    kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
+    ports = {"gpuscaler-a": free_port(), "gpuscaler-b": free_port()}
+    for name, port in ports.items():
+        r = Replica(
+            [
+                *(GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)),
+                *("--metrics-port", "0", "--external-scaler-port", str(port)),
+            ],
+            _env(POD_NAME=name, POD_NAMESPACE=HOME),
+            tmp_path / f"{name}.log",
+        )
+        replicas.append(r)
+        if name == "gpuscaler-a":
+            wait_until("a leads", lambda: deployed._lease_holder(cluster) == "gpuscaler-a", 60)
+    answers: dict[str, tuple[float, bool]] = {}
+
+    def both_serve() -> bool:
+        for name, port in ports.items():
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                try:
+                    answers[name] = _ask(pb_grpc.ExternalScalerStub(channel))
+                except grpc.RpcError as e:  # not listening yet
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+                    answers[name] = (-1.0, False)
+        return all(value > 2 and active for value, active in answers.values())
+
+    try:
+        wait_until("leader and standby serve a floor above 2", both_serve, 120, 1.0)
+    except TimeoutError:
+        logs = "\n".join(r.output()[-1500:] for r in replicas)
+        pytest.fail(f"answers {answers}; logs:\n{logs}")
+    assert deployed._lease_holder(cluster) == "gpuscaler-a"
+    assert "standby" in replicas[1].output()
+    assert cluster.get(SO)["spec"]["minReplicaCount"] == 2
