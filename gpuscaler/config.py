@@ -750,8 +750,10 @@ class ExternalScalerConfig(_Strict):
     max_age: Seconds | None = Field(None, gt=0)
     """A floor older than this is not served (the reactive triggers decide, as in an
     outage); null: three control intervals."""
-    workers: int = Field(8, ge=1, le=64)
-    """gRPC threads; each open StreamIsActive (external-push) holds one."""
+    workers: int = Field(16, ge=3, le=256)
+    """gRPC threads. Each open StreamIsActive (one per `external-push` ScaledObject) holds
+    one; at most workers - 2 streams are open at once, so the polled calls always find a
+    thread (a further stream is refused with RESOURCE_EXHAUSTED, and KEDA retries)."""
     stream_interval: Seconds = Field(5.0, gt=0, le=300)
     """StreamIsActive sends the activity this often (and at once when it changes)."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from controlplane import wait_until
 
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.controller import TickResult
@@ -368,3 +369,33 @@ def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Pat
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"external_scaler: cannot listen on 0.0.0.0:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_open_streams_never_starve_the_polled_calls(
+    stub: pb_grpc.ExternalScalerStub, board: FloorBoard, clock: Clock
+) -> None:
+    # 4 server threads (the fixture): at most 2 streams, 2 threads kept for GetMetrics.
+    board.on_tick(_tick(clock.now, floor=2, to=5))
+    streams = [stub.StreamIsActive(_ref(), timeout=60) for _ in range(2)]
+    try:
+        assert [next(s).result for s in streams] == [True, True]
+        with pytest.raises(grpc.RpcError) as e:
+            next(stub.StreamIsActive(_ref(), timeout=10))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "2 StreamIsActive streams are open already" in e.value.details()
+        assert _floor(stub) == (5.0, True)  # the polled path still answers
+        streams.pop().cancel()  # one closes: its thread comes back
+
+        def reopened() -> bool:
+            s = stub.StreamIsActive(_ref(), timeout=60)
+            try:
+                next(s)
+            except grpc.RpcError:
+                return False
+            streams.append(s)
+            return True
+
+        wait_until("the closed stream's thread is free again", reopened, 20, 0.2)
+    finally:
+        for s in streams:
+            s.cancel()

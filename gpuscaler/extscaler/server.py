@@ -44,7 +44,10 @@ def serve(
     metrics: ExternalScalerMetrics | None = None,
 ) -> ExternalScalerServer:
     """Listen on host:port (port 0: any free port, for tests); started."""
-    service = ExternalScalerService(board, stream_interval, metrics=metrics)
+    # Two threads always stay free for the unary calls KEDA's HPA path makes.
+    service = ExternalScalerService(
+        board, stream_interval, metrics=metrics, max_streams=max(1, workers - 2)
+    )
     # grpcio sets SO_REUSEPORT by default: a second process would share the port silently.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers), options=[("grpc.so_reuseport", 0)]

@@ -10,6 +10,7 @@ HPA metric, and the HPA does not scale down while a metric fails.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -44,7 +45,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         stream_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
         metrics: ExternalScalerMetrics | None = None,
+        max_streams: int = 6,
     ):
+        self.streams = threading.BoundedSemaphore(max_streams)
+        """Each open stream holds a server thread; past this many, a new stream is refused
+        (RESOURCE_EXHAUSTED) so GetMetrics and IsActive always find a free thread: a
+        starved GetMetrics would fail KEDA's HPA metric."""
+        self.max_streams = max_streams
         self.board = board
         self.stream_interval = stream_interval
         self.clock = clock
@@ -94,10 +101,26 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def StreamIsActive(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         """The activity now, then again after every tick that changes it and at least
         every `stream_interval` (a keepalive KEDA's stream reader tolerates)."""
+        method = "StreamIsActive"
+        self._answer(request, context, method)  # bad input is refused before a thread is held
+        if not self.streams.acquire(blocking=False):
+            self._refuse(
+                context,
+                method,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.max_streams} StreamIsActive streams are open already; raise "
+                "external_scaler.workers (KEDA retries, and its polling goes on meanwhile)",
+            )
+        try:
+            self._ok(method)
+            yield from self._stream(request, context)
+        finally:
+            self.streams.release()
+
+    def _stream(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         version = self.board.version
         last: bool | None = None
         sent_at = 0.0
-        self._ok("StreamIsActive")
         while context.is_active() and not self.stopping:
             key, got = self._answer(request, context, "StreamIsActive")
             now = time.monotonic()
