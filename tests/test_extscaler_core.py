@@ -268,3 +268,85 @@ def test_a_floor_is_patched_only_where_nobody_else_owns_it(
         assert got is None
     else:
         assert got is not None and refusal in got
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_the_floor_owner_and_triggers_are_read_from_the_objects_json() -> None:
+    from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
+
+    meta = {
+        "managedFields": [  # as the API server records them (ManagedFieldsEntry)
+            {
+                "manager": "kubectl-client-side-apply",
+                "operation": "Update",
+                "fieldsV1": {"f:metadata": {}},
+            },
+            {
+                "manager": "argocd-controller",
+                "operation": "Apply",
+                "fieldsV1": {"f:spec": {"f:minReplicaCount": {}, "f:triggers": {}}},
+            },
+            {
+                "manager": "gpuscaler",
+                "operation": "Update",
+                "fieldsV1": {"f:spec": {"f:minReplicas": {}}},
+            },
+        ]
+    }
+    assert floor_managers(meta, "ScaledObject") == ("argocd-controller",)
+    assert floor_managers(meta, "HorizontalPodAutoscaler") == ("gpuscaler",)
+    spec = {
+        "triggers": [
+            {"type": "prometheus", "metadata": {"serverAddress": "http://p:9090"}},
+            {"type": "external", "metadata": {"scalerAddress": "gpuscaler.gpuscaler.svc:9095"}},
+            {"type": "external-push", "metadata": {"scalerAddress": "other:1"}},
+        ]
+    }
+    assert external_addresses(spec) == ("gpuscaler.gpuscaler.svc:9095", "other:1")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+_SPEC_FIELDS = st.dictionaries(
+    st.sampled_from(["f:minReplicaCount", "f:minReplicas", "f:x"]), _JSON, max_size=2
+)
+_MANAGED = _JSON | st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "manager": _JSON,
+            "fieldsV1": _JSON | st.dictionaries(st.just("f:spec"), _JSON | _SPEC_FIELDS),
+        },
+    )
+    | _JSON,
+    max_size=3,
+)
+_TRIGGERS = _JSON | st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["external", "external-push", "cpu"]) | _JSON,
+            "metadata": _JSON | st.dictionaries(st.just("scalerAddress"), _JSON),
+        },
+    ),
+    max_size=3,
+)
+
+
+@given(_MANAGED, _TRIGGERS)
+def test_any_json_shape_reads_as_some_or_no_owner_never_a_crash(
+    managed: object, triggers: object
+) -> None:
+    from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
+
+    assert isinstance(floor_managers({"managedFields": managed}, "ScaledObject"), tuple)
+    assert isinstance(external_addresses({"triggers": triggers}), tuple)

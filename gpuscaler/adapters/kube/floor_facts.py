@@ -21,12 +21,13 @@ def floor_field(kind: str) -> str:
 
 
 def floor_managers(meta: Json, kind: str) -> tuple[str, ...]:
+    """Anything of another shape than the API server writes counts as no owner."""
     want = "f:" + floor_field(kind)
     found = []
-    for entry in meta.get("managedFields") or []:
-        if not isinstance(entry, dict):
-            continue
-        spec = (entry.get("fieldsV1") or {}).get("f:spec")
+    entries = meta.get("managedFields")
+    for entry in entries if isinstance(entries, list) else []:
+        fields = entry.get("fieldsV1") if isinstance(entry, dict) else None
+        spec = fields.get("f:spec") if isinstance(fields, dict) else None
         if isinstance(spec, dict) and want in spec:
             found.append(str(entry.get("manager", "")))
     return tuple(found)
@@ -34,9 +35,10 @@ def floor_managers(meta: Json, kind: str) -> tuple[str, ...]:
 
 def external_addresses(spec: Json) -> tuple[str, ...]:
     out = []
-    for trigger in spec.get("triggers") or []:
+    triggers = spec.get("triggers")
+    for trigger in triggers if isinstance(triggers, list) else []:
         if isinstance(trigger, dict) and trigger.get("type") in EXTERNAL_TRIGGERS:
-            metadata = trigger.get("metadata") or {}
+            metadata = trigger.get("metadata")
             if isinstance(metadata, dict):
                 out.append(str(metadata.get("scalerAddress", "")))
     return tuple(out)
