@@ -399,3 +399,23 @@ def test_open_streams_never_starve_the_polled_calls(
     finally:
         for s in streams:
             s.cancel()
+
+
+def test_a_scaled_object_with_only_gpuscalers_trigger_is_warned_about(
+    board: FloorBoard, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpuscaler.adapters.cluster import ClusterObjects, ScaleObject
+
+    address = ("gpuscaler.gpuscaler:9095",)
+    alone = ScaleObject(KEY, 2, 40, None, True, False, external_addresses=address, triggers=1)
+    paired = ScaleObject(
+        "ml/ScaledObject/embedder", 1, 9, None, True, False, external_addresses=address, triggers=2
+    )
+    with caplog.at_level("WARNING", logger="gpuscaler.extscaler"):
+        board.see(ClusterObjects(scale_objects={KEY: alone, paired.key: paired}))
+        board.see(ClusterObjects(scale_objects={KEY: alone, paired.key: paired}))  # said once
+    warned = [
+        r.getMessage() for r in caplog.records if "no trigger but gpuscaler's" in r.getMessage()
+    ]
+    assert len(warned) == 1 and warned[0].startswith(KEY)
+    assert board.external() == {KEY, paired.key}

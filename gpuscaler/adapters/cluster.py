@@ -24,7 +24,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
+from gpuscaler.adapters.kube.floor_facts import (
+    external_addresses,
+    floor_managers,
+    trigger_count,
+)
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 
 Json = dict[str, Any]
@@ -141,6 +145,8 @@ class ScaleObject:
     """Field managers owning the floor field (gpuscaler.adapters.kube.floor_facts)."""
     external_addresses: tuple[str, ...] = ()
     """scalerAddress of each external / external-push trigger (ScaledObjects)."""
+    triggers: int = 0
+    """How many triggers a ScaledObject has (all types)."""
 
 
 @dataclass(frozen=True)
@@ -317,6 +323,7 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         uid=str(meta.get("uid", "")),
         floor_managers=floor_managers(meta, kind),
         external_addresses=external_addresses(spec),
+        triggers=trigger_count(spec),
     )
 
 

@@ -71,7 +71,23 @@ class FloorBoard:
                     ", ".join(sorted(found)) or "none",
                     extra={"event": "external_scaler_workloads", "workloads": sorted(found)},
                 )
+                self._warn_alone(objects, found - self._external)
             self._external = found
+
+    @staticmethod
+    def _warn_alone(objects: ClusterObjects, keys: frozenset[str]) -> None:
+        """A ScaledObject whose only triggers are gpuscaler's has no reactive trigger to
+        fall back on: without a fresh forecast KEDA would take it to minReplicaCount."""
+        for key in sorted(keys):
+            so = objects.scale_objects[key]
+            if so.triggers <= len(so.external_addresses):
+                log.warning(
+                    "%s has no trigger but gpuscaler's: while gpuscaler has no fresh "
+                    "forecast (an outage) KEDA sees it inactive and takes it to "
+                    "minReplicaCount; add the reactive trigger it should fall back on",
+                    key,
+                    extra={"event": "external_scaler_alone", "target": key},
+                )
 
     def held_floors(self) -> dict[str, int]:
         """The floor the controller holds for each served ScaledObject: what the core

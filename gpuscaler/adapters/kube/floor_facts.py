@@ -42,3 +42,8 @@ def external_addresses(spec: Json) -> tuple[str, ...]:
             if isinstance(metadata, dict):
                 out.append(str(metadata.get("scalerAddress", "")))
     return tuple(out)
+
+
+def trigger_count(spec: Json) -> int:
+    triggers = spec.get("triggers")
+    return len(triggers) if isinstance(triggers, list) else 0
