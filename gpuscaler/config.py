@@ -654,6 +654,16 @@ class KubernetesConfig(_Strict):
     """A cache whose watch has been failing this long is not trusted: ticks flag every
     target until it is back. 30 s: a few retries (the backoff reaches 30 s), and well under
     the 5 min a decision looks ahead."""
+    gitops_field_managers: tuple[str, ...] = (
+        "argocd-controller",
+        "argocd-application-controller",
+        "kustomize-controller",
+        "helm-controller",
+    )
+    """Field managers of GitOps tools (Argo CD's server-side apply manager is
+    argoproj/argo-cd common/common.go ArgoCDSSAManager; Flux applies as kustomize-controller
+    and helm-controller). When one of them owns a floor field (managedFields), gpuscaler
+    does not patch it: the tool would put its value back, and the two would fight."""
 
     @field_validator("sharing_config_names")
     @classmethod
@@ -764,6 +774,31 @@ class SchedulerConfig(_Strict):
     """The extender's own Lease: one replica holds the reservation ledger."""
 
 
+class ExternalScalerConfig(_Strict):
+    """KEDA's External Scaler gRPC service (gpuscaler.extscaler): a ScaledObject adds a
+    trigger `type: external` pointing at gpuscaler and gets the forecast floor as a metric,
+    with its own triggers still the ceiling. Nothing patches the user's object."""
+
+    port: int | None = Field(None, ge=1, le=65535)
+    """Port `gpuscaler run` serves the service on; null: off. Off unless set, so a bare
+    config opens no port; deploy/config.yaml sets 9095 and the Service exposes it."""
+    host: str = Field("0.0.0.0", min_length=1)
+    """Address to listen on (all: KEDA's operator reaches it through the Service)."""
+    service_names: tuple[str, ...] = ("gpuscaler",)
+    """A ScaledObject trigger `type: external|external-push` whose scalerAddress host starts
+    with one of these names (`gpuscaler`, `gpuscaler.gpuscaler.svc:9095`) is gpuscaler's:
+    that ScaledObject's floor is served, never patched into spec.minReplicaCount."""
+    max_age: Seconds | None = Field(None, gt=0)
+    """A floor older than this is not served (the reactive triggers decide, as in an
+    outage); null: three control intervals."""
+    workers: int = Field(16, ge=3, le=256)
+    """gRPC threads. Each open StreamIsActive (one per `external-push` ScaledObject) holds
+    one; at most workers - 2 streams are open at once, so the polled calls always find a
+    thread (a further stream is refused with RESOURCE_EXHAUSTED, and KEDA retries)."""
+    stream_interval: Seconds = Field(5.0, gt=0, le=300)
+    """StreamIsActive sends the activity this often (and at once when it changes)."""
+
+
 class Config(_Strict):
     control: ControlConfig = ControlConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -779,6 +814,7 @@ class Config(_Strict):
     preemption: PreemptionConfig = PreemptionConfig()
     agent: AgentConfig = AgentConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    external_scaler: ExternalScalerConfig = ExternalScalerConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

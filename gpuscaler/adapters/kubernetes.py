@@ -64,6 +64,7 @@ from gpuscaler.adapters.cluster import (
     unavailable_state,
 )
 from gpuscaler.adapters.kube.api import NO_ANSWER
+from gpuscaler.adapters.kube.floor_guard import FloorGuard
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Decision
 from gpuscaler.errors import OutsideError
@@ -283,6 +284,7 @@ class KubeWorkloads:
         self.custom = client.CustomObjectsApi(api)
         self.hpa = client.AutoscalingV2Api(api)
         self.writer = writer or Writer(api, config, identity)
+        self.guard = FloorGuard(self.writer)
 
     def _workload(self, key: str) -> WorkloadConfig:
         for w in self.config.workloads:
@@ -333,6 +335,9 @@ class KubeWorkloads:
                 want = min(want, state.max_replicas)  # never above the object's own maximum
             if state.floor == want:
                 return True  # idempotent: nothing to write
+            refused = self.guard.refusal(self.config, w, state, want)  # KEDA pause, GitOps
+            if refused is not None:
+                raise KubeError(f"floor of {w.key} not patched: {refused}")
             self.writer.gate(f"floor of {w.key}")
             body = {
                 "metadata": {
