@@ -102,7 +102,9 @@ def test_the_daemonset_reads_the_controllers_config_and_is_probed_and_scraped() 
     service = _one(docs, "Service")
     labels = _one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
-    controller = _one(render("deploy"), "Service")  # the controller's Service skips agents
+    controller = _one(
+        render("deploy"), "Service", "gpuscaler-metrics"
+    )  # the controller's Service skips agents
     assert not controller["spec"]["selector"].items() <= labels.items()
     monitor = _one(docs, "ServiceMonitor")
     assert (

@@ -42,6 +42,7 @@ from gpuscaler.adapters.cluster import (
     parse_objects,
     parse_pod,
 )
+from gpuscaler.adapters.kube.floor_facts import floor_field, floor_managers
 from gpuscaler.adapters.kube.informer import CacheUnavailable, Informer, Json, Resource
 from gpuscaler.adapters.kubernetes import ClusterReader, KubeError
 from gpuscaler.adapters.preemption import STATE_CONFIGMAP, PreemptionReader
@@ -85,11 +86,14 @@ def gpu_pod(obj: Json) -> GpuPod | Broken | None:
 def with_kind(kind: str) -> Any:
     def keep(obj: Json) -> Json:
         meta = obj.get("metadata") or {}
-        return {
-            **obj,
-            "kind": kind,  # watch events carry it, list items do not
-            "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
-        }
+        slim = {k: v for k, v in meta.items() if k != "managedFields"}
+        if kind in SCALE_KINDS:  # who owns the floor field is read (GitOps refusals)
+            owners = floor_managers(meta, kind)
+            slim["managedFields"] = [
+                {"manager": m, "fieldsV1": {"f:spec": {"f:" + floor_field(kind): {}}}}
+                for m in owners
+            ]
+        return {**obj, "kind": kind, "metadata": slim}  # watch events carry kind; lists not
 
     return keep
 
