@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ## Extra pytest arguments, e.g. CI's coverage: make test PYTEST_ARGS=--cov
 PYTEST_ARGS ?=
 
-.PHONY: setup simulate test test-fast controlplane lint typecheck bench clean
+.PHONY: setup simulate test test-fast controlplane helm lint typecheck bench lock clean
 
 $(BIN)/gpuscaler: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ simulate: setup
 
 ## The tests, with lint and type checks first. The real control plane (kube-apiserver &
 ## co., built from Go once per machine, see tests/controlplane/build.sh) comes first.
-test: setup lint typecheck controlplane
+test: setup lint typecheck controlplane helm
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## The quick loop: without the tests that need the real control plane (marker
@@ -34,6 +34,18 @@ test-fast: setup lint typecheck
 controlplane:
 	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/controlplane/build.sh >/dev/null; \
 	else echo "go not found: the control-plane tests will skip" >&2; fi
+
+## Build helm for the chart tests into ~/.cache/gpuscaler/helm (a no-op once built), as
+## the control plane: tests/helm/build.sh.
+helm:
+	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/helm/build.sh >/dev/null; \
+	else echo "go not found: the Helm chart tests will skip" >&2; fi
+
+## The image's pinned dependencies (requirements.lock, with hashes) from pyproject.toml.
+lock: setup
+	$(BIN)/pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+	  --custom-compile-command "make lock" -o requirements.lock
 
 lint: setup
 	$(BIN)/ruff check gpuscaler tests bench

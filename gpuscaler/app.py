@@ -32,7 +32,7 @@ from gpuscaler.core.snapshot import Observations
 from gpuscaler.errors import InputError
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
-from gpuscaler.sources import PrometheusSource
+from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
 
 log = logging.getLogger("gpuscaler.app")
 
@@ -100,6 +100,7 @@ class _WithPreemption:
     def __init__(self, source: PrometheusSource, preemption: PreemptionObservation):
         self.source = source
         self.health = source.health
+        self.sample_spacing = source.spacing.measured
         self.preemption = preemption
 
     def observe(self, now: float) -> Observations:
@@ -116,6 +117,7 @@ class ClusterSource:
         self.prometheus = prometheus
         self.preemption = preemption
         self.health = prometheus.health
+        self.sample_spacing = prometheus.spacing.measured
 
     def reconfigure(self, config: Config) -> None:
         self.prometheus.reconfigure(config)
@@ -128,6 +130,78 @@ class ClusterSource:
         return replace(raw, preemption=self.preemption.observe(now))
 
 
+def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
+    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod); none
+    outside a pod."""
+    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if pod and namespace:
+        writer.event(
+            client.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=pod,
+                namespace=namespace,
+                uid=os.environ.get("POD_UID"),
+            ),
+            namespace,
+            reason,
+            action,
+            note,
+            type_="Warning",
+        )
+
+
+def _announce_coarse_samples(
+    prometheus: PrometheusSource, controller: Controller, writer: Writer
+) -> None:
+    """One Warning Event per tick that found series sampled more coarsely than
+    metrics.step, naming them (each series is found once: adapters/prometheus/spacing.py)."""
+    found: list[str] = []
+    prometheus.spacing.listeners.append(
+        lambda key, spacing, step: found.append(f"{key} every {spacing:g}s")
+    )
+
+    def announce(_: object) -> None:
+        if found:
+            step = prometheus.spacing.step
+            own_pod_event(
+                writer,
+                "CoarseSamples",
+                "ReadMetrics",
+                f"{len(found)} series sampled more coarsely than metrics.step {step:g}s (a "
+                "scrape interval?): each point is read from the newest sample within its "
+                "spacing instead of seeing gaps: " + ", ".join(found),
+            )
+            found.clear()
+
+    controller.stats.listeners.append(announce)
+
+
+class Discovery:
+    """Each tick's config: the file's plus the workloads this tick's objects opt in,
+    swapped into the controller once, before anything observes."""
+
+    def __init__(self, base: Config, reader: ClusterReader, controller: Controller):
+        self.base = base
+        """The file's config, before discovered workloads are added."""
+        self.reloaded = False
+        self.reader = reader
+        self.controller = controller
+
+    def reload(self, new_base: Config) -> None:
+        self.base, self.reloaded = new_base, True
+
+    def discover(self) -> None:
+        objects = self.reader.prefetch()
+        known = objects if objects is not None else self.reader.last_objects
+        want = with_discovered(self.base, known)
+        if self.reloaded or want.workloads != self.controller.config.workloads:
+            self.controller.reconfigure(want)  # the source's and the actuator's parts follow
+            if self.reloaded:
+                self.reader.drop_prefetched()  # nodes are parsed with the config: read again
+            self.reloaded = False
+
+
 @dataclass
 class ClusterController:
     """The controller and the parts around it that `run` starts and stops."""
@@ -137,10 +211,14 @@ class ClusterController:
     elector: LeaderElector | None
     reloader: ConfigReloader | None
     refused: list[ConfigError] = field(default_factory=list)
+    cache: Any = None
+    """The watch cache (`adapters.kube.cache.ClusterCache`) when the reader uses one."""
 
     def stop(self) -> None:
         if self.elector is not None:
             self.elector.stop()
+        if self.cache is not None:
+            self.cache.stop()
 
 
 def cluster_controller(
@@ -154,70 +232,81 @@ def cluster_controller(
     each tick; opted-in ScaledObjects and HPAs the config does not list discovered."""
     me = identity()
     home = os.environ.get("POD_NAMESPACE") or "gpuscaler"  # where gpuscaler's own objects live
-    reader = ClusterReader(api, config)
+    reader, preemption_reader, cache = _readers(api, config, home)
     elector = None
     if leader_election:
         lease = config.kubernetes.lease
         elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
     actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home, reader=reader)
-    prometheus = PrometheusSource(config, reader.state)
-    source = ClusterSource(
-        prometheus,
-        PreemptionReader(api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)),
+    prometheus = _prometheus(config, reader.state)
+    preemption = preemption_reader(
+        api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)
     )
+    source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
-    parts = ClusterController(controller, reader, elector, None)
-    base = config  # the file's config, before discovered workloads are added
-    reloaded = False
-
-    def reload(new_base: Config) -> None:
-        nonlocal base, reloaded
-        base, reloaded = new_base, True
-
-    def discover() -> None:
-        """This tick's config: the file's plus the workloads this tick's objects opt in,
-        swapped in once, before anything observes."""
-        nonlocal reloaded
-        objects = reader.prefetch()
-        want = with_discovered(base, objects if objects is not None else reader.last_objects)
-        if reloaded or want.workloads != controller.config.workloads:
-            controller.reconfigure(want)  # the source's and the actuator's parts follow
-            if reloaded:
-                reader.drop_prefetched()  # nodes are parsed with the config: read again
-            reloaded = False
-
-    controller.before_tick.append(discover)
+    parts = ClusterController(controller, reader, elector, None, cache=cache)
+    own_events = Writer(api, config, me)
+    _announce_coarse_samples(prometheus, controller, own_events)
+    parts = ClusterController(controller, reader, elector, None, cache=cache)
+    _warm_start(prometheus, config, controller)
+    discovery = Discovery(config, reader, controller)
+    controller.before_tick.append(discovery.discover)
     if isinstance(api, BoundedApiClient):
         controller.before_tick.insert(0, api.begin_tick)
     if config_path is not None:
-        writer = Writer(api, config, me)
 
         def refused(e: ConfigError) -> None:
             parts.refused.append(e)
-            _refused_event(writer, e)
+            own_pod_event(
+                own_events,
+                "ConfigRefused",
+                "ReloadConfig",
+                "new config refused, the running one stays: " + "; ".join(e.problems),
+            )
 
-        reloader = ConfigReloader(config_path, lambda c, _: reload(c), refused)
+        reloader = ConfigReloader(config_path, lambda c, _: discovery.reload(c), refused)
         parts.reloader = reloader
         controller.before_tick.insert(0, reloader.check)
     return parts
 
 
-def _refused_event(writer: Writer, e: ConfigError) -> None:
-    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod)."""
-    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-    if pod and namespace:
-        writer.event(
-            client.V1ObjectReference(
-                api_version="v1",
-                kind="Pod",
-                name=pod,
-                namespace=namespace,
-                uid=os.environ.get("POD_UID"),
-            ),
-            namespace,
-            "ConfigRefused",
-            "ReloadConfig",
-            "new config refused, the running one stays: " + "; ".join(e.problems),
-            type_="Warning",
-        )
+def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterReader, Any, Any]:
+    """The cluster reader, the preemption reader's class and the watch cache they share
+    (issue 18); listing readers when `kubernetes.watch_cache` is off."""
+    if not config.kubernetes.watch_cache:
+        return ClusterReader(api, config), PreemptionReader, None
+    from functools import partial
+
+    from gpuscaler.adapters.kube.cache import (
+        CachedClusterReader,
+        CachedPreemptionReader,
+        ClusterCache,
+    )
+
+    cache = ClusterCache(api, home, config.kubernetes).start()
+    return (
+        CachedClusterReader(api, config, cache),
+        partial(CachedPreemptionReader, cache=cache),
+        cache,
+    )
+
+
+def _prometheus(config: Config, state: Any) -> PrometheusSource:
+    """Grouped, concurrent reads (issue 18) unless `prometheus.grouped_queries` is off."""
+    if not config.prometheus.grouped_queries:
+        return PrometheusSource(config, state)
+    return GroupedPrometheusSource(config, state)
+
+
+def _warm_start(prometheus: PrometheusSource, config: Config, controller: Controller) -> None:
+    """Issue 18: the windows saved after ticks and read back at start, so a restart
+    fetches only the gap (`prometheus.warm_state_file`; off when unset)."""
+    if not config.prometheus.warm_state_file:
+        return
+    from gpuscaler.adapters.prometheus.warm import WarmStart
+
+    warm = WarmStart(
+        prometheus, config.prometheus.warm_state_file, config.prometheus.warm_state_every
+    )
+    controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))

@@ -1,4 +1,4 @@
-"""Command line: validate-config, simulate, backtest, once, run, agent, extender.
+"""Command line: validate-config, simulate, whatif, backtest, once, run, agent, extender.
 
 Exit codes: 0 success, 2 bad input (config, trace, arguments), 1 a failure at run time.
 Bad input never prints a traceback.
@@ -16,6 +16,7 @@ from gpuscaler.commands.control import add_controller_parsers
 from gpuscaler.commands.offline import (
     add_backtest_parser,
     add_simulate_parser,
+    add_whatif_parser,
     cmd_validate,
 )
 from gpuscaler.commands.programs import add_agent_parser, add_extender_parser
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     add_simulate_parser(sub)
+    add_whatif_parser(sub)
     add_backtest_parser(sub)
     add_controller_parsers(sub)
     add_agent_parser(sub)

@@ -50,7 +50,8 @@ class ControllerMetrics:
         self.observed = Gauge(
             "gpuscaler_observed_value",
             "Newest observed value of a forecast target "
-            "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU).",
+            "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU, "
+            "or its serving demand in its demand preset's unit).",
             ["kind", "target"],
             registry=r,
         )
@@ -105,6 +106,13 @@ class ControllerMetrics:
             "gpuscaler_tick_duration_seconds",
             "Duration of a control tick.",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.sample_spacing = Gauge(
+            "gpuscaler_sample_spacing_seconds",
+            "Measured sample spacing of a Prometheus series coarser than metrics.step (a "
+            "scrape interval): its points are read from the newest sample within it.",
+            ["series"],
             registry=r,
         )
         self.ticks_failed = Counter(
@@ -230,6 +238,8 @@ class ControllerMetrics:
             health = getattr(controller.source, "health", None)
             ok = bool(getattr(health, "ok", True))
             self.on_tick(result, controller.source.name, ok)
+            for series, spacing in dict(getattr(controller.source, "sample_spacing", {})).items():
+                self.sample_spacing.labels(series).set(spacing)
             self.leader.set(1 if controller.is_leader() else 0)
 
         controller.stats.listeners.append(listen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
 from gpuscaler.adapters.prometheus.source import (
     Health,
     Metrics,
@@ -16,6 +17,7 @@ from gpuscaler.adapters.prometheus.source import (
     PrometheusMetrics,
     WorkloadMetrics,
 )
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker
 from gpuscaler.adapters.prometheus.transport import Transport
 from gpuscaler.adapters.prometheus.window import Window
 from gpuscaler.config import Config
@@ -57,6 +59,9 @@ def _workload(w: WorkloadMetrics, state: CurrentState) -> RawWorkload:
         replicas=state.replicas.get(w.key),
         max_replicas=state.max_replicas.get(w.key),
         problem=_problem(w.problem, state.problems.get(f"workload:{w.key}")),
+        serving=w.serving,
+        demand=w.demand,
+        demand_problem=f"prometheus: {w.demand_problem}" if w.demand_problem else None,
     )
 
 
@@ -99,9 +104,27 @@ class PrometheusSource:
     def windows(self) -> dict[str, Window]:
         return self.metrics.windows
 
+    @property
+    def spacing(self) -> SpacingTracker:
+        return self.metrics.spacing
+
     def reconfigure(self, config: Config) -> None:
         self.metrics.reconfigure(config)
 
     def observe(self, now: float) -> Observations:
         state = self.state() if callable(self.state) else self.state  # the cluster first
         return join(self.metrics.read(now), state)
+
+
+class GroupedPrometheusSource(PrometheusSource):
+    """A PrometheusSource whose metrics come from a few grouped queries a tick (issue 18)."""
+
+    def __init__(
+        self, config: Config, state: CurrentState | StateReader, transport: Transport | None = None
+    ):
+        self.grouped = GroupedPrometheusMetrics(config, transport)
+        super().__init__(config, state, metrics=self.grouped)
+
+    @property
+    def queries_last_tick(self) -> int:
+        return self.grouped.queries_last_tick

@@ -150,7 +150,14 @@ class Process:
 class ControlPlane:
     """etcd + kube-apiserver (+ controller-manager, scheduler on demand) on 127.0.0.1."""
 
-    def __init__(self, workdir: Path | None = None, bin: Path | None = None):
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        bin: Path | None = None,
+        apiserver_args: tuple[str, ...] = (),
+    ):
+        self.apiserver_args = apiserver_args
+        """Extra kube-apiserver flags (e.g. --watch-cache=false for one test's own plane)."""
         self.bin = bin or bin_dir()
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="gpuscaler-cp-"))
         self.pki = self.dir / "pki"
@@ -242,6 +249,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         write_kubeconfig(

@@ -79,6 +79,8 @@ def prometheus(
     scrape_target: str | None = None,
     rule_file: Path | None = None,
     port: int | None = None,
+    blocks: Path | None = None,
+    backfill_timeout: float = 120,
 ) -> Iterator[str]:
     """A running Prometheus (backfilled from the OpenMetrics file `data`, or scraping
     `scrape_target` every 500 ms); yields its URL, stops it and removes its data after."""
@@ -92,8 +94,12 @@ def prometheus(
                 [tool, "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
                 check=True,
                 capture_output=True,
-                timeout=120,
+                timeout=backfill_timeout,  # bench/tick.py backfills 10,000 GPUs
             )
+        if blocks is not None:  # ready-made TSDB blocks (promtool create-blocks-from rules)
+            for block in blocks.iterdir():
+                if block.is_dir():
+                    shutil.copytree(block, tsdb / block.name)
         config = root / "prometheus.yml"
         scrape = ""
         if scrape_target:

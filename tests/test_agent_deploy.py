@@ -102,7 +102,7 @@ def test_the_daemonset_reads_the_controllers_config_and_is_probed_and_scraped() 
     service = _one(docs, "Service")
     labels = _one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
-    controller_service = _one(render("deploy"), "Service")  # the controller's skips agents
+    controller_service = _one(render("deploy"), "Service", "gpuscaler-metrics")  # skips agents
     assert not controller_service["spec"]["selector"].items() <= labels.items()
     monitor = _one(docs, "ServiceMonitor")
     assert (

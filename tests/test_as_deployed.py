@@ -312,6 +312,11 @@ def test_started_exactly_as_the_deployment_starts_it(
     # The replica floor earns its forecast after ~10 minutes of ticks (replicas.skill_check);
     # this test checks the deployment's mechanics within a minute, so it starts trusting.
     config.setdefault("replicas", {})["skill_check"] = False
+    # KEDA's external scaler listens on the container port the Service targets.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert config["external_scaler"]["port"] == ports["extscaler"]
+    if not _port_free(ports["extscaler"]):  # another program on this machine holds it
+        config["external_scaler"]["port"] = free_port()
     (config_dir / config_path.name).write_text(yaml.safe_dump(config))
     (sa_dir / "token").write_text(cluster.plane.token(HOME, "gpuscaler"))
     shutil.copy(cluster.plane.ca_file, sa_dir / "ca.crt")
@@ -374,6 +379,8 @@ def test_started_exactly_as_the_deployment_starts_it(
     assert f'gpuscaler_replica_floor{{workload="ml/ScaledObject/chat"}} {floor:.1f}' in metrics
     assert "gpuscaler_leader 1.0" in metrics
     assert _lease_holder(cluster) == "gpuscaler-7c9d-x1"
+    # KEDA's external scaler answers on the port the Service targets, from the same plan.
+    assert _external_floor(config["external_scaler"]["port"]) == floor, r.output()[-3000:]
     # The process ran as the Deployment's user, not root.
     ps = subprocess.run(
         ["ps", "-o", "uid=", "-p", str(_child(r.popen.pid))],
@@ -390,6 +397,22 @@ def test_started_exactly_as_the_deployment_starts_it(
     assert time.monotonic() - stopped < grace
     assert _lease_holder(cluster) is None, r.output()[-3000:]
     assert "Traceback" not in r.output()
+
+
+def _external_floor(port: int) -> float:
+    """The floor KEDA's external scaler serves for ml/chat (GetMetrics, as KEDA asks)."""
+    import grpc
+
+    from gpuscaler.extscaler.pb import externalscaler_pb2 as pb
+    from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
+
+    ref = pb.ScaledObjectRef(name="chat", namespace="ml")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        got = pb_grpc.ExternalScalerStub(channel).GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpuscaler-replica-floor"),
+            timeout=10,
+        )
+    return float(got.metricValues[0].metricValueFloat)
 
 
 def _child(pid: int) -> int:

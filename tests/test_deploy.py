@@ -76,7 +76,7 @@ def test_the_custom_resources_have_the_fields_their_operators_need() -> None:
     records = [r.get("record") for g in rule["spec"]["groups"] for r in g["rules"]]
     assert "nvidia_gpu_stall_percentage" in records
     monitor = _one(docs, "ServiceMonitor")
-    service = _one(docs, "Service")
+    service = _one(docs, "Service", "gpuscaler-metrics")
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]

@@ -143,6 +143,7 @@ kubernetes:
   max_writes_per_minute: 1000
   max_nodes_per_tick: 10
   read_timeout: 1s
+  watch_cache: false  # the fake API server has no watch (the cache: tests/test_watch_cache.py)
 node_pools:
   - {{name: a, selector: {{label: pool, value: a}}, gpu_memory_gib: 80, metrics_matchers: {{Hostname: node-a}}}}
   - {{name: b, selector: {{label: pool, value: b}}, gpu_memory_gib: 80, metrics_matchers: {{Hostname: node-b}}}}

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import LeastSquaresArima, forecast_series
+from gpuscaler.core.forecast import LeastSquaresArima, forecast_series, lead
 from gpuscaler.core.forecast.engines import inverse_root_modulus
 from gpuscaler.core.model import Series
 
@@ -83,3 +83,21 @@ def test_a_pod_like_flat_window_has_an_explosive_fit_that_never_reaches_the_fore
         assert "arima(5,1,0) dropped: unstable fit" in f.reason
         assert f.mean.min() >= 34.0 and f.mean.max() <= 37.0
         assert f.peak <= 37.0 and f.upper.max() <= 40.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(windows(), windows(), st.floats(-1e6, 1e6))
+def test_with_any_demand_the_forecast_stays_within_the_load_windows_band(
+    load: np.ndarray, demand: np.ndarray, scale: float
+) -> None:
+    """A leading signal (however flat, spiky or badly scaled) never takes the load's
+    forecast out of the load window's range widened by a bounded margin."""
+    s = _series(load)
+    (sig,) = forecast_series([s], ForecastConfig(), NOW, clip=(-np.inf, None))
+    d = _series(demand * scale)
+    f = lead(sig, s, d, ForecastConfig(), NOW, clip=(-np.inf, None)).forecast
+    assert f is not None and np.isfinite(f.mean).all()
+    lo, hi = load.min(), load.max()
+    span = max(hi - lo, 1e-6 * max(abs(hi), 1.0))
+    assert lo - MEAN_SPANS * span <= f.mean.min() and f.mean.max() <= hi + MEAN_SPANS * span
+    assert lo - MEAN_SPANS * span <= f.peak <= hi + MEAN_SPANS * span

@@ -49,9 +49,15 @@ ROWS = [
         SUSTAINED_UP,
     ),
     Row(
-        "doubles when the pool's demand would fit one GPU fewer (4 GPUs at 30 percent)",
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
+        "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("set", 8),
+        SUSTAINED_UP,
+    ),
+    Row(
+        "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent",
+        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
+        ("hold", "the 2 GPUs 8 fragments leave"),
         SUSTAINED_UP,
     ),
     Row(
@@ -277,3 +283,30 @@ def test_invalid_input_clears_a_pending_trigger() -> None:
 def test_memory_limit_counts_reserve_and_overcommit(gib: float, kind: str, expected: int) -> None:
     cfg = FragmentsConfig()
     assert memory_limit(gib, cfg.min_fragment_memory_gib[kind], cfg) == expected  # type: ignore[index]
+
+
+def test_the_decision_goes_both_ways_as_demand_per_gpu_falls_and_rises_again() -> None:
+    # Four replicas (a forced minimum) serving a demand of 3.6 GPUs that falls to 0.5 and
+    # comes back. Demand per GPU (what tenants would use unthrottled) is the demand over
+    # the GPUs the replicas hold at the current fragments: fragments double when the
+    # demand fits the GPUs packing leaves, and halve again when it returns (issue 11: no
+    # ratchet).
+    cfg = FragmentsConfig()
+    h, fragments, steps = TargetHistory(), 1, []
+    demand = [3.6] * 10 + list(np.linspace(3.6, 0.5, 20)) + [0.5] * 40 + [3.6] * 40
+    for tick, gpus_demand in enumerate(demand):
+        now = NOW + 30 * tick
+        held = -(-4 // fragments)
+        per_gpu = 100 * gpus_demand / held
+        obs = replace(
+            pool_obs(Signal(now - 1, signal(per_gpu, per_gpu + 5).forecast), fragments=fragments),
+            gpus_held=held,
+        )
+        out = decide_fragments(obs, pool(), cfg, STALENESS, h, now)
+        h = out.history
+        if out.decision is not None:
+            steps.append((fragments, int(out.decision.to_value)))
+            fragments = int(out.decision.to_value)
+            h = replace(h, last_change_at=now, last_direction=out.decision.direction)
+            h = replace(h, pending_since=None, pending_direction=0)
+    assert steps == [(1, 2), (2, 1)], steps

@@ -24,7 +24,9 @@ workloads:
 
 
 def test_a_plan_holds_one_outcome_per_configured_target() -> None:
-    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    snap = Snapshot(
+        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
+    )
     p = plan(snap, CONFIG, History(), NOW)
     kinds = sorted(d.kind for d in p.decisions)
     assert kinds == ["fragments", "replica_floor", "time_slice"]
@@ -49,7 +51,9 @@ def test_configured_targets_with_no_observation_are_skipped_with_a_reason() -> N
 
 
 def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
-    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    snap = Snapshot(
+        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
+    )
     history = History()
     a, b = plan(snap, CONFIG, history, NOW), plan(snap, CONFIG, history, NOW)
     assert [d.as_record() for d in a.decisions] == [d.as_record() for d in b.decisions]
@@ -57,7 +61,9 @@ def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
 
 
 def test_only_applied_decisions_start_a_cooldown() -> None:
-    snap = Snapshot(NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490)),))
+    snap = Snapshot(
+        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
+    )
     p = plan(snap, CONFIG, History(), NOW)
     frag = next(d for d in p.decisions if d.kind == "fragments")
     after = record_applied(p.history, (frag,))

@@ -17,6 +17,7 @@ from kubernetes import client
 from test_deploy import render
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.cache import ClusterCache
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
@@ -37,7 +38,7 @@ CONFIG = parse_config(
     """
 prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}
 preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
-kubernetes: {config_propagation: 0s}  # the walk covers every call; the wait is tested elsewhere
+kubernetes: {config_propagation: 0s, watch_cache: false}  # the walk covers every call; the wait is tested elsewhere
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
 workloads:
@@ -145,6 +146,22 @@ def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
         assert actuator.apply([step]) == (step,)
 
 
+def _cache_calls() -> set[Call]:
+    """The watch cache's list and watch of each resource it caches (the fake server has no
+    watch; the real authorizer sees them in tests/test_rbac_real.py). A `metadata.name`
+    field selector is authorized as that name, as RBAC does for list and watch."""
+    cache = ClusterCache(client.ApiClient(), NAMESPACE, CONFIG.kubernetes)
+    calls = set()
+    for informer in cache.informers.values():
+        r = informer.resource
+        m = _PATH.match(r.path)
+        assert m is not None, r.path
+        group = "" if m.group("core") else m.group("group")
+        name = (r.field_selector or "").removeprefix("metadata.name=") or None
+        calls |= {Call(v, group, m.group("plural"), m.group("ns"), name) for v in ("list", "watch")}
+    return calls
+
+
 def _rules() -> list[tuple[dict[str, Any], str | None]]:
     """(rule, namespace it applies in; None = every namespace) for gpuscaler's account."""
     docs = render("deploy")
@@ -179,7 +196,7 @@ def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.Monke
         client.ApiClient(client.Configuration(host=url)) as api,
     ):
         _scenario(api, fake, monkeypatch)
-    calls = {as_call(m, p) for m, p in fake.requests}
+    calls = {as_call(m, p) for m, p in fake.requests} | _cache_calls()
     rules = _rules()
     denied = [c for c in calls if not any(_allows(r, ns, c) for r, ns in rules)]
     assert denied == []

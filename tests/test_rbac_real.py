@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from builders import NOW
-from controlplane import ROOT, ControlPlane, Kube, Recorder
+from controlplane import ROOT, ControlPlane, Kube, Recorder, wait_until
 from kubemeta import labels_of
 from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
 from kubernetes import client
@@ -117,6 +117,14 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     parts = cluster_controller(config, api, dry_run=True, config_path="/nonexistent/config.yaml")
     assert parts.reloader is not None
     parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+    assert parts.cache is not None  # the watch cache lists and watches as this account
+    parts.reader.objects()
+    wait_until(
+        "every informer watching",
+        lambda: all(i.watches > 0 for i in parts.cache.informers.values() if not i.absent),
+        30,
+    )
+    parts.stop()
 
     # Preemption, every tier: a critical pod cannot be scheduled, a batch pod holds gpu-1.
     chat = gpu_pod("chat-1", "gpu-0", 1)  # gpu-0 is not free either; never a victim

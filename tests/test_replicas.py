@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
-from builders import NOW, assert_outcome, history, signal, workload_obs
+from builders import NOW, assert_outcome, forecast, history, signal, workload_obs
 
 from gpuscaler.config import ReplicasConfig
-from gpuscaler.core.model import TargetHistory, WorkloadObservation
+from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
 from gpuscaler.core.replicas import decide_replica_floor, hpa_desired
 
 STALENESS = 120.0
@@ -56,10 +56,22 @@ ROWS = [
         ("set", 4),
     ),
     Row(
-        "adds at most max_step_up replicas per change",
+        "adds at most max_step_up_gpus worth of replicas per change",
         workload_obs(signal(1000, 2100), floor=2),
         ("set", 10),
-        cfg={"max_step_up": 8},
+        cfg={"max_step_up_gpus": 8},
+    ),
+    Row(
+        "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas",
+        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+        ("set", 10),
+        cfg={"max_step_up_gpus": 2, "max_replicas": 200},
+    ),
+    Row(
+        "may double in one step, as the HPA's default scale-up policy does",
+        workload_obs(signal(3000, 4200), floor=20),
+        ("set", 40),
+        cfg={"max_step_up_gpus": 4, "max_replicas": 100},
     ),
     Row(
         "never sets the floor above max_replicas",
@@ -87,19 +99,32 @@ ROWS = [
         "scales down only to the highest recommendation in the stabilization window",
         workload_obs(signal(100, 140), floor=8),
         ("set", 7),
-        history(recs=((100, 7),)),
+        history(recs=((100, 490),)),  # 7 replicas at 70 %
     ),
     Row(
         "holds the floor while the window remembers a recommendation as high",
         workload_obs(signal(100, 140), floor=8),
         ("hold", "stabilization"),
-        history(recs=((100, 8),)),
+        history(recs=((100, 560),)),  # 8 replicas
     ),
     Row(
-        "forgets recommendations older than the window and removes at most max_step_down",
+        "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas",
+        workload_obs(signal(100, 140), floor=14, share=0.5),
+        ("hold", "stabilization"),
+        history(recs=((100, 490),)),
+    ),
+    Row(
+        "forgets recommendations older than the window and drops in one step, like the HPA",
         workload_obs(signal(100, 140), floor=8),
+        ("set", 2),
+        history(recs=((400, 560),)),
+    ),
+    Row(
+        "removes at most max_step_down_gpus worth of replicas when that is set",
+        workload_obs(signal(100, 140), floor=8, share=0.5),
         ("set", 6),
-        history(recs=((400, 8),)),
+        history(recs=((400, 560),)),
+        cfg={"max_step_down_gpus": 1},
     ),
     Row(
         "waits out the cooldown after a change",
@@ -136,15 +161,23 @@ def test_replica_floor_rule(row: Row) -> None:
     assert_outcome(out, row.expect, "forecast upper")
 
 
+def test_the_floor_sizes_for_the_observed_demand_when_it_is_above_the_forecast() -> None:
+    obs = workload_obs(Signal(NOW - 1, forecast(100, 140, last=490)), floor=4)
+    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    # 490 % of a GPU at 70 % a replica: 7 replicas, with or without the forecast's skill.
+    assert_outcome(out, ("set", 7), "observed peak 490%")
+    assert "skill fallback" in out.decision.reason  # type: ignore[union-attr]
+
+
 def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
     out = decide_replica_floor(
         workload_obs(signal(280, 490), floor=4),
         ReplicasConfig.model_validate(FORECAST_ONLY),
         STALENESS,
-        history(recs=((400, 9), (100, 5))),
+        history(recs=((400, 630), (100, 350))),
         NOW,
     )
-    assert out.history.recommendations == ((NOW - 100, 5), (NOW, 7))
+    assert out.history.recommendations == ((NOW - 100, 350), (NOW, 490))
 
 
 @pytest.mark.parametrize(
@@ -161,3 +194,29 @@ def test_hpa_formula_is_ceil_of_load_over_share_times_target(
     load: float, share: float, target: float, expected: int
 ) -> None:
     assert hpa_desired(load, share, target) == expected
+
+
+TOO_SHORT = "only 300s of samples in the window, forecast needs 600s"
+
+
+@pytest.mark.parametrize(
+    ("load", "peak", "expect"),
+    [
+        (Signal(NOW - 1, None, TOO_SHORT), 490.0, ("set", 7)),
+        (Signal(NOW - 1, None, "HTTP 503 from Prometheus"), None, ("invalid", "HTTP 503")),
+        (Signal(NOW - 200, None, TOO_SHORT), 490.0, ("invalid", TOO_SHORT)),
+        (Signal(NOW - 1, None, TOO_SHORT), float("nan"), ("invalid", TOO_SHORT)),
+    ],
+    ids=[
+        "before the forecast has history the floor sizes for the observed demand",
+        "a source problem (no observed peak) takes no action",
+        "stale samples take no action",
+        "a non-finite observed peak takes no action",
+    ],
+)
+def test_without_a_forecast_only_the_observed_demand_sizes_the_floor(
+    load: Signal, peak: float | None, expect: tuple[str, object]
+) -> None:
+    obs = replace(workload_obs(load, floor=4), recent_peak=peak)
+    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    assert_outcome(out, expect, "no forecast")

@@ -107,7 +107,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 def _serve_metrics(
     controller: Controller, parts: Any, interval: float, port: int, host: str
-) -> None:
+) -> Any:
     from gpuscaler.observability import ControllerMetrics, HealthState, serve
 
     metrics = ControllerMetrics()
@@ -116,6 +116,29 @@ def _serve_metrics(
         metrics.attach_cluster(parts)
     serve(metrics, HealthState(controller, interval), port, host)
     print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+    return metrics.registry
+
+
+def _serve_external_scaler(
+    args: argparse.Namespace, config: Config, parts: Any, registry: Any
+) -> Any:
+    """KEDA's external scaler (gpuscaler.extscaler) when a port is set; None when off."""
+    port = args.external_scaler_port
+    port = config.external_scaler.port if port is None else port
+    if not port:
+        return None
+    if parts is None:
+        print("external scaler: serves a cluster's ScaledObjects; off here", file=sys.stderr)
+        return None
+    from gpuscaler.extscaler.server import ExternalScalerSetupError, attach
+
+    try:
+        server = attach(parts, port, registry=registry)
+    except ExternalScalerSetupError as e:
+        print(str(e), file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    print(f"serving KEDA's external scaler (gRPC) on port {server.port}", file=sys.stderr)
+    return server
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -123,16 +146,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config_or_exit(args.config)
     controller, parts = _controller(args, config)
+    registry = None
     if args.metrics_port:
-        _serve_metrics(
+        registry = _serve_metrics(
             controller, parts, config.control.interval, args.metrics_port, args.metrics_host
         )
+    external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads
         parts.elector.start()
     try:
         ControlLoop(controller, config.control.interval, max_ticks=args.max_ticks).run()
     finally:
+        if external is not None:
+            external.stop()
         if parts is not None:
             parts.stop()  # releases the lease so a standby takes over at once
     return EXIT_OK if controller.stats.failed == 0 or controller.stats.ticks > 0 else EXIT_FAILURE
@@ -174,5 +201,11 @@ def add_controller_parsers(sub: Any) -> None:
                 "--metrics-host",
                 default="0.0.0.0",
                 help="address to serve /metrics, /healthz, /readyz on (default: all, for probes)",
+            )
+            p.add_argument(
+                "--external-scaler-port",
+                type=int,
+                default=None,
+                help="KEDA external scaler gRPC port (default: external_scaler.port; 0: off)",
             )
         p.set_defaults(func=func)

@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from gpuscaler.whatif import parse_when, run_whatif, select, text
+
+    config = config_or_exit(args.config)
+    now = time.time()
+    since = parse_when(args.since, now, "--since")
+    until = parse_when(args.until, now, "--until")
+    step = None
+    if args.step is not None:
+        try:
+            step = parse_duration(args.step)
+        except ValueError as e:
+            print(f"--step: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if step < 1:
+            print(f"--step must be at least 1s, got {args.step}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    report = Path(args.report) if args.report else None
+    outcome = run_whatif(
+        config,
+        since,
+        until,
+        select(config, args.workload or []),
+        report,
+        seed=args.seed,
+        step=step,
+        baselines=not args.no_baselines,
+        jobs=args.jobs,
+    )
+    print(json.dumps(outcome.summary()) if args.json else text(outcome))
+    for path in outcome.files:
+        print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
     from gpuscaler.config import ForecastConfig
@@ -119,7 +155,17 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     cfg: ForecastConfig = config.forecast
     try:
-        report = backtest(args.series, cfg, horizon, window, resample, args.agg, args.max_origins)
+        report = backtest(
+            args.series,
+            cfg,
+            horizon,
+            window,
+            resample,
+            args.agg,
+            args.max_origins,
+            demand_path=args.demand,
+            demand_agg=args.demand_agg,
+        )
     except BacktestError as e:
         print(f"bad series: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -141,6 +187,8 @@ def backtest_table(report: dict[str, Any]) -> str:
         for method, s in methods.items():
             cells = [s.get(k) for k in ("mae", "relative_to_naive", "peak_mae", "coverage")]
             text = "".join(f"{c:>10.4g}" if c is not None else f"{'-':>10}" for c in cells)
+            won = s.get("demand_won")
+            text += f"  demand won at {won:.0%} of origins" if won is not None else ""
             lines.append(f"{name[:23]:<24}{method:<20}{text}")
     worst = report.get("worst") or {}
     if len(report["series"]) > 1 and worst:
@@ -199,8 +247,46 @@ def add_backtest_parser(sub: Any) -> None:
     p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
     p.add_argument("--window", help="history per origin (default: metrics.window)")
     p.add_argument(
+        "--demand",
+        help="CSV of each series' demand (request rate, queue), the leading signal: "
+        "same series names, or one series for all",
+    )
+    p.add_argument(
+        "--demand-agg",
+        choices=["mean", "sum", "max", "count"],
+        help="--resample aggregation of the demand (default: --agg)",
+    )
+    p.add_argument(
         "--max-origins", type=positive_int, default=400, help="origins per series at most"
     )
     p.add_argument("--config", help="config YAML (forecast section)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_backtest)
+
+
+def add_whatif_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "whatif", help="replay your own Prometheus history: what gpuscaler would have done"
+    )
+    p.add_argument("--config", required=True, help="config YAML with prometheus.url")
+    p.add_argument("--since", default="7d", help="start: '7d' ago, RFC 3339 or unix seconds")
+    p.add_argument("--until", default="now", help="end: 'now', a duration ago, RFC 3339")
+    p.add_argument(
+        "--workload", action="extend", nargs="+", metavar="NS/NAME", help="only these workloads"
+    )
+    p.add_argument("--step", help="read step (default forecast.fit_step, 10s)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--jobs", type=positive_int, default=1, help="workloads replayed at once (processes)"
+    )
+    p.add_argument(
+        "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"
+    )
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        type=report_dir,
+        help="write decisions.jsonl, summary.json and one PNG per workload",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_whatif)

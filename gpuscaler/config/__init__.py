@@ -18,7 +18,9 @@ from gpuscaler.config.base import (
     MAX_DURATION,
     M,
     Seconds,
+    StrictModel,
     format_duration,
+    only_sections,
     parse_duration,
 )
 from gpuscaler.config.control import (
@@ -41,6 +43,7 @@ from gpuscaler.config.loading import (
 )
 from gpuscaler.config.systems import (
     AgentConfig,
+    ExternalScalerConfig,
     KubernetesConfig,
     LeaseConfig,
     ObjectRef,
@@ -70,6 +73,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ControlConfig",
+    "ExternalScalerConfig",
     "ForecastConfig",
     "FragmentsConfig",
     "KubernetesConfig",
@@ -86,12 +90,14 @@ __all__ = [
     "SchedulerConfig",
     "Seconds",
     "SimulatorConfig",
+    "StrictModel",
     "TimeSliceConfig",
     "TimeSliceLevel",
     "WorkloadConfig",
     "format_duration",
     "load_config",
     "merge_section",
+    "only_sections",
     "parse_config",
     "parse_duration",
     "redact_url",

@@ -197,10 +197,14 @@ class ReplicasConfig(StrictModel):
     max_replicas: int = Field(50, ge=1)
     scale_down_stabilization: Seconds = Field(300.0, ge=0)
     """The floor drops only to the highest recommendation of this window (HPA's 300 s)."""
-    max_step_up: int = Field(8, ge=1)
-    """Replicas added per change at most."""
-    max_step_down: int = Field(2, ge=1)
-    """Replicas removed per change at most: shrink gently, load may return."""
+    max_step_up_gpus: float = Field(4.0, gt=0)
+    """GPUs' worth of replicas the floor adds per change at most, or the floor's own size
+    when larger (the HPA's default scale-up policy: double, or add 4 pods, per period),
+    in GPUs so the limit means the same at any fragment count."""
+    max_step_down_gpus: float | None = Field(None, gt=0)
+    """GPUs' worth of replicas the floor removes per change at most; null (default): no
+    limit beyond the stabilization window, like the HPA's default scale-down policy. A
+    limit spreads one fall of the load over several replica changes."""
     cooldown: Seconds = Field(30.0, ge=0)
     """Minimum time between floor changes of one workload (one KEDA polling interval)."""
     lead_time: Seconds = Field(120.0, gt=0)
@@ -208,7 +212,7 @@ class ReplicasConfig(StrictModel):
     the time a replica added now needs to serve (KEDA polling + cold start)."""
     skill_check: bool = True
     """Score the forecast against reactive sizing and fall back when it has no skill
-    (false: the forecast always sets the floor)."""
+    (false: the forecast's upper bound always counts with the observed demand)."""
     skill_window: Seconds = Field(3600.0, gt=0)
     """Forecast origins of this long are scored for the skill self-assessment."""
     skill_min_origins: int = Field(20, ge=1)

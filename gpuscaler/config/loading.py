@@ -25,6 +25,7 @@ from gpuscaler.config.control import (
 )
 from gpuscaler.config.systems import (
     AgentConfig,
+    ExternalScalerConfig,
     KubernetesConfig,
     PreemptionConfig,
     PrometheusConfig,
@@ -55,6 +56,7 @@ class Config(StrictModel):
     preemption: PreemptionConfig = PreemptionConfig()
     agent: AgentConfig = AgentConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    external_scaler: ExternalScalerConfig = ExternalScalerConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

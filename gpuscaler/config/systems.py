@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from gpuscaler.config.base import Seconds, StrictModel
+from gpuscaler.demand import check_template
 
 
 def redact_url(url: str) -> str:
@@ -36,21 +37,22 @@ class PrometheusQueries(StrictModel):
         " + last_over_time(DCGM_FI_DEV_FB_FREE{{{matchers}}}[{lookback}]))"
     )
     """MiB of the pool's smallest GPU (used + free)."""
+    workload_requests: str | None = None
+    """Requests per second of a workload, over its pods (`gpuscaler whatif` replays it),
+    e.g. `sum(rate(vllm:request_success_total{{{matchers}}}[1m]))`; unset: whatif derives
+    the demand from `workload_load`."""
 
     @field_validator(
-        "pool_utilization", "pool_stall", "workload_load", "pool_memory_used", "pool_memory_total"
+        "pool_utilization",
+        "pool_stall",
+        "workload_load",
+        "pool_memory_used",
+        "pool_memory_total",
+        "workload_requests",
     )
     @classmethod
-    def _placeholders(cls, value: str) -> str:
-        try:
-            value.format(matchers='a="b"', lookback="1s")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(
-                f"template must use only {{matchers}} and {{lookback}} (double other braces): {e}"
-            ) from e
-        if "{matchers}" not in value:
-            raise ValueError("template must contain {matchers}")
-        return value
+    def _placeholders(cls, value: str | None) -> str | None:
+        return None if value is None else check_template(value)
 
 
 class PrometheusConfig(StrictModel):
@@ -65,6 +67,21 @@ class PrometheusConfig(StrictModel):
     overlap: Seconds = Field(5.0, ge=0)
     """Each incremental fetch re-reads this much before the newest sample held, for samples
     that arrived late."""
+    # issue 18: grouped, concurrent reads (adapters/prometheus/grouped.py)
+    grouped_queries: bool = True
+    """One query per signal and pool family and one for all workloads (through the shipped
+    recording rule), instead of one per target; targets a group does not cover are still
+    read one by one. false: one query per target (a Prometheus without the rule)."""
+    max_concurrent_queries: int = Field(4, ge=1, le=64)
+    """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
+    Prometheus with one tick's worth of concurrent evaluations."""
+    warm_state_file: str | None = None
+    """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
+    container restart) and read back at start, so a restart fetches only the gap. None:
+    every start backfills the whole window."""
+    warm_state_every: Seconds = Field(120.0, gt=0)
+    """The windows are saved after a tick at most this often: a restart then refetches at
+    most this much plus what passed while down."""
     bearer_token_file: str | None = None
     """Re-read whenever the file changes (projected service account tokens rotate)."""
     basic_auth_username: str | None = None
@@ -213,6 +230,28 @@ class KubernetesConfig(StrictModel):
     """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
     fail at once (their targets get no action, with the reason) and the next tick starts
     afresh. Lease renewals, on their own thread, are not charged."""
+    # issue 18: the watch cache (adapters/kube/cache.py)
+    watch_cache: bool = True
+    """Read the cluster from a watch cache (list once, then watch) instead of listing
+    nodes, pods, ScaledObjects, HPAs, PDBs and PriorityClasses every tick. false: list
+    every tick (small clusters, or an API server that cannot hold watches)."""
+    watch_timeout: Seconds = Field(300.0, ge=1, le=3600)
+    """Each watch asks the server to end it after this (timeoutSeconds); it is then opened
+    again from the last resourceVersion. 5 min is about client-go's (a random 5-10 min)."""
+    watch_stale_after: Seconds = Field(30.0, gt=0, le=3600)
+    """A cache whose watch has been failing this long is not trusted: ticks flag every
+    target until it is back. 30 s: a few retries (the backoff reaches 30 s), and well under
+    the 5 min a decision looks ahead."""
+    gitops_field_managers: tuple[str, ...] = (
+        "argocd-controller",
+        "argocd-application-controller",
+        "kustomize-controller",
+        "helm-controller",
+    )
+    """Field managers of GitOps tools (Argo CD's server-side apply manager is
+    argoproj/argo-cd common/common.go ArgoCDSSAManager; Flux applies as kustomize-controller
+    and helm-controller). When one of them owns a floor field (managedFields), gpuscaler
+    does not patch it: the tool would put its value back, and the two would fight."""
 
     @field_validator("sharing_config_names")
     @classmethod
@@ -321,3 +360,28 @@ class SchedulerConfig(StrictModel):
     """Node objects (topology annotation, NUMA label, pool labels) are re-read this often."""
     lease: LeaseConfig = LeaseConfig(name="gpuscaler-extender")
     """The extender's own Lease: one replica holds the reservation ledger."""
+
+
+class ExternalScalerConfig(StrictModel):
+    """KEDA's External Scaler gRPC service (gpuscaler.extscaler): a ScaledObject adds a
+    trigger `type: external` pointing at gpuscaler and gets the forecast floor as a metric,
+    with its own triggers still the ceiling. Nothing patches the user's object."""
+
+    port: int | None = Field(None, ge=1, le=65535)
+    """Port `gpuscaler run` serves the service on; null: off. Off unless set, so a bare
+    config opens no port; deploy/config.yaml sets 9095 and the Service exposes it."""
+    host: str = Field("0.0.0.0", min_length=1)
+    """Address to listen on (all: KEDA's operator reaches it through the Service)."""
+    service_names: tuple[str, ...] = ("gpuscaler",)
+    """A ScaledObject trigger `type: external|external-push` whose scalerAddress host starts
+    with one of these names (`gpuscaler`, `gpuscaler.gpuscaler.svc:9095`) is gpuscaler's:
+    that ScaledObject's floor is served, never patched into spec.minReplicaCount."""
+    max_age: Seconds | None = Field(None, gt=0)
+    """A floor older than this is not served (the reactive triggers decide, as in an
+    outage); null: three control intervals."""
+    workers: int = Field(16, ge=3, le=256)
+    """gRPC threads. Each open StreamIsActive (one per `external-push` ScaledObject) holds
+    one; at most workers - 2 streams are open at once, so the polled calls always find a
+    thread (a further stream is refused with RESOURCE_EXHAUSTED, and KEDA retries)."""
+    stream_interval: Seconds = Field(5.0, gt=0, le=300)
+    """StreamIsActive sends the activity this often (and at once when it changes)."""

@@ -18,6 +18,7 @@ from gpuscaler.config.control import (
     ReplicasConfig,
     TimeSliceConfig,
 )
+from gpuscaler.demand import DemandConfig
 
 
 class NodeSelector(StrictModel):
@@ -73,6 +74,14 @@ class WorkloadConfig(StrictModel):
     the pool free GPUs ahead of time."""
     gpus_per_replica: int = Field(1, ge=1)
     """GPU shares one replica requests (nvidia.com/gpu)."""
+    demand: DemandConfig | None = None
+    """Demand from the serving stack's own metrics (a preset: vllm, tgi, triton_queue,
+    triton_rate, or any query) instead of its pods' GPU utilization; gpuscaler.demand."""
+    leading_query: str | None = Field(None, min_length=1)
+    """PromQL of the workload's demand (request rate, queue length), sent as written: a
+    leading signal. Its forecast, mapped to GPU load by a ratio fitted per workload, replaces
+    the load's own forecast when it has been clearly more accurate on recent history; the
+    decision's reason says which signal won."""
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @property

@@ -167,18 +167,9 @@ def _more(
     """At most `max_step` doublings, to an allowed count that packs something and stays
     within memory (config floor and what tenants use now) and compute."""
     why, upper = step.why, step.upper
-    g = obs.gpus_held
-    if g is not None and upper * g > cfg.more_below_pct * (g - 1):
-        # Demand in GPUs (per-GPU demand x GPUs held) must fit one GPU fewer at the
-        # "more" threshold, or a doubling packs nothing and only adds overhead.
-        return hold(
-            KIND,
-            obs.name,
-            now,
-            f"hold: {why}, but demand {upper * g / 100:.2f} GPUs would not fit "
-            f"{g - 1} GPUs at {step.more_at:g}%: more fragments would pack nothing",
-            h,
-        )
+    nothing = _packs_nothing(obs.gpus_held, current, upper, step.more_at, cfg)
+    if nothing is not None:
+        return hold(KIND, obs.name, now, f"hold: {why}, but {nothing}", h)
     floor_gib = cfg.min_fragment_memory_gib[pool.workload_type]
     gpu_gib = obs.gpu_memory_gib or pool.gpu_memory_gib
     mem_max = memory_limit(gpu_gib, floor_gib, cfg)
@@ -210,6 +201,24 @@ def _more(
     if not candidates:
         return hold(KIND, obs.name, now, f"at bound: {why}, {limit}", h)
     return candidates[-1], limit
+
+
+def _packs_nothing(
+    g: int | None, current: int, upper: float, more_at: float, cfg: FragmentsConfig
+) -> str | None:
+    """Why more fragments would pack nothing, or None when they would. The same replicas
+    packed `nearest` to a GPU hold `after` GPUs: the pool's demand in GPUs (per-GPU demand
+    x GPUs held) must still fit them below the "more" threshold, or the change takes away
+    capacity the replicas need (the autoscaler then adds replicas back: no GPU saved, only
+    overhead)."""
+    nearest = next((f for f in cfg.allowed if f > current), None)
+    after = None if g is None or nearest is None else math.ceil(g * current / nearest)
+    if g is None or after is None or not (after >= g or upper * g > more_at * after):
+        return None
+    return (
+        f"demand {upper * g / 100:.2f} GPUs would not fit the {after} GPUs {nearest} "
+        f"fragments leave at {more_at:g}%: more fragments would pack nothing"
+    )
 
 
 def _memory_in_use(

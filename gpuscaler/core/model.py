@@ -159,7 +159,8 @@ class PoolObservation:
 class WorkloadObservation:
     key: str
     load: Signal
-    """GPU utilization summed over the workload's GPUs, percent of one GPU."""
+    """GPU utilization summed over the workload's GPUs, percent of one GPU; or, with
+    `serving`, the serving stack's demand in its unit."""
     floor: int | None
     """The replica floor set now (minReplicaCount / minReplicas); None when unknown."""
     replicas: int | None
@@ -167,6 +168,12 @@ class WorkloadObservation:
     """The object's own ceiling (maxReplicaCount / maxReplicas)."""
     replica_gpu_share: float = 1.0
     """GPU one replica can use: 1 for a whole GPU, about 1/n on a GPU shared n ways."""
+    serving: tuple[float, str] | None = None
+    """When `load` is the serving stack's demand (gpuscaler.demand), not GPU utilization:
+    what one replica serves at target, and the unit."""
+    recent_peak: float | None = None
+    """Highest `forecast.fit_step` bucket mean of the load since the previous tick (one
+    control interval); None when unknown. What the floor sizes for when reactive."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,8 @@ class TargetHistory:
     """Since when the current trigger has held."""
     pending_direction: int = 0
     recommendations: tuple[tuple[float, int], ...] = ()
-    """(time, recommended value) within the stabilization window."""
+    """(time, recommended value) within the stabilization window; for replica floors the
+    load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
     seen: tuple[tuple[float, float, float, float], ...] = ()

@@ -4,9 +4,11 @@ The HPA formula, desired = ceil(load / target), applied to the forecast's upper 
 the horizon instead of the current value: the floor rises before the load does, and the
 reactive autoscaler above it keeps the ceiling (effective replicas = max(floor, reactive)).
 Scale-down only to the highest recommendation of the stabilization window; steps bounded.
-The forecast must earn the floor: it is scored every tick against reactive sizing on the
-observed series (gpuscaler.core.skill); until it has shown skill, and whenever it loses
-it, the floor steps back to min_replicas and the reactive autoscaler alone decides.
+The floor sizes at least for the workload's observed demand (its request rate: not
+censored at capacity like the utilization the HPA reads); the forecast must earn the
+rest: it is scored every tick against that reactive sizing on the observed series
+(gpuscaler.core.skill), and until it has shown skill, and whenever it loses it, the
+forecast is set aside and the reason says so. Step limits are in GPUs.
 """
 
 from __future__ import annotations
@@ -41,98 +43,180 @@ def decide_replica_floor(
 ) -> Outcome:
     target = obs.key
     problem = input_problem(obs.load, now, staleness)
-    if problem is not None:
+    if problem is not None and not _reactive_only(obs, now, staleness):
         return invalid(KIND, target, now, problem, h)
     if obs.floor is None:
         return invalid(KIND, target, now, "current replica floor unknown", h)
     forecast = obs.load.forecast
-    assert forecast is not None
-    current = obs.floor
+    window = cfg.scale_down_stabilization
+    keep = cfg.skill_window + max(cfg.lead_time, window)
+    if forecast is None:
+        # No forecast yet (too little history): reactive on the observed demand alone.
+        assert obs.recent_peak is not None
+        h = remember(h, now, obs.recent_peak, math.nan, math.nan, keep)
+        note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
+        return _floor(obs, cfg, h, now, observed_peak(h, now, window), None, note, "")
     upper = forecast.peak_upper_within(cfg.lead_time)
-    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
-    share = obs.replica_gpu_share
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
-    h, fallback = _skill_check(h, cfg, now, forecast.last_value, upper, mean_peak)
-    sized, aim = upper, cfg.target_utilization_pct
-    raw = hpa_desired(sized, share, aim)
+    observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
+    h = remember(h, now, observed, upper, mean_peak, keep)
+    h, fallback = _skill_check(h, cfg, now, upper, observed)
+    # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
+    # highest of the last stabilization window, as the predictive-floor baseline (Crane
+    # EHPA / AHPA: max of the last 5 minutes) does. The forecast adds to it only while it
+    # shows skill against exactly that (gpuscaler.core.skill).
+    return _floor(
+        obs,
+        cfg,
+        h,
+        now,
+        observed_peak(h, now, window),
+        None if fallback is not None else upper,
+        fallback,
+        f"; {forecast.reason}",
+        {"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
+    )
+
+
+def observed_peak(h: TargetHistory, now: float, window: float) -> float:
+    """Highest demand observed at the ticks of the last `window` seconds (each tick's
+    record is the peak since the previous one), this tick included."""
+    return max(v for t, v, _, _ in h.seen if t > now - window or t == now)
+
+
+def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
+    """Whether the floor can still size for the observed demand: the forecast alone is
+    missing (too little history), the load's own samples are fresh and finite."""
+    load = obs.load
+    return (
+        load.forecast is None
+        and obs.recent_peak is not None
+        and math.isfinite(obs.recent_peak)
+        and load.last_sample_time is not None
+        and now - load.last_sample_time <= staleness
+    )
+
+
+def _floor(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    h: TargetHistory,
+    now: float,
+    observed: float,
+    upper: float | None,
+    note: str | None,
+    tail: str,
+    figures: dict[str, float] | None = None,
+) -> Outcome:
+    """The floor for `observed` demand, or the forecast's `upper` bound when higher
+    (None: the forecast is set aside, `note` says why), stabilized and stepped."""
+    target, current, share = obs.key, obs.floor, obs.replica_gpu_share
+    assert current is not None
+    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
+    sized = observed if upper is None else max(observed, upper)
+    capacity, sizing = _capacity(obs, cfg)
+    raw = math.ceil(sized / capacity - 1e-9)  # the HPA formula (hpa_desired) in the load's unit
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = sized / (share * current * aim) if current else 0.0
+    usage_ratio = sized / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
-    if fallback is not None:
-        raw = cfg.min_replicas  # no skill: the reactive autoscaler alone decides
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
+    # Scale down only to the highest recommendation of the window, as the HPA does, kept
+    # as the load sized for (percent of a GPU) so a fragment change, which changes each
+    # replica's share, does not distort it.
     window_start = now - cfg.scale_down_stabilization
-    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, recommended))
+    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
     h = replace(h, recommendations=recs)
-    # Scale down only to the highest recommendation in the window.
-    stabilized = max(v for _, v in recs) if recommended < current else recommended
-    why = fallback or (
-        f"forecast upper {upper:.0f}% GPU / ({share:g} GPU x target "
-        f"{cfg.target_utilization_pct:g}%) -> {raw} replicas"
+    held_for = max(v for _, v in recs)
+    held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
+    stabilized = max(recommended, min(current, held)) if recommended < current else recommended
+    value = f"{sized:.{1 if obs.serving else 0}f}{sizing}"
+    source = (
+        f"observed peak {value} (highest of {cfg.scale_down_stabilization:.0f}s)"
+        if sized == observed
+        else f"forecast upper {value}"
     )
+    why = f"{source} -> {raw} replicas"
+    if note:
+        why = f"{note}; {why}"
     if stabilized == current:
-        extra = (
-            ""
-            if stabilized == recommended
-            else (f", held by the {cfg.scale_down_stabilization:.0f}s stabilization window")
-        )
-        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{extra}", h)
+        by = "" if stabilized == recommended else ", held by the stabilization window"
+        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
-    to, bound = _step(current, stabilized, recommended, raw, ceiling, cfg)
+    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
     decision = ReplicaFloorDecision(
         time=now,
         target=target,
         from_value=current,
         to_value=to,
-        reason=f"{why}; floor {current} -> {to} ({bound}); {forecast.reason}",
-        forecast={"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
+        reason=f"{why}; floor {current} -> {to} ({bound}){tail}",
+        forecast=figures or {"last": observed},
     )
     return Outcome(h, decision=decision)
 
 
-def _step(
-    current: int, stabilized: int, recommended: int, raw: int, ceiling: int, cfg: ReplicasConfig
-) -> tuple[int, str]:
-    """The floor to set, within a step up or down of `current`, and what bounded it."""
-    if stabilized > current:
-        to = min(stabilized, current + cfg.max_step_up)
-        if to < stabilized:
-            return to, f"max step up {cfg.max_step_up}"
-        return to, _bound(raw, to, cfg, ceiling)
-    to = max(stabilized, current - cfg.max_step_down)
-    if to > stabilized:
-        return to, f"max step down {cfg.max_step_down}"
-    if stabilized > recommended:
-        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s"
-    return to, _bound(raw, to, cfg, ceiling)
+def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:
+    """What one replica serves at target, in the load's unit, and how that reads: GPU
+    percent (a GPU share times the target utilization) or the serving stack's demand."""
+    if obs.serving is not None:
+        per_replica, unit = obs.serving
+        return per_replica, f" {unit} / {per_replica:g} per replica"
+    share = obs.replica_gpu_share
+    return (
+        share * cfg.target_utilization_pct,
+        f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)",
+    )
 
 
 def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, now: float, value: float, upper: float, mean: float
+    h: TargetHistory, cfg: ReplicasConfig, now: float, upper: float, observed: float
 ) -> tuple[TargetHistory, str | None]:
-    """History with this tick scored, and the reason when the floor steps back to
-    reactive because the forecast has had no skill (None when it keeps the floor)."""
+    """History with the skill verdict, and the reason when the forecast is set aside
+    because it has had no skill (None when it may raise the floor)."""
     if not cfg.skill_check:
         return h, None
-    keep = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
-    h = remember(h, now, value, upper, mean, keep)
     skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     h = replace(h, fallback=fallback)
     if not fallback:
         return h, None
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"
+    unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
     return h, (
         f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
         f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
         f"reactive shortfall than flat headroom or a level floor at the same cost would); "
-        f"the floor steps back to min {cfg.min_replicas} and the reactive autoscaler "
-        f"decides (forecast upper bound {upper:.0f}% unused)"
+        f"the floor sizes for the observed demand alone{unused}"
     )
+
+
+def _stepped(
+    current: int,
+    stabilized: int,
+    recommended: int,
+    raw: int,
+    share: float,
+    cfg: ReplicasConfig,
+    ceiling: int,
+) -> tuple[int, str]:
+    """The floor after this change, within the step limits (in GPUs), and what bound it."""
+    if stabilized > current:
+        up = max(current, math.floor(cfg.max_step_up_gpus / share + 1e-9), 1)
+        to = min(stabilized, current + up)
+        if to < stabilized:
+            return to, f"max step up {cfg.max_step_up_gpus:g} GPUs or double, {up} replicas"
+        return to, _bound(raw, to, cfg, ceiling)
+    down_gpus = cfg.max_step_down_gpus
+    down = current if down_gpus is None else max(1, math.floor(down_gpus / share + 1e-9))
+    to = max(stabilized, current - down)
+    if to > stabilized:
+        return to, f"max step down {down_gpus:g} GPUs, {down} replicas"
+    if stabilized > recommended:
+        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s"
+    return to, _bound(raw, to, cfg, ceiling)
 
 
 def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:

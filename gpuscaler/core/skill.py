@@ -64,7 +64,8 @@ def assess(
         return Skill(None, 0)
     rec = np.asarray(h.seen, dtype=np.float64)
     t, v = rec[:, 0], rec[:, 1]
-    scored = np.flatnonzero(t + lead <= now)
+    # Ticks without a forecast (NaN bound: too little history) are observed, not scored.
+    scored = np.flatnonzero((t + lead <= now) & np.isfinite(rec[:, 2]))
     o = t[scored][:, None]
     before = (t[None, :] >= o - stabilization) & (t[None, :] <= o)
     after = (t[None, :] > o) & (t[None, :] <= o + lead)

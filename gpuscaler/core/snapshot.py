@@ -10,7 +10,7 @@ from types import MappingProxyType
 import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
-from gpuscaler.core.forecast import ForecastEngine, forecast_series
+from gpuscaler.core.forecast import ForecastEngine, forecast_series, lead
 from gpuscaler.core.model import (
     FitState,
     PoolObservation,
@@ -48,6 +48,12 @@ class RawWorkload:
     max_replicas: int | None = None
     replica_gpu_share: float = 1.0
     problem: str | None = None
+    serving: tuple[float, str] | None = None
+    """Per-replica target and unit when `load` is serving demand (gpuscaler.demand)."""
+    demand: Series | None = None
+    """The workload's demand (workloads[].leading_query), a leading signal; None: none named."""
+    demand_problem: str | None = None
+    """Set by the adapter when the demand cannot be trusted (the load alone is forecast)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,27 @@ def window_mean(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return float(finite.mean()), last
+
+
+def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
+    """Highest mean of `step`-long buckets (ending at the newest sample) over the last
+    `window` seconds; None without a finite sample there."""
+    if series is None or series.values.size == 0:
+        return None
+    width = max(1, round(step / series.step))
+    count = max(1, round(window / step)) * width
+    first = int(np.ceil((now - window - series.start) / series.step + 1e-9))
+    values = series.values[max(0, first, series.values.size - count) :]
+    usable = values.size // width * width
+    if usable == 0:
+        return None
+    block = values[values.size - usable :].reshape(-1, width)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=1)
+    if not counts.any():
+        return None
+    means = np.where(finite, block, 0.0).sum(axis=1)[counts > 0] / counts[counts > 0]
+    return float(means.max())
 
 
 def _forecasts(
@@ -108,6 +135,16 @@ def _forecasts(
     return [s for s in out if s is not None]
 
 
+def _lead(
+    signal: Signal, w: RawWorkload, cfg: ForecastConfig, now: float, states: dict[str, FitState]
+) -> Signal:
+    """The load's signal, or the demand-mapped one when the demand has been the more
+    accurate signal (only for a workload that names a demand query)."""
+    if w.load is None or (w.demand is None and w.demand_problem is None):
+        return signal
+    return lead(signal, w.load, w.demand, cfg, now, f"workload:{w.key}", states, w.demand_problem)
+
+
 def build_snapshot(
     raw: Observations,
     config: Config,
@@ -139,20 +176,17 @@ def build_snapshot(
     prior = fits or {}
     pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
     load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
+    load_signals = [
+        _lead(s, w, load_items[i][3], now, states)
+        for i, (s, w) in enumerate(zip(load_signals, raw.workloads, strict=True))
+    ]
     stall_window = config.time_slice.stall_window
     pools = [
         _pool(p, signal, now, stall_window)
         for p, signal in zip(raw.pools, pool_signals, strict=True)
     ]
     workloads = [
-        WorkloadObservation(
-            key=w.key,
-            load=signal,
-            floor=w.floor,
-            replicas=w.replicas,
-            max_replicas=w.max_replicas,
-            replica_gpu_share=w.replica_gpu_share,
-        )
+        _workload(w, signal, now, config)
         for w, signal in zip(raw.workloads, load_signals, strict=True)
     ]
     return Snapshot(
@@ -177,4 +211,20 @@ def _pool(p: RawPool, signal: Signal, now: float, stall_window: float) -> PoolOb
         max_shares_held=p.max_shares_held,
         memory_used_gib=p.memory_used_gib,
         gpus_held=p.gpus_held,
+    )
+
+
+def _workload(w: RawWorkload, signal: Signal, now: float, config: Config) -> WorkloadObservation:
+    fit_step = config.workload_section(w.key, "forecast", ForecastConfig).fit_step
+    return WorkloadObservation(
+        key=w.key,
+        load=signal,
+        floor=w.floor,
+        replicas=w.replicas,
+        max_replicas=w.max_replicas,
+        replica_gpu_share=w.replica_gpu_share,
+        serving=w.serving,
+        recent_peak=None
+        if w.problem
+        else bucket_peak(w.load, now, config.control.interval, fit_step),
     )

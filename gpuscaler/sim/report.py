@@ -58,8 +58,8 @@ def table(summary: dict[str, Any]) -> str:
     scored = summary.get("scored_hours", summary["hours"])
     lines = [
         f"trace {summary['trace']}, {summary['hours']:g} h ({scored:g} h scored; the "
-        f"controller from {summary.get('forecast_from_hours', 0):g} h, reactive alone "
-        "before); GPU load derived from request counts by the simulator's load model "
+        f"forecast from {summary.get('forecast_from_hours', 0):g} h, the floor on observed "
+        "demand alone before); GPU load derived from request counts by the simulator's load model "
         "(README)",
         *(equal_cost_lines(summary) if summary.get("baselines") else []),
         "",
@@ -182,3 +182,8 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     ax.set_title(run.policy)
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left", fontsize=7)
+
+
+def plot(result: SimulationResult, path: Path) -> None:
+    """The simulator's PNG of one result (`gpuscaler whatif` writes one per workload)."""
+    _plot(result, path)

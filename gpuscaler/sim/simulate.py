@@ -116,7 +116,8 @@ class SimulationResult:
     config: Config
     baselines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     forecast_from: float = 0.0
-    """Seconds into the replay from which the controller ran (reactive alone before)."""
+    """Seconds into the replay from which the forecast ran (before, the controller's
+    floor sized for the observed demand alone)."""
 
     def summary(self) -> dict[str, Any]:
         g = _metrics(self, self.gpuscaler)
@@ -294,7 +295,9 @@ def simulate(
     start = trace.start + offset
     arrivals = arrivals_from_trace(trace, start, seconds, seed)
     runs = {
-        policy: _run(policy, config, start, seconds, arrivals, seed, metrics, warmup=forecast_from)
+        # The controller runs from the start: until forecast.min_history its floor sizes
+        # for the observed demand alone (no forecast yet), then the forecast may add.
+        policy: _run(policy, config, start, seconds, arrivals, seed, metrics, warmup=0.0)
         for policy in ("gpuscaler", "reactive")
     }
     return SimulationResult(

@@ -9,6 +9,7 @@ workloads that opted in, where a pod may be scheduled.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,10 @@ from gpuscaler.adapters.kube.objects import (
     parse_objects,
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
+from gpuscaler.demand import DEMAND_ANNOTATION, demand_from_annotation
+
+log = logging.getLogger("gpuscaler.cluster")
+
 
 # --------------------------------------------------------------------------- pools
 
@@ -118,9 +123,15 @@ def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
     )
 
 
+_refused_annotations: set[str] = set()
+"""Malformed annotations already logged: once each, not every tick."""
+
+
 def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[WorkloadConfig, ...]:
     """Opted-in ScaledObjects and HPAs the config does not list, with default policy;
-    `gpuscaler.io/type` and `gpuscaler.io/node-pool` annotations say what the config would."""
+    `gpuscaler.io/type`, `gpuscaler.io/node-pool` and `gpuscaler.io/demand` annotations say
+    what the config would. One with a malformed demand is left alone (never sized by
+    another signal than the one asked for), with a warning."""
     listed = {w.key for w in config.workloads}
     pools = {p.name for p in config.node_pools}
     found = []
@@ -130,6 +141,20 @@ def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[Workl
         namespace, kind, name = key.split("/", 2)
         kind_type = so.annotations.get("gpuscaler.io/type", "inference")
         pool = so.annotations.get("gpuscaler.io/node-pool")
+        demand_text = so.annotations.get(DEMAND_ANNOTATION)
+        try:
+            demand = None if demand_text is None else demand_from_annotation(demand_text)
+        except ValueError as e:
+            if f"{key}={demand_text}" not in _refused_annotations:
+                _refused_annotations.add(f"{key}={demand_text}")
+                log.warning(
+                    "%s: annotation %s %s; not managed until it is fixed",
+                    key,
+                    DEMAND_ANNOTATION,
+                    e,
+                    extra={"event": "annotation_refused", "target": key},
+                )
+            continue
         found.append(
             WorkloadConfig(
                 namespace=namespace,
@@ -137,6 +162,7 @@ def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[Workl
                 name=name,
                 type="training" if kind_type == "training" else "inference",
                 node_pool=pool if pool in pools else None,
+                demand=demand,
             )
         )
     return tuple(found)

@@ -18,6 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscaler.adapters.kube.floor_facts import (
+    external_addresses,
+    floor_managers,
+    trigger_count,
+)
 from gpuscaler.config import Config, NodePoolConfig
 
 Json = dict[str, Any]
@@ -130,6 +135,12 @@ class ScaleObject:
     resource_version: str = ""
     uid: str = ""
     """metadata.uid: Events name it, so `kubectl describe` finds them."""
+    floor_managers: tuple[str, ...] = ()
+    """Field managers owning the floor field (gpuscaler.adapters.kube.floor_facts)."""
+    external_addresses: tuple[str, ...] = ()
+    """scalerAddress of each external / external-push trigger (ScaledObjects)."""
+    triggers: int = 0
+    """How many triggers a ScaledObject has (all types)."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +315,9 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         annotations=dict(meta.get("annotations") or {}),
         resource_version=str(meta.get("resourceVersion", "")),
         uid=str(meta.get("uid", "")),
+        floor_managers=floor_managers(meta, kind),
+        external_addresses=external_addresses(spec),
+        triggers=trigger_count(spec),
     )
 
 

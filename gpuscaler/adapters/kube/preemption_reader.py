@@ -90,17 +90,29 @@ class PreemptionReader:
     def reconfigure(self, config: Config) -> None:
         self.config = config
 
-    def states(self) -> tuple[VictimState, ...]:
+    # issue 18: the three reads a watch cache answers instead (adapters/kube/cache.py)
+    def records_data(self) -> Mapping[str, str]:
         cm = read_records(self.core, self.namespace)
-        return parse_states((cm or {}).get("data") or {})
+        return (cm or {}).get("data") or {}
+
+    def listed(self, kind: str) -> list[dict[str, Any]]:
+        answer: Any
+        if kind == "PriorityClass":
+            answer = self.scheduling.list_priority_class(_preload_content=False)
+        else:
+            answer = self.policy.list_pod_disruption_budget_for_all_namespaces(
+                _preload_content=False
+            )
+        return json_body(answer).get("items") or []
+
+    def states(self) -> tuple[VictimState, ...]:
+        return parse_states(self.records_data())
 
     def observe(self, now: float) -> PreemptionObservation:
         try:
             objects = self.cluster.last_objects or self.cluster.objects()
-            classes = json_body(self.scheduling.list_priority_class(_preload_content=False))
-            pdbs = json_body(
-                self.policy.list_pod_disruption_budget_for_all_namespaces(_preload_content=False)
-            )
+            classes = self.listed("PriorityClass")
+            pdbs = self.listed("PodDisruptionBudget")
             states = self.states()
         except (KubeError, ApiException, KeyError) as e:
             return PreemptionObservation(problem=f"cannot read preemption state: {e}")
@@ -111,8 +123,8 @@ class PreemptionReader:
         return preemption_observation(
             objects,
             self.config,
-            classes.get("items") or [],
-            pdbs.get("items") or [],
+            classes,
+            pdbs,
             states,
             released,
         )

@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error, read_json
+from gpuscaler.adapters.kube.floor_guard import FloorGuard
 from gpuscaler.adapters.kube.objects import (
     LAST_DECISION,
     OPT_IN_LABEL,
@@ -39,6 +40,7 @@ class KubeWorkloads:
         self.custom = client.CustomObjectsApi(api)
         self.hpa = client.AutoscalingV2Api(api)
         self.writer = writer or Writer(api, config, identity)
+        self.guard = FloorGuard(self.writer)
 
     def _workload(self, key: str) -> WorkloadConfig:
         for w in self.config.workloads:
@@ -99,6 +101,9 @@ class KubeWorkloads:
                 return False
             if state.floor == want:
                 return True  # idempotent: nothing to write
+            refused = self.guard.refusal(self.config, w, state, want)  # KEDA pause, GitOps
+            if refused is not None:
+                raise KubeError(f"floor of {w.key} not patched: {refused}")
             self.writer.gate(f"floor of {w.key}")
             body = {
                 "metadata": {

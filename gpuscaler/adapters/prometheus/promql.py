@@ -63,7 +63,10 @@ def workload_matchers(
 
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
     """The template over the workload's pods under either label convention: `(A) or (B)`
-    takes the plain labels when they match and the exported ones otherwise."""
+    takes the plain labels when they match and the exported ones otherwise. A template
+    without `{matchers}` (a demand query of the config's own) is taken as it is."""
+    if "{matchers}" not in template:
+        return template.format(lookback=lookback)
     parts = [
         template.format(
             matchers=",".join(workload_matchers(namespace, name, labels)), lookback=lookback

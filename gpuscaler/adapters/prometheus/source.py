@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
     LOAD,
@@ -26,8 +28,9 @@ from gpuscaler.adapters.prometheus.window import (
     decode_matrix,
     out_of_range,
 )
-from gpuscaler.config import Config, NodePoolConfig
+from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Series
+from gpuscaler.demand import DEMAND_BOUNDS
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -64,6 +67,11 @@ class WorkloadMetrics:
     key: str
     load: Series | None
     problem: str | None = None
+    demand: Series | None = None
+    """The workload's leading signal (workloads[].leading_query), when it names one."""
+    demand_problem: str | None = None
+    serving: tuple[float, str] | None = None
+    """Per-replica target and unit when `load` is the serving stack's demand (its preset)."""
 
 
 @dataclass(frozen=True)
@@ -87,16 +95,29 @@ class PrometheusMetrics:
         self.windows: dict[str, Window] = {}
         self.health = Health()
         self._transport_errors: list[str] = []
-        step = config.metrics.step
-        self.lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
+        self.spacing = SpacingTracker(config.metrics.step)
+        """Series read more coarsely than metrics.step, and their lookback."""
+        self.sample_spacing = self.spacing.measured
 
     def _fetch(
-        self, key: str, query: str, now: float, bounds: tuple[float, float]
+        self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
     ) -> tuple[Series | None, str | None]:
         """The target's window after fetching what is new, and the problem if any; a
         transport failure is also recorded for the source's health. Values outside
         `bounds` (the metric's physical range) are invalid input: kept out of the window,
-        and the target gets no action this tick."""
+        and the target gets no action this tick. `query` builds the PromQL for a lookback:
+        a series found coarser than the step is read again at once with its own."""
+        series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        if problem is None and series is not None:
+            present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
+            if self.spacing.observe(key, series.start + series.step * present):
+                self.windows.pop(key, None)  # backfill the window with the new lookback
+                return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        return series, problem
+
+    def _fetch_once(
+        self, key: str, query: str, now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
         step = self.config.metrics.step
         size = round(self.config.metrics.window / step)
         window = self.windows.setdefault(key, Window(step=step, size=size))
@@ -145,8 +166,9 @@ class PrometheusMetrics:
         """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
         (or not recently): memory then bounds fragments by the config alone. A failing
         query is still a problem."""
-        query = build_query(template, matchers, self.lookback)
-        series, problem = self._fetch(key, query, now, MEMORY_MIB)
+        series, problem = self._fetch(
+            key, lambda lookback: build_query(template, matchers, lookback), now, MEMORY_MIB
+        )
         if problem is not None and not problem.startswith("empty result"):
             return None, problem
         last = series.last_sample_time() if series is not None else None
@@ -169,6 +191,7 @@ class PrometheusMetrics:
         for key in list(self.windows):
             if not any(key == k or key.startswith(k) for k in keep):
                 del self.windows[key]
+        self.spacing.reset(config.metrics.step, lambda key: key in self.windows)
         self.config = config
 
     def read(self, now: float) -> Metrics:
@@ -178,9 +201,26 @@ class PrometheusMetrics:
         queries = self.config.prometheus.queries
         workloads = []
         for w in self.config.workloads:
-            query = build_workload_query(queries.workload_load, w.namespace, w.name, self.lookback)
-            load, problem = self._fetch(f"workload:{w.key}", query, now, LOAD)
-            workloads.append(WorkloadMetrics(w.key, load, problem))
+            template, bounds = queries.workload_load, LOAD
+            if w.demand is not None:  # the serving stack's own demand (gpuscaler.demand)
+                template, bounds = w.demand.template, DEMAND_BOUNDS
+            load, problem = self._fetch(
+                f"workload:{w.key}",
+                partial(build_workload_query, template, w.namespace, w.name),
+                now,
+                bounds,
+            )
+            demand, demand_problem = self._leading(w, now)
+            workloads.append(
+                WorkloadMetrics(
+                    w.key,
+                    load,
+                    problem,
+                    demand=demand,
+                    demand_problem=demand_problem,
+                    serving=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
+                )
+            )
         self._record_health(now, self._transport_errors)
         return Metrics(now, pools, tuple(workloads))
 
@@ -194,10 +234,13 @@ class PrometheusMetrics:
                 unmatched=True,
             )
         queries = self.config.prometheus.queries
-        util_q = build_query(queries.pool_utilization, p.metrics_matchers, self.lookback)
-        stall_q = build_query(queries.pool_stall, p.metrics_matchers, self.lookback)
-        util, util_problem = self._fetch(f"pool:{p.name}:util", util_q, now, PERCENT)
-        stall, stall_problem = self._fetch(f"pool:{p.name}:stall", stall_q, now, PERCENT)
+        m = p.metrics_matchers
+        util, util_problem = self._fetch(
+            f"pool:{p.name}:util", partial(build_query, queries.pool_utilization, m), now, PERCENT
+        )
+        stall, stall_problem = self._fetch(
+            f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
+        )
         used_gib, used_problem = self._newest_gib(
             f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
         )
@@ -206,6 +249,13 @@ class PrometheusMetrics:
         )
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
+
+    def _leading(self, w: WorkloadConfig, now: float) -> tuple[Series | None, str | None]:
+        """The workload's leading signal (workloads[].leading_query, sent as written)."""
+        if not w.leading_query:
+            return None, None
+        query = w.leading_query
+        return self._fetch(f"workload:{w.key}:demand", lambda _lookback: query, now, DEMAND_BOUNDS)
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:

@@ -45,6 +45,12 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     item = result[0]
     if not isinstance(item, dict) or not isinstance(item.get("values"), list):
         raise SourceError("result item has no values list")
+    if "arrays" in item:  # issue 18: decoded already (grouped.decode_fast)
+        times, values = item["arrays"]
+        bad = ~np.isfinite(values)
+        values = values.copy()
+        values[bad] = np.nan
+        return times, values, bool(bad.any())
     try:
         times = np.array([float(p[0]) for p in item["values"]], dtype=np.float64)
         values = np.array([float(p[1]) for p in item["values"]], dtype=np.float64)

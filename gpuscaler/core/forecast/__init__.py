@@ -4,7 +4,9 @@
   ARIMA (reference), bucketing, and the stability rule every fit must pass;
 - `ensemble`: members scored on each series' own recent history, weighted by evidence;
 - `intervals`: split-conformal intervals with an adaptive correction carried across
-  ticks per series, and the peak's offset.
+  ticks per series, and the peak's offset;
+- `leading`: a workload's demand (request rate, queue) forecast and mapped to GPU load by
+  a fitted per-workload ratio, used when it has been the more accurate signal.
 
 `forecast_series` puts them together: per series the ensemble (or the last value when it
 has clearly been better), its conformal interval, its peak, and a reason naming every
@@ -53,6 +55,7 @@ from gpuscaler.core.forecast.intervals import (
     peak_offset,
     resolve,
 )
+from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
@@ -66,6 +69,7 @@ from gpuscaler.core.model import (
 __all__ = [
     "ASSESS_ORIGINS",
     "FALLBACK_MARGIN",
+    "LEAD_MARGIN",
     "SES_ALPHAS",
     "WINDOW_MEAN_POINTS",
     "Assessment",
@@ -73,12 +77,15 @@ __all__ = [
     "ForecastEngine",
     "LeastSquaresArima",
     "PathBatch",
+    "Ratio",
     "StatsmodelsArima",
     "assess",
     "bucket",
     "choose_method",
+    "fit_ratio",
     "forecast_series",
     "last_finite",
+    "lead",
     "make_engine",
     "refit_or_reuse",
     "z_score",

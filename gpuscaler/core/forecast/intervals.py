@@ -47,9 +47,14 @@ def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
     own errors |y[t + h] - y[t]| over the window (used when no model can be trusted)."""
     n, t = hist.shape
     out = np.full((n, steps), np.nan)
-    for h in range(1, min(steps, t - 1) + 1):
-        err = np.abs(hist[:, h:] - hist[:, : t - h])[:, :, None]
-        out[:, h - 1] = conformal_half_width(err, np.full(n, level))[:, 0]
+    reach = min(steps, t - 1)
+    if reach > 0:
+        # All lags at once (issue 18): errors (n, origins, lag), NaN where a lag has fewer
+        # origins; one conformal call instead of one per lag, same result.
+        err = np.full((n, t - 1, reach), np.nan)
+        for h in range(1, reach + 1):
+            err[:, : t - h, h - 1] = np.abs(hist[:, h:] - hist[:, : t - h])
+        out[:, :reach] = conformal_half_width(err, np.full(n, level))
     filled: FloatArray = np.fmax.accumulate(np.where(np.isfinite(out), out, -np.inf), axis=1)
     return np.where(np.isfinite(filled), filled, np.nan)
 
@@ -118,4 +123,18 @@ def coverage_note(state: IntervalState | None, nominal: float) -> str:
         f"{seen:.2f} covered of {state.points} points so far)"
         if math.isfinite(level)
         else f"interval level {nominal:g}"
+    )
+
+
+def reissue(state: IntervalState, lower: FloatArray, upper: FloatArray) -> IntervalState:
+    """`state` with the interval issued now (the last pending one, issued at
+    `state.checked_at`) replaced by the one finally used: the adaptive level tracks the
+    interval that reached the decision."""
+    pending = state.pending
+    if not pending or abs(pending[-1].origin - state.checked_at) > 1e-9:
+        return state
+    last = pending[-1]
+    issued = IssuedInterval(last.origin, last.step, tuple(lower.tolist()), tuple(upper.tolist()))
+    return IntervalState(
+        state.level, state.checked_at, (*pending[:-1], issued), state.points, state.misses
     )

@@ -23,18 +23,27 @@ adapter against the state it reads before acting, so a restart resumes, never re
 
 from __future__ import annotations
 
-from gpuscaler.core.preemption.choice import Choice, choose_victims, is_beneficiary, is_candidate
+from gpuscaler.core.preemption.choice import (
+    Choice,
+    choose_victims,
+    is_beneficiary,
+    is_candidate,
+    start_preemption,
+)
 from gpuscaler.core.preemption.decide import (
     decide_preemption,
     forecast_beneficiaries,
     fragments_beneficiaries,
 )
+from gpuscaler.core.preemption.tiers import progress
 from gpuscaler.core.preemption.transitions import (
     IN_FLIGHT,
     KIND,
     TRANSITIONS,
     TransitionError,
     check_transition,
+    hold,
+    step_decision,
 )
 from gpuscaler.core.preemption.views import (
     FORECAST_PREFIX,
@@ -62,6 +71,10 @@ __all__ = [
     "decide_preemption",
     "forecast_beneficiaries",
     "fragments_beneficiaries",
+    "hold",
     "is_beneficiary",
     "is_candidate",
+    "progress",
+    "start_preemption",
+    "step_decision",
 ]

@@ -1,0 +1,254 @@
+"""A whole controller tick at 1,000 and 10,000 GPUs against a real Prometheus (issue 18).
+
+For N GPUs: N/100 node pools (by modelName), N/10 workloads of 10 GPUs (Deployment pods),
+and per GPU the four series a tick reads (utilization, stall, frame buffer used and free)
+at 500 ms, backfilled by promtool. The workload rule's series
+(`gpuscaler:workload_gpu_utilization:sum`) is planted as Prometheus would have recorded
+it (the rule itself is tested against the per-target sums in
+tests/test_prometheus_grouped.py).
+
+What is measured, in one run per size:
+- a throwaway first tick to warm Prometheus (page cache, start-up compaction);
+- the first tick (backfill of the whole window, forecast, plan), per-target reads (the
+  baseline: one query per target) then grouped reads;
+- steady ticks 30 s apart (only the new points cross the wire), alternating grouped and
+  per-target so drift in the machine's load hits both;
+- queries per steady tick, and the process' peak RSS (both variants held in memory).
+
+The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
+past what promtool backfills on this machine in reasonable time. The config's window is
+10 min (the shortest the forecast settings accept), and only the last PLANTED seconds of it
+hold samples, so the first-tick figure is a lower bound of a full-hour backfill; steady
+ticks read only new points, so they do not depend on the window's length. Cluster state
+is fixed (no API server): the watch cache makes it a memory read (tests/test_watch_cache.py).
+
+Last line: RESULT gpus_1k_tick_s= gpus_10k_tick_s= first_tick_10k_s= queries_per_tick_10k=
+rss_10k_mb= (plus the per-target baselines and ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from promserver import STEP, prometheus
+
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.source import PrometheusMetrics
+from gpuscaler.config import Config, parse_config
+from gpuscaler.controller import Controller
+from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+
+CYCLE = 30.0
+PLANTED = 100.0
+"""Seconds of samples before the first tick (the rest of the 10 min window is empty)."""
+HASH = "7d4f8b9c6"
+
+
+def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    times = [f" {start + i * STEP:.1f}\n" for i in range(points)]
+    workloads = gpus // 10
+    load = np.zeros((workloads, points))
+
+    def series(out: Any, name: str, labels: str, values: np.ndarray) -> None:
+        head = f"{name}{{{labels}}} "
+        out.write("".join(f"{head}{v:.1f}{t}" for v, t in zip(values, times, strict=True)))
+
+    t = np.arange(points)
+    with path.open("w", encoding="utf-8") as out:
+        util = []
+        for name in ("DCGM_FI_DEV_GPU_UTIL", "nvidia_gpu_stall_percentage"):
+            out.write(f"# TYPE {name} gauge\n")
+            for g in range(gpus):
+                w = g // 10
+                base = rng.uniform(20, 80) + 10 * np.sin(t / rng.uniform(200, 900))
+                values = np.clip(base + rng.normal(0, 4, points), 0, 100).round(1)
+                if name == "DCGM_FI_DEV_GPU_UTIL":
+                    load[w] += values
+                    util.append(values)
+                labels = (
+                    f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % (gpus // 100)}",'
+                    f'namespace="w{w}",pod="w{w}-{HASH}-b{g % 10}x2z"'
+                )
+                series(out, name, labels, values if name == "DCGM_FI_DEV_GPU_UTIL" else values / 5)
+        for name, value in (("DCGM_FI_DEV_FB_USED", 30_000.0), ("DCGM_FI_DEV_FB_FREE", 50_000.0)):
+            out.write(f"# TYPE {name} gauge\n")
+            flat = np.full(points, value)
+            for g in range(gpus):
+                labels = f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % (gpus // 100)}"'
+                series(out, name, labels, flat)
+        name = "gpuscaler:workload_gpu_utilization:sum"
+        out.write(f"# TYPE {name} gauge\n")
+        for w in range(workloads):
+            series(out, name, f'namespace="w{w}",workload="w{w}"', load[w])
+        out.write("# EOF\n")
+
+
+def config(url: str, gpus: int, grouped: bool) -> Config:
+    pools = "\n".join(
+        f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
+        f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
+        for p in range(gpus // 100)
+    )
+    workloads = "\n".join(
+        f"  - {{namespace: w{w}, kind: ScaledObject, name: w{w}}}" for w in range(gpus // 10)
+    )
+    return parse_config(
+        f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}}}\n'
+        "metrics: {window: 10m}\n"
+        "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
+        f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
+    )
+
+
+class NoActuator:
+    def apply(self, decisions: object) -> tuple[()]:
+        return ()
+
+
+class CountingMetrics(PrometheusMetrics):
+    """The per-target baseline, counting its queries."""
+
+    queries_last_tick = 0
+
+    def _fetch(self, *args: Any, **kwargs: Any) -> Any:
+        self.queries_last_tick += 1  # one query per target and tick when steady
+        return super()._fetch(*args, **kwargs)
+
+    def read(self, now: float) -> Any:
+        self.queries_last_tick = 0
+        return super().read(now)
+
+
+class Counting(PrometheusSource):
+    def __init__(self, config: Any, state: Any):
+        self.counting = CountingMetrics(config)
+        super().__init__(config, state, metrics=self.counting)
+
+    @property
+    def queries_last_tick(self) -> int:
+        return self.counting.queries_last_tick
+
+
+def _time_observe(source: Any) -> None:
+    """Note how long each `observe` (the Prometheus reads) takes, as `observe_s`."""
+    observe = source.observe
+
+    def timed(now: float) -> Any:
+        began = time.perf_counter()
+        try:
+            return observe(now)
+        finally:
+            source.observe_s = time.perf_counter() - began
+
+    source.observe = timed
+
+
+def run(gpus: int, cycles: int) -> dict[str, float]:
+    end = math.floor(time.time()) - 10
+    extra = int(cycles * CYCLE / STEP)
+    points = int(PLANTED / STEP) + extra
+    start = end - (points - 1) * STEP
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "gpus.om"
+        began = time.perf_counter()
+        write_data(data, gpus, start, points, seed=gpus)
+        size = data.stat().st_size / 1e6
+        print(
+            f"[{gpus}] planted {points} points/series ({size:.0f} MB) in "
+            f"{time.perf_counter() - began:.0f}s",
+            flush=True,
+        )
+        began = time.perf_counter()
+        with prometheus(data, backfill_timeout=3600) as url:
+            print(
+                f"[{gpus}] backfilled + started Prometheus in {time.perf_counter() - began:.0f}s",
+                flush=True,
+            )
+            first_now = end - extra * STEP
+            # Warm Prometheus (page cache, chunk mmaps, start-up compaction) with a
+            # throwaway first tick, so neither variant pays for a cold server.
+            warm = config(url, gpus, True)
+            Controller(
+                warm,
+                GroupedPrometheusSource(warm, CurrentState()),
+                NoActuator(),
+                dry_run=True,
+                log_decisions=False,
+            ).tick(first_now)
+            runs: dict[bool, tuple[Controller, Any, float, list[float], list[int]]] = {}
+            for grouped in (False, True):
+                cfg = config(url, gpus, grouped)
+                source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
+                controller = Controller(
+                    cfg, source, NoActuator(), dry_run=True, log_decisions=False
+                )
+                began = time.perf_counter()
+                controller.tick(first_now)
+                runs[grouped] = (controller, source, time.perf_counter() - began, [], [])
+                _time_observe(source)
+            observed: dict[bool, list[float]] = {True: [], False: []}
+            # Steady ticks alternate between the two, so drift in the machine's load hits both.
+            for c in range(1, cycles + 1):
+                for grouped in (True, False):
+                    controller, source, _, steady, queries = runs[grouped]
+                    began = time.perf_counter()
+                    controller.tick(first_now + c * CYCLE)
+                    steady.append(time.perf_counter() - began)
+                    queries.append(source.queries_last_tick)
+                    observed[grouped].append(source.observe_s)
+            for grouped, (_, source, first, steady, queries) in runs.items():
+                assert source.health.ok  # the source logged why, if not
+                tag = "grouped" if grouped else "per_target"
+                print(
+                    f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
+                    f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
+                    f"{', '.join(f'{s:.2f}' for s in observed[grouped])} s); "
+                    f"queries/tick {queries}",
+                    flush=True,
+                )
+                out[f"{tag}_first"] = first
+                out[f"{tag}_steady"] = statistics.median(steady)
+                out[f"{tag}_queries"] = statistics.median(queries)
+            out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--sizes", default="1000,10000")
+    args = parser.parse_args()
+    results = {int(n): run(int(n), args.cycles) for n in args.sizes.split(",")}
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
+    small, big = results.get(1000, {}), results.get(10000, {})
+    fields = [
+        f"gpus_1k_tick_s={small.get('grouped_steady', float('nan')):.3f}",
+        f"gpus_10k_tick_s={big.get('grouped_steady', float('nan')):.3f}",
+        f"first_tick_10k_s={big.get('grouped_first', float('nan')):.2f}",
+        f"queries_per_tick_10k={big.get('grouped_queries', float('nan')):.0f}",
+        f"rss_10k_mb={big.get('rss_mb', float('nan')):.0f}",
+    ]
+    for name, r in (("1k", small), ("10k", big)):
+        if r:
+            fields.append(f"per_target_{name}_tick_s={r['per_target_steady']:.3f}")
+            fields.append(f"per_target_{name}_queries={r['per_target_queries']:.0f}")
+            fields.append(f"speedup_{name}={r['per_target_steady'] / r['grouped_steady']:.1f}")
+    print("RESULT " + " ".join(fields))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""What-if benchmark: a D-day replay of N workloads from a real Prometheus.
+
+Backfills (promtool) N workloads' request rate (10 s samples: the bundled Azure LLM
+conversation week, rotated and scaled per workload) and their HPA's replica counts
+(kube-state-metrics' `kube_horizontalpodautoscaler_status_current_replicas`, 60 s).
+Then, in one run:
+- `read`: every workload's history over the range, in-process, as whatif reads it (two
+  series a workload, request rate and replicas, chunked under the point limit);
+- `whatif`: `gpuscaler whatif` in a subprocess on the first `--replay` workloads (all by
+  default), wall time and its peak RSS;
+- the baseline: `gpuscaler simulate` of workload 0's trace from a CSV for the same days,
+  the same model without Prometheus; `ratio` = whatif seconds per workload / simulate's.
+
+Last line, when every workload was replayed:
+  RESULT workloads=N days=D seconds=S rss_mb=M simulate_s=B ratio=R gate=pass|fail
+and when only --replay K of them were (the replay of one workload does not depend on the
+others: they run one after another), the total is an estimate and says so:
+  RESULT workloads=N days=D replayed=K seconds_estimated=S read_s=.. ... gate=fail(estimated)
+Gate (issue 20): seconds <= 120 and rss <= 1 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from promserver import prometheus
+
+from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.config import parse_config
+from gpuscaler.sim.trace import load_trace
+
+STEP = 10.0
+REPLICA_STEP = 60.0
+SCRIPT = Path(sys.executable).parent / "gpuscaler"
+GATE_SECONDS, GATE_MB = 120.0, 1024.0
+
+
+def config_text(url: str, workloads: int) -> str:
+    lines = [
+        "prometheus:",
+        f'  url: "{url}"',
+        "  timeout: 60s",
+        "  queries:",
+        '    workload_requests: "sum(last_over_time(app_requests_per_second'
+        '{{{matchers}}}[{lookback}]))"',
+        "simulator: {preemption_burst_after: null}",
+        "node_pools:",
+        "  - {name: a100-80gb, selector: {label: nvidia.com/gpu.product, value: A100},",
+        "     gpu_memory_gib: 80, workload_type: inference, profile: compute_bound,",
+        "     initial_fragments: 2}",
+        "workloads:",
+    ]
+    for i in range(workloads):
+        lines.append(
+            f"  - {{namespace: bench, kind: ScaledObject, name: w{i:03d}, node_pool: a100-80gb,"
+            " overrides: {replicas: {max_replicas: 200}}}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def demand(i: int, base: np.ndarray, points: int) -> np.ndarray:
+    """Workload i's requests per second: the trace rotated by i/N of it, scaled."""
+    shift = (i * 6047) % len(base)
+    rate = np.roll(base, -shift)[:points]
+    return np.asarray(rate * (0.5 + (i % 10) / 10), dtype=np.float64)
+
+
+def write_data(path: Path, start: float, points: int, workloads: int) -> np.ndarray:
+    base = np.nan_to_num(load_trace().counts / STEP)
+    if points > len(base):
+        base = np.resize(base, points)
+    times = start + STEP * np.arange(points)
+    every = round(REPLICA_STEP / STEP)
+    with path.open("w", encoding="utf-8") as out:
+        out.write("# TYPE app_requests_per_second gauge\n")
+        for i in range(workloads):
+            labels = f'namespace="bench",pod="w{i:03d}-0"'
+            rate = demand(i, base, points)
+            out.writelines(
+                f"app_requests_per_second{{{labels}}} {v:.6g} {t:.0f}\n"
+                for t, v in zip(times, rate, strict=True)
+            )
+        name = "kube_horizontalpodautoscaler_status_current_replicas"
+        out.write(f"# TYPE {name} gauge\n")
+        for i in range(workloads):
+            labels = f'horizontalpodautoscaler="keda-hpa-w{i:03d}",namespace="bench"'
+            reps = np.maximum(1, np.ceil(demand(i, base, points) * 0.06 * 100 / 35))
+            out.writelines(
+                f"{name}{{{labels}}} {v:.0f} {t:.0f}\n"
+                for t, v in zip(times[::every], reps[::every], strict=True)
+            )
+        out.write("# EOF\n")
+    return demand(0, base, points)
+
+
+MEASURED = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stdout.write(done.stdout)\n"
+    "sys.stderr.write(done.stderr)\n"
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "sys.stderr.write(f'\\npeak_rss_kb={peak}\\n')\n"
+    "sys.exit(done.returncode)\n"
+)
+"""Runs a command in a fresh process and reports the command's own peak RSS (not
+promtool's or Prometheus', which are children of the benchmark)."""
+
+
+def measured(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    """(the finished command, its peak RSS in MB)."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, *cmd], capture_output=True, text=True, env=env
+    )
+    tail = done.stderr.rsplit("peak_rss_kb=", 1)
+    return done, float(tail[1].strip()) / 1024 if len(tail) == 2 else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", type=int, default=100)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--replay", type=int, default=None, help="replay only the first K")
+    ap.add_argument("--no-baselines", action="store_true", help="pass --no-baselines")
+    ap.add_argument(
+        "--no-simulate", action="store_true", help="skip the simulate baseline (no ratio)"
+    )
+    args = ap.parse_args()
+    replay = args.workloads if args.replay is None else min(args.replay, args.workloads)
+    seconds = args.days * 86400
+    points = round(seconds / STEP) + 3  # one step of margin each side, as whatif reads
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        start = math.floor(time.time() / STEP) * STEP - points * STEP - 3600
+        t0 = time.perf_counter()
+        rate0 = write_data(root / "data.om", start, points, args.workloads)
+        csv = root / "w000.csv"
+        csv.write_text(
+            "time,requests\n"
+            + "".join(f"{start + k * STEP:.0f},{r * STEP:.6g}\n" for k, r in enumerate(rate0))
+        )
+        print(
+            f"wrote {args.workloads} workloads x {points} points in "
+            f"{time.perf_counter() - t0:.1f}s",
+            file=sys.stderr,
+        )
+        since, until = start + STEP, start + STEP + seconds
+        with prometheus(data=root / "data.om", backfill_timeout=1800) as url:
+            cfg_path = root / "whatif.yaml"
+            cfg_path.write_text(config_text(url, args.workloads))
+            config = parse_config(cfg_path.read_text())
+            reader = HistoryReader(config)
+            calls: list[int] = []
+            reader.progress = calls.append
+            t0 = time.perf_counter()
+            for w in config.workloads:
+                h = reader.workload(w, since - STEP, until + STEP, STEP)
+                assert h.requests.series is not None, h.requests.problem
+            read_s = time.perf_counter() - t0
+            print(
+                f"read: {args.workloads} workloads, {len(calls)} range queries, {read_s:.1f}s",
+                file=sys.stderr,
+            )
+            cmd = [
+                str(SCRIPT),
+                "whatif",
+                "--config",
+                str(cfg_path),
+                "--since",
+                f"{since:.0f}",
+                "--until",
+                f"{until:.0f}",
+                "--json",
+            ]
+            for i in range(replay if replay < args.workloads else 0):
+                cmd += ["--workload", f"bench/w{i:03d}"]
+            if args.no_baselines:
+                cmd.append("--no-baselines")
+            t0 = time.perf_counter()
+            done, rss = measured(cmd, env)
+            whatif_s = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise SystemExit(f"whatif failed ({done.returncode}): {done.stderr[-2000:]}")
+            out = json.loads(done.stdout)
+            assert len(out["workloads"]) == replay, out["skipped"]
+        sim_cmd = [
+            str(SCRIPT),
+            "simulate",
+            "--trace",
+            str(csv),
+            "--config",
+            str(cfg_path),
+            "--start",
+            repr(STEP / 3600),
+            "--hours",
+            repr(args.days * 24),
+            "--json",
+        ]
+        if args.no_baselines:
+            sim_cmd.append("--no-baselines")
+        sim_s = math.nan
+        if not args.no_simulate:
+            t0 = time.perf_counter()
+            subprocess.run(sim_cmd, capture_output=True, text=True, env=env, check=True)
+            sim_s = time.perf_counter() - t0
+    per = whatif_s / replay
+    ratio = per / sim_s
+    print(
+        f"whatif: {replay} workload(s) in {whatif_s:.1f}s ({per:.1f}s each), peak RSS "
+        f"{rss:.0f} MB; simulate of the same trace {sim_s:.1f}s",
+        file=sys.stderr,
+    )
+    common = f"rss_mb={rss:.0f} simulate_s={sim_s:.1f} ratio={ratio:.2f}"
+    if replay == args.workloads:
+        ok = whatif_s <= GATE_SECONDS and rss <= GATE_MB
+        print(
+            f"RESULT workloads={args.workloads} days={args.days:g} seconds={whatif_s:.1f} "
+            f"{common} gate={'pass' if ok else 'fail'}"
+        )
+    else:
+        estimate = read_s + per * args.workloads
+        ok = estimate <= GATE_SECONDS and rss <= GATE_MB
+        print(
+            f"RESULT workloads={args.workloads} days={args.days:g} replayed={replay} "
+            f"seconds_estimated={estimate:.0f} read_s={read_s:.1f} "
+            f"replay_s_per_workload={per:.1f} {common} "
+            f"gate={'pass' if ok else 'fail'}(estimated)"
+        )
+
+
+if __name__ == "__main__":
+    main()

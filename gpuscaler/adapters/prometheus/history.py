@@ -1,0 +1,171 @@
+"""Prometheus history for `gpuscaler whatif`: each workload's request rate, GPU load and
+the replica counts the cluster ran, over a past range.
+
+It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries and
+secret scrubbing) and its PromQL helpers; a range is read in chunks under the server's
+11,000-points-per-series limit (`MAX_POINTS`), chunks sharing their edge sample.
+
+Replica counts come from kube-state-metrics:
+- `kube_horizontalpodautoscaler_status_current_replicas{namespace, horizontalpodautoscaler}`
+  (kubernetes/kube-state-metrics, internal/store/horizontalpodautoscaler.go: the metric at
+  line 335, its default labels `namespace`, `horizontalpodautoscaler` at line 51);
+- `kube_deployment_status_replicas{namespace, deployment}` (internal/store/deployment.go:
+  line 121, labels `namespace`, `deployment` at line 41), when no HPA series matches.
+A ScaledObject's HPA is the one KEDA owns, `keda-hpa-<name>`
+(/work/shared/reference/interfaces.md, "Replica targets: KEDA and HPA").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
+from gpuscaler.adapters.prometheus.source import MAX_POINTS
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, out_of_range
+from gpuscaler.config import Config, WorkloadConfig, redact_url
+from gpuscaler.core.history import Signal, WorkloadHistory
+from gpuscaler.core.model import Series
+from gpuscaler.errors import InputError
+
+REQUESTS = (0.0, 1e9)
+"""Requests per second: never negative, never a billion."""
+REPLICAS = (0.0, 1e6)
+
+HPA_REPLICAS = "max(kube_horizontalpodautoscaler_status_current_replicas{{{matchers}}})"
+DEPLOYMENT_REPLICAS = "max(kube_deployment_status_replicas{{{matchers}}})"
+
+Progress = Callable[[int], None]
+"""Called with the number of range requests just made."""
+
+
+class HistoryError(InputError):
+    """The history cannot be read at all (Prometheus unreachable, nothing configured)."""
+
+
+def hpa_name(workload: WorkloadConfig) -> str:
+    """The HPA that scales the workload: KEDA's `keda-hpa-<name>` for a ScaledObject."""
+    return f"keda-hpa-{workload.name}" if workload.kind == "ScaledObject" else workload.name
+
+
+def replica_queries(workload: WorkloadConfig) -> list[tuple[str, str]]:
+    """(signal name, query) for the replicas that ran, in the order tried."""
+    ns = f"namespace={escape_label_value(workload.namespace)}"
+    hpa = f"{ns},horizontalpodautoscaler={escape_label_value(hpa_name(workload))}"
+    deploy = f"{ns},deployment={escape_label_value(workload.name)}"
+    return [
+        ("kube_horizontalpodautoscaler_status_current_replicas", HPA_REPLICAS.format(matchers=hpa)),
+        ("kube_deployment_status_replicas", DEPLOYMENT_REPLICAS.format(matchers=deploy)),
+    ]
+
+
+def request_template(
+    workload: WorkloadConfig, config: Config
+) -> tuple[str | None, str, str | None]:
+    """(PromQL template of the workload's request rate, its name, why there is none):
+    `prometheus.queries.workload_requests`, else the workload's `demand` when it is a
+    rate (preset triton_rate, or a query whose unit ends in /s). A queue preset (vllm,
+    tgi, triton_queue) counts requests inside the server, not arrivals: not a rate."""
+    template = config.prometheus.queries.workload_requests
+    if template is not None:
+        return template, "workload_requests", None
+    demand = workload.demand
+    if demand is None:
+        return None, "workload_requests", "prometheus.queries.workload_requests is not set"
+    if demand.preset == "triton_rate" or demand.unit_name.endswith("/s"):
+        return demand.template, f"demand ({demand.preset})", None
+    return (
+        None,
+        f"demand ({demand.preset})",
+        f"the workload's demand ({demand.preset}: {demand.unit_name}) counts requests in "
+        "the server, not arrivals per second, and prometheus.queries.workload_requests "
+        "is not set",
+    )
+
+
+class HistoryReader:
+    """Range reads from the configured Prometheus."""
+
+    def __init__(
+        self, config: Config, transport: Transport | None = None, progress: Progress | None = None
+    ):
+        if config.prometheus.url is None:
+            raise HistoryError("prometheus.url is not set in the config: whatif reads history")
+        self.config = config
+        self.transport = transport or Transport(config.prometheus)
+        self.progress = progress or (lambda _n: None)
+
+    def probe(self) -> None:
+        """Raise HistoryError naming the server when it does not answer a trivial query."""
+        try:
+            self.transport.query("vector(1)")
+        except SourceError as e:
+            url = redact_url(self.config.prometheus.url or "")
+            raise HistoryError(f"Prometheus at {url} does not answer: {e}") from None
+
+    def read(self, query: str, start: float, end: float, step: float) -> Series:
+        """The query's single series on the grid start + k * step up to `end`, NaN where
+        it has no sample; SourceError when a request fails."""
+        n = math.floor((end - start) / step) + 1
+        values = np.full(n, np.nan)
+        chunk = (MAX_POINTS - 1) * step
+        t = start
+        while t <= end:
+            chunk_end = min(end, t + chunk)
+            times, got, _bad = decode_matrix(self.transport.query_range(query, t, chunk_end, step))
+            self.progress(1)
+            idx = np.round((times - start) / step).astype(np.int64)
+            ok = (idx >= 0) & (idx < n)
+            values[idx[ok]] = got[ok]
+            if chunk_end >= end:
+                break
+            t = chunk_end  # chunks share their edge sample: none is skipped
+        return Series(start=start, step=step, values=values)
+
+    def _signal(
+        self,
+        name: str,
+        query: str,
+        start: float,
+        end: float,
+        step: float,
+        bounds: tuple[float, float],
+    ) -> Signal:
+        try:
+            series = self.read(query, start, end, step)
+        except SourceError as e:
+            return Signal(name, query, None, f"query failed: {e}")
+        if not np.isfinite(series.values).any():
+            return Signal(name, query, None)
+        problem = out_of_range(series.values, bounds)
+        values = series.values.copy()
+        values[(values < bounds[0]) | (values > bounds[1])] = np.nan  # never replayed
+        return Signal(name, query, Series(series.start, series.step, values), problem)
+
+    def workload(
+        self, workload: WorkloadConfig, start: float, end: float, step: float
+    ) -> WorkloadHistory:
+        """Everything the replay needs of one workload (each signal None when absent; the
+        GPU load is read only when there is no request rate)."""
+        queries = self.config.prometheus.queries
+        lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
+        ns, name = workload.namespace, workload.name
+        template, what, why_not = request_template(workload, self.config)
+        if template is None:
+            requests = Signal(what, "", None, why_not)
+        else:
+            q = build_workload_query(template, ns, name, lookback)
+            requests = self._signal(what, q, start, end, step, REQUESTS)
+        q = build_workload_query(queries.workload_load, ns, name, lookback)
+        load = Signal("workload_load", q, None)  # read only when needed: it costs a third
+        if requests.series is None:
+            load = self._signal("workload_load", q, start, end, step, LOAD)
+        replicas = Signal("replicas", "", None)
+        for signal_name, q in replica_queries(workload):
+            replicas = self._signal(signal_name, q, start, end, step, REPLICAS)
+            if replicas.series is not None:
+                break
+        return WorkloadHistory(workload.key, start, end, step, requests, load, replicas)

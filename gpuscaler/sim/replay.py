@@ -1,0 +1,297 @@
+"""The what-if replay: a workload's own Prometheus history through the simulator's model.
+
+Pure: it takes the `WorkloadHistory` the history adapter read and runs it through
+`simulate` (gpuscaler's policy, the reactive HPA, every baseline swept) exactly as a trace
+CSV would be, plus once more with the replica counts the cluster actually ran. Same
+trace, seed and config give the same figures as `gpuscaler simulate`.
+
+The load model is derived, not measured: requests per second become Poisson arrivals of
+`simulator.gpu_seconds_per_request` GPU-seconds each. When only GPU load is known, the
+request rate is derived from it (load / 100 / GPU-seconds per request): that load is what
+was served, so demand that queued unserved is not in it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuscaler.config import Config, WorkloadConfig
+from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
+from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.sim.cluster import arrivals_from_trace
+from gpuscaler.sim.simulate import (
+    DEFAULT_POOL,
+    SimulationResult,
+    scenario_cluster,
+    simulate,
+    slo_metrics,
+    warmup_plan,
+)
+from gpuscaler.sim.trace import Trace, TraceError
+
+
+@dataclass
+class Skipped:
+    key: str
+    reason: str
+
+
+@dataclass
+class WorkloadReplay:
+    key: str
+    signal: str
+    """Which signal the demand was derived from, in words."""
+    result: SimulationResult
+    actual: dict[str, Any] | None
+    """The replay with the replicas that ran: its SLO figures; None when unknown."""
+    limits: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.result.summary()
+        s["workload"] = self.key
+        s["load_model"] = f"derived, not measured: {self.signal}"
+        s["actual"] = self.actual
+        s["comparison"] = compare(s)
+        s["limits"] = self.limits
+        records = [d.as_record() for d in self.result.gpuscaler.decisions]
+        s["decision_counts"] = dict(Counter(str(r["kind"]) for r in records))
+        s["decision_examples"] = records[:5]
+        return s
+
+
+def workload_config(config: Config, workload: WorkloadConfig) -> Config:
+    """The config the simulator replays `workload` with: that workload alone, on its
+    pool (the simulator's default pool when it names none), with no synthetic burst of
+    preemptions (history has its own)."""
+    pools = config.node_pools
+    if workload.node_pool is None or all(p.name != workload.node_pool for p in pools):
+        workload = workload.model_copy(update={"node_pool": DEFAULT_POOL.name})
+        pools = (*pools, DEFAULT_POOL)
+    simulator = config.simulator.model_copy(update={"preemption_burst_after": None})
+    return config.model_copy(
+        update={"workloads": (workload,), "node_pools": pools, "simulator": simulator}
+    )
+
+
+def demand_rate(history: WorkloadHistory, config: Config) -> tuple[Series, str] | str:
+    """(requests per second, which signal) or why there is no demand signal."""
+    req, load = history.requests, history.load
+    if req.series is not None:  # samples out of range are dropped (NaN), listed in limits
+        return req.series, f"request rate ({req.query})"
+    if load.series is not None:
+        per_request = config.simulator.gpu_seconds_per_request
+        rate = load.series.values / 100.0 / per_request
+        what = (
+            f"GPU load ({load.query}) / {per_request:g} GPU-seconds per request: served "
+            "load, so demand that queued unserved is missing"
+        )
+        return Series(load.series.start, load.series.step, rate), what
+    why = [f"{s.name}: {s.problem or 'no series matched'}" for s in (req, load)]
+    return "no demand signal (" + "; ".join(why) + ")"
+
+
+def history_trace(key: str, demand: Series) -> Trace:
+    """The demand as the simulator's trace: requests per bin of one read step."""
+    return Trace(key, demand.start, demand.step, demand.values * demand.step, "prometheus")
+
+
+def held(replicas: Series) -> FloatArray:
+    """The replica counts with the last known one held over each gap (and the first
+    known one before it)."""
+    values = replicas.values.copy()
+    finite = np.isfinite(values)
+    if not finite.any():
+        return values
+    idx = np.where(finite, np.arange(len(values)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    values = values[idx]
+    first = int(np.flatnonzero(finite)[0])
+    values[:first] = values[first]
+    return values
+
+
+def actual_run(
+    config: Config,
+    replicas: Series,
+    arrivals: FloatArray,
+    start: float,
+    seconds: float,
+    seed: int,
+    scored_from: int,
+) -> dict[str, Any]:
+    """SLO figures of the replay with the replicas that ran (read at each control
+    interval), at the pool's initial fragments (the fragments that ran are not read)."""
+    cluster = scenario_cluster(config, arrivals, start, seed, controlled=False)
+    counts = held(replicas)
+    interval = config.control.interval
+    t = start + interval
+    while t <= start + seconds:
+        cluster.advance_to(t)
+        i = min(max(math.floor((t - replicas.start) / replicas.step), 0), len(counts) - 1)
+        cluster.set_replicas(t, max(1, round(float(counts[i]))))
+        t += interval
+    cluster.advance_to(start + seconds)
+    s = slice(scored_from, cluster.cursor)
+    return {
+        **slo_metrics(cluster, scored_from, config.simulator.slo_wait),
+        "mean_replicas": round(float(np.mean(cluster.rec.replicas[s])), 2),
+    }
+
+
+def replay(
+    history: WorkloadHistory,
+    config: Config,
+    workload: WorkloadConfig,
+    seed: int,
+    baselines: bool = True,
+) -> WorkloadReplay | Skipped:
+    """One workload's history through the model: gpuscaler, the reactive HPA and the
+    baselines (by `simulate`), and the replicas that ran when known. The history holds
+    one read step of margin on each side of the range."""
+    cfg = workload_config(config, workload)
+    found = demand_rate(history, cfg)
+    if isinstance(found, str):
+        return Skipped(history.key, found)
+    demand, signal = found
+    resolution = native_resolution(demand)
+    if resolution > cfg.control.interval:
+        return Skipped(
+            history.key,
+            f"series coarser than the step: the demand changes every {resolution:g}s, "
+            f"the replay needs at least one value per control interval "
+            f"({cfg.control.interval:g}s)",
+        )
+    finite = np.isfinite(demand.values)
+    if finite.sum() < 2:
+        return Skipped(history.key, "too little history: fewer than 2 samples")
+    seconds = history.end - history.start - 2 * history.step
+    known = float(finite.sum()) * demand.step
+    try:
+        warmup_plan(cfg, min(seconds, known), history.key)
+    except TraceError as e:
+        return Skipped(history.key, f"too little history: {e}")
+    trace = history_trace(history.key, demand)
+    try:
+        result = simulate(
+            trace, seconds / 3600, seed, cfg, history.step / 3600, baselines=baselines
+        )
+    except TraceError as e:
+        return Skipped(history.key, str(e))
+    actual = None
+    if history.replicas.series is not None:
+        arrivals = arrivals_from_trace(trace, result.start, seconds, seed)
+        actual = actual_run(
+            result.config,
+            history.replicas.series,
+            arrivals,
+            result.start,
+            seconds,
+            seed,
+            result.scored_from,
+        )
+        actual["source"] = history.replicas.name
+    return WorkloadReplay(history.key, signal, result, actual, limits(history, demand, actual))
+
+
+def _hours(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def limits(history: WorkloadHistory, demand: Series, actual: dict[str, Any] | None) -> list[str]:
+    """The honest limits of one workload's replay, in words."""
+    out = []
+    holes = gaps(demand)
+    if holes:
+        missing = sum(b - a + demand.step for a, b in holes)
+        first = ", ".join(f"{_hours(a)}..{_hours(b)}" for a, b in holes[:3])
+        out.append(
+            f"{len(holes)} gap(s) in the demand history ({missing / 3600:.2f} h, interpolated "
+            f"over): {first}{' ...' if len(holes) > 3 else ''}"
+        )
+    if actual is None:
+        why = history.replicas.problem or "no kube-state-metrics replica series matched"
+        out.append(f"replicas that ran unknown ({why}): no replay of them")
+    else:
+        out.append("the replicas that ran are replayed at the pool's initial fragments")
+    for s in (history.requests, history.load, history.replicas):
+        if s.problem is not None and s.series is not None:
+            out.append(f"{s.name}: {s.problem} (those samples dropped)")
+    return out
+
+
+# ----------------------------------------------------------------------- verdict
+
+SHARE_MARGIN = 1e-4
+"""SLO-violation shares closer than this (0.01 % of requests) count as equal."""
+HOURS_MARGIN = 0.01
+"""GPU-hours within 1 % count as equal."""
+
+
+def hours_at_share(curve: list[dict[str, Any]], share: float) -> tuple[float, bool] | None:
+    """(GPU-hours, at the sweep's edge) the cheapest point of the curve (linear between
+    swept targets) at or under `share`; None when no swept target reaches it. At the
+    edge: even the cheapest target reaches it, so a cheaper one might too."""
+    points = sorted(curve, key=lambda p: (p["gpu_hours"], -p["target_pct"]))
+    prev: dict[str, Any] | None = None
+    for p in points:
+        if p["slo_violation_share"] <= share + 1e-12:
+            if prev is None:
+                return float(p["gpu_hours"]), True
+            s0, s1 = prev["slo_violation_share"], p["slo_violation_share"]
+            h0, h1 = prev["gpu_hours"], p["gpu_hours"]
+            frac = (s0 - share) / (s0 - s1) if s0 != s1 else 1.0
+            return float(h0 + frac * (h1 - h0)), False
+        prev = p
+    return None
+
+
+def compare(summary: dict[str, Any]) -> dict[str, Any]:
+    """The what-if table's row: GPU-hours saved at equal SLO and SLO violations avoided at
+    equal GPU-hours, each against the best baseline, and the verdict."""
+    g = summary["gpuscaler"]
+    needed = {
+        name: hours_at_share(curve, g["slo_violation_share"])
+        for name, curve in summary.get("baselines", {}).items()
+    }
+    reached = {k: v for k, v in needed.items() if v is not None}
+    saved = None
+    if reached:
+        best = min(reached, key=lambda k: reached[k][0])
+        hours, edge = reached[best]
+        saved = {
+            "gpu_hours": round(hours - g["gpu_hours"], 3),
+            "against": best,
+            "at_sweep_edge": edge,
+        }
+    at_equal = {k: v for k, v in summary.get("equal_cost", {}).items() if v is not None}
+    avoided = None
+    if at_equal:
+        best = min(at_equal, key=lambda k: at_equal[k]["slo_violation_share"])
+        avoided = {
+            "share": round(at_equal[best]["slo_violation_share"] - g["slo_violation_share"], 6),
+            "against": best,
+        }
+    return {
+        "gpu_hours_saved": saved,
+        "violations_avoided": avoided,
+        "verdict": verdict(g, saved, avoided),
+    }
+
+
+def verdict(g: dict[str, Any], saved: dict[str, Any] | None, avoided: dict[str, Any] | None) -> str:
+    """`enable` when gpuscaler beats the best baseline on one axis and loses on neither;
+    `keep reactive` when it does not; `not enough data` when neither axis compares."""
+    if saved is None and avoided is None:
+        return "not enough data"
+    cheaper = saved is not None and saved["gpu_hours"] > HOURS_MARGIN * g["gpu_hours"]
+    dearer = saved is not None and saved["gpu_hours"] < -HOURS_MARGIN * g["gpu_hours"]
+    fewer = avoided is not None and avoided["share"] > SHARE_MARGIN
+    more = avoided is not None and avoided["share"] < -SHARE_MARGIN
+    return "enable" if (cheaper or fewer) and not (dearer or more) else "keep reactive"

@@ -1,0 +1,321 @@
+"""`gpuscaler whatif`: what gpuscaler would have done on the user's own cluster.
+
+Reads each workload's history from the configured Prometheus (`adapters/prometheus/history.py`),
+replays it through the simulator's model (`sim/replay.py`) and writes the report: a
+table of verdicts first, then each workload's figures and limits; with `--report DIR`,
+`decisions.jsonl`, `summary.json` and one PNG per workload.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuscaler.adapters.kube.objects import parse_time, rfc3339
+from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.config import Config, WorkloadConfig, parse_duration
+from gpuscaler.errors import InputError
+from gpuscaler.sim.replay import Skipped, replay
+
+MAX_RANGE = 14 * 86400.0
+"""Longest history replayed: two weeks (the model holds every 500 ms slot in memory:
+about 100 MB a day of replay)."""
+
+
+class WhatifError(InputError):
+    """Arguments or history that give no answer; the message says why."""
+
+
+def parse_when(text: str, now: float, flag: str) -> float:
+    """Unix seconds of `now`, a duration ago ("7d"), RFC 3339 or unix seconds."""
+    if text == "now":
+        return now
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        parsed: float | None = float(text)
+    except ValueError:
+        parsed = parse_time(text)
+    if parsed is None or not math.isfinite(parsed):
+        raise WhatifError(
+            f"{flag} {text!r}: expected 'now', a duration ago such as '7d' or '12h', an RFC "
+            "3339 time such as 2026-05-12T00:00:00Z, or unix seconds"
+        )
+    return parsed
+
+
+def select(config: Config, names: list[str]) -> list[WorkloadConfig]:
+    """The configured workloads named NS/NAME (all of them when none is named)."""
+    if not config.workloads:
+        raise WhatifError("the config names no workloads: nothing to replay")
+    if not names:
+        return list(config.workloads)
+    chosen: list[WorkloadConfig] = []
+    for name in names:
+        found = [w for w in config.workloads if f"{w.namespace}/{w.name}" == name]
+        if not found:
+            known = ", ".join(f"{w.namespace}/{w.name}" for w in config.workloads)
+            raise WhatifError(f"--workload {name}: not in the config (configured: {known})")
+        chosen.extend(w for w in found if w not in chosen)
+    return chosen
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, out: TextIO, total: int):
+        self.out, self.total, self.done, self.requests = out, total, 0, 0
+        self.on = out.isatty()
+
+    def request(self, n: int) -> None:
+        self.requests += n
+        self.show()
+
+    def workload(self, key: str) -> None:
+        self.done += 1
+        self.show(key)
+
+    def show(self, key: str = "") -> None:
+        if not self.on:
+            return
+        width = 30
+        filled = round(width * self.done / max(self.total, 1))
+        self.out.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} workloads, "
+            f"{self.requests} range queries {key[:40]:<40}"
+        )
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.on:
+            self.out.write("\n")
+
+
+@dataclass
+class Outcome:
+    since: float
+    until: float
+    step: float
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "since": rfc3339(self.since),
+            "until": rfc3339(self.until),
+            "step_s": self.step,
+            "table": [row(s) for s in self.summaries]
+            + [
+                {"workload": s.key, "verdict": "not enough data", "reason": s.reason}
+                for s in self.skipped
+            ],
+            "workloads": self.summaries,
+            "skipped": [{"workload": s.key, "reason": s.reason} for s in self.skipped],
+        }
+
+
+def row(summary: dict[str, Any]) -> dict[str, Any]:
+    c = summary["comparison"]
+    saved, avoided = c["gpu_hours_saved"], c["violations_avoided"]
+    return {
+        "workload": summary["workload"],
+        "gpu_hours_saved_at_equal_slo": None if saved is None else saved["gpu_hours"],
+        "slo_violations_avoided_at_equal_gpu_hours": None if avoided is None else avoided["share"],
+        "verdict": c["verdict"],
+    }
+
+
+def _file_name(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".png"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every workload's replay shares (picklable: `--jobs` runs them in processes)."""
+
+    config: Config
+    since: float
+    until: float
+    step: float
+    seed: int = 1
+    baselines: bool = True
+    report: Path | None = None
+
+
+Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
+"""(the workload's summary or why it was skipped, its decision records, its PNG)."""
+
+
+def replay_one(job: Job, workload: WorkloadConfig, reader: HistoryReader | None = None) -> Done:
+    """Read one workload's history, replay it and draw its PNG."""
+    reader = reader or HistoryReader(job.config)
+    history = reader.workload(workload, job.since - job.step, job.until + job.step, job.step)
+    done = replay(history, job.config, workload, job.seed, job.baselines)
+    if isinstance(done, Skipped):
+        return done, [], None
+    records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
+    png = None
+    if job.report is not None:
+        from gpuscaler.sim.report import plot
+
+        png = job.report / _file_name(done.key)
+        plot(done.result, png)
+    return done.summary(), records, png
+
+
+def _results(
+    job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader
+) -> Iterator[Done]:
+    """Each workload's replay, in order: in this process, or in `jobs` processes."""
+    if jobs <= 1 or len(workloads) <= 1:
+        for w in workloads:
+            yield replay_one(job, w, reader)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # no forked copy of a client's threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(replay_one, job, w) for w in workloads]
+        for f in futures:
+            yield f.result()
+
+
+def run_whatif(
+    config: Config,
+    since: float,
+    until: float,
+    workloads: list[WorkloadConfig],
+    report: Path | None = None,
+    seed: int = 1,
+    step: float | None = None,
+    baselines: bool = True,
+    err: TextIO = sys.stderr,
+    jobs: int = 1,
+) -> Outcome:
+    """Read, replay and report every workload; raise WhatifError when none replays."""
+    step = step or config.forecast.fit_step
+    if not until > since:
+        raise WhatifError(f"--since {rfc3339(since)} is not before --until {rfc3339(until)}")
+    if until - since > MAX_RANGE:
+        raise WhatifError(
+            f"range of {(until - since) / 86400:.1f} days: at most "
+            f"{MAX_RANGE / 86400:g} days (the model holds every 500 ms slot in memory)"
+        )
+    if until > time.time() + step:
+        raise WhatifError(f"--until {rfc3339(until)} is in the future: no history there yet")
+    bar = Progress(err, len(workloads))
+    reader = HistoryReader(config, progress=bar.request)
+    reader.probe()
+    outcome = Outcome(since, until, step)
+    if report is not None:
+        report.mkdir(parents=True, exist_ok=True)
+    job = Job(config, since, until, step, seed, baselines, report)
+    records: list[dict[str, Any]] = []
+    try:
+        for w, (done, decisions, png) in zip(
+            workloads, _results(job, workloads, jobs, reader), strict=True
+        ):
+            bar.workload(w.key)
+            if isinstance(done, Skipped):
+                outcome.skipped.append(done)
+                continue
+            outcome.summaries.append(done)
+            records.extend(decisions)
+            if png is not None:
+                outcome.files.append(png)
+    finally:
+        bar.close()
+    if report is not None:
+        _write(report, outcome, records)
+    if not outcome.summaries:
+        why = "; ".join(f"{s.key}: {s.reason}" for s in outcome.skipped)
+        raise WhatifError(
+            f"no workload could be replayed from {rfc3339(since)} to {rfc3339(until)}: {why}"
+        )
+    return outcome
+
+
+def _write(report: Path, outcome: Outcome, records: list[dict[str, Any]]) -> None:
+    path = report / "decisions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    outcome.files.insert(0, path)
+    path = report / "summary.json"
+    path.write_text(json.dumps(outcome.summary(), indent=2) + "\n", encoding="utf-8")
+    outcome.files.append(path)
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:+.3f} pts"
+
+
+def table_lines(outcome: Outcome) -> list[str]:
+    """The verdict table: one row per workload, skipped ones included."""
+    head = (
+        "workload",
+        "GPU-hours saved at equal SLO",
+        "SLO violations avoided at equal GPU-h",
+        "verdict",
+    )
+    rows = [head]
+    for s in outcome.summaries:
+        c = s["comparison"]
+        saved, avoided = c["gpu_hours_saved"], c["violations_avoided"]
+        saved_text = (
+            "-"
+            if saved is None
+            else (
+                f"{saved['gpu_hours']:+.2f} vs {saved['against']}"
+                + (" (sweep edge)" if saved["at_sweep_edge"] else "")
+            )
+        )
+        avoided_text = (
+            "-" if avoided is None else f"{_pct(avoided['share'])} vs {avoided['against']}"
+        )
+        rows.append((s["workload"], saved_text, avoided_text, c["verdict"]))
+    rows.extend((s.key, "-", "-", "not enough data") for s in outcome.skipped)
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return [" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def text(outcome: Outcome) -> str:
+    from gpuscaler.sim.report import table
+
+    lines = [
+        f"What-if from {rfc3339(outcome.since)} to {rfc3339(outcome.until)} (history read "
+        f"every {outcome.step:g}s); each baseline swept over targets 40..90 %, compared with "
+        "the best one",
+        *table_lines(outcome),
+    ]
+    for s in outcome.summaries:
+        lines += ["", f"== {s['workload']} ==", f"load model: {s['load_model']}", table(s)]
+        a = s["actual"]
+        if a is not None:
+            lines.append(
+                f"replicas that ran ({a['source']}): SLO violations "
+                f"{100 * a['slo_violation_share']:.3f} %, p99 wait {a['p99_wait_s']:g}s, "
+                f"{a['gpu_hours']:g} GPU-hours, {a['scaling_actions']} scaling actions, "
+                f"mean replicas {a['mean_replicas']:g}"
+            )
+        kinds = s["decision_counts"]
+        lines.append(
+            "decisions gpuscaler would have taken: "
+            + (", ".join(f"{n} {k}" for k, n in kinds.items()) or "none")
+        )
+        lines += [
+            f"  {d['kind']} {d['from']} -> {d['to']}: {d['reason']}" for d in s["decision_examples"]
+        ]
+        lines += [f"limit: {x}" for x in s["limits"]]
+    for skip in outcome.skipped:
+        lines.append(f"skipped {skip.key}: {skip.reason}")
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build helm (helm.sh/helm/v3 cmd/helm, at the version go.mod pins) into a cache outside
+# the repository, keyed by version, so a fresh clone on the same machine reuses it. A no-op
+# when the binary is there. The chart tests (tests/test_helm_chart.py) run it.
+#
+#   tests/helm/build.sh          # build it if missing; prints the bin directory
+#
+# Environment: GPUSCALER_HELM_CACHE (default ~/.cache/gpuscaler/helm),
+# GPUSCALER_CP_JOBS (parallel compiles, default 2).
+# Go only builds test binaries here; the product is Python.
+set -euo pipefail
+cd "$(dirname "$0")"
+version=$(sed -n "s/^[[:space:]]*\(require \)\{0,1\}helm.sh\/helm\/v3 \(v[0-9.]*\).*$/\2/p" go.mod)
+[ -n "$version" ] || { echo "build.sh: no helm.sh/helm/v3 version in go.mod" >&2; exit 2; }
+bin="${GPUSCALER_HELM_CACHE:-$HOME/.cache/gpuscaler/helm}/$version/bin"
+if [ -x "$bin/helm" ]; then
+  echo "$bin"
+  exit 0
+fi
+command -v go >/dev/null || { echo "build.sh: go is not installed (needed to build helm)" >&2; exit 1; }
+mkdir -p "$bin"
+tmp=$(mktemp -d "$bin/../build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+echo "build.sh: building helm $version into $bin" >&2
+start=$(date +%s)
+# -mod=mod: go.sum pins every module; nothing is vendored.
+CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath \
+  -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$version" \
+  -o "$tmp/" helm.sh/helm/v3/cmd/helm
+mv "$tmp/helm" "$bin/helm"
+echo "build.sh: built in $(( $(date +%s) - start )) s" >&2
+echo "$bin"

@@ -1,0 +1,311 @@
+"""The Helm chart (deploy/helm/gpuscaler, issue 13): helm built from its Go module
+(tests/helm/build.sh) lints it and renders it; with the values that match the kustomize
+base it renders exactly what `kubectl kustomize deploy/` does (one source of truth: the
+config, dashboard and rules are the base's own files, the rest is checked equal here);
+its values change what they say; and the rendered chart applies to the real control
+plane."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import Kube, kubectl_path, wait_until
+from test_deploy import render
+
+from gpuscaler.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "gpuscaler"
+HELM_ONLY_LABELS = {
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+}
+"""Helm's standard labels: the kustomize base has no release to name."""
+AS_KUSTOMIZE = ["--namespace", "gpuscaler", "--set", "createNamespace=true"]
+
+
+def helm_path() -> str:
+    """The helm tests/helm/build.sh built (cached by version), else skip (fail under CI)."""
+    text = (ROOT / "tests" / "helm" / "go.mod").read_text()
+    match = re.search(r"helm\.sh/helm/v3 (v[0-9.]+)", text)
+    assert match, "tests/helm/go.mod pins no helm.sh/helm/v3 version"
+    cache = os.environ.get("GPUSCALER_HELM_CACHE") or str(Path.home() / ".cache/gpuscaler/helm")
+    helm = Path(cache) / match.group(1) / "bin" / "helm"
+    if not helm.exists():
+        if os.environ.get("CI"):
+            pytest.fail("helm is not built (tests/helm/build.sh); CI must lint the chart")
+        pytest.skip("helm is not built: run tests/helm/build.sh")
+    return str(helm)
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/gpuscaler-helm/cache"}
+    env |= {
+        "HELM_CONFIG_HOME": "/tmp/gpuscaler-helm/config",
+        "HELM_DATA_HOME": "/tmp/gpuscaler-helm/data",
+    }
+    return subprocess.run(
+        [helm_path(), *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@functools.cache
+def template(*args: str) -> tuple[dict[str, Any], ...]:
+    out = helm("template", "gpuscaler", str(CHART), *args)
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    meta = doc["metadata"]
+    return doc["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """The object without Helm's own labels, the config file parsed (Helm writes it
+    through toYaml: same content, no comments)."""
+    doc = yaml.safe_load(yaml.safe_dump(doc))
+    labels = doc["metadata"].get("labels") or {}
+    for label in HELM_ONLY_LABELS:
+        labels.pop(label, None)
+    if doc["kind"] == "ConfigMap" and "gpuscaler.yaml" in doc.get("data", {}):
+        doc["data"]["gpuscaler.yaml"] = yaml.safe_load(doc["data"]["gpuscaler.yaml"])
+    return doc
+
+
+def _one(docs: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def _config(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    text = _one(docs, "ConfigMap", "gpuscaler-config")["data"]["gpuscaler.yaml"]
+    parse_config(text)  # what gpuscaler will load: valid
+    loaded: dict[str, Any] = yaml.safe_load(text)
+    return loaded
+
+
+def test_helm_lint_passes_on_the_chart() -> None:
+    out = helm("lint", "--strict", str(CHART))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+def test_the_chart_renders_exactly_what_the_kustomize_base_applies() -> None:
+    chart = {_key(d): _comparable(d) for d in template(*AS_KUSTOMIZE)}
+    base = {_key(d): _comparable(d) for d in render("deploy")}
+    assert sorted(chart) == sorted(base)
+    for key, doc in base.items():
+        assert chart[key] == doc, key
+
+
+AGENT_CONFIG = re.compile(r"^gpuscaler-agent-config(-[a-z0-9]{10})?$")
+"""kustomize names the agent's ConfigMap with a hash of its content (so a change rolls the
+DaemonSet); the chart rolls it by a checksum annotation instead."""
+
+
+def _without_agent_hash(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = _comparable(doc)
+    if doc["kind"] == "ConfigMap" and AGENT_CONFIG.match(doc["metadata"]["name"]):
+        doc["metadata"]["name"] = "gpuscaler-agent-config"
+    if doc["kind"] == "DaemonSet":
+        pod = doc["spec"]["template"]
+        pod["metadata"].pop("annotations", None)
+        for volume in pod["spec"]["volumes"]:
+            if "configMap" in volume:
+                volume["configMap"]["name"] = "gpuscaler-agent-config"
+    return doc
+
+
+def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> None:
+    chart = {
+        _key(d): _without_agent_hash(d)
+        for d in template(*AS_KUSTOMIZE, "--set", "agent.enabled=true")
+    }
+    base = {
+        _key(d): d for d in map(_without_agent_hash, (*render("deploy"), *render("deploy/agent")))
+    }
+    assert sorted(chart) == sorted(base)
+    for key, doc in base.items():
+        assert chart[key] == doc, key
+
+
+def test_the_agent_rolls_when_its_config_changes() -> None:
+    def checksum(*args: str) -> str:
+        daemonset = _one(
+            template("--set", "agent.enabled=true", *args), "DaemonSet", "gpuscaler-agent"
+        )
+        return str(daemonset["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum() != checksum("--set", "dryRun=false")
+    config = _one(
+        template("--set", "agent.enabled=true", "--set", "dryRun=false"),
+        "ConfigMap",
+        "gpuscaler-agent-config",
+    )
+    assert yaml.safe_load(config["data"]["gpuscaler.yaml"])["control"]["dry_run"] is False
+
+
+def test_every_object_carries_helms_labels_and_the_base_labels() -> None:
+    for doc in template(*AS_KUSTOMIZE):
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "gpuscaler", _key(doc)
+        assert labels["app.kubernetes.io/part-of"] == "gpuscaler", _key(doc)
+
+
+@pytest.mark.parametrize("namespace", ["gpu-operator", "nvidia-device-plugin"])
+def test_the_device_plugin_namespace_moves_its_rbac_and_the_config_together(namespace: str) -> None:
+    docs = template("--namespace", "gpuscaler", "--set", f"devicePlugin.namespace={namespace}")
+    for kind in ("Role", "RoleBinding"):
+        assert _one(docs, kind, "gpuscaler-sharing-configs")["metadata"]["namespace"] == namespace
+    plugin = _config(docs)["kubernetes"]["device_plugin_config_map"]
+    assert plugin == {"namespace": namespace, "name": "gpuscaler-sharing-configs"}
+    role = _one(docs, "Role", "gpuscaler-sharing-configs")
+    assert role["rules"][0]["resourceNames"] == ["gpuscaler-sharing-configs"]
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"), [("prometheus", "prometheus"), ("", None)], ids=["set", "none"]
+)
+def test_the_release_label_is_what_kube_prometheus_stack_selects(
+    release: str, expected: str | None
+) -> None:
+    docs = template("--set", f"monitoring.releaseLabel={release}")
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert _one(docs, kind, "gpuscaler")["metadata"]["labels"].get("release") == expected
+
+
+def test_image_resources_replicas_dry_run_and_config_follow_the_values(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": "registry.example/gpuscaler", "tag": "0.2.0"},
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                "replicas": 3,
+                "dryRun": False,
+                "prometheus": {"url": "http://kps-prometheus.monitoring:9090"},
+                "config": {"metrics": {"step": "15s", "staleness": "2m"}, "workloads": []},
+                "monitoring": {
+                    "dashboard": {"enabled": False},
+                    "prometheusRule": {"enabled": False},
+                },
+            }
+        )
+    )
+    docs = template("-f", str(values))
+    deployment = _one(docs, "Deployment", "gpuscaler")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/gpuscaler:0.2.0"
+    # Helm merges a map value over the chart's: the limit stays unless set to null.
+    assert container["resources"] == {
+        "requests": {"cpu": "1", "memory": "1Gi"},
+        "limits": {"memory": "1Gi"},
+    }
+    assert deployment["spec"]["replicas"] == 3
+    config = _config(docs)
+    assert config["control"]["dry_run"] is False  # a false value wins over the shipped true
+    assert config["prometheus"]["url"] == "http://kps-prometheus.monitoring:9090"
+    assert config["metrics"]["step"] == "15s"
+    assert config["node_pools"][0]["name"] == "a100-80gb"  # the shipped rest stays
+    kinds = {d["kind"] for d in docs}
+    assert "PrometheusRule" not in kinds and "Namespace" not in kinds
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"] == ["gpuscaler-config"]
+
+
+def _with_gpu_operator_component(tmp_path: Path) -> tuple[dict[str, Any], ...]:
+    """The base plus deploy/components/gpu-operator, as a user's kustomization uses them."""
+    deploy = os.path.relpath(ROOT / "deploy", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{deploy}]\ncomponents: [{deploy}/components/gpu-operator]\n"
+    )
+    kubectl = kubectl_path()
+    assert kubectl is not None  # render("deploy") above skipped or failed without it
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def test_the_gpu_operator_component_changes_only_the_device_plugin_namespace(
+    tmp_path: Path,
+) -> None:
+    base = {_key(d): _comparable(d) for d in render("deploy")}
+    for key in [k for k in base if k[2] == "gpuscaler-sharing-configs"]:
+        doc = base.pop(key)
+        doc["metadata"]["namespace"] = "gpu-operator"
+        base[(key[0], "gpu-operator", key[2])] = doc
+    config = base[("ConfigMap", "gpuscaler", "gpuscaler-config")]["data"]["gpuscaler.yaml"]
+    config["kubernetes"]["device_plugin_config_map"]["namespace"] = "gpu-operator"
+    component = {_key(d): _comparable(d) for d in _with_gpu_operator_component(tmp_path)}
+    assert component == base
+
+
+def test_the_gpu_operator_component_renders_what_the_chart_does_for_gpu_operator(
+    tmp_path: Path,
+) -> None:
+    chart = template(*AS_KUSTOMIZE, "--set", "devicePlugin.namespace=gpu-operator")
+    component = _with_gpu_operator_component(tmp_path)
+    assert {_key(d): _comparable(d) for d in chart} == {_key(d): _comparable(d) for d in component}
+
+
+def test_an_invalid_value_fails_the_render_with_its_name() -> None:
+    out = helm("template", "gpuscaler", str(CHART), "--set", "replicas=two")
+    assert out.returncode != 0
+    assert "replicas" in out.stderr
+
+
+@pytest.mark.controlplane
+def test_helm_install_puts_the_chart_on_the_real_control_plane_and_its_pods_are_admitted(
+    kube: Kube,
+) -> None:
+    """`helm install` (as the README says) into a namespace of the test's own, with the
+    GPU Operator's device-plugin namespace: the release deploys, its notes name the
+    assumptions, no object draws a Pod Security warning, the ReplicaSet's pods are
+    admitted under the restricted standard, and `helm uninstall` removes it."""
+    home, plugin = kube.namespace(), kube.namespace()
+    kube.plane.kubectl("label", "namespace", home, "pod-security.kubernetes.io/enforce=restricted")
+    # Cluster-scoped objects of the same names another test applied with kubectl (the
+    # kustomize base) are not Helm's to adopt: one gpuscaler per cluster.
+    kube.plane.kubectl(
+        "delete", "clusterrole,clusterrolebinding", "gpuscaler", "--ignore-not-found"
+    )
+    kubeconfig = f"--kubeconfig={kube.plane.admin_kubeconfig}"
+    args = ["--namespace", home, "--set", f"devicePlugin.namespace={plugin}"]
+    installed = helm("install", "gpuscaler", str(CHART), kubeconfig, *args)
+    try:
+        assert installed.returncode == 0, installed.stderr
+        assert "STATUS: deployed" in installed.stdout
+        assert f"ConfigMap {plugin}/gpuscaler-sharing-configs" in installed.stdout  # NOTES
+        assert "shadow mode" in installed.stdout
+        assert "PodSecurity" not in installed.stderr, installed.stderr  # restricted holds
+        role = kube.get(
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{plugin}/roles/gpuscaler-sharing-configs"
+        )
+        assert role["rules"][0]["resourceNames"] == ["gpuscaler-sharing-configs"]
+
+        def pods() -> list[Any]:
+            return list(
+                kube.core.list_namespaced_pod(
+                    home, label_selector="app.kubernetes.io/name=gpuscaler"
+                ).items
+            )
+
+        wait_until("the ReplicaSet creates both pods", lambda: len(pods()) == 2, 90, 0.5)
+        for pod in pods():
+            assert pod.spec.service_account_name == "gpuscaler"
+            assert pod.spec.priority == 2_000_000_000  # system-cluster-critical
+    finally:
+        removed = helm("uninstall", "gpuscaler", kubeconfig, "--namespace", home)
+    assert removed.returncode == 0, removed.stderr
+    assert kube.plane.kubectl("get", "clusterrole", "gpuscaler", "--ignore-not-found") == ""

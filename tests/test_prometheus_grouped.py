@@ -1,0 +1,250 @@
+"""Grouped, concurrent reads (adapters/prometheus/grouped.py) against a real Prometheus:
+they see exactly what the per-target reads see, in fewer queries, and the number of
+queries does not grow with the number of workloads. The workload rule is the shipped one
+(deploy/prometheus/prometheusrule.yaml), evaluated over the planted data by
+`promtool tsdb create-blocks-from rules`, as Prometheus would have recorded it."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from promserver import STEP, binaries, planted_window, prometheus, shipped_rules, write_openmetrics
+
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.grouped import (
+    chunks,
+    decode_fast,
+    grouped_template,
+)
+from gpuscaler.config import Config, parse_config
+from gpuscaler.core.snapshot import Observations
+from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+
+POINTS = 240  # 2 minutes at 500 ms
+MODELS = {"a100": "NVIDIA A100", "h100": "NVIDIA H100", "l4": "NVIDIA L4 (24GB)"}
+PODS = {  # pod -> (namespace, label convention)
+    "chat-7d4f8b9c6-x2x4z": ("ml", "plain"),
+    "chat-7d4f8b9c6-bq5mn": ("ml", "plain"),
+    "embed-0": ("ml", "plain"),
+    "embed-1": ("ml", "plain"),
+    "train-5c9d7f6b8d-h7kzt": ("batch", "exported"),
+    "chatbot-55f7c9d8b4-qq2rs": ("ml", "plain"),  # not "chat": a workload of its own
+}
+
+
+def _gpus() -> list[dict[str, str]]:
+    gpus = []
+    pods = list(PODS.items())
+    for i in range(12):
+        model = list(MODELS.values())[i % 3] if i < 9 else "NVIDIA T4"
+        labels = {"UUID": f"GPU-{i}", "gpu": str(i % 4), "modelName": model}
+        labels["Hostname"] = "node-9" if i >= 9 else f"node-{i // 3}"
+        if i < len(pods):
+            pod, (ns, style) = pods[i]
+            labels |= (
+                {"pod": pod, "namespace": ns}
+                if style == "plain"
+                else {"exported_pod": pod, "exported_namespace": ns, "pod": "dcgm-exporter-abc12"}
+            )
+        gpus.append(labels)
+    return gpus
+
+
+def _wave(i: int, g: int, scale: float = 1.0) -> float:
+    return scale * (40 + 30 * math.sin((i + 7 * g) / 25.0))
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, float]]:
+    """(URL with the workload rule recorded, URL with raw data only, `now`)."""
+    _, tool = binaries()
+    tmp = tmp_path_factory.mktemp("grouped")
+    start, end = planted_window(POINTS, lag=3)
+    gpus = _gpus()
+    series: dict[str, list[Any]] = {
+        "DCGM_FI_DEV_GPU_UTIL": [(g, lambda i, n=n: _wave(i, n)) for n, g in enumerate(gpus)],
+        "nvidia_gpu_stall_percentage": [
+            (g, lambda i, n=n: _wave(i, n, 0.2)) for n, g in enumerate(gpus)
+        ],
+        "DCGM_FI_DEV_FB_USED": [(g, lambda i, n=n: 1000.0 * n + i) for n, g in enumerate(gpus)],
+        "DCGM_FI_DEV_FB_FREE": [(g, lambda i: 80_000.0) for g in gpus],
+    }
+    data = tmp / "data.om"
+    write_openmetrics(data, series, start, POINTS)
+    rules = shipped_rules(tmp)
+    blocks = tmp / "blocks"
+    with prometheus(data) as raw_url:
+        subprocess.run(
+            [
+                tool,
+                "tsdb",
+                "create-blocks-from",
+                "rules",
+                f"--start={math.floor(start)}",
+                f"--end={math.ceil(end) + 1}",
+                f"--url={raw_url}",
+                f"--output-dir={blocks}",
+                str(rules),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        with prometheus(data, blocks=blocks) as url:
+            yield url, raw_url, end
+
+
+def _config(url: str, workloads: list[tuple[str, str, str]], grouped: bool = True) -> Config:
+    pools = "".join(
+        f"""
+  - name: {name}
+    selector: {{label: nvidia.com/gpu.product, value: {name}}}
+    gpu_memory_gib: 80
+    metrics_matchers: {{modelName: "{model}"}}"""
+        for name, model in MODELS.items()
+    )
+    listed = "".join(
+        f"\n  - {{namespace: {ns}, kind: {kind}, name: {name}}}" for ns, kind, name in workloads
+    )
+    return parse_config(
+        f"""
+prometheus: {{url: "{url}", grouped_queries: {str(grouped).lower()}, timeout: 20s, retries: 0}}
+metrics: {{step: 0.5s, window: 10m}}
+node_pools:{pools}
+  - name: t4
+    selector: {{label: nvidia.com/gpu.product, value: t4}}
+    gpu_memory_gib: 16
+    metrics_matchers: {{Hostname: node-9}}
+workloads:{listed}
+"""
+    )
+
+
+WORKLOADS = [
+    ("ml", "ScaledObject", "chat"),
+    ("ml", "HorizontalPodAutoscaler", "embed"),
+    ("batch", "ScaledObject", "train"),
+    ("ml", "ScaledObject", "chatbot"),
+]
+
+
+def _same_load(grouped: Any, plain: Any, rule: bool) -> bool:
+    """Equal; through the recording rule, equal up to one evaluation (500 ms) of delay: a
+    rule records at its evaluation what was scraped before it, so its series trails the raw
+    one by at most its interval (here the promtool backfill trails by one step)."""
+    g, p = grouped.values, plain.values
+    if np.allclose(g, p, equal_nan=True):
+        return True
+    return rule and bool(np.allclose(g[1:], p[:-1], equal_nan=True))
+
+
+def _same(a: Observations, b: Observations, rule: bool = False) -> None:
+    def eq(x: Any, y: Any) -> bool:
+        if x is None or y is None:
+            return x is y
+        return bool(np.array_equal(x.values, y.values, equal_nan=True))
+
+    for p, q in zip(a.pools, b.pools, strict=True):
+        assert p.name == q.name and p.problem == q.problem, (p.problem, q.problem)
+        assert eq(p.utilization, q.utilization) and eq(p.stall, q.stall), p.name
+        assert (p.memory_used_gib, p.gpu_memory_gib) == (q.memory_used_gib, q.gpu_memory_gib)
+    for w, v in zip(a.workloads, b.workloads, strict=True):
+        assert w.key == v.key and w.problem == v.problem, (w.key, w.problem, v.problem)
+        assert w.load is not None and v.load is not None
+        assert _same_load(w.load, v.load, rule), w.key
+
+
+def _sources(url: str, workloads: list[tuple[str, str, str]]) -> tuple[Any, PrometheusSource]:
+    grouped = GroupedPrometheusSource(_config(url, workloads), CurrentState())
+    plain = PrometheusSource(_config(url, workloads, grouped=False), CurrentState())
+    return grouped, plain
+
+
+def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
+    planted: tuple[str, str, float],
+) -> None:
+    url, _, now = planted
+    grouped, plain = _sources(url, WORKLOADS)
+    first = grouped.observe(now)
+    _same(first, plain.observe(now), rule=True)
+    assert all(w.load is not None and np.isfinite(w.load.values).any() for w in first.workloads)
+    # 4 signals x (1 modelName family + the Hostname pool) + 1 for every workload.
+    assert grouped.queries_last_tick == 4 + 4 + 1
+    # The next tick reads only what is new, with as few queries.
+    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True)
+    assert grouped.queries_last_tick == 9
+
+
+def test_queries_per_tick_do_not_grow_with_the_workloads(planted: tuple[str, str, float]) -> None:
+    url, _, now = planted
+    few, _ = _sources(url, WORKLOADS[:1])
+    many, _ = _sources(url, WORKLOADS)
+    few.observe(now)
+    many.observe(now)
+    assert few.queries_last_tick == many.queries_last_tick
+
+
+def test_without_the_recording_rule_every_workload_is_still_read_on_its_own(
+    planted: tuple[str, str, float],
+) -> None:
+    _, raw_url, now = planted
+    grouped, plain = _sources(raw_url, WORKLOADS)
+    _same(grouped.observe(now), plain.observe(now))
+    assert grouped.queries_last_tick == 9 + len(WORKLOADS)
+
+
+def test_a_failing_prometheus_flags_every_target_as_per_target_reads_do() -> None:
+    grouped, plain = _sources("http://127.0.0.1:9", WORKLOADS)
+    got, want = grouped.observe(1e9), plain.observe(1e9)
+    assert [p.problem for p in got.pools] == [p.problem for p in want.pools]
+    assert all(w.problem and "cannot connect" in w.problem for w in got.workloads)
+
+
+@pytest.mark.parametrize(
+    ("template", "grouped"),
+    [
+        (
+            "avg(last_over_time(X{{{matchers}}}[1s]))",
+            "avg by (L) (last_over_time(X{{{matchers}}}[1s]))",
+        ),
+        (
+            "min(A{{{matchers}}} + B{{{matchers}}})",
+            "min by (L) (A{{{matchers}}} + B{{{matchers}}})",
+        ),
+        ("avg(a{{{matchers}}}) / avg(b{{{matchers}}})", None),  # two aggregations
+        ("quantile(0.9, X{{{matchers}}})", None),  # not a plain aggregation
+        ("avg(X)", None),  # no matchers: nothing to group by
+    ],
+)
+def test_only_a_single_plain_aggregation_is_grouped(template: str, grouped: str | None) -> None:
+    assert grouped_template(template, ["L"]) == grouped
+
+
+def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
+    assert chunks(0.0, 100.0, STEP) == [(0, 100)]
+    assert chunks(0.0, 12_000.0, STEP) == [(0, 5000), (5000, 10000), (10000, 12000)]
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ([[1.0, "2.5"], [1.5, "NaN"], [2.0, "+Inf"]], [2.5, np.nan, np.inf]),
+        ([], []),
+    ],
+)
+def test_fast_decoding_gives_the_values_as_floats(values: list[Any], want: list[float]) -> None:
+    (item,) = decode_fast([{"metric": {}, "values": values}])
+    times, got = item["arrays"]
+    assert times.dtype == got.dtype == np.float64 and len(times) == len(want)
+    assert np.array_equal(got, np.array(want, dtype=np.float64), equal_nan=True)
+
+
+def test_fast_decoding_leaves_a_malformed_answer_for_the_shape_check() -> None:
+    (item,) = decode_fast([{"metric": {}, "values": [[1.0]]}])
+    assert "arrays" not in item
+    assert decode_fast({"not": "a list"}) == {"not": "a list"}  # type: ignore[comparison-overlap]

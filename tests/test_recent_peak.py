@@ -1,0 +1,74 @@
+"""The recent peak of a workload's load: the highest fit_step bucket mean since the
+previous tick, what the replica floor sizes for when it is reactive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from gpuscaler.core.model import Series
+from gpuscaler.core.snapshot import bucket_peak
+
+NOW = 1_000.0
+STEP = 0.5
+
+
+def series(values: list[float] | np.ndarray, end: float = NOW - STEP) -> Series:
+    v = np.asarray(values, dtype=np.float64)
+    return Series(start=end - STEP * (len(v) - 1), step=STEP, values=v)
+
+
+def level(n: int, value: float = 100.0) -> np.ndarray:
+    return np.full(n, value)
+
+
+@dataclass
+class Row:
+    name: str
+    values: np.ndarray | None
+    expect: float | None
+
+
+def with_bucket(at_from_end: int, value: float) -> np.ndarray:
+    """120 s at 100 with the 10 s bucket `at_from_end` buckets before the newest at `value`."""
+    v = level(240)
+    end = 240 - 20 * at_from_end
+    v[end - 20 : end] = value
+    return v
+
+
+def spike() -> np.ndarray:
+    v = level(240)
+    v[-5] = 1000.0
+    return v
+
+
+def gappy() -> np.ndarray:
+    v = with_bucket(1, 300.0)
+    v[-40:-30] = np.nan  # half of the 300 bucket missing: the rest still averages 300
+    return v
+
+
+ROWS = [
+    Row("a flat load peaks at its level", level(240), 100.0),
+    Row("the highest bucket of the window wins", with_bucket(1, 300.0), 300.0),
+    Row("the newest bucket counts", with_bucket(0, 250.0), 250.0),
+    Row("a bucket before the window does not count", with_bucket(3, 300.0), 100.0),
+    Row("one 500 ms spike counts as its share of a 10 s bucket", spike(), 145.0),
+    Row("gaps are left out of a bucket's mean", gappy(), 300.0),
+    Row("no finite sample: unknown", np.full(240, np.nan), None),
+    Row("less than one bucket of samples: unknown", level(10), None),
+    Row("no series: unknown", None, None),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_recent_peak(row: Row) -> None:
+    s = None if row.values is None else series(row.values)
+    got = bucket_peak(s, NOW, 30.0, 10.0)
+    if row.expect is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(row.expect)

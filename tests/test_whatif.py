@@ -1,0 +1,354 @@
+"""The pure parts of `gpuscaler whatif`: history shapes, the demand it replays, the
+verdict arithmetic, time arguments and workload selection (no server; the real-Prometheus
+replay is in test_whatif_live.py)."""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuscaler.adapters.prometheus.history import hpa_name, replica_queries
+from gpuscaler.config import Config, WorkloadConfig, parse_config
+from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
+from gpuscaler.core.model import Series
+from gpuscaler.demand import DemandConfig
+from gpuscaler.sim.replay import (
+    Skipped,
+    actual_run,
+    compare,
+    demand_rate,
+    held,
+    hours_at_share,
+    replay,
+    verdict,
+    workload_config,
+)
+from gpuscaler.whatif import Progress, WhatifError, parse_when, select
+
+SCRIPT = Path(sys.executable).parent / "gpuscaler"
+NOW = 1_800_000_000.0
+W = WorkloadConfig(namespace="ns", kind="ScaledObject", name="chat")
+
+
+def _series(values: list[float], step: float = 10.0) -> Series:
+    return Series(1000.0, step, np.array(values, dtype=np.float64))
+
+
+def _history(
+    requests: Series | None = None, load: Series | None = None, replicas: Series | None = None
+) -> WorkloadHistory:
+    return WorkloadHistory(
+        W.key,
+        1000.0,
+        1000.0 + 10.0 * 100,
+        10.0,
+        Signal("workload_requests", "q_req", requests),
+        Signal("workload_load", "q_load", load),
+        Signal("kube_horizontalpodautoscaler_status_current_replicas", "q_rep", replicas),
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([1, 2, 3], []),
+        ([1, math.nan, 3], []),  # one missing step is not a gap
+        ([1, math.nan, math.nan, 3], [(1010.0, 1020.0)]),
+        ([math.nan, math.nan, 1, math.nan, math.nan], [(1000.0, 1010.0), (1030.0, 1040.0)]),
+    ],
+)
+def test_gaps_are_runs_of_at_least_two_missing_steps(
+    values: list[float], expected: list[tuple[float, float]]
+) -> None:
+    assert gaps(_series(values)) == expected
+
+
+def test_native_resolution_is_the_step_for_a_live_series_and_longer_for_a_downsampled_one() -> None:
+    rng = np.random.default_rng(0)
+    live = rng.uniform(1, 2, 600)
+    assert native_resolution(_series(list(live))) == 10.0
+    coarse = np.repeat(rng.uniform(1, 2, 20), 30)  # one value per 5 minutes, read every 10 s
+    assert native_resolution(_series(list(coarse))) == 300.0
+
+
+def test_the_demand_is_the_request_rate_when_there_is_one() -> None:
+    found = demand_rate(_history(_series([1.0, 2.0]), _series([50.0, 60.0])), Config())
+    assert not isinstance(found, str)
+    series, what = found
+    assert list(series.values) == [1.0, 2.0] and what.startswith("request rate (q_req)")
+
+
+def test_without_a_request_rate_the_demand_is_derived_from_gpu_load_and_says_so() -> None:
+    found = demand_rate(_history(None, _series([60.0, 120.0])), Config())
+    assert not isinstance(found, str)
+    series, what = found
+    np.testing.assert_allclose(series.values, [10.0, 20.0])  # 60 % / 100 / 0.06 s
+    assert "GPU load (q_load)" in what and "served load" in what
+
+
+def test_no_signal_at_all_is_a_skip_naming_each_signal() -> None:
+    found = demand_rate(_history(), Config())
+    assert isinstance(found, str) and found.startswith("no demand signal")
+    assert "workload_requests: no series matched" in found and "workload_load" in found
+
+
+def test_a_downsampled_history_is_skipped_as_coarser_than_the_step() -> None:
+    coarse = np.repeat(np.arange(1.0, 11.0), 10)
+    done = replay(_history(_series(list(coarse))), Config(), W, seed=1, baselines=False)
+    assert isinstance(done, Skipped) and "coarser than the step" in done.reason
+
+
+def test_too_little_history_is_a_skip_not_an_error() -> None:
+    values = [float(v) for v in np.random.default_rng(1).uniform(1, 3, 101)]
+    done = replay(_history(_series(values)), Config(), W, seed=1, baselines=False)
+    assert isinstance(done, Skipped) and done.reason.startswith("too little history")
+
+
+def test_the_workload_is_replayed_alone_on_its_pool_without_a_synthetic_burst() -> None:
+    cfg = workload_config(Config(workloads=(W,)), W)
+    assert [w.name for w in cfg.workloads] == ["chat"]
+    assert cfg.workloads[0].node_pool is not None
+    assert cfg.simulator.preemption_burst_after is None
+
+
+def test_the_replicas_that_ran_hold_over_gaps_and_fill_the_start() -> None:
+    assert list(held(_series([math.nan, 3, math.nan, math.nan, 5]))) == [3, 3, 3, 3, 5]
+
+
+def test_the_replay_of_the_replicas_that_ran_follows_them() -> None:
+    cfg = workload_config(Config(workloads=(W,)), W)
+    arrivals = np.full(7200, 10.0)  # 1 h of 20 requests/s at 500 ms
+    schedule = Series(0.0, 60.0, np.r_[np.full(30, 4.0), np.full(30, 8.0)])
+    out = actual_run(cfg, schedule, arrivals, 0.0, 3600.0, 1, 0)
+    assert out["scaling_actions"] == 2  # min replicas -> 4 -> 8
+    assert out["mean_replicas"] == pytest.approx(6, abs=0.1)
+
+
+CURVE = [
+    {"target_pct": 40, "gpu_hours": 30.0, "slo_violation_share": 0.0, "p99_wait_s": 0.1},
+    {"target_pct": 60, "gpu_hours": 20.0, "slo_violation_share": 0.01, "p99_wait_s": 1.0},
+    {"target_pct": 90, "gpu_hours": 10.0, "slo_violation_share": 0.05, "p99_wait_s": 5.0},
+]
+
+
+@pytest.mark.parametrize(
+    ("share", "expected"),
+    [
+        (0.05, (10.0, True)),  # the cheapest target already reaches it
+        (0.03, (15.0, False)),  # halfway between 90 % and 60 %
+        (0.01, (20.0, False)),
+        (0.0, (30.0, False)),
+        (-0.001, None),  # no swept target reaches it
+    ],
+)
+def test_gpu_hours_a_baseline_needs_for_an_slo_share(
+    share: float, expected: tuple[float, bool] | None
+) -> None:
+    assert hours_at_share(CURVE, share) == expected
+
+
+def _summary(gpu_hours: float, share: float, at_equal_share: float | None) -> dict[str, Any]:
+    return {
+        "gpuscaler": {"gpu_hours": gpu_hours, "slo_violation_share": share},
+        "baselines": {"reactive": CURVE},
+        "equal_cost": {
+            "reactive": None
+            if at_equal_share is None
+            else {"gpu_hours": gpu_hours, "slo_violation_share": at_equal_share}
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("gpu_hours", "share", "at_equal", "saved", "avoided", "expected"),
+    [
+        (12.0, 0.01, 0.04, 8.0, 0.03, "enable"),  # cheaper and fewer violations
+        (25.0, 0.01, 0.005, -5.0, -0.005, "keep reactive"),  # dearer and more violations
+        (20.0, 0.01, 0.01, 0.0, 0.0, "keep reactive"),  # the same: nothing to gain
+        (40.0, 0.0, None, -10.0, None, "keep reactive"),  # off the curve, dearer at 0 %
+    ],
+)
+def test_the_verdict_row_against_the_best_baseline(
+    gpu_hours: float,
+    share: float,
+    at_equal: float | None,
+    saved: float,
+    avoided: float | None,
+    expected: str,
+) -> None:
+    row = compare(_summary(gpu_hours, share, at_equal))
+    assert row["gpu_hours_saved"]["gpu_hours"] == pytest.approx(saved)
+    if avoided is None:
+        assert row["violations_avoided"] is None
+    else:
+        assert row["violations_avoided"]["share"] == pytest.approx(avoided)
+    assert row["verdict"] == expected
+
+
+def test_no_comparison_on_either_axis_is_not_enough_data() -> None:
+    assert verdict({"gpu_hours": 1.0}, None, None) == "not enough data"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", NOW),
+        ("7d", NOW - 7 * 86400),
+        ("90m", NOW - 5400),
+        ("1700000000", 1_700_000_000.0),
+        ("2023-11-14T22:13:20Z", 1_700_000_000.0),
+        ("2023-11-14T23:13:20+01:00", 1_700_000_000.0),
+    ],
+)
+def test_when_arguments(text: str, expected: float) -> None:
+    assert parse_when(text, NOW, "--since") == expected
+
+
+@pytest.mark.parametrize("text", ["yesterday", "7x", "", "2023-13-45T00:00:00Z", "nan", "inf"])
+def test_bad_when_arguments_name_the_flag(text: str) -> None:
+    with pytest.raises(WhatifError, match="--since"):
+        parse_when(text, NOW, "--since")
+
+
+@given(st.text(max_size=30))
+def test_parse_when_gives_a_finite_time_or_a_whatif_error(text: str) -> None:
+    try:
+        t = parse_when(text, NOW, "--until")
+    except WhatifError:
+        return
+    assert math.isfinite(t)
+
+
+def test_workloads_are_chosen_by_namespace_and_name() -> None:
+    other = WorkloadConfig(namespace="ns", kind="HorizontalPodAutoscaler", name="batch")
+    config = Config(workloads=(W, other))
+    assert select(config, []) == [W, other]
+    assert select(config, ["ns/batch"]) == [other]
+    with pytest.raises(WhatifError, match="ns/nope: not in the config"):
+        select(config, ["ns/nope"])
+    with pytest.raises(WhatifError, match="names no workloads"):
+        select(Config(), [])
+
+
+def test_replicas_are_read_from_kedas_hpa_then_the_deployment() -> None:
+    assert hpa_name(W) == "keda-hpa-chat"
+    assert hpa_name(WorkloadConfig(namespace="a", kind="HorizontalPodAutoscaler", name="x")) == "x"
+    (hpa_metric, hpa_q), (dep_metric, dep_q) = replica_queries(W)
+    assert hpa_metric == "kube_horizontalpodautoscaler_status_current_replicas"
+    assert 'horizontalpodautoscaler="keda-hpa-chat"' in hpa_q and 'namespace="ns"' in hpa_q
+    assert dep_metric == "kube_deployment_status_replicas" and 'deployment="chat"' in dep_q
+
+
+def test_the_requests_template_is_checked_like_the_others() -> None:
+    from gpuscaler.config import ConfigError
+
+    with pytest.raises(ConfigError, match="workload_requests"):
+        parse_config("prometheus: {queries: {workload_requests: 'sum(rate(x[1m]))'}}\n")
+
+
+def test_whatif_answers_help_with_its_documented_flags() -> None:
+    out = subprocess.run(
+        [str(SCRIPT), "whatif", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    for flag in ("--config", "--since", "--until", "--workload", "--report", "--json"):
+        assert flag in out.stdout
+
+
+def test_whatif_without_a_prometheus_url_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("workloads: [{namespace: ns, kind: ScaledObject, name: chat}]\n")
+    out = subprocess.run(
+        [str(SCRIPT), "whatif", "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "prometheus.url is not set" in out.stderr and "Traceback" not in out.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_shows_on_a_terminal_only() -> None:
+    term = _Terminal()
+    bar = Progress(term, total=4)
+    bar.request(3)
+    bar.workload("ns/ScaledObject/chat")
+    bar.close()
+    assert "[" + "#" * 8 + "." * 22 + "] 1/4 workloads, 3 range queries" in term.getvalue()
+    assert term.getvalue().endswith("\n")
+    plain = io.StringIO()
+    quiet = Progress(plain, total=4)
+    quiet.request(1)
+    quiet.workload("x")
+    quiet.close()
+    assert plain.getvalue() == ""
+
+
+def test_out_of_range_requests_are_dropped_and_listed_not_fatal() -> None:
+    signal = Signal("workload_requests", "q", _series([1.0, math.nan]), "1 value(s) outside")
+    history = WorkloadHistory(
+        W.key, 1000.0, 1010.0, 10.0, signal, Signal("workload_load", "q", None), signal
+    )
+    found = demand_rate(history, Config())
+    assert not isinstance(found, str)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "name", "is_rate", "why"),
+    [
+        (
+            "prometheus: {queries: {workload_requests: 'sum(x{{{matchers}}})'}}\n",
+            "workload_requests",
+            True,
+            None,
+        ),
+        ("{}\n", "workload_requests", False, "workload_requests is not set"),
+        (
+            "workload_demand: {preset: triton_rate, per_replica: 10}\n",
+            "demand (triton_rate)",
+            True,
+            None,
+        ),
+        (
+            "workload_demand: {preset: query, per_replica: 5, query: 'sum(r)', unit: requests/s}\n",
+            "demand (query)",
+            True,
+            None,
+        ),
+        (
+            "workload_demand: {preset: vllm, per_replica: 16}\n",
+            "demand (vllm)",
+            False,
+            "not arrivals",
+        ),
+    ],
+)
+def test_the_request_rate_comes_from_the_query_or_a_rate_demand_never_a_queue(
+    yaml_text: str, name: str, is_rate: bool, why: str | None
+) -> None:
+    import yaml
+
+    from gpuscaler.adapters.prometheus.history import request_template
+
+    doc = yaml.safe_load(yaml_text)
+    demand = doc.pop("workload_demand", None)
+    config = Config.model_validate(doc)
+    workload = W if demand is None else W.model_copy(update={"demand": DemandConfig(**demand)})
+    template, what, why_not = request_template(workload, config)
+    assert what == name
+    assert (template is not None) == is_rate
+    if why is None:
+        assert why_not is None
+    else:
+        assert why_not is not None and why in why_not
