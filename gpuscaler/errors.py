@@ -7,8 +7,8 @@
     │   ├── BacktestError         backtest.py: a series to backtest
     │   └── SetupError            app.py: arguments that do not fit together, no API
     ├── OutsideError          something outside gpuscaler failed; exit 1
-    │   ├── KubeError             adapters/kubernetes.py: an API call, naming the object
-    │   └── SourceError           adapters/prometheus.py: a query (secrets scrubbed)
+    │   ├── KubeError             adapters/kube/api.py: an API call, naming the object
+    │   └── SourceError           adapters/prometheus/transport.py: a query (secrets scrubbed)
     └── anything else         a bug in gpuscaler; exit 1, traceback only with --debug
 
 An OSError (a file that cannot be written, a port in use) counts as an outside failure.

@@ -24,7 +24,7 @@ log = logging.getLogger("gpuscaler.kubernetes")
 class FloorGuard:
     def __init__(self, writer: Any):
         self.writer = writer
-        """`gpuscaler.adapters.kubernetes.Writer`: Events."""
+        """`gpuscaler.adapters.kube.writer.Writer`: Events."""
         self._said: dict[str, str] = {}
 
     def refusal(
