@@ -2,9 +2,9 @@
 
     Exception
     ├── InputError            bad input the user can fix; exit 2
-    │   ├── ConfigError           config.py: the config file, every problem with its path
+    │   ├── ConfigError           config/loading.py: the config file, every problem with its path
     │   ├── TraceError            sim/trace.py: a load trace
-    │   ├── BacktestError         backtest.py: a series to backtest
+    │   ├── BacktestError         backtest/series.py: a series to backtest
     │   └── SetupError            app.py: arguments that do not fit together, no API
     ├── OutsideError          something outside gpuscaler failed; exit 1
     │   ├── KubeError             adapters/kube/api.py: an API call, naming the object
