@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kubernetes import client
-
+from gpuscaler.adapters.kube.writer import scale_object_ref
 from gpuscaler.core.floor_patch import FloorTarget, floor_patch_refusal
 
 if TYPE_CHECKING:
@@ -56,15 +55,8 @@ class FloorGuard:
                 why,
                 extra={"event": "floor_patch_refused", "target": w.key, "reason": why},
             )
-            api_version = "keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2"
             self.writer.event(
-                client.V1ObjectReference(
-                    api_version=api_version,
-                    kind=w.kind,
-                    name=w.name,
-                    namespace=w.namespace,
-                    uid=state.uid or None,
-                ),
+                scale_object_ref(w, state.uid),
                 w.namespace,
                 "FloorPatchRefused",
                 "SetReplicaFloor",

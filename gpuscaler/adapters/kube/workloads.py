@@ -18,7 +18,12 @@ from gpuscaler.adapters.kube.objects import (
     ScaleObject,
     parse_scale_object,
 )
-from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer, decision_record
+from gpuscaler.adapters.kube.writer import (
+    MAX_CONFLICT_RETRIES,
+    Writer,
+    decision_record,
+    scale_object_ref,
+)
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 
@@ -118,15 +123,8 @@ class KubeWorkloads:
                 if e.status == 409:
                     continue  # someone wrote first: read again
                 raise api_error(f"patch {w.key}", e) from None
-            api_version = "keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2"
             self.writer.event(
-                client.V1ObjectReference(
-                    api_version=api_version,
-                    kind=w.kind,
-                    name=w.name,
-                    namespace=w.namespace,
-                    uid=state.uid or None,
-                ),
+                scale_object_ref(w, state.uid),
                 w.namespace,
                 "ReplicaFloorChanged",
                 "SetReplicaFloor",

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error
-from gpuscaler.config import Config
+from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.decisions import Decision
 
 log = logging.getLogger("gpuscaler.kubernetes")
@@ -113,3 +113,15 @@ class Writer:
 
 def decision_record(d: Decision) -> str:
     return json.dumps(d.as_record())
+
+
+def scale_object_ref(w: WorkloadConfig, uid: str | None) -> client.V1ObjectReference:
+    """The ScaledObject or HPA of `w`, as an Event's `regarding` (with its uid, so that
+    `kubectl describe` shows the Event)."""
+    return client.V1ObjectReference(
+        api_version="keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2",
+        kind=w.kind,
+        name=w.name,
+        namespace=w.namespace,
+        uid=uid or None,
+    )
