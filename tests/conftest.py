@@ -68,6 +68,17 @@ SLOW_MODULES = frozenset(
         # simulator replays with their baselines, and planning at 10,000 workloads
         "test_simulate",
         "test_plan_scale",
+        # statsmodels references, fake servers with real timeouts, leases, gRPC servers,
+        # watches: 0.5-44 s a module (pytest --durations, 2026-11-29)
+        "test_backtest",
+        "test_agent",
+        "test_kube_faults",
+        "test_kube_preemption",
+        "test_extscaler_grpc",
+        "test_kubefake",
+        "test_loop",
+        "test_leader",
+        "test_informer_faults",
     }
 )
 """Modules whose tests take seconds each: marker `slow`, left out by `make test-fast`."""
