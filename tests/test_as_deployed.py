@@ -103,6 +103,12 @@ class Replica:
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
 
+    @classmethod
+    def run(cls, cfg: Path, kubeconfig: Path, pod: str, log: Path, *flags: str) -> Replica:
+        """`gpuscaler run` as the Deployment starts it, as pod `pod` of HOME, plus `flags`."""
+        argv = [GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig), *flags]
+        return cls(argv, _env(POD_NAME=pod, POD_NAMESPACE=HOME), log)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -136,22 +142,9 @@ def test_two_real_replicas_elect_one_leader_and_the_other_takes_over_when_it_die
     kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
 
     def start(name: str) -> Replica:
-        r = Replica(
-            [
-                GPUSCALER,
-                "run",
-                "--config",
-                str(cfg),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--metrics-port",
-                str(free_port()),
-                "--metrics-host",
-                "127.0.0.1",
-            ],
-            _env(POD_NAME=name, POD_NAMESPACE=HOME),
-            tmp_path / f"{name}.log",
-        )
+        port = str(free_port())
+        flags = ("--metrics-port", port, "--metrics-host", "127.0.0.1")
+        r = Replica.run(cfg, kubeconfig, name, tmp_path / f"{name}.log", *flags)
         replicas.append(r)
         return r
 

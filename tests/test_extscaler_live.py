@@ -89,22 +89,8 @@ def test_run_serves_the_floor_over_grpc_never_patches_and_goes_neutral_when_prom
     (tmp_path / "prom").mkdir()
     with planted_prometheus(tmp_path / "prom") as url:
         cfg = _config(tmp_path, url)
-        r = Replica(
-            [
-                GPUSCALER,
-                "run",
-                "--config",
-                str(cfg),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--metrics-port",
-                "0",
-                "--external-scaler-port",
-                str(port),
-            ],
-            _env(POD_NAME="gpuscaler-ext", POD_NAMESPACE=HOME),
-            tmp_path / "run.log",
-        )
+        flags = ("--metrics-port", "0", "--external-scaler-port", str(port))
+        r = Replica.run(cfg, kubeconfig, "gpuscaler-ext", tmp_path / "run.log", *flags)
         replicas.append(r)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             try:
@@ -227,14 +213,8 @@ def test_leader_and_standby_both_serve_the_floor_and_neither_patches(
     kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
     ports = {"gpuscaler-a": free_port(), "gpuscaler-b": free_port()}
     for name, port in ports.items():
-        r = Replica(
-            [
-                *(GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)),
-                *("--metrics-port", "0", "--external-scaler-port", str(port)),
-            ],
-            _env(POD_NAME=name, POD_NAMESPACE=HOME),
-            tmp_path / f"{name}.log",
-        )
+        flags = ("--metrics-port", "0", "--external-scaler-port", str(port))
+        r = Replica.run(cfg, kubeconfig, name, tmp_path / f"{name}.log", *flags)
         replicas.append(r)
         if name == "gpuscaler-a":
             wait_until("a leads", lambda: deployed._lease_holder(cluster) == "gpuscaler-a", 60)

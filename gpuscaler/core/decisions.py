@@ -81,8 +81,8 @@ class _Forecasted(_Change):
 
 
 @dataclass(frozen=True)
-class ReplicaFloorDecision(_Forecasted):
-    """Set a workload's replica floor (KEDA minReplicaCount, HPA minReplicas)."""
+class _CountChange(_Forecasted):
+    """A change of a whole number: a workload's replicas or a pool's fragments."""
 
     time: float
     target: str
@@ -90,7 +90,6 @@ class ReplicaFloorDecision(_Forecasted):
     to_value: int
     reason: str
     forecast: Mapping[str, float] | None = None
-    kind: ClassVar[DecisionKind] = "replica_floor"
 
     @property
     def values(self) -> tuple[int, int]:
@@ -98,20 +97,17 @@ class ReplicaFloorDecision(_Forecasted):
 
 
 @dataclass(frozen=True)
-class FragmentsDecision(_Forecasted):
+class ReplicaFloorDecision(_CountChange):
+    """Set a workload's replica floor (KEDA minReplicaCount, HPA minReplicas)."""
+
+    kind: ClassVar[DecisionKind] = "replica_floor"
+
+
+@dataclass(frozen=True)
+class FragmentsDecision(_CountChange):
     """Set a node pool's fragments per GPU."""
 
-    time: float
-    target: str
-    from_value: int
-    to_value: int
-    reason: str
-    forecast: Mapping[str, float] | None = None
     kind: ClassVar[DecisionKind] = "fragments"
-
-    @property
-    def values(self) -> tuple[int, int]:
-        return self.from_value, self.to_value
 
 
 @dataclass(frozen=True)
