@@ -137,7 +137,8 @@ class Keda:
         # Server-side, forced: the suite's vendored ScaledObject CRD is taken over.
         self.plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
         self.plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        self.plane.kubectl("create", "namespace", NAMESPACE)
+        namespace = f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NAMESPACE}}}\n"
+        self.plane.kubectl("apply", "-f", "-", input=namespace)  # (kept between tests)
         service = f"{ADAPTER_SERVICE}.{NAMESPACE}.svc"
         make_mutual_tls_dir(self.certs, "keda", ["localhost", service])
 
@@ -210,6 +211,13 @@ class Keda:
         return "\n".join(f"--- {p.name}\n{p.tail(n)}" for p in self.processes)
 
     def stop(self) -> None:
+        """The APIService goes first: while it names an adapter that is not there, the
+        namespace controller's discovery fails and no namespace finishes deleting
+        (NamespaceDeletionDiscoveryFailure)."""
+        if self.processes:
+            self.plane.kubectl(
+                "delete", "apiservice", API_SERVICE, "--ignore-not-found", "--wait=false"
+            )
         for p in reversed(self.processes):
             p.stop()
         self.processes.clear()
