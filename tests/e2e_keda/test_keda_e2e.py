@@ -23,7 +23,7 @@ import contextlib
 import datetime as dt
 import math
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,20 +56,35 @@ WAIT = 240.0
 Deployment; generous for a loaded 2-core machine."""
 
 
-def _user_trigger() -> dict[str, Any]:
-    """The user's own trigger, the ceiling: KEDA's cron scaler, which needs no network
-    (pkg/scalers/cron_scaler.go: outside its window it asks for 0 replicas and is
-    inactive). Its window is 12 hours away."""
-    hour = (dt.datetime.now(dt.UTC).hour + 12) % 24
+USER_REPLICAS = 10
+"""What the user's own trigger asks for while its window is open: above any floor here."""
+
+
+def _user_trigger(open_now: bool) -> dict[str, Any]:
+    """The user's own trigger, the ceiling: KEDA's cron scaler, which needs no network.
+    pkg/scalers/cron_scaler.go: it asks for `desiredReplicas` and is active while the next
+    end of its daily window comes before the next start, else asks for 0. Open: from 30
+    minutes ago to 30 minutes on; closed: a window 12 hours away."""
+    now = dt.datetime.now(dt.UTC)
+    start, end = (
+        (now - dt.timedelta(minutes=30), now + dt.timedelta(minutes=30))
+        if open_now
+        else (now + dt.timedelta(hours=12), now + dt.timedelta(hours=12, minutes=30))
+    )
     return {
         "type": "cron",
         "metadata": {
             "timezone": "UTC",
-            "start": f"0 {hour} * * *",
-            "end": f"30 {hour} * * *",
-            "desiredReplicas": "10",
+            "start": f"{start.minute} {start.hour} * * *",
+            "end": f"{end.minute} {end.hour} * * *",
+            "desiredReplicas": str(USER_REPLICAS),
         },
     }
+
+
+def _triggers(user_open: bool, trigger_type: str, port: int) -> list[dict[str, Any]]:
+    gpuscaler = {"type": trigger_type, "metadata": {"scalerAddress": f"localhost:{port}"}}
+    return [_user_trigger(user_open), gpuscaler]
 
 
 @pytest.fixture
@@ -94,10 +109,7 @@ def keda(cluster: Kube, tmp_path: Path, trigger_type: str) -> Iterator[Keda]:
             "spec": {
                 "pollingInterval": 5,
                 "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior}},
-                "triggers": [
-                    _user_trigger(),
-                    {"type": trigger_type, "metadata": {"scalerAddress": f"localhost:{port}"}},
-                ],
+                "triggers": _triggers(False, trigger_type, port),
             }
         },
         "application/merge-patch+json",
@@ -146,7 +158,39 @@ def _external_metric(hpa: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-@pytest.mark.timeout(900)  # KEDA's start and two steps of WAIT at most, under load
+class Watch:
+    """What the test polls: gpuscaler's answer as KEDA asks for it, and the Deployment's
+    replicas; the last few of each go into a failure's message with the logs."""
+
+    def __init__(self, kube: Kube, keda: Keda, port: int):
+        self.kube, self.keda, self.port = kube, keda, port
+        self.served: list[tuple[float, bool]] = []
+        self.seen: list[int] = []
+        self.replica: Replica | None = None
+
+    def look(self) -> tuple[int, bool, int]:
+        """(floor served, rounded up as the HPA does; active; Deployment replicas)."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            self.served.append(_ask(pb_grpc.ExternalScalerStub(channel)))
+        self.seen.append(_replicas(self.kube))
+        return math.ceil(self.served[-1][0]), self.served[-1][1], self.seen[-1]
+
+    def until(self, what: str, check: Callable[[int, bool, int], bool]) -> None:
+        try:
+            wait_until(what, lambda: check(*self.look()), WAIT, 2)
+        except TimeoutError:
+            log = self.replica.output()[-3000:] if self.replica else ""
+            pytest.fail(
+                f"{what}: served {self.served[-3:]}, replicas {self.seen[-3:]}\n"
+                f"HPA: {_hpa_status(self.kube)}\n{self.keda.logs()}\n--- gpuscaler\n{log}"
+            )
+
+
+def _set_triggers(kube: Kube, triggers: list[dict[str, Any]]) -> None:
+    kube.request("PATCH", SO, {"spec": {"triggers": triggers}}, "application/merge-patch+json")
+
+
+@pytest.mark.timeout(900)  # KEDA's start and a few steps of WAIT at most, under load
 @pytest.mark.parametrize("trigger_type", ["external", "external-push"])
 def test_the_floor_moves_a_deployment_through_the_real_keda_and_goes_back_when_neutral(
     cluster: Kube, keda: Keda, tmp_path: Path, replicas: list[Replica], trigger_type: str
@@ -154,85 +198,57 @@ def test_the_floor_moves_a_deployment_through_the_real_keda_and_goes_back_when_n
     port = keda.gpuscaler_port
     kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
     (tmp_path / "prom").mkdir()
-    served: list[tuple[float, bool]] = []
-    seen: list[int] = []
-
-    def diagnosis() -> str:
-        return (
-            f"served {served[-3:]}, replicas {seen[-3:]}\nHPA: {_hpa_status(cluster)}\n"
-            f"{keda.logs()}\n--- gpuscaler\n{r.output()[-3000:]}"
-        )
-
+    watch = Watch(cluster, keda, port)
     with planted_prometheus(tmp_path / "prom") as url:
-        cfg = _config(tmp_path, url, CONFIG)
         r = Replica(
             [
-                *(GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)),
-                *("--metrics-port", "0", "--external-scaler-port", str(port)),
+                *(GPUSCALER, "run", "--config", str(_config(tmp_path, url, CONFIG))),
+                *("--kubeconfig", str(kubeconfig), "--metrics-port", "0"),
+                *("--external-scaler-port", str(port)),
             ],
             _env(POD_NAME="gpuscaler-keda", POD_NAMESPACE=HOME),
             tmp_path / "run.log",
         )
         replicas.append(r)
-
-        def floor_served() -> bool:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                served.append(_ask(pb_grpc.ExternalScalerStub(channel)))
-            return served[-1][0] > 2
-
-        try:
-            wait_until("gpuscaler serves a floor above 2", floor_served, WAIT, 1)
-        except TimeoutError:
-            pytest.fail(diagnosis())
+        watch.replica = r
+        watch.until("gpuscaler serves a floor above 2", lambda floor, _a, _r: floor > 2)
         # KEDA starts once gpuscaler answers, as after an install in that order: the HPA
         # KEDA makes holds the metric of every trigger whose GetMetricSpec answered when
         # it reconciled the ScaledObject; a trigger that failed then is left out of the
         # HPA (seen here: the HPA kept only the cron metric) until the object changes.
         keda.start()
-
-        def deployment_at_the_floor() -> bool:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                served.append(_ask(pb_grpc.ExternalScalerStub(channel)))
-            seen.append(_replicas(cluster))
-            floor = math.ceil(served[-1][0])
-            return floor > 2 and seen[-1] == floor
-
-        try:
-            wait_until(
-                "the Deployment at gpuscaler's floor, above 2", deployment_at_the_floor, WAIT, 2
-            )
-        except TimeoutError:
-            pytest.fail(diagnosis())
-        hpa = cluster.get(HPA)
-        assert hpa["metadata"]["ownerReferences"][0]["kind"] == "ScaledObject"  # KEDA's own
-        metric = _external_metric(hpa)
-        assert metric["target"] == {"type": "AverageValue", "averageValue": "1"}, metric
-        # The HPA controller read it through KEDA's aggregated API (else ScalingActive False,
-        # reason FailedGetExternalMetric).
-        conditions = {c["type"]: c for c in hpa["status"]["conditions"]}
-        assert conditions["ScalingActive"]["status"] == "True", conditions
-        assert conditions["ScalingActive"]["reason"] == "ValidMetricFound", conditions
-        read = [m for m in hpa["status"]["currentMetrics"] if m["type"] == "External"]
-        assert any("gpuscaler-replica-floor" in m["external"]["metric"]["name"] for m in read), read
-        so = cluster.get(SO)
-        assert so["spec"]["minReplicaCount"] == 2  # never patched: served through KEDA
-        assert "gpuscaler.io/last-decision" not in (so["metadata"].get("annotations") or {})
+        watch.until("the Deployment at the floor", lambda f, _a, n: 2 < f == n < USER_REPLICAS)
+        _assert_the_hpa_reads_the_floor(cluster)
+        # The user's trigger asks for more: the HPA takes the max, the user's ceiling.
+        _set_triggers(cluster, _triggers(True, trigger_type, port))
+        watch.until("the Deployment at the user's 10", lambda _f, _a, n: n == USER_REPLICAS)
+        # It asks for nothing again: the floor keeps the replicas up.
+        _set_triggers(cluster, _triggers(False, trigger_type, port))
+        watch.until("the Deployment back at the floor", lambda f, _a, n: 2 < f == n)
         # Prometheus dies (the context ends): gpuscaler has no fresh input and answers 0.
-
-    def back_to_the_minimum() -> bool:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            served.append(_ask(pb_grpc.ExternalScalerStub(channel)))
-        seen.append(_replicas(cluster))
-        return served[-1] == (0.0, False) and seen[-1] == 2
-
-    try:
-        wait_until("the Deployment back at minReplicaCount 2", back_to_the_minimum, WAIT, 2)
-    except TimeoutError:
-        pytest.fail(diagnosis())
-    assert cluster.get(SO)["spec"]["minReplicaCount"] == 2
+    watch.until(
+        "neutral, and back to minReplicaCount 2", lambda f, a, n: (f, a, n) == (0, False, 2)
+    )
+    so = cluster.get(SO)
+    assert so["spec"]["minReplicaCount"] == 2  # never patched: served through KEDA
+    assert "gpuscaler.io/last-decision" not in (so["metadata"].get("annotations") or {})
     assert "Traceback" not in r.output()
     r.signal(signal.SIGTERM)
     assert r.popen.wait(30) == 0, r.output()[-3000:]
+
+
+def _assert_the_hpa_reads_the_floor(kube: Kube) -> None:
+    hpa = kube.get(HPA)
+    assert hpa["metadata"]["ownerReferences"][0]["kind"] == "ScaledObject"  # KEDA's own
+    metric = _external_metric(hpa)
+    assert metric["target"] == {"type": "AverageValue", "averageValue": "1"}, metric
+    # The HPA controller read it through KEDA's aggregated API (else ScalingActive False,
+    # reason FailedGetExternalMetric).
+    conditions = {c["type"]: c for c in hpa["status"]["conditions"]}
+    assert conditions["ScalingActive"]["status"] == "True", conditions
+    assert conditions["ScalingActive"]["reason"] == "ValidMetricFound", conditions
+    read = [m for m in hpa["status"]["currentMetrics"] if m["type"] == "External"]
+    assert any("gpuscaler-replica-floor" in m["external"]["metric"]["name"] for m in read), read
 
 
 def _hpa_status(kube: Kube) -> Any:
