@@ -178,6 +178,14 @@ def test_the_scheduler_follows_the_release_namespace_prometheus_and_its_values()
     assert "gpuscaler-extender" not in {d["metadata"]["name"] for d in template(*AS_KUSTOMIZE)}
 
 
+def test_helm_lint_passes_with_the_scheduler_and_the_agent_on() -> None:
+    # lint renders every template, NOTES.txt included (helm template leaves NOTES out).
+    on = ("--set", "scheduler.enabled=true", "--set", "agent.enabled=true")
+    out = helm("lint", "--strict", str(CHART), *on)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
 def test_the_agent_rolls_when_its_config_changes() -> None:
     def checksum(*args: str) -> str:
         daemonset = _one(
