@@ -74,11 +74,11 @@ def keda_source() -> Path:
 
 def missing() -> list[str]:
     """What the test needs and does not find, each with where it should be."""
-    found = [
+    needed = [
         *(str(keda_bin() / b) for b in ("keda-operator", "keda-adapter")),
         str(keda_source() / "config" / "crd" / "bases"),
     ]
-    return [f for f in found if not os.path.exists(f)]
+    return [f for f in needed if not os.path.exists(f)]
 
 
 def aggregation_flags(pki: Path) -> tuple[str, ...]:
