@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ## Extra pytest arguments, e.g. CI's coverage: make test PYTEST_ARGS=--cov
 PYTEST_ARGS ?=
 
-.PHONY: setup simulate test test-fast controlplane helm lint typecheck bench lock clean
+.PHONY: setup simulate test test-fast test-keda controlplane helm lint typecheck bench lock clean
 
 $(BIN)/gpuscaler: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ test: setup lint typecheck controlplane helm
 ## `controlplane`) or start programs and replay hours (marker `slow`).
 test-fast: setup lint typecheck
 	$(BIN)/pytest -q -m "not controlplane and not slow" $(PYTEST_ARGS)
+
+## gpuscaler's floor through the real KEDA operator and metrics adapter, end to end
+## (tests/e2e_keda; docs/keda.md). Not in `make test`: KEDA takes over an hour to build
+## (tests/keda/build.sh, cached in ~/.cache/gpuscaler/keda, a no-op once built); the
+## test itself takes about a minute.
+test-keda: setup controlplane
+	tests/keda/build.sh >/dev/null
+	GPUSCALER_KEDA_E2E=1 $(BIN)/pytest -q tests/e2e_keda $(PYTEST_ARGS)
 
 ## Build the test control plane into ~/.cache/gpuscaler/controlplane (a no-op once built;
 ## 35 min cold here on 2 shared cores). Without Go, the tests that need it skip (fail under CI).

@@ -119,12 +119,12 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float, every: floa
 class Process:
     """A component started in its own process group, logging to a file, stopped by PID."""
 
-    def __init__(self, name: str, argv: list[str], log: Path):
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None):
         self.name = name
         self.log = log
         with log.open("wb") as out:
             self.popen = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
 
     def alive(self) -> bool:

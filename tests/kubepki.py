@@ -37,6 +37,7 @@ def _cert(
     ca: bool = False,
     sans: list[x509.GeneralName] | None = None,
     server: bool = False,
+    client_too: bool = False,
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     name, signer = issuer or (subject, key)
@@ -56,9 +57,10 @@ def _cert(
         )
     else:
         usage = x509.oid.ExtendedKeyUsageOID
-        b = b.add_extension(
-            x509.ExtendedKeyUsage([usage.SERVER_AUTH if server else usage.CLIENT_AUTH]), False
-        )
+        usages = [usage.SERVER_AUTH if server else usage.CLIENT_AUTH]
+        if server and client_too:
+            usages.append(usage.CLIENT_AUTH)
+        b = b.add_extension(x509.ExtendedKeyUsage(usages), False)
     if sans:
         b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return b.sign(signer, hashes.SHA256())
@@ -113,6 +115,36 @@ def make_pki(d: Path) -> None:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+
+def make_front_proxy_pki(d: Path) -> None:
+    """The aggregation layer's own CA and the apiserver's proxy client certificate, as
+    kubeadm makes them (front-proxy-ca.crt, front-proxy-client.{crt,key}, CN
+    front-proxy-client): the apiserver presents it when it proxies a request to an
+    aggregated API server, which trusts the X-Remote-User/-Group headers only from it."""
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-ca")])
+    (d / "front-proxy-ca.crt").write_bytes(_pem(_cert(ca_name, ca_key, ca=True)))
+    key = _key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-client")])
+    (d / "front-proxy-client.crt").write_bytes(_pem(_cert(name, key, (ca_name, ca_key))))
+    (d / "front-proxy-client.key").write_bytes(_pem_key(key))
+
+
+def make_mutual_tls_dir(d: Path, common_name: str, dns_names: list[str]) -> None:
+    """ca.crt, tls.crt and tls.key in `d`, as a cert-manager or Kubernetes TLS Secret
+    mounts them: one certificate for both ends of a mutual-TLS link (server and client
+    usage), valid for 127.0.0.1 and `dns_names`."""
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name}-ca")])
+    (d / "ca.crt").write_bytes(_pem(_cert(ca_name, ca_key, ca=True)))
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    sans += [x509.DNSName(n) for n in dns_names]
+    key = _key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = _cert(name, key, (ca_name, ca_key), sans=sans, server=True, client_too=True)
+    (d / "tls.crt").write_bytes(_pem(cert))
+    (d / "tls.key").write_bytes(_pem_key(key))
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, user: Json) -> Path:

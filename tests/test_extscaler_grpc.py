@@ -9,6 +9,7 @@ then IsActive; StreamIsActive for `external-push`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,12 +268,17 @@ def test_stream_is_active_refuses_an_unmanaged_scaled_object(
 
 
 def test_stream_metric_spec_is_unimplemented_so_keda_falls_back_to_polling(
-    stub: pb_grpc.ExternalScalerStub,
+    stub: pb_grpc.ExternalScalerStub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # KEDA: "If unimplemented (returns Unimplemented), KEDA silently falls back".
+    # KEDA: "If unimplemented (returns Unimplemented), KEDA silently falls back"; every
+    # external-push ScaledObject asks once (the real KEDA did, tests/e2e_keda). An
+    # expected answer: no error and no traceback in gpuscaler's log.
     with pytest.raises(grpc.RpcError) as e:
         next(stub.StreamMetricSpec(_ref(), timeout=10))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "GetMetricSpec" in (e.value.details() or "")
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not noisy, [r.getMessage() for r in noisy]
 
 
 def test_a_port_in_use_is_a_setup_error_naming_the_address(board: FloorBoard) -> None:

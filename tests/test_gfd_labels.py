@@ -18,8 +18,11 @@ MODEL = "NVIDIA A100-SXM4-80GB"  # as NVML names it; GFD replaces spaces with '-
 PRODUCT = MODEL.replace(" ", "-")
 
 
-def gfd(strategy: str, replicas: int, renamed: bool = False) -> dict[str, str]:
-    """The labels GFD sets for `strategy` (none, time-slicing, mps, mig) at `replicas`."""
+def gfd(
+    strategy: str, replicas: int, renamed: bool = False, mig_strategy: str = "none"
+) -> dict[str, str]:
+    """The labels GFD sets for `strategy` (none, time-slicing, mps, mig) at `replicas`, with
+    GFD's `migStrategy` flag (none, single, mixed; the GPU Operator's `mig.strategy`)."""
     product = PRODUCT
     if strategy == "mig":
         return {
@@ -30,10 +33,30 @@ def gfd(strategy: str, replicas: int, renamed: bool = False) -> dict[str, str]:
     shared = replicas > 1 and strategy in ("time-slicing", "mps") and not renamed
     if shared:
         product += "-SHARED"
-    return {
+    labels = {
         "nvidia.com/gpu.product": product,
         "nvidia.com/gpu.replicas": str(replicas),
         "nvidia.com/gpu.sharing-strategy": strategy if replicas > 1 else "none",
+    }
+    if mig_strategy != "none":  # internal/lm/strategy.go: on every node, MIG or not
+        labels["nvidia.com/mig.strategy"] = mig_strategy
+    return labels
+
+
+def gfd_mixed_mig(profile: str = "1g.10gb", count: int = 7) -> dict[str, str]:
+    """A node whose GPU has MIG on under mig.strategy mixed (internal/lm/mig-strategy.go,
+    newMigStrategyMixedLabeler): the parent's product unchanged and without sharing
+    (NewGPUResourceLabelerWithoutSharing), and one resource per MIG profile,
+    `nvidia.com/mig-<profile>`, labelled by NewMIGResourceLabeler."""
+    resource = f"nvidia.com/mig-{profile}"
+    return {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/gpu.product": PRODUCT,
+        "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.replicas": "1",
+        f"{resource}.count": str(count),
+        f"{resource}.product": f"{PRODUCT}-MIG-{profile}",
+        f"{resource}.replicas": "1",
     }
 
 
@@ -115,3 +138,35 @@ workloads: []
     state = pool_state(parse_objects(nodes, config), config.node_pools[0])
     assert state.problem is not None and "MIG pool" in state.problem
     assert state.fragments is None  # nothing to change: no fragments decision can be made
+
+
+@pytest.mark.parametrize("mig_strategy", ["single", "mixed"])
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+def test_full_gpus_under_gfds_single_or_mixed_mig_strategy_keep_their_fragments(
+    strategy: str, mig_strategy: str
+) -> None:
+    # GFD labels nvidia.com/mig.strategy on every node once the strategy is single or
+    # mixed (a GPU Operator setting), MIG on or not: that alone is no MIG node.
+    prefix = "ts" if strategy == "time-slicing" else "mps"
+    for fragments in (1, 2, 4, 2, 1):
+        labels = gfd(strategy, fragments, mig_strategy=mig_strategy)
+        nodes = [
+            node(f"gpu-{i}", config=f"{prefix}-{fragments}", extra_labels=labels) for i in range(2)
+        ]
+        state = pool_state(_objects(nodes), CONFIG.node_pools[0])
+        assert [n.name for n in state.nodes] == ["gpu-0", "gpu-1"], fragments
+        assert state.problem is None and state.fragments == fragments, (fragments, state.problem)
+
+
+def test_a_node_with_mig_devices_under_the_mixed_strategy_is_recognised_as_mig() -> None:
+    nodes = [node("gpu-0", config="ts-1", extra_labels=gfd_mixed_mig())]
+    state = pool_state(_objects(nodes), CONFIG.node_pools[0])
+    assert [n.name for n in state.nodes] == ["gpu-0"]  # its parent product is the pool's
+    assert state.problem is not None and "MIG pool" in state.problem
+    assert state.fragments is None
+
+
+def test_a_mixed_strategy_profile_with_no_devices_left_is_no_mig() -> None:
+    labels = gfd_mixed_mig(count=0)  # a resource label GFD would no longer write, stale
+    nodes = [node("gpu-0", config="ts-1", extra_labels=labels)]
+    assert pool_state(_objects(nodes), CONFIG.node_pools[0]).problem is None

@@ -108,35 +108,82 @@ def test_the_chart_renders_exactly_what_the_kustomize_base_applies() -> None:
         assert chart[key] == doc, key
 
 
-AGENT_CONFIG = re.compile(r"^gpuscaler-agent-config(-[a-z0-9]{10})?$")
-"""kustomize names the agent's ConfigMap with a hash of its content (so a change rolls the
-DaemonSet); the chart rolls it by a checksum annotation instead."""
+HASHED_CONFIGS = {
+    "gpuscaler-agent-config": ("DaemonSet", None),
+    "gpu-scheduler-config": ("Deployment", "config.yaml"),
+}
+"""ConfigMaps kustomize names with a hash of their content (so a change rolls the workload
+mounting them), by name: that workload's kind and the key holding a YAML file. The chart
+rolls those workloads by a checksum annotation instead, and writes the file through
+toYaml (same content, no comments)."""
+HASH = re.compile(r"^(.*)-[a-z0-9]{10}$")
 
 
-def _without_agent_hash(doc: dict[str, Any]) -> dict[str, Any]:
+def _without_hashes(doc: dict[str, Any]) -> dict[str, Any]:
     doc = _comparable(doc)
-    if doc["kind"] == "ConfigMap" and AGENT_CONFIG.match(doc["metadata"]["name"]):
-        doc["metadata"]["name"] = "gpuscaler-agent-config"
-    if doc["kind"] == "DaemonSet":
+    meta = doc["metadata"]
+    bare = HASH.sub(r"\1", meta["name"])
+    if doc["kind"] == "ConfigMap" and bare in HASHED_CONFIGS:
+        meta["name"] = bare
+        key = HASHED_CONFIGS[bare][1]
+        if key is not None:
+            doc["data"][key] = yaml.safe_load(doc["data"][key])
+    if doc["kind"] in {kind for kind, _ in HASHED_CONFIGS.values()}:
         pod = doc["spec"]["template"]
-        pod["metadata"].pop("annotations", None)
-        for volume in pod["spec"]["volumes"]:
-            if "configMap" in volume:
-                volume["configMap"]["name"] = "gpuscaler-agent-config"
+        for volume in pod["spec"].get("volumes", []):
+            name = volume.get("configMap", {}).get("name", "")
+            if HASH.sub(r"\1", name) in HASHED_CONFIGS:
+                volume["configMap"]["name"] = HASH.sub(r"\1", name)
+                (pod["metadata"].get("annotations") or {}).pop("checksum/config", None)
+                if not pod["metadata"].get("annotations"):
+                    pod["metadata"].pop("annotations", None)
     return doc
 
 
-def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> None:
-    chart = {
-        _key(d): _without_agent_hash(d)
-        for d in template(*AS_KUSTOMIZE, "--set", "agent.enabled=true")
-    }
-    base = {
-        _key(d): d for d in map(_without_agent_hash, (*render("deploy"), *render("deploy/agent")))
-    }
+def _chart_equals_kustomize(value: str, *bases: str) -> None:
+    chart = {_key(d): d for d in map(_without_hashes, template(*AS_KUSTOMIZE, "--set", value))}
+    base = {_key(d): d for d in map(_without_hashes, (d for b in bases for d in render(b)))}
     assert sorted(chart) == sorted(base)
     for key, doc in base.items():
         assert chart[key] == doc, key
+
+
+def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> None:
+    _chart_equals_kustomize("agent.enabled=true", "deploy", "deploy/agent")
+
+
+def test_with_the_scheduler_the_chart_also_renders_what_deploy_scheduler_applies() -> None:
+    _chart_equals_kustomize("scheduler.enabled=true", "deploy", "deploy/scheduler")
+
+
+def test_the_scheduler_follows_the_release_namespace_prometheus_and_its_values() -> None:
+    docs = template(
+        *("--namespace", "gpu-system", "--set", "scheduler.enabled=true"),
+        *("--set", "prometheus.url=http://kps.monitoring:9090"),
+        *("--set", "scheduler.kubeScheduler.image=registry.k8s.io/kube-scheduler:v1.33.1"),
+    )
+    profile = yaml.safe_load(_one(docs, "ConfigMap", "gpu-scheduler-config")["data"]["config.yaml"])
+    assert profile["leaderElection"]["resourceNamespace"] == "gpu-system"
+    (extender,) = profile["extenders"]
+    assert extender["urlPrefix"] == "http://gpuscaler-extender.gpu-system.svc:8888"
+    text = _one(docs, "ConfigMap", "gpuscaler-extender-config")["data"]["gpuscaler.yaml"]
+    assert parse_config(text).prometheus.url == "http://kps.monitoring:9090"
+    for kind, name in [
+        ("ClusterRoleBinding", "gpuscaler-extender"),
+        ("RoleBinding", "gpu-scheduler-authentication-reader"),
+    ]:
+        assert _one(docs, kind, name)["subjects"][0]["namespace"] == "gpu-system"
+    scheduler = _one(docs, "Deployment", "gpu-scheduler")["spec"]["template"]
+    assert scheduler["spec"]["containers"][0]["image"].endswith(":v1.33.1")
+    assert "gpuscaler-extender" not in {d["metadata"]["name"] for d in template(*AS_KUSTOMIZE)}
+
+
+def test_helm_lint_passes_with_the_scheduler_and_the_agent_on() -> None:
+    # lint renders every template, NOTES.txt included (helm template leaves NOTES out).
+    on = ("--set", "scheduler.enabled=true", "--set", "agent.enabled=true")
+    out = helm("lint", "--strict", str(CHART), *on)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
 
 
 def test_the_agent_rolls_when_its_config_changes() -> None:

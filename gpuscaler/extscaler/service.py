@@ -130,6 +130,19 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 last, sent_at = got.active, now
             version = self.board.wait(version, min(1.0, self.stream_interval))
 
+    def StreamMetricSpec(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        """UNIMPLEMENTED, on purpose: gpuscaler's metric spec never changes, and on this code
+        KEDA stops asking and keeps GetMetricSpec (kedacore/keda pkg/scalers/
+        external_scaler.go, streamMetricSpecOnce). Every external-push ScaledObject asks
+        once; aborted here, since the generated base raises NotImplementedError, which
+        grpcio logs as an error with a traceback."""
+        self.metrics.requests.labels("StreamMetricSpec", "UNIMPLEMENTED").inc()
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "StreamMetricSpec: gpuscaler's metric spec never changes; use GetMetricSpec",
+        )
+        yield from ()  # a server-streaming handler: a generator, as grpcio calls it
+
     def GetMetricSpec(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._answer(request, context, "GetMetricSpec")  # a spec only for managed objects
         self._ok("GetMetricSpec")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Try to build the real KEDA operator and metrics adapter (github.com/kedacore/keda/v2,
 # cmd/operator and cmd/adapter) from the Go module proxy into a cache outside the
-# repository, keyed by version, for an end-to-end test of the external scaler. A no-op when
-# both binaries are there. Go only builds test binaries here; the product is Python.
+# repository, keyed by version, for the end-to-end test of the external scaler
+# (tests/e2e_keda, `make test-keda`). A no-op when both binaries are there (but for making
+# sure KEDA's module source, whose CRDs the test installs, is in the Go module cache).
+# Go only builds test binaries here; the product is Python.
 #
 #   tests/keda/build.sh            # prints the bin directory; exit 1 when it does not build
 #
@@ -12,6 +14,11 @@ set -euo pipefail
 version="${GPUSCALER_KEDA_VERSION:-v2.21.0}"
 bin="${GPUSCALER_KEDA_CACHE:-$HOME/.cache/gpuscaler/keda}/$version/bin"
 if [ -x "$bin/keda-operator" ] && [ -x "$bin/keda-adapter" ]; then
+  # The end-to-end test (tests/e2e_keda) also reads KEDA's CRDs from its module source
+  # (config/crd/bases): fetched into the Go module cache if it was cleaned since the build.
+  if command -v go >/dev/null; then
+    GOFLAGS=-mod=mod go mod download "github.com/kedacore/keda/v2@$version" >&2 || true
+  fi
   echo "$bin"
   exit 0
 fi

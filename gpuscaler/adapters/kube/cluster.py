@@ -40,6 +40,9 @@ internal/lm/resource.go, resourceLabeler.productLabel. A pool selected by produc
 nodes through every fragment change only if both forms match."""
 MIG_MARK = "-MIG-"
 """GFD names a MIG device's product `<model>-MIG-<profile>` (same file, NewMIGResourceLabeler)."""
+MIG_RESOURCE = "nvidia.com/mig-"
+"""The prefix of the mixed strategy's per-profile resources (`nvidia.com/mig-1g.10gb`), whose
+labels GFD writes as `<resource>.count`, `.product`, ... (mig-strategy.go, resource.go)."""
 
 
 def selects(selector_value: str, label_value: str | None, label: str) -> bool:
@@ -58,10 +61,18 @@ def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...
 
 
 def is_mig(node: Node) -> bool:
-    """A node whose GPUs are split by MIG: GFD's mig.strategy single/mixed, or a MIG product."""
-    strategy = node.labels.get("nvidia.com/mig.strategy", "none")
-    product = node.labels.get("nvidia.com/gpu.product", "")
-    return strategy in ("single", "mixed") or MIG_MARK in product
+    """A node whose GPUs are split by MIG, as GFD labels it (NVIDIA/k8s-device-plugin
+    internal/lm/mig-strategy.go): under mig.strategy single its product is
+    `<model>-MIG-<profile>` (or `-MIG-INVALID`); under mixed each MIG profile gets its own
+    resource labels, `nvidia.com/mig-<profile>.count`. The label `nvidia.com/mig.strategy`
+    alone says nothing: GFD sets it whenever the strategy is single or mixed, on nodes
+    without MIG too (internal/lm/strategy.go, migStrategyLabeler)."""
+    if MIG_MARK in node.labels.get("nvidia.com/gpu.product", ""):
+        return True
+    return any(
+        key.startswith(MIG_RESOURCE) and key.endswith(".count") and value not in ("", "0")
+        for key, value in node.labels.items()
+    )
 
 
 def shares_held(node: Node, pods: Iterable[GpuPod]) -> int:
