@@ -231,7 +231,7 @@ def _forecast_batch(b: _Batch) -> list[Forecast]:
         scored = _scoring(b, model)
     adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
     out = _assessed(b, model, scored, adaptive)
-    out = [_clipped(f, b.clip) for f in out]
+    out = _clipped(out, b.clip)
     for r, key in enumerate(b.keys):
         state = adaptive[r]
         if key is not None and state is not None and key in b.states:
@@ -325,18 +325,23 @@ def _forecast(
     )
 
 
-def _clipped(f: Forecast, clip: tuple[float, float | None]) -> Forecast:
-    """`f` with its path, interval and peak inside `clip`."""
+def _clipped(fs: Sequence[Forecast], clip: tuple[float, float | None]) -> list[Forecast]:
+    """Each forecast with its path, interval and peak inside `clip` (all rows at once)."""
+    if not fs:
+        return []
     lo, hi = clip
-    mean = np.clip(f.mean, lo, hi)
-    peak = float(np.clip(f.peak, lo, hi))
-    return replace(
-        f,
-        mean=mean,
-        lower=np.clip(f.lower, lo, hi),
-        upper=np.clip(f.upper, lo, hi),
-        peak_error=peak - float(np.max(mean)) if np.isfinite(peak) else f.peak_error,
+    raw = np.stack([f.mean for f in fs])
+    mean, lower, upper = (
+        np.clip(a, lo, hi)
+        for a in (raw, np.stack([f.lower for f in fs]), np.stack([f.upper for f in fs]))
     )
+    offset = np.array([f.peak_error for f in fs])
+    peak = np.clip(raw.max(axis=1) + offset, lo, hi)
+    peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offset)
+    return [
+        replace(f, mean=mean[r], lower=lower[r], upper=upper[r], peak_error=float(peak_error[r]))
+        for r, f in enumerate(fs)
+    ]
 
 
 def _assessed(
@@ -351,16 +356,19 @@ def _assessed(
     rows = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
     if rows:
         kept = [s for s in (scored[r] for r in rows) if s is not None]
-        assert model.fitted is not None
         live, weights = live_paths(
             b.hist[rows], kept, model.paths.mean[rows], model.usable[rows], b.steps
         )
         nominal = b.cfg.interval_level
-        levels = [adaptive[r].level if adaptive[r] is not None else nominal for r in rows]
-        halves = half_widths(kept, np.array([x for x in levels if x is not None]))
+        levels = np.array([_level(adaptive[r], nominal) for r in rows])
+        halves = half_widths(kept, levels)
         for i, (r, sc) in enumerate(zip(rows, kept, strict=True)):
             out[r] = _from_scored(b, model, r, sc, live, weights, i, halves[i], adaptive[r])
     return [f if f is not None else _plain(b, model, r) for r, f in enumerate(out)]
+
+
+def _level(state: IntervalState | None, nominal: float) -> float:
+    return state.level if state is not None else nominal
 
 
 def _from_scored(
