@@ -175,13 +175,15 @@ class LeastSquaresArima:
         """Run the recursion `steps` ahead from per-row state: `lags` (rows, p) newest
         first, `last` level (rows,). A gap in the lags is filled with the row's mean
         difference `zmean`, the model's best guess for a missing value."""
-        lags = np.where(np.isfinite(lags), lags, zmean[:, None])
-        zpath = np.empty((lags.shape[0], steps))
+        p = self.p
+        # One buffer per row, oldest first: the p lags, then the path as it is made (no
+        # array built per step; the rows, all series and origins, go through at once).
+        buf = np.empty((lags.shape[0], p + steps))
+        buf[:, :p] = np.where(np.isfinite(lags), lags, zmean[:, None])[:, ::-1]
+        phi = np.ascontiguousarray(fitted.phi[:, ::-1])  # oldest lag first
         for h in range(steps):
-            nxt = fitted.intercept + (fitted.phi * lags).sum(axis=1)
-            zpath[:, h] = nxt
-            if self.p:
-                lags = np.concatenate([nxt[:, None], lags[:, :-1]], axis=1)
+            buf[:, p + h] = fitted.intercept + np.einsum("rk,rk->r", phi, buf[:, h : h + p])
+        zpath = buf[:, p:]
         return last[:, None] + np.cumsum(zpath, axis=1) if self.d else zpath
 
     def half_width(self, fitted: Fitted, steps: int, level: float) -> FloatArray:

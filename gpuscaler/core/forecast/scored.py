@@ -35,24 +35,30 @@ def score(a: Assessment) -> list[Scored]:
     """One `Scored` per row of an assessment."""
     names = list(a.errors)
     table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
-    ordered = {m: np.sort(np.abs(res), axis=1) for m, res in a.residuals.items()}  # NaN last
-    peaks = {m: peak_offset(pe) for m, pe in a.peak_errors.items()}
-    out = []
-    for r in range(table.shape[0]):
-        errors = {k: v for k, v in zip(names, table[r].tolist(), strict=True) if np.isfinite(v)}
-        method = choose_method(errors) if "last_value" in errors else None
-        out.append(
-            Scored(
-                method=method,
-                weights=tuple(float(a.raw_weights[m][r]) for m in MEMBERS),
-                errors=errors,
-                ses_best=int(a.ses_best[r]),
-                ses_inv=a.ses_inv[:, r].copy(),
-                abs_errors=ordered[method or "ensemble"][r],
-                peak=float(peaks[method or "ensemble"][r]),
-            )
+    errors = [
+        {k: v for k, v in zip(names, row, strict=True) if np.isfinite(v)} for row in table.tolist()
+    ]
+    methods = [choose_method(e) if "last_value" in e else None for e in errors]
+    last = np.array([m == "last_value" for m in methods])
+    # Only the chosen method's errors are kept: one sort (NaN last), not one per candidate.
+    chosen = np.where(last[:, None, None], a.residuals["last_value"], a.residuals["ensemble"])
+    ordered = np.sort(np.abs(chosen).swapaxes(1, 2), axis=2).swapaxes(1, 2)  # sort rows
+    peaks = np.where(
+        last, peak_offset(a.peak_errors["last_value"]), peak_offset(a.peak_errors["ensemble"])
+    )
+    raw = np.stack([a.raw_weights[m] for m in MEMBERS], axis=1).tolist()
+    return [
+        Scored(
+            method=methods[r],
+            weights=tuple(raw[r]),
+            errors=errors[r],
+            ses_best=int(a.ses_best[r]),
+            ses_inv=a.ses_inv[:, r].copy(),
+            abs_errors=ordered[r],
+            peak=float(peaks[r]),
         )
-    return out
+        for r in range(table.shape[0])
+    ]
 
 
 def live_paths(
