@@ -28,6 +28,7 @@ from gpuscaler.core.forecast.engines import (
     PathBatch,
     StatsmodelsArima,
     bucket,
+    bucket_rows,
     inverse_root_modulus,
     last_finite,
     make_engine,
@@ -134,11 +135,7 @@ def forecast_series(
     signals: list[Signal | None] = [_admit(s, cfg) for s in series]
     index = [i for i, s in enumerate(signals) if s is None]
     if index:
-        rows = [bucket(series[i], cfg.fit_step, now).values for i in index]  # type: ignore[arg-type]
-        width = max(len(r) for r in rows)
-        hist = np.full((len(rows), width), np.nan)
-        for r, row in enumerate(rows):
-            hist[r, width - len(row) :] = row
+        hist = bucket_rows([s for i in index if (s := series[i]) is not None], cfg.fit_step, now)
         batch = _Batch(
             engine or make_engine(cfg),
             hist,

@@ -262,26 +262,54 @@ def nanmean_rows(a: FloatArray) -> FloatArray:
 # --------------------------------------------------------------------------- resampling
 
 
+def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArray:
+    """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
+    left; series on one grid (same step, end and length, the usual case: one query's
+    window) are bucketed together in one reshape."""
+    first = series[0]
+    same = all(
+        s.step == first.step and s.end == first.end and len(s.values) == len(first.values)
+        for s in series
+    )
+    if same and len(series) > 1:
+        stacked = np.stack([s.values for s in series])
+        return _bucket_means(stacked, first.step, first.end, width, end)
+    rows = [bucket(s, width, end).values for s in series]
+    hist = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+    for r, row in enumerate(rows):
+        hist[r, hist.shape[1] - len(row) :] = row
+    return hist
+
+
 def bucket(series: Series, width: float, end: float) -> Series:
     """Means of `series` over buckets of `width` seconds ending at `end`; NaN where a bucket
     holds no finite sample. Gaps stay gaps."""
-    per = max(1, round(width / series.step))
-    # Align the last bucket's end with `end` so forecasts start from the same origin.
-    offset = round((end - series.end) / series.step)
-    values = series.values
-    if offset > 0:
-        values = np.concatenate([values, np.full(offset, np.nan)])
-    elif offset < 0:
-        values = values[: len(values) + offset]
-    usable = (len(values) // per) * per
-    block = values[len(values) - usable :].reshape(-1, per)
-    finite = np.isfinite(block)
-    counts = finite.sum(axis=1)
-    sums = np.where(finite, block, 0.0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts > 0, sums / counts, np.nan)
-    step = per * series.step
+    means = _bucket_means(series.values, series.step, series.end, width, end)
+    step = max(1, round(width / series.step)) * series.step
     return Series(start=end - step * (len(means) - 1), step=step, values=means)
+
+
+def _bucket_means(
+    values: FloatArray, step: float, last: float, width: float, end: float
+) -> FloatArray:
+    """Bucket means of one row, or of rows (n, points) on one grid whose last slot is at
+    `last`, over the points' last axis."""
+    per = max(1, round(width / step))
+    # Align the last bucket's end with `end` so forecasts start from the same origin.
+    offset = round((end - last) / step)
+    lead = values.shape[:-1]
+    if offset > 0:
+        values = np.concatenate([values, np.full((*lead, offset), np.nan)], axis=-1)
+    elif offset < 0:
+        values = values[..., : values.shape[-1] + offset]
+    usable = (values.shape[-1] // per) * per
+    block = values[..., values.shape[-1] - usable :].reshape(*lead, -1, per)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=-1)
+    sums = np.where(finite, block, 0.0).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: FloatArray = np.where(counts > 0, sums / counts, np.nan)
+    return means
 
 
 # --------------------------------------------------------------------------- stability
