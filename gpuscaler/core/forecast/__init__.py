@@ -38,6 +38,7 @@ from gpuscaler.core.forecast.engines import (
     z_score,
 )
 from gpuscaler.core.forecast.ensemble import (
+    ASSESS_CHUNK,
     ASSESS_ORIGINS,
     FALLBACK_MARGIN,
     MEMBERS,
@@ -45,7 +46,6 @@ from gpuscaler.core.forecast.ensemble import (
     WINDOW_MEAN_POINTS,
     Assessment,
     assess,
-    assess_batched,
     choose_method,
 )
 from gpuscaler.core.forecast.intervals import (
@@ -246,18 +246,20 @@ def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
         None if b.rescore or key is None else _kept(b, key) for key in b.keys
     ]
     todo = [r for r, s in enumerate(out) if s is None]
-    if todo:
+    fresh: list[Scored | None] = []
+    for i in range(0, len(todo), ASSESS_CHUNK):  # chunks bound the temporaries
+        rows = todo[i : i + ASSESS_CHUNK]
         f = model.fitted
-        part = Fitted(f.intercept[todo], f.phi[todo], f.sigma2[todo])
-        a = assess_batched(
-            b.engine, part, b.hist[todo], b.steps, model.paths.mean[todo], model.usable[todo]
+        part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
+        a = assess(
+            b.engine, part, b.hist[rows], b.steps, model.paths.mean[rows], model.usable[rows]
         )
-        fresh: list[Scored | None] = list(score(a)) if a is not None else [None] * len(todo)
-        for r, sc in zip(todo, fresh, strict=True):
-            out[r] = sc
-            key = b.keys[r]
-            if sc is not None and key is not None and key in b.states:
-                b.states[key] = replace(b.states[key], scored=sc)
+        fresh += score(a) if a is not None else [None] * len(rows)
+    for r, sc in zip(todo, fresh, strict=True):
+        out[r] = sc
+        key = b.keys[r]
+        if sc is not None and key is not None and key in b.states:
+            b.states[key] = replace(b.states[key], scored=sc)
     return out
 
 

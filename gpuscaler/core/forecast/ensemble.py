@@ -272,41 +272,6 @@ each (a thousand series at once held ~470 MB); fewer chunks, fewer per-step call
 smoothing and ARIMA recursions."""
 
 
-def assess_batched(
-    engine: LeastSquaresArima,
-    fitted: Fitted,
-    hist: FloatArray,
-    steps: int,
-    arima_live: FloatArray,
-    arima_ok: BoolArray,
-) -> Assessment | None:
-    """`assess` over chunks of ASSESS_CHUNK series, put back together."""
-    parts = []
-    for i in range(0, hist.shape[0], ASSESS_CHUNK):
-        rows = slice(i, i + ASSESS_CHUNK)
-        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
-        a = assess(engine, part, hist[rows], steps, arima_live[rows], arima_ok[rows])
-        if a is None:  # too few origins: the same for every row of the window
-            return None
-        parts.append(a)
-
-    def cat(field: str) -> dict[str, FloatArray]:
-        first: dict[str, FloatArray] = getattr(parts[0], field)
-        return {k: np.concatenate([getattr(p, field)[k] for p in parts]) for k in first}
-
-    return Assessment(
-        cat("paths"),
-        cat("errors"),
-        cat("weights"),
-        cat("residuals"),
-        cat("peak_errors"),
-        np.concatenate([p.alpha for p in parts]),
-        cat("raw_weights"),
-        np.concatenate([p.ses_best for p in parts]),
-        np.concatenate([p.ses_inv for p in parts], axis=1),
-    )
-
-
 def raw_weights(
     mse: Mapping[str, FloatArray], optimism: Mapping[str, FloatArray], tiny: FloatArray
 ) -> dict[str, FloatArray]:
