@@ -147,3 +147,20 @@ def test_kept_and_rescored_forecasts_stay_close_over_many_ticks() -> None:
     kept, fresh = mae(out), mae(ref)
     assert fresh > 0
     assert kept == pytest.approx(fresh, rel=0.1)
+
+
+def test_a_new_horizon_between_refits_scores_again() -> None:
+    data = _data(3)
+    keys = [f"s{i}" for i in range(3)]
+    series, now = _tick(data, 0)
+    first: dict[str, FitState] = {}
+    forecast_series(series, CFG, now, keys=keys, prior={}, states=first)
+    longer = CFG.model_copy(update={"horizon": 2 * CFG.horizon})
+    series, now = _tick(data, 2)
+    kept: dict[str, FitState] = {}
+    out = forecast_series(series, longer, now, keys=keys, prior=first, states=kept)
+    steps = round(longer.horizon / STEP)
+    for s in out:
+        assert s.forecast is not None and len(s.forecast.mean) == steps
+        assert np.isfinite(s.forecast.upper).all()
+    assert all(kept[k].scored is not first[k].scored for k in keys)

@@ -268,6 +268,8 @@ def _kept(b: _Batch, key: str) -> Scored | None:
     state = b.states.get(key)
     if state is None or key not in b.prior or state is not b.prior[key]:
         return None
+    if state.scored is not None and state.scored.abs_errors.shape[1] != b.steps:
+        return None  # scored for another horizon (the config changed): score again
     return state.scored
 
 
