@@ -9,7 +9,7 @@ from builders import NOW
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import LeastSquaresArima, forecast_series
-from gpuscaler.core.forecast.engines import stable_fit, within_band
+from gpuscaler.core.forecast.engines import Fitted, stable_fit, within_band
 from gpuscaler.core.forecast.ensemble import MEMBERS, assess, ses_levels
 from gpuscaler.core.forecast.intervals import conformal_half_width
 from gpuscaler.core.model import FitState, Series, Signal
@@ -77,16 +77,21 @@ def test_a_steady_tick_reuses_the_scoring_and_a_refit_makes_a_new_one() -> None:
     steady = tick(3, first)
     refit = tick(round(CFG.refit_every / STEP), steady)
     for key, state in first.items():
-        assert state.scored is not None
-        assert steady[key].scored is state.scored  # kept as is, not scored again
-        assert refit[key].scored is not None and refit[key].scored is not state.scored
+        kept, now, later = state.scored, steady[key].scored, refit[key].scored
+        assert kept is not None and now is not None and later is not None
+        # kept as is, not scored again; the errors of one more completed origin appended
+        assert now.errors is kept.errors and now.weights == kept.weights
+        assert now.newest == kept.newest + 2 * STEP
+        np.testing.assert_array_equal(now.abs_recent[:-1], kept.abs_recent[1:])
+        assert later.errors is not kept.errors  # scored again at the refit
 
 
 def test_between_refits_the_forecast_is_the_refits_scoring_on_the_live_paths() -> None:
     """The kept forecast, rebuilt independently: `assess` on the window as it was at the
-    refit gives the weights and the conformal errors; the members' live paths come from
-    the current window (full smoothing recursion, the 12-bucket mean, the ARIMA path with
-    the refit's coefficients)."""
+    refit gives the weights and the conformal errors, to which the errors at the two
+    origins completed since are added (the oldest two dropped); the members' paths come
+    from the current window (full smoothing recursion, the 12-bucket mean, the ARIMA path
+    with the refit's coefficients)."""
     data = _data(5, seed=11)
     later = 4
     (at_refit, now_sigs), states = _run(data, [0, later], rescore=False)
@@ -100,28 +105,39 @@ def test_between_refits_the_forecast_is_the_refits_scoring_on_the_live_paths() -
     assert a is not None
     new = data[:, later : later + POINTS]
     arima_now = engine.predict(fitted, new, steps, CFG.interval_level).mean
-    levels = ses_levels(new)[:, :, -1]  # (alphas, n)
+    assert within_band(arima_now, new).all()
+    all_levels = ses_levels(new)  # (alphas, n, points)
+
+    def ensemble_at(r: int, j: int) -> np.ndarray:
+        """The ensemble's path from bucket j of the current window, the refit's weights."""
+        lv = all_levels[:, r, j]
+        row = Fitted(fitted.intercept[r : r + 1], fitted.phi[r : r + 1], fitted.sigma2[r : r + 1])
+        paths = {
+            "arima": engine.predict(row, new[r : r + 1, : j + 1], steps, 0.7).mean[0],
+            "ses": np.full(steps, lv[a.ses_best[r]]),
+            "ses_avg": np.full(steps, (a.ses_inv[:, r] * lv).sum() / a.ses_inv[:, r].sum()),
+            "window_mean": np.full(steps, new[r, j - 11 : j + 1].mean()),
+        }
+        w = {m: a.raw_weights[m][r] for m in MEMBERS}
+        out: np.ndarray = sum(w[m] * paths[m] for m in MEMBERS) / sum(w.values())
+        return out
+
+    newest = POINTS - 1 - steps  # the newest origin with its whole horizon observed
     for r, sig in enumerate(now_sigs):
         f = sig.forecast
         first = at_refit[r].forecast
         assert f is not None and first is not None
         assert f.method == first.method == "ensemble"
-        live = {
-            "arima": arima_now[r],
-            "ses": np.full(steps, levels[a.ses_best[r], r]),
-            "ses_avg": np.full(
-                steps, (a.ses_inv[:, r] * levels[:, r]).sum() / a.ses_inv[:, r].sum()
-            ),
-            "window_mean": np.full(steps, new[r, -12:].mean()),
-        }
-        w = {m: a.raw_weights[m][r] for m in MEMBERS}
-        expected = sum(w[m] * live[m] for m in MEMBERS) / sum(w.values())
-        np.testing.assert_allclose(f.mean, expected, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(f.mean, ensemble_at(r, POINTS - 1), rtol=1e-9, atol=1e-9)
+        added = [
+            np.abs(new[r, j + 1 : j + 1 + steps] - ensemble_at(r, j)) for j in (newest - 2, newest)
+        ]
+        table = np.concatenate([np.abs(a.residuals["ensemble"][r]), added])[2:]
         interval = states[f"s{r}"].interval
         assert interval is not None
         # the level the interval of this tick was taken at (before this tick's issue)
         level = np.array([interval.level])
-        half = conformal_half_width(np.abs(a.residuals["ensemble"][r : r + 1]), level)[0]
+        half = conformal_half_width(table[None], level)[0]
         np.testing.assert_allclose(f.upper - f.mean, half, rtol=1e-9, atol=1e-9)
 
 

@@ -123,6 +123,13 @@ class Scored:
     last): its conformal interval at any level."""
     peak: float
     """The chosen method's peak offset."""
+    abs_recent: FloatArray
+    """The same errors in origin order, oldest first: origins completed between refits
+    are appended (and the oldest dropped), so the interval and peak follow the load."""
+    peak_recent: FloatArray
+    """The chosen method's peak errors (origins,), oldest first."""
+    newest: float
+    """Time of the newest origin scored."""
 
 
 @dataclass(frozen=True)

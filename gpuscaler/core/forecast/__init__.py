@@ -55,7 +55,7 @@ from gpuscaler.core.forecast.intervals import (
     resolve,
 )
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
-from gpuscaler.core.forecast.scored import half_widths, live_paths, score
+from gpuscaler.core.forecast.scored import clipped, half_widths, live_paths, refresh, score
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
@@ -228,7 +228,7 @@ def _forecast_batch(b: _Batch) -> list[Forecast]:
         scored = _scoring(b, model)
     adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
     out = _assessed(b, model, scored, adaptive)
-    out = _clipped(out, b.clip)
+    out = clipped(out, b.clip)
     for r, key in enumerate(b.keys):
         state = adaptive[r]
         if key is not None and state is not None and key in b.states:
@@ -245,6 +245,7 @@ def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
     out: list[Scored | None] = [
         None if b.rescore or key is None else _kept(b, key) for key in b.keys
     ]
+    _refreshed(b, model, out)
     todo = [r for r, s in enumerate(out) if s is None]
     fresh: list[Scored | None] = []
     for i in range(0, len(todo), ASSESS_CHUNK):  # chunks bound the temporaries
@@ -254,13 +255,35 @@ def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
         a = assess(
             b.engine, part, b.hist[rows], b.steps, model.paths.mean[rows], model.usable[rows]
         )
-        fresh += score(a) if a is not None else [None] * len(rows)
+        newest = b.now - b.steps * b.cfg.fit_step
+        fresh += score(a, newest) if a is not None else [None] * len(rows)
     for r, sc in zip(todo, fresh, strict=True):
         out[r] = sc
-        key = b.keys[r]
-        if sc is not None and key is not None and key in b.states:
-            b.states[key] = replace(b.states[key], scored=sc)
+        _keep(b, r, sc)
     return out
+
+
+def _refreshed(b: _Batch, model: _Model, out: list[Scored | None]) -> None:
+    """The kept scorings in `out` (and on the states) with the errors at the origins
+    completed since they were made."""
+    assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
+    kept = [r for r, s in enumerate(out) if s is not None]
+    if not kept:
+        return
+    f, rows = model.fitted, np.array(kept)
+    part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
+    old = [s for s in (out[r] for r in kept) if s is not None]
+    new = refresh(b.engine, part, b.hist[rows], old, model.usable[rows], b.now, b.cfg.fit_step)
+    for r, sc in zip(kept, new, strict=True):
+        _keep(b, r, sc)
+        out[r] = sc
+
+
+def _keep(b: _Batch, r: int, sc: Scored | None) -> None:
+    """Put row `r`'s scoring on its state (a row with a key)."""
+    key = b.keys[r]
+    if sc is not None and key is not None and key in b.states and b.states[key].scored is not sc:
+        b.states[key] = replace(b.states[key], scored=sc)
 
 
 def _kept(b: _Batch, key: str) -> Scored | None:
@@ -324,25 +347,6 @@ def _forecast(
         errors=errors or {},
         peak_error=peak_error,
     )
-
-
-def _clipped(fs: Sequence[Forecast], clip: tuple[float, float | None]) -> list[Forecast]:
-    """Each forecast with its path, interval and peak inside `clip` (all rows at once)."""
-    if not fs:
-        return []
-    lo, hi = clip
-    raw = np.stack([f.mean for f in fs])
-    mean, lower, upper = (
-        np.clip(a, lo, hi)
-        for a in (raw, np.stack([f.lower for f in fs]), np.stack([f.upper for f in fs]))
-    )
-    offset = np.array([f.peak_error for f in fs])
-    peak = np.clip(raw.max(axis=1) + offset, lo, hi)
-    peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offset)
-    return [
-        replace(f, mean=mean[r], lower=lower[r], upper=upper[r], peak_error=float(peak_error[r]))
-        for r, f in enumerate(fs)
-    ]
 
 
 def _assessed(

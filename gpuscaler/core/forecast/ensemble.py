@@ -148,7 +148,7 @@ def window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
     return out
 
 
-def _arima_in_window(
+def arima_in_window(
     engine: LeastSquaresArima, fitted: Fitted, hist: FloatArray, origins: IntArray, steps: int
 ) -> FloatArray:
     """ARIMA rolled from every origin of every series at once: (n, origins, steps)."""
@@ -242,9 +242,7 @@ def assess(
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
     ok = arima_ok[:, None, None]
-    in_window["arima"] = np.where(
-        ok, _arima_in_window(engine, fitted, hist, origins, steps), np.nan
-    )
+    in_window["arima"] = np.where(ok, arima_in_window(engine, fitted, hist, origins, steps), np.nan)
     live["arima"] = np.where(arima_ok[:, None], arima_live, np.nan)
     errors: dict[str, FloatArray] = {}
     mse: dict[str, FloatArray] = {}
