@@ -7,6 +7,9 @@ errors and the peak offset) are made when the coefficients are refitted
 (`forecast.refit_every`). They ride on the series' `FitState` as a `Scored`; a steady
 tick only computes the members' live paths, combines them with the kept weights and
 takes the conformal quantile at the current adaptive level from the kept, sorted errors.
+Those errors (and the peak errors) are updated incrementally (`refresh`): each in-window
+origin completed since is scored with the kept coefficients and weights, the oldest
+dropped. `clipped` bounds every forecast of a batch at once.
 """
 
 from __future__ import annotations
