@@ -12,6 +12,7 @@ Measures
 
 Last line: RESULT speedup=<per-series ratio> batch_seconds=<s> mae_ratio=<fast/statsmodels>
 rss_mb=<MB> ms_per_series=<wall ms> cpu_ms_per_series=<CPU ms of the measured process>
+best_ms_per_series=<wall ms, best of REPEATS runs> best_cpu_ms_per_series=<CPU ms, best>
 (the gate: under 1 ms per series at 7,200 points; BLAS pinned to one thread)
 """
 
@@ -33,6 +34,9 @@ N_SERIES = 1000
 POINTS = 7200  # 1 h at 500 ms
 STEP = 0.5
 HELD_OUT = 600  # the last 5 minutes
+REPEATS = 3
+"""The measured batch runs this often; the first run is reported as before, and the best
+of the runs too (other jobs' turns on a shared machine only ever add time)."""
 NOW = 1_700_000_000.0
 
 
@@ -92,13 +96,16 @@ def _fast_batch(path: str, queue: mp.Queue) -> None:  # type: ignore[type-arg]
     origin = NOW - HELD_OUT * STEP
     series = [Series(origin - STEP * (data.shape[1] - 1), STEP, row) for row in data]
     forecast_series(series[:8], cfg, origin)  # warm imports and caches outside the timing
-    started, cpu_started = time.perf_counter(), time.process_time()
-    signals = forecast_series(series, cfg, origin, clip=(0.0, 100.0))
-    seconds = time.perf_counter() - started
-    cpu_seconds = time.process_time() - cpu_started
+    runs = []
+    for _ in range(REPEATS):  # the same stateless batch: the first run, and the best
+        started, cpu_started = time.perf_counter(), time.process_time()
+        signals = forecast_series(series, cfg, origin, clip=(0.0, 100.0))
+        runs.append((time.perf_counter() - started, time.process_time() - cpu_started))
+        if len(runs) == 1:
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     means = np.array([s.forecast.mean if s.forecast else np.full(30, np.nan) for s in signals])
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    queue.put((seconds, cpu_seconds, rss_mb, means))
+    best = (min(w for w, _ in runs), min(c for _, c in runs))
+    queue.put((*runs[0], rss_mb, means, best))
 
 
 def statsmodels_loop(
@@ -152,7 +159,7 @@ def _main() -> None:
         proc.start()
         while True:
             try:
-                batch_seconds, cpu_seconds, rss_mb, fast_means = queue.get(timeout=1)
+                batch_seconds, cpu_seconds, rss_mb, fast_means, best = queue.get(timeout=1)
                 break
             except Empty:
                 if not proc.is_alive():
@@ -210,7 +217,9 @@ def _main() -> None:
         f"RESULT speedup={sm_per_series / fast_per_series:.1f} batch_seconds={batch_seconds:.3f} "
         f"mae_ratio={fast_mae / sm_mae:.4f} rss_mb={rss_mb:.0f} "
         f"ms_per_series={fast_per_series * 1000:.3f} "
-        f"cpu_ms_per_series={cpu_seconds / N_SERIES * 1000:.3f}"
+        f"cpu_ms_per_series={cpu_seconds / N_SERIES * 1000:.3f} "
+        f"best_ms_per_series={best[0] / N_SERIES * 1000:.3f} "
+        f"best_cpu_ms_per_series={best[1] / N_SERIES * 1000:.3f}"
     )
     sys.stdout.flush()
 

@@ -224,3 +224,26 @@ def test_between_refits_new_observations_still_move_the_forecast() -> None:
     assert later["s"].fitted_at == states["s"].fitted_at  # not refitted
     assert first[0].forecast is not None and second[0].forecast is not None
     assert second[0].forecast.mean[0] > first[0].forecast.mean[0] + 5
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        (725, 725, 725),  # one grid: bucketed together
+        (725, 700, 13),  # different lengths: one by one, right-aligned
+    ],
+)
+def test_series_are_bucketed_as_rows_like_one_by_one(lengths: tuple[int, ...]) -> None:
+    from gpuscaler.core.forecast.engines import bucket_rows
+
+    rng = np.random.default_rng(2)
+    series = []
+    for n in lengths:
+        values = rng.normal(50, 5, n)
+        values[rng.random(n) < 0.1] = np.nan
+        series.append(Series(NOW - 0.5 * (n - 1), 0.5, values))
+    rows = bucket_rows(series, 10.0, NOW + 1.0)
+    for r, s in enumerate(series):
+        one = bucket(s, 10.0, NOW + 1.0).values
+        np.testing.assert_array_equal(rows[r, rows.shape[1] - len(one) :], one)
+        assert np.isnan(rows[r, : rows.shape[1] - len(one)]).all()

@@ -98,6 +98,38 @@ class FitState:
     sigma2: float
     interval: IntervalState | None = None
     """The adaptive interval correction carried across ticks (None: not started)."""
+    scored: Scored | None = field(default=None, compare=False)
+    """What the ensemble's scoring found at the refit, kept until the next one (None: not
+    scored yet): a steady tick does not rescore the members."""
+
+
+@dataclass(frozen=True, eq=False)
+class Scored:
+    """One series' ensemble scoring, made when its coefficients are refitted and reused
+    until the next refit (only the members' live paths and the adaptive level move)."""
+
+    method: str | None
+    """"ensemble" or "last_value"; None: too little recent evidence (the engine's path)."""
+    weights: tuple[float, ...]
+    """Per ensemble member: inverse corrected recent squared error (not normalized)."""
+    errors: Mapping[str, float]
+    """Recent MAE per member and candidate (the forecast's `errors`)."""
+    ses_best: int
+    """Index of the best-fit smoothing constant."""
+    ses_inv: FloatArray
+    """Inverse recent squared error of each smoothing constant (averaged smoothing)."""
+    abs_errors: FloatArray
+    """The chosen method's recent absolute errors (origins, steps), sorted per step (NaN
+    last): its conformal interval at any level."""
+    peak: float
+    """The chosen method's peak offset."""
+    abs_recent: FloatArray
+    """The same errors in origin order, oldest first: origins completed between refits
+    are appended (and the oldest dropped), so the interval and peak follow the load."""
+    peak_recent: FloatArray
+    """The chosen method's peak errors (origins,), oldest first."""
+    newest: float
+    """Time of the newest origin scored."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from gpuscaler.core.forecast.engines import (
     PathBatch,
     StatsmodelsArima,
     bucket,
+    bucket_rows,
     inverse_root_modulus,
     last_finite,
     make_engine,
@@ -37,6 +38,7 @@ from gpuscaler.core.forecast.engines import (
     z_score,
 )
 from gpuscaler.core.forecast.ensemble import (
+    ASSESS_CHUNK,
     ASSESS_ORIGINS,
     FALLBACK_MARGIN,
     MEMBERS,
@@ -44,24 +46,23 @@ from gpuscaler.core.forecast.ensemble import (
     WINDOW_MEAN_POINTS,
     Assessment,
     assess,
-    assess_batched,
     choose_method,
 )
 from gpuscaler.core.forecast.intervals import (
-    conformal_half_width,
     coverage_note,
     issue,
     naive_half_width,
-    peak_offset,
     resolve,
 )
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
+from gpuscaler.core.forecast.scored import clipped, half_widths, live_paths, refresh, score
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
     FloatArray,
     Forecast,
     IntervalState,
+    Scored,
     Series,
     Signal,
 )
@@ -122,20 +123,19 @@ def forecast_series(
     keys: Sequence[str | None] | None = None,
     prior: Mapping[str, FitState] | None = None,
     states: dict[str, FitState] | None = None,
+    rescore: bool = False,
 ) -> list[Signal]:
     """Forecast each series `cfg.horizon` ahead of `now`, or say why not.
 
     With `keys`, each series' fitted coefficients are taken from `prior` while younger than
-    `cfg.refit_every`, its adaptive interval state is carried on, and the states to keep
-    for the next call are put in `states`."""
+    `cfg.refit_every`, and so is its ensemble scoring (weights, recent errors, conformal
+    errors, peak offset; `rescore` scores it again at every call, the cost before issue
+    18); its adaptive interval state is carried on, and the states to keep for the next
+    call are put in `states`."""
     signals: list[Signal | None] = [_admit(s, cfg) for s in series]
     index = [i for i, s in enumerate(signals) if s is None]
     if index:
-        rows = [bucket(series[i], cfg.fit_step, now).values for i in index]  # type: ignore[arg-type]
-        width = max(len(r) for r in rows)
-        hist = np.full((len(rows), width), np.nan)
-        for r, row in enumerate(rows):
-            hist[r, width - len(row) :] = row
+        hist = bucket_rows([s for i in index if (s := series[i]) is not None], cfg.fit_step, now)
         batch = _Batch(
             engine or make_engine(cfg),
             hist,
@@ -146,6 +146,7 @@ def forecast_series(
             prior or {},
             states if states is not None else {},
             clip,
+            rescore,
         )
         for i, f in zip(index, _forecast_batch(batch), strict=True):
             s = series[i]
@@ -166,6 +167,7 @@ class _Batch:
     prior: Mapping[str, FitState]
     states: dict[str, FitState]
     clip: tuple[float, float | None]
+    rescore: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,24 +223,77 @@ def _forecast_batch(b: _Batch) -> list[Forecast]:
     accurate on the series' recent history; the engine's path alone when there is too
     little history to assess (and the last value when that path was dropped)."""
     model = _model(b)
-    assessment: Assessment | None = None
+    scored: list[Scored | None] = [None] * b.hist.shape[0]
     if model.fitted is not None and b.cfg.ensemble:
-        assert isinstance(b.engine, LeastSquaresArima)
-        assessment = assess_batched(
-            b.engine, model.fitted, b.hist, b.steps, model.paths.mean, model.usable
-        )
+        scored = _scoring(b, model)
     adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
-    if assessment is None:
-        out = [_plain(b, model, r) for r in range(b.hist.shape[0])]
-    else:
-        out = _assessed(b, model, assessment, adaptive)
-    out = [_clipped(f, b.clip) for f in out]
+    out = _assessed(b, model, scored, adaptive)
+    out = clipped(out, b.clip)
     for r, key in enumerate(b.keys):
         state = adaptive[r]
         if key is not None and state is not None and key in b.states:
             interval = issue(state, out[r].lower, out[r].upper, b.cfg.fit_step)
             b.states[key] = replace(b.states[key], interval=interval)
     return out
+
+
+def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
+    """Each row's ensemble scoring: kept from the previous tick while its coefficients
+    are (the state reused as is), made afresh for the rows refitted now, without a key
+    or with `rescore`; None where there is too little history to score."""
+    assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
+    out: list[Scored | None] = [
+        None if b.rescore or key is None else _kept(b, key) for key in b.keys
+    ]
+    _refreshed(b, model, out)
+    todo = [r for r, s in enumerate(out) if s is None]
+    fresh: list[Scored | None] = []
+    for i in range(0, len(todo), ASSESS_CHUNK):  # chunks bound the temporaries
+        rows = todo[i : i + ASSESS_CHUNK]
+        f = model.fitted
+        part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
+        a = assess(
+            b.engine, part, b.hist[rows], b.steps, model.paths.mean[rows], model.usable[rows]
+        )
+        newest = b.now - b.steps * b.cfg.fit_step
+        fresh += score(a, newest) if a is not None else [None] * len(rows)
+    for r, sc in zip(todo, fresh, strict=True):
+        out[r] = sc
+        _keep(b, r, sc)
+    return out
+
+
+def _refreshed(b: _Batch, model: _Model, out: list[Scored | None]) -> None:
+    """The kept scorings in `out` (and on the states) with the errors at the origins
+    completed since they were made."""
+    assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
+    kept = [r for r, s in enumerate(out) if s is not None]
+    if not kept:
+        return
+    f, rows = model.fitted, np.array(kept)
+    part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
+    old = [s for s in (out[r] for r in kept) if s is not None]
+    new = refresh(b.engine, part, b.hist[rows], old, model.usable[rows], b.now, b.cfg.fit_step)
+    for r, sc in zip(kept, new, strict=True):
+        _keep(b, r, sc)
+        out[r] = sc
+
+
+def _keep(b: _Batch, r: int, sc: Scored | None) -> None:
+    """Put row `r`'s scoring on its state (a row with a key)."""
+    key = b.keys[r]
+    if sc is not None and key is not None and key in b.states and b.states[key].scored is not sc:
+        b.states[key] = replace(b.states[key], scored=sc)
+
+
+def _kept(b: _Batch, key: str) -> Scored | None:
+    """The scoring kept on the series' state, if its coefficients were not refitted now."""
+    state = b.states.get(key)
+    if state is None or key not in b.prior or state is not b.prior[key]:
+        return None
+    if state.scored is not None and state.scored.abs_errors.shape[1] != b.steps:
+        return None  # scored for another horizon (the config changed): score again
+    return state.scored
 
 
 def _adaptive(b: _Batch, r: int, key: str | None) -> IntervalState | None:
@@ -294,59 +349,56 @@ def _forecast(
     )
 
 
-def _clipped(f: Forecast, clip: tuple[float, float | None]) -> Forecast:
-    """`f` with its path, interval and peak inside `clip`."""
-    lo, hi = clip
-    mean = np.clip(f.mean, lo, hi)
-    peak = float(np.clip(f.peak, lo, hi))
-    return replace(
-        f,
-        mean=mean,
-        lower=np.clip(f.lower, lo, hi),
-        upper=np.clip(f.upper, lo, hi),
-        peak_error=peak - float(np.max(mean)) if np.isfinite(peak) else f.peak_error,
-    )
-
-
 def _assessed(
-    b: _Batch, model: _Model, a: Assessment, adaptive: Sequence[IntervalState | None]
+    b: _Batch,
+    model: _Model,
+    scored: Sequence[Scored | None],
+    adaptive: Sequence[IntervalState | None],
 ) -> list[Forecast]:
-    n = b.hist.shape[0]
-    nominal = b.cfg.interval_level
-    levels = np.array([s.level if s is not None else nominal for s in adaptive])
-    names = list(a.errors)
-    table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
-    halves = {m: conformal_half_width(np.abs(res), levels) for m, res in a.residuals.items()}
-    peaks = {m: peak_offset(pe) for m, pe in a.peak_errors.items()}
-    last_values = last_finite(b.hist)
-    out = []
-    for r in range(n):
-        errors = {k: v for k, v in zip(names, table[r].tolist(), strict=True) if np.isfinite(v)}
-        if "last_value" not in errors:
-            out.append(_plain(b, model, r))
-            continue
-        method = choose_method(errors)
-        mean = a.paths[method][r]
-        half = halves[method][r]
-        if not np.all(np.isfinite(half)):
-            half = _fallback_half(b, model, r)
-        reason = (
-            _reason(b, model, a, r, method, errors) + "; " + coverage_note(adaptive[r], nominal)
+    """Every row's forecast: from its scoring (the kept weights on the members' live
+    paths, the conformal interval at the row's adaptive level), or the engine's path."""
+    out: list[Forecast | None] = [None] * b.hist.shape[0]
+    rows = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
+    if rows:
+        kept = [s for s in (scored[r] for r in rows) if s is not None]
+        live, weights = live_paths(
+            b.hist[rows], kept, model.paths.mean[rows], model.usable[rows], b.steps
         )
-        out.append(
-            _forecast(
-                b,
-                mean,
-                mean - half,
-                mean + half,
-                method,
-                reason,
-                float(last_values[r]),
-                errors,
-                float(peaks[method][r]),
-            )
-        )
-    return out
+        nominal = b.cfg.interval_level
+        levels = np.array([_level(adaptive[r], nominal) for r in rows])
+        halves = half_widths(kept, levels)
+        for i, (r, sc) in enumerate(zip(rows, kept, strict=True)):
+            out[r] = _from_scored(b, model, r, sc, live, weights, i, halves[i], adaptive[r])
+    return [f if f is not None else _plain(b, model, r) for r, f in enumerate(out)]
+
+
+def _level(state: IntervalState | None, nominal: float) -> float:
+    return state.level if state is not None else nominal
+
+
+def _from_scored(
+    b: _Batch,
+    model: _Model,
+    r: int,
+    sc: Scored,
+    live: Mapping[str, FloatArray],
+    weights: Mapping[str, FloatArray],
+    i: int,
+    half: FloatArray,
+    adaptive: IntervalState | None,
+) -> Forecast:
+    assert sc.method is not None
+    mean = live[sc.method][i]
+    if not np.all(np.isfinite(half)):
+        half = _fallback_half(b, model, r)
+    row_weights = {m: float(w[i]) for m, w in weights.items()}
+    reason = (
+        _reason(b, model, row_weights, SES_ALPHAS[sc.ses_best], r, sc.method, sc.errors)
+        + "; "
+        + coverage_note(adaptive, b.cfg.interval_level)
+    )
+    last = float(live["last_value"][i, 0])
+    return _forecast(b, mean, mean - half, mean + half, sc.method, reason, last, sc.errors, sc.peak)
 
 
 def _fallback_half(b: _Batch, model: _Model, r: int) -> FloatArray:
@@ -367,11 +419,17 @@ _LABELS = {
 
 
 def _reason(
-    b: _Batch, model: _Model, a: Assessment, r: int, method: str, errors: Mapping[str, float]
+    b: _Batch,
+    model: _Model,
+    member_weights: Mapping[str, float],
+    alpha: float,
+    r: int,
+    method: str,
+    errors: Mapping[str, float],
 ) -> str:
     name = b.engine.name
     label = {**_LABELS, "arima": name}
-    weights = ", ".join(f"{label[m]} {a.weights[m][r]:.2f}" for m in MEMBERS)
+    weights = ", ".join(f"{label[m]} {member_weights[m]:.2f}" for m in MEMBERS)
     arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
     ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
     scores = (
@@ -382,7 +440,7 @@ def _reason(
     if method == "ensemble":
         return (
             f"ensemble weighted by recent error ({weights}; smoothing alpha "
-            f"{a.alpha[r]:.2f}): {scores}{dropped}"
+            f"{alpha:.2f}): {scores}{dropped}"
         )
     return (
         f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on recent "

@@ -175,13 +175,15 @@ class LeastSquaresArima:
         """Run the recursion `steps` ahead from per-row state: `lags` (rows, p) newest
         first, `last` level (rows,). A gap in the lags is filled with the row's mean
         difference `zmean`, the model's best guess for a missing value."""
-        lags = np.where(np.isfinite(lags), lags, zmean[:, None])
-        zpath = np.empty((lags.shape[0], steps))
+        p = self.p
+        # One buffer per row, oldest first: the p lags, then the path as it is made (no
+        # array built per step; the rows, all series and origins, go through at once).
+        buf = np.empty((lags.shape[0], p + steps))
+        buf[:, :p] = np.where(np.isfinite(lags), lags, zmean[:, None])[:, ::-1]
+        phi = np.ascontiguousarray(fitted.phi[:, ::-1])  # oldest lag first
         for h in range(steps):
-            nxt = fitted.intercept + (fitted.phi * lags).sum(axis=1)
-            zpath[:, h] = nxt
-            if self.p:
-                lags = np.concatenate([nxt[:, None], lags[:, :-1]], axis=1)
+            buf[:, p + h] = fitted.intercept + np.einsum("rk,rk->r", phi, buf[:, h : h + p])
+        zpath = buf[:, p:]
         return last[:, None] + np.cumsum(zpath, axis=1) if self.d else zpath
 
     def half_width(self, fitted: Fitted, steps: int, level: float) -> FloatArray:
@@ -260,26 +262,54 @@ def nanmean_rows(a: FloatArray) -> FloatArray:
 # --------------------------------------------------------------------------- resampling
 
 
+def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArray:
+    """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
+    left; series on one grid (same step, end and length, the usual case: one query's
+    window) are bucketed together in one reshape."""
+    first = series[0]
+    same = all(
+        s.step == first.step and s.end == first.end and len(s.values) == len(first.values)
+        for s in series
+    )
+    if same and len(series) > 1:
+        stacked = np.stack([s.values for s in series])
+        return _bucket_means(stacked, first.step, first.end, width, end)
+    rows = [bucket(s, width, end).values for s in series]
+    hist = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+    for r, row in enumerate(rows):
+        hist[r, hist.shape[1] - len(row) :] = row
+    return hist
+
+
 def bucket(series: Series, width: float, end: float) -> Series:
     """Means of `series` over buckets of `width` seconds ending at `end`; NaN where a bucket
     holds no finite sample. Gaps stay gaps."""
-    per = max(1, round(width / series.step))
-    # Align the last bucket's end with `end` so forecasts start from the same origin.
-    offset = round((end - series.end) / series.step)
-    values = series.values
-    if offset > 0:
-        values = np.concatenate([values, np.full(offset, np.nan)])
-    elif offset < 0:
-        values = values[: len(values) + offset]
-    usable = (len(values) // per) * per
-    block = values[len(values) - usable :].reshape(-1, per)
-    finite = np.isfinite(block)
-    counts = finite.sum(axis=1)
-    sums = np.where(finite, block, 0.0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts > 0, sums / counts, np.nan)
-    step = per * series.step
+    means = _bucket_means(series.values, series.step, series.end, width, end)
+    step = max(1, round(width / series.step)) * series.step
     return Series(start=end - step * (len(means) - 1), step=step, values=means)
+
+
+def _bucket_means(
+    values: FloatArray, step: float, last: float, width: float, end: float
+) -> FloatArray:
+    """Bucket means of one row, or of rows (n, points) on one grid whose last slot is at
+    `last`, over the points' last axis."""
+    per = max(1, round(width / step))
+    # Align the last bucket's end with `end` so forecasts start from the same origin.
+    offset = round((end - last) / step)
+    lead = values.shape[:-1]
+    if offset > 0:
+        values = np.concatenate([values, np.full((*lead, offset), np.nan)], axis=-1)
+    elif offset < 0:
+        values = values[..., : values.shape[-1] + offset]
+    usable = (values.shape[-1] // per) * per
+    block = values[..., values.shape[-1] - usable :].reshape(*lead, -1, per)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=-1)
+    sums = np.where(finite, block, 0.0).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: FloatArray = np.where(counts > 0, sums / counts, np.nan)
+    return means
 
 
 # --------------------------------------------------------------------------- stability

@@ -54,6 +54,9 @@ class Assessment:
     residuals: dict[str, FloatArray]  # selectable -> (n, origins, steps): actual - path
     peak_errors: dict[str, FloatArray]  # selectable -> (n, origins): actual max - path max
     alpha: FloatArray  # (n,) best-fit smoothing constant
+    raw_weights: dict[str, FloatArray]  # member -> (n,): inverse corrected squared error
+    ses_best: IntArray  # (n,) index of the best-fit constant in SES_ALPHAS
+    ses_inv: FloatArray  # (A, n) inverse recent squared error of each constant
 
 
 def origins_for(t: int, steps: int, lowest: int) -> IntArray:
@@ -89,6 +92,27 @@ def forward_fill(a: FloatArray) -> FloatArray:
     return np.where(np.isfinite(out), out, last_finite(a[:, ::-1])[:, None])
 
 
+def ses_last(hist: FloatArray) -> FloatArray:
+    """The smoothed levels at the newest point (alphas, n): `ses_levels(hist)[:, :, -1]`
+    by the same recursion, without keeping the levels at every point."""
+    filled = np.ascontiguousarray(forward_fill(hist).T)  # (t, n)
+    a = SES_ALPHAS[:, None]
+    keep = 1.0 - a
+    out = np.repeat(filled[0][None, :], a.shape[0], axis=0)
+    for j in range(1, filled.shape[0]):
+        np.multiply(out, keep, out=out)
+        out += a * filled[j][None, :]
+    return out
+
+
+def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[str, FloatArray]:
+    """The two smoothing members at one origin from the levels of every constant (A, n):
+    the best-fit constant's level, and the levels averaged by `inv` (A, n)."""
+    rows = np.arange(levels.shape[1])
+    avg: FloatArray = (inv * levels).sum(axis=0) / inv.sum(axis=0)
+    return {"ses": levels[best, rows], "ses_avg": avg}
+
+
 def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:
     """Mean squared error over origins and steps of flat paths at `level` (..., n, O),
     from the future's per-origin count, sum and sum of squares (n, O); NaN if none."""
@@ -103,24 +127,28 @@ def _stats(resid: FloatArray) -> tuple[FloatArray, FloatArray]:
     """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none)."""
     finite = np.isfinite(resid)
     r = np.where(finite, resid, 0.0)
-    count = finite.sum(axis=(1, 2))
+    count = np.count_nonzero(finite, axis=(1, 2))
+    sq = np.einsum("nos,nos->n", r, r)  # one pass, no temporary
+    np.abs(r, out=r)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mae: FloatArray = np.abs(r).sum(axis=(1, 2)) / count
-        mse: FloatArray = (r * r).sum(axis=(1, 2)) / count
+        mae: FloatArray = r.sum(axis=(1, 2)) / count
+        mse: FloatArray = sq / count
     return np.where(count > 0, mae, np.nan), np.where(count > 0, mse, np.nan)
 
 
-def _window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
+def window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
     """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps."""
-    idx = ends[:, None] - np.arange(points)[None, :]
-    windows = np.where(idx >= 0, hist[:, np.maximum(idx, 0)], np.nan)
-    finite = np.isfinite(windows)
+    finite = np.isfinite(hist)
+    zero = np.zeros((hist.shape[0], 1))
+    sums = np.concatenate([zero, np.cumsum(np.where(finite, hist, 0.0), axis=1)], axis=1)
+    counts = np.concatenate([zero, np.cumsum(finite, axis=1)], axis=1)
+    hi, lo = ends + 1, np.maximum(ends + 1 - points, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(finite, windows, 0.0).sum(axis=2) / finite.sum(axis=2)
+        out: FloatArray = (sums[:, hi] - sums[:, lo]) / (counts[:, hi] - counts[:, lo])
     return out
 
 
-def _arima_in_window(
+def arima_in_window(
     engine: LeastSquaresArima, fitted: Fitted, hist: FloatArray, origins: IntArray, steps: int
 ) -> FloatArray:
     """ARIMA rolled from every origin of every series at once: (n, origins, steps)."""
@@ -141,18 +169,18 @@ def _arima_in_window(
 
 def _smoothing(
     hist: FloatArray, origins: IntArray, moments: tuple[FloatArray, FloatArray, FloatArray]
-) -> tuple[dict[str, FloatArray], FloatArray]:
+) -> tuple[dict[str, FloatArray], IntArray, FloatArray]:
     """Best-fit smoothing and smoothing averaged over its constants by inverse recent
     squared error: levels at the origins (n, O + 1; the last column is the live origin),
-    and the best constant per series."""
+    the best constant's index per series and each constant's inverse error (A, n)."""
     levels = ses_levels(hist)[:, :, np.append(origins, hist.shape[1] - 1)]  # (A, n, O + 1)
     mse = _flat_sq_error(*moments, levels[:, :, :-1])  # (A, n)
     mse = np.where(np.isfinite(mse), mse, np.inf)
-    best = np.argmin(mse, axis=0)
+    best: IntArray = np.argmin(mse, axis=0)
     rows = np.arange(hist.shape[0])
-    inv = 1.0 / (mse + _tiny(hist)[None, :])
+    inv: FloatArray = 1.0 / (mse + _tiny(hist)[None, :])
     avg = (inv[:, :, None] * levels).sum(axis=0) / inv.sum(axis=0)[:, None]
-    return {"ses": levels[best, rows], "ses_avg": avg}, SES_ALPHAS[best]
+    return {"ses": levels[best, rows], "ses_avg": avg}, best, inv
 
 
 def _tiny(hist: FloatArray) -> FloatArray:
@@ -179,17 +207,17 @@ def _optimism(engine: LeastSquaresArima, hist: FloatArray, origins: int) -> dict
 
 def _flat_members(
     hist: FloatArray, origins: IntArray, future: FloatArray
-) -> tuple[dict[str, FloatArray], FloatArray]:
+) -> tuple[dict[str, FloatArray], IntArray, FloatArray]:
     """The flat members' levels (n, O + 1): at each origin, then at the live origin."""
     finite = np.isfinite(future)
     f = np.where(finite, future, 0.0)
     moments = (finite.sum(axis=2).astype(float), f.sum(axis=2), (f * f).sum(axis=2))
-    levels, alpha = _smoothing(hist, origins, moments)
+    levels, best, inv = _smoothing(hist, origins, moments)
     ends = np.append(origins, hist.shape[1] - 1)
-    levels["window_mean"] = _window_means(hist, ends, WINDOW_MEAN_POINTS)
-    levels["window_mean_long"] = _window_means(hist, ends, LONG_MEAN_POINTS)
+    levels["window_mean"] = window_means(hist, ends, WINDOW_MEAN_POINTS)
+    levels["window_mean_long"] = window_means(hist, ends, LONG_MEAN_POINTS)
     levels["last_value"] = np.concatenate([hist[:, origins], last_finite(hist)[:, None]], axis=1)
-    return levels, alpha
+    return levels, best, inv
 
 
 def assess(
@@ -210,21 +238,20 @@ def assess(
     if origins.size < 4:
         return None
     future = hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]]  # (n, O, steps)
-    levels, alpha = _flat_members(hist, origins, future)
+    levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
     ok = arima_ok[:, None, None]
-    in_window["arima"] = np.where(
-        ok, _arima_in_window(engine, fitted, hist, origins, steps), np.nan
-    )
+    in_window["arima"] = np.where(ok, arima_in_window(engine, fitted, hist, origins, steps), np.nan)
     live["arima"] = np.where(arima_ok[:, None], arima_live, np.nan)
     errors: dict[str, FloatArray] = {}
     mse: dict[str, FloatArray] = {}
     for name, path in in_window.items():
         errors[name], mse[name] = _stats(future - path)
-    weights = _weights(mse, live, _optimism(engine, hist, origins.size), _tiny(hist))
-    in_window["ensemble"] = _combine(weights, in_window)
-    live["ensemble"] = _combine(weights, live)
+    raw = raw_weights(mse, _optimism(engine, hist, origins.size), _tiny(hist))
+    weights = normalized(raw, live)
+    in_window["ensemble"] = combine(weights, in_window)
+    live["ensemble"] = combine(weights, live)
     residuals, peak_errors = {}, {}
     for name in SELECTABLE:
         residuals[name] = future - in_window[name]
@@ -232,65 +259,42 @@ def assess(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             peak_errors[name] = np.nanmax(future, axis=2) - np.nanmax(in_window[name], axis=2)
-    return Assessment(live, errors, weights, residuals, peak_errors, alpha)
-
-
-ASSESS_CHUNK = 128
-"""Series assessed together: bounds the (series, origins, steps) temporaries to ~4 MB
-each (a thousand series at once held ~470 MB)."""
-
-
-def assess_batched(
-    engine: LeastSquaresArima,
-    fitted: Fitted,
-    hist: FloatArray,
-    steps: int,
-    arima_live: FloatArray,
-    arima_ok: BoolArray,
-) -> Assessment | None:
-    """`assess` over chunks of ASSESS_CHUNK series, put back together."""
-    parts = []
-    for i in range(0, hist.shape[0], ASSESS_CHUNK):
-        rows = slice(i, i + ASSESS_CHUNK)
-        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
-        a = assess(engine, part, hist[rows], steps, arima_live[rows], arima_ok[rows])
-        if a is None:  # too few origins: the same for every row of the window
-            return None
-        parts.append(a)
-
-    def cat(field: str) -> dict[str, FloatArray]:
-        first: dict[str, FloatArray] = getattr(parts[0], field)
-        return {k: np.concatenate([getattr(p, field)[k] for p in parts]) for k in first}
-
     return Assessment(
-        cat("paths"),
-        cat("errors"),
-        cat("weights"),
-        cat("residuals"),
-        cat("peak_errors"),
-        np.concatenate([p.alpha for p in parts]),
+        live, errors, weights, residuals, peak_errors, SES_ALPHAS[best], raw, best, inv
     )
 
 
-def _weights(
-    mse: Mapping[str, FloatArray],
-    live: Mapping[str, FloatArray],
-    optimism: Mapping[str, FloatArray],
-    tiny: FloatArray,
+ASSESS_CHUNK = 256
+"""Series assessed together: bounds the (series, origins, steps) temporaries to ~4.5 MB
+each (a thousand series at once held ~470 MB); fewer chunks, fewer per-step calls in the
+smoothing and ARIMA recursions."""
+
+
+def raw_weights(
+    mse: Mapping[str, FloatArray], optimism: Mapping[str, FloatArray], tiny: FloatArray
 ) -> dict[str, FloatArray]:
-    """Inverse corrected recent squared error per member, normalized per series; 0 for a
-    member whose error or live path is not finite (all 0 where no member is usable)."""
+    """Inverse corrected recent squared error per member; 0 for a member whose error is
+    not finite. They change only when the members are scored (at a refit)."""
     raw = {}
     for name in MEMBERS:
-        usable = np.isfinite(mse[name]) & np.isfinite(live[name]).all(axis=1)
+        usable = np.isfinite(mse[name])
         corrected = np.where(usable, mse[name], 1.0) * optimism[name] + tiny
         raw[name] = np.where(usable, corrected**-WEIGHT_POWER, 0.0)
-    total = sum(raw.values())
+    return raw
+
+
+def normalized(
+    raw: Mapping[str, FloatArray], live: Mapping[str, FloatArray]
+) -> dict[str, FloatArray]:
+    """`raw` weights normalized per series over the members whose live path is finite
+    (all 0 where no member is usable)."""
+    kept = {k: np.where(np.isfinite(live[k]).all(axis=1), raw[k], 0.0) for k in MEMBERS}
+    total = sum(kept.values())
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {k: np.where(total > 0, v / total, 0.0) for k, v in raw.items()}
+        return {k: np.where(total > 0, v / total, 0.0) for k, v in kept.items()}
 
 
-def _combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) -> FloatArray:
+def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) -> FloatArray:
     """The weighted mean of the members' paths, over the members with a finite value at
     each point (NaN where none has one)."""
     first = paths[MEMBERS[0]]

@@ -34,8 +34,13 @@ error of the peak)."""
 def conformal_half_width(abs_resid: FloatArray, level: FloatArray) -> FloatArray:
     """Half width (n, steps) from absolute errors (n, origins, steps) at per-row `level`
     (n,); NaN at a step with fewer than MIN_RESIDUALS finite errors."""
-    ordered = np.sort(abs_resid, axis=1)  # NaN sorts last
-    count = np.isfinite(abs_resid).sum(axis=1)  # (n, steps)
+    return ranked_half_width(np.sort(abs_resid, axis=1), level)  # NaN sorts last
+
+
+def ranked_half_width(ordered: FloatArray, level: FloatArray) -> FloatArray:
+    """`conformal_half_width` from absolute errors already sorted along the origins
+    (n, origins, steps; NaN last): kept between refits, only the level moves."""
+    count = np.isfinite(ordered).sum(axis=1)  # (n, steps)
     rank = np.ceil((count + 1) * level[:, None]).astype(np.int64)
     idx = np.clip(np.minimum(rank, count) - 1, 0, None)
     out: FloatArray = np.take_along_axis(ordered, idx[:, None, :], axis=1)[:, 0, :]

@@ -1,0 +1,205 @@
+"""What only changes at a refit, kept per series until the next one (issue 18).
+
+Scoring the ensemble (every member at up to ASSESS_ORIGINS in-window origins over the
+horizon) is most of a forecast's cost, yet its results (the members' weights, the
+choice between the ensemble and the last value, the recent errors, the conformal
+errors and the peak offset) are made when the coefficients are refitted
+(`forecast.refit_every`). They ride on the series' `FitState` as a `Scored`; a steady
+tick only computes the members' live paths, combines them with the kept weights and
+takes the conformal quantile at the current adaptive level from the kept, sorted errors.
+Those errors (and the peak errors) are updated incrementally (`refresh`): each in-window
+origin completed since is scored with the kept coefficients and weights, the oldest
+dropped. `clipped` bounds every forecast of a batch at once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
+from gpuscaler.core.forecast.ensemble import (
+    ASSESS_ORIGINS,
+    MEMBERS,
+    ORIGIN_SPACING,
+    WINDOW_MEAN_POINTS,
+    Assessment,
+    arima_in_window,
+    choose_method,
+    combine,
+    normalized,
+    ses_last,
+    smoothing_live,
+    window_means,
+)
+from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
+from gpuscaler.core.model import BoolArray, FloatArray, Forecast, IntArray, Scored
+
+
+def score(a: Assessment, newest: float) -> list[Scored]:
+    """One `Scored` per row of an assessment whose newest origin is at `newest`."""
+    names = list(a.errors)
+    table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
+    errors = [
+        {k: v for k, v in zip(names, row, strict=True) if np.isfinite(v)} for row in table.tolist()
+    ]
+    methods = [choose_method(e) if "last_value" in e else None for e in errors]
+    last = np.array([m == "last_value" for m in methods])
+    # Only the chosen method's errors are kept: one sort (NaN last), not one per candidate.
+    chosen = np.where(last[:, None, None], a.residuals["last_value"], a.residuals["ensemble"])
+    recent = np.abs(chosen)
+    ordered = np.sort(recent.swapaxes(1, 2), axis=2).swapaxes(1, 2)  # sort rows
+    peak_errors = np.where(last[:, None], a.peak_errors["last_value"], a.peak_errors["ensemble"])
+    peaks = peak_offset(peak_errors)
+    raw = np.stack([a.raw_weights[m] for m in MEMBERS], axis=1).tolist()
+    return [
+        Scored(
+            method=methods[r],
+            weights=tuple(raw[r]),
+            errors=errors[r],
+            ses_best=int(a.ses_best[r]),
+            ses_inv=a.ses_inv[:, r].copy(),
+            abs_errors=ordered[r],
+            peak=float(peaks[r]),
+            abs_recent=recent[r],
+            peak_recent=peak_errors[r],
+            newest=newest,
+        )
+        for r in range(table.shape[0])
+    ]
+
+
+def refresh(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    scored: Sequence[Scored],
+    usable: BoolArray,
+    now: float,
+    step: float,
+) -> list[Scored]:
+    """Each kept scoring with the chosen method's errors at the in-window origins completed
+    since it was made (every ORIGIN_SPACING-th step, as `assess` spaces them), rolled with
+    the kept coefficients and weights: the interval and the peak offset follow the load
+    between refits at the cost of one origin per tick, not ASSESS_ORIGINS."""
+    steps = scored[0].abs_recent.shape[1]
+    spacing = max(1, steps // ORIGIN_SPACING) * step
+    last_complete = now - steps * step  # an origin whose whole horizon is observed
+    out = list(scored)
+    groups: dict[float, list[int]] = {}
+    for i, s in enumerate(scored):
+        groups.setdefault(s.newest, []).append(i)
+    for newest, idx in groups.items():
+        times = newest + spacing * np.arange(1, int((last_complete - newest) / spacing + 1e-9) + 1)
+        js = hist.shape[1] - 1 - np.round((now - times) / step).astype(np.int64)
+        ok = js >= max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS)
+        if not ok.any():
+            continue
+        rows = np.array(idx)
+        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
+        sub = [scored[i] for i in idx]
+        errors, peaks = _errors_at(engine, part, hist[rows], sub, usable[rows], js[ok], steps)
+        for g, i in enumerate(idx):
+            s = scored[i]
+            recent = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
+            peak_recent = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
+            out[i] = replace(
+                s,
+                abs_errors=np.sort(recent, axis=0),
+                peak=float(peak_offset(peak_recent[None, :])[0]),
+                abs_recent=recent,
+                peak_recent=peak_recent,
+                newest=float(times[ok][-1]),
+            )
+    return out
+
+
+def _errors_at(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    scored: Sequence[Scored],
+    usable: BoolArray,
+    origins: IntArray,
+    steps: int,
+) -> tuple[FloatArray, FloatArray]:
+    """The chosen method's absolute errors (n, origins, steps) and peak errors (n, origins)
+    at `origins` (indexes into `hist`, whole horizon observed)."""
+    n = hist.shape[0]
+    ensemble = np.array([s.method == "ensemble" for s in scored])
+    raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
+    best = np.array([s.ses_best for s in scored], dtype=np.int64)
+    inv = np.stack([s.ses_inv for s in scored], axis=1)
+    arima = np.where(
+        usable[:, None, None], arima_in_window(engine, fitted, hist, origins, steps), np.nan
+    )
+    errors, peaks = np.empty((n, origins.size, steps)), np.empty((n, origins.size))
+    for c, j in enumerate(origins.tolist()):
+        flat = smoothing_live(ses_last(hist[:, : j + 1]), best, inv)
+        flat["window_mean"] = window_means(hist, np.array([j]), WINDOW_MEAN_POINTS)[:, 0]
+        members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in flat.items()}
+        members["arima"] = arima[:, c, :]
+        mixed = combine(normalized(raw, members), members)
+        path = np.where(ensemble[:, None], mixed, hist[:, j][:, None])
+        actual = hist[:, j + 1 : j + 1 + steps]
+        errors[:, c] = np.abs(actual - path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            peaks[:, c] = np.nanmax(actual, axis=1) - np.nanmax(path, axis=1)
+    return errors, peaks
+
+
+def live_paths(
+    hist: FloatArray, scored: Sequence[Scored], arima: FloatArray, usable: BoolArray, steps: int
+) -> tuple[dict[str, FloatArray], dict[str, FloatArray]]:
+    """Every member's path (n, steps) at the live origin with the kept smoothing weights,
+    the ensemble (kept weights, over the members with a finite path) and the last value;
+    and the weights (n,) per member, normalized over those members."""
+    levels = smoothing_live(
+        ses_last(hist),
+        np.array([s.ses_best for s in scored], dtype=np.int64),
+        np.stack([s.ses_inv for s in scored], axis=1),
+    )
+    end = np.array([hist.shape[1] - 1])
+    levels["window_mean"] = window_means(hist, end, WINDOW_MEAN_POINTS)[:, 0]
+    levels["last_value"] = last_finite(hist)
+    live = {k: np.repeat(v[:, None], steps, axis=1) for k, v in levels.items()}
+    live["arima"] = np.where(usable[:, None], arima, np.nan)
+    raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
+    weights = normalized(raw, live)
+    live["ensemble"] = combine(weights, live)
+    return live, weights
+
+
+def half_widths(scored: Sequence[Scored], levels: FloatArray) -> FloatArray:
+    """The conformal half width (n, steps) of each row's chosen method at its level, from
+    the kept sorted errors (rows scored at different refits may hold different numbers
+    of origins: the shorter are padded with NaN, which the rank ignores)."""
+    depth = max(s.abs_errors.shape[0] for s in scored)
+    steps = scored[0].abs_errors.shape[1]
+    ordered = np.full((len(scored), depth, steps), np.nan)
+    for r, s in enumerate(scored):
+        ordered[r, : s.abs_errors.shape[0]] = s.abs_errors
+    return ranked_half_width(ordered, levels)
+
+
+def clipped(fs: Sequence[Forecast], clip: tuple[float, float | None]) -> list[Forecast]:
+    """Each forecast with its path, interval and peak inside `clip` (all rows at once)."""
+    if not fs:
+        return []
+    lo, hi = clip
+    raw = np.stack([f.mean for f in fs])
+    mean, lower, upper = (
+        np.clip(a, lo, hi)
+        for a in (raw, np.stack([f.lower for f in fs]), np.stack([f.upper for f in fs]))
+    )
+    offset = np.array([f.peak_error for f in fs])
+    peak = np.clip(raw.max(axis=1) + offset, lo, hi)
+    peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offset)
+    return [
+        replace(f, mean=mean[r], lower=lower[r], upper=upper[r], peak_error=float(peak_error[r]))
+        for r, f in enumerate(fs)
+    ]
