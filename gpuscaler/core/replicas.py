@@ -116,14 +116,7 @@ def _floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
     capacity, sizing = _capacity(obs, cfg)
-    raw = math.ceil(sized / capacity - 1e-9)  # the HPA formula (hpa_desired) in the load's unit
-    # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = sized / (capacity * current) if current else 0.0
-    if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
-        raw = current
-    reserve, kept = _reserve(h, cfg, now, capacity, obs.serving is None)
-    if reserve > raw:
-        raw, note = reserve, f"{note}; {kept}" if note else kept
+    raw, note = _raw(h, cfg, now, sized, capacity, current, obs.serving is None, note)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
     # Scale down only to the highest recommendation of the window, as the HPA does, kept
@@ -160,6 +153,29 @@ def _floor(
         forecast=figures or {"last": observed},
     )
     return Outcome(h, decision=decision)
+
+
+def _raw(
+    h: TargetHistory,
+    cfg: ReplicasConfig,
+    now: float,
+    sized: float,
+    capacity: float,
+    current: int,
+    gpu: bool,
+    note: str | None,
+) -> tuple[int, str | None]:
+    """Replicas for `sized` demand by the HPA formula (hpa_desired) in the load's unit,
+    none changed within the tolerance, at least the reserve for short bursts; the note."""
+    raw = math.ceil(sized / capacity - 1e-9)
+    # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
+    usage_ratio = sized / (capacity * current) if current else 0.0
+    if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
+        raw = current
+    reserve, kept = _reserve(h, cfg, now, capacity, gpu)
+    if reserve > raw:
+        return reserve, f"{note}; {kept}" if note else kept
+    return raw, note
 
 
 def _reserve(
