@@ -19,6 +19,11 @@ A window passing every gate is a win, any failure a loss. ratio = gpuscaler /
 reactive@equal SLO-violation share, where either is at least 0.1 % (ties below that
 carry no ratio).
 
+`--baselines-from rows.json` reuses the baseline curves of an earlier `--json` run (they do
+not depend on gpuscaler's policy: same trace, seed and config) and runs only gpuscaler and
+the reactive HPA: a policy change is judged on every window in a fraction of the time.
+The baselines' own code must not have changed since that run.
+
 Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
 """
 
