@@ -19,6 +19,11 @@ A window passing every gate is a win, any failure a loss. ratio = gpuscaler /
 reactive@equal SLO-violation share, where either is at least 0.1 % (ties below that
 carry no ratio).
 
+`--baselines-from rows.json` reuses the baseline curves of an earlier `--json` run (they do
+not depend on gpuscaler's policy: same trace, seed and config) and runs only gpuscaler and
+the reactive HPA: a policy change is judged on every window in a fraction of the time.
+The baselines' own code must not have changed since that run.
+
 Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
 """
 
@@ -80,11 +85,18 @@ def _config(trace: Trace, source: str) -> Config:
     )
 
 
-def run_window(window: tuple[str, str, float, float]) -> dict[str, Any]:
+def run_window(
+    window: tuple[str, str, float, float], reuse: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One window's row; `reuse`: the baseline curves of an earlier run of this window
+    (they do not depend on gpuscaler's policy: same trace, seed and config), not re-run."""
     label, source, start, hours = window
     t0 = time.perf_counter()
     trace = _trace(source)
-    result = simulate(trace, None if math.isnan(hours) else hours, 1, _config(trace, source), start)
+    span = None if math.isnan(hours) else hours
+    result = simulate(trace, span, 1, _config(trace, source), start, baselines=reuse is None)
+    if reuse is not None:
+        result.baselines = reuse
     s = result.summary()
     g = s["gpuscaler"]
     curve = s["baselines"]["reactive"]
@@ -98,6 +110,7 @@ def run_window(window: tuple[str, str, float, float]) -> dict[str, Any]:
         "equal": _equal(curve, g["gpu_hours"]),
         "floor_equal": _equal(s["baselines"]["predictive_floor"], g["gpu_hours"]),
         "keda_equal": _equal(s["baselines"]["keda_rate"], g["gpu_hours"]),
+        "baselines": s["baselines"],
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -180,12 +193,25 @@ def main() -> None:
     parser.add_argument(
         "--rejudge", metavar="PATH", help="judge the rows of an earlier --json, run nothing"
     )
+    parser.add_argument(
+        "--baselines-from",
+        metavar="PATH",
+        help="reuse the baseline curves of an earlier --json (same code for the baselines, "
+        "trace, seed and config): only gpuscaler and the reactive HPA run",
+    )
     args = parser.parse_args()
     if args.rejudge:
         rows = [judge(r) for r in json.loads(Path(args.rejudge).read_text())]
     else:
+        todo = windows(args.quick)
+        curves: dict[str, Any] = {}
+        if args.baselines_from:
+            curves = {
+                r["window"]: r["baselines"]
+                for r in json.loads(Path(args.baselines_from).read_text())
+            }
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = [judge(r) for r in pool.map(run_window, windows(args.quick))]
+            rows = [judge(r) for r in pool.map(run_window, todo, [curves.get(w[0]) for w in todo])]
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")

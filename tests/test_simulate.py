@@ -12,7 +12,7 @@ import pytest
 from builders import run_cli
 
 from gpuscaler.config import Config, parse_config
-from gpuscaler.sim.simulate import simulate
+from gpuscaler.sim.simulate import simulate, warmup_plan
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
 pytestmark = pytest.mark.timeout(900)
@@ -73,6 +73,16 @@ def test_the_json_carries_the_slo_the_baseline_curves_and_the_equal_cost_figure(
 ) -> None:
     out = bundled_default
     assert out["slo_wait_s"] == 2.0
+    for policy in ("gpuscaler", "reactive"):
+        assert set(out[policy]) >= {
+            "slo_violation_share",
+            "p99_wait_s",
+            "gpu_hours",
+            "scaling_actions",
+            "direction_reversals",
+            "under_provisioned_share",
+        }
+        assert 0.0 <= out[policy]["slo_violation_share"] <= 1.0
     assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor"}
     for curve in out["baselines"].values():
         assert [p["target_pct"] for p in curve] == list(range(40, 91, 5))
@@ -160,6 +170,11 @@ def _rows(n: int, step: int = 10, start: int = 1_700_000_000) -> str:
             "shorter than 30 minutes",
             "time,requests\n" + _rows(150),
             "shorter than one forecast window",
+        ),
+        (
+            "shorter than 30 minutes names the only remedy",
+            "time,requests\n" + _rows(150),
+            "supply at least 30 min of trace (the shortest replay)",
         ),
     ],
 )
@@ -326,3 +341,12 @@ def test_a_per_request_log_is_binned_by_resample_and_the_column_is_named(
     out = _cli("--trace", str(path), "--resample", "10s", "--json", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "rows counted as requests" in out.stderr
+
+
+def test_a_trace_past_30_minutes_but_short_of_the_history_names_the_setting_that_helps() -> None:
+    config = Config.model_validate({"forecast": {"min_history": "40m"}})
+    with pytest.raises(TraceError) as refused:
+        warmup_plan(config, 35 * 60.0, "t.csv")
+    assert "supply at least 45 min of trace" in str(refused.value)
+    assert "set forecast.min_history to at most 30 min" in str(refused.value)
+    assert warmup_plan(config, 45 * 60.0, "t.csv") == (int(40 * 60 / 0.5), 40 * 60.0)

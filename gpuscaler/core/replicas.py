@@ -23,6 +23,7 @@ from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
+from gpuscaler.core.reserve import overflow_reserve
 from gpuscaler.core.skill import assess, in_fallback, remember
 
 KIND: Final = "replica_floor"
@@ -115,11 +116,7 @@ def _floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
     capacity, sizing = _capacity(obs, cfg)
-    raw = math.ceil(sized / capacity - 1e-9)  # the HPA formula (hpa_desired) in the load's unit
-    # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
-    usage_ratio = sized / (capacity * current) if current else 0.0
-    if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
-        raw = current
+    raw, note = _raw(h, cfg, now, sized, capacity, current, obs.serving is None, note)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
     # Scale down only to the highest recommendation of the window, as the HPA does, kept
@@ -156,6 +153,48 @@ def _floor(
         forecast=figures or {"last": observed},
     )
     return Outcome(h, decision=decision)
+
+
+def _raw(
+    h: TargetHistory,
+    cfg: ReplicasConfig,
+    now: float,
+    sized: float,
+    capacity: float,
+    current: int,
+    gpu: bool,
+    note: str | None,
+) -> tuple[int, str | None]:
+    """Replicas for `sized` demand by the HPA formula (hpa_desired) in the load's unit,
+    none changed within the tolerance, at least the reserve for short bursts; the note."""
+    raw = math.ceil(sized / capacity - 1e-9)
+    # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
+    usage_ratio = sized / (capacity * current) if current else 0.0
+    if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
+        raw = current
+    reserve, kept = _reserve(h, cfg, now, capacity, gpu)
+    if reserve > raw:
+        return reserve, f"{note}; {kept}" if note else kept
+    return raw, note
+
+
+def _reserve(
+    h: TargetHistory, cfg: ReplicasConfig, now: float, capacity: float, gpu: bool
+) -> tuple[int, str]:
+    """Replicas the floor keeps for bursts that overflowed what reactive sizing would have
+    had at full use (gpuscaler.core.reserve), and why; (0, "") when none did."""
+    full = capacity * 100.0 / cfg.target_utilization_pct if gpu else capacity
+    r = overflow_reserve(
+        h.seen, now, cfg.scale_down_stabilization, cfg.skill_window, capacity, full
+    )
+    if r is None:
+        return 0, ""
+    replicas = math.ceil(r.peak / full - 1e-9)
+    return replicas, (
+        f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
+        f"{r.overflows} time(s) in the last {cfg.skill_window:.0f}s (highest {r.age:.0f}s ago); "
+        "new replicas come too late for bursts that short"
+    )
 
 
 def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:

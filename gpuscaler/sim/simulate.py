@@ -330,11 +330,17 @@ def warmup_plan(config: Config, seconds: float, name: str) -> tuple[int, float]:
         return int(window / SAMPLE), min_history
     needed = max(MIN_SECONDS, min_history + horizon)
     if seconds < needed - 1e-9:
+        # Below 30 minutes no setting helps; above it, a shorter history or horizon does.
+        remedy = (
+            f"supply at least {MIN_SECONDS / 60:.0f} min of trace (the shortest replay)"
+            if seconds < MIN_SECONDS
+            else f"supply at least {needed / 60:.0f} min of trace, or set forecast.min_history "
+            f"to at most {(seconds - horizon) / 60:.0f} min (or forecast.horizon lower)"
+        )
         raise TraceError(
             f"{name}: {seconds / 60:.1f} min is shorter than one forecast window "
             f"({needed / 60:.0f} min: forecast.min_history "
             f"{min_history / 60:g} min + horizon {horizon / 60:g} min, at least 30 min); "
-            f"supply at least {needed / 60:.0f} min of trace, or set forecast.min_history "
-            "lower"
+            f"{remedy}"
         )
     return int(min_history / SAMPLE), min_history

@@ -33,8 +33,10 @@ def _shape(family: str, n: int, rng: np.random.Generator) -> FloatArray:
             length = int(rng.integers(6, 30))
             out[start : start + length] *= rng.uniform(2.0, 4.0)
         return out
-    if family == "ramps":  # slow ramps up and down over 1-3 hours
-        knots = np.arange(0, n + 1080, 1080)
+    if family == "ramps":  # slow ramps up and down, each over 1-3 hours
+        # Knots 1-3 h apart (360-1080 bins), not a fixed 3 h: with a fixed spacing a 6 h
+        # window held two ramps, and a draw could hardly move (2.1 -> 2.8 -> 2.5 GPUs).
+        knots = np.cumsum(np.concatenate(([0], rng.integers(360, 1081, n // 360 + 2))))
         levels = rng.uniform(0.3, 1.7, len(knots))
         return np.asarray(np.interp(np.arange(n), knots, levels), dtype=np.float64)
     if family == "random_walk":

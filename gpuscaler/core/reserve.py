@@ -1,0 +1,65 @@
+"""A reserve for demand that reactive capacity cannot meet in time: short overflows.
+
+Reactive sizing (the HPA formula on the highest demand of the stabilization window, the
+floor's own reactive part) leaves headroom up to full use of the replicas it sizes. A
+burst that goes past that full use is served late: by the time new replicas are ready
+(the sync delay, then a cold start) a burst shorter than that is gone, and its requests
+waited. Only capacity already in place serves such bursts.
+
+So each tick of the remembered span (the workload's tick records, one per tick: the
+peak since the previous one) is checked against what that reactive sizing would have had
+at full use when it came, from the window before it alone (the counterfactual, not the
+replicas that ran: a reserve that served the next burst must not erase the evidence for
+itself). The highest demand that overflowed it is the reserve: the floor keeps enough
+replicas to serve it at full use for the rest of the span. A ramp or a diurnal rise never
+overflows (the target's headroom covers a tick's rise); bursts do; none in the span, no
+reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Reserve:
+    peak: float
+    """The highest demand of the span that overflowed the reactive sizing's full use."""
+    age: float
+    """Seconds since that tick."""
+    overflows: int
+    """Ticks of the span that overflowed."""
+
+
+def overflow_reserve(
+    seen: tuple[tuple[float, float, float, float], ...],
+    now: float,
+    window: float,
+    span: float,
+    at_target: float,
+    full: float,
+) -> Reserve | None:
+    """The reserve the tick records of the last `span` seconds call for (None when no
+    tick overflowed). `at_target`: what one replica serves at the target; `full`: at
+    full use, both in the records' unit."""
+    if not seen:
+        return None
+    rec = np.asarray(seen, dtype=np.float64)
+    t, v = rec[:, 0], rec[:, 1]
+    ok = np.isfinite(v)
+    scored = np.flatnonzero((t > now - span) & ok)
+    before = (t[None, :] >= t[scored, None] - window) & (t[None, :] < t[scored, None]) & ok
+    has = before.any(axis=1)
+    scored, before = scored[has], before[has]
+    if not scored.size:
+        return None  # nothing to size from yet
+    reactive = np.where(before, v[None, :], -np.inf).max(axis=1)
+    replicas = np.maximum(1.0, np.ceil(reactive / at_target - 1e-9))
+    over = v[scored] > replicas * full + 1e-9
+    if not over.any():
+        return None
+    hit = scored[over]
+    top = hit[len(hit) - 1 - int(np.argmax(v[hit][::-1]))]  # the newest of the highest
+    return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))

@@ -1,0 +1,84 @@
+"""The reserve for bursts reactive capacity cannot meet in time (gpuscaler.core.reserve),
+and the replica floor that keeps it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+from builders import NOW, workload_obs
+
+from gpuscaler.config import ReplicasConfig
+from gpuscaler.core.decisions import ReplicaFloorDecision
+from gpuscaler.core.model import Signal, TargetHistory
+from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.reserve import overflow_reserve
+
+TICK = 30.0
+WINDOW = 300.0
+SPAN = 3600.0
+AT_TARGET = 50.0
+"""One replica serves 50 (% of a GPU) at target 50 %, 100 at full use."""
+FULL = 100.0
+NAN = float("nan")
+
+
+def ticks(values: list[float], now: float = NOW) -> tuple[tuple[float, float, float, float], ...]:
+    """Tick records, one per 30 s, the last at `now`."""
+    n = len(values)
+    return tuple((now - TICK * (n - 1 - i), v, NAN, NAN) for i, v in enumerate(values))
+
+
+@dataclass
+class Row:
+    name: str
+    values: list[float]
+    peak: float | None
+
+
+BASE = [100.0] * 20
+"""Two replicas at target; 200 at full use."""
+
+ROWS = [
+    Row("a burst past full use of the reactive sizing is reserved for", [*BASE, 450.0, *BASE], 450),
+    Row("the highest of several bursts sets the reserve", [*BASE, 300, *BASE, 450, *BASE], 450),
+    Row("a burst within the target's headroom needs no reserve", [*BASE, 190.0, *BASE], None),
+    Row("a ramp never outruns its own headroom", [100.0 + 4 * i for i in range(100)], None),
+    Row("a burst older than the span is forgotten", [*BASE, 450.0] + [100.0] * 130, None),
+    Row("the first tick has nothing to be sized from", [450.0, *BASE], None),
+    Row("missing values neither overflow nor size", [*BASE, NAN, *BASE], None),
+    Row("no records, no reserve", [], None),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_overflow_reserve(row: Row) -> None:
+    r = overflow_reserve(ticks(row.values), NOW, WINDOW, SPAN, AT_TARGET, FULL)
+    if row.peak is None:
+        assert r is None
+    else:
+        assert r is not None and r.peak == row.peak and r.overflows >= 1
+
+
+def test_the_reserve_is_judged_on_the_counterfactual_not_on_the_replicas_that_ran() -> None:
+    """A second burst that the reserve served still counts: the records are demand, and
+    each tick is checked against reactive sizing from the window before it alone."""
+    values = [*BASE, 450.0, *([100.0] * 40), 450.0, *BASE]
+    r = overflow_reserve(ticks(values), NOW, WINDOW, SPAN, AT_TARGET, FULL)
+    assert r is not None and r.overflows == 2
+    assert r.age == pytest.approx(TICK * len(BASE))
+
+
+def test_the_floor_keeps_the_reserve_after_a_burst_and_says_why() -> None:
+    cfg = ReplicasConfig(target_utilization_pct=50.0)
+    load = Signal(NOW - 1, None, "too little history for a forecast")
+    obs = replace(workload_obs(load, floor=2), recent_peak=100.0)
+    burst = TargetHistory(seen=ticks([*BASE, 450.0, *([100.0] * 15)], NOW - TICK))
+    out = decide_replica_floor(obs, cfg, 120.0, burst, NOW)
+    assert isinstance(out.decision, ReplicaFloorDecision)
+    assert out.decision.to_value == 5  # 450 at full use of 100 each
+    assert "reserve 5 replicas" in out.decision.reason
+    calm = TargetHistory(seen=ticks([100.0] * 36, NOW - TICK))
+    out = decide_replica_floor(obs, cfg, 120.0, calm, NOW)
+    assert out.decision is None and out.skip is not None
+    assert "reserve" not in out.skip.reason
