@@ -184,7 +184,8 @@ def replay(
         return Skipped(history.key, str(e))
     actual = None
     if history.replicas.series is not None:
-        arrivals = arrivals_from_trace(trace, result.start, seconds, seed)
+        slot = result.config.simulator.slot
+        arrivals = arrivals_from_trace(trace, result.start, seconds, seed, slot)
         actual = actual_run(
             result.config,
             history.replicas.series,

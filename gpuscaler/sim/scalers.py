@@ -97,14 +97,15 @@ class Scaler:
 
     def _predicted_load(self, cluster: SimulatedCluster) -> float:
         demand = cluster.recent(cluster.rec.demand_pct, FFT_HISTORY)
-        width = round(FFT_BUCKET / cluster.slot)
+        width = max(1, round(FFT_BUCKET / cluster.slot))
+        bucket = width * cluster.slot  # 10 s, or one slot when slots are coarser
         usable = len(demand) // width * width
         if usable < 6 * width:
             return float(demand.mean()) if demand.size else 0.0
         buckets = demand[len(demand) - usable :].reshape(-1, width).mean(axis=1)
         # Max of the last 5 minutes of 10 s means, as a metrics pipeline scrapes them.
-        recent = float(buckets[-round(RECENT_MAX / FFT_BUCKET) :].max())
-        peak = fft_peak(buckets, max(1, round(self.horizon / FFT_BUCKET)))
+        recent = float(buckets[-max(1, round(RECENT_MAX / bucket)) :].max())
+        peak = fft_peak(buckets, max(1, round(self.horizon / bucket)))
         return max(peak, recent)
 
     def _desired(self, load: float, share: float, current: int, ready: int) -> int:
