@@ -38,7 +38,7 @@ WINDOW = 2 * 3600.0
 pytestmark = pytest.mark.timeout(900)
 
 
-def _config(url: str, ghost: bool) -> str:
+def _config(url: str, ghost: bool, slot: str = "500ms") -> str:
     ghost_workload = (
         "  - {namespace: serving, kind: ScaledObject, name: ghost, node_pool: a100-80gb}\n"
         if ghost
@@ -50,7 +50,7 @@ prometheus:
   timeout: 20s
   queries:
     workload_requests: "sum(last_over_time(app_requests_per_second{{{{{{matchers}}}}}}[{{lookback}}]))"
-simulator: {{preemption_burst_after: null}}
+simulator: {{preemption_burst_after: null, slot: {slot}}}
 node_pools:
   - name: a100-80gb
     selector: {{label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
@@ -95,7 +95,8 @@ class Week:
         self.config = root / "whatif.yaml"
         self.config.write_text(_config(url, ghost=True))
         self.sim_config = root / "simulate.yaml"
-        self.sim_config.write_text(_config(url, ghost=False))
+        # whatif replays in slots of its read step (10 s): simulate at that slot.
+        self.sim_config.write_text(_config(url, ghost=False, slot=f"{STEP:g}s"))
 
 
 @pytest.fixture(scope="module")
