@@ -157,6 +157,7 @@ class SimulatedCluster:
         fragments: int,
         scaler: tuple[ScalerKind, float] | None = None,
         controlled: bool = True,
+        predicted: dict[int, float] | None = None,
     ):
         self.config = config
         self.sim = config.simulator
@@ -188,12 +189,15 @@ class SimulatedCluster:
         self.scaler = Scaler(
             kind, target, self.replicas_cfg, config.control.interval, config.forecast.horizon
         )
+        self.scaler.predicted = predicted
         self.replica_changes: list[tuple[float, int, int]] = []
         self.fragment_changes: list[Decision] = []
         self.time_slice_changes: list[Decision] = []
         self.disrupted_until = -INF
         self.q = 0.0  # GPU-seconds queued at the cursor
         self.held_last = 0.0  # replicas holding a pod at the last slot's start
+        self.steady_key: tuple[float, int] | None = None
+        self.steady: tuple[FloatArray, FloatArray, FloatArray] = (np.zeros(1),) * 3
         self.cursor = 0  # next sample to simulate
         burst = config.simulator.preemption_burst_after
         self.preemption = (
@@ -223,9 +227,11 @@ class SimulatedCluster:
         starting at `t`: counted at the slot's start, and every 500 ms after it inside a
         coarser slot (their means)."""
         sub = max(1, math.ceil(self.slot / SAMPLE - 1e-9))
+        self.pods.forget_gone(float(t[0]))
         if sub > 1:
             t = (t[:, None] + (self.slot / sub) * np.arange(sub)).ravel()
-        self.pods.forget_gone(float(t[0]))
+        if self.pods.steady(float(t[0]), float(t[-1])) and not t[0] < self.disrupted_until:
+            return self._steady_counts(t[:1], len(t) // sub)
         ready, held = self.pods.counts(t)
         f = self.fragments
         capacity = layout_capacity(ready, f, self.sim.switch_overhead)
@@ -237,6 +243,18 @@ class SimulatedCluster:
             return ready, capacity, gpus
         ready, capacity, gpus = (a.reshape(-1, sub).mean(axis=1) for a in (ready, capacity, gpus))
         return ready, capacity, gpus
+
+    def _steady_counts(self, t: FloatArray, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`_pods_at` of `n` slots from `t` when no pod changes over them and no fragment
+        change disrupts them: the counts at `t`, repeated."""
+        key = (self.pods.steady_from, self.fragments)
+        if self.steady_key != key:  # the counts hold from steady_from: reuse them
+            ready, held = self.pods.counts(t)
+            capacity = layout_capacity(ready, self.fragments, self.sim.switch_overhead)
+            self.steady_key, self.steady = key, (ready, capacity, np.ceil(held / self.fragments))
+            self.held_last = float(held[0])
+        ready, capacity, gpus = self.steady
+        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
 
     def advance_to(self, now: float) -> None:
         """Simulate the slots in [cursor time, now)."""

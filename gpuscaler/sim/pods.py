@@ -5,7 +5,7 @@ week's replay asks for these counts at every control tick of dozens of runs."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +20,13 @@ class Pods:
     ready: FloatArray
     leave: FloatArray
 
+    steady_until: float = field(default=-INF, init=False)
+    """No pod is created, turns ready or leaves after `steady_from` up to this time
+    (kept until the pods change)."""
+    steady_from: float = field(default=INF, init=False)
+    staying: int = field(default=-1, init=False)
+    """spec_count, kept until the pods change (-1: not counted yet)."""
+
     @classmethod
     def running(cls, n: int, at: float) -> Pods:
         """`n` pods created and ready at `at`."""
@@ -27,7 +34,9 @@ class Pods:
 
     def spec_count(self) -> int:
         """Pods not leaving (the replicas the workload asks for)."""
-        return int(np.count_nonzero(self.leave == INF))
+        if self.staying < 0:
+            self.staying = int(np.count_nonzero(self.leave == INF))
+        return self.staying
 
     def ready_count(self, now: float) -> int:
         return int(np.count_nonzero((self.ready <= now) & (now < self.leave)))
@@ -42,6 +51,15 @@ class Pods:
                 self.leave[keep],
             )
 
+    def steady(self, first: float, last: float) -> bool:
+        """Whether no pod changes in (first, last]: the counts at `first` hold to `last`."""
+        if not self.steady_from <= first < self.steady_until:
+            events = np.concatenate((self.created, self.ready, self.leave))
+            later = events[events > first]
+            self.steady_from = first
+            self.steady_until = float(later.min()) if later.size else INF
+        return last < self.steady_until
+
     def counts(self, t: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(ready, holding a GPU share) at each time of `t`."""
         gone = np.searchsorted(np.sort(self.leave), t, side="right")
@@ -52,6 +70,7 @@ class Pods:
     def add(self, at: float, cold_starts: FloatArray) -> None:
         """New pods created at `at`, each ready after its cold start."""
         n = len(cold_starts)
+        self.steady_from, self.staying = INF, -1
         self.created = np.concatenate((self.created, np.full(n, at)))
         self.ready = np.concatenate((self.ready, at + np.asarray(cold_starts, dtype=np.float64)))
         self.leave = np.concatenate((self.leave, np.full(n, INF)))
@@ -59,6 +78,7 @@ class Pods:
     def remove_newest(self, keep: int, at: float, drain: float) -> None:
         """All but the `keep` earliest-ready staying pods leave at `at`: a ready one after
         serving `drain` seconds more, one not serving yet at once."""
+        self.steady_from, self.staying = INF, -1
         staying = np.flatnonzero(self.leave == INF)
         going = staying[np.argsort(self.ready[staying], kind="stable")][keep:]
         ready = self.ready[going]

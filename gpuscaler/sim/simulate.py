@@ -63,6 +63,7 @@ def scenario_cluster(
     seed: int,
     scaler: tuple[ScalerKind, float] | None = None,
     controlled: bool = True,
+    predicted: dict[int, float] | None = None,
 ) -> SimulatedCluster:
     """The simulated cluster for the first workload with a node pool, at that pool's
     initial fragments, under `scaler` (default: the HPA on utilization at the
@@ -71,7 +72,16 @@ def scenario_cluster(
     pool = next(p for p in config.node_pools if p.name == workload.node_pool)
     fragments = pool.initial_fragments or config.fragments.allowed[0]
     return SimulatedCluster(
-        config, workload.key, pool.name, arrivals, start, seed, fragments, scaler, controlled
+        config,
+        workload.key,
+        pool.name,
+        arrivals,
+        start,
+        seed,
+        fragments,
+        scaler,
+        controlled,
+        predicted,
     )
 
 
@@ -233,8 +243,11 @@ def _run(
     metrics: Sequence[ControllerMetrics] = (),
     scaler: tuple[ScalerKind, float] | None = None,
     warmup: float | None = None,
+    predicted: dict[int, float] | None = None,
 ) -> RunResult:
-    cluster = scenario_cluster(config, arrivals, start, seed, scaler, policy == "gpuscaler")
+    cluster = scenario_cluster(
+        config, arrivals, start, seed, scaler, policy == "gpuscaler", predicted
+    )
     track = ForecastTrack()
     decisions: list[Decision] = []
     controller = Controller(config, cluster, cluster, dry_run=False, log_decisions=False)
@@ -269,8 +282,12 @@ def run_baselines(
     curves: dict[str, list[dict[str, Any]]] = {}
     for name, kind in BASELINES.items():
         curves[name] = []
+        predicted: dict[int, float] = {}  # the same demand at every target: forecast once
         for target in sweep_targets():
-            run = _run(name, config, start, seconds, arrivals, seed, scaler=(kind, target))
+            scaler = (kind, target)
+            run = _run(
+                name, config, start, seconds, arrivals, seed, scaler=scaler, predicted=predicted
+            )
             curves[name].append({"target_pct": target, **slo_metrics(run.cluster, scored, slo)})
     return curves
 
