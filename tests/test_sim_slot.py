@@ -18,6 +18,7 @@ import pytest
 
 from gpuscaler.config import parse_config
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
+from gpuscaler.sim.pods import Pods
 from gpuscaler.sim.simulate import scenario_cluster, scenario_config, simulate
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
@@ -133,3 +134,45 @@ def test_a_slot_coarser_than_the_forecast_step_is_refused_with_the_limit(slot: f
     with pytest.raises(TraceError, match=r"simulator.slot .* at most 10s"):
         simulate(load_trace(), 1.0, 1, _config(HEAVY, slot=slot), 30.0)
     assert math.isfinite(slot)
+
+
+@pytest.mark.parametrize("slot", [0.5, 10.0])
+def test_reusing_the_counts_of_a_steady_stretch_gives_what_recounting_gives(
+    slot: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shortcut that reuses pod counts while no pod changes, against recounting at
+    every slot: the same queue, capacity and GPUs held, through scale-ups and -downs."""
+
+    def run() -> SimulatedCluster:
+        cluster, _ = _flat_cluster(slot, rate=40.0)
+        t = 0.0
+        for step, n in enumerate((3, 9, 9, 4, 12, 2, 2, 7)):
+            t = 300.0 * (step + 1)
+            cluster.advance_to(t)
+            cluster.set_replicas(t, n)
+        cluster.advance_to(t + 600.0)
+        return cluster
+
+    fast = run()
+    monkeypatch.setattr("gpuscaler.sim.pods.Pods.steady", lambda *_: False)
+    slow = run()
+    n = fast.cursor
+    assert n == slow.cursor > 0
+    for name in ("capacity", "gpus", "queue", "served", "replicas"):
+        np.testing.assert_allclose(
+            getattr(fast.rec, name)[:n], getattr(slow.rec, name)[:n], rtol=1e-12, err_msg=name
+        )
+    assert np.nanmax(fast.rec.queue[:n]) > 0  # the scale-downs made work wait
+
+
+def test_scaling_down_the_newest_pods_go_a_ready_one_after_draining_a_cold_one_at_once() -> None:
+    pods = Pods.running(2, 0.0)
+    pods.add(100.0, np.array([60.0, 90.0]))  # ready at 160 and 190
+    assert (pods.spec_count(), pods.ready_count(170.0)) == (4, 3)
+    pods.remove_newest(2, 180.0, drain=12.0)  # 180: the pod ready at 190 is still cold
+    assert pods.spec_count() == 2
+    assert pods.leave.tolist() == [math.inf, math.inf, 192.0, 180.0]
+    assert pods.ready.tolist() == [0.0, 0.0, 160.0, 180.0]
+    ready, held = pods.counts(np.array([179.0, 185.0, 200.0]))
+    assert ready.tolist() == [3.0, 3.0, 2.0] and held.tolist() == [4.0, 3.0, 2.0]
+    assert pods.steady(192.0, 1e9) and not pods.steady(150.0, 170.0)
