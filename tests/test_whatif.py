@@ -124,7 +124,7 @@ def test_the_history_is_replayed_in_slots_of_its_read_step() -> None:
     """A week is not kept at 500 ms: the replay steps at the step the history was read at."""
     assert workload_config(Config(workloads=(W,)), W, 10.0).simulator.slot == 10.0
     assert workload_config(Config(workloads=(W,)), W).simulator.slot == 0.5
-    n = 720 + 3  # 2 h at 10 s, one step of margin each side
+    n = 240 + 3  # 40 min at 10 s, one step of margin each side
     rate = _series([float(v) for v in np.random.default_rng(2).uniform(20, 40, n)])
     history = WorkloadHistory(
         W.key,
@@ -138,8 +138,8 @@ def test_the_history_is_replayed_in_slots_of_its_read_step() -> None:
     done = replay(history, Config(workloads=(W,)), W, seed=1, baselines=False)
     assert not isinstance(done, Skipped), done
     cluster = done.result.gpuscaler.cluster
-    assert (cluster.slot, cluster.cursor, len(cluster.arrivals)) == (10.0, 720, 720)
-    assert done.result.summary()["scored_hours"] == 1.0
+    assert (cluster.slot, cluster.cursor, len(cluster.arrivals)) == (10.0, 240, 240)
+    assert done.result.summary()["scored_hours"] == 0.5  # after forecast.min_history
 
 
 def test_the_replicas_that_ran_hold_over_gaps_and_fill_the_start() -> None:
