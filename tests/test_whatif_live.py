@@ -3,7 +3,9 @@ bundled Azure LLM conversation trace (the shared data's 10 s file): the request 
 GPU load the simulator derives from it, and the replica counts of the KEDA-owned HPA as
 kube-state-metrics names them (kubernetes/kube-state-metrics,
 internal/store/horizontalpodautoscaler.go). The replay must give `gpuscaler simulate`'s
-figures on the same trace, because both run through the same model."""
+figures on the same trace at the same slot (whatif's read step, 10 s), because both run
+through the same model. The whole week is not replayed here: at about 300 CPU-seconds a
+workload-week for each of whatif and simulate it would take ten minutes."""
 
 from __future__ import annotations
 
