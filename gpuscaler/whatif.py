@@ -25,8 +25,7 @@ from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay
 
 MAX_RANGE = 14 * 86400.0
-"""Longest history replayed: two weeks (the model holds every 500 ms slot in memory:
-about 100 MB a day of replay)."""
+"""Longest history replayed: two weeks (the replay's time grows with the range)."""
 
 
 class WhatifError(InputError):
@@ -114,6 +113,7 @@ class Outcome:
             "since": rfc3339(self.since),
             "until": rfc3339(self.until),
             "step_s": self.step,
+            "slot_s": self.step,
             "table": [row(s) for s in self.summaries]
             + [
                 {"workload": s.key, "verdict": "not enough data", "reason": s.reason}
@@ -210,7 +210,7 @@ def run_whatif(
     if until - since > MAX_RANGE:
         raise WhatifError(
             f"range of {(until - since) / 86400:.1f} days: at most "
-            f"{MAX_RANGE / 86400:g} days (the model holds every 500 ms slot in memory)"
+            f"{MAX_RANGE / 86400:g} days (the replay's time grows with the range)"
         )
     if until > time.time() + step:
         raise WhatifError(f"--until {rfc3339(until)} is in the future: no history there yet")
@@ -293,8 +293,8 @@ def text(outcome: Outcome) -> str:
 
     lines = [
         f"What-if from {rfc3339(outcome.since)} to {rfc3339(outcome.until)} (history read "
-        f"every {outcome.step:g}s); each baseline swept over targets 40..90 %, compared with "
-        "the best one",
+        f"every {outcome.step:g}s and replayed in {outcome.step:g}s slots); each baseline "
+        "swept over targets 40..90 %, compared with the best one",
         *table_lines(outcome),
     ]
     for s in outcome.summaries:

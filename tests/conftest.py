@@ -68,6 +68,7 @@ SLOW_MODULES = frozenset(
         # simulator replays with their baselines, and planning at 10,000 workloads
         "test_simulate",
         "test_plan_scale",
+        "test_sim_slot",
         # statsmodels references, fake servers with real timeouts, leases, gRPC servers,
         # watches: 0.5-44 s a module (pytest --durations, 2026-11-29)
         "test_backtest",

@@ -120,6 +120,28 @@ def test_the_workload_is_replayed_alone_on_its_pool_without_a_synthetic_burst() 
     assert cfg.simulator.preemption_burst_after is None
 
 
+def test_the_history_is_replayed_in_slots_of_its_read_step() -> None:
+    """A week is not kept at 500 ms: the replay steps at the step the history was read at."""
+    assert workload_config(Config(workloads=(W,)), W, 10.0).simulator.slot == 10.0
+    assert workload_config(Config(workloads=(W,)), W).simulator.slot == 0.5
+    n = 240 + 3  # 40 min at 10 s, one step of margin each side
+    rate = _series([float(v) for v in np.random.default_rng(2).uniform(20, 40, n)])
+    history = WorkloadHistory(
+        W.key,
+        1000.0,
+        1000.0 + 10.0 * (n - 1),
+        10.0,
+        Signal("workload_requests", "q_req", rate),
+        Signal("workload_load", "q_load", None),
+        Signal("kube_horizontalpodautoscaler_status_current_replicas", "q_rep", None),
+    )
+    done = replay(history, Config(workloads=(W,)), W, seed=1, baselines=False)
+    assert not isinstance(done, Skipped), done
+    cluster = done.result.gpuscaler.cluster
+    assert (cluster.slot, cluster.cursor, len(cluster.arrivals)) == (10.0, 240, 240)
+    assert done.result.summary()["scored_hours"] == 0.5  # after forecast.min_history
+
+
 def test_the_replicas_that_ran_hold_over_gaps_and_fill_the_start() -> None:
     assert list(held(_series([math.nan, 3, math.nan, math.nan, 5]))) == [3, 3, 3, 3, 5]
 

@@ -274,7 +274,10 @@ def add_whatif_parser(sub: Any) -> None:
     p.add_argument(
         "--workload", action="extend", nargs="+", metavar="NS/NAME", help="only these workloads"
     )
-    p.add_argument("--step", help="read step (default forecast.fit_step, 10s)")
+    p.add_argument(
+        "--step",
+        help="read step, and the replay's slot (default forecast.fit_step, 10s; not coarser)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--jobs", type=positive_int, default=1, help="workloads replayed at once (processes)"

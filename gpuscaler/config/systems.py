@@ -297,6 +297,10 @@ class SimulatorConfig(StrictModel):
     """A burst of high-priority pods into a full batch pool this long into the replay,
     to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
     inside even a 2 h replay."""
+    slot: Seconds = Field(0.5, gt=0, le=60)
+    """Seconds per simulated slot of the queue and cluster model: dcgm-exporter's 500 ms.
+    `whatif` replays at the step its history is read at (a week is never kept at 500 ms);
+    pods still start, turn ready and leave at 500 ms inside a coarser slot."""
 
     @model_validator(mode="after")
     def _cold_start_range(self) -> Self:

@@ -1,10 +1,10 @@
 """An in-process simulated cluster: one GPU inference workload on one node pool, driven by
-a request trace at 500 ms resolution.
+a request trace in slots of `simulator.slot` (500 ms by default, dcgm-exporter's samples).
 
 The load model (stated wherever results are shown):
 
-- Requests: the trace's per-bin rate, linearly interpolated to 500 ms, with Poisson
-  arrivals in each 500 ms slot (seeded).
+- Requests: the trace's per-bin rate, linearly interpolated to the slot, with Poisson
+  arrivals in each slot (seeded).
 - Work: each request costs `gpu_seconds_per_request` GPU-seconds on a whole GPU.
 - Queue: work that capacity cannot serve in a slot waits, FIFO, for the next slots (a
   fluid queue, `gpuscaler.sim.queue`); nothing is dropped. A request's wait is the time
@@ -17,7 +17,10 @@ The load model (stated wherever results are shown):
   its GPU from then and serves after a cold start drawn from [cold_start,
   cold_start_max]; a leaving ready pod keeps its GPU and serves until the queue present
   at its removal is drained (at most `drain_max`). A fragment change restarts the device
-  plugin: capacity x `fragment_disruption_capacity` for `fragment_disruption`.
+  plugin: capacity x `fragment_disruption_capacity` for `fragment_disruption`. Pods are
+  counted every 500 ms whatever the slot: a coarser slot's capacity and GPUs held are the
+  means of its 500 ms counts (GPU-hours stay a time integral at 500 ms; only the queue
+  and the signals are coarser).
 - Signals: the workload's utilization (what the HPA reads) is busy GPU time served, in
   percent of one GPU, plus Gaussian noise; its demand signal (what a request-rate query
   gives) is the arriving work in percent of one GPU. A pool's utilization is its demand
@@ -46,29 +49,33 @@ from gpuscaler.core.decisions import (
 )
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.sim.pods import Pods
 from gpuscaler.sim.preemption import SimulatedPreemption
 from gpuscaler.sim.queue import lindley
 from gpuscaler.sim.scalers import Scaler, ScalerKind
 from gpuscaler.sim.trace import Trace
 
 SAMPLE = 0.5
-"""Seconds per simulated sample: dcgm-exporter's 500 ms."""
+"""Seconds per simulated sample at the default slot (dcgm-exporter's 500 ms), and the
+spacing at which pods are counted inside a coarser slot."""
 DROP_PROBABILITY = 0.002
 """Share of samples lost to missed scrapes."""
 STALL_LEVEL_FACTOR = {"default": 1.1, "short": 1.2, "medium": 1.0, "long": 0.6}
 INF = math.inf
 
 
-def arrivals_from_trace(trace: Trace, start: float, seconds: float, seed: int) -> FloatArray:
-    """Requests arriving in each 500 ms slot: Poisson at the trace's interpolated rate."""
-    n = int(seconds / SAMPLE)
-    t = start + SAMPLE * np.arange(n)
+def arrivals_from_trace(
+    trace: Trace, start: float, seconds: float, seed: int, slot: float = SAMPLE
+) -> FloatArray:
+    """Requests arriving in each slot: Poisson at the trace's interpolated rate."""
+    n = int(seconds / slot)
+    t = start + slot * np.arange(n)
     centers = trace.start + trace.bin_seconds * (np.arange(len(trace.counts)) + 0.5)
     rate = trace.rate
     ok = np.isfinite(rate)
     lam = np.interp(t, centers[ok], rate[ok])
     rng = np.random.default_rng(seed)
-    return np.asarray(rng.poisson(lam * SAMPLE), dtype=np.float64)
+    return np.asarray(rng.poisson(lam * slot), dtype=np.float64)
 
 
 def demand_from_trace(
@@ -134,18 +141,10 @@ class Recorder:
             setattr(self, name, np.full(self.n, np.nan))
 
 
-@dataclass
-class Pod:
-    created: float
-    ready: float
-    leave: float = INF
-
-
 class SimulatedCluster:
     """Observation source and actuator for the controller, backed by the simulation."""
 
     name = "simulator"
-    slot = SAMPLE
 
     def __init__(
         self,
@@ -158,9 +157,11 @@ class SimulatedCluster:
         fragments: int,
         scaler: tuple[ScalerKind, float] | None = None,
         controlled: bool = True,
+        predicted: dict[int, float] | None = None,
     ):
         self.config = config
         self.sim = config.simulator
+        self.slot = self.sim.slot
         self.workload_key = workload_key
         self.pool_name = pool_name
         self.replicas_cfg: ReplicasConfig = config.workload_section(
@@ -183,16 +184,20 @@ class SimulatedCluster:
         self.fragments = fragments
         self.time_slice_level = "medium" if pool.profile == "compute_bound" else "short"
         self.floor = self.replicas_cfg.min_replicas
-        self.pods = [Pod(start, start) for _ in range(max(1, self.replicas_cfg.min_replicas))]
+        self.pods = Pods.running(max(1, self.replicas_cfg.min_replicas), start)
         kind, target = scaler or ("hpa_util", self.replicas_cfg.target_utilization_pct)
         self.scaler = Scaler(
             kind, target, self.replicas_cfg, config.control.interval, config.forecast.horizon
         )
+        self.scaler.predicted = predicted
         self.replica_changes: list[tuple[float, int, int]] = []
         self.fragment_changes: list[Decision] = []
         self.time_slice_changes: list[Decision] = []
         self.disrupted_until = -INF
         self.q = 0.0  # GPU-seconds queued at the cursor
+        self.held_last = 0.0  # replicas holding a pod at the last slot's start
+        self.steady_key: tuple[float, int] | None = None
+        self.steady: tuple[FloatArray, FloatArray, FloatArray] = (np.zeros(1),) * 3
         self.cursor = 0  # next sample to simulate
         burst = config.simulator.preemption_burst_after
         self.preemption = (
@@ -208,50 +213,74 @@ class SimulatedCluster:
 
     def recent(self, values: FloatArray, seconds: float) -> FloatArray:
         """The last `seconds` of a recorded array, up to the cursor."""
-        return values[max(0, self.cursor - round(seconds / SAMPLE)) : self.cursor]
+        return values[max(0, self.cursor - round(seconds / self.slot)) : self.cursor]
 
     def spec_count(self) -> int:
         """Replicas the workload asks for (pods not leaving)."""
-        return sum(1 for p in self.pods if p.leave == INF)
+        return self.pods.spec_count()
 
     def ready_count(self, now: float) -> int:
-        return sum(1 for p in self.pods if p.ready <= now < p.leave)
+        return self.pods.ready_count(now)
+
+    def _pods_at(self, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(ready replicas, service capacity in GPUs' worth, GPUs held) of each slot
+        starting at `t`: counted at the slot's start, and every 500 ms after it inside a
+        coarser slot (their means)."""
+        sub = max(1, math.ceil(self.slot / SAMPLE - 1e-9))
+        self.pods.forget_gone(float(t[0]))
+        if sub > 1:
+            t = (t[:, None] + (self.slot / sub) * np.arange(sub)).ravel()
+        if self.pods.steady(float(t[0]), float(t[-1])) and not t[0] < self.disrupted_until:
+            return self._steady_counts(t[:1], len(t) // sub)
+        ready, held = self.pods.counts(t)
+        f = self.fragments
+        capacity = layout_capacity(ready, f, self.sim.switch_overhead)
+        disrupted = t < self.disrupted_until
+        capacity = np.where(disrupted, capacity * self.sim.fragment_disruption_capacity, capacity)
+        gpus = np.ceil(held / f)
+        self.held_last = float(held[-sub])
+        if sub == 1:
+            return ready, capacity, gpus
+        ready, capacity, gpus = (a.reshape(-1, sub).mean(axis=1) for a in (ready, capacity, gpus))
+        return ready, capacity, gpus
+
+    def _steady_counts(self, t: FloatArray, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`_pods_at` of `n` slots from `t` when no pod changes over them and no fragment
+        change disrupts them: the counts at `t`, repeated."""
+        key = (self.pods.steady_from, self.fragments)
+        if self.steady_key != key:  # the counts hold from steady_from: reuse them
+            ready, held = self.pods.counts(t)
+            capacity = layout_capacity(ready, self.fragments, self.sim.switch_overhead)
+            self.steady_key, self.steady = key, (ready, capacity, np.ceil(held / self.fragments))
+            self.held_last = float(held[0])
+        ready, capacity, gpus = self.steady
+        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
 
     def advance_to(self, now: float) -> None:
-        """Simulate the samples in [cursor time, now)."""
+        """Simulate the slots in [cursor time, now)."""
         if self.preemption is not None:
             self.preemption.advance(now)
-        end = min(len(self.arrivals), round((now - self.start) / SAMPLE))
+        slot = self.slot
+        end = min(len(self.arrivals), round((now - self.start) / slot))
         if end <= self.cursor:
             return
         idx = np.arange(self.cursor, end)
-        t = self.start + SAMPLE * idx
-        self.pods = [p for p in self.pods if p.leave > t[0]]
-        created = np.sort([p.created for p in self.pods])
-        ready_t = np.sort([p.ready for p in self.pods])
-        leave = np.sort([p.leave for p in self.pods])
-        gone = np.searchsorted(leave, t, side="right")
-        ready = (np.searchsorted(ready_t, t, side="right") - gone).astype(np.float64)
-        held = (np.searchsorted(created, t, side="right") - gone).astype(np.float64)
+        ready, capacity, gpus = self._pods_at(np.asarray(self.start + slot * idx, dtype=np.float64))
         f = self.fragments
         overhead = self.sim.switch_overhead
-        capacity = layout_capacity(ready, f, overhead)
-        disrupted = t < self.disrupted_until
-        capacity = np.where(disrupted, capacity * self.sim.fragment_disruption_capacity, capacity)
         work = self.work[idx]
-        queue, served = lindley(self.q, work, capacity * SAMPLE)
+        queue, served = lindley(self.q, work, capacity * slot)
         self.q = float(queue[-1])
-        gpus = np.ceil(held / f)
-        demand_pct = 100.0 * work / SAMPLE
+        demand_pct = 100.0 * work / slot
         noise = self.noise[idx]
-        load = np.maximum(0.0, 100.0 * served / SAMPLE + noise * np.sqrt(np.maximum(ready / f, 1)))
+        load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
         dropped = self.dropped[idx]
         load[dropped] = np.nan
-        eff = float(efficiency(min(f, max(1.0, float(held[-1]))), overhead))
+        eff = float(efficiency(min(f, max(1.0, self.held_last)), overhead))
         r = self.rec
         if self.observed:
             pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
-            busy = np.clip(100.0 * served / SAMPLE / np.maximum(gpus, 1.0), 0.0, 100.0)
+            busy = np.clip(100.0 * served / slot / np.maximum(gpus, 1.0), 0.0, 100.0)
             stall = 30.0 * (busy / 100.0) ** 2 * (math.log2(f) / 3.0)
             stall *= STALL_LEVEL_FACTOR[self.time_slice_level]
             stall = np.clip(stall + self.stall_noise[idx], 0.0, 100.0)
@@ -260,7 +289,7 @@ class SimulatedCluster:
             r.pool_util[idx] = pool_util
             r.stall[idx] = stall
         r.requests[idx] = self.arrivals[idx]
-        r.demand_busy[idx] = work / SAMPLE / eff
+        r.demand_busy[idx] = work / slot / eff
         r.demand_pct[idx] = demand_pct
         r.capacity[idx] = capacity
         r.served[idx] = served
@@ -285,14 +314,10 @@ class SimulatedCluster:
         at = now + self.sim.sync_delay
         if n > current:
             lo, hi = self.sim.cold_start, self.sim.cold_start_max
-            for cold in self.cold_rng.uniform(lo, hi, n - current):
-                self.pods.append(Pod(at, at + float(cold)))
+            self.pods.add(at, self.cold_rng.uniform(lo, hi, n - current))
         else:
-            staying = [p for p in self.pods if p.leave == INF]
             # Newest (latest ready) go first; one not serving yet just disappears.
-            for p in sorted(staying, key=lambda p: p.ready)[n:]:
-                p.leave = at if p.ready > at else at + self._drain_seconds()
-                p.ready = min(p.ready, p.leave)
+            self.pods.remove_newest(n, at, self._drain_seconds())
         self.replica_changes.append((now, current, n))
 
     def hpa_step(self, now: float) -> None:
@@ -303,9 +328,9 @@ class SimulatedCluster:
 
     def _series(self, values: FloatArray, now: float) -> Series:
         end = self.cursor
-        begin = max(0, end - int(self.config.metrics.window / SAMPLE))
-        start = self.start + SAMPLE * begin
-        return Series(start=start, step=SAMPLE, values=values[begin:end])
+        begin = max(0, end - int(self.config.metrics.window / self.slot))
+        start = self.start + self.slot * begin
+        return Series(start=start, step=self.slot, values=values[begin:end])
 
     def observe(self, now: float) -> Observations:
         pool = RawPool(

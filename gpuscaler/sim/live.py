@@ -26,7 +26,8 @@ class LiveSimulation:
         trace = trace or load_trace()
         window = self.config.metrics.window
         self.offset = trace.start + window - wall_start  # simulated time = wall time + offset
-        arrivals = arrivals_from_trace(trace, trace.start, trace.duration, seed)
+        slot = self.config.simulator.slot
+        arrivals = arrivals_from_trace(trace, trace.start, trace.duration, seed, slot)
         self.cluster = scenario_cluster(self.config, arrivals, trace.start, seed)
         self._next_hpa = trace.start + self.config.control.interval
         self._advance(trace.start + window)

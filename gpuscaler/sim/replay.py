@@ -64,15 +64,19 @@ class WorkloadReplay:
         return s
 
 
-def workload_config(config: Config, workload: WorkloadConfig) -> Config:
+def workload_config(config: Config, workload: WorkloadConfig, slot: float | None = None) -> Config:
     """The config the simulator replays `workload` with: that workload alone, on its
     pool (the simulator's default pool when it names none), with no synthetic burst of
-    preemptions (history has its own)."""
+    preemptions (history has its own), in slots of `slot` seconds (the history's read
+    step: what Prometheus keeps of a week is never 500 ms; default: simulator.slot)."""
     pools = config.node_pools
     if workload.node_pool is None or all(p.name != workload.node_pool for p in pools):
         workload = workload.model_copy(update={"node_pool": DEFAULT_POOL.name})
         pools = (*pools, DEFAULT_POOL)
-    simulator = config.simulator.model_copy(update={"preemption_burst_after": None})
+    update: dict[str, float | None] = {"preemption_burst_after": None}
+    if slot is not None:
+        update["slot"] = slot
+    simulator = config.simulator.model_copy(update=update)
     return config.model_copy(
         update={"workloads": (workload,), "node_pools": pools, "simulator": simulator}
     )
@@ -153,7 +157,7 @@ def replay(
     """One workload's history through the model: gpuscaler, the reactive HPA and the
     baselines (by `simulate`), and the replicas that ran when known. The history holds
     one read step of margin on each side of the range."""
-    cfg = workload_config(config, workload)
+    cfg = workload_config(config, workload, history.step)
     found = demand_rate(history, cfg)
     if isinstance(found, str):
         return Skipped(history.key, found)
@@ -184,7 +188,8 @@ def replay(
         return Skipped(history.key, str(e))
     actual = None
     if history.replicas.series is not None:
-        arrivals = arrivals_from_trace(trace, result.start, seconds, seed)
+        slot = result.config.simulator.slot
+        arrivals = arrivals_from_trace(trace, result.start, seconds, seed, slot)
         actual = actual_run(
             result.config,
             history.replicas.series,

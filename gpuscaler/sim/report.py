@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.sim.cluster import SAMPLE
 from gpuscaler.sim.queue import fluid_waits
 from gpuscaler.sim.simulate import RunResult, SimulationResult
 
@@ -143,18 +142,19 @@ def _trade_off(ax: Any, result: SimulationResult) -> None:
 def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     rec = run.cluster.rec
     n = run.cluster.cursor
-    per = round(60 / SAMPLE)  # 1 minute means: readable over a day
+    slot = run.cluster.slot
+    per = max(1, round(60 / slot))  # 1 minute means: readable over a day
     m = n // per * per
-    hours = (np.arange(m // per) + 1) * per * SAMPLE / 3600
+    hours = (np.arange(m // per) + 1) * per * slot / 3600
     demand = rec.demand_busy[:m].reshape(-1, per).mean(axis=1)
     capacity = rec.capacity[:m].reshape(-1, per).mean(axis=1)
     ax.plot(hours, demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
     ax.plot(hours, capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
-    waits = fluid_waits(run.cluster.work[:n], rec.served[:n], SAMPLE)
+    waits = fluid_waits(run.cluster.work[:n], rec.served[:n], slot)
     late = np.flatnonzero((waits > result.config.simulator.slo_wait) & (rec.requests[:n] > 0))
     if late.size:
         ax.plot(
-            late * SAMPLE / 3600,
+            late * slot / 3600,
             np.zeros(late.size),
             "|",
             color="tab:red",

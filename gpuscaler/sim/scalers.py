@@ -39,6 +39,8 @@ class SimulatedCluster(Protocol):
     @property
     def slot(self) -> float: ...
     @property
+    def cursor(self) -> int: ...
+    @property
     def sim(self) -> SimulatorConfig: ...
     @property
     def rec(self) -> RecordedLoad: ...
@@ -84,6 +86,9 @@ class Scaler:
     interval: float
     horizon: float = 300.0
     recs: list[tuple[float, int]] = field(default_factory=list)
+    predicted: dict[int, float] | None = None
+    """Predicted loads by slot, shared by the runs of one sweep: they read the same
+    demand (the arrivals do not depend on the scaler), so each tick's FFT runs once."""
 
     def _util_load(self, cluster: SimulatedCluster) -> float | None:
         window = cluster.recent(cluster.rec.load, self.interval)
@@ -96,15 +101,24 @@ class Scaler:
         return 100.0 * float(counts.sum()) / seconds * cluster.sim.gpu_seconds_per_request
 
     def _predicted_load(self, cluster: SimulatedCluster) -> float:
+        if self.predicted is None:
+            return self._predict(cluster)
+        at = cluster.cursor
+        if at not in self.predicted:
+            self.predicted[at] = self._predict(cluster)
+        return self.predicted[at]
+
+    def _predict(self, cluster: SimulatedCluster) -> float:
         demand = cluster.recent(cluster.rec.demand_pct, FFT_HISTORY)
-        width = round(FFT_BUCKET / cluster.slot)
+        width = max(1, round(FFT_BUCKET / cluster.slot))
+        bucket = width * cluster.slot  # 10 s, or one slot when slots are coarser
         usable = len(demand) // width * width
         if usable < 6 * width:
             return float(demand.mean()) if demand.size else 0.0
         buckets = demand[len(demand) - usable :].reshape(-1, width).mean(axis=1)
         # Max of the last 5 minutes of 10 s means, as a metrics pipeline scrapes them.
-        recent = float(buckets[-round(RECENT_MAX / FFT_BUCKET) :].max())
-        peak = fft_peak(buckets, max(1, round(self.horizon / FFT_BUCKET)))
+        recent = float(buckets[-max(1, round(RECENT_MAX / bucket)) :].max())
+        peak = fft_peak(buckets, max(1, round(self.horizon / bucket)))
         return max(peak, recent)
 
     def _desired(self, load: float, share: float, current: int, ready: int) -> int:

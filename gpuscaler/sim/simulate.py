@@ -15,7 +15,7 @@ from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray
-from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, arrivals_from_trace
+from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
 from gpuscaler.sim.queue import fluid_waits, wait_figures
 from gpuscaler.sim.scalers import ScalerKind
@@ -63,6 +63,7 @@ def scenario_cluster(
     seed: int,
     scaler: tuple[ScalerKind, float] | None = None,
     controlled: bool = True,
+    predicted: dict[int, float] | None = None,
 ) -> SimulatedCluster:
     """The simulated cluster for the first workload with a node pool, at that pool's
     initial fragments, under `scaler` (default: the HPA on utilization at the
@@ -71,7 +72,16 @@ def scenario_cluster(
     pool = next(p for p in config.node_pools if p.name == workload.node_pool)
     fragments = pool.initial_fragments or config.fragments.allowed[0]
     return SimulatedCluster(
-        config, workload.key, pool.name, arrivals, start, seed, fragments, scaler, controlled
+        config,
+        workload.key,
+        pool.name,
+        arrivals,
+        start,
+        seed,
+        fragments,
+        scaler,
+        controlled,
+        predicted,
     )
 
 
@@ -121,7 +131,8 @@ class SimulationResult:
 
     def summary(self) -> dict[str, Any]:
         g = _metrics(self, self.gpuscaler)
-        scored = (self.gpuscaler.cluster.cursor - self.scored_from) * SAMPLE / 3600
+        slot = self.gpuscaler.cluster.slot
+        scored = (self.gpuscaler.cluster.cursor - self.scored_from) * slot / 3600
         return {
             "trace": self.trace,
             "hours": self.hours,
@@ -157,15 +168,17 @@ def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, floa
     """MAE at the horizon of the policy's forecasts and of the last-value forecast, both
     against the observed demand bucket ending at origin + horizon, over the scored ticks."""
     cfg = sim.config.forecast
-    width = round(cfg.fit_step / SAMPLE)
+    slot = run.cluster.slot
+    width = max(1, round(cfg.fit_step / slot))
+    bucket = width * slot  # fit_step, or one slot when slots are coarser
     buckets = _bucket_means(run.cluster.rec.demand_pct, width)
-    ahead = round(cfg.horizon / cfg.fit_step)
+    ahead = round(cfg.horizon / bucket)
 
     def bucket_at(t: float) -> int:
-        return round((t - sim.start) / cfg.fit_step) - 1  # the bucket ending at t
+        return round((t - sim.start) / bucket) - 1  # the bucket ending at t
 
-    first = sim.start + sim.scored_from * SAMPLE
-    origins = np.arange(first, sim.start + len(buckets) * cfg.fit_step, sim.config.control.interval)
+    first = sim.start + sim.scored_from * slot
+    origins = np.arange(first, sim.start + len(buckets) * bucket, sim.config.control.interval)
     idx = np.array([bucket_at(t) for t in origins], dtype=np.int64)
     ok = idx + ahead < len(buckets)
     naive = np.abs(buckets[idx[ok]] - buckets[idx[ok] + ahead])
@@ -186,15 +199,15 @@ def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict
     n = cluster.cursor
     s = slice(scored_from, n)
     work = cluster.work[:n]
-    waits = fluid_waits(work, rec.served[:n], SAMPLE)[s]
+    waits = fluid_waits(work, rec.served[:n], cluster.slot)[s]
     p99, share = wait_figures(rec.requests[s], waits, slo)
-    t0 = cluster.start + scored_from * SAMPLE
+    t0 = cluster.start + scored_from * cluster.slot
     changes = [c for c in cluster.replica_changes if c[0] >= t0]
     directions = [1 if new > old else -1 for _, old, new in changes]
     return {
         "slo_violation_share": round(share, 6),
         "p99_wait_s": round(p99, 3),
-        "gpu_hours": round(float(np.nansum(rec.gpus[s])) * SAMPLE / 3600, 3),
+        "gpu_hours": round(float(np.nansum(rec.gpus[s])) * cluster.slot / 3600, 3),
         "scaling_actions": len(changes),
         "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
     }
@@ -230,8 +243,11 @@ def _run(
     metrics: Sequence[ControllerMetrics] = (),
     scaler: tuple[ScalerKind, float] | None = None,
     warmup: float | None = None,
+    predicted: dict[int, float] | None = None,
 ) -> RunResult:
-    cluster = scenario_cluster(config, arrivals, start, seed, scaler, policy == "gpuscaler")
+    cluster = scenario_cluster(
+        config, arrivals, start, seed, scaler, policy == "gpuscaler", predicted
+    )
     track = ForecastTrack()
     decisions: list[Decision] = []
     controller = Controller(config, cluster, cluster, dry_run=False, log_decisions=False)
@@ -266,8 +282,12 @@ def run_baselines(
     curves: dict[str, list[dict[str, Any]]] = {}
     for name, kind in BASELINES.items():
         curves[name] = []
+        predicted: dict[int, float] = {}  # the same demand at every target: forecast once
         for target in sweep_targets():
-            run = _run(name, config, start, seconds, arrivals, seed, scaler=(kind, target))
+            scaler = (kind, target)
+            run = _run(
+                name, config, start, seconds, arrivals, seed, scaler=scaler, predicted=predicted
+            )
             curves[name].append({"target_pct": target, **slo_metrics(run.cluster, scored, slo)})
     return curves
 
@@ -283,6 +303,7 @@ def simulate(
 ) -> SimulationResult:
     """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
     config = scenario_config(config)
+    slot_problem(config, trace.name)
     offset = start_hours * 3600.0
     available = trace.duration - offset
     seconds = available if hours is None else hours * 3600.0
@@ -293,7 +314,7 @@ def simulate(
         )
     scored_from, forecast_from = warmup_plan(config, seconds, trace.name)
     start = trace.start + offset
-    arrivals = arrivals_from_trace(trace, start, seconds, seed)
+    arrivals = arrivals_from_trace(trace, start, seconds, seed, config.simulator.slot)
     runs = {
         # The controller runs from the start: until forecast.min_history its floor sizes
         # for the observed demand alone (no forecast yet), then the forecast may add.
@@ -325,9 +346,9 @@ def warmup_plan(config: Config, seconds: float, name: str) -> tuple[int, float]:
     (at least 30 minutes and min_history plus the horizon) is scored after min_history,
     the reactive autoscaler alone running until then."""
     window, horizon = config.metrics.window, config.forecast.horizon
-    min_history = config.forecast.min_history
+    min_history, slot = config.forecast.min_history, config.simulator.slot
     if seconds >= window + horizon + config.control.interval:
-        return int(window / SAMPLE), min_history
+        return int(window / slot), min_history
     needed = max(MIN_SECONDS, min_history + horizon)
     if seconds < needed - 1e-9:
         # Below 30 minutes no setting helps; above it, a shorter history or horizon does.
@@ -343,4 +364,18 @@ def warmup_plan(config: Config, seconds: float, name: str) -> tuple[int, float]:
             f"{min_history / 60:g} min + horizon {horizon / 60:g} min, at least 30 min); "
             f"{remedy}"
         )
-    return int(min_history / SAMPLE), min_history
+    return int(min_history / slot), min_history
+
+
+def slot_problem(config: Config, name: str) -> None:
+    """Raise TraceError when `simulator.slot` is coarser than what the controller reads:
+    the forecaster refuses samples coarser than forecast.fit_step, and a control tick
+    must see at least one new slot."""
+    slot, fit_step = config.simulator.slot, config.forecast.fit_step
+    limit = min(fit_step, config.control.interval)
+    if slot > limit + 1e-9:
+        raise TraceError(
+            f"{name}: simulator.slot {slot:g}s is coarser than forecast.fit_step "
+            f"({fit_step:g}s) or control.interval ({config.control.interval:g}s); "
+            f"use a slot of at most {limit:g}s"
+        )
