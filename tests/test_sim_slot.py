@@ -4,7 +4,10 @@ slot keeps the model's semantics (pods counted every 500 ms inside the slot, GPU
 time integral, the same FIFO fluid queue).
 
 tests/data/sim_reference_500ms.json holds `simulate(...).summary()` of the cases below,
-computed by the code at commit dd0f1f0 (500 ms slots hard-wired), on the bundled trace."""
+computed on the bundled trace by the code before the slot was configurable (500 ms slots
+hard-wired): first at dd0f1f0, then again at a9fa3ca, after the kept forecast scoring and
+the burst reserve changed the figures on purpose (the slot code gave the same figures as
+a9fa3ca to 1e-9, checked when it was merged)."""
 
 from __future__ import annotations
 
