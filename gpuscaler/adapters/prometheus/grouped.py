@@ -47,7 +47,6 @@ from gpuscaler.adapters.prometheus.promql import (
 from gpuscaler.adapters.prometheus.source import MAX_POINTS, Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.config import NodePoolConfig
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 """Recorded by deploy/prometheus/prometheusrule.yaml: GPU utilization summed by
@@ -57,8 +56,10 @@ DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}
 target, since the rule cannot know what it computes."""
 _AGGREGATE = re.compile(r"^\s*(avg|sum|max|min)\s*\((.*)\)\s*$", re.S)
 
-Chunk = tuple[int, int]
-AnswerKey = tuple[str, int, int]
+Chunk = tuple[float, float]
+"""A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
+INSTANT = math.inf
+AnswerKey = tuple[str, float, float]
 Answer = list[Any] | SourceError
 """A query's `data.result`, or the error it failed with (raised when `_fetch` asks)."""
 
@@ -70,6 +71,12 @@ class _Group:
     query: str
     by: tuple[str, ...]
     targets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
+    instant: bool = False
+    """An instant query at the grid's end (the frame-buffer signals: only the newest
+    figure is used), else a range query over what is new."""
+    stale: _Group | None = None
+    """An instant group's second try, over `metrics.staleness`, for the targets the
+    first (over the step's lookback) found nothing of (`_newest_gib`)."""
 
 
 class MemoTransport:
@@ -89,6 +96,15 @@ class MemoTransport:
         self.fallbacks += 1
         return fast_query_range(self.real, query, start, end, step)
 
+    def query(self, query: str, time: float | None = None) -> list[Any]:
+        found = self.answers.get((query, time, INSTANT)) if time is not None else None
+        if isinstance(found, SourceError):
+            raise found
+        if found is not None:
+            return found
+        self.fallbacks += 1
+        return self.real.query(query, time)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
@@ -98,17 +114,27 @@ def fast_query_range(
 ) -> list[Any]:
     """`Transport.query_range` (same auth, TLS, retries and error translation), with the
     answer decoded by orjson and each series' points turned into numpy arrays at once."""
+    params = {
+        "query": query,
+        "start": round(start),  # as custom_query_range sends them
+        "end": round(end),
+        "step": format_step(step),
+    }
+    return decode_fast(_fast_get(transport, "query_range", params))
+
+
+def fast_query(transport: Transport, query: str, time: float) -> list[Any]:
+    """`Transport.query` at `time`, decoded by orjson."""
+    return _fast_get(transport, "query", {"query": query, "time": f"{time:.3f}"})
+
+
+def _fast_get(transport: Transport, path: str, params: dict[str, Any]) -> list[Any]:
     api = transport.client
 
     def request() -> Any:
         answer = api._session.get(
-            f"{api.url}/api/v1/query_range",
-            params={
-                "query": query,
-                "start": round(start),  # as custom_query_range sends them
-                "end": round(end),
-                "step": format_step(step),
-            },
+            f"{api.url}/api/v1/{path}",
+            params=params,
             verify=api._session.verify,
             headers=api.headers,
             auth=api.auth,
@@ -121,7 +147,7 @@ def fast_query_range(
             )
         return orjson.loads(answer.content)["data"]["result"]
 
-    return decode_fast(transport._call(request))
+    return transport._call(request)
 
 
 def decode_fast(result: Any) -> list[Any]:
@@ -144,7 +170,8 @@ def decode_fast(result: Any) -> list[Any]:
 
 def chunks(start: float, end: float, step: float) -> list[Chunk]:
     """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds."""
-    out, size, last = [], math.floor(MAX_POINTS * step), math.floor(end)
+    out: list[Chunk] = []
+    size, last = math.floor(MAX_POINTS * step), math.floor(end)
     t = math.floor(start)
     while True:
         chunk_end = min(last, t + size)
@@ -193,70 +220,82 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             return first, end
         return max(first, window.fetched_until - self.config.prometheus.overlap), end
 
-    def _groups(self) -> tuple[list[_Group], list[tuple[str, str]]]:
-        """Grouped queries, and the (key, query) pairs that must be read one by one."""
+    def _groups(self) -> tuple[list[_Group], list[tuple[str, str, bool]]]:
+        """Grouped queries, and the (key, query, instant) that must be read one by one."""
         q = self.config.prometheus.queries
         signals = [
-            ("util", q.pool_utilization),
-            ("stall", q.pool_stall),
-            ("fb_used", q.pool_memory_used),
-            ("fb_total", q.pool_memory_total),
+            ("util", q.pool_utilization, False),
+            ("stall", q.pool_stall, False),
+            ("fb_used", q.pool_memory_used, True),
+            ("fb_total", q.pool_memory_total, True),
         ]
         families: dict[str, list[tuple[str, str]]] = {}
-        single: list[tuple[str, str]] = []
+        single: list[tuple[str, str, bool]] = []
         for p in self.config.node_pools:
             if not p.metrics_matchers:
                 continue
             (label, value), *more = p.metrics_matchers.items()
             if more or label in HOSTNAME_LABELS:
                 single += [
-                    (f"pool:{p.name}:{s}", self._query_for(f"pool:{p.name}:{s}", t, p))
-                    for s, t in signals
+                    (key, build_query(t, p.metrics_matchers, self._lookback_of(key, i)), i)
+                    for s, t, i in signals
+                    for key in [f"pool:{p.name}:{s}"]
                 ]
             else:
                 families.setdefault(label, []).append((p.name, value))
         groups = []
         for label, pools in families.items():
-            regex = "|".join(re.escape(v) for _, v in pools)
-            for signal, template in signals:
-                grouped = grouped_template(template, [label])
-                per_target = {
-                    name: build_query(
-                        template, {label: value}, self.spacing.lookback(f"pool:{name}:{signal}")
-                    )
-                    for name, value in pools
-                }
-                # A series sampled coarser than the step (adapters/prometheus/spacing.py)
-                # needs its own lookback: it is read on its own.
-                coarse = {n for n, _ in pools if f"pool:{n}:{signal}" in self.spacing.measured}
-                single += [(f"pool:{n}:{signal}", per_target[n]) for n in sorted(coarse)]
-                if grouped is None:
-                    single += [
-                        (f"pool:{n}:{signal}", per_target[n]) for n, _ in pools if n not in coarse
-                    ]
-                    continue
-                matcher = f"{label}=~{escape_label_value(regex)}"
-                g = _Group(grouped.format(matchers=matcher, lookback=self._lookback), (label,))
-                for name, value in pools:
-                    if name not in coarse:
-                        g.targets[(value,)] = (f"pool:{name}:{signal}", per_target[name])
-                groups.append(g)
+            for signal, template, instant in signals:
+                group, alone = self._family_group(label, pools, signal, template, instant)
+                groups += [group] if group is not None else []
+                single += alone
         workload = self._workload_group()
         if workload is not None:
             groups.append(workload)
             covered = {key for key, _ in workload.targets.values()}
-            single += [t for t in self._workload_queries() if t[0] not in covered]
+            single += [(k, q, False) for k, q in self._workload_queries() if k not in covered]
         else:
-            single += self._workload_queries()
+            single += [(k, q, False) for k, q in self._workload_queries()]
         return groups, single
+
+    def _family_group(
+        self, label: str, pools: list[tuple[str, str]], signal: str, template: str, instant: bool
+    ) -> tuple[_Group | None, list[tuple[str, str, bool]]]:
+        """One signal's grouped query over a pool family, and the pools read on their own."""
+        key = {name: f"pool:{name}:{signal}" for name, _ in pools}
+        # A series sampled coarser than the step (adapters/prometheus/spacing.py) needs
+        # its own lookback: it is read on its own. Frame-buffer figures have their own
+        # fallback (`_newest_gib`) instead.
+        coarse = set() if instant else {n for n in key if key[n] in self.spacing.measured}
+        grouped = grouped_template(template, [label])
+        regex = "|".join(re.escape(v) for _, v in pools)
+        matcher = f"{label}=~{escape_label_value(regex)}"
+        group: _Group | None = None
+        # For the frame buffer, the group over metrics.staleness is built first: it is
+        # the fallback of the one over the step's lookback.
+        for lookback in reversed(self.memory_lookbacks) if instant else [self._lookback]:
+            per_target = {
+                n: build_query(
+                    template, {label: v}, lookback if instant else self._lookback_of(key[n], False)
+                )
+                for n, v in pools
+            }
+            if grouped is None:
+                return None, [(key[n], per_target[n], instant) for n, _ in pools]
+            g = _Group(
+                grouped.format(matchers=matcher, lookback=lookback), (label,), instant=instant
+            )
+            g.targets = {(v,): (key[n], per_target[n]) for n, v in pools if n not in coarse}
+            g.stale, group = group, g
+        return group, [(key[n], per_target[n], instant) for n in sorted(coarse)]
+
+    def _lookback_of(self, key: str, instant: bool) -> str:
+        return self.memory_lookbacks[0] if instant else self.spacing.lookback(key)
 
     @property
     def _lookback(self) -> str:
         """The lookback of a series sampled at the step (one not found coarser)."""
         return lookback_ms(self.config.metrics.step, None)
-
-    def _query_for(self, key: str, template: str, p: NodePoolConfig) -> str:
-        return build_query(template, p.metrics_matchers, self.spacing.lookback(key))
 
     def _workload_queries(self) -> list[tuple[str, str]]:
         """Each workload's own query, as `_fetch` builds it (a serving-demand preset's
@@ -295,6 +334,8 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         with self._count_lock:
             self.queries_last_tick += 1
         try:
+            if chunk[1] == INSTANT:
+                return fast_query(self.transport, query, chunk[0])
             return fast_query_range(
                 self.transport, query, chunk[0], chunk[1], self.config.metrics.step
             )
@@ -308,7 +349,13 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         step = self.config.metrics.step
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
+        grid_end = math.floor(now / step) * step
+        instant = (grid_end, INSTANT)
         for g in groups:
+            if g.instant:
+                members = [(values, query) for values, (_, query) in g.targets.items()]
+                jobs.append((g.query, instant, partial(_split, g.by, members, instant, answers)))
+                continue
             by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
             for values, (key, query) in g.targets.items():
                 by_span.setdefault(self._start(key, now), []).append((values, query))
@@ -316,15 +363,31 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
                 for chunk in chunks(*span, step):
                     jobs.append((g.query, chunk, partial(_split, g.by, members, chunk, answers)))
         self._run(jobs)
-        uncovered = single + [t for g in groups for t in g.targets.values()]
+        self._run(list(self._stale_jobs(groups, instant, answers)))
+        uncovered = single + [(*t, g.instant) for g in groups for t in g.targets.values()]
         jobs = [
             (query, chunk, partial(answers.__setitem__, (query, *chunk)))
-            for key, query in uncovered
-            for chunk in chunks(*self._start(key, now), step)
+            for key, query, instant in uncovered
+            for chunk in (
+                [(grid_end, INSTANT)] if instant else chunks(*self._start(key, now), step)
+            )
             if (query, *chunk) not in answers
         ]
         self._run(jobs)
         return answers
+
+    @staticmethod
+    def _stale_jobs(
+        groups: list[_Group], instant: Chunk, answers: dict[AnswerKey, Answer]
+    ) -> Iterable[tuple[str, Chunk, Callable[[Answer], None]]]:
+        """The frame-buffer groups' second tries, for the pools their first found empty."""
+        for g in groups:
+            if g.stale is None:
+                continue
+            empty = {v for v, (_, q) in g.targets.items() if answers.get((q, *instant)) == []}
+            members = [(v, q) for v, (_, q) in g.stale.targets.items() if v in empty]
+            if members:
+                yield g.stale.query, instant, partial(_split, g.by, members, instant, answers)
 
     def _run(self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]]) -> None:
         """The queries, at most `prometheus.max_concurrent_queries` at a time."""
@@ -357,7 +420,8 @@ def _split(
     result: Answer,
 ) -> None:
     """One grouped answer cut into the per-target answers it holds; a failed one stores
-    nothing, so each target is asked on its own."""
+    nothing, so each target is asked on its own. An instant answer is complete: a pool
+    it does not hold has no sample in its lookback, so its own query would be empty."""
     if isinstance(result, SourceError) or not isinstance(result, list):
         return
     by_values = {}
@@ -368,3 +432,5 @@ def _split(
         item = by_values.get(values)
         if item is not None:
             answers[(query, *chunk)] = [item]
+        elif chunk[1] == INSTANT:
+            answers[(query, *chunk)] = []

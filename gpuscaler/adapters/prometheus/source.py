@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
-from gpuscaler.adapters.prometheus.spacing import SpacingTracker
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker, lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
     LOAD,
@@ -26,6 +26,7 @@ from gpuscaler.adapters.prometheus.window import (
     PERCENT,
     Window,
     decode_matrix,
+    decode_vector,
     out_of_range,
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
@@ -164,17 +165,40 @@ class PrometheusMetrics:
         self, key: str, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
         """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
-        (or not recently): memory then bounds fragments by the config alone. A failing
-        query is still a problem."""
-        series, problem = self._fetch(
-            key, lambda lookback: build_query(template, matchers, lookback), now, MEMORY_MIB
-        )
-        if problem is not None and not problem.startswith("empty result"):
-            return None, problem
-        last = series.last_sample_time() if series is not None else None
-        if series is None or last is None or now - last > self.config.metrics.staleness:
+        (or not within `metrics.staleness`): memory then bounds fragments by the config
+        alone. A failing query is still a problem.
+
+        Only the newest figure is used, so no window is kept (issue 18): an instant query
+        at the grid's end over the step's lookback, and only when that finds nothing (a
+        scrape interval longer than the step, a lagging scrape) again over
+        `metrics.staleness`. Prometheus' cost grows with the samples in the lookback, so
+        each is cheap where it is used."""
+        step = self.config.metrics.step
+        at = math.floor(now / step) * step
+        value: float | None = None
+        bad = False
+        try:
+            for lookback in self.memory_lookbacks:
+                query = build_query(template, matchers, lookback)
+                value, bad = decode_vector(self.transport.query(query, at))
+                if value is not None or bad:
+                    break
+        except SourceError as e:
+            self._transport_errors.append(f"{key}: {e}")
+            return None, str(e)
+        if bad:
+            return None, "NaN or Inf in the newest samples"
+        if value is None:
             return None, None
-        return float(series.values[np.isfinite(series.values)][-1]) / 1024, None
+        absurd = out_of_range(np.array([value]), MEMORY_MIB)
+        return (None, absurd) if absurd else (value / 1024, None)
+
+    @property
+    def memory_lookbacks(self) -> tuple[str, str]:
+        """The frame-buffer queries' lookbacks: that of a series sampled at the step,
+        then `metrics.staleness` (a GPU's figure counts while fresher than that)."""
+        stale = f"{max(1, math.ceil(self.config.metrics.staleness * 1000))}ms"
+        return lookback_ms(self.config.metrics.step, None), stale
 
     def reconfigure(self, config: Config) -> None:
         """Use `config` from the next tick: windows of targets no longer configured are

@@ -61,6 +61,24 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     return times, values, bool(bad.any())
 
 
+def decode_vector(result: Any) -> tuple[float | None, bool]:
+    """(value, non_finite) of a single-series instant-vector result; None when empty,
+    several series refused."""
+    if not isinstance(result, list):
+        raise SourceError("data.result is not a list")
+    if len(result) == 0:
+        return None, False
+    if len(result) > 1:
+        raise SourceError(f"query returned {len(result)} series, expected one aggregate")
+    item = result[0]
+    sample = item.get("value") if isinstance(item, dict) else None
+    try:
+        value = float(sample[1])  # type: ignore[index]
+    except (TypeError, ValueError, IndexError):
+        raise SourceError('the sample is not [timestamp, "value"]') from None
+    return (value, False) if np.isfinite(value) else (None, True)
+
+
 # --------------------------------------------------------------------------- window
 
 
