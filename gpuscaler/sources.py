@@ -128,3 +128,8 @@ class GroupedPrometheusSource(PrometheusSource):
     @property
     def queries_last_tick(self) -> int:
         return self.grouped.queries_last_tick
+
+    @property
+    def backfilling(self) -> bool:
+        """The older part of some first reads is still being fetched (issue 18)."""
+        return self.grouped.backfill.busy

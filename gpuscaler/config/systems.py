@@ -75,6 +75,11 @@ class PrometheusConfig(StrictModel):
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
+    background_backfill: bool = True
+    """Issue 18: with grouped queries, the first tick (or a target's first read) fetches
+    only forecast.min_history plus `overlap` and acts; the rest of the window is read in
+    the background, in parallel chunks, and joins the windows at the next tick. false:
+    the first tick backfills the whole window before it acts."""
     warm_state_file: str | None = None
     """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
     container restart) and read back at start, so a restart fetches only the gap. None:

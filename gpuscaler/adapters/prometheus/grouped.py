@@ -16,10 +16,10 @@ per-target reads from memory:
   does not cover (the rule not installed, a workload named unlike its pods), is read with
   its own per-target query, still concurrently, so the grouped form never loses a target.
 
-The window arithmetic (what is new since the last tick, chunks under 11,000 points) stays
-`PrometheusMetrics._fetch`'s: the chunks are computed the same way here, and each answer is
-handed to `_fetch` keyed by (query, start, end). Answers are decoded by orjson and numpy
-(`decode_fast`), not by `json` and a Python loop per point.
+The frame-buffer signals are grouped instant queries (`source._newest_gib`). The window
+arithmetic stays `PrometheusMetrics._fetch`'s: chunks computed the same way here, each
+answer handed to `_fetch` keyed by (query, start, end), decoded by orjson (`fast.py`). A
+first read fetches only what a forecast needs; the rest follows behind (`backfill.py`).
 """
 
 from __future__ import annotations
@@ -33,20 +33,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
-import orjson
-from prometheus_api_client.exceptions import PrometheusApiClientException
-
+from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
+from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.promql import (
     HOSTNAME_LABELS,
     build_query,
     build_workload_query,
     escape_label_value,
-    format_step,
 )
 from gpuscaler.adapters.prometheus.source import MAX_POINTS, Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.config import Config, ForecastConfig
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 """Recorded by deploy/prometheus/prometheusrule.yaml: GPU utilization summed by
@@ -109,69 +107,14 @@ class MemoTransport:
         return getattr(self.real, name)
 
 
-def fast_query_range(
-    transport: Transport, query: str, start: float, end: float, step: float
-) -> list[Any]:
-    """`Transport.query_range` (same auth, TLS, retries and error translation), with the
-    answer decoded by orjson and each series' points turned into numpy arrays at once."""
-    params = {
-        "query": query,
-        "start": round(start),  # as custom_query_range sends them
-        "end": round(end),
-        "step": format_step(step),
-    }
-    return decode_fast(_fast_get(transport, "query_range", params))
-
-
-def fast_query(transport: Transport, query: str, time: float) -> list[Any]:
-    """`Transport.query` at `time`, decoded by orjson."""
-    return _fast_get(transport, "query", {"query": query, "time": f"{time:.3f}"})
-
-
-def _fast_get(transport: Transport, path: str, params: dict[str, Any]) -> list[Any]:
-    api = transport.client
-
-    def request() -> Any:
-        answer = api._session.get(
-            f"{api.url}/api/v1/{path}",
-            params=params,
-            verify=api._session.verify,
-            headers=api.headers,
-            auth=api.auth,
-            cert=api._session.cert,
-            timeout=api._timeout,
-        )
-        if answer.status_code != 200:
-            raise PrometheusApiClientException(
-                f"HTTP Status Code {answer.status_code} ({answer.content[:200]!r})"
-            )
-        return orjson.loads(answer.content)["data"]["result"]
-
-    return transport._call(request)
-
-
-def decode_fast(result: Any) -> list[Any]:
-    """Each series' `values` as (times, values) float arrays under `arrays`, which
-    `prometheus.decode_matrix` takes as they are; a malformed answer is left for it to
-    refuse with its own message."""
-    if not isinstance(result, list):
-        return result  # type: ignore[no-any-return]
-    for item in result:
-        values = item.get("values") if isinstance(item, dict) else None
-        if not isinstance(values, list):
-            continue
-        try:
-            pairs = np.array(values, dtype=object).reshape(len(values), 2)
-            item["arrays"] = (pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64))
-        except (ValueError, TypeError):
-            continue
-    return result
-
-
-def chunks(start: float, end: float, step: float) -> list[Chunk]:
-    """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds."""
+def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk]:
+    """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds; with
+    `pieces`, cut into at least that many (a backfill's parallel chunks)."""
     out: list[Chunk] = []
-    size, last = math.floor(MAX_POINTS * step), math.floor(end)
+    size = math.floor(MAX_POINTS * step)
+    if pieces > 1:
+        size = max(1, min(size, math.ceil((math.floor(end) - math.floor(start)) / pieces)))
+    last = math.floor(end)
     t = math.floor(start)
     while True:
         chunk_end = min(last, t + size)
@@ -206,6 +149,8 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         super().__init__(*args, **kwargs)
         self.queries_last_tick = 0
         self._count_lock = threading.Lock()
+        self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
+        self._head: tuple[Config, float] | None = None
 
     # ------------------------------------------------------------------ planning
 
@@ -217,8 +162,64 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         first = end - step * (size - 1)
         window = self.windows.get(key)
         if window is None or window.fetched_until is None:
-            return first, end
+            return self._head_start(first, end), end
         return max(first, window.fetched_until - self.config.prometheus.overlap), end
+
+    def _head_start(self, first: float, end: float) -> float:
+        """Where a first read starts: `forecast.min_history` (the longest any target's
+        forecast asks for) plus `prometheus.overlap` before `end`, unless the window is
+        read whole (`prometheus.background_backfill` off)."""
+        if not self.config.prometheus.background_backfill:
+            return first
+        if self._head is None or self._head[0] is not self.config:
+            c = self.config
+            longest = max(
+                [c.forecast.min_history]
+                + [
+                    c.pool_section(p.name, "forecast", ForecastConfig).min_history
+                    for p in c.node_pools
+                ]
+                + [
+                    c.workload_section(w.key, "forecast", ForecastConfig).min_history
+                    for w in c.workloads
+                ]
+            )
+            self._head = (c, longest + c.prometheus.overlap)
+        return max(first, end - self._head[1])
+
+    def _first_start(
+        self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
+    ) -> float:
+        start = self._head_start(first, end)
+        if start > first:
+            self.backfill.note(key, Pending(self.windows[key], query, first, start, bounds))
+        return start
+
+    def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
+        return chunks(start, end, self.config.metrics.step, self._pieces)
+
+    @staticmethod
+    def _store(
+        answers: dict[AnswerKey, Answer], query: str, chunk: Chunk
+    ) -> Callable[[Answer], None]:
+        return partial(answers.__setitem__, (query, *chunk))
+
+    @property
+    def _pieces(self) -> int:
+        return self.config.prometheus.max_concurrent_queries
+
+    def _backfill_fetch(self, batch: Mapping[str, Pending]) -> dict[AnswerKey, Answer]:
+        """What the first reads left out: by the grouped queries, then one by one."""
+        spans = {k: (p.start, p.end) for k, p in batch.items()}
+        answers = self.prefetch(max(p.end for p in batch.values()), spans, self._pieces)
+        jobs = [
+            (p.query, chunk, self._store(answers, p.query, chunk))
+            for p in batch.values()
+            for chunk in self._backfill_cut(p.start, p.end)
+            if (p.query, *chunk) not in answers
+        ]
+        self._run(jobs, counted=False)
+        return answers
 
     def _groups(self) -> tuple[list[_Group], list[tuple[str, str, bool]]]:
         """Grouped queries, and the (key, query, instant) that must be read one by one."""
@@ -330,9 +331,9 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
 
     # ------------------------------------------------------------------ fetching
 
-    def _query(self, query: str, chunk: Chunk) -> list[Any] | SourceError:
+    def _query(self, query: str, chunk: Chunk, counted: bool = True) -> list[Any] | SourceError:
         with self._count_lock:
-            self.queries_last_tick += 1
+            self.queries_last_tick += counted
         try:
             if chunk[1] == INSTANT:
                 return fast_query(self.transport, query, chunk[0])
@@ -342,39 +343,60 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         except SourceError as e:
             return e
 
-    def prefetch(self, now: float) -> dict[AnswerKey, Answer]:
+    def prefetch(
+        self, now: float, spans: Mapping[str, tuple[float, float]] | None = None, pieces: int = 1
+    ) -> dict[AnswerKey, Answer]:
         """Every answer the tick's per-target reads will ask for, fetched concurrently:
-        the grouped queries first, then, one by one, what they did not cover."""
+        the grouped queries first, then, one by one, what they did not cover. With
+        `spans`, only those ranges of those targets' series, each cut into `pieces`
+        (the background backfill, `adapters/prometheus/backfill.py`)."""
         groups, single = self._groups()
         step = self.config.metrics.step
+        span_of = spans.get if spans is not None else lambda key: self._start(key, now)
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
-        grid_end = math.floor(now / step) * step
-        instant = (grid_end, INSTANT)
+        instant = (math.floor(now / step) * step, INSTANT)
         for g in groups:
             if g.instant:
                 members = [(values, query) for values, (_, query) in g.targets.items()]
-                jobs.append((g.query, instant, partial(_split, g.by, members, instant, answers)))
+                if spans is None:
+                    jobs.append(
+                        (g.query, instant, partial(_split, g.by, members, instant, answers))
+                    )
                 continue
             by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
             for values, (key, query) in g.targets.items():
-                by_span.setdefault(self._start(key, now), []).append((values, query))
+                span = span_of(key)
+                if span is not None:
+                    by_span.setdefault(span, []).append((values, query))
             for span, members in by_span.items():
-                for chunk in chunks(*span, step):
+                for chunk in chunks(*span, step, pieces):
                     jobs.append((g.query, chunk, partial(_split, g.by, members, chunk, answers)))
-        self._run(jobs)
-        self._run(list(self._stale_jobs(groups, instant, answers)))
+        self._run(jobs, counted=spans is None)
+        if spans is None:
+            self._run(list(self._stale_jobs(groups, instant, answers)))
         uncovered = single + [(*t, g.instant) for g in groups for t in g.targets.values()]
         jobs = [
             (query, chunk, partial(answers.__setitem__, (query, *chunk)))
-            for key, query, instant in uncovered
-            for chunk in (
-                [(grid_end, INSTANT)] if instant else chunks(*self._start(key, now), step)
-            )
+            for key, query, is_instant in uncovered
+            for chunk in self._chunks(key, is_instant, span_of(key), instant, spans, pieces)
             if (query, *chunk) not in answers
         ]
-        self._run(jobs)
+        self._run(jobs, counted=spans is None)
         return answers
+
+    def _chunks(
+        self,
+        key: str,
+        is_instant: bool,
+        span: tuple[float, float] | None,
+        instant: Chunk,
+        spans: Mapping[str, tuple[float, float]] | None,
+        pieces: int,
+    ) -> list[Chunk]:
+        if is_instant:
+            return [instant] if spans is None else []
+        return [] if span is None else chunks(*span, self.config.metrics.step, pieces)
 
     @staticmethod
     def _stale_jobs(
@@ -389,17 +411,21 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             if members:
                 yield g.stale.query, instant, partial(_split, g.by, members, instant, answers)
 
-    def _run(self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]]) -> None:
-        """The queries, at most `prometheus.max_concurrent_queries` at a time."""
+    def _run(
+        self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]], counted: bool = True
+    ) -> None:
+        """The queries, at most `prometheus.max_concurrent_queries` at a time; those of
+        the background backfill are not counted in `queries_last_tick`."""
         if not jobs:
             return
         workers = min(self.config.prometheus.max_concurrent_queries, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
-            futures = [(pool.submit(self._query, q, c), store) for q, c, store in jobs]
+            futures = [(pool.submit(self._query, q, c, counted), store) for q, c, store in jobs]
             for future, store in futures:
                 store(future.result())
 
     def read(self, now: float) -> Metrics:
+        self.backfill.apply(self.windows)
         self.queries_last_tick = 0
         real = self.transport
         answers = self.prefetch(now)
@@ -410,6 +436,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         finally:
             self.transport = real
             self.queries_last_tick += memo.fallbacks
+            self.backfill.start()
 
 
 def _split(

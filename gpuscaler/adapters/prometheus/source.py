@@ -125,9 +125,10 @@ class PrometheusMetrics:
         end = math.floor(now / step) * step
         window.advance(end)
         first = end - step * (size - 1)
-        start = first
         if window.fetched_until is not None:
             start = max(first, window.fetched_until - self.config.prometheus.overlap)
+        else:
+            start = self._first_start(key, query, first, end, bounds)
         had_bad = False
         absurd: str | None = None
         got_any = False
@@ -160,6 +161,13 @@ class PrometheusMetrics:
         if not got_any and window.series().last_sample_time() is None:
             return window.series(), "empty result: no series matches"
         return window.series(), None
+
+    def _first_start(
+        self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
+    ) -> float:
+        """Where a window's first read starts: the whole window here (a reader that
+        backfills in the background starts later and fetches the rest behind)."""
+        return first
 
     def _newest_gib(
         self, key: str, template: str, matchers: Mapping[str, str], now: float

@@ -45,7 +45,7 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     item = result[0]
     if not isinstance(item, dict) or not isinstance(item.get("values"), list):
         raise SourceError("result item has no values list")
-    if "arrays" in item:  # issue 18: decoded already (grouped.decode_fast)
+    if "arrays" in item:  # issue 18: decoded already (fast.decode_fast)
         times, values = item["arrays"]
         bad = ~np.isfinite(values)
         values = values.copy()
