@@ -56,6 +56,8 @@ class TickStats:
     """Tick time (`now`) of the last tick that completed."""
     last_success_wall: float | None = None
     """Wall-clock time it completed at (for /healthz)."""
+    last_skipped_wall: float | None = None
+    """Wall-clock time a standby last skipped a tick (`Controller.due`): alive too."""
     listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
     failure_listeners: list[Callable[[], None]] = field(default_factory=list)
 
@@ -112,6 +114,17 @@ class Controller:
         if self.dry_run or self.config.control.dry_run:
             return "dry_run"
         return "acting" if self.is_leader() else "standby"
+
+    def due(self, now: float) -> bool:
+        """Whether a tick is due at `now`: always for a leader (or a dry run); for a
+        standby once per `kubernetes.lease.standby_interval` (issue 18)."""
+        last = self.stats.last_success
+        if self.mode() != "standby" or last is None:
+            return True
+        if now - last >= self.config.kubernetes.lease.standby_interval:
+            return True
+        self.stats.last_skipped_wall = time.time()
+        return False
 
     def tick(self, now: float) -> TickResult:
         started = time.perf_counter()
