@@ -202,7 +202,7 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 began = time.perf_counter()
                 controller.tick(first_now)
                 runs[grouped] = (controller, source, time.perf_counter() - began, [], [])
-                if grouped:  # the rest of the window, read behind the first tick
+                if isinstance(source, GroupedPrometheusSource):  # the rest, read behind
                     assert source.grouped.backfill.wait(timeout=600)
                     out["backfill"] = time.perf_counter() - began
                 _time_observe(source)
