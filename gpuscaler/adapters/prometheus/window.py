@@ -72,10 +72,12 @@ def decode_vector(result: Any) -> tuple[float | None, bool]:
         raise SourceError(f"query returned {len(result)} series, expected one aggregate")
     item = result[0]
     sample = item.get("value") if isinstance(item, dict) else None
+    if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str)):
+        raise SourceError('the sample is not [timestamp, "value"]')
     try:
-        value = float(sample[1])  # type: ignore[index]
-    except (TypeError, ValueError, IndexError):
-        raise SourceError('the sample is not [timestamp, "value"]') from None
+        value = float(sample[1])
+    except ValueError:
+        raise SourceError(f"the sample value {sample[1][:20]!r} is not a number") from None
     return (value, False) if np.isfinite(value) else (None, True)
 
 
