@@ -145,6 +145,9 @@ class Controller:
             log_plan(plan, applied, mode)
         for listener in self.stats.listeners:
             listener(result)
+        after_tick = getattr(self.source, "after_tick", None)
+        if after_tick is not None:
+            after_tick()  # work for the time between ticks (a background backfill)
         return result
 
     def safe_tick(self, now: float) -> TickResult | None:

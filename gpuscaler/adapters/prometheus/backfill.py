@@ -1,9 +1,10 @@
 """Background backfill (issue 18): a window's first read fetches only what a forecast
 needs (`forecast.min_history`, plus `prometheus.overlap` for a late or missing sample),
 so the first tick after a start acts in the time of a few steady ticks instead of after
-reading the whole window; the older part is read behind it, on a thread, by the same
-grouped queries cut into parallel chunks, and written into the windows at the start of
-the next read (only the tick's thread touches a window).
+reading the whole window; the older part is read behind it, on a thread started once the
+tick is done (`Controller.tick` calls the source's `after_tick`), by the same grouped
+queries cut into parallel chunks, and written into the windows at the start of the next
+read (only the tick's thread touches a window).
 
 A chunk that failed is asked again behind the next tick; a target whose query changed
 meanwhile (a reload, a coarse series found) is dropped from the backfill, since its

@@ -424,8 +424,14 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             for future, store in futures:
                 store(future.result())
 
+    def after_tick(self) -> None:
+        """The first reads' backfill starts once the tick is done, so it does not slow
+        the tick's forecast (a reader not told starts it at its next read)."""
+        self.backfill.start()
+
     def read(self, now: float) -> Metrics:
         self.backfill.apply(self.windows)
+        self.backfill.start()
         self.queries_last_tick = 0
         real = self.transport
         answers = self.prefetch(now)
@@ -436,7 +442,6 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         finally:
             self.transport = real
             self.queries_last_tick += memo.fallbacks
-            self.backfill.start()
 
 
 def _split(
