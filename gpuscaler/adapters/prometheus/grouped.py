@@ -40,6 +40,7 @@ from gpuscaler.adapters.prometheus.promql import (
     build_query,
     build_workload_query,
     escape_label_value,
+    grouped_template,
 )
 from gpuscaler.adapters.prometheus.source import MAX_POINTS, Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
@@ -52,7 +53,6 @@ WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
 """The per-target workload query the rule stands for; a custom template is read per
 target, since the rule cannot know what it computes."""
-_AGGREGATE = re.compile(r"^\s*(avg|sum|max|min)\s*\((.*)\)\s*$", re.S)
 
 Chunk = tuple[float, float]
 """A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
@@ -124,24 +124,6 @@ def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk
         t = chunk_end
 
 
-def grouped_template(template: str, by: Iterable[str]) -> str | None:
-    """`avg(X)` -> `avg by (L) (X)`; None when the template is not one aggregation."""
-    m = _AGGREGATE.match(template)
-    if m is None or "{matchers}" not in m.group(2) or not _balanced(m.group(2)):
-        return None
-    return f"{m.group(1)} by ({', '.join(by)}) ({m.group(2)})"
-
-
-def _balanced(inner: str) -> bool:
-    """The aggregation's own parentheses enclose all of `inner` (not `avg(a) / avg(b)`)."""
-    depth = 0
-    for ch in inner:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth < 0:
-            return False
-    return depth == 0
-
-
 class GroupedPrometheusMetrics(PrometheusMetrics):
     """Prometheus metrics read by a few grouped queries a tick, concurrently."""
 
@@ -194,6 +176,9 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         if start > first:
             self.backfill.note(key, Pending(self.windows[key], query, first, start, bounds))
         return start
+
+    def _first_start_done(self, key: str) -> None:
+        self.backfill.pending.pop(key, None)
 
     def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
         return chunks(start, end, self.config.metrics.step, self._pieces)
@@ -430,6 +415,9 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self.backfill.start()
 
     def read(self, now: float) -> Metrics:
+        # The rest of the windows joins at the next tick: a backfill still running (ticks
+        # closer than it takes) is waited for, at most one request's timeout.
+        self.backfill.wait(timeout=self.config.prometheus.timeout)
         self.backfill.apply(self.windows)
         self.backfill.start()
         self.queries_last_tick = 0

@@ -129,26 +129,14 @@ class PrometheusMetrics:
             start = max(first, window.fetched_until - self.config.prometheus.overlap)
         else:
             start = self._first_start(key, query, first, end, bounds)
-        had_bad = False
-        absurd: str | None = None
-        got_any = False
-        chunk = math.floor(MAX_POINTS * step)
-        last = math.floor(end)  # the client sends whole seconds
         try:
-            t = math.floor(start)
-            while True:
-                chunk_end = min(last, t + chunk)
-                times, values, bad = decode_matrix(
-                    self.transport.query_range(query, t, chunk_end, step)
-                )
-                absurd = absurd or out_of_range(values, bounds)
-                values[(values < bounds[0]) | (values > bounds[1])] = np.nan
-                window.write(times, values)
-                had_bad |= bad
-                got_any |= times.size > 0
-                if chunk_end >= last:
-                    break
-                t = chunk_end  # chunks share their edge sample: none is skipped
+            had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            if start > first and window.series().last_sample_time() is None:
+                # Nothing in a first read's head: the rest now, not behind, so that a
+                # silent series is told stale (or absent) on this very tick.
+                self._first_start_done(key)
+                more = self._read_span(window, query, first, start, bounds)
+                had_bad, absurd, got_any = had_bad or more[0], absurd or more[1], got_any or more[2]
         except SourceError as e:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
@@ -162,12 +150,41 @@ class PrometheusMetrics:
             return window.series(), "empty result: no series matches"
         return window.series(), None
 
+    def _read_span(
+        self, window: Window, query: str, start: float, end: float, bounds: tuple[float, float]
+    ) -> tuple[bool, str | None, bool]:
+        """Samples from `start` to `end` into the window, in chunks under the points
+        limit: (had NaN/Inf, the first out-of-range problem, got any sample)."""
+        step = self.config.metrics.step
+        had_bad = False
+        absurd: str | None = None
+        got_any = False
+        chunk = math.floor(MAX_POINTS * step)
+        last = math.floor(end)  # the client sends whole seconds
+        t = math.floor(start)
+        while True:
+            chunk_end = min(last, t + chunk)
+            times, values, bad = decode_matrix(
+                self.transport.query_range(query, t, chunk_end, step)
+            )
+            absurd = absurd or out_of_range(values, bounds)
+            values[(values < bounds[0]) | (values > bounds[1])] = np.nan
+            window.write(times, values)
+            had_bad |= bad
+            got_any |= times.size > 0
+            if chunk_end >= last:
+                return had_bad, absurd, got_any
+            t = chunk_end  # chunks share their edge sample: none is skipped
+
     def _first_start(
         self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
     ) -> float:
         """Where a window's first read starts: the whole window here (a reader that
         backfills in the background starts later and fetches the rest behind)."""
         return first
+
+    def _first_start_done(self, key: str) -> None:
+        """The rest of `key`'s window was read at once: nothing to read behind."""
 
     def _newest_gib(
         self, key: str, template: str, matchers: Mapping[str, str], now: float
