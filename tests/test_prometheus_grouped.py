@@ -210,6 +210,25 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert grouped.queries_last_tick == 9 + 2 + 2  # as steady as without a backfill
 
 
+def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_advance(
+    planted: tuple[str, str, float],
+) -> None:
+    url, _, now = planted
+    used = "max(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}])) * 1"
+
+    def custom(cfg: Config) -> Config:
+        queries = cfg.prometheus.queries.model_copy(update={"pool_memory_used": used})
+        prometheus = cfg.prometheus.model_copy(update={"queries": queries})
+        return cfg.model_copy(update={"prometheus": prometheus})
+
+    grouped = GroupedPrometheusSource(custom(_config(url, WORKLOADS)), CurrentState())
+    plain = PrometheusSource(custom(_config(url, WORKLOADS, grouped=False)), CurrentState())
+    _same(grouped.observe(now), plain.observe(now), rule=True)
+    # The modelName family's fb_used group becomes one query per pool (3), each asked
+    # before the per-target reads, which then ask nothing more.
+    assert grouped.queries_last_tick == 9 - 1 + len(MODELS)
+
+
 def test_a_backfill_that_failed_is_asked_again_behind_the_next_read() -> None:
     window = Window(step=STEP, size=10, end=9.5, values=np.full(10, np.nan))  # 5 to 9.5 s
     calls: list[list[str]] = []

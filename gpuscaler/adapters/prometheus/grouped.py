@@ -256,6 +256,11 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         grouped = grouped_template(template, [label])
         regex = "|".join(re.escape(v) for _, v in pools)
         matcher = f"{label}=~{escape_label_value(regex)}"
+        if grouped is None:  # each pool read as `_fetch` / `_newest_gib` read it first
+            lookbacks = {n: self._lookback_of(key[n], instant) for n in key}
+            return None, [
+                (key[n], build_query(template, {label: v}, lookbacks[n]), instant) for n, v in pools
+            ]
         group: _Group | None = None
         # For the frame buffer, the group over metrics.staleness is built first: it is
         # the fallback of the one over the step's lookback.
@@ -266,8 +271,6 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
                 )
                 for n, v in pools
             }
-            if grouped is None:
-                return None, [(key[n], per_target[n], instant) for n, _ in pools]
             g = _Group(
                 grouped.format(matchers=matcher, lookback=lookback), (label,), instant=instant
             )
