@@ -123,6 +123,9 @@ class ClusterSource:
         self.prometheus.reconfigure(config)
         self.preemption.reconfigure(config)
 
+    def after_tick(self) -> None:
+        self.prometheus.after_tick()
+
     def observe(self, now: float) -> Observations:
         raw = self.prometheus.observe(now)  # reads the cluster first
         if not self.prometheus.config.preemption.enabled:

@@ -56,6 +56,8 @@ class TickStats:
     """Tick time (`now`) of the last tick that completed."""
     last_success_wall: float | None = None
     """Wall-clock time it completed at (for /healthz)."""
+    last_skipped_wall: float | None = None
+    """Wall-clock time a standby last skipped a tick (`Controller.due`): alive too."""
     listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
     failure_listeners: list[Callable[[], None]] = field(default_factory=list)
 
@@ -113,6 +115,17 @@ class Controller:
             return "dry_run"
         return "acting" if self.is_leader() else "standby"
 
+    def due(self, now: float) -> bool:
+        """Whether a tick is due at `now`: always for a leader (or a dry run); for a
+        standby once per `kubernetes.lease.standby_interval` (issue 18)."""
+        last = self.stats.last_success
+        if self.mode() != "standby" or last is None:
+            return True
+        if now - last >= self.config.kubernetes.lease.standby_interval:
+            return True
+        self.stats.last_skipped_wall = time.time()
+        return False
+
     def tick(self, now: float) -> TickResult:
         started = time.perf_counter()
         for hook in self.before_tick:
@@ -132,6 +145,9 @@ class Controller:
             log_plan(plan, applied, mode)
         for listener in self.stats.listeners:
             listener(result)
+        after_tick = getattr(self.source, "after_tick", None)
+        if after_tick is not None:
+            after_tick()  # work for the time between ticks (a background backfill)
         return result
 
     def safe_tick(self, now: float) -> TickResult | None:

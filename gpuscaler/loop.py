@@ -52,7 +52,10 @@ class ControlLoop:
         )
 
     def _tick(self) -> None:
-        self.controller.safe_tick(self.clock())
+        now = self.clock()
+        if not self.controller.due(now):  # a standby between its own, rarer ticks
+            return
+        self.controller.safe_tick(now)
         if (
             self.max_ticks is not None
             and self.controller.stats.ticks + self.controller.stats.failed >= self.max_ticks

@@ -275,7 +275,10 @@ class HealthState:
         self.started = clock()
 
     def healthy(self) -> tuple[bool, str]:
-        last = self.controller.stats.last_success_wall
+        stats = self.controller.stats
+        last = max(
+            (t for t in (stats.last_success_wall, stats.last_skipped_wall) if t), default=None
+        )
         limit = 3 * self.interval + 30  # three missed ticks, plus a slow first one
         since = self.clock() - (last if last is not None else self.started)
         if since > limit:

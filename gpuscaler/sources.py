@@ -115,6 +115,13 @@ class PrometheusSource:
         state = self.state() if callable(self.state) else self.state  # the cluster first
         return join(self.metrics.read(now), state)
 
+    def after_tick(self) -> None:
+        """Called by the controller once a tick is done (`GroupedPrometheusMetrics`
+        starts its background backfill then, not while the tick forecasts)."""
+        after_tick = getattr(self.metrics, "after_tick", None)
+        if after_tick is not None:
+            after_tick()
+
 
 class GroupedPrometheusSource(PrometheusSource):
     """A PrometheusSource whose metrics come from a few grouped queries a tick (issue 18)."""
@@ -128,3 +135,8 @@ class GroupedPrometheusSource(PrometheusSource):
     @property
     def queries_last_tick(self) -> int:
         return self.grouped.queries_last_tick
+
+    @property
+    def backfilling(self) -> bool:
+        """The older part of some first reads is still being fetched (issue 18)."""
+        return self.grouped.backfill.busy

@@ -63,9 +63,9 @@ def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporte
     sent: list[str] = []
     original = transport.query
 
-    def recorded(query: str) -> list[Any]:
+    def recorded(query: str, time: float | None = None) -> list[Any]:
         sent.append(query)
-        return original(query)
+        return original(query, time)
 
     transport.query = recorded  # type: ignore[method-assign]
     nodes = PrometheusGpus(transport, 60.0, time.time).fetch()

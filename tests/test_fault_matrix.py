@@ -52,6 +52,9 @@ class Faults:
 
     modes: dict[str, str] = field(default_factory=dict)
     down: bool = False
+    now: float = 0.0
+    """The newest end asked for: "now" for the faults (a read of an older span, such as
+    the rest of a window behind its head, sees the same stale or NaN stretch)."""
 
 
 def _signal(query: str) -> str:
@@ -78,7 +81,9 @@ def _value(signal: str, i: int) -> float | None:
     return None  # no frame-buffer series: memory bounds come from the config
 
 
-def _answer(signal: str, mode: str, start: float, end: float, step: float) -> tuple[int, bytes]:
+def _answer(
+    signal: str, mode: str, start: float, end: float, step: float, now: float | None = None
+) -> tuple[int, bytes]:
     if mode == "garbage":
         return 200, b"<html>proxy error</html>"
     if mode == "shape":
@@ -86,12 +91,13 @@ def _answer(signal: str, mode: str, start: float, end: float, step: float) -> tu
     if mode == "error":
         return 503, b"overloaded"
     values = []
+    now = end if now is None else now
     t = math.ceil(start / step) * step
     while t <= end:
         v = _value(signal, round(t / step))
-        if v is not None and not (mode == "stale" and t > end - 600):
+        if v is not None and not (mode == "stale" and t > now - 600):
             text = {"nan": "NaN", "absurd": "1e300"}.get(mode, f"{v:.3f}")
-            values.append([t, text if t > end - 60 else f"{v:.3f}"])
+            values.append([t, text if t > now - 60 else f"{v:.3f}"])
         t += step
     result = [] if mode == "empty" or not values else [{"metric": {}, "values": values}]
     body = {"status": "success", "data": {"resultType": "matrix", "result": result}}
@@ -109,9 +115,14 @@ def prometheus() -> Iterator[tuple[str, Faults]]:
             mode = "error" if faults.down else faults.modes.get(signal, "")
             if mode == "slow":
                 time.sleep(1.5)
-            status, body = _answer(
-                signal, mode, float(q["start"]), float(q["end"]), float(q["step"])
-            )
+            if "start" not in q:  # an instant query: the frame buffer's newest figure
+                status, body = _answer(signal, mode, 0.0, -1.0, 1.0)
+                body = body.replace(b'"matrix"', b'"vector"')  # empty: no such series here
+            else:
+                faults.now = max(faults.now, float(q["end"]))
+                status, body = _answer(
+                    signal, mode, float(q["start"]), float(q["end"]), float(q["step"]), faults.now
+                )
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

@@ -114,3 +114,22 @@ def test_sigterm_stops_the_loop_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert '"event": "stopped"' in rest
     assert "Traceback" not in rest
+
+
+def test_a_standby_ticks_at_its_own_lower_rate_and_a_leader_every_interval() -> None:
+    """Issue 18: a standby keeps its windows and fits warm by ticking once per
+    kubernetes.lease.standby_interval (here 120 s against a 30 s interval); a skipped
+    tick keeps /healthz alive; once it leads, it ticks every interval again."""
+    leading = threading.Event()
+    source = SlowSource(delay=0.0)
+    cfg = config("control: {interval: 30s}\nkubernetes: {lease: {standby_interval: 120s}}\n")
+    controller = Controller(cfg, source, NoActuator(), dry_run=False, is_leader=leading.is_set)
+    clock = iter(range(0, 100_000, 30))  # each scheduled run is 30 s of tick time later
+    loop = ControlLoop(controller, interval=0.02, clock=lambda: float(next(clock)), max_ticks=3)
+    loop.run(install_signal_handlers=False)
+    assert source.calls == 3 and controller.stats.last_success == 240.0  # at 0, 120, 240 s
+    assert controller.stats.last_skipped_wall is not None
+    leading.set()
+    loop = ControlLoop(controller, interval=0.02, clock=lambda: float(next(clock)), max_ticks=5)
+    loop.run(install_signal_handlers=False)
+    assert source.calls == 5 and controller.stats.last_success == 300.0  # 270 and 300 s

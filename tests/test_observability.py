@@ -91,6 +91,7 @@ class _Stats:
     def __init__(self) -> None:
         self.ticks = 0
         self.last_success_wall: float | None = None
+        self.last_skipped_wall: float | None = None
 
 
 class _Source:
@@ -132,6 +133,8 @@ def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complet
         clock[0] += 121  # more than three intervals (and slack) without a completed tick
         status, body = _get(base + "/healthz")
         assert status == 503 and "no tick completed" in body
+        controller.stats.last_skipped_wall = clock[0]  # a standby between its rarer ticks
+        assert _get(base + "/healthz")[0] == 200
         assert _get(base + "/metrics")[0] == 200
         assert _get(base + "/nope")[0] == 404
     finally:

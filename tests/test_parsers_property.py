@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import string
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from gpuscaler.adapters.kube.cluster import load_cluster_snapshot
 from gpuscaler.adapters.kube.objects import ClusterStateError
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import decode_matrix
+from gpuscaler.adapters.prometheus.window import decode_matrix, decode_vector
 from gpuscaler.backtest import BacktestError, load_series_csv, to_grid
 from gpuscaler.config import Config, ConfigError, parse_config, parse_duration
 from gpuscaler.sim.trace import MAX_BINS, TraceError, load_trace
@@ -189,6 +190,53 @@ def test_any_prometheus_result_is_decoded_or_a_source_error(result: Any) -> None
         assert str(e)
     else:
         assert times_.shape == values.shape
+
+
+vector_like = st.lists(
+    st.fixed_dictionaries(
+        {"metric": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)},
+        optional={"value": st.one_of(json_values, st.tuples(json_values, json_values))},
+    ),
+    max_size=3,
+)
+
+
+@BUDGET
+@given(st.one_of(json_values, vector_like))
+def test_any_instant_prometheus_result_is_decoded_or_a_source_error(result: Any) -> None:
+    result = json.loads(json.dumps(result, allow_nan=True))  # as it comes off the wire
+    try:
+        value, non_finite = decode_vector(result)
+    except SourceError as e:
+        assert str(e)
+    else:
+        assert value is None or (math.isfinite(value) and not non_finite)
+
+
+@pytest.mark.parametrize(
+    ("result", "want"),
+    [
+        ([], (None, False)),  # nothing fresh: memory bounded by the config alone
+        ([{"metric": {}, "value": [1.0, "30720"]}], (30720.0, False)),
+        ([{"metric": {}, "value": [1.0, "NaN"]}], (None, True)),
+        ([{"metric": {}, "value": [1.0, "+Inf"]}], (None, True)),
+        ([{"metric": {}, "value": [1.0, "x"]}], "not a number"),
+        ([{"metric": {}, "value": [1.0, 2.0]}], "not [timestamp"),  # a number, not a string
+        ([{"metric": {}, "value": "a1"}], "not [timestamp"),
+        ([{"metric": {}, "value": {"1": "2"}}], "not [timestamp"),
+        ([{"metric": {}, "values": [[1.0, "2"]]}], "not [timestamp"),  # a matrix
+        ([{"metric": {}, "value": [1.0, "1"]}] * 2, "2 series"),
+        ({"not": "a list"}, "not a list"),
+    ],
+)
+def test_an_instant_answer_gives_one_value_or_says_what_is_wrong(
+    result: Any, want: tuple[float | None, bool] | str
+) -> None:
+    if isinstance(want, str):
+        with pytest.raises(SourceError, match=re.escape(want)):
+            decode_vector(result)
+    else:
+        assert decode_vector(result) == want
 
 
 POD = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ml"}, "spec": {}, "status": {}}

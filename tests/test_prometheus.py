@@ -270,6 +270,10 @@ class _Handler(BaseHTTPRequestHandler):
                 ).encode(),
             ),
         }[self.mode]
+        if self.mode == "infinite" and self.path.startswith("/api/v1/query?"):
+            # An instant query (the frame buffer's newest figure) answers a vector.
+            vector = {"resultType": "vector", "result": [{"metric": {}, "value": [END, "+Inf"]}]}
+            body = json.dumps({"status": "success", "data": vector}).encode()
         self.send_response(status)
         self.end_headers()
         self.wfile.write(body)

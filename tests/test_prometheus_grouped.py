@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,12 @@ import pytest
 from promserver import STEP, binaries, planted_window, prometheus, shipped_rules, write_openmetrics
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.grouped import (
-    chunks,
-    decode_fast,
-    grouped_template,
-)
+from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
+from gpuscaler.adapters.prometheus.fast import decode_fast
+from gpuscaler.adapters.prometheus.grouped import chunks
+from gpuscaler.adapters.prometheus.promql import grouped_template
+from gpuscaler.adapters.prometheus.transport import SourceError
+from gpuscaler.adapters.prometheus.window import Window
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
@@ -99,7 +100,9 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
             yield url, raw_url, end
 
 
-def _config(url: str, workloads: list[tuple[str, str, str]], grouped: bool = True) -> Config:
+def _config(
+    url: str, workloads: list[tuple[str, str, str]], grouped: bool = True, extra: str = ""
+) -> Config:
     pools = "".join(
         f"""
   - name: {name}
@@ -121,7 +124,7 @@ node_pools:{pools}
     gpu_memory_gib: 16
     metrics_matchers: {{Hostname: node-9}}
 workloads:{listed}
-"""
+{extra}"""
     )
 
 
@@ -175,9 +178,75 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
     assert all(w.load is not None and np.isfinite(w.load.values).any() for w in first.workloads)
     # 4 signals x (1 modelName family + the Hostname pool) + 1 for every workload.
     assert grouped.queries_last_tick == 4 + 4 + 1
-    # The next tick reads only what is new, with as few queries.
+    # The next tick reads only what is new, with as few queries, but the planted samples
+    # end at `now`: the frame buffer's newest is 5 s old, past the step's lookback, so its
+    # two grouped instant queries and the Hostname pool's two are tried again over
+    # metrics.staleness (source._newest_gib).
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True)
-    assert grouped.queries_last_tick == 9
+    assert grouped.queries_last_tick == 9 + 2 + 2
+
+
+def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
+    planted: tuple[str, str, float],
+) -> None:
+    """Issue 18: the first tick acts once forecast.min_history is in; the older part of
+    the window is read behind it, in parallel chunks, and is in the windows by the next
+    tick, equal to a whole-window read."""
+    url, _, now = planted
+    early = "forecast: {min_history: 80s}\n"
+    grouped = GroupedPrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
+    plain = PrometheusSource(_config(url, WORKLOADS, grouped=False, extra=early), CurrentState())
+    first = grouped.observe(now)
+    # min_history + overlap (5 s) of the 2 planted minutes, at 500 ms, edges included.
+    for pool in first.pools:
+        if pool.utilization is not None:
+            assert np.isfinite(pool.utilization.values).sum() == (80 + 5) / STEP + 1, pool.name
+    assert first.pools[0].memory_used_gib is not None  # the newest figure needs no history
+    assert grouped.backfilling and grouped.queries_last_tick == 9  # backfill not counted
+    grouped.after_tick()  # as the controller does once the tick is done
+    assert grouped.grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
+    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True)
+    assert not grouped.backfilling
+    assert grouped.queries_last_tick == 9 + 2 + 2  # as steady as without a backfill
+
+
+def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_advance(
+    planted: tuple[str, str, float],
+) -> None:
+    url, _, now = planted
+    used = "max(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}])) * 1"
+
+    def custom(cfg: Config) -> Config:
+        queries = cfg.prometheus.queries.model_copy(update={"pool_memory_used": used})
+        prometheus = cfg.prometheus.model_copy(update={"queries": queries})
+        return cfg.model_copy(update={"prometheus": prometheus})
+
+    grouped = GroupedPrometheusSource(custom(_config(url, WORKLOADS)), CurrentState())
+    plain = PrometheusSource(custom(_config(url, WORKLOADS, grouped=False)), CurrentState())
+    _same(grouped.observe(now), plain.observe(now), rule=True)
+    # The modelName family's fb_used group becomes one query per pool (3), each asked
+    # before the per-target reads, which then ask nothing more.
+    assert grouped.queries_last_tick == 9 - 1 + len(MODELS)
+
+
+def test_a_backfill_that_failed_is_asked_again_behind_the_next_read() -> None:
+    window = Window(step=STEP, size=10, end=9.5, values=np.full(10, np.nan))  # 5 to 9.5 s
+    calls: list[list[str]] = []
+
+    def fetch(batch: Mapping[str, Pending]) -> dict[tuple[str, float, float], object]:
+        calls.append(list(batch))
+        if len(calls) == 1:
+            return {("q", 5.0, 8.0): SourceError("timed out")}
+        return {("q", 5.0, 8.0): [{"metric": {}, "values": [[5.0, "1"], [8.0, "2"]]}]}
+
+    backfill = Backfill(fetch, lambda start, end: [(start, end)])
+    backfill.note("k", Pending(window, "q", 5.0, 8.0, (0.0, 100.0)))
+    for _ in range(2):
+        backfill.start()
+        assert backfill.wait(timeout=10)
+        backfill.apply({"k": window})
+    assert calls == [["k"], ["k"]] and not backfill.busy
+    assert window.values[0] == 1.0 and window.values[6] == 2.0  # 5 s and 8 s on the grid
 
 
 def test_queries_per_tick_do_not_grow_with_the_workloads(planted: tuple[str, str, float]) -> None:
@@ -228,6 +297,9 @@ def test_only_a_single_plain_aggregation_is_grouped(template: str, grouped: str 
 def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
     assert chunks(0.0, 100.0, STEP) == [(0, 100)]
     assert chunks(0.0, 12_000.0, STEP) == [(0, 5000), (5000, 10000), (10000, 12000)]
+    # A backfill's parallel chunks: at least `pieces`, never over the points limit.
+    assert chunks(0.0, 100.0, STEP, pieces=4) == [(0, 25), (25, 50), (50, 75), (75, 100)]
+    assert len(chunks(0.0, 12_000.0, STEP, pieces=2)) == 3
 
 
 @pytest.mark.parametrize(

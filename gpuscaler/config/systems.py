@@ -75,6 +75,11 @@ class PrometheusConfig(StrictModel):
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
+    background_backfill: bool = True
+    """Issue 18: with grouped queries, the first tick (or a target's first read) fetches
+    only forecast.min_history plus `overlap` and acts; the rest of the window is read in
+    the background, in parallel chunks, and joins the windows at the next tick. false:
+    the first tick backfills the whole window before it acts."""
     warm_state_file: str | None = None
     """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
     container restart) and read back at start, so a restart fetches only the gap. None:
@@ -182,6 +187,10 @@ class LeaseConfig(StrictModel):
     expires and another replica may take over."""
     retry_period: Seconds = Field(2.0, gt=0)
     """How often the lease is renewed or, on a standby, tried."""
+    standby_interval: Seconds = Field(120.0, gt=0)
+    """Issue 18: a standby ticks (reads, forecasts, plans, never acts) at most this often
+    instead of every control.interval, so its windows and fits stay warm at a fraction
+    of the leader's load on Prometheus; on taking over it reads only the gap."""
 
     @model_validator(mode="after")
     def _order(self) -> Self:

@@ -16,10 +16,10 @@ per-target reads from memory:
   does not cover (the rule not installed, a workload named unlike its pods), is read with
   its own per-target query, still concurrently, so the grouped form never loses a target.
 
-The window arithmetic (what is new since the last tick, chunks under 11,000 points) stays
-`PrometheusMetrics._fetch`'s: the chunks are computed the same way here, and each answer is
-handed to `_fetch` keyed by (query, start, end). Answers are decoded by orjson and numpy
-(`decode_fast`), not by `json` and a Python loop per point.
+The frame-buffer signals are grouped instant queries (`source._newest_gib`). The window
+arithmetic stays `PrometheusMetrics._fetch`'s: chunks computed the same way here, each
+answer handed to `_fetch` keyed by (query, start, end), decoded by orjson (`fast.py`). A
+first read fetches only what a forecast needs; the rest follows behind (`backfill.py`).
 """
 
 from __future__ import annotations
@@ -33,21 +33,19 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
-import orjson
-from prometheus_api_client.exceptions import PrometheusApiClientException
-
+from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
+from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.promql import (
     HOSTNAME_LABELS,
     build_query,
     build_workload_query,
     escape_label_value,
-    format_step,
+    grouped_template,
 )
 from gpuscaler.adapters.prometheus.source import MAX_POINTS, Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.config import NodePoolConfig
+from gpuscaler.config import Config, ForecastConfig
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 """Recorded by deploy/prometheus/prometheusrule.yaml: GPU utilization summed by
@@ -55,10 +53,11 @@ WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
 """The per-target workload query the rule stands for; a custom template is read per
 target, since the rule cannot know what it computes."""
-_AGGREGATE = re.compile(r"^\s*(avg|sum|max|min)\s*\((.*)\)\s*$", re.S)
 
-Chunk = tuple[int, int]
-AnswerKey = tuple[str, int, int]
+Chunk = tuple[float, float]
+"""A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
+INSTANT = math.inf
+AnswerKey = tuple[str, float, float]
 Answer = list[Any] | SourceError
 """A query's `data.result`, or the error it failed with (raised when `_fetch` asks)."""
 
@@ -70,6 +69,12 @@ class _Group:
     query: str
     by: tuple[str, ...]
     targets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
+    instant: bool = False
+    """An instant query at the grid's end (the frame-buffer signals: only the newest
+    figure is used), else a range query over what is new."""
+    stale: _Group | None = None
+    """An instant group's second try, over `metrics.staleness`, for the targets the
+    first (over the step's lookback) found nothing of (`_newest_gib`)."""
 
 
 class MemoTransport:
@@ -89,62 +94,27 @@ class MemoTransport:
         self.fallbacks += 1
         return fast_query_range(self.real, query, start, end, step)
 
+    def query(self, query: str, time: float | None = None) -> list[Any]:
+        found = self.answers.get((query, time, INSTANT)) if time is not None else None
+        if isinstance(found, SourceError):
+            raise found
+        if found is not None:
+            return found
+        self.fallbacks += 1
+        return self.real.query(query, time)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
 
-def fast_query_range(
-    transport: Transport, query: str, start: float, end: float, step: float
-) -> list[Any]:
-    """`Transport.query_range` (same auth, TLS, retries and error translation), with the
-    answer decoded by orjson and each series' points turned into numpy arrays at once."""
-    api = transport.client
-
-    def request() -> Any:
-        answer = api._session.get(
-            f"{api.url}/api/v1/query_range",
-            params={
-                "query": query,
-                "start": round(start),  # as custom_query_range sends them
-                "end": round(end),
-                "step": format_step(step),
-            },
-            verify=api._session.verify,
-            headers=api.headers,
-            auth=api.auth,
-            cert=api._session.cert,
-            timeout=api._timeout,
-        )
-        if answer.status_code != 200:
-            raise PrometheusApiClientException(
-                f"HTTP Status Code {answer.status_code} ({answer.content[:200]!r})"
-            )
-        return orjson.loads(answer.content)["data"]["result"]
-
-    return decode_fast(transport._call(request))
-
-
-def decode_fast(result: Any) -> list[Any]:
-    """Each series' `values` as (times, values) float arrays under `arrays`, which
-    `prometheus.decode_matrix` takes as they are; a malformed answer is left for it to
-    refuse with its own message."""
-    if not isinstance(result, list):
-        return result  # type: ignore[no-any-return]
-    for item in result:
-        values = item.get("values") if isinstance(item, dict) else None
-        if not isinstance(values, list):
-            continue
-        try:
-            pairs = np.array(values, dtype=object).reshape(len(values), 2)
-            item["arrays"] = (pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64))
-        except (ValueError, TypeError):
-            continue
-    return result
-
-
-def chunks(start: float, end: float, step: float) -> list[Chunk]:
-    """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds."""
-    out, size, last = [], math.floor(MAX_POINTS * step), math.floor(end)
+def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk]:
+    """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds; with
+    `pieces`, cut into at least that many (a backfill's parallel chunks)."""
+    out: list[Chunk] = []
+    size = math.floor(MAX_POINTS * step)
+    if pieces > 1:
+        size = max(1, min(size, math.ceil((math.floor(end) - math.floor(start)) / pieces)))
+    last = math.floor(end)
     t = math.floor(start)
     while True:
         chunk_end = min(last, t + size)
@@ -154,24 +124,6 @@ def chunks(start: float, end: float, step: float) -> list[Chunk]:
         t = chunk_end
 
 
-def grouped_template(template: str, by: Iterable[str]) -> str | None:
-    """`avg(X)` -> `avg by (L) (X)`; None when the template is not one aggregation."""
-    m = _AGGREGATE.match(template)
-    if m is None or "{matchers}" not in m.group(2) or not _balanced(m.group(2)):
-        return None
-    return f"{m.group(1)} by ({', '.join(by)}) ({m.group(2)})"
-
-
-def _balanced(inner: str) -> bool:
-    """The aggregation's own parentheses enclose all of `inner` (not `avg(a) / avg(b)`)."""
-    depth = 0
-    for ch in inner:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth < 0:
-            return False
-    return depth == 0
-
-
 class GroupedPrometheusMetrics(PrometheusMetrics):
     """Prometheus metrics read by a few grouped queries a tick, concurrently."""
 
@@ -179,6 +131,8 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         super().__init__(*args, **kwargs)
         self.queries_last_tick = 0
         self._count_lock = threading.Lock()
+        self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
+        self._head: tuple[Config, float] | None = None
 
     # ------------------------------------------------------------------ planning
 
@@ -190,73 +144,147 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         first = end - step * (size - 1)
         window = self.windows.get(key)
         if window is None or window.fetched_until is None:
-            return first, end
+            return self._head_start(first, end), end
         return max(first, window.fetched_until - self.config.prometheus.overlap), end
 
-    def _groups(self) -> tuple[list[_Group], list[tuple[str, str]]]:
-        """Grouped queries, and the (key, query) pairs that must be read one by one."""
+    def _head_start(self, first: float, end: float) -> float:
+        """Where a first read starts: `forecast.min_history` (the longest any target's
+        forecast asks for) plus `prometheus.overlap` before `end`, unless the window is
+        read whole (`prometheus.background_backfill` off)."""
+        if not self.config.prometheus.background_backfill:
+            return first
+        if self._head is None or self._head[0] is not self.config:
+            c = self.config
+            longest = max(
+                [c.forecast.min_history]
+                + [
+                    c.pool_section(p.name, "forecast", ForecastConfig).min_history
+                    for p in c.node_pools
+                ]
+                + [
+                    c.workload_section(w.key, "forecast", ForecastConfig).min_history
+                    for w in c.workloads
+                ]
+            )
+            self._head = (c, longest + c.prometheus.overlap)
+        return max(first, end - self._head[1])
+
+    def _first_start(
+        self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
+    ) -> float:
+        start = self._head_start(first, end)
+        if start > first:
+            self.backfill.note(key, Pending(self.windows[key], query, first, start, bounds))
+        return start
+
+    def _first_start_done(self, key: str) -> None:
+        self.backfill.pending.pop(key, None)
+
+    def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
+        return chunks(start, end, self.config.metrics.step, self._pieces)
+
+    @staticmethod
+    def _store(
+        answers: dict[AnswerKey, Answer], query: str, chunk: Chunk
+    ) -> Callable[[Answer], None]:
+        return partial(answers.__setitem__, (query, *chunk))
+
+    @property
+    def _pieces(self) -> int:
+        return self.config.prometheus.max_concurrent_queries
+
+    def _backfill_fetch(self, batch: Mapping[str, Pending]) -> dict[AnswerKey, Answer]:
+        """What the first reads left out: by the grouped queries, then one by one."""
+        spans = {k: (p.start, p.end) for k, p in batch.items()}
+        answers = self.prefetch(max(p.end for p in batch.values()), spans, self._pieces)
+        jobs = [
+            (p.query, chunk, self._store(answers, p.query, chunk))
+            for p in batch.values()
+            for chunk in self._backfill_cut(p.start, p.end)
+            if (p.query, *chunk) not in answers
+        ]
+        self._run(jobs, counted=False)
+        return answers
+
+    def _groups(self) -> tuple[list[_Group], list[tuple[str, str, bool]]]:
+        """Grouped queries, and the (key, query, instant) that must be read one by one."""
         q = self.config.prometheus.queries
         signals = [
-            ("util", q.pool_utilization),
-            ("stall", q.pool_stall),
-            ("fb_used", q.pool_memory_used),
-            ("fb_total", q.pool_memory_total),
+            ("util", q.pool_utilization, False),
+            ("stall", q.pool_stall, False),
+            ("fb_used", q.pool_memory_used, True),
+            ("fb_total", q.pool_memory_total, True),
         ]
         families: dict[str, list[tuple[str, str]]] = {}
-        single: list[tuple[str, str]] = []
+        single: list[tuple[str, str, bool]] = []
         for p in self.config.node_pools:
             if not p.metrics_matchers:
                 continue
             (label, value), *more = p.metrics_matchers.items()
             if more or label in HOSTNAME_LABELS:
                 single += [
-                    (f"pool:{p.name}:{s}", self._query_for(f"pool:{p.name}:{s}", t, p))
-                    for s, t in signals
+                    (key, build_query(t, p.metrics_matchers, self._lookback_of(key, i)), i)
+                    for s, t, i in signals
+                    for key in [f"pool:{p.name}:{s}"]
                 ]
             else:
                 families.setdefault(label, []).append((p.name, value))
         groups = []
         for label, pools in families.items():
-            regex = "|".join(re.escape(v) for _, v in pools)
-            for signal, template in signals:
-                grouped = grouped_template(template, [label])
-                per_target = {
-                    name: build_query(
-                        template, {label: value}, self.spacing.lookback(f"pool:{name}:{signal}")
-                    )
-                    for name, value in pools
-                }
-                # A series sampled coarser than the step (adapters/prometheus/spacing.py)
-                # needs its own lookback: it is read on its own.
-                coarse = {n for n, _ in pools if f"pool:{n}:{signal}" in self.spacing.measured}
-                single += [(f"pool:{n}:{signal}", per_target[n]) for n in sorted(coarse)]
-                if grouped is None:
-                    single += [
-                        (f"pool:{n}:{signal}", per_target[n]) for n, _ in pools if n not in coarse
-                    ]
-                    continue
-                matcher = f"{label}=~{escape_label_value(regex)}"
-                g = _Group(grouped.format(matchers=matcher, lookback=self._lookback), (label,))
-                for name, value in pools:
-                    if name not in coarse:
-                        g.targets[(value,)] = (f"pool:{name}:{signal}", per_target[name])
-                groups.append(g)
+            for signal, template, instant in signals:
+                group, alone = self._family_group(label, pools, signal, template, instant)
+                groups += [group] if group is not None else []
+                single += alone
         workload = self._workload_group()
         if workload is not None:
             groups.append(workload)
             covered = {key for key, _ in workload.targets.values()}
-            single += [t for t in self._workload_queries() if t[0] not in covered]
+            single += [(k, q, False) for k, q in self._workload_queries() if k not in covered]
         else:
-            single += self._workload_queries()
+            single += [(k, q, False) for k, q in self._workload_queries()]
         return groups, single
+
+    def _family_group(
+        self, label: str, pools: list[tuple[str, str]], signal: str, template: str, instant: bool
+    ) -> tuple[_Group | None, list[tuple[str, str, bool]]]:
+        """One signal's grouped query over a pool family, and the pools read on their own."""
+        key = {name: f"pool:{name}:{signal}" for name, _ in pools}
+        # A series sampled coarser than the step (adapters/prometheus/spacing.py) needs
+        # its own lookback: it is read on its own. Frame-buffer figures have their own
+        # fallback (`_newest_gib`) instead.
+        coarse = set() if instant else {n for n in key if key[n] in self.spacing.measured}
+        grouped = grouped_template(template, [label])
+        regex = "|".join(re.escape(v) for _, v in pools)
+        matcher = f"{label}=~{escape_label_value(regex)}"
+        if grouped is None:  # each pool read as `_fetch` / `_newest_gib` read it first
+            lookbacks = {n: self._lookback_of(key[n], instant) for n in key}
+            return None, [
+                (key[n], build_query(template, {label: v}, lookbacks[n]), instant) for n, v in pools
+            ]
+        group: _Group | None = None
+        # For the frame buffer, the group over metrics.staleness is built first: it is
+        # the fallback of the one over the step's lookback.
+        for lookback in reversed(self.memory_lookbacks) if instant else [self._lookback]:
+            per_target = {
+                n: build_query(
+                    template, {label: v}, lookback if instant else self._lookback_of(key[n], False)
+                )
+                for n, v in pools
+            }
+            g = _Group(
+                grouped.format(matchers=matcher, lookback=lookback), (label,), instant=instant
+            )
+            g.targets = {(v,): (key[n], per_target[n]) for n, v in pools if n not in coarse}
+            g.stale, group = group, g
+        return group, [(key[n], per_target[n], instant) for n in sorted(coarse)]
+
+    def _lookback_of(self, key: str, instant: bool) -> str:
+        return self.memory_lookbacks[0] if instant else self.spacing.lookback(key)
 
     @property
     def _lookback(self) -> str:
         """The lookback of a series sampled at the step (one not found coarser)."""
         return lookback_ms(self.config.metrics.step, None)
-
-    def _query_for(self, key: str, template: str, p: NodePoolConfig) -> str:
-        return build_query(template, p.metrics_matchers, self.spacing.lookback(key))
 
     def _workload_queries(self) -> list[tuple[str, str]]:
         """Each workload's own query, as `_fetch` builds it (a serving-demand preset's
@@ -291,52 +319,110 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
 
     # ------------------------------------------------------------------ fetching
 
-    def _query(self, query: str, chunk: Chunk) -> list[Any] | SourceError:
+    def _query(self, query: str, chunk: Chunk, counted: bool = True) -> list[Any] | SourceError:
         with self._count_lock:
-            self.queries_last_tick += 1
+            self.queries_last_tick += counted
         try:
+            if chunk[1] == INSTANT:
+                return fast_query(self.transport, query, chunk[0])
             return fast_query_range(
                 self.transport, query, chunk[0], chunk[1], self.config.metrics.step
             )
         except SourceError as e:
             return e
 
-    def prefetch(self, now: float) -> dict[AnswerKey, Answer]:
+    def prefetch(
+        self, now: float, spans: Mapping[str, tuple[float, float]] | None = None, pieces: int = 1
+    ) -> dict[AnswerKey, Answer]:
         """Every answer the tick's per-target reads will ask for, fetched concurrently:
-        the grouped queries first, then, one by one, what they did not cover."""
+        the grouped queries first, then, one by one, what they did not cover. With
+        `spans`, only those ranges of those targets' series, each cut into `pieces`
+        (the background backfill, `adapters/prometheus/backfill.py`)."""
         groups, single = self._groups()
         step = self.config.metrics.step
+        span_of = spans.get if spans is not None else lambda key: self._start(key, now)
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
+        instant = (math.floor(now / step) * step, INSTANT)
         for g in groups:
+            if g.instant:
+                members = [(values, query) for values, (_, query) in g.targets.items()]
+                if spans is None:
+                    jobs.append(
+                        (g.query, instant, partial(_split, g.by, members, instant, answers))
+                    )
+                continue
             by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
             for values, (key, query) in g.targets.items():
-                by_span.setdefault(self._start(key, now), []).append((values, query))
+                span = span_of(key)
+                if span is not None:
+                    by_span.setdefault(span, []).append((values, query))
             for span, members in by_span.items():
-                for chunk in chunks(*span, step):
+                for chunk in chunks(*span, step, pieces):
                     jobs.append((g.query, chunk, partial(_split, g.by, members, chunk, answers)))
-        self._run(jobs)
-        uncovered = single + [t for g in groups for t in g.targets.values()]
+        self._run(jobs, counted=spans is None)
+        if spans is None:
+            self._run(list(self._stale_jobs(groups, instant, answers)))
+        uncovered = single + [(*t, g.instant) for g in groups for t in g.targets.values()]
         jobs = [
             (query, chunk, partial(answers.__setitem__, (query, *chunk)))
-            for key, query in uncovered
-            for chunk in chunks(*self._start(key, now), step)
+            for key, query, is_instant in uncovered
+            for chunk in self._chunks(key, is_instant, span_of(key), instant, spans, pieces)
             if (query, *chunk) not in answers
         ]
-        self._run(jobs)
+        self._run(jobs, counted=spans is None)
         return answers
 
-    def _run(self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]]) -> None:
-        """The queries, at most `prometheus.max_concurrent_queries` at a time."""
+    def _chunks(
+        self,
+        key: str,
+        is_instant: bool,
+        span: tuple[float, float] | None,
+        instant: Chunk,
+        spans: Mapping[str, tuple[float, float]] | None,
+        pieces: int,
+    ) -> list[Chunk]:
+        if is_instant:
+            return [instant] if spans is None else []
+        return [] if span is None else chunks(*span, self.config.metrics.step, pieces)
+
+    @staticmethod
+    def _stale_jobs(
+        groups: list[_Group], instant: Chunk, answers: dict[AnswerKey, Answer]
+    ) -> Iterable[tuple[str, Chunk, Callable[[Answer], None]]]:
+        """The frame-buffer groups' second tries, for the pools their first found empty."""
+        for g in groups:
+            if g.stale is None:
+                continue
+            empty = {v for v, (_, q) in g.targets.items() if answers.get((q, *instant)) == []}
+            members = [(v, q) for v, (_, q) in g.stale.targets.items() if v in empty]
+            if members:
+                yield g.stale.query, instant, partial(_split, g.by, members, instant, answers)
+
+    def _run(
+        self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]], counted: bool = True
+    ) -> None:
+        """The queries, at most `prometheus.max_concurrent_queries` at a time; those of
+        the background backfill are not counted in `queries_last_tick`."""
         if not jobs:
             return
         workers = min(self.config.prometheus.max_concurrent_queries, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
-            futures = [(pool.submit(self._query, q, c), store) for q, c, store in jobs]
+            futures = [(pool.submit(self._query, q, c, counted), store) for q, c, store in jobs]
             for future, store in futures:
                 store(future.result())
 
+    def after_tick(self) -> None:
+        """The first reads' backfill starts once the tick is done, so it does not slow
+        the tick's forecast (a reader not told starts it at its next read)."""
+        self.backfill.start()
+
     def read(self, now: float) -> Metrics:
+        # The rest of the windows joins at the next tick: a backfill still running (ticks
+        # closer than it takes) is waited for, at most one request's timeout.
+        self.backfill.wait(timeout=self.config.prometheus.timeout)
+        self.backfill.apply(self.windows)
+        self.backfill.start()
         self.queries_last_tick = 0
         real = self.transport
         answers = self.prefetch(now)
@@ -357,7 +443,8 @@ def _split(
     result: Answer,
 ) -> None:
     """One grouped answer cut into the per-target answers it holds; a failed one stores
-    nothing, so each target is asked on its own."""
+    nothing, so each target is asked on its own. An instant answer is complete: a pool
+    it does not hold has no sample in its lookback, so its own query would be empty."""
     if isinstance(result, SourceError) or not isinstance(result, list):
         return
     by_values = {}
@@ -368,3 +455,5 @@ def _split(
         item = by_values.get(values)
         if item is not None:
             answers[(query, *chunk)] = [item]
+        elif chunk[1] == INSTANT:
+            answers[(query, *chunk)] = []

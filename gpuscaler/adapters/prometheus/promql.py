@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
@@ -79,3 +79,24 @@ def build_workload_query(template: str, namespace: str, name: str, lookback: str
 def format_step(seconds: float) -> str:
     """A query_range step Prometheus accepts: float seconds ('0.5'), never '0.5s'."""
     return f"{seconds:g}"
+
+
+_AGGREGATE = re.compile(r"^\s*(avg|sum|max|min)\s*\((.*)\)\s*$", re.S)
+
+
+def grouped_template(template: str, by: Iterable[str]) -> str | None:
+    """`avg(X)` -> `avg by (L) (X)`; None when the template is not one aggregation."""
+    m = _AGGREGATE.match(template)
+    if m is None or "{matchers}" not in m.group(2) or not _balanced(m.group(2)):
+        return None
+    return f"{m.group(1)} by ({', '.join(by)}) ({m.group(2)})"
+
+
+def _balanced(inner: str) -> bool:
+    """The aggregation's own parentheses enclose all of `inner` (not `avg(a) / avg(b)`)."""
+    depth = 0
+    for ch in inner:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0

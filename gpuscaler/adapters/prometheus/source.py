@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
-from gpuscaler.adapters.prometheus.spacing import SpacingTracker
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker, lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
     LOAD,
@@ -26,6 +26,7 @@ from gpuscaler.adapters.prometheus.window import (
     PERCENT,
     Window,
     decode_matrix,
+    decode_vector,
     out_of_range,
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
@@ -124,29 +125,18 @@ class PrometheusMetrics:
         end = math.floor(now / step) * step
         window.advance(end)
         first = end - step * (size - 1)
-        start = first
         if window.fetched_until is not None:
             start = max(first, window.fetched_until - self.config.prometheus.overlap)
-        had_bad = False
-        absurd: str | None = None
-        got_any = False
-        chunk = math.floor(MAX_POINTS * step)
-        last = math.floor(end)  # the client sends whole seconds
+        else:
+            start = self._first_start(key, query, first, end, bounds)
         try:
-            t = math.floor(start)
-            while True:
-                chunk_end = min(last, t + chunk)
-                times, values, bad = decode_matrix(
-                    self.transport.query_range(query, t, chunk_end, step)
-                )
-                absurd = absurd or out_of_range(values, bounds)
-                values[(values < bounds[0]) | (values > bounds[1])] = np.nan
-                window.write(times, values)
-                had_bad |= bad
-                got_any |= times.size > 0
-                if chunk_end >= last:
-                    break
-                t = chunk_end  # chunks share their edge sample: none is skipped
+            had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            if start > first and window.series().last_sample_time() is None:
+                # Nothing in a first read's head: the rest now, not behind, so that a
+                # silent series is told stale (or absent) on this very tick.
+                self._first_start_done(key)
+                more = self._read_span(window, query, first, start, bounds)
+                had_bad, absurd, got_any = had_bad or more[0], absurd or more[1], got_any or more[2]
         except SourceError as e:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
@@ -160,21 +150,80 @@ class PrometheusMetrics:
             return window.series(), "empty result: no series matches"
         return window.series(), None
 
+    def _read_span(
+        self, window: Window, query: str, start: float, end: float, bounds: tuple[float, float]
+    ) -> tuple[bool, str | None, bool]:
+        """Samples from `start` to `end` into the window, in chunks under the points
+        limit: (had NaN/Inf, the first out-of-range problem, got any sample)."""
+        step = self.config.metrics.step
+        had_bad = False
+        absurd: str | None = None
+        got_any = False
+        chunk = math.floor(MAX_POINTS * step)
+        last = math.floor(end)  # the client sends whole seconds
+        t = math.floor(start)
+        while True:
+            chunk_end = min(last, t + chunk)
+            times, values, bad = decode_matrix(
+                self.transport.query_range(query, t, chunk_end, step)
+            )
+            absurd = absurd or out_of_range(values, bounds)
+            values[(values < bounds[0]) | (values > bounds[1])] = np.nan
+            window.write(times, values)
+            had_bad |= bad
+            got_any |= times.size > 0
+            if chunk_end >= last:
+                return had_bad, absurd, got_any
+            t = chunk_end  # chunks share their edge sample: none is skipped
+
+    def _first_start(
+        self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
+    ) -> float:
+        """Where a window's first read starts: the whole window here (a reader that
+        backfills in the background starts later and fetches the rest behind)."""
+        return first
+
+    def _first_start_done(self, key: str) -> None:
+        """The rest of `key`'s window was read at once: nothing to read behind."""
+
     def _newest_gib(
         self, key: str, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
         """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
-        (or not recently): memory then bounds fragments by the config alone. A failing
-        query is still a problem."""
-        series, problem = self._fetch(
-            key, lambda lookback: build_query(template, matchers, lookback), now, MEMORY_MIB
-        )
-        if problem is not None and not problem.startswith("empty result"):
-            return None, problem
-        last = series.last_sample_time() if series is not None else None
-        if series is None or last is None or now - last > self.config.metrics.staleness:
+        (or not within `metrics.staleness`): memory then bounds fragments by the config
+        alone. A failing query is still a problem.
+
+        Only the newest figure is used, so no window is kept (issue 18): an instant query
+        at the grid's end over the step's lookback, and only when that finds nothing (a
+        scrape interval longer than the step, a lagging scrape) again over
+        `metrics.staleness`. Prometheus' cost grows with the samples in the lookback, so
+        each is cheap where it is used."""
+        step = self.config.metrics.step
+        at = math.floor(now / step) * step
+        value: float | None = None
+        bad = False
+        try:
+            for lookback in self.memory_lookbacks:
+                query = build_query(template, matchers, lookback)
+                value, bad = decode_vector(self.transport.query(query, at))
+                if value is not None or bad:
+                    break
+        except SourceError as e:
+            self._transport_errors.append(f"{key}: {e}")
+            return None, str(e)
+        if bad:
+            return None, "NaN or Inf in the newest samples"
+        if value is None:
             return None, None
-        return float(series.values[np.isfinite(series.values)][-1]) / 1024, None
+        absurd = out_of_range(np.array([value]), MEMORY_MIB)
+        return (None, absurd) if absurd else (value / 1024, None)
+
+    @property
+    def memory_lookbacks(self) -> tuple[str, str]:
+        """The frame-buffer queries' lookbacks: that of a series sampled at the step,
+        then `metrics.staleness` (a GPU's figure counts while fresher than that)."""
+        stale = f"{max(1, math.ceil(self.config.metrics.staleness * 1000))}ms"
+        return lookback_ms(self.config.metrics.step, None), stale
 
     def reconfigure(self, config: Config) -> None:
         """Use `config` from the next tick: windows of targets no longer configured are

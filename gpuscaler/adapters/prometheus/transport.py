@@ -102,9 +102,11 @@ class Transport:
             )
         )
 
-    def query(self, query: str) -> list[Any]:
-        """An instant query (the scheduler extender's grouped GPU-memory read)."""
-        return self._call(lambda: self.client.custom_query(query))
+    def query(self, query: str, time: float | None = None) -> list[Any]:
+        """An instant query, at `time` when given (the scheduler extender's grouped
+        GPU-memory read; the tick's newest frame-buffer figures)."""
+        params = {} if time is None else {"time": f"{time:.3f}"}
+        return self._call(lambda: self.client.custom_query(query, params=params))
 
     def _call(self, request: Callable[[], Any]) -> list[Any]:
         """`data.result` of one request, every failure a SourceError without secrets."""

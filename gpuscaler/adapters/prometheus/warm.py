@@ -100,6 +100,8 @@ class WarmStart:
     def after_tick(self, now: float) -> None:
         if self._saved_at is not None and now - self._saved_at < self.every:
             return
+        if getattr(self.source, "backfilling", False):
+            return  # windows missing their older part would be restored as complete
         try:
             save_windows(self.source, self.path)
             self._saved_at = now

@@ -45,7 +45,7 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     item = result[0]
     if not isinstance(item, dict) or not isinstance(item.get("values"), list):
         raise SourceError("result item has no values list")
-    if "arrays" in item:  # issue 18: decoded already (grouped.decode_fast)
+    if "arrays" in item:  # issue 18: decoded already (fast.decode_fast)
         times, values = item["arrays"]
         bad = ~np.isfinite(values)
         values = values.copy()
@@ -59,6 +59,26 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     bad = ~np.isfinite(values)
     values[bad] = np.nan
     return times, values, bool(bad.any())
+
+
+def decode_vector(result: Any) -> tuple[float | None, bool]:
+    """(value, non_finite) of a single-series instant-vector result; None when empty,
+    several series refused."""
+    if not isinstance(result, list):
+        raise SourceError("data.result is not a list")
+    if len(result) == 0:
+        return None, False
+    if len(result) > 1:
+        raise SourceError(f"query returned {len(result)} series, expected one aggregate")
+    item = result[0]
+    sample = item.get("value") if isinstance(item, dict) else None
+    if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str)):
+        raise SourceError('the sample is not [timestamp, "value"]')
+    try:
+        value = float(sample[1])
+    except ValueError:
+        raise SourceError(f"the sample value {sample[1][:20]!r} is not a number") from None
+    return (value, False) if np.isfinite(value) else (None, True)
 
 
 # --------------------------------------------------------------------------- window
