@@ -126,6 +126,9 @@ class ClusterSource:
     def after_tick(self) -> None:
         self.prometheus.after_tick()
 
+    def close(self) -> None:
+        self.prometheus.close()
+
     def observe(self, now: float) -> Observations:
         raw = self.prometheus.observe(now)  # reads the cluster first
         if not self.prometheus.config.preemption.enabled:
@@ -222,6 +225,9 @@ class ClusterController:
             self.elector.stop()
         if self.cache is not None:
             self.cache.stop()
+        close = getattr(self.controller.source, "close", None)
+        if close is not None:
+            close()  # the background backfill
 
 
 def cluster_controller(

@@ -78,6 +78,9 @@ class Controller:
         self.dry_run = config.control.dry_run if dry_run is None else dry_run
         self.is_leader: Callable[[], bool] = is_leader or (lambda: True)
         """Standbys observe and plan (their forecasts stay warm) but never act."""
+        self.serves_floors = False
+        """Set when KEDA's external scaler answers from this replica's plan: a standby
+        then ticks every interval too, or its floors would go stale (and neutral)."""
         self.before_tick: list[Callable[[], object]] = []
         """Run first in every tick: config reload, workload discovery."""
         self.history = History()
@@ -117,9 +120,10 @@ class Controller:
 
     def due(self, now: float) -> bool:
         """Whether a tick is due at `now`: always for a leader (or a dry run); for a
-        standby once per `kubernetes.lease.standby_interval` (issue 18)."""
+        standby once per `kubernetes.lease.standby_interval` (issue 18), unless it serves
+        the external scaler's floors (KEDA may ask either replica)."""
         last = self.stats.last_success
-        if self.mode() != "standby" or last is None:
+        if self.mode() != "standby" or last is None or self.serves_floors:
             return True
         if now - last >= self.config.kubernetes.lease.standby_interval:
             return True

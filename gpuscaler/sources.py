@@ -122,6 +122,12 @@ class PrometheusSource:
         if after_tick is not None:
             after_tick()
 
+    def close(self) -> None:
+        """Stops what runs behind the ticks (the grouped reads' background backfill)."""
+        close = getattr(self.metrics, "close", None)
+        if close is not None:
+            close()
+
 
 class GroupedPrometheusSource(PrometheusSource):
     """A PrometheusSource whose metrics come from a few grouped queries a tick (issue 18)."""

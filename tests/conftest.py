@@ -102,13 +102,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Contr
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
-    plane = cp.ControlPlane(tmp_path_factory.mktemp("controlplane"))
-    try:
-        plane.start()
-        plane.start_controller_manager()
+    with cp.running(cp.ControlPlane(tmp_path_factory.mktemp("controlplane"))) as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -359,6 +359,17 @@ class ControlPlane:
         return write_kubeconfig(
             path, self.url, self.ca_file, {"token": self.token(namespace, service_account)}
         )
+
+
+@contextlib.contextmanager
+def running(plane: ControlPlane) -> Iterator[ControlPlane]:
+    """`plane` started with its controller-manager, and stopped by PID when done."""
+    try:
+        plane.start()
+        plane.start_controller_manager()
+        yield plane
+    finally:
+        plane.stop()
 
 
 def _insecure() -> ssl.SSLContext:

@@ -133,3 +133,16 @@ def test_a_standby_ticks_at_its_own_lower_rate_and_a_leader_every_interval() -> 
     loop = ControlLoop(controller, interval=0.02, clock=lambda: float(next(clock)), max_ticks=5)
     loop.run(install_signal_handlers=False)
     assert source.calls == 5 and controller.stats.last_success == 300.0  # 270 and 300 s
+
+
+def test_a_standby_that_serves_the_external_scalers_floors_ticks_every_interval() -> None:
+    """KEDA may ask the standby (tests/test_extscaler_live.py): its floors must not go
+    older than external_scaler.max_age (3 intervals), so it does not slow down."""
+    source = SlowSource(delay=0.0)
+    cfg = config("control: {interval: 30s}\nkubernetes: {lease: {standby_interval: 120s}}\n")
+    controller = Controller(cfg, source, NoActuator(), dry_run=False, is_leader=lambda: False)
+    controller.serves_floors = True
+    clock = iter(range(0, 100_000, 30))
+    loop = ControlLoop(controller, interval=0.02, clock=lambda: float(next(clock)), max_ticks=3)
+    loop.run(install_signal_handlers=False)
+    assert source.calls == 3 and controller.stats.last_success == 60.0  # at 0, 30, 60 s

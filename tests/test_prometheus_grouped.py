@@ -18,7 +18,7 @@ from promserver import STEP, binaries, planted_window, prometheus, shipped_rules
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
 from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.grouped import chunks
+from gpuscaler.adapters.prometheus.memo import chunks
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import Window

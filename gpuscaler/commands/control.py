@@ -95,6 +95,9 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
 
 def cmd_once(args: argparse.Namespace) -> int:
     config = config_or_exit(args.config)
+    # One tick decides: it reads its whole window first, with nothing left behind it.
+    prometheus = config.prometheus.model_copy(update={"background_backfill": False})
+    config = config.model_copy(update={"prometheus": prometheus})
     controller, _ = _controller(args, config)
     result = controller.tick(time.time())
     for d in result.plan.decisions:

@@ -86,5 +86,6 @@ def attach(
     prometheus = controller.source.prometheus
     prometheus.state = served_state(prometheus.state, board, lambda: parts.reader.last_objects)
     controller.stats.listeners.append(board.on_tick)
+    controller.serves_floors = True  # a standby's floors must stay fresh: it ticks too
     metrics = ExternalScalerMetrics(registry)
     return serve(board, port, host or cfg.host, cfg.workers, cfg.stream_interval, metrics)

@@ -30,10 +30,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cp.Contr
         )
     workdir = tmp_path_factory.mktemp("controlplane")
     (workdir / "pki").mkdir()
-    plane = cp.ControlPlane(workdir, apiserver_args=aggregation_flags(workdir / "pki"))
-    try:
-        plane.start()
-        plane.start_controller_manager()
+    flags = aggregation_flags(workdir / "pki")
+    with cp.running(cp.ControlPlane(workdir, apiserver_args=flags)) as plane:
         yield plane
-    finally:
-        plane.stop()

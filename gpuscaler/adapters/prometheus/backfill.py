@@ -53,6 +53,13 @@ class Backfill:
         self.pending: dict[str, Pending] = {}
         self._thread: threading.Thread | None = None
         self._result: tuple[dict[str, Pending], Answers] | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """The process stops: nothing more is started, and a fetch still running that
+        fails for it (its connection pool gone) is not reported as a failure."""
+        self._closed = True
+        self.pending.clear()
 
     def note(self, key: str, pending: Pending) -> None:
         self.pending[key] = pending
@@ -63,14 +70,17 @@ class Backfill:
 
     def start(self) -> None:
         """Fetch what is pending, unless a fetch is still running."""
-        if not self.pending or self._thread is not None:
+        if not self.pending or self._thread is not None or self._closed:
             return
         batch, self.pending = self.pending, {}
 
         def run() -> None:
             try:
                 answers = self.fetch(batch)
-            except Exception:  # a thread's failure must not be silent: asked again
+            except Exception as e:  # a thread's failure must not be silent: asked again
+                if self._closed:
+                    log.info("backfill stopped with the process: %s", e)
+                    return
                 log.exception("backfill failed; asked again next tick")
                 answers = {}
             self._result = (batch, answers)

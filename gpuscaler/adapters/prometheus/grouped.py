@@ -35,6 +35,14 @@ from typing import Any
 
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
 from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
+from gpuscaler.adapters.prometheus.memo import (
+    INSTANT,
+    Answer,
+    AnswerKey,
+    Chunk,
+    MemoTransport,
+    chunks,
+)
 from gpuscaler.adapters.prometheus.promql import (
     HOSTNAME_LABELS,
     build_query,
@@ -42,9 +50,9 @@ from gpuscaler.adapters.prometheus.promql import (
     escape_label_value,
     grouped_template,
 )
-from gpuscaler.adapters.prometheus.source import MAX_POINTS, Metrics, PrometheusMetrics
+from gpuscaler.adapters.prometheus.source import Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
-from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.config import Config, ForecastConfig
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
@@ -53,13 +61,6 @@ WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
 """The per-target workload query the rule stands for; a custom template is read per
 target, since the rule cannot know what it computes."""
-
-Chunk = tuple[float, float]
-"""A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
-INSTANT = math.inf
-AnswerKey = tuple[str, float, float]
-Answer = list[Any] | SourceError
-"""A query's `data.result`, or the error it failed with (raised when `_fetch` asks)."""
 
 
 @dataclass
@@ -75,53 +76,6 @@ class _Group:
     stale: _Group | None = None
     """An instant group's second try, over `metrics.staleness`, for the targets the
     first (over the step's lookback) found nothing of (`_newest_gib`)."""
-
-
-class MemoTransport:
-    """Answers prefetched for this tick, else the real transport (and counts those)."""
-
-    def __init__(self, real: Transport, answers: Mapping[AnswerKey, Answer]):
-        self.real = real
-        self.answers = answers
-        self.fallbacks = 0
-
-    def query_range(self, query: str, start: float, end: float, step: float) -> list[Any]:
-        found = self.answers.get((query, int(start), int(end)))
-        if isinstance(found, SourceError):
-            raise found
-        if found is not None:
-            return found
-        self.fallbacks += 1
-        return fast_query_range(self.real, query, start, end, step)
-
-    def query(self, query: str, time: float | None = None) -> list[Any]:
-        found = self.answers.get((query, time, INSTANT)) if time is not None else None
-        if isinstance(found, SourceError):
-            raise found
-        if found is not None:
-            return found
-        self.fallbacks += 1
-        return self.real.query(query, time)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-
-def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk]:
-    """The (start, end) pairs `PrometheusMetrics._fetch` asks for, in whole seconds; with
-    `pieces`, cut into at least that many (a backfill's parallel chunks)."""
-    out: list[Chunk] = []
-    size = math.floor(MAX_POINTS * step)
-    if pieces > 1:
-        size = max(1, min(size, math.ceil((math.floor(end) - math.floor(start)) / pieces)))
-    last = math.floor(end)
-    t = math.floor(start)
-    while True:
-        chunk_end = min(last, t + size)
-        out.append((t, chunk_end))
-        if chunk_end >= last:
-            return out
-        t = chunk_end
 
 
 class GroupedPrometheusMetrics(PrometheusMetrics):
@@ -416,6 +370,9 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         """The first reads' backfill starts once the tick is done, so it does not slow
         the tick's forecast (a reader not told starts it at its next read)."""
         self.backfill.start()
+
+    def close(self) -> None:
+        self.backfill.close()
 
     def read(self, now: float) -> Metrics:
         # The rest of the windows joins at the next tick: a backfill still running (ticks
