@@ -101,8 +101,11 @@ def _scenario(api: client.ApiClient, fake: FakeCluster, monkeypatch: pytest.Monk
     elector.step()  # get, update
     elector.release()
     parts = cluster_controller(CONFIG, api, dry_run=True, config_path="/nonexistent/config.yaml")
-    assert parts.reloader is not None
-    parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+    try:
+        assert parts.reloader is not None
+        parts.reloader.on_refused(ConfigError("c.yaml", ["x: bad"]))  # the refusal Event
+    finally:
+        parts.stop()  # its watch cache's threads end with the test
     _preemption(api, fake)
 
 

@@ -85,7 +85,7 @@ def _project(kube: Kube, ns: str, name: str, volume: Path) -> Path:
 
 
 def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event_and_discovers_workloads(
-    kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     home, ml = kube.namespace(), kube.namespace()
     monkeypatch.setenv("POD_NAME", "gpuscaler-abc")
@@ -116,6 +116,7 @@ def test_the_running_controller_reloads_a_configmap_update_refuses_with_an_event
     volume = _project(kube, home, "gpuscaler-config", tmp_path / "config")
     path = volume / "gpuscaler.yaml"
     parts = cluster_controller(load_config(path), kube.api, dry_run=True, config_path=str(path))
+    request.addfinalizer(parts.stop)  # also when an assertion fails: the cache's threads end
     metrics = ControllerMetrics()
     metrics.attach(parts.controller)
     metrics.attach_cluster(parts)

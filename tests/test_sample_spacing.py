@@ -179,8 +179,11 @@ def test_coarse_samples_become_an_event_on_the_controllers_pod_and_a_metric(
     parts = cluster_controller(config, kube.api, dry_run=True, leader_election=False)
     metrics = ControllerMetrics()
     metrics.attach(parts.controller)
-    parts.controller.tick(end + 1)
-    parts.controller.tick(end + 31)
+    try:
+        parts.controller.tick(end + 1)
+        parts.controller.tick(end + 31)
+    finally:
+        parts.stop()  # its watch cache's threads end with the test
     events = [
         e
         for e in kube.get(f"/apis/events.k8s.io/v1/namespaces/{home}/events")["items"]
