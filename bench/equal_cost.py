@@ -188,6 +188,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two windows per 2024 trace")
+    parser.add_argument(
+        "--only", metavar="LABEL", action="append", help="run only this window (repeatable)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="windows run in parallel")
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
     parser.add_argument(
@@ -203,7 +206,9 @@ def main() -> None:
     if args.rejudge:
         rows = [judge(r) for r in json.loads(Path(args.rejudge).read_text())]
     else:
-        todo = windows(args.quick)
+        todo = [w for w in windows(args.quick) if not args.only or w[0] in args.only]
+        if not todo:
+            parser.error(f"no window named {args.only}: {[w[0] for w in windows(False)]}")
         curves: dict[str, Any] = {}
         if args.baselines_from:
             curves = {

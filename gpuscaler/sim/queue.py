@@ -21,15 +21,20 @@ import numpy as np
 from gpuscaler.core.model import FloatArray
 
 
-def lindley(q0: float, work: FloatArray, service: FloatArray) -> tuple[FloatArray, FloatArray]:
+def lindley(
+    q0: float | FloatArray, work: FloatArray, service: FloatArray
+) -> tuple[FloatArray, FloatArray]:
     """Queue left at the end of each slot and work served in it, from `q0` queued
-    before the first slot, `work` arriving and `service` capacity in each slot."""
+    before the first slot, `work` arriving and `service` capacity in each slot. Several
+    queues at once: `q0` of shape (queues,), `service` of shape (queues, slots) (`work`
+    broadcast against it), the answers of shape (queues, slots)."""
     if work.size == 0:
         return np.zeros(0), np.zeros(0)
-    s = np.cumsum(work - service)
-    queue = s - np.minimum(-q0, np.minimum.accumulate(s))
+    q = np.asarray(q0, dtype=np.float64)[..., None]
+    s = np.cumsum(work - service, axis=-1)
+    queue = s - np.minimum(-q, np.minimum.accumulate(s, axis=-1))
     queue = np.maximum(queue, 0.0)  # rounding only
-    before = np.concatenate(([q0], queue[:-1]))
+    before = np.concatenate((np.broadcast_to(q, (*queue.shape[:-1], 1)), queue[..., :-1]), -1)
     served = before + work - queue
     return queue, served
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuscaler.config import ReplicasConfig, SimulatorConfig
 from gpuscaler.core.model import FloatArray
-from gpuscaler.core.replicas import hpa_desired
 
 
 class RecordedLoad(Protocol):
@@ -61,6 +61,8 @@ FFT_TOP = 8
 """Frequencies kept from the last hour's spectrum."""
 RECENT_MAX = 300.0
 """The predictive floor never forecasts below the max of the last 5 minutes."""
+STABILIZATION = 300.0
+"""The HPA's scale-down stabilization window: the highest recommendation of the last 300 s."""
 
 
 def fft_peak(history: FloatArray, ahead: int, top: int = FFT_TOP) -> float:
@@ -76,6 +78,124 @@ def fft_peak(history: FloatArray, ahead: int, top: int = FFT_TOP) -> float:
     fit = np.fft.irfft(spec, n)
     path = mean + fit[np.arange(ahead) % n]  # the fit repeats with period n
     return float(path.max())
+
+
+def rate_load(requests: FloatArray, slot: float, gpu_seconds_per_request: float) -> float:
+    """KEDA's rate(requests[1m]) as GPU load in percent of one GPU, from the requests of
+    the last minute's slots."""
+    seconds = max(len(requests), 1) * slot
+    return 100.0 * float(requests.sum()) / seconds * gpu_seconds_per_request
+
+
+def predicted_load(demand: FloatArray, slot: float, horizon: float) -> float:
+    """The predictive floor's load from the last hour of demand (percent of one GPU):
+    max(peak of the FFT forecast over the horizon, max of the last 5 minutes), both on
+    10 s means (one slot when slots are coarser)."""
+    width = max(1, round(FFT_BUCKET / slot))
+    bucket = width * slot
+    usable = len(demand) // width * width
+    if usable < 6 * width:
+        return float(demand.mean()) if demand.size else 0.0
+    buckets = demand[len(demand) - usable :].reshape(-1, width).mean(axis=1)
+    # Max of the last 5 minutes of 10 s means, as a metrics pipeline scrapes them.
+    recent = float(buckets[-max(1, round(RECENT_MAX / bucket)) :].max())
+    peak = fft_peak(buckets, max(1, round(horizon / bucket)))
+    return max(peak, recent)
+
+
+def _windows(values: FloatArray, ends: IntArray, length: int) -> FloatArray:
+    """values[e - length : e] for each end `e` (all at least `length`), as the rows of a
+    C-ordered array: each row sums as the lone slice does."""
+    return np.asarray(values[ends[:, None] - length + np.arange(length)], dtype=np.float64)
+
+
+def rate_loads(
+    requests: FloatArray, cursors: IntArray, slot: float, gpu_seconds_per_request: float
+) -> FloatArray:
+    """`rate_load` of the last minute before each cursor, for many cursors at once."""
+    length = round(RATE_WINDOW / slot)
+    out = np.empty(len(cursors))
+    full = cursors >= length
+    for i in np.flatnonzero(~full):
+        window = requests[max(0, cursors[i] - length) : cursors[i]]
+        out[i] = rate_load(window, slot, gpu_seconds_per_request)
+    for chunk in np.array_split(np.flatnonzero(full), max(1, int(full.sum()) // CHUNK)):
+        sums = _windows(requests, cursors[chunk], length).sum(axis=1)
+        out[chunk] = 100.0 * sums / (max(length, 1) * slot) * gpu_seconds_per_request
+    return out
+
+
+CHUNK = 2048
+"""Cursors batched per array operation (bounds the memory of a week's windows)."""
+
+
+def predicted_loads(
+    demand: FloatArray, cursors: IntArray, slot: float, horizon: float
+) -> FloatArray:
+    """`predicted_load` of the last hour of demand before each cursor, for many cursors
+    at once: the full hours as one FFT per chunk of cursors, row by row as the lone
+    forecast computes it (the same operations, so the same bits)."""
+    length = round(FFT_HISTORY / slot)
+    width = max(1, round(FFT_BUCKET / slot))
+    usable = length // width * width
+    out = np.empty(len(cursors))
+    full = (cursors >= length) & (usable >= 6 * width)
+    for i in np.flatnonzero(~full):
+        window = demand[max(0, cursors[i] - length) : cursors[i]]
+        out[i] = predicted_load(window, slot, horizon)
+    bucket = width * slot
+    ahead = max(1, round(horizon / bucket))
+    recent = max(1, round(RECENT_MAX / bucket))
+    for residue in np.unique(cursors[full] % width):
+        # The 10 s means of the blocks ending at cursors of this residue, once for all.
+        blocks = (len(demand) - residue) // width
+        means = demand[residue : residue + blocks * width].reshape(-1, width).mean(axis=1)
+        rows = np.flatnonzero(full & (cursors % width == residue))
+        for chunk in np.array_split(rows, max(1, len(rows) // CHUNK)):
+            buckets = _windows(means, (cursors[chunk] - residue) // width, usable // width)
+            peaks = fft_peaks(buckets, ahead)
+            out[chunk] = np.maximum(peaks, buckets[:, -recent:].max(axis=1))
+    return out
+
+
+def fft_peaks(histories: FloatArray, ahead: int, top: int = FFT_TOP) -> FloatArray:
+    """`fft_peak` of each row of `histories`."""
+    n = histories.shape[1]
+    mean = histories.mean(axis=1)
+    spec = np.fft.rfft(histories - mean[:, None], axis=1)
+    spec[:, 0] = 0.0
+    if spec.shape[1] > top + 1:
+        weakest = np.argsort(np.abs(spec), axis=1)[:, : spec.shape[1] - top]
+        np.put_along_axis(spec, weakest, 0.0, axis=1)
+    fit = np.fft.irfft(spec, n, axis=1)
+    return np.asarray((mean[:, None] + fit[:, np.arange(ahead) % n]).max(axis=1))
+
+
+IntArray = npt.NDArray[np.int64]
+
+
+def desired_replicas(
+    load: FloatArray | float,
+    share: float,
+    current: IntArray | int,
+    ready: IntArray | int,
+    target: FloatArray | float,
+    tolerance: float,
+) -> IntArray:
+    """The HPA's answer for `load` (percent of one GPU): `current` while the ratio to the
+    `ready` replicas' use at `target` is within the tolerance (and all are ready), else
+    the HPA formula. Elementwise over arrays of runs."""
+    ratio = load / (share * np.maximum(ready, 1) * target)
+    hold = (np.abs(ratio - 1) <= tolerance) & (ready == current)
+    formula = np.ceil(load / (share * np.asarray(target)) - 1e-9)
+    return np.where(hold, current, formula).astype(np.int64)
+
+
+def bounded(desired: IntArray | int, current: IntArray | int, cfg: ReplicasConfig) -> IntArray:
+    """`desired` within the replica bounds and the HPA's scale-up limit (max(2x, +4))."""
+    desired = np.maximum(cfg.min_replicas, np.minimum(cfg.max_replicas, desired))
+    limit = np.maximum(2 * np.asarray(current), np.asarray(current) + HPA_SCALE_UP_PODS)
+    return np.asarray(np.minimum(desired, limit), dtype=np.int64)
 
 
 @dataclass
@@ -95,58 +215,36 @@ class Scaler:
         finite = window[np.isfinite(window)]
         return float(finite.mean()) if finite.size else None
 
-    def _rate_load(self, cluster: SimulatedCluster) -> float:
-        counts = cluster.recent(cluster.rec.requests, RATE_WINDOW)
-        seconds = max(len(counts), 1) * cluster.slot
-        return 100.0 * float(counts.sum()) / seconds * cluster.sim.gpu_seconds_per_request
-
     def _predicted_load(self, cluster: SimulatedCluster) -> float:
+        demand = cluster.recent(cluster.rec.demand_pct, FFT_HISTORY)
         if self.predicted is None:
-            return self._predict(cluster)
+            return predicted_load(demand, cluster.slot, self.horizon)
         at = cluster.cursor
         if at not in self.predicted:
-            self.predicted[at] = self._predict(cluster)
+            self.predicted[at] = predicted_load(demand, cluster.slot, self.horizon)
         return self.predicted[at]
-
-    def _predict(self, cluster: SimulatedCluster) -> float:
-        demand = cluster.recent(cluster.rec.demand_pct, FFT_HISTORY)
-        width = max(1, round(FFT_BUCKET / cluster.slot))
-        bucket = width * cluster.slot  # 10 s, or one slot when slots are coarser
-        usable = len(demand) // width * width
-        if usable < 6 * width:
-            return float(demand.mean()) if demand.size else 0.0
-        buckets = demand[len(demand) - usable :].reshape(-1, width).mean(axis=1)
-        # Max of the last 5 minutes of 10 s means, as a metrics pipeline scrapes them.
-        recent = float(buckets[-max(1, round(RECENT_MAX / bucket)) :].max())
-        peak = fft_peak(buckets, max(1, round(self.horizon / bucket)))
-        return max(peak, recent)
-
-    def _desired(self, load: float, share: float, current: int, ready: int) -> int:
-        ratio = load / (share * max(ready, 1) * self.target_pct)
-        if abs(ratio - 1) <= self.cfg.tolerance and ready == current:
-            return current
-        return hpa_desired(load, share, self.target_pct)
 
     def step(self, cluster: SimulatedCluster, now: float) -> int:
         """Replicas this scaler asks for now (before any floor)."""
-        cfg = self.cfg
         share = cluster.share()
         current = cluster.spec_count()
         ready = cluster.ready_count(now)
         wants: list[int] = []
+        target, tol = self.target_pct, self.cfg.tolerance
         if self.kind in ("hpa_util", "predictive_floor"):
             load = self._util_load(cluster)
             if load is not None and ready > 0:
-                wants.append(self._desired(load, share, current, ready))
+                wants.append(int(desired_replicas(load, share, current, ready, target, tol)))
         if self.kind == "keda_rate":
-            wants.append(self._desired(self._rate_load(cluster), share, current, current))
+            requests = cluster.recent(cluster.rec.requests, RATE_WINDOW)
+            rate = rate_load(requests, cluster.slot, cluster.sim.gpu_seconds_per_request)
+            wants.append(int(desired_replicas(rate, share, current, current, target, tol)))
         if self.kind == "predictive_floor":
             predicted = self._predicted_load(cluster)
-            wants.append(self._desired(predicted, share, current, current))
+            wants.append(int(desired_replicas(predicted, share, current, current, target, tol)))
         desired = max(wants) if wants else current  # no data: hold, as the HPA does
-        desired = max(cfg.min_replicas, min(cfg.max_replicas, desired))
-        desired = min(desired, max(2 * current, current + HPA_SCALE_UP_PODS))
-        self.recs = [(t, v) for t, v in self.recs if t > now - 300.0] + [(now, desired)]
+        desired = int(bounded(desired, current, self.cfg))
+        self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION] + [(now, desired)]
         if desired < current:
             desired = min(current, max(v for _, v in self.recs))
         return desired

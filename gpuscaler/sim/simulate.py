@@ -19,6 +19,7 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
 from gpuscaler.sim.queue import fluid_waits, wait_figures
 from gpuscaler.sim.scalers import ScalerKind
+from gpuscaler.sim.sweep import Sweep
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -195,19 +196,33 @@ def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, floa
 def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict[str, Any]:
     """The SLO-true outcome of one run: waits of the requests arriving in the scored
     part, GPU-hours held (time integral), replica changes and reversals."""
-    rec = cluster.rec
     n = cluster.cursor
-    s = slice(scored_from, n)
-    work = cluster.work[:n]
-    waits = fluid_waits(work, rec.served[:n], cluster.slot)[s]
-    p99, share = wait_figures(rec.requests[s], waits, slo)
-    t0 = cluster.start + scored_from * cluster.slot
-    changes = [c for c in cluster.replica_changes if c[0] >= t0]
+    rec = cluster.rec
+    run = (cluster.work[:n], rec.served[:n], rec.gpus[:n], cluster.replica_changes)
+    return slo_figures(run, rec.requests[:n], cluster.slot, cluster.start, scored_from, slo)
+
+
+def slo_figures(
+    run: tuple[FloatArray, FloatArray, FloatArray, Sequence[tuple[float, int, int]]],
+    requests: FloatArray,
+    slot: float,
+    start: float,
+    scored_from: int,
+    slo: float,
+) -> dict[str, Any]:
+    """`slo_metrics` of a run given as (work, served and GPUs held per slot, replica
+    changes (time, from, to)), with the requests arriving per slot."""
+    work, served, gpus, replica_changes = run
+    s = slice(scored_from, len(work))
+    waits = fluid_waits(work, served, slot)[s]
+    p99, share = wait_figures(requests[s], waits, slo)
+    t0 = start + scored_from * slot
+    changes = [c for c in replica_changes if c[0] >= t0]
     directions = [1 if new > old else -1 for _, old, new in changes]
     return {
         "slo_violation_share": round(share, 6),
         "p99_wait_s": round(p99, 3),
-        "gpu_hours": round(float(np.nansum(rec.gpus[s])) * cluster.slot / 3600, 3),
+        "gpu_hours": round(float(np.nansum(gpus[s])) * slot / 3600, 3),
         "scaling_actions": len(changes),
         "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
     }
@@ -275,20 +290,28 @@ def _run(
 
 
 def run_baselines(
-    config: Config, start: float, seconds: float, arrivals: FloatArray, seed: int, scored: int
+    config: Config,
+    start: float,
+    seconds: float,
+    arrivals: FloatArray,
+    seed: int,
+    scored: int,
+    targets: Sequence[float] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every baseline at every swept target, on the same arrivals and cluster model."""
+    """Every baseline at every swept target (default `sweep_targets()`), on the same
+    arrivals and cluster model: all runs at once (`gpuscaler.sim.sweep`)."""
     slo = config.simulator.slo_wait
-    curves: dict[str, list[dict[str, Any]]] = {}
-    for name, kind in BASELINES.items():
-        curves[name] = []
-        predicted: dict[int, float] = {}  # the same demand at every target: forecast once
-        for target in sweep_targets():
-            scaler = (kind, target)
-            run = _run(
-                name, config, start, seconds, arrivals, seed, scaler=scaler, predicted=predicted
-            )
-            curves[name].append({"target_pct": target, **slo_metrics(run.cluster, scored, slo)})
+    points = list(sweep_targets() if targets is None else targets)
+    runs = [(name, kind, t) for name, kind in BASELINES.items() for t in points]
+    template = scenario_cluster(config, arrivals, start, seed, controlled=False)
+    sweep = Sweep(config, template, [(kind, float(t)) for _, kind, t in runs], seed)
+    results = sweep.run(start, seconds)
+    n, slot = sweep.cursor, template.slot
+    curves: dict[str, list[dict[str, Any]]] = {name: [] for name in BASELINES}
+    for (name, _, target), r in zip(runs, results, strict=True):
+        run = (template.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
+        figures = slo_figures(run, arrivals[:n], slot, start, scored, slo)
+        curves[name].append({"target_pct": target, **figures})
     return curves
 
 

@@ -1,0 +1,317 @@
+"""Every baseline run of a sweep at once: the runs (a scaler kind at a target each) step
+together through the simulated cluster's model, their state in arrays of shape (runs,)
+and (runs, slots), one numpy operation per step for all of them.
+
+Same model, same figures as one `SimulatedCluster` per run (`gpuscaler.sim.cluster`),
+bit for bit (tests/test_sweep.py runs both): the runs share the arrivals, the signal
+noise and the dropped samples (drawn from the same seed), each run draws its cold starts
+from its own generator in the order a lone run does, and every float is computed by the
+same operations in the same order. What a sweep leaves out, because no controller runs
+in it: the controller's floor (min_replicas throughout), fragment changes (the pool's
+initial fragments throughout, so no device-plugin disruption) and the pool's signals.
+
+Per control interval: the pods' counts at the interval's first 500 ms sample for every
+run (integers, however counted); only the runs whose pods start, turn ready or leave
+inside the interval are counted sample by sample. The predictive floor's forecast reads
+the demand alone, which no run changes: one per tick for all of its targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscaler.config import Config
+from gpuscaler.core.model import FloatArray
+from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, layout_capacity
+from gpuscaler.sim.pods import Pods
+from gpuscaler.sim.queue import lindley
+from gpuscaler.sim.scalers import (
+    STABILIZATION,
+    IntArray,
+    ScalerKind,
+    bounded,
+    desired_replicas,
+    predicted_loads,
+    rate_loads,
+)
+
+INF = math.inf
+
+
+@dataclass
+class PodTable:
+    """The pods of every run as (runs, pods) arrays, padded with pods that never exist
+    (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
+    run's counts as of the last sample counted (`seen`) and its next pod event after it,
+    so a run whose pods do not change is not counted again."""
+
+    pods: list[Pods]
+    created: FloatArray = field(init=False)
+    ready: FloatArray = field(init=False)
+    leave: FloatArray = field(init=False)
+    seen: float = field(default=-INF, init=False)
+    next_event: FloatArray = field(init=False)
+    """Per run: its first pod event (created, ready or leaving) after `seen`."""
+    now_ready: FloatArray = field(init=False)
+    now_held: FloatArray = field(init=False)
+    """Per run: ready and GPU-holding pods at `seen` (true until `next_event`)."""
+
+    def __post_init__(self) -> None:
+        r = len(self.pods)
+        width = max(8, max(len(p.created) for p in self.pods))
+        self.created, self.ready, self.leave = (np.full((r, width), INF) for _ in range(3))
+        self.next_event, self.now_ready, self.now_held = np.zeros(r), np.zeros(r), np.zeros(r)
+        for i in range(r):
+            self.refresh(i)
+
+    def refresh(self, r: int) -> None:
+        """Copy run `r`'s pods into its row, after they changed at a time after `seen`."""
+        pods = self.pods[r]
+        n = len(pods.created)
+        if n > self.created.shape[1]:
+            pad = np.full((len(self.pods), n), INF)
+            self.created, self.ready, self.leave = (
+                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
+            )
+        for table, column in ((self.created, pods.created), (self.ready, pods.ready)):
+            table[r, :n], table[r, n:] = column, INF
+        self.leave[r, :n], self.leave[r, n:] = pods.leave, INF
+        self.next_event[r] = self._next_events(np.array([r]), self.seen)[0]
+
+    def _next_events(self, rows: IntArray, after: float) -> FloatArray:
+        events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
+        return np.asarray(np.where(events > after, events, INF).min(axis=1))
+
+    def counts(self, t: FloatArray, rows: IntArray | slice) -> tuple[FloatArray, FloatArray]:
+        """(ready, holding a GPU share) of the runs `rows` at each time of `t`:
+        arrays of shape (rows, len(t))."""
+        at = t[None, None, :]
+        gone = (self.leave[rows][:, :, None] <= at).sum(axis=1)
+        ready = (self.ready[rows][:, :, None] <= at).sum(axis=1) - gone
+        held = (self.created[rows][:, :, None] <= at).sum(axis=1) - gone
+        return ready.astype(np.float64), held.astype(np.float64)
+
+    def ready_at(self, now: float) -> IntArray:
+        """Replicas serving at `now` (not before `seen`), per run."""
+        ready = self.now_ready.astype(np.int64)
+        rows = np.flatnonzero(self.next_event <= now)
+        if rows.size:
+            serving = (self.ready[rows] <= now) & (now < self.leave[rows])
+            ready[rows] = serving.sum(axis=1)
+        return ready
+
+    def count(self, t: FloatArray) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+        """(runs counted again, runs whose pods change over the samples `t` (start, turn
+        ready or leave in (t[0], t[-1]]), the latter's counts at every sample (shape
+        (runs changing, len(t)))); the other runs' counts at t[0] hold throughout
+        (`now_ready`, `now_held`)."""
+        first, last = float(t[0]), float(t[-1])
+        touched = np.flatnonzero(self.next_event <= last)
+        moving = np.zeros(0, dtype=np.int64)
+        ready = held = np.zeros((0, len(t)))
+        if touched.size:
+            r0, h0 = self.counts(t[:1], touched)
+            self.now_ready[touched], self.now_held[touched] = r0[:, 0], h0[:, 0]
+            changes = np.zeros(len(touched), dtype=bool)
+            for table in (self.created, self.ready, self.leave):
+                rows = table[touched]
+                changes |= ((rows > first) & (rows <= last)).any(axis=1)
+            moving = touched[changes]
+        if moving.size:
+            ready, held = self.counts(t, moving)
+            self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
+        self.seen = last
+        if touched.size:
+            self.next_event[touched] = self._next_events(touched, last)
+        return touched, moving, ready, held
+
+
+@dataclass
+class SweepResult:
+    """What the figures of one baseline run read (`simulate.slo_figures`)."""
+
+    kind: ScalerKind
+    target_pct: float
+    served: FloatArray
+    gpus: FloatArray
+    replica_changes: list[tuple[float, int, int]]
+
+
+class Sweep:
+    """Runs of the scalers `runs` (kind, target) on the arrivals of one replay."""
+
+    def __init__(
+        self,
+        config: Config,
+        template: SimulatedCluster,
+        runs: Sequence[tuple[ScalerKind, float]],
+        seed: int,
+    ):
+        self.c = template  # the shared arrivals, noise, dropped samples and settings
+        self.sim = config.simulator
+        self.interval = config.control.interval
+        self.horizon = config.forecast.horizon
+        self.cfg = template.replicas_cfg
+        self.kinds = [k for k, _ in runs]
+        self.targets = np.array([t for _, t in runs], dtype=np.float64)
+        self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
+        self.uses_rate = np.isin(self.kinds, ("keda_rate",))
+        self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
+        r, n = len(runs), len(template.arrivals)
+        first = max(1, self.cfg.min_replicas)
+        self.pods = PodTable([Pods.running(first, template.start) for _ in runs])
+        self.cold = [np.random.default_rng(seed + 2) for _ in runs]
+        self.spec = np.full(r, first, dtype=np.int64)
+        self.served, self.gpus, self.load = (np.full((r, n), np.nan) for _ in range(3))
+        self.q = np.zeros(r)
+        self.capacity0, self.gpus0 = np.zeros(r), np.zeros(r)
+        self.last_capacity = np.zeros(r)
+        self.recs: list[tuple[float, IntArray]] = []
+        self.changes: list[list[tuple[float, int, int]]] = [[] for _ in runs]
+        self.cursor = 0
+
+    def run(self, start: float, seconds: float) -> list[SweepResult]:
+        """Step every run as `simulate._run` steps one: advance, then the scaler, every
+        control interval; then the rest up to the end."""
+        ticks: list[float] = []
+        t = start + self.interval
+        end = start + seconds
+        while t <= end:
+            ticks.append(t)
+            t += self.interval
+        self._signals(ticks)
+        for k, t in enumerate(ticks):
+            self.advance_to(t)
+            self.step(k, t)
+        self.advance_to(end)
+        return [
+            SweepResult(kind, float(target), self.served[i], self.gpus[i], self.changes[i])
+            for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True))
+        ]
+
+    def _signals(self, ticks: list[float]) -> None:
+        """The request rate and the predictive floor's forecast at every tick: they read
+        the arrivals alone, the same in every run, so they are computed for all ticks at
+        once (the cursor each tick leaves, as `advance_to` moves it)."""
+        c = self.c
+        steps = np.round((np.asarray(ticks) - c.start) / c.slot).astype(np.int64)
+        cursors = np.maximum.accumulate(np.minimum(len(c.arrivals), np.maximum(steps, 0)))
+        gps = self.sim.gpu_seconds_per_request
+        runs = len(self.kinds)
+        self.signal: FloatArray | None = None
+        if self.uses_rate.any() or self.uses_forecast.any():
+            rates = rate_loads(c.arrivals, cursors, c.slot, gps) if self.uses_rate.any() else 0.0
+            predicted = (
+                predicted_loads(100.0 * c.work / c.slot, cursors, c.slot, self.horizon)
+                if self.uses_forecast.any()
+                else 0.0
+            )
+            self.signal = np.where(
+                self.uses_rate, np.reshape(rates, (-1, 1)), np.reshape(predicted, (-1, 1))
+            )
+        # -1 (no recommendation) on the runs that read neither
+        self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
+        self.none = np.full(runs, -1, dtype=np.int64)
+
+    def _pods_at(self, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`SimulatedCluster._pods_at` for every run: (ready, capacity, GPUs held), of
+        shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
+        slot, f, overhead = self.c.slot, self.c.fragments, self.sim.switch_overhead
+        sub = max(1, math.ceil(slot / SAMPLE - 1e-9))
+        if sub > 1:
+            t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
+        m = len(t) // sub
+        pods = self.pods
+        touched, moving, r, h = pods.count(t)
+        if touched.size:  # their counts at the first sample, kept while they hold
+            self.capacity0[touched] = layout_capacity(pods.now_ready[touched], f, overhead)
+            self.gpus0[touched] = np.ceil(pods.now_held[touched] / f)
+        # A run without pod changes keeps its counts throughout (the others are replaced).
+        ready, capacity, gpus = (
+            pods.now_ready[:, None],
+            self.capacity0[:, None],
+            self.gpus0[:, None],
+        )
+        if moving.size:
+            c, g = layout_capacity(r, f, overhead), np.ceil(h / f)
+            if sub > 1:
+                r, c, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, c, g))
+            ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
+            ready[moving], capacity[moving], gpus[moving] = r, c, g
+        return ready, capacity, gpus
+
+    def advance_to(self, now: float) -> None:
+        """`SimulatedCluster.advance_to` for every run: the slots in [cursor, now)."""
+        c, slot = self.c, self.c.slot
+        end = min(len(c.arrivals), round((now - c.start) / slot))
+        if end <= self.cursor:
+            return
+        s = slice(self.cursor, end)
+        times = np.asarray(c.start + slot * np.arange(self.cursor, end), dtype=np.float64)
+        ready, capacity, gpus = self._pods_at(times)
+        work = c.work[s]
+        queue, served = lindley(self.q, work, capacity * slot)
+        self.q = queue[:, -1]
+        scale = np.sqrt(np.maximum(ready / c.fragments, 1))
+        load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
+        load[:, c.dropped[s]] = np.nan
+        self.served[:, s], self.gpus[:, s], self.load[:, s] = served, gpus, load
+        self.last_capacity = capacity[:, -1]
+        self.cursor = end
+
+    def _recent(self, seconds: float) -> slice:
+        return slice(max(0, self.cursor - round(seconds / self.c.slot)), self.cursor)
+
+    def _wants(self, k: int, current: IntArray, ready: IntArray) -> IntArray:
+        """`Scaler.step`'s answer before the bounds, for every run: the largest of the
+        recommendations of its kind, `current` when it has none."""
+        c, share, tol = self.c, 1.0 / self.c.fragments, self.cfg.tolerance
+        wants = self.none
+        window = self._recent(self.interval)
+        finite = window.start + np.flatnonzero(~c.dropped[window])
+        if finite.size:  # the dropped samples are the only missing ones, in every run
+            # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
+            util = np.add.reduce(np.ascontiguousarray(self.load[:, finite]), axis=1) / finite.size
+            asks = desired_replicas(util, share, current, ready, self.targets, tol)
+            wants = np.where(self.uses_util & (ready > 0), asks, wants)
+        if self.signal is not None:  # the rate or the forecast, on runs that read one
+            asks = desired_replicas(self.signal[k], share, current, current, self.targets, tol)
+            wants = np.maximum(wants, asks + self.signal_off)
+        return np.where(wants >= 0, wants, current)
+
+    def step(self, k: int, now: float) -> None:
+        """`SimulatedCluster.hpa_step` for every run, at the `k`th tick."""
+        current = self.spec.copy()
+        desired = bounded(self._wants(k, current, self.pods.ready_at(now)), current, self.cfg)
+        self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION]
+        self.recs.append((now, desired))
+        held = np.max([v for _, v in self.recs], axis=0)
+        desired = np.where(desired < current, np.minimum(current, held), desired)
+        desired = np.maximum(self.cfg.min_replicas, desired)  # the floor: min_replicas
+        for r in np.flatnonzero(desired != current):
+            self._set_replicas(int(r), now, int(current[r]), int(desired[r]))
+
+    def _set_replicas(self, r: int, now: float, current: int, n: int) -> None:
+        """`SimulatedCluster.set_replicas` for run `r`."""
+        pods, at = self.pods.pods[r], now + self.sim.sync_delay
+        if n > current:
+            lo, hi = self.sim.cold_start, self.sim.cold_start_max
+            pods.add(at, self.cold[r].uniform(lo, hi, n - current))
+        else:
+            pods.remove_newest(n, at, self._drain_seconds(r))
+        pods.forget_gone(self.pods.seen)  # gone before the last count: no event left
+        self.pods.refresh(r)
+        self.spec[r] = n
+        self.changes[r].append((now, current, n))
+
+    def _drain_seconds(self, r: int) -> float:
+        if self.cursor == 0:
+            return 0.0
+        cap = float(self.last_capacity[r])
+        if cap <= 0:
+            return self.sim.drain_max
+        return min(self.sim.drain_max, float(self.q[r]) / cap)
