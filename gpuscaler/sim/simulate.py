@@ -19,7 +19,7 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
 from gpuscaler.sim.queue import fluid_waits, wait_figures
 from gpuscaler.sim.scalers import ScalerKind
-from gpuscaler.sim.sweep import Sweep
+from gpuscaler.sim.sweep import sweep
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -304,9 +304,9 @@ def run_baselines(
     points = list(sweep_targets() if targets is None else targets)
     runs = [(name, kind, t) for name, kind in BASELINES.items() for t in points]
     template = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    sweep = Sweep(config, template, [(kind, float(t)) for _, kind, t in runs], seed)
-    results = sweep.run(start, seconds)
-    n, slot = sweep.cursor, template.slot
+    specs = [(kind, float(t)) for _, kind, t in runs]
+    results, n = sweep(config, template, specs, seed, seconds)
+    slot = template.slot
     curves: dict[str, list[dict[str, Any]]] = {name: [] for name in BASELINES}
     for (name, _, target), r in zip(runs, results, strict=True):
         run = (template.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)

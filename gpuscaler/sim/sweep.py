@@ -40,6 +40,9 @@ from gpuscaler.sim.scalers import (
 )
 
 INF = math.inf
+SWEEP_BYTES = 256 * 2**20
+"""Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
+run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
 
 
 @dataclass
@@ -166,7 +169,11 @@ class Sweep:
         self.pods = PodTable([Pods.running(first, template.start) for _ in runs])
         self.cold = [np.random.default_rng(seed + 2) for _ in runs]
         self.spec = np.full(r, first, dtype=np.int64)
-        self.served, self.gpus, self.load = (np.full((r, n), np.nan) for _ in range(3))
+        self.served, self.gpus = np.full((r, n), np.nan), np.full((r, n), np.nan)
+        self.load = np.zeros((r, 0))
+        """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
+        least the last control interval's (all the scalers read of it)."""
+        self.load_from = 0
         self.q = np.zeros(r)
         self.capacity0, self.gpus0 = np.zeros(r), np.zeros(r)
         self.last_capacity = np.zeros(r)
@@ -259,7 +266,10 @@ class Sweep:
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
         load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
         load[:, c.dropped[s]] = np.nan
-        self.served[:, s], self.gpus[:, s], self.load[:, s] = served, gpus, load
+        self.served[:, s], self.gpus[:, s] = served, gpus
+        keep = round(self.interval / slot)
+        self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
+        self.load_from = end - self.load.shape[1]
         self.last_capacity = capacity[:, -1]
         self.cursor = end
 
@@ -275,7 +285,8 @@ class Sweep:
         finite = window.start + np.flatnonzero(~c.dropped[window])
         if finite.size:  # the dropped samples are the only missing ones, in every run
             # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
-            util = np.add.reduce(np.ascontiguousarray(self.load[:, finite]), axis=1) / finite.size
+            util = self.load[:, finite - self.load_from]
+            util = np.add.reduce(np.ascontiguousarray(util), axis=1) / finite.size
             asks = desired_replicas(util, share, current, ready, self.targets, tol)
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if self.signal is not None:  # the rate or the forecast, on runs that read one
@@ -289,8 +300,10 @@ class Sweep:
         desired = bounded(self._wants(k, current, self.pods.ready_at(now)), current, self.cfg)
         self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION]
         self.recs.append((now, desired))
-        held = np.max([v for _, v in self.recs], axis=0)
-        desired = np.where(desired < current, np.minimum(current, held), desired)
+        lower = desired < current
+        if lower.any():  # scale-down only to the highest recommendation of the window
+            held = np.maximum.reduce([v for _, v in self.recs])
+            desired = np.where(lower, np.minimum(current, held), desired)
         desired = np.maximum(self.cfg.min_replicas, desired)  # the floor: min_replicas
         for r in np.flatnonzero(desired != current):
             self._set_replicas(int(r), now, int(current[r]), int(desired[r]))
@@ -315,3 +328,22 @@ class Sweep:
         if cap <= 0:
             return self.sim.drain_max
         return min(self.sim.drain_max, float(self.q[r]) / cap)
+
+
+def sweep(
+    config: Config,
+    template: SimulatedCluster,
+    runs: Sequence[tuple[ScalerKind, float]],
+    seed: int,
+    seconds: float,
+) -> tuple[list[SweepResult], int]:
+    """Every run of `runs` on the template's arrivals from its start for `seconds`, in
+    groups within SWEEP_BYTES; and the slots simulated."""
+    group = max(1, SWEEP_BYTES // (16 * max(1, len(template.arrivals))))
+    results: list[SweepResult] = []
+    slots = 0
+    for i in range(0, len(runs), group):
+        one = Sweep(config, template, runs[i : i + group], seed)
+        results += one.run(template.start, seconds)
+        slots = one.cursor
+    return results, slots
