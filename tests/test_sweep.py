@@ -139,9 +139,9 @@ def test_a_run_is_counted_sample_by_sample_only_when_a_pod_changes_in_the_interv
     still = Pods.running(2, 0.0)
     pods = Pods(np.array(created), np.array(ready), np.array(leave))
     table = PodTable([still, pods])
-    table.count(np.array([first - 1.0, first]))  # counted up to `first`
+    table.count(first - 1.0, first, lambda: np.array([first - 1.0, first]))  # up to `first`
     samples = np.linspace(first, last, 5)
-    _, changing, counted_ready, counted_held = table.count(samples)
+    _, changing, counted_ready, counted_held = table.count(first, last, lambda: samples)
     assert changing.tolist() == ([1] if moving else [])
     if moving:  # counted at every sample
         want = pods.counts(samples)

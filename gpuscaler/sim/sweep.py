@@ -19,7 +19,7 @@ the demand alone, which no run changes: one per tick for all of its targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,17 +107,18 @@ class PodTable:
             ready[rows] = serving.sum(axis=1)
         return ready
 
-    def count(self, t: FloatArray) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
-        """(runs counted again, runs whose pods change over the samples `t` (start, turn
-        ready or leave in (t[0], t[-1]]), the latter's counts at every sample (shape
-        (runs changing, len(t)))); the other runs' counts at t[0] hold throughout
-        (`now_ready`, `now_held`)."""
-        first, last = float(t[0]), float(t[-1])
+    def count(
+        self, first: float, last: float, samples: Callable[[], FloatArray]
+    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+        """(runs counted again, runs whose pods change over the samples from `first` to
+        `last` (start, turn ready or leave in (first, last]), the latter's counts at every
+        sample of `samples()` (shape (runs changing, samples))); the other runs' counts
+        at `first` hold throughout (`now_ready`, `now_held`)."""
         touched = np.flatnonzero(self.next_event <= last)
         moving = np.zeros(0, dtype=np.int64)
-        ready = held = np.zeros((0, len(t)))
+        ready = held = np.zeros((0, 0))
         if touched.size:
-            r0, h0 = self.counts(t[:1], touched)
+            r0, h0 = self.counts(np.array([first]), touched)
             self.now_ready[touched], self.now_held[touched] = r0[:, 0], h0[:, 0]
             changes = np.zeros(len(touched), dtype=bool)
             for table in (self.created, self.ready, self.leave):
@@ -125,7 +126,7 @@ class PodTable:
                 changes |= ((rows > first) & (rows <= last)).any(axis=1)
             moving = touched[changes]
         if moving.size:
-            ready, held = self.counts(t, moving)
+            ready, held = self.counts(samples(), moving)
             self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
         self.seen = last
         if touched.size:
@@ -224,16 +225,25 @@ class Sweep:
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
 
-    def _pods_at(self, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """`SimulatedCluster._pods_at` for every run: (ready, capacity, GPUs held), of
-        shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
-        slot, f, overhead = self.c.slot, self.c.fragments, self.sim.switch_overhead
+    def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`SimulatedCluster._pods_at` for every run, of the slots `begin` to `end`:
+        (ready, capacity, GPUs held), of shape (runs, slots), or (runs, 1) when no run's
+        pods change in these slots."""
+        c = self.c
+        slot, f, overhead = c.slot, c.fragments, self.sim.switch_overhead
         sub = max(1, math.ceil(slot / SAMPLE - 1e-9))
+        m = end - begin
+        # The first and last 500 ms samples, as the grid below computes them.
+        first, last = c.start + slot * begin, c.start + slot * (end - 1)
         if sub > 1:
-            t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
-        m = len(t) // sub
+            last = last + (slot / sub) * (sub - 1)
+
+        def samples() -> FloatArray:
+            t = np.asarray(c.start + slot * np.arange(begin, end), dtype=np.float64)
+            return (t[:, None] + (slot / sub) * np.arange(sub)).ravel() if sub > 1 else t
+
         pods = self.pods
-        touched, moving, r, h = pods.count(t)
+        touched, moving, r, h = pods.count(first, last, samples)
         if touched.size:  # their counts at the first sample, kept while they hold
             self.capacity0[touched] = layout_capacity(pods.now_ready[touched], f, overhead)
             self.gpus0[touched] = np.ceil(pods.now_held[touched] / f)
@@ -244,11 +254,11 @@ class Sweep:
             self.gpus0[:, None],
         )
         if moving.size:
-            c, g = layout_capacity(r, f, overhead), np.ceil(h / f)
+            cap, g = layout_capacity(r, f, overhead), np.ceil(h / f)
             if sub > 1:
-                r, c, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, c, g))
+                r, cap, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap, g))
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
-            ready[moving], capacity[moving], gpus[moving] = r, c, g
+            ready[moving], capacity[moving], gpus[moving] = r, cap, g
         return ready, capacity, gpus
 
     def advance_to(self, now: float) -> None:
@@ -258,8 +268,7 @@ class Sweep:
         if end <= self.cursor:
             return
         s = slice(self.cursor, end)
-        times = np.asarray(c.start + slot * np.arange(self.cursor, end), dtype=np.float64)
-        ready, capacity, gpus = self._pods_at(times)
+        ready, capacity, gpus = self._pods_at(self.cursor, end)
         work = c.work[s]
         queue, served = lindley(self.q, work, capacity * slot)
         self.q = queue[:, -1]
