@@ -161,10 +161,12 @@ def test_the_pod_table_counts_what_each_runs_pods_count() -> None:
         runs.append(pods)
     table = PodTable(runs)
     t = np.arange(0.0, 300.0, 0.5)
-    ready, held = table.counts(t, slice(None))
+    ready, held = table.counts(t, np.arange(len(runs)))
     for r, pods in enumerate(runs):
         want_ready, want_held = pods.counts(t)
         assert np.array_equal(ready[r], want_ready) and np.array_equal(held[r], want_held)
+        at_100 = table.counts_at(100.0, np.array([r]))
+        assert (at_100[0][0], at_100[1][0]) == (want_ready[200], want_held[200])
         assert all(table.ready_at(x)[r] == pods.ready_count(x) for x in (0.0, 95.0, 150.0))
 
 

@@ -83,20 +83,26 @@ class PodTable:
         for table, column in ((self.created, pods.created), (self.ready, pods.ready)):
             table[r, :n], table[r, n:] = column, INF
         self.leave[r, :n], self.leave[r, n:] = pods.leave, INF
-        self.next_event[r] = self._next_events(np.array([r]), self.seen)[0]
+        events = np.concatenate((pods.created, pods.ready, pods.leave))
+        later = events[events > self.seen]
+        self.next_event[r] = later.min() if later.size else INF
 
     def _next_events(self, rows: IntArray, after: float) -> FloatArray:
         events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
         return np.asarray(np.where(events > after, events, INF).min(axis=1))
 
-    def counts(self, t: FloatArray, rows: IntArray | slice) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at each time of `t`:
-        arrays of shape (rows, len(t))."""
-        at = t[None, None, :]
-        gone = (self.leave[rows][:, :, None] <= at).sum(axis=1)
-        ready = (self.ready[rows][:, :, None] <= at).sum(axis=1) - gone
-        held = (self.created[rows][:, :, None] <= at).sum(axis=1) - gone
+    def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
+        """(ready, holding a GPU share) of the runs `rows` at `t`."""
+        gone = (self.leave[rows] <= t).sum(axis=1)
+        ready = (self.ready[rows] <= t).sum(axis=1) - gone
+        held = (self.created[rows] <= t).sum(axis=1) - gone
         return ready.astype(np.float64), held.astype(np.float64)
+
+    def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
+        """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
+        shape (rows, len(t)), each run's as its `Pods` counts them."""
+        ready, held = zip(*(self.pods[r].counts(t) for r in rows), strict=True)
+        return np.stack(ready), np.stack(held)
 
     def ready_at(self, now: float) -> IntArray:
         """Replicas serving at `now` (not before `seen`), per run."""
@@ -118,8 +124,7 @@ class PodTable:
         moving = np.zeros(0, dtype=np.int64)
         ready = held = np.zeros((0, 0))
         if touched.size:
-            r0, h0 = self.counts(np.array([first]), touched)
-            self.now_ready[touched], self.now_held[touched] = r0[:, 0], h0[:, 0]
+            self.now_ready[touched], self.now_held[touched] = self.counts_at(first, touched)
             changes = np.zeros(len(touched), dtype=bool)
             for table in (self.created, self.ready, self.leave):
                 rows = table[touched]
