@@ -26,8 +26,9 @@ from gpuscaler.sim.replay import Skipped, replay_many
 
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
-the batched forecast's cost a workload falls with more lanes, memory grows (one
-simulated week of a workload is about N MB while its lockstep runs)."""
+the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
+grows by about 11 MB a lane-week (its simulated cluster's arrays and forecast track,
+held until the lockstep ends)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 
