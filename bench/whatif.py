@@ -6,10 +6,10 @@ conversation week, rotated and scaled per workload) and their HPA's replica coun
 Then, in one run:
 - `read`: the backfilled workloads' history over the range, in-process, as whatif reads
   it (two series a workload, request rate and replicas, chunked under the point limit);
-- `whatif`: `gpuscaler whatif --jobs J` in a subprocess on the first `--replay` workloads
-  (by default J of them, one per process: a full run of 100 takes hours today; pass
-  `--replay 100` for it), wall time and its peak RSS. It replays in slots of its read step
-  (10 s);
+- `whatif`: `gpuscaler whatif --jobs J [--lanes L]` in a subprocess on the first
+  `--replay` workloads (by default J of them, one per process: a full run of 100 takes
+  hours today; pass `--replay 100` for it), wall time and its peak RSS. It replays in
+  slots of its read step (10 s);
 - the baseline: `gpuscaler simulate` of workload 0's trace from a CSV, at the same slot,
   for `--baseline-hours` (6 h: the same model without Prometheus);
   `ratio` = whatif seconds per workload-day / simulate's seconds per day.
@@ -18,6 +18,8 @@ Last line, when every workload was replayed:
   RESULT workloads=N days=D seconds=S rss_mb=M simulate_s=B ratio=R gate=pass|fail
 and when only --replay K of them were (the replay of one workload does not depend on the
 others: J at a time), the total is an estimate, whatif's wall time x N/K, and says so
+(with lanes, K workloads tick in lockstep in chunks of at most L: the estimate then
+holds for chunks of that size, and more lanes a chunk cost less a workload)
 (only those K are backfilled: promtool takes many minutes for 100 workload-weeks; read_s,
 reading all N one after another in-process, is K's read time x N/K):
   RESULT workloads=N days=D replayed=K seconds_estimated=S read_s=.. ... gate=fail(estimated)
@@ -141,6 +143,7 @@ def main() -> None:
     )
     ap.add_argument("--baseline-hours", type=float, default=6.0, help="simulate's replay")
     ap.add_argument("--no-baselines", action="store_true", help="pass --no-baselines")
+    ap.add_argument("--lanes", type=int, default=None, help="pass --lanes (1: each workload alone)")
     ap.add_argument(
         "--no-simulate", action="store_true", help="skip the simulate baseline (no ratio)"
     )
@@ -201,6 +204,8 @@ def main() -> None:
                 cmd += ["--workload", f"bench/w{i:03d}"]
             if args.no_baselines:
                 cmd.append("--no-baselines")
+            if args.lanes is not None:
+                cmd += ["--lanes", str(args.lanes)]
             t0 = time.perf_counter()
             done, rss = measured(cmd, env)
             whatif_s = time.perf_counter() - t0
@@ -236,7 +241,8 @@ def main() -> None:
         f"trace at the same slot {sim_s:.1f}s",
         file=sys.stderr,
     )
-    common = f"rss_mb={rss:.0f} simulate_s={sim_s:.1f} ratio={ratio:.2f}"
+    lanes = "default" if args.lanes is None else args.lanes
+    common = f"lanes={lanes} rss_mb={rss:.0f} simulate_s={sim_s:.1f} ratio={ratio:.2f}"
     if full:
         ok = whatif_s <= GATE_SECONDS and rss <= GATE_MB
         print(

@@ -22,8 +22,13 @@ from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
-from gpuscaler.sim.replay import Skipped, replay
+from gpuscaler.sim.replay import Skipped, replay_many
 
+LANES = 50
+"""Workloads a process replays in lockstep through one controller at most (by default):
+the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
+grows by about 11 MB a lane-week (its simulated cluster's arrays and forecast track,
+held until the lockstep ends)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 
@@ -150,45 +155,63 @@ class Job:
     seed: int = 1
     baselines: bool = True
     report: Path | None = None
+    lanes: int = 1
 
 
 Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
 """(the workload's summary or why it was skipped, its decision records, its PNG)."""
 
 
-def replay_one(job: Job, workload: WorkloadConfig, reader: HistoryReader | None = None) -> Done:
-    """Read one workload's history, replay it and draw its PNG."""
+def replay_chunk(
+    job: Job, workloads: list[WorkloadConfig], reader: HistoryReader | None = None
+) -> list[Done]:
+    """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
+    draw their PNGs."""
     reader = reader or HistoryReader(job.config)
-    history = reader.workload(workload, job.since - job.step, job.until + job.step, job.step)
-    done = replay(history, job.config, workload, job.seed, job.baselines)
-    if isinstance(done, Skipped):
-        return done, [], None
-    records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
-    png = None
-    if job.report is not None:
-        from gpuscaler.sim.report import plot
+    histories = [
+        (reader.workload(w, job.since - job.step, job.until + job.step, job.step), w)
+        for w in workloads
+    ]
+    out: list[Done] = []
+    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes):
+        if isinstance(done, Skipped):
+            out.append((done, [], None))
+            continue
+        records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
+        png = None
+        if job.report is not None:
+            from gpuscaler.sim.report import plot
 
-        png = job.report / _file_name(done.key)
-        plot(done.result, png)
-    return done.summary(), records, png
+            png = job.report / _file_name(done.key)
+            plot(done.result, png)
+        out.append((done.summary(), records, png))
+    return out
+
+
+def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
+    """The workloads in consecutive chunks, one process' lockstep each: as even as `jobs`
+    processes allow, at most `lanes` a chunk."""
+    per = min(max(1, lanes), max(1, math.ceil(len(workloads) / max(1, jobs))))
+    return [workloads[i : i + per] for i in range(0, len(workloads), per)]
 
 
 def _results(
     job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader
 ) -> Iterator[Done]:
     """Each workload's replay, in order: in this process, or in `jobs` processes."""
-    if jobs <= 1 or len(workloads) <= 1:
-        for w in workloads:
-            yield replay_one(job, w, reader)
+    parts = chunks(workloads, jobs, job.lanes)
+    if jobs <= 1 or len(parts) <= 1:
+        for part in parts:
+            yield from replay_chunk(job, part, reader)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")  # no forked copy of a client's threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(replay_one, job, w) for w in workloads]
+        futures = [pool.submit(replay_chunk, job, part) for part in parts]
         for f in futures:
-            yield f.result()
+            yield from f.result()
 
 
 def run_whatif(
@@ -202,6 +225,7 @@ def run_whatif(
     baselines: bool = True,
     err: TextIO = sys.stderr,
     jobs: int = 1,
+    lanes: int = LANES,
 ) -> Outcome:
     """Read, replay and report every workload; raise WhatifError when none replays."""
     step = step or config.forecast.fit_step
@@ -220,7 +244,7 @@ def run_whatif(
     outcome = Outcome(since, until, step)
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
-    job = Job(config, since, until, step, seed, baselines, report)
+    job = Job(config, since, until, step, seed, baselines, report, lanes)
     records: list[dict[str, Any]] = []
     try:
         for w, (done, decisions, png) in zip(

@@ -128,6 +128,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         step=step,
         baselines=not args.no_baselines,
         jobs=args.jobs,
+        **({} if args.lanes is None else {"lanes": args.lanes}),
     )
     print(json.dumps(outcome.summary()) if args.json else text(outcome))
     for path in outcome.files:
@@ -281,6 +282,12 @@ def add_whatif_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--jobs", type=positive_int, default=1, help="workloads replayed at once (processes)"
+    )
+    p.add_argument(
+        "--lanes",
+        type=positive_int,
+        help="workloads a process ticks in lockstep through one controller (default 50; 1: "
+        "each alone)",
     )
     p.add_argument(
         "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"

@@ -48,9 +48,10 @@ def _at_cost(reactive: FloatArray, base: FloatArray, extra: float) -> FloatArray
     """max(reactive, base + c) with c chosen (bisection) so its extra over `reactive`
     sums to `extra`."""
     lo, hi = -float(np.max(base - reactive)) - 1.0, float(extra) + 1.0
+    total = reactive.sum()  # the same every step: summed once
     for _ in range(40):
         c = (lo + hi) / 2
-        if float(np.maximum(reactive, base + c).sum() - reactive.sum()) > extra:
+        if float(np.maximum(reactive, base + c).sum() - total) > extra:
             hi = c
         else:
             lo = c

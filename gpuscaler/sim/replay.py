@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +25,16 @@ from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.sim.cluster import arrivals_from_trace
+from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
+    Prepared,
+    RunResult,
     SimulationResult,
+    finish,
+    gpuscaler_run,
+    prepare,
     scenario_cluster,
-    simulate,
     slo_metrics,
     warmup_plan,
 )
@@ -147,15 +153,21 @@ def actual_run(
     }
 
 
-def replay(
-    history: WorkloadHistory,
-    config: Config,
-    workload: WorkloadConfig,
-    seed: int,
-    baselines: bool = True,
-) -> WorkloadReplay | Skipped:
-    """One workload's history through the model: gpuscaler, the reactive HPA and the
-    baselines (by `simulate`), and the replicas that ran when known. The history holds
+@dataclass(frozen=True, eq=False)
+class Ready:
+    """A workload's history checked and prepared for the replay."""
+
+    history: WorkloadHistory
+    demand: Series
+    signal: str
+    trace: Trace
+    prepared: Prepared
+
+
+def ready(
+    history: WorkloadHistory, config: Config, workload: WorkloadConfig, seed: int
+) -> Ready | Skipped:
+    """The history as a replay to run, or why it cannot be replayed. The history holds
     one read step of margin on each side of the range."""
     cfg = workload_config(config, workload, history.step)
     found = demand_rate(history, cfg)
@@ -181,26 +193,84 @@ def replay(
         return Skipped(history.key, f"too little history: {e}")
     trace = history_trace(history.key, demand)
     try:
-        result = simulate(
-            trace, seconds / 3600, seed, cfg, history.step / 3600, baselines=baselines
-        )
+        prepared = prepare(trace, seconds / 3600, seed, cfg, history.step / 3600)
     except TraceError as e:
         return Skipped(history.key, str(e))
+    return Ready(history, demand, signal, trace, prepared)
+
+
+def finished(r: Ready, run: RunResult, baselines: bool = True) -> WorkloadReplay:
+    """The replay around gpuscaler's run: the reactive HPA and the baselines (as
+    `simulate` runs them), and the replicas that ran when known."""
+    p = r.prepared
+    result = finish(p, run, baselines)
     actual = None
-    if history.replicas.series is not None:
+    replicas = r.history.replicas
+    if replicas.series is not None:
         slot = result.config.simulator.slot
-        arrivals = arrivals_from_trace(trace, result.start, seconds, seed, slot)
+        arrivals = arrivals_from_trace(r.trace, result.start, p.seconds, p.seed, slot)
         actual = actual_run(
             result.config,
-            history.replicas.series,
+            replicas.series,
             arrivals,
             result.start,
-            seconds,
-            seed,
+            p.seconds,
+            p.seed,
             result.scored_from,
         )
-        actual["source"] = history.replicas.name
-    return WorkloadReplay(history.key, signal, result, actual, limits(history, demand, actual))
+        actual["source"] = replicas.name
+    return WorkloadReplay(
+        r.history.key, r.signal, result, actual, limits(r.history, r.demand, actual)
+    )
+
+
+def replay_many(
+    histories: Sequence[tuple[WorkloadHistory, WorkloadConfig]],
+    config: Config,
+    seed: int,
+    baselines: bool = True,
+    lanes: int = 1,
+) -> Iterator[WorkloadReplay | Skipped]:
+    """Each workload's replay, in order. Up to `lanes` workloads at a time run gpuscaler's
+    controller in lockstep (`gpuscaler.sim.lockstep`: one controller, one batched forecast
+    a tick, the same figures); the rest of each replay then runs alone, and is yielded
+    before the next one starts (only gpuscaler's runs of one lockstep are held at once)."""
+    out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
+    groups: dict[tuple[float, float, int, str], list[Ready]] = {}
+    for r in out:
+        if isinstance(r, Ready):
+            groups.setdefault(lockstep_key(r.prepared), []).append(r)
+    size = max(1, lanes)
+    chunk_of: dict[int, list[Ready]] = {}
+    for group in groups.values():
+        for i in range(0, len(group), size):
+            chunk_of.update((id(x), group[i : i + size]) for x in group[i : i + size])
+    runs: dict[int, RunResult] = {}
+    for r in out:
+        if isinstance(r, Skipped):
+            yield r
+            continue
+        if id(r) not in runs:
+            chunk = chunk_of[id(r)]
+            if len(chunk) == 1:
+                runs[id(r)] = gpuscaler_run(r.prepared)
+            else:
+                done = lockstep_runs([x.prepared for x in chunk])
+                runs.update((id(x), run) for x, run in zip(chunk, done, strict=True))
+        yield finished(r, runs.pop(id(r)), baselines)
+
+
+def replay(
+    history: WorkloadHistory,
+    config: Config,
+    workload: WorkloadConfig,
+    seed: int,
+    baselines: bool = True,
+) -> WorkloadReplay | Skipped:
+    """One workload's history through the model: gpuscaler, the reactive HPA and the
+    baselines (by `simulate`), and the replicas that ran when known."""
+    [done] = replay_many([(history, workload)], config, seed, baselines)
+    return done
 
 
 def _hours(t: float) -> str:

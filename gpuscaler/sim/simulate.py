@@ -14,7 +14,7 @@ import numpy as np
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, WorkloadObservation
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
 from gpuscaler.sim.queue import fluid_waits, wait_figures
@@ -96,14 +96,17 @@ class ForecastTrack:
 
     def add(self, result: TickResult) -> None:
         for w in result.snapshot.workloads:
-            f = w.load.forecast
-            if f is None or not f.is_finite():
-                continue
-            self.origin.append(result.plan.time)
-            self.mean.append(float(f.mean[-1]))
-            self.lower.append(float(f.lower[-1]))
-            self.upper.append(float(f.upper[-1]))
-            self.last.append(f.last_value)
+            self.add_workload(result.plan.time, w)
+
+    def add_workload(self, origin: float, w: WorkloadObservation) -> None:
+        f = w.load.forecast
+        if f is None or not f.is_finite():
+            return
+        self.origin.append(origin)
+        self.mean.append(float(f.mean[-1]))
+        self.lower.append(float(f.lower[-1]))
+        self.upper.append(float(f.upper[-1]))
+        self.last.append(f.last_value)
 
 
 @dataclass
@@ -315,16 +318,24 @@ def run_baselines(
     return curves
 
 
-def simulate(
-    trace: Trace,
-    hours: float | None,
-    seed: int,
-    config: Config,
-    start_hours: float = 0.0,
-    metrics: Sequence[ControllerMetrics] = (),
-    baselines: bool = True,
-) -> SimulationResult:
-    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A replay checked and ready to run: its config, range and arrivals."""
+
+    trace: str
+    config: Config
+    start: float
+    seconds: float
+    arrivals: FloatArray
+    seed: int
+    scored_from: int
+    forecast_from: float
+
+
+def prepare(
+    trace: Trace, hours: float | None, seed: int, config: Config, start_hours: float = 0.0
+) -> Prepared:
+    """`hours` of `trace` (all of it when None) from `start_hours` into it, checked."""
     config = scenario_config(config)
     slot_problem(config, trace.name)
     offset = start_hours * 3600.0
@@ -338,25 +349,46 @@ def simulate(
     scored_from, forecast_from = warmup_plan(config, seconds, trace.name)
     start = trace.start + offset
     arrivals = arrivals_from_trace(trace, start, seconds, seed, config.simulator.slot)
-    runs = {
-        # The controller runs from the start: until forecast.min_history its floor sizes
-        # for the observed demand alone (no forecast yet), then the forecast may add.
-        policy: _run(policy, config, start, seconds, arrivals, seed, metrics, warmup=0.0)
-        for policy in ("gpuscaler", "reactive")
-    }
+    return Prepared(trace.name, config, start, seconds, arrivals, seed, scored_from, forecast_from)
+
+
+def gpuscaler_run(p: Prepared, metrics: Sequence[ControllerMetrics] = ()) -> RunResult:
+    """The real controller on the replay. It runs from the start: until
+    forecast.min_history its floor sizes for the observed demand alone (no forecast yet),
+    then the forecast may add."""
+    return _run("gpuscaler", p.config, p.start, p.seconds, p.arrivals, p.seed, metrics, warmup=0.0)
+
+
+def finish(p: Prepared, gpuscaler: RunResult, baselines: bool = True) -> SimulationResult:
+    """The replay's result around gpuscaler's run: the reactive HPA and the baselines."""
+    reactive = _run("reactive", p.config, p.start, p.seconds, p.arrivals, p.seed, warmup=0.0)
     return SimulationResult(
-        trace=trace.name,
-        hours=round(seconds / 3600, 3),
-        start=start,
-        scored_from=scored_from,
-        gpuscaler=runs["gpuscaler"],
-        reactive=runs["reactive"],
-        config=config,
-        baselines=run_baselines(config, start, seconds, arrivals, seed, scored_from)
+        trace=p.trace,
+        hours=round(p.seconds / 3600, 3),
+        start=p.start,
+        scored_from=p.scored_from,
+        gpuscaler=gpuscaler,
+        reactive=reactive,
+        config=p.config,
+        baselines=run_baselines(p.config, p.start, p.seconds, p.arrivals, p.seed, p.scored_from)
         if baselines
         else {},
-        forecast_from=forecast_from,
+        forecast_from=p.forecast_from,
     )
+
+
+def simulate(
+    trace: Trace,
+    hours: float | None,
+    seed: int,
+    config: Config,
+    start_hours: float = 0.0,
+    metrics: Sequence[ControllerMetrics] = (),
+    baselines: bool = True,
+) -> SimulationResult:
+    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
+    p = prepare(trace, hours, seed, config, start_hours)
+    return finish(p, gpuscaler_run(p, metrics), baselines)
 
 
 MIN_SECONDS = 1800.0

@@ -109,8 +109,25 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
     """The two smoothing members at one origin from the levels of every constant (A, n):
     the best-fit constant's level, and the levels averaged by `inv` (A, n)."""
     rows = np.arange(levels.shape[1])
-    avg: FloatArray = (inv * levels).sum(axis=0) / inv.sum(axis=0)
+    avg: FloatArray = column_sums(inv * levels) / column_sums(inv)
     return {"ses": levels[best, rows], "ses_avg": avg}
+
+
+def row_sums(a: FloatArray) -> FloatArray:
+    """Sums over the last axis, each row summed contiguously (pairwise) whatever the
+    layout numpy gave `a`: the same for a series alone and in a batch (`column_sums`)."""
+    out: FloatArray = np.ascontiguousarray(a).sum(axis=-1)
+    return out
+
+
+def column_sums(a: FloatArray) -> FloatArray:
+    """Sums over the first axis of (A, n, ...), each column summed as it is alone (numpy
+    sums a contiguous run pairwise but adds strided rows one after another, so a plain
+    `sum(axis=0)` of one series differs in the last bits from the same series in a
+    batch): a series' figures do not depend on the batch it is forecast in (issue 20's
+    lockstep replay)."""
+    out: FloatArray = np.ascontiguousarray(np.moveaxis(a, 0, -1)).sum(axis=-1)
+    return out
 
 
 def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:
@@ -119,7 +136,7 @@ def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatA
     ok = np.isfinite(level) & (s0 > 0)
     sq = np.where(ok, s2 - 2 * level * s1 + level**2 * s0, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.maximum(sq, 0.0).sum(axis=-1) / np.where(ok, s0, 0).sum(axis=-1)
+        out: FloatArray = row_sums(np.maximum(sq, 0.0)) / row_sums(np.where(ok, s0, 0.0))
     return out
 
 
@@ -173,13 +190,14 @@ def _smoothing(
     """Best-fit smoothing and smoothing averaged over its constants by inverse recent
     squared error: levels at the origins (n, O + 1; the last column is the live origin),
     the best constant's index per series and each constant's inverse error (A, n)."""
-    levels = ses_levels(hist)[:, :, np.append(origins, hist.shape[1] - 1)]  # (A, n, O + 1)
+    ends = np.append(origins, hist.shape[1] - 1)
+    levels = np.ascontiguousarray(ses_levels(hist)[:, :, ends])  # (A, n, O + 1), row-major
     mse = _flat_sq_error(*moments, levels[:, :, :-1])  # (A, n)
     mse = np.where(np.isfinite(mse), mse, np.inf)
     best: IntArray = np.argmin(mse, axis=0)
     rows = np.arange(hist.shape[0])
     inv: FloatArray = 1.0 / (mse + _tiny(hist)[None, :])
-    avg = (inv[:, :, None] * levels).sum(axis=0) / inv.sum(axis=0)[:, None]
+    avg = column_sums(inv[:, :, None] * levels) / column_sums(inv)[:, None]
     return {"ses": levels[best, rows], "ses_avg": avg}, best, inv
 
 
@@ -237,7 +255,9 @@ def assess(
     origins = origins_for(t, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
     if origins.size < 4:
         return None
-    future = hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]]  # (n, O, steps)
+    # (n, O, steps), row-major: numpy's fancy index lays the rows out innermost, so sums
+    # over a row would run in an order that depends on how many rows there are.
+    future = np.ascontiguousarray(hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]])
     levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}

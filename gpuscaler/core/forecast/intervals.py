@@ -85,28 +85,42 @@ def resolve(
     """The adaptive state after checking every point observed since `state.checked_at`
     against the intervals issued before; `row` is the bucketed window ending at `now`.
     The result's `checked_at` is `now`; its pending intervals are those not yet fully
-    observed."""
+    observed. The pending intervals of one length are checked at once (one array each),
+    not one by one: a tick holds about a horizon's worth of them per series."""
     if state is None:
         return IntervalState(level=nominal, checked_at=now)
     points = misses = 0
-    keep: list[IssuedInterval] = []
-    for issued in state.pending:
-        taus = issued.origin + issued.step * np.arange(1, len(issued.lower) + 1)
+    kept = np.zeros(len(state.pending), dtype=bool)
+    lengths: dict[int, list[int]] = {}
+    for i, issued in enumerate(state.pending):
+        lengths.setdefault(len(issued.lower), []).append(i)
+    for length, which in lengths.items():
+        if length == 0:
+            continue
+        group = [state.pending[i] for i in which]
+        origin = np.array([g.origin for g in group])[:, None]
+        every = np.array([g.step for g in group])[:, None]
+        taus = origin + every * np.arange(1, length + 1)  # (intervals, length)
         new = (taus > state.checked_at + 1e-9) & (taus <= now + 1e-9)
-        idx = len(row) - 1 - np.round((now - taus[new]) / step).astype(np.int64)
-        inside = idx >= 0
-        y = row[idx[inside]]
-        lo, hi = np.asarray(issued.lower)[new][inside], np.asarray(issued.upper)[new][inside]
+        idx = len(row) - 1 - np.round((now - taus) / step).astype(np.int64)
+        inside = new & (idx >= 0)
+        y = (
+            np.where(inside, row[np.clip(idx, 0, len(row) - 1)], np.nan)
+            if len(row)
+            else idx * np.nan
+        )
         seen = np.isfinite(y)
+        lo = np.array([g.lower for g in group])
+        hi = np.array([g.upper for g in group])
         points += int(seen.sum())
         misses += int(((y < lo) | (y > hi))[seen].sum())
-        if taus[-1] > now + 1e-9:
-            keep.append(issued)
+        kept[which] = taus[:, -1] > now + 1e-9
+    keep = tuple(issued for issued, k in zip(state.pending, kept, strict=True) if k)
     level = state.level
     if points:
         level += ACI_GAMMA * (misses / points - (1.0 - nominal))
         level = min(max(level, ACI_LEVELS[0]), ACI_LEVELS[1])
-    return IntervalState(level, now, tuple(keep), state.points + points, state.misses + misses)
+    return IntervalState(level, now, keep, state.points + points, state.misses + misses)
 
 
 def issue(state: IntervalState, lower: FloatArray, upper: FloatArray, step: float) -> IntervalState:
