@@ -149,8 +149,8 @@ def test_the_last_value_replaces_the_ensemble_only_with_a_clear_margin(
     [
         (1.0, True, 0.0),  # as good as ARIMA: no weight
         (0.8, True, 0.0),  # worse than ARIMA: no weight
-        (1.05, True, 0.525 / 1.525),  # ARIMA's error 5 % above: half its weight
-        (1.1, True, 1.1 / 2.1),  # 10 % above: its full weight
+        (1.01, True, 0.505 / 1.505),  # ARIMA's error 1 % above its: half its weight
+        (1.02, True, 1.02 / 2.02),  # 2 % above: its full weight
         (4.0, True, 0.8),  # far better: its full weight
         (1.0, False, 1.0),  # ARIMA has no live path: the other carries the forecast
     ],
