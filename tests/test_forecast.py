@@ -15,6 +15,7 @@ from gpuscaler.core.forecast import (
     forecast_series,
     last_finite,
 )
+from gpuscaler.core.forecast.ensemble import normalized
 from gpuscaler.core.model import FitState, Series
 
 
@@ -141,6 +142,38 @@ def test_the_last_value_replaces_the_ensemble_only_with_a_clear_margin(
     errors: dict[str, float], chosen: str
 ) -> None:
     assert choose_method(errors) == chosen
+
+
+@pytest.mark.parametrize(
+    ("other", "arima_live", "expected"),
+    [
+        (1.0, True, 0.0),  # as good as ARIMA: no weight
+        (0.8, True, 0.0),  # worse than ARIMA: no weight
+        (1.01, True, 0.505 / 1.505),  # ARIMA's error 1 % above its: half its weight
+        (1.02, True, 1.02 / 2.02),  # 2 % above: its full weight
+        (4.0, True, 0.8),  # far better: its full weight
+        (1.0, False, 1.0),  # ARIMA has no live path: the other carries the forecast
+    ],
+)
+def test_other_members_take_weight_from_arima_only_when_clearly_more_accurate(
+    other: float, arima_live: bool, expected: float
+) -> None:
+    raw = {"arima": np.array([1.0]), "ses": np.array([other])}
+    raw |= {m: np.array([0.0]) for m in ("ses_avg", "window_mean")}
+    live = {m: np.ones((1, 3)) for m in raw}
+    if not arima_live:
+        live["arima"] = np.full((1, 3), np.nan)
+    weights = normalized(raw, live)
+    assert weights["ses"][0] == pytest.approx(expected)
+    assert sum(float(w[0]) for w in weights.values()) == pytest.approx(1.0)
+
+
+def test_a_dropped_arima_leaves_the_other_members_their_evidence_weights() -> None:
+    raw = {"arima": np.array([0.0]), "ses": np.array([1.0]), "ses_avg": np.array([3.0])}
+    raw["window_mean"] = np.array([0.0])
+    weights = normalized(raw, {m: np.ones((1, 3)) for m in raw})
+    assert weights["ses"][0] == pytest.approx(0.25)
+    assert weights["ses_avg"][0] == pytest.approx(0.75)
 
 
 def test_after_a_clean_level_shift_the_forecast_follows_the_new_level() -> None:

@@ -10,7 +10,7 @@ from builders import NOW
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import LeastSquaresArima, forecast_series
 from gpuscaler.core.forecast.engines import Fitted, stable_fit, within_band
-from gpuscaler.core.forecast.ensemble import MEMBERS, assess, ses_levels
+from gpuscaler.core.forecast.ensemble import ARIMA_MARGIN, MEMBERS, assess, ses_levels
 from gpuscaler.core.forecast.intervals import conformal_half_width
 from gpuscaler.core.model import FitState, Series, Signal
 
@@ -119,6 +119,8 @@ def test_between_refits_the_forecast_is_the_refits_scoring_on_the_live_paths() -
             "window_mean": np.full(steps, new[r, j - 11 : j + 1].mean()),
         }
         w = {m: a.raw_weights[m][r] for m in MEMBERS}
+        for m in MEMBERS[1:]:  # a member takes weight from ARIMA only by a clear margin
+            w[m] *= min(max((w[m] / w["arima"] - 1) / ARIMA_MARGIN, 0.0), 1.0)
         out: np.ndarray = sum(w[m] * paths[m] for m in MEMBERS) / sum(w.values())
         return out
 
