@@ -30,7 +30,7 @@ from gpuscaler.adapters.prometheus.window import (
     out_of_range,
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
-from gpuscaler.core.model import Series
+from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.demand import DEMAND_BOUNDS
 
 log = logging.getLogger("gpuscaler.prometheus")
@@ -84,6 +84,13 @@ class Metrics:
     workloads: tuple[WorkloadMetrics, ...] = ()
 
 
+def _present_times(series: Series) -> FloatArray:
+    """Times of the window's samples (measured by the spacing tracker only every few
+    reads: not computed for the others)."""
+    present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
+    return series.start + series.step * present
+
+
 class PrometheusMetrics:
     """Metrics from Prometheus, fetched incrementally into a window per target; nothing
     of the cluster (`gpuscaler.sources` joins the two)."""
@@ -109,11 +116,13 @@ class PrometheusMetrics:
         and the target gets no action this tick. `query` builds the PromQL for a lookback:
         a series found coarser than the step is read again at once with its own."""
         series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
-        if problem is None and series is not None:
-            present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
-            if self.spacing.observe(key, series.start + series.step * present):
-                self.windows.pop(key, None)  # backfill the window with the new lookback
-                return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        if (
+            problem is None
+            and series is not None
+            and self.spacing.observe(key, partial(_present_times, series))
+        ):
+            self.windows.pop(key, None)  # backfill the window with the new lookback
+            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
         return series, problem
 
     def _fetch_once(
