@@ -7,7 +7,9 @@ per-target reads from memory:
 - **pools**: pools whose `metrics_matchers` are one equality on the same label (a "pool
   family", e.g. `modelName`) share one query per signal:
   `avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL{modelName=~"A|B"}[1s]))`;
-  each series answers the pool with that label value;
+  each series answers the pool with that label value; a `modelName` pool's utilization
+  and stall come from the series the shipped pool rules record, where Prometheus records
+  them (`rules.py`: one series per pool for Prometheus to read instead of one per GPU);
 - **workloads**: one query over the recording rule `gpuscaler:workload_gpu_utilization:sum`
   (deploy/prometheus/prometheusrule.yaml), which sums GPU utilization by (namespace,
   workload) with the workload taken from the pod's name (Deployment
