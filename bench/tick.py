@@ -2,18 +2,25 @@
 
 For N GPUs: N/100 node pools (by modelName), N/10 workloads of 10 GPUs (Deployment pods),
 and per GPU the four series a tick reads (utilization, stall, frame buffer used and free)
-at 500 ms, backfilled by promtool. The workload rule's series
-(`gpuscaler:workload_gpu_utilization:sum`) is planted as Prometheus would have recorded
-it (the rule itself is tested against the per-target sums in
-tests/test_prometheus_grouped.py).
+at 500 ms, backfilled by promtool. The recording rules' series are planted as
+Prometheus would have recorded them at a phase of 0 (on the 500 ms grid): the workload
+rule's (`gpuscaler:workload_gpu_utilization:sum`, the rule itself tested against the
+per-target sums in tests/test_prometheus_grouped.py) and the pool rules'
+(`gpuscaler:pool_gpu_utilization:avg`, `gpuscaler:pool_gpu_stall:avg`), which are checked
+here against Prometheus' own evaluation of the shipped rule expressions over the raw
+series (bench/rulecost.py). What the rules cost Prometheus continuously is measured too:
+each rule group's evaluation time (Prometheus' own, from the answer's stats) as a share
+of one core at the group's interval.
 
 What is measured, in one run per size:
 - a throwaway first tick to warm Prometheus (page cache, start-up compaction);
 - the first tick (forecast, plan, and the reads: the whole window for the per-target
   baseline, one query per target; forecast.min_history for grouped reads, whose
   background backfill of the rest is then timed to its end as `backfill_10k_s`);
-- steady ticks 30 s apart (only the new points cross the wire), alternating grouped and
-  per-target so drift in the machine's load hits both;
+- steady ticks 30 s apart (only the new points cross the wire), alternating between
+  grouped reads with the pool rules (the default), grouped reads of the raw series
+  (`prometheus.pool_recording_rules: false`) and per-target reads, so drift in the
+  machine's load hits all three;
 - queries per steady tick, and the process' peak RSS (both variants held in memory).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
@@ -24,7 +31,8 @@ ticks read only new points, so they do not depend on the window's length. Cluste
 is fixed (no API server): the watch cache makes it a memory read (tests/test_watch_cache.py).
 
 Last line: RESULT gpus_1k_tick_s= gpus_10k_tick_s= first_tick_10k_s= queries_per_tick_10k=
-rss_10k_mb= (plus the per-target baselines and ratios).
+rss_10k_mb= (plus the raw-grouped and per-target baselines, ratios, and the rule groups'
+share of a core). `--sizes 1000` is the quick mode (about 1 min).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import STEP, prometheus
+from rulecost import check_planted, evaluation_cost
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.source import PrometheusMetrics
@@ -55,6 +64,14 @@ CYCLE = 30.0
 PLANTED = 100.0
 """Seconds of samples before the first tick (the rest of the 10 min window is empty)."""
 HASH = "7d4f8b9c6"
+POOL_RULE_SERIES = {
+    "DCGM_FI_DEV_GPU_UTIL": "gpuscaler:pool_gpu_utilization:avg",
+    "nvidia_gpu_stall_percentage": "gpuscaler:pool_gpu_stall:avg",
+}
+"""Raw series -> what the shipped pool rule (group gpuscaler-pools) records of it."""
+VARIANTS = ("grouped", "grouped_raw", "per_target")
+"""grouped: as configured by default (pool rules read where recorded); grouped_raw: the
+same with `prometheus.pool_recording_rules: false`; per_target: one query per target."""
 
 
 def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
@@ -63,13 +80,16 @@ def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> N
     workloads = gpus // 10
     load = np.zeros((workloads, points))
 
-    def series(out: Any, name: str, labels: str, values: np.ndarray) -> None:
+    def series(out: Any, name: str, labels: str, values: np.ndarray, exact: bool = False) -> None:
+        """Raw series in tenths, as dcgm-exporter gives them; recorded ones in full."""
         head = f"{name}{{{labels}}} "
-        out.write("".join(f"{head}{v:.1f}{t}" for v, t in zip(values, times, strict=True)))
+        text = [f"{v!r}" if exact else f"{v:.1f}" for v in values.tolist()]
+        out.write("".join(f"{head}{v}{t}" for v, t in zip(text, times, strict=True)))
 
     t = np.arange(points)
+    pools = gpus // 100
+    pooled = {s: np.zeros((pools, points)) for s in POOL_RULE_SERIES}
     with path.open("w", encoding="utf-8") as out:
-        util = []
         for name in ("DCGM_FI_DEV_GPU_UTIL", "nvidia_gpu_stall_percentage"):
             out.write(f"# TYPE {name} gauge\n")
             for g in range(gpus):
@@ -78,12 +98,14 @@ def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> N
                 values = np.clip(base + rng.normal(0, 4, points), 0, 100).round(1)
                 if name == "DCGM_FI_DEV_GPU_UTIL":
                     load[w] += values
-                    util.append(values)
+                else:
+                    values = (values / 5).round(1)  # printed as is: what Prometheus holds
+                pooled[name][g % pools] += values
                 labels = (
-                    f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % (gpus // 100)}",'
+                    f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % pools}",'
                     f'namespace="w{w}",pod="w{w}-{HASH}-b{g % 10}x2z"'
                 )
-                series(out, name, labels, values if name == "DCGM_FI_DEV_GPU_UTIL" else values / 5)
+                series(out, name, labels, values)
         for name, value in (("DCGM_FI_DEV_FB_USED", 30_000.0), ("DCGM_FI_DEV_FB_FREE", 50_000.0)):
             out.write(f"# TYPE {name} gauge\n")
             flat = np.full(points, value)
@@ -93,11 +115,20 @@ def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> N
         name = "gpuscaler:workload_gpu_utilization:sum"
         out.write(f"# TYPE {name} gauge\n")
         for w in range(workloads):
-            series(out, name, f'namespace="w{w}",workload="w{w}"', load[w])
+            series(out, name, f'namespace="w{w}",workload="w{w}"', load[w], exact=True)
+        # The pool rules (group gpuscaler-pools): every GPU has a sample at each grid
+        # time, so `avg by (modelName) (last_over_time(X[1s]))` evaluated there is the
+        # mean of the pool's samples at that time (checked against Prometheus' own
+        # evaluation of the rule on the raw series in `check_rules`).
+        for raw, recorded in POOL_RULE_SERIES.items():
+            out.write(f"# TYPE {recorded} gauge\n")
+            for p in range(pools):
+                mean = pooled[raw][p] / (gpus // pools)
+                series(out, recorded, f'modelName="pool-{p}"', mean, exact=True)
         out.write("# EOF\n")
 
 
-def config(url: str, gpus: int, grouped: bool) -> Config:
+def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
     pools = "\n".join(
         f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
         f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
@@ -107,7 +138,8 @@ def config(url: str, gpus: int, grouped: bool) -> Config:
         f"  - {{namespace: w{w}, kind: ScaledObject, name: w{w}}}" for w in range(gpus // 10)
     )
     return parse_config(
-        f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}}}\n'
+        f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}, '
+        f"pool_recording_rules: {str(rules).lower()}}}\n"
         "metrics: {window: 10m}\n"
         "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
         f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
@@ -192,37 +224,49 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 first_now
             )
             assert warming.grouped.backfill.wait(timeout=600)  # the whole window, read
-            runs: dict[bool, tuple[Controller, Any, float, list[float], list[int]]] = {}
-            for grouped in (False, True):
-                cfg = config(url, gpus, grouped)
+            worst = check_planted(url, start, end, STEP)
+            print(f"[{gpus}] planted pool rules vs Prometheus' evaluation: max |diff| {worst:.2e}")
+            assert worst < 1e-9
+            cost = evaluation_cost(url, [first_now + k * CYCLE / 4 for k in range(4 * cycles + 1)])
+            for name, (wall, cpu, share) in cost.items():
+                print(
+                    f"[{gpus}] rule group {name}: {wall * 1000:.1f} ms per evaluation "
+                    f"(Prometheus' stats), {cpu * 1000:.1f} ms of CPU: {share:.0%} of a core",
+                    flush=True,
+                )
+                out[f"rules_{name}"] = share
+            runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]] = {}
+            for tag in VARIANTS:
+                cfg = config(url, gpus, tag != "per_target", rules=tag == "grouped")
+                grouped = tag != "per_target"
                 source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
                 controller = Controller(
                     cfg, source, NoActuator(), dry_run=True, log_decisions=False
                 )
                 began = time.perf_counter()
                 controller.tick(first_now)
-                runs[grouped] = (controller, source, time.perf_counter() - began, [], [])
+                runs[tag] = (controller, source, time.perf_counter() - began, [], [])
                 if isinstance(source, GroupedPrometheusSource):  # the rest, read behind
                     assert source.grouped.backfill.wait(timeout=600)
-                    out["backfill"] = time.perf_counter() - began
+                    out[f"{tag}_backfill"] = time.perf_counter() - began
                 _time_observe(source)
-            observed: dict[bool, list[float]] = {True: [], False: []}
-            # Steady ticks alternate between the two, so drift in the machine's load hits both.
+            observed: dict[str, list[float]] = {tag: [] for tag in VARIANTS}
+            # Steady ticks alternate between the variants, so drift in the machine's load
+            # hits all of them.
             for c in range(1, cycles + 1):
-                for grouped in (True, False):
-                    controller, source, _, steady, queries = runs[grouped]
+                for tag in VARIANTS:
+                    controller, source, _, steady, queries = runs[tag]
                     began = time.perf_counter()
                     controller.tick(first_now + c * CYCLE)
                     steady.append(time.perf_counter() - began)
                     queries.append(source.queries_last_tick)
-                    observed[grouped].append(source.observe_s)
-            for grouped, (_, source, first, steady, queries) in runs.items():
+                    observed[tag].append(source.observe_s)
+            for tag, (_, source, first, steady, queries) in runs.items():
                 assert source.health.ok  # the source logged why, if not
-                tag = "grouped" if grouped else "per_target"
                 print(
                     f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
                     f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
-                    f"{', '.join(f'{s:.2f}' for s in observed[grouped])} s); "
+                    f"{', '.join(f'{s:.2f}' for s in observed[tag])} s); "
                     f"queries/tick {queries}",
                     flush=True,
                 )
@@ -247,10 +291,17 @@ def main() -> None:
         f"first_tick_10k_s={big.get('grouped_first', float('nan')):.2f}",
         f"queries_per_tick_10k={big.get('grouped_queries', float('nan')):.0f}",
         f"rss_10k_mb={big.get('rss_mb', float('nan')):.0f}",
-        f"backfill_10k_s={big.get('backfill', float('nan')):.2f}",
+        f"backfill_10k_s={big.get('grouped_backfill', float('nan')):.2f}",
     ]
     for name, r in (("1k", small), ("10k", big)):
         if r:
+            fields.append(f"grouped_raw_{name}_tick_s={r['grouped_raw_steady']:.3f}")
+            fields.append(
+                f"rules_speedup_{name}={r['grouped_raw_steady'] / r['grouped_steady']:.2f}"
+            )
+            for group in ("gpuscaler-pools", "gpuscaler-workloads"):
+                short = group.split("-")[1]
+                fields.append(f"rule_{short}_core_share_{name}={r[f'rules_{group}']:.3f}")
             fields.append(f"per_target_{name}_tick_s={r['per_target_steady']:.3f}")
             fields.append(f"per_target_{name}_queries={r['per_target_queries']:.0f}")
             fields.append(f"speedup_{name}={r['per_target_steady'] / r['grouped_steady']:.1f}")

@@ -182,3 +182,34 @@ def test_a_new_horizon_between_refits_scores_again() -> None:
         assert s.forecast is not None and len(s.forecast.mean) == steps
         assert np.isfinite(s.forecast.upper).all()
     assert all(kept[k].scored is not first[k].scored for k in keys)
+
+
+def test_kept_scorings_rolled_together_equal_those_rolled_one_by_one() -> None:
+    """Issue 18: a group's rows are rolled, sorted and given their peak offsets at once;
+    each equals the same row rolled alone, and rows of other shapes are still rolled."""
+    from dataclasses import replace
+
+    from gpuscaler.core.forecast.scored import _rolled
+
+    _, states = _run(_data(5), [0], rescore=False)
+    sub = [s.scored for s in states.values() if s.scored is not None]
+    assert len(sub) >= 3
+    rng = np.random.default_rng(5)
+    steps = sub[0].abs_recent.shape[1]
+    errors = rng.uniform(0, 10, (len(sub), 2, steps))
+    errors[0, 1, 3] = np.nan
+    peaks = rng.uniform(-5, 5, (len(sub), 2))
+    alone = [_rolled([s], errors[g : g + 1], peaks[g : g + 1], NOW)[0] for g, s in enumerate(sub)]
+    # one row with fewer recent origins: the rows no longer share a shape
+    short = replace(sub[1], abs_recent=sub[1].abs_recent[10:], peak_recent=sub[1].peak_recent[10:])
+    mixed = [sub[0], short, *sub[2:]]
+    short_alone = _rolled([short], errors[1:2], peaks[1:2], NOW)[0]
+    for got_all, want_all in (
+        (_rolled(sub, errors, peaks, NOW), alone),
+        (_rolled(mixed, errors, peaks, NOW), [alone[0], short_alone, *alone[2:]]),
+    ):
+        for got, want in zip(got_all, want_all, strict=True):
+            for name in ("abs_errors", "abs_recent", "peak_recent"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+            assert (got.peak, got.newest) == (want.peak, want.newest) and got.newest == NOW
+    assert short_alone.abs_recent.shape[0] < alone[1].abs_recent.shape[0]

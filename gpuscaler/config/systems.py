@@ -72,6 +72,11 @@ class PrometheusConfig(StrictModel):
     """One query per signal and pool family and one for all workloads (through the shipped
     recording rule), instead of one per target; targets a group does not cover are still
     read one by one. false: one query per target (a Prometheus without the rule)."""
+    pool_recording_rules: bool = True
+    """With grouped queries, read a `modelName` pool's utilization and stall from the
+    series the shipped rules record per pool (group `gpuscaler-pools`), where Prometheus
+    records them (checked every 5 minutes; adapters/prometheus/rules.py): Prometheus
+    then reads one series per pool instead of one per GPU. false: always the raw series."""
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""

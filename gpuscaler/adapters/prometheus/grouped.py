@@ -7,7 +7,9 @@ per-target reads from memory:
 - **pools**: pools whose `metrics_matchers` are one equality on the same label (a "pool
   family", e.g. `modelName`) share one query per signal:
   `avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL{modelName=~"A|B"}[1s]))`;
-  each series answers the pool with that label value;
+  each series answers the pool with that label value; a `modelName` pool's utilization
+  and stall come from the series the shipped pool rules record, where Prometheus records
+  them (`rules.py`: one series per pool for Prometheus to read instead of one per GPU);
 - **workloads**: one query over the recording rule `gpuscaler:workload_gpu_utilization:sum`
   (deploy/prometheus/prometheusrule.yaml), which sums GPU utilization by (namespace,
   workload) with the workload taken from the pod's name (Deployment
@@ -42,6 +44,7 @@ from gpuscaler.adapters.prometheus.memo import (
     Chunk,
     MemoTransport,
     chunks,
+    split_answer,
 )
 from gpuscaler.adapters.prometheus.promql import (
     HOSTNAME_LABELS,
@@ -50,6 +53,7 @@ from gpuscaler.adapters.prometheus.promql import (
     escape_label_value,
     grouped_template,
 )
+from gpuscaler.adapters.prometheus.rules import PoolRules, check_query, recorded_template
 from gpuscaler.adapters.prometheus.source import Metrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError
@@ -76,6 +80,8 @@ class _Group:
     stale: _Group | None = None
     """An instant group's second try, over `metrics.staleness`, for the targets the
     first (over the step's lookback) found nothing of (`_newest_gib`)."""
+    recorded: bool = False
+    """Over a pool recording rule's series (`rules.py`), not the raw per-GPU ones."""
 
 
 class GroupedPrometheusMetrics(PrometheusMetrics):
@@ -87,6 +93,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self._count_lock = threading.Lock()
         self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
         self._head: tuple[Config, float] | None = None
+        self.rules = PoolRules()
 
     # ------------------------------------------------------------------ planning
 
@@ -186,9 +193,15 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         groups = []
         for label, pools in families.items():
             for signal, template, instant in signals:
-                group, alone = self._family_group(label, pools, signal, template, instant)
-                groups += [group] if group is not None else []
-                single += alone
+                recorded, raw = self.rules.split(self.config, signal, label, template, pools)
+                for members, rule in ((recorded, True), (raw, False)):
+                    if not members:
+                        continue
+                    group, alone = self._family_group(
+                        label, members, signal, template, instant, rule
+                    )
+                    groups += [group] if group is not None else []
+                    single += alone
         workload = self._workload_group()
         if workload is not None:
             groups.append(workload)
@@ -199,9 +212,16 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         return groups, single
 
     def _family_group(
-        self, label: str, pools: list[tuple[str, str]], signal: str, template: str, instant: bool
+        self,
+        label: str,
+        pools: list[tuple[str, str]],
+        signal: str,
+        template: str,
+        instant: bool,
+        recorded: bool = False,
     ) -> tuple[_Group | None, list[tuple[str, str, bool]]]:
-        """One signal's grouped query over a pool family, and the pools read on their own."""
+        """One signal's grouped query over a pool family (over the pool recording rule's
+        series when `recorded`), and the pools read on their own."""
         key = {name: f"pool:{name}:{signal}" for name, _ in pools}
         # A series sampled coarser than the step (adapters/prometheus/spacing.py) needs
         # its own lookback: it is read on its own. Frame-buffer figures have their own
@@ -210,6 +230,8 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         grouped = grouped_template(template, [label])
         regex = "|".join(re.escape(v) for _, v in pools)
         matcher = f"{label}=~{escape_label_value(regex)}"
+        if recorded:
+            grouped = recorded_template(signal)
         if grouped is None:  # each pool read as `_fetch` / `_newest_gib` read it first
             lookbacks = {n: self._lookback_of(key[n], instant) for n in key}
             return None, [
@@ -226,7 +248,10 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
                 for n, v in pools
             }
             g = _Group(
-                grouped.format(matchers=matcher, lookback=lookback), (label,), instant=instant
+                grouped.format(matchers=matcher, lookback=lookback),
+                (label,),
+                instant=instant,
+                recorded=recorded,
             )
             g.targets = {(v,): (key[n], per_target[n]) for n, v in pools if n not in coarse}
             g.stale, group = group, g
@@ -303,7 +328,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
                 members = [(values, query) for values, (_, query) in g.targets.items()]
                 if spans is None:
                     jobs.append(
-                        (g.query, instant, partial(_split, g.by, members, instant, answers))
+                        (g.query, instant, partial(split_answer, g.by, members, instant, answers))
                     )
                 continue
             by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
@@ -313,7 +338,10 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
                     by_span.setdefault(span, []).append((values, query))
             for span, members in by_span.items():
                 for chunk in chunks(*span, step, pieces):
-                    jobs.append((g.query, chunk, partial(_split, g.by, members, chunk, answers)))
+                    store = partial(split_answer, g.by, members, chunk, answers)
+                    if g.recorded and spans is None:  # not the backfill's older spans
+                        store = partial(self._split_recorded, store, members, chunk, answers)
+                    jobs.append((g.query, chunk, store))
         self._run(jobs, counted=spans is None)
         if spans is None:
             self._run(list(self._stale_jobs(groups, instant, answers)))
@@ -326,6 +354,29 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         ]
         self._run(jobs, counted=spans is None)
         return answers
+
+    def _check_rules(self, now: float) -> None:
+        """Which pools Prometheus records (`rules.py`): one instant query, every
+        `rules.CHECK_EVERY` seconds."""
+        if not self.rules.needs_check(self.config, now):
+            return
+        step = self.config.metrics.step
+        answer = self._query(check_query(), (math.floor(now / step) * step, INSTANT))
+        self.rules.update(now, answer, self.config)
+
+    def _split_recorded(
+        self,
+        split: Callable[[Answer], None],
+        members: list[tuple[tuple[str, ...], str]],
+        chunk: Chunk,
+        answers: dict[AnswerKey, Answer],
+        result: Answer,
+    ) -> None:
+        """A recorded series' answer: a pool it misses although it came (its rule removed,
+        a gap) is read raw for now, and the rules are checked again (`rules.py`)."""
+        split(result)
+        if isinstance(result, list):
+            self.rules.note_missing([q for _, q in members if (q, *chunk) not in answers])
 
     def _chunks(
         self,
@@ -351,7 +402,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             empty = {v for v, (_, q) in g.targets.items() if answers.get((q, *instant)) == []}
             members = [(v, q) for v, (_, q) in g.stale.targets.items() if v in empty]
             if members:
-                yield g.stale.query, instant, partial(_split, g.by, members, instant, answers)
+                yield g.stale.query, instant, partial(split_answer, g.by, members, instant, answers)
 
     def _run(
         self, jobs: list[tuple[str, Chunk, Callable[[Answer], None]]], counted: bool = True
@@ -381,6 +432,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self.backfill.apply(self.windows)
         self.backfill.start()
         self.queries_last_tick = 0
+        self._check_rules(now)
         real = self.transport
         answers = self.prefetch(now)
         memo = MemoTransport(real, answers)
@@ -390,27 +442,3 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         finally:
             self.transport = real
             self.queries_last_tick += memo.fallbacks
-
-
-def _split(
-    by: tuple[str, ...],
-    members: list[tuple[tuple[str, ...], str]],
-    chunk: Chunk,
-    answers: dict[AnswerKey, Answer],
-    result: Answer,
-) -> None:
-    """One grouped answer cut into the per-target answers it holds; a failed one stores
-    nothing, so each target is asked on its own. An instant answer is complete: a pool
-    it does not hold has no sample in its lookback, so its own query would be empty."""
-    if isinstance(result, SourceError) or not isinstance(result, list):
-        return
-    by_values = {}
-    for item in result:
-        metric = (item.get("metric") or {}) if isinstance(item, dict) else {}
-        by_values[tuple(str(metric.get(label, "")) for label in by)] = item
-    for values, query in members:
-        item = by_values.get(values)
-        if item is not None:
-            answers[(query, *chunk)] = [item]
-        elif chunk[1] == INSTANT:
-            answers[(query, *chunk)] = []

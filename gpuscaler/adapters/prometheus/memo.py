@@ -66,3 +66,27 @@ def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk
         if chunk_end >= last:
             return out
         t = chunk_end
+
+
+def split_answer(
+    by: tuple[str, ...],
+    members: list[tuple[tuple[str, ...], str]],
+    chunk: Chunk,
+    answers: dict[AnswerKey, Answer],
+    result: Answer,
+) -> None:
+    """One grouped answer cut into the per-target answers it holds; a failed one stores
+    nothing, so each target is asked on its own. An instant answer is complete: a pool
+    it does not hold has no sample in its lookback, so its own query would be empty."""
+    if isinstance(result, SourceError) or not isinstance(result, list):
+        return
+    by_values = {}
+    for item in result:
+        metric = (item.get("metric") or {}) if isinstance(item, dict) else {}
+        by_values[tuple(str(metric.get(label, "")) for label in by)] = item
+    for values, query in members:
+        item = by_values.get(values)
+        if item is not None:
+            answers[(query, *chunk)] = [item]
+        elif chunk[1] == INSTANT:
+            answers[(query, *chunk)] = []

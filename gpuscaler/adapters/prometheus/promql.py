@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
@@ -61,6 +62,7 @@ def workload_matchers(
     ]
 
 
+@lru_cache(maxsize=65_536)
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
     """The template over the workload's pods under either label convention: `(A) or (B)`
     takes the plain labels when they match and the exported ones otherwise. A template

@@ -27,10 +27,11 @@ from gpuscaler.adapters.prometheus.window import (
     Window,
     decode_matrix,
     decode_vector,
+    drop_outside,
     out_of_range,
 )
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
-from gpuscaler.core.model import Series
+from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.demand import DEMAND_BOUNDS
 
 log = logging.getLogger("gpuscaler.prometheus")
@@ -84,6 +85,13 @@ class Metrics:
     workloads: tuple[WorkloadMetrics, ...] = ()
 
 
+def _present_times(series: Series) -> FloatArray:
+    """Times of the window's samples (measured by the spacing tracker only every few
+    reads: not computed for the others)."""
+    present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
+    return series.start + series.step * present
+
+
 class PrometheusMetrics:
     """Metrics from Prometheus, fetched incrementally into a window per target; nothing
     of the cluster (`gpuscaler.sources` joins the two)."""
@@ -109,11 +117,13 @@ class PrometheusMetrics:
         and the target gets no action this tick. `query` builds the PromQL for a lookback:
         a series found coarser than the step is read again at once with its own."""
         series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
-        if problem is None and series is not None:
-            present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
-            if self.spacing.observe(key, series.start + series.step * present):
-                self.windows.pop(key, None)  # backfill the window with the new lookback
-                return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        if (
+            problem is None
+            and series is not None
+            and self.spacing.observe(key, partial(_present_times, series))
+        ):
+            self.windows.pop(key, None)  # backfill the window with the new lookback
+            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
         return series, problem
 
     def _fetch_once(
@@ -131,7 +141,7 @@ class PrometheusMetrics:
             start = self._first_start(key, query, first, end, bounds)
         try:
             had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
-            if start > first and window.series().last_sample_time() is None:
+            if start > first and window.empty():
                 # Nothing in a first read's head: the rest now, not behind, so that a
                 # silent series is told stale (or absent) on this very tick.
                 self._first_start_done(key)
@@ -140,13 +150,14 @@ class PrometheusMetrics:
         except SourceError as e:
             self._transport_errors.append(f"{key}: {e}")
             return window.series(), str(e)
-        if got_any or window.series().last_sample_time() is not None:
+        empty = not got_any and window.empty()  # a sample read means not empty
+        if not empty:
             window.fetched_until = end  # an empty window is backfilled again next tick
         if absurd is not None:
             return window.series(), absurd
         if had_bad:
             return window.series(), "NaN or Inf in the newest samples"
-        if not got_any and window.series().last_sample_time() is None:
+        if empty:
             return window.series(), "empty result: no series matches"
         return window.series(), None
 
@@ -167,8 +178,8 @@ class PrometheusMetrics:
             times, values, bad = decode_matrix(
                 self.transport.query_range(query, t, chunk_end, step)
             )
-            absurd = absurd or out_of_range(values, bounds)
-            values[(values < bounds[0]) | (values > bounds[1])] = np.nan
+            problem = drop_outside(values, bounds)  # decoded: non-finite values are NaN
+            absurd = absurd or problem
             window.write(times, values)
             had_bad |= bad
             got_any |= times.size > 0
@@ -253,8 +264,9 @@ class PrometheusMetrics:
             template, bounds = queries.workload_load, LOAD
             if w.demand is not None:  # the serving stack's own demand (gpuscaler.demand)
                 template, bounds = w.demand.template, DEMAND_BOUNDS
+            key = w.key
             load, problem = self._fetch(
-                f"workload:{w.key}",
+                f"workload:{key}",
                 partial(build_workload_query, template, w.namespace, w.name),
                 now,
                 bounds,
@@ -262,7 +274,7 @@ class PrometheusMetrics:
             demand, demand_problem = self._leading(w, now)
             workloads.append(
                 WorkloadMetrics(
-                    w.key,
+                    key,
                     load,
                     problem,
                     demand=demand,

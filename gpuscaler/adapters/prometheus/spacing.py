@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
@@ -56,6 +57,7 @@ def measure_spacing(times: FloatArray, step: float) -> float | None:
     return spacing if spacing > 1.5 * step else None
 
 
+@lru_cache(maxsize=256)  # asked once per target and tick, of a few (step, spacing)
 def lookback_ms(step: float, spacing: float | None) -> str:
     """The `{lookback}` of a query: two steps, or the measured spacing plus two steps."""
     seconds = 2 * step + (spacing or 0.0)
@@ -85,16 +87,17 @@ class SpacingTracker:
     def lookback(self, key: str) -> str:
         return lookback_ms(self.step, self.measured.get(key))
 
-    def observe(self, key: str, times: FloatArray) -> bool:
-        """Record the spacing behind `times` (points returned for `key`); True when the
-        series turns out coarser than the step for the first time (refetch it)."""
+    def observe(self, key: str, times: FloatArray | Callable[[], FloatArray]) -> bool:
+        """Record the spacing behind `times` (points returned for `key`; a callable is
+        called only when the series is measured this read); True when the series turns
+        out coarser than the step for the first time (refetch it)."""
         if key in self.measured:
             return False
         left = self._fine.get(key, 0)
         if left > 0:
             self._fine[key] = left - 1
             return False
-        spacing = measure_spacing(times, self.step)
+        spacing = measure_spacing(times() if callable(times) else times, self.step)
         if spacing is None:
             self._fine[key] = RECHECK_EVERY - 1
             return False

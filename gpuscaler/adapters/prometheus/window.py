@@ -25,12 +25,27 @@ MEMORY_MIB = (0.0, 1024.0 * 1024)
 
 def out_of_range(values: FloatArray, bounds: tuple[float, float]) -> str | None:
     """A problem naming the first finite value outside `bounds`, None when all are in."""
-    lo, hi = bounds
     finite = values[np.isfinite(values)]
-    bad = finite[(finite < lo) | (finite > hi)]
+    return outside_problem(finite[(finite < bounds[0]) | (finite > bounds[1])], bounds)
+
+
+def outside_problem(bad: FloatArray, bounds: tuple[float, float]) -> str | None:
+    """The problem `out_of_range` names for `bad`, the values found outside `bounds`."""
     if bad.size == 0:
         return None
+    lo, hi = bounds
     return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
+
+
+def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
+    """`out_of_range`'s problem for decoded `values` (non-finite already NaN), and those
+    values set to NaN: one pass of comparisons, no copy when all are in (issue 18)."""
+    outside = (values < bounds[0]) | (values > bounds[1])  # NaN compares False
+    if not outside.any():
+        return None
+    problem = outside_problem(values[outside], bounds)
+    values[outside] = np.nan
+    return problem
 
 
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
@@ -96,21 +111,33 @@ class Window:
 
     def advance(self, end: float) -> None:
         """Move the window to end at `end`, keeping what overlaps, NaN for the rest."""
-        new = np.full(self.size, np.nan)
+        new = np.empty(self.size)  # a new array: Series handed out earlier keep theirs
+        keep = 0
         if self.end is not None and self.values.size:
             shift = round((end - self.end) / self.step)
             keep = self.size - shift
             if 0 < keep <= self.size:
                 new[:keep] = self.values[shift:]
             elif shift <= 0:
-                new = self.values.copy()
+                new, keep = self.values.copy(), self.size
+            else:
+                keep = 0
+        new[keep:] = np.nan
         self.values, self.end = new, end
 
     def write(self, times: FloatArray, values: FloatArray) -> None:
         assert self.end is not None
-        idx = np.round((times - self.end) / self.step).astype(np.int64) + self.size - 1
+        idx = np.rint((times - self.end) / self.step).astype(np.int64)
+        idx += self.size - 1
         ok = (idx >= 0) & (idx < self.size)
-        self.values[idx[ok]] = values[ok]
+        if ok.all():  # the usual answer: nothing outside the window to drop
+            self.values[idx] = values
+        else:
+            self.values[idx[ok]] = values[ok]
+
+    def empty(self) -> bool:
+        """No sample in the window (`series().last_sample_time() is None`)."""
+        return not np.isfinite(self.values).any()
 
     def series(self) -> Series:
         assert self.end is not None

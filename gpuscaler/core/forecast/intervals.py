@@ -12,6 +12,8 @@ are checked against the intervals issued before; the level moves by ACI_GAMMA ti
 from __future__ import annotations
 
 import math
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -90,37 +92,46 @@ def resolve(
     if state is None:
         return IntervalState(level=nominal, checked_at=now)
     points = misses = 0
-    kept = np.zeros(len(state.pending), dtype=bool)
-    lengths: dict[int, list[int]] = {}
-    for i, issued in enumerate(state.pending):
-        lengths.setdefault(len(issued.lower), []).append(i)
-    for length, which in lengths.items():
-        if length == 0:
-            continue
-        group = [state.pending[i] for i in which]
-        origin = np.array([g.origin for g in group])[:, None]
-        every = np.array([g.step for g in group])[:, None]
-        taus = origin + every * np.arange(1, length + 1)  # (intervals, length)
-        new = (taus > state.checked_at + 1e-9) & (taus <= now + 1e-9)
-        idx = len(row) - 1 - np.round((now - taus) / step).astype(np.int64)
-        inside = new & (idx >= 0)
-        y = (
-            np.where(inside, row[np.clip(idx, 0, len(row) - 1)], np.nan)
-            if len(row)
-            else idx * np.nan
-        )
-        seen = np.isfinite(y)
-        lo = np.array([g.lower for g in group])
-        hi = np.array([g.upper for g in group])
-        points += int(seen.sum())
-        misses += int(((y < lo) | (y > hi))[seen].sum())
-        kept[which] = taus[:, -1] > now + 1e-9
-    keep = tuple(issued for issued, k in zip(state.pending, kept, strict=True) if k)
+    keep: tuple[IssuedInterval, ...] = ()
+    if state.pending:
+        points, misses, keep = _check_pending(state, row, now, step)
     level = state.level
     if points:
         level += ACI_GAMMA * (misses / points - (1.0 - nominal))
         level = min(max(level, ACI_LEVELS[0]), ACI_LEVELS[1])
     return IntervalState(level, now, keep, state.points + points, state.misses + misses)
+
+
+_LOWER, _UPPER = attrgetter("lower"), attrgetter("upper")
+_ORIGIN, _STEP = attrgetter("origin"), attrgetter("step")
+
+
+def _check_pending(
+    state: IntervalState, row: FloatArray, now: float, step: float
+) -> tuple[int, int, tuple[IssuedInterval, ...]]:
+    """(points observed since `state.checked_at`, of which outside their interval, the
+    intervals still pending): every pending interval's buckets checked in one pass
+    (issue 18; one interval at a time cost about 0.5 ms per series and tick)."""
+    pending = state.pending
+    n = len(pending)
+    sizes = np.fromiter(map(len, map(_LOWER, pending)), np.int64, n)
+    total = int(sizes.sum())
+    origin = np.repeat(np.fromiter(map(_ORIGIN, pending), np.float64, n), sizes)
+    spacing = np.repeat(np.fromiter(map(_STEP, pending), np.float64, n), sizes)
+    # 1, 2, ..., size within each interval: the bucket ends origin + step * k
+    k = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
+    taus = origin + spacing * k.astype(np.float64)
+    lower = np.fromiter(chain.from_iterable(map(_LOWER, pending)), np.float64, total)
+    upper = np.fromiter(chain.from_iterable(map(_UPPER, pending)), np.float64, total)
+    new = (taus > state.checked_at + 1e-9) & (taus <= now + 1e-9)
+    idx = len(row) - 1 - np.round((now - taus[new]) / step).astype(np.int64)
+    inside = idx >= 0
+    y = row[idx[inside]]
+    lo, hi = lower[new][inside], upper[new][inside]
+    seen = np.isfinite(y)
+    last = np.cumsum(sizes) - 1
+    keep = tuple(p for p, t in zip(pending, taus[last].tolist(), strict=True) if t > now + 1e-9)
+    return int(seen.sum()), int(((y < lo) | (y > hi))[seen].sum()), keep
 
 
 def issue(state: IntervalState, lower: FloatArray, upper: FloatArray, step: float) -> IntervalState:

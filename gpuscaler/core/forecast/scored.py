@@ -102,18 +102,47 @@ def refresh(
         part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
         sub = [scored[i] for i in idx]
         errors, peaks = _errors_at(engine, part, hist[rows], sub, usable[rows], js[ok], steps)
-        for g, i in enumerate(idx):
-            s = scored[i]
-            recent = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
-            peak_recent = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
-            out[i] = replace(
+        for i, rolled in zip(idx, _rolled(sub, errors, peaks, float(times[ok][-1])), strict=True):
+            out[i] = rolled
+    return out
+
+
+def _rolled(
+    sub: Sequence[Scored], errors: FloatArray, peaks: FloatArray, newest: float
+) -> list[Scored]:
+    """Kept scorings with the errors at the new origins appended (the oldest beyond
+    ASSESS_ORIGINS dropped), their sorted errors and peak offsets updated. Rows of one
+    shape are done at once (issue 18): the same per-row arithmetic as one at a time."""
+    if len({(x.abs_recent.shape, x.peak_recent.shape) for x in sub}) == 1:
+        recent = np.concatenate([np.stack([x.abs_recent for x in sub]), errors], axis=1)
+        peak_recent = np.concatenate([np.stack([x.peak_recent for x in sub]), peaks], axis=1)
+        recent, peak_recent = recent[:, -ASSESS_ORIGINS:], peak_recent[:, -ASSESS_ORIGINS:]
+        ordered, offsets = np.sort(recent, axis=1), peak_offset(peak_recent).tolist()
+        return [
+            replace(
                 s,
-                abs_errors=np.sort(recent, axis=0),
-                peak=float(peak_offset(peak_recent[None, :])[0]),
-                abs_recent=recent,
-                peak_recent=peak_recent,
-                newest=float(times[ok][-1]),
+                abs_errors=ordered[g],
+                peak=offsets[g],
+                abs_recent=recent[g],
+                peak_recent=peak_recent[g],
+                newest=newest,
             )
+            for g, s in enumerate(sub)
+        ]
+    out = []
+    for g, s in enumerate(sub):
+        recent_one = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
+        peak_one = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
+        out.append(
+            replace(
+                s,
+                abs_errors=np.sort(recent_one, axis=0),
+                peak=float(peak_offset(peak_one[None, :])[0]),
+                abs_recent=recent_one,
+                peak_recent=peak_one,
+                newest=newest,
+            )
+        )
     return out
 
 
