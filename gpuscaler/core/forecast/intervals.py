@@ -129,8 +129,9 @@ def _check_pending(
     y = row[idx[inside]]
     lo, hi = lower[new][inside], upper[new][inside]
     seen = np.isfinite(y)
-    last = np.cumsum(sizes) - 1
-    keep = tuple(p for p, t in zip(pending, taus[last].tolist(), strict=True) if t > now + 1e-9)
+    # an interval's last bucket ends at origin + step * size; an empty one has none
+    ends = [p.origin + p.step * float(len(p.lower)) if p.lower else -math.inf for p in pending]
+    keep = tuple(p for p, t in zip(pending, ends, strict=True) if t > now + 1e-9)
     return int(seen.sum()), int(((y < lo) | (y > hi))[seen].sum()), keep
 
 
