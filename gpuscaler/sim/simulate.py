@@ -128,6 +128,9 @@ class SimulationResult:
     forecast_from: float = 0.0
     """Seconds into the replay from which the forecast ran (before, the controller's
     floor sized for the observed demand alone)."""
+    seconds: float = 0.0
+    """Seconds replayed (`hours` unrounded)."""
+    seed: int = 1
 
     def summary(self) -> dict[str, Any]:
         g = _metrics(self, self.gpuscaler)
@@ -275,15 +278,25 @@ def _run(
 
 
 def run_baselines(
-    config: Config, start: float, seconds: float, arrivals: FloatArray, seed: int, scored: int
+    config: Config,
+    start: float,
+    seconds: float,
+    arrivals: FloatArray,
+    seed: int,
+    scored: int,
+    targets: Sequence[int] | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every baseline at every swept target, on the same arrivals and cluster model."""
+    """Every baseline (or those `names`) at every target (default: the swept ones), on
+    the same arrivals and cluster model."""
     slo = config.simulator.slo_wait
     curves: dict[str, list[dict[str, Any]]] = {}
     for name, kind in BASELINES.items():
+        if names is not None and name not in names:
+            continue
         curves[name] = []
         predicted: dict[int, float] = {}  # the same demand at every target: forecast once
-        for target in sweep_targets():
+        for target in sweep_targets() if targets is None else targets:
             scaler = (kind, target)
             run = _run(
                 name, config, start, seconds, arrivals, seed, scaler=scaler, predicted=predicted
@@ -333,7 +346,33 @@ def simulate(
         if baselines
         else {},
         forecast_from=forecast_from,
+        seconds=seconds,
+        seed=seed,
     )
+
+
+def extend_below(sim: SimulationResult, lowest: int = 10, step: int = 5) -> dict[str, list[int]]:
+    """Extend each baseline curve of `sim` below its lowest target, `step` points at a
+    time down to `lowest` %, until its dearest point holds at least gpuscaler's own
+    GPU-hours: where gpuscaler is dearer than the whole swept curve (40..90 %), there is
+    no equal-cost point to compare with until the curve reaches it. The points are run
+    as the swept ones (same arrivals, seed and cluster model) and added to
+    `sim.baselines` in target order; returns the targets added per baseline."""
+    gpu_hours = _metrics(sim, sim.gpuscaler)["gpu_hours"]
+    run = sim.gpuscaler.cluster
+    added: dict[str, list[int]] = {}
+    for name in list(sim.baselines):
+        curve = sim.baselines[name]
+        while curve and max(p["gpu_hours"] for p in curve) < gpu_hours:
+            target = min(p["target_pct"] for p in curve) - step
+            if target < lowest:
+                break
+            args = (sim.config, sim.start, sim.seconds, run.arrivals, sim.seed, sim.scored_from)
+            point = run_baselines(*args, [target], [name])[name][0]
+            curve = sorted([*curve, point], key=lambda p: p["target_pct"])
+            added.setdefault(name, []).append(target)
+        sim.baselines[name] = curve
+    return added
 
 
 MIN_SECONDS = 1800.0
