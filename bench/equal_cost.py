@@ -29,7 +29,8 @@ not depend on gpuscaler's policy: same trace, seed and config) and runs only gpu
 the reactive HPA: a policy change is judged on every window in a fraction of the time.
 The baselines' own code must not have changed since that run.
 
-`--only LABEL,...` runs those windows alone.
+`--only LABEL,...` runs those windows alone; `--before rows.json` prints every window
+before (that earlier run) and after (this one).
 
 Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
 """
@@ -202,11 +203,38 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compared(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """Each window before and after a change: GPU-hours, SLO violations, ratio, verdict."""
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "- | - | - | -"
+        g = r["gpuscaler"]
+        ratio = "tie" if r["tie"] else _fmt(r["ratio"], pct=False)
+        return (
+            f"{g['gpu_hours']:.1f} | {_fmt(g['slo_violation_share'])} | {ratio} | "
+            f"{'win' if not r['failed'] else 'LOSS'}"
+        )
+
+    old = {r["window"]: r for r in before}
+    lines = [
+        "| window | GPU-h before | viol. % before | ratio before | verdict before "
+        "| GPU-h after | viol. % after | ratio after | verdict after |",
+        "|" + "---|" * 9,
+    ]
+    for r in after:
+        lines.append(f"| {r['window']} | {cell(old.get(r['window']))} | {cell(r)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two windows per 2024 trace")
     parser.add_argument(
         "--only", metavar="LABELS", help="comma-separated window labels: run only those"
+    )
+    parser.add_argument(
+        "--before", metavar="PATH", help="an earlier --json: print each window before and after"
     )
     parser.add_argument("--seed", type=int, default=1, help="arrivals seed (default 1)")
     parser.add_argument(
@@ -250,6 +278,9 @@ def main() -> None:
     for r in rows:
         for name, targets in r.get("extended", {}).items():
             print(f"{r['window']}: {name} curve extended below 40 % to {targets[-1]} %")
+    if args.before:
+        before = [judge(r) for r in json.loads(Path(args.before).read_text())]
+        print(compared(before, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
