@@ -3,11 +3,16 @@
 Windows: 24 h at hours 0, 48, 96 and 144 of both shared 2024 traces; the shared 2023
 per-request logs binned to 10 s (about 1 h each, their GPU-seconds per request scaled so
 mean demand is 2 GPUs: at 0.06 they would need a sixth of one GPU); and 6 h of each
-synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Default config, seed 1.
+synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Default config, seed 1
+(`--seed`, `--replicas` change them).
 
 Each window runs `simulate` (gpuscaler, reactive HPA at 70 %, and every baseline swept
 over targets 40..90 %). The reactive curve is read at gpuscaler's own GPU-hours; the
-gates of issue 11 are checked:
+gates of issue 11 are checked. Where gpuscaler holds more GPU-hours than a curve's
+dearest swept point, that curve is extended below 40 % (35, 30, ... down to 10 %, the
+points run as the swept ones; `gpuscaler.sim.extend`) until it reaches gpuscaler's
+GPU-hours, so the comparison is at equal cost; the output lists every extension. The
+gates:
 - never worse: SLO-violation share <= reactive@equal x 1.05, or both below 0.1 %;
 - where reactive@equal violates for more than 0.5 % of requests: at most half of its
   violations, and no more than the predictive-floor baseline at equal GPU-hours (where
@@ -24,6 +29,9 @@ not depend on gpuscaler's policy: same trace, seed and config) and runs only gpu
 the reactive HPA: a policy change is judged on every window in a fraction of the time.
 The baselines' own code must not have changed since that run.
 
+`--only LABEL,...` runs those windows alone; `--before rows.json` prints every window
+before (that earlier run) and after (this one).
+
 Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
 """
 
@@ -34,6 +42,7 @@ import json
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,7 @@ import numpy as np
 
 from gpuscaler.config import Config
 from gpuscaler.sim.equal_cost import equal_cost
+from gpuscaler.sim.extend import extend_below
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
@@ -86,17 +96,25 @@ def _config(trace: Trace, source: str) -> Config:
 
 
 def run_window(
-    window: tuple[str, str, float, float], reuse: dict[str, Any] | None = None
+    window: tuple[str, str, float, float],
+    reuse: dict[str, Any] | None = None,
+    seed: int = 1,
+    replicas: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One window's row; `reuse`: the baseline curves of an earlier run of this window
-    (they do not depend on gpuscaler's policy: same trace, seed and config), not re-run."""
+    (they do not depend on gpuscaler's policy: same trace, seed and config), not re-run;
+    `replicas`: fields of the replicas config set for this run."""
     label, source, start, hours = window
     t0 = time.perf_counter()
     trace = _trace(source)
     span = None if math.isnan(hours) else hours
-    result = simulate(trace, span, 1, _config(trace, source), start, baselines=reuse is None)
+    config = _config(trace, source)
+    if replicas:
+        config = config.model_copy(update={"replicas": config.replicas.model_copy(update=replicas)})
+    result = simulate(trace, span, seed, config, start, baselines=reuse is None)
     if reuse is not None:
-        result.baselines = reuse
+        result.baselines = {name: list(curve) for name, curve in reuse.items()}
+    extended = extend_below(result)
     s = result.summary()
     g = s["gpuscaler"]
     curve = s["baselines"]["reactive"]
@@ -111,6 +129,7 @@ def run_window(
         "floor_equal": _equal(s["baselines"]["predictive_floor"], g["gpu_hours"]),
         "keda_equal": _equal(s["baselines"]["keda_rate"], g["gpu_hours"]),
         "baselines": s["baselines"],
+        "extended": extended,
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -185,11 +204,48 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compared(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """Each window before and after a change: GPU-hours, SLO violations, ratio, verdict."""
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "- | - | - | -"
+        g = r["gpuscaler"]
+        ratio = "tie" if r["tie"] else _fmt(r["ratio"], pct=False)
+        return (
+            f"{g['gpu_hours']:.1f} | {_fmt(g['slo_violation_share'])} | {ratio} | "
+            f"{'win' if not r['failed'] else 'LOSS'}"
+        )
+
+    old = {r["window"]: r for r in before}
+    lines = [
+        "| window | GPU-h before | viol. % before | ratio before | verdict before "
+        "| GPU-h after | viol. % after | ratio after | verdict after |",
+        "|" + "---|" * 9,
+    ]
+    for r in after:
+        lines.append(f"| {r['window']} | {cell(old.get(r['window']))} | {cell(r)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two windows per 2024 trace")
     parser.add_argument(
-        "--only", metavar="LABEL", action="append", help="run only this window (repeatable)"
+        "--only",
+        metavar="LABELS",
+        action="append",
+        help="run only these windows (comma-separated labels; repeatable)",
+    )
+    parser.add_argument(
+        "--before", metavar="PATH", help="an earlier --json: print each window before and after"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="arrivals seed (default 1)")
+    parser.add_argument(
+        "--replicas",
+        metavar="JSON",
+        help="replicas config fields to set, e.g. '{\"reserve_window\": 3600}' (a "
+        "policy's before and after in one tree)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="windows run in parallel")
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
@@ -206,9 +262,13 @@ def main() -> None:
     if args.rejudge:
         rows = [judge(r) for r in json.loads(Path(args.rejudge).read_text())]
     else:
-        todo = [w for w in windows(args.quick) if not args.only or w[0] in args.only]
-        if not todo:
-            parser.error(f"no window named {args.only}: {[w[0] for w in windows(False)]}")
+        todo = windows(args.quick)
+        if args.only:
+            wanted = {label for only in args.only for label in only.split(",")}
+            unknown = wanted - {w[0] for w in todo}
+            if unknown:
+                parser.error(f"unknown window(s) {', '.join(sorted(unknown))}")
+            todo = [w for w in todo if w[0] in wanted]
         curves: dict[str, Any] = {}
         if args.baselines_from:
             curves = {
@@ -216,8 +276,15 @@ def main() -> None:
                 for r in json.loads(Path(args.baselines_from).read_text())
             }
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = [judge(r) for r in pool.map(run_window, todo, [curves.get(w[0]) for w in todo])]
+            run = partial(run_window, seed=args.seed, replicas=json.loads(args.replicas or "{}"))
+            rows = [judge(r) for r in pool.map(run, todo, [curves.get(w[0]) for w in todo])]
     print(table(rows))
+    for r in rows:
+        for name, targets in r.get("extended", {}).items():
+            print(f"{r['window']}: {name} curve extended below 40 % to {targets[-1]} %")
+    if args.before:
+        before = [judge(r) for r in json.loads(Path(args.before).read_text())]
+        print(compared(before, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]

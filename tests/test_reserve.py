@@ -82,3 +82,24 @@ def test_the_floor_keeps_the_reserve_after_a_burst_and_says_why() -> None:
     out = decide_replica_floor(obs, cfg, 120.0, calm, NOW)
     assert out.decision is None and out.skip is not None
     assert "reserve" not in out.skip.reason
+
+
+@pytest.mark.parametrize(
+    ("reserve_window", "kept"),
+    [("2h", True), ("1h", False), ("0s", False)],
+    ids=["two hours keep a burst of 90 minutes ago", "one hour does not", "zero: no reserve"],
+)
+def test_the_reserve_lasts_the_reserve_window(reserve_window: str, kept: bool) -> None:
+    cfg = ReplicasConfig(target_utilization_pct=50.0, reserve_window=reserve_window)
+    load = Signal(NOW - 1, None, "too little history for a forecast")
+    obs = replace(workload_obs(load, floor=2), recent_peak=100.0)
+    minutes_90 = int(90 * 60 / TICK)
+    seen = ticks([*BASE, 450.0, *([100.0] * (minutes_90 - 1))], NOW - TICK)
+    out = decide_replica_floor(obs, cfg, 120.0, TargetHistory(seen=seen), NOW)
+    if kept:
+        assert isinstance(out.decision, ReplicaFloorDecision)
+        assert out.decision.to_value == 5
+        assert "in the last 7200s" in out.decision.reason
+    else:
+        assert out.decision is None and out.skip is not None
+        assert "reserve" not in out.skip.reason

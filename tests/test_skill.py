@@ -96,3 +96,17 @@ def test_old_records_leave_the_window() -> None:
     for i in range(200):
         h = remember(h, NOW + i * TICK, 1.0, 1.0, 1.0, 3600.0)
     assert len(h.seen) == 120
+
+
+def test_only_origins_within_the_span_are_scored_when_the_records_reach_further_back() -> None:
+    """The records may be kept longer than the skill window (for the burst reserve): the
+    assessment still scores the skill window alone."""
+    h = TargetHistory()
+    for i in range(400):
+        h = remember(h, NOW + i * TICK, 100.0 + i % 7, 120.0, 110.0, 1e9)
+    now = NOW + 399 * TICK
+    everything = assess(h, now, 120.0, 300.0, 1)
+    windowed = assess(h, now, 120.0, 300.0, 1, span=3600.0)
+    # Origins at least one lead (120 s) old: all but the last 4 ticks, or those of the span.
+    assert everything.origins == 400 - 4
+    assert windowed.origins == 3600 / TICK - 4

@@ -215,6 +215,11 @@ class ReplicasConfig(StrictModel):
     (false: the forecast's upper bound always counts with the observed demand)."""
     skill_window: Seconds = Field(3600.0, gt=0)
     """Forecast origins of this long are scored for the skill self-assessment."""
+    reserve_window: Seconds = Field(7200.0, ge=0)
+    """A burst that outran reactive sizing at full use keeps a reserve for it this long
+    (gpuscaler.core.reserve); 0: no reserve. Two hours: bursts that come at random a
+    mean 36 minutes apart (the synthetic "bursts" family) are often more than an hour
+    apart, and a one-hour reserve had lapsed when the next one came."""
     skill_min_origins: int = Field(20, ge=1)
     """Fewer scored origins than this: no verdict yet, the floor stays reactive until
     the forecast has shown skill."""

@@ -50,7 +50,7 @@ def decide_replica_floor(
         return invalid(KIND, target, now, "current replica floor unknown", h)
     forecast = obs.load.forecast
     window = cfg.scale_down_stabilization
-    keep = cfg.skill_window + max(cfg.lead_time, window)
+    keep = max(cfg.skill_window, cfg.reserve_window) + max(cfg.lead_time, window)
     if forecast is None:
         # No forecast yet (too little history): reactive on the observed demand alone.
         assert obs.recent_peak is not None
@@ -184,15 +184,14 @@ def _reserve(
     """Replicas the floor keeps for bursts that overflowed what reactive sizing would have
     had at full use (gpuscaler.core.reserve), and why; (0, "") when none did."""
     full = capacity * 100.0 / cfg.target_utilization_pct if gpu else capacity
-    r = overflow_reserve(
-        h.seen, now, cfg.scale_down_stabilization, cfg.skill_window, capacity, full
-    )
+    span = cfg.reserve_window
+    r = overflow_reserve(h.seen, now, cfg.scale_down_stabilization, span, capacity, full)
     if r is None:
         return 0, ""
     replicas = math.ceil(r.peak / full - 1e-9)
     return replicas, (
         f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
-        f"{r.overflows} time(s) in the last {cfg.skill_window:.0f}s (highest {r.age:.0f}s ago); "
+        f"{r.overflows} time(s) in the last {span:.0f}s (highest {r.age:.0f}s ago); "
         "new replicas come too late for bursts that short"
     )
 
@@ -217,7 +216,10 @@ def _skill_check(
     because it has had no skill (None when it may raise the floor)."""
     if not cfg.skill_check:
         return h, None
-    skill = assess(h, now, cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins)
+    # Over the skill window (the records may reach further back, for the reserve).
+    span = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
+    stab = cfg.scale_down_stabilization
+    skill = assess(h, now, cfg.lead_time, stab, cfg.skill_min_origins, span)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     h = replace(h, fallback=fallback)
     if not fallback:

@@ -17,6 +17,7 @@ have; no reactive shortfall at all means nothing to gain (skill 0).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -59,14 +60,20 @@ def _at_cost(reactive: FloatArray, base: FloatArray, extra: float) -> FloatArray
 
 
 def assess(
-    h: TargetHistory, now: float, lead: float, stabilization: float, min_origins: int
+    h: TargetHistory,
+    now: float,
+    lead: float,
+    stabilization: float,
+    min_origins: int,
+    span: float = math.inf,
 ) -> Skill:
+    """The forecast's skill over the origins of the last `span` seconds of `h.seen`."""
     if len(h.seen) < 2:
         return Skill(None, 0)
     rec = np.asarray(h.seen, dtype=np.float64)
     t, v = rec[:, 0], rec[:, 1]
     # Ticks without a forecast (NaN bound: too little history) are observed, not scored.
-    scored = np.flatnonzero((t + lead <= now) & np.isfinite(rec[:, 2]))
+    scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec[:, 2]))
     o = t[scored][:, None]
     before = (t[None, :] >= o - stabilization) & (t[None, :] <= o)
     after = (t[None, :] > o) & (t[None, :] <= o + lead)

@@ -132,6 +132,9 @@ class SimulationResult:
     forecast_from: float = 0.0
     """Seconds into the replay from which the forecast ran (before, the controller's
     floor sized for the observed demand alone)."""
+    seconds: float = 0.0
+    """Seconds replayed (`hours` unrounded)."""
+    seed: int = 1
 
     def summary(self) -> dict[str, Any]:
         g = _metrics(self, self.gpuscaler)
@@ -300,17 +303,19 @@ def run_baselines(
     seed: int,
     scored: int,
     targets: Sequence[float] | None = None,
+    names: Sequence[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every baseline at every swept target (default `sweep_targets()`), on the same
-    arrivals and cluster model: all runs at once (`gpuscaler.sim.sweep`)."""
+    """Every baseline (or those `names`) at every target (default `sweep_targets()`), on
+    the same arrivals and cluster model: all runs at once (`gpuscaler.sim.sweep`)."""
     slo = config.simulator.slo_wait
     points = list(sweep_targets() if targets is None else targets)
-    runs = [(name, kind, t) for name, kind in BASELINES.items() for t in points]
+    chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
+    runs = [(name, kind, t) for name, kind in chosen.items() for t in points]
     template = scenario_cluster(config, arrivals, start, seed, controlled=False)
     specs = [(kind, float(t)) for _, kind, t in runs]
     results, n = sweep(config, template, specs, seed, seconds)
     slot = template.slot
-    curves: dict[str, list[dict[str, Any]]] = {name: [] for name in BASELINES}
+    curves: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for (name, _, target), r in zip(runs, results, strict=True):
         run = (template.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
         figures = slo_figures(run, arrivals[:n], slot, start, scored, slo)
@@ -374,6 +379,8 @@ def finish(p: Prepared, gpuscaler: RunResult, baselines: bool = True) -> Simulat
         if baselines
         else {},
         forecast_from=p.forecast_from,
+        seconds=p.seconds,
+        seed=p.seed,
     )
 
 

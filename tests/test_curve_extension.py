@@ -1,0 +1,65 @@
+"""Baseline curves extended below 40 % where gpuscaler holds more GPU-hours than the
+whole swept curve, so the equal-cost figure is read at gpuscaler's own cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuscaler.config import Config
+from gpuscaler.sim.equal_cost import equal_cost
+from gpuscaler.sim.extend import extend_below
+from gpuscaler.sim.simulate import SimulationResult, simulate
+from gpuscaler.sim.synthetic import synthetic_trace
+
+
+@pytest.fixture(scope="module")
+def one_hour() -> SimulationResult:
+    trace = synthetic_trace("bursts", hours=1.0, seed=3)
+    return simulate(trace, None, 1, Config(), baselines=False)
+
+
+def cheap_curve(gpu_hours: float) -> list[dict[str, Any]]:
+    """A stand-in swept curve whose dearest point lies below `gpu_hours`."""
+    return [
+        {"target_pct": t, "gpu_hours": gpu_hours * t / 200, "slo_violation_share": 0.5,
+         "p99_wait_s": 9.0, "scaling_actions": 1}
+        for t in range(40, 91, 5)
+    ]  # fmt: skip
+
+
+def test_a_curve_cheaper_than_gpuscaler_is_extended_down_until_it_reaches_its_gpu_hours(
+    one_hour: SimulationResult,
+) -> None:
+    g = one_hour.summary()["gpuscaler"]["gpu_hours"]
+    one_hour.baselines = {"reactive": cheap_curve(g)}
+    added = extend_below(one_hour, lowest=10)
+    curve = one_hour.baselines["reactive"]
+    targets = added["reactive"]
+    assert targets == list(range(35, targets[-1] - 1, -5)) and targets[-1] >= 10
+    assert [p["target_pct"] for p in curve] == sorted(p["target_pct"] for p in curve)
+    new = [p for p in curve if p["target_pct"] < 40]
+    # Real runs: the lowest target holds the most GPU-hours, and reaches gpuscaler's own.
+    assert new[0]["gpu_hours"] >= g or targets[-1] == 10
+    if new[0]["gpu_hours"] >= g:
+        assert equal_cost(curve, g) is not None
+        assert max(p["gpu_hours"] for p in new[1:] + cheap_curve(g)) < g  # no step further
+
+
+def test_a_curve_that_already_reaches_gpuscaler_is_left_as_it_is(
+    one_hour: SimulationResult,
+) -> None:
+    g = one_hour.summary()["gpuscaler"]["gpu_hours"]
+    curve = cheap_curve(4 * g)
+    one_hour.baselines = {"reactive": list(curve)}
+    assert extend_below(one_hour) == {}
+    assert one_hour.baselines["reactive"] == curve
+
+
+def test_the_extension_stops_at_the_lowest_target(one_hour: SimulationResult) -> None:
+    g = one_hour.summary()["gpuscaler"]["gpu_hours"]
+    curve = cheap_curve(g / 1000)
+    one_hour.baselines = {"reactive": list(curve)}
+    assert extend_below(one_hour, lowest=40) == {}  # nothing below 40 % allowed
+    assert one_hour.baselines["reactive"] == curve
