@@ -3,7 +3,7 @@ whole sweep still has an equal-cost point to be compared with (issue 11)."""
 
 from __future__ import annotations
 
-from gpuscaler.sim.simulate import SimulationResult, _metrics, run_baselines
+from gpuscaler.sim.simulate import SimulationResult, run_baselines, run_metrics
 
 
 def extend_below(sim: SimulationResult, lowest: int = 10, step: int = 5) -> dict[str, list[int]]:
@@ -13,7 +13,7 @@ def extend_below(sim: SimulationResult, lowest: int = 10, step: int = 5) -> dict
     no equal-cost point to compare with until the curve reaches it. The points are run
     as the swept ones (same arrivals, seed and cluster model) and added to
     `sim.baselines` in target order; returns the targets added per baseline."""
-    gpu_hours = _metrics(sim, sim.gpuscaler)["gpu_hours"]
+    gpu_hours = run_metrics(sim, sim.gpuscaler)["gpu_hours"]
     run = sim.gpuscaler.cluster
     added: dict[str, list[int]] = {}
     for name in list(sim.baselines):

@@ -137,7 +137,7 @@ class SimulationResult:
     seed: int = 1
 
     def summary(self) -> dict[str, Any]:
-        g = _metrics(self, self.gpuscaler)
+        g = run_metrics(self, self.gpuscaler)
         slot = self.gpuscaler.cluster.slot
         scored = (self.gpuscaler.cluster.cursor - self.scored_from) * slot / 3600
         return {
@@ -148,7 +148,7 @@ class SimulationResult:
             "load_model": "utilization derived from request counts (see README)",
             "slo_wait_s": self.config.simulator.slo_wait,
             "gpuscaler": g,
-            "reactive": _metrics(self, self.reactive),
+            "reactive": run_metrics(self, self.reactive),
             "baselines": self.baselines,
             "equal_cost": {
                 name: equal_cost(curve, g["gpu_hours"]) for name, curve in self.baselines.items()
@@ -234,7 +234,7 @@ def slo_figures(
     }
 
 
-def _metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
+def run_metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
     rec = run.cluster.rec
     s = slice(sim.scored_from, run.cluster.cursor)
     under = rec.demand_busy[s] > rec.capacity[s] + 1e-9
