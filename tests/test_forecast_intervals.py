@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from builders import NOW
+from test_interval_resolve import reference as one_by_one
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import forecast_series
 from gpuscaler.core.forecast.intervals import (
     ACI_GAMMA,
-    ACI_LEVELS,
     conformal_half_width,
     issue,
     peak_offset,
@@ -111,27 +111,6 @@ def test_the_peak_is_above_a_flat_paths_maximum_when_peaks_ran_higher() -> None:
     assert f.peak < noisy.max() + 5.0
 
 
-def _resolve_one_by_one(
-    state: IntervalState, row: np.ndarray, now: float, step: float
-) -> tuple[int, int, tuple[IssuedInterval, ...]]:
-    """The check as it was before issue 18 vectorised it: one pending interval at a time."""
-    points = misses = 0
-    keep = []
-    for issued in state.pending:
-        taus = issued.origin + issued.step * np.arange(1, len(issued.lower) + 1)
-        new = (taus > state.checked_at + 1e-9) & (taus <= now + 1e-9)
-        idx = len(row) - 1 - np.round((now - taus[new]) / step).astype(np.int64)
-        inside = idx >= 0
-        y = row[idx[inside]]
-        lo, hi = np.asarray(issued.lower)[new][inside], np.asarray(issued.upper)[new][inside]
-        seen = np.isfinite(y)
-        points += int(seen.sum())
-        misses += int(((y < lo) | (y > hi))[seen].sum())
-        if taus[-1] > now + 1e-9:
-            keep.append(issued)
-    return points, misses, tuple(keep)
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_the_pending_intervals_checked_at_once_count_what_one_by_one_counted(seed: int) -> None:
     """Intervals of several lengths and origins (some fully observed, some not yet, some
@@ -154,9 +133,8 @@ def test_the_pending_intervals_checked_at_once_count_what_one_by_one_counted(see
             )
         )
     state = IntervalState(0.9, checked_at, tuple(pending), 40, 5)
-    points, misses, keep = _resolve_one_by_one(state, row, now, step)
+    want = one_by_one(state, row, now, step, 0.9)
     got = resolve(state, row, now, step, 0.9)
-    assert (got.points, got.misses, got.pending) == (40 + points, 5 + misses, keep)
-    assert points > 0  # each case checks observed points
-    want = 0.9 + ACI_GAMMA * (misses / points - 0.1) if points else 0.9
-    assert got.level == pytest.approx(min(max(want, ACI_LEVELS[0]), ACI_LEVELS[1]))
+    assert (got.points, got.misses, got.pending) == (want.points, want.misses, want.pending)
+    assert want.points > 40  # each case checks observed points
+    assert got.level == pytest.approx(want.level)
