@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import STEP, prometheus
 from rulecost import check_planted, evaluation_cost
 
+import gpuscaler.adapters.prometheus.fast as fast_module
+import gpuscaler.controller as controller_module
 from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
 from gpuscaler.adapters.prometheus.source import PrometheusMetrics
 from gpuscaler.config import Config, parse_config
 from gpuscaler.controller import Controller
@@ -146,6 +150,50 @@ def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
     )
 
 
+PHASES = ("requests", "decode", "prefetch", "windows", "forecast", "plan")
+"""A steady tick's phases: the grouped queries' HTTP requests (Prometheus' evaluation,
+the transfer and orjson; summed over the concurrent queries) and numpy decoding, the
+prefetch's wall time (those, run concurrently, and cutting the answers per target), the
+per-target window bookkeeping (the rest of the reads), `build_snapshot`, `make_plan`."""
+SPENT = dict.fromkeys((*PHASES, "observe"), 0.0)
+
+
+class Timed:
+    """Wall time of a callable, added to `spent[name]` at each call."""
+
+    def __init__(self, spent: dict[str, float], name: str, fn: Callable[..., Any]):
+        self.spent, self.name, self.fn = spent, name, fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.spent[self.name] += time.perf_counter() - began
+
+
+def time_phases() -> None:
+    """Time the phases (`PHASES`) in `SPENT` from now on."""
+    for module, name, phase in (
+        (controller_module, "build_snapshot", "forecast"),
+        (controller_module, "make_plan", "plan"),
+        (fast_module, "_fast_get", "requests"),
+        (fast_module, "decode_fast", "decode"),
+    ):
+        setattr(module, name, Timed(SPENT, phase, getattr(module, name)))
+
+
+def phases_of_tick(controller: Controller, now: float) -> dict[str, float]:
+    """One tick's phases, and its whole wall time as `tick`."""
+    for name in SPENT:
+        SPENT[name] = 0.0
+    began = time.perf_counter()
+    controller.tick(now)
+    row = dict(SPENT, tick=time.perf_counter() - began)
+    row["windows"] = row.pop("observe") - row["prefetch"]
+    return row
+
+
 class NoActuator:
     def apply(self, decisions: object) -> tuple[()]:
         return ()
@@ -180,17 +228,11 @@ class Counting(PrometheusSource):
 
 
 def _time_observe(source: Any) -> None:
-    """Note how long each `observe` (the Prometheus reads) takes, as `observe_s`."""
-    observe = source.observe
-
-    def timed(now: float) -> Any:
-        began = time.perf_counter()
-        try:
-            return observe(now)
-        finally:
-            source.observe_s = time.perf_counter() - began
-
-    source.observe = timed
+    """Time each `observe` (the Prometheus reads) and the grouped prefetch in `SPENT`."""
+    source.observe = Timed(SPENT, "observe", source.observe)
+    metrics = source.metrics
+    if isinstance(metrics, GroupedPrometheusMetrics):
+        metrics.prefetch = Timed(SPENT, "prefetch", metrics.prefetch)  # type: ignore[method-assign]
 
 
 def run(gpus: int, cycles: int) -> dict[str, float]:
@@ -251,16 +293,17 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                     out[f"{tag}_backfill"] = time.perf_counter() - began
                 _time_observe(source)
             observed: dict[str, list[float]] = {tag: [] for tag in VARIANTS}
+            split: dict[str, list[dict[str, float]]] = {tag: [] for tag in VARIANTS}
             # Steady ticks alternate between the variants, so drift in the machine's load
             # hits all of them.
             for c in range(1, cycles + 1):
                 for tag in VARIANTS:
                     controller, source, _, steady, queries = runs[tag]
-                    began = time.perf_counter()
-                    controller.tick(first_now + c * CYCLE)
-                    steady.append(time.perf_counter() - began)
+                    row = phases_of_tick(controller, first_now + c * CYCLE)
+                    steady.append(row["tick"])
                     queries.append(source.queries_last_tick)
-                    observed[tag].append(source.observe_s)
+                    observed[tag].append(row["prefetch"] + row["windows"])
+                    split[tag].append(row)
             for tag, (_, source, first, steady, queries) in runs.items():
                 assert source.health.ok  # the source logged why, if not
                 print(
@@ -270,6 +313,13 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                     f"queries/tick {queries}",
                     flush=True,
                 )
+                for row in split[tag]:
+                    print(
+                        f"[{gpus}] {tag}: phases "
+                        + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES)
+                        + " s",
+                        flush=True,
+                    )
                 out[f"{tag}_first"] = first
                 out[f"{tag}_steady"] = statistics.median(steady)
                 out[f"{tag}_queries"] = statistics.median(queries)
@@ -282,6 +332,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--sizes", default="1000,10000")
     args = parser.parse_args()
+    time_phases()
     results = {int(n): run(int(n), args.cycles) for n in args.sizes.split(",")}
     print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     small, big = results.get(1000, {}), results.get(10000, {})

@@ -84,6 +84,10 @@ class _Group:
     """Over a pool recording rule's series (`rules.py`), not the raw per-GPU ones."""
 
 
+_Plan = tuple[list[_Group], list[tuple[str, str, bool]]]
+"""A tick's grouped queries, and the (key, query, instant) read one by one."""
+
+
 class GroupedPrometheusMetrics(PrometheusMetrics):
     """Prometheus metrics read by a few grouped queries a tick, concurrently."""
 
@@ -94,6 +98,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
         self._head: tuple[Config, float] | None = None
         self.rules = PoolRules()
+        self._plan: tuple[Config, object, _Plan] | None = None
 
     # ------------------------------------------------------------------ planning
 
@@ -144,12 +149,6 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
     def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
         return chunks(start, end, self.config.metrics.step, self._pieces)
 
-    @staticmethod
-    def _store(
-        answers: dict[AnswerKey, Answer], query: str, chunk: Chunk
-    ) -> Callable[[Answer], None]:
-        return partial(answers.__setitem__, (query, *chunk))
-
     @property
     def _pieces(self) -> int:
         return self.config.prometheus.max_concurrent_queries
@@ -159,7 +158,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         spans = {k: (p.start, p.end) for k, p in batch.items()}
         answers = self.prefetch(max(p.end for p in batch.values()), spans, self._pieces)
         jobs = [
-            (p.query, chunk, self._store(answers, p.query, chunk))
+            (p.query, chunk, partial(answers.__setitem__, (p.query, *chunk)))
             for p in batch.values()
             for chunk in self._backfill_cut(p.start, p.end)
             if (p.query, *chunk) not in answers
@@ -167,8 +166,16 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self._run(jobs, counted=False)
         return answers
 
-    def _groups(self) -> tuple[list[_Group], list[tuple[str, str, bool]]]:
-        """Grouped queries, and the (key, query, instant) that must be read one by one."""
+    def _groups(self) -> _Plan:
+        """Grouped queries, and the (key, query, instant) that must be read one by one:
+        planned once per config, series found coarse and pools recorded, not per tick."""
+        state = (dict(self.spacing.measured), dict(self.rules.recorded))
+        plan = self._plan
+        if plan is None or plan[0] is not self.config or plan[1] != state:
+            plan = self._plan = (self.config, state, self._plan_groups())
+        return plan[2]
+
+    def _plan_groups(self) -> _Plan:
         q = self.config.prometheus.queries
         signals = [
             ("util", q.pool_utilization, False),

@@ -39,7 +39,13 @@ def matcher_sets(labels: Mapping[str, str]) -> list[str]:
 
 
 def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
-    parts = [template.format(matchers=m, lookback=lookback) for m in matcher_sets(labels)]
+    """The template over the labels (asked once per target and tick: kept, issue 18)."""
+    return _built_query(template, tuple(labels.items()), lookback)
+
+
+@lru_cache(maxsize=65_536)
+def _built_query(template: str, labels: tuple[tuple[str, str], ...], lookback: str) -> str:
+    parts = [template.format(matchers=m, lookback=lookback) for m in matcher_sets(dict(labels))]
     return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
 
 

@@ -1,0 +1,99 @@
+"""A tick's grouped queries are planned once and kept (issue 18): again only when what
+they depend on changes (the config, a series found coarse, the pools Prometheus
+records); and a query built from the same labels is built once."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
+from gpuscaler.adapters.prometheus.promql import _built_query, build_query, matcher_sets
+from gpuscaler.config import Config, parse_config
+
+QUERIES = "sum(last_over_time(x{{{matchers}}}[{lookback}]))"
+
+
+def _config(workloads: int = 3) -> Config:
+    names = "\n".join(
+        f"  - {{namespace: n, kind: ScaledObject, name: w{i}}}" for i in range(workloads)
+    )
+    return parse_config(
+        'prometheus: {url: "http://fake:1"}\n'
+        "metrics: {window: 10m, step: 500ms}\n"
+        "node_pools:\n"
+        "  - {name: a, selector: {label: pool, value: a}, gpu_memory_gib: 80, metrics_matchers: {modelName: A}}\n"
+        "  - {name: b, selector: {label: pool, value: b}, gpu_memory_gib: 80, metrics_matchers: {modelName: B}}\n"
+        "  - {name: h, selector: {label: pool, value: h}, gpu_memory_gib: 80, metrics_matchers: {Hostname: n1}}\n"
+        f"workloads:\n{names}\n"
+    )
+
+
+def _plain(metrics: GroupedPrometheusMetrics) -> tuple[object, object]:
+    """What the plan holds, comparable: each group's query and targets, and the singles."""
+    groups, single = metrics._groups()
+    return [(g.query, dict(g.targets), g.instant) for g in groups], list(single)
+
+
+def test_the_plan_is_kept_from_tick_to_tick_while_nothing_it_depends_on_changes() -> None:
+    metrics = GroupedPrometheusMetrics(_config())
+    first = metrics._groups()
+    assert metrics._groups() is first
+    assert _plain(metrics) == _plain(GroupedPrometheusMetrics(_config()))
+
+
+def test_a_series_found_coarse_is_planned_again_with_its_own_lookback() -> None:
+    metrics = GroupedPrometheusMetrics(_config())
+    before = metrics._groups()
+    metrics.spacing.measured["workload:n/ScaledObject/w1"] = 15.0
+    after = metrics._groups()
+    assert after is not before
+    single = {key: query for key, query, _ in after[1]}
+    assert "[16000ms]" in single["workload:n/ScaledObject/w1"]  # 15 s + two steps
+    workload = next(g for g in after[0] if g.by == ("namespace", "workload"))
+    assert ("n", "w1") not in workload.targets
+    assert _plain(metrics) != _plain(GroupedPrometheusMetrics(_config()))
+
+
+def test_pools_recorded_by_prometheus_are_planned_again_from_the_recorded_series() -> None:
+    metrics = GroupedPrometheusMetrics(_config())
+    before = metrics._groups()
+    metrics.rules.recorded["util"] = frozenset({"A"})
+    after = metrics._groups()
+    assert after is not before
+    recorded = [g for g in after[0] if g.recorded]
+    assert len(recorded) == 1 and list(recorded[0].targets) == [("A",)]
+
+
+def test_a_new_config_is_planned_again() -> None:
+    metrics = GroupedPrometheusMetrics(_config(3))
+    before = metrics._groups()
+    metrics.reconfigure(_config(5))
+    after = metrics._groups()
+    assert after is not before
+    workload = next(g for g in after[0] if g.by == ("namespace", "workload"))
+    assert len(workload.targets) == 5
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"modelName": "A"},
+        {"modelName": "A", "zone": "z1"},
+        {"zone": "z1", "modelName": "A"},
+        {"Hostname": "n1"},
+        {"hostname": "n1", "modelName": 'we"ird\\'},
+    ],
+)
+def test_a_query_built_again_is_the_query_built_from_the_labels(labels: dict[str, str]) -> None:
+    _built_query.cache_clear()
+    want = [QUERIES.format(matchers=m, lookback="1s") for m in matcher_sets(labels)]
+    expected = want[0] if len(want) == 1 else " or ".join(f"({p})" for p in want)
+    assert build_query(QUERIES, labels, "1s") == expected
+    assert build_query(QUERIES, dict(labels), "1s") == expected
+    assert _built_query.cache_info().hits == 1
+
+
+def test_an_invalid_label_name_is_refused_every_time_it_is_asked() -> None:
+    for _ in range(2):
+        with pytest.raises(ValueError, match="invalid Prometheus label name"):
+            build_query(QUERIES, {"bad-name": "x"}, "1s")
