@@ -18,11 +18,10 @@ per-target reads from memory:
   does not cover (the rule not installed, a workload named unlike its pods), is read with
   its own per-target query, still concurrently, so the grouped form never loses a target.
 
-The frame-buffer signals are grouped instant queries (`source._newest_gib`). The window
-arithmetic stays `PrometheusMetrics._fetch`'s: chunks computed the same way here, each
-answer handed to `_fetch` keyed by (query, start, end), decoded by orjson (`fast.py`). A
-first read fetches only what a forecast needs; the rest follows behind (`backfill.py`).
-"""
+Frame-buffer signals: grouped instant queries (`source._newest_gib`). Answers are decoded
+by orjson (`fast.py`), keyed by (query, start, end) in `_fetch`'s chunks; steady reads
+are written at once (`bulk.py`); a first read fetches what a forecast needs, the rest
+follows behind (`backfill.py`)."""
 
 from __future__ import annotations
 
@@ -36,6 +35,7 @@ from functools import partial
 from typing import Any
 
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
+from gpuscaler.adapters.prometheus.bulk import steady_reads
 from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.memo import (
     INSTANT,
@@ -84,8 +84,7 @@ class _Group:
     """Over a pool recording rule's series (`rules.py`), not the raw per-GPU ones."""
 
 
-_Plan = tuple[list[_Group], list[tuple[str, str, bool]]]
-"""A tick's grouped queries, and the (key, query, instant) read one by one."""
+_Plan = tuple[list[_Group], list[tuple[str, str, bool]]]  # see `_groups`
 
 
 class GroupedPrometheusMetrics(PrometheusMetrics):
@@ -157,7 +156,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         """What the first reads left out: by the grouped queries, then one by one."""
         spans = {k: (p.start, p.end) for k, p in batch.items()}
         answers = self.prefetch(max(p.end for p in batch.values()), spans, self._pieces)
-        jobs = [
+        jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = [
             (p.query, chunk, partial(answers.__setitem__, (p.query, *chunk)))
             for p in batch.values()
             for chunk in self._backfill_cut(p.start, p.end)
@@ -169,8 +168,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
     def _groups(self) -> _Plan:
         """Grouped queries, and the (key, query, instant) that must be read one by one:
         planned once per config, series found coarse and pools recorded, not per tick."""
-        state = (dict(self.spacing.measured), dict(self.rules.recorded))
-        plan = self._plan
+        state, plan = (dict(self.spacing.measured), dict(self.rules.recorded)), self._plan
         if plan is None or plan[0] is not self.config or plan[1] != state:
             plan = self._plan = (self.config, state, self._plan_groups())
         return plan[2]
@@ -440,12 +438,13 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         self.backfill.start()
         self.queries_last_tick = 0
         self._check_rules(now)
-        real = self.transport
-        answers = self.prefetch(now)
+        real, answers = self.transport, self.prefetch(now)
+        ranges = [pair for g in self._groups()[0] if not g.instant for pair in g.targets.values()]
+        self.steady = steady_reads(self.windows, ranges, answers, now, self.config)
         memo = MemoTransport(real, answers)
         self.transport = memo  # type: ignore[assignment]
         try:
             return super().read(now)
         finally:
-            self.transport = real
+            self.transport, self.steady = real, {}
             self.queries_last_tick += memo.fallbacks

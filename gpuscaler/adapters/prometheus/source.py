@@ -85,6 +85,21 @@ class Metrics:
     workloads: tuple[WorkloadMetrics, ...] = ()
 
 
+@dataclass(frozen=True)
+class Steady:
+    """One target's steady read done with others at once (`bulk.py`): `_fetch_once`
+    takes it in place of advancing the window and reading."""
+
+    query: str
+    bounds: tuple[float, float]
+    end: float
+    values: FloatArray
+    """The window's values after the read (a row of this tick's targets x time array)."""
+    had_bad: bool
+    absurd: str | None
+    got_any: bool
+
+
 def _present_times(series: Series) -> FloatArray:
     """Times of the window's samples (measured by the spacing tracker only every few
     reads: not computed for the others)."""
@@ -107,6 +122,8 @@ class PrometheusMetrics:
         self.spacing = SpacingTracker(config.metrics.step)
         """Series read more coarsely than metrics.step, and their lookback."""
         self.sample_spacing = self.spacing.measured
+        self.steady: dict[str, Steady] = {}
+        """This tick's steady reads done at once, by key (`bulk.py`); taken by `_fetch_once`."""
 
     def _fetch(
         self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
@@ -133,14 +150,22 @@ class PrometheusMetrics:
         size = round(self.config.metrics.window / step)
         window = self.windows.setdefault(key, Window(step=step, size=size))
         end = math.floor(now / step) * step
-        window.advance(end)
+        done = self.steady.pop(key, None)
+        if done is not None and (done.query, done.bounds, done.end) != (query, bounds, end):
+            done = None
+        if done is None:
+            window.advance(end)
         first = end - step * (size - 1)
         if window.fetched_until is not None:
             start = max(first, window.fetched_until - self.config.prometheus.overlap)
         else:
             start = self._first_start(key, query, first, end, bounds)
         try:
-            had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            if done is None:
+                had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            else:
+                window.values, window.end = done.values, done.end
+                had_bad, absurd, got_any = done.had_bad, done.absurd, done.got_any
             if start > first and window.empty():
                 # Nothing in a first read's head: the rest now, not behind, so that a
                 # silent series is told stale (or absent) on this very tick.
