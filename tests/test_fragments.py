@@ -96,9 +96,9 @@ ROWS = [
         floor_gpus=3.0,
     ),
     Row(
-        "does not double when the demand would not fit the 3 GPUs the floor keeps",
-        replace(pool_obs(signal(25, 35), fragments=4), gpus_held=4),
-        ("hold", "would not fit the 3 GPUs"),
+        "a floor above what packing leaves never lets through a packing the demand would not fit",
+        replace(pool_obs(signal(20, 28), fragments=4), gpus_held=4),
+        ("hold", "would not fit the 2 GPUs"),
         SUSTAINED_UP,
         floor_gpus=3.0,
     ),

@@ -217,29 +217,29 @@ def _packs_nothing(
     floor_gpus: float = 0.0,
 ) -> str | None:
     """Why more fragments would pack nothing, or None when they would. The same replicas
-    packed `nearest` to a GPU hold `after` GPUs, but never fewer than the replica floor
-    holds sized for its load (`floor_gpus`: a floor in load units doubles its replicas
-    when each gets half a GPU, so the change moves none of its GPUs). The pool's demand in
-    GPUs (per-GPU demand x GPUs held) must still fit them below the "more" threshold, or
-    the change takes away capacity the replicas need (the autoscaler then adds replicas
-    back: no GPU saved, only a device-plugin restart)."""
+    packed `nearest` to a GPU hold `after` GPUs: the pool's demand in GPUs (per-GPU demand
+    x GPUs held) must still fit them below the "more" threshold, or the change takes away
+    capacity the replicas need (the autoscaler then adds replicas back: no GPU saved, only
+    a device-plugin restart). Nor may the replica floor hold all the GPUs held now sized
+    for its load (`floor_gpus`): a floor in load units doubles its replicas when each gets
+    half a GPU, so the change would move none of its GPUs. The floor only ever refuses: a
+    packing the demand would not fit stays refused whatever the floor holds."""
     nearest = next((f for f in cfg.allowed if f > current), None)
     if g is None or nearest is None:
         return None
-    packed = math.ceil(g * current / nearest)
+    after = math.ceil(g * current / nearest)
+    if after >= g or upper * g > more_at * after:
+        return (
+            f"demand {upper * g / 100:.2f} GPUs would not fit the {after} GPUs {nearest} "
+            f"fragments leave at {more_at:g}%: more fragments would pack nothing"
+        )
     floor = math.ceil(floor_gpus - 1e-9)
-    after = max(packed, floor)
-    if not (after >= g or upper * g > more_at * after):
-        return None
-    if floor > packed and after >= g:
+    if floor >= g:
         return (
             f"the replica floor holds {floor} of the {g} GPUs sized for its load (it adds "
             f"replicas as each gets a smaller share): more fragments would pack nothing"
         )
-    return (
-        f"demand {upper * g / 100:.2f} GPUs would not fit the {after} GPUs {nearest} "
-        f"fragments leave at {more_at:g}%: more fragments would pack nothing"
-    )
+    return None
 
 
 def _memory_in_use(
