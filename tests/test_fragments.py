@@ -26,6 +26,8 @@ class Row:
     hist: TargetHistory = field(default_factory=TargetHistory)
     cfg: dict[str, object] = field(default_factory=dict)
     pool: NodePoolConfig = field(default_factory=pool)
+    floor_gpus: float = 0.0
+    """GPUs the pool's replica floors hold sized for their load."""
 
 
 def nan_signal() -> Signal:
@@ -71,6 +73,48 @@ ROWS = [
         replace(pool_obs(signal(20, 30), fragments=4), gpus_held=2),
         ("hold", "pack nothing"),
         SUSTAINED_UP,
+    ),
+    Row(
+        "does not double when the replica floor holds all 4 GPUs: it would double its replicas",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
+        ("hold", "the replica floor holds 4 of the 4 GPUs"),
+        SUSTAINED_UP,
+        floor_gpus=4.0,
+    ),
+    Row(
+        "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
+        ("hold", "more fragments would pack nothing"),
+        SUSTAINED_UP,
+        floor_gpus=3.5,
+    ),
+    Row(
+        "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
+        ("set", 8),
+        SUSTAINED_UP,
+        floor_gpus=3.0,
+    ),
+    Row(
+        "a floor above what packing leaves never lets through a packing the demand would not fit",
+        replace(pool_obs(signal(20, 28), fragments=4), gpus_held=4),
+        ("hold", "would not fit the 2 GPUs"),
+        SUSTAINED_UP,
+        floor_gpus=3.0,
+    ),
+    Row(
+        "doubles when the floor holds fewer GPUs than packing leaves",
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
+        ("set", 8),
+        SUSTAINED_UP,
+        floor_gpus=1.0,
+    ),
+    Row(
+        "halves whatever the floor holds: fewer fragments are not a packing",
+        replace(pool_obs(signal(90, 95), fragments=4), gpus_held=4),
+        ("set", 2),
+        SUSTAINED_DOWN,
+        floor_gpus=4.0,
     ),
     Row(
         "holds when the forecast sits between the thresholds",
@@ -225,7 +269,7 @@ ROWS = [
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_fragment_rule(row: Row) -> None:
     cfg = FragmentsConfig.model_validate(row.cfg)
-    out = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW)
+    out = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW, row.floor_gpus)
     assert_outcome(out, row.expect, "fragments")
     if out.decision is not None:
         assert out.decision.from_value == row.obs.fragments

@@ -98,3 +98,23 @@ def test_window_mean_averages_finite_samples_inside_the_window() -> None:
 def test_window_mean_of_only_gaps_is_unknown() -> None:
     s = Series(start=NOW - 60, step=30.0, values=np.full(3, np.nan))
     assert window_mean(s, NOW, 300.0) == (None, None)
+
+
+def _fragments_outcome(floor: int, share: float, load: float) -> str:
+    """The fragment decision's text for a pool of 4 GPUs at 4 fragments (demand 15 % of
+    each), whose workload's floor of `floor` replicas on `share` of a GPU each is sized
+    for `load` percent of a GPU this tick."""
+    pool = replace(pool_obs(signal(10, 15), fragments=4, stall=5), gpus_held=4)
+    work = workload_obs(signal(load, load), floor=floor, share=share)
+    p = plan(Snapshot(NOW, (pool,), (work,)), CONFIG, History(), NOW)
+    frag = [d.reason for d in p.decisions if d.kind == "fragments"]
+    frag += [s.reason for s in p.skips if s.kind == "fragments"]
+    return frag[0]
+
+
+def test_fragments_do_not_double_while_the_replica_floor_holds_the_pools_gpus() -> None:
+    # 16 quarter-GPU replicas sized for 280 % of a GPU (at 70 % each: the reserve or the
+    # observed demand): 4 GPUs, which 8 fragments would fill again with 32 replicas.
+    assert "the replica floor holds 4 of the 4 GPUs" in _fragments_outcome(16, 0.25, 280)
+    # A floor that min_replicas sets (1 replica) moves with the fragments: they double.
+    assert "4 -> 8 fragments" in _fragments_outcome(1, 0.25, 10)

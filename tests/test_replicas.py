@@ -10,7 +10,7 @@ from builders import NOW, assert_outcome, forecast, history, signal, workload_ob
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
-from gpuscaler.core.replicas import decide_replica_floor, hpa_desired
+from gpuscaler.core.replicas import decide_replica_floor, floor_gpus, hpa_desired
 
 STALENESS = 120.0
 FORECAST_ONLY = {"skill_check": False}
@@ -100,6 +100,28 @@ ROWS = [
         workload_obs(signal(100, 140), floor=8),
         ("set", 7),
         history(recs=((100, 490),)),  # 7 replicas at 70 %
+        cfg={"scale_down_margin": 0},
+    ),
+    Row(
+        "steps down only to a count the window's demand fits with the margin below it",
+        workload_obs(signal(100, 140), floor=8),
+        ("hold", "floor stays 8, held by the stabilization window and the 10% scale-down margin"),
+        history(recs=((100, 490),)),  # 7 replicas at 70 %, 7.8 at 63 %
+        cfg={"scale_down_margin": 0.1},
+    ),
+    Row(
+        "steps down once the window's demand fits the lower count with the margin",
+        workload_obs(signal(100, 140), floor=8),
+        ("set", 7),
+        history(recs=((100, 440),)),  # 6.98 replicas at 63 %
+        cfg={"scale_down_margin": 0.1},
+    ),
+    Row(
+        "the margin never holds the floor above the object's own maximum",
+        workload_obs(signal(100, 140), floor=8, max_replicas=6),
+        ("set", 6),
+        history(recs=((100, 490),)),
+        cfg={"scale_down_margin": 0.1},
     ),
     Row(
         "holds the floor while the window remembers a recommendation as high",
@@ -118,6 +140,14 @@ ROWS = [
         workload_obs(signal(100, 140), floor=8),
         ("set", 2),
         history(recs=((400, 560),)),
+        cfg={"scale_down_margin": 0},
+    ),
+    Row(
+        "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)",
+        workload_obs(signal(100, 140), floor=8),
+        ("set", 3),
+        history(recs=((400, 560),)),
+        cfg={"scale_down_margin": 0.1},
     ),
     Row(
         "removes at most max_step_down_gpus worth of replicas when that is set",
@@ -220,3 +250,55 @@ def test_without_a_forecast_only_the_observed_demand_sizes_the_floor(
     obs = replace(workload_obs(load, floor=4), recent_peak=peak)
     out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
     assert_outcome(out, expect, "no forecast")
+
+
+def _floor_changes(margin: float) -> list[int]:
+    """The floors set while a demand hovers at the 2-replica boundary: 10 minutes at
+    160 % of a GPU (above 2 replicas' 140 % by more than the tolerance), 10 minutes at
+    135 % (fits 2 replicas, not with a 10 % margin), four times over."""
+    cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, "scale_down_margin": margin})
+    h, floor, floors = TargetHistory(), 2, []
+    demand = ([160.0] * 20 + [135.0] * 20) * 4
+    for tick, load in enumerate(demand):
+        now = NOW + 30 * tick
+        obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor)
+        out = decide_replica_floor(obs, cfg, STALENESS, h, now)
+        h = out.history
+        if out.decision is not None:
+            floor = int(out.decision.to_value)
+            floors.append(floor)
+            h = replace(h, last_change_at=now, last_direction=out.decision.direction)
+    return floors
+
+
+def test_a_demand_hovering_at_a_replica_boundary_raises_the_floor_once_and_keeps_it() -> None:
+    assert _floor_changes(0.1) == [3]
+    # Without the margin (the HPA's rule) the floor flips with every swing: the same
+    # demand costs eight changes.
+    assert _floor_changes(0.0) == [3, 2] * 4
+
+
+@pytest.mark.parametrize(
+    ("floor", "share", "max_replicas", "expected"),
+    [
+        (16, 0.25, None, 4.0),
+        (7, 0.5, None, 3.5),
+        (1, 0.5, None, 0.0),
+        (6, 1.0, 6, 0.0),
+        (50, 1.0, None, 0.0),
+        (None, 1.0, None, 0.0),
+    ],
+    ids=[
+        "16 quarter-GPU replicas sized for their load hold 4 GPUs",
+        "7 half-GPU replicas hold 3.5 GPUs",
+        "a floor at min_replicas moves with the fragments: none counted",
+        "a floor at the object's own maximum: none counted",
+        "a floor at max_replicas: none counted",
+        "an unknown floor: none counted",
+    ],
+)
+def test_the_gpus_a_floor_holds_count_only_what_its_load_sized(
+    floor: int | None, share: float, max_replicas: int | None, expected: float
+) -> None:
+    obs = workload_obs(signal(100), floor=floor, max_replicas=max_replicas, share=share)
+    assert floor_gpus(obs, ReplicasConfig(), floor) == expected

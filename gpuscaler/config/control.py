@@ -201,6 +201,12 @@ class ReplicasConfig(StrictModel):
     """GPUs' worth of replicas the floor adds per change at most, or the floor's own size
     when larger (the HPA's default scale-up policy: double, or add 4 pods, per period),
     in GPUs so the limit means the same at any fragment count."""
+    scale_down_margin: float = Field(0.05, ge=0, lt=1)
+    """The floor steps down only to a count whose capacity holds the window's highest
+    demand this far below it (0.05: at most 95 % of it). With the tolerance (up only
+    10 % above a count), a demand hovering at one replica's boundary no longer flips the
+    floor up and down every stabilization window. 0: down as soon as the demand fits,
+    as the HPA does."""
     max_step_down_gpus: float | None = Field(None, gt=0)
     """GPUs' worth of replicas the floor removes per change at most; null (default): no
     limit beyond the stabilization window, like the HPA's default scale-down policy. A

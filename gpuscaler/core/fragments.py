@@ -53,10 +53,14 @@ def decide_fragments(
     staleness: float,
     h: TargetHistory,
     now: float,
+    floor_gpus: float = 0.0,
 ) -> Outcome:
     """Steps, each able to stop with its reason: the input can be trusted; the forecast
     leaves the band for long enough, out of cooldown; the next count is within every
-    bound (allowed, memory, compute, memory in use, shares held)."""
+    bound (allowed, memory, compute, memory in use, shares held, GPUs saved).
+    `floor_gpus`: the GPUs the replica floors of the pool's workloads hold sized for their
+    load (reserve included), which a fragment change does not move (floor_gpus in
+    gpuscaler.core.replicas)."""
     target = obs.name
     current = _current(obs, cfg, staleness, h, now)
     if isinstance(current, Outcome):
@@ -81,7 +85,7 @@ def decide_fragments(
     if step.direction < 0:
         chosen = _fewer(obs, current, step.why, cfg, h, now)
     else:
-        chosen = _more(obs, pool, current, step, cfg, h, now)
+        chosen = _more(obs, pool, current, step, cfg, h, now, floor_gpus)
     if isinstance(chosen, Outcome):
         return chosen
     to, bound = chosen
@@ -163,11 +167,12 @@ def _more(
     cfg: FragmentsConfig,
     h: TargetHistory,
     now: float,
+    floor_gpus: float,
 ) -> tuple[int, str] | Outcome:
     """At most `max_step` doublings, to an allowed count that packs something and stays
     within memory (config floor and what tenants use now) and compute."""
     why, upper = step.why, step.upper
-    nothing = _packs_nothing(obs.gpus_held, current, upper, step.more_at, cfg)
+    nothing = _packs_nothing(obs.gpus_held, current, upper, step.more_at, cfg, floor_gpus)
     if nothing is not None:
         return hold(KIND, obs.name, now, f"hold: {why}, but {nothing}", h)
     floor_gib = cfg.min_fragment_memory_gib[pool.workload_type]
@@ -204,21 +209,37 @@ def _more(
 
 
 def _packs_nothing(
-    g: int | None, current: int, upper: float, more_at: float, cfg: FragmentsConfig
+    g: int | None,
+    current: int,
+    upper: float,
+    more_at: float,
+    cfg: FragmentsConfig,
+    floor_gpus: float = 0.0,
 ) -> str | None:
     """Why more fragments would pack nothing, or None when they would. The same replicas
     packed `nearest` to a GPU hold `after` GPUs: the pool's demand in GPUs (per-GPU demand
     x GPUs held) must still fit them below the "more" threshold, or the change takes away
     capacity the replicas need (the autoscaler then adds replicas back: no GPU saved, only
-    overhead)."""
+    a device-plugin restart). Nor may the replica floor hold all the GPUs held now sized
+    for its load (`floor_gpus`): a floor in load units doubles its replicas when each gets
+    half a GPU, so the change would move none of its GPUs. The floor only ever refuses: a
+    packing the demand would not fit stays refused whatever the floor holds."""
     nearest = next((f for f in cfg.allowed if f > current), None)
-    after = None if g is None or nearest is None else math.ceil(g * current / nearest)
-    if g is None or after is None or not (after >= g or upper * g > more_at * after):
+    if g is None or nearest is None:
         return None
-    return (
-        f"demand {upper * g / 100:.2f} GPUs would not fit the {after} GPUs {nearest} "
-        f"fragments leave at {more_at:g}%: more fragments would pack nothing"
-    )
+    after = math.ceil(g * current / nearest)
+    if after >= g or upper * g > more_at * after:
+        return (
+            f"demand {upper * g / 100:.2f} GPUs would not fit the {after} GPUs {nearest} "
+            f"fragments leave at {more_at:g}%: more fragments would pack nothing"
+        )
+    floor = math.ceil(floor_gpus - 1e-9)
+    if floor >= g:
+        return (
+            f"the replica floor holds {floor} of the {g} GPUs sized for its load (it adds "
+            f"replicas as each gets a smaller share): more fragments would pack nothing"
+        )
+    return None
 
 
 def _memory_in_use(

@@ -15,7 +15,7 @@ from gpuscaler.core.preemption import (
     forecast_beneficiaries,
     fragments_beneficiaries,
 )
-from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.replicas import decide_replica_floor, floor_gpus
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -52,23 +52,22 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
     pools = {p.name: p for p in config.node_pools}
+    floors = _replica_floors(snapshot, config, history, now)
+    held = _floor_gpus(snapshot, config, floors)
     for obs in snapshot.pools:
         pool = pools.get(obs.name)
         if pool is None:
             continue  # observed but not configured: never touched
         key = target_key("fragments", obs.name)
         frag_cfg = config.pool_section(obs.name, "fragments", FragmentsConfig)
-        outcomes[key] = decide_fragments(obs, pool, frag_cfg, staleness, history.get(key), now)
+        outcomes[key] = decide_fragments(
+            obs, pool, frag_cfg, staleness, history.get(key), now, held.get(obs.name, 0.0)
+        )
         key = target_key("time_slice", obs.name)
         ts_cfg = config.pool_section(obs.name, "time_slice", TimeSliceConfig)
         outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
     configured = {w.key for w in config.workloads}
-    for wobs in snapshot.workloads:
-        if wobs.key not in configured:
-            continue
-        key = target_key("replica_floor", wobs.key)
-        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
-        outcomes[key] = decide_replica_floor(wobs, rep_cfg, staleness, history.get(key), now)
+    outcomes.update(floors)
     # Configured targets the tick saw nothing of: no action, and say so.
     seen_pools = {p.name for p in snapshot.pools}
     for name in pools:
@@ -93,6 +92,41 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         skips=tuple(o.skip for o in outcomes.values() if o.skip is not None) + preempt[1],
         history=history.updated(changes),
     )
+
+
+def _replica_floors(
+    snapshot: Snapshot, config: Config, history: History, now: float
+) -> dict[str, Outcome]:
+    """This tick's replica floor outcome of every configured workload observed."""
+    configured = {w.key for w in config.workloads}
+    out: dict[str, Outcome] = {}
+    for wobs in snapshot.workloads:
+        if wobs.key not in configured:
+            continue
+        key = target_key("replica_floor", wobs.key)
+        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
+        out[key] = decide_replica_floor(
+            wobs, rep_cfg, config.metrics.staleness, history.get(key), now
+        )
+    return out
+
+
+def _floor_gpus(snapshot: Snapshot, config: Config, floors: dict[str, Outcome]) -> dict[str, float]:
+    """Per node pool, the GPUs its workloads' replica floors (after this tick's decisions)
+    hold sized for their load: a fragment change leaves them (core.replicas.floor_gpus)."""
+    pool_of = {w.key: w.node_pool for w in config.workloads}
+    held: dict[str, float] = {}
+    for wobs in snapshot.workloads:
+        name = pool_of.get(wobs.key)
+        outcome = floors.get(target_key("replica_floor", wobs.key))
+        if name is None or outcome is None:
+            continue
+        floor = wobs.floor
+        if isinstance(outcome.decision, ReplicaFloorDecision):
+            floor = int(outcome.decision.to_value)
+        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
+        held[name] = held.get(name, 0.0) + floor_gpus(wobs, rep_cfg, floor)
+    return held
 
 
 def _preemption(

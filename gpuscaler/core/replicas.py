@@ -79,6 +79,17 @@ def decide_replica_floor(
     )
 
 
+def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None) -> float:
+    """GPUs the replica floor `floor` holds sized for the workload's load (floor x GPU share
+    of one replica). The floor is sized in load units, so when fragments double (each
+    replica gets half the share) it doubles its replicas and holds the same GPUs. Not so
+    a floor that `min_replicas` or the ceiling set, nor an unknown one: 0 for those."""
+    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
+    if floor is None or not cfg.min_replicas < floor < ceiling:
+        return 0.0
+    return floor * obs.replica_gpu_share
+
+
 def observed_peak(h: TargetHistory, now: float, window: float) -> float:
     """Highest demand observed at the ticks of the last `window` seconds (each tick's
     record is the peak since the previous one), this tick included."""
@@ -128,6 +139,11 @@ def _floor(
     held_for = max(v for _, v in recs)
     held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
     stabilized = max(recommended, min(current, held)) if recommended < current else recommended
+    margin = cfg.scale_down_margin
+    if stabilized < current and margin > 0:
+        # Down only to a count the window's demand fits with the margin below it.
+        kept = min(current, math.ceil(held_for / (capacity * (1 - margin)) - 1e-9))
+        stabilized = max(stabilized, min(ceiling, kept))
     value = f"{sized:.{1 if obs.serving else 0}f}{sizing}"
     source = (
         f"observed peak {value} (highest of {cfg.scale_down_stabilization:.0f}s)"
@@ -138,7 +154,8 @@ def _floor(
     if note:
         why = f"{note}; {why}"
     if stabilized == current:
-        by = "" if stabilized == recommended else ", held by the stabilization window"
+        scale = _margin(cfg)
+        by = "" if stabilized == recommended else f", held by the stabilization window{scale}"
         return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
@@ -256,8 +273,13 @@ def _stepped(
     if to > stabilized:
         return to, f"max step down {down_gpus:g} GPUs, {down} replicas"
     if stabilized > recommended:
-        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s"
+        return to, f"stabilization window {cfg.scale_down_stabilization:.0f}s{_margin(cfg)}"
     return to, _bound(raw, to, cfg, ceiling)
+
+
+def _margin(cfg: ReplicasConfig) -> str:
+    m = cfg.scale_down_margin
+    return f" and the {100 * m:g}% scale-down margin" if m > 0 else ""
 
 
 def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:
