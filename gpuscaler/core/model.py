@@ -240,6 +240,10 @@ class TargetHistory:
     time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
     fallback: bool = False
     """The forecast has had no skill lately: the floor has stepped back to reactive."""
+    seen_rows: FloatArray | None = field(default=None, compare=False, repr=False)
+    """`seen` as a read-only (records, 4) array, kept beside it by `skill.remember` so that
+    the skill and the reserve do not convert the records every tick (None: converted
+    when read). Derived data: not compared."""
 
 
 EMPTY_TARGET = TargetHistory()
