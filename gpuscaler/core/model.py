@@ -81,9 +81,9 @@ class Forecast:
 
     def is_finite(self) -> bool:
         return bool(
-            np.all(np.isfinite(self.mean))
-            and np.all(np.isfinite(self.lower))
-            and np.all(np.isfinite(self.upper))
+            np.isfinite(self.mean).all()
+            and np.isfinite(self.lower).all()
+            and np.isfinite(self.upper).all()
         )
 
 
@@ -221,7 +221,7 @@ class Snapshot:
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
 

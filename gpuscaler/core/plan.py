@@ -16,6 +16,7 @@ from gpuscaler.core.preemption import (
     fragments_beneficiaries,
 )
 from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.sections import pool_sections, workload_sections
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -52,22 +53,25 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
     pools = {p.name: p for p in config.node_pools}
+    fragments = pool_sections(config, "fragments", FragmentsConfig)
+    time_slice = pool_sections(config, "time_slice", TimeSliceConfig)
+    replicas = workload_sections(config, "replicas", ReplicasConfig)
     for obs in snapshot.pools:
         pool = pools.get(obs.name)
         if pool is None:
             continue  # observed but not configured: never touched
         key = target_key("fragments", obs.name)
-        frag_cfg = config.pool_section(obs.name, "fragments", FragmentsConfig)
+        frag_cfg = fragments[obs.name]
         outcomes[key] = decide_fragments(obs, pool, frag_cfg, staleness, history.get(key), now)
         key = target_key("time_slice", obs.name)
-        ts_cfg = config.pool_section(obs.name, "time_slice", TimeSliceConfig)
+        ts_cfg = time_slice[obs.name]
         outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
     configured = {w.key for w in config.workloads}
     for wobs in snapshot.workloads:
         if wobs.key not in configured:
             continue
         key = target_key("replica_floor", wobs.key)
-        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
+        rep_cfg = replicas[wobs.key]
         outcomes[key] = decide_replica_floor(wobs, rep_cfg, staleness, history.get(key), now)
     # Configured targets the tick saw nothing of: no action, and say so.
     seen_pools = {p.name for p in snapshot.pools}

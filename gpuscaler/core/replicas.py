@@ -221,7 +221,8 @@ def _skill_check(
     stab = cfg.scale_down_stabilization
     skill = assess(h, now, cfg.lead_time, stab, cfg.skill_min_origins, span)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
-    h = replace(h, fallback=fallback)
+    if fallback != h.fallback:
+        h = replace(h, fallback=fallback)
     if not fallback:
         return h, None
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"

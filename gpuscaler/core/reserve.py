@@ -47,9 +47,9 @@ def overflow_reserve(
     """The reserve the tick records of the last `span` seconds call for (None when no
     tick overflowed). `at_target`: what one replica serves at the target; `full`: at
     full use, both in the records' unit. `seen`: the records, or their array."""
-    rec = np.asarray(seen, dtype=np.float64).reshape(-1, 4)
-    if len(rec) < 2:
+    if len(seen) < 2:
         return None  # a record needs one before it to size from
+    rec = np.asarray(seen, dtype=np.float64).reshape(-1, 4)
     t, v = rec[:, 0], rec[:, 1]
     ok = np.isfinite(v)
     scored = np.flatnonzero((t > now - span) & ok)

@@ -48,12 +48,16 @@ def remember(
     """History with this tick's observation and forecast (upper bound and mean peak over
     the lead time) added, records older than `keep` gone (their array kept beside them,
     updated rather than rebuilt)."""
+    record = (now, value, upper, mean)
+    if not h.seen:  # the first record: nothing to drop
+        new_rows = np.asarray([record], dtype=np.float64)
+        new_rows.setflags(write=False)
+        return replace(h, seen=(record,), seen_rows=new_rows)
     rows = records(h)
     kept = np.flatnonzero(rows[:, 0] > now - keep)
     n, k = len(h.seen), kept.size
     # Records come in time order, so those kept are the newest: a slice of the tuple.
     old = h.seen[n - k :] if k == 0 or kept[0] == n - k else tuple(h.seen[i] for i in kept)
-    record = (now, value, upper, mean)
     new_rows = np.concatenate((rows[kept], np.asarray([record], dtype=np.float64)))
     new_rows.setflags(write=False)
     return replace(h, seen=(*old, record), seen_rows=new_rows)
