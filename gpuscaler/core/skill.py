@@ -88,7 +88,8 @@ def _window_means(v: FloatArray, order: IntArray, start: IntArray, stop: IntArra
     cols = order[np.arange(rows.size) + firsts]
     filled = np.zeros((start.size, v.size))
     filled[rows, cols] = v[cols]
-    return filled.sum(axis=1) / lengths
+    means: FloatArray = filled.sum(axis=1) / lengths
+    return means
 
 
 def _bisect_excess(reactive: FloatArray, base: FloatArray, extra: float) -> float:
@@ -130,9 +131,9 @@ def _cheap_excess(
         return None
     d = reactive - base
     order = np.argsort(d, kind="stable")
-    ds = d[order].tolist()
-    base_below = [0.0, *np.cumsum(base[order]).tolist()]
-    reactive_above = [*np.cumsum(reactive[order][::-1])[::-1].tolist(), 0.0]
+    ds: list[float] = d[order].tolist()
+    base_below: list[float] = [0.0, *np.cumsum(base[order]).tolist()]
+    reactive_above: list[float] = [*np.cumsum(reactive[order][::-1])[::-1].tolist(), 0.0]
     n = len(ds)
     scale = float(np.abs(reactive).sum() + np.abs(base).sum()) + abs(total) + abs(extra) + 1.0
     tol = 16 * (n + 4) * np.finfo(np.float64).eps
