@@ -8,12 +8,16 @@ each workload's replica floor and replicas. No HTTP, no Kubernetes: what is time
 core, the forecast phase (`build_snapshot`) and the plan (`plan`), per tick. The first
 ticks fill the windows (forecasts start after `forecast.min_history`), then `--ticks`
 steady ticks are timed; a refit (every 5 minutes) falls inside them as in a real run.
+`--seen K` starts every workload's floor history with K earlier ticks' records (a
+controller that has run for hours holds 250: `replicas.reserve_window` plus the
+stabilization window, at 30 s), which the skill and the reserve score at every tick.
+Times are CPU seconds of the child process, so other jobs on the shared cores count less.
 
 The baseline is another revision of gpuscaler (`--base`, default the branch's start),
 extracted with `git archive` and run in a child process alternately with the worktree's
 code, so load drift hits both. Run it niced: `nice -n 10 .venv/bin/python bench/corecost.py`.
 
-Last line: RESULT gpus= core_base_s= core_s= speedup= forecast_base_s= forecast_s=
+Last line: RESULT gpus= seen= core_base_s= core_s= speedup= forecast_base_s= forecast_s=
 plan_base_s= plan_s= (medians over the timed ticks, then over the rounds, in seconds).
 """
 
@@ -92,8 +96,32 @@ class NoActuator:
         return ()
 
 
-def child(gpus: int, ticks: int) -> None:
-    """Tick in this process; print `snapshot_s plan_s` for each timed tick."""
+def records(cfg: Any, seen: int) -> dict[str, Any]:
+    """Each workload's floor history as after `seen` earlier ticks (what a controller that
+    has run for hours holds: the skill and the reserve score these every tick), built by
+    the revision's own `remember`."""
+    from gpuscaler.core.decisions import target_key
+    from gpuscaler.core.model import TargetHistory
+    from gpuscaler.core.skill import remember
+
+    r = cfg.replicas
+    keep = max(r.skill_window, r.reserve_window) + max(r.lead_time, r.scale_down_stabilization)
+    rng = np.random.default_rng(2)
+    out = {}
+    for w in cfg.workloads:
+        h = TargetHistory()
+        for j in range(seen):
+            now = START + WINDOW - (seen - j) * cfg.control.interval
+            value = float(300 * rng.gamma(4, 0.25) * (3 if rng.random() < 0.03 else 1))
+            upper = value * float(rng.uniform(0.7, 1.5))
+            h = remember(h, now, value, upper, upper / 1.1, keep)
+        out[target_key("replica_floor", w.key)] = h
+    return out
+
+
+def child(gpus: int, ticks: int, seen: int) -> None:
+    """Tick in this process; print `snapshot_s plan_s` (CPU seconds of this process:
+    other jobs on the machine do not count) for each timed tick."""
     sys.path.insert(0, str(ROOT / "bench"))
     from tick import config
 
@@ -110,17 +138,19 @@ def child(gpus: int, ticks: int) -> None:
         inner = getattr(controller_module, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             try:
                 return inner(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - t0
+                spent[name] += time.process_time() - t0
 
         return call
 
     for name in spent:
         setattr(controller_module, name, timed(name))
     controller = Controller(cfg, source, NoActuator(), dry_run=True, log_decisions=False)
+    if seen:
+        controller.history = controller.history.updated(records(cfg, seen))
     for k in range(warm + ticks):
         spent.update(build_snapshot=0.0, make_plan=0.0)
         controller.tick(START + WINDOW + cfg.control.interval * k)
@@ -128,10 +158,11 @@ def child(gpus: int, ticks: int) -> None:
             print(f"{spent['build_snapshot']:.6f} {spent['make_plan']:.6f}", flush=True)
 
 
-def run(pythonpath: str, gpus: int, ticks: int) -> tuple[float, float]:
+def run(pythonpath: str, gpus: int, ticks: int, seen: int) -> tuple[float, float]:
     """Median forecast phase and plan of the code at `pythonpath`, in a child process."""
     env = {**os.environ, "PYTHONPATH": pythonpath}
     cmd = [sys.executable, __file__, "--child", "--gpus", str(gpus), "--ticks", str(ticks)]
+    cmd += ["--seen", str(seen)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     rows = [tuple(float(x) for x in line.split()) for line in out.splitlines()]
     return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
@@ -142,11 +173,12 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10_000)
     parser.add_argument("--ticks", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seen", type=int, default=0, help="floor records at the start")
     parser.add_argument("--base", default="3b3a100", help="baseline git revision")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.gpus, args.ticks)
+        child(args.gpus, args.ticks, args.seen)
         return
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
@@ -158,14 +190,14 @@ def main() -> None:
         base: list[tuple[float, float]] = []
         branch: list[tuple[float, float]] = []
         for r in range(args.rounds):
-            base.append(run(tmp, args.gpus, args.ticks))
-            branch.append(run(str(ROOT), args.gpus, args.ticks))
+            base.append(run(tmp, args.gpus, args.ticks, args.seen))
+            branch.append(run(str(ROOT), args.gpus, args.ticks, args.seen))
             print(f"round {r}: base {base[-1]}, branch {branch[-1]} (forecast, plan s)")
     fb, pb = (statistics.median(x[i] for x in base) for i in (0, 1))
     fn, pn = (statistics.median(x[i] for x in branch) for i in (0, 1))
     print(f"load average {os.getloadavg()[0]:.1f}; {args.gpus} GPUs, steady ticks")
     print(
-        f"RESULT gpus={args.gpus} core_base_s={fb + pb:.4f} core_s={fn + pn:.4f} "
+        f"RESULT gpus={args.gpus} seen={args.seen} core_base_s={fb + pb:.4f} core_s={fn + pn:.4f} "
         f"speedup={(fb + pb) / (fn + pn):.2f} forecast_base_s={fb:.4f} forecast_s={fn:.4f} "
         f"plan_base_s={pb:.4f} plan_s={pn:.4f}"
     )
