@@ -179,7 +179,7 @@ class Eviction(PreemptionStep):
 Decision = ReplicaFloorDecision | FragmentsDecision | TimeSliceDecision | PreemptionStep
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Skip:
     """A target the tick did not act on, and why."""
 

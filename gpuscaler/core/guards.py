@@ -10,7 +10,7 @@ from gpuscaler.core.decisions import Decision, DecisionKind, Skip
 from gpuscaler.core.model import Signal, TargetHistory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """A decision for one target, or why there is none, and its history after this tick."""
 
@@ -39,8 +39,10 @@ def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
 
 def invalid(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
     # Missing data resets a pending trigger: the trigger must hold on data we trust.
+    if h.pending_since is not None or h.pending_direction != 0:
+        h = replace(h, pending_since=None, pending_direction=0)
     return Outcome(
-        replace(h, pending_since=None, pending_direction=0),
+        h,
         skip=Skip(now, kind, target, f"no action: {reason}", invalid_input=True),
     )
 
@@ -60,6 +62,8 @@ def sustain(h: TargetHistory, direction: int, now: float) -> TargetHistory:
     """History with the pending trigger for `direction` started (or kept) at now; a
     direction of 0 clears it."""
     if direction == 0:
+        if h.pending_since is None and h.pending_direction == 0:
+            return h  # nothing pending: the same history
         return replace(h, pending_since=None, pending_direction=0)
     if h.pending_direction == direction and h.pending_since is not None:
         return h

@@ -81,9 +81,9 @@ class Forecast:
 
     def is_finite(self) -> bool:
         return bool(
-            np.all(np.isfinite(self.mean))
-            and np.all(np.isfinite(self.lower))
-            and np.all(np.isfinite(self.upper))
+            np.isfinite(self.mean).all()
+            and np.isfinite(self.lower).all()
+            and np.isfinite(self.upper).all()
         )
 
 
@@ -221,7 +221,7 @@ class Snapshot:
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
 
@@ -240,6 +240,10 @@ class TargetHistory:
     time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
     fallback: bool = False
     """The forecast has had no skill lately: the floor has stepped back to reactive."""
+    seen_rows: FloatArray | None = field(default=None, compare=False, repr=False)
+    """`seen` as a read-only (records, 4) array, kept beside it by `skill.remember` so that
+    the skill and the reserve do not convert the records every tick (None: converted
+    when read). Derived data: not compared."""
 
 
 EMPTY_TARGET = TargetHistory()

@@ -16,6 +16,7 @@ from gpuscaler.core.preemption import (
     fragments_beneficiaries,
 )
 from gpuscaler.core.replicas import decide_replica_floor, floor_gpus
+from gpuscaler.core.sections import Sections, pool_sections, workload_sections
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -52,19 +53,22 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
     pools = {p.name: p for p in config.node_pools}
-    floors = _replica_floors(snapshot, config, history, now)
-    held = _floor_gpus(snapshot, config, floors)
+    fragments = pool_sections(config, "fragments", FragmentsConfig)
+    time_slice = pool_sections(config, "time_slice", TimeSliceConfig)
+    replicas = workload_sections(config, "replicas", ReplicasConfig)
+    floors = _replica_floors(snapshot, config, replicas, history, now)
+    held = _floor_gpus(snapshot, config, replicas, floors)
     for obs in snapshot.pools:
         pool = pools.get(obs.name)
         if pool is None:
             continue  # observed but not configured: never touched
         key = target_key("fragments", obs.name)
-        frag_cfg = config.pool_section(obs.name, "fragments", FragmentsConfig)
+        frag_cfg = fragments[obs.name]
         outcomes[key] = decide_fragments(
             obs, pool, frag_cfg, staleness, history.get(key), now, held.get(obs.name, 0.0)
         )
         key = target_key("time_slice", obs.name)
-        ts_cfg = config.pool_section(obs.name, "time_slice", TimeSliceConfig)
+        ts_cfg = time_slice[obs.name]
         outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
     configured = {w.key for w in config.workloads}
     outcomes.update(floors)
@@ -95,7 +99,11 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
 
 
 def _replica_floors(
-    snapshot: Snapshot, config: Config, history: History, now: float
+    snapshot: Snapshot,
+    config: Config,
+    replicas: Sections[ReplicasConfig],
+    history: History,
+    now: float,
 ) -> dict[str, Outcome]:
     """This tick's replica floor outcome of every configured workload observed."""
     configured = {w.key for w in config.workloads}
@@ -104,14 +112,19 @@ def _replica_floors(
         if wobs.key not in configured:
             continue
         key = target_key("replica_floor", wobs.key)
-        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
+        rep_cfg = replicas[wobs.key]
         out[key] = decide_replica_floor(
             wobs, rep_cfg, config.metrics.staleness, history.get(key), now
         )
     return out
 
 
-def _floor_gpus(snapshot: Snapshot, config: Config, floors: dict[str, Outcome]) -> dict[str, float]:
+def _floor_gpus(
+    snapshot: Snapshot,
+    config: Config,
+    replicas: Sections[ReplicasConfig],
+    floors: dict[str, Outcome],
+) -> dict[str, float]:
     """Per node pool, the GPUs its workloads' replica floors (after this tick's decisions)
     hold sized for their load: a fragment change leaves them (core.replicas.floor_gpus)."""
     pool_of = {w.key: w.node_pool for w in config.workloads}
@@ -124,8 +137,7 @@ def _floor_gpus(snapshot: Snapshot, config: Config, floors: dict[str, Outcome]) 
         floor = wobs.floor
         if isinstance(outcome.decision, ReplicaFloorDecision):
             floor = int(outcome.decision.to_value)
-        rep_cfg = config.workload_section(wobs.key, "replicas", ReplicasConfig)
-        held[name] = held.get(name, 0.0) + floor_gpus(wobs, rep_cfg, floor)
+        held[name] = held.get(name, 0.0) + floor_gpus(wobs, replicas[wobs.key], floor)
     return held
 
 

@@ -24,7 +24,7 @@ from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.reserve import overflow_reserve
-from gpuscaler.core.skill import assess, in_fallback, remember
+from gpuscaler.core.skill import assess, in_fallback, records, remember
 
 KIND: Final = "replica_floor"
 
@@ -202,7 +202,7 @@ def _reserve(
     had at full use (gpuscaler.core.reserve), and why; (0, "") when none did."""
     full = capacity * 100.0 / cfg.target_utilization_pct if gpu else capacity
     span = cfg.reserve_window
-    r = overflow_reserve(h.seen, now, cfg.scale_down_stabilization, span, capacity, full)
+    r = overflow_reserve(records(h), now, cfg.scale_down_stabilization, span, capacity, full)
     if r is None:
         return 0, ""
     replicas = math.ceil(r.peak / full - 1e-9)
@@ -238,7 +238,8 @@ def _skill_check(
     stab = cfg.scale_down_stabilization
     skill = assess(h, now, cfg.lead_time, stab, cfg.skill_min_origins, span)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
-    h = replace(h, fallback=fallback)
+    if fallback != h.fallback:
+        h = replace(h, fallback=fallback)
     if not fallback:
         return h, None
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"

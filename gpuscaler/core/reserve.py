@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuscaler.core.model import FloatArray
+from gpuscaler.core.skill import window_max
+
 
 @dataclass(frozen=True)
 class Reserve:
@@ -34,7 +37,7 @@ class Reserve:
 
 
 def overflow_reserve(
-    seen: tuple[tuple[float, float, float, float], ...],
+    seen: tuple[tuple[float, float, float, float], ...] | FloatArray,
     now: float,
     window: float,
     span: float,
@@ -43,19 +46,23 @@ def overflow_reserve(
 ) -> Reserve | None:
     """The reserve the tick records of the last `span` seconds call for (None when no
     tick overflowed). `at_target`: what one replica serves at the target; `full`: at
-    full use, both in the records' unit."""
-    if not seen:
-        return None
-    rec = np.asarray(seen, dtype=np.float64)
+    full use, both in the records' unit. `seen`: the records, or their array."""
+    if len(seen) < 2:
+        return None  # a record needs one before it to size from
+    rec = np.asarray(seen, dtype=np.float64).reshape(-1, 4)
     t, v = rec[:, 0], rec[:, 1]
     ok = np.isfinite(v)
     scored = np.flatnonzero((t > now - span) & ok)
-    before = (t[None, :] >= t[scored, None] - window) & (t[None, :] < t[scored, None]) & ok
-    has = before.any(axis=1)
-    scored, before = scored[has], before[has]
+    # Each record's window [t - window, t) is a run of the records in time order; its
+    # maximum over the finite values is exact however taken.
+    order = np.argsort(t, kind="stable")
+    ts, vs = t[order], np.where(ok, v, -np.inf)[order]
+    o = t[scored]
+    reactive = window_max(vs, np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o))
+    has = reactive > -np.inf
+    scored, reactive = scored[has], reactive[has]
     if not scored.size:
         return None  # nothing to size from yet
-    reactive = np.where(before, v[None, :], -np.inf).max(axis=1)
     replicas = np.maximum(1.0, np.ceil(reactive / at_target - 1e-9))
     over = v[scored] > replicas * full + 1e-9
     if not over.any():

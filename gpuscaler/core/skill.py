@@ -18,11 +18,13 @@ have; no reactive shortfall at all means nothing to gain (skill 0).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, TargetHistory
+from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 
 
 @dataclass(frozen=True)
@@ -32,31 +34,128 @@ class Skill:
     origins: int
 
 
+def records(h: TargetHistory) -> FloatArray:
+    """`h.seen` as a (records, 4) array: the one `remember` kept, else converted."""
+    rows = h.seen_rows
+    if rows is None or len(rows) != len(h.seen) or (h.seen and rows[-1, 0] != h.seen[-1][0]):
+        rows = np.asarray(h.seen, dtype=np.float64).reshape(-1, 4)
+    return rows
+
+
 def remember(
     h: TargetHistory, now: float, value: float, upper: float, mean: float, keep: float
 ) -> TargetHistory:
     """History with this tick's observation and forecast (upper bound and mean peak over
-    the lead time) added, records older than `keep` gone."""
-    seen = (*tuple(r for r in h.seen if r[0] > now - keep), (now, value, upper, mean))
-    return replace(h, seen=seen)
+    the lead time) added, records older than `keep` gone (their array kept beside them,
+    updated rather than rebuilt)."""
+    record = (now, value, upper, mean)
+    if not h.seen:  # the first record: nothing to drop
+        new_rows = np.asarray([record], dtype=np.float64)
+        new_rows.setflags(write=False)
+        return replace(h, seen=(record,), seen_rows=new_rows)
+    rows = records(h)
+    kept = np.flatnonzero(rows[:, 0] > now - keep)
+    n, k = len(h.seen), kept.size
+    # Records come in time order, so those kept are the newest: a slice of the tuple.
+    old = h.seen[n - k :] if k == 0 or kept[0] == n - k else tuple(h.seen[i] for i in kept)
+    new_rows = np.concatenate((rows[kept], np.asarray([record], dtype=np.float64)))
+    new_rows.setflags(write=False)
+    return replace(h, seen=(*old, record), seen_rows=new_rows)
 
 
 def _shortfall(need: FloatArray, capacity: FloatArray) -> float:
     return float(np.maximum(0.0, need - capacity).sum())
 
 
-def _at_cost(reactive: FloatArray, base: FloatArray, extra: float) -> FloatArray:
-    """max(reactive, base + c) with c chosen (bisection) so its extra over `reactive`
-    sums to `extra`."""
+def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """max(values[start[i]:stop[i]]) for each i, NaN kept (as `np.max` does); -inf where
+    the window is empty."""
+    ext = np.append(values, -np.inf)  # stop may be len(values): reduceat needs an index
+    idx = np.empty(2 * start.size, dtype=np.intp)
+    idx[0::2], idx[1::2] = start, stop
+    out = np.maximum.reduceat(ext, idx)[0::2] if idx.size else ext[:0]
+    return np.where(stop > start, out, -np.inf)
+
+
+def _window_means(v: FloatArray, order: IntArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """Mean of v[order[start[i]:stop[i]]] for each i (windows not empty), summed as a
+    row of len(v) holding the window's values in their own places and zeros elsewhere
+    (what `np.where(in_window, v, 0.0).sum(axis=1)` sums, so it rounds the same), the
+    rows filled by index rather than by comparing every record with every window."""
+    lengths = stop - start
+    rows = np.repeat(np.arange(start.size), lengths)
+    firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
+    cols = order[np.arange(rows.size) + firsts]
+    filled = np.zeros((start.size, v.size))
+    filled[rows, cols] = v[cols]
+    means: FloatArray = filled.sum(axis=1) / lengths
+    return means
+
+
+def _bisect_excess(reactive: FloatArray, base: FloatArray, extra: float) -> float:
+    """`_at_cost`'s c: the bisection whose every step asks whether
+    sum(max(reactive, base + c)) - sum(reactive) > extra. Each step is first answered from
+    sorted breakpoints and prefix sums (a few float operations); the arrays are summed, as
+    the bisection always did, only for a c so close to the answer that the two sums'
+    rounding could disagree, so every step, and c, is what the array sums give."""
+    total = reactive.sum()
     lo, hi = -float(np.max(base - reactive)) - 1.0, float(extra) + 1.0
-    total = reactive.sum()  # the same every step: summed once
+    exact = _exact_excess(reactive, base, total)
+    cheap = _cheap_excess(reactive, base, float(total), extra)
     for _ in range(40):
         c = (lo + hi) / 2
-        if float(np.maximum(reactive, base + c).sum() - total) > extra:
+        answer = cheap(c) if cheap is not None else None
+        if answer is None:
+            answer = exact(c) > extra
+        if answer:
             hi = c
         else:
             lo = c
-    return np.maximum(reactive, base + lo)
+    return lo
+
+
+def _exact_excess(reactive: FloatArray, base: FloatArray, total: float) -> Callable[[float], float]:
+    def excess(c: float) -> float:
+        return float(np.maximum(reactive, base + c).sum() - total)
+
+    return excess
+
+
+def _cheap_excess(
+    reactive: FloatArray, base: FloatArray, total: float, extra: float
+) -> Callable[[float], bool | None] | None:
+    """Whether the excess at c is over `extra`, from breakpoints d = reactive - base
+    (max(reactive, base + c) is base + c where d < c); None where the float sums could
+    round either way (within a bound 4x the summation error's) or inputs are not finite."""
+    if not (np.isfinite(reactive).all() and np.isfinite(base).all() and math.isfinite(extra)):
+        return None
+    d = reactive - base
+    order = np.argsort(d, kind="stable")
+    ds: list[float] = d[order].tolist()
+    base_below: list[float] = [0.0, *np.cumsum(base[order]).tolist()]
+    reactive_above: list[float] = [*np.cumsum(reactive[order][::-1])[::-1].tolist(), 0.0]
+    n = len(ds)
+    scale = float(np.abs(reactive).sum() + np.abs(base).sum()) + abs(total) + abs(extra) + 1.0
+    tol = 16 * (n + 4) * np.finfo(np.float64).eps
+    below_all = ds[0] - tol * (max(abs(ds[0]), abs(ds[-1])) + 1.0)
+
+    def over(c: float) -> bool | None:
+        k = bisect_left(ds, c)
+        if c < below_all:
+            # base + c rounds to at most reactive everywhere: the sum is exactly `total`.
+            return extra < 0.0
+        excess = base_below[k] + k * c + reactive_above[k] - total
+        if abs(excess - extra) > tol * (scale + n * abs(c)):
+            return excess > extra
+        return None
+
+    return over
+
+
+def _at_cost(reactive: FloatArray, base: FloatArray, extra: float) -> FloatArray:
+    """max(reactive, base + c) with c chosen (bisection) so its extra over `reactive`
+    sums to `extra`."""
+    return np.maximum(reactive, base + _bisect_excess(reactive, base, extra))
 
 
 def assess(
@@ -70,21 +169,27 @@ def assess(
     """The forecast's skill over the origins of the last `span` seconds of `h.seen`."""
     if len(h.seen) < 2:
         return Skill(None, 0)
-    rec = np.asarray(h.seen, dtype=np.float64)
+    rec = records(h)
     t, v = rec[:, 0], rec[:, 1]
     # Ticks without a forecast (NaN bound: too little history) are observed, not scored.
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec[:, 2]))
-    o = t[scored][:, None]
-    before = (t[None, :] >= o - stabilization) & (t[None, :] <= o)
-    after = (t[None, :] > o) & (t[None, :] <= o + lead)
-    ok = after.any(axis=1)
+    order = np.argsort(t, kind="stable")
+    ts, vs = t[order], v[order]
+    o = t[scored]
+    after = (np.searchsorted(ts, o, "right"), np.searchsorted(ts, o + lead, "right"))
+    ok = after[1] > after[0]
     n = int(ok.sum())
     if n < min_origins:
         return Skill(None, n)
-    reactive = np.where(before, v[None, :], -np.inf).max(axis=1)[ok]
-    need = np.where(after, v[None, :], -np.inf).max(axis=1)[ok]
-    level = (np.where(before, v[None, :], 0.0).sum(axis=1) / before.sum(axis=1))[ok]
-    upper, mean = rec[scored, 2][ok], rec[scored, 3][ok]
+    scored, o = scored[ok], o[ok]
+    # Each origin's windows are runs of the records in time order: their maxima are
+    # exact however taken. The level's sum is taken as it always was (zeros outside the
+    # window, in the records' order), so that it rounds the same.
+    start = np.searchsorted(ts, o - stabilization, "left")
+    reactive = window_max(vs, start, after[0][ok])
+    need = window_max(vs, after[0][ok], after[1][ok])
+    level = _window_means(v, order, start, after[0][ok])
+    upper, mean = rec[scored, 2], rec[scored, 3]
     predictive = np.maximum(reactive, upper)
     short_r = _shortfall(need, reactive)
     if short_r <= 1e-9:

@@ -20,6 +20,7 @@ from gpuscaler.core.model import (
     WorkloadObservation,
 )
 from gpuscaler.core.preemption import PreemptionObservation
+from gpuscaler.core.sections import pool_sections, workload_sections
 
 
 @dataclass(frozen=True)
@@ -155,24 +156,10 @@ def build_snapshot(
     """Forecasts attached to what was observed; `fits` are the model states of the previous
     tick (refitted every forecast.refit_every), the new ones ride on the snapshot."""
     states: dict[str, FitState] = {}
-    pool_items = [
-        (
-            f"pool:{p.name}",
-            p.utilization,
-            p.problem,
-            config.pool_section(p.name, "forecast", ForecastConfig),
-        )
-        for p in raw.pools
-    ]
-    load_items = [
-        (
-            f"workload:{w.key}",
-            w.load,
-            w.problem,
-            config.workload_section(w.key, "forecast", ForecastConfig),
-        )
-        for w in raw.workloads
-    ]
+    pool_cfg = pool_sections(config, "forecast", ForecastConfig)
+    load_cfg = workload_sections(config, "forecast", ForecastConfig)
+    pool_items = [(f"pool:{p.name}", p.utilization, p.problem, pool_cfg[p.name]) for p in raw.pools]
+    load_items = [(f"workload:{w.key}", w.load, w.problem, load_cfg[w.key]) for w in raw.workloads]
     prior = fits or {}
     pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
     load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
@@ -185,9 +172,10 @@ def build_snapshot(
         _pool(p, signal, now, stall_window)
         for p, signal in zip(raw.pools, pool_signals, strict=True)
     ]
+    interval = config.control.interval
     workloads = [
-        _workload(w, signal, now, config)
-        for w, signal in zip(raw.workloads, load_signals, strict=True)
+        _workload(w, signal, now, interval, item[3].fit_step)
+        for w, signal, item in zip(raw.workloads, load_signals, load_items, strict=True)
     ]
     return Snapshot(
         time=now,
@@ -214,8 +202,9 @@ def _pool(p: RawPool, signal: Signal, now: float, stall_window: float) -> PoolOb
     )
 
 
-def _workload(w: RawWorkload, signal: Signal, now: float, config: Config) -> WorkloadObservation:
-    fit_step = config.workload_section(w.key, "forecast", ForecastConfig).fit_step
+def _workload(
+    w: RawWorkload, signal: Signal, now: float, interval: float, fit_step: float
+) -> WorkloadObservation:
     return WorkloadObservation(
         key=w.key,
         load=signal,
@@ -224,7 +213,5 @@ def _workload(w: RawWorkload, signal: Signal, now: float, config: Config) -> Wor
         max_replicas=w.max_replicas,
         replica_gpu_share=w.replica_gpu_share,
         serving=w.serving,
-        recent_peak=None
-        if w.problem
-        else bucket_peak(w.load, now, config.control.interval, fit_step),
+        recent_peak=None if w.problem else bucket_peak(w.load, now, interval, fit_step),
     )
