@@ -130,20 +130,7 @@ def _floor(
     raw, note = _raw(h, cfg, now, sized, capacity, current, obs.serving is None, note)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
-    # Scale down only to the highest recommendation of the window, as the HPA does, kept
-    # as the load sized for (percent of a GPU) so a fragment change, which changes each
-    # replica's share, does not distort it.
-    window_start = now - cfg.scale_down_stabilization
-    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
-    h = replace(h, recommendations=recs)
-    held_for = max(v for _, v in recs)
-    held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
-    stabilized = max(recommended, min(current, held)) if recommended < current else recommended
-    margin = cfg.scale_down_margin
-    if stabilized < current and margin > 0:
-        # Down only to a count the window's demand fits with the margin below it.
-        kept = min(current, math.ceil(held_for / (capacity * (1 - margin)) - 1e-9))
-        stabilized = max(stabilized, min(ceiling, kept))
+    h, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
     value = f"{sized:.{1 if obs.serving else 0}f}{sizing}"
     source = (
         f"observed peak {value} (highest of {cfg.scale_down_stabilization:.0f}s)"
@@ -170,6 +157,33 @@ def _floor(
         forecast=figures or {"last": observed},
     )
     return Outcome(h, decision=decision)
+
+
+def _stabilized(
+    h: TargetHistory,
+    cfg: ReplicasConfig,
+    now: float,
+    sized: float,
+    capacity: float,
+    current: int,
+    ceiling: int,
+    recommended: int,
+) -> tuple[TargetHistory, int]:
+    """Scale down only to the highest recommendation of the window, as the HPA does, kept
+    as the load sized for (percent of a GPU) so a fragment change, which changes each
+    replica's share, does not distort it; and only to a count the window's demand fits
+    with `scale_down_margin` below its capacity."""
+    window_start = now - cfg.scale_down_stabilization
+    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
+    h = replace(h, recommendations=recs)
+    held_for = max(v for _, v in recs)
+    held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
+    stabilized = max(recommended, min(current, held)) if recommended < current else recommended
+    margin = cfg.scale_down_margin
+    if stabilized < current and margin > 0:
+        kept = min(current, math.ceil(held_for / (capacity * (1 - margin)) - 1e-9))
+        stabilized = max(stabilized, min(ceiling, kept))
+    return h, stabilized
 
 
 def _raw(
