@@ -214,8 +214,9 @@ def lanes_within(memory: float, jobs: int, seconds: float) -> int:
 
 def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
     """The workloads in consecutive chunks, one process' lockstep each: at most `lanes` a
-    chunk, as even as they can be, and a multiple of `jobs` of them so that the processes
-    end together (100 workloads, 2 jobs, 34 lanes: 4 chunks of 25, not 34, 34, 32)."""
+    chunk, all of one size (the last one less) that gives each of `jobs` processes as
+    many rounds as the fewest chunks need (100 workloads, 2 jobs, 34 lanes: 4 chunks of
+    25, two a process, not 34, 34, 32, where one process would run two of 34)."""
     if not workloads:
         return []
     jobs, lanes = max(1, jobs), max(1, lanes)
