@@ -15,6 +15,7 @@ from gpuscaler.sim.baselines import swept
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.replay import swept_many
+from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared, run_baselines, scenario_cluster, scenario_config
 from gpuscaler.sim.sweep import Sweep, same_model
 from gpuscaler.sim.synthetic import synthetic_trace
@@ -70,7 +71,7 @@ def _alone(p: Prepared) -> dict[str, list[dict[str, object]]]:
 
 # Workloads of one chunk: other traces and other replica bounds on one model (the bounds
 # bite: at most 6 replicas; at least 3; a wide tolerance).
-MIXED = [
+MIXED: list[tuple[str, dict[str, Any]]] = [
     ("bundled", {}),
     ("bursts", {"high": 6}),
     ("steps", {"low": 3}),
@@ -133,12 +134,12 @@ def test_replays_on_other_models_are_swept_apart_with_the_same_figures() -> None
         ({"slot": 5.0}, "slot"),
     ],
 )
-def test_a_sweep_refuses_rows_of_another_model(other: dict[str, float], why: str) -> None:
+def test_a_sweep_refuses_rows_of_another_model(other: dict[str, Any], why: str) -> None:
     a = _template(_replay("bundled", _config()))
-    b = _template(_replay("bundled", _config(**other)))  # type: ignore[arg-type]
-    runs = [("hpa_util", 70.0), ("keda_rate", 70.0)]
+    b = _template(_replay("bundled", _config(**other)))
+    runs: list[tuple[ScalerKind, float]] = [("hpa_util", 70.0), ("keda_rate", 70.0)]
     with pytest.raises(ValueError, match="model"):
-        Sweep(a.config, a, runs, SEED, [a, b])  # type: ignore[arg-type]
+        Sweep(a.config, a, runs, SEED, [a, b])
 
 
 def test_a_sweep_refuses_rows_of_other_noise() -> None:

@@ -3,9 +3,10 @@ process a core (at most two), lanes within the memory budget, chunks that end to
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from gpuscaler import whatif
 from gpuscaler.config import WorkloadConfig
 from gpuscaler.whatif import JOBS, LANE_BYTES_A_WEEK, chunks, default_jobs, lanes_within
 
@@ -65,5 +66,5 @@ def test_lanes_fit_every_process_lanes_within_the_memory(
 def test_the_default_jobs_are_one_a_core_at_most_two(
     monkeypatch: pytest.MonkeyPatch, cores: int, jobs: int
 ) -> None:
-    monkeypatch.setattr(whatif.os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
     assert default_jobs() == jobs
