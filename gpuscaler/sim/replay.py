@@ -227,6 +227,12 @@ def finished(
     )
 
 
+MANY_BYTES = 64 * 2**20
+"""What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
+less than a lone sweep's SWEEP_BYTES: whatif holds its lanes' runs meanwhile, in each of
+its processes, within the 1 GB of the whole run."""
+
+
 def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
     """The baselines' curves of each replay (`simulate.baseline_curves`), those of replays
     that share a model swept as one (`baselines.swept`): the same curves, fewer steps."""
@@ -250,7 +256,8 @@ def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
     for g in groups:
         p = prepared[g[0]]
         replays = [(templates[i], prepared[i].scored_from) for i in g]
-        out.update(zip(g, swept(p.config, replays, p.seed, p.seconds), strict=True))
+        curves = swept(p.config, replays, p.seed, p.seconds, budget=MANY_BYTES)
+        out.update(zip(g, curves, strict=True))
     return [out[i] for i in range(len(prepared))]
 
 
