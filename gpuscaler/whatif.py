@@ -32,11 +32,13 @@ grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and
 track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 12 * 2**20
-"""What a lane of a week holds until its lockstep ends (measured about 11 MB)."""
-MEMORY = 768 * 2**20
+LANE_BYTES_A_WEEK = 20 * 2**20
+"""What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
+with the controller's state for it about 20 (bench/whatif.py --split: 4 lanes, +129 MB)."""
+MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
-the processes' own (about 120 MB each with numpy and the forecast)."""
+the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
+forecast, plus its chunk's sweeps, at most 64 MB: `replay.MANY_BYTES`)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 

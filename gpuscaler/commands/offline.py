@@ -289,7 +289,7 @@ def add_whatif_parser(sub: Any) -> None:
         "--lanes",
         type=positive_int,
         help="workloads a process ticks in lockstep through one controller (default 50, fewer "
-        "when all processes' lanes would pass 768 MB, about 12 MB a lane-week; 1: each alone)",
+        "when all processes' lanes would pass 512 MB, about 20 MB a lane-week; 1: each alone)",
     )
     p.add_argument(
         "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"
