@@ -23,7 +23,14 @@ holds for chunks of that size, and more lanes a chunk cost less a workload)
 (only those K are backfilled: promtool takes many minutes for 100 workload-weeks; read_s,
 reading all N one after another in-process, is K's read time x N/K):
   RESULT workloads=N days=D replayed=K seconds_estimated=S read_s=.. ... gate=fail(estimated)
-Gate (issue 20): seconds <= 120 and rss <= 1 GB; only a full run can pass it.
+Gate (issue 20): seconds <= 120 and rss_total_mb (whatif and its worker processes
+together, sampled every 0.2 s; rss_mb is the largest process') <= 1 GB; only a full run
+can pass it.
+
+`--split` instead times whatif's parts in this process on the read histories (all
+--replay workloads in one lockstep), CPU seconds a workload:
+  RESULT split workloads=K days=D lanes=K per_workload: read_s= ready_s= gpuscaler_s=
+  reactive_s= actual_s= baselines_s= report_s= replay_s= rss_mb= rss_before_mb=
 """
 
 from __future__ import annotations
