@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -27,8 +28,17 @@ from gpuscaler.sim.replay import Skipped, replay_many
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
 the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
-grows by about 11 MB a lane-week (its simulated cluster's arrays and forecast track,
-held until the lockstep ends)."""
+grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and forecast
+track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
+JOBS = 2
+"""Processes at most by default (one a core: `default_jobs`)."""
+LANE_BYTES_A_WEEK = 20 * 2**20
+"""What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
+with the controller's state for it about 20 (bench/whatif.py --split: 4 lanes, +129 MB)."""
+MEMORY = 512 * 2**20
+"""What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
+the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
+forecast, plus its chunk's sweeps, at most 64 MB: `replay.MANY_BYTES`)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 
@@ -188,10 +198,33 @@ def replay_chunk(
     return out
 
 
+def default_jobs() -> int:
+    """Processes by default: one a core this process may run on, at most JOBS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(JOBS, cores))
+
+
+def lanes_within(memory: float, jobs: int, seconds: float) -> int:
+    """Lanes a process may hold so that `jobs` processes' lanes of a `seconds` replay stay
+    within `memory` bytes (LANE_BYTES_A_WEEK a lane-week), at least one."""
+    per_lane = LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
+    return max(1, int(memory // (max(1, jobs) * per_lane)))
+
+
 def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
-    """The workloads in consecutive chunks, one process' lockstep each: as even as `jobs`
-    processes allow, at most `lanes` a chunk."""
-    per = min(max(1, lanes), max(1, math.ceil(len(workloads) / max(1, jobs))))
+    """The workloads in consecutive chunks, one process' lockstep each: at most `lanes` a
+    chunk, all of one size (the last one less) that gives each of `jobs` processes as
+    many rounds as the fewest chunks need (100 workloads, 2 jobs, 34 lanes: 4 chunks of
+    25, two a process, not 34, 34, 32, where one process would run two of 34)."""
+    if not workloads:
+        return []
+    jobs, lanes = max(1, jobs), max(1, lanes)
+    count = math.ceil(len(workloads) / (lanes * jobs)) * jobs
+    count = max(1, min(count, len(workloads)))
+    per = math.ceil(len(workloads) / count)
     return [workloads[i : i + per] for i in range(0, len(workloads), per)]
 
 
@@ -224,11 +257,16 @@ def run_whatif(
     step: float | None = None,
     baselines: bool = True,
     err: TextIO = sys.stderr,
-    jobs: int = 1,
-    lanes: int = LANES,
+    jobs: int | None = None,
+    lanes: int | None = None,
 ) -> Outcome:
-    """Read, replay and report every workload; raise WhatifError when none replays."""
+    """Read, replay and report every workload; raise WhatifError when none replays. By
+    default `default_jobs()` processes, each with at most LANES lanes and all lanes within
+    MEMORY."""
     step = step or config.forecast.fit_step
+    jobs = default_jobs() if jobs is None else jobs
+    if lanes is None:
+        lanes = min(LANES, lanes_within(MEMORY, jobs, until - since))
     if not until > since:
         raise WhatifError(f"--since {rfc3339(since)} is not before --until {rfc3339(until)}")
     if until - since > MAX_RANGE:

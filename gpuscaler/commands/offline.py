@@ -281,13 +281,15 @@ def add_whatif_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
-        "--jobs", type=positive_int, default=1, help="workloads replayed at once (processes)"
+        "--jobs",
+        type=positive_int,
+        help="processes replaying at once (default: one a core, at most 2)",
     )
     p.add_argument(
         "--lanes",
         type=positive_int,
-        help="workloads a process ticks in lockstep through one controller (default 50; 1: "
-        "each alone)",
+        help="workloads a process ticks in lockstep through one controller (default 50, fewer "
+        "when all processes' lanes would pass 512 MB, about 20 MB a lane-week; 1: each alone)",
     )
     p.add_argument(
         "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"

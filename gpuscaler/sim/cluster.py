@@ -264,8 +264,9 @@ class SimulatedCluster:
         end = min(len(self.arrivals), round((now - self.start) / slot))
         if end <= self.cursor:
             return
-        idx = np.arange(self.cursor, end)
-        ready, capacity, gpus = self._pods_at(np.asarray(self.start + slot * idx, dtype=np.float64))
+        idx = slice(self.cursor, end)  # a view: the same values as an index array, no copy
+        times = self.start + slot * np.arange(self.cursor, end)
+        ready, capacity, gpus = self._pods_at(np.asarray(times, dtype=np.float64))
         f = self.fragments
         overhead = self.sim.switch_overhead
         work = self.work[idx]
@@ -275,7 +276,7 @@ class SimulatedCluster:
         noise = self.noise[idx]
         load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
         dropped = self.dropped[idx]
-        load[dropped] = np.nan
+        load[dropped] = np.nan  # `load` is new: the recorded noise is untouched
         eff = float(efficiency(min(f, max(1.0, self.held_last)), overhead))
         r = self.rec
         if self.observed:

@@ -16,6 +16,10 @@ cumulative work up to and including it.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from gpuscaler.core.model import FloatArray
@@ -75,3 +79,29 @@ def wait_figures(counts: FloatArray, waits: FloatArray, slo: float) -> tuple[flo
     p99 = float(waits[order][min(k, len(order) - 1)])
     share = float(np.sum(counts[waits > slo]) / total)
     return p99, share
+
+
+def slo_figures(
+    run: tuple[FloatArray, FloatArray, FloatArray, Sequence[tuple[float, int, int]]],
+    requests: FloatArray,
+    slot: float,
+    start: float,
+    scored_from: int,
+    slo: float,
+) -> dict[str, Any]:
+    """`slo_metrics` of a run given as (work, served and GPUs held per slot, replica
+    changes (time, from, to)), with the requests arriving per slot."""
+    work, served, gpus, replica_changes = run
+    s = slice(scored_from, len(work))
+    waits = fluid_waits(work, served, slot)[s]
+    p99, share = wait_figures(requests[s], waits, slo)
+    t0 = start + scored_from * slot
+    changes = [c for c in replica_changes if c[0] >= t0]
+    directions = [1 if new > old else -1 for _, old, new in changes]
+    return {
+        "slo_violation_share": round(share, 6),
+        "p99_wait_s": round(p99, 3),
+        "gpu_hours": round(float(np.nansum(gpus[s])) * slot / 3600, 3),
+        "scaling_actions": len(changes),
+        "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
+    }

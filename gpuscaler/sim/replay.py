@@ -24,7 +24,8 @@ import numpy as np
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.sim.cluster import arrivals_from_trace
+from gpuscaler.sim.baselines import Curves, swept
+from gpuscaler.sim.cluster import Recorder
 from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
@@ -38,6 +39,7 @@ from gpuscaler.sim.simulate import (
     slo_metrics,
     warmup_plan,
 )
+from gpuscaler.sim.sweep import same_model
 from gpuscaler.sim.trace import Trace, TraceError
 
 
@@ -199,29 +201,64 @@ def ready(
     return Ready(history, demand, signal, trace, prepared)
 
 
-def finished(r: Ready, run: RunResult, baselines: bool = True) -> WorkloadReplay:
-    """The replay around gpuscaler's run: the reactive HPA and the baselines (as
-    `simulate` runs them), and the replicas that ran when known."""
-    p = r.prepared
-    result = finish(p, run, baselines)
-    actual = None
+def actual_of(r: Ready) -> dict[str, Any] | None:
+    """The replay with the replicas that ran (`actual_run`), None when they are unknown."""
     replicas = r.history.replicas
-    if replicas.series is not None:
-        slot = result.config.simulator.slot
-        arrivals = arrivals_from_trace(r.trace, result.start, p.seconds, p.seed, slot)
-        actual = actual_run(
-            result.config,
-            replicas.series,
-            arrivals,
-            result.start,
-            p.seconds,
-            p.seed,
-            result.scored_from,
-        )
-        actual["source"] = replicas.name
+    if replicas.series is None:
+        return None
+    p = r.prepared
+    actual = actual_run(
+        p.config, replicas.series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
+    )
+    actual["source"] = replicas.name
+    return actual
+
+
+def finished(
+    r: Ready, run: RunResult, baselines: bool = True, curves: Curves | None = None
+) -> WorkloadReplay:
+    """The replay around gpuscaler's run: the reactive HPA and the baselines (as
+    `simulate` runs them, or `curves` when swept already), and the replicas that ran
+    when known."""
+    result = finish(r.prepared, run, baselines, curves=curves)
+    actual = actual_of(r)
     return WorkloadReplay(
         r.history.key, r.signal, result, actual, limits(r.history, r.demand, actual)
     )
+
+
+MANY_BYTES = 64 * 2**20
+"""What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
+less than a lone sweep's SWEEP_BYTES: whatif holds its lanes' runs meanwhile, in each of
+its processes, within the 1 GB of the whole run."""
+
+
+def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
+    """The baselines' curves of each replay (`simulate.baseline_curves`), those of replays
+    that share a model swept as one (`baselines.swept`): the same curves, fewer steps."""
+    templates = []
+    for p in prepared:
+        t = scenario_cluster(p.config, p.arrivals, p.start, p.seed, controlled=False)
+        t.rec = Recorder(0)  # a sweep's template is never advanced: nothing to record
+        templates.append(t)
+    groups: list[list[int]] = []
+    for i, (p, t) in enumerate(zip(prepared, templates, strict=True)):
+        for g in groups:
+            first = prepared[g[0]]
+            if (first.seed, first.seconds) == (p.seed, p.seconds) and same_model(
+                templates[g[0]], t
+            ):
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    out: dict[int, Curves] = {}
+    for g in groups:
+        p = prepared[g[0]]
+        replays = [(templates[i], prepared[i].scored_from) for i in g]
+        curves = swept(p.config, replays, p.seed, p.seconds, budget=MANY_BYTES)
+        out.update(zip(g, curves, strict=True))
+    return [out[i] for i in range(len(prepared))]
 
 
 def replay_many(
@@ -246,6 +283,7 @@ def replay_many(
         for i in range(0, len(group), size):
             chunk_of.update((id(x), group[i : i + size]) for x in group[i : i + size])
     runs: dict[int, RunResult] = {}
+    curves: dict[int, Curves] = {}
     for r in out:
         if isinstance(r, Skipped):
             yield r
@@ -257,7 +295,10 @@ def replay_many(
             else:
                 done = lockstep_runs([x.prepared for x in chunk])
                 runs.update((id(x), run) for x, run in zip(chunk, done, strict=True))
-        yield finished(r, runs.pop(id(r)), baselines)
+            if baselines:  # the chunk's sweeps as one
+                chunk_curves = swept_many([x.prepared for x in chunk])
+                curves.update((id(x), c) for x, c in zip(chunk, chunk_curves, strict=True))
+        yield finished(r, runs.pop(id(r)), baselines, curves.pop(id(r), None))
 
 
 def replay(

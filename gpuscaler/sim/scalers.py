@@ -180,7 +180,7 @@ def desired_replicas(
     current: IntArray | int,
     ready: IntArray | int,
     target: FloatArray | float,
-    tolerance: float,
+    tolerance: FloatArray | float,
 ) -> IntArray:
     """The HPA's answer for `load` (percent of one GPU): `current` while the ratio to the
     `ready` replicas' use at `target` is within the tolerance (and all are ready), else
@@ -193,7 +193,14 @@ def desired_replicas(
 
 def bounded(desired: IntArray | int, current: IntArray | int, cfg: ReplicasConfig) -> IntArray:
     """`desired` within the replica bounds and the HPA's scale-up limit (max(2x, +4))."""
-    desired = np.maximum(cfg.min_replicas, np.minimum(cfg.max_replicas, desired))
+    return bounds(desired, current, cfg.min_replicas, cfg.max_replicas)
+
+
+def bounds(
+    desired: IntArray | int, current: IntArray | int, lo: IntArray | int, hi: IntArray | int
+) -> IntArray:
+    """`bounded` with the bounds given (per run, as arrays, or one for all)."""
+    desired = np.maximum(lo, np.minimum(hi, desired))
     limit = np.maximum(2 * np.asarray(current), np.asarray(current) + HPA_SCALE_UP_PODS)
     return np.asarray(np.minimum(desired, limit), dtype=np.int64)
 

@@ -3,7 +3,6 @@ through a reactive HPA baseline on the same trace; report both."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,11 +14,11 @@ from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray, WorkloadObservation
+from gpuscaler.sim.baselines import swept
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
-from gpuscaler.sim.equal_cost import BASELINES, equal_cost, reason_outside, sweep_targets
-from gpuscaler.sim.queue import fluid_waits, wait_figures
+from gpuscaler.sim.equal_cost import equal_cost, reason_outside
+from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import ScalerKind
-from gpuscaler.sim.sweep import sweep
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -208,32 +207,6 @@ def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict
     return slo_figures(run, rec.requests[:n], cluster.slot, cluster.start, scored_from, slo)
 
 
-def slo_figures(
-    run: tuple[FloatArray, FloatArray, FloatArray, Sequence[tuple[float, int, int]]],
-    requests: FloatArray,
-    slot: float,
-    start: float,
-    scored_from: int,
-    slo: float,
-) -> dict[str, Any]:
-    """`slo_metrics` of a run given as (work, served and GPUs held per slot, replica
-    changes (time, from, to)), with the requests arriving per slot."""
-    work, served, gpus, replica_changes = run
-    s = slice(scored_from, len(work))
-    waits = fluid_waits(work, served, slot)[s]
-    p99, share = wait_figures(requests[s], waits, slo)
-    t0 = start + scored_from * slot
-    changes = [c for c in replica_changes if c[0] >= t0]
-    directions = [1 if new > old else -1 for _, old, new in changes]
-    return {
-        "slo_violation_share": round(share, 6),
-        "p99_wait_s": round(p99, 3),
-        "gpu_hours": round(float(np.nansum(gpus[s])) * slot / 3600, 3),
-        "scaling_actions": len(changes),
-        "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
-    }
-
-
 def run_metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
     rec = run.cluster.rec
     s = slice(sim.scored_from, run.cluster.cursor)
@@ -307,19 +280,8 @@ def run_baselines(
 ) -> dict[str, list[dict[str, Any]]]:
     """Every baseline (or those `names`) at every target (default `sweep_targets()`), on
     the same arrivals and cluster model: all runs at once (`gpuscaler.sim.sweep`)."""
-    slo = config.simulator.slo_wait
-    points = list(sweep_targets() if targets is None else targets)
-    chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
-    runs = [(name, kind, t) for name, kind in chosen.items() for t in points]
     template = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    specs = [(kind, float(t)) for _, kind, t in runs]
-    results, n = sweep(config, template, specs, seed, seconds)
-    slot = template.slot
-    curves: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
-    for (name, _, target), r in zip(runs, results, strict=True):
-        run = (template.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
-        figures = slo_figures(run, arrivals[:n], slot, start, scored, slo)
-        curves[name].append({"target_pct": target, **figures})
+    [curves] = swept(config, [(template, scored)], seed, seconds, targets, names)
     return curves
 
 
@@ -364,20 +326,36 @@ def gpuscaler_run(p: Prepared, metrics: Sequence[ControllerMetrics] = ()) -> Run
     return _run("gpuscaler", p.config, p.start, p.seconds, p.arrivals, p.seed, metrics, warmup=0.0)
 
 
-def finish(p: Prepared, gpuscaler: RunResult, baselines: bool = True) -> SimulationResult:
-    """The replay's result around gpuscaler's run: the reactive HPA and the baselines."""
-    reactive = _run("reactive", p.config, p.start, p.seconds, p.arrivals, p.seed, warmup=0.0)
+def reactive_run(p: Prepared) -> RunResult:
+    """The reactive HPA alone on the replay (the simulator's reference run)."""
+    return _run("reactive", p.config, p.start, p.seconds, p.arrivals, p.seed, warmup=0.0)
+
+
+def baseline_curves(p: Prepared) -> dict[str, list[dict[str, Any]]]:
+    """Every baseline swept over its targets on the replay (`run_baselines`)."""
+    return run_baselines(p.config, p.start, p.seconds, p.arrivals, p.seed, p.scored_from)
+
+
+def finish(
+    p: Prepared,
+    gpuscaler: RunResult,
+    baselines: bool = True,
+    reactive: RunResult | None = None,
+    curves: dict[str, list[dict[str, Any]]] | None = None,
+) -> SimulationResult:
+    """The replay's result around gpuscaler's run: the reactive HPA and the baselines
+    (`reactive` and `curves` when already run, else run here)."""
+    if baselines and curves is None:
+        curves = baseline_curves(p)
     return SimulationResult(
         trace=p.trace,
         hours=round(p.seconds / 3600, 3),
         start=p.start,
         scored_from=p.scored_from,
         gpuscaler=gpuscaler,
-        reactive=reactive,
+        reactive=reactive_run(p) if reactive is None else reactive,
         config=p.config,
-        baselines=run_baselines(p.config, p.start, p.seconds, p.arrivals, p.seed, p.scored_from)
-        if baselines
-        else {},
+        baselines=(curves or {}) if baselines else {},
         forecast_from=p.forecast_from,
         seconds=p.seconds,
         seed=p.seed,

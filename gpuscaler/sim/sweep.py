@@ -19,7 +19,7 @@ the demand alone, which no run changes: one per tick for all of its targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from gpuscaler.sim.scalers import (
     STABILIZATION,
     IntArray,
     ScalerKind,
-    bounded,
+    bounds,
     desired_replicas,
     predicted_loads,
     rate_loads,
@@ -100,9 +100,13 @@ class PodTable:
 
     def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
         """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
-        shape (rows, len(t)), each run's as its `Pods` counts them."""
-        ready, held = zip(*(self.pods[r].counts(t) for r in rows), strict=True)
-        return np.stack(ready), np.stack(held)
+        shape (rows, len(t)), each run's as its `Pods` counts them (the same integers: a
+        pod is counted from each of its times on, padding never)."""
+        t = np.asarray(t)[None, None, :]
+        gone = (self.leave[rows][:, :, None] <= t).sum(axis=1)
+        ready = (self.ready[rows][:, :, None] <= t).sum(axis=1) - gone
+        held = (self.created[rows][:, :, None] <= t).sum(axis=1) - gone
+        return ready.astype(np.float64), held.astype(np.float64)
 
     def ready_at(self, now: float) -> IntArray:
         """Replicas serving at `now` (not before `seen`), per run."""
@@ -150,8 +154,26 @@ class SweepResult:
     replica_changes: list[tuple[float, int, int]]
 
 
+def same_model(a: SimulatedCluster, b: SimulatedCluster) -> bool:
+    """Whether replays `a` and `b` can share a sweep: the same range, slots, simulator
+    settings, fragments and signal noise (the same seed), arrivals of their own."""
+    return (
+        a.start == b.start
+        and a.slot == b.slot
+        and len(a.arrivals) == len(b.arrivals)
+        and a.fragments == b.fragments
+        and a.sim == b.sim
+        and a.config.control.interval == b.config.control.interval
+        and a.config.forecast.horizon == b.config.forecast.horizon
+        and np.array_equal(a.noise, b.noise)
+        and np.array_equal(a.dropped, b.dropped)
+    )
+
+
 class Sweep:
-    """Runs of the scalers `runs` (kind, target) on the arrivals of one replay."""
+    """Runs of the scalers `runs` (kind, target) on the arrivals of one replay, or, with
+    `rows`, run i on the arrivals of `rows[i]` (replays of other workloads that share the
+    template's model, `same_model`: many workloads' sweeps as one)."""
 
     def __init__(
         self,
@@ -159,22 +181,34 @@ class Sweep:
         template: SimulatedCluster,
         runs: Sequence[tuple[ScalerKind, float]],
         seed: int,
+        rows: Sequence[SimulatedCluster] | None = None,
     ):
-        self.c = template  # the shared arrivals, noise, dropped samples and settings
+        self.c = template  # the shared noise, dropped samples and settings
+        rows = [template] * len(runs) if rows is None else list(rows)
+        members = list({id(m): m for m in rows}.values())
+        if len(rows) != len(runs) or not all(same_model(template, m) for m in members):
+            raise ValueError("a sweep's rows need one replay a run, all of the template's model")
+        where = {id(m): i for i, m in enumerate(members)}
+        self.member = np.array([where[id(m)] for m in rows], dtype=np.int64)
+        self.members = members
+        self.work = np.stack([m.work for m in members])
         self.sim = config.simulator
         self.interval = config.control.interval
         self.horizon = config.forecast.horizon
-        self.cfg = template.replicas_cfg
+        cfgs = [m.replicas_cfg for m in rows]
+        self.lo = np.array([c.min_replicas for c in cfgs], dtype=np.int64)
+        self.hi = np.array([c.max_replicas for c in cfgs], dtype=np.int64)
+        self.tol = np.array([c.tolerance for c in cfgs], dtype=np.float64)
         self.kinds = [k for k, _ in runs]
         self.targets = np.array([t for _, t in runs], dtype=np.float64)
         self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
         self.uses_rate = np.isin(self.kinds, ("keda_rate",))
         self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
         r, n = len(runs), len(template.arrivals)
-        first = max(1, self.cfg.min_replicas)
-        self.pods = PodTable([Pods.running(first, template.start) for _ in runs])
+        first = np.maximum(1, self.lo)
+        self.pods = PodTable([Pods.running(int(f), template.start) for f in first])
         self.cold = [np.random.default_rng(seed + 2) for _ in runs]
-        self.spec = np.full(r, first, dtype=np.int64)
+        self.spec = first.copy()
         self.served, self.gpus = np.full((r, n), np.nan), np.full((r, n), np.nan)
         self.load = np.zeros((r, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
@@ -217,15 +251,24 @@ class Sweep:
         runs = len(self.kinds)
         self.signal: FloatArray | None = None
         if self.uses_rate.any() or self.uses_forecast.any():
-            rates = rate_loads(c.arrivals, cursors, c.slot, gps) if self.uses_rate.any() else 0.0
+            zero = np.zeros((len(self.members), len(ticks)))
+            rates = (
+                np.stack([rate_loads(m.arrivals, cursors, c.slot, gps) for m in self.members])
+                if self.uses_rate.any()
+                else zero
+            )
             predicted = (
-                predicted_loads(100.0 * c.work / c.slot, cursors, c.slot, self.horizon)
+                np.stack(
+                    [
+                        predicted_loads(100.0 * m.work / c.slot, cursors, c.slot, self.horizon)
+                        for m in self.members
+                    ]
+                )
                 if self.uses_forecast.any()
-                else 0.0
+                else zero
             )
-            self.signal = np.where(
-                self.uses_rate, np.reshape(rates, (-1, 1)), np.reshape(predicted, (-1, 1))
-            )
+            # (ticks, runs): each run's workload's signal at each tick
+            self.signal = np.where(self.uses_rate, rates[self.member].T, predicted[self.member].T)
         # -1 (no recommendation) on the runs that read neither
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
@@ -274,7 +317,7 @@ class Sweep:
             return
         s = slice(self.cursor, end)
         ready, capacity, gpus = self._pods_at(self.cursor, end)
-        work = c.work[s]
+        work = self.work[0, s] if len(self.members) == 1 else self.work[:, s][self.member]
         queue, served = lindley(self.q, work, capacity * slot)
         self.q = queue[:, -1]
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
@@ -293,7 +336,7 @@ class Sweep:
     def _wants(self, k: int, current: IntArray, ready: IntArray) -> IntArray:
         """`Scaler.step`'s answer before the bounds, for every run: the largest of the
         recommendations of its kind, `current` when it has none."""
-        c, share, tol = self.c, 1.0 / self.c.fragments, self.cfg.tolerance
+        c, share, tol = self.c, 1.0 / self.c.fragments, self.tol
         wants = self.none
         window = self._recent(self.interval)
         finite = window.start + np.flatnonzero(~c.dropped[window])
@@ -311,14 +354,16 @@ class Sweep:
     def step(self, k: int, now: float) -> None:
         """`SimulatedCluster.hpa_step` for every run, at the `k`th tick."""
         current = self.spec.copy()
-        desired = bounded(self._wants(k, current, self.pods.ready_at(now)), current, self.cfg)
+        desired = bounds(
+            self._wants(k, current, self.pods.ready_at(now)), current, self.lo, self.hi
+        )
         self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION]
         self.recs.append((now, desired))
         lower = desired < current
         if lower.any():  # scale-down only to the highest recommendation of the window
             held = np.maximum.reduce([v for _, v in self.recs])
             desired = np.where(lower, np.minimum(current, held), desired)
-        desired = np.maximum(self.cfg.min_replicas, desired)  # the floor: min_replicas
+        desired = np.maximum(self.lo, desired)  # the floor: min_replicas
         for r in np.flatnonzero(desired != current):
             self._set_replicas(int(r), now, int(current[r]), int(desired[r]))
 
@@ -353,11 +398,28 @@ def sweep(
 ) -> tuple[list[SweepResult], int]:
     """Every run of `runs` on the template's arrivals from its start for `seconds`, in
     groups within SWEEP_BYTES; and the slots simulated."""
-    group = max(1, SWEEP_BYTES // (16 * max(1, len(template.arrivals))))
     results: list[SweepResult] = []
     slots = 0
-    for i in range(0, len(runs), group):
-        one = Sweep(config, template, runs[i : i + group], seed)
-        results += one.run(template.start, seconds)
-        slots = one.cursor
+    for _, part, n in sweep_parts(config, template, runs, seed, seconds):
+        results, slots = results + part, n
     return results, slots
+
+
+def sweep_parts(
+    config: Config,
+    template: SimulatedCluster,
+    runs: Sequence[tuple[ScalerKind, float]],
+    seed: int,
+    seconds: float,
+    rows: Sequence[SimulatedCluster] | None = None,
+    budget: int | None = None,
+) -> Iterator[tuple[int, list[SweepResult], int]]:
+    """`sweep` in groups of runs within `budget` bytes (SWEEP_BYTES), one group at a time:
+    (the group's first run, its results, the slots simulated). With `rows`, run i replays
+    `rows[i]`'s arrivals (`Sweep`)."""
+    budget = SWEEP_BYTES if budget is None else budget
+    group = max(1, budget // (16 * max(1, len(template.arrivals))))
+    for i in range(0, len(runs), group):
+        part = None if rows is None else rows[i : i + group]
+        one = Sweep(config, template, runs[i : i + group], seed, part)
+        yield i, one.run(template.start, seconds), one.cursor

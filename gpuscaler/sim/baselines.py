@@ -1,0 +1,57 @@
+"""The reactive baselines swept over their targets, of one replay or of many at once.
+
+Every baseline (`equal_cost.BASELINES`: the HPA on utilization, KEDA on request rate, the
+predictive floor) at every swept target, as `gpuscaler.sim.sweep` runs them: all runs of
+one replay in one sweep, and the runs of several replays that share a model
+(`sweep.same_model`: the same range, slots, settings, fragments and noise, as the what-if
+replays of one lockstep do) in one sweep too, each run on its own replay's arrivals and
+replica bounds. A run's figures do not depend on the runs beside it (tests/test_sweep.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuscaler.config import Config
+from gpuscaler.sim.cluster import SimulatedCluster
+from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
+from gpuscaler.sim.queue import slo_figures
+from gpuscaler.sim.scalers import ScalerKind
+from gpuscaler.sim.sweep import sweep_parts
+
+Curves = dict[str, list[dict[str, Any]]]
+"""Per baseline, its figures at each swept target (`simulate.slo_figures` + target_pct)."""
+
+
+def swept(
+    config: Config,
+    replays: Sequence[tuple[SimulatedCluster, int]],
+    seed: int,
+    seconds: float,
+    targets: Sequence[float] | None = None,
+    names: Sequence[str] | None = None,
+    budget: int | None = None,
+) -> list[Curves]:
+    """The curves of each replay (its template cluster, its first scored slot): every
+    baseline (or those `names`) at every target (default `sweep_targets()`), all runs of
+    all replays in one sweep (in groups within `budget` bytes, default SWEEP_BYTES, each
+    group's figures taken before the next runs). The replays must share the first one's
+    model."""
+    slo = config.simulator.slo_wait
+    points = list(sweep_targets() if targets is None else targets)
+    chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
+    specs = [(name, kind, t) for name, kind in chosen.items() for t in points]
+    flat = [(w, spec) for w in range(len(replays)) for spec in specs]
+    runs: list[tuple[ScalerKind, float]] = [(kind, float(t)) for _, (_, kind, t) in flat]
+    rows = [replays[w][0] for w, _ in flat]
+    out: list[Curves] = [{name: [] for name in chosen} for _ in replays]
+    template = replays[0][0]
+    for first, results, n in sweep_parts(config, template, runs, seed, seconds, rows, budget):
+        done = flat[first : first + len(results)]
+        for (w, (name, _, target)), r in zip(done, results, strict=True):
+            c, scored = replays[w]
+            run = (c.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
+            figures = slo_figures(run, c.arrivals[:n], c.slot, c.start, scored, slo)
+            out[w][name].append({"target_pct": target, **figures})
+    return out
