@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from revision import unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
@@ -181,12 +182,7 @@ def main() -> None:
         child(args.gpus, args.ticks, args.seen)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.base, "gpuscaler"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        unpack(args.base, tmp)
         base: list[tuple[float, float]] = []
         branch: list[tuple[float, float]] = []
         for r in range(args.rounds):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from revision import unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 START = 1_800_000_000.0
@@ -93,12 +94,7 @@ def main() -> None:
         child(args.gpus, args.ticks)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.base, "gpuscaler"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        unpack(args.base, tmp)
         base, branch = [], []
         for r in range(args.rounds):
             base.append(run(tmp, args.gpus, args.ticks))
