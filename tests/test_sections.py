@@ -1,15 +1,12 @@
-"""Per-target config sections resolved once per config (core/sections.py) are the very
-sections `Config.workload_section` and `pool_section` give, for each config."""
+"""Per-target config sections resolved once per config (`Config.pool_sections` and
+`workload_sections`) are the very sections `Config.workload_section` and `pool_section`
+give, for each config."""
 
 from __future__ import annotations
-
-import gc
 
 from builders import config
 
 from gpuscaler.config import ForecastConfig, FragmentsConfig, ReplicasConfig
-from gpuscaler.core import sections
-from gpuscaler.core.sections import pool_sections, workload_sections
 
 YAML = (
     "node_pools:\n"
@@ -24,7 +21,7 @@ YAML = (
 
 def test_each_workloads_section_is_the_one_the_config_gives() -> None:
     cfg = config(YAML)
-    table = workload_sections(cfg, "replicas", ReplicasConfig)
+    table = cfg.workload_sections("replicas", ReplicasConfig)
     for key in ("ml/ScaledObject/w0", "ml/ScaledObject/w1", "ml/ScaledObject/not-configured"):
         assert table[key] is cfg.workload_section(key, "replicas", ReplicasConfig)
     assert table["ml/ScaledObject/w0"].max_replicas == 7
@@ -33,27 +30,28 @@ def test_each_workloads_section_is_the_one_the_config_gives() -> None:
 
 def test_each_pools_section_is_the_one_the_config_gives() -> None:
     cfg = config(YAML)
-    table = pool_sections(cfg, "fragments", FragmentsConfig)
+    table = cfg.pool_sections("fragments", FragmentsConfig)
     for name in ("a", "b", "c"):
         assert table[name] is cfg.pool_section(name, "fragments", FragmentsConfig)
     assert table["a"] is not cfg.fragments
 
 
-def test_a_new_config_gets_its_own_sections_and_a_dropped_one_is_forgotten() -> None:
+def test_a_new_config_and_a_copy_get_their_own_sections() -> None:
     first = config(YAML)
     second = config(YAML.replace("max_replicas: 7", "max_replicas: 9"))
     assert (
-        workload_sections(first, "replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas == 7
+        first.workload_sections("replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas == 7
     )
     assert (
-        workload_sections(second, "replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas
-        == 9
+        second.workload_sections("replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas == 9
     )
     assert (
-        workload_sections(first, "forecast", ForecastConfig)["ml/ScaledObject/w1"] is first.forecast
+        first.workload_sections("forecast", ForecastConfig)["ml/ScaledObject/w1"] is first.forecast
     )
-    key = id(second)
-    assert key in sections._TABLES
-    del second
-    gc.collect()
-    assert key not in sections._TABLES
+    # A copy with other targets answers from its own table, not the original's.
+    w0 = first.workloads[0]
+    renamed = w0.model_copy(update={"name": "w9"})
+    copy = first.model_copy(update={"workloads": [renamed, *first.workloads[1:]]})
+    table = copy.workload_sections("replicas", ReplicasConfig)
+    assert table["ml/ScaledObject/w9"].max_replicas == 7
+    assert table["ml/ScaledObject/w0"] is copy.replicas

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Generic, Self
 
 import yaml
 from pydantic import (
@@ -79,6 +79,7 @@ class Config(StrictModel):
 
     _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
     _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
+    _tables: dict[tuple[str, str], dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     # Resolved per-target policy: global section with the target's override merged in,
     # validated once and kept. Targets are indexed once per config (a config is frozen),
@@ -87,7 +88,7 @@ class Config(StrictModel):
         """A copy with its own (empty) caches: pydantic copies private attributes, and a
         copy with other targets must not answer from the original's index."""
         copy = super().model_copy(update=update, deep=deep)
-        copy._resolved, copy._overrides = {}, None
+        copy._resolved, copy._overrides, copy._tables = {}, None, {}
         return copy
 
     def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
@@ -104,6 +105,27 @@ class Config(StrictModel):
     def workload_section(self, key: str, section: str, model: type[M]) -> M:
         owner = f"workload:{key}"
         return self._section(owner, section, self._target_overrides(owner).get(section), model)
+
+    def pool_sections(self, section: str, model: type[M]) -> Sections[M]:
+        """Every pool's `section` by name, resolved once per config: a tick reads a plain
+        dict instead of asking `pool_section` per target (issue 18)."""
+        if ("pool", section) not in self._tables:
+            names = [p.name for p in self.node_pools]
+            self._tables["pool", section] = {n: self.pool_section(n, section, model) for n in names}
+        return Sections(
+            self._tables["pool", section], lambda n: self.pool_section(n, section, model)
+        )
+
+    def workload_sections(self, section: str, model: type[M]) -> Sections[M]:
+        """Every workload's `section` by key, resolved once per config (as pool_sections)."""
+        if ("workload", section) not in self._tables:
+            keys = [w.key for w in self.workloads]
+            self._tables["workload", section] = {
+                k: self.workload_section(k, section, model) for k in keys
+            }
+        return Sections(
+            self._tables["workload", section], lambda k: self.workload_section(k, section, model)
+        )
 
     def _section(
         self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
@@ -127,6 +149,20 @@ class Config(StrictModel):
             f"ARIMA{self.forecast.order} on {self.forecast.engine} engine, "
             f"dry_run={'on' if self.control.dry_run else 'off'}"
         )
+
+
+class Sections(Generic[M]):
+    """A config's resolved sections by target; a target it does not configure gets what
+    `pool_section` / `workload_section` give it (the global section)."""
+
+    __slots__ = ("_resolve", "_table")
+
+    def __init__(self, table: dict[str, Any], resolve: Callable[[str], M]) -> None:
+        self._table, self._resolve = table, resolve
+
+    def __getitem__(self, key: str) -> M:
+        found: M | None = self._table.get(key)
+        return self._resolve(key) if found is None else found
 
 
 # --------------------------------------------------------------------------- loading

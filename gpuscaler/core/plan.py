@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
+from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, Sections, TimeSliceConfig
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
@@ -16,7 +16,6 @@ from gpuscaler.core.preemption import (
     fragments_beneficiaries,
 )
 from gpuscaler.core.replicas import decide_replica_floor, floor_gpus
-from gpuscaler.core.sections import Sections, pool_sections, workload_sections
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -53,9 +52,9 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
     pools = {p.name: p for p in config.node_pools}
-    fragments = pool_sections(config, "fragments", FragmentsConfig)
-    time_slice = pool_sections(config, "time_slice", TimeSliceConfig)
-    replicas = workload_sections(config, "replicas", ReplicasConfig)
+    fragments = config.pool_sections("fragments", FragmentsConfig)
+    time_slice = config.pool_sections("time_slice", TimeSliceConfig)
+    replicas = config.workload_sections("replicas", ReplicasConfig)
     floors = _replica_floors(snapshot, config, replicas, history, now)
     held = _floor_gpus(snapshot, config, replicas, floors)
     for obs in snapshot.pools:

@@ -20,7 +20,6 @@ from gpuscaler.core.model import (
     WorkloadObservation,
 )
 from gpuscaler.core.preemption import PreemptionObservation
-from gpuscaler.core.sections import pool_sections, workload_sections
 
 
 @dataclass(frozen=True)
@@ -156,8 +155,8 @@ def build_snapshot(
     """Forecasts attached to what was observed; `fits` are the model states of the previous
     tick (refitted every forecast.refit_every), the new ones ride on the snapshot."""
     states: dict[str, FitState] = {}
-    pool_cfg = pool_sections(config, "forecast", ForecastConfig)
-    load_cfg = workload_sections(config, "forecast", ForecastConfig)
+    pool_cfg = config.pool_sections("forecast", ForecastConfig)
+    load_cfg = config.workload_sections("forecast", ForecastConfig)
     pool_items = [(f"pool:{p.name}", p.utilization, p.problem, pool_cfg[p.name]) for p in raw.pools]
     load_items = [(f"workload:{w.key}", w.load, w.problem, load_cfg[w.key]) for w in raw.workloads]
     prior = fits or {}
