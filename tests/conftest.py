@@ -22,6 +22,21 @@ def one_blas_thread() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """A command run in-process (`cli.main`) points the root logger at the sys.stderr
+    pytest captured for that test and sets INFO; restored after each test, so a later
+    test's logs neither go to that closed stream ("--- Logging error ---" in a CI log)
+    nor run at INFO."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture
 def api() -> Iterator[tuple[client.ApiClient, FakeCluster]]:
     """The official client against a fresh fake API server."""

@@ -60,12 +60,30 @@ def _wave(i: int, g: int, scale: float = 1.0) -> float:
     return scale * (40 + 30 * math.sin((i + 7 * g) / 25.0))
 
 
+PAST = round(5 / STEP)
+"""The steps of a read at `now + 5` after the last planted sample."""
+BLOCK = 7200
+"""promtool's block length (2 h), aligned to the epoch."""
+
+
+def _one_block(start: float, end: float) -> tuple[float, float]:
+    """The planted minutes moved before a 2-hour block boundary they would straddle:
+    promtool's rule backfill ends a block's evaluations at a whole second
+    (`endOfBlock/int64(time.Second/time.Millisecond)` in prometheus/prometheus
+    cmd/promtool/rules.go), so the evaluations in the second before a boundary are missing
+    from the recorded series (seen: a rule series with a hole at 18:00:00 UTC)."""
+    if math.floor((start - 1) / BLOCK) == math.floor((end + 2) / BLOCK):
+        return start, end
+    end = math.floor((end + 2) / BLOCK) * BLOCK - 3
+    return end - (POINTS - 1) * STEP, end
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, float]]:
     """(URL with the workload rule recorded, URL with raw data only, `now`)."""
     _, tool = binaries()
     tmp = tmp_path_factory.mktemp("grouped")
-    start, end = planted_window(POINTS, lag=3)
+    start, end = _one_block(*planted_window(POINTS, lag=3))
     gpus = _gpus()
     series: dict[str, list[Any]] = {
         "DCGM_FI_DEV_GPU_UTIL": [(g, lambda i, n=n: _wave(i, n)) for n, g in enumerate(gpus)],
@@ -136,17 +154,28 @@ WORKLOADS = [
 ]
 
 
-def _same_load(grouped: Any, plain: Any, rule: bool) -> bool:
+def _same_load(grouped: Any, plain: Any, rule: bool, past: int = 0) -> bool:
     """Equal; through the recording rule, equal up to one evaluation (500 ms) of delay: a
     rule records at its evaluation what was scraped before it, so its series trails the raw
-    one by at most its interval (here the promtool backfill trails by one step)."""
+    one by at most its interval (here the promtool backfill trails by one step).
+
+    `past`: the window's newest steps after the last planted sample, left out. There a
+    backfilled rule's series runs on for its lookback from its own evaluation phase (the
+    group's hashed offset, `grp.EvalTimestamp` in prometheus/prometheus
+    cmd/promtool/rules.go, which varies with the rule file's path), while a live Prometheus
+    ends both at once with staleness markers; which of the two runs on longer is the
+    backfill's, not the reader's."""
     g, p = grouped.values, plain.values
+    if past:
+        g, p = g[:-past], p[:-past]
     if np.allclose(g, p, equal_nan=True):
         return True
     return rule and bool(np.allclose(g[1:], p[:-1], equal_nan=True))
 
 
-def _same(a: Observations, b: Observations, rule: bool = False) -> None:
+def _same(a: Observations, b: Observations, rule: bool = False, past: int = 0) -> None:
+    """`past`: as `_same_load`'s (a read at `now + 5` has 10 steps past the samples)."""
+
     def eq(x: Any, y: Any) -> bool:
         if x is None or y is None:
             return x is y
@@ -155,12 +184,13 @@ def _same(a: Observations, b: Observations, rule: bool = False) -> None:
     for p, q in zip(a.pools, b.pools, strict=True):
         assert p.name == q.name and p.problem == q.problem, (p.problem, q.problem)
         for x, y in ((p.utilization, q.utilization), (p.stall, q.stall)):  # pool rules too
-            assert eq(x, y) or (x is not None and y is not None and _same_load(x, y, rule)), p.name
+            both = x is not None and y is not None
+            assert eq(x, y) or (both and _same_load(x, y, rule, past)), p.name
         assert (p.memory_used_gib, p.gpu_memory_gib) == (q.memory_used_gib, q.gpu_memory_gib)
     for w, v in zip(a.workloads, b.workloads, strict=True):
         assert w.key == v.key and w.problem == v.problem, (w.key, w.problem, v.problem)
         assert w.load is not None and v.load is not None
-        assert _same_load(w.load, v.load, rule), w.key
+        assert _same_load(w.load, v.load, rule, past), w.key
 
 
 def _sources(url: str, workloads: list[tuple[str, str, str]]) -> tuple[Any, PrometheusSource]:
@@ -184,7 +214,7 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
     # end at `now`: the frame buffer's newest is 5 s old, past the step's lookback, so its
     # two grouped instant queries and the Hostname pool's two are tried again over
     # metrics.staleness (source._newest_gib).
-    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True)
+    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert grouped.queries_last_tick == 9 + 2 + 2
 
 
@@ -207,7 +237,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert grouped.backfilling and grouped.queries_last_tick == 9 + 1  # backfill not counted
     grouped.after_tick()  # as the controller does once the tick is done
     assert grouped.grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
-    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True)
+    _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert not grouped.backfilling
     assert grouped.queries_last_tick == 9 + 2 + 2  # as steady as without a backfill
 
