@@ -18,10 +18,10 @@ per-target reads from memory:
   does not cover (the rule not installed, a workload named unlike its pods), is read with
   its own per-target query, still concurrently, so the grouped form never loses a target.
 
-Frame-buffer signals: grouped instant queries (`source._newest_gib`). Answers are decoded
-by orjson (`fast.py`), keyed by (query, start, end) in `_fetch`'s chunks; steady reads
-are written at once (`bulk.py`); a first read fetches what a forecast needs, the rest
-follows behind (`backfill.py`)."""
+Frame-buffer signals: grouped instant queries (`source._newest_gib`; the total every few
+minutes, `total.py`). Answers are decoded by orjson (`fast.py`), keyed by (query, start,
+end) in `_fetch`'s chunks; steady reads are written at once (`bulk.py`); a first read
+fetches what a forecast needs, the rest follows behind (`backfill.py`)."""
 
 from __future__ import annotations
 
@@ -328,10 +328,12 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
         instant = (math.floor(now / step) * step, INSTANT)
+        # Frame-buffer totals kept (`total.py`); not asked by the backfill's thread.
+        resting = self.totals.resting(now) if spans is None else set()
         for g in groups:
             if g.instant:
-                members = [(values, query) for values, (_, query) in g.targets.items()]
-                if spans is None:
+                members = [(v, query) for v, (k, query) in g.targets.items() if k not in resting]
+                if spans is None and members:
                     jobs.append(
                         (g.query, instant, partial(split_answer, g.by, members, instant, answers))
                     )
@@ -354,6 +356,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         jobs = [
             (query, chunk, partial(answers.__setitem__, (query, *chunk)))
             for key, query, is_instant in uncovered
+            if key not in resting
             for chunk in self._chunks(key, is_instant, span_of(key), instant, spans, pieces)
             if (query, *chunk) not in answers
         ]
