@@ -18,7 +18,7 @@ from promserver import STEP, binaries, planted_window, prometheus, shipped_rules
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
 from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.memo import chunks
+from gpuscaler.adapters.prometheus.memo import chunks, split_answer
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import Window
@@ -295,6 +295,31 @@ def test_a_failing_prometheus_flags_every_target_as_per_target_reads_do() -> Non
 )
 def test_only_a_single_plain_aggregation_is_grouped(template: str, grouped: str | None) -> None:
     assert grouped_template(template, ["L"]) == grouped
+
+
+@pytest.mark.parametrize("chunk", [(0.0, 30.0), (30.0, math.inf)], ids=["range", "instant"])
+def test_a_target_a_grouped_answer_holds_twice_is_read_on_its_own(
+    chunk: tuple[float, float],
+) -> None:
+    """The workload rule's series are read without aggregation: were a (namespace,
+    workload) recorded twice (another copy of the rule, extra labels), the target is
+    read by its own query instead of taking either series, or their sum."""
+    result = [
+        {"metric": {"namespace": "ml", "workload": "chat"}, "values": [[1, "1"]]},
+        {"metric": {"namespace": "ml", "workload": "chat", "copy": "b"}, "values": [[1, "2"]]},
+        {"metric": {"namespace": "ml", "workload": "embed"}, "values": [[1, "3"]]},
+    ]
+    members: list[tuple[tuple[str, ...], str]] = [
+        (("ml", "chat"), "qc"),
+        (("ml", "embed"), "qe"),
+        (("ml", "gone"), "qg"),
+    ]
+    answers: dict[tuple[str, float, float], Any] = {}
+    split_answer(("namespace", "workload"), members, chunk, answers, result)
+    want: dict[tuple[str, float, float], Any] = {("qe", *chunk): [result[2]]}
+    if chunk[1] == math.inf:
+        want[("qg", *chunk)] = []  # an instant answer is complete: absent means no sample
+    assert answers == want
 
 
 def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
