@@ -18,14 +18,16 @@ What is measured, in one run per size:
   baseline, one query per target; forecast.min_history for grouped reads, whose
   background backfill of the rest is then timed to its end as `backfill_10k_s`);
 - `--cycles` (5) steady ticks 30 s apart (only the new points cross the wire),
-  alternating between grouped reads with the pool rules (the default), grouped reads of
-  the raw series (`prometheus.pool_recording_rules: false`) and per-target reads, so
-  drift in the machine's load hits all three; each variant's figure is the median of
-  its steady ticks. On these ticks the pools' frame-buffer totals rest (read every
-  `prometheus.memory_total_every`, 5 min: 1 tick in 10 at 30 s);
+  alternating between grouped reads with the pool rules (the default), the same reading
+  the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, the baseline of
+  keeping them), grouped reads of the raw series (`prometheus.pool_recording_rules:
+  false`) and per-target reads, so drift in the machine's load hits all of them; each
+  variant's figure is the median of its steady ticks. On these ticks the pools'
+  frame-buffer totals rest (read every `prometheus.memory_total_every`, 5 min: 1 tick
+  in 10 at 30 s);
 - then one more tick 30 s later with the kept totals forgotten, as every 5 minutes: the
   steady tick that re-reads them (`refresh_10k_tick_s`), not in the median;
-- queries per steady tick, and the process' peak RSS (both variants held in memory).
+- queries per steady tick, and the process' peak RSS (all variants held in memory).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -77,9 +79,11 @@ POOL_RULE_SERIES = {
     "nvidia_gpu_stall_percentage": "gpuscaler:pool_gpu_stall:avg",
 }
 """Raw series -> what the shipped pool rule (group gpuscaler-pools) records of it."""
-VARIANTS = ("grouped", "grouped_raw", "per_target")
-"""grouped: as configured by default (pool rules read where recorded); grouped_raw: the
-same with `prometheus.pool_recording_rules: false`; per_target: one query per target."""
+VARIANTS = ("grouped", "grouped_total", "grouped_raw", "per_target")
+"""grouped: as configured by default (pool rules read where recorded); grouped_total: the
+same reading the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, as
+before it was kept); grouped_raw: grouped with `prometheus.pool_recording_rules: false`;
+per_target: one query per target."""
 
 
 def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
@@ -136,7 +140,9 @@ def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> N
         out.write("# EOF\n")
 
 
-def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
+def config(
+    url: str, gpus: int, grouped: bool, rules: bool = True, total_every: str = "5m"
+) -> Config:
     pools = "\n".join(
         f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
         f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
@@ -147,7 +153,7 @@ def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
     )
     return parse_config(
         f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}, '
-        f"pool_recording_rules: {str(rules).lower()}}}\n"
+        f"pool_recording_rules: {str(rules).lower()}, memory_total_every: {total_every}}}\n"
         "metrics: {window: 10m}\n"
         "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
         f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
@@ -349,7 +355,13 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 out[f"rules_{name}"] = share
             runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]] = {}
             for tag in VARIANTS:
-                cfg = config(url, gpus, tag != "per_target", rules=tag == "grouped")
+                cfg = config(
+                    url,
+                    gpus,
+                    tag != "per_target",
+                    rules=tag in ("grouped", "grouped_total"),
+                    total_every="0s" if tag == "grouped_total" else "5m",
+                )
                 grouped = tag != "per_target"
                 source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
                 controller = Controller(
@@ -389,6 +401,10 @@ def main() -> None:
             fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
         if r:
+            fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")
+            fields.append(
+                f"total_kept_speedup_{name}={r['grouped_total_steady'] / r['grouped_steady']:.2f}"
+            )
             fields.append(f"grouped_raw_{name}_tick_s={r['grouped_raw_steady']:.3f}")
             fields.append(
                 f"rules_speedup_{name}={r['grouped_raw_steady'] / r['grouped_steady']:.2f}"
