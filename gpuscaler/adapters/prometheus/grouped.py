@@ -75,8 +75,8 @@ class _Group:
     by: tuple[str, ...]
     targets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
     instant: bool = False
-    """An instant query at the grid's end (the frame-buffer signals: only the newest
-    figure is used), else a range query over what is new."""
+    """An instant query at the grid's end (the frame-buffer signals), else a range query
+    over what is new."""
     stale: _Group | None = None
     """An instant group's second try, over `metrics.staleness`, for the targets the
     first (over the step's lookback) found nothing of (`_newest_gib`)."""
@@ -292,9 +292,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             return None
         if not self.config.workloads:
             return None
-        # The rule's series are one per (namespace, workload) already: no aggregation
-        # (`sum by` cost Prometheus 4x the evaluation at 10,000 GPUs); a pair answered
-        # twice is read on its own (`memo.split_answer`).
+        # One series per pair already: no `sum by` (a pair twice: `memo.split_answer`).
         g = _Group(f"last_over_time({WORKLOAD_RULE}[{self._lookback}])", ("namespace", "workload"))
         for w, (key, query) in zip(self.config.workloads, self._workload_queries(), strict=True):
             if w.demand is None and key not in self.spacing.measured:
@@ -328,8 +326,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
         instant = (math.floor(now / step) * step, INSTANT)
-        # Frame-buffer totals kept (`total.py`); not asked by the backfill's thread.
-        resting = self.totals.resting(now) if spans is None else set()
+        resting = self.totals.resting(now) if spans is None else set()  # not on backfill
         for g in groups:
             if g.instant:
                 members = [(v, query) for v, (k, query) in g.targets.items() if k not in resting]
