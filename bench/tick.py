@@ -17,11 +17,17 @@ What is measured, in one run per size:
 - the first tick (forecast, plan, and the reads: the whole window for the per-target
   baseline, one query per target; forecast.min_history for grouped reads, whose
   background backfill of the rest is then timed to its end as `backfill_10k_s`);
-- steady ticks 30 s apart (only the new points cross the wire), alternating between
-  grouped reads with the pool rules (the default), grouped reads of the raw series
-  (`prometheus.pool_recording_rules: false`) and per-target reads, so drift in the
-  machine's load hits all three;
-- queries per steady tick, and the process' peak RSS (both variants held in memory).
+- `--cycles` (5) steady ticks 30 s apart (only the new points cross the wire),
+  alternating between grouped reads with the pool rules (the default), the same reading
+  the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, the baseline of
+  keeping them), grouped reads of the raw series (`prometheus.pool_recording_rules:
+  false`) and per-target reads, so drift in the machine's load hits all of them; each
+  variant's figure is the median of its steady ticks. On these ticks the pools'
+  frame-buffer totals rest (read every `prometheus.memory_total_every`, 5 min: 1 tick
+  in 10 at 30 s);
+- then one more tick 30 s later with the kept totals forgotten, as every 5 minutes: the
+  steady tick that re-reads them (`refresh_10k_tick_s`), not in the median;
+- queries per steady tick, and the process' peak RSS (all variants held in memory).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -31,8 +37,8 @@ ticks read only new points, so they do not depend on the window's length. Cluste
 is fixed (no API server): the watch cache makes it a memory read (tests/test_watch_cache.py).
 
 Last line: RESULT gpus_1k_tick_s= gpus_10k_tick_s= first_tick_10k_s= queries_per_tick_10k=
-rss_10k_mb= (plus the raw-grouped and per-target baselines, ratios, and the rule groups'
-share of a core). `--sizes 1000` is the quick mode (about 1 min).
+rss_10k_mb= (plus the refresh ticks, the raw-grouped and per-target baselines, ratios, and
+the rule groups' share of a core). `--sizes 1000` is the quick mode (about 1 min).
 """
 
 from __future__ import annotations
@@ -73,9 +79,11 @@ POOL_RULE_SERIES = {
     "nvidia_gpu_stall_percentage": "gpuscaler:pool_gpu_stall:avg",
 }
 """Raw series -> what the shipped pool rule (group gpuscaler-pools) records of it."""
-VARIANTS = ("grouped", "grouped_raw", "per_target")
-"""grouped: as configured by default (pool rules read where recorded); grouped_raw: the
-same with `prometheus.pool_recording_rules: false`; per_target: one query per target."""
+VARIANTS = ("grouped", "grouped_total", "grouped_raw", "per_target")
+"""grouped: as configured by default (pool rules read where recorded); grouped_total: the
+same reading the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, as
+before it was kept); grouped_raw: grouped with `prometheus.pool_recording_rules: false`;
+per_target: one query per target."""
 
 
 def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
@@ -132,7 +140,9 @@ def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> N
         out.write("# EOF\n")
 
 
-def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
+def config(
+    url: str, gpus: int, grouped: bool, rules: bool = True, total_every: str = "5m"
+) -> Config:
     pools = "\n".join(
         f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
         f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
@@ -143,7 +153,7 @@ def config(url: str, gpus: int, grouped: bool, rules: bool = True) -> Config:
     )
     return parse_config(
         f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}, '
-        f"pool_recording_rules: {str(rules).lower()}}}\n"
+        f"pool_recording_rules: {str(rules).lower()}, memory_total_every: {total_every}}}\n"
         "metrics: {window: 10m}\n"
         "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
         f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
@@ -208,8 +218,13 @@ class CountingMetrics(PrometheusMetrics):
         self.queries_last_tick += 1  # one query per target and tick when steady
         return super()._fetch(*args, **kwargs)
 
+    def _read_gib(self, *args: Any, **kwargs: Any) -> Any:
+        self.queries_last_tick += 1  # a frame-buffer figure's instant query (two if lagging)
+        return super()._read_gib(*args, **kwargs)
+
     def _newest_gib(self, *args: Any, **kwargs: Any) -> Any:
-        self.queries_last_tick += 1  # the frame buffer's instant query (two when lagging)
+        if not hasattr(PrometheusMetrics, "_read_gib"):  # an older revision
+            self.queries_last_tick += 1
         return super()._newest_gib(*args, **kwargs)
 
     def read(self, now: float) -> Any:
@@ -235,9 +250,70 @@ def _time_observe(source: Any) -> None:
         metrics.prefetch = Timed(SPENT, "prefetch", metrics.prefetch)  # type: ignore[method-assign]
 
 
+def _forget_totals(source: Any) -> None:
+    """The kept frame-buffer totals forgotten, as when they are due (a revision without
+    them reads them every tick anyway)."""
+    totals = getattr(source.metrics, "totals", None)
+    if totals is not None:
+        totals.kept.clear()
+
+
+def _steady_ticks(
+    gpus: int,
+    runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]],
+    first_now: float,
+    cycles: int,
+    out: dict[str, float],
+) -> None:
+    """The steady ticks after each variant's first, then the refresh tick; figures into
+    `out` (medians of the steady ticks)."""
+    observed: dict[str, list[float]] = {tag: [] for tag in VARIANTS}
+    split: dict[str, list[dict[str, float]]] = {tag: [] for tag in VARIANTS}
+    # Steady ticks alternate between the variants, so drift in the machine's load
+    # hits all of them; the last re-reads the frame-buffer totals.
+    for c in range(1, cycles + 2):
+        for tag in VARIANTS:
+            controller, source, _, steady, queries = runs[tag]
+            if c > cycles:
+                _forget_totals(source)
+            row = phases_of_tick(controller, first_now + c * CYCLE)
+            if c > cycles:
+                out[f"{tag}_refresh"] = row["tick"]
+                out[f"{tag}_refresh_queries"] = source.queries_last_tick
+                print(
+                    f"[{gpus}] {tag}: refresh tick (totals read again) "
+                    f"{row['tick']:.2f} s, phases "
+                    + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES)
+                    + f" s; queries {source.queries_last_tick}",
+                    flush=True,
+                )
+                continue
+            steady.append(row["tick"])
+            queries.append(source.queries_last_tick)
+            observed[tag].append(row["prefetch"] + row["windows"])
+            split[tag].append(row)
+    for tag, (_, source, first, steady, queries) in runs.items():
+        assert source.health.ok  # the source logged why, if not
+        print(
+            f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
+            f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
+            f"{', '.join(f'{s:.2f}' for s in observed[tag])} s); "
+            f"queries/tick {queries}",
+            flush=True,
+        )
+        for row in split[tag]:
+            print(
+                f"[{gpus}] {tag}: phases " + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES) + " s",
+                flush=True,
+            )
+        out[f"{tag}_first"] = first
+        out[f"{tag}_steady"] = statistics.median(steady)
+        out[f"{tag}_queries"] = statistics.median(queries)
+
+
 def run(gpus: int, cycles: int) -> dict[str, float]:
     end = math.floor(time.time()) - 10
-    extra = int(cycles * CYCLE / STEP)
+    extra = int((cycles + 1) * CYCLE / STEP)  # the steady ticks and the refresh tick
     points = int(PLANTED / STEP) + extra
     start = end - (points - 1) * STEP
     out: dict[str, float] = {}
@@ -279,7 +355,13 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 out[f"rules_{name}"] = share
             runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]] = {}
             for tag in VARIANTS:
-                cfg = config(url, gpus, tag != "per_target", rules=tag == "grouped")
+                cfg = config(
+                    url,
+                    gpus,
+                    tag != "per_target",
+                    rules=tag in ("grouped", "grouped_total"),
+                    total_every="0s" if tag == "grouped_total" else "5m",
+                )
                 grouped = tag != "per_target"
                 source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
                 controller = Controller(
@@ -292,44 +374,14 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                     assert source.grouped.backfill.wait(timeout=600)
                     out[f"{tag}_backfill"] = time.perf_counter() - began
                 _time_observe(source)
-            observed: dict[str, list[float]] = {tag: [] for tag in VARIANTS}
-            split: dict[str, list[dict[str, float]]] = {tag: [] for tag in VARIANTS}
-            # Steady ticks alternate between the variants, so drift in the machine's load
-            # hits all of them.
-            for c in range(1, cycles + 1):
-                for tag in VARIANTS:
-                    controller, source, _, steady, queries = runs[tag]
-                    row = phases_of_tick(controller, first_now + c * CYCLE)
-                    steady.append(row["tick"])
-                    queries.append(source.queries_last_tick)
-                    observed[tag].append(row["prefetch"] + row["windows"])
-                    split[tag].append(row)
-            for tag, (_, source, first, steady, queries) in runs.items():
-                assert source.health.ok  # the source logged why, if not
-                print(
-                    f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
-                    f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
-                    f"{', '.join(f'{s:.2f}' for s in observed[tag])} s); "
-                    f"queries/tick {queries}",
-                    flush=True,
-                )
-                for row in split[tag]:
-                    print(
-                        f"[{gpus}] {tag}: phases "
-                        + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES)
-                        + " s",
-                        flush=True,
-                    )
-                out[f"{tag}_first"] = first
-                out[f"{tag}_steady"] = statistics.median(steady)
-                out[f"{tag}_queries"] = statistics.median(queries)
+            _steady_ticks(gpus, runs, first_now, cycles, out)
             out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--sizes", default="1000,10000")
     args = parser.parse_args()
     time_phases()
@@ -346,6 +398,13 @@ def main() -> None:
     ]
     for name, r in (("1k", small), ("10k", big)):
         if r:
+            fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
+    for name, r in (("1k", small), ("10k", big)):
+        if r:
+            fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")
+            fields.append(
+                f"total_kept_speedup_{name}={r['grouped_total_steady'] / r['grouped_steady']:.2f}"
+            )
             fields.append(f"grouped_raw_{name}_tick_s={r['grouped_raw_steady']:.3f}")
             fields.append(
                 f"rules_speedup_{name}={r['grouped_raw_steady'] / r['grouped_steady']:.2f}"

@@ -18,7 +18,7 @@ from promserver import STEP, binaries, planted_window, prometheus, shipped_rules
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
 from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.memo import chunks
+from gpuscaler.adapters.prometheus.memo import chunks, split_answer
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import Window
@@ -212,10 +212,11 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
     assert grouped.queries_last_tick == 4 + 4 + 1 + 1
     # The next tick reads only what is new, with as few queries, but the planted samples
     # end at `now`: the frame buffer's newest is 5 s old, past the step's lookback, so its
-    # two grouped instant queries and the Hostname pool's two are tried again over
-    # metrics.staleness (source._newest_gib).
+    # grouped instant query and the Hostname pool's are tried again over
+    # metrics.staleness (source._newest_gib); the frame-buffer totals (the family's and
+    # the Hostname pool's) are kept from the first tick (adapters/prometheus/total.py).
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
-    assert grouped.queries_last_tick == 9 + 2 + 2
+    assert grouped.queries_last_tick == 9 - 2 + 1 + 1
 
 
 def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
@@ -239,7 +240,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert grouped.grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert not grouped.backfilling
-    assert grouped.queries_last_tick == 9 + 2 + 2  # as steady as without a backfill
+    assert grouped.queries_last_tick == 9 - 2 + 1 + 1  # as steady as without a backfill
 
 
 def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_advance(
@@ -324,6 +325,31 @@ def test_a_failing_prometheus_flags_every_target_as_per_target_reads_do() -> Non
 )
 def test_only_a_single_plain_aggregation_is_grouped(template: str, grouped: str | None) -> None:
     assert grouped_template(template, ["L"]) == grouped
+
+
+@pytest.mark.parametrize("chunk", [(0.0, 30.0), (30.0, math.inf)], ids=["range", "instant"])
+def test_a_target_a_grouped_answer_holds_twice_is_read_on_its_own(
+    chunk: tuple[float, float],
+) -> None:
+    """The workload rule's series are read without aggregation: were a (namespace,
+    workload) recorded twice (another copy of the rule, extra labels), the target is
+    read by its own query instead of taking either series, or their sum."""
+    result = [
+        {"metric": {"namespace": "ml", "workload": "chat"}, "values": [[1, "1"]]},
+        {"metric": {"namespace": "ml", "workload": "chat", "copy": "b"}, "values": [[1, "2"]]},
+        {"metric": {"namespace": "ml", "workload": "embed"}, "values": [[1, "3"]]},
+    ]
+    members: list[tuple[tuple[str, ...], str]] = [
+        (("ml", "chat"), "qc"),
+        (("ml", "embed"), "qe"),
+        (("ml", "gone"), "qg"),
+    ]
+    answers: dict[tuple[str, float, float], Any] = {}
+    split_answer(("namespace", "workload"), members, chunk, answers, result)
+    want: dict[tuple[str, float, float], Any] = {("qe", *chunk): [result[2]]}
+    if chunk[1] == math.inf:
+        want[("qg", *chunk)] = []  # an instant answer is complete: absent means no sample
+    assert answers == want
 
 
 def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:

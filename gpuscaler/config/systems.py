@@ -80,6 +80,11 @@ class PrometheusConfig(StrictModel):
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
+    memory_total_every: Seconds = Field(300.0, ge=0)
+    """Issue 18: a pool's frame-buffer total (used + free: what its GPUs hold, a property
+    of the hardware) is read again this often, and at once for a pool new or changed or
+    whose GPUs stopped reporting; between reads the kept total counts while younger
+    than this plus `metrics.staleness` (adapters/prometheus/total.py). 0: every tick."""
     background_backfill: bool = True
     """Issue 18: with grouped queries, the first tick (or a target's first read) fetches
     only forecast.min_history plus `overlap` and acts; the rest of the window is read in

@@ -18,10 +18,10 @@ per-target reads from memory:
   does not cover (the rule not installed, a workload named unlike its pods), is read with
   its own per-target query, still concurrently, so the grouped form never loses a target.
 
-Frame-buffer signals: grouped instant queries (`source._newest_gib`). Answers are decoded
-by orjson (`fast.py`), keyed by (query, start, end) in `_fetch`'s chunks; steady reads
-are written at once (`bulk.py`); a first read fetches what a forecast needs, the rest
-follows behind (`backfill.py`)."""
+Frame-buffer signals: grouped instant queries (`source._newest_gib`; the total every few
+minutes, `total.py`). Answers are decoded by orjson (`fast.py`), keyed by (query, start,
+end) in `_fetch`'s chunks; steady reads are written at once (`bulk.py`); a first read
+fetches what a forecast needs, the rest follows behind (`backfill.py`)."""
 
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ class _Group:
     by: tuple[str, ...]
     targets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
     instant: bool = False
-    """An instant query at the grid's end (the frame-buffer signals: only the newest
-    figure is used), else a range query over what is new."""
+    """An instant query at the grid's end (the frame-buffer signals), else a range query
+    over what is new."""
     stale: _Group | None = None
     """An instant group's second try, over `metrics.staleness`, for the targets the
     first (over the step's lookback) found nothing of (`_newest_gib`)."""
@@ -292,10 +292,8 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
             return None
         if not self.config.workloads:
             return None
-        g = _Group(
-            f"sum by (namespace, workload) (last_over_time({WORKLOAD_RULE}[{self._lookback}]))",
-            ("namespace", "workload"),
-        )
+        # One series per pair already: no `sum by` (a pair twice: `memo.split_answer`).
+        g = _Group(f"last_over_time({WORKLOAD_RULE}[{self._lookback}])", ("namespace", "workload"))
         for w, (key, query) in zip(self.config.workloads, self._workload_queries(), strict=True):
             if w.demand is None and key not in self.spacing.measured:
                 g.targets[(w.namespace, w.name)] = (key, query)
@@ -328,10 +326,11 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         answers: dict[AnswerKey, Answer] = {}
         jobs: list[tuple[str, Chunk, Callable[[Answer], None]]] = []
         instant = (math.floor(now / step) * step, INSTANT)
+        resting = self.totals.resting(now) if spans is None else set()  # not on backfill
         for g in groups:
             if g.instant:
-                members = [(values, query) for values, (_, query) in g.targets.items()]
-                if spans is None:
+                members = [(v, query) for v, (k, query) in g.targets.items() if k not in resting]
+                if spans is None and members:
                     jobs.append(
                         (g.query, instant, partial(split_answer, g.by, members, instant, answers))
                     )
@@ -354,6 +353,7 @@ class GroupedPrometheusMetrics(PrometheusMetrics):
         jobs = [
             (query, chunk, partial(answers.__setitem__, (query, *chunk)))
             for key, query, is_instant in uncovered
+            if key not in resting
             for chunk in self._chunks(key, is_instant, span_of(key), instant, spans, pieces)
             if (query, *chunk) not in answers
         ]

@@ -76,15 +76,22 @@ def split_answer(
     result: Answer,
 ) -> None:
     """One grouped answer cut into the per-target answers it holds; a failed one stores
-    nothing, so each target is asked on its own. An instant answer is complete: a pool
-    it does not hold has no sample in its lookback, so its own query would be empty."""
+    nothing, so each target is asked on its own, and so does a target the answer holds
+    twice (series not aggregated: the workload rule's). An instant answer is complete: a
+    pool it does not hold has no sample in its lookback, so its own query would be empty."""
     if isinstance(result, SourceError) or not isinstance(result, list):
         return
-    by_values = {}
+    by_values: dict[tuple[str, ...], Any] = {}
+    twice = set()
     for item in result:
         metric = (item.get("metric") or {}) if isinstance(item, dict) else {}
-        by_values[tuple(str(metric.get(label, "")) for label in by)] = item
+        values = tuple(str(metric.get(label, "")) for label in by)
+        if values in by_values:
+            twice.add(values)
+        by_values[values] = item
     for values, query in members:
+        if values in twice:
+            continue
         item = by_values.get(values)
         if item is not None:
             answers[(query, *chunk)] = [item]

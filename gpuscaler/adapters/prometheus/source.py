@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
 from gpuscaler.adapters.prometheus.spacing import SpacingTracker, lookback_ms
+from gpuscaler.adapters.prometheus.total import Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
     LOAD,
@@ -124,6 +125,8 @@ class PrometheusMetrics:
         self.sample_spacing = self.spacing.measured
         self.steady: dict[str, Steady] = {}
         """This tick's steady reads done at once, by key (`bulk.py`); taken by `_fetch_once`."""
+        self.totals = Totals(config)
+        """The pools' frame-buffer totals, read every few minutes (`total.py`)."""
 
     def _fetch(
         self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
@@ -234,19 +237,25 @@ class PrometheusMetrics:
         scrape interval longer than the step, a lagging scrape) again over
         `metrics.staleness`. Prometheus' cost grows with the samples in the lookback, so
         each is cheap where it is used."""
+        try:
+            return self._read_gib(template, matchers, now)
+        except SourceError as e:
+            self._transport_errors.append(f"{key}: {e}")
+            return None, str(e)
+
+    def _read_gib(
+        self, template: str, matchers: Mapping[str, str], now: float
+    ) -> tuple[float | None, str | None]:
+        """`_newest_gib` without its handling of a failed query (raised)."""
         step = self.config.metrics.step
         at = math.floor(now / step) * step
         value: float | None = None
         bad = False
-        try:
-            for lookback in self.memory_lookbacks:
-                query = build_query(template, matchers, lookback)
-                value, bad = decode_vector(self.transport.query(query, at))
-                if value is not None or bad:
-                    break
-        except SourceError as e:
-            self._transport_errors.append(f"{key}: {e}")
-            return None, str(e)
+        for lookback in self.memory_lookbacks:
+            query = build_query(template, matchers, lookback)
+            value, bad = decode_vector(self.transport.query(query, at))
+            if value is not None or bad:
+                break
         if bad:
             return None, "NaN or Inf in the newest samples"
         if value is None:
@@ -277,6 +286,7 @@ class PrometheusMetrics:
             if not any(key == k or key.startswith(k) for k in keep):
                 del self.windows[key]
         self.spacing.reset(config.metrics.step, lambda key: key in self.windows)
+        self.totals.reconfigure(config)
         self.config = config
 
     def read(self, now: float) -> Metrics:
@@ -330,11 +340,28 @@ class PrometheusMetrics:
         used_gib, used_problem = self._newest_gib(
             f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
         )
-        total_gib, total_problem = self._newest_gib(
-            f"pool:{p.name}:fb_total", queries.pool_memory_total, p.metrics_matchers, now
-        )
+        total_gib, total_problem = self._total(p, used_gib is not None, now)
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
+
+    def _total(self, p: NodePoolConfig, used: bool, now: float) -> tuple[float | None, str | None]:
+        """The pool's frame-buffer total: the kept one while it is not due and the
+        pool's used figure is present this tick, else read (`total.py`)."""
+        key, totals = f"pool:{p.name}:fb_total", self.totals
+        # Without a used figure the pool's GPUs report nothing (those that come back may
+        # be other GPUs): the total is read as before, and what it finds replaces the kept.
+        if used and not totals.due(key, now):
+            return totals.kept[key].gib, None
+        try:
+            gib, problem = self._read_gib(
+                self.config.prometheus.queries.pool_memory_total, p.metrics_matchers, now
+            )
+        except SourceError as e:
+            self._transport_errors.append(f"{key}: {e}")
+            kept = totals.kept_within_limit(key, now) if used else None
+            return (kept, None) if kept is not None else (None, str(e))
+        totals.store(key, gib, now)
+        return gib, problem
 
     def _leading(self, w: WorkloadConfig, now: float) -> tuple[Series | None, str | None]:
         """The workload's leading signal (workloads[].leading_query, sent as written)."""
