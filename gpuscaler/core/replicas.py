@@ -138,7 +138,11 @@ def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None)
 def observed_peak(h: TargetHistory, now: float, window: float) -> float:
     """Highest demand observed at the ticks of the last `window` seconds (each tick's
     record is the peak since the previous one), this tick included."""
-    return max(v for t, v, _, _ in h.seen if t > now - window or t == now)
+    rows = records(h)
+    t = rows[:, 0]
+    # The same values in the same order as the records': max() breaks ties (and NaN) alike.
+    values: list[float] = rows[(t > now - window) | (t == now), 1].tolist()
+    return max(values)
 
 
 def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
