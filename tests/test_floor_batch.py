@@ -16,6 +16,7 @@ from builders import NOW, config, forecast, workload_obs
 from floor_reference import observed_peak as old_observed_peak
 
 from gpuscaler.config import Config, ReplicasConfig
+from gpuscaler.core import skill
 from gpuscaler.core.decisions import target_key
 from gpuscaler.core.model import History, Signal, Snapshot, TargetHistory
 from gpuscaler.core.plan import floor_rows, plan
@@ -23,6 +24,13 @@ from gpuscaler.core.replicas import decide_replica_floor, observed_peak
 from gpuscaler.core.skill import Skill, assess, assess_many, floor_history, remember
 
 KEEP = 7500.0
+
+
+@pytest.fixture(autouse=True)
+def _rows_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group of histories through the row path, however small (by default groups
+    of fewer than `skill._MIN_ROWS` are assessed one by one)."""
+    monkeypatch.setattr(skill, "_MIN_ROWS", 1)
 
 
 def lanes(seed: int, width: int, ticks: int) -> list[tuple[float, list[TargetHistory]]]:
@@ -179,3 +187,23 @@ def test_floor_rows_are_built_once_per_config_and_a_copy_builds_its_own() -> Non
     copy = cfg.model_copy(update={"workloads": cfg.workloads[:1]})
     assert list(floor_rows(copy)) == ["ml/ScaledObject/w0"]
     assert isinstance(first["ml/ScaledObject/w0"][2], ReplicasConfig)
+
+
+def test_small_groups_are_assessed_one_by_one_and_large_ones_as_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(skill, "_MIN_ROWS", 12)
+    rows: list[int] = []
+    inner = skill._assess_rows
+
+    def spy(recs: np.ndarray, *args: float) -> list[Skill]:
+        rows.append(len(recs))
+        return inner(recs, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(skill, "_assess_rows", spy)
+    now, hs = lanes(4, 14, 150)[-1]
+    wide = [h for i, h in enumerate(hs) if i != 1]  # lane 1 may be on its own
+    together = assess_many(hs[:11] + wide, now, 120.0, 300.0, 5, 3900.0)
+    alone = [assess(h, now, 120.0, 300.0, 5, 3900.0) for h in hs[:11] + wide]
+    assert all(same(a, b) for a, b in zip(alone, together, strict=True))
+    assert rows and max(rows) >= 12 and all(r >= 12 for r in rows)
