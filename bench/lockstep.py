@@ -11,6 +11,12 @@ pool's and workload's series: `build_snapshot`), per tick and per workload-tick.
 alone are timed on the first `--alone` workloads (their cost is linear in N); the
 lockstep on all N. The lanes' figures are checked equal to the runs alone (those timed).
 
+Also measured: the CPU time of the lockstep runs a workload-tick (`cpu_ms_per_workload_tick_N`,
+other jobs on the shared cores count less) and the plan's share (`make_plan`, the replica
+floors' skill and reserve: `plan_ms_per_tick_N`). `--base REV` times another revision
+(unpacked by `git archive`, bench/revision.py) and this tree in child processes, alternated
+`--rounds` times, and prints both (the base's keys end in `_base`; medians of the rounds).
+
 Last line:
   RESULT hours=H forecast_ms_per_tick_1= forecast_ms_per_tick_10= forecast_ms_per_tick_100=
   alone_ms_per_workload_tick= lockstep_ms_per_workload_tick_100= speedup_100= ...
@@ -20,12 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from revision import ROOT, unpack
 
 import gpuscaler.controller as controller_module
 from gpuscaler.config import Config, parse_config
@@ -37,6 +48,8 @@ from gpuscaler.sim.trace import Trace, load_trace
 START_HOURS = 3 * 24 + 12.0
 SNAPSHOT = "build_snapshot"
 """The core's forecasts, as the controller calls them (timed by wrapping it there)."""
+PLAN = "make_plan"
+"""The core's plan (the replica floors' skill and reserve), timed the same way."""
 
 
 def config(n: int) -> Config:
@@ -63,11 +76,11 @@ def trace(i: int, base: Trace) -> Trace:
 
 
 class Timer:
-    """Seconds inside `build_snapshot` (the forecasts), summed over calls."""
+    """Seconds inside the controller's `name` (the forecasts, the plan), summed over calls."""
 
-    def __init__(self) -> None:
-        self.seconds, self.calls = 0.0, 0
-        self.inner: Callable[..., Any] = getattr(controller_module, SNAPSHOT)
+    def __init__(self, name: str) -> None:
+        self.name, self.seconds, self.calls = name, 0.0, 0
+        self.inner: Callable[..., Any] = getattr(controller_module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -78,20 +91,97 @@ class Timer:
             self.calls += 1
 
 
-def timed(run: Callable[[], list[RunResult]]) -> tuple[list[RunResult], float, float, int]:
-    """(runs, wall seconds, seconds in build_snapshot, its calls)."""
-    timer = Timer()
-    setattr(controller_module, SNAPSHOT, timer)
+def timed(
+    run: Callable[[], list[RunResult]],
+) -> tuple[list[RunResult], float, float, dict[str, Timer]]:
+    """(runs, wall seconds, CPU seconds, the timers of build_snapshot and make_plan)."""
+    timers = {name: Timer(name) for name in (SNAPSHOT, PLAN)}
+    for name, timer in timers.items():
+        setattr(controller_module, name, timer)
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         runs = run()
-        return runs, time.perf_counter() - t0, timer.seconds, timer.calls
+        return runs, time.perf_counter() - t0, time.process_time() - c0, timers
     finally:
-        setattr(controller_module, SNAPSHOT, timer.inner)
+        for name in (SNAPSHOT, PLAN):
+            setattr(controller_module, name, timers[name].inner)
 
 
 def figures(p: Prepared, run: RunResult) -> str:
     return json.dumps(finish(p, run, baselines=False).summary()["gpuscaler"], sort_keys=True)
+
+
+def measure(sizes: list[int], hours: float, alone_n: int) -> list[str]:
+    """The RESULT fields of this process' gpuscaler at each lockstep size."""
+    base = load_trace()
+    cfg = config(max(sizes))
+    preps = [
+        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
+        for i, w in enumerate(cfg.workloads)
+    ]
+    ticks = round(hours * 3600 / cfg.control.interval)
+    k = min(alone_n, len(preps))
+    alone, wall, _, timers = timed(lambda: [gpuscaler_run(p) for p in preps[:k]])
+    alone_ms = 1000 * wall / (k * ticks)
+    alone_snap_ms = 1000 * timers[SNAPSHOT].seconds / timers[SNAPSHOT].calls
+    print(
+        f"alone: {k} workloads x {ticks} ticks in {wall:.1f}s: {alone_ms:.2f} ms a "
+        f"workload-tick, forecast {alone_snap_ms:.2f} ms of it",
+        file=sys.stderr,
+    )
+    out = [f"hours={hours:g}", f"alone_ms_per_workload_tick={alone_ms:.2f}"]
+    out.append(f"alone_forecast_ms_per_workload_tick={alone_snap_ms:.2f}")
+    for n in sizes:
+        runs, wall, cpu_s, timers = timed(lambda n=n: lockstep_runs(preps[:n]))  # type: ignore[misc]
+        same = all(
+            figures(p, r) == figures(p, a) for p, r, a in zip(preps, runs, alone, strict=False)
+        )
+        per = 1000 * wall / (n * ticks)
+        forecast = 1000 * timers[SNAPSHOT].seconds / timers[SNAPSHOT].calls
+        planned = 1000 * timers[PLAN].seconds / timers[PLAN].calls
+        cpu = 1000 * cpu_s / (n * ticks)
+        print(
+            f"lockstep {n}: {wall:.1f}s, {per:.2f} ms a workload-tick ({cpu:.2f} ms of CPU), "
+            f"forecast {forecast:.2f} ms a tick ({forecast / n:.2f} a workload), plan "
+            f"{planned:.2f} ms a tick ({planned / n:.2f} a workload); same figures as alone: "
+            f"{same}",
+            file=sys.stderr,
+        )
+        if not same:
+            raise SystemExit(f"lockstep of {n}: figures differ from the runs alone")
+        out += [
+            f"forecast_ms_per_tick_{n}={forecast:.2f}",
+            f"plan_ms_per_tick_{n}={planned:.2f}",
+            f"lockstep_ms_per_workload_tick_{n}={per:.2f}",
+            f"cpu_ms_per_workload_tick_{n}={cpu:.2f}",
+            f"speedup_{n}={alone_ms / per:.2f}",
+        ]
+    return out
+
+
+def against_base(args: argparse.Namespace) -> list[str]:
+    """The base revision and this tree alternated in child processes: medians of each
+    field over the rounds, the base's with `_base`."""
+    cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
+    cmd += ["--alone", str(args.alone)]
+    rows: dict[str, list[dict[str, float]]] = {"base": [], "": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack(args.base, tmp)
+        for r in range(args.rounds):
+            for which, path in (("base", tmp), ("", str(ROOT))):
+                env = {**os.environ, "PYTHONPATH": path}
+                done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+                line = done.stdout.strip().splitlines()[-1]
+                print(f"round {r} {which or 'tree'}: {line}", file=sys.stderr, flush=True)
+                fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
+                rows[which].append({k: float(v) for k, v in fields.items()})
+    out = []
+    for key in rows[""][0]:
+        mine = statistics.median(x[key] for x in rows[""])
+        out.append(f"{key}={mine:g}")
+        if key != "hours":
+            out.append(f"{key}_base={statistics.median(x[key] for x in rows['base']):g}")
+    return out
 
 
 def main() -> None:
@@ -99,46 +189,13 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,10,100", help="workloads in lockstep")
     ap.add_argument("--hours", type=float, default=2.0)
     ap.add_argument("--alone", type=int, default=5, help="workloads timed alone")
+    ap.add_argument("--base", help="also time this git revision, alternated")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds with --base")
     args = ap.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
-    base = load_trace()
-    cfg = config(max(sizes))
-    preps = [
-        prepare(trace(i, base), args.hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-        for i, w in enumerate(cfg.workloads)
-    ]
-    ticks = round(args.hours * 3600 / cfg.control.interval)
-    k = min(args.alone, len(preps))
-    alone, wall, snap, calls = timed(lambda: [gpuscaler_run(p) for p in preps[:k]])
-    alone_ms = 1000 * wall / (k * ticks)
-    alone_snap_ms = 1000 * snap / calls
-    print(
-        f"alone: {k} workloads x {ticks} ticks in {wall:.1f}s: {alone_ms:.2f} ms a "
-        f"workload-tick, forecast {alone_snap_ms:.2f} ms of it",
-        file=sys.stderr,
-    )
-    out = [f"hours={args.hours:g}", f"alone_ms_per_workload_tick={alone_ms:.2f}"]
-    out.append(f"alone_forecast_ms_per_workload_tick={alone_snap_ms:.2f}")
-    for n in sizes:
-        runs, wall, snap, calls = timed(lambda n=n: lockstep_runs(preps[:n]))  # type: ignore[misc]
-        same = all(
-            figures(p, r) == figures(p, a) for p, r, a in zip(preps, runs, alone, strict=False)
-        )
-        per = 1000 * wall / (n * ticks)
-        forecast = 1000 * snap / calls
-        print(
-            f"lockstep {n}: {wall:.1f}s, {per:.2f} ms a workload-tick, forecast "
-            f"{forecast:.2f} ms a tick ({forecast / n:.2f} a workload); same figures as "
-            f"alone: {same}",
-            file=sys.stderr,
-        )
-        if not same:
-            raise SystemExit(f"lockstep of {n}: figures differ from the runs alone")
-        out += [
-            f"forecast_ms_per_tick_{n}={forecast:.2f}",
-            f"lockstep_ms_per_workload_tick_{n}={per:.2f}",
-            f"speedup_{n}={alone_ms / per:.2f}",
-        ]
+    if args.base:
+        out = against_base(args)
+    else:
+        out = measure([int(x) for x in args.sizes.split(",")], args.hours, args.alone)
     print("RESULT " + " ".join(out))
 
 

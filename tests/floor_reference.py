@@ -91,3 +91,7 @@ def overflow_reserve(
     hit = scored[over]
     top = hit[len(hit) - 1 - int(np.argmax(v[hit][::-1]))]
     return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))
+
+
+def observed_peak(h: TargetHistory, now: float, window: float) -> float:
+    return max(v for t, v, _, _ in h.seen if t > now - window or t == now)

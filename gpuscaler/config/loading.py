@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, Self
+from typing import Any, Generic, Self, TypeVar
 
 import yaml
 from pydantic import (
@@ -39,6 +39,8 @@ from gpuscaler.config.targets import (
     WorkloadConfig,
 )
 from gpuscaler.errors import InputError
+
+T = TypeVar("T")
 
 
 class Config(StrictModel):
@@ -80,6 +82,7 @@ class Config(StrictModel):
     _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
     _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
     _tables: dict[tuple[str, str], dict[str, Any]] = PrivateAttr(default_factory=dict)
+    _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     # Resolved per-target policy: global section with the target's override merged in,
     # validated once and kept. Targets are indexed once per config (a config is frozen),
@@ -88,8 +91,16 @@ class Config(StrictModel):
         """A copy with its own (empty) caches: pydantic copies private attributes, and a
         copy with other targets must not answer from the original's index."""
         copy = super().model_copy(update=update, deep=deep)
-        copy._resolved, copy._overrides, copy._tables = {}, None, {}
+        copy._resolved, copy._overrides, copy._tables, copy._memo = {}, None, {}, {}
         return copy
+
+    def memo(self, name: str, build: Callable[[], T]) -> T:
+        """What `build` gives, built once per config and kept under `name` (a config is
+        frozen): per-target tables a tick would otherwise rebuild (issue 18)."""
+        if name not in self._memo:
+            self._memo[name] = build()
+        found: T = self._memo[name]
+        return found
 
     def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
         if self._overrides is None:

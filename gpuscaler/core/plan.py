@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, Sections, TimeSliceConfig
+from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
+from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory, WorkloadObservation
 from gpuscaler.core.preemption import (
     PodView,
     decide_preemption,
     forecast_beneficiaries,
     fragments_beneficiaries,
 )
-from gpuscaler.core.replicas import decide_replica_floor, floor_gpus
+from gpuscaler.core.replicas import FloorStep, floor_gpus, floor_outcome, floor_step, skill_args
+from gpuscaler.core.skill import Skill, assess_many
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -54,9 +55,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     pools = {p.name: p for p in config.node_pools}
     fragments = config.pool_sections("fragments", FragmentsConfig)
     time_slice = config.pool_sections("time_slice", TimeSliceConfig)
-    replicas = config.workload_sections("replicas", ReplicasConfig)
-    floors = _replica_floors(snapshot, config, replicas, history, now)
-    held = _floor_gpus(snapshot, config, replicas, floors)
+    floors, held = _replica_floors(snapshot, config, history, now)
     for obs in snapshot.pools:
         pool = pools.get(obs.name)
         if pool is None:
@@ -69,7 +68,6 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         key = target_key("time_slice", obs.name)
         ts_cfg = time_slice[obs.name]
         outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
-    configured = {w.key for w in config.workloads}
     outcomes.update(floors)
     # Configured targets the tick saw nothing of: no action, and say so.
     seen_pools = {p.name for p in snapshot.pools}
@@ -81,7 +79,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
                     kind, name, now, "no observation of this node pool", history.get(key)
                 )
     seen_workloads = {w.key for w in snapshot.workloads}
-    for wkey in sorted(configured - seen_workloads):
+    for wkey in sorted(floor_rows(config).keys() - seen_workloads):
         key = target_key("replica_floor", wkey)
         outcomes[key] = invalid(
             "replica_floor", wkey, now, "no observation of this workload", history.get(key)
@@ -97,47 +95,69 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     )
 
 
+FloorRow = tuple[str, str | None, ReplicasConfig]
+"""A configured workload's replica floor: its target key, node pool and section."""
+
+
+def floor_rows(config: Config) -> dict[str, FloorRow]:
+    """Every configured workload's `FloorRow` by key, built once per config: a tick
+    looks each observed workload up once."""
+
+    def build() -> dict[str, FloorRow]:
+        replicas = config.workload_sections("replicas", ReplicasConfig)
+        return {
+            w.key: (target_key("replica_floor", w.key), w.node_pool, replicas[w.key])
+            for w in config.workloads
+        }
+
+    return config.memo("plan.floor_rows", build)
+
+
 def _replica_floors(
-    snapshot: Snapshot,
-    config: Config,
-    replicas: Sections[ReplicasConfig],
-    history: History,
-    now: float,
-) -> dict[str, Outcome]:
-    """This tick's replica floor outcome of every configured workload observed."""
-    configured = {w.key for w in config.workloads}
+    snapshot: Snapshot, config: Config, history: History, now: float
+) -> tuple[dict[str, Outcome], dict[str, float]]:
+    """This tick's replica floor outcome of every configured workload observed, and per
+    node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
+    sized for their load: a fragment change leaves them (core.replicas.floor_gpus). The
+    forecasts' skills are assessed together (the same as one by one)."""
+    rows = floor_rows(config)
+    staleness = config.metrics.staleness
+    steps: list[tuple[str, str | None, ReplicasConfig, WorkloadObservation, Outcome | FloorStep]]
+    steps = []
+    for wobs in snapshot.workloads:
+        row = rows.get(wobs.key)
+        if row is not None:
+            key, name, rep_cfg = row
+            step = floor_step(wobs, rep_cfg, staleness, history.get(key), now)
+            steps.append((key, name, rep_cfg, wobs, step))
+    skills = _skills([s for *_, s in steps if isinstance(s, FloorStep)], now)
     out: dict[str, Outcome] = {}
-    for wobs in snapshot.workloads:
-        if wobs.key not in configured:
-            continue
-        key = target_key("replica_floor", wobs.key)
-        rep_cfg = replicas[wobs.key]
-        out[key] = decide_replica_floor(
-            wobs, rep_cfg, config.metrics.staleness, history.get(key), now
-        )
-    return out
-
-
-def _floor_gpus(
-    snapshot: Snapshot,
-    config: Config,
-    replicas: Sections[ReplicasConfig],
-    floors: dict[str, Outcome],
-) -> dict[str, float]:
-    """Per node pool, the GPUs its workloads' replica floors (after this tick's decisions)
-    hold sized for their load: a fragment change leaves them (core.replicas.floor_gpus)."""
-    pool_of = {w.key: w.node_pool for w in config.workloads}
     held: dict[str, float] = {}
-    for wobs in snapshot.workloads:
-        name = pool_of.get(wobs.key)
-        outcome = floors.get(target_key("replica_floor", wobs.key))
-        if name is None or outcome is None:
+    for key, name, rep_cfg, wobs, step in steps:
+        if isinstance(step, FloorStep):
+            step = floor_outcome(step, skills.get(id(step)))
+        out[key] = step
+        if name is None:
             continue
         floor = wobs.floor
-        if isinstance(outcome.decision, ReplicaFloorDecision):
-            floor = int(outcome.decision.to_value)
-        held[name] = held.get(name, 0.0) + floor_gpus(wobs, replicas[wobs.key], floor)
-    return held
+        if isinstance(step.decision, ReplicaFloorDecision):
+            floor = int(step.decision.to_value)
+        held[name] = held.get(name, 0.0) + floor_gpus(wobs, rep_cfg, floor)
+    return out, held
+
+
+def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:
+    """The skill of every step whose floor checks it (by the step's id), assessed
+    together per set of skill parameters."""
+    groups: dict[tuple[float, float, int, float], list[FloorStep]] = {}
+    for step in steps:
+        if step.cfg.skill_check:
+            groups.setdefault(skill_args(step.cfg), []).append(step)
+    found: dict[int, Skill] = {}
+    for args, group in groups.items():
+        skills = assess_many([s.history for s in group], now, *args)
+        found.update((id(s), k) for s, k in zip(group, skills, strict=True))
+    return found
 
 
 def _preemption(

@@ -14,7 +14,7 @@ forecast is set aside and the reason says so. Step limits are in GPUs.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -24,7 +24,7 @@ from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.reserve import overflow_reserve
-from gpuscaler.core.skill import assess, in_fallback, records, remember
+from gpuscaler.core.skill import Skill, assess, floor_history, in_fallback, records, remember
 
 KIND: Final = "replica_floor"
 
@@ -42,6 +42,43 @@ def decide_replica_floor(
     h: TargetHistory,
     now: float,
 ) -> Outcome:
+    step = floor_step(obs, cfg, staleness, h, now)
+    if isinstance(step, Outcome):
+        return step
+    skill = assess(step.history, now, *skill_args(cfg)) if cfg.skill_check else None
+    return floor_outcome(step, skill)
+
+
+@dataclass(frozen=True, slots=True)
+class FloorStep:
+    """A replica floor decided up to its forecast's skill (`floor_outcome` takes it from
+    there): the planner assesses every workload's skill at once (skill.assess_many)."""
+
+    obs: WorkloadObservation
+    cfg: ReplicasConfig
+    history: TargetHistory
+    """With this tick's record."""
+    now: float
+    upper: float
+    observed: float
+
+
+def skill_args(cfg: ReplicasConfig) -> tuple[float, float, int, float]:
+    """`skill.assess`'s lead, stabilization, minimum origins and span for this floor
+    (over the skill window: the records may reach further back, for the reserve)."""
+    span = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
+    return cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins, span
+
+
+def floor_step(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    staleness: float,
+    h: TargetHistory,
+    now: float,
+) -> Outcome | FloorStep:
+    """The floor's outcome when it needs no skill (bad input, no forecast yet), else
+    the step that waits for the skill."""
     target = obs.key
     problem = input_problem(obs.load, now, staleness)
     if problem is not None and not _reactive_only(obs, now, staleness):
@@ -61,7 +98,15 @@ def decide_replica_floor(
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
     observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
     h = remember(h, now, observed, upper, mean_peak, keep)
-    h, fallback = _skill_check(h, cfg, now, upper, observed)
+    return FloorStep(obs, cfg, h, now, upper, observed)
+
+
+def floor_outcome(step: FloorStep, skill: Skill | None) -> Outcome:
+    """The floor of `step` given its forecast's skill (None: `skill_check` is off)."""
+    obs, cfg, now = step.obs, step.cfg, step.now
+    forecast = obs.load.forecast
+    assert forecast is not None
+    h, fallback = _skill_check(step.history, cfg, step.upper, step.observed, skill)
     # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
     # highest of the last stabilization window, as the predictive-floor baseline (Crane
     # EHPA / AHPA: max of the last 5 minutes) does. The forecast adds to it only while it
@@ -71,11 +116,11 @@ def decide_replica_floor(
         cfg,
         h,
         now,
-        observed_peak(h, now, window),
-        None if fallback is not None else upper,
+        observed_peak(h, now, cfg.scale_down_stabilization),
+        None if fallback is not None else step.upper,
         fallback,
         f"; {forecast.reason}",
-        {"peak": forecast.peak, "upper": upper, "last": forecast.last_value},
+        {"peak": forecast.peak, "upper": step.upper, "last": forecast.last_value},
     )
 
 
@@ -93,7 +138,11 @@ def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None)
 def observed_peak(h: TargetHistory, now: float, window: float) -> float:
     """Highest demand observed at the ticks of the last `window` seconds (each tick's
     record is the peak since the previous one), this tick included."""
-    return max(v for t, v, _, _ in h.seen if t > now - window or t == now)
+    rows = records(h)
+    t = rows[:, 0]
+    # The same values in the same order as the records': max() breaks ties (and NaN) alike.
+    values: list[float] = rows[(t > now - window) | (t == now), 1].tolist()
+    return max(values)
 
 
 def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
@@ -175,7 +224,7 @@ def _stabilized(
     with `scale_down_margin` below its capacity."""
     window_start = now - cfg.scale_down_stabilization
     recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
-    h = replace(h, recommendations=recs)
+    h = floor_history(h, recommendations=recs)
     held_for = max(v for _, v in recs)
     held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
     stabilized = max(recommended, min(current, held)) if recommended < current else recommended
@@ -241,19 +290,15 @@ def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str
 
 
 def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, now: float, upper: float, observed: float
+    h: TargetHistory, cfg: ReplicasConfig, upper: float, observed: float, skill: Skill | None
 ) -> tuple[TargetHistory, str | None]:
     """History with the skill verdict, and the reason when the forecast is set aside
     because it has had no skill (None when it may raise the floor)."""
-    if not cfg.skill_check:
+    if not cfg.skill_check or skill is None:
         return h, None
-    # Over the skill window (the records may reach further back, for the reserve).
-    span = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
-    stab = cfg.scale_down_stabilization
-    skill = assess(h, now, cfg.lead_time, stab, cfg.skill_min_origins, span)
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     if fallback != h.fallback:
-        h = replace(h, fallback=fallback)
+        h = floor_history(h, fallback=fallback)
     if not fallback:
         return h, None
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 
@@ -42,6 +43,32 @@ def records(h: TargetHistory) -> FloatArray:
     return rows
 
 
+def floor_history(
+    h: TargetHistory,
+    *,
+    seen: tuple[tuple[float, float, float, float], ...] | None = None,
+    seen_rows: FloatArray | None = None,
+    recommendations: tuple[tuple[float, int], ...] | None = None,
+    fallback: bool | None = None,
+) -> TargetHistory:
+    """`h` with the replica floor's parts given replaced (`seen` with its `seen_rows`),
+    the rest kept: what `dataclasses.replace` gives, built directly (twice as fast; the
+    floor replaces a history up to three times a workload a tick)."""
+    if seen is None:
+        seen, seen_rows = h.seen, h.seen_rows
+    return TargetHistory(
+        last_change_at=h.last_change_at,
+        last_direction=h.last_direction,
+        pending_since=h.pending_since,
+        pending_direction=h.pending_direction,
+        recommendations=h.recommendations if recommendations is None else recommendations,
+        calm_since=h.calm_since,
+        seen=seen,
+        fallback=h.fallback if fallback is None else fallback,
+        seen_rows=seen_rows,
+    )
+
+
 def remember(
     h: TargetHistory, now: float, value: float, upper: float, mean: float, keep: float
 ) -> TargetHistory:
@@ -52,7 +79,7 @@ def remember(
     if not h.seen:  # the first record: nothing to drop
         new_rows = np.asarray([record], dtype=np.float64)
         new_rows.setflags(write=False)
-        return replace(h, seen=(record,), seen_rows=new_rows)
+        return floor_history(h, seen=(record,), seen_rows=new_rows)
     rows = records(h)
     kept = np.flatnonzero(rows[:, 0] > now - keep)
     n, k = len(h.seen), kept.size
@@ -60,7 +87,7 @@ def remember(
     old = h.seen[n - k :] if k == 0 or kept[0] == n - k else tuple(h.seen[i] for i in kept)
     new_rows = np.concatenate((rows[kept], np.asarray([record], dtype=np.float64)))
     new_rows.setflags(write=False)
-    return replace(h, seen=(*old, record), seen_rows=new_rows)
+    return floor_history(h, seen=(*old, record), seen_rows=new_rows)
 
 
 def _shortfall(need: FloatArray, capacity: FloatArray) -> float:
@@ -210,3 +237,175 @@ def in_fallback(h: TargetHistory, skill: Skill, below: float, above: float) -> b
     if h.fallback:
         return skill.score < above
     return skill.score < below
+
+
+def assess_many(
+    hs: Sequence[TargetHistory],
+    now: float,
+    lead: float,
+    stabilization: float,
+    min_origins: int,
+    span: float = math.inf,
+) -> list[Skill]:
+    """`assess` of every history in `hs`, the same Skill each (bit for bit), computed
+    together: histories whose records have the same times (and the same ticks without a
+    forecast) share their windows, so each step is one numpy operation over all of them
+    (a workload-tick's ~100 calls on small arrays become one call per tick and group)."""
+    out: list[Skill] = [Skill(None, 0)] * len(hs)
+    groups: dict[bytes, list[int]] = {}
+    for i, h in enumerate(hs):
+        if len(h.seen) >= 2:
+            rec = records(h)
+            key = rec[:, 0].tobytes() + np.isfinite(rec[:, 2]).tobytes()
+            groups.setdefault(key, []).append(i)
+    for idx in groups.values():
+        if len(idx) < _MIN_ROWS:  # a few rows cost less one by one
+            for i in idx:
+                out[i] = assess(hs[i], now, lead, stabilization, min_origins, span)
+            continue
+        recs = np.stack([records(hs[i]) for i in idx])
+        skills = _assess_rows(recs, now, lead, stabilization, min_origins, span)
+        for i, s in zip(idx, skills, strict=True):
+            out[i] = s
+    return out
+
+
+_MIN_ROWS = 12
+"""Fewer histories than this in a group are assessed one by one: each numpy step over
+rows costs several times a step of one row (measured: 8 rows about even, 16 rows 1.5x
+faster together, 1 row 3x slower)."""
+
+
+def _assess_rows(
+    recs: FloatArray, now: float, lead: float, stab: float, min_origins: int, span: float
+) -> list[Skill]:
+    """`assess` of each (records, 4) row of `recs`, all with the same times and the same
+    ticks without a forecast: `assess`'s steps, over rows."""
+    rec0 = recs[0]
+    t = rec0[:, 0]
+    scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec0[:, 2]))
+    order = np.argsort(t, kind="stable")
+    ts = t[order]
+    o = t[scored]
+    after = (np.searchsorted(ts, o, "right"), np.searchsorted(ts, o + lead, "right"))
+    ok = after[1] > after[0]
+    n = int(ok.sum())
+    if n < min_origins:
+        return [Skill(None, n)] * len(recs)
+    scored, o = scored[ok], o[ok]
+    start = np.searchsorted(ts, o - stab, "left")
+    v = np.ascontiguousarray(recs[:, :, 1])
+    vs = v[:, order]
+    reactive = _window_max_rows(vs, start, after[0][ok])
+    need = _window_max_rows(vs, after[0][ok], after[1][ok])
+    level = _window_means_rows(v, order, start, after[0][ok])
+    upper = np.ascontiguousarray(recs[:, scored, 2])
+    mean = np.ascontiguousarray(recs[:, scored, 3])
+    predictive = np.maximum(reactive, upper)
+    short_r = _shortfalls(need, reactive)
+    extra = (predictive - reactive).sum(axis=1)
+    flat = reactive + (extra / n)[:, None]
+    base = level + (upper - mean)
+    levelled = np.maximum(reactive, base + _bisect_rows(reactive, base, extra)[:, None])
+    short_f, short_l = _shortfalls(need, flat), _shortfalls(need, levelled)
+    short_p = _shortfalls(need, predictive)
+    out = []
+    for r, f, lv, p in zip(
+        short_r.tolist(), short_f.tolist(), short_l.tolist(), short_p.tolist(), strict=True
+    ):
+        out.append(Skill(0.0, n) if r <= 1e-9 else Skill((min(f, lv) - p) / r, n))
+    return out
+
+
+def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
+    """`_shortfall` of each row."""
+    found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
+    return found
+
+
+def _window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """`window_max` of each row of `values` (the same windows for every row)."""
+    ext = np.concatenate((values, np.full((len(values), 1), -np.inf)), axis=1)
+    idx = np.empty(2 * start.size, dtype=np.intp)
+    idx[0::2], idx[1::2] = start, stop
+    out = np.maximum.reduceat(ext, idx, axis=1)[:, 0::2]
+    found: FloatArray = np.where(stop > start, out, -np.inf)
+    return found
+
+
+def _window_means_rows(
+    v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
+) -> FloatArray:
+    """`_window_means` of each row of `v`: each row's windows zero-padded to its full
+    length and summed along it, as one row alone is (a few rows at a time, so that the
+    padded rows stay in the cache)."""
+    lengths = stop - start
+    rows = np.repeat(np.arange(start.size), lengths)
+    firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
+    cols = order[np.arange(rows.size) + firsts]
+    step = max(1, _LEVEL_FLOATS // (start.size * v.shape[1]))
+    filled = np.zeros((min(step, len(v)), start.size, v.shape[1]))
+    sums = np.empty((len(v), start.size))
+    for first in range(0, len(v), step):
+        part = v[first : first + step]
+        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
+        sums[first : first + step] = filled[: len(part)].sum(axis=2)
+    means: FloatArray = sums / lengths
+    return means
+
+
+_LEVEL_FLOATS = 131_072
+"""Floats of the zero-padded level rows summed at once (1 MB: they stay in the cache)."""
+
+
+def _bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> FloatArray:
+    """`_bisect_excess` of each row: every row's 40 steps taken together, each answered
+    as `_cheap_excess` answers it (the same float operations, over rows) and, for the rows
+    where it cannot, from the row's sum as `_exact_excess` takes it."""
+    total = reactive.sum(axis=1)
+    lo, hi = -np.max(base - reactive, axis=1) - 1.0, extra + 1.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        cheap = _cheap_rows(reactive, base, total, extra)
+        for _ in range(40):
+            c = (lo + hi) / 2
+            answer, sure = cheap(c)
+            unsure = np.flatnonzero(~sure)
+            if unsure.size:
+                sums = np.maximum(reactive[unsure], base[unsure] + c[unsure, None]).sum(axis=1)
+                answer[unsure] = sums - total[unsure] > extra[unsure]
+            hi = np.where(answer, c, hi)
+            lo = np.where(answer, lo, c)
+    found: FloatArray = lo
+    return found
+
+
+def _cheap_rows(
+    reactive: FloatArray, base: FloatArray, total: FloatArray, extra: FloatArray
+) -> Callable[[FloatArray], tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]]:
+    """`_cheap_excess` of each row: for a c per row, (the answer, whether it is sure)."""
+    rows, n = reactive.shape
+    finite = np.isfinite(reactive).all(axis=1) & np.isfinite(base).all(axis=1)
+    finite &= np.isfinite(extra)
+    d = reactive - base
+    order = np.argsort(d, axis=1, kind="stable")
+    ds = np.take_along_axis(d, order, axis=1)
+    zero = np.zeros((rows, 1))
+    base_below = np.concatenate((zero, np.cumsum(np.take_along_axis(base, order, 1), 1)), 1)
+    sorted_r = np.take_along_axis(reactive, order, axis=1)
+    reactive_above = np.concatenate((np.cumsum(sorted_r[:, ::-1], 1)[:, ::-1], zero), 1)
+    scale = np.abs(reactive).sum(axis=1) + np.abs(base).sum(axis=1) + np.abs(total)
+    scale = scale + np.abs(extra) + 1.0
+    tol = 16 * (n + 4) * np.finfo(np.float64).eps
+    below_all = ds[:, 0] - tol * (np.maximum(np.abs(ds[:, 0]), np.abs(ds[:, -1])) + 1.0)
+    at = np.arange(rows)
+    negative = extra < 0.0
+
+    def over(c: FloatArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        k = (ds < c[:, None]).sum(axis=1)
+        below = c < below_all
+        excess = base_below[at, k] + k * c + reactive_above[at, k] - total
+        clear = np.abs(excess - extra) > tol * (scale + n * np.abs(c))
+        answer = np.where(below, negative, excess > extra)
+        return answer, finite & (below | clear)
+
+    return over
