@@ -101,6 +101,9 @@ class FitState:
     scored: Scored | None = field(default=None, compare=False)
     """What the ensemble's scoring found at the refit, kept until the next one (None: not
     scored yet): a steady tick does not rescore the members."""
+    modulus: float | None = field(default=None, compare=False)
+    """The largest inverse root modulus of `phi` (`engines.inverse_root_modulus`), found at
+    the refit (None: not known, found when needed): only a refit changes it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +144,10 @@ class IssuedInterval:
     step: float
     lower: tuple[float, ...]
     upper: tuple[float, ...]
+    bounds: FloatArray | None = field(default=None, compare=False, repr=False)
+    """`lower` and `upper` as a read-only (2, size) array, when made from arrays (issue
+    18: checking a batch's pending intervals reads these, not the tuples); None: the
+    tuples are read."""
 
 
 @dataclass(frozen=True)

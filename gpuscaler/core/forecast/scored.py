@@ -9,14 +9,13 @@ tick only computes the members' live paths, combines them with the kept weights 
 takes the conformal quantile at the current adaptive level from the kept, sorted errors.
 Those errors (and the peak errors) are updated incrementally (`refresh`): each in-window
 origin completed since is scored with the kept coefficients and weights, the oldest
-dropped. `clipped` bounds every forecast of a batch at once.
+dropped. `clip_rows` bounds every forecast of a batch at once.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from gpuscaler.core.forecast.ensemble import (
     window_means,
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
-from gpuscaler.core.model import BoolArray, FloatArray, Forecast, IntArray, Scored
+from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
 
 
 def score(a: Assessment, newest: float) -> list[Scored]:
@@ -119,31 +118,40 @@ def _rolled(
         recent, peak_recent = recent[:, -ASSESS_ORIGINS:], peak_recent[:, -ASSESS_ORIGINS:]
         ordered, offsets = np.sort(recent, axis=1), peak_offset(peak_recent).tolist()
         return [
-            replace(
-                s,
-                abs_errors=ordered[g],
-                peak=offsets[g],
-                abs_recent=recent[g],
-                peak_recent=peak_recent[g],
-                newest=newest,
-            )
+            _with_errors(s, ordered[g], offsets[g], recent[g], peak_recent[g], newest)
             for g, s in enumerate(sub)
         ]
     out = []
     for g, s in enumerate(sub):
         recent_one = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
         peak_one = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
-        out.append(
-            replace(
-                s,
-                abs_errors=np.sort(recent_one, axis=0),
-                peak=float(peak_offset(peak_one[None, :])[0]),
-                abs_recent=recent_one,
-                peak_recent=peak_one,
-                newest=newest,
-            )
-        )
+        peak = float(peak_offset(peak_one[None, :])[0])
+        out.append(_with_errors(s, np.sort(recent_one, axis=0), peak, recent_one, peak_one, newest))
     return out
+
+
+def _with_errors(
+    s: Scored,
+    abs_errors: FloatArray,
+    peak: float,
+    abs_recent: FloatArray,
+    peak_recent: FloatArray,
+    newest: float,
+) -> Scored:
+    """`s` with its recent errors rolled on (`dataclasses.replace` without its per-call
+    field walk: called for every series at every tick)."""
+    return Scored(
+        s.method,
+        s.weights,
+        s.errors,
+        s.ses_best,
+        s.ses_inv,
+        abs_errors,
+        peak,
+        abs_recent,
+        peak_recent,
+        newest,
+    )
 
 
 def _errors_at(
@@ -215,20 +223,18 @@ def half_widths(scored: Sequence[Scored], levels: FloatArray) -> FloatArray:
     return ranked_half_width(ordered, levels)
 
 
-def clipped(fs: Sequence[Forecast], clip: tuple[float, float | None]) -> list[Forecast]:
-    """Each forecast with its path, interval and peak inside `clip` (all rows at once)."""
-    if not fs:
-        return []
+def clip_rows(
+    mean: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    offset: Sequence[float],
+    clip: tuple[float, float | None],
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """Paths and intervals (n, steps) inside `clip`, and the peak offsets (n,) that keep each
+    row's peak (path maximum + `offset`) inside it."""
     lo, hi = clip
-    raw = np.stack([f.mean for f in fs])
-    mean, lower, upper = (
-        np.clip(a, lo, hi)
-        for a in (raw, np.stack([f.lower for f in fs]), np.stack([f.upper for f in fs]))
-    )
-    offset = np.array([f.peak_error for f in fs])
-    peak = np.clip(raw.max(axis=1) + offset, lo, hi)
-    peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offset)
-    return [
-        replace(f, mean=mean[r], lower=lower[r], upper=upper[r], peak_error=float(peak_error[r]))
-        for r, f in enumerate(fs)
-    ]
+    offsets = np.array(offset, dtype=np.float64)
+    peak = np.clip(mean.max(axis=1) + offsets, lo, hi)
+    clipped_mean = np.clip(mean, lo, hi)
+    peak_error = np.where(np.isfinite(peak), peak - clipped_mean.max(axis=1), offsets)
+    return clipped_mean, np.clip(lower, lo, hi), np.clip(upper, lo, hi), peak_error
