@@ -180,18 +180,39 @@ def test_resolving_many_rows_at_once_equals_resolving_each_on_its_own(seed: int)
     assert any(g.points for g in got) and any(g.pending for g in got)
 
 
-def test_an_interval_issued_from_arrays_is_checked_as_one_made_from_tuples() -> None:
+def test_intervals_issued_in_a_batch_are_checked_as_ones_made_from_tuples() -> None:
     start = IntervalState(0.9, NOW)
     lower = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     issued = issue_rows([start, start], lower, lower + 2.0, 10.0)
-    for r, state in enumerate(issued):
-        p = state.pending[-1]
-        assert p.bounds is not None and not p.bounds.flags.writeable
-        assert p.bounds.tolist() == [list(p.lower), list(p.upper)]
-        assert p.lower == tuple(lower[r].tolist())
-        plain = IntervalState(0.9, NOW, (IssuedInterval(p.origin, p.step, p.lower, p.upper),))
+    assert issued[0].layout is issued[1].layout == ((NOW, 10.0, 3),)  # one object
+    again = issue_rows(
+        [resolve(s, np.array([1.0]), NOW + 10.0, 10.0, 0.9) for s in issued],
+        lower + 1.0,
+        lower + 3.0,
+        10.0,
+    )
+    for r, state in enumerate(again):
+        assert state.bounds is not None and not state.bounds.flags.writeable
+        p = state.pending
+        assert state.bounds.tolist() == [[*p[0].lower, *p[1].lower], [*p[0].upper, *p[1].upper]]
+        assert p[-1].lower == tuple((lower[r] + 1.0).tolist())
+        # the same state without the arrays kept
+        plain = IntervalState(state.level, state.checked_at, p, state.points, state.misses)
         row = np.array([2.5, 4.0, 9.0, 5.5])
-        assert resolve(state, row, NOW + 30.0, 10.0, 0.9) == resolve(plain, row, NOW + 30, 10, 0.9)
+        for now in (NOW + 20.0, NOW + 30.0, NOW + 40.0):
+            got = resolve(state, row, now, 10.0, 0.9)
+            assert got == resolve(plain, row, now, 10.0, 0.9)
+            assert got.layout == tuple((q.origin, q.step, len(q.lower)) for q in got.pending)
+            assert got.bounds is not None
+            assert got.bounds.tolist() == [
+                [v for q in got.pending for v in q.lower],
+                [v for q in got.pending for v in q.upper],
+            ]
+    other = again[1]  # with the arrays kept and without
+    mixed = [again[0], IntervalState(0.8, other.checked_at, other.pending, 4, 1)]
+    rows = np.array([[2.5, 4.0, 9.0], [5.0, 7.0, 1.0]])
+    got_rows = resolve_rows(mixed, rows, NOW + 30.0, 10.0, 0.9)
+    assert got_rows == [resolve_one(s, rows[r], NOW + 30.0, 10.0, 0.9) for r, s in enumerate(mixed)]
 
 
 def test_coefficients_reused_between_refits_keep_the_stability_found_at_the_refit() -> None:

@@ -144,10 +144,6 @@ class IssuedInterval:
     step: float
     lower: tuple[float, ...]
     upper: tuple[float, ...]
-    bounds: FloatArray | None = field(default=None, compare=False, repr=False)
-    """`lower` and `upper` as a read-only (2, size) array, when made from arrays (issue
-    18: checking a batch's pending intervals reads these, not the tuples); None: the
-    tuples are read."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +157,15 @@ class IntervalState:
     pending: tuple[IssuedInterval, ...] = ()
     points: int = 0
     misses: int = 0
+    layout: tuple[tuple[float, float, int], ...] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """(origin, step, size) of each pending interval when made by the batched check and
+    issue (`intervals.resolve_rows`, `issue_rows`; one object for the series of a batch
+    that share it); None: read from `pending`."""
+    bounds: FloatArray | None = field(default=None, compare=False, repr=False)
+    """The pending intervals' lower and upper bounds in order, a read-only (2, total)
+    array made with `layout` (issue 18: a batch's check reads these, not the tuples)."""
 
 
 @dataclass(frozen=True)
