@@ -23,7 +23,7 @@ from gpuscaler.core.forecast.engines import (
 )
 from gpuscaler.core.forecast.intervals import issue_rows, resolve, resolve_rows
 from gpuscaler.core.model import FitState, FloatArray, IntervalState, IssuedInterval, Series, Signal
-from gpuscaler.core.snapshot import bucket_peak, bucket_peaks
+from gpuscaler.core.snapshot import bucket_peak, bucket_peaks, window_mean, window_means
 
 STEP = 5.0
 POINTS = 240  # 20 min of 5 s samples: 120 buckets of 10 s
@@ -258,3 +258,21 @@ def test_recent_peaks_found_together_equal_those_found_one_by_one(seed: int) -> 
         if window >= step:
             assert any(g is not None and math.isfinite(g) for g in got)
     assert bucket_peaks(series, now, 30.0, 10.0)[3] is None  # no sample in its last 30 s
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stall_means_found_together_equal_those_found_one_by_one(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = rng.normal(20, 8, (9, 700))
+    rows[rng.random(rows.shape) < 0.3] = np.nan
+    rows[2, -400:] = np.nan  # nothing in the window, a sample before it
+    rows[2, -401] = 5.0
+    rows[4] = np.nan  # no sample at all
+    start = NOW - 0.5 * 699
+    series: list[Series | None] = [Series(start, 0.5, row) for row in rows]
+    series += [None, Series(start, 0.5, np.array([])), Series(start + 1.0, 0.5, rows[0][:-2])]
+    for window in (300.0, 1.0, 1000.0):
+        got = window_means(series, NOW, window)
+        want = [window_mean(s, NOW, window) for s in series]
+        assert got == want
+    assert window_means(series, NOW, 150.0)[2] == (None, NOW - 0.5 * 400)  # its last sample
