@@ -122,7 +122,7 @@ def window_means(
             continue
         stacked = np.stack([s.values for i in idx if (s := series[i]) is not None])
         finite = np.isfinite(stacked)
-        seen = finite.any(axis=1).tolist()
+        seen: list[bool] = np.asarray(finite.any(axis=1)).tolist()
         newest = (stacked.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         first = max(0, int(np.ceil((now - window - start) / spacing + 1e-9)))
         part, kept = stacked[:, first:], finite[:, first:]
