@@ -21,6 +21,7 @@ from gpuscaler.core.forecast.engines import (
     make_engine,
     refit_or_reuse,
 )
+from gpuscaler.core.forecast.ensemble import SesTape, ses_last
 from gpuscaler.core.forecast.intervals import issue_rows, resolve, resolve_rows
 from gpuscaler.core.model import FitState, FloatArray, IntervalState, IssuedInterval, Series, Signal
 from gpuscaler.core.snapshot import bucket_peak, bucket_peaks, window_mean, window_means
@@ -276,3 +277,18 @@ def test_stall_means_found_together_equal_those_found_one_by_one(seed: int) -> N
         want = [window_mean(s, NOW, window) for s in series]
         assert got == want
     assert window_means(series, NOW, 150.0)[2] == (None, NOW - 0.5 * 400)  # its last sample
+
+
+def test_the_smoothing_tape_gives_each_end_what_smoothing_that_prefix_alone_gives() -> None:
+    rng = np.random.default_rng(7)
+    hist = 50 + np.cumsum(rng.normal(0, 2, (6, 90)), axis=1)
+    hist[rng.random(hist.shape) < 0.1] = np.nan
+    hist[1, :40] = np.nan  # no point before index 40
+    hist[2] = np.nan  # no point at all
+    hist[3, 60:] = np.nan  # a gap to the end
+    tape = SesTape(hist)
+    for end in (12, 13, 39, 40, 41, 70, 20, 89, 89, 0):  # increasing, then back, repeated
+        want = ses_last(hist[:, : end + 1])
+        assert tape.at(end).tobytes() == want.tobytes(), end
+    rows = np.array([4, 1])
+    assert tape.rows(rows).at(45).tobytes() == ses_last(hist[rows, :46]).tobytes()

@@ -45,6 +45,7 @@ from gpuscaler.core.forecast.ensemble import (
     SES_ALPHAS,
     WINDOW_MEAN_POINTS,
     Assessment,
+    SesTape,
     assess,
     choose_method,
 )
@@ -242,10 +243,11 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     each, whether it is finite (`Forecast.is_finite`)."""
     model = _model(b)
     scored: list[Scored | None] = [None] * b.hist.shape[0]
+    tape = SesTape(b.hist)  # the smoothing levels, one pass for the refresh and live paths
     if model.fitted is not None and b.cfg.ensemble:
-        scored = _scoring(b, model)
+        scored = _scoring(b, model, tape)
     adaptive = _adaptive(b)
-    out, finite = assembled(b, model, scored, adaptive)
+    out, finite = assembled(b, model, scored, adaptive, tape)
     rows = [r for r, key in enumerate(b.keys) if adaptive[r] is not None and key in b.states]
     if rows:
         issued = issue_rows(
@@ -261,7 +263,7 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     return out, finite
 
 
-def _scoring(b: Batch, model: Model) -> list[Scored | None]:
+def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored | None]:
     """Each row's ensemble scoring: kept from the previous tick while its coefficients
     are (the state reused as is), made afresh for the rows refitted now, without a key
     or with `rescore`; None where there is too little history to score."""
@@ -269,7 +271,7 @@ def _scoring(b: Batch, model: Model) -> list[Scored | None]:
     out: list[Scored | None] = [
         None if b.rescore or key is None else _kept(b, key) for key in b.keys
     ]
-    _refreshed(b, model, out)
+    _refreshed(b, model, out, tape)
     todo = [r for r, s in enumerate(out) if s is None]
     fresh: list[Scored | None] = []
     for i in range(0, len(todo), ASSESS_CHUNK):  # chunks bound the temporaries
@@ -287,7 +289,9 @@ def _scoring(b: Batch, model: Model) -> list[Scored | None]:
     return out
 
 
-def _refreshed(b: Batch, model: Model, out: list[Scored | None]) -> None:
+def _refreshed(
+    b: Batch, model: Model, out: list[Scored | None], tape: SesTape | None = None
+) -> None:
     """The kept scorings in `out` (and on the states) with the errors at the origins
     completed since they were made."""
     assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
@@ -297,7 +301,9 @@ def _refreshed(b: Batch, model: Model, out: list[Scored | None]) -> None:
     f, rows = model.fitted, np.array(kept)
     part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
     old = [s for s in (out[r] for r in kept) if s is not None]
-    new = refresh(b.engine, part, b.hist[rows], old, model.usable[rows], b.now, b.cfg.fit_step)
+    hist, usable = b.hist[rows], model.usable[rows]
+    rows_tape = tape.rows(rows) if tape is not None else None
+    new = refresh(b.engine, part, hist, old, usable, b.now, b.cfg.fit_step, rows_tape)
     for r, sc in zip(kept, new, strict=True):
         _keep(b, r, sc)
         out[r] = sc

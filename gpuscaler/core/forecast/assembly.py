@@ -12,7 +12,7 @@ import numpy as np
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast.engines import Fitted, ForecastEngine, PathBatch, last_finite
-from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS
+from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS, SesTape
 from gpuscaler.core.forecast.intervals import coverage_note, naive_half_width
 from gpuscaler.core.forecast.scored import clip_rows, half_widths, live_paths
 from gpuscaler.core.model import BoolArray, FitState, FloatArray, Forecast, IntervalState, Scored
@@ -62,6 +62,7 @@ def assembled(
     model: Model,
     scored: Sequence[Scored | None],
     adaptive: Sequence[IntervalState | None],
+    tape: SesTape | None = None,
 ) -> tuple[list[Forecast], list[bool]]:
     """Every row's forecast, clipped to `b.clip`: from its scoring (the kept weights on the
     members' live paths, the conformal interval at the row's adaptive level), or the
@@ -75,7 +76,8 @@ def assembled(
     lower, upper = np.empty((n, steps)), np.empty((n, steps))
     chosen = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
     if chosen:
-        _from_scored(b, model, scored, adaptive, chosen, rows)
+        smoothed = tape.at(b.hist.shape[1] - 1)[:, chosen] if tape is not None else None
+        _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
         lower[chosen] = rows.mean[chosen] - rows.half[chosen]
         upper[chosen] = rows.mean[chosen] + rows.half[chosen]
     picked = set(chosen)
@@ -137,12 +139,12 @@ def _from_scored(
     adaptive: Sequence[IntervalState | None],
     chosen: list[int],
     rows: _Rows,
+    smoothed: FloatArray | None,
 ) -> None:
     """The rows `chosen` (each with a scoring that names a method) from their scorings."""
     kept = [s for s in (scored[r] for r in chosen) if s is not None]
-    live, weights = live_paths(
-        b.hist[chosen], kept, model.paths.mean[chosen], model.usable[chosen], b.steps
-    )
+    hist, arima, usable = b.hist[chosen], model.paths.mean[chosen], model.usable[chosen]
+    live, weights = live_paths(hist, kept, arima, usable, b.steps, smoothed)
     nominal = b.cfg.interval_level
     levels = np.array([s.level if (s := adaptive[r]) is not None else nominal for r in chosen])
     halves = half_widths(kept, levels)

@@ -15,7 +15,7 @@ dropped. `clip_rows` bounds every forecast of a batch at once.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from gpuscaler.core.forecast.ensemble import (
     ORIGIN_SPACING,
     WINDOW_MEAN_POINTS,
     Assessment,
+    SesTape,
+    SmoothingLevels,
     arima_in_window,
     choose_method,
     combine,
@@ -79,11 +81,14 @@ def refresh(
     usable: BoolArray,
     now: float,
     step: float,
+    tape: SmoothingLevels | None = None,
 ) -> list[Scored]:
     """Each kept scoring with the chosen method's errors at the in-window origins completed
     since it was made (every ORIGIN_SPACING-th step, as `assess` spaces them), rolled with
     the kept coefficients and weights: the interval and the peak offset follow the load
-    between refits at the cost of one origin per tick, not ASSESS_ORIGINS."""
+    between refits at the cost of one origin per tick, not ASSESS_ORIGINS. `tape`: the
+    smoothing levels of these rows, shared with the live paths."""
+    levels_of: SmoothingLevels = tape if tape is not None else SesTape(hist)
     steps = scored[0].abs_recent.shape[1]
     spacing = max(1, steps // ORIGIN_SPACING) * step
     last_complete = now - steps * step  # an origin whose whole horizon is observed
@@ -100,7 +105,13 @@ def refresh(
         rows = np.array(idx)
         part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
         sub = [scored[i] for i in idx]
-        errors, peaks = _errors_at(engine, part, hist[rows], sub, usable[rows], js[ok], steps)
+
+        def levels(j: int, rows: IntArray = rows) -> FloatArray:
+            return levels_of.at(j)[:, rows]
+
+        errors, peaks = _errors_at(
+            engine, part, hist[rows], sub, usable[rows], js[ok], steps, levels
+        )
         for i, rolled in zip(idx, _rolled(sub, errors, peaks, float(times[ok][-1])), strict=True):
             out[i] = rolled
     return out
@@ -162,9 +173,11 @@ def _errors_at(
     usable: BoolArray,
     origins: IntArray,
     steps: int,
+    levels: Callable[[int], FloatArray],
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (n, origins, steps) and peak errors (n, origins)
-    at `origins` (indexes into `hist`, whole horizon observed)."""
+    at `origins` (indexes into `hist`, whole horizon observed); `levels(j)`: the smoothing
+    levels (alphas, n) at origin j."""
     n = hist.shape[0]
     ensemble = np.array([s.method == "ensemble" for s in scored])
     raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
@@ -175,7 +188,7 @@ def _errors_at(
     )
     errors, peaks = np.empty((n, origins.size, steps)), np.empty((n, origins.size))
     for c, j in enumerate(origins.tolist()):
-        flat = smoothing_live(ses_last(hist[:, : j + 1]), best, inv)
+        flat = smoothing_live(levels(j), best, inv)
         flat["window_mean"] = window_means(hist, np.array([j]), WINDOW_MEAN_POINTS)[:, 0]
         members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in flat.items()}
         members["arima"] = arima[:, c, :]
@@ -190,13 +203,19 @@ def _errors_at(
 
 
 def live_paths(
-    hist: FloatArray, scored: Sequence[Scored], arima: FloatArray, usable: BoolArray, steps: int
+    hist: FloatArray,
+    scored: Sequence[Scored],
+    arima: FloatArray,
+    usable: BoolArray,
+    steps: int,
+    smoothed: FloatArray | None = None,
 ) -> tuple[dict[str, FloatArray], dict[str, FloatArray]]:
     """Every member's path (n, steps) at the live origin with the kept smoothing weights,
     the ensemble (kept weights, over the members with a finite path) and the last value;
-    and the weights (n,) per member, normalized over those members."""
+    and the weights (n,) per member, normalized over those members. `smoothed`: the
+    smoothing levels at the live origin (alphas, n), when already found."""
     levels = smoothing_live(
-        ses_last(hist),
+        ses_last(hist) if smoothed is None else smoothed,
         np.array([s.ses_best for s in scored], dtype=np.int64),
         np.stack([s.ses_inv for s in scored], axis=1),
     )
