@@ -234,8 +234,10 @@ def half_widths(scored: Sequence[Scored], levels: FloatArray) -> FloatArray:
     """The conformal half width (n, steps) of each row's chosen method at its level, from
     the kept sorted errors (rows scored at different refits may hold different numbers
     of origins: the shorter are padded with NaN, which the rank ignores)."""
-    depth = max(s.abs_errors.shape[0] for s in scored)
-    steps = scored[0].abs_errors.shape[1]
+    depths = [s.abs_errors.shape[0] for s in scored]
+    depth, steps = max(depths), scored[0].abs_errors.shape[1]
+    if min(depths) == depth:  # the usual case: one stack, no padding
+        return ranked_half_width(np.stack([s.abs_errors for s in scored]), levels)
     ordered = np.full((len(scored), depth, steps), np.nan)
     for r, s in enumerate(scored):
         ordered[r, : s.abs_errors.shape[0]] = s.abs_errors
