@@ -101,6 +101,9 @@ class FitState:
     scored: Scored | None = field(default=None, compare=False)
     """What the ensemble's scoring found at the refit, kept until the next one (None: not
     scored yet): a steady tick does not rescore the members."""
+    modulus: float | None = field(default=None, compare=False)
+    """The largest inverse root modulus of `phi` (`engines.inverse_root_modulus`), found at
+    the refit (None: not known, found when needed): only a refit changes it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,6 +157,15 @@ class IntervalState:
     pending: tuple[IssuedInterval, ...] = ()
     points: int = 0
     misses: int = 0
+    layout: tuple[tuple[float, float, int], ...] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """(origin, step, size) of each pending interval when made by the batched check and
+    issue (`intervals.resolve_rows`, `issue_rows`; one object for the series of a batch
+    that share it); None: read from `pending`."""
+    bounds: FloatArray | None = field(default=None, compare=False, repr=False)
+    """The pending intervals' lower and upper bounds in order, a read-only (2, total)
+    array made with `layout` (issue 18: a batch's check reads these, not the tuples)."""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ member dropped and why. An unstable or runaway fit never reaches a decision.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast.assembly import Batch, Model, assembled
 from gpuscaler.core.forecast.engines import (
     Fitted,
     ForecastEngine,
@@ -34,6 +34,7 @@ from gpuscaler.core.forecast.engines import (
     make_engine,
     refit_or_reuse,
     stable_fit,
+    with_parts,
     within_band,
     z_score,
 )
@@ -41,21 +42,19 @@ from gpuscaler.core.forecast.ensemble import (
     ASSESS_CHUNK,
     ASSESS_ORIGINS,
     FALLBACK_MARGIN,
-    MEMBERS,
     SES_ALPHAS,
     WINDOW_MEAN_POINTS,
     Assessment,
+    SesTape,
     assess,
     choose_method,
 )
 from gpuscaler.core.forecast.intervals import (
-    coverage_note,
-    issue,
-    naive_half_width,
-    resolve,
+    issue_rows,
+    resolve_rows,
 )
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
-from gpuscaler.core.forecast.scored import clipped, half_widths, live_paths, refresh, score
+from gpuscaler.core.forecast.scored import refresh, score
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
@@ -93,9 +92,43 @@ __all__ = [
 ]
 
 
-def _admit(s: Series | None, cfg: ForecastConfig) -> Signal | None:
-    """Why `s` cannot be forecast (a Signal without forecast), or None when it can."""
-    last = s.last_sample_time() if s is not None else None
+def _samples(
+    series: Sequence[Series | None],
+) -> tuple[list[tuple[float | None, int]], FloatArray | None]:
+    """Each series' last sample time (`Series.last_sample_time`) and finite samples; the
+    series on one grid (one query's window, the usual case) found together, their values
+    stacked (rows: the series that are not None, in order; kept for the bucketing)."""
+    out: list[tuple[float | None, int]] = [(None, 0)] * len(series)
+    rows = [i for i, s in enumerate(series) if s is not None]
+    if not rows:
+        return out, None
+    first = series[rows[0]]
+    assert first is not None
+    if len(rows) > 1 and all(
+        (s := series[i]) is not None
+        and s.start == first.start
+        and s.step == first.step
+        and len(s.values) == len(first.values)
+        for i in rows
+    ):
+        stacked = np.stack([s.values for i in rows if (s := series[i]) is not None])
+        finite = np.isfinite(stacked)
+        counts = finite.sum(axis=1).tolist()
+        idx = (finite.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
+        for r, i in enumerate(rows):
+            last = first.start + first.step * float(idx[r]) if counts[r] else None
+            out[i] = (last, counts[r])
+        return out, stacked
+    for i in rows:
+        s = series[i]
+        assert s is not None
+        out[i] = (s.last_sample_time(), int(np.isfinite(s.values).sum()))
+    return out, None
+
+
+def _admit(s: Series | None, cfg: ForecastConfig, last: float | None, finite: int) -> Signal | None:
+    """Why `s` cannot be forecast (a Signal without forecast), or None when it can (`last`,
+    `finite`: its last sample time and finite samples)."""
     if s is None or last is None:
         return Signal(last, None, "no samples in the window")
     if s.step > cfg.fit_step + 1e-9:
@@ -104,7 +137,7 @@ def _admit(s: Series | None, cfg: ForecastConfig) -> Signal | None:
             None,
             f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s",
         )
-    observed = float(np.isfinite(s.values).sum()) * s.step
+    observed = float(finite) * s.step
     if observed < cfg.min_history:
         return Signal(
             last,
@@ -132,11 +165,21 @@ def forecast_series(
     errors, peak offset; `rescore` scores it again at every call, the cost before issue
     18); its adaptive interval state is carried on, and the states to keep for the next
     call are put in `states`."""
-    signals: list[Signal | None] = [_admit(s, cfg) for s in series]
+    samples, stacked = _samples(series)
+    signals: list[Signal | None] = [
+        _admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)
+    ]
     index = [i for i, s in enumerate(signals) if s is None]
     if index:
-        hist = bucket_rows([s for i in index if (s := series[i]) is not None], cfg.fit_step, now)
-        batch = _Batch(
+        rows = [s for i in index if (s := series[i]) is not None]
+        values = stacked
+        if stacked is not None and len(index) < stacked.shape[0]:
+            position = {
+                i: r for r, i in enumerate(k for k, s in enumerate(series) if s is not None)
+            }
+            values = stacked[[position[i] for i in index]]
+        hist = bucket_rows(rows, cfg.fit_step, now, values)
+        batch = Batch(
             engine or make_engine(cfg),
             hist,
             max(1, round(cfg.horizon / cfg.fit_step)),
@@ -148,39 +191,14 @@ def forecast_series(
             clip,
             rescore,
         )
-        for i, f in zip(index, _forecast_batch(batch), strict=True):
-            s = series[i]
-            assert s is not None
-            problem = None if f.is_finite() else "forecast is not finite (NaN or Inf)"
-            signals[i] = Signal(s.last_sample_time(), f, problem)
+        forecasts, finite = _forecast_batch(batch)
+        for i, f, ok in zip(index, forecasts, finite, strict=True):
+            problem = None if ok else "forecast is not finite (NaN or Inf)"
+            signals[i] = Signal(samples[i][0], f, problem)
     return [s for s in signals if s is not None]
 
 
-@dataclass(frozen=True, eq=False)
-class _Batch:
-    engine: ForecastEngine
-    hist: FloatArray
-    steps: int
-    cfg: ForecastConfig
-    now: float
-    keys: Sequence[str | None]
-    prior: Mapping[str, FitState]
-    states: dict[str, FitState]
-    clip: tuple[float, float | None]
-    rescore: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class _Model:
-    """The engine's paths and which rows may be used, with why not."""
-
-    paths: PathBatch
-    fitted: Fitted | None
-    usable: BoolArray
-    dropped: list[str | None]
-
-
-def _model(b: _Batch) -> _Model:
+def _model(b: Batch) -> Model:
     """Fit (or reuse) and forecast with the engine; drop every row whose fit is unstable
     or whose path leaves the window's band."""
     n = b.hist.shape[0]
@@ -195,7 +213,7 @@ def _model(b: _Batch) -> _Model:
         b.states.update(new_states)
         paths = b.engine.predict(fitted, b.hist, b.steps, level)
         stable = stable_fit(fitted)
-        modulus = inverse_root_modulus(fitted.phi)
+        modulus = fitted.modulus if fitted.modulus is not None else inverse_root_modulus(fitted.phi)
     else:
         paths = b.engine.forecast(b.hist, b.steps, level)
         stable, modulus = np.ones(n, dtype=bool), np.zeros(n)
@@ -215,29 +233,37 @@ def _model(b: _Batch) -> _Model:
             dropped.append(f"{name} dropped: its path leaves the window's range")
         else:
             dropped.append(None)
-    return _Model(paths, fitted, finite & stable & banded, dropped)
+    return Model(paths, fitted, finite & stable & banded, dropped)
 
 
-def _forecast_batch(b: _Batch) -> list[Forecast]:
+def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     """The evidence-weighted ensemble, unless the last value has clearly been more
     accurate on the series' recent history; the engine's path alone when there is too
-    little history to assess (and the last value when that path was dropped)."""
+    little history to assess (and the last value when that path was dropped). And for
+    each, whether it is finite (`Forecast.is_finite`)."""
     model = _model(b)
     scored: list[Scored | None] = [None] * b.hist.shape[0]
+    tape = SesTape(b.hist)  # the smoothing levels, one pass for the refresh and live paths
     if model.fitted is not None and b.cfg.ensemble:
-        scored = _scoring(b, model)
-    adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
-    out = _assessed(b, model, scored, adaptive)
-    out = clipped(out, b.clip)
-    for r, key in enumerate(b.keys):
-        state = adaptive[r]
-        if key is not None and state is not None and key in b.states:
-            interval = issue(state, out[r].lower, out[r].upper, b.cfg.fit_step)
-            b.states[key] = replace(b.states[key], interval=interval)
-    return out
+        scored = _scoring(b, model, tape)
+    adaptive = _adaptive(b)
+    out, finite = assembled(b, model, scored, adaptive, tape)
+    rows = [r for r, key in enumerate(b.keys) if adaptive[r] is not None and key in b.states]
+    if rows:
+        issued = issue_rows(
+            [s for r in rows if (s := adaptive[r]) is not None],
+            np.stack([out[r].lower for r in rows]),
+            np.stack([out[r].upper for r in rows]),
+            b.cfg.fit_step,
+        )
+        for r, interval in zip(rows, issued, strict=True):
+            key = b.keys[r]
+            assert key is not None
+            b.states[key] = with_parts(b.states[key], interval=interval)
+    return out, finite
 
 
-def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
+def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored | None]:
     """Each row's ensemble scoring: kept from the previous tick while its coefficients
     are (the state reused as is), made afresh for the rows refitted now, without a key
     or with `rescore`; None where there is too little history to score."""
@@ -245,7 +271,7 @@ def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
     out: list[Scored | None] = [
         None if b.rescore or key is None else _kept(b, key) for key in b.keys
     ]
-    _refreshed(b, model, out)
+    _refreshed(b, model, out, tape)
     todo = [r for r, s in enumerate(out) if s is None]
     fresh: list[Scored | None] = []
     for i in range(0, len(todo), ASSESS_CHUNK):  # chunks bound the temporaries
@@ -263,7 +289,9 @@ def _scoring(b: _Batch, model: _Model) -> list[Scored | None]:
     return out
 
 
-def _refreshed(b: _Batch, model: _Model, out: list[Scored | None]) -> None:
+def _refreshed(
+    b: Batch, model: Model, out: list[Scored | None], tape: SesTape | None = None
+) -> None:
     """The kept scorings in `out` (and on the states) with the errors at the origins
     completed since they were made."""
     assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
@@ -273,20 +301,22 @@ def _refreshed(b: _Batch, model: _Model, out: list[Scored | None]) -> None:
     f, rows = model.fitted, np.array(kept)
     part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
     old = [s for s in (out[r] for r in kept) if s is not None]
-    new = refresh(b.engine, part, b.hist[rows], old, model.usable[rows], b.now, b.cfg.fit_step)
+    hist, usable = b.hist[rows], model.usable[rows]
+    rows_tape = tape.rows(rows) if tape is not None else None
+    new = refresh(b.engine, part, hist, old, usable, b.now, b.cfg.fit_step, rows_tape)
     for r, sc in zip(kept, new, strict=True):
         _keep(b, r, sc)
         out[r] = sc
 
 
-def _keep(b: _Batch, r: int, sc: Scored | None) -> None:
+def _keep(b: Batch, r: int, sc: Scored | None) -> None:
     """Put row `r`'s scoring on its state (a row with a key)."""
     key = b.keys[r]
     if sc is not None and key is not None and key in b.states and b.states[key].scored is not sc:
-        b.states[key] = replace(b.states[key], scored=sc)
+        b.states[key] = with_parts(b.states[key], scored=sc)
 
 
-def _kept(b: _Batch, key: str) -> Scored | None:
+def _kept(b: Batch, key: str) -> Scored | None:
     """The scoring kept on the series' state, if its coefficients were not refitted now."""
     state = b.states.get(key)
     if state is None or key not in b.prior or state is not b.prior[key]:
@@ -296,153 +326,17 @@ def _kept(b: _Batch, key: str) -> Scored | None:
     return state.scored
 
 
-def _adaptive(b: _Batch, r: int, key: str | None) -> IntervalState | None:
-    """The series' adaptive interval state after checking what was observed since the
-    previous tick (None for a series without a kept state)."""
-    if key is None or key not in b.states:
-        return None
-    prior = b.prior[key].interval if key in b.prior else None
-    return resolve(prior, b.hist[r], b.now, b.cfg.fit_step, b.cfg.interval_level)
-
-
-def _plain(b: _Batch, model: _Model, r: int) -> Forecast:
-    """The engine's own path and interval, or the last value when the path was dropped."""
-    last = float(last_finite(b.hist[r : r + 1])[0])
-    name = b.engine.name
-    if model.usable[r]:
-        mean, lower, upper = (
-            a[r] for a in (model.paths.mean, model.paths.lower, model.paths.upper)
-        )
-        reason = f"{name} fit" + ("" if not b.cfg.ensemble else ", too little history to assess")
-        method = name
-    else:
-        half = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
-        mean = np.full(b.steps, last)
-        lower, upper = mean - half, mean + half
-        reason, method = f"last value: {model.dropped[r]}", "last_value"
-    return _forecast(b, mean, lower, upper, method, reason, last)
-
-
-def _forecast(
-    b: _Batch,
-    mean: FloatArray,
-    lower: FloatArray,
-    upper: FloatArray,
-    method: str,
-    reason: str,
-    last: float,
-    errors: Mapping[str, float] | None = None,
-    peak_error: float = 0.0,
-) -> Forecast:
-    return Forecast(
-        origin=b.now,
-        step=b.cfg.fit_step,
-        mean=mean,
-        lower=np.minimum(lower, mean),
-        upper=np.maximum(upper, mean),
-        level=b.cfg.interval_level,
-        method=method,
-        reason=reason,
-        last_value=last,
-        errors=errors or {},
-        peak_error=peak_error,
-    )
-
-
-def _assessed(
-    b: _Batch,
-    model: _Model,
-    scored: Sequence[Scored | None],
-    adaptive: Sequence[IntervalState | None],
-) -> list[Forecast]:
-    """Every row's forecast: from its scoring (the kept weights on the members' live
-    paths, the conformal interval at the row's adaptive level), or the engine's path."""
-    out: list[Forecast | None] = [None] * b.hist.shape[0]
-    rows = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
-    if rows:
-        kept = [s for s in (scored[r] for r in rows) if s is not None]
-        live, weights = live_paths(
-            b.hist[rows], kept, model.paths.mean[rows], model.usable[rows], b.steps
-        )
-        nominal = b.cfg.interval_level
-        levels = np.array([_level(adaptive[r], nominal) for r in rows])
-        halves = half_widths(kept, levels)
-        for i, (r, sc) in enumerate(zip(rows, kept, strict=True)):
-            out[r] = _from_scored(b, model, r, sc, live, weights, i, halves[i], adaptive[r])
-    return [f if f is not None else _plain(b, model, r) for r, f in enumerate(out)]
-
-
-def _level(state: IntervalState | None, nominal: float) -> float:
-    return state.level if state is not None else nominal
-
-
-def _from_scored(
-    b: _Batch,
-    model: _Model,
-    r: int,
-    sc: Scored,
-    live: Mapping[str, FloatArray],
-    weights: Mapping[str, FloatArray],
-    i: int,
-    half: FloatArray,
-    adaptive: IntervalState | None,
-) -> Forecast:
-    assert sc.method is not None
-    mean = live[sc.method][i]
-    if not np.all(np.isfinite(half)):
-        half = _fallback_half(b, model, r)
-    row_weights = {m: float(w[i]) for m, w in weights.items()}
-    reason = (
-        _reason(b, model, row_weights, SES_ALPHAS[sc.ses_best], r, sc.method, sc.errors)
-        + "; "
-        + coverage_note(adaptive, b.cfg.interval_level)
-    )
-    last = float(live["last_value"][i, 0])
-    return _forecast(b, mean, mean - half, mean + half, sc.method, reason, last, sc.errors, sc.peak)
-
-
-def _fallback_half(b: _Batch, model: _Model, r: int) -> FloatArray:
-    """Half width when too few recent errors: the model's, or the last value's."""
-    if model.usable[r]:
-        out: FloatArray = model.paths.upper[r] - model.paths.mean[r]
-    else:
-        out = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+def _adaptive(b: Batch) -> list[IntervalState | None]:
+    """Each series' adaptive interval state after checking what was observed since the
+    previous tick, all series at once (None for a series without a kept state)."""
+    keyed = [(r, key) for r, key in enumerate(b.keys) if key is not None and key in b.states]
+    out: list[IntervalState | None] = [None] * len(b.keys)
+    if not keyed:
+        return out
+    rows = [r for r, _ in keyed]
+    priors = [b.prior[key].interval if key in b.prior else None for _, key in keyed]
+    hist = b.hist if len(rows) == b.hist.shape[0] else b.hist[rows]
+    resolved = resolve_rows(priors, hist, b.now, b.cfg.fit_step, b.cfg.interval_level)
+    for r, state in zip(rows, resolved, strict=True):
+        out[r] = state
     return out
-
-
-_LABELS = {
-    "arima": "",
-    "ses": "smoothing",
-    "ses_avg": "averaged smoothing",
-    "window_mean": "window mean",
-}
-
-
-def _reason(
-    b: _Batch,
-    model: _Model,
-    member_weights: Mapping[str, float],
-    alpha: float,
-    r: int,
-    method: str,
-    errors: Mapping[str, float],
-) -> str:
-    name = b.engine.name
-    label = {**_LABELS, "arima": name}
-    weights = ", ".join(f"{label[m]} {member_weights[m]:.2f}" for m in MEMBERS)
-    arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
-    ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
-    scores = (
-        f"recent error {ens} vs last value {errors['last_value']:.2f}, "
-        f"window mean {errors.get('window_mean', np.nan):.2f}, {name} {arima}"
-    )
-    dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
-    if method == "ensemble":
-        return (
-            f"ensemble weighted by recent error ({weights}; smoothing alpha "
-            f"{alpha:.2f}): {scores}{dropped}"
-        )
-    return (
-        f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on recent "
-        f"data; {scores}{dropped}"
-    )

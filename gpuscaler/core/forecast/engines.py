@@ -25,8 +25,21 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.model import BoolArray, FitState, FloatArray, Series
+from gpuscaler.core.model import (
+    BoolArray,
+    FitState,
+    FloatArray,
+    IntervalState,
+    Scored,
+    Series,
+)
 
+
+class _Keep:
+    """Marks an argument of `with_parts` not given (the state's own part is kept)."""
+
+
+_KEEP = _Keep()
 _RIDGE = 1e-6
 """Tiny ridge on the normal equations: keeps a flat (constant) series solvable."""
 _CHUNK = 256
@@ -40,6 +53,8 @@ class Fitted:
     intercept: FloatArray  # (n,)
     phi: FloatArray  # (n, p)
     sigma2: FloatArray  # (n,)
+    modulus: FloatArray | None = None
+    """`inverse_root_modulus(phi)` when known (kept on the fit states between refits)."""
 
 
 def refit_or_reuse(
@@ -63,16 +78,26 @@ def refit_or_reuse(
         or len(prior[key].phi) != engine.p
     ]
     intercept, phi, sigma2 = np.empty(n), np.empty((n, engine.p)), np.empty(n)
+    modulus = np.empty(n)
     if stale:
         fresh = engine.fit(hist[stale])
         intercept[stale], phi[stale], sigma2[stale] = fresh.intercept, fresh.phi, fresh.sigma2
-    states: dict[str, FitState] = {}
     stale_set = set(stale)
+    unknown = stale + [
+        r
+        for r, k in enumerate(keys)
+        if r not in stale_set and k is not None and prior[k].modulus is None
+    ]
     for r, key in enumerate(keys):
         if r not in stale_set:
             assert key is not None
             old = prior[key]
             intercept[r], phi[r], sigma2[r] = old.intercept, old.phi, old.sigma2
+            modulus[r] = old.modulus if old.modulus is not None else np.nan
+    if unknown:  # per row, the same whichever rows are found together
+        modulus[unknown] = inverse_root_modulus(phi[unknown])
+    states: dict[str, FitState] = {}
+    for r, key in enumerate(keys):
         if key is not None:
             states[key] = (
                 FitState(
@@ -81,11 +106,31 @@ def refit_or_reuse(
                     tuple(phi[r].tolist()),
                     float(sigma2[r]),
                     prior[key].interval if key in prior else None,
+                    modulus=float(modulus[r]),
                 )
                 if r in stale_set
                 else prior[key]
             )
-    return Fitted(intercept, phi, sigma2), states, len(stale)
+    return Fitted(intercept, phi, sigma2, modulus), states, len(stale)
+
+
+def with_parts(
+    state: FitState,
+    *,
+    interval: IntervalState | _Keep | None = _KEEP,
+    scored: Scored | _Keep | None = _KEEP,
+) -> FitState:
+    """`state` with a new interval state and/or scoring (`dataclasses.replace` without its
+    per-call field walk: called for every series at every tick)."""
+    return FitState(
+        state.fitted_at,
+        state.intercept,
+        state.phi,
+        state.sigma2,
+        state.interval if isinstance(interval, _Keep) else interval,
+        state.scored if isinstance(scored, _Keep) else scored,
+        state.modulus,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,17 +307,21 @@ def nanmean_rows(a: FloatArray) -> FloatArray:
 # --------------------------------------------------------------------------- resampling
 
 
-def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArray:
+def bucket_rows(
+    series: Sequence[Series], width: float, end: float, stacked: FloatArray | None = None
+) -> FloatArray:
     """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
     left; series on one grid (same step, end and length, the usual case: one query's
-    window) are bucketed together in one reshape."""
+    window) are bucketed together in one reshape (`stacked`: their values already
+    stacked, (n, points), by the caller)."""
     first = series[0]
     same = all(
         s.step == first.step and s.end == first.end and len(s.values) == len(first.values)
         for s in series
     )
     if same and len(series) > 1:
-        stacked = np.stack([s.values for s in series])
+        if stacked is None or stacked.shape != (len(series), len(first.values)):
+            stacked = np.stack([s.values for s in series])
         return _bucket_means(stacked, first.step, first.end, width, end)
     rows = [bucket(s, width, end).values for s in series]
     hist = np.full((len(rows), max(len(r) for r in rows)), np.nan)
@@ -358,6 +407,7 @@ def within_band(paths: FloatArray, hist: FloatArray) -> BoolArray:
 
 def stable_fit(fitted: Fitted) -> BoolArray:
     """Rows (n,) whose AR fit has every characteristic root outside the unit circle."""
+    modulus = fitted.modulus if fitted.modulus is not None else inverse_root_modulus(fitted.phi)
     with np.errstate(invalid="ignore"):
-        ok: BoolArray = np.asarray(inverse_root_modulus(fitted.phi) < 1.0 - ROOT_MARGIN)
+        ok: BoolArray = np.asarray(modulus < 1.0 - ROOT_MARGIN)
     return ok

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -113,6 +114,64 @@ def ses_last(hist: FloatArray) -> FloatArray:
         np.multiply(out, keep, out=out)
         out += a * filled[j][None, :]
     return out
+
+
+class SesTape:
+    """`ses_last(hist[:, : end + 1])` for the ends a tick asks for (the origins completed
+    since the kept scorings, then the live origin), from one pass over `hist` (n, t) where
+    the ends come in increasing order (issue 20: one pass per end cost a tick two or three
+    passes of ~360 steps): the recursion carries on from the last end asked for, with the
+    same operations as `ses_last`, so each end's levels are bit for bit the same."""
+
+    def __init__(self, hist: FloatArray):
+        self.hist = hist
+        self._filled: FloatArray | None = None
+        self._level: FloatArray | None = None
+        self._at = -1
+        finite = np.isfinite(hist)
+        self._first = np.where(finite.any(axis=1), np.argmax(finite, axis=1), hist.shape[1])
+
+    def at(self, end: int) -> FloatArray:
+        """The levels (alphas, n) after the point at index `end`."""
+        if self._filled is None:
+            self._filled = np.ascontiguousarray(forward_fill(self.hist).T)  # (t, n)
+        filled, a = self._filled, SES_ALPHAS[:, None]
+        keep = 1.0 - a
+        if self._level is None or end < self._at:
+            self._level = np.repeat(filled[0][None, :], a.shape[0], axis=0)
+            self._at = 0
+        out = self._level
+        for j in range(self._at + 1, end + 1):
+            np.multiply(out, keep, out=out)
+            out += a * filled[j][None, :]
+        self._at = end
+        levels = out.copy()
+        # a row with no finite point up to `end`: forward filling that prefix alone has no
+        # value to fill with, so `ses_last` of it is NaN
+        levels[:, self._first > end] = np.nan
+        return levels
+
+    def rows(self, idx: IntArray) -> TapeRows:
+        """The same tape read for the rows `idx` only."""
+        return TapeRows(self, idx)
+
+
+@dataclass(frozen=True, eq=False)
+class TapeRows:
+    """Some rows of a `SesTape`."""
+
+    tape: SesTape
+    idx: IntArray
+
+    def at(self, end: int) -> FloatArray:
+        out: FloatArray = self.tape.at(end)[:, self.idx]
+        return out
+
+
+class SmoothingLevels(Protocol):
+    """The smoothing levels of some rows at any end (`SesTape`, `TapeRows`)."""
+
+    def at(self, end: int) -> FloatArray: ...
 
 
 def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[str, FloatArray]:

@@ -9,14 +9,13 @@ tick only computes the members' live paths, combines them with the kept weights 
 takes the conformal quantile at the current adaptive level from the kept, sorted errors.
 Those errors (and the peak errors) are updated incrementally (`refresh`): each in-window
 origin completed since is scored with the kept coefficients and weights, the oldest
-dropped. `clipped` bounds every forecast of a batch at once.
+dropped. `clip_rows` bounds every forecast of a batch at once.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -27,6 +26,8 @@ from gpuscaler.core.forecast.ensemble import (
     ORIGIN_SPACING,
     WINDOW_MEAN_POINTS,
     Assessment,
+    SesTape,
+    SmoothingLevels,
     arima_in_window,
     choose_method,
     combine,
@@ -36,7 +37,7 @@ from gpuscaler.core.forecast.ensemble import (
     window_means,
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
-from gpuscaler.core.model import BoolArray, FloatArray, Forecast, IntArray, Scored
+from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
 
 
 def score(a: Assessment, newest: float) -> list[Scored]:
@@ -80,11 +81,14 @@ def refresh(
     usable: BoolArray,
     now: float,
     step: float,
+    tape: SmoothingLevels | None = None,
 ) -> list[Scored]:
     """Each kept scoring with the chosen method's errors at the in-window origins completed
     since it was made (every ORIGIN_SPACING-th step, as `assess` spaces them), rolled with
     the kept coefficients and weights: the interval and the peak offset follow the load
-    between refits at the cost of one origin per tick, not ASSESS_ORIGINS."""
+    between refits at the cost of one origin per tick, not ASSESS_ORIGINS. `tape`: the
+    smoothing levels of these rows, shared with the live paths."""
+    levels_of: SmoothingLevels = tape if tape is not None else SesTape(hist)
     steps = scored[0].abs_recent.shape[1]
     spacing = max(1, steps // ORIGIN_SPACING) * step
     last_complete = now - steps * step  # an origin whose whole horizon is observed
@@ -101,7 +105,13 @@ def refresh(
         rows = np.array(idx)
         part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
         sub = [scored[i] for i in idx]
-        errors, peaks = _errors_at(engine, part, hist[rows], sub, usable[rows], js[ok], steps)
+
+        def levels(j: int, rows: IntArray = rows) -> FloatArray:
+            return levels_of.at(j)[:, rows]
+
+        errors, peaks = _errors_at(
+            engine, part, hist[rows], sub, usable[rows], js[ok], steps, levels
+        )
         for i, rolled in zip(idx, _rolled(sub, errors, peaks, float(times[ok][-1])), strict=True):
             out[i] = rolled
     return out
@@ -119,31 +129,40 @@ def _rolled(
         recent, peak_recent = recent[:, -ASSESS_ORIGINS:], peak_recent[:, -ASSESS_ORIGINS:]
         ordered, offsets = np.sort(recent, axis=1), peak_offset(peak_recent).tolist()
         return [
-            replace(
-                s,
-                abs_errors=ordered[g],
-                peak=offsets[g],
-                abs_recent=recent[g],
-                peak_recent=peak_recent[g],
-                newest=newest,
-            )
+            _with_errors(s, ordered[g], offsets[g], recent[g], peak_recent[g], newest)
             for g, s in enumerate(sub)
         ]
     out = []
     for g, s in enumerate(sub):
         recent_one = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
         peak_one = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
-        out.append(
-            replace(
-                s,
-                abs_errors=np.sort(recent_one, axis=0),
-                peak=float(peak_offset(peak_one[None, :])[0]),
-                abs_recent=recent_one,
-                peak_recent=peak_one,
-                newest=newest,
-            )
-        )
+        peak = float(peak_offset(peak_one[None, :])[0])
+        out.append(_with_errors(s, np.sort(recent_one, axis=0), peak, recent_one, peak_one, newest))
     return out
+
+
+def _with_errors(
+    s: Scored,
+    abs_errors: FloatArray,
+    peak: float,
+    abs_recent: FloatArray,
+    peak_recent: FloatArray,
+    newest: float,
+) -> Scored:
+    """`s` with its recent errors rolled on (`dataclasses.replace` without its per-call
+    field walk: called for every series at every tick)."""
+    return Scored(
+        s.method,
+        s.weights,
+        s.errors,
+        s.ses_best,
+        s.ses_inv,
+        abs_errors,
+        peak,
+        abs_recent,
+        peak_recent,
+        newest,
+    )
 
 
 def _errors_at(
@@ -154,9 +173,11 @@ def _errors_at(
     usable: BoolArray,
     origins: IntArray,
     steps: int,
+    levels: Callable[[int], FloatArray],
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (n, origins, steps) and peak errors (n, origins)
-    at `origins` (indexes into `hist`, whole horizon observed)."""
+    at `origins` (indexes into `hist`, whole horizon observed); `levels(j)`: the smoothing
+    levels (alphas, n) at origin j."""
     n = hist.shape[0]
     ensemble = np.array([s.method == "ensemble" for s in scored])
     raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
@@ -167,7 +188,7 @@ def _errors_at(
     )
     errors, peaks = np.empty((n, origins.size, steps)), np.empty((n, origins.size))
     for c, j in enumerate(origins.tolist()):
-        flat = smoothing_live(ses_last(hist[:, : j + 1]), best, inv)
+        flat = smoothing_live(levels(j), best, inv)
         flat["window_mean"] = window_means(hist, np.array([j]), WINDOW_MEAN_POINTS)[:, 0]
         members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in flat.items()}
         members["arima"] = arima[:, c, :]
@@ -182,13 +203,19 @@ def _errors_at(
 
 
 def live_paths(
-    hist: FloatArray, scored: Sequence[Scored], arima: FloatArray, usable: BoolArray, steps: int
+    hist: FloatArray,
+    scored: Sequence[Scored],
+    arima: FloatArray,
+    usable: BoolArray,
+    steps: int,
+    smoothed: FloatArray | None = None,
 ) -> tuple[dict[str, FloatArray], dict[str, FloatArray]]:
     """Every member's path (n, steps) at the live origin with the kept smoothing weights,
     the ensemble (kept weights, over the members with a finite path) and the last value;
-    and the weights (n,) per member, normalized over those members."""
+    and the weights (n,) per member, normalized over those members. `smoothed`: the
+    smoothing levels at the live origin (alphas, n), when already found."""
     levels = smoothing_live(
-        ses_last(hist),
+        ses_last(hist) if smoothed is None else smoothed,
         np.array([s.ses_best for s in scored], dtype=np.int64),
         np.stack([s.ses_inv for s in scored], axis=1),
     )
@@ -207,28 +234,28 @@ def half_widths(scored: Sequence[Scored], levels: FloatArray) -> FloatArray:
     """The conformal half width (n, steps) of each row's chosen method at its level, from
     the kept sorted errors (rows scored at different refits may hold different numbers
     of origins: the shorter are padded with NaN, which the rank ignores)."""
-    depth = max(s.abs_errors.shape[0] for s in scored)
-    steps = scored[0].abs_errors.shape[1]
+    depths = [s.abs_errors.shape[0] for s in scored]
+    depth, steps = max(depths), scored[0].abs_errors.shape[1]
+    if min(depths) == depth:  # the usual case: one stack, no padding
+        return ranked_half_width(np.stack([s.abs_errors for s in scored]), levels)
     ordered = np.full((len(scored), depth, steps), np.nan)
     for r, s in enumerate(scored):
         ordered[r, : s.abs_errors.shape[0]] = s.abs_errors
     return ranked_half_width(ordered, levels)
 
 
-def clipped(fs: Sequence[Forecast], clip: tuple[float, float | None]) -> list[Forecast]:
-    """Each forecast with its path, interval and peak inside `clip` (all rows at once)."""
-    if not fs:
-        return []
+def clip_rows(
+    mean: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    offset: Sequence[float],
+    clip: tuple[float, float | None],
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """Paths and intervals (n, steps) inside `clip`, and the peak offsets (n,) that keep each
+    row's peak (path maximum + `offset`) inside it."""
     lo, hi = clip
-    raw = np.stack([f.mean for f in fs])
-    mean, lower, upper = (
-        np.clip(a, lo, hi)
-        for a in (raw, np.stack([f.lower for f in fs]), np.stack([f.upper for f in fs]))
-    )
-    offset = np.array([f.peak_error for f in fs])
-    peak = np.clip(raw.max(axis=1) + offset, lo, hi)
-    peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offset)
-    return [
-        replace(f, mean=mean[r], lower=lower[r], upper=upper[r], peak_error=float(peak_error[r]))
-        for r, f in enumerate(fs)
-    ]
+    offsets = np.array(offset, dtype=np.float64)
+    peak = np.clip(mean.max(axis=1) + offsets, lo, hi)
+    clipped_mean = np.clip(mean, lo, hi)
+    peak_error = np.where(np.isfinite(peak), peak - clipped_mean.max(axis=1), offsets)
+    return clipped_mean, np.clip(lower, lo, hi), np.clip(upper, lo, hi), peak_error

@@ -1,0 +1,215 @@
+"""A batch's forecasts put together from its paths, scorings and interval states, every
+row at once where the arithmetic is per element (issue 18): the chosen path, the
+conformal half width, the bounds, the clip and the peak offset are filled into (n, steps)
+arrays and each `Forecast` is made once; only the reasons are written row by row."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast.engines import Fitted, ForecastEngine, PathBatch, last_finite
+from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS, SesTape
+from gpuscaler.core.forecast.intervals import coverage_note, naive_half_width
+from gpuscaler.core.forecast.scored import clip_rows, half_widths, live_paths
+from gpuscaler.core.model import BoolArray, FitState, FloatArray, Forecast, IntervalState, Scored
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Series forecast together: one config, their bucketed windows (n, t) and keys."""
+
+    engine: ForecastEngine
+    hist: FloatArray
+    steps: int
+    cfg: ForecastConfig
+    now: float
+    keys: Sequence[str | None]
+    prior: Mapping[str, FitState]
+    states: dict[str, FitState]
+    clip: tuple[float, float | None]
+    rescore: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """The engine's paths and which rows may be used, with why not."""
+
+    paths: PathBatch
+    fitted: Fitted | None
+    usable: BoolArray
+    dropped: list[str | None]
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """Every row's path and interval (n, steps) before the clip, and what describes it."""
+
+    mean: FloatArray
+    half: FloatArray
+    method: list[str]
+    reason: list[str]
+    last: list[float]
+    errors: list[Mapping[str, float]]
+    peak: list[float]
+
+
+def assembled(
+    b: Batch,
+    model: Model,
+    scored: Sequence[Scored | None],
+    adaptive: Sequence[IntervalState | None],
+    tape: SesTape | None = None,
+) -> tuple[list[Forecast], list[bool]]:
+    """Every row's forecast, clipped to `b.clip`: from its scoring (the kept weights on the
+    members' live paths, the conformal interval at the row's adaptive level), or the
+    engine's path (the last value when that path was dropped); and whether each is finite
+    (`Forecast.is_finite`, every row at once)."""
+    n, steps = b.hist.shape[0], b.steps
+    empty: list[Mapping[str, float]] = [{}] * n
+    rows = _Rows(
+        np.empty((n, steps)), np.empty((n, steps)), [""] * n, [""] * n, [0.0] * n, empty, [0.0] * n
+    )
+    lower, upper = np.empty((n, steps)), np.empty((n, steps))
+    chosen = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
+    if chosen:
+        smoothed = tape.at(b.hist.shape[1] - 1)[:, chosen] if tape is not None else None
+        _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
+        lower[chosen] = rows.mean[chosen] - rows.half[chosen]
+        upper[chosen] = rows.mean[chosen] + rows.half[chosen]
+    picked = set(chosen)
+    for r in range(n):
+        if r not in picked:
+            _plain(b, model, r, rows, lower, upper)
+    mean, lower, upper, peak_error = clip_rows(
+        rows.mean, np.minimum(lower, rows.mean), np.maximum(upper, rows.mean), rows.peak, b.clip
+    )
+    offsets = peak_error.tolist()
+    finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
+    finite &= np.isfinite(lower).all(axis=1) & np.isfinite(upper).all(axis=1)
+    forecasts = [
+        Forecast(
+            b.now,
+            b.cfg.fit_step,
+            mean[r],
+            lower[r],
+            upper[r],
+            b.cfg.interval_level,
+            rows.method[r],
+            rows.reason[r],
+            rows.last[r],
+            rows.errors[r] or {},
+            offsets[r],
+        )
+        for r in range(n)
+    ]
+    ok: list[bool] = finite.tolist()
+    return forecasts, ok
+
+
+def _plain(
+    b: Batch, model: Model, r: int, rows: _Rows, lower: FloatArray, upper: FloatArray
+) -> None:
+    """Row `r` from the engine's own path and interval, or the last value when the path
+    was dropped."""
+    last = float(last_finite(b.hist[r : r + 1])[0])
+    name = b.engine.name
+    if model.usable[r]:
+        rows.mean[r] = model.paths.mean[r]
+        lower[r], upper[r] = model.paths.lower[r], model.paths.upper[r]
+        rows.reason[r] = f"{name} fit" + (
+            "" if not b.cfg.ensemble else ", too little history to assess"
+        )
+        rows.method[r] = name
+    else:
+        half = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+        rows.mean[r] = np.full(b.steps, last)
+        lower[r], upper[r] = rows.mean[r] - half, rows.mean[r] + half
+        rows.reason[r], rows.method[r] = f"last value: {model.dropped[r]}", "last_value"
+    rows.last[r], rows.errors[r], rows.peak[r] = last, {}, 0.0
+
+
+def _from_scored(
+    b: Batch,
+    model: Model,
+    scored: Sequence[Scored | None],
+    adaptive: Sequence[IntervalState | None],
+    chosen: list[int],
+    rows: _Rows,
+    smoothed: FloatArray | None,
+) -> None:
+    """The rows `chosen` (each with a scoring that names a method) from their scorings."""
+    kept = [s for s in (scored[r] for r in chosen) if s is not None]
+    hist, arima, usable = b.hist[chosen], model.paths.mean[chosen], model.usable[chosen]
+    live, weights = live_paths(hist, kept, arima, usable, b.steps, smoothed)
+    nominal = b.cfg.interval_level
+    levels = np.array([s.level if (s := adaptive[r]) is not None else nominal for r in chosen])
+    halves = half_widths(kept, levels)
+    short: list[bool] = np.asarray(~np.isfinite(halves).all(axis=1)).tolist()
+    last_value = [sc.method == "last_value" for sc in kept]
+    rows.mean[chosen] = np.where(
+        np.array(last_value)[:, None], live["last_value"], live["ensemble"]
+    )
+    lasts = live["last_value"][:, 0].tolist()
+    shares: dict[str, list[float]] = {m: w.tolist() for m, w in weights.items()}
+    for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
+        assert sc.method is not None
+        rows.half[r] = _fallback_half(b, model, r) if short[i] else halves[i]
+        row_weights = {m: w[i] for m, w in shares.items()}
+        rows.reason[r] = (
+            _reason(b, model, row_weights, SES_ALPHAS[sc.ses_best], r, sc.method, sc.errors)
+            + "; "
+            + coverage_note(adaptive[r], nominal)
+        )
+        rows.method[r], rows.last[r] = sc.method, lasts[i]
+        rows.errors[r], rows.peak[r] = sc.errors, sc.peak
+
+
+def _fallback_half(b: Batch, model: Model, r: int) -> FloatArray:
+    """Half width when too few recent errors: the model's, or the last value's."""
+    if model.usable[r]:
+        out: FloatArray = model.paths.upper[r] - model.paths.mean[r]
+    else:
+        out = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+    return out
+
+
+_LABELS = {
+    "arima": "",
+    "ses": "smoothing",
+    "ses_avg": "averaged smoothing",
+    "window_mean": "window mean",
+}
+
+
+def _reason(
+    b: Batch,
+    model: Model,
+    member_weights: Mapping[str, float],
+    alpha: float,
+    r: int,
+    method: str,
+    errors: Mapping[str, float],
+) -> str:
+    name = b.engine.name
+    label = {**_LABELS, "arima": name}
+    weights = ", ".join(f"{label[m]} {member_weights[m]:.2f}" for m in MEMBERS)
+    arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
+    ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
+    scores = (
+        f"recent error {ens} vs last value {errors['last_value']:.2f}, "
+        f"window mean {errors.get('window_mean', np.nan):.2f}, {name} {arima}"
+    )
+    dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
+    if method == "ensemble":
+        return (
+            f"ensemble weighted by recent error ({weights}; smoothing alpha "
+            f"{alpha:.2f}): {scores}{dropped}"
+        )
+    return (
+        f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on recent "
+        f"data; {scores}{dropped}"
+    )
