@@ -103,7 +103,10 @@ def test_a_demand_floor_is_the_forecast_upper_bound_over_what_one_replica_serves
 ) -> None:
     obs = workload_obs(signal(upper * 0.8, upper), floor=floor, share=0.25)
     obs = type(obs)(**{**obs.__dict__, "serving": (per_replica, "requests (running + waiting)")})
-    cfg = ReplicasConfig(skill_check=False, cooldown="0s", scale_down_stabilization="0s")
+    # Any replica count (whole_gpus off): the formula alone; whole GPUs: test_replicas.py.
+    cfg = ReplicasConfig(
+        skill_check=False, cooldown="0s", scale_down_stabilization="0s", whole_gpus=False
+    )
     out = decide_replica_floor(obs, cfg, 120.0, TargetHistory(), obs.load.last_sample_time or 0)
     assert_outcome(out, expect, f"requests (running + waiting) / {per_replica:g} per replica")
 

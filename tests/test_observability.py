@@ -184,9 +184,13 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
     from promserver import prometheus
 
     # Replica floor panels need floor decisions early in the replay: without the skill
-    # self-assessment the forecast sets the floor from the first tick.
+    # self-assessment the forecast sets the floor from the first tick. The decision panels
+    # (increase / changes over 1m) need them spread through it: in whole GPUs the floor
+    # changes 4 times in 24 h of this trace, at hours 0, 11.9, 21.8 and 22.9, and the test
+    # waited for half the replay (timed out under load); with any count, 12 times, from
+    # hour 0.7 on every 1-4 h.
     config = tmp_path / "gpuscaler.yaml"
-    config.write_text("replicas: {skill_check: false}\n")
+    config.write_text("replicas: {skill_check: false, whole_gpus: false}\n")
     port = free_port()
     exprs, variables = _dashboard_queries()
     exprs = [e for e in exprs if EXTENDER not in e]  # the extender's row: its own test

@@ -55,6 +55,7 @@ ROWS = [
     Row("a flat load peaks at its level", level(240), 100.0),
     Row("the highest bucket of the window wins", with_bucket(1, 300.0), 300.0),
     Row("the newest bucket counts", with_bucket(0, 250.0), 250.0),
+    Row("the oldest bucket of the window counts", with_bucket(2, 300.0), 300.0),
     Row("a bucket before the window does not count", with_bucket(3, 300.0), 100.0),
     Row("one 500 ms spike counts as its share of a 10 s bucket", spike(), 145.0),
     Row("gaps are left out of a bucket's mean", gappy(), 300.0),
@@ -72,3 +73,20 @@ def test_recent_peak(row: Row) -> None:
         assert got is None
     else:
         assert got == pytest.approx(row.expect)
+
+
+@pytest.mark.parametrize("lag", [STEP, 0.0], ids=["newest one step before now", "newest at now"])
+def test_every_bucket_is_seen_by_one_tick_or_another(lag: float) -> None:
+    """Ticks 30 s apart, each reading its last 30 s (samples up to `now - lag`): a 10 s
+    burst anywhere in 10 minutes is seen by some tick at (nearly) its full height. Before
+    the sample at `now - window` counted, the oldest of a tick's three buckets was seen
+    by no tick when the newest sample is one step before `now`."""
+    for at in range(0, 570, 10):
+        v = level(1200, 0.0)  # samples at 0, 0.5, ... 599.5 s
+        v[2 * at : 2 * at + 20] = 300.0
+        seen = 0.0
+        for now in range(30, 601, 30):
+            visible = v[: min(1200, round((now - lag) / STEP) + 1)]
+            peak = bucket_peak(Series(start=0.0, step=STEP, values=visible), now, 30.0, 10.0)
+            seen = max(seen, peak or 0.0)
+        assert seen >= 285.0, f"a burst at {at} s was seen at {seen:g} at most"

@@ -10,7 +10,7 @@ from builders import NOW, assert_outcome, forecast, history, signal, workload_ob
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
-from gpuscaler.core.replicas import decide_replica_floor, floor_gpus, hpa_desired
+from gpuscaler.core.replicas import decide_replica_floor, floor_gpus, hpa_desired, whole_gpus
 
 STALENESS = 120.0
 FORECAST_ONLY = {"skill_check": False}
@@ -65,7 +65,38 @@ ROWS = [
         "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas",
         workload_obs(signal(1000, 2100), floor=2, share=0.25),
         ("set", 10),
+        cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False},
+    ),
+    Row(
+        "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do",
+        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+        ("set", 12),
         cfg={"max_step_up_gpus": 2, "max_replicas": 200},
+    ),
+    Row(
+        "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set",
+        workload_obs(signal(50, 100), floor=1, share=0.5),
+        ("set", 4),
+    ),
+    Row(
+        "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set",
+        workload_obs(signal(50, 100), floor=1, share=0.5),
+        ("set", 3),
+        cfg={"whole_gpus": False},
+    ),
+    Row(
+        "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do",
+        workload_obs(signal(200, 240), floor=8, share=0.5),
+        ("hold", "floor stays 8: 7 replicas would free no GPU"),
+        history(recs=((400, 560),)),
+        cfg={"scale_down_margin": 0},
+    ),
+    Row(
+        "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)",
+        workload_obs(signal(150, 170), floor=8, share=0.5),
+        ("set", 6),
+        history(recs=((400, 560),)),
+        cfg={"scale_down_margin": 0},
     ),
     Row(
         "may double in one step, as the HPA's default scale-up policy does",
@@ -302,3 +333,68 @@ def test_the_gpus_a_floor_holds_count_only_what_its_load_sized(
 ) -> None:
     obs = workload_obs(signal(100), floor=floor, max_replicas=max_replicas, share=share)
     assert floor_gpus(obs, ReplicasConfig(), floor) == expected
+
+
+@pytest.mark.parametrize(
+    ("to", "current", "share", "ceiling", "expected"),
+    [
+        (7, 6, 0.5, 50, 8),
+        (7, 8, 0.5, 50, 8),
+        (6, 9, 0.5, 50, 6),
+        (5, 9, 0.5, 50, 6),
+        (3, 8, 0.25, 50, 4),
+        (7, 8, 0.25, 50, 8),
+        (9, 4, 0.25, 10, 10),
+        (3, 5, 1.0, 50, 3),
+        (3, 1, 2.0, 50, 3),
+        (5, 6, 0.3, 50, 6),
+        (4, 1, 0.3, 50, 6),
+        (1, 0, 0.5, 50, 2),
+        (6, 6, 0.5, 50, 6),
+    ],
+    ids=[
+        "up to an odd count of half-GPU replicas fills the GPU",
+        "down one half-GPU replica frees no GPU: stays",
+        "down from 5 GPUs to 3",
+        "down to 2.5 GPUs fills the third",
+        "down to three quarter-GPU replicas fills the GPU",
+        "down one quarter-GPU replica frees no GPU: stays",
+        "never above the ceiling",
+        "whole-GPU replicas are left as they are",
+        "two-GPU replicas are left as they are",
+        "a share that does not divide a GPU packs floor(1 / share): 5 and 6 hold 2 GPUs",
+        "a share of 0.3 fills to 3 a GPU",
+        "from zero, the first GPU is filled",
+        "no change stays no change",
+    ],
+)
+def test_the_floor_moves_in_whole_gpus(
+    to: int, current: int, share: float, ceiling: int, expected: int
+) -> None:
+    assert whole_gpus(to, current, share, ceiling) == expected
+
+
+def _descent(whole: bool) -> list[int]:
+    """The floors set as a demand falls 10 % every 20 minutes from 300 % of a GPU, on
+    half-GPU replicas (35 % each at the 70 % target): a diurnal evening."""
+    cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, "whole_gpus": whole})
+    h, floor, floors = TargetHistory(), 9, []
+    for tick in range(40 * 12):
+        now = NOW + 30 * tick
+        load = 300.0 * 0.9 ** (tick // 40)
+        obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor, share=0.5)
+        out = decide_replica_floor(obs, cfg, STALENESS, h, now)
+        h = out.history
+        if out.decision is not None:
+            floor = int(out.decision.to_value)
+            floors.append(floor)
+            h = replace(h, last_change_at=now, last_direction=out.decision.direction)
+    return floors
+
+
+def test_a_falling_demand_on_half_gpu_replicas_steps_down_a_whole_gpu_at_a_time() -> None:
+    # 300 % -> 94 % over 12 steps of 10 %: one half-GPU replica at a time without the rule.
+    assert _descent(False) == [8, 7, 6, 5, 4, 3]
+    # In whole GPUs: 5 -> 4 -> 3 -> 2 GPUs held, half the changes; 3 replicas would hold
+    # the 2 GPUs 4 hold, so the floor ends at 4.
+    assert _descent(True) == [8, 6, 4]

@@ -207,6 +207,10 @@ class ReplicasConfig(StrictModel):
     10 % above a count), a demand hovering at one replica's boundary no longer flips the
     floor up and down every stabilization window. 0: down as soon as the demand fits,
     as the HPA does."""
+    whole_gpus: bool = True
+    """The floor changes in whole GPUs: replicas of a GPU share (k to a GPU) are raised to
+    fill the last GPU they hold (its empty slots cost nothing more), and a step down
+    that frees no GPU is not taken (it only takes capacity away). False: any count."""
     max_step_down_gpus: float | None = Field(None, gt=0)
     """GPUs' worth of replicas the floor removes per change at most; null (default): no
     limit beyond the stabilization window, like the HPA's default scale-down policy. A

@@ -135,6 +135,20 @@ def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None)
     return floor * obs.replica_gpu_share
 
 
+def whole_gpus(to: int, current: int, share: float, ceiling: int) -> int:
+    """The floor `to` in whole GPUs: replicas of a GPU share that packs k to a GPU are
+    raised to fill the last GPU they hold (its empty slots cost no more), never above
+    `ceiling`; a step down that would free no GPU stays at `current` (it only took
+    capacity away). Replicas of a whole GPU or more are left as they are."""
+    per_gpu = math.floor(1.0 / share + 1e-9) if share < 1.0 else 1
+    if per_gpu <= 1 or to == current:
+        return to
+    gpus = math.ceil(to / per_gpu)
+    if to < current and gpus >= math.ceil(current / per_gpu):
+        return current
+    return max(to, min(ceiling, gpus * per_gpu))
+
+
 def observed_peak(h: TargetHistory, now: float, window: float) -> float:
     """Highest demand observed at the ticks of the last `window` seconds (each tick's
     record is the peak since the previous one), this tick included."""
@@ -197,6 +211,12 @@ def _floor(
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
     to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
+    filled = whole_gpus(to, current, share, ceiling) if cfg.whole_gpus else to
+    if filled == current:
+        frees = f"floor stays {current}: {to} replicas would free no GPU (whole GPUs)"
+        return hold(KIND, target, now, f"hold: {why}, {frees}", h)
+    if filled != to:
+        to, bound = filled, f"{bound}, filled to whole GPUs"
     decision = ReplicaFloorDecision(
         time=now,
         target=target,

@@ -83,12 +83,15 @@ def window_mean(
 
 def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
     """Highest mean of `step`-long buckets (ending at the newest sample) over the last
-    `window` seconds; None without a finite sample there."""
+    `window` seconds; None without a finite sample there. The sample at `now - window`
+    counts: a grid's newest sample is usually one step before `now` (its slot is still
+    filling), and without it the oldest bucket of every window, a third of a 30 s tick's
+    10 s buckets, would be seen by no tick at all. At most `window` of samples count."""
     if series is None or series.values.size == 0:
         return None
     width = max(1, round(step / series.step))
     count = max(1, round(window / step)) * width
-    first = int(np.ceil((now - window - series.start) / series.step + 1e-9))
+    first = int(np.ceil((now - window - series.start) / series.step - 1e-9))
     values = series.values[max(0, first, series.values.size - count) :]
     usable = values.size // width * width
     if usable == 0:
