@@ -249,8 +249,12 @@ def test_recent_peaks_found_together_equal_those_found_one_by_one(seed: int) -> 
         Series(start + 3.0, 0.5, rows[0][:-6]),  # another grid
         Series(start, 1.0, rows[1][::2]),
     ]
-    now = NOW + float(rng.integers(-3, 3))
-    for window, step in ((30.0, 10.0), (60.0, 5.0), (0.4, 10.0)):
+    # `now` a multiple of the spacing off the newest sample (NOW + 0.5: the newest one step
+    # before `now`, as a tick sees it), so `now - window` falls on a sample: the edge that
+    # decides whether the oldest bucket is whole (snapshot._buckets).
+    offsets = [k / 2 for k in range(-6, 6)]
+    cases = [(NOW + k, w, s) for k in offsets for w, s in ((30.0, 10.0), (60.0, 5.0))]
+    for now, window, step in [*cases, (NOW + float(rng.integers(-3, 3)), 0.4, 10.0)]:
         got = bucket_peaks(series, now, window, step)
         want = [bucket_peak(s, now, window, step) for s in series]
         assert [None if g is None else g.hex() for g in got] == [
@@ -258,7 +262,7 @@ def test_recent_peaks_found_together_equal_those_found_one_by_one(seed: int) -> 
         ]
         if window >= step:
             assert any(g is not None and math.isfinite(g) for g in got)
-    assert bucket_peaks(series, now, 30.0, 10.0)[3] is None  # no sample in its last 30 s
+    assert bucket_peaks(series, NOW, 30.0, 10.0)[3] is None  # no sample in its last 30 s
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -81,6 +81,20 @@ def window_mean(
         return float(finite.mean()), last
 
 
+def _buckets(
+    start: float, spacing: float, now: float, window: float, step: float
+) -> tuple[int, int]:
+    """(samples a bucket, index of the sample at `now - window`): that sample counts (a
+    grid's newest sample is usually one step before `now`; without it the oldest bucket of
+    every window, a third of a 30 s tick's 10 s buckets, would be seen by no tick)."""
+    return max(1, round(step / spacing)), int(np.ceil((now - window - start) / spacing - 1e-9))
+
+
+def window_size(width: int, window: float, step: float) -> int:
+    """At most `window` of samples count: that many buckets of `width` samples."""
+    return max(1, round(window / step)) * width
+
+
 def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
     """Highest mean of `step`-long buckets (ending at the newest sample) over the last
     `window` seconds; None without a finite sample there. The sample at `now - window`
@@ -89,10 +103,8 @@ def bucket_peak(series: Series | None, now: float, window: float, step: float) -
     10 s buckets, would be seen by no tick at all. At most `window` of samples count."""
     if series is None or series.values.size == 0:
         return None
-    width = max(1, round(step / series.step))
-    count = max(1, round(window / step)) * width
-    first = int(np.ceil((now - window - series.start) / series.step - 1e-9))
-    values = series.values[max(0, first, series.values.size - count) :]
+    width, first = _buckets(series.start, series.step, now, window, step)
+    values = series.values[max(0, first, series.values.size - window_size(width, window, step)) :]
     usable = values.size // width * width
     if usable == 0:
         return None
@@ -145,10 +157,8 @@ def bucket_peaks(
     case) at once (issue 18: one at a time cost about 40 us a workload and tick)."""
     out: list[float | None] = [None] * len(series)
     for (start, spacing, size), idx in _grids(series).items():
-        width = max(1, round(step / spacing))
-        count = max(1, round(window / step)) * width
-        first = int(np.ceil((now - window - start) / spacing + 1e-9))
-        cut = max(0, first, size - count)
+        width, first = _buckets(start, spacing, now, window, step)
+        cut = max(0, first, size - window_size(width, window, step))
         usable = max(0, size - cut) // width * width
         if usable == 0 or len(idx) == 1:
             for i in idx:
