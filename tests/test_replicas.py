@@ -288,11 +288,18 @@ def _floor_changes(margin: float) -> list[int]:
     160 % of a GPU (above 2 replicas' 140 % by more than the tolerance), 10 minutes at
     135 % (fits 2 replicas, not with a 10 % margin), four times over."""
     cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, "scale_down_margin": margin})
-    h, floor, floors = TargetHistory(), 2, []
-    demand = ([160.0] * 20 + [135.0] * 20) * 4
-    for tick, load in enumerate(demand):
+    return _floors_set(cfg, ([160.0] * 20 + [135.0] * 20) * 4, floor=2)
+
+
+def _floors_set(
+    cfg: ReplicasConfig, loads: list[float], floor: int, share: float = 1.0
+) -> list[int]:
+    """The floors a replay of `loads` (one a 30 s tick, forecast = load) sets, each
+    change applied before the next tick."""
+    h, floors = TargetHistory(), []
+    for tick, load in enumerate(loads):
         now = NOW + 30 * tick
-        obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor)
+        obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor, share=share)
         out = decide_replica_floor(obs, cfg, STALENESS, h, now)
         h = out.history
         if out.decision is not None:
@@ -378,18 +385,8 @@ def _descent(whole: bool) -> list[int]:
     """The floors set as a demand falls 10 % every 20 minutes from 300 % of a GPU, on
     half-GPU replicas (35 % each at the 70 % target): a diurnal evening."""
     cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, "whole_gpus": whole})
-    h, floor, floors = TargetHistory(), 9, []
-    for tick in range(40 * 12):
-        now = NOW + 30 * tick
-        load = 300.0 * 0.9 ** (tick // 40)
-        obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor, share=0.5)
-        out = decide_replica_floor(obs, cfg, STALENESS, h, now)
-        h = out.history
-        if out.decision is not None:
-            floor = int(out.decision.to_value)
-            floors.append(floor)
-            h = replace(h, last_change_at=now, last_direction=out.decision.direction)
-    return floors
+    loads = [300.0 * 0.9 ** (tick // 40) for tick in range(40 * 12)]
+    return _floors_set(cfg, loads, floor=9, share=0.5)
 
 
 def test_a_falling_demand_on_half_gpu_replicas_steps_down_a_whole_gpu_at_a_time() -> None:
