@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
 
@@ -81,7 +82,6 @@ class Config(StrictModel):
 
     _resolved: dict[tuple[str, str], BaseModel] = PrivateAttr(default_factory=dict)
     _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
-    _tables: dict[tuple[str, str], dict[str, Any]] = PrivateAttr(default_factory=dict)
     _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     # Resolved per-target policy: global section with the target's override merged in,
@@ -91,7 +91,7 @@ class Config(StrictModel):
         """A copy with its own (empty) caches: pydantic copies private attributes, and a
         copy with other targets must not answer from the original's index."""
         copy = super().model_copy(update=update, deep=deep)
-        copy._resolved, copy._overrides, copy._tables, copy._memo = {}, None, {}, {}
+        copy._resolved, copy._overrides, copy._memo = {}, None, {}
         return copy
 
     def memo(self, name: str, build: Callable[[], T]) -> T:
@@ -120,23 +120,21 @@ class Config(StrictModel):
     def pool_sections(self, section: str, model: type[M]) -> Sections[M]:
         """Every pool's `section` by name, resolved once per config: a tick reads a plain
         dict instead of asking `pool_section` per target (issue 18)."""
-        if ("pool", section) not in self._tables:
-            names = [p.name for p in self.node_pools]
-            self._tables["pool", section] = {n: self.pool_section(n, section, model) for n in names}
-        return Sections(
-            self._tables["pool", section], lambda n: self.pool_section(n, section, model)
-        )
+        resolve = partial(self.pool_section, section=section, model=model)
+        return self._sections(f"pool:{section}", lambda: [p.name for p in self.node_pools], resolve)
 
     def workload_sections(self, section: str, model: type[M]) -> Sections[M]:
         """Every workload's `section` by key, resolved once per config (as pool_sections)."""
-        if ("workload", section) not in self._tables:
-            keys = [w.key for w in self.workloads]
-            self._tables["workload", section] = {
-                k: self.workload_section(k, section, model) for k in keys
-            }
-        return Sections(
-            self._tables["workload", section], lambda k: self.workload_section(k, section, model)
+        resolve = partial(self.workload_section, section=section, model=model)
+        return self._sections(
+            f"workload:{section}", lambda: [w.key for w in self.workloads], resolve
         )
+
+    def _sections(
+        self, name: str, targets: Callable[[], list[str]], resolve: Callable[[str], M]
+    ) -> Sections[M]:
+        table = self.memo(name, lambda: {t: resolve(t) for t in targets()})
+        return Sections(table, resolve)
 
     def _section(
         self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
