@@ -16,7 +16,7 @@ import numpy as np
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import _scoring
-from gpuscaler.core.forecast.assembly import Batch, Model, _fallback_half, _reason
+from gpuscaler.core.forecast.assembly import Batch, Model, _reason
 from gpuscaler.core.forecast.engines import (
     Fitted,
     ForecastEngine,
@@ -376,6 +376,16 @@ def _assessed(
 
 def _level(state: IntervalState | None, nominal: float) -> float:
     return state.level if state is not None else nominal
+
+
+def _fallback_half(b: Batch, model: Model, r: int) -> FloatArray:
+    """Half width when too few recent errors: the model's, or the last value's (one row;
+    gpuscaler's assembly.py before commit fc4 batched it)."""
+    if model.usable[r]:
+        out: FloatArray = model.paths.upper[r] - model.paths.mean[r]
+    else:
+        out = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+    return out
 
 
 def _from_scored(

@@ -81,9 +81,9 @@ def assembled(
         lower[chosen] = rows.mean[chosen] - rows.half[chosen]
         upper[chosen] = rows.mean[chosen] + rows.half[chosen]
     picked = set(chosen)
-    for r in range(n):
-        if r not in picked:
-            _plain(b, model, r, rows, lower, upper)
+    plain = [r for r in range(n) if r not in picked]
+    if plain:
+        _plain(b, model, plain, rows, lower, upper)
     mean, lower, upper, peak_error = clip_rows(
         rows.mean, np.minimum(lower, rows.mean), np.maximum(upper, rows.mean), rows.peak, b.clip
     )
@@ -111,25 +111,33 @@ def assembled(
 
 
 def _plain(
-    b: Batch, model: Model, r: int, rows: _Rows, lower: FloatArray, upper: FloatArray
+    b: Batch, model: Model, plain: list[int], rows: _Rows, lower: FloatArray, upper: FloatArray
 ) -> None:
-    """Row `r` from the engine's own path and interval, or the last value when the path
-    was dropped."""
-    last = float(last_finite(b.hist[r : r + 1])[0])
+    """The rows `plain` from the engine's own path and interval, or the last value when the
+    path was dropped; all at once (issue 18: a young window, too short to assess, takes
+    this path for every series, and one row at a time cost ~1 ms of numpy calls a row).
+    Each row's figures are those of the row alone (the arithmetic is per row)."""
+    lasts = last_finite(b.hist[plain])
+    usable: list[bool] = np.asarray(model.usable[plain]).tolist()
     name = b.engine.name
-    if model.usable[r]:
-        rows.mean[r] = model.paths.mean[r]
-        lower[r], upper[r] = model.paths.lower[r], model.paths.upper[r]
-        rows.reason[r] = f"{name} fit" + (
-            "" if not b.cfg.ensemble else ", too little history to assess"
-        )
-        rows.method[r] = name
-    else:
-        half = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
-        rows.mean[r] = np.full(b.steps, last)
-        lower[r], upper[r] = rows.mean[r] - half, rows.mean[r] + half
-        rows.reason[r], rows.method[r] = f"last value: {model.dropped[r]}", "last_value"
-    rows.last[r], rows.errors[r], rows.peak[r] = last, {}, 0.0
+    fit_reason = f"{name} fit" + ("" if not b.cfg.ensemble else ", too little history to assess")
+    engine_rows = [r for r, ok in zip(plain, usable, strict=True) if ok]
+    if engine_rows:
+        rows.mean[engine_rows] = model.paths.mean[engine_rows]
+        lower[engine_rows] = model.paths.lower[engine_rows]
+        upper[engine_rows] = model.paths.upper[engine_rows]
+    dropped = [r for r, ok in zip(plain, usable, strict=True) if not ok]
+    if dropped:
+        half = naive_half_width(b.hist[dropped], b.steps, b.cfg.interval_level)
+        flat = np.repeat(lasts[[not ok for ok in usable]][:, None], b.steps, axis=1)
+        rows.mean[dropped] = flat
+        lower[dropped], upper[dropped] = flat - half, flat + half
+    for r, ok, last in zip(plain, usable, lasts.tolist(), strict=True):
+        if ok:
+            rows.reason[r], rows.method[r] = fit_reason, name
+        else:
+            rows.reason[r], rows.method[r] = f"last value: {model.dropped[r]}", "last_value"
+        rows.last[r], rows.errors[r], rows.peak[r] = last, {}, 0.0
 
 
 def _from_scored(
@@ -155,9 +163,12 @@ def _from_scored(
     )
     lasts = live["last_value"][:, 0].tolist()
     shares: dict[str, list[float]] = {m: w.tolist() for m, w in weights.items()}
+    rows.half[chosen] = halves
+    fallback = [r for r, s in zip(chosen, short, strict=True) if s]
+    if fallback:
+        rows.half[fallback] = _fallback_halves(b, model, fallback)
     for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
         assert sc.method is not None
-        rows.half[r] = _fallback_half(b, model, r) if short[i] else halves[i]
         row_weights = {m: w[i] for m, w in shares.items()}
         rows.reason[r] = (
             _reason(b, model, row_weights, SES_ALPHAS[sc.ses_best], r, sc.method, sc.errors)
@@ -168,12 +179,14 @@ def _from_scored(
         rows.errors[r], rows.peak[r] = sc.errors, sc.peak
 
 
-def _fallback_half(b: Batch, model: Model, r: int) -> FloatArray:
-    """Half width when too few recent errors: the model's, or the last value's."""
-    if model.usable[r]:
-        out: FloatArray = model.paths.upper[r] - model.paths.mean[r]
-    else:
-        out = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+def _fallback_halves(b: Batch, model: Model, rows: list[int]) -> FloatArray:
+    """Half widths (len(rows), steps) when too few recent errors: the model's, or the last
+    value's; the rows at once, each as alone."""
+    usable = model.usable[rows]
+    out: FloatArray = model.paths.upper[rows] - model.paths.mean[rows]
+    if not usable.all():
+        naive = [r for r, ok in zip(rows, usable.tolist(), strict=True) if not ok]
+        out[~usable] = naive_half_width(b.hist[naive], b.steps, b.cfg.interval_level)
     return out
 
 
