@@ -249,17 +249,28 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     adaptive = _adaptive(b)
     out, finite = assembled(b, model, scored, adaptive, tape)
     rows = [r for r, key in enumerate(b.keys) if adaptive[r] is not None and key in b.states]
-    if rows:
-        issued = issue_rows(
+    issued = (
+        issue_rows(
             [s for r in rows if (s := adaptive[r]) is not None],
             np.stack([out[r].lower for r in rows]),
             np.stack([out[r].upper for r in rows]),
             b.cfg.fit_step,
         )
-        for r, interval in zip(rows, issued, strict=True):
-            key = b.keys[r]
-            assert key is not None
-            b.states[key] = with_parts(b.states[key], interval=interval)
+        if rows
+        else []
+    )
+    intervals: dict[int, IntervalState] = dict(zip(rows, issued, strict=True))
+    for r, key in enumerate(b.keys):  # each state made once: its scoring and interval
+        if key is None or key not in b.states:
+            continue
+        state, sc = b.states[key], scored[r]
+        keep_scored = sc is None or state.scored is sc
+        if r in intervals or not keep_scored:
+            b.states[key] = with_parts(
+                state,
+                interval=intervals.get(r, state.interval),
+                scored=state.scored if keep_scored else sc,
+            )
     return out, finite
 
 
@@ -285,14 +296,13 @@ def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored
         fresh += score(a, newest) if a is not None else [None] * len(rows)
     for r, sc in zip(todo, fresh, strict=True):
         out[r] = sc
-        _keep(b, r, sc)
     return out
 
 
 def _refreshed(
     b: Batch, model: Model, out: list[Scored | None], tape: SesTape | None = None
 ) -> None:
-    """The kept scorings in `out` (and on the states) with the errors at the origins
+    """The kept scorings in `out` with the errors at the origins
     completed since they were made."""
     assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
     kept = [r for r, s in enumerate(out) if s is not None]
@@ -305,15 +315,7 @@ def _refreshed(
     rows_tape = tape.rows(rows) if tape is not None else None
     new = refresh(b.engine, part, hist, old, usable, b.now, b.cfg.fit_step, rows_tape)
     for r, sc in zip(kept, new, strict=True):
-        _keep(b, r, sc)
         out[r] = sc
-
-
-def _keep(b: Batch, r: int, sc: Scored | None) -> None:
-    """Put row `r`'s scoring on its state (a row with a key)."""
-    key = b.keys[r]
-    if sc is not None and key is not None and key in b.states and b.states[key].scored is not sc:
-        b.states[key] = with_parts(b.states[key], scored=sc)
 
 
 def _kept(b: Batch, key: str) -> Scored | None:
