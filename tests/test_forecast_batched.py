@@ -85,9 +85,13 @@ def _state(s: FitState) -> tuple[object, ...]:
         )
     )
     sc = s.scored
+    # A scoring that names no method is never read: its errors are not rolled on (fc4),
+    # only what its refit made is compared.
     scored = (
         None
         if sc is None
+        else (sc.method, sc.weights, sorted(sc.errors.items()), sc.ses_best, sc.ses_inv.tobytes())
+        if sc.method is None
         else (
             sc.method,
             sc.weights,

@@ -302,10 +302,12 @@ def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored
 def _refreshed(
     b: Batch, model: Model, out: list[Scored | None], tape: SesTape | None = None
 ) -> None:
-    """The kept scorings in `out` with the errors at the origins
-    completed since they were made."""
+    """The kept scorings in `out` with the errors at the origins completed since they were
+    made. A scoring that names no method (too little evidence: the row takes the engine's
+    path or the last value) is kept as made: its errors are never read, and its next refit
+    scores the row afresh (issue 18: a young window's rows all hold one)."""
     assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
-    kept = [r for r, s in enumerate(out) if s is not None]
+    kept = [r for r, s in enumerate(out) if s is not None and s.method is not None]
     if not kept:
         return
     f, rows = model.fitted, np.array(kept)
