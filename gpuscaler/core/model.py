@@ -135,15 +135,68 @@ class Scored:
     """Time of the newest origin scored."""
 
 
-@dataclass(frozen=True)
 class IssuedInterval:
     """An interval issued at `origin`: bounds of the buckets ending `step`, 2 `step`, ...
-    later, kept until every one is observed."""
+    later, kept until every one is observed. Immutable, compared and hashed by
+    (origin, step, lower, upper) as a frozen dataclass of them would be.
 
-    origin: float
-    step: float
-    lower: tuple[float, ...]
-    upper: tuple[float, ...]
+    Made by a batch (`in_rows`), its bounds stay a row of the batch's (n, 2, steps) array
+    until `lower` or `upper` is read (issue 20: two tuples of floats a series and tick were
+    most of issuing; the batched checks read the arrays, `IntervalState.bounds`)."""
+
+    __slots__ = ("origin", "step", "_lower", "_upper", "_rows", "_row")
+
+    def __init__(
+        self, origin: float, step: float, lower: tuple[float, ...], upper: tuple[float, ...]
+    ) -> None:
+        self.origin, self.step = origin, step
+        self._lower: tuple[float, ...] | None = lower
+        self._upper: tuple[float, ...] | None = upper
+        self._rows: FloatArray | None = None
+        self._row = 0
+
+    @classmethod
+    def in_rows(cls, origin: float, step: float, rows: FloatArray, row: int) -> IssuedInterval:
+        """The interval whose lower and upper bounds are `rows[row, 0]` and `rows[row, 1]`
+        (`rows`: (n, 2, steps), read-only)."""
+        out = cls.__new__(cls)
+        out.origin, out.step, out._lower, out._upper = origin, step, None, None
+        out._rows, out._row = rows, row
+        return out
+
+    def _made(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        if self._lower is None or self._upper is None:
+            assert self._rows is not None
+            lower, upper = self._rows[self._row].tolist()
+            self._lower, self._upper, self._rows = tuple(lower), tuple(upper), None
+        return self._lower, self._upper
+
+    @property
+    def lower(self) -> tuple[float, ...]:
+        return self._made()[0]
+
+    @property
+    def upper(self) -> tuple[float, ...]:
+        return self._made()[1]
+
+    def _key(self) -> tuple[float, float, tuple[float, ...], tuple[float, ...]]:
+        return (self.origin, self.step, *self._made())
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, IssuedInterval)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        lower, upper = self._made()
+        return (
+            f"IssuedInterval(origin={self.origin!r}, step={self.step!r}, "
+            f"lower={lower!r}, upper={upper!r})"
+        )
 
 
 @dataclass(frozen=True)

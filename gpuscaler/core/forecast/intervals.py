@@ -102,15 +102,14 @@ def resolve_rows(
     whose pending intervals have one layout (the series of a batch, issued at the same
     ticks) are checked together (issue 18: one series at a time cost about 0.2 ms a series
     and tick, most of it reading the intervals' tuples)."""
-    out = [
-        IntervalState(level=nominal, checked_at=now)
-        if s is None
-        else IntervalState(s.level, now, (), s.points, s.misses)
-        for s in states
-    ]
+    out: list[IntervalState | None] = [None] * len(states)
     groups: dict[tuple[float, Layout], list[int]] = {}
     for r, s in enumerate(states):
-        if s is not None and s.pending:
+        if s is None:
+            out[r] = IntervalState(level=nominal, checked_at=now)
+        elif not s.pending:
+            out[r] = IntervalState(s.level, now, (), s.points, s.misses)
+        else:
             groups.setdefault((s.checked_at, _layout(s)), []).append(r)
     for (checked, layout), idx in groups.items():
         group = [s for r in idx if (s := states[r]) is not None]
@@ -128,7 +127,7 @@ def resolve_rows(
             out[r] = IntervalState(
                 level, now, pending, s.points + points[i], s.misses + misses[i], kept, rest[i]
             )
-    return out
+    return [s for s in out if s is not None]
 
 
 Layout = tuple[tuple[float, float, int], ...]
@@ -189,8 +188,7 @@ def issue_rows(
 ) -> list[IntervalState]:
     """`issue` for each state with its row of `lower` and `upper` (n, steps) at once; the
     states of one layout share the new one and their bounds are appended together."""
-    lo, hi = lower.tolist(), upper.tolist()
-    fresh = np.stack([lower, upper], axis=1).astype(np.float64, copy=False)  # (n, 2, steps)
+    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
     out: list[IntervalState | None] = [None] * len(states)
     groups: dict[tuple[float, Layout], list[int]] = {}
     for r, s in enumerate(states):
@@ -201,7 +199,7 @@ def issue_rows(
         bounds = _frozen(np.concatenate([old, fresh[idx]], axis=2))
         for i, r in enumerate(idx):
             s = states[r]
-            issued = IssuedInterval(checked, step, tuple(lo[r]), tuple(hi[r]))
+            issued = IssuedInterval.in_rows(checked, step, fresh, r)
             pending = (*s.pending, issued)
             out[r] = IntervalState(s.level, checked, pending, s.points, s.misses, grown, bounds[i])
     return [s for s in out if s is not None]
