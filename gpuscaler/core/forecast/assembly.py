@@ -208,8 +208,9 @@ def _reason(
     errors: Mapping[str, float],
 ) -> str:
     name = b.engine.name
-    label = {**_LABELS, "arima": name}
-    weights = ", ".join(f"{label[m]} {member_weights[m]:.2f}" for m in MEMBERS)
+    weights = ", ".join(
+        f"{name if m == 'arima' else _LABELS[m]} {member_weights[m]:.2f}" for m in MEMBERS
+    )
     arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
     ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
     scores = (

@@ -126,6 +126,7 @@ class SesTape:
     def __init__(self, hist: FloatArray):
         self.hist = hist
         self._filled: FloatArray | None = None
+        self._scaled: FloatArray = np.empty((0, 0, 0))
         self._level: FloatArray | None = None
         self._at = -1
         finite = np.isfinite(hist)
@@ -133,9 +134,13 @@ class SesTape:
 
     def at(self, end: int) -> FloatArray:
         """The levels (alphas, n) after the point at index `end`."""
+        a = SES_ALPHAS[:, None]
         if self._filled is None:
             self._filled = np.ascontiguousarray(forward_fill(self.hist).T)  # (t, n)
-        filled, a = self._filled, SES_ALPHAS[:, None]
+            # each point times every alpha, all at once: the products `ses_last` makes
+            # one step at a time (2 numpy calls a step instead of 3)
+            self._scaled = a[None, :, :] * self._filled[:, None, :]  # (t, A, n)
+        filled, scaled = self._filled, self._scaled
         keep = 1.0 - a
         if self._level is None or end < self._at:
             self._level = np.repeat(filled[0][None, :], a.shape[0], axis=0)
@@ -143,7 +148,7 @@ class SesTape:
         out = self._level
         for j in range(self._at + 1, end + 1):
             np.multiply(out, keep, out=out)
-            out += a * filled[j][None, :]
+            np.add(out, scaled[j], out=out)
         self._at = end
         levels = out.copy()
         # a row with no finite point up to `end`: forward filling that prefix alone has no
