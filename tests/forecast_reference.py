@@ -289,9 +289,9 @@ def _forecast_batch(b: Batch) -> list[Forecast]:
         scored = _scoring(b, model)
         for r, sc in enumerate(scored):  # the scorings on the states (`_scoring` did it)
             key = b.keys[r]
-            if sc is not None and key is not None and key in b.states:
-                if b.states[key].scored is not sc:
-                    b.states[key] = replace(b.states[key], scored=sc)
+            ok = sc is not None and key is not None and key in b.states
+            if ok and key is not None and b.states[key].scored is not sc:
+                b.states[key] = replace(b.states[key], scored=sc)
     adaptive = [_adaptive(b, r, key) for r, key in enumerate(b.keys)]
     out = _assessed(b, model, scored, adaptive)
     out = clipped(out, b.clip)

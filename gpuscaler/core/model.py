@@ -144,7 +144,7 @@ class IssuedInterval:
     until `lower` or `upper` is read (issue 20: two tuples of floats a series and tick were
     most of issuing; the batched checks read the arrays, `IntervalState.bounds`)."""
 
-    __slots__ = ("origin", "step", "_lower", "_upper", "_rows", "_row")
+    __slots__ = ("_lower", "_row", "_rows", "_upper", "origin", "step")
 
     def __init__(
         self, origin: float, step: float, lower: tuple[float, ...], upper: tuple[float, ...]
