@@ -47,3 +47,13 @@ def test_intervals_are_equal_only_with_the_same_origin_step_and_bounds(
     assert (a == b) is equal
     assert (a != b) is not equal
     assert (a == (100.0, 10.0)) is False  # not an interval
+
+
+def test_an_issued_interval_cannot_be_changed_once_made() -> None:
+    lazy = IssuedInterval.in_rows(100.0, 10.0, _rows(), 0)
+    eager = IssuedInterval(100.0, 10.0, (1.0,), (2.0,))
+    for interval in (lazy, eager):
+        with pytest.raises(AttributeError, match="immutable"):
+            interval.origin = 5.0
+    before = lazy.lower
+    assert lazy.lower is before  # read once, then kept

@@ -135,6 +135,12 @@ class Scored:
     """Time of the newest origin scored."""
 
 
+def _set(obj: object, **values: object) -> None:
+    """Set attributes of an object whose own `__setattr__` refuses (made once, then read)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
 class IssuedInterval:
     """An interval issued at `origin`: bounds of the buckets ending `step`, 2 `step`, ...
     later, kept until every one is observed. Immutable, compared and hashed by
@@ -145,31 +151,36 @@ class IssuedInterval:
     most of issuing; the batched checks read the arrays, `IntervalState.bounds`)."""
 
     __slots__ = ("_lower", "_row", "_rows", "_upper", "origin", "step")
+    origin: float
+    step: float
+    _lower: tuple[float, ...] | None
+    _upper: tuple[float, ...] | None
+    _rows: FloatArray | None
+    _row: int
 
     def __init__(
         self, origin: float, step: float, lower: tuple[float, ...], upper: tuple[float, ...]
     ) -> None:
-        self.origin, self.step = origin, step
-        self._lower: tuple[float, ...] | None = lower
-        self._upper: tuple[float, ...] | None = upper
-        self._rows: FloatArray | None = None
-        self._row = 0
+        _set(self, origin=origin, step=step, _lower=lower, _upper=upper, _rows=None, _row=0)
 
     @classmethod
     def in_rows(cls, origin: float, step: float, rows: FloatArray, row: int) -> IssuedInterval:
         """The interval whose lower and upper bounds are `rows[row, 0]` and `rows[row, 1]`
         (`rows`: (n, 2, steps), read-only)."""
         out = cls.__new__(cls)
-        out.origin, out.step, out._lower, out._upper = origin, step, None, None
-        out._rows, out._row = rows, row
+        _set(out, origin=origin, step=step, _lower=None, _upper=None, _rows=rows, _row=row)
         return out
 
     def _made(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         if self._lower is None or self._upper is None:
             assert self._rows is not None
             lower, upper = self._rows[self._row].tolist()
-            self._lower, self._upper, self._rows = tuple(lower), tuple(upper), None
+            _set(self, _lower=tuple(lower), _upper=tuple(upper), _rows=None)
+        assert self._lower is not None and self._upper is not None
         return self._lower, self._upper
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"IssuedInterval is immutable: cannot set {name}")
 
     @property
     def lower(self) -> tuple[float, ...]:
