@@ -178,10 +178,8 @@ def replay_chunk(
     """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
     draw their PNGs."""
     reader = reader or HistoryReader(job.config)
-    histories = [
-        (reader.workload(w, job.since - job.step, job.until + job.step, job.step), w)
-        for w in workloads
-    ]
+    read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
+    histories = list(zip(read, workloads, strict=True))
     out: list[Done] = []
     for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes):
         if isinstance(done, Skipped):
