@@ -27,7 +27,6 @@ import numpy as np
 from gpuscaler.config import Config
 from gpuscaler.core.model import FloatArray
 from gpuscaler.sim.cluster import (
-    RECORDED,
     SAMPLE,
     Recorder,
     SimulatedCluster,
@@ -47,6 +46,8 @@ from gpuscaler.sim.scalers import (
 )
 
 INF = math.inf
+KEPT = ("capacity", "served", "queue", "load", "gpus", "demand_busy", "replicas")
+"""What a kept run records a slot at a time (`Sweep._keep`: the first five in this order)."""
 SWEEP_BYTES = 256 * 2**20
 """Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
 run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
@@ -141,7 +142,7 @@ class Sweep:
         tick, as `replay.actual_run` sets them."""
         self.record = np.asarray(record, dtype=np.int64)
         n = len(self.c.arrivals)
-        self.kept = {name: np.full((len(self.record), n), np.nan) for name in RECORDED}
+        self.kept = {name: np.full((len(self.record), n), np.nan) for name in KEPT}
         self.held_last = np.zeros(len(self.record))
         f, overhead = self.c.fragments, self.sim.switch_overhead
         # The GPU efficiency at k pods holding a share, as `SimulatedCluster` computes it.
@@ -174,17 +175,28 @@ class Sweep:
         ]
 
     def _recorders(self) -> list[Recorder]:
-        """The kept runs' records, with what every run of a replay records alike."""
+        """The kept runs' records, each in arrays of its own (the sweep's are freed with
+        it): what every run of a replay records alike too (its requests, its arrivals
+        themselves, and its demand),
+        and the pool's signals, which no sweep computes (as a
+        cluster no controller reads: NaN, in a view that holds no memory)."""
         out = []
         n, slot = self.cursor, self.c.slot
+        unread = np.broadcast_to(np.nan, len(self.c.arrivals))
         for j, run in enumerate(self.record.tolist()):
             m = self.members[int(self.member[run])]
-            self.kept["requests"][j, :n] = m.arrivals[:n]
-            self.kept["demand_pct"][j, :n] = 100.0 * m.work[:n] / slot
             rec = Recorder(0)
             rec.n = len(self.c.arrivals)
-            for name in RECORDED:
-                setattr(rec, name, self.kept[name][j])
+            for name in KEPT:
+                setattr(rec, name, self.kept[name][j].copy())
+            if n == rec.n:  # all slots run (as always in a replay): the arrivals themselves
+                rec.requests = m.arrivals
+            else:
+                rec.requests = np.full(rec.n, np.nan)
+                rec.requests[:n] = m.arrivals[:n]
+            rec.demand_pct = np.full(rec.n, np.nan)
+            rec.demand_pct[:n] = 100.0 * m.work[:n] / slot
+            rec.pool_util = rec.stall = unread
             out.append(rec)
         return out
 
@@ -289,8 +301,7 @@ class Sweep:
         """What `SimulatedCluster.advance_to` records, of the kept runs, for the slots `s`
         (`figures`: capacity, served, queue, load and GPUs held of every run)."""
         rows, kept, slot = self.record, self.kept, self.c.slot
-        names = ("capacity", "served", "queue", "load", "gpus")
-        for name, values in zip(names, figures, strict=True):
+        for name, values in zip(KEPT[:5], figures, strict=True):
             kept[name][:, s] = values[rows]
         eff = self.eff[np.minimum(self.held_last, self.c.fragments).astype(np.int64)]
         kept["demand_busy"][:, s] = self.work[self.member[rows], s] / slot / eff[:, None]
