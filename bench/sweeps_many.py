@@ -12,7 +12,7 @@ per_workload_one_by_one_s= per_workload_together_s= equal=
 
 `--around`: all the runs around gpuscaler's (`gpuscaler.sim.around`): each workload's
 reactive HPA run (`simulate.reactive_run`), the run of the replicas that ran
-(`replay.actual_run`, on bench/whatif.py's replica series: read every 60 s) and its own
+(`around.actual_run`, on bench/whatif.py's replica series: read every 60 s) and its own
 sweep, one after the other, against all of them in one sweep (`around.around_many`, as
 whatif runs them now); checks the curves, the actual figures and the reactive run's whole
 record equal (RESULT ... around=true).
@@ -33,9 +33,9 @@ from whatif import REPLICA_STEP, STEP, config_text, demand
 
 from gpuscaler.config import parse_config
 from gpuscaler.core.model import Series
-from gpuscaler.sim.around import around_many, swept_many
+from gpuscaler.sim.around import actual_run, around_many, swept_many
 from gpuscaler.sim.cluster import RECORDED, arrivals_from_trace
-from gpuscaler.sim.replay import actual_run, workload_config
+from gpuscaler.sim.replay import workload_config
 from gpuscaler.sim.simulate import Prepared, baseline_curves, reactive_run
 from gpuscaler.sim.trace import Trace, load_trace
 

@@ -22,14 +22,8 @@ import numpy as np
 
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
-from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.sim.around import (
-    Around,
-    actual_counts,
-    actual_figures,
-    around_many,
-    control_ticks,
-)
+from gpuscaler.core.model import Series
+from gpuscaler.sim.around import Around, actual_run, around_many
 from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
@@ -39,7 +33,6 @@ from gpuscaler.sim.simulate import (
     finish,
     gpuscaler_run,
     prepare,
-    scenario_cluster,
     warmup_plan,
 )
 from gpuscaler.sim.trace import Trace, TraceError
@@ -112,27 +105,6 @@ def demand_rate(history: WorkloadHistory, config: Config) -> tuple[Series, str] 
 def history_trace(key: str, demand: Series) -> Trace:
     """The demand as the simulator's trace: requests per bin of one read step."""
     return Trace(key, demand.start, demand.step, demand.values * demand.step, "prometheus")
-
-
-def actual_run(
-    config: Config,
-    replicas: Series,
-    arrivals: FloatArray,
-    start: float,
-    seconds: float,
-    seed: int,
-    scored_from: int,
-) -> dict[str, Any]:
-    """SLO figures of the replay with the replicas that ran (read at each control
-    interval), at the pool's initial fragments (the fragments that ran are not read).
-    One run alone: `around.around_many` runs it in the baselines' sweep, the same figures."""
-    cluster = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    ticks = control_ticks(start, seconds, config.control.interval)
-    for t, n in zip(ticks, actual_counts(replicas, ticks).tolist(), strict=True):
-        cluster.advance_to(t)
-        cluster.set_replicas(t, n)
-    cluster.advance_to(start + seconds)
-    return actual_figures(cluster, scored_from)
 
 
 @dataclass(frozen=True, eq=False)

@@ -139,7 +139,7 @@ class Sweep:
     def _keeping(self, record: Sequence[int], replicas: Mapping[int, IntArray]) -> None:
         """The runs `record` keep their whole record (`SweepResult.recorder`); the runs of
         `replicas` run no scaler: their replicas are set to the given count at each control
-        tick, as `replay.actual_run` sets them."""
+        tick, as `around.actual_run` sets them."""
         self.record = np.asarray(record, dtype=np.int64)
         n = len(self.c.arrivals)
         self.kept = {name: np.full((len(self.record), n), np.nan) for name in KEPT}
