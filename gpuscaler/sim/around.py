@@ -169,7 +169,9 @@ def around_many(
     """For each replay: the baselines' curves (`simulate.baseline_curves`) when
     `baselines`, the reactive HPA's run (`simulate.reactive_run`) when `reactive`, and
     the figures of its `replicas` that ran (`actual_run`) when given; those of
-    replays that share a model in one sweep, in groups within `budget` bytes. A lone
+    replays that share a model in one sweep, in groups within `budget` bytes (plus the
+    reactive and actual runs' share: they add to each group, not a group of their own,
+    which would step the whole replay again for a few runs). A lone
     replay without baselines runs alone (`reactive_run`, `actual_run`): a sweep of one or
     two runs costs more than the runs (bench: 1.1 against 0.9 CPU-s a reactive day)."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
@@ -196,8 +198,10 @@ def around_many(
                 extra.append(Extra(w, "hpa_util", target, actual_counts(series, ticks)))
         replays = [(templates[i], prepared[i].scored_from) for i in g]
         names = None if baselines else ()
+        # The extra runs widen each group by their number: never a group of their own.
+        wider = budget + 16 * len(p.arrivals) * len(extra)
         curves, kept, n = swept_with(
-            p.config, replays, p.seed, p.seconds, extra, names=names, budget=budget
+            p.config, replays, p.seed, p.seconds, extra, names=names, budget=wider
         )
         found: dict[int, Around] = {
             i: Around(curves[w] if baselines else None, None, None) for w, i in enumerate(g)
