@@ -21,16 +21,21 @@ others: J at a time), the total is an estimate, whatif's wall time x N/K, and sa
 (with lanes, K workloads tick in lockstep in chunks of at most L: the estimate then
 holds for chunks of that size, and more lanes a chunk cost less a workload)
 (only those K are backfilled: promtool takes many minutes for 100 workload-weeks; read_s,
-reading all N one after another in-process, is K's read time x N/K):
+reading all N one after another in-process, is K's read time x N/K; read_threads_s the
+same read READERS workloads at a time, as whatif reads a chunk):
   RESULT workloads=N days=D replayed=K seconds_estimated=S read_s=.. ... gate=fail(estimated)
 Gate (issue 20): seconds <= 120 and rss_total_mb (whatif and its worker processes
 together, sampled every 0.2 s; rss_mb is the largest process') <= 1 GB; only a full run
 can pass it.
 
 `--split` instead times whatif's parts in this process on the read histories (all
---replay workloads in one lockstep), CPU seconds a workload:
-  RESULT split workloads=K days=D lanes=K per_workload: read_s= ready_s= gpuscaler_s=
-  reactive_s= actual_s= baselines_s= report_s= replay_s= rss_mb= rss_before_mb=
+--replay workloads in one lockstep), CPU seconds a workload; the reactive, actual and
+baseline runs both apart (as before) and in one sweep (`around_s`, as whatif runs them
+now; the summaries checked equal); replay_s sums the parts apart, replay_around_s with
+`around` in their place:
+  RESULT split workloads=K days=D lanes=K per_workload: read_s= read_threads_s= ready_s=
+  gpuscaler_s= reactive_s= actual_s= baselines_s= report_s= around_s= replay_s= replay_around_s=
+  around_speedup= rss_mb= rss_before_mb= same_summaries=true
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import prometheus
 
-from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.history import WorkloadHistory
+from gpuscaler.sim.around import around_many, swept_many
 from gpuscaler.sim.lockstep import lockstep_runs
-from gpuscaler.sim.replay import Ready, WorkloadReplay, actual_of, limits, ready, swept_many
+from gpuscaler.sim.replay import Ready, WorkloadReplay, actual_of, finished, limits, ready
 from gpuscaler.sim.simulate import finish, reactive_run
 from gpuscaler.sim.trace import load_trace
 
@@ -190,12 +196,28 @@ def measured(
     return done, largest, peak_total[0]
 
 
+def same_history(a: WorkloadHistory, b: WorkloadHistory) -> bool:
+    """Whether two reads of a workload gave the same signals, value for value."""
+    pairs = zip((a.requests, a.load, a.replicas), (b.requests, b.load, b.replicas), strict=True)
+    for x, y in pairs:
+        if (x.series is None) != (y.series is None) or x.problem != y.problem:
+            return False
+        if x.series is not None and y.series is not None:
+            same = np.array_equal(x.series.values, y.series.values, equal_nan=True)
+            if not same:
+                return False
+    return a.key == b.key and (a.start, a.end, a.step) == (b.start, b.end, b.step)
+
+
 def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> dict[str, float]:
     """Seconds of each part of whatif's replay of `histories` (in-process, all of them in
     one lockstep): ready (checks, arrivals), gpuscaler's run, the reactive HPA, the
-    replicas that ran, the baselines' sweeps, the report (summaries)."""
+    replicas that ran, the baselines' sweeps (each run as before: the reactive and actual
+    runs one `SimulatedCluster` each), the report (summaries); and `around`: the reactive,
+    actual and baseline runs in one sweep (`around.around_many`, as whatif runs them now),
+    checked to give the same summaries."""
     clock: dict[str, float] = dict.fromkeys(
-        ("ready", "gpuscaler", "reactive", "actual", "baselines", "report"), 0.0
+        ("ready", "gpuscaler", "reactive", "actual", "baselines", "report", "around"), 0.0
     )
 
     def timed(part: str, f: Any, *a: Any) -> Any:
@@ -209,11 +231,13 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
         for h, w in zip(histories, config.workloads[: len(histories)], strict=True)
     ]
     assert all(isinstance(r, Ready) for r in rs), rs
-    prepared = [r.prepared for r in rs if isinstance(r, Ready)]
+    ok = [r for r in rs if isinstance(r, Ready)]
+    prepared = [r.prepared for r in ok]
     runs = timed("gpuscaler", lockstep_runs, prepared)
     swept = timed("baselines", swept_many, prepared)  # all workloads' sweeps as one
-    for r, run, curves in zip(rs, runs, swept, strict=True):
-        assert isinstance(r, Ready)
+    replicas = [r.history.replicas.series for r in ok]
+    arounds = timed("around", around_many, prepared, replicas)
+    for r, run, curves, around in zip(ok, runs, swept, arounds, strict=True):
         reactive = timed("reactive", reactive_run, r.prepared)
         actual = timed("actual", actual_of, r)
 
@@ -228,23 +252,36 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
             lim = limits(r.history, r.demand, actual)
             return WorkloadReplay(r.history.key, r.signal, result, actual, lim).summary()
 
-        timed("report", report)
+        before = timed("report", report)
+        after = finished(r, run, True, around).summary()
+        assert after == before, f"{r.history.key}: one sweep's summary differs"
     return clock
 
 
 def print_split(
-    config: Config, histories: list[WorkloadHistory], read_each: float, days: float
+    config: Config,
+    histories: list[WorkloadHistory],
+    read: tuple[float, float],
+    workloads: int,
+    days: float,
 ) -> None:
-    """The split of one in-process replay: CPU seconds a workload of each part."""
+    """The split of one in-process replay: CPU seconds a workload of each part (the read:
+    wall seconds a workload, one at a time and READERS at a time)."""
     n = len(histories)
+    read_each, read_threads = (r / workloads for r in read)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     clock = split(config, histories)
     parts = " ".join(f"{k}_s={v / n:.2f}" for k, v in clock.items())
-    total = sum(clock.values()) / n
+    separate = clock["reactive"] + clock["actual"] + clock["baselines"]
+    total = (sum(clock.values()) - clock["around"]) / n
+    after = total - (separate - clock["around"]) / n
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"RESULT split workloads={n} days={days:g} lanes={n} per_workload: read_s={read_each:.2f} "
-        f"{parts} replay_s={total:.2f} rss_mb={rss:.0f} rss_before_mb={rss0:.0f}"
+        f"read_threads_s={read_threads:.2f} "
+        f"{parts} replay_s={total:.2f} replay_around_s={after:.2f} "
+        f"around_speedup={separate / max(clock['around'], 1e-9):.2f} rss_mb={rss:.0f} "
+        f"rss_before_mb={rss0:.0f} same_summaries=true"
     )
 
 
@@ -304,13 +341,20 @@ def main() -> None:
                 assert h.requests.series is not None, h.requests.problem
                 histories.append(h)
             read_s = (time.perf_counter() - t0) * args.workloads / replay
+            t0 = time.perf_counter()
+            again = reader.workloads(config.workloads[:replay], since - STEP, until + STEP, STEP)
+            read_threads_s = (time.perf_counter() - t0) * args.workloads / replay
+            assert all(same_history(a, b) for a, b in zip(histories, again, strict=True))
             print(
                 f"read: {replay} workloads, {len(calls)} range queries; all "
-                f"{args.workloads}: {read_s:.1f}s{'' if full else ' (estimated)'}",
+                f"{args.workloads}: {read_s:.1f}s one at a time, {read_threads_s:.1f}s "
+                f"{READERS} at a time (whatif's){'' if full else ' (estimated)'}",
                 file=sys.stderr,
             )
             if args.split:
-                return print_split(config, histories, read_s / args.workloads, args.days)
+                return print_split(
+                    config, histories, (read_s, read_threads_s), args.workloads, args.days
+                )
             cmd = [
                 str(SCRIPT),
                 "whatif",
@@ -385,6 +429,7 @@ def main() -> None:
         print(
             f"RESULT workloads={args.workloads} days={args.days:g} replayed={replay} "
             f"seconds_estimated={estimate:.0f} read_s={read_s:.1f} "
+            f"read_threads_s={read_threads_s:.1f} "
             f"whatif_s_per_workload={per:.1f} {common} "
             f"gate={'pass' if ok else 'fail'}(estimated)"
         )

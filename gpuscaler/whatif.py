@@ -32,9 +32,11 @@ grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and
 track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 20 * 2**20
+LANE_BYTES_A_WEEK = 24 * 2**20
 """What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
-with the controller's state for it about 20 (bench/whatif.py --split: 4 lanes, +129 MB)."""
+with the controller's state for it about 20 (bench/whatif.py --split: 4 lanes, +129 MB),
+and its reactive run's record (about 4 MB: `around.around_many` runs a chunk's reactive
+runs in its sweep, each kept until its workload is reported)."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
@@ -178,10 +180,8 @@ def replay_chunk(
     """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
     draw their PNGs."""
     reader = reader or HistoryReader(job.config)
-    histories = [
-        (reader.workload(w, job.since - job.step, job.until + job.step, job.step), w)
-        for w in workloads
-    ]
+    read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
+    histories = list(zip(read, workloads, strict=True))
     out: list[Done] = []
     for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes):
         if isinstance(done, Skipped):

@@ -16,9 +16,9 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.sim import sweep as sweep_module
 from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
-from gpuscaler.sim.pods import Pods
+from gpuscaler.sim.pods import Pods, PodTable
 from gpuscaler.sim.simulate import _run, run_baselines, scenario_cluster, scenario_config
-from gpuscaler.sim.sweep import PodTable, Sweep
+from gpuscaler.sim.sweep import Sweep
 from gpuscaler.sim.synthetic import synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
 

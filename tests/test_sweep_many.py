@@ -11,10 +11,10 @@ import pytest
 
 from gpuscaler.config import Config, parse_config
 from gpuscaler.sim import sweep as sweep_module
+from gpuscaler.sim.around import swept_many
 from gpuscaler.sim.baselines import swept
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
-from gpuscaler.sim.replay import swept_many
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared, run_baselines, scenario_cluster, scenario_config
 from gpuscaler.sim.sweep import Sweep, same_model

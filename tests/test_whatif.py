@@ -21,12 +21,11 @@ from gpuscaler.config import Config, WorkloadConfig, parse_config
 from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
 from gpuscaler.demand import DemandConfig
+from gpuscaler.sim.around import actual_run, held
 from gpuscaler.sim.replay import (
     Skipped,
-    actual_run,
     compare,
     demand_rate,
-    held,
     hours_at_share,
     replay,
     verdict,

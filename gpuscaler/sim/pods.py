@@ -5,11 +5,13 @@ week's replay asks for these counts at every control tick of dozens of runs."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpuscaler.core.model import FloatArray
+from gpuscaler.sim.scalers import IntArray
 
 INF = math.inf
 
@@ -85,3 +87,101 @@ class Pods:
         leave = np.where(ready > at, at, at + drain)
         self.leave[going] = leave
         self.ready[going] = np.minimum(ready, leave)
+
+
+@dataclass
+class PodTable:
+    """The pods of every run as (runs, pods) arrays, padded with pods that never exist
+    (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
+    run's counts as of the last sample counted (`seen`) and its next pod event after it,
+    so a run whose pods do not change is not counted again."""
+
+    pods: list[Pods]
+    created: FloatArray = field(init=False)
+    ready: FloatArray = field(init=False)
+    leave: FloatArray = field(init=False)
+    seen: float = field(default=-INF, init=False)
+    next_event: FloatArray = field(init=False)
+    """Per run: its first pod event (created, ready or leaving) after `seen`."""
+    now_ready: FloatArray = field(init=False)
+    now_held: FloatArray = field(init=False)
+    """Per run: ready and GPU-holding pods at `seen` (true until `next_event`)."""
+
+    def __post_init__(self) -> None:
+        r = len(self.pods)
+        width = max(8, max(len(p.created) for p in self.pods))
+        self.created, self.ready, self.leave = (np.full((r, width), INF) for _ in range(3))
+        self.next_event, self.now_ready, self.now_held = np.zeros(r), np.zeros(r), np.zeros(r)
+        for i in range(r):
+            self.refresh(i)
+
+    def refresh(self, r: int) -> None:
+        """Copy run `r`'s pods into its row, after they changed at a time after `seen`."""
+        pods = self.pods[r]
+        n = len(pods.created)
+        if n > self.created.shape[1]:
+            pad = np.full((len(self.pods), n), INF)
+            self.created, self.ready, self.leave = (
+                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
+            )
+        for table, column in ((self.created, pods.created), (self.ready, pods.ready)):
+            table[r, :n], table[r, n:] = column, INF
+        self.leave[r, :n], self.leave[r, n:] = pods.leave, INF
+        events = np.concatenate((pods.created, pods.ready, pods.leave))
+        later = events[events > self.seen]
+        self.next_event[r] = later.min() if later.size else INF
+
+    def _next_events(self, rows: IntArray, after: float) -> FloatArray:
+        events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
+        return np.asarray(np.where(events > after, events, INF).min(axis=1))
+
+    def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
+        """(ready, holding a GPU share) of the runs `rows` at `t`."""
+        gone = (self.leave[rows] <= t).sum(axis=1)
+        ready = (self.ready[rows] <= t).sum(axis=1) - gone
+        held = (self.created[rows] <= t).sum(axis=1) - gone
+        return ready.astype(np.float64), held.astype(np.float64)
+
+    def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
+        """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
+        shape (rows, len(t)), each run's as its `Pods` counts them (the same integers: a
+        pod is counted from each of its times on, padding never)."""
+        t = np.asarray(t)[None, None, :]
+        gone = (self.leave[rows][:, :, None] <= t).sum(axis=1)
+        ready = (self.ready[rows][:, :, None] <= t).sum(axis=1) - gone
+        held = (self.created[rows][:, :, None] <= t).sum(axis=1) - gone
+        return ready.astype(np.float64), held.astype(np.float64)
+
+    def ready_at(self, now: float) -> IntArray:
+        """Replicas serving at `now` (not before `seen`), per run."""
+        ready = self.now_ready.astype(np.int64)
+        rows = np.flatnonzero(self.next_event <= now)
+        if rows.size:
+            serving = (self.ready[rows] <= now) & (now < self.leave[rows])
+            ready[rows] = serving.sum(axis=1)
+        return ready
+
+    def count(
+        self, first: float, last: float, samples: Callable[[], FloatArray]
+    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+        """(runs counted again, runs whose pods change over the samples from `first` to
+        `last` (start, turn ready or leave in (first, last]), the latter's counts at every
+        sample of `samples()` (shape (runs changing, samples))); the other runs' counts
+        at `first` hold throughout (`now_ready`, `now_held`)."""
+        touched = np.flatnonzero(self.next_event <= last)
+        moving = np.zeros(0, dtype=np.int64)
+        ready = held = np.zeros((0, 0))
+        if touched.size:
+            self.now_ready[touched], self.now_held[touched] = self.counts_at(first, touched)
+            changes = np.zeros(len(touched), dtype=bool)
+            for table in (self.created, self.ready, self.leave):
+                rows = table[touched]
+                changes |= ((rows > first) & (rows <= last)).any(axis=1)
+            moving = touched[changes]
+        if moving.size:
+            ready, held = self.counts(samples(), moving)
+            self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
+        self.seen = last
+        if touched.size:
+            self.next_event[touched] = self._next_events(touched, last)
+        return touched, moving, ready, held

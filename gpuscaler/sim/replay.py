@@ -13,7 +13,6 @@ was served, so demand that queued unserved is not in it.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +22,8 @@ import numpy as np
 
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
-from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.sim.baselines import Curves, swept
-from gpuscaler.sim.cluster import Recorder
+from gpuscaler.core.model import Series
+from gpuscaler.sim.around import Around, actual_run, around_many
 from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
@@ -35,11 +33,8 @@ from gpuscaler.sim.simulate import (
     finish,
     gpuscaler_run,
     prepare,
-    scenario_cluster,
-    slo_metrics,
     warmup_plan,
 )
-from gpuscaler.sim.sweep import same_model
 from gpuscaler.sim.trace import Trace, TraceError
 
 
@@ -112,49 +107,6 @@ def history_trace(key: str, demand: Series) -> Trace:
     return Trace(key, demand.start, demand.step, demand.values * demand.step, "prometheus")
 
 
-def held(replicas: Series) -> FloatArray:
-    """The replica counts with the last known one held over each gap (and the first
-    known one before it)."""
-    values = replicas.values.copy()
-    finite = np.isfinite(values)
-    if not finite.any():
-        return values
-    idx = np.where(finite, np.arange(len(values)), 0)
-    np.maximum.accumulate(idx, out=idx)
-    values = values[idx]
-    first = int(np.flatnonzero(finite)[0])
-    values[:first] = values[first]
-    return values
-
-
-def actual_run(
-    config: Config,
-    replicas: Series,
-    arrivals: FloatArray,
-    start: float,
-    seconds: float,
-    seed: int,
-    scored_from: int,
-) -> dict[str, Any]:
-    """SLO figures of the replay with the replicas that ran (read at each control
-    interval), at the pool's initial fragments (the fragments that ran are not read)."""
-    cluster = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    counts = held(replicas)
-    interval = config.control.interval
-    t = start + interval
-    while t <= start + seconds:
-        cluster.advance_to(t)
-        i = min(max(math.floor((t - replicas.start) / replicas.step), 0), len(counts) - 1)
-        cluster.set_replicas(t, max(1, round(float(counts[i]))))
-        t += interval
-    cluster.advance_to(start + seconds)
-    s = slice(scored_from, cluster.cursor)
-    return {
-        **slo_metrics(cluster, scored_from, config.simulator.slo_wait),
-        "mean_replicas": round(float(np.mean(cluster.rec.replicas[s])), 2),
-    }
-
-
 @dataclass(frozen=True, eq=False)
 class Ready:
     """A workload's history checked and prepared for the replay."""
@@ -215,50 +167,21 @@ def actual_of(r: Ready) -> dict[str, Any] | None:
 
 
 def finished(
-    r: Ready, run: RunResult, baselines: bool = True, curves: Curves | None = None
+    r: Ready, run: RunResult, baselines: bool = True, around: Around | None = None
 ) -> WorkloadReplay:
-    """The replay around gpuscaler's run: the reactive HPA and the baselines (as
-    `simulate` runs them, or `curves` when swept already), and the replicas that ran
-    when known."""
-    result = finish(r.prepared, run, baselines, curves=curves)
-    actual = actual_of(r)
+    """The replay around gpuscaler's run: the reactive HPA and the baselines, and the
+    replicas that ran when known (each as `simulate` and `actual_run` run them alone, or
+    as `around` found them already)."""
+    if around is None:
+        result, actual = finish(r.prepared, run, baselines), actual_of(r)
+    else:
+        result = finish(r.prepared, run, baselines, around.reactive, around.curves)
+        actual = around.actual
+        if actual is not None:
+            actual["source"] = r.history.replicas.name
     return WorkloadReplay(
         r.history.key, r.signal, result, actual, limits(r.history, r.demand, actual)
     )
-
-
-MANY_BYTES = 64 * 2**20
-"""What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
-less than a lone sweep's SWEEP_BYTES: whatif holds its lanes' runs meanwhile, in each of
-its processes, within the 1 GB of the whole run."""
-
-
-def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
-    """The baselines' curves of each replay (`simulate.baseline_curves`), those of replays
-    that share a model swept as one (`baselines.swept`): the same curves, fewer steps."""
-    templates = []
-    for p in prepared:
-        t = scenario_cluster(p.config, p.arrivals, p.start, p.seed, controlled=False)
-        t.rec = Recorder(0)  # a sweep's template is never advanced: nothing to record
-        templates.append(t)
-    groups: list[list[int]] = []
-    for i, (p, t) in enumerate(zip(prepared, templates, strict=True)):
-        for g in groups:
-            first = prepared[g[0]]
-            if (first.seed, first.seconds) == (p.seed, p.seconds) and same_model(
-                templates[g[0]], t
-            ):
-                g.append(i)
-                break
-        else:
-            groups.append([i])
-    out: dict[int, Curves] = {}
-    for g in groups:
-        p = prepared[g[0]]
-        replays = [(templates[i], prepared[i].scored_from) for i in g]
-        curves = swept(p.config, replays, p.seed, p.seconds, budget=MANY_BYTES)
-        out.update(zip(g, curves, strict=True))
-    return [out[i] for i in range(len(prepared))]
 
 
 def replay_many(
@@ -283,7 +206,7 @@ def replay_many(
         for i in range(0, len(group), size):
             chunk_of.update((id(x), group[i : i + size]) for x in group[i : i + size])
     runs: dict[int, RunResult] = {}
-    curves: dict[int, Curves] = {}
+    arounds: dict[int, Around] = {}
     for r in out:
         if isinstance(r, Skipped):
             yield r
@@ -295,10 +218,12 @@ def replay_many(
             else:
                 done = lockstep_runs([x.prepared for x in chunk])
                 runs.update((id(x), run) for x, run in zip(chunk, done, strict=True))
-            if baselines:  # the chunk's sweeps as one
-                chunk_curves = swept_many([x.prepared for x in chunk])
-                curves.update((id(x), c) for x, c in zip(chunk, chunk_curves, strict=True))
-        yield finished(r, runs.pop(id(r)), baselines, curves.pop(id(r), None))
+            # the chunk's reactive, actual and baseline runs in one sweep
+            done_around = around_many(
+                [x.prepared for x in chunk], [x.history.replicas.series for x in chunk], baselines
+            )
+            arounds.update((id(x), a) for x, a in zip(chunk, done_around, strict=True))
+        yield finished(r, runs.pop(id(r)), baselines, arounds.pop(id(r)))
 
 
 def replay(

@@ -19,6 +19,7 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
 from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import ScalerKind
+from gpuscaler.sim.sweep import SWEEP_BYTES
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -371,9 +372,15 @@ def simulate(
     metrics: Sequence[ControllerMetrics] = (),
     baselines: bool = True,
 ) -> SimulationResult:
-    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
+    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it: the
+    reactive HPA and the baselines in one sweep (`around.around_many`: the figures of
+    `reactive_run` and `baseline_curves`, bit for bit)."""
+    from gpuscaler.sim.around import around_many  # it builds on this module
+
     p = prepare(trace, hours, seed, config, start_hours)
-    return finish(p, gpuscaler_run(p, metrics), baselines)
+    run = gpuscaler_run(p, metrics)
+    [around] = around_many([p], baselines=baselines, budget=SWEEP_BYTES)
+    return finish(p, run, baselines, around.reactive, around.curves)
 
 
 MIN_SECONDS = 1800.0

@@ -19,15 +19,21 @@ the demand alone, which no run changes: one per tick for all of its targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from gpuscaler.config import Config
 from gpuscaler.core.model import FloatArray
-from gpuscaler.sim.cluster import SAMPLE, SimulatedCluster, layout_capacity
-from gpuscaler.sim.pods import Pods
+from gpuscaler.sim.cluster import (
+    SAMPLE,
+    Recorder,
+    SimulatedCluster,
+    efficiency,
+    layout_capacity,
+)
+from gpuscaler.sim.pods import Pods, PodTable
 from gpuscaler.sim.queue import lindley
 from gpuscaler.sim.scalers import (
     STABILIZATION,
@@ -40,107 +46,11 @@ from gpuscaler.sim.scalers import (
 )
 
 INF = math.inf
+KEPT = ("capacity", "served", "queue", "load", "gpus", "demand_busy", "replicas")
+"""What a kept run records a slot at a time (`Sweep._keep`: the first five in this order)."""
 SWEEP_BYTES = 256 * 2**20
 """Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
 run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
-
-
-@dataclass
-class PodTable:
-    """The pods of every run as (runs, pods) arrays, padded with pods that never exist
-    (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
-    run's counts as of the last sample counted (`seen`) and its next pod event after it,
-    so a run whose pods do not change is not counted again."""
-
-    pods: list[Pods]
-    created: FloatArray = field(init=False)
-    ready: FloatArray = field(init=False)
-    leave: FloatArray = field(init=False)
-    seen: float = field(default=-INF, init=False)
-    next_event: FloatArray = field(init=False)
-    """Per run: its first pod event (created, ready or leaving) after `seen`."""
-    now_ready: FloatArray = field(init=False)
-    now_held: FloatArray = field(init=False)
-    """Per run: ready and GPU-holding pods at `seen` (true until `next_event`)."""
-
-    def __post_init__(self) -> None:
-        r = len(self.pods)
-        width = max(8, max(len(p.created) for p in self.pods))
-        self.created, self.ready, self.leave = (np.full((r, width), INF) for _ in range(3))
-        self.next_event, self.now_ready, self.now_held = np.zeros(r), np.zeros(r), np.zeros(r)
-        for i in range(r):
-            self.refresh(i)
-
-    def refresh(self, r: int) -> None:
-        """Copy run `r`'s pods into its row, after they changed at a time after `seen`."""
-        pods = self.pods[r]
-        n = len(pods.created)
-        if n > self.created.shape[1]:
-            pad = np.full((len(self.pods), n), INF)
-            self.created, self.ready, self.leave = (
-                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
-            )
-        for table, column in ((self.created, pods.created), (self.ready, pods.ready)):
-            table[r, :n], table[r, n:] = column, INF
-        self.leave[r, :n], self.leave[r, n:] = pods.leave, INF
-        events = np.concatenate((pods.created, pods.ready, pods.leave))
-        later = events[events > self.seen]
-        self.next_event[r] = later.min() if later.size else INF
-
-    def _next_events(self, rows: IntArray, after: float) -> FloatArray:
-        events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
-        return np.asarray(np.where(events > after, events, INF).min(axis=1))
-
-    def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at `t`."""
-        gone = (self.leave[rows] <= t).sum(axis=1)
-        ready = (self.ready[rows] <= t).sum(axis=1) - gone
-        held = (self.created[rows] <= t).sum(axis=1) - gone
-        return ready.astype(np.float64), held.astype(np.float64)
-
-    def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
-        shape (rows, len(t)), each run's as its `Pods` counts them (the same integers: a
-        pod is counted from each of its times on, padding never)."""
-        t = np.asarray(t)[None, None, :]
-        gone = (self.leave[rows][:, :, None] <= t).sum(axis=1)
-        ready = (self.ready[rows][:, :, None] <= t).sum(axis=1) - gone
-        held = (self.created[rows][:, :, None] <= t).sum(axis=1) - gone
-        return ready.astype(np.float64), held.astype(np.float64)
-
-    def ready_at(self, now: float) -> IntArray:
-        """Replicas serving at `now` (not before `seen`), per run."""
-        ready = self.now_ready.astype(np.int64)
-        rows = np.flatnonzero(self.next_event <= now)
-        if rows.size:
-            serving = (self.ready[rows] <= now) & (now < self.leave[rows])
-            ready[rows] = serving.sum(axis=1)
-        return ready
-
-    def count(
-        self, first: float, last: float, samples: Callable[[], FloatArray]
-    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
-        """(runs counted again, runs whose pods change over the samples from `first` to
-        `last` (start, turn ready or leave in (first, last]), the latter's counts at every
-        sample of `samples()` (shape (runs changing, samples))); the other runs' counts
-        at `first` hold throughout (`now_ready`, `now_held`)."""
-        touched = np.flatnonzero(self.next_event <= last)
-        moving = np.zeros(0, dtype=np.int64)
-        ready = held = np.zeros((0, 0))
-        if touched.size:
-            self.now_ready[touched], self.now_held[touched] = self.counts_at(first, touched)
-            changes = np.zeros(len(touched), dtype=bool)
-            for table in (self.created, self.ready, self.leave):
-                rows = table[touched]
-                changes |= ((rows > first) & (rows <= last)).any(axis=1)
-            moving = touched[changes]
-        if moving.size:
-            ready, held = self.counts(samples(), moving)
-            self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
-        self.seen = last
-        if touched.size:
-            self.next_event[touched] = self._next_events(touched, last)
-        return touched, moving, ready, held
 
 
 @dataclass
@@ -152,6 +62,8 @@ class SweepResult:
     served: FloatArray
     gpus: FloatArray
     replica_changes: list[tuple[float, int, int]]
+    recorder: Recorder | None = None
+    """The run's whole record (as its `SimulatedCluster` keeps it), when asked for."""
 
 
 def same_model(a: SimulatedCluster, b: SimulatedCluster) -> bool:
@@ -182,6 +94,8 @@ class Sweep:
         runs: Sequence[tuple[ScalerKind, float]],
         seed: int,
         rows: Sequence[SimulatedCluster] | None = None,
+        record: Sequence[int] = (),
+        replicas: Mapping[int, IntArray] | None = None,
     ):
         self.c = template  # the shared noise, dropped samples and settings
         rows = [template] * len(runs) if rows is None else list(rows)
@@ -220,6 +134,23 @@ class Sweep:
         self.recs: list[tuple[float, IntArray]] = []
         self.changes: list[list[tuple[float, int, int]]] = [[] for _ in runs]
         self.cursor = 0
+        self._keeping(record, replicas or {})
+
+    def _keeping(self, record: Sequence[int], replicas: Mapping[int, IntArray]) -> None:
+        """The runs `record` keep their whole record (`SweepResult.recorder`); the runs of
+        `replicas` run no scaler: their replicas are set to the given count at each control
+        tick, as `around.actual_run` sets them."""
+        self.record = np.asarray(record, dtype=np.int64)
+        n = len(self.c.arrivals)
+        self.kept = {name: np.full((len(self.record), n), np.nan) for name in KEPT}
+        self.held_last = np.zeros(len(self.record))
+        f, overhead = self.c.fragments, self.sim.switch_overhead
+        # The GPU efficiency at k pods holding a share, as `SimulatedCluster` computes it.
+        self.eff = np.array(
+            [float(efficiency(min(f, max(1.0, float(k))), overhead)) for k in range(f + 1)]
+        )
+        self.fixed = np.asarray(sorted(replicas), dtype=np.int64)
+        self.fixed_counts = np.stack([replicas[int(i)] for i in self.fixed]) if replicas else None
 
     def run(self, start: float, seconds: float) -> list[SweepResult]:
         """Step every run as `simulate._run` steps one: advance, then the scaler, every
@@ -235,10 +166,39 @@ class Sweep:
             self.advance_to(t)
             self.step(k, t)
         self.advance_to(end)
+        kept = dict(zip(self.record.tolist(), self._recorders(), strict=True))
         return [
-            SweepResult(kind, float(target), self.served[i], self.gpus[i], self.changes[i])
+            SweepResult(
+                kind, float(target), self.served[i], self.gpus[i], self.changes[i], kept.get(i)
+            )
             for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True))
         ]
+
+    def _recorders(self) -> list[Recorder]:
+        """The kept runs' records, each in arrays of its own (the sweep's are freed with
+        it): what every run of a replay records alike too (its requests, its arrivals
+        themselves, and its demand),
+        and the pool's signals, which no sweep computes (as a
+        cluster no controller reads: NaN, in a view that holds no memory)."""
+        out = []
+        n, slot = self.cursor, self.c.slot
+        unread = np.broadcast_to(np.nan, len(self.c.arrivals))
+        for j, run in enumerate(self.record.tolist()):
+            m = self.members[int(self.member[run])]
+            rec = Recorder(0)
+            rec.n = len(self.c.arrivals)
+            for name in KEPT:
+                setattr(rec, name, self.kept[name][j].copy())
+            if n == rec.n:  # all slots run (as always in a replay): the arrivals themselves
+                rec.requests = m.arrivals
+            else:
+                rec.requests = np.full(rec.n, np.nan)
+                rec.requests[:n] = m.arrivals[:n]
+            rec.demand_pct = np.full(rec.n, np.nan)
+            rec.demand_pct[:n] = 100.0 * m.work[:n] / slot
+            rec.pool_util = rec.stall = unread
+            out.append(rec)
+        return out
 
     def _signals(self, ticks: list[float]) -> None:
         """The request rate and the predictive floor's forecast at every tick: they read
@@ -307,6 +267,11 @@ class Sweep:
                 r, cap, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap, g))
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
+        if self.record.size:  # pods holding a share at the last slot's first sample
+            held = pods.now_held.copy()
+            if moving.size:
+                held[moving] = h[:, -sub]
+            self.held_last = held[self.record]
         return ready, capacity, gpus
 
     def advance_to(self, now: float) -> None:
@@ -328,7 +293,19 @@ class Sweep:
         self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
         self.load_from = end - self.load.shape[1]
         self.last_capacity = capacity[:, -1]
+        if self.record.size:
+            self._keep(s, capacity, served, queue, load, gpus)
         self.cursor = end
+
+    def _keep(self, s: slice, *figures: FloatArray) -> None:
+        """What `SimulatedCluster.advance_to` records, of the kept runs, for the slots `s`
+        (`figures`: capacity, served, queue, load and GPUs held of every run)."""
+        rows, kept, slot = self.record, self.kept, self.c.slot
+        for name, values in zip(KEPT[:5], figures, strict=True):
+            kept[name][:, s] = values[rows]
+        eff = self.eff[np.minimum(self.held_last, self.c.fragments).astype(np.int64)]
+        kept["demand_busy"][:, s] = self.work[self.member[rows], s] / slot / eff[:, None]
+        kept["replicas"][:, s] = self.spec[rows][:, None]
 
     def _recent(self, seconds: float) -> slice:
         return slice(max(0, self.cursor - round(seconds / self.c.slot)), self.cursor)
@@ -364,6 +341,8 @@ class Sweep:
             held = np.maximum.reduce([v for _, v in self.recs])
             desired = np.where(lower, np.minimum(current, held), desired)
         desired = np.maximum(self.lo, desired)  # the floor: min_replicas
+        if self.fixed_counts is not None:  # the replicas that ran, as given
+            desired[self.fixed] = self.fixed_counts[:, k]
         for r in np.flatnonzero(desired != current):
             self._set_replicas(int(r), now, int(current[r]), int(desired[r]))
 
@@ -413,6 +392,8 @@ def sweep_parts(
     seconds: float,
     rows: Sequence[SimulatedCluster] | None = None,
     budget: int | None = None,
+    record: Sequence[int] = (),
+    replicas: Mapping[int, IntArray] | None = None,
 ) -> Iterator[tuple[int, list[SweepResult], int]]:
     """`sweep` in groups of runs within `budget` bytes (SWEEP_BYTES), one group at a time:
     (the group's first run, its results, the slots simulated). With `rows`, run i replays
@@ -421,5 +402,8 @@ def sweep_parts(
     group = max(1, budget // (16 * max(1, len(template.arrivals))))
     for i in range(0, len(runs), group):
         part = None if rows is None else rows[i : i + group]
-        one = Sweep(config, template, runs[i : i + group], seed, part)
+        mine = range(i, i + group)
+        kept = [r - i for r in record if r in mine]
+        fixed = {r - i: v for r, v in (replicas or {}).items() if r in mine}
+        one = Sweep(config, template, runs[i : i + group], seed, part, kept, fixed)
         yield i, one.run(template.start, seconds), one.cursor

@@ -18,7 +18,9 @@ A ScaledObject's HPA is the one KEDA owns, `keda-hpa-<name>`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -40,6 +42,9 @@ DEPLOYMENT_REPLICAS = "max(kube_deployment_status_replicas{{{matchers}}})"
 
 Progress = Callable[[int], None]
 """Called with the number of range requests just made."""
+READERS = 4
+"""Workloads read at once (`HistoryReader.workloads`), each by a thread of its own with its
+own connection: while one waits for Prometheus to evaluate its range, another decodes."""
 
 
 class HistoryError(InputError):
@@ -95,6 +100,8 @@ class HistoryReader:
         if config.prometheus.url is None:
             raise HistoryError("prometheus.url is not set in the config: whatif reads history")
         self.config = config
+        self.shared = transport is not None
+        """A transport given is used alone (by one thread at a time)."""
         self.transport = transport or Transport(config.prometheus)
         self.progress = progress or (lambda _n: None)
 
@@ -169,3 +176,31 @@ class HistoryReader:
             if replicas.series is not None:
                 break
         return WorkloadHistory(workload.key, start, end, step, requests, load, replicas)
+
+    def workloads(
+        self,
+        workloads: Sequence[WorkloadConfig],
+        start: float,
+        end: float,
+        step: float,
+        readers: int = READERS,
+    ) -> list[WorkloadHistory]:
+        """`workload` of each, in order, up to `readers` at a time (one at a time on a
+        transport given to this reader): each thread reads with a reader of its own (its
+        own connection), the same requests, the same answers."""
+        if readers <= 1 or len(workloads) <= 1 or self.shared:
+            return [self.workload(w, start, end, step) for w in workloads]
+        local, lock = threading.local(), threading.Lock()
+
+        def progress(n: int) -> None:
+            with lock:  # one thread at a time on the progress bar
+                self.progress(n)
+
+        def one(w: WorkloadConfig) -> WorkloadHistory:
+            if not hasattr(local, "reader"):
+                local.reader = HistoryReader(self.config, progress=progress)
+            reader: HistoryReader = local.reader
+            return reader.workload(w, start, end, step)
+
+        with ThreadPoolExecutor(max_workers=readers) as pool:
+            return list(pool.map(one, workloads))

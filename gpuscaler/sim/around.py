@@ -1,0 +1,227 @@
+"""The runs around gpuscaler's of many replays, as one sweep: the baselines swept over
+their targets, the reactive HPA (the simulator's reference run) and the replicas that
+actually ran (what-if's third replay).
+
+The reactive HPA is a baseline run of its own: `hpa_util` at the workload's target with
+its min_replicas floor, no controller; the replicas that ran are a run whose replicas are
+set at each control tick to the count read, no scaler. Both run in the sweep of the
+baselines (`gpuscaler.sim.sweep`, the runs of replays that share a model,
+`sweep.same_model`, together) with their whole record kept, so their figures are bit for
+bit those of their own `SimulatedCluster` (`simulate.reactive_run`, `actual_run`:
+tests/test_around.py compares both) at a fraction of the cost: a lone run steps a week's
+20,160 control ticks with a dozen small numpy calls each, the sweep one more row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuscaler.config import Config
+from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.sim.baselines import Curves, Extra, swept_with
+from gpuscaler.sim.cluster import Recorder, SimulatedCluster
+from gpuscaler.sim.scalers import IntArray
+from gpuscaler.sim.simulate import (
+    ForecastTrack,
+    Prepared,
+    RunResult,
+    reactive_run,
+    scenario_cluster,
+    slo_metrics,
+)
+from gpuscaler.sim.sweep import SweepResult, same_model
+
+MANY_BYTES = 64 * 2**20
+"""What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
+less than a lone sweep's SWEEP_BYTES: whatif holds its lanes' runs meanwhile, in each of
+its processes, within the 1 GB of the whole run."""
+
+
+@dataclass
+class Around:
+    """What runs around gpuscaler's run of one replay."""
+
+    curves: Curves | None
+    """The baselines' curves (None: not swept)."""
+    reactive: RunResult | None
+    """The reactive HPA's run (None: not run)."""
+    actual: dict[str, Any] | None
+    """The figures of the replicas that ran (`actual_figures`; None: unknown)."""
+
+
+def held(replicas: Series) -> FloatArray:
+    """The replica counts with the last known one held over each gap (and the first
+    known one before it)."""
+    values = replicas.values.copy()
+    finite = np.isfinite(values)
+    if not finite.any():
+        return values
+    idx = np.where(finite, np.arange(len(values)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    values = values[idx]
+    first = int(np.flatnonzero(finite)[0])
+    values[:first] = values[first]
+    return values
+
+
+def control_ticks(start: float, seconds: float, interval: float) -> list[float]:
+    """The control ticks of a replay, as `simulate._run` steps them."""
+    ticks = []
+    t = start + interval
+    while t <= start + seconds:
+        ticks.append(t)
+        t += interval
+    return ticks
+
+
+def actual_counts(replicas: Series, ticks: Sequence[float]) -> IntArray:
+    """The replicas that ran at each tick (the last read at or before it, at least 1)."""
+    counts = held(replicas)
+    last = len(counts) - 1
+    return np.array(
+        [
+            max(
+                1,
+                round(
+                    float(
+                        counts[min(max(math.floor((t - replicas.start) / replicas.step), 0), last)]
+                    )
+                ),
+            )
+            for t in ticks
+        ],
+        dtype=np.int64,
+    )
+
+
+def actual_figures(cluster: SimulatedCluster, scored_from: int) -> dict[str, Any]:
+    """The SLO figures of the replay with the replicas that ran, and their mean."""
+    s = slice(scored_from, cluster.cursor)
+    return {
+        **slo_metrics(cluster, scored_from, cluster.sim.slo_wait),
+        "mean_replicas": round(float(np.mean(cluster.rec.replicas[s])), 2),
+    }
+
+
+def actual_run(
+    config: Config,
+    replicas: Series,
+    arrivals: FloatArray,
+    start: float,
+    seconds: float,
+    seed: int,
+    scored_from: int,
+) -> dict[str, Any]:
+    """SLO figures of the replay with the replicas that ran (read at each control
+    interval), at the pool's initial fragments (the fragments that ran are not read).
+    One run alone (`around_many` runs it in a sweep with others: the same figures)."""
+    cluster = scenario_cluster(config, arrivals, start, seed, controlled=False)
+    ticks = control_ticks(start, seconds, config.control.interval)
+    for t, n in zip(ticks, actual_counts(replicas, ticks).tolist(), strict=True):
+        cluster.advance_to(t)
+        cluster.set_replicas(t, n)
+    cluster.advance_to(start + seconds)
+    return actual_figures(cluster, scored_from)
+
+
+def _template(p: Prepared) -> SimulatedCluster:
+    t = scenario_cluster(p.config, p.arrivals, p.start, p.seed, controlled=False)
+    t.rec = Recorder(0)  # a sweep's template is never advanced: nothing to record
+    return t
+
+
+def _groups(prepared: Sequence[Prepared], templates: Sequence[SimulatedCluster]) -> list[list[int]]:
+    """The replays that can share a sweep: the same seed, range and model."""
+    groups: list[list[int]] = []
+    for i, (p, t) in enumerate(zip(prepared, templates, strict=True)):
+        for g in groups:
+            first = prepared[g[0]]
+            if (first.seed, first.seconds) == (p.seed, p.seconds) and same_model(
+                templates[g[0]], t
+            ):
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def _ran(p: Prepared, r: SweepResult, n: int) -> SimulatedCluster:
+    """A kept run of the sweep as the `SimulatedCluster` that ran it alone would be."""
+    cluster = scenario_cluster(p.config, p.arrivals, p.start, p.seed, controlled=False)
+    assert r.recorder is not None
+    cluster.rec, cluster.cursor, cluster.replica_changes = r.recorder, n, r.replica_changes
+    return cluster
+
+
+def around_many(
+    prepared: Sequence[Prepared],
+    replicas: Sequence[Series | None] | None = None,
+    baselines: bool = True,
+    reactive: bool = True,
+    budget: int = MANY_BYTES,
+) -> list[Around]:
+    """For each replay: the baselines' curves (`simulate.baseline_curves`) when
+    `baselines`, the reactive HPA's run (`simulate.reactive_run`) when `reactive`, and
+    the figures of its `replicas` that ran (`actual_run`) when given; those of
+    replays that share a model in one sweep, in groups within `budget` bytes (plus the
+    reactive and actual runs' share: they add to each group, not a group of their own,
+    which would step the whole replay again for a few runs). A lone
+    replay without baselines runs alone (`reactive_run`, `actual_run`): a sweep of one or
+    two runs costs more than the runs (bench: 1.1 against 0.9 CPU-s a reactive day)."""
+    given = list(replicas) if replicas is not None else [None] * len(prepared)
+    if len(prepared) == 1 and not baselines:  # a sweep of one or two runs costs more
+        [p], [series] = prepared, given
+        actual = None
+        if series is not None:
+            actual = actual_run(
+                p.config, series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
+            )
+        return [Around(None, reactive_run(p) if reactive else None, actual)]
+    templates = [_template(p) for p in prepared]
+    out: dict[int, Around] = {}
+    for g in _groups(prepared, templates):
+        p = prepared[g[0]]
+        extra: list[Extra] = []
+        for w, i in enumerate(g):
+            target = templates[i].scaler.target_pct
+            if reactive:
+                extra.append(Extra(w, "hpa_util", target))
+            series = given[i]
+            if series is not None:
+                ticks = control_ticks(p.start, p.seconds, p.config.control.interval)
+                extra.append(Extra(w, "hpa_util", target, actual_counts(series, ticks)))
+        replays = [(templates[i], prepared[i].scored_from) for i in g]
+        names = None if baselines else ()
+        # The extra runs widen each group by their number: never a group of their own.
+        wider = budget + 16 * len(p.arrivals) * len(extra)
+        curves, kept, n = swept_with(
+            p.config, replays, p.seed, p.seconds, extra, names=names, budget=wider
+        )
+        found: dict[int, Around] = {
+            i: Around(curves[w] if baselines else None, None, None) for w, i in enumerate(g)
+        }
+        for e, r in zip(extra, kept, strict=True):
+            i = g[e.replay]
+            ran = _ran(prepared[i], r, n)
+            if e.replicas is None:
+                found[i].reactive = RunResult("reactive", ran, [], ForecastTrack(), 0)
+            else:
+                found[i].actual = actual_figures(ran, prepared[i].scored_from)
+        out.update(found)
+    return [out[i] for i in range(len(prepared))]
+
+
+def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
+    """The baselines' curves of each replay (`simulate.baseline_curves`), those of replays
+    that share a model swept as one (`baselines.swept`): the same curves, fewer steps."""
+    out = []
+    for a in around_many(prepared, reactive=False):
+        assert a.curves is not None
+        out.append(a.curves)
+    return out
