@@ -296,8 +296,8 @@ def _assess_rows(
     start = np.searchsorted(ts, o - stab, "left")
     v = np.ascontiguousarray(recs[:, :, 1])
     vs = v[:, order]
-    reactive = _window_max_rows(vs, start, after[0][ok])
-    need = _window_max_rows(vs, after[0][ok], after[1][ok])
+    reactive = window_max_rows(vs, start, after[0][ok])
+    need = window_max_rows(vs, after[0][ok], after[1][ok])
     level = _window_means_rows(v, order, start, after[0][ok])
     upper = np.ascontiguousarray(recs[:, scored, 2])
     mean = np.ascontiguousarray(recs[:, scored, 3])
@@ -323,7 +323,7 @@ def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     return found
 
 
-def _window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
     """`window_max` of each row of `values` (the same windows for every row)."""
     ext = np.concatenate((values, np.full((len(values), 1), -np.inf)), axis=1)
     idx = np.empty(2 * start.size, dtype=np.intp)
