@@ -83,9 +83,13 @@ def remember(
     rows = records(h)
     kept = np.flatnonzero(rows[:, 0] > now - keep)
     n, k = len(h.seen), kept.size
-    # Records come in time order, so those kept are the newest: a slice of the tuple.
-    old = h.seen[n - k :] if k == 0 or kept[0] == n - k else tuple(h.seen[i] for i in kept)
-    new_rows = np.concatenate((rows[kept], np.asarray([record], dtype=np.float64)))
+    # Records come in time order, so those kept are the newest: a slice of the tuple
+    # and of the array.
+    newest = k == 0 or kept[0] == n - k
+    old = h.seen[n - k :] if newest else tuple(h.seen[i] for i in kept)
+    new_rows = np.empty((k + 1, 4))
+    new_rows[:k] = rows[n - k :] if newest else rows[kept]
+    new_rows[k] = record
     new_rows.setflags(write=False)
     return floor_history(h, seen=(*old, record), seen_rows=new_rows)
 
