@@ -115,9 +115,9 @@ def test_small_groups_are_taken_one_by_one_and_large_ones_as_rows(
     seen: list[int] = []
     inner = reserve._reserve_rows
 
-    def spy(recs: FloatArray, *args: float | FloatArray) -> list[Reserve | None]:
-        seen.append(len(recs))
-        return inner(recs, *args)  # type: ignore[arg-type]
+    def spy(t: FloatArray, v: FloatArray, *args: float | FloatArray) -> list[Reserve | None]:
+        seen.append(len(v))
+        return inner(t, v, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(reserve, "_reserve_rows", spy)
     recs, now = lanes(3, reserve.MIN_ROWS + 2, 150)
@@ -126,6 +126,11 @@ def test_small_groups_are_taken_one_by_one_and_large_ones_as_rows(
     together = overflow_reserve_many(recs + other, now, 300.0, 7200.0, at, full)
     assert together == alone(recs + other, now, 300.0, 7200.0, at, full)
     assert seen == [reserve.MIN_ROWS + 2]
+    seen.clear()
+    monkeypatch.setattr(reserve, "CHUNK_ROWS", 4)  # in chunks: the same reserves
+    together = overflow_reserve_many(recs + other, now, 300.0, 7200.0, at, full)
+    assert together == alone(recs + other, now, 300.0, 7200.0, at, full)
+    assert seen == [4] * (len(recs) // 4) + [len(recs) % 4] * (len(recs) % 4 > 0)
 
 
 def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(

@@ -95,35 +95,39 @@ def overflow_reserve_many(
             for i in idx:
                 out[i] = overflow_reserve(seen[i], now, window, span, at_target[i], full[i])
             continue
-        recs = np.stack([seen[i] for i in idx])
-        sizes = np.asarray([(at_target[i], full[i]) for i in idx], dtype=np.float64)
-        found = _reserve_rows(recs, now, window, span, sizes[:, 0], sizes[:, 1])
-        for i, r in zip(idx, found, strict=True):
-            out[i] = r
+        for first in range(0, len(idx), CHUNK_ROWS):  # a chunk's rows stay in the cache
+            part = idx[first : first + CHUNK_ROWS]
+            v = np.stack([seen[i][:, 1] for i in part])
+            sizes = np.asarray([(at_target[i], full[i]) for i in part], dtype=np.float64)
+            t = seen[part[0]][:, 0]
+            found = _reserve_rows(t, v, now, window, span, sizes[:, 0], sizes[:, 1])
+            for i, r in zip(part, found, strict=True):
+                out[i] = r
     return out
 
 
 MIN_ROWS = 8
 """Fewer arrays than this with the same times are taken one by one."""
+CHUNK_ROWS = 256
+"""Rows taken at once (each row's values, about 2 KB at 250 records)."""
 
 
 def _reserve_rows(
-    recs: FloatArray,
+    t: FloatArray,
+    v: FloatArray,
     now: float,
     window: float,
     span: float,
     at_target: FloatArray,
     full: FloatArray,
 ) -> list[Reserve | None]:
-    """`overflow_reserve` of each (records, 4) row of `recs`, all with the same times:
-    its steps over rows (the windows of every record in the span; a row's records
-    without a finite value, or without one before them, are not scored)."""
-    t = recs[0, :, 0]
-    v = recs[:, :, 1]
+    """`overflow_reserve` of each row of values `v` (rows, records), all at the record
+    times `t`: its steps over rows (the windows of every record in the span; a row's
+    records without a finite value, or without one before them, are not scored)."""
     ok = np.isfinite(v)
     inspan = np.flatnonzero(t > now - span)
     if not inspan.size:
-        return [None] * len(recs)
+        return [None] * len(v)
     order = np.argsort(t, kind="stable")
     ts, vs = t[order], np.where(ok, v, -np.inf)[:, order]
     o = t[inspan]
