@@ -10,13 +10,10 @@ import math
 
 import numpy as np
 import pytest
-from test_floor_batch import _case
+from test_floor_batch import plans_are_each_floor_alone
 
 from gpuscaler.core import reserve
-from gpuscaler.core.decisions import target_key
-from gpuscaler.core.model import FloatArray, History
-from gpuscaler.core.plan import floor_rows, plan
-from gpuscaler.core.replicas import decide_replica_floor
+from gpuscaler.core.model import FloatArray
 from gpuscaler.core.reserve import Reserve, overflow_reserve, overflow_reserve_many
 
 TICK = 30.0
@@ -137,25 +134,5 @@ def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(reserve, "MIN_ROWS", 1)
-    snaps, cfg = _case(12)
-    history = History()
-    rows = floor_rows(cfg)
-    reasons = []
-    for snap in snaps:
-        out = plan(snap, cfg, history, snap.time)
-        single = [
-            decide_replica_floor(
-                w,
-                rows[w.key][2],
-                cfg.metrics.staleness,
-                history.get(target_key("replica_floor", w.key)),
-                snap.time,
-            )
-            for w in snap.workloads
-        ]
-        assert out.decisions == tuple(o.decision for o in single if o.decision is not None)
-        floors = tuple(s for s in out.skips if s.kind == "replica_floor")
-        assert floors == tuple(o.skip for o in single if o.skip is not None)
-        reasons += [d.reason for d in out.decisions] + [s.reason for s in floors]
-        history = out.history
+    _, reasons = plans_are_each_floor_alone(12)
     assert any("reserve" in r for r in reasons)
