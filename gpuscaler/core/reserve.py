@@ -106,10 +106,12 @@ def overflow_reserve_many(
     return out
 
 
-MIN_ROWS = 8
-"""Fewer arrays than this with the same times are taken one by one."""
-CHUNK_ROWS = 256
-"""Rows taken at once (each row's values, about 2 KB at 250 records)."""
+MIN_ROWS = 4
+"""Fewer arrays than this with the same times are taken one by one (measured at 250
+records: 2 rows 0.9x, 4 rows 1.4x, 8 rows 2.3x the speed of one by one)."""
+CHUNK_ROWS = 32
+"""Rows taken at once (measured at 100 rows: chunks of 16-32 rows 1.5x faster than one
+chunk of all)."""
 
 
 def _reserve_rows(
