@@ -90,20 +90,24 @@ class Controller:
         self.fits: Mapping[str, FitState] = {}
 
     def engines(self) -> dict[ForecastConfig, ForecastEngine]:
-        """One engine per distinct forecast config, built once."""
-        cfgs = [self.config.forecast]
-        cfgs += [
-            self.config.pool_section(p.name, "forecast", ForecastConfig)
-            for p in self.config.node_pools
-        ]
-        cfgs += [
-            self.config.workload_section(w.key, "forecast", ForecastConfig)
-            for w in self.config.workloads
-        ]
-        for cfg in cfgs:
+        """One engine per distinct forecast config, built once (the config's distinct
+        forecast sections are listed once per config, not every tick: issue 20's
+        lockstep has a pool and a workload per lane)."""
+        for cfg in self.config.memo("controller.forecast_configs", self._forecast_configs):
             if cfg not in self._engines:
                 self._engines[cfg] = make_engine(cfg)
         return self._engines
+
+    def _forecast_configs(self) -> tuple[ForecastConfig, ...]:
+        """The config's distinct forecast sections: its own, then its pools', then its
+        workloads' (first seen first)."""
+        config = self.config
+        cfgs = [config.forecast]
+        cfgs += [config.pool_section(p.name, "forecast", ForecastConfig) for p in config.node_pools]
+        cfgs += [
+            config.workload_section(w.key, "forecast", ForecastConfig) for w in config.workloads
+        ]
+        return tuple(dict.fromkeys(cfgs))
 
     def reconfigure(self, config: Config) -> None:
         """Use `config` from the next tick on; history and model state are kept."""

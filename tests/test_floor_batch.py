@@ -152,10 +152,14 @@ def _case(n: int) -> tuple[list[Snapshot], Config]:
     return snaps, cfg
 
 
-def test_a_plan_of_many_floors_is_each_floor_decided_alone_tick_after_tick() -> None:
-    snaps, cfg = _case(12)
+def plans_are_each_floor_alone(n: int) -> tuple[bool, list[str]]:
+    """Plans `_case(n)` tick after tick, checking every floor's decision, skip and history
+    against `decide_replica_floor` of that workload alone; (whether the last tick
+    decided anything, the reasons of every floor decision and skip)."""
+    snaps, cfg = _case(n)
     history = History()
     rows = floor_rows(cfg)
+    reasons: list[str] = []
     for snap in snaps:
         out = plan(snap, cfg, history, snap.time)
         alone = [
@@ -173,8 +177,14 @@ def test_a_plan_of_many_floors_is_each_floor_decided_alone_tick_after_tick() -> 
         assert floors == tuple(o.skip for o in alone if o.skip is not None)
         for w, o in zip(snap.workloads, alone, strict=True):
             assert out.history.get(target_key("replica_floor", w.key)) == o.history
+        reasons += [d.reason for d in out.decisions] + [s.reason for s in floors]
         history = out.history
-    assert any(o.decision is not None for o in alone)
+    return any(o.decision is not None for o in alone), reasons
+
+
+def test_a_plan_of_many_floors_is_each_floor_decided_alone_tick_after_tick() -> None:
+    decided, _ = plans_are_each_floor_alone(12)
+    assert decided
 
 
 def test_floor_rows_are_built_once_per_config_and_a_copy_builds_its_own() -> None:

@@ -95,6 +95,25 @@ def test_remember_keeps_the_same_records_and_their_array_beside_them() -> None:
     assert np.array_equal(records(stale), np.asarray(h_old.seen[:5]))
 
 
+def test_remember_drops_records_out_of_time_order_as_before() -> None:
+    """Records not in time order (kept ones not all the newest): the same records, and
+    the array beside them holds them in the same order."""
+    rng = np.random.default_rng(9)
+    seen = tuple(
+        (float(t), float(v), 1.0, 1.0)
+        for t, v in zip(rng.permutation(60) * TICK, rng.normal(100, 30, 60), strict=True)
+    )
+    for keep in (1e9, 900.0, 300.0, 1.0):
+        args = (60 * TICK, 5.0, 6.0, 1.0, keep)
+        new, old = (
+            remember(TargetHistory(seen=seen), *args),
+            old_remember(TargetHistory(seen=seen), *args),
+        )
+        assert new.seen == old.seen
+        assert np.array_equal(records(new), np.asarray(old.seen, dtype=np.float64))
+        assert new.seen_rows is not None and np.array_equal(new.seen_rows, records(new))
+
+
 def reserve_cases() -> list[tuple[tuple[tuple[float, float, float, float], ...], float]]:
     cases = []
     for seed in range(8):

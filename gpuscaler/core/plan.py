@@ -15,8 +15,16 @@ from gpuscaler.core.preemption import (
     forecast_beneficiaries,
     fragments_beneficiaries,
 )
-from gpuscaler.core.replicas import FloorStep, floor_gpus, floor_outcome, floor_step, skill_args
-from gpuscaler.core.skill import Skill, assess_many
+from gpuscaler.core.replicas import (
+    FloorStep,
+    floor_gpus,
+    floor_outcome,
+    floor_step,
+    reserve_sizes,
+    skill_args,
+)
+from gpuscaler.core.reserve import Reserve, overflow_reserve_many
+from gpuscaler.core.skill import Skill, assess_many, records
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -119,7 +127,8 @@ def _replica_floors(
     """This tick's replica floor outcome of every configured workload observed, and per
     node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
     sized for their load: a fragment change leaves them (core.replicas.floor_gpus). The
-    forecasts' skills are assessed together (the same as one by one)."""
+    forecasts' skills and the overflow reserves are assessed together (the same as one
+    by one)."""
     rows = floor_rows(config)
     staleness = config.metrics.staleness
     steps: list[tuple[str, str | None, ReplicasConfig, WorkloadObservation, Outcome | FloorStep]]
@@ -130,12 +139,13 @@ def _replica_floors(
             key, name, rep_cfg = row
             step = floor_step(wobs, rep_cfg, staleness, history.get(key), now)
             steps.append((key, name, rep_cfg, wobs, step))
-    skills = _skills([s for *_, s in steps if isinstance(s, FloorStep)], now)
+    waiting = [s for *_, s in steps if isinstance(s, FloorStep)]
+    skills, reserves = _skills(waiting, now), _reserves(waiting, now)
     out: dict[str, Outcome] = {}
     held: dict[str, float] = {}
     for key, name, rep_cfg, wobs, step in steps:
         if isinstance(step, FloorStep):
-            step = floor_outcome(step, skills.get(id(step)))
+            step = floor_outcome(step, skills.get(id(step)), reserves[id(step)])
         out[key] = step
         if name is None:
             continue
@@ -157,6 +167,28 @@ def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:
     for args, group in groups.items():
         skills = assess_many([s.history for s in group], now, *args)
         found.update((id(s), k) for s, k in zip(group, skills, strict=True))
+    return found
+
+
+def _reserves(steps: list[FloorStep], now: float) -> dict[int, Reserve | None]:
+    """The overflow reserve of every step (by the step's id), assessed together per
+    window and span."""
+    groups: dict[tuple[float, float], list[FloorStep]] = {}
+    for step in steps:
+        cfg = step.cfg
+        groups.setdefault((cfg.scale_down_stabilization, cfg.reserve_window), []).append(step)
+    found: dict[int, Reserve | None] = {}
+    for (window, span), group in groups.items():
+        sizes = [reserve_sizes(s.obs, s.cfg) for s in group]
+        reserves = overflow_reserve_many(
+            [records(s.history) for s in group],
+            now,
+            window,
+            span,
+            [a for a, _ in sizes],
+            [f for _, f in sizes],
+        )
+        found.update((id(s), r) for s, r in zip(group, reserves, strict=True))
     return found
 
 

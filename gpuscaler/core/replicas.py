@@ -23,7 +23,7 @@ from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
-from gpuscaler.core.reserve import overflow_reserve
+from gpuscaler.core.reserve import Reserve, overflow_reserve
 from gpuscaler.core.skill import Skill, assess, floor_history, in_fallback, records, remember
 
 KIND: Final = "replica_floor"
@@ -46,13 +46,14 @@ def decide_replica_floor(
     if isinstance(step, Outcome):
         return step
     skill = assess(step.history, now, *skill_args(cfg)) if cfg.skill_check else None
-    return floor_outcome(step, skill)
+    return floor_outcome(step, skill, floor_reserve(step.history, obs, cfg, now))
 
 
 @dataclass(frozen=True, slots=True)
 class FloorStep:
-    """A replica floor decided up to its forecast's skill (`floor_outcome` takes it from
-    there): the planner assesses every workload's skill at once (skill.assess_many)."""
+    """A replica floor decided up to its forecast's skill and its overflow reserve
+    (`floor_outcome` takes it from there): the planner assesses every workload's at once
+    (skill.assess_many, reserve.overflow_reserve_many)."""
 
     obs: WorkloadObservation
     cfg: ReplicasConfig
@@ -93,7 +94,8 @@ def floor_step(
         assert obs.recent_peak is not None
         h = remember(h, now, obs.recent_peak, math.nan, math.nan, keep)
         note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
-        return _floor(obs, cfg, h, now, observed_peak(h, now, window), None, note, "")
+        found = floor_reserve(h, obs, cfg, now)
+        return _floor(obs, cfg, h, now, found, observed_peak(h, now, window), None, note, "")
     upper = forecast.peak_upper_within(cfg.lead_time)
     mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
     observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
@@ -101,8 +103,9 @@ def floor_step(
     return FloorStep(obs, cfg, h, now, upper, observed)
 
 
-def floor_outcome(step: FloorStep, skill: Skill | None) -> Outcome:
-    """The floor of `step` given its forecast's skill (None: `skill_check` is off)."""
+def floor_outcome(step: FloorStep, skill: Skill | None, reserve: Reserve | None) -> Outcome:
+    """The floor of `step` given its forecast's skill (None: `skill_check` is off) and
+    its records' overflow reserve (`floor_reserve`)."""
     obs, cfg, now = step.obs, step.cfg, step.now
     forecast = obs.load.forecast
     assert forecast is not None
@@ -116,12 +119,33 @@ def floor_outcome(step: FloorStep, skill: Skill | None) -> Outcome:
         cfg,
         h,
         now,
+        reserve,
         observed_peak(h, now, cfg.scale_down_stabilization),
         None if fallback is not None else step.upper,
         fallback,
         f"; {forecast.reason}",
         {"peak": forecast.peak, "upper": step.upper, "last": forecast.last_value},
     )
+
+
+def reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
+    """What one replica serves at the target and at full use, in the load's unit: the
+    overflow reserve's `at_target` and `full` (GPU percent, or the serving stack's
+    demand, which a replica serves at its rate either way)."""
+    if obs.serving is not None:
+        per_replica = obs.serving[0]
+        return per_replica, per_replica
+    at_target = obs.replica_gpu_share * cfg.target_utilization_pct
+    return at_target, at_target * 100.0 / cfg.target_utilization_pct
+
+
+def floor_reserve(
+    h: TargetHistory, obs: WorkloadObservation, cfg: ReplicasConfig, now: float
+) -> Reserve | None:
+    """The overflow reserve the floor's records call for (gpuscaler.core.reserve)."""
+    at_target, full = reserve_sizes(obs, cfg)
+    window, span = cfg.scale_down_stabilization, cfg.reserve_window
+    return overflow_reserve(records(h), now, window, span, at_target, full)
 
 
 def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None) -> float:
@@ -177,6 +201,7 @@ def _floor(
     cfg: ReplicasConfig,
     h: TargetHistory,
     now: float,
+    reserve: Reserve | None,
     observed: float,
     upper: float | None,
     note: str | None,
@@ -190,7 +215,8 @@ def _floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
     capacity, sizing = _capacity(obs, cfg)
-    raw, note = _raw(h, cfg, now, sized, capacity, current, obs.serving is None, note)
+    kept = _reserve(reserve, cfg, reserve_sizes(obs, cfg)[1])
+    raw, note = _raw(cfg, sized, capacity, current, kept, note)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
     h, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
@@ -256,36 +282,32 @@ def _stabilized(
 
 
 def _raw(
-    h: TargetHistory,
     cfg: ReplicasConfig,
-    now: float,
     sized: float,
     capacity: float,
     current: int,
-    gpu: bool,
+    reserved: tuple[int, str],
     note: str | None,
 ) -> tuple[int, str | None]:
     """Replicas for `sized` demand by the HPA formula (hpa_desired) in the load's unit,
-    none changed within the tolerance, at least the reserve for short bursts; the note."""
+    none changed within the tolerance, at least the `reserved` replicas for short bursts
+    (`_reserve`); the note."""
     raw = math.ceil(sized / capacity - 1e-9)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
-    reserve, kept = _reserve(h, cfg, now, capacity, gpu)
+    reserve, kept = reserved
     if reserve > raw:
         return reserve, f"{note}; {kept}" if note else kept
     return raw, note
 
 
-def _reserve(
-    h: TargetHistory, cfg: ReplicasConfig, now: float, capacity: float, gpu: bool
-) -> tuple[int, str]:
+def _reserve(r: Reserve | None, cfg: ReplicasConfig, full: float) -> tuple[int, str]:
     """Replicas the floor keeps for bursts that overflowed what reactive sizing would have
-    had at full use (gpuscaler.core.reserve), and why; (0, "") when none did."""
-    full = capacity * 100.0 / cfg.target_utilization_pct if gpu else capacity
+    had at full use (`r`, gpuscaler.core.reserve; `full`: a replica's), and why; (0, "")
+    when none did."""
     span = cfg.reserve_window
-    r = overflow_reserve(records(h), now, cfg.scale_down_stabilization, span, capacity, full)
     if r is None:
         return 0, ""
     replicas = math.ceil(r.peak / full - 1e-9)
@@ -299,14 +321,11 @@ def _reserve(
 def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:
     """What one replica serves at target, in the load's unit, and how that reads: GPU
     percent (a GPU share times the target utilization) or the serving stack's demand."""
+    capacity = reserve_sizes(obs, cfg)[0]
     if obs.serving is not None:
-        per_replica, unit = obs.serving
-        return per_replica, f" {unit} / {per_replica:g} per replica"
+        return capacity, f" {obs.serving[1]} / {capacity:g} per replica"
     share = obs.replica_gpu_share
-    return (
-        share * cfg.target_utilization_pct,
-        f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)",
-    )
+    return capacity, f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)"
 
 
 def _skill_check(

@@ -18,12 +18,13 @@ reserve.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpuscaler.core.model import FloatArray
-from gpuscaler.core.skill import window_max
+from gpuscaler.core.skill import window_max, window_max_rows
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,83 @@ def overflow_reserve(
     hit = scored[over]
     top = hit[len(hit) - 1 - int(np.argmax(v[hit][::-1]))]  # the newest of the highest
     return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))
+
+
+def overflow_reserve_many(
+    seen: Sequence[FloatArray],
+    now: float,
+    window: float,
+    span: float,
+    at_target: Sequence[float],
+    full: Sequence[float],
+) -> list[Reserve | None]:
+    """`overflow_reserve` of each record array in `seen` (with its own `at_target` and
+    `full`), the same Reserve each, computed together: arrays whose records have the
+    same times share their windows, so each step is one numpy operation over all of them
+    (lanes in lockstep tick together)."""
+    out: list[Reserve | None] = [None] * len(seen)
+    groups: dict[bytes, list[int]] = {}
+    for i, rec in enumerate(seen):
+        if len(rec) >= 2:
+            groups.setdefault(rec[:, 0].tobytes(), []).append(i)
+    for idx in groups.values():
+        if len(idx) < MIN_ROWS:  # a few rows cost less one by one
+            for i in idx:
+                out[i] = overflow_reserve(seen[i], now, window, span, at_target[i], full[i])
+            continue
+        for first in range(0, len(idx), CHUNK_ROWS):  # a chunk's rows stay in the cache
+            part = idx[first : first + CHUNK_ROWS]
+            v = np.stack([seen[i][:, 1] for i in part])
+            sizes = np.asarray([(at_target[i], full[i]) for i in part], dtype=np.float64)
+            t = seen[part[0]][:, 0]
+            found = _reserve_rows(t, v, now, window, span, sizes[:, 0], sizes[:, 1])
+            for i, r in zip(part, found, strict=True):
+                out[i] = r
+    return out
+
+
+MIN_ROWS = 4
+"""Fewer arrays than this with the same times are taken one by one (measured at 250
+records: 2 rows 0.9x, 4 rows 1.4x, 8 rows 2.3x the speed of one by one)."""
+CHUNK_ROWS = 32
+"""Rows taken at once (measured at 100 rows: chunks of 16-32 rows 1.5x faster than one
+chunk of all)."""
+
+
+def _reserve_rows(
+    t: FloatArray,
+    v: FloatArray,
+    now: float,
+    window: float,
+    span: float,
+    at_target: FloatArray,
+    full: FloatArray,
+) -> list[Reserve | None]:
+    """`overflow_reserve` of each row of values `v` (rows, records), all at the record
+    times `t`: its steps over rows (the windows of every record in the span; a row's
+    records without a finite value, or without one before them, are not scored)."""
+    ok = np.isfinite(v)
+    inspan = np.flatnonzero(t > now - span)
+    if not inspan.size:
+        return [None] * len(v)
+    order = np.argsort(t, kind="stable")
+    ts, vs = t[order], np.where(ok, v, -np.inf)[:, order]
+    o = t[inspan]
+    start, stop = np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o)
+    reactive = window_max_rows(vs, start, stop)
+    values = v[:, inspan]
+    replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
+    with np.errstate(invalid="ignore"):
+        over = values > replicas * full[:, None] + 1e-9
+    over &= ok[:, inspan] & (reactive > -np.inf)
+    counts: list[int] = over.sum(axis=1).tolist()
+    # The newest of the highest: the last maximum of the overflows in record order.
+    last = over.shape[1] - 1 - np.argmax(np.where(over, values, -np.inf)[:, ::-1], axis=1)
+    out: list[Reserve | None] = []
+    for row, (count, k) in enumerate(zip(counts, last.tolist(), strict=True)):
+        if not count:
+            out.append(None)
+            continue
+        top = int(inspan[k])
+        out.append(Reserve(float(v[row, top]), now - float(t[top]), count))
+    return out

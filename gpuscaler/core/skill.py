@@ -83,9 +83,13 @@ def remember(
     rows = records(h)
     kept = np.flatnonzero(rows[:, 0] > now - keep)
     n, k = len(h.seen), kept.size
-    # Records come in time order, so those kept are the newest: a slice of the tuple.
-    old = h.seen[n - k :] if k == 0 or kept[0] == n - k else tuple(h.seen[i] for i in kept)
-    new_rows = np.concatenate((rows[kept], np.asarray([record], dtype=np.float64)))
+    # Records come in time order, so those kept are the newest: a slice of the tuple
+    # and of the array.
+    newest = k == 0 or kept[0] == n - k
+    old = h.seen[n - k :] if newest else tuple(h.seen[i] for i in kept)
+    new_rows = np.empty((k + 1, 4))
+    new_rows[:k] = rows[n - k :] if newest else rows[kept]
+    new_rows[k] = record
     new_rows.setflags(write=False)
     return floor_history(h, seen=(*old, record), seen_rows=new_rows)
 
@@ -296,8 +300,8 @@ def _assess_rows(
     start = np.searchsorted(ts, o - stab, "left")
     v = np.ascontiguousarray(recs[:, :, 1])
     vs = v[:, order]
-    reactive = _window_max_rows(vs, start, after[0][ok])
-    need = _window_max_rows(vs, after[0][ok], after[1][ok])
+    reactive = window_max_rows(vs, start, after[0][ok])
+    need = window_max_rows(vs, after[0][ok], after[1][ok])
     level = _window_means_rows(v, order, start, after[0][ok])
     upper = np.ascontiguousarray(recs[:, scored, 2])
     mean = np.ascontiguousarray(recs[:, scored, 3])
@@ -323,7 +327,7 @@ def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     return found
 
 
-def _window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
     """`window_max` of each row of `values` (the same windows for every row)."""
     ext = np.concatenate((values, np.full((len(values), 1), -np.inf)), axis=1)
     idx = np.empty(2 * start.size, dtype=np.intp)

@@ -1,0 +1,138 @@
+"""The overflow reserves of a tick taken together (issue 20): `overflow_reserve_many`
+gives each workload's records exactly what `overflow_reserve` gives them alone (the
+same peak, age and count), whether its rows share their record times (one numpy step
+over all of them) or not (one by one), and the planner's floors with the reserves taken
+together are the floors decided alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_floor_batch import plans_are_each_floor_alone
+
+from gpuscaler.core import reserve
+from gpuscaler.core.model import FloatArray
+from gpuscaler.core.reserve import Reserve, overflow_reserve, overflow_reserve_many
+
+TICK = 30.0
+
+
+def lanes(seed: int, width: int, n: int) -> tuple[list[FloatArray], float]:
+    """`width` workloads' records on one schedule (a missed tick now and then): gamma
+    demand with bursts, NaN and inf values, equal peaks (the newest is reported)."""
+    rng = np.random.default_rng(seed)
+    t = 1000.0 + TICK * np.cumsum(rng.integers(1, 3, n))
+    out = []
+    for j in range(width):
+        v = rng.gamma(2 + j % 3, 60, n) * np.where(rng.random(n) < 0.06, 4.0, 1.0)
+        v[rng.random(n) < 0.04] = np.nan
+        v[rng.random(n) < 0.02] = np.inf
+        v[rng.random(n) < 0.08] = 300.0
+        if j == 1:
+            v[:] = 50.0  # flat: never overflows
+        rows = np.zeros((n, 4))
+        rows[:, 0], rows[:, 1] = t, v
+        out.append(rows)
+    return out, float(t[-1]) if n else 1000.0
+
+
+SIZES = [(50.0, 70.0), (80.0, 80.0), (200.0, 250.0), (12.5, 17.5)]
+
+
+def sizes(width: int) -> tuple[list[float], list[float]]:
+    return [SIZES[j % 4][0] for j in range(width)], [SIZES[j % 4][1] for j in range(width)]
+
+
+def alone(
+    recs: list[FloatArray],
+    now: float,
+    window: float,
+    span: float,
+    at: list[float],
+    full: list[float],
+) -> list[Reserve | None]:
+    return [
+        overflow_reserve(r, now, window, span, a, f) for r, a, f in zip(recs, at, full, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("rows_from", [1, reserve.MIN_ROWS])
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("window", "span"), [(300.0, 7200.0), (45.0, 900.0), (0.0, 600.0)])
+def test_reserves_taken_together_are_each_workloads_reserve(
+    monkeypatch: pytest.MonkeyPatch, rows_from: int, seed: int, window: float, span: float
+) -> None:
+    monkeypatch.setattr(reserve, "MIN_ROWS", rows_from)
+    recs, now = lanes(seed, 10, 260)
+    at, full = sizes(10)
+    hits = 0
+    for cut in (2, 40, 130, 260):  # the records as they grow
+        part = [r[:cut] for r in recs]
+        end = float(part[0][-1, 0])
+        for when in (end, end + 400.0, now + 1e5):
+            together = overflow_reserve_many(part, when, window, span, at, full)
+            assert together == alone(part, when, window, span, at, full)
+            hits += sum(r is not None for r in together)
+    assert (hits > 0) == (window > 0)  # an empty window sizes nothing: no reserve
+
+
+def test_rows_on_other_schedules_or_too_short_are_taken_apart_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
+    a, now_a = lanes(0, 4, 200)
+    b, now_b = lanes(1, 3, 230)  # other record times: its own group
+    short = a[0][:1]
+    empty = np.zeros((0, 4))
+    recs = [a[0], b[0], short, a[1], b[1], empty, a[2], b[2], a[3]]
+    at, full = sizes(len(recs))
+    now = max(now_a, now_b)
+    for span in (7200.0, 600.0, 1.0):
+        together = overflow_reserve_many(recs, now, 300.0, span, at, full)
+        assert together == alone(recs, now, 300.0, span, at, full)
+        assert together[2] is None and together[5] is None
+
+
+def test_the_newest_of_equal_highest_overflows_is_reported() -> None:
+    t = 1000.0 + TICK * np.arange(12)
+    rows = np.zeros((12, 4))
+    rows[:, 0] = t
+    rows[:, 1] = [10.0, 10.0, 500.0, 10.0, 10.0, 500.0, 10.0, 10.0, 200.0, 10.0, math.nan, 10.0]
+    recs = [rows.copy() for _ in range(reserve.MIN_ROWS)]
+    now = float(t[-1])
+    found = overflow_reserve_many(recs, now, 60.0, 3600.0, [10.0] * len(recs), [14.0] * len(recs))
+    assert found == [Reserve(500.0, now - float(t[5]), 3)] * len(recs)
+
+
+def test_small_groups_are_taken_one_by_one_and_large_ones_as_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+    inner = reserve._reserve_rows
+
+    def spy(t: FloatArray, v: FloatArray, *args: float | FloatArray) -> list[Reserve | None]:
+        seen.append(len(v))
+        return inner(t, v, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reserve, "_reserve_rows", spy)
+    recs, now = lanes(3, reserve.MIN_ROWS + 2, 150)
+    other, _ = lanes(4, reserve.MIN_ROWS - 1, 140)
+    at, full = sizes(len(recs) + len(other))
+    together = overflow_reserve_many(recs + other, now, 300.0, 7200.0, at, full)
+    assert together == alone(recs + other, now, 300.0, 7200.0, at, full)
+    assert seen == [reserve.MIN_ROWS + 2]
+    seen.clear()
+    monkeypatch.setattr(reserve, "CHUNK_ROWS", 4)  # in chunks: the same reserves
+    together = overflow_reserve_many(recs + other, now, 300.0, 7200.0, at, full)
+    assert together == alone(recs + other, now, 300.0, 7200.0, at, full)
+    assert seen == [4] * (len(recs) // 4) + [len(recs) % 4] * (len(recs) % 4 > 0)
+
+
+def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
+    _, reasons = plans_are_each_floor_alone(12)
+    assert any("reserve" in r for r in reasons)
