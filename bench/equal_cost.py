@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 
 from gpuscaler.config import Config
+from gpuscaler.sim.around import simulate
 from gpuscaler.sim.equal_cost import equal_cost
 from gpuscaler.sim.extend import extend_below
-from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from gpuscaler.config import Config
+from gpuscaler.sim.around import simulate
 from gpuscaler.sim.equal_cost import equal_cost
 from gpuscaler.sim.extend import extend_below
-from gpuscaler.sim.simulate import SimulationResult, simulate
+from gpuscaler.sim.simulate import SimulationResult
 from gpuscaler.sim.synthetic import synthetic_trace
 
 

@@ -32,9 +32,10 @@ import numpy as np
 import pytest
 
 from gpuscaler.config import parse_config
+from gpuscaler.sim.around import simulate
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.pods import Pods
-from gpuscaler.sim.simulate import scenario_cluster, scenario_config, simulate
+from gpuscaler.sim.simulate import scenario_cluster, scenario_config
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
 REFERENCE = Path(__file__).parent / "data" / "sim_reference_500ms.json"

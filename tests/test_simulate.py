@@ -12,7 +12,8 @@ import pytest
 from builders import run_cli
 
 from gpuscaler.config import Config, parse_config
-from gpuscaler.sim.simulate import simulate, warmup_plan
+from gpuscaler.sim.around import simulate
+from gpuscaler.sim.simulate import warmup_plan
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
 pytestmark = pytest.mark.timeout(900)

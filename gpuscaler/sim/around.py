@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,11 +30,19 @@ from gpuscaler.sim.simulate import (
     ForecastTrack,
     Prepared,
     RunResult,
+    SimulationResult,
+    finish,
+    gpuscaler_run,
+    prepare,
     reactive_run,
     scenario_cluster,
     slo_metrics,
 )
-from gpuscaler.sim.sweep import SweepResult, same_model
+from gpuscaler.sim.sweep import SWEEP_BYTES, SweepResult, same_model
+from gpuscaler.sim.trace import Trace
+
+if TYPE_CHECKING:
+    from gpuscaler.observability import ControllerMetrics
 
 MANY_BYTES = 64 * 2**20
 """What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
@@ -225,3 +233,21 @@ def swept_many(prepared: Sequence[Prepared]) -> list[Curves]:
         assert a.curves is not None
         out.append(a.curves)
     return out
+
+
+def simulate(
+    trace: Trace,
+    hours: float | None,
+    seed: int,
+    config: Config,
+    start_hours: float = 0.0,
+    metrics: Sequence[ControllerMetrics] = (),
+    baselines: bool = True,
+) -> SimulationResult:
+    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it: the
+    reactive HPA and the baselines in one sweep (`around.around_many`: the figures of
+    `reactive_run` and `baseline_curves`, bit for bit)."""
+    p = prepare(trace, hours, seed, config, start_hours)
+    run = gpuscaler_run(p, metrics)
+    [around] = around_many([p], baselines=baselines, budget=SWEEP_BYTES)
+    return finish(p, run, baselines, around.reactive, around.curves)

@@ -19,7 +19,6 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
 from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import ScalerKind
-from gpuscaler.sim.sweep import SWEEP_BYTES
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -361,26 +360,6 @@ def finish(
         seconds=p.seconds,
         seed=p.seed,
     )
-
-
-def simulate(
-    trace: Trace,
-    hours: float | None,
-    seed: int,
-    config: Config,
-    start_hours: float = 0.0,
-    metrics: Sequence[ControllerMetrics] = (),
-    baselines: bool = True,
-) -> SimulationResult:
-    """Replay `hours` of `trace` (all of it when None) from `start_hours` into it: the
-    reactive HPA and the baselines in one sweep (`around.around_many`: the figures of
-    `reactive_run` and `baseline_curves`, bit for bit)."""
-    from gpuscaler.sim.around import around_many  # it builds on this module
-
-    p = prepare(trace, hours, seed, config, start_hours)
-    run = gpuscaler_run(p, metrics)
-    [around] = around_many([p], baselines=baselines, budget=SWEEP_BYTES)
-    return finish(p, run, baselines, around.reactive, around.curves)
 
 
 MIN_SECONDS = 1800.0
