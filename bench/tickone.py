@@ -1,0 +1,191 @@
+"""One grouped controller alone in its own process, against bench/tick.py's Prometheus
+(issue 18): the RSS gate's figure, and where a steady tick's wall time goes.
+
+bench/tick.py holds four controllers at once (its variants), so its own peak RSS is not
+one controller's. It runs this file as a child once its variants are done: the child
+builds the default grouped controller (bench/tick.py's config), runs its first tick
+(then waits for the background backfill of the rest of the window) and `--cycles`
+steady ticks 30 s apart over the same planted samples, and prints one line
+`ONE {json}` with:
+- `vmhwm_mb`: the process' peak resident set (VmHWM of /proc/self/status), what a
+  controller pod's memory limit meets; `after_first_mb` is the peak after the first tick
+  and the backfill;
+- per steady tick: the phases of bench/tick.py (`PHASES`), the process' CPU time
+  (`cpu`: all its threads), Prometheus' CPU time from /proc/<pid>/stat (`prom_cpu`), the
+  CPU every other process of the machine used meanwhile (`others_cpu`: /proc/stat's busy
+  time minus both), and the same three for the forecast phase alone (`forecast_cpu`,
+  `forecast_prom_cpu`, `forecast_others_cpu`): a phase whose wall time is well above its
+  own CPU time waited for a core;
+- with `--profile`, cProfile's top functions over the steady ticks (printed before the
+  line); with `--tracemalloc`, the largest allocations by line after the last tick.
+
+Alone: `nice -n 10 .venv/bin/python bench/tickone.py --url URL --gpus 10000
+--first-now T --cycles 5` against a Prometheus bench/tick.py planted (T its first tick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tick import CYCLE, NoActuator, _time_observe, config, phases_of_tick, time_phases
+
+import gpuscaler.controller as controller_module
+from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.controller import Controller
+from gpuscaler.sources import GroupedPrometheusSource
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def prometheus_pid(url: str) -> int | None:
+    """The pid of the Prometheus listening at `url` (its --web.listen-address)."""
+    wanted = f"--web.listen-address={urlsplit(url).netloc}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if wanted in (entry / "cmdline").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def process_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` (all its threads), 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+
+
+def machine_busy() -> float:
+    """CPU seconds every core of the machine has been busy (not idle nor waiting on I/O)."""
+    head = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    jiffies = [int(x) for x in head[:8]]
+    return (sum(jiffies) - jiffies[3] - jiffies[4]) / TICK
+
+
+class Clock:
+    """CPU spent by this process, by Prometheus and by the rest of the machine."""
+
+    def __init__(self, prom_pid: int | None):
+        self.prom_pid = prom_pid
+
+    def read(self) -> tuple[float, float, float]:
+        return time.process_time(), process_cpu(self.prom_pid), machine_busy()
+
+    @staticmethod
+    def spent(
+        before: tuple[float, float, float], after: tuple[float, float, float]
+    ) -> dict[str, float]:
+        cpu, prom, busy = (b - a for a, b in zip(before, after, strict=True))
+        return {"cpu": cpu, "prom_cpu": prom, "others_cpu": max(0.0, busy - cpu - prom)}
+
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process in MB (ru_maxrss where /proc is not there)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _cpu_of_forecast(clock: Clock, spent: dict[str, float]) -> None:
+    """`build_snapshot` (the forecast phase) wrapped to add its CPU figures to `spent`."""
+    inner: Callable[..., Any] = getattr(controller_module, "build_snapshot")  # noqa: B009
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        before = clock.read()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            for name, value in Clock.spent(before, clock.read()).items():
+                spent[f"forecast_{name}"] += value
+
+    setattr(controller_module, "build_snapshot", timed)  # noqa: B010
+
+
+def run_one(
+    url: str, gpus: int, first_now: float, cycles: int, profile: bool, traced: bool
+) -> dict[str, Any]:
+    time_phases()
+    clock = Clock(prometheus_pid(url))
+    forecast = dict.fromkeys(("forecast_cpu", "forecast_prom_cpu", "forecast_others_cpu"), 0.0)
+    _cpu_of_forecast(clock, forecast)
+    if traced:
+        tracemalloc.start(5)
+    cfg = config(url, gpus, True)
+    source = GroupedPrometheusSource(cfg, CurrentState())
+    controller = Controller(cfg, source, NoActuator(), dry_run=True, log_decisions=False)
+    began = time.perf_counter()
+    controller.tick(first_now)
+    first = time.perf_counter() - began
+    assert source.grouped.backfill.wait(timeout=600)
+    after_first = peak_rss_mb()
+    _time_observe(source)
+    profiler = cProfile.Profile() if profile else None
+    rows = []
+    for c in range(1, cycles + 1):
+        for name in forecast:
+            forecast[name] = 0.0
+        before = clock.read()
+        if profiler is not None:
+            profiler.enable()
+        row = phases_of_tick(controller, first_now + c * CYCLE)
+        if profiler is not None:
+            profiler.disable()
+        row.update(Clock.spent(before, clock.read()), **forecast)
+        row["queries"] = source.queries_last_tick
+        rows.append(row)
+    assert source.health.ok
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    if traced:
+        for stat in tracemalloc.take_snapshot().statistics("lineno")[:20]:
+            print(f"tracemalloc: {stat}")
+    return {
+        "first": first,
+        "after_first_mb": after_first,
+        "vmhwm_mb": peak_rss_mb(),
+        "prometheus_pid_found": clock.prom_pid is not None,
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--first-now", type=float, required=True)
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tracemalloc", action="store_true")
+    args = parser.parse_args()
+    out = run_one(args.url, args.gpus, args.first_now, args.cycles, args.profile, args.tracemalloc)
+    print("ONE " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
