@@ -32,7 +32,9 @@ What is measured, in one run per size:
 - then the default grouped controller alone in a child process (bench/tickone.py): its
   peak RSS is `rss_10k_mb` (one controller, the gate's figure), its steady ticks
   `one_*_tick_s`, with the CPU time it and Prometheus spent (`one_10k_cpu_s`,
-  `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions).
+  `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions); then the
+  same asking for gzipped answers as before (`one_gzip_*`, the same-run baseline of
+  `fast.PLAIN`).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -49,12 +51,10 @@ the rule groups' share of a core). `--sizes 1000` is the quick mode (about 1 min
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -385,52 +385,13 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                 _time_observe(source)
             _steady_ticks(gpus, runs, first_now, cycles, out)
             out["bench_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            _one_controller(url, gpus, first_now, cycles, out)
+            from tickone import alone  # it imports this module
+
+            # One controller alone, asking for uncompressed answers (as shipped), then
+            # as before them (gzip accepted): the same-run baseline of that change.
+            for tag, flags in (("one", []), ("one_gzip", ["--gzip"])):
+                alone(url, gpus, first_now, cycles, out, tag, [*ONE_FLAGS, *flags])
     return out
-
-
-def _one_controller(
-    url: str, gpus: int, first_now: float, cycles: int, out: dict[str, float]
-) -> None:
-    """The default grouped controller alone in a child process (bench/tickone.py): its
-    peak RSS (`rss_mb`) and steady ticks with the CPU each side spent."""
-    child = subprocess.run(
-        [
-            *(sys.executable, str(Path(__file__).with_name("tickone.py")), "--url", url),
-            *("--gpus", str(gpus), "--first-now", f"{first_now}", "--cycles", str(cycles)),
-            *ONE_FLAGS,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=3600,
-    )
-    lines = child.stdout.splitlines()
-    for line in lines[:-1]:
-        print(f"[{gpus}] one: {line}")
-    one = json.loads(lines[-1].removeprefix("ONE "))
-    rows = one["rows"]
-    print(
-        f"[{gpus}] one controller alone: first tick {one['first']:.2f}s; peak RSS "
-        f"{one['vmhwm_mb']:.0f} MB ({one['after_first_mb']:.0f} MB after the first tick "
-        f"and the backfill); Prometheus' pid found: {one['prometheus_pid_found']}",
-        flush=True,
-    )
-    for row in rows:
-        print(
-            f"[{gpus}] one: tick {row['tick']:.3f} s (CPU: ours {row['cpu']:.3f}, "
-            f"Prometheus {row['prom_cpu']:.3f}, others {row['others_cpu']:.3f}); forecast "
-            f"{row['forecast']:.3f} s (CPU: ours {row['forecast_cpu']:.3f}, Prometheus "
-            f"{row['forecast_prom_cpu']:.3f}, others {row['forecast_others_cpu']:.3f}); "
-            + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES if n != "forecast")
-            + f" s; queries {row['queries']}",
-            flush=True,
-        )
-    out["rss_mb"] = one["vmhwm_mb"]
-    out["one_first"] = one["first"]
-    out["one_steady"] = statistics.median(r["tick"] for r in rows)
-    out["one_cpu"] = statistics.median(r["cpu"] for r in rows)
-    out["one_prom_cpu"] = statistics.median(r["prom_cpu"] for r in rows)
 
 
 def main() -> None:
@@ -450,17 +411,18 @@ def main() -> None:
         f"gpus_10k_tick_s={big.get('grouped_steady', float('nan')):.3f}",
         f"first_tick_10k_s={big.get('grouped_first', float('nan')):.2f}",
         f"queries_per_tick_10k={big.get('grouped_queries', float('nan')):.0f}",
-        f"rss_10k_mb={big.get('rss_mb', float('nan')):.0f}",
+        f"rss_10k_mb={big.get('one_rss_mb', float('nan')):.0f}",
         f"bench_rss_10k_mb={big.get('bench_rss_mb', float('nan')):.0f}",
-        f"one_10k_tick_s={big.get('one_steady', float('nan')):.3f}",
-        f"one_10k_cpu_s={big.get('one_cpu', float('nan')):.3f}",
-        f"one_10k_prometheus_cpu_s={big.get('one_prom_cpu', float('nan')):.3f}",
-        f"one_1k_tick_s={small.get('one_steady', float('nan')):.3f}",
         f"backfill_10k_s={big.get('grouped_backfill', float('nan')):.2f}",
     ]
     for name, r in (("1k", small), ("10k", big)):
         if r:
             fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
+    for name, r in (("1k", small), ("10k", big)):
+        for tag in ("one", "one_gzip") if r else ():
+            fields.append(f"{tag}_{name}_tick_s={r[f'{tag}_steady']:.3f}")
+            fields.append(f"{tag}_{name}_cpu_s={r[f'{tag}_cpu']:.3f}")
+            fields.append(f"{tag}_{name}_prometheus_cpu_s={r[f'{tag}_prom_cpu']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
         if r:
             fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")

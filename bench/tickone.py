@@ -16,6 +16,8 @@ steady ticks 30 s apart over the same planted samples, and prints one line
   time minus both), and the same three for the forecast phase alone (`forecast_cpu`,
   `forecast_prom_cpu`, `forecast_others_cpu`): a phase whose wall time is well above its
   own CPU time waited for a core;
+- with `--gzip`, the answers are asked for compressed, as before `fast.PLAIN` (the
+  same-run baseline of that change);
 - with `--profile`, cProfile's top functions over the steady ticks (printed before the
   line); with `--tracemalloc`, the largest allocations by line after the last tick.
 
@@ -31,6 +33,8 @@ import json
 import os
 import pstats
 import resource
+import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -40,8 +44,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tick import CYCLE, NoActuator, _time_observe, config, phases_of_tick, time_phases
+from tick import CYCLE, PHASES, NoActuator, _time_observe, config, phases_of_tick, time_phases
 
+import gpuscaler.adapters.prometheus.fast as fast_module
 import gpuscaler.controller as controller_module
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.controller import Controller
@@ -174,6 +179,55 @@ def run_one(
     }
 
 
+def alone(
+    url: str,
+    gpus: int,
+    first_now: float,
+    cycles: int,
+    out: dict[str, float],
+    tag: str,
+    flags: list[str],
+) -> None:
+    """The default grouped controller alone in a child process (bench/tickone.py): its
+    peak RSS and steady ticks with the CPU each side spent, into `out` under `tag`."""
+    child = subprocess.run(
+        [
+            *(sys.executable, str(Path(__file__).with_name("tickone.py")), "--url", url),
+            *("--gpus", str(gpus), "--first-now", f"{first_now}", "--cycles", str(cycles)),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    )
+    *shown, last = child.stdout.splitlines()
+    for line in shown:
+        print(f"[{gpus}] {tag}: {line}")
+    one = json.loads(last.removeprefix("ONE "))
+    rows = one["rows"]
+    print(
+        f"[{gpus}] {tag}: one controller alone: first tick {one['first']:.2f}s; peak RSS "
+        f"{one['vmhwm_mb']:.0f} MB ({one['after_first_mb']:.0f} MB after the first tick "
+        f"and the backfill); Prometheus' pid found: {one['prometheus_pid_found']}",
+        flush=True,
+    )
+    for row in rows:
+        print(
+            f"[{gpus}] {tag}: tick {row['tick']:.3f} s (CPU: ours {row['cpu']:.3f}, "
+            f"Prometheus {row['prom_cpu']:.3f}, others {row['others_cpu']:.3f}); forecast "
+            f"{row['forecast']:.3f} s (CPU: ours {row['forecast_cpu']:.3f}, Prometheus "
+            f"{row['forecast_prom_cpu']:.3f}, others {row['forecast_others_cpu']:.3f}); "
+            + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES if n != "forecast")
+            + f" s; queries {row['queries']}",
+            flush=True,
+        )
+    out[f"{tag}_rss_mb"] = one["vmhwm_mb"]
+    out[f"{tag}_first"] = one["first"]
+    for name, key in (("steady", "tick"), ("cpu", "cpu"), ("prom_cpu", "prom_cpu")):
+        out[f"{tag}_{name}"] = statistics.median(r[key] for r in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
@@ -182,7 +236,10 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--gzip", action="store_true", help="accept gzip (the old requests)")
     args = parser.parse_args()
+    if args.gzip:  # the answers compressed, as before `fast.PLAIN`
+        fast_module.PLAIN = {"Accept-Encoding": "gzip, deflate"}
     out = run_one(args.url, args.gpus, args.first_now, args.cycles, args.profile, args.tracemalloc)
     print("ONE " + json.dumps(out), flush=True)
 
