@@ -34,7 +34,8 @@ What is measured, in one run per size:
   `one_*_tick_s`, with the CPU time it and Prometheus spent (`one_10k_cpu_s`,
   `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions); then the
   same asking for gzipped answers as before (`one_gzip_*`, the same-run baseline of
-  `fast.PLAIN`).
+  `fast.PLAIN`), and also decoding them with the garbage collector running as before
+  (`one_before_*`: neither `fast.PLAIN` nor `fast.gc_paused`).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -387,9 +388,11 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
             out["bench_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             from tickone import alone  # it imports this module
 
-            # One controller alone, asking for uncompressed answers (as shipped), then
-            # as before them (gzip accepted): the same-run baseline of that change.
-            for tag, flags in (("one", []), ("one_gzip", ["--gzip"])):
+            # One controller alone as shipped, then as before the answers were asked
+            # uncompressed, then also decoded with the collector running: the same-run
+            # baselines of those changes.
+            baselines = ("one_gzip", ["--gzip"]), ("one_before", ["--gzip", "--gc"])
+            for tag, flags in (("one", []), *baselines):
                 alone(url, gpus, first_now, cycles, out, tag, [*ONE_FLAGS, *flags])
     return out
 
@@ -419,10 +422,11 @@ def main() -> None:
         if r:
             fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
-        for tag in ("one", "one_gzip") if r else ():
+        for tag in ("one", "one_gzip", "one_before") if r else ():
             fields.append(f"{tag}_{name}_tick_s={r[f'{tag}_steady']:.3f}")
             fields.append(f"{tag}_{name}_cpu_s={r[f'{tag}_cpu']:.3f}")
             fields.append(f"{tag}_{name}_prometheus_cpu_s={r[f'{tag}_prom_cpu']:.3f}")
+            fields.append(f"{tag}_{name}_gc_s={r[f'{tag}_gc']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
         if r:
             fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")

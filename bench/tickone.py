@@ -16,8 +16,11 @@ steady ticks 30 s apart over the same planted samples, and prints one line
   time minus both), and the same three for the forecast phase alone (`forecast_cpu`,
   `forecast_prom_cpu`, `forecast_others_cpu`): a phase whose wall time is well above its
   own CPU time waited for a core;
-- with `--gzip`, the answers are asked for compressed, as before `fast.PLAIN` (the
-  same-run baseline of that change);
+- per steady tick also the garbage collector's collections (`gc_runs`, all
+  generations) and their wall time (`gc_s`);
+- with `--gzip`, the answers are asked for compressed, as before `fast.PLAIN`; with
+  `--gc` also decoded with the collector running and the point lists kept, as before
+  `fast.gc_paused` (same-run baselines of those changes);
 - with `--profile`, cProfile's top functions over the steady ticks (printed before the
   line); with `--tracemalloc`, the largest allocations by line after the last tick.
 
@@ -28,7 +31,9 @@ Alone: `nice -n 10 .venv/bin/python bench/tickone.py --url URL --gpus 10000
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -86,6 +91,26 @@ def machine_busy() -> float:
     head = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     jiffies = [int(x) for x in head[:8]]
     return (sum(jiffies) - jiffies[3] - jiffies[4]) / TICK
+
+
+class Collections:
+    """The garbage collector's collections and their wall time, from `gc.callbacks`."""
+
+    def __init__(self) -> None:
+        self.runs, self.seconds, self._began = 0, 0.0, 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.runs += 1
+            self.seconds += time.perf_counter() - self._began
+
+    def take(self) -> dict[str, float]:
+        out = {"gc_runs": float(self.runs), "gc_s": self.seconds}
+        self.runs, self.seconds = 0, 0.0
+        return out
 
 
 class Clock:
@@ -151,7 +176,9 @@ def run_one(
     _time_observe(source)
     profiler = cProfile.Profile() if profile else None
     rows = []
+    collections = Collections()
     for c in range(1, cycles + 1):
+        collections.take()
         for name in forecast:
             forecast[name] = 0.0
         before = clock.read()
@@ -160,7 +187,7 @@ def run_one(
         row = phases_of_tick(controller, first_now + c * CYCLE)
         if profiler is not None:
             profiler.disable()
-        row.update(Clock.spent(before, clock.read()), **forecast)
+        row.update(Clock.spent(before, clock.read()), **forecast, **collections.take())
         row["queries"] = source.queries_last_tick
         rows.append(row)
     assert source.health.ok
@@ -219,12 +246,13 @@ def alone(
             f"{row['forecast']:.3f} s (CPU: ours {row['forecast_cpu']:.3f}, Prometheus "
             f"{row['forecast_prom_cpu']:.3f}, others {row['forecast_others_cpu']:.3f}); "
             + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES if n != "forecast")
-            + f" s; queries {row['queries']}",
+            + f" s; {row['gc_runs']:.0f} collections {row['gc_s']:.3f} s"
+            + f"; queries {row['queries']}",
             flush=True,
         )
     out[f"{tag}_rss_mb"] = one["vmhwm_mb"]
     out[f"{tag}_first"] = one["first"]
-    for name, key in (("steady", "tick"), ("cpu", "cpu"), ("prom_cpu", "prom_cpu")):
+    for name, key in (("steady", "tick"), ("cpu", "cpu"), ("prom_cpu", "prom_cpu"), ("gc", "gc_s")):
         out[f"{tag}_{name}"] = statistics.median(r[key] for r in rows)
 
 
@@ -237,9 +265,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--gzip", action="store_true", help="accept gzip (the old requests)")
+    parser.add_argument("--gc", action="store_true", help="decode as before fast.gc_paused")
     args = parser.parse_args()
     if args.gzip:  # the answers compressed, as before `fast.PLAIN`
         fast_module.PLAIN = {"Accept-Encoding": "gzip, deflate"}
+    if args.gc:  # the collector running while decoding, the point lists kept
+        setattr(fast_module, "gc_paused", contextlib.nullcontext)  # noqa: B010
+        setattr(fast_module, "_shed", lambda result: result)  # noqa: B010
     out = run_one(args.url, args.gpus, args.first_now, args.cycles, args.profile, args.tracemalloc)
     print("ONE " + json.dumps(out), flush=True)
 
