@@ -27,7 +27,15 @@ What is measured, in one run per size:
   in 10 at 30 s);
 - then one more tick 30 s later with the kept totals forgotten, as every 5 minutes: the
   steady tick that re-reads them (`refresh_10k_tick_s`), not in the median;
-- queries per steady tick, and the process' peak RSS (all variants held in memory).
+- queries per steady tick, and this process' peak RSS (`bench_rss_10k_mb`: all variants
+  held in memory at once);
+- then the default grouped controller alone in a child process (bench/tickone.py): its
+  peak RSS is `rss_10k_mb` (one controller, the gate's figure), its steady ticks
+  `one_*_tick_s`, with the CPU time it and Prometheus spent (`one_10k_cpu_s`,
+  `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions); then the
+  same asking for gzipped answers as before (`one_gzip_*`, the same-run baseline of
+  `fast.PLAIN`), and also decoding them with the garbage collector running as before
+  (`one_before_*`: neither `fast.PLAIN` nor `fast.gc_paused`).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -79,6 +87,8 @@ POOL_RULE_SERIES = {
     "nvidia_gpu_stall_percentage": "gpuscaler:pool_gpu_stall:avg",
 }
 """Raw series -> what the shipped pool rule (group gpuscaler-pools) records of it."""
+ONE_FLAGS: list[str] = []
+"""Passed on to bench/tickone.py (`--one-profile`, `--one-tracemalloc`)."""
 VARIANTS = ("grouped", "grouped_total", "grouped_raw", "per_target")
 """grouped: as configured by default (pool rules read where recorded); grouped_total: the
 same reading the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, as
@@ -375,7 +385,15 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                     out[f"{tag}_backfill"] = time.perf_counter() - began
                 _time_observe(source)
             _steady_ticks(gpus, runs, first_now, cycles, out)
-            out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            out["bench_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            from tickone import alone  # it imports this module
+
+            # One controller alone as shipped, then as before the answers were asked
+            # uncompressed, then also decoded with the collector running: the same-run
+            # baselines of those changes.
+            baselines = ("one_gzip", ["--gzip"]), ("one_before", ["--gzip", "--gc"])
+            for tag, flags in (("one", []), *baselines):
+                alone(url, gpus, first_now, cycles, out, tag, [*ONE_FLAGS, *flags])
     return out
 
 
@@ -383,7 +401,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--one-profile", action="store_true", help="cProfile the child")
+    parser.add_argument("--one-tracemalloc", action="store_true", help="its top allocations")
     args = parser.parse_args()
+    ONE_FLAGS.extend(["--profile"] * args.one_profile + ["--tracemalloc"] * args.one_tracemalloc)
     time_phases()
     results = {int(n): run(int(n), args.cycles) for n in args.sizes.split(",")}
     print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
@@ -393,12 +414,19 @@ def main() -> None:
         f"gpus_10k_tick_s={big.get('grouped_steady', float('nan')):.3f}",
         f"first_tick_10k_s={big.get('grouped_first', float('nan')):.2f}",
         f"queries_per_tick_10k={big.get('grouped_queries', float('nan')):.0f}",
-        f"rss_10k_mb={big.get('rss_mb', float('nan')):.0f}",
+        f"rss_10k_mb={big.get('one_rss_mb', float('nan')):.0f}",
+        f"bench_rss_10k_mb={big.get('bench_rss_mb', float('nan')):.0f}",
         f"backfill_10k_s={big.get('grouped_backfill', float('nan')):.2f}",
     ]
     for name, r in (("1k", small), ("10k", big)):
         if r:
             fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
+    for name, r in (("1k", small), ("10k", big)):
+        for tag in ("one", "one_gzip", "one_before") if r else ():
+            fields.append(f"{tag}_{name}_tick_s={r[f'{tag}_steady']:.3f}")
+            fields.append(f"{tag}_{name}_cpu_s={r[f'{tag}_cpu']:.3f}")
+            fields.append(f"{tag}_{name}_prometheus_cpu_s={r[f'{tag}_prom_cpu']:.3f}")
+            fields.append(f"{tag}_{name}_gc_s={r[f'{tag}_gc']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
         if r:
             fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")

@@ -1,0 +1,224 @@
+"""The grouped reads' requests and decoding (adapters/prometheus/fast.py): they ask
+Prometheus for uncompressed answers (`PLAIN`: Prometheus then spends no CPU gzipping a
+tick's megabytes of JSON; the request keeps its authorization, what is decoded is the
+same), and decode them with the garbage collector paused (`gc_paused`), shedding the
+per-point lists once they are arrays."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from kubefake import serving
+from promserver import STEP, planted_window, prometheus, write_openmetrics
+
+import gpuscaler.adapters.prometheus.fast as fast_module
+from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range, gc_paused
+from gpuscaler.adapters.prometheus.promql import format_step
+from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.config import parse_config
+
+ANSWER = {
+    "status": "success",
+    "data": {
+        "resultType": "matrix",
+        "result": [{"metric": {"modelName": "a"}, "values": [[10, "1.5"], [10.5, "NaN"]]}],
+    },
+}
+
+
+class _Recording:
+    """A fake Prometheus that records each request's headers and gzips its answer when
+    the request accepts gzip, as Prometheus does."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+    answer: ClassVar[dict[str, Any]] = ANSWER
+
+    @classmethod
+    def handler(cls) -> Any:
+        from http.server import BaseHTTPRequestHandler
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                cls.seen.append(dict(self.headers.items()))
+                body = json.dumps(cls.answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if "gzip" in self.headers.get("Accept-Encoding", ""):
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def _transport(url: str, extra: str = "") -> Transport:
+    config = parse_config(f'prometheus: {{url: "{url}", retries: 0{extra}}}\n')
+    return Transport(config.prometheus)
+
+
+def test_a_grouped_read_asks_for_an_uncompressed_answer_and_keeps_its_token(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    _Recording.seen.clear()
+    with serving(_Recording.handler()) as url:
+        transport = _transport(url, f", bearer_token_file: {token}")
+        result = fast_query_range(transport, "up", 10, 11, STEP)
+        fast_query(transport, "up", 11.0)
+        transport.query_range("up", 10, 11, STEP)  # the per-target path: unchanged
+    plain, instant, per_target = _Recording.seen
+    for headers in (plain, instant):
+        assert headers["Accept-Encoding"] == "identity"
+        assert headers["Authorization"] == "Bearer t0ken"
+    assert "gzip" in per_target["Accept-Encoding"]
+    times, values = result[0]["arrays"]
+    assert times.tolist() == [10.0, 10.5] and values[0] == 1.5 and math.isnan(values[1])
+    assert result[0]["values"] == []  # shed: the points are in `arrays`
+
+
+POINTS = 120
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
+    start, end = planted_window(POINTS, lag=3)
+    series: dict[str, list[Any]] = {
+        "DCGM_FI_DEV_GPU_UTIL": [
+            ({"UUID": f"GPU-{g}", "modelName": f"m{g % 3}"}, lambda i, g=g: (7.3 * i + g) % 100)
+            for g in range(30)
+        ]
+    }
+    data = tmp_path_factory.mktemp("plain") / "data.om"
+    write_openmetrics(data, series, start, POINTS)
+    with prometheus(data) as url:
+        yield url, end
+
+
+def test_prometheus_answers_a_grouped_read_uncompressed_with_the_same_samples(
+    planted: tuple[str, float],
+) -> None:
+    url, end = planted
+    transport = _transport(url)
+    api = transport.client
+    encodings: list[str | None] = []
+    get = api._session.get
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        answer = get(*args, **kwargs)
+        encodings.append(answer.headers.get("Content-Encoding"))
+        return answer
+
+    api._session.get = recorded
+    query = "avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL[1s]))"
+    start = math.floor(end) - 50
+    plain = fast_query_range(transport, query, start, math.floor(end), STEP)
+    compressed = api._session.get(  # what was asked before: gzip accepted
+        f"{api.url}/api/v1/query_range",
+        params={"query": query, "start": start, "end": math.floor(end), "step": format_step(STEP)},
+        headers={"Accept-Encoding": "gzip, deflate"},
+    ).json()["data"]["result"]
+    assert encodings == [None, "gzip"]
+    assert len(plain) == 3
+    key = lambda item: item["metric"]["modelName"]  # noqa: E731
+    for ours, theirs in zip(sorted(plain, key=key), sorted(compressed, key=key), strict=True):
+        times, values = ours["arrays"]
+        assert np.array_equal(times, [float(t) for t, _ in theirs["values"]])
+        assert np.array_equal(values, [float(v) for _, v in theirs["values"]])
+        assert times.size == len(theirs["values"]) > 90
+
+
+def test_the_collector_is_off_inside_and_on_again_after_the_last_of_overlapping_blocks() -> None:
+    assert gc.isenabled()
+    entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with gc_paused():
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert entered.wait(10)
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other block still runs
+    release.set()
+    thread.join(10)
+    assert gc.isenabled()
+
+
+def test_a_collector_off_before_stays_off() -> None:
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def _big_answer(series: int, points: int) -> dict[str, Any]:
+    rows = [
+        {
+            "metric": {"workload": f"w{s}"},
+            "values": [[10 + 0.5 * i, f"{s + i}.25"] for i in range(points)],
+        }
+        for s in range(series)
+    ]
+    return {"status": "success", "data": {"resultType": "matrix", "result": rows}}
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_no_collection_runs_while_a_big_answer_is_decoded(
+    paused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """About 20,000 [time, "value"] lists: without the pause the collector runs about
+    once per 700 of them (the case this guards against); with it, at most once after,
+    over what is kept (the series' dicts and arrays)."""
+    collections: list[int] = []
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    monkeypatch.setattr(_Recording, "answer", _big_answer(200, 100))
+    if not paused:
+        monkeypatch.setattr(fast_module, "gc_paused", _not_paused)
+    with serving(_Recording.handler()) as url:
+        transport = _transport(url)
+        gc.collect()
+        gc.callbacks.append(counted)
+        try:
+            result = fast_query_range(transport, "up", 10, 60, STEP)
+        finally:
+            gc.callbacks.remove(counted)
+    if paused:
+        assert collections in ([], [0])
+    else:
+        assert len(collections) >= 10
+    assert len(result) == 200 and all(r["values"] == [] for r in result)
+    times, values = result[7]["arrays"]
+    assert times[0] == 10 and times[-1] == 59.5 and values[3] == 10.25
+
+
+class _not_paused:  # stands for the context manager function
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None
