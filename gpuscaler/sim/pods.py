@@ -124,9 +124,12 @@ class PodTable:
             self.created, self.ready, self.leave = (
                 np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
             )
-        for table, column in ((self.created, pods.created), (self.ready, pods.ready)):
+        for table, column in (
+            (self.created, pods.created),
+            (self.ready, pods.ready),
+            (self.leave, pods.leave),
+        ):
             table[r, :n], table[r, n:] = column, INF
-        self.leave[r, :n], self.leave[r, n:] = pods.leave, INF
         events = np.concatenate((pods.created, pods.ready, pods.leave))
         later = events[events > self.seen]
         self.next_event[r] = later.min() if later.size else INF
