@@ -13,10 +13,10 @@ from itertools import chain
 from operator import attrgetter
 
 import numpy as np
+from scored_reference import _reason, _scoring, half_widths, live_paths
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import _scoring
-from gpuscaler.core.forecast.assembly import Batch, Model, _reason
+from gpuscaler.core.forecast.assembly import Batch, Model
 from gpuscaler.core.forecast.engines import (
     Fitted,
     ForecastEngine,
@@ -37,7 +37,6 @@ from gpuscaler.core.forecast.intervals import (
     coverage_note,
     naive_half_width,
 )
-from gpuscaler.core.forecast.scored import half_widths, live_paths
 from gpuscaler.core.model import (
     BoolArray,
     FitState,

@@ -287,6 +287,24 @@ def test_stall_means_found_together_equal_those_found_one_by_one(seed: int) -> N
     assert window_means(series, NOW, 150.0)[2] == (None, NOW - 0.5 * 400)  # its last sample
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_stall_means_of_rows_without_a_gap_equal_each_rows_own_mean_bit_for_bit(seed: int) -> None:
+    """Rows with every sample of the window finite are summed together (pairwise per
+    row); beside them rows with gaps, and windows of 1 to 700 samples (pairwise sums
+    change their order past 8 and 128 values)."""
+    rng = np.random.default_rng(seed)
+    rows = rng.lognormal(3, 1.5, (8, 700)) * rng.choice([1e-3, 1.0, 1e6], (8, 1))
+    rows[1, rng.random(700) < 0.05] = np.nan  # gaps: found one by one
+    rows[3, -3] = np.nan
+    series: list[Series | None] = [Series(NOW - 0.5 * 699, 0.5, row) for row in rows]
+    for window in (0.5, 3.0, 4.0, 60.0, 64.0, 64.5, 200.0, 349.5, 1000.0):
+        got = window_means(series, NOW, window)
+        want = [window_mean(s, NOW, window) for s in series]
+        assert [(m if m is None else m.hex(), t) for m, t in got] == [
+            (m if m is None else m.hex(), t) for m, t in want
+        ]
+
+
 def test_the_smoothing_tape_gives_each_end_what_smoothing_that_prefix_alone_gives() -> None:
     rng = np.random.default_rng(7)
     hist = 50 + np.cumsum(rng.normal(0, 2, (6, 90)), axis=1)

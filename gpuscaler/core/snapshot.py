@@ -11,6 +11,7 @@ import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import ForecastEngine, forecast_series, lead
+from gpuscaler.core.forecast.ensemble import row_sums
 from gpuscaler.core.model import (
     FitState,
     PoolObservation,
@@ -141,10 +142,17 @@ def window_means(
         newest = (stacked.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         first = max(0, int(np.ceil((now - window - start) / spacing + 1e-9)))
         part, kept = stacked[:, first:], finite[:, first:]
+        # a row without a gap in the window: its mean is its contiguous sum (pairwise, as
+        # `.mean()` of the row alone sums it) over its length, every such row at once
+        whole: list[bool] = np.asarray(kept.all(axis=1) & (part.shape[1] > 0)).tolist()
+        means = (row_sums(part) / part.shape[1]).tolist() if any(whole) else []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for r, i in enumerate(idx):
                 last = start + spacing * float(newest[r]) if seen[r] else None
+                if whole[r]:
+                    out[i] = (means[r], last)
+                    continue
                 values = part[r][kept[r]]
                 out[i] = (float(values.mean()) if values.size else None, last)
     return out

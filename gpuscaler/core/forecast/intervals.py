@@ -17,6 +17,7 @@ from itertools import compress
 
 import numpy as np
 
+from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.model import FloatArray, IntervalState, IssuedInterval
 
 MIN_RESIDUALS = 8
@@ -113,11 +114,11 @@ def resolve_rows(
             groups.setdefault((s.checked_at, _layout(s)), []).append(r)
     for (checked, layout), idx in groups.items():
         group = [s for r in idx if (s := states[r]) is not None]
-        bounds = np.stack([_bounds(s) for s in group])  # (rows, 2, total)
+        bounds = stacked([_bounds(s) for s in group])  # (rows, 2, total)
         points, misses, flags = _check(layout, checked, bounds, hist[idx], now, step)
         kept = tuple(compress(layout, flags))
         columns = np.repeat(np.array(flags, dtype=bool), [size for _, _, size in layout])
-        rest = _frozen(bounds[:, :, columns])
+        rest = as_rows(np.compress(columns, bounds, axis=2))
         for i, (r, s) in enumerate(zip(idx, group, strict=True)):
             level = s.level
             if points[i]:
@@ -195,8 +196,8 @@ def issue_rows(
         groups.setdefault((s.checked_at, _layout(s)), []).append(r)
     for (checked, layout), idx in groups.items():
         grown = (*layout, (checked, step, lower.shape[1]))
-        old = np.stack([_bounds(states[r]) for r in idx])
-        bounds = _frozen(np.concatenate([old, fresh[idx]], axis=2))
+        old = stacked([_bounds(states[r]) for r in idx])
+        bounds = as_rows(np.concatenate([old, fresh[idx]], axis=2))
         for i, r in enumerate(idx):
             s = states[r]
             issued = IssuedInterval.in_rows(checked, step, fresh, r)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
 from gpuscaler.core.forecast.ensemble import (
     ASSESS_ORIGINS,
@@ -52,21 +53,24 @@ def score(a: Assessment, newest: float) -> list[Scored]:
     # Only the chosen method's errors are kept: one sort (NaN last), not one per candidate.
     chosen = np.where(last[:, None, None], a.residuals["last_value"], a.residuals["ensemble"])
     recent = np.abs(chosen)
-    ordered = np.sort(recent.swapaxes(1, 2), axis=2).swapaxes(1, 2)  # sort rows
+    ordered = np.sort(recent.swapaxes(1, 2), axis=2)  # (n, steps, origins): sort rows
     peak_errors = np.where(last[:, None], a.peak_errors["last_value"], a.peak_errors["ensemble"])
     peaks = peak_offset(peak_errors)
     raw = np.stack([a.raw_weights[m] for m in MEMBERS], axis=1).tolist()
+    # each row's arrays are rows of the batch's (issue 20: read back without a stack)
+    inv, sorted_rows = as_rows(a.ses_inv.T.copy()), as_rows(ordered, True)
+    recent_rows, peak_rows = as_rows(recent), as_rows(peak_errors)
     return [
         Scored(
             method=methods[r],
             weights=tuple(raw[r]),
             errors=errors[r],
             ses_best=int(a.ses_best[r]),
-            ses_inv=a.ses_inv[:, r].copy(),
-            abs_errors=ordered[r],
+            ses_inv=inv[r],
+            abs_errors=sorted_rows[r],
             peak=float(peaks[r]),
-            abs_recent=recent[r],
-            peak_recent=peak_errors[r],
+            abs_recent=recent_rows[r],
+            peak_recent=peak_rows[r],
             newest=newest,
         )
         for r in range(table.shape[0])
@@ -124,13 +128,18 @@ def _rolled(
     ASSESS_ORIGINS dropped), their sorted errors and peak offsets updated. Rows of one
     shape are done at once (issue 18): the same per-row arithmetic as one at a time."""
     if len({(x.abs_recent.shape, x.peak_recent.shape) for x in sub}) == 1:
-        recent = np.concatenate([np.stack([x.abs_recent for x in sub]), errors], axis=1)
-        peak_recent = np.concatenate([np.stack([x.peak_recent for x in sub]), peaks], axis=1)
-        recent, peak_recent = recent[:, -ASSESS_ORIGINS:], peak_recent[:, -ASSESS_ORIGINS:]
-        ordered, offsets = np.sort(recent, axis=1), peak_offset(peak_recent).tolist()
+        # (n, steps, origins): each row's errors at a step contiguous, sorted along them
+        kept = stacked([x.abs_recent for x in sub]).swapaxes(1, 2)
+        drop = max(0, kept.shape[2] + errors.shape[1] - ASSESS_ORIGINS)
+        recent = np.concatenate([kept[:, :, drop:], errors.swapaxes(1, 2)], axis=2)
+        kept_peaks = stacked([x.peak_recent for x in sub])
+        drop = max(0, kept_peaks.shape[1] + peaks.shape[1] - ASSESS_ORIGINS)
+        peak_recent = np.concatenate([kept_peaks[:, drop:], peaks], axis=1)
+        ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
+        rows = zip(as_rows(ordered, True), as_rows(recent, True), as_rows(peak_recent), strict=True)
         return [
-            _with_errors(s, ordered[g], offsets[g], recent[g], peak_recent[g], newest)
-            for g, s in enumerate(sub)
+            _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest)
+            for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows, strict=True))
         ]
     out = []
     for g, s in enumerate(sub):
@@ -182,14 +191,15 @@ def _errors_at(
     ensemble = np.array([s.method == "ensemble" for s in scored])
     raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
     best = np.array([s.ses_best for s in scored], dtype=np.int64)
-    inv = np.stack([s.ses_inv for s in scored], axis=1)
+    inv = stacked([s.ses_inv for s in scored]).T
     arima = np.where(
         usable[:, None, None], arima_in_window(engine, fitted, hist, origins, steps), np.nan
     )
     errors, peaks = np.empty((n, origins.size, steps)), np.empty((n, origins.size))
+    means = window_means(hist, origins, WINDOW_MEAN_POINTS)  # one running sum, every origin
     for c, j in enumerate(origins.tolist()):
         flat = smoothing_live(levels(j), best, inv)
-        flat["window_mean"] = window_means(hist, np.array([j]), WINDOW_MEAN_POINTS)[:, 0]
+        flat["window_mean"] = means[:, c]
         members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in flat.items()}
         members["arima"] = arima[:, c, :]
         mixed = combine(normalized(raw, members), members)
@@ -217,7 +227,7 @@ def live_paths(
     levels = smoothing_live(
         ses_last(hist) if smoothed is None else smoothed,
         np.array([s.ses_best for s in scored], dtype=np.int64),
-        np.stack([s.ses_inv for s in scored], axis=1),
+        stacked([s.ses_inv for s in scored]).T,
     )
     end = np.array([hist.shape[1] - 1])
     levels["window_mean"] = window_means(hist, end, WINDOW_MEAN_POINTS)[:, 0]
@@ -237,7 +247,7 @@ def half_widths(scored: Sequence[Scored], levels: FloatArray) -> FloatArray:
     depths = [s.abs_errors.shape[0] for s in scored]
     depth, steps = max(depths), scored[0].abs_errors.shape[1]
     if min(depths) == depth:  # the usual case: one stack, no padding
-        return ranked_half_width(np.stack([s.abs_errors for s in scored]), levels)
+        return ranked_half_width(stacked([s.abs_errors for s in scored]), levels)
     ordered = np.full((len(scored), depth, steps), np.nan)
     for r, s in enumerate(scored):
         ordered[r, : s.abs_errors.shape[0]] = s.abs_errors
