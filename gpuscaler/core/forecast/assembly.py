@@ -162,16 +162,25 @@ def _from_scored(
         np.array(last_value)[:, None], live["last_value"], live["ensemble"]
     )
     lasts = live["last_value"][:, 0].tolist()
-    shares: dict[str, list[float]] = {m: w.tolist() for m, w in weights.items()}
     rows.half[chosen] = halves
     fallback = [r for r, s in zip(chosen, short, strict=True) if s]
     if fallback:
         rows.half[fallback] = _fallback_halves(b, model, fallback)
+    # the members' weights formatted by one template a batch (issue 20: was a dict, a
+    # generator and a join a row; '%.2f' writes a float as f"{x:.2f}" does)
+    template = _weights_template(b.engine.name)
+    shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
     for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
         assert sc.method is not None
-        row_weights = {m: w[i] for m, w in shares.items()}
         rows.reason[r] = (
-            _reason(b, model, row_weights, SES_ALPHAS[sc.ses_best], r, sc.method, sc.errors)
+            _reason(
+                b.engine.name,
+                template % tuple(shares[i]),
+                SES_ALPHAS[sc.ses_best],
+                model.dropped[r],
+                sc.method,
+                sc.errors,
+            )
             + "; "
             + coverage_note(adaptive[r], nominal)
         )
@@ -198,26 +207,27 @@ _LABELS = {
 }
 
 
+def _weights_template(name: str) -> str:
+    """ "{name} %.2f, smoothing %.2f, ...": each member's label and its weight's place."""
+    labels = [name if m == "arima" else _LABELS[m] for m in MEMBERS]
+    return ", ".join(f"{label.replace('%', '%%')} %.2f" for label in labels)
+
+
 def _reason(
-    b: Batch,
-    model: Model,
-    member_weights: Mapping[str, float],
+    name: str,
+    weights: str,
     alpha: float,
-    r: int,
+    dropped_why: str | None,
     method: str,
     errors: Mapping[str, float],
 ) -> str:
-    name = b.engine.name
-    weights = ", ".join(
-        f"{name if m == 'arima' else _LABELS[m]} {member_weights[m]:.2f}" for m in MEMBERS
-    )
     arima = f"{errors['arima']:.2f}" if "arima" in errors else "-"
     ens = f"{errors['ensemble']:.2f}" if "ensemble" in errors else "-"
     scores = (
         f"recent error {ens} vs last value {errors['last_value']:.2f}, "
         f"window mean {errors.get('window_mean', np.nan):.2f}, {name} {arima}"
     )
-    dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
+    dropped = f"; {dropped_why}" if dropped_why else ""
     if method == "ensemble":
         return (
             f"ensemble weighted by recent error ({weights}; smoothing alpha "
