@@ -189,7 +189,7 @@ def _errors_at(
     levels (alphas, n) at origin j."""
     n = hist.shape[0]
     ensemble = np.array([s.method == "ensemble" for s in scored])
-    raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
+    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored]).T, strict=True))
     best = np.array([s.ses_best for s in scored], dtype=np.int64)
     inv = stacked([s.ses_inv for s in scored]).T
     arima = np.where(
@@ -234,7 +234,7 @@ def live_paths(
     levels["last_value"] = last_finite(hist)
     live = {k: np.repeat(v[:, None], steps, axis=1) for k, v in levels.items()}
     live["arima"] = np.where(usable[:, None], arima, np.nan)
-    raw = {m: np.array([s.weights[i] for s in scored]) for i, m in enumerate(MEMBERS)}
+    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored]).T, strict=True))
     weights = normalized(raw, live)
     live["ensemble"] = combine(weights, live)
     return live, weights
