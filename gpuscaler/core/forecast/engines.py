@@ -88,12 +88,13 @@ def refit_or_reuse(
         for r, k in enumerate(keys)
         if r not in stale_set and k is not None and prior[k].modulus is None
     ]
-    for r, key in enumerate(keys):
-        if r not in stale_set:
-            assert key is not None
-            old = prior[key]
-            intercept[r], phi[r], sigma2[r] = old.intercept, old.phi, old.sigma2
-            modulus[r] = old.modulus if old.modulus is not None else np.nan
+    reuse = [r for r in range(n) if r not in stale_set]
+    if reuse:  # the kept floats written into their rows at once (the same values)
+        olds = [prior[key] for r in reuse if (key := keys[r]) is not None]
+        intercept[reuse] = [old.intercept for old in olds]
+        phi[reuse] = np.array([old.phi for old in olds], dtype=np.float64).reshape(-1, engine.p)
+        sigma2[reuse] = [old.sigma2 for old in olds]
+        modulus[reuse] = [np.nan if old.modulus is None else old.modulus for old in olds]
     if unknown:  # per row, the same whichever rows are found together
         modulus[unknown] = inverse_root_modulus(phi[unknown])
     states: dict[str, FitState] = {}
