@@ -58,3 +58,14 @@ def test_rows_are_read_only_and_keep_their_block_alive_not_the_registry() -> Non
     want = np.stack([r.copy() for r in rows])
     gc.collect()
     np.testing.assert_array_equal(stacked(rows), want)  # the block lives while its rows do
+
+
+def test_a_block_that_is_gone_leaves_nothing_behind() -> None:
+    from gpuscaler.core.forecast import blocks
+
+    rows = as_rows(_block(4))
+    key = id(rows[0])
+    assert key in blocks._blocks
+    del rows
+    gc.collect()
+    assert key not in blocks._blocks

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -35,10 +35,20 @@ def as_rows(block: FloatArray, swapped: bool = False) -> list[FloatArray]:
     block.flags.writeable = False
     out = [block[g].T if swapped else block[g] for g in range(block.shape[0])]
     if out and block.base is None:
-        _blocks[id(out[0])] = (weakref.ref(block), swapped, tuple(map(weakref.ref, out)))
+        key = id(out[0])
+        # the entry goes when its block does (and the oldest beyond _KEEP, if ever)
+        forget = _forget(key)
+        _blocks[key] = (weakref.ref(block, forget), swapped, tuple(map(weakref.ref, out)))
         while len(_blocks) > _KEEP:
-            del _blocks[next(iter(_blocks))]
+            _blocks.pop(next(iter(_blocks), -1), None)
     return out
+
+
+def _forget(key: int) -> Callable[[object], None]:
+    def forget(_: object) -> None:
+        _blocks.pop(key, None)
+
+    return forget
 
 
 def stacked(rows: Sequence[FloatArray]) -> FloatArray:
