@@ -78,7 +78,7 @@ def child(args: argparse.Namespace) -> None:
     c0 = time.process_time()
     histories, wall = read_once(args.config, args.since, args.until, args.readers)
     cpu = time.process_time() - c0
-    np.savez(args.out, **arrays(histories))
+    np.savez(args.out, **arrays(histories))  # type: ignore[arg-type]  # (numpy's stub: allow_pickle)
     print(json.dumps({"wall": wall, "cpu": cpu}))
 
 

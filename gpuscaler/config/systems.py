@@ -84,7 +84,7 @@ class PrometheusConfig(StrictModel):
     """Issue 20: ask Prometheus for gzipped answers on the fast (orjson) reads: the
     controller's grouped reads and whatif's history. Off by default: gzip cost Prometheus
     more CPU than it saves on a cluster network or loopback (adapters/prometheus/fast.py,
-    `PLAIN`); on for a slow link (over a WAN a week's history is about 2.4 MB a series
+    `PLAIN`); on for a slow link (a week of a series at 10 s is about 1.2 MB of JSON
     uncompressed, a fifth of that gzipped)."""
     memory_total_every: Seconds = Field(300.0, ge=0)
     """Issue 18: a pool's frame-buffer total (used + free: what its GPUs hold, a property
