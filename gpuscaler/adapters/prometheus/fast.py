@@ -31,9 +31,9 @@ cost Prometheus 0.13-0.16 of its 0.27-0.37 CPU seconds a tick (bench/tick.py's P
 measured 2026-12-01): more than the transfer it saves takes on a cluster network (2.5 MB
 is 20 ms at 1 Gbit/s). The answer itself is the same bytes either way. whatif's history
 reads (issue 20) ask the same: a week of a series at 10 s is about 1.2 MB of JSON (a fifth
-of it gzipped), and Prometheus' CPU for 100 workload-weeks fell from about 41 to 17
-seconds with the larger chunks (bench/history_reads.py). `prometheus.compress_answers:
-true` accepts gzip again, for a slow link."""
+of it gzipped); uncompressed and in larger chunks, Prometheus' CPU for 100 workload-weeks
+fell from 37-41 to 17-19 seconds (bench/history_reads.py; gzip alone doubled it).
+`prometheus.compress_answers: true` accepts gzip again, for a slow link."""
 
 
 def _headers(transport: Transport) -> dict[str, str]:
