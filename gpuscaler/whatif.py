@@ -32,11 +32,15 @@ grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and
 track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 24 * 2**20
+LANE_BYTES_A_WEEK = 36 * 2**20
 """What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
-with the controller's state for it about 20 (bench/whatif.py --split: 4 lanes, +129 MB),
-and its reactive run's record (about 4 MB: `around.around_many` runs a chunk's reactive
-runs in its sweep, each kept until its workload is reported)."""
+the controller's state for it, and its reactive run's record (about 4 MB: `around.
+around_many` runs a chunk's reactive runs in its sweep, each kept until its workload is
+reported). Measured (issue 20, branch read5): `bench/whatif.py --days 7 --jobs 1
+--no-simulate` with `--replay 1 --lanes 1` peaked at 191 MB and with `--replay 8 --lanes 8`
+at 447 MB, 36.6 MB a lane more (a few of them the sweep's larger group, at most
+`replay.MANY_BYTES`); 24 MB before was an estimate, which let two processes' default 10
+lanes pass the issue's 1 GB."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the

@@ -80,6 +80,12 @@ class PrometheusConfig(StrictModel):
     max_concurrent_queries: int = Field(4, ge=1, le=64)
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
+    compress_answers: bool = False
+    """Issue 20: ask Prometheus for gzipped answers on the fast (orjson) reads: the
+    controller's grouped reads and whatif's history. Off by default: gzip cost Prometheus
+    more CPU than it saves on a cluster network or loopback (adapters/prometheus/fast.py,
+    `PLAIN`); on for a slow link (a week of a series at 10 s is about 1.2 MB of JSON
+    uncompressed, a fifth of that gzipped)."""
     memory_total_every: Seconds = Field(300.0, ge=0)
     """Issue 18: a pool's frame-buffer total (used + free: what its GPUs hold, a property
     of the hardware) is read again this often, and at once for a pool new or changed or

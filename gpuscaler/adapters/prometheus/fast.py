@@ -8,6 +8,7 @@ asked for uncompressed (`PLAIN`).
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.core.model import FloatArray
 
 PLAIN = {"Accept-Encoding": "identity"}
 """These requests ask for an uncompressed answer. Prometheus gzips an answer whenever the
@@ -27,7 +29,18 @@ compression.go in prometheus/prometheus), and requests accepts both by default. 
 10,000 GPUs a steady tick's grouped answers are about 2.5 MB of JSON, and compressing them
 cost Prometheus 0.13-0.16 of its 0.27-0.37 CPU seconds a tick (bench/tick.py's Prometheus,
 measured 2026-12-01): more than the transfer it saves takes on a cluster network (2.5 MB
-is 20 ms at 1 Gbit/s). The answer itself is the same bytes either way."""
+is 20 ms at 1 Gbit/s). The answer itself is the same bytes either way. whatif's history
+reads (issue 20) ask the same: a week of a series at 10 s is about 1.2 MB of JSON (a fifth
+of it gzipped); uncompressed and in larger chunks, Prometheus' CPU for 100 workload-weeks
+fell from 37-41 to 17-19 seconds (bench/history_reads.py; gzip alone doubled it).
+`prometheus.compress_answers: true` accepts gzip again, for a slow link."""
+
+
+def _headers(transport: Transport) -> dict[str, str]:
+    """The request's headers: the transport's own (auth) and, unless the config asks for
+    compressed answers, `PLAIN`."""
+    headers = dict(transport.client.headers or {})
+    return headers if transport.cfg.compress_answers else {**headers, **PLAIN}
 
 
 def fast_query_range(
@@ -64,7 +77,7 @@ def _fast_get(
             f"{api.url}/api/v1/{path}",
             params=params,
             verify=api._session.verify,
-            headers={**(api.headers or {}), **PLAIN},
+            headers=_headers(transport),
             auth=api.auth,
             cert=api._session.cert,
             timeout=api._timeout,
@@ -124,16 +137,35 @@ def gc_paused() -> Iterator[None]:
 def decode_fast(result: Any) -> list[Any]:
     """Each series' `values` as (times, values) float arrays under `arrays`, which
     `prometheus.decode_matrix` takes as they are; a malformed answer is left for it to
-    refuse with its own message."""
+    refuse with its own message. Every point is converted by `float`, as decode_matrix's
+    own loop converts it (the same bits), but in one pass per column (issue 20: a week of
+    10 s points is 60,480 a series)."""
     if not isinstance(result, list):
         return result  # type: ignore[no-any-return]
     for item in result:
         values = item.get("values") if isinstance(item, dict) else None
         if not isinstance(values, list):
             continue
-        try:
-            pairs = np.array(values, dtype=object).reshape(len(values), 2)
-            item["arrays"] = (pairs[:, 0].astype(np.float64), pairs[:, 1].astype(np.float64))
-        except (ValueError, TypeError):
-            continue
+        arrays = _columns(values)
+        if arrays is not None:
+            item["arrays"] = arrays
     return result
+
+
+def _columns(values: list[Any]) -> tuple[FloatArray, FloatArray] | None:
+    """(times, values) of a list of [time, "value"] lists, each by `float`; None when any
+    point is not a list of at least two items both `float` takes (left to decode_matrix,
+    which names the problem, or reads points of more than two items as it always did)."""
+    n = len(values)
+    if n == 0:
+        return np.empty(0), np.empty(0)
+    if set(map(type, values)) != {list}:
+        return None
+    try:
+        times, samples = itertools.islice(zip(*values, strict=False), 2)
+        return (
+            np.fromiter(map(float, times), np.float64, n),
+            np.fromiter(map(float, samples), np.float64, n),
+        )
+    except (ValueError, TypeError):  # a short point, or an item float refuses
+        return None

@@ -1,0 +1,216 @@
+"""whatif's history reads decoded fast (issue 20): the columns of a range answer converted
+in one pass each (`fast.decode_fast`) give the same floats, the same flags and the same
+errors as the per-point decoding (`window.decode_matrix`); the reader asks for
+uncompressed answers unless `prometheus.compress_answers`, and cuts a range into chunks
+Prometheus accepts."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kubefake import serving
+from test_prometheus_fast_reads import _Recording
+
+from gpuscaler.adapters.prometheus import history as history_module
+from gpuscaler.adapters.prometheus.fast import decode_fast
+from gpuscaler.adapters.prometheus.history import LIMIT, HistoryReader, chunk_steps
+from gpuscaler.adapters.prometheus.transport import SourceError
+from gpuscaler.adapters.prometheus.window import decode_matrix
+from gpuscaler.config import parse_config
+
+VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e-7", "-0", "0x10", "", "1_000", " 2 ", "x"]),
+    st.integers(-(10**20), 10**20).map(str),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+)
+TIMES = st.one_of(
+    st.integers(0, 2**40),
+    st.floats(0, 2**40).map(lambda t: round(t, 3)),
+    st.sampled_from(["10", "x", None]),
+)
+POINTS = st.one_of(
+    st.tuples(TIMES, VALUES).map(list),
+    st.lists(st.integers(0, 9), max_size=3),  # short and long points
+    st.sampled_from(["12", "ab", {"0": 1, "1": "2"}, 7]),
+)
+CLEAN = st.tuples(
+    st.integers(0, 2**33).map(lambda t: t / 8),  # Prometheus' times: whole milliseconds
+    st.floats(allow_nan=True, allow_infinity=True).map(
+        lambda v: "NaN" if math.isnan(v) else ("+Inf" if v == math.inf else repr(v))
+    ),
+).map(list)
+
+
+def _decoded(values: Any) -> tuple[Any, ...] | str:
+    """decode_matrix's answer for a one-series matrix with these values (its arrays as
+    bytes: bit for bit), or its error."""
+    try:
+        times, got, bad = decode_matrix([{"metric": {}, "values": values}])
+    except SourceError as e:
+        return str(e)
+    return times.tobytes(), got.tobytes(), bad
+
+
+def _both(values: Any) -> tuple[tuple[Any, ...] | str, tuple[Any, ...] | str]:
+    """(the per-point decoding, the fast one) of the same JSON answer."""
+    body = json.dumps({"data": {"result": [{"metric": {}, "values": values}]}})
+    slow = _decoded(json.loads(body)["data"]["result"][0]["values"])
+    result = decode_fast(orjson.loads(body)["data"]["result"])
+    try:
+        fast = decode_matrix(result)
+    except SourceError as e:
+        return slow, str(e)
+    return slow, (fast[0].tobytes(), fast[1].tobytes(), fast[2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(POINTS, max_size=12))
+def test_any_answer_decodes_fast_to_the_same_bits_or_the_same_error(values: list[Any]) -> None:
+    slow, fast = _both(values)
+    assert fast == slow
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(CLEAN, min_size=1, max_size=200))
+def test_a_clean_answer_is_decoded_column_by_column(values: list[Any]) -> None:
+    result = decode_fast(orjson.loads(json.dumps([{"metric": {}, "values": values}])))
+    assert "arrays" in result[0]  # the fast path, not left to the per-point loop
+    slow, fast = _both(values)
+    assert fast == slow
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], ([], [], False)),
+        ([[10, "1.5"], [20, "NaN"]], ([10.0, 20.0], [1.5, math.nan], True)),
+        ([[10, "+Inf"], [20, "-Inf"]], ([10.0, 20.0], [math.nan, math.nan], True)),
+        ([[10.5, "2"], [11.25, "-0"]], ([10.5, 11.25], [2.0, -0.0], False)),
+        ([[10, "1", "extra"], [20, "2"]], ([10.0, 20.0], [1.0, 2.0], False)),  # as before
+        ([[10, "x"]], 'a sample is not [timestamp, "value"]'),
+        ([[10]], 'a sample is not [timestamp, "value"]'),
+        ([[10, None]], 'a sample is not [timestamp, "value"]'),
+        (["12"], ([1.0], [2.0], False)),  # what the per-point loop made of it, too
+    ],
+    ids=["empty", "nan", "inf", "fractions", "long", "garbage", "short", "null", "string"],
+)
+def test_edge_answers_decode_as_before(values: list[Any], expected: Any) -> None:
+    slow, fast = _both(values)
+    assert fast == slow
+    if isinstance(expected, str):
+        assert fast == expected
+    else:
+        times, got, bad = decode_matrix(decode_fast([{"metric": {}, "values": values}]))
+        np.testing.assert_array_equal(times, expected[0])
+        np.testing.assert_array_equal(got, expected[1])
+        assert bad is expected[2]
+
+
+def test_a_stale_marker_or_nan_is_a_gap_not_a_value() -> None:
+    # Prometheus leaves stale markers out of query results (a stale NaN ends the series'
+    # lookback), and writes any NaN it does send as "NaN" (its payload lost): a gap,
+    # flagged, never a number.
+    _times, values, bad = decode_matrix(decode_fast([{"values": [[10, "NaN"], [20, "3"]]}]))
+    assert bad and math.isnan(values[0]) and values[1] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ({"a": 1}, "data.result is not a list"),
+        ([{"values": []}, {"values": []}], "query returned 2 series"),
+        ([{"metric": {}}], "result item has no values list"),
+        ([{"values": "1,2"}], "result item has no values list"),
+    ],
+)
+def test_a_malformed_result_keeps_its_message(result: Any, message: str) -> None:
+    with pytest.raises(SourceError, match=message.replace("[", r"\[")):
+        decode_matrix(decode_fast(result))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 2e9), st.floats(0.001, 86400))
+def test_a_chunk_stays_under_the_point_limit_after_rounding_its_ends(
+    start: float, step: float
+) -> None:
+    end = start + chunk_steps(step) * step
+    # Prometheus: `end.Sub(start) / step` in whole nanoseconds, refused over LIMIT; the
+    # request's start and end are rounded to whole seconds.
+    span_ns = (round(end) - round(start)) * 10**9
+    assert span_ns // round(step * 1e9) <= LIMIT
+
+
+def test_a_week_at_ten_seconds_is_read_in_six_requests_of_at_most_the_limit() -> None:
+    assert chunk_steps(10.0) == LIMIT - 1
+    assert math.ceil((7 * 86400 / 10 + 2) / chunk_steps(10.0)) == 6
+
+
+def _config(url: str, extra: str = "") -> Any:
+    return parse_config(
+        f'prometheus: {{url: "{url}", retries: 0{extra}, queries: {{workload_requests: '
+        '"sum(r{{{matchers}}})"}}\n'
+        "node_pools:\n  - {name: p, selector: {label: l, value: v}, gpu_memory_gib: 80,\n"
+        "     workload_type: inference, profile: compute_bound}\n"
+        "workloads:\n  - {namespace: ns, kind: ScaledObject, name: w, node_pool: p}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "encoding"), [("", "identity"), (", compress_answers: true", "gzip")]
+)
+def test_history_is_read_uncompressed_unless_the_config_asks_for_gzip(
+    extra: str, encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _Recording.seen.clear()
+    answer = {"data": {"result": [{"metric": {}, "values": [[10, "1.5"], [20, "2"]]}]}}
+    monkeypatch.setattr(_Recording, "answer", answer)
+    with serving(_Recording.handler()) as url:
+        reader = HistoryReader(_config(url, extra))
+        assert reader.fast
+        series = reader.read("q", 10.0, 20.0, 10.0)
+    assert series.values.tolist() == [1.5, 2.0]
+    assert all(encoding in h["Accept-Encoding"] for h in _Recording.seen)
+
+
+def test_a_request_over_the_point_limit_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Refusing:
+        """Prometheus' answer to a range over 11,000 points (HTTP 400)."""
+
+        def handler(self) -> Any:
+            from http.server import BaseHTTPRequestHandler
+
+            class Handler(BaseHTTPRequestHandler):
+                def do_GET(self) -> None:
+                    body = (
+                        b'{"status":"error","errorType":"bad_data","error":"exceeded maximum '
+                        b"resolution of 11,000 points per timeseries. Try decreasing the query "
+                        b'resolution (?step=XX)"}'
+                    )
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+                def log_message(self, *args: Any) -> None:
+                    pass
+
+            return Handler
+
+    with serving(Refusing().handler()) as url:
+        reader = HistoryReader(_config(url))
+        history = reader.workload(reader.config.workloads[0], 0.0, 3600.0, 10.0)
+    assert history.requests.series is None
+    assert "400" in str(history.requests.problem)
+    assert "exceeded maximum resolution" in str(history.requests.problem)
+    assert history_module.LIMIT == 11_000
