@@ -94,9 +94,12 @@ class PodTable:
     """The pods of every run as (runs, pods) arrays, padded with pods that never exist
     (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
     run's counts as of the last sample counted (`seen`) and its next pod event after it,
-    so a run whose pods do not change is not counted again."""
+    so a run whose pods do not change is not counted again. Built from `pods`; after that
+    the table is the pods (`add`, `remove_newest`: every changing run at once, each
+    run's pods in the order its `Pods` keeps them, so the same ones leave)."""
 
     pods: list[Pods]
+    """The pods each run starts with."""
     created: FloatArray = field(init=False)
     ready: FloatArray = field(init=False)
     leave: FloatArray = field(init=False)
@@ -106,12 +109,17 @@ class PodTable:
     now_ready: FloatArray = field(init=False)
     now_held: FloatArray = field(init=False)
     """Per run: ready and GPU-holding pods at `seen` (true until `next_event`)."""
+    used: IntArray = field(init=False)
+    """Per run: the columns its pods take (the rest is padding); pods gone before `seen`
+    stay in them until the table runs out of room (they count nowhere: created, ready
+    and gone before any time still asked)."""
 
     def __post_init__(self) -> None:
         r = len(self.pods)
         width = max(8, max(len(p.created) for p in self.pods))
         self.created, self.ready, self.leave = (np.full((r, width), INF) for _ in range(3))
         self.next_event, self.now_ready, self.now_held = np.zeros(r), np.zeros(r), np.zeros(r)
+        self.used = np.zeros(r, dtype=np.int64)
         for i in range(r):
             self.refresh(i)
 
@@ -130,9 +138,59 @@ class PodTable:
             (self.leave, pods.leave),
         ):
             table[r, :n], table[r, n:] = column, INF
+        self.used[r] = n
         events = np.concatenate((pods.created, pods.ready, pods.leave))
         later = events[events > self.seen]
         self.next_event[r] = later.min() if later.size else INF
+
+    def add(self, rows: IntArray, counts: IntArray, at: float, cold_starts: FloatArray) -> None:
+        """`Pods.add` for each run of `rows` (distinct): `counts` new pods created at `at`,
+        ready after their cold starts (`cold_starts`: the runs' in the order of `rows`)."""
+        self._room(rows, counts)
+        within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
+        r = np.repeat(rows, counts)
+        c = np.repeat(self.used[rows], counts) + within
+        self.created[r, c] = at
+        self.ready[r, c] = at + np.asarray(cold_starts, dtype=np.float64)
+        self.used[rows] += counts
+        self.next_event[rows] = self._next_events(rows, self.seen)
+
+    def remove_newest(self, rows: IntArray, keep: IntArray, at: float, drain: FloatArray) -> None:
+        """`Pods.remove_newest` for each run of `rows` (distinct): all but its `keep`
+        earliest-ready staying pods leave at `at` (ties: the earliest created first), a
+        ready one after serving its run's `drain` seconds more, one not serving yet at once."""
+        width = self.created.shape[1]
+        ready = self.ready[rows]
+        staying = (self.leave[rows] == INF) & (np.arange(width) < self.used[rows][:, None])
+        order = np.argsort(np.where(staying, ready, INF), axis=1, kind="stable")
+        rank = np.arange(width)
+        going = (rank >= keep[:, None]) & (rank < staying.sum(axis=1)[:, None])
+        i, j = np.nonzero(going)
+        r, c = rows[i], order[i, j]
+        was = self.ready[r, c]
+        leave = np.where(was > at, at, at + drain[i])
+        self.leave[r, c] = leave
+        self.ready[r, c] = np.minimum(was, leave)
+        self.next_event[rows] = self._next_events(rows, self.seen)
+
+    def _room(self, rows: IntArray, counts: IntArray) -> None:
+        """Room for `counts` more pods on the runs `rows`: the pods gone by `seen` dropped
+        (every run's, each run's others kept in order), then wider if still short."""
+        width = self.created.shape[1]
+        if (self.used[rows] + counts).max() <= width:
+            return
+        live = (self.leave > self.seen) & (np.arange(width) < self.used[:, None])
+        order = np.argsort(~live, axis=1, kind="stable")  # the live first, in order
+        self.used = live.sum(axis=1)
+        wide = max(width, int((self.used[rows] + counts).max()) + 8)
+        padding = np.arange(wide) >= self.used[:, None]
+        tables = []
+        for table in (self.created, self.ready, self.leave):
+            moved = np.full((len(table), wide), INF)
+            moved[:, :width] = np.take_along_axis(table, order, axis=1)
+            moved[padding] = INF
+            tables.append(moved)
+        self.created, self.ready, self.leave = tables
 
     def _next_events(self, rows: IntArray, after: float) -> FloatArray:
         events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
