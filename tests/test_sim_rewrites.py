@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import sim_reference as old
 
+from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Series
 from gpuscaler.sim.around import actual_counts
 from gpuscaler.sim.pods import Pods, PodTable
+from gpuscaler.sim.scalers import bounded, bounded_one, desired_one, desired_replicas
 from gpuscaler.sim.ticks import control_ticks
 
 
@@ -116,3 +118,29 @@ def test_the_cold_starts_of_one_stream_are_those_drawn_in_turns() -> None:
     turns = np.random.default_rng(9)
     parts = [turns.uniform(30.0, 90.0, k) for k in (1, 3, 7, 2, 11, 16)]
     assert np.concatenate(parts).tolist() == whole.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_runs_desired_replicas_in_python_are_numpys(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(3000):
+        share = float(rng.choice([1.0, 0.5, 0.25, 1 / 3, 1 / 7]))
+        target = float(rng.choice([35.0, 60.0, 70.0, 82.5, 0.0]))
+        current, ready = int(rng.integers(0, 30)), int(rng.integers(0, 30))
+        if rng.random() < 0.5:
+            ready = current
+        # loads at the tolerance's edges and at whole replicas, and no load at all
+        edge = share * max(ready, 1) * target * float(rng.choice([0.9, 1.1, 1.0, 0.3, 2.7]))
+        load = float(rng.choice([edge, edge * (1 + 1e-16), rng.uniform(0, 800), np.nan, 0.0]))
+        tol = float(rng.choice([0.1, 0.0, 0.3]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = int(desired_replicas(load, share, current, ready, target, tol))
+            assert desired_one(load, share, current, ready, target, tol) == want
+
+
+def test_one_runs_bounds_in_python_are_numpys() -> None:
+    cfg = ReplicasConfig(min_replicas=2, max_replicas=12)
+    for desired in range(-3, 40):
+        for current in range(0, 16):
+            want = int(bounded(desired, current, cfg))
+            assert bounded_one(desired, current, cfg) == want

@@ -197,11 +197,9 @@ class PodTable:
         return np.asarray(np.where(events > after, events, INF).min(axis=1))
 
     def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at `t`."""
-        gone = (self.leave[rows] <= t).sum(axis=1)
-        ready = (self.ready[rows] <= t).sum(axis=1) - gone
-        held = (self.created[rows] <= t).sum(axis=1) - gone
-        return ready.astype(np.float64), held.astype(np.float64)
+        """(ready, holding a GPU share) of the runs `rows` at `t` (`counts` at one time)."""
+        ready, held = self.counts(np.array([t]), rows)
+        return ready[:, 0], held[:, 0]
 
     def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
         """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
@@ -232,17 +230,20 @@ class PodTable:
         touched = np.flatnonzero(self.next_event <= last)
         moving = np.zeros(0, dtype=np.int64)
         ready = held = np.zeros((0, 0))
-        if touched.size:
-            self.now_ready[touched], self.now_held[touched] = self.counts_at(first, touched)
-            changes = np.zeros(len(touched), dtype=bool)
-            for table in (self.created, self.ready, self.leave):
-                rows = table[touched]
-                changes |= ((rows > first) & (rows <= last)).any(axis=1)
-            moving = touched[changes]
+        if not touched.size:
+            self.seen = last
+            return touched, moving, ready, held
+        # The touched runs' rows, taken once: (created, ready, leave) side by side.
+        rows = np.concatenate((self.created[touched], self.ready[touched], self.leave[touched]), 1)
+        width = self.created.shape[1]
+        at = (rows <= first).reshape(len(touched), 3, width).sum(axis=2)
+        self.now_ready[touched] = at[:, 1] - at[:, 2]
+        self.now_held[touched] = at[:, 0] - at[:, 2]
+        changes = ((rows > first) & (rows <= last)).any(axis=1)
+        moving = touched[changes]
         if moving.size:
             ready, held = self.counts(samples(), moving)
             self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
         self.seen = last
-        if touched.size:
-            self.next_event[touched] = self._next_events(touched, last)
+        self.next_event[touched] = np.where(rows > last, rows, INF).min(axis=1)
         return touched, moving, ready, held
