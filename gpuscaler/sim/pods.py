@@ -146,6 +146,7 @@ class PodTable:
     def add(self, rows: IntArray, counts: IntArray, at: float, cold_starts: FloatArray) -> None:
         """`Pods.add` for each run of `rows` (distinct): `counts` new pods created at `at`,
         ready after their cold starts (`cold_starts`: the runs' in the order of `rows`)."""
+        self._forget_gone(rows)
         self._room(rows, counts)
         within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
         r = np.repeat(rows, counts)
@@ -159,9 +160,10 @@ class PodTable:
         """`Pods.remove_newest` for each run of `rows` (distinct): all but its `keep`
         earliest-ready staying pods leave at `at` (ties: the earliest created first), a
         ready one after serving its run's `drain` seconds more, one not serving yet at once."""
-        width = self.created.shape[1]
-        ready = self.ready[rows]
-        staying = (self.leave[rows] == INF) & (np.arange(width) < self.used[rows][:, None])
+        self._forget_gone(rows)
+        width = self._cols(rows)
+        ready = self.ready[rows, :width]
+        staying = (self.leave[rows, :width] == INF) & (np.arange(width) < self.used[rows][:, None])
         order = np.argsort(np.where(staying, ready, INF), axis=1, kind="stable")
         rank = np.arange(width)
         going = (rank >= keep[:, None]) & (rank < staying.sum(axis=1)[:, None])
@@ -173,27 +175,45 @@ class PodTable:
         self.ready[r, c] = np.minimum(was, leave)
         self.next_event[rows] = self._next_events(rows, self.seen)
 
-    def _room(self, rows: IntArray, counts: IntArray) -> None:
-        """Room for `counts` more pods on the runs `rows`: the pods gone by `seen` dropped
-        (every run's, each run's others kept in order), then wider if still short."""
-        width = self.created.shape[1]
-        if (self.used[rows] + counts).max() <= width:
+    def _cols(self, rows: IntArray) -> int:
+        """The columns that hold the pods of the runs `rows` (at least one)."""
+        return max(1, int(self.used[rows].max())) if rows.size else 1
+
+    def _forget_gone(self, rows: IntArray) -> None:
+        """`Pods.forget_gone(seen)` for the runs `rows`: their pods gone by `seen` (counted
+        nowhere since) dropped, the others kept in order."""
+        width = self._cols(rows)
+        live = (self.leave[rows, :width] > self.seen) & (
+            np.arange(width) < self.used[rows][:, None]
+        )
+        kept = live.sum(axis=1)
+        some = kept != self.used[rows]
+        if not some.any():
             return
-        live = (self.leave > self.seen) & (np.arange(width) < self.used[:, None])
+        rows, live, kept = rows[some], live[some], kept[some]
         order = np.argsort(~live, axis=1, kind="stable")  # the live first, in order
-        self.used = live.sum(axis=1)
-        wide = max(width, int((self.used[rows] + counts).max()) + 8)
-        padding = np.arange(wide) >= self.used[:, None]
-        tables = []
+        padding = np.arange(width) >= kept[:, None]
         for table in (self.created, self.ready, self.leave):
-            moved = np.full((len(table), wide), INF)
-            moved[:, :width] = np.take_along_axis(table, order, axis=1)
+            moved = table[rows[:, None], order]
             moved[padding] = INF
-            tables.append(moved)
-        self.created, self.ready, self.leave = tables
+            table[rows, :width] = moved
+        self.used[rows] = kept
+
+    def _room(self, rows: IntArray, counts: IntArray) -> None:
+        """Room for `counts` more pods on the runs `rows`: the table wider if short."""
+        width = self.created.shape[1]
+        need = int((self.used[rows] + counts).max())
+        if need > width:
+            pad = np.full((len(self.created), need + 8 - width), INF)
+            self.created, self.ready, self.leave = (
+                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
+            )
 
     def _next_events(self, rows: IntArray, after: float) -> FloatArray:
-        events = np.concatenate((self.created[rows], self.ready[rows], self.leave[rows]), axis=1)
+        w = self._cols(rows)
+        events = np.concatenate(
+            (self.created[rows, :w], self.ready[rows, :w], self.leave[rows, :w]), axis=1
+        )
         return np.asarray(np.where(events > after, events, INF).min(axis=1))
 
     def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
@@ -205,10 +225,10 @@ class PodTable:
         """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
         shape (rows, len(t)), each run's as its `Pods` counts them (the same integers: a
         pod is counted from each of its times on, padding never)."""
-        t = np.asarray(t)[None, None, :]
-        gone = (self.leave[rows][:, :, None] <= t).sum(axis=1)
-        ready = (self.ready[rows][:, :, None] <= t).sum(axis=1) - gone
-        held = (self.created[rows][:, :, None] <= t).sum(axis=1) - gone
+        t, w = np.asarray(t)[None, None, :], self._cols(rows)
+        gone = (self.leave[rows, :w][:, :, None] <= t).sum(axis=1)
+        ready = (self.ready[rows, :w][:, :, None] <= t).sum(axis=1) - gone
+        held = (self.created[rows, :w][:, :, None] <= t).sum(axis=1) - gone
         return ready.astype(np.float64), held.astype(np.float64)
 
     def ready_at(self, now: float) -> IntArray:
@@ -216,7 +236,8 @@ class PodTable:
         ready = self.now_ready.astype(np.int64)
         rows = np.flatnonzero(self.next_event <= now)
         if rows.size:
-            serving = (self.ready[rows] <= now) & (now < self.leave[rows])
+            w = self._cols(rows)
+            serving = (self.ready[rows, :w] <= now) & (now < self.leave[rows, :w])
             ready[rows] = serving.sum(axis=1)
         return ready
 
@@ -234,8 +255,10 @@ class PodTable:
             self.seen = last
             return touched, moving, ready, held
         # The touched runs' rows, taken once: (created, ready, leave) side by side.
-        rows = np.concatenate((self.created[touched], self.ready[touched], self.leave[touched]), 1)
-        width = self.created.shape[1]
+        width = self._cols(touched)
+        rows = np.concatenate(
+            [t[touched, :width] for t in (self.created, self.ready, self.leave)], 1
+        )
         at = (rows <= first).reshape(len(touched), 3, width).sum(axis=2)
         self.now_ready[touched] = at[:, 1] - at[:, 2]
         self.now_held[touched] = at[:, 0] - at[:, 2]
