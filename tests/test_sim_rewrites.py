@@ -97,10 +97,7 @@ def test_the_pod_table_changes_every_run_at_once_as_its_pods_change_one_by_one(
             alone[r].remove_newest(int(after[r]), at, float(drain[r]))
         for r in np.concatenate((up, down)).tolist():
             alone[r].forget_gone(seen)
-        if up.size:
-            table.add(up, more, at, cold)
-        if down.size:
-            table.remove_newest(down, after[down], at, drain[down])
+        table.scale(at, (up, more, cold), (down, after[down], drain[down]))
         times = np.arange(seen + 0.5, seen + 3 * tick, 0.5)
         ready, held = table.counts(times, np.arange(runs))
         for r in range(runs):

@@ -95,7 +95,7 @@ class PodTable:
     (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
     run's counts as of the last sample counted (`seen`) and its next pod event after it,
     so a run whose pods do not change is not counted again. Built from `pods`; after that
-    the table is the pods (`add`, `remove_newest`: every changing run at once, each
+    the table is the pods (`scale`: every changing run at once, each
     run's pods in the order its `Pods` keeps them, so the same ones leave)."""
 
     pods: list[Pods]
@@ -143,10 +143,27 @@ class PodTable:
         later = events[events > self.seen]
         self.next_event[r] = later.min() if later.size else INF
 
-    def add(self, rows: IntArray, counts: IntArray, at: float, cold_starts: FloatArray) -> None:
-        """`Pods.add` for each run of `rows` (distinct): `counts` new pods created at `at`,
-        ready after their cold starts (`cold_starts`: the runs' in the order of `rows`)."""
+    def scale(
+        self,
+        at: float,
+        up: tuple[IntArray, IntArray, FloatArray],
+        down: tuple[IntArray, IntArray, FloatArray],
+    ) -> None:
+        """The runs whose replicas change at `at`, all at once, each as its `Pods` would
+        (`add` or `remove_newest`, then `forget_gone(seen)`): `up` = (runs, pods each
+        adds, their cold starts in the order of the runs), `down` = (runs, staying pods
+        each keeps, each run's drain seconds); no run in both."""
+        rows = np.concatenate((up[0], down[0]))
         self._forget_gone(rows)
+        if up[0].size:
+            self._add(at, *up)
+        if down[0].size:
+            self._remove_newest(at, *down)
+        self.next_event[rows] = self._next_events(rows, self.seen)
+
+    def _add(self, at: float, rows: IntArray, counts: IntArray, cold_starts: FloatArray) -> None:
+        """`Pods.add` for each run of `rows`: `counts` new pods created at `at`, ready
+        after their cold starts."""
         self._room(rows, counts)
         within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
         r = np.repeat(rows, counts)
@@ -154,13 +171,11 @@ class PodTable:
         self.created[r, c] = at
         self.ready[r, c] = at + np.asarray(cold_starts, dtype=np.float64)
         self.used[rows] += counts
-        self.next_event[rows] = self._next_events(rows, self.seen)
 
-    def remove_newest(self, rows: IntArray, keep: IntArray, at: float, drain: FloatArray) -> None:
-        """`Pods.remove_newest` for each run of `rows` (distinct): all but its `keep`
-        earliest-ready staying pods leave at `at` (ties: the earliest created first), a
-        ready one after serving its run's `drain` seconds more, one not serving yet at once."""
-        self._forget_gone(rows)
+    def _remove_newest(self, at: float, rows: IntArray, keep: IntArray, drain: FloatArray) -> None:
+        """`Pods.remove_newest` for each run of `rows`: all but its `keep` earliest-ready
+        staying pods leave at `at` (ties: the earliest created first), a ready one after
+        serving its run's `drain` seconds more, one not serving yet at once."""
         width = self._cols(rows)
         ready = self.ready[rows, :width]
         staying = (self.leave[rows, :width] == INF) & (np.arange(width) < self.used[rows][:, None])
@@ -173,7 +188,6 @@ class PodTable:
         leave = np.where(was > at, at, at + drain[i])
         self.leave[r, c] = leave
         self.ready[r, c] = np.minimum(was, leave)
-        self.next_event[rows] = self._next_events(rows, self.seen)
 
     def _cols(self, rows: IntArray) -> int:
         """The columns that hold the pods of the runs `rows` (at least one)."""

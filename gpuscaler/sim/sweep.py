@@ -349,14 +349,11 @@ class Sweep:
 
     def _set_replicas(self, rows: IntArray, now: float, current: IntArray, n: IntArray) -> None:
         """`SimulatedCluster.set_replicas` for the runs `rows`, whose replicas change."""
-        at = now + self.sim.sync_delay
-        up = n > current
-        if up.any():
-            more = n[up] - current[up]
-            self.pods.add(rows[up], more, at, self._cold_starts(rows[up], more))
-        if not up.all():
-            down = rows[~up]
-            self.pods.remove_newest(down, n[~up], at, self._drain_seconds(down))
+        up, down = n > current, n < current
+        more = n[up] - current[up]
+        grow = (rows[up], more, self._cold_starts(rows[up], more))
+        shrink = (rows[down], n[down], self._drain_seconds(rows[down]))
+        self.pods.scale(now + self.sim.sync_delay, grow, shrink)
         self.spec[rows] = n
         self.events.append((now, rows, current, n))
 
@@ -364,6 +361,8 @@ class Sweep:
         """The next `counts` cold starts of each run of `rows`, as its own generator draws
         them (`uniform(cold_start, cold_start_max, k)`: one double per draw, so draws of
         any sizes are one stream)."""
+        if not rows.size:
+            return np.zeros(0)
         first = self.drawn[rows]
         self.drawn[rows] += counts
         need = int(self.drawn[rows].max())
