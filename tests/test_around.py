@@ -16,7 +16,7 @@ from gpuscaler.config import parse_config
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
 from gpuscaler.sim import sweep as sweep_module
-from gpuscaler.sim.around import Around, actual_counts, actual_run, around_many, control_ticks
+from gpuscaler.sim.around import Around, actual_counts, actual_run, around_many
 from gpuscaler.sim.cluster import RECORDED
 from gpuscaler.sim.replay import (
     Ready,
@@ -27,6 +27,7 @@ from gpuscaler.sim.replay import (
 )
 from gpuscaler.sim.simulate import Prepared, RunResult, gpuscaler_run, reactive_run
 from gpuscaler.sim.sweep import Sweep
+from gpuscaler.sim.ticks import control_ticks
 
 
 def _schedule(p: Prepared, seed: int, high: int = 9) -> Series:

@@ -14,7 +14,6 @@ tests/test_around.py compares both) at a fraction of the cost: a lone run steps 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from gpuscaler.sim.simulate import (
     slo_metrics,
 )
 from gpuscaler.sim.sweep import SWEEP_BYTES, SweepResult, same_model
+from gpuscaler.sim.ticks import control_ticks
 from gpuscaler.sim.trace import Trace
 
 if TYPE_CHECKING:
@@ -77,34 +77,16 @@ def held(replicas: Series) -> FloatArray:
     return values
 
 
-def control_ticks(start: float, seconds: float, interval: float) -> list[float]:
-    """The control ticks of a replay, as `simulate._run` steps them."""
-    ticks = []
-    t = start + interval
-    while t <= start + seconds:
-        ticks.append(t)
-        t += interval
-    return ticks
-
-
 def actual_counts(replicas: Series, ticks: Sequence[float]) -> IntArray:
-    """The replicas that ran at each tick (the last read at or before it, at least 1)."""
+    """The replicas that ran at each tick (the last read at or before it, held over gaps,
+    rounded half to even, at least 1), for all ticks at once."""
     counts = held(replicas)
-    last = len(counts) - 1
-    return np.array(
-        [
-            max(
-                1,
-                round(
-                    float(
-                        counts[min(max(math.floor((t - replicas.start) / replicas.step), 0), last)]
-                    )
-                ),
-            )
-            for t in ticks
-        ],
-        dtype=np.int64,
-    )
+    at = (np.asarray(ticks, dtype=np.float64) - replicas.start) / replicas.step
+    index = np.clip(np.floor(at), 0, len(counts) - 1).astype(np.int64)
+    values = counts[index]
+    if not np.isfinite(values).all():
+        raise ValueError("a replica count read is not finite")
+    return np.maximum(1, np.rint(values)).astype(np.int64)
 
 
 def actual_figures(cluster: SimulatedCluster, scored_from: int) -> dict[str, Any]:

@@ -197,6 +197,7 @@ class SimulatedCluster:
         self.q = 0.0  # GPU-seconds queued at the cursor
         self.held_last = 0.0  # replicas holding a pod at the last slot's start
         self.steady_key: tuple[float, int] | None = None
+        self.efficiencies: dict[float, float] = {}
         self.steady: tuple[FloatArray, FloatArray, FloatArray] = (np.zeros(1),) * 3
         self.cursor = 0  # next sample to simulate
         burst = config.simulator.preemption_burst_after
@@ -222,16 +223,22 @@ class SimulatedCluster:
     def ready_count(self, now: float) -> int:
         return self.pods.ready_count(now)
 
-    def _pods_at(self, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """(ready replicas, service capacity in GPUs' worth, GPUs held) of each slot
-        starting at `t`: counted at the slot's start, and every 500 ms after it inside a
-        coarser slot (their means)."""
-        sub = max(1, math.ceil(self.slot / SAMPLE - 1e-9))
-        self.pods.forget_gone(float(t[0]))
+    def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
+        `begin` to `end`: counted at each slot's start, and every 500 ms after it inside a
+        coarser slot (their means). Whether no pod changes over them is asked first, of
+        the first and last sample alone (the floats the grid of samples holds)."""
+        slot, sub = self.slot, max(1, math.ceil(self.slot / SAMPLE - 1e-9))
+        first = self.start + slot * begin
+        last = self.start + slot * (end - 1)
         if sub > 1:
-            t = (t[:, None] + (self.slot / sub) * np.arange(sub)).ravel()
-        if self.pods.steady(float(t[0]), float(t[-1])) and not t[0] < self.disrupted_until:
-            return self._steady_counts(t[:1], len(t) // sub)
+            last = last + (slot / sub) * (sub - 1)
+        self.pods.forget_gone(first)
+        if self.pods.steady(first, last) and not first < self.disrupted_until:
+            return self._steady_counts(np.array([first], dtype=np.float64), end - begin)
+        t = np.asarray(self.start + slot * np.arange(begin, end), dtype=np.float64)
+        if sub > 1:
+            t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
         ready, held = self.pods.counts(t)
         f = self.fragments
         capacity = layout_capacity(ready, f, self.sim.switch_overhead)
@@ -265,10 +272,8 @@ class SimulatedCluster:
         if end <= self.cursor:
             return
         idx = slice(self.cursor, end)  # a view: the same values as an index array, no copy
-        times = self.start + slot * np.arange(self.cursor, end)
-        ready, capacity, gpus = self._pods_at(np.asarray(times, dtype=np.float64))
+        ready, capacity, gpus = self._pods_at(self.cursor, end)
         f = self.fragments
-        overhead = self.sim.switch_overhead
         work = self.work[idx]
         queue, served = lindley(self.q, work, capacity * slot)
         self.q = float(queue[-1])
@@ -277,7 +282,7 @@ class SimulatedCluster:
         load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
         dropped = self.dropped[idx]
         load[dropped] = np.nan  # `load` is new: the recorded noise is untouched
-        eff = float(efficiency(min(f, max(1.0, self.held_last)), overhead))
+        eff = self._efficiency(min(f, max(1.0, self.held_last)))
         r = self.rec
         if self.observed:
             pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
@@ -299,6 +304,13 @@ class SimulatedCluster:
         r.gpus[idx] = gpus
         r.replicas[idx] = self.spec_count()
         self.cursor = end
+
+    def _efficiency(self, tenants: float) -> float:
+        """`efficiency` of `tenants` at the pool's overhead, computed once per count."""
+        eff = self.efficiencies.get(tenants)
+        if eff is None:
+            eff = self.efficiencies[tenants] = float(efficiency(tenants, self.sim.switch_overhead))
+        return eff
 
     def _drain_seconds(self) -> float:
         if self.cursor == 0:

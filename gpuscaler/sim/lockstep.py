@@ -32,6 +32,7 @@ from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecis
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.cluster import SimulatedCluster
 from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
+from gpuscaler.sim.ticks import control_ticks
 
 
 class LockstepError(ValueError):
@@ -150,17 +151,13 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
     controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(clusters.record)
     first = preps[0]
-    interval = config.control.interval
-    t = first.start + interval
-    end = first.start + first.seconds
-    while t <= end:
+    for t in control_ticks(first.start, first.seconds, config.control.interval):
         for lane in lanes:
             lane.cluster.advance_to(t)
             lane.cluster.hpa_step(t)
         controller.safe_tick(t)
-        t += interval
     for lane in lanes:
-        lane.cluster.advance_to(end)
+        lane.cluster.advance_to(first.start + first.seconds)
     failed = controller.stats.failed
     return [
         RunResult("gpuscaler", lane.cluster, lane.decisions, lane.track, failed) for lane in lanes

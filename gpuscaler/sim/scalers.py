@@ -17,6 +17,7 @@ per step, and scale-down only to the highest recommendation of the last 300 s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -191,6 +192,26 @@ def desired_replicas(
     return np.where(hold, current, formula).astype(np.int64)
 
 
+def desired_one(
+    load: float, share: float, current: int, ready: int, target: float, tolerance: float
+) -> int:
+    """`desired_replicas` of one run, in Python numbers: the same operations on the same
+    floats, so the same answer (numpy's, where Python's would raise: no finite load or
+    no target)."""
+    if not math.isfinite(load) or share * target == 0:
+        return int(desired_replicas(load, share, current, ready, target, tolerance))
+    ratio = load / (share * max(ready, 1) * target)
+    if abs(ratio - 1) <= tolerance and ready == current:
+        return current
+    return math.ceil(load / (share * target) - 1e-9)
+
+
+def bounded_one(desired: int, current: int, cfg: ReplicasConfig) -> int:
+    """`bounded` of one run, in Python integers."""
+    desired = max(cfg.min_replicas, min(cfg.max_replicas, desired))
+    return min(desired, max(2 * current, current + HPA_SCALE_UP_PODS))
+
+
 def bounded(desired: IntArray | int, current: IntArray | int, cfg: ReplicasConfig) -> IntArray:
     """`desired` within the replica bounds and the HPA's scale-up limit (max(2x, +4))."""
     return bounds(desired, current, cfg.min_replicas, cfg.max_replicas)
@@ -241,16 +262,16 @@ class Scaler:
         if self.kind in ("hpa_util", "predictive_floor"):
             load = self._util_load(cluster)
             if load is not None and ready > 0:
-                wants.append(int(desired_replicas(load, share, current, ready, target, tol)))
+                wants.append(desired_one(load, share, current, ready, target, tol))
         if self.kind == "keda_rate":
             requests = cluster.recent(cluster.rec.requests, RATE_WINDOW)
             rate = rate_load(requests, cluster.slot, cluster.sim.gpu_seconds_per_request)
-            wants.append(int(desired_replicas(rate, share, current, current, target, tol)))
+            wants.append(desired_one(rate, share, current, current, target, tol))
         if self.kind == "predictive_floor":
             predicted = self._predicted_load(cluster)
-            wants.append(int(desired_replicas(predicted, share, current, current, target, tol)))
+            wants.append(desired_one(predicted, share, current, current, target, tol))
         desired = max(wants) if wants else current  # no data: hold, as the HPA does
-        desired = int(bounded(desired, current, self.cfg))
+        desired = bounded_one(desired, current, self.cfg)
         self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION] + [(now, desired)]
         if desired < current:
             desired = min(current, max(v for _, v in self.recs))

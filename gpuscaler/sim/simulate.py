@@ -19,6 +19,7 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
 from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import ScalerKind
+from gpuscaler.sim.ticks import control_ticks
 from gpuscaler.sim.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -256,15 +257,12 @@ def _run(
             m.attach(controller)
     interval = config.control.interval
     warmup = config.forecast.min_history if warmup is None else warmup
-    t = start + interval
-    end = start + seconds
-    while t <= end:
+    for t in control_ticks(start, seconds, interval):
         cluster.advance_to(t)
         cluster.hpa_step(t)
         if policy == "gpuscaler" and t - start >= warmup:
             controller.safe_tick(t)
-        t += interval
-    cluster.advance_to(end)
+    cluster.advance_to(start + seconds)
     return RunResult(policy, cluster, decisions, track, controller.stats.failed)
 
 

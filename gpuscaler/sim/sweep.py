@@ -44,6 +44,7 @@ from gpuscaler.sim.scalers import (
     predicted_loads,
     rate_loads,
 )
+from gpuscaler.sim.ticks import control_ticks
 
 INF = math.inf
 KEPT = ("capacity", "served", "queue", "load", "gpus", "demand_busy", "replicas")
@@ -121,7 +122,11 @@ class Sweep:
         r, n = len(runs), len(template.arrivals)
         first = np.maximum(1, self.lo)
         self.pods = PodTable([Pods.running(int(f), template.start) for f in first])
-        self.cold = [np.random.default_rng(seed + 2) for _ in runs]
+        # Every run's cold starts come from its own generator of one seed: run r's kth
+        # draw is the kth of one stream, drawn as far as the runs have come.
+        self.cold_rng = np.random.default_rng(seed + 2)
+        self.cold = np.zeros(0)
+        self.drawn = np.zeros(r, dtype=np.int64)
         self.spec = first.copy()
         self.served, self.gpus = np.full((r, n), np.nan), np.full((r, n), np.nan)
         self.load = np.zeros((r, 0))
@@ -132,7 +137,8 @@ class Sweep:
         self.capacity0, self.gpus0 = np.zeros(r), np.zeros(r)
         self.last_capacity = np.zeros(r)
         self.recs: list[tuple[float, IntArray]] = []
-        self.changes: list[list[tuple[float, int, int]]] = [[] for _ in runs]
+        self.events: list[tuple[float, IntArray, IntArray, IntArray]] = []
+        """Each tick's replica changes: (time, runs, replicas before, after)."""
         self.cursor = 0
         self._keeping(record, replicas or {})
 
@@ -155,22 +161,16 @@ class Sweep:
     def run(self, start: float, seconds: float) -> list[SweepResult]:
         """Step every run as `simulate._run` steps one: advance, then the scaler, every
         control interval; then the rest up to the end."""
-        ticks: list[float] = []
-        t = start + self.interval
-        end = start + seconds
-        while t <= end:
-            ticks.append(t)
-            t += self.interval
+        ticks = control_ticks(start, seconds, self.interval)
         self._signals(ticks)
         for k, t in enumerate(ticks):
             self.advance_to(t)
             self.step(k, t)
-        self.advance_to(end)
+        self.advance_to(start + seconds)
         kept = dict(zip(self.record.tolist(), self._recorders(), strict=True))
+        changes = self._changes()
         return [
-            SweepResult(
-                kind, float(target), self.served[i], self.gpus[i], self.changes[i], kept.get(i)
-            )
+            SweepResult(kind, float(target), self.served[i], self.gpus[i], changes[i], kept.get(i))
             for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True))
         ]
 
@@ -343,29 +343,51 @@ class Sweep:
         desired = np.maximum(self.lo, desired)  # the floor: min_replicas
         if self.fixed_counts is not None:  # the replicas that ran, as given
             desired[self.fixed] = self.fixed_counts[:, k]
-        for r in np.flatnonzero(desired != current):
-            self._set_replicas(int(r), now, int(current[r]), int(desired[r]))
+        changed = np.flatnonzero(desired != current)
+        if changed.size:
+            self._set_replicas(changed, now, current[changed], desired[changed])
 
-    def _set_replicas(self, r: int, now: float, current: int, n: int) -> None:
-        """`SimulatedCluster.set_replicas` for run `r`."""
-        pods, at = self.pods.pods[r], now + self.sim.sync_delay
-        if n > current:
-            lo, hi = self.sim.cold_start, self.sim.cold_start_max
-            pods.add(at, self.cold[r].uniform(lo, hi, n - current))
-        else:
-            pods.remove_newest(n, at, self._drain_seconds(r))
-        pods.forget_gone(self.pods.seen)  # gone before the last count: no event left
-        self.pods.refresh(r)
-        self.spec[r] = n
-        self.changes[r].append((now, current, n))
+    def _set_replicas(self, rows: IntArray, now: float, current: IntArray, n: IntArray) -> None:
+        """`SimulatedCluster.set_replicas` for the runs `rows`, whose replicas change."""
+        up, down = n > current, n < current
+        more = n[up] - current[up]
+        grow = (rows[up], more, self._cold_starts(rows[up], more))
+        shrink = (rows[down], n[down], self._drain_seconds(rows[down]))
+        self.pods.scale(now + self.sim.sync_delay, grow, shrink)
+        self.spec[rows] = n
+        self.events.append((now, rows, current, n))
 
-    def _drain_seconds(self, r: int) -> float:
+    def _cold_starts(self, rows: IntArray, counts: IntArray) -> FloatArray:
+        """The next `counts` cold starts of each run of `rows`, as its own generator draws
+        them (`uniform(cold_start, cold_start_max, k)`: one double per draw, so draws of
+        any sizes are one stream)."""
+        if not rows.size:
+            return np.zeros(0)
+        first = self.drawn[rows]
+        self.drawn[rows] += counts
+        need = int(self.drawn[rows].max())
+        if need > len(self.cold):
+            more = max(need - len(self.cold), 256)
+            drawn = self.cold_rng.uniform(self.sim.cold_start, self.sim.cold_start_max, more)
+            self.cold = np.concatenate((self.cold, drawn))
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return np.asarray(self.cold[np.repeat(first, counts) + within])
+
+    def _drain_seconds(self, rows: IntArray) -> FloatArray:
         if self.cursor == 0:
-            return 0.0
-        cap = float(self.last_capacity[r])
-        if cap <= 0:
-            return self.sim.drain_max
-        return min(self.sim.drain_max, float(self.q[r]) / cap)
+            return np.zeros(len(rows))
+        cap, q = self.last_capacity[rows], self.q[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drain = np.minimum(self.sim.drain_max, q / cap)
+        return np.where(cap <= 0, self.sim.drain_max, drain)
+
+    def _changes(self) -> list[list[tuple[float, int, int]]]:
+        """Each run's replica changes (time, before, after), in time order."""
+        changes: list[list[tuple[float, int, int]]] = [[] for _ in self.kinds]
+        for now, rows, before, after in self.events:
+            for r, b, a in zip(rows.tolist(), before.tolist(), after.tolist(), strict=True):
+                changes[r].append((now, b, a))
+        return changes
 
 
 def sweep(
