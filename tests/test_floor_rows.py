@@ -24,6 +24,14 @@ from gpuscaler.core.replicas import observed_peak
 from gpuscaler.core.skill import remember
 
 
+@pytest.fixture(params=[floor_rows.CHUNK_ROWS, 3, 5])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Rows a chunk: the default, and small ones (chunks that split the groups)."""
+    rows: int = request.param
+    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", rows)
+    return rows
+
+
 def bits(values: tuple[object, ...]) -> tuple[object, ...]:
     """Floats by their bits (the sign of a zero, NaN alike), the rest as they are."""
     return tuple(struct.pack("<d", v) if isinstance(v, float) else v for v in values)
@@ -59,11 +67,9 @@ def forecasts(seed: int, n: int) -> list[Forecast]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-@pytest.mark.parametrize("chunk", [256, 5])
 def test_forecast_figures_over_rows_are_each_forecasts_own_to_the_last_bit(
-    seed: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, chunk: int
 ) -> None:
-    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", chunk)
     fs = forecasts(seed, 120)
     leads = [(60.0, 300.0, 0.0, 1e6)[i % 4] for i in range(len(fs))]
     got = forecast_figures([*fs, None], [*leads, 60.0])
@@ -117,11 +123,7 @@ def histories(seed: int, n: int, ticks: int) -> list[TargetHistory]:
 
 
 @pytest.mark.parametrize("ticks", [0, 1, 5, 40])
-@pytest.mark.parametrize("chunk", [256, 3])
-def test_records_remembered_together_are_each_historys_own(
-    ticks: int, chunk: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", chunk)
+def test_records_remembered_together_are_each_historys_own(ticks: int, chunk: int) -> None:
     hs = histories(ticks, 20, ticks)
     now = NOW + 30.0 * ticks
     recs = [(now, float(i), i + 0.5, i - 0.5) for i in range(len(hs))]
@@ -140,11 +142,7 @@ def test_records_remembered_together_are_each_historys_own(
 
 
 @pytest.mark.parametrize("window", [0.0, 30.0, 95.0, 1e9])
-@pytest.mark.parametrize("chunk", [256, 4])
-def test_observed_peaks_taken_together_are_each_historys_own(
-    window: float, chunk: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", chunk)
+def test_observed_peaks_taken_together_are_each_historys_own(window: float, chunk: int) -> None:
     now = NOW + 30.0 * 12
     # As the plan reads them: each with this tick's record.
     hs = [
@@ -158,11 +156,9 @@ def test_observed_peaks_taken_together_are_each_historys_own(
     assert len(set(bits(tuple(got)))) > 2  # not one value for all
 
 
-@pytest.mark.parametrize("chunk", [256, 5])
 def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
-    chunk: int, monkeypatch: pytest.MonkeyPatch
+    chunk: int,
 ) -> None:
-    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", chunk)
     decided, reasons = plans_are_each_floor_alone(13)
     assert decided
     assert any("forecast upper" in r for r in reasons)

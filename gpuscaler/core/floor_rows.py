@@ -7,7 +7,7 @@ workload and reduction is most of a floor's cost at 10,000 workloads (and scales
 than linearly: each call's temporaries are scattered objects). Here workloads whose arrays
 have the same shapes (forecasts) or the same record times (histories) are stacked as rows
 and reduced once per group. The results are the same to the last bit as one workload at
-a time (`replicas.floor_step`, `replicas.observed_peak`): a maximum is one of the values
+a time (`replicas.floor_record`, `replicas.observed_peak`): a maximum is one of the values
 whatever the order it is taken in; the one choice it leaves, the sign of a zero among
 equal zeros, is taken from the one-at-a-time reduction."""
 

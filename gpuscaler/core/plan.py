@@ -143,8 +143,9 @@ def _replica_floors(
     """This tick's replica floor outcome of every configured workload observed, and per
     node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
     sized for their load: a fragment change leaves them (core.replicas.floor_gpus). The
-    forecasts' skills and the overflow reserves are assessed together (the same as one
-    by one)."""
+    forecasts' skills and the overflow reserves are assessed together, and the forecasts'
+    figures, the records and the observed peaks taken over rows (core.floor_rows): the
+    same as one by one."""
     rows = floor_rows(config)
     staleness = config.metrics.staleness
     seen = [(row, wobs) for wobs in snapshot.workloads if (row := rows.get(wobs.key))]

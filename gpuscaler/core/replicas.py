@@ -43,9 +43,11 @@ def decide_replica_floor(
     h: TargetHistory,
     now: float,
 ) -> Outcome:
-    step = floor_step(obs, cfg, staleness, h, now)
-    if isinstance(step, Outcome):
-        return step
+    found = floor_record(obs, cfg, staleness, h, now)
+    if isinstance(found, Outcome):
+        return found
+    record, keep, peak = found
+    step = FloorStep(obs, cfg, remember(h, *record, keep), now, record[2], record[1], peak)
     skill = assess(step.history, now, *skill_args(cfg)) if cfg.skill_check else None
     return floor_outcome(step, skill, floor_reserve(step.history, obs, cfg, now))
 
@@ -74,24 +76,6 @@ def skill_args(cfg: ReplicasConfig) -> tuple[float, float, int, float]:
     return cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins, span
 
 
-def floor_step(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
-    figures: ForecastFigures | None = None,
-) -> Outcome | FloorStep:
-    """The floor's outcome when it needs no skill (bad input, no forecast yet), else
-    the step that waits for the skill. `figures`: the forecast's reductions when taken
-    together with other workloads' (floor_rows.forecast_figures), else taken here."""
-    found = floor_record(obs, cfg, staleness, h, now, figures)
-    if isinstance(found, Outcome):
-        return found
-    record, keep, peak = found
-    return FloorStep(obs, cfg, remember(h, *record, keep), now, record[2], record[1], peak)
-
-
 def floor_record(
     obs: WorkloadObservation,
     cfg: ReplicasConfig,
@@ -100,9 +84,11 @@ def floor_record(
     now: float,
     figures: ForecastFigures | None = None,
 ) -> Outcome | tuple[Record, float, float | None]:
-    """`floor_step` up to its record: the outcome when the floor needs no skill, else
+    """The floor's outcome when it needs no skill (bad input, no forecast yet), else
     the tick's record for `remember` (time, observed, upper bound, mean peak), how long
-    records are kept, and the forecast's peak when `figures` has it."""
+    records are kept, and the forecast's peak when `figures` has it. `figures`: the
+    forecast's reductions when taken together with other workloads'
+    (floor_rows.forecast_figures), else taken here."""
     target = obs.key
     finite = None if figures is None else figures[0]
     problem = input_problem(obs.load, now, staleness, finite)
