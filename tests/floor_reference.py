@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, TargetHistory
+from gpuscaler.core.model import FloatArray, Forecast, TargetHistory
 from gpuscaler.core.reserve import Reserve
 from gpuscaler.core.skill import Skill
 
@@ -95,3 +95,11 @@ def overflow_reserve(
 
 def observed_peak(h: TargetHistory, now: float, window: float) -> float:
     return max(v for t, v, _, _ in h.seen if t > now - window or t == now)
+
+
+def forecast_figures(f: Forecast, lead: float) -> tuple[bool, float, float, float]:
+    """What `replicas.floor_step` took of a forecast one workload at a time before the
+    figures were taken over rows (commit 79c90bb): finiteness, the highest upper bound
+    and mean over the lead time, the path's peak."""
+    mean_peak = float(np.max(f.mean[: max(1, round(lead / f.step))]))
+    return f.is_finite(), f.peak_upper_within(lead), mean_peak, f.peak

@@ -21,8 +21,11 @@ class Outcome:
     """Fragments the pool would go to once pods holding more shares than that are gone."""
 
 
-def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
-    """Why `signal` cannot be acted on, or None when it can."""
+def input_problem(
+    signal: Signal, now: float, staleness: float, finite: bool | None = None
+) -> str | None:
+    """Why `signal` cannot be acted on, or None when it can (`finite`: its forecast's
+    `is_finite()` when already known)."""
     if signal.problem is not None:
         return signal.problem
     if signal.last_sample_time is None:
@@ -32,7 +35,9 @@ def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
         return f"stale: newest sample is {age:.0f}s old, limit {staleness:.0f}s"
     if signal.forecast is None:
         return "no forecast"
-    if not signal.forecast.is_finite() or not math.isfinite(signal.forecast.last_value):
+    if finite is None:
+        finite = signal.forecast.is_finite()
+    if not finite or not math.isfinite(signal.forecast.last_value):
         return "forecast is not finite (NaN or Inf)"
     return None
 

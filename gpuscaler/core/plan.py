@@ -6,9 +6,22 @@ from dataclasses import replace
 
 from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
+from gpuscaler.core.floor_rows import (
+    Record,
+    forecast_figures,
+    observed_peaks,
+    remember_many,
+)
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory, WorkloadObservation
+from gpuscaler.core.model import (
+    EMPTY_TARGET,
+    History,
+    Plan,
+    Snapshot,
+    TargetHistory,
+    WorkloadObservation,
+)
 from gpuscaler.core.preemption import (
     PodView,
     decide_preemption,
@@ -19,7 +32,7 @@ from gpuscaler.core.replicas import (
     FloorStep,
     floor_gpus,
     floor_outcome,
-    floor_step,
+    floor_record,
     reserve_sizes,
     skill_args,
 )
@@ -103,6 +116,9 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     )
 
 
+EMPTY_OUTCOME = Outcome(EMPTY_TARGET)
+"""A place held in a list of outcomes until the floor's is decided."""
+
 FloorRow = tuple[str, str | None, ReplicasConfig]
 """A configured workload's replica floor: its target key, node pool and section."""
 
@@ -127,33 +143,64 @@ def _replica_floors(
     """This tick's replica floor outcome of every configured workload observed, and per
     node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
     sized for their load: a fragment change leaves them (core.replicas.floor_gpus). The
-    forecasts' skills and the overflow reserves are assessed together (the same as one
-    by one)."""
+    forecasts' skills and the overflow reserves are assessed together, and the forecasts'
+    figures, the records and the observed peaks taken over rows (core.floor_rows): the
+    same as one by one."""
     rows = floor_rows(config)
     staleness = config.metrics.staleness
-    steps: list[tuple[str, str | None, ReplicasConfig, WorkloadObservation, Outcome | FloorStep]]
-    steps = []
-    for wobs in snapshot.workloads:
-        row = rows.get(wobs.key)
-        if row is not None:
-            key, name, rep_cfg = row
-            step = floor_step(wobs, rep_cfg, staleness, history.get(key), now)
-            steps.append((key, name, rep_cfg, wobs, step))
-    waiting = [s for *_, s in steps if isinstance(s, FloorStep)]
+    seen = [(row, wobs) for wobs in snapshot.workloads if (row := rows.get(wobs.key))]
+    figures = forecast_figures(
+        [wobs.load.forecast for _, wobs in seen], [row[2].lead_time for row, _ in seen]
+    )
+    outcomes: list[Outcome] = []
+    at: list[int] = []  # the workloads whose floor waits for its skill and reserve
+    pending: list[tuple[Record, float, float | None]] = []
+    for i, (((key, _, cfg), wobs), figs) in enumerate(zip(seen, figures, strict=True)):
+        found = floor_record(wobs, cfg, staleness, history.get(key), now, figs)
+        if isinstance(found, Outcome):
+            outcomes.append(found)
+        else:
+            outcomes.append(EMPTY_OUTCOME)
+            at.append(i)
+            pending.append(found)
+    waiting = _remembered([seen[i] for i in at], pending, history, now)
     skills, reserves = _skills(waiting, now), _reserves(waiting, now)
+    peaks = observed_peaks(
+        [s.history for s in waiting], now, [s.cfg.scale_down_stabilization for s in waiting]
+    )
+    for i, step, peak in zip(at, waiting, peaks, strict=True):
+        outcomes[i] = floor_outcome(step, skills.get(id(step)), reserves[id(step)], peak)
     out: dict[str, Outcome] = {}
     held: dict[str, float] = {}
-    for key, name, rep_cfg, wobs, step in steps:
-        if isinstance(step, FloorStep):
-            step = floor_outcome(step, skills.get(id(step)), reserves[id(step)])
-        out[key] = step
+    for ((key, name, rep_cfg), wobs), outcome in zip(seen, outcomes, strict=True):
+        out[key] = outcome
         if name is None:
             continue
         floor = wobs.floor
-        if isinstance(step.decision, ReplicaFloorDecision):
-            floor = int(step.decision.to_value)
+        if isinstance(outcome.decision, ReplicaFloorDecision):
+            floor = int(outcome.decision.to_value)
         held[name] = held.get(name, 0.0) + floor_gpus(wobs, rep_cfg, floor)
     return out, held
+
+
+def _remembered(
+    seen: list[tuple[FloorRow, WorkloadObservation]],
+    pending: list[tuple[Record, float, float | None]],
+    history: History,
+    now: float,
+) -> list[FloorStep]:
+    """The floor steps of the `seen` workloads, given their `floor_record`s: the
+    records remembered together (floor_rows.remember_many)."""
+    hs = remember_many(
+        [history.get(row[0]) for row, _ in seen],
+        now,
+        [record for record, *_ in pending],
+        [keep for _, keep, _ in pending],
+    )
+    return [
+        FloorStep(wobs, row[2], h, now, record[2], record[1], peak)
+        for (row, wobs), (record, _, peak), h in zip(seen, pending, hs, strict=True)
+    ]
 
 
 def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:

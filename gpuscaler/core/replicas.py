@@ -21,6 +21,7 @@ import numpy as np
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
+from gpuscaler.core.floor_rows import ForecastFigures, Record, lead_steps
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.reserve import Reserve, overflow_reserve
@@ -42,9 +43,11 @@ def decide_replica_floor(
     h: TargetHistory,
     now: float,
 ) -> Outcome:
-    step = floor_step(obs, cfg, staleness, h, now)
-    if isinstance(step, Outcome):
-        return step
+    found = floor_record(obs, cfg, staleness, h, now)
+    if isinstance(found, Outcome):
+        return found
+    record, keep, peak = found
+    step = FloorStep(obs, cfg, remember(h, *record, keep), now, record[2], record[1], peak)
     skill = assess(step.history, now, *skill_args(cfg)) if cfg.skill_check else None
     return floor_outcome(step, skill, floor_reserve(step.history, obs, cfg, now))
 
@@ -62,6 +65,8 @@ class FloorStep:
     now: float
     upper: float
     observed: float
+    peak: float | None = None
+    """The forecast's peak when taken with other workloads' (None: taken when needed)."""
 
 
 def skill_args(cfg: ReplicasConfig) -> tuple[float, float, int, float]:
@@ -71,17 +76,22 @@ def skill_args(cfg: ReplicasConfig) -> tuple[float, float, int, float]:
     return cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins, span
 
 
-def floor_step(
+def floor_record(
     obs: WorkloadObservation,
     cfg: ReplicasConfig,
     staleness: float,
     h: TargetHistory,
     now: float,
-) -> Outcome | FloorStep:
+    figures: ForecastFigures | None = None,
+) -> Outcome | tuple[Record, float, float | None]:
     """The floor's outcome when it needs no skill (bad input, no forecast yet), else
-    the step that waits for the skill."""
+    the tick's record for `remember` (time, observed, upper bound, mean peak), how long
+    records are kept, and the forecast's peak when `figures` has it. `figures`: the
+    forecast's reductions when taken together with other workloads'
+    (floor_rows.forecast_figures), else taken here."""
     target = obs.key
-    problem = input_problem(obs.load, now, staleness)
+    finite = None if figures is None else figures[0]
+    problem = input_problem(obs.load, now, staleness, finite)
     if problem is not None and not _reactive_only(obs, now, staleness):
         return invalid(KIND, target, now, problem, h)
     if obs.floor is None:
@@ -96,19 +106,28 @@ def floor_step(
         note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
         found = floor_reserve(h, obs, cfg, now)
         return _floor(obs, cfg, h, now, found, observed_peak(h, now, window), None, note, "")
-    upper = forecast.peak_upper_within(cfg.lead_time)
-    mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
+    if figures is None:
+        upper = forecast.peak_upper_within(cfg.lead_time)
+        mean_peak = float(np.max(forecast.mean[: lead_steps(forecast, cfg.lead_time)]))
+        peak = None
+    else:
+        _, upper, mean_peak, peak = figures
     observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
-    h = remember(h, now, observed, upper, mean_peak, keep)
-    return FloorStep(obs, cfg, h, now, upper, observed)
+    return (now, observed, upper, mean_peak), keep, peak
 
 
-def floor_outcome(step: FloorStep, skill: Skill | None, reserve: Reserve | None) -> Outcome:
-    """The floor of `step` given its forecast's skill (None: `skill_check` is off) and
-    its records' overflow reserve (`floor_reserve`)."""
+def floor_outcome(
+    step: FloorStep, skill: Skill | None, reserve: Reserve | None, peak: float | None = None
+) -> Outcome:
+    """The floor of `step` given its forecast's skill (None: `skill_check` is off), its
+    records' overflow reserve (`floor_reserve`) and their observed peak (`observed_peak`;
+    None: taken here)."""
     obs, cfg, now = step.obs, step.cfg, step.now
     forecast = obs.load.forecast
     assert forecast is not None
+    window = cfg.scale_down_stabilization
+    if peak is None:
+        peak = observed_peak(step.history, now, window)
     h, fallback = _skill_check(step.history, cfg, step.upper, step.observed, skill)
     # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
     # highest of the last stabilization window, as the predictive-floor baseline (Crane
@@ -120,11 +139,15 @@ def floor_outcome(step: FloorStep, skill: Skill | None, reserve: Reserve | None)
         h,
         now,
         reserve,
-        observed_peak(h, now, cfg.scale_down_stabilization),
+        peak,
         None if fallback is not None else step.upper,
         fallback,
         f"; {forecast.reason}",
-        {"peak": forecast.peak, "upper": step.upper, "last": forecast.last_value},
+        {
+            "peak": forecast.peak if step.peak is None else step.peak,
+            "upper": step.upper,
+            "last": forecast.last_value,
+        },
     )
 
 

@@ -1,0 +1,156 @@
+"""The replica floor's per-workload numbers taken over rows of all workloads at once.
+
+A tick decides every workload's floor; each needs a few reductions of small arrays (its
+forecast's finiteness, the highest upper bound and mean over the lead time, the path's
+peak; the highest observed demand of its stabilization window). One numpy call per
+workload and reduction is most of a floor's cost at 10,000 workloads (and scales worse
+than linearly: each call's temporaries are scattered objects). Here workloads whose arrays
+have the same shapes (forecasts) or the same record times (histories) are stacked as rows
+and reduced once per group. The results are the same to the last bit as one workload at
+a time (`replicas.floor_record`, `replicas.observed_peak`): a maximum is one of the values
+whatever the order it is taken in; the one choice it leaves, the sign of a zero among
+equal zeros, is taken from the one-at-a-time reduction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpuscaler.core.model import FloatArray, Forecast, TargetHistory
+from gpuscaler.core.skill import floor_history, records
+
+ForecastFigures = tuple[bool, float, float, float]
+"""A forecast's (is_finite(), peak_upper_within(lead), mean peak over the lead, peak)."""
+
+MIN_ROWS = 4
+"""Groups with fewer rows are reduced one at a time (stacking costs more than it saves)."""
+
+CHUNK_ROWS = 256
+"""Rows stacked at once: a chunk's arrays stay in the cache, and a history kept after its
+workload is gone keeps at most one chunk's records alive (`remember_many`'s views)."""
+
+
+def lead_steps(forecast: Forecast, lead: float) -> int:
+    """Steps of the path the floor reads for a lead time of `lead` seconds (at least one)."""
+    return max(1, round(lead / forecast.step))
+
+
+def forecast_figures(
+    forecasts: Sequence[Forecast | None], leads: Sequence[float]
+) -> list[ForecastFigures | None]:
+    """`ForecastFigures` of each forecast with its lead, computed over rows of the
+    forecasts whose arrays have the same lengths (and the same steps read); None where
+    there is no forecast, or where the floor takes them one at a time as before (small
+    groups, empty paths, a zero)."""
+    out: list[ForecastFigures | None] = [None] * len(forecasts)
+    groups: dict[tuple[int, int, int, float, float], list[int]] = {}
+    for i, (f, lead) in enumerate(zip(forecasts, leads, strict=True)):
+        if f is not None:
+            key = (len(f.mean), len(f.lower), len(f.upper), f.step, lead)
+            groups.setdefault(key, []).append(i)
+    for (m, lo, u, step, lead), idx in groups.items():
+        if len(idx) < MIN_ROWS or not (m and lo and u):
+            continue
+        steps = max(1, round(lead / step))  # lead_steps
+        for at in range(0, len(idx), CHUNK_ROWS):
+            part = idx[at : at + CHUNK_ROWS]
+            group = [f for i in part if (f := forecasts[i]) is not None]
+            _figures_rows(group, min(u, steps), min(m, steps), part, out)
+    return out
+
+
+def _figures_rows(
+    group: list[Forecast], su: int, sm: int, idx: list[int], out: list[ForecastFigures | None]
+) -> None:
+    """`forecast_figures` of forecasts with arrays of the same lengths, into out[idx]."""
+    mean = _rows([f.mean for f in group])
+    upper = _rows([f.upper for f in group])
+    lower = _rows([f.lower for f in group])
+    finite = np.asarray(np.isfinite(mean).all(axis=1) & np.isfinite(upper).all(axis=1))
+    finite &= np.isfinite(lower).all(axis=1)
+    rows = zip(
+        finite.tolist(),
+        _row_max(upper[:, :su]).tolist(),
+        _row_max(mean[:, :sm]).tolist(),
+        _row_max(mean).tolist(),
+        strict=True,
+    )
+    for i, f, (ok, up, mp, peak) in zip(idx, group, rows, strict=True):
+        if not ok:
+            out[i] = (False, math.nan, math.nan, math.nan)
+        elif up != 0.0 and mp != 0.0 and peak != 0.0:  # a zero's sign: one at a time
+            out[i] = (True, up, mp, peak + f.peak_error)
+
+
+def _rows(arrays: list[FloatArray]) -> FloatArray:
+    """`np.stack` of arrays of one shape (their values as they are), without the view
+    `np.stack` makes of each."""
+    found: FloatArray = np.concatenate(arrays).reshape(len(arrays), *np.shape(arrays[0]))
+    return found
+
+
+def _row_max(a: FloatArray) -> FloatArray:
+    found: FloatArray = np.max(a, axis=1)
+    return found
+
+
+def observed_peaks(
+    hs: Sequence[TargetHistory], now: float, windows: Sequence[float]
+) -> list[float]:
+    """`replicas.observed_peak(h, now, window)` of each history with its window: the
+    histories whose records have the same times share the window's places, and their
+    values there are read as rows (the same values, in the same order, Python's max)."""
+    out = [0.0] * len(hs)
+    arrays = [records(h) for h in hs]
+    groups: dict[tuple[float, bytes], list[int]] = {}
+    for i, (rows, window) in enumerate(zip(arrays, windows, strict=True)):
+        groups.setdefault((window, rows[:, 0].tobytes()), []).append(i)
+    for (window, _), idx in groups.items():
+        t = arrays[idx[0]][:, 0]
+        cols = np.flatnonzero((t > now - window) | (t == now))
+        for at in range(0, len(idx), CHUNK_ROWS):
+            part = idx[at : at + CHUNK_ROWS]
+            values = _rows([arrays[i] for i in part])[:, cols, 1].tolist()
+            for i, row in zip(part, values, strict=True):
+                out[i] = max(row)
+    return out
+
+
+Record = tuple[float, float, float, float]
+
+_NO_RECORDS: FloatArray = np.zeros((0, 4))
+
+
+def remember_many(
+    hs: Sequence[TargetHistory], now: float, recs: Sequence[Record], keeps: Sequence[float]
+) -> list[TargetHistory]:
+    """`skill.remember(h, now, *rec[1:], keep)` of each history: the same records (tuple
+    and array). Histories whose records have the same times keep the same ones, so they
+    are dropped and the new record added over rows, a chunk of rows in one array whose
+    read-only rows the histories keep (one buffer a chunk instead of one a workload)."""
+    out: list[TargetHistory | None] = [None] * len(hs)
+    arrays = [records(h) if h.seen else _NO_RECORDS for h in hs]
+    groups: dict[tuple[float, bytes], list[int]] = {}
+    for i, (rows, keep) in enumerate(zip(arrays, keeps, strict=True)):
+        key = (keep, rows[:, 0].tobytes() if len(rows) else b"")
+        groups.setdefault(key, []).append(i)
+    for (keep, _), idx in groups.items():
+        first = arrays[idx[0]]
+        kept = np.flatnonzero(first[:, 0] > now - keep)
+        n, k = len(first), kept.size
+        newest = k == 0 or kept[0] == n - k  # records in time order: the newest kept
+        for at in range(0, len(idx), CHUNK_ROWS):
+            part = idx[at : at + CHUNK_ROWS]
+            new = np.empty((len(part), k + 1, 4))
+            if k:
+                old = _rows([arrays[i] for i in part])
+                new[:, :k] = old[:, n - k :] if newest else old[:, kept]
+            new[:, k] = [recs[i] for i in part]
+            new.setflags(write=False)
+            for j, i in enumerate(part):
+                h = hs[i]
+                seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
+                out[i] = floor_history(h, seen=(*seen, recs[i]), seen_rows=new[j])
+    return [h for h in out if h is not None]

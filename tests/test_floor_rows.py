@@ -1,0 +1,164 @@
+"""The replica floor's per-workload numbers taken over rows of all workloads
+(gpuscaler.core.floor_rows) are each workload's own to the last bit: the forecast's
+figures against what the floor took of it alone (tests/floor_reference.py), the records
+against `skill.remember`, the observed peaks against `replicas.observed_peak`; and a plan
+of many workloads, in chunks, is each floor decided alone."""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from builders import NOW, forecast
+from floor_reference import forecast_figures as alone_figures
+from floor_reference import observed_peak as old_observed_peak
+from test_floor_batch import plans_are_each_floor_alone
+
+from gpuscaler.core import floor_rows
+from gpuscaler.core.floor_rows import forecast_figures, observed_peaks, remember_many
+from gpuscaler.core.model import Forecast, TargetHistory
+from gpuscaler.core.replicas import observed_peak
+from gpuscaler.core.skill import remember
+
+
+@pytest.fixture(params=[floor_rows.CHUNK_ROWS, 3, 5])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Rows a chunk: the default, and small ones (chunks that split the groups)."""
+    rows: int = request.param
+    monkeypatch.setattr(floor_rows, "CHUNK_ROWS", rows)
+    return rows
+
+
+def bits(values: tuple[object, ...]) -> tuple[object, ...]:
+    """Floats by their bits (the sign of a zero, NaN alike), the rest as they are."""
+    return tuple(struct.pack("<d", v) if isinstance(v, float) else v for v in values)
+
+
+def forecasts(seed: int, n: int) -> list[Forecast]:
+    """Forecasts of a few lengths and steps: finite, a NaN or an inf somewhere, zeros of
+    both signs, ties, a peak error."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        steps = (30, 12, 1)[i % 3]
+        f = forecast(100.0)
+        mean = (
+            rng.choice([-0.0, 0.0, 5.0, 7.5, -3.0], steps) if i % 5 == 0 else rng.normal(size=steps)
+        )
+        upper = np.abs(mean) + rng.uniform(0, 2, steps)
+        if i % 7 == 3:
+            upper[rng.integers(steps)] = (math.nan, math.inf)[i % 2]
+        if i % 11 == 4:
+            upper = np.where(upper > 0, -0.0, upper)  # a zero (of either sign) is the max
+        out.append(
+            replace(
+                f,
+                step=(10.0, 30.0)[i % 2],
+                mean=mean,
+                lower=mean - 1.0,
+                upper=upper,
+                peak_error=float(rng.uniform(0, 3)) * (i % 2),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_forecast_figures_over_rows_are_each_forecasts_own_to_the_last_bit(
+    seed: int, chunk: int
+) -> None:
+    fs = forecasts(seed, 120)
+    leads = [(60.0, 300.0, 0.0, 1e6)[i % 4] for i in range(len(fs))]
+    got = forecast_figures([*fs, None], [*leads, 60.0])
+    assert got[-1] is None  # no forecast: no figures
+    taken = 0
+    for f, lead, figs in zip(fs, leads, got, strict=False):
+        want = alone_figures(f, lead)
+        if figs is None:
+            continue  # left to the floor alone (a zero, a small group)
+        taken += 1
+        if not figs[0]:
+            assert not want[0]
+        else:
+            assert bits(figs) == bits(want)
+    assert taken > len(fs) // 2
+
+
+def test_small_groups_and_empty_paths_are_left_to_each_floor_alone() -> None:
+    fs = forecasts(7, floor_rows.MIN_ROWS - 1)
+    assert forecast_figures(fs, [60.0] * len(fs)) == [None] * len(fs)
+    empty = replace(forecast(1.0), mean=np.zeros(0), lower=np.zeros(0), upper=np.zeros(0))
+    assert forecast_figures([empty] * 8, [60.0] * 8) == [None] * 8
+
+
+def test_a_zero_as_the_highest_value_is_left_to_each_floor_alone() -> None:
+    f = forecast(0.0, 0.0)
+    got = forecast_figures([f] * 8, [60.0] * 8)
+    assert got == [None] * 8
+    assert forecast_figures([forecast(3.0)] * 8, [60.0] * 8)[0] == (True, 8.0, 3.0, 3.0)
+
+
+def histories(seed: int, n: int, ticks: int) -> list[TargetHistory]:
+    """n histories remembered one at a time over `ticks` ticks: most on one schedule,
+    some starting late, one whose records came out of time order, NaN and tied values."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h = TargetHistory()
+        for k in range(ticks if i % 6 else ticks // 2):
+            now = NOW + 30.0 * k
+            value = (
+                float(rng.choice([math.nan, 0.0, -0.0, 5.0]))
+                if i % 9 == 1
+                else float(rng.uniform(0, 9))
+            )
+            h = remember(h, now, value, value + 1.0, value, 600.0)
+        if i == 3:
+            h = remember(h, NOW - 5000.0, 1.0, 2.0, 1.0, 1e9)  # out of order, dropped next
+        out.append(h)
+    return out
+
+
+@pytest.mark.parametrize("ticks", [0, 1, 5, 40])
+def test_records_remembered_together_are_each_historys_own(ticks: int, chunk: int) -> None:
+    hs = histories(ticks, 20, ticks)
+    now = NOW + 30.0 * ticks
+    recs = [(now, float(i), i + 0.5, i - 0.5) for i in range(len(hs))]
+    keeps = [(600.0, 90.0, 1e9)[i % 3] for i in range(len(hs))]
+    got = remember_many(hs, now, recs, keeps)
+    for h, rec, keep, new in zip(hs, recs, keeps, got, strict=True):
+        want = remember(h, now, *rec[1:], keep)
+        assert new == want
+        assert want.seen_rows is not None and new.seen_rows is not None
+        assert new.seen_rows.tobytes() == want.seen_rows.tobytes()
+        assert new.seen_rows.shape == want.seen_rows.shape
+        assert not new.seen_rows.flags.writeable
+    assert any(len(h.seen) < len(n.seen) for h, n in zip(hs, got, strict=True))
+    if ticks == 40:
+        assert any(len(n.seen) <= len(h.seen) for h, n in zip(hs, got, strict=True))  # dropped
+
+
+@pytest.mark.parametrize("window", [0.0, 30.0, 95.0, 1e9])
+def test_observed_peaks_taken_together_are_each_historys_own(window: float, chunk: int) -> None:
+    now = NOW + 30.0 * 12
+    # As the plan reads them: each with this tick's record.
+    hs = [
+        remember(h, now, float(i % 3), 1.0, 1.0, 600.0) for i, h in enumerate(histories(11, 30, 12))
+    ]
+    windows = [window if i % 4 else 60.0 for i in range(len(hs))]
+    got = observed_peaks(hs, now, windows)
+    for h, w, peak in zip(hs, windows, got, strict=True):
+        assert bits((peak,)) == bits((observed_peak(h, now, w),))
+        assert bits((peak,)) == bits((old_observed_peak(h, now, w),))
+    assert len(set(bits(tuple(got)))) > 2  # not one value for all
+
+
+def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
+    chunk: int,
+) -> None:
+    decided, reasons = plans_are_each_floor_alone(13)
+    assert decided
+    assert any("forecast upper" in r for r in reasons)
