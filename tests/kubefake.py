@@ -380,18 +380,23 @@ def fake_apiserver(cluster: FakeCluster | None = None) -> Iterator[tuple[str, Fa
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _do
 
         def _send(self, code: int, body: Json) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply(self, code, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
         def log_message(self, *args: Any) -> None:
             pass
 
     with serving(Handler) as url:
         yield url, cluster
+
+
+def reply(handler: BaseHTTPRequestHandler, code: int, body: bytes, headers: dict[str, str]) -> None:
+    """Send `body` with status `code`, `headers` and its Content-Length."""
+    handler.send_response(code)
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubefake import serving
+from kubefake import reply, serving
 from test_prometheus_fast_reads import _Recording
 
 from gpuscaler.adapters.prometheus import history as history_module
@@ -197,10 +197,7 @@ def test_a_request_over_the_point_limit_is_a_clear_failure(monkeypatch: pytest.M
                         b"resolution of 11,000 points per timeseries. Try decreasing the query "
                         b'resolution (?step=XX)"}'
                     )
-                    self.send_response(400)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    reply(self, 400, body, {})
 
                 def log_message(self, *args: Any) -> None:
                     pass

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from kubefake import serving
+from kubefake import reply, serving
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
 import gpuscaler.adapters.prometheus.fast as fast_module
@@ -50,14 +50,11 @@ class _Recording:
             def do_GET(self) -> None:
                 cls.seen.append(dict(self.headers.items()))
                 body = json.dumps(cls.answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                headers = {"Content-Type": "application/json"}
                 if "gzip" in self.headers.get("Accept-Encoding", ""):
                     body = gzip.compress(body)
-                    self.send_header("Content-Encoding", "gzip")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                    headers["Content-Encoding"] = "gzip"
+                reply(self, 200, body, headers)
 
             def log_message(self, *args: Any) -> None:
                 pass
