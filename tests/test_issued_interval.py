@@ -57,3 +57,13 @@ def test_an_issued_interval_cannot_be_changed_once_made() -> None:
             interval.origin = 5.0
     before = lazy.lower
     assert lazy.lower is before  # read once, then kept
+
+
+def test_intervals_made_together_are_each_the_one_made_alone_from_its_row() -> None:
+    rows = _rows()
+    made = IssuedInterval.many(100.0, 10.0, rows, [3, 0, 2])
+    alone = [IssuedInterval.in_rows(100.0, 10.0, rows, r) for r in (3, 0, 2)]
+    assert [repr(m) for m in made] == [repr(a) for a in alone]
+    assert [(m.origin, m.step) for m in made] == [(100.0, 10.0)] * 3
+    with pytest.raises(AttributeError, match="immutable"):
+        made[0].step = 1.0

@@ -8,7 +8,7 @@ formula divides by the target.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -80,11 +80,30 @@ class Forecast:
         return float(np.max(self.upper[:steps]))
 
     def is_finite(self) -> bool:
+        """Every point of the path and its interval finite: as found for the whole batch
+        that made the forecast when it did (`mark_finite`), else checked now."""
+        known: bool | None = self.__dict__.get("_finite")
+        if known is not None:
+            return known
         return bool(
             np.isfinite(self.mean).all()
             and np.isfinite(self.lower).all()
             and np.isfinite(self.upper).all()
         )
+
+
+def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
+    """Keep on each forecast whether it is finite (`Forecast.is_finite`), found for a
+    batch's rows at once (issue 20: the planner and the simulator ask every forecast every
+    tick, three numpy reductions each). Its arrays must be read-only: what was found stays
+    true. A forecast made anew (`dataclasses.replace`) checks again."""
+    for forecast, ok in zip(forecasts, finite, strict=True):
+        assert not (
+            forecast.mean.flags.writeable
+            or forecast.lower.flags.writeable
+            or forecast.upper.flags.writeable
+        )
+        object.__setattr__(forecast, "_finite", bool(ok))
 
 
 @dataclass(frozen=True)
@@ -167,8 +186,25 @@ class IssuedInterval:
     def in_rows(cls, origin: float, step: float, rows: FloatArray, row: int) -> IssuedInterval:
         """The interval whose lower and upper bounds are `rows[row, 0]` and `rows[row, 1]`
         (`rows`: (n, 2, steps), read-only)."""
-        out = cls.__new__(cls)
-        _set(out, origin=origin, step=step, _lower=None, _upper=None, _rows=rows, _row=row)
+        return cls.many(origin, step, rows, [row])[0]
+
+    @classmethod
+    def many(
+        cls, origin: float, step: float, rows: FloatArray, idx: Sequence[int]
+    ) -> list[IssuedInterval]:
+        """`in_rows` of each row in `idx` (issue 20: one a series and tick, so made
+        without a keyword call a field)."""
+        new, put = cls.__new__, object.__setattr__
+        out = []
+        for row in idx:
+            made = new(cls)
+            put(made, "origin", origin)
+            put(made, "step", step)
+            put(made, "_lower", None)
+            put(made, "_upper", None)
+            put(made, "_rows", rows)
+            put(made, "_row", row)
+            out.append(made)
         return out
 
     def _made(self) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -15,7 +15,15 @@ from gpuscaler.core.forecast.engines import Fitted, ForecastEngine, PathBatch, l
 from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS, SesTape
 from gpuscaler.core.forecast.intervals import coverage_note, naive_half_width
 from gpuscaler.core.forecast.scored import clip_rows, half_widths, live_paths
-from gpuscaler.core.model import BoolArray, FitState, FloatArray, Forecast, IntervalState, Scored
+from gpuscaler.core.model import (
+    BoolArray,
+    FitState,
+    FloatArray,
+    Forecast,
+    IntervalState,
+    Scored,
+    mark_finite,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +98,8 @@ def assembled(
     offsets = peak_error.tolist()
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
     finite &= np.isfinite(lower).all(axis=1) & np.isfinite(upper).all(axis=1)
+    for block in (mean, lower, upper):
+        block.flags.writeable = False  # each forecast's rows: what was found stays true
     forecasts = [
         Forecast(
             b.now,
@@ -107,6 +117,7 @@ def assembled(
         for r in range(n)
     ]
     ok: list[bool] = finite.tolist()
+    mark_finite(forecasts, ok)
     return forecasts, ok
 
 

@@ -33,7 +33,7 @@ def as_rows(block: FloatArray, swapped: bool = False) -> list[FloatArray]:
     (`block` is (n, b, a), the rows (a, b)). Remembered only when `block` owns its memory
     (its rows keep it alive then)."""
     block.flags.writeable = False
-    out = [block[g].T if swapped else block[g] for g in range(block.shape[0])]
+    out = list(block.swapaxes(1, 2) if swapped else block)  # the views made in C
     if out and block.base is None:
         key = id(out[0])
         # the entry goes when its block does (and the oldest beyond _KEEP, if ever)

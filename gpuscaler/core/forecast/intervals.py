@@ -198,9 +198,9 @@ def issue_rows(
         grown = (*layout, (checked, step, lower.shape[1]))
         old = stacked([_bounds(states[r]) for r in idx])
         bounds = as_rows(np.concatenate([old, fresh[idx]], axis=2))
-        for i, r in enumerate(idx):
+        made = IssuedInterval.many(checked, step, fresh, idx)
+        for i, (r, issued) in enumerate(zip(idx, made, strict=True)):
             s = states[r]
-            issued = IssuedInterval.in_rows(checked, step, fresh, r)
             pending = (*s.pending, issued)
             out[r] = IntervalState(s.level, checked, pending, s.points, s.misses, grown, bounds[i])
     return [s for s in out if s is not None]
