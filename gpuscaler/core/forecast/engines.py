@@ -162,6 +162,11 @@ def last_finite(histories: FloatArray) -> FloatArray:
     return out
 
 
+_KEPT_HALVES = 8
+"""Batches whose half widths an engine keeps (a controller's pools and workloads share
+an engine when their forecast sections are equal)."""
+
+
 class LeastSquaresArima:
     """ARIMA(p, d, 0) with intercept, fitted by batched least squares."""
 
@@ -173,6 +178,8 @@ class LeastSquaresArima:
         # (with d = 1 a constant would be a drift that extrapolates every trend).
         self.const = d == 0
         self.name = f"arima({p},{d},0)"
+        self._halves: dict[tuple[object, ...], FloatArray] = {}
+        """The last few batches' half widths by their coefficients (`kept_half_width`)."""
 
     def fit(self, histories: FloatArray) -> Fitted:
         z = np.diff(histories, n=self.d, axis=1) if self.d else histories
@@ -244,9 +251,26 @@ class LeastSquaresArima:
             psi = np.cumsum(psi, axis=1)
         return z_score(level) * np.sqrt(fitted.sigma2[:, None] * np.cumsum(psi**2, axis=1))
 
+    def kept_half_width(self, fitted: Fitted, steps: int, level: float) -> FloatArray:
+        """`half_width`, kept for the last few batches by their coefficients' bytes: a
+        batch's coefficients change only at its refits (`forecast.refit_every`), yet its
+        half widths were found again every tick (issue 20: about a thousand numpy calls a
+        batch, a fixed cost that few lanes pay in full). The same inputs, the same array
+        (read-only)."""
+        phi, sigma2 = np.ascontiguousarray(fitted.phi), np.ascontiguousarray(fitted.sigma2)
+        key = (steps, level, phi.shape, phi.tobytes(), sigma2.tobytes())
+        half = self._halves.get(key)
+        if half is None:
+            half = self.half_width(fitted, steps, level)
+            half.flags.writeable = False
+            self._halves[key] = half
+            while len(self._halves) > _KEPT_HALVES:
+                self._halves.pop(next(iter(self._halves)), None)
+        return half
+
     def predict(self, fitted: Fitted, histories: FloatArray, steps: int, level: float) -> PathBatch:
         mean = self.predict_mean(fitted, histories, steps)
-        half = self.half_width(fitted, steps, level)
+        half = self.kept_half_width(fitted, steps, level)
         return PathBatch(mean=mean, lower=mean - half, upper=mean + half)
 
     def forecast(self, histories: FloatArray, steps: int, level: float) -> PathBatch:
