@@ -52,12 +52,16 @@ def test_a_kept_answer_is_what_the_arrays_say_and_a_changed_forecast_checks_agai
     arrays[bad][1] = np.inf
     for a in arrays.values():
         a.flags.writeable = False
-    f = Forecast(NOW, 10.0, level=0.9, method="m", reason="r", last_value=1.0, **arrays)
+    mean, lower, upper = arrays["mean"], arrays["lower"], arrays["upper"]
+    f = Forecast(NOW, 10.0, mean, lower, upper, 0.9, "m", "r", 1.0)
     mark_finite([f], [False])
     assert f.is_finite() is False
     fixed = np.array([1.0, 2.0])
     fixed.flags.writeable = False
-    again = dataclasses.replace(f, **{bad: fixed})
+    arrays[bad] = fixed
+    again = dataclasses.replace(
+        f, mean=arrays["mean"], lower=arrays["lower"], upper=arrays["upper"]
+    )
     assert again.is_finite() is True  # made anew: checked, not the kept answer
 
 

@@ -14,6 +14,7 @@ from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast.engines import Fitted, ForecastEngine, PathBatch, last_finite
 from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS, SesTape
 from gpuscaler.core.forecast.intervals import coverage_note, naive_half_width
+from gpuscaler.core.forecast.made import forecast as made_forecast
 from gpuscaler.core.forecast.scored import clip_rows, half_widths, live_paths
 from gpuscaler.core.model import (
     BoolArray,
@@ -101,7 +102,7 @@ def assembled(
     for block in (mean, lower, upper):
         block.flags.writeable = False  # each forecast's rows: what was found stays true
     forecasts = [
-        Forecast(
+        made_forecast(
             b.now,
             b.cfg.fit_step,
             mean[r],

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast.made import fit_state
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
@@ -123,7 +124,7 @@ def with_parts(
 ) -> FitState:
     """`state` with a new interval state and/or scoring (`dataclasses.replace` without its
     per-call field walk: called for every series at every tick)."""
-    return FitState(
+    return fit_state(
         state.fitted_at,
         state.intercept,
         state.phi,

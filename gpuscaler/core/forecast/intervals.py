@@ -18,6 +18,7 @@ from itertools import compress
 import numpy as np
 
 from gpuscaler.core.forecast.blocks import as_rows, stacked
+from gpuscaler.core.forecast.made import interval_state
 from gpuscaler.core.model import FloatArray, IntervalState, IssuedInterval
 
 MIN_RESIDUALS = 8
@@ -107,9 +108,9 @@ def resolve_rows(
     groups: dict[tuple[float, Layout], list[int]] = {}
     for r, s in enumerate(states):
         if s is None:
-            out[r] = IntervalState(level=nominal, checked_at=now)
+            out[r] = interval_state(nominal, now, (), 0, 0, None, None)
         elif not s.pending:
-            out[r] = IntervalState(s.level, now, (), s.points, s.misses)
+            out[r] = interval_state(s.level, now, (), s.points, s.misses, None, None)
         else:
             groups.setdefault((s.checked_at, _layout(s)), []).append(r)
     for (checked, layout), idx in groups.items():
@@ -125,7 +126,7 @@ def resolve_rows(
                 level += ACI_GAMMA * (misses[i] / points[i] - (1.0 - nominal))
                 level = min(max(level, ACI_LEVELS[0]), ACI_LEVELS[1])
             pending = tuple(compress(s.pending, flags))
-            out[r] = IntervalState(
+            out[r] = interval_state(
                 level, now, pending, s.points + points[i], s.misses + misses[i], kept, rest[i]
             )
     return [s for s in out if s is not None]
@@ -202,7 +203,7 @@ def issue_rows(
         for i, (r, issued) in enumerate(zip(idx, made, strict=True)):
             s = states[r]
             pending = (*s.pending, issued)
-            out[r] = IntervalState(s.level, checked, pending, s.points, s.misses, grown, bounds[i])
+            out[r] = interval_state(s.level, checked, pending, s.points, s.misses, grown, bounds[i])
     return [s for s in out if s is not None]
 
 

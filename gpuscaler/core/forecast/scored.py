@@ -38,6 +38,7 @@ from gpuscaler.core.forecast.ensemble import (
     window_means,
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
+from gpuscaler.core.forecast.made import scored as made_scored
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
 
 
@@ -160,7 +161,7 @@ def _with_errors(
 ) -> Scored:
     """`s` with its recent errors rolled on (`dataclasses.replace` without its per-call
     field walk: called for every series at every tick)."""
-    return Scored(
+    return made_scored(
         s.method,
         s.weights,
         s.errors,

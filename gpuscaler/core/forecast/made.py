@@ -1,0 +1,101 @@
+"""The forecast's per-series frozen objects made without the dataclass `__init__` on the
+hot path (issue 20). A frozen dataclass sets each field by `object.__setattr__` (some
+3-4 us for seven fields here); a batch makes a fit state, two interval states, a scoring
+and a forecast for every series at every tick. Each maker writes the instance's
+`__dict__` directly, field by field in declaration order: the object is the one the
+constructor makes (`tests/test_forecast_made.py` checks every field against
+`dataclasses.fields`, so a field added later fails there, not silently here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpuscaler.core.model import (
+    FitState,
+    FloatArray,
+    Forecast,
+    IntervalState,
+    IssuedInterval,
+    Scored,
+)
+
+_new = object.__new__
+
+
+def interval_state(
+    level: float,
+    checked_at: float,
+    pending: tuple[IssuedInterval, ...],
+    points: int,
+    misses: int,
+    layout: tuple[tuple[float, float, int], ...] | None,
+    bounds: FloatArray | None,
+) -> IntervalState:
+    """`IntervalState(level, checked_at, pending, points, misses, layout, bounds)`."""
+    out: IntervalState = _new(IntervalState)
+    d = out.__dict__
+    d["level"], d["checked_at"], d["pending"] = level, checked_at, pending
+    d["points"], d["misses"], d["layout"], d["bounds"] = points, misses, layout, bounds
+    return out
+
+
+def fit_state(
+    fitted_at: float,
+    intercept: float,
+    phi: tuple[float, ...],
+    sigma2: float,
+    interval: IntervalState | None,
+    scored: Scored | None,
+    modulus: float | None,
+) -> FitState:
+    """`FitState(fitted_at, intercept, phi, sigma2, interval, scored, modulus)`."""
+    out: FitState = _new(FitState)
+    d = out.__dict__
+    d["fitted_at"], d["intercept"], d["phi"], d["sigma2"] = fitted_at, intercept, phi, sigma2
+    d["interval"], d["scored"], d["modulus"] = interval, scored, modulus
+    return out
+
+
+def scored(
+    method: str | None,
+    weights: tuple[float, ...],
+    errors: Mapping[str, float],
+    ses_best: int,
+    ses_inv: FloatArray,
+    abs_errors: FloatArray,
+    peak: float,
+    abs_recent: FloatArray,
+    peak_recent: FloatArray,
+    newest: float,
+) -> Scored:
+    """`Scored(method, weights, errors, ses_best, ses_inv, abs_errors, peak, abs_recent,
+    peak_recent, newest)`."""
+    out: Scored = _new(Scored)
+    d = out.__dict__
+    d["method"], d["weights"], d["errors"], d["ses_best"] = method, weights, errors, ses_best
+    d["ses_inv"], d["abs_errors"], d["peak"] = ses_inv, abs_errors, peak
+    d["abs_recent"], d["peak_recent"], d["newest"] = abs_recent, peak_recent, newest
+    return out
+
+
+def forecast(
+    origin: float,
+    step: float,
+    mean: FloatArray,
+    lower: FloatArray,
+    upper: FloatArray,
+    level: float,
+    method: str,
+    reason: str,
+    last_value: float,
+    errors: Mapping[str, float],
+    peak_error: float,
+) -> Forecast:
+    """`Forecast(origin, step, mean, lower, upper, level, method, reason, last_value,
+    errors, peak_error)`."""
+    out: Forecast = _new(Forecast)
+    d = out.__dict__
+    d["origin"], d["step"], d["mean"], d["lower"], d["upper"] = origin, step, mean, lower, upper
+    d["level"], d["method"], d["reason"], d["last_value"] = level, method, reason, last_value
+    d["errors"], d["peak_error"] = errors, peak_error
+    return out
