@@ -15,6 +15,7 @@ from test_interval_resolve import reference as resolve_one
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import forecast_series
+from gpuscaler.core.forecast.assembly import Batch, _clipped
 from gpuscaler.core.forecast.engines import (
     LeastSquaresArima,
     inverse_root_modulus,
@@ -23,6 +24,7 @@ from gpuscaler.core.forecast.engines import (
 )
 from gpuscaler.core.forecast.ensemble import SesTape, ses_last
 from gpuscaler.core.forecast.intervals import issue_rows, resolve, resolve_rows
+from gpuscaler.core.forecast.scored import clip_rows
 from gpuscaler.core.model import FitState, FloatArray, IntervalState, IssuedInterval, Series, Signal
 from gpuscaler.core.snapshot import bucket_peak, bucket_peaks, window_mean, window_means
 
@@ -318,3 +320,51 @@ def test_the_smoothing_tape_gives_each_end_what_smoothing_that_prefix_alone_give
         assert tape.at(end).tobytes() == want.tobytes(), end
     rows = np.array([4, 1])
     assert tape.rows(rows).at(45).tobytes() == ses_last(hist[rows, :46]).tobytes()
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_rows_with_their_own_clips_in_one_batch_forecast_as_each_clip_alone(seed: int) -> None:
+    """Issue 20: a tick's pools (clipped to 0-100) and workloads (never negative) in one
+    batch: every forecast and kept state as in a batch of each clip alone."""
+    data = _data(10, seed)
+    clip_of = [(0.0, 100.0) if i % 2 else (0.0, None) for i in range(data.shape[0] + 1)]
+    keys: list[str | None] = [*(f"s{i}" for i in range(data.shape[0])), "none"]
+    together: dict[str, FitState] = {}
+    apart: dict[str, FitState] = {}
+    for k in range(15):  # a refit at the tenth tick
+        series, now = _series(data, k, False)
+        got_states: dict[str, FitState] = {}
+        got = forecast_series(series, CFG, now, keys=keys, prior=together, states=got_states,
+                              clips=clip_of)  # fmt: skip
+        want: list[Signal | None] = [None] * len(series)
+        want_states: dict[str, FitState] = {}
+        for clip in ((0.0, 100.0), (0.0, None)):
+            idx = [i for i, c in enumerate(clip_of) if c == clip]
+            part = forecast_series([series[i] for i in idx], CFG, now, None, clip,
+                                   [keys[i] for i in idx], apart, want_states)  # fmt: skip
+            for i, s in zip(idx, part, strict=True):
+                want[i] = s
+        assert [_signal(s) for s in got] == [_signal(s) for s in want if s is not None]
+        assert sorted(got_states) == sorted(want_states)
+        for key, state in got_states.items():
+            assert _state(state) == _state(want_states[key]), f"tick {k}, {key}"
+        together, apart = got_states, want_states
+
+
+def test_each_rows_clip_bounds_it_as_that_clip_alone_bit_for_bit() -> None:
+    """Rows clipped by groups of one clip: a clip without an upper bound turns a -0.0 into
+    0.0 where `np.clip` at +inf would keep -0.0, as in a batch of that clip alone."""
+    rng = np.random.default_rng(8)
+    mean = rng.normal(50, 80, (6, 5))
+    mean[0] = -0.0
+    lower, upper = mean - 5, mean + 5
+    peak = rng.normal(0, 3, 6).tolist()
+    clips: list[tuple[float, float | None]] = [(0.0, None), (0.0, 100.0)] * 3
+    b = Batch(make_engine(CFG), mean, 5, CFG, NOW, [None] * 6, {}, {}, (0.0, None), False, clips)
+    got = _clipped(b, mean, lower, upper, peak)
+    for clip in ((0.0, None), (0.0, 100.0)):
+        rows = [r for r, c in enumerate(clips) if c == clip]
+        want = clip_rows(mean[rows], lower[rows], upper[rows], [peak[r] for r in rows], clip)
+        for g, w in zip(got, want, strict=True):
+            assert g[rows].tobytes() == w.tobytes()
+    assert not np.signbit(got[0][0]).any()

@@ -22,6 +22,11 @@ from gpuscaler.core.model import (
 )
 from gpuscaler.core.preemption import PreemptionObservation
 
+POOL_CLIP: tuple[float, float | None] = (0.0, 100.0)
+"""A pool's utilization forecast stays within 0-100 %."""
+LOAD_CLIP: tuple[float, float | None] = (0.0, None)
+"""A workload's load forecast is never negative."""
+
 
 @dataclass(frozen=True)
 class RawPool:
@@ -187,12 +192,13 @@ def bucket_peaks(
 def _forecasts(
     items: list[tuple[str, Series | None, str | None, ForecastConfig]],
     now: float,
-    clip: tuple[float, float | None],
+    clips: Sequence[tuple[float, float | None]],
     engines: dict[ForecastConfig, ForecastEngine] | None,
     prior: Mapping[str, FitState],
     states: dict[str, FitState],
 ) -> list[Signal]:
-    """Forecast every series, batching those that share a forecast config."""
+    """Forecast every series (each clipped to its `clips`), batching those that share a
+    forecast config (issue 20: pools and workloads together, one batch's fixed cost)."""
     out: list[Signal | None] = [None] * len(items)
     groups: dict[ForecastConfig, list[int]] = {}
     for i, (_, series, problem, cfg) in enumerate(items):
@@ -207,10 +213,10 @@ def _forecasts(
             cfg,
             now,
             engine,
-            clip,
             keys=[items[i][0] for i in idx],
             prior=prior,
             states=states,
+            clips=[clips[i] for i in idx],
         )
         for i, s in zip(idx, signals, strict=True):
             out[i] = s
@@ -242,8 +248,9 @@ def build_snapshot(
     pool_items = [(f"pool:{p.name}", p.utilization, p.problem, pool_cfg[p.name]) for p in raw.pools]
     load_items = [(f"workload:{w.key}", w.load, w.problem, load_cfg[w.key]) for w in raw.workloads]
     prior = fits or {}
-    pool_signals = _forecasts(pool_items, now, (0.0, 100.0), engines, prior, states)
-    load_signals = _forecasts(load_items, now, (0.0, None), engines, prior, states)
+    clips = [POOL_CLIP] * len(pool_items) + [LOAD_CLIP] * len(load_items)
+    both = _forecasts(pool_items + load_items, now, clips, engines, prior, states)
+    pool_signals, load_signals = both[: len(pool_items)], both[len(pool_items) :]
     load_signals = [
         _lead(s, w, load_items[i][3], now, states)
         for i, (s, w) in enumerate(zip(load_signals, raw.workloads, strict=True))

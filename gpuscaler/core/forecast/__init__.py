@@ -157,6 +157,7 @@ def forecast_series(
     prior: Mapping[str, FitState] | None = None,
     states: dict[str, FitState] | None = None,
     rescore: bool = False,
+    clips: Sequence[tuple[float, float | None]] | None = None,
 ) -> list[Signal]:
     """Forecast each series `cfg.horizon` ahead of `now`, or say why not.
 
@@ -164,7 +165,8 @@ def forecast_series(
     `cfg.refit_every`, and so is its ensemble scoring (weights, recent errors, conformal
     errors, peak offset; `rescore` scores it again at every call, the cost before issue
     18); its adaptive interval state is carried on, and the states to keep for the next
-    call are put in `states`."""
+    call are put in `states`. `clips`: each series' own clip instead of `clip` (issue 20:
+    a tick's pools and workloads in one batch)."""
     samples, stacked = _samples(series)
     signals: list[Signal | None] = [
         _admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)
@@ -190,6 +192,7 @@ def forecast_series(
             states if states is not None else {},
             clip,
             rescore,
+            [clips[i] for i in index] if clips is not None else None,
         )
         forecasts, finite = _forecast_batch(batch)
         for i, f, ok in zip(index, forecasts, finite, strict=True):

@@ -41,6 +41,8 @@ class Batch:
     states: dict[str, FitState]
     clip: tuple[float, float | None]
     rescore: bool = False
+    clips: Sequence[tuple[float, float | None]] | None = None
+    """Each row's own clip, when not all `clip`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,8 +95,8 @@ def assembled(
     plain = [r for r in range(n) if r not in picked]
     if plain:
         _plain(b, model, plain, rows, lower, upper)
-    mean, lower, upper, peak_error = clip_rows(
-        rows.mean, np.minimum(lower, rows.mean), np.maximum(upper, rows.mean), rows.peak, b.clip
+    mean, lower, upper, peak_error = _clipped(
+        b, rows.mean, np.minimum(lower, rows.mean), np.maximum(upper, rows.mean), rows.peak
     )
     offsets = peak_error.tolist()
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
@@ -120,6 +122,26 @@ def assembled(
     ok: list[bool] = finite.tolist()
     mark_finite(forecasts, ok)
     return forecasts, ok
+
+
+def _clipped(
+    b: Batch, mean: FloatArray, lower: FloatArray, upper: FloatArray, peak: list[float]
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """`clip_rows` with each row's clip: the rows of one clip together, each group as a
+    batch of that clip alone (a clip without an upper bound is not one at +inf: `np.clip`
+    makes a -0.0 0.0 without one, keeps it with +inf)."""
+    clips = list(dict.fromkeys(b.clips)) if b.clips is not None else [b.clip]
+    if len(clips) == 1:
+        return clip_rows(mean, lower, upper, peak, clips[0])
+    assert b.clips is not None
+    out = [np.empty_like(mean), np.empty_like(lower), np.empty_like(upper)]
+    offsets = np.empty(mean.shape[0])
+    for clip in clips:
+        rows = [r for r, c in enumerate(b.clips) if c == clip]
+        parts = clip_rows(mean[rows], lower[rows], upper[rows], [peak[r] for r in rows], clip)
+        for whole, part in zip((*out, offsets), parts, strict=True):
+            whole[rows] = part
+    return out[0], out[1], out[2], offsets
 
 
 def _plain(
