@@ -26,12 +26,17 @@ BLOCK = 128
 """numpy's PW_BLOCKSIZE: blocks up to this long are summed in 8 lanes."""
 
 
+def _half(n: int) -> int:
+    """Where numpy splits a row of n > BLOCK values: near the middle, a multiple of 8."""
+    half = n // 2
+    return half - half % 8
+
+
 def _blocks(n: int, start: int = 0) -> list[tuple[int, int]]:
     """The blocks (start, length) numpy's pairwise sum of n values is made of, in order."""
     if n <= BLOCK:
         return [(start, n)]
-    half = n // 2
-    half -= half % 8
+    half = _half(n)
     return _blocks(half, start) + _blocks(n - half, start + half)
 
 
@@ -40,8 +45,7 @@ def _joined(sums: FloatArray, n: int, first: int = 0) -> tuple[FloatArray, int]:
     block's index."""
     if n <= BLOCK:
         return sums[:, first], first + 1
-    half = n // 2
-    half -= half % 8
+    half = _half(n)
     left, nxt = _joined(sums, half, first)
     right, nxt = _joined(sums, n - half, nxt)
     joined: FloatArray = left + right
