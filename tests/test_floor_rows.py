@@ -17,8 +17,13 @@ from floor_reference import forecast_figures as alone_figures
 from floor_reference import observed_peak as old_observed_peak
 from test_floor_batch import plans_are_each_floor_alone
 
-from gpuscaler.core import floor_rows
-from gpuscaler.core.floor_rows import forecast_figures, observed_peaks, remember_many
+from gpuscaler.core import floor_rows, skill
+from gpuscaler.core.floor_rows import (
+    forecast_figures,
+    observed_peaks,
+    pool_figures,
+    remember_many,
+)
 from gpuscaler.core.model import Forecast, TargetHistory
 from gpuscaler.core.replicas import observed_peak
 from gpuscaler.core.skill import remember
@@ -84,6 +89,24 @@ def test_forecast_figures_over_rows_are_each_forecasts_own_to_the_last_bit(
             assert not want[0]
         else:
             assert bits(figs) == bits(want)
+    assert taken > len(fs) // 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_pool_figures_over_rows_are_each_forecasts_own_peak_and_upper_to_the_last_bit(
+    seed: int, chunk: int
+) -> None:
+    fs = forecasts(seed, 120)
+    got = pool_figures([*fs, None])
+    assert got[-1] is None  # no forecast: no figures
+    taken = 0
+    for f, figs in zip(fs, got, strict=False):
+        if figs is None:
+            continue  # left to the fragments alone (a zero, a small group)
+        taken += 1
+        assert figs[0] == f.is_finite()
+        if figs[0]:
+            assert bits((figs[1], figs[3])) == bits((f.peak_upper, f.peak))
     assert taken > len(fs) // 2
 
 
@@ -162,3 +185,22 @@ def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
     decided, reasons = plans_are_each_floor_alone(13)
     assert decided
     assert any("forecast upper" in r for r in reasons)
+
+
+@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, skill._LEVEL_FLOATS])
+def test_window_means_over_rows_in_any_chunks_are_each_rows_own_to_the_last_bit(
+    floats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The level's zero-padded sums are taken a few rows at a time (`_LEVEL_FLOATS`):
+    whatever the chunk, each row's means are the ones `_window_means` takes of it alone."""
+    monkeypatch.setattr(skill, "_LEVEL_FLOATS", floats)
+    rng = np.random.default_rng(floats)
+    v = rng.normal(size=(11, 250)) * 100.0
+    v[2, 17] = -0.0
+    v[3] = np.round(v[3])  # ties
+    order = rng.permutation(250)
+    start = np.sort(rng.integers(0, 240, 40))
+    stop = start + rng.integers(1, 11, 40)
+    got = skill._window_means_rows(v, order, start, stop)
+    for row, means in zip(v, got, strict=True):
+        assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()

@@ -61,6 +61,14 @@ def forecast_figures(
     return out
 
 
+def pool_figures(forecasts: Sequence[Forecast | None]) -> list[ForecastFigures | None]:
+    """`forecast_figures` over each forecast's whole path (a node pool's fragments read
+    `is_finite()`, `peak_upper` and `peak`: the second and fourth figures), over rows
+    of the forecasts whose arrays have the same lengths and step; None as there."""
+    leads = [0.0 if f is None else len(f.upper) * f.step for f in forecasts]
+    return forecast_figures(forecasts, leads)
+
+
 def _figures_rows(
     group: list[Forecast], su: int, sm: int, idx: list[int], out: list[ForecastFigures | None]
 ) -> None:

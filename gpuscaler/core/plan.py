@@ -10,6 +10,7 @@ from gpuscaler.core.floor_rows import (
     Record,
     forecast_figures,
     observed_peaks,
+    pool_figures,
     remember_many,
 )
 from gpuscaler.core.fragments import decide_fragments
@@ -77,14 +78,16 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
     fragments = config.pool_sections("fragments", FragmentsConfig)
     time_slice = config.pool_sections("time_slice", TimeSliceConfig)
     floors, held = _replica_floors(snapshot, config, history, now)
-    for obs in snapshot.pools:
+    figures = pool_figures([p.utilization.forecast for p in snapshot.pools])
+    for obs, figs in zip(snapshot.pools, figures, strict=True):
         pool = pools.get(obs.name)
         if pool is None:
             continue  # observed but not configured: never touched
         key = target_key("fragments", obs.name)
         frag_cfg = fragments[obs.name]
+        floor = held.get(obs.name, 0.0)
         outcomes[key] = decide_fragments(
-            obs, pool, frag_cfg, staleness, history.get(key), now, held.get(obs.name, 0.0)
+            obs, pool, frag_cfg, staleness, history.get(key), now, floor, figs
         )
         key = target_key("time_slice", obs.name)
         ts_cfg = time_slice[obs.name]
