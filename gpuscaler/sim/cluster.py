@@ -225,17 +225,31 @@ class SimulatedCluster:
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
+        `begin` to `end`: `pods_over`, each of one slot repeated over all."""
+        ready, capacity, gpus = self.pods_over(begin, end)
+        if len(ready) == end - begin:
+            return ready, capacity, gpus
+        n = end - begin
+        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
+
+    def pods_over(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
         `begin` to `end`: counted at each slot's start, and every 500 ms after it inside a
-        coarser slot (their means). Whether no pod changes over them is asked first, of
-        the first and last sample alone (the floats the grid of samples holds)."""
+        coarser slot (their means); one slot's (the first's) when no pod changes over them
+        and no fragment change disrupts them (it holds for all). Whether no pod changes is
+        asked first, of the first and last sample alone (the floats the grid of samples
+        holds)."""
         slot, sub = self.slot, max(1, math.ceil(self.slot / SAMPLE - 1e-9))
         first = self.start + slot * begin
         last = self.start + slot * (end - 1)
         if sub > 1:
             last = last + (slot / sub) * (sub - 1)
-        self.pods.forget_gone(first)
-        if self.pods.steady(first, last) and not first < self.disrupted_until:
-            return self._steady_counts(np.array([first], dtype=np.float64), end - begin)
+        pods = self.pods
+        if not pods.steady_from <= first < pods.steady_until:
+            # Within the steady span asked last, no pod left since: nothing to forget.
+            pods.forget_gone(first)
+        if pods.steady(first, last) and not first < self.disrupted_until:
+            return self._steady_counts(np.array([first], dtype=np.float64))
         t = np.asarray(self.start + slot * np.arange(begin, end), dtype=np.float64)
         if sub > 1:
             t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
@@ -251,17 +265,16 @@ class SimulatedCluster:
         ready, capacity, gpus = (a.reshape(-1, sub).mean(axis=1) for a in (ready, capacity, gpus))
         return ready, capacity, gpus
 
-    def _steady_counts(self, t: FloatArray, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """`_pods_at` of `n` slots from `t` when no pod changes over them and no fragment
-        change disrupts them: the counts at `t`, repeated."""
+    def _steady_counts(self, t: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`pods_over` of slots from `t` when no pod changes over them and no fragment
+        change disrupts them: the counts at `t` (one slot's, kept while they hold)."""
         key = (self.pods.steady_from, self.fragments)
         if self.steady_key != key:  # the counts hold from steady_from: reuse them
             ready, held = self.pods.counts(t)
             capacity = layout_capacity(ready, self.fragments, self.sim.switch_overhead)
             self.steady_key, self.steady = key, (ready, capacity, np.ceil(held / self.fragments))
             self.held_last = float(held[0])
-        ready, capacity, gpus = self.steady
-        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
+        return self.steady
 
     def advance_to(self, now: float) -> None:
         """Simulate the slots in [cursor time, now)."""
@@ -345,9 +358,11 @@ class SimulatedCluster:
         start = self.start + self.slot * begin
         return Series(start=start, step=self.slot, values=values[begin:end])
 
-    def observe(self, now: float) -> Observations:
+    def observe(self, now: float, pool_name: str | None = None) -> Observations:
+        """What the controller reads at `now` (the pool named `pool_name`, by default
+        its own)."""
         pool = RawPool(
-            name=self.pool_name,
+            name=pool_name or self.pool_name,
             utilization=self._series(self.rec.pool_util, now),
             stall=self._series(self.rec.stall, now),
             fragments=self.fragments,

@@ -31,6 +31,7 @@ from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecision
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.cluster import SimulatedCluster
+from gpuscaler.sim.lanes import LaneClusters, batchable
 from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
 from gpuscaler.sim.ticks import control_ticks
 
@@ -111,8 +112,8 @@ class LockstepClusters:
         pools: list[RawPool] = []
         workloads: list[RawWorkload] = []
         for lane in self.lanes:
-            obs = lane.cluster.observe(now)
-            pools += [replace(p, name=lane.lane_pool) for p in obs.pools]
+            obs = lane.cluster.observe(now, lane.lane_pool)
+            pools += obs.pools
             workloads += obs.workloads
         return Observations(now, tuple(pools), tuple(workloads))
 
@@ -151,11 +152,19 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
     controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(clusters.record)
     first = preps[0]
+    together = [lane.cluster for lane in lanes]
+    batch = LaneClusters(together) if batchable(together) else None
     for t in control_ticks(first.start, first.seconds, config.control.interval):
-        for lane in lanes:
-            lane.cluster.advance_to(t)
-            lane.cluster.hpa_step(t)
+        if batch is not None:
+            batch.advance_to(t)
+            batch.hpa_step(t)
+        else:
+            for lane in lanes:
+                lane.cluster.advance_to(t)
+                lane.cluster.hpa_step(t)
         controller.safe_tick(t)
+    if batch is not None:
+        batch.advance_to(first.start + first.seconds)
     for lane in lanes:
         lane.cluster.advance_to(first.start + first.seconds)
     failed = controller.stats.failed

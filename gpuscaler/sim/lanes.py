@@ -1,0 +1,209 @@
+"""The simulated clusters of all lanes of a lockstep (`gpuscaler.sim.lockstep`), advanced
+together: one tick of every lane's queue, signals and records, and of every lane's HPA, as
+array operations with a lane axis, not one small numpy call per lane per step.
+
+Each lane stays a `SimulatedCluster` (its pods, decisions, replica changes; the controller
+reads it through `observe`, the report through its records): its per-slot inputs and
+records become rows of (lanes, slots) tables here (`cluster.rec.load` is a view of
+`self.rec["load"][lane]`), so whatever reads one lane reads what this wrote. The steps
+are the single cluster's operations on the same floats (elementwise, or along each row as
+the lone row is reduced), so every lane's figures are those of its cluster advanced
+alone (tests/test_lanes.py compares them record for record).
+
+What a lane's cluster still does alone: its pod counts (`SimulatedCluster.pods_over`:
+one cached answer while its pods do not change), a replica change (`set_replicas`), and
+the load of an HPA window holding a dropped sample (the lone mean of the finite ones).
+
+The lanes' noise: every lane draws it from the run's seed, so the lanes of one lockstep
+hold the same noise, drop mask and stall noise; one copy is kept for all when they are
+equal (a lane-week at 10 s slots: about 1 MB less a lane). A lane's recorded requests
+are its arrivals themselves (the same values up to the cursor, all of them at the end), as
+the baselines' sweep records them (0.5 MB less a lane-week).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuscaler.core.model import FloatArray
+from gpuscaler.sim.cluster import RECORDED, STALL_LEVEL_FACTOR, SimulatedCluster
+from gpuscaler.sim.queue import lindley
+from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
+
+TABLED = tuple(name for name in RECORDED if name != "requests")
+"""The records kept as (lanes, slots) tables (a lane's requests are its arrivals)."""
+
+
+def batchable(clusters: Sequence[SimulatedCluster]) -> bool:
+    """Whether these clusters can advance together: one range, slot and simulator
+    config, nothing simulated yet, all observed, none with a preemption burst, every
+    one under the HPA on utilization (no shared predictions)."""
+    if not clusters:
+        return False
+    first = clusters[0]
+    return all(
+        c.start == first.start
+        and c.slot == first.slot
+        and len(c.arrivals) == len(first.arrivals)
+        and c.sim == first.sim
+        and c.cursor == 0
+        and c.observed
+        and c.preemption is None
+        and c.scaler.kind == "hpa_util"
+        and c.scaler.predicted is None
+        and not c.scaler.recs
+        and c.scaler.interval == first.scaler.interval
+        for c in clusters
+    )
+
+
+def _shared_or_stacked(rows: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """One (1, n) row when all `rows` are equal (broadcast over the lanes), else their
+    (lanes, n) stack."""
+    if all(np.array_equal(r, rows[0]) for r in rows[1:]):
+        return rows[0][None, :]
+    return np.stack(rows)
+
+
+class LaneClusters:
+    """Every lane's `SimulatedCluster`, advanced and stepped together."""
+
+    def __init__(self, clusters: Sequence[SimulatedCluster]):
+        if not batchable(clusters):
+            raise ValueError("these clusters cannot advance together (see `batchable`)")
+        self.clusters = list(clusters)
+        first = self.clusters[0]
+        self.start, self.slot, self.n = first.start, first.slot, len(first.arrivals)
+        self.sim = first.sim
+        self.cursor = 0
+        self.q = np.zeros(len(self.clusters))
+        self.work = np.stack([c.work for c in self.clusters])
+        self.noise = _shared_or_stacked([c.noise for c in self.clusters])
+        self.stall_noise = _shared_or_stacked([c.stall_noise for c in self.clusters])
+        self.dropped = _shared_or_stacked([c.dropped for c in self.clusters])
+        self.rec = {name: np.full((len(self.clusters), self.n), np.nan) for name in TABLED}
+        for i, c in enumerate(self.clusters):
+            c.work = self.work[i]
+            # The requests recorded are the arrivals: the same values up to the cursor
+            # (all of them once the run ends; nothing reads past the cursor before).
+            c.rec.requests = c.arrivals
+            c.noise, c.stall_noise = (
+                self.noise[i % len(self.noise)],
+                self.stall_noise[i % len(self.stall_noise)],
+            )
+            c.dropped = self.dropped[i % len(self.dropped)]
+            for name in TABLED:
+                setattr(c.rec, name, self.rec[name][i])
+        self.recs: list[tuple[float, IntArray]] = []
+        cfg = [c.scaler.cfg for c in self.clusters]
+        self.scaling = (
+            np.array([c.scaler.target_pct for c in self.clusters]),
+            np.array([x.tolerance for x in cfg]),
+            np.array([x.min_replicas for x in cfg], dtype=np.int64),
+            np.array([x.max_replicas for x in cfg], dtype=np.int64),
+        )
+        """Each lane's HPA (target, tolerance, min and max replicas)."""
+        """The HPA's recommendations of the stabilization window, every lane's at once."""
+
+    def advance_to(self, now: float) -> None:
+        """`SimulatedCluster.advance_to(now)` of every lane."""
+        end = min(self.n, round((now - self.start) / self.slot))
+        if end <= self.cursor:
+            return
+        begin, k = self.cursor, end - self.cursor
+        lanes = len(self.clusters)
+        ready, capacity, gpus = (np.empty((lanes, k)) for _ in range(3))
+        f, eff, level = np.empty((lanes, 1)), np.empty((lanes, 1)), np.empty((lanes, 2))
+        for i, c in enumerate(self.clusters):
+            ready[i], capacity[i], gpus[i] = c.pods_over(begin, end)
+            f[i] = c.fragments
+            eff[i] = c._efficiency(min(c.fragments, max(1.0, c.held_last)))
+            level[i] = (math.log2(c.fragments) / 3.0, STALL_LEVEL_FACTOR[c.time_slice_level])
+        self._record(begin, end, (ready, capacity, gpus), (f, eff, level))
+        for i, c in enumerate(self.clusters):
+            c.cursor = end
+            c.q = float(self.q[i])
+        self.cursor = end
+
+    def _record(
+        self,
+        begin: int,
+        end: int,
+        pods: tuple[FloatArray, FloatArray, FloatArray],
+        lane: tuple[FloatArray, FloatArray, FloatArray],
+    ) -> None:
+        """The slots `begin` to `end` of every lane from its pod counts and its
+        (fragments, efficiency, (stall's fragment term, stall level factor))."""
+        ready, capacity, gpus = pods
+        f, eff, level = lane
+        idx, slot, rec = slice(begin, end), self.slot, self.rec
+        work = self.work[:, idx]
+        queue, served = lindley(self.q, work, capacity * slot)
+        self.q = queue[:, -1].copy()
+        demand_pct = 100.0 * work / slot
+        noise = self.noise[:, idx]
+        load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
+        dropped = np.broadcast_to(self.dropped[:, idx], load.shape)
+        load[dropped] = np.nan
+        pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
+        busy = np.clip(100.0 * served / slot / np.maximum(gpus, 1.0), 0.0, 100.0)
+        stall = 30.0 * (busy / 100.0) ** 2 * level[:, :1]
+        stall *= level[:, 1:]
+        stall = np.clip(stall + self.stall_noise[:, idx], 0.0, 100.0)
+        pool_util[dropped] = np.nan
+        stall[dropped] = np.nan
+        rec["pool_util"][:, idx] = pool_util
+        rec["stall"][:, idx] = stall
+        rec["demand_busy"][:, idx] = work / slot / eff
+        rec["demand_pct"][:, idx] = demand_pct
+        rec["capacity"][:, idx] = capacity
+        rec["served"][:, idx] = served
+        rec["queue"][:, idx] = queue
+        rec["load"][:, idx] = load
+        rec["gpus"][:, idx] = gpus
+        rec["replicas"][:, idx] = np.array([[c.spec_count()] for c in self.clusters])
+
+    def hpa_step(self, now: float) -> None:
+        """`SimulatedCluster.hpa_step(now)` of every lane: each HPA's answer, its
+        scale-down stabilization, and the floor under it."""
+        cs = self.clusters
+        current = np.array([c.spec_count() for c in cs], dtype=np.int64)
+        ready = np.array([c.ready_count(now) for c in cs], dtype=np.int64)
+        load, known = self._util_loads()
+        share = np.array([c.share() for c in cs])
+        target, tol, lo, hi = self.scaling
+        asks = known & (ready > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wanted = desired_replicas(np.where(asks, load, 0.0), share, current, ready, target, tol)
+        desired = bounds(np.where(asks, wanted, current), current, lo, hi)
+        self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION] + [(now, desired)]
+        highest = np.maximum.reduce([v for _, v in self.recs])
+        desired = np.where(desired < current, np.minimum(current, highest), desired)
+        floor = np.array([c.floor for c in cs], dtype=np.int64)
+        wants = np.maximum(floor, desired)
+        for i in np.flatnonzero(wants != current):
+            cs[i].set_replicas(now, int(wants[i]))
+
+    def _util_loads(self) -> tuple[FloatArray, np.ndarray]:
+        """Each lane's HPA load (the mean of the finite loads of its last interval) and
+        whether it has one: the rows without a dropped sample as one mean over rows, the
+        others each as the lone scaler takes it."""
+        window = round(self.clusters[0].scaler.interval / self.slot)
+        rows = self.rec["load"][:, max(0, self.cursor - window) : self.cursor]
+        if rows.shape[1] == 0:
+            return np.zeros(len(self.clusters)), np.zeros(len(self.clusters), dtype=bool)
+        finite = np.isfinite(rows)
+        whole = finite.all(axis=1)
+        load = np.zeros(len(self.clusters))
+        load[whole] = rows[whole].mean(axis=1)
+        known = whole.copy()
+        for i in np.flatnonzero(~whole):
+            values = rows[i][finite[i]]
+            if values.size:
+                load[i], known[i] = float(values.mean()), True
+        return load, known
