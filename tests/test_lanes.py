@@ -86,6 +86,8 @@ def _run(
             c.hpa_step(t)
         batch.advance_to(t)
         loads, known = batch._util_loads()
+        for c in alone + together:  # the kept counts, where they hold, as counted anew
+            assert c.ready_count(t) == c.pods.ready_count(t)
         for i, c in enumerate(alone):  # the HPA's input, before its tolerance hides it
             lone = c.scaler._util_load(c)
             assert (lone, True) == (loads[i], known[i]) if lone is not None else not known[i]

@@ -118,13 +118,20 @@ class LaneClusters:
         begin, k = self.cursor, end - self.cursor
         lanes = len(self.clusters)
         ready, capacity, gpus = (np.empty((lanes, k)) for _ in range(3))
-        f, eff, level = np.empty((lanes, 1)), np.empty((lanes, 1)), np.empty((lanes, 2))
+        per_lane = []
         for i, c in enumerate(self.clusters):
             ready[i], capacity[i], gpus[i] = c.pods_over(begin, end)
-            f[i] = c.fragments
-            eff[i] = c._efficiency(min(c.fragments, max(1.0, c.held_last)))
-            level[i] = (math.log2(c.fragments) / 3.0, STALL_LEVEL_FACTOR[c.time_slice_level])
-        self._record(begin, end, (ready, capacity, gpus), (f, eff, level))
+            f = c.fragments
+            per_lane.append(
+                (
+                    f,
+                    c._efficiency(min(f, max(1.0, c.held_last))),
+                    math.log2(f) / 3.0,
+                    STALL_LEVEL_FACTOR[c.time_slice_level],
+                )
+            )
+        lane = np.array(per_lane, dtype=np.float64)
+        self._record(begin, end, (ready, capacity, gpus), lane)
         for i, c in enumerate(self.clusters):
             c.cursor = end
             c.q = float(self.q[i])
@@ -135,12 +142,12 @@ class LaneClusters:
         begin: int,
         end: int,
         pods: tuple[FloatArray, FloatArray, FloatArray],
-        lane: tuple[FloatArray, FloatArray, FloatArray],
+        lane: FloatArray,
     ) -> None:
-        """The slots `begin` to `end` of every lane from its pod counts and its
-        (fragments, efficiency, (stall's fragment term, stall level factor))."""
+        """The slots `begin` to `end` of every lane from its pod counts and its row of
+        `lane`: (fragments, efficiency, stall's fragment term, stall level factor)."""
         ready, capacity, gpus = pods
-        f, eff, level = lane
+        f, eff, level = lane[:, :1], lane[:, 1:2], lane[:, 2:]
         idx, slot, rec = slice(begin, end), self.slot, self.rec
         work = self.work[:, idx]
         queue, served = lindley(self.q, work, capacity * slot)

@@ -112,9 +112,9 @@ class LockstepClusters:
         pools: list[RawPool] = []
         workloads: list[RawWorkload] = []
         for lane in self.lanes:
-            obs = lane.cluster.observe(now, lane.lane_pool)
-            pools += obs.pools
-            workloads += obs.workloads
+            pool, workload = lane.cluster.signals(lane.lane_pool)
+            pools.append(pool)
+            workloads.append(workload)
         return Observations(now, tuple(pools), tuple(workloads))
 
     def _lane_of(self, d: Decision) -> Lane:
