@@ -80,7 +80,7 @@ def measure(sizes: list[int], hours: float, ways: list[str]) -> list[str]:
                 kept = ls
         if len(ways) == 2:
             for a, b in zip(kept, ls, strict=True):
-                for name in ("served", "gpus", "load", "pool_util", "replicas", "requests"):
+                for name in ("served", "gpus", "capacity", "demand_busy", "replicas", "requests"):
                     x, y = getattr(a.cluster.rec, name), getattr(b.cluster.rec, name)
                     if not np.array_equal(x, y, equal_nan=True):
                         raise SystemExit(f"lane {a.workload.key}: {name} differs")

@@ -202,6 +202,9 @@ class SimulatedCluster:
         self.cursor = 0  # next sample to simulate
         self.window_slots = int(config.metrics.window / self.slot)
         """Slots of the signals the controller reads (`signals`)."""
+        self.signals_from = 0
+        """The slot the pool's signal records start at (0; a lockstep keeps only their
+        last window: `gpuscaler.sim.lanes`)."""
         burst = config.simulator.preemption_burst_after
         self.preemption = (
             SimulatedPreemption(start, config.preemption, burst_after=burst)
@@ -372,10 +375,11 @@ class SimulatedCluster:
         end = self.cursor
         begin = max(0, end - self.window_slots)
         start, step, rec = self.start + self.slot * begin, self.slot, self.rec
+        held = slice(begin - self.signals_from, end - self.signals_from)
         pool = RawPool(
             name=pool_name or self.pool_name,
-            utilization=Series(start=start, step=step, values=rec.pool_util[begin:end]),
-            stall=Series(start=start, step=step, values=rec.stall[begin:end]),
+            utilization=Series(start=start, step=step, values=rec.pool_util[held]),
+            stall=Series(start=start, step=step, values=rec.stall[held]),
             fragments=self.fragments,
             time_slice_level=self.time_slice_level,
             gpu_memory_gib=self.gpu_memory_gib,

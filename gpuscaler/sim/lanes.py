@@ -35,8 +35,38 @@ from gpuscaler.sim.cluster import RECORDED, STALL_LEVEL_FACTOR, SimulatedCluster
 from gpuscaler.sim.queue import lindley
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
-TABLED = tuple(name for name in RECORDED if name != "requests")
-"""The records kept as (lanes, slots) tables (a lane's requests are its arrivals)."""
+WINDOWED = ("queue", "load", "pool_util", "stall")
+"""Records no report reads: kept over the last window the controller (the pool's
+signals) and the HPA (the load) read, in `Window`s; NaN once the run ends."""
+TABLED = tuple(name for name in RECORDED if name not in ("requests", *WINDOWED))
+"""The records kept whole as (lanes, slots) tables (a lane's requests are its arrivals)."""
+ROOM = 2048
+"""Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
+
+
+class Window:
+    """The last `keep` slots (at least) of some (lanes, slots) records: a table of
+    `keep + ROOM` slots from slot `offset`. When full, the kept slots move to a new
+    table: the old one stays as it is for whatever still holds a view of it (the
+    controller's series of earlier ticks), so no slot once written ever changes."""
+
+    def __init__(self, lanes: int, keep: int):
+        self.keep, self.offset = keep, 0
+        self.table = np.full((lanes, keep + ROOM), np.nan)
+
+    def room(self, begin: int, end: int) -> bool:
+        """Make room for the slots `begin` to `end` (the kept ones before them moved
+        when short): whether the table is new."""
+        if end - self.offset <= self.table.shape[1]:
+            return False
+        offset = max(self.offset, begin - self.keep)
+        table = np.full((len(self.table), max(self.keep + ROOM, end - offset)), np.nan)
+        table[:, : begin - offset] = self.table[:, offset - self.offset : begin - self.offset]
+        self.table, self.offset = table, offset
+        return True
+
+    def slots(self, begin: int, end: int) -> slice:
+        return slice(begin - self.offset, end - self.offset)
 
 
 def batchable(clusters: Sequence[SimulatedCluster]) -> bool:
@@ -87,6 +117,8 @@ class LaneClusters:
         self.stall_noise = _shared_or_stacked([c.stall_noise for c in self.clusters])
         self.dropped = _shared_or_stacked([c.dropped for c in self.clusters])
         self.rec = {name: np.full((len(self.clusters), self.n), np.nan) for name in TABLED}
+        keep = max(first.window_slots, round(first.scaler.interval / self.slot))
+        self.windows = {name: Window(len(self.clusters), keep) for name in WINDOWED}
         for i, c in enumerate(self.clusters):
             c.work = self.work[i]
             # The requests recorded are the arrivals: the same values up to the cursor
@@ -99,6 +131,7 @@ class LaneClusters:
             c.dropped = self.dropped[i % len(self.dropped)]
             for name in TABLED:
                 setattr(c.rec, name, self.rec[name][i])
+        self._windows_to_lanes()
         self.recs: list[tuple[float, IntArray]] = []
         cfg = [c.scaler.cfg for c in self.clusters]
         self.scaling = (
@@ -149,6 +182,8 @@ class LaneClusters:
         ready, capacity, gpus = pods
         f, eff, level = lane[:, :1], lane[:, 1:2], lane[:, 2:]
         idx, slot, rec = slice(begin, end), self.slot, self.rec
+        if any([w.room(begin, end) for w in self.windows.values()]):
+            self._windows_to_lanes()
         work = self.work[:, idx]
         queue, served = lindley(self.q, work, capacity * slot)
         self.q = queue[:, -1].copy()
@@ -164,16 +199,34 @@ class LaneClusters:
         stall = np.clip(stall + self.stall_noise[:, idx], 0.0, 100.0)
         pool_util[dropped] = np.nan
         stall[dropped] = np.nan
-        rec["pool_util"][:, idx] = pool_util
-        rec["stall"][:, idx] = stall
+        for name, values in (("queue", queue), ("load", load), ("pool_util", pool_util)):
+            w = self.windows[name]
+            w.table[:, w.slots(begin, end)] = values
+        w = self.windows["stall"]
+        w.table[:, w.slots(begin, end)] = stall
         rec["demand_busy"][:, idx] = work / slot / eff
         rec["demand_pct"][:, idx] = demand_pct
         rec["capacity"][:, idx] = capacity
         rec["served"][:, idx] = served
-        rec["queue"][:, idx] = queue
-        rec["load"][:, idx] = load
         rec["gpus"][:, idx] = gpus
         rec["replicas"][:, idx] = np.array([[c.spec_count()] for c in self.clusters])
+
+    def _windows_to_lanes(self) -> None:
+        """Each lane's windowed records: its rows of the windows' tables."""
+        for i, c in enumerate(self.clusters):
+            for name, w in self.windows.items():
+                setattr(c.rec, name, w.table[i])
+            c.signals_from = self.windows["pool_util"].offset
+
+    def finish(self) -> None:
+        """After the last slot: the windowed records NaN (in a view that holds no
+        memory), the windows freed."""
+        unread = np.broadcast_to(np.nan, self.n)
+        for c in self.clusters:
+            for name in WINDOWED:
+                setattr(c.rec, name, unread)
+            c.signals_from = 0
+        self.windows = {}
 
     def hpa_step(self, now: float) -> None:
         """`SimulatedCluster.hpa_step(now)` of every lane: each HPA's answer, its
@@ -201,7 +254,8 @@ class LaneClusters:
         whether it has one: the rows without a dropped sample as one mean over rows, the
         others each as the lone scaler takes it."""
         window = round(self.clusters[0].scaler.interval / self.slot)
-        rows = self.rec["load"][:, max(0, self.cursor - window) : self.cursor]
+        w = self.windows["load"]
+        rows = w.table[:, w.slots(max(0, self.cursor - window), self.cursor)]
         if rows.shape[1] == 0:
             return np.zeros(len(self.clusters)), np.zeros(len(self.clusters), dtype=bool)
         finite = np.isfinite(rows)

@@ -165,6 +165,7 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
         controller.safe_tick(t)
     if batch is not None:
         batch.advance_to(first.start + first.seconds)
+        batch.finish()
     for lane in lanes:
         lane.cluster.advance_to(first.start + first.seconds)
     failed = controller.stats.failed
