@@ -17,6 +17,9 @@ The outcomes stay independent because nothing in a tick couples targets:
   `simulator.preemption_burst_after` null);
 - the forecast's rows are independent (tests/test_lockstep.py checks the lanes' figures
   and decisions equal the one-workload runs').
+The lanes' clusters advance, and their HPAs step, together (`gpuscaler.sim.lanes`: array
+operations with a lane axis, the same figures as each alone), when they can (same range
+and slot, the HPA on utilization; else one after another).
 What is shared: the tick itself. A tick that raises is lost for every lane at once (each
 lane's `failed_ticks` counts it), where separate runs would lose it for one workload.
 """
