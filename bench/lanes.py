@@ -56,7 +56,7 @@ def run(n: int, hours: float, together: bool) -> tuple[float, list[lockstep.Lane
     if together:
         from gpuscaler.sim.lanes import LaneClusters
 
-        batch = LaneClusters([lane.cluster for lane in ls])
+        batch = LaneClusters.of([lane.cluster for lane in ls])
     for t in ticks:
         if together:
             batch.advance_to(t)

@@ -51,12 +51,13 @@ def _arrivals(lane: int, n: int, slot: float, seed: int) -> np.ndarray:
 
 
 def _clusters(slot: str, lanes: int, hours: float, seed: int) -> list[SimulatedCluster]:
+    """Lanes of one run seed (7), or of two (seed 11: odd lanes draw other noise)."""
     out = []
     for i in range(lanes):
         config = _config(slot, i)
         n = int(hours * 3600 / config.simulator.slot)
         arrivals = _arrivals(i, n, config.simulator.slot, seed)
-        out.append(scenario_cluster(config, arrivals, START, 7))
+        out.append(scenario_cluster(config, arrivals, START, 8 if seed == 11 and i % 2 else 7))
     return out
 
 
@@ -90,7 +91,7 @@ def _run(
     slot: str, lanes: int, hours: float, seed: int
 ) -> tuple[list[SimulatedCluster], list[SimulatedCluster]]:
     alone, together = _clusters(slot, lanes, hours, seed), _clusters(slot, lanes, hours, seed)
-    batch = LaneClusters(together)
+    batch = LaneClusters.of(together)
     first = alone[0]
     seconds = len(first.arrivals) * first.slot
     ra, rb = np.random.default_rng(seed), np.random.default_rng(seed)
@@ -119,7 +120,13 @@ def _run(
 
 @pytest.mark.parametrize(
     ("slot", "lanes", "hours", "seed"),
-    [("10s", 9, 6.0, 1), ("10s", 1, 3.0, 2), ("10s", 23, 2.0, 3), ("500ms", 5, 1.0, 4)],
+    [
+        ("10s", 9, 6.0, 1),
+        ("10s", 1, 3.0, 2),
+        ("10s", 23, 2.0, 3),
+        ("500ms", 5, 1.0, 4),
+        ("10s", 5, 2.0, 11),
+    ],
 )
 def test_lanes_advanced_together_record_what_each_records_alone(
     slot: str, lanes: int, hours: float, seed: int
@@ -141,7 +148,7 @@ def test_lanes_advanced_together_record_what_each_records_alone(
 
 def test_lanes_that_draw_the_same_noise_share_one_copy_of_it() -> None:
     together = _clusters("10s", 4, 1.0, 5)
-    batch = LaneClusters(together)
+    batch = LaneClusters.of(together)
     assert batch.noise.shape[0] == batch.dropped.shape[0] == 1
     assert all(np.shares_memory(c.noise, batch.noise) for c in together)
 
@@ -164,7 +171,7 @@ def test_clusters_that_cannot_advance_together_are_refused(change: str) -> None:
         clusters = []
     assert not batchable(clusters)
     with pytest.raises(ValueError, match="cannot advance together"):
-        LaneClusters(clusters)
+        LaneClusters.of(clusters)
 
 
 def test_lanes_whose_windows_move_every_few_slots_read_the_same_signals(
@@ -175,3 +182,28 @@ def test_lanes_whose_windows_move_every_few_slots_read_the_same_signals(
     for a, b in zip(alone, together, strict=True):
         np.testing.assert_array_equal(a.rec.served, b.rec.served)
         assert a.replica_changes == b.replica_changes
+
+
+def test_a_lane_with_other_noise_gets_rows_of_its_own_and_the_others_keep_theirs() -> None:
+    clusters = _clusters("10s", 4, 1.0, 9)
+    config = clusters[2].config
+    clusters[2] = scenario_cluster(config, clusters[2].arrivals, START, 8)  # another seed
+    before = [(c.noise.copy(), c.stall_noise.copy(), c.dropped.copy()) for c in clusters]
+    batch = LaneClusters.of(clusters)
+    assert batch.noise.shape[0] == 4
+    for c, (noise, stall, dropped) in zip(clusters, before, strict=True):
+        np.testing.assert_array_equal(c.noise, noise)
+        np.testing.assert_array_equal(c.stall_noise, stall)
+        np.testing.assert_array_equal(c.dropped, dropped)
+    assert not np.array_equal(clusters[1].noise, clusters[2].noise)
+
+
+def test_lanes_advance_only_once_all_are_added() -> None:
+    clusters = _clusters("10s", 3, 1.0, 10)
+    batch = LaneClusters(clusters[0], 3)
+    batch.add(clusters[1])
+    with pytest.raises(ValueError, match="2 of 3 lanes added"):
+        batch.advance_to(START + 30)
+    batch.add(clusters[2])
+    with pytest.raises(ValueError, match="cannot advance together"):
+        batch.add(_clusters("10s", 1, 1.0, 10)[0])  # no room for a fourth

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from gpuscaler.core.model import FloatArray
 from gpuscaler.sim.cluster import RECORDED, STALL_LEVEL_FACTOR, SimulatedCluster
@@ -92,59 +90,76 @@ def batchable(clusters: Sequence[SimulatedCluster]) -> bool:
     )
 
 
-def _shared_or_stacked(rows: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
-    """One (1, n) row when all `rows` are equal (broadcast over the lanes), else their
-    (lanes, n) stack."""
-    if all(np.array_equal(r, rows[0]) for r in rows[1:]):
-        return rows[0][None, :]
-    return np.stack(rows)
+NOISE = ("noise", "stall_noise", "dropped")
+"""A cluster's per-slot draws: one row for all lanes while they are equal."""
 
 
 class LaneClusters:
-    """Every lane's `SimulatedCluster`, advanced and stepped together."""
+    """Every lane's `SimulatedCluster`, advanced and stepped together: the first one's,
+    room for `lanes`, then each `add`ed as soon as it is built (its own records are
+    dropped for rows of the lanes' tables, so a lockstep never holds both)."""
 
-    def __init__(self, clusters: Sequence[SimulatedCluster]):
-        if not batchable(clusters):
+    def __init__(self, first: SimulatedCluster, lanes: int):
+        if lanes < 1 or not batchable([first]):
             raise ValueError("these clusters cannot advance together (see `batchable`)")
-        self.clusters = list(clusters)
-        first = self.clusters[0]
+        self.clusters: list[SimulatedCluster] = []
         self.start, self.slot, self.n = first.start, first.slot, len(first.arrivals)
         self.sim = first.sim
         self.cursor = 0
-        self.q = np.zeros(len(self.clusters))
-        self.work = np.stack([c.work for c in self.clusters])
-        self.noise = _shared_or_stacked([c.noise for c in self.clusters])
-        self.stall_noise = _shared_or_stacked([c.stall_noise for c in self.clusters])
-        self.dropped = _shared_or_stacked([c.dropped for c in self.clusters])
-        self.rec = {name: np.full((len(self.clusters), self.n), np.nan) for name in TABLED}
+        self.q = np.zeros(lanes)
+        self.work = np.empty((lanes, self.n))
+        self.noise, self.stall_noise = first.noise[None, :], first.stall_noise[None, :]
+        self.dropped = first.dropped[None, :]
+        self.rec = {name: np.full((lanes, self.n), np.nan) for name in TABLED}
         keep = max(first.window_slots, round(first.scaler.interval / self.slot))
-        self.windows = {name: Window(len(self.clusters), keep) for name in WINDOWED}
-        for i, c in enumerate(self.clusters):
-            c.work = self.work[i]
-            # The requests recorded are the arrivals: the same values up to the cursor
-            # (all of them once the run ends; nothing reads past the cursor before).
-            c.rec.requests = c.arrivals
-            c.noise, c.stall_noise = (
-                self.noise[i % len(self.noise)],
-                self.stall_noise[i % len(self.stall_noise)],
-            )
-            c.dropped = self.dropped[i % len(self.dropped)]
-            for name in TABLED:
-                setattr(c.rec, name, self.rec[name][i])
-        self._windows_to_lanes()
+        self.windows = {name: Window(lanes, keep) for name in WINDOWED}
         self.recs: list[tuple[float, IntArray]] = []
-        cfg = [c.scaler.cfg for c in self.clusters]
-        self.scaling = (
-            np.array([c.scaler.target_pct for c in self.clusters]),
-            np.array([x.tolerance for x in cfg]),
-            np.array([x.min_replicas for x in cfg], dtype=np.int64),
-            np.array([x.max_replicas for x in cfg], dtype=np.int64),
-        )
-        """Each lane's HPA (target, tolerance, min and max replicas)."""
         """The HPA's recommendations of the stabilization window, every lane's at once."""
+        self.scaling: tuple[FloatArray, FloatArray, IntArray, IntArray] | None = None
+        """Each lane's HPA (target, tolerance, min and max replicas), once all are in."""
+        self.add(first)
+
+    @classmethod
+    def of(cls, clusters: Sequence[SimulatedCluster]) -> LaneClusters:
+        """All of `clusters` (already built) together."""
+        if not clusters:
+            raise ValueError("these clusters cannot advance together (see `batchable`)")
+        batch = cls(clusters[0], len(clusters))
+        for c in clusters[1:]:
+            batch.add(c)
+        return batch
+
+    def add(self, c: SimulatedCluster) -> None:
+        """The next lane: its work, draws and records become rows of the lanes' tables."""
+        i = len(self.clusters)
+        if i >= len(self.q) or not batchable([self.clusters[0] if i else c, c]):
+            raise ValueError("these clusters cannot advance together (see `batchable`)")
+        self.clusters.append(c)
+        self.work[i] = c.work
+        c.work = self.work[i]
+        for name in NOISE:
+            table, mine = getattr(self, name), getattr(c, name)
+            if len(table) == 1 and not np.array_equal(table[0], mine):  # a row each now
+                table = np.repeat(table, len(self.q), axis=0)
+                setattr(self, name, table)
+                for j, d in enumerate(self.clusters[:-1]):
+                    setattr(d, name, table[j])
+            if len(table) > 1:
+                table[i] = mine
+            setattr(c, name, table[min(i, len(table) - 1)])
+        # The requests recorded are the arrivals: the same values up to the cursor (all
+        # of them once the run ends; nothing reads past the cursor before).
+        c.rec.requests = c.arrivals
+        for name in TABLED:
+            setattr(c.rec, name, self.rec[name][i])
+        for name, w in self.windows.items():
+            setattr(c.rec, name, w.table[i])
+        c.signals_from = self.windows["pool_util"].offset
 
     def advance_to(self, now: float) -> None:
-        """`SimulatedCluster.advance_to(now)` of every lane."""
+        """`SimulatedCluster.advance_to(now)` of every lane (all added)."""
+        if len(self.clusters) != len(self.q):
+            raise ValueError(f"{len(self.clusters)} of {len(self.q)} lanes added")
         end = min(self.n, round((now - self.start) / self.slot))
         if end <= self.cursor:
             return
@@ -236,6 +251,14 @@ class LaneClusters:
         ready = np.array([c.ready_count(now) for c in cs], dtype=np.int64)
         load, known = self._util_loads()
         share = np.array([c.share() for c in cs])
+        if self.scaling is None:
+            cfg = [c.scaler.cfg for c in cs]
+            self.scaling = (
+                np.array([c.scaler.target_pct for c in cs]),
+                np.array([x.tolerance for x in cfg]),
+                np.array([x.min_replicas for x in cfg], dtype=np.int64),
+                np.array([x.max_replicas for x in cfg], dtype=np.int64),
+            )
         target, tol, lo, hi = self.scaling
         asks = known & (ready > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
