@@ -200,6 +200,11 @@ class SimulatedCluster:
         self.efficiencies: dict[float, float] = {}
         self.steady: tuple[FloatArray, FloatArray, FloatArray] = (np.zeros(1),) * 3
         self.cursor = 0  # next sample to simulate
+        self.window_slots = int(config.metrics.window / self.slot)
+        """Slots of the signals the controller reads (`signals`)."""
+        self.signals_from = 0
+        """The slot the pool's signal records start at (0; a lockstep keeps only their
+        last window: `gpuscaler.sim.lanes`)."""
         burst = config.simulator.preemption_burst_after
         self.preemption = (
             SimulatedPreemption(start, config.preemption, burst_after=burst)
@@ -221,21 +226,41 @@ class SimulatedCluster:
         return self.pods.spec_count()
 
     def ready_count(self, now: float) -> int:
-        return self.pods.ready_count(now)
+        """Replicas serving at `now`: the counts kept while no pod changes, when they
+        hold at `now` (a pod's ready time is never after its leaving, so the ready count
+        at `now` is the count of pods ready by then less those gone by then)."""
+        pods, key = self.pods, self.steady_key
+        if key is not None and key[0] == pods.steady_from <= now < pods.steady_until:
+            return int(self.steady[0][0])
+        return pods.ready_count(now)
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
+        `begin` to `end`: `pods_over`, each of one slot repeated over all."""
+        ready, capacity, gpus = self.pods_over(begin, end)
+        if len(ready) == end - begin:
+            return ready, capacity, gpus
+        n = end - begin
+        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
+
+    def pods_over(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
         `begin` to `end`: counted at each slot's start, and every 500 ms after it inside a
-        coarser slot (their means). Whether no pod changes over them is asked first, of
-        the first and last sample alone (the floats the grid of samples holds)."""
+        coarser slot (their means); one slot's (the first's) when no pod changes over them
+        and no fragment change disrupts them (it holds for all). Whether no pod changes is
+        asked first, of the first and last sample alone (the floats the grid of samples
+        holds)."""
         slot, sub = self.slot, max(1, math.ceil(self.slot / SAMPLE - 1e-9))
         first = self.start + slot * begin
         last = self.start + slot * (end - 1)
         if sub > 1:
             last = last + (slot / sub) * (sub - 1)
-        self.pods.forget_gone(first)
-        if self.pods.steady(first, last) and not first < self.disrupted_until:
-            return self._steady_counts(np.array([first], dtype=np.float64), end - begin)
+        pods = self.pods
+        if not pods.steady_from <= first < pods.steady_until:
+            # Within the steady span asked last, no pod left since: nothing to forget.
+            pods.forget_gone(first)
+        if pods.steady(first, last) and not first < self.disrupted_until:
+            return self._steady_counts(first)
         t = np.asarray(self.start + slot * np.arange(begin, end), dtype=np.float64)
         if sub > 1:
             t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
@@ -251,17 +276,17 @@ class SimulatedCluster:
         ready, capacity, gpus = (a.reshape(-1, sub).mean(axis=1) for a in (ready, capacity, gpus))
         return ready, capacity, gpus
 
-    def _steady_counts(self, t: FloatArray, n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """`_pods_at` of `n` slots from `t` when no pod changes over them and no fragment
-        change disrupts them: the counts at `t`, repeated."""
+    def _steady_counts(self, first: float) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """`pods_over` of slots from `first` when no pod changes over them and no
+        fragment change disrupts them: the counts at `first` (one slot's, kept while
+        they hold)."""
         key = (self.pods.steady_from, self.fragments)
         if self.steady_key != key:  # the counts hold from steady_from: reuse them
-            ready, held = self.pods.counts(t)
+            ready, held = self.pods.counts(np.array([first], dtype=np.float64))
             capacity = layout_capacity(ready, self.fragments, self.sim.switch_overhead)
             self.steady_key, self.steady = key, (ready, capacity, np.ceil(held / self.fragments))
             self.held_last = float(held[0])
-        ready, capacity, gpus = self.steady
-        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
+        return self.steady
 
     def advance_to(self, now: float) -> None:
         """Simulate the slots in [cursor time, now)."""
@@ -339,17 +364,22 @@ class SimulatedCluster:
 
     # ------------------------------------------------------------------ ports
 
-    def _series(self, values: FloatArray, now: float) -> Series:
-        end = self.cursor
-        begin = max(0, end - int(self.config.metrics.window / self.slot))
-        start = self.start + self.slot * begin
-        return Series(start=start, step=self.slot, values=values[begin:end])
-
     def observe(self, now: float) -> Observations:
+        pool, workload = self.signals()
+        preemption = self.preemption.observe(now) if self.preemption is not None else None
+        return Observations(now, (pool,), (workload,), preemption)
+
+    def signals(self, pool_name: str | None = None) -> tuple[RawPool, RawWorkload]:
+        """The pool's and the workload's signals up to the cursor (the pool named
+        `pool_name`, by default its own): the last `metrics.window` of each."""
+        end = self.cursor
+        begin = max(0, end - self.window_slots)
+        start, step, rec = self.start + self.slot * begin, self.slot, self.rec
+        held = slice(begin - self.signals_from, end - self.signals_from)
         pool = RawPool(
-            name=self.pool_name,
-            utilization=self._series(self.rec.pool_util, now),
-            stall=self._series(self.rec.stall, now),
+            name=pool_name or self.pool_name,
+            utilization=Series(start=start, step=step, values=rec.pool_util[held]),
+            stall=Series(start=start, step=step, values=rec.stall[held]),
             fragments=self.fragments,
             time_slice_level=self.time_slice_level,
             gpu_memory_gib=self.gpu_memory_gib,
@@ -358,14 +388,13 @@ class SimulatedCluster:
         )
         workload = RawWorkload(
             key=self.workload_key,
-            load=self._series(self.rec.demand_pct, now),
+            load=Series(start=start, step=step, values=rec.demand_pct[begin:end]),
             floor=self.floor,
             replicas=self.spec_count(),
             max_replicas=self.replicas_cfg.max_replicas,
             replica_gpu_share=self.share(),
         )
-        preemption = self.preemption.observe(now) if self.preemption is not None else None
-        return Observations(now, (pool,), (workload,), preemption)
+        return pool, workload
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         for d in decisions:

@@ -17,6 +17,9 @@ The outcomes stay independent because nothing in a tick couples targets:
   `simulator.preemption_burst_after` null);
 - the forecast's rows are independent (tests/test_lockstep.py checks the lanes' figures
   and decisions equal the one-workload runs').
+The lanes' clusters advance, and their HPAs step, together (`gpuscaler.sim.lanes`: array
+operations with a lane axis, the same figures as each alone): the checks above make them
+able to (one range, slot and simulator config; the HPA on utilization; no burst).
 What is shared: the tick itself. A tick that raises is lost for every lane at once (each
 lane's `failed_ticks` counts it), where separate runs would lose it for one workload.
 """
@@ -31,6 +34,7 @@ from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecision
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 from gpuscaler.sim.cluster import SimulatedCluster
+from gpuscaler.sim.lanes import LaneClusters
 from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
 from gpuscaler.sim.ticks import control_ticks
 
@@ -40,13 +44,19 @@ class LockstepError(ValueError):
 
 
 @dataclass
-class Lane:
-    """One workload's replay inside the lockstep."""
+class Placement:
+    """Where one workload's replay sits in the lockstep's combined config."""
 
     workload: WorkloadConfig
     pool: NodePoolConfig
     lane_pool: str
     """Its pool's name in the combined config."""
+
+
+@dataclass
+class Lane(Placement):
+    """One workload's replay inside the lockstep."""
+
     cluster: SimulatedCluster
     decisions: list[Decision]
     track: ForecastTrack
@@ -62,15 +72,33 @@ def lockstep_key(p: Prepared) -> tuple[float, float, int, str]:
     return (p.start, p.seconds, p.seed, shared_part(p.config).model_dump_json())
 
 
-def make_lane(i: int, p: Prepared) -> Lane:
-    """Lane `i`: the replay's cluster, its pool copied as `<pool>-lane<i>`."""
+def place(i: int, p: Prepared) -> Placement:
+    """Lane `i`'s workload, its pool, and that pool's copy's name `<pool>-lane<i>`."""
     workload = next(w for w in p.config.workloads if w.node_pool)
     pool = next(x for x in p.config.node_pools if x.name == workload.node_pool)
+    return Placement(workload, pool, f"{pool.name}-lane{i}")
+
+
+def make_lane(i: int, p: Prepared) -> Lane:
+    """Lane `i`: the replay's cluster, its pool copied as `<pool>-lane<i>`."""
+    at = place(i, p)
     cluster = scenario_cluster(p.config, p.arrivals, p.start, p.seed)
-    return Lane(workload, pool, f"{pool.name}-lane{i}", cluster, [], ForecastTrack())
+    return Lane(at.workload, at.pool, at.lane_pool, cluster, [], ForecastTrack())
 
 
-def combined_config(preps: Sequence[Prepared], lanes: Sequence[Lane]) -> Config:
+def make_lanes(preps: Sequence[Prepared]) -> tuple[list[Lane], LaneClusters]:
+    """Every replay's lane (`preps` not empty), their clusters together: each lane's
+    cluster joins the lanes' tables as soon as it is built, so its own records are freed
+    before the next is built."""
+    lanes = [make_lane(0, preps[0])]
+    batch = LaneClusters(lanes[0].cluster, len(preps))
+    for i, p in enumerate(preps[1:], 1):
+        lanes.append(make_lane(i, p))
+        batch.add(lanes[-1].cluster)
+    return lanes, batch
+
+
+def combined_config(preps: Sequence[Prepared], lanes: Sequence[Placement]) -> Config:
     """One config holding every lane's workload on its own copy of its pool."""
     first = preps[0]
     key = lockstep_key(first)
@@ -111,9 +139,9 @@ class LockstepClusters:
         pools: list[RawPool] = []
         workloads: list[RawWorkload] = []
         for lane in self.lanes:
-            obs = lane.cluster.observe(now)
-            pools += [replace(p, name=lane.lane_pool) for p in obs.pools]
-            workloads += obs.workloads
+            pool, workload = lane.cluster.signals(lane.lane_pool)
+            pools.append(pool)
+            workloads.append(workload)
         return Observations(now, tuple(pools), tuple(workloads))
 
     def _lane_of(self, d: Decision) -> Lane:
@@ -145,19 +173,18 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
     runs as `gpuscaler_run` of each alone."""
     if not preps:
         return []
-    lanes = [make_lane(i, p) for i, p in enumerate(preps)]
-    config = combined_config(preps, lanes)
+    config = combined_config(preps, [place(i, p) for i, p in enumerate(preps)])
+    lanes, batch = make_lanes(preps)
     clusters = LockstepClusters(lanes)
     controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(clusters.record)
     first = preps[0]
     for t in control_ticks(first.start, first.seconds, config.control.interval):
-        for lane in lanes:
-            lane.cluster.advance_to(t)
-            lane.cluster.hpa_step(t)
+        batch.advance_to(t)
+        batch.hpa_step(t)
         controller.safe_tick(t)
-    for lane in lanes:
-        lane.cluster.advance_to(first.start + first.seconds)
+    batch.advance_to(first.start + first.seconds)
+    batch.finish()
     failed = controller.stats.failed
     return [
         RunResult("gpuscaler", lane.cluster, lane.decisions, lane.track, failed) for lane in lanes

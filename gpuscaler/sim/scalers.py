@@ -177,7 +177,7 @@ IntArray = npt.NDArray[np.int64]
 
 def desired_replicas(
     load: FloatArray | float,
-    share: float,
+    share: FloatArray | float,
     current: IntArray | int,
     ready: IntArray | int,
     target: FloatArray | float,
