@@ -172,14 +172,9 @@ class SimulatedCluster:
         self.arrivals = arrivals
         self.work = arrivals * self.sim.gpu_seconds_per_request  # GPU-seconds per slot
         self.start = start
-        rng = np.random.default_rng(seed + 1)
-        n = len(arrivals)
-        self.noise = rng.normal(0.0, self.sim.noise_pct, n)
-        self.stall_noise = rng.normal(0.0, 0.5, n)
-        self.dropped = rng.random(n) < DROP_PROBABILITY
+        self._draw(seed, len(arrivals))
         self.observed = controlled
         """Whether a controller reads the pool's signals (baselines skip computing them)."""
-        self.cold_rng = np.random.default_rng(seed + 2)
         self.rec = Recorder(len(arrivals))
         self.fragments = fragments
         self.time_slice_level = "medium" if pool.profile == "compute_bound" else "short"
@@ -211,6 +206,15 @@ class SimulatedCluster:
             if burst is not None and controlled
             else None
         )
+
+    def _draw(self, seed: int, n: int) -> None:
+        """The run's random streams from its seed: the utilization and stall noise and the
+        dropped scrapes of `n` slots, and the cold starts' generator."""
+        rng = np.random.default_rng(seed + 1)
+        self.noise = rng.normal(0.0, self.sim.noise_pct, n)
+        self.stall_noise = rng.normal(0.0, 0.5, n)
+        self.dropped = rng.random(n) < DROP_PROBABILITY
+        self.cold_rng = np.random.default_rng(seed + 2)
 
     # ------------------------------------------------------------------ simulation
 
