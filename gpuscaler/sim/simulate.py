@@ -4,6 +4,7 @@ through a reactive HPA baseline on the same trace; report both."""
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -87,13 +88,19 @@ def scenario_cluster(
     )
 
 
+def _doubles() -> array[float]:
+    return array("d")
+
+
 @dataclass
 class ForecastTrack:
-    origin: list[float] = field(default_factory=list)
-    mean: list[float] = field(default_factory=list)
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    last: list[float] = field(default_factory=list)
+    """The policy's forecast at the horizon at each tick (its origin, mean and band): what
+    the forecast error and the PNG read, as doubles (a week is 20,160 ticks a run)."""
+
+    origin: array[float] = field(default_factory=_doubles)
+    mean: array[float] = field(default_factory=_doubles)
+    lower: array[float] = field(default_factory=_doubles)
+    upper: array[float] = field(default_factory=_doubles)
 
     def add(self, result: TickResult) -> None:
         for w in result.snapshot.workloads:
@@ -107,7 +114,6 @@ class ForecastTrack:
         self.mean.append(float(f.mean[-1]))
         self.lower.append(float(f.lower[-1]))
         self.upper.append(float(f.upper[-1]))
-        self.last.append(f.last_value)
 
 
 @dataclass

@@ -171,10 +171,13 @@ class Sweep:
         self.advance_to(start + seconds)
         kept = dict(zip(self.record.tolist(), self._recorders(), strict=True))
         changes = self._changes()
-        return [
-            SweepResult(kind, float(target), self.served[i], self.gpus[i], changes[i], kept.get(i))
-            for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True))
-        ]
+        out = []
+        for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True)):
+            rec = kept.get(i)
+            # a kept run's own arrays: a row of the sweep's would hold all of them
+            served, gpus = (self.served[i], self.gpus[i]) if rec is None else (rec.served, rec.gpus)
+            out.append(SweepResult(kind, float(target), served, gpus, changes[i], rec))
+        return out
 
     def _recorders(self) -> list[Recorder]:
         """The kept runs' records, each in arrays of its own (the sweep's are freed with
@@ -431,3 +434,4 @@ def sweep_parts(
         fixed = {r - i: v for r, v in (replicas or {}).items() if r in mine}
         one = Sweep(config, template, runs[i : i + group], seed, part, kept, fixed)
         yield i, one.run(template.start, seconds), one.cursor
+        del one  # one group's arrays at a time: let go of these before the next
