@@ -187,8 +187,8 @@ def replay_chunk(
     read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
     histories = list(zip(read, workloads, strict=True))
     out: list[Done] = []
-    plot = job.report is not None  # the PNG's series kept only when it is drawn
-    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes, plot):
+    draw = job.report is not None  # the PNG's series kept only when it is drawn
+    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes, draw):
         if isinstance(done, Skipped):
             out.append((done, [], None))
             continue

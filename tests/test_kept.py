@@ -67,7 +67,7 @@ def test_a_run_released_without_its_plot_reports_its_figures_but_draws_nothing(
 def _bytes(run: RunResult) -> int:
     c = run.cluster
     arrays = [getattr(c.rec, n) for n in RECORDED] + [c.work, c.noise, c.stall_noise, c.dropped]
-    return sum(a.nbytes for a in arrays) + 8 * len(run.track.origin)
+    return int(sum(a.nbytes for a in arrays)) + 8 * len(run.track.origin)
 
 
 def test_a_released_run_holds_no_per_slot_array(whole: tuple[Prepared, SimulationResult]) -> None:
