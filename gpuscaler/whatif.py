@@ -32,19 +32,19 @@ grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and
 track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 36 * 2**20
-"""What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
-the controller's state for it, and its reactive run's record (about 4 MB: `around.
-around_many` runs a chunk's reactive runs in its sweep, each kept until its workload is
-reported). Measured (issue 20, branch read5): `bench/whatif.py --days 7 --jobs 1
---no-simulate` with `--replay 1 --lanes 1` peaked at 191 MB and with `--replay 8 --lanes 8`
-at 447 MB, 36.6 MB a lane more (a few of them the sweep's larger group, at most
-`replay.MANY_BYTES`); 24 MB before was an estimate, which let two processes' default 10
-lanes pass the issue's 1 GB."""
+LANE_BYTES_A_WEEK = 13 * 2**20
+"""What a lane of a week adds to a process' peak: while its lockstep runs, its simulated
+cluster's arrays (about 7 MB) and the controller's state for it; once it ends, each run
+is released (`simulate.release`: its figures kept, its record let go) and the runs around
+it (its reactive and actual runs, two more rows of the chunk's sweep, one group of
+`around.MANY_BYTES` at a time) take its place. Measured (issue 20, branch mem6):
+`bench/whatif.py --days 7 --jobs 1 --no-simulate` with `--replay 1 --lanes 1` peaked at
+178 MB and with `--replay 8 --lanes 8` at 268 MB, 12.9 MB a lane more (36.6 MB before the
+runs were released, branch read5: 191 and 447 MB)."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
-forecast, plus its chunk's sweeps, at most 64 MB: `replay.MANY_BYTES`)."""
+forecast, plus its chunk's sweep, one group of `around.MANY_BYTES` at a time)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 

@@ -46,10 +46,10 @@ def test_chunks_hold_at_most_lanes_each_and_share_the_rounds_evenly_among_the_jo
 @pytest.mark.parametrize(
     ("memory_mb", "jobs", "days", "lanes"),
     [
-        (512, 2, 7.0, 7),  # the default for a week on two cores
-        (512, 1, 7.0, 14),
-        (512, 2, 1.0, 49),  # a day's lanes take a seventh
-        (512, 2, 14.0, 3),
+        (512, 2, 7.0, 19),  # the default for a week on two cores
+        (512, 1, 7.0, 39),
+        (512, 2, 1.0, 137),  # a day's lanes take a seventh (whatif caps them at LANES)
+        (512, 2, 14.0, 9),
         (10, 2, 7.0, 1),  # never none
     ],
 )
