@@ -28,19 +28,21 @@ from gpuscaler.sim.replay import Skipped, replay_many
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
 the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
-grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and forecast
-track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
+grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated cluster's
+arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
+hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 13 * 2**20
-"""What a lane of a week adds to a process' peak: while its lockstep runs, its simulated
-cluster's arrays (about 7 MB) and the controller's state for it; once it ends, each run
-is released (`simulate.release`: its figures kept, its record let go) and the runs around
-it (its reactive and actual runs, two more rows of the chunk's sweep, one group of
-`around.MANY_BYTES` at a time) take its place. Measured (issue 20, branch mem6):
-`bench/whatif.py --days 7 --jobs 1 --no-simulate` with `--replay 1 --lanes 1` peaked at
-178 MB and with `--replay 8 --lanes 8` at 268 MB, 12.9 MB a lane more (36.6 MB before the
-runs were released, branch read5: 191 and 447 MB)."""
+LANE_BYTES = 5 * 2**20
+LANE_BYTES_A_WEEK = 8 * 2**20
+"""What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK a week of it (while its
+lockstep runs, its simulated cluster's arrays, about 7 MB a week; once it ends, each run
+is released, `simulate.release`, and the runs around it, two more rows of the chunk's
+sweep, one group of `around.MANY_BYTES` at a time, take its place). Measured (issue 20,
+branch mem6), `bench/whatif.py --jobs 1 --no-simulate`: a week, 1 lane 178 MB and 8 lanes
+268 MB (12.9 MB a lane); two days, 1 lane 146 MB and 16 lanes 251 MB (7.0 MB a lane).
+Before the runs were released (branch read5) a week took 36.6 MB a lane."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
@@ -214,8 +216,8 @@ def default_jobs() -> int:
 
 def lanes_within(memory: float, jobs: int, seconds: float) -> int:
     """Lanes a process may hold so that `jobs` processes' lanes of a `seconds` replay stay
-    within `memory` bytes (LANE_BYTES_A_WEEK a lane-week), at least one."""
-    per_lane = LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
+    within `memory` bytes (LANE_BYTES and LANE_BYTES_A_WEEK a week each), at least one."""
+    per_lane = LANE_BYTES + LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
     return max(1, int(memory // (max(1, jobs) * per_lane)))
 
 
