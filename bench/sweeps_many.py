@@ -92,7 +92,7 @@ def around(ps: list[Prepared]) -> tuple[float, float, bool]:
         got, want = a.reactive.cluster, reactive.cluster
         equal &= a.curves == curves and a.actual == actual
         equal &= got.replica_changes == want.replica_changes and got.cursor == want.cursor
-        for name in RECORDED:
+        for name in set(RECORDED) - {"queue", "load", "pool_util", "stall"}:  # not kept
             x, y = getattr(got.rec, name), getattr(want.rec, name)
             equal &= bool(np.array_equal(x, y, equal_nan=True))
     return apart_s, together_s, equal

@@ -28,23 +28,25 @@ from gpuscaler.sim.replay import Skipped, replay_many
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
 the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
-grows by about LANE_BYTES_A_WEEK a lane-week (its simulated cluster's arrays and forecast
-track, held until the lockstep ends), so fewer when MEMORY would not hold them."""
+grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated cluster's
+arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
+hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES_A_WEEK = 36 * 2**20
-"""What a lane of a week holds until its lockstep ends: its cluster's arrays about 11 MB,
-the controller's state for it, and its reactive run's record (about 4 MB: `around.
-around_many` runs a chunk's reactive runs in its sweep, each kept until its workload is
-reported). Measured (issue 20, branch read5): `bench/whatif.py --days 7 --jobs 1
---no-simulate` with `--replay 1 --lanes 1` peaked at 191 MB and with `--replay 8 --lanes 8`
-at 447 MB, 36.6 MB a lane more (a few of them the sweep's larger group, at most
-`replay.MANY_BYTES`); 24 MB before was an estimate, which let two processes' default 10
-lanes pass the issue's 1 GB."""
+LANE_BYTES = 5 * 2**20
+LANE_BYTES_A_WEEK = 8 * 2**20
+"""What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK a week of it (while its
+lockstep runs, its simulated cluster's arrays, about 7 MB a week; once it ends, each run
+is released, `simulate.release`, and the runs around it, two more rows of the chunk's
+sweep, one group of `around.MANY_BYTES` at a time, take its place). Measured (issue 20,
+branch mem6), `bench/whatif.py --jobs 1 --no-simulate`: a week, 1 lane 178 MB and 8 lanes
+268 MB (12.9 MB a lane); two days, 1 lane 146 MB and 16 lanes 251 MB (7.0 MB a lane).
+Before the runs were released (branch read5) a week took 36.6 MB a lane."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
-forecast, plus its chunk's sweeps, at most 64 MB: `replay.MANY_BYTES`)."""
+forecast, plus its chunk's sweep, one group of `around.MANY_BYTES` at a time)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 
@@ -187,7 +189,8 @@ def replay_chunk(
     read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
     histories = list(zip(read, workloads, strict=True))
     out: list[Done] = []
-    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes):
+    draw = job.report is not None  # the PNG's series kept only when it is drawn
+    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes, draw):
         if isinstance(done, Skipped):
             out.append((done, [], None))
             continue
@@ -213,8 +216,8 @@ def default_jobs() -> int:
 
 def lanes_within(memory: float, jobs: int, seconds: float) -> int:
     """Lanes a process may hold so that `jobs` processes' lanes of a `seconds` replay stay
-    within `memory` bytes (LANE_BYTES_A_WEEK a lane-week), at least one."""
-    per_lane = LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
+    within `memory` bytes (LANE_BYTES and LANE_BYTES_A_WEEK a week each), at least one."""
+    per_lane = LANE_BYTES + LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
     return max(1, int(memory // (max(1, jobs) * per_lane)))
 
 

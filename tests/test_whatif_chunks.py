@@ -8,7 +8,14 @@ import os
 import pytest
 
 from gpuscaler.config import WorkloadConfig
-from gpuscaler.whatif import JOBS, LANE_BYTES_A_WEEK, chunks, default_jobs, lanes_within
+from gpuscaler.whatif import (
+    JOBS,
+    LANE_BYTES,
+    LANE_BYTES_A_WEEK,
+    chunks,
+    default_jobs,
+    lanes_within,
+)
 
 WEEK = 7 * 86400.0
 MB = 2**20
@@ -46,10 +53,10 @@ def test_chunks_hold_at_most_lanes_each_and_share_the_rounds_evenly_among_the_jo
 @pytest.mark.parametrize(
     ("memory_mb", "jobs", "days", "lanes"),
     [
-        (512, 2, 7.0, 7),  # the default for a week on two cores
-        (512, 1, 7.0, 14),
-        (512, 2, 1.0, 49),  # a day's lanes take a seventh
-        (512, 2, 14.0, 3),
+        (512, 2, 7.0, 19),  # the default for a week on two cores
+        (512, 1, 7.0, 39),
+        (512, 2, 1.0, 41),  # a day's lanes: a seventh of a week's arrays, the same state
+        (512, 2, 14.0, 12),
         (10, 2, 7.0, 1),  # never none
     ],
 )
@@ -59,7 +66,7 @@ def test_lanes_fit_every_process_lanes_within_the_memory(
     got = lanes_within(memory_mb * MB, jobs, days * 86400)
     assert got == lanes
     if got > 1:
-        assert got * jobs * LANE_BYTES_A_WEEK * days / 7 <= memory_mb * MB
+        assert got * jobs * (LANE_BYTES + LANE_BYTES_A_WEEK * days / 7) <= memory_mb * MB
 
 
 @pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (2, 2), (16, JOBS)])

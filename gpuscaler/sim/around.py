@@ -34,6 +34,7 @@ from gpuscaler.sim.simulate import (
     gpuscaler_run,
     prepare,
     reactive_run,
+    release,
     scenario_cluster,
     slo_metrics,
 )
@@ -149,12 +150,17 @@ def _ran(p: Prepared, r: SweepResult, n: int) -> SimulatedCluster:
     return cluster
 
 
+def _released(p: Prepared, run: RunResult | None, plot: bool | None) -> RunResult | None:
+    return run if run is None or plot is None else release(p, run, plot)
+
+
 def around_many(
     prepared: Sequence[Prepared],
     replicas: Sequence[Series | None] | None = None,
     baselines: bool = True,
     reactive: bool = True,
     budget: int = MANY_BYTES,
+    released: bool | None = None,
 ) -> list[Around]:
     """For each replay: the baselines' curves (`simulate.baseline_curves`) when
     `baselines`, the reactive HPA's run (`simulate.reactive_run`) when `reactive`, and
@@ -163,7 +169,9 @@ def around_many(
     reactive and actual runs' share: they add to each group, not a group of their own,
     which would step the whole replay again for a few runs). A lone
     replay without baselines runs alone (`reactive_run`, `actual_run`): a sweep of one or
-    two runs costs more than the runs (bench: 1.1 against 0.9 CPU-s a reactive day)."""
+    two runs costs more than the runs (bench: 1.1 against 0.9 CPU-s a reactive day).
+    With `released` (True: with the plot's series, False: without) each reactive run is
+    `simulate.release`d as soon as it is found; None keeps its whole record."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     if len(prepared) == 1 and not baselines:  # a sweep of one or two runs costs more
         [p], [series] = prepared, given
@@ -172,7 +180,8 @@ def around_many(
             actual = actual_run(
                 p.config, series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
             )
-        return [Around(None, reactive_run(p) if reactive else None, actual)]
+        run = reactive_run(p) if reactive else None
+        return [Around(None, _released(p, run, released), actual)]
     templates = [_template(p) for p in prepared]
     out: dict[int, Around] = {}
     for g in _groups(prepared, templates):
@@ -200,7 +209,8 @@ def around_many(
             i = g[e.replay]
             ran = _ran(prepared[i], r, n)
             if e.replicas is None:
-                found[i].reactive = RunResult("reactive", ran, [], ForecastTrack(), 0)
+                run = RunResult("reactive", ran, [], ForecastTrack(), 0)
+                found[i].reactive = _released(prepared[i], run, released)
             else:
                 found[i].actual = actual_figures(ran, prepared[i].scored_from)
         out.update(found)

@@ -90,8 +90,14 @@ def swept_with(
                 kept.append(r)
                 continue
             w, (name, _, target) = flat[i]
-            c, scored = replays[w]
-            run = (c.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
-            figures = slo_figures(run, c.arrivals[:n], c.slot, c.start, scored, slo)
-            out[w][name].append({"target_pct": target, **figures})
+            out[w][name].append({"target_pct": target, **_figures(replays[w], r, n, slo)})
+        del results, r  # the group's arrays go before the next group is built (never empty)
     return out, kept, slots
+
+
+def _figures(
+    replay: tuple[SimulatedCluster, int], r: SweepResult, n: int, slo: float
+) -> dict[str, Any]:
+    c, scored = replay
+    run = (c.work[:n], r.served[:n], r.gpus[:n], r.replica_changes)
+    return slo_figures(run, c.arrivals[:n], c.slot, c.start, scored, slo)

@@ -33,6 +33,7 @@ from gpuscaler.sim.simulate import (
     finish,
     gpuscaler_run,
     prepare,
+    release,
     warmup_plan,
 )
 from gpuscaler.sim.trace import Trace, TraceError
@@ -190,11 +191,14 @@ def replay_many(
     seed: int,
     baselines: bool = True,
     lanes: int = 1,
+    plot: bool = True,
 ) -> Iterator[WorkloadReplay | Skipped]:
     """Each workload's replay, in order. Up to `lanes` workloads at a time run gpuscaler's
     controller in lockstep (`gpuscaler.sim.lockstep`: one controller, one batched forecast
     a tick, the same figures); the rest of each replay then runs alone, and is yielded
-    before the next one starts (only gpuscaler's runs of one lockstep are held at once)."""
+    before the next one starts (only gpuscaler's runs of one lockstep are held at once).
+    Each run is `simulate.release`d as soon as it ends (its figures, and the PNG's series
+    when `plot`, kept; its record let go): a lane holds its record only while it runs."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
@@ -213,15 +217,14 @@ def replay_many(
             continue
         if id(r) not in runs:
             chunk = chunk_of[id(r)]
-            if len(chunk) == 1:
-                runs[id(r)] = gpuscaler_run(r.prepared)
-            else:
-                done = lockstep_runs([x.prepared for x in chunk])
-                runs.update((id(x), run) for x, run in zip(chunk, done, strict=True))
+            preps = [x.prepared for x in chunk]
+            done = [gpuscaler_run(preps[0])] if len(chunk) == 1 else lockstep_runs(preps)
+            for x, p, run in zip(chunk, preps, done, strict=True):
+                runs[id(x)] = release(p, run, plot)
+            del done
             # the chunk's reactive, actual and baseline runs in one sweep
-            done_around = around_many(
-                [x.prepared for x in chunk], [x.history.replicas.series for x in chunk], baselines
-            )
+            series = [x.history.replicas.series for x in chunk]
+            done_around = around_many(preps, series, baselines, released=plot)
             arounds.update((id(x), a) for x, a in zip(chunk, done_around, strict=True))
         yield finished(r, runs.pop(id(r)), baselines, arounds.pop(id(r)))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.sim.queue import fluid_waits
+from gpuscaler.sim.kept import Plotted, plotted
 from gpuscaler.sim.simulate import RunResult, SimulationResult
 
 ROWS = (
@@ -140,48 +140,53 @@ def _trade_off(ax: Any, result: SimulationResult) -> None:
 
 
 def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
-    rec = run.cluster.rec
-    n = run.cluster.cursor
-    slot = run.cluster.slot
-    per = max(1, round(60 / slot))  # 1 minute means: readable over a day
-    m = n // per * per
-    hours = (np.arange(m // per) + 1) * per * slot / 3600
-    demand = rec.demand_busy[:m].reshape(-1, per).mean(axis=1)
-    capacity = rec.capacity[:m].reshape(-1, per).mean(axis=1)
-    ax.plot(hours, demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
-    ax.plot(hours, capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
-    waits = fluid_waits(run.cluster.work[:n], rec.served[:n], slot)
-    late = np.flatnonzero((waits > result.config.simulator.slo_wait) & (rec.requests[:n] > 0))
-    if late.size:
+    p = _drawn(result, run)
+    ax.plot(p.hours, p.demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
+    ax.plot(p.hours, p.capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
+    if p.late.size:
         ax.plot(
-            late * slot / 3600,
-            np.zeros(late.size),
+            p.late,
+            np.zeros(p.late.size),
             "|",
             color="tab:red",
             ms=10,
             label="requests over the SLO",
         )
-    if run.track.origin:
+    if p.band is not None:
         h = result.config.forecast.horizon
-        fx = (np.asarray(run.track.origin) + h - result.start) / 3600
         ax.fill_between(
-            fx,
-            np.asarray(run.track.lower) / 100,
-            np.asarray(run.track.upper) / 100,
+            *p.band,
             color="tab:orange",
             alpha=0.3,
             label=f"forecast {result.config.forecast.interval_level:.0%} band at +{h:.0f}s",
         )
     for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
-        times = [(d.time - result.start) / 3600 for d in run.decisions if d.kind == kind]
+        times = [t for k, t in p.marks if k == kind]
         for i, t in enumerate(times):
             ax.axvline(t, color=color, lw=0.8, ls="--", label=f"{kind} change" if i == 0 else None)
-    pre = [(d.time - result.start) / 3600 for d in run.decisions if d.kind == "preemption"]
+    pre = [t for k, t in p.marks if k == "preemption"]
     if pre:
         ax.plot(pre, np.zeros(len(pre)), "v", color="black", ms=5, label="preemption step")
     ax.set_title(run.policy)
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left", fontsize=7)
+
+
+def _drawn(result: SimulationResult, run: RunResult) -> Plotted:
+    """What the PNG draws of `run`: kept when it was released (`simulate.release`)."""
+    if run.kept is not None:
+        if run.kept.plotted is None:
+            raise ValueError(f"{run.policy}'s run was released without its plot")
+        return run.kept.plotted
+    t, cfg = run.track, result.config
+    return plotted(
+        run.cluster,
+        (t.origin, t.lower, t.upper),
+        run.decisions,
+        result.start,
+        cfg.simulator.slo_wait,
+        cfg.forecast.horizon,
+    )
 
 
 def plot(result: SimulationResult, path: Path) -> None:

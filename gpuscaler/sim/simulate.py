@@ -4,6 +4,7 @@ through a reactive HPA baseline on the same trace; report both."""
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from gpuscaler.core.model import FloatArray, WorkloadObservation
 from gpuscaler.sim.baselines import swept
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
+from gpuscaler.sim.kept import Kept, plotted, spend
 from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.ticks import control_ticks
@@ -86,13 +88,19 @@ def scenario_cluster(
     )
 
 
+def _doubles() -> array[float]:
+    return array("d")
+
+
 @dataclass
 class ForecastTrack:
-    origin: list[float] = field(default_factory=list)
-    mean: list[float] = field(default_factory=list)
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    last: list[float] = field(default_factory=list)
+    """The policy's forecast at the horizon at each tick (its origin, mean and band): what
+    the forecast error and the PNG read, as doubles (a week is 20,160 ticks a run)."""
+
+    origin: array[float] = field(default_factory=_doubles)
+    mean: array[float] = field(default_factory=_doubles)
+    lower: array[float] = field(default_factory=_doubles)
+    upper: array[float] = field(default_factory=_doubles)
 
     def add(self, result: TickResult) -> None:
         for w in result.snapshot.workloads:
@@ -106,7 +114,6 @@ class ForecastTrack:
         self.mean.append(float(f.mean[-1]))
         self.lower.append(float(f.lower[-1]))
         self.upper.append(float(f.upper[-1]))
-        self.last.append(f.last_value)
 
 
 @dataclass
@@ -116,6 +123,14 @@ class RunResult:
     decisions: list[Decision]
     track: ForecastTrack
     failed_ticks: int
+    kept: Kept | None = None
+    """What the report reads of it, when its record was let go (`release`)."""
+
+    def span(self) -> tuple[float, int]:
+        """(slot seconds, slots run)."""
+        if self.kept is not None:
+            return self.kept.slot, self.kept.cursor
+        return self.cluster.slot, self.cluster.cursor
 
 
 @dataclass
@@ -138,8 +153,8 @@ class SimulationResult:
 
     def summary(self) -> dict[str, Any]:
         g = run_metrics(self, self.gpuscaler)
-        slot = self.gpuscaler.cluster.slot
-        scored = (self.gpuscaler.cluster.cursor - self.scored_from) * slot / 3600
+        slot, cursor = self.gpuscaler.span()
+        scored = (cursor - self.scored_from) * slot / 3600
         return {
             "trace": self.trace,
             "hours": self.hours,
@@ -171,10 +186,12 @@ def _bucket_means(values: FloatArray, width: int) -> FloatArray:
         )
 
 
-def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, float]:
+def _forecast_errors(
+    config: Config, start: float, scored_from: int, run: RunResult
+) -> tuple[float, float]:
     """MAE at the horizon of the policy's forecasts and of the last-value forecast, both
     against the observed demand bucket ending at origin + horizon, over the scored ticks."""
-    cfg = sim.config.forecast
+    cfg = config.forecast
     slot = run.cluster.slot
     width = max(1, round(cfg.fit_step / slot))
     bucket = width * slot  # fit_step, or one slot when slots are coarser
@@ -182,10 +199,10 @@ def _forecast_errors(sim: SimulationResult, run: RunResult) -> tuple[float, floa
     ahead = round(cfg.horizon / bucket)
 
     def bucket_at(t: float) -> int:
-        return round((t - sim.start) / bucket) - 1  # the bucket ending at t
+        return round((t - start) / bucket) - 1  # the bucket ending at t
 
-    first = sim.start + sim.scored_from * slot
-    origins = np.arange(first, sim.start + len(buckets) * bucket, sim.config.control.interval)
+    first = start + scored_from * slot
+    origins = np.arange(first, start + len(buckets) * bucket, config.control.interval)
     idx = np.array([bucket_at(t) for t in origins], dtype=np.int64)
     ok = idx + ahead < len(buckets)
     naive = np.abs(buckets[idx[ok]] - buckets[idx[ok] + ahead])
@@ -209,12 +226,20 @@ def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict
 
 
 def run_metrics(sim: SimulationResult, run: RunResult) -> dict[str, Any]:
+    """The figures of one run of the replay (kept ones when it was released)."""
+    if run.kept is not None:
+        return dict(run.kept.metrics)
+    return run_figures(sim.config, sim.start, sim.scored_from, run)
+
+
+def run_figures(config: Config, start: float, scored_from: int, run: RunResult) -> dict[str, Any]:
+    """The figures of one run of a replay from `start`, scored from slot `scored_from`."""
     rec = run.cluster.rec
-    s = slice(sim.scored_from, run.cluster.cursor)
+    s = slice(scored_from, run.cluster.cursor)
     under = rec.demand_busy[s] > rec.capacity[s] + 1e-9
-    forecast_mae, naive_mae = _forecast_errors(sim, run)
+    forecast_mae, naive_mae = _forecast_errors(config, start, scored_from, run)
     return {
-        **slo_metrics(run.cluster, sim.scored_from, sim.config.simulator.slo_wait),
+        **slo_metrics(run.cluster, scored_from, config.simulator.slo_wait),
         "under_provisioned_share": round(float(under.mean()), 5),
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
@@ -332,6 +357,23 @@ def reactive_run(p: Prepared) -> RunResult:
 def baseline_curves(p: Prepared) -> dict[str, list[dict[str, Any]]]:
     """Every baseline swept over its targets on the replay (`run_baselines`)."""
     return run_baselines(p.config, p.start, p.seconds, p.arrivals, p.seed, p.scored_from)
+
+
+def release(p: Prepared, run: RunResult, plot: bool = True) -> RunResult:
+    """`run` with what the report reads of it kept (its figures, and its plot when
+    `plot`) and its record let go (`kept.spend`): the same summary and PNG."""
+    figures = run_figures(p.config, p.start, p.scored_from, run)
+    c, t = run.cluster, run.track
+    drawn = None
+    if plot:
+        band = (t.origin, t.lower, t.upper)
+        cfg = p.config
+        drawn = plotted(
+            c, band, run.decisions, p.start, cfg.simulator.slo_wait, cfg.forecast.horizon
+        )
+    kept = Kept(figures, c.slot, c.cursor, drawn)
+    spend(c)
+    return RunResult(run.policy, c, run.decisions, ForecastTrack(), run.failed_ticks, kept)
 
 
 def finish(

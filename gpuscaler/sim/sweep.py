@@ -47,8 +47,10 @@ from gpuscaler.sim.scalers import (
 from gpuscaler.sim.ticks import control_ticks
 
 INF = math.inf
-KEPT = ("capacity", "served", "queue", "load", "gpus", "demand_busy", "replicas")
-"""What a kept run records a slot at a time (`Sweep._keep`: the first five in this order)."""
+KEPT = ("capacity", "demand_busy", "replicas")
+"""What a kept run records a slot at a time besides the served work and GPUs held, which
+every run records (`Sweep._keep`); its queue and utilization are not kept (no figure and
+no plot reads them of a run no controller ran)."""
 SWEEP_BYTES = 256 * 2**20
 """Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
 run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
@@ -169,17 +171,20 @@ class Sweep:
         self.advance_to(start + seconds)
         kept = dict(zip(self.record.tolist(), self._recorders(), strict=True))
         changes = self._changes()
-        return [
-            SweepResult(kind, float(target), self.served[i], self.gpus[i], changes[i], kept.get(i))
-            for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True))
-        ]
+        out = []
+        for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True)):
+            rec = kept.get(i)
+            # a kept run's own arrays: a row of the sweep's would hold all of them
+            served, gpus = (self.served[i], self.gpus[i]) if rec is None else (rec.served, rec.gpus)
+            out.append(SweepResult(kind, float(target), served, gpus, changes[i], rec))
+        return out
 
     def _recorders(self) -> list[Recorder]:
         """The kept runs' records, each in arrays of its own (the sweep's are freed with
         it): what every run of a replay records alike too (its requests, its arrivals
-        themselves, and its demand),
-        and the pool's signals, which no sweep computes (as a
-        cluster no controller reads: NaN, in a view that holds no memory)."""
+        themselves, and its demand); its queue and utilization, which no figure reads,
+        and the pool's signals, which no sweep computes (as a cluster no controller
+        reads), are NaN, in a view that holds no memory."""
         out = []
         n, slot = self.cursor, self.c.slot
         unread = np.broadcast_to(np.nan, len(self.c.arrivals))
@@ -189,6 +194,7 @@ class Sweep:
             rec.n = len(self.c.arrivals)
             for name in KEPT:
                 setattr(rec, name, self.kept[name][j].copy())
+            rec.served, rec.gpus = self.served[run].copy(), self.gpus[run].copy()
             if n == rec.n:  # all slots run (as always in a replay): the arrivals themselves
                 rec.requests = m.arrivals
             else:
@@ -196,7 +202,7 @@ class Sweep:
                 rec.requests[:n] = m.arrivals[:n]
             rec.demand_pct = np.full(rec.n, np.nan)
             rec.demand_pct[:n] = 100.0 * m.work[:n] / slot
-            rec.pool_util = rec.stall = unread
+            rec.pool_util = rec.stall = rec.queue = rec.load = unread
             out.append(rec)
         return out
 
@@ -294,15 +300,14 @@ class Sweep:
         self.load_from = end - self.load.shape[1]
         self.last_capacity = capacity[:, -1]
         if self.record.size:
-            self._keep(s, capacity, served, queue, load, gpus)
+            self._keep(s, capacity)
         self.cursor = end
 
-    def _keep(self, s: slice, *figures: FloatArray) -> None:
-        """What `SimulatedCluster.advance_to` records, of the kept runs, for the slots `s`
-        (`figures`: capacity, served, queue, load and GPUs held of every run)."""
+    def _keep(self, s: slice, capacity: FloatArray) -> None:
+        """What `SimulatedCluster.advance_to` records of the kept runs for the slots `s`
+        besides what every run records (`KEPT`; `capacity`: every run's)."""
         rows, kept, slot = self.record, self.kept, self.c.slot
-        for name, values in zip(KEPT[:5], figures, strict=True):
-            kept[name][:, s] = values[rows]
+        kept["capacity"][:, s] = capacity[rows]
         eff = self.eff[np.minimum(self.held_last, self.c.fragments).astype(np.int64)]
         kept["demand_busy"][:, s] = self.work[self.member[rows], s] / slot / eff[:, None]
         kept["replicas"][:, s] = self.spec[rows][:, None]
@@ -429,3 +434,4 @@ def sweep_parts(
         fixed = {r - i: v for r, v in (replicas or {}).items() if r in mine}
         one = Sweep(config, template, runs[i : i + group], seed, part, kept, fixed)
         yield i, one.run(template.start, seconds), one.cursor
+        del one  # one group's arrays at a time: let go of these before the next
