@@ -154,6 +154,15 @@ def _released(p: Prepared, run: RunResult | None, plot: bool | None) -> RunResul
     return run if run is None or plot is None else release(p, run, plot)
 
 
+def _alone(p: Prepared, series: Series | None, reactive: bool, released: bool | None) -> Around:
+    """One replay's reactive and actual runs without a sweep (`around_many`)."""
+    actual = None
+    if series is not None:
+        actual = actual_run(p.config, series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from)
+    run = reactive_run(p) if reactive else None
+    return Around(None, _released(p, run, released), actual)
+
+
 def around_many(
     prepared: Sequence[Prepared],
     replicas: Sequence[Series | None] | None = None,
@@ -174,14 +183,7 @@ def around_many(
     `simulate.release`d as soon as it is found; None keeps its whole record."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     if len(prepared) == 1 and not baselines:  # a sweep of one or two runs costs more
-        [p], [series] = prepared, given
-        actual = None
-        if series is not None:
-            actual = actual_run(
-                p.config, series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
-            )
-        run = reactive_run(p) if reactive else None
-        return [Around(None, _released(p, run, released), actual)]
+        return [_alone(prepared[0], given[0], reactive, released)]
     templates = [_template(p) for p in prepared]
     out: dict[int, Around] = {}
     for g in _groups(prepared, templates):
