@@ -17,16 +17,13 @@ Last line:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 from lockstep import START_HOURS, config, trace
-from revision import ROOT, unpack
+from revision import alternated
 
 from gpuscaler.sim import lockstep
 from gpuscaler.sim.replay import workload_config
@@ -90,19 +87,11 @@ def measure(sizes: list[int], hours: float, ways: list[str]) -> list[str]:
 
 def against_base(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
-    rows: dict[str, list[dict[str, float]]] = {"base": [], "": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        unpack(args.base, tmp)
-        for r in range(args.rounds):
-            for which, path, ways in (("base", tmp, "apart"), ("", str(ROOT), "apart,together")):
-                env = {**os.environ, "PYTHONPATH": path}
-                done = subprocess.run(
-                    [*cmd, "--ways", ways], env=env, check=True, capture_output=True, text=True
-                )
-                line = done.stdout.strip().splitlines()[-1]
-                print(f"round {r} {which or 'tree'}: {line}", file=sys.stderr, flush=True)
-                fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
-                rows[which].append({k: float(v) for k, v in fields.items()})
+    rows = alternated(
+        args.base,
+        args.rounds,
+        {"base": [*cmd, "--ways", "apart"], "": [*cmd, "--ways", "apart,together"]},
+    )
     out = []
     for which, suffix in (("", ""), ("base", "_base")):
         for key in [k for k in rows[which][0] if suffix == "" or k != "hours"]:

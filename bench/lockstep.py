@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from revision import ROOT, unpack
+from revision import alternated
 
 import gpuscaler.controller as controller_module
 from gpuscaler.config import Config, parse_config
@@ -164,17 +161,7 @@ def against_base(args: argparse.Namespace) -> list[str]:
     field over the rounds, the base's with `_base`."""
     cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
     cmd += ["--alone", str(args.alone)]
-    rows: dict[str, list[dict[str, float]]] = {"base": [], "": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        unpack(args.base, tmp)
-        for r in range(args.rounds):
-            for which, path in (("base", tmp), ("", str(ROOT))):
-                env = {**os.environ, "PYTHONPATH": path}
-                done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-                line = done.stdout.strip().splitlines()[-1]
-                print(f"round {r} {which or 'tree'}: {line}", file=sys.stderr, flush=True)
-                fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
-                rows[which].append({k: float(v) for k, v in fields.items()})
+    rows = alternated(args.base, args.rounds, {"base": cmd, "": cmd})
     out = []
     for key in rows[""][0]:
         mine = statistics.median(x[key] for x in rows[""])

@@ -4,7 +4,10 @@ bench/corecost.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,3 +21,25 @@ def unpack(revision: str, dest: str) -> None:
         capture_output=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+
+
+def alternated(
+    base: str, rounds: int, commands: dict[str, list[str]]
+) -> dict[str, list[dict[str, float]]]:
+    """`commands["base"]` run with `base` unpacked first on PYTHONPATH and `commands[""]`
+    with this tree, alternated `rounds` times in child processes: each run's RESULT
+    fields, by which ("base" or "") (bench/lockstep.py, bench/lanes.py)."""
+    rows: dict[str, list[dict[str, float]]] = {"base": [], "": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack(base, tmp)
+        for r in range(rounds):
+            for which, path in (("base", tmp), ("", str(ROOT))):
+                env = {**os.environ, "PYTHONPATH": path}
+                done = subprocess.run(
+                    commands[which], env=env, check=True, capture_output=True, text=True
+                )
+                line = done.stdout.strip().splitlines()[-1]
+                print(f"round {r} {which or 'tree'}: {line}", file=sys.stderr, flush=True)
+                fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
+                rows[which].append({k: float(v) for k, v in fields.items()})
+    return rows
