@@ -7,14 +7,13 @@ the actuator differ.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuscaler.collector import gc_paused
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.forecast import ForecastEngine, make_engine
@@ -62,27 +61,6 @@ class TickStats:
     """Wall-clock time a standby last skipped a tick (`Controller.due`): alive too."""
     listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
     failure_listeners: list[Callable[[], None]] = field(default_factory=list)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a tick, back on after it (issue 20).
-
-    A tick allocates a few objects a series (fit states, interval states, intervals,
-    forecasts, signals) that live until the next tick; every 700 allocations the
-    collector scanned the young ones and, now and then, every object of the process (a
-    whatif process keeps the states and histories of many lanes): some 7 % of a 100-lane
-    replay's CPU. Off during the tick, it collects once after it what the tick left
-    (refcounting still frees everything else at once). Only a caller that found it on
-    turns it off and on again, so it is never left off."""
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 class Controller:
@@ -158,7 +136,7 @@ class Controller:
         return False
 
     def tick(self, now: float) -> TickResult:
-        with collector_paused():
+        with gc_paused():  # one pause with the answers' decoding
             return self._tick(now)
 
     def _tick(self, now: float) -> TickResult:

@@ -10,7 +10,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from builders import config
 
-from gpuscaler.controller import Controller, collector_paused
+from gpuscaler.collector import gc_paused
+from gpuscaler.controller import Controller
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.snapshot import Observations
 
@@ -61,8 +62,11 @@ def test_the_collector_is_off_during_a_tick_and_on_after_it_even_a_failed_one(fa
 @pytest.mark.usefixtures("collector_on")
 def test_a_caller_that_turned_the_collector_off_finds_it_off_after_a_tick() -> None:
     gc.disable()
-    Controller(config(), Source(), NoActuator()).tick(1000.0)
-    assert not gc.isenabled()
+    try:
+        Controller(config(), Source(), NoActuator()).tick(1000.0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()  # as every other test found it
 
 
 @pytest.mark.usefixtures("collector_on")
@@ -72,7 +76,7 @@ def test_pauses_in_several_threads_never_leave_the_collector_off() -> None:
     def pause() -> None:
         start.wait()
         for _ in range(200):
-            with collector_paused():
+            with gc_paused():
                 pass
 
     threads = [threading.Thread(target=pause) for _ in range(4)]

@@ -21,9 +21,10 @@ from kubefake import reply, serving
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
 import gpuscaler.adapters.prometheus.fast as fast_module
-from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range, gc_paused
+from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.collector import gc_paused
 from gpuscaler.config import parse_config
 
 ANSWER = {

@@ -7,11 +7,8 @@ asked for uncompressed (`PLAIN`).
 
 from __future__ import annotations
 
-import gc
 import itertools
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,6 +17,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.collector import gc_paused
 from gpuscaler.core.model import FloatArray
 
 PLAIN = {"Accept-Encoding": "identity"}
@@ -104,34 +102,6 @@ def _shed(result: list[Any]) -> list[Any]:
         if isinstance(item, dict) and "arrays" in item:
             item["values"] = []
     return result
-
-
-_pause = threading.Lock()
-_paused = 0
-_resume = False
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a block runs (reference counting still
-    frees what is dropped), on again when the last of the concurrent blocks ends, unless
-    it was off when the first began. For decoding answers: orjson and numpy make only
-    acyclic objects, so a collection there finds nothing to free, yet at 10,000 GPUs
-    about 120 collections ran during a tick's decoding, and promoting the answers' lists
-    made a full collection of the heap due most ticks."""
-    global _paused, _resume
-    with _pause:
-        if _paused == 0:
-            _resume = gc.isenabled()
-            gc.disable()
-        _paused += 1
-    try:
-        yield
-    finally:
-        with _pause:
-            _paused -= 1
-            if _paused == 0 and _resume:
-                gc.enable()
 
 
 def decode_fast(result: Any) -> list[Any]:
