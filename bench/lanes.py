@@ -17,13 +17,12 @@ Last line:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
 import numpy as np
 from lockstep import START_HOURS, config, trace
-from revision import alternated
+from revision import alternated, medians
 
 from gpuscaler.sim import lockstep
 from gpuscaler.sim.replay import workload_config
@@ -92,11 +91,7 @@ def against_base(args: argparse.Namespace) -> list[str]:
         args.rounds,
         {"base": [*cmd, "--ways", "apart"], "": [*cmd, "--ways", "apart,together"]},
     )
-    out = []
-    for which, suffix in (("", ""), ("base", "_base")):
-        for key in [k for k in rows[which][0] if suffix == "" or k != "hours"]:
-            out.append(f"{key}{suffix}={statistics.median(x[key] for x in rows[which]):g}")
-    return out
+    return medians(rows)
 
 
 def main() -> None:

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from revision import alternated
+from revision import alternated, medians
 
 import gpuscaler.controller as controller_module
 from gpuscaler.config import Config, parse_config
@@ -162,13 +161,7 @@ def against_base(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
     cmd += ["--alone", str(args.alone)]
     rows = alternated(args.base, args.rounds, {"base": cmd, "": cmd})
-    out = []
-    for key in rows[""][0]:
-        mine = statistics.median(x[key] for x in rows[""])
-        out.append(f"{key}={mine:g}")
-        if key != "hours":
-            out.append(f"{key}_base={statistics.median(x[key] for x in rows['base']):g}")
-    return out
+    return medians(rows)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ bench/corecost.py)."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,3 +44,14 @@ def alternated(
                 fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
                 rows[which].append({k: float(v) for k, v in fields.items()})
     return rows
+
+
+def medians(rows: dict[str, list[dict[str, float]]]) -> list[str]:
+    """The RESULT fields of `alternated`'s rows: each field's median over the rounds of
+    this tree, then the base's under `KEY_base` where the base printed it."""
+    out = []
+    for key in rows[""][0]:
+        out.append(f"{key}={statistics.median(x[key] for x in rows['']):g}")
+        if key != "hours" and key in rows["base"][0]:
+            out.append(f"{key}_base={statistics.median(x[key] for x in rows['base']):g}")
+    return out
