@@ -19,10 +19,11 @@ from test_floor_batch import plans_are_each_floor_alone
 
 from gpuscaler.core import floor_rows, skill
 from gpuscaler.core.floor_rows import (
+    chunk_peaks,
     forecast_figures,
-    observed_peaks,
     pool_figures,
     remember_many,
+    remember_rows,
 )
 from gpuscaler.core.model import Forecast, TargetHistory
 from gpuscaler.core.replicas import observed_peak
@@ -168,11 +169,11 @@ def test_records_remembered_together_are_each_historys_own(ticks: int, chunk: in
 def test_observed_peaks_taken_together_are_each_historys_own(window: float, chunk: int) -> None:
     now = NOW + 30.0 * 12
     # As the plan reads them: each with this tick's record.
-    hs = [
-        remember(h, now, float(i % 3), 1.0, 1.0, 600.0) for i, h in enumerate(histories(11, 30, 12))
-    ]
+    old = histories(11, 30, 12)
+    recs = [(now, float(i % 3), 1.0, 1.0) for i in range(len(old))]
+    hs, chunks = remember_rows(old, now, recs, [600.0] * len(old))
     windows = [window if i % 4 else 60.0 for i in range(len(hs))]
-    got = observed_peaks(hs, now, windows)
+    got = chunk_peaks(chunks, now, windows)
     for h, w, peak in zip(hs, windows, got, strict=True):
         assert bits((peak,)) == bits((observed_peak(h, now, w),))
         assert bits((peak,)) == bits((old_observed_peak(h, now, w),))

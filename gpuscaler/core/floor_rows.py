@@ -104,31 +104,14 @@ def _row_max(a: FloatArray) -> FloatArray:
     return found
 
 
-def observed_peaks(
-    hs: Sequence[TargetHistory], now: float, windows: Sequence[float]
-) -> list[float]:
-    """`replicas.observed_peak(h, now, window)` of each history with its window: the
-    histories whose records have the same times share the window's places, and their
-    values there are read as rows (the same values, in the same order, Python's max)."""
-    out = [0.0] * len(hs)
-    arrays = [records(h) for h in hs]
-    groups: dict[tuple[float, bytes], list[int]] = {}
-    for i, (rows, window) in enumerate(zip(arrays, windows, strict=True)):
-        groups.setdefault((window, rows[:, 0].tobytes()), []).append(i)
-    for (window, _), idx in groups.items():
-        t = arrays[idx[0]][:, 0]
-        cols = np.flatnonzero((t > now - window) | (t == now))
-        for at in range(0, len(idx), CHUNK_ROWS):
-            part = idx[at : at + CHUNK_ROWS]
-            values = _rows([arrays[i] for i in part])[:, cols, 1].tolist()
-            for i, row in zip(part, values, strict=True):
-                out[i] = max(row)
-    return out
-
-
 Record = tuple[float, float, float, float]
 
 _NO_RECORDS: FloatArray = np.zeros((0, 4))
+
+
+RowChunk = tuple[list[int], FloatArray]
+"""Histories of `remember_rows` whose records have the same times: their places in its
+list and their records' array (rows, records, 4), whose rows they keep as `seen_rows`."""
 
 
 def remember_many(
@@ -138,7 +121,17 @@ def remember_many(
     and array). Histories whose records have the same times keep the same ones, so they
     are dropped and the new record added over rows, a chunk of rows in one array whose
     read-only rows the histories keep (one buffer a chunk instead of one a workload)."""
+    return remember_rows(hs, now, recs, keeps)[0]
+
+
+def remember_rows(
+    hs: Sequence[TargetHistory], now: float, recs: Sequence[Record], keeps: Sequence[float]
+) -> tuple[list[TargetHistory], list[RowChunk]]:
+    """`remember_many`, and its chunks: every history is in one, so the records the
+    tick reads next (observed peaks, reserves) are read as rows of them, not grouped
+    and stacked again."""
     out: list[TargetHistory | None] = [None] * len(hs)
+    chunks: list[RowChunk] = []
     arrays = [records(h) if h.seen else _NO_RECORDS for h in hs]
     groups: dict[tuple[float, bytes], list[int]] = {}
     for i, (rows, keep) in enumerate(zip(arrays, keeps, strict=True)):
@@ -157,8 +150,27 @@ def remember_many(
                 new[:, :k] = old[:, n - k :] if newest else old[:, kept]
             new[:, k] = [recs[i] for i in part]
             new.setflags(write=False)
+            chunks.append((part, new))
             for j, i in enumerate(part):
                 h = hs[i]
                 seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
                 out[i] = floor_history(h, seen=(*seen, recs[i]), seen_rows=new[j])
-    return [h for h in out if h is not None]
+    return [h for h in out if h is not None], chunks
+
+
+def chunk_peaks(chunks: Sequence[RowChunk], now: float, windows: Sequence[float]) -> list[float]:
+    """`replicas.observed_peak` of each of `remember_rows`' histories (`windows`: theirs,
+    in its order), read from its chunks: the same values, in the same order, Python's
+    max (the histories whose records have the same times share the window's places)."""
+    out = [0.0] * len(windows)
+    for idx, recs in chunks:
+        t = recs[0, :, 0]
+        by_window: dict[float, list[int]] = {}
+        for j, i in enumerate(idx):
+            by_window.setdefault(windows[i], []).append(j)
+        for window, js in by_window.items():
+            cols = np.flatnonzero((t > now - window) | (t == now))
+            part = recs if len(js) == len(idx) else recs[js]
+            for j, row in zip(js, part[:, cols, 1].tolist(), strict=True):
+                out[idx[j]] = max(row)
+    return out

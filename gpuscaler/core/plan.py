@@ -8,10 +8,11 @@ from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceC
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.floor_rows import (
     Record,
+    RowChunk,
+    chunk_peaks,
     forecast_figures,
-    observed_peaks,
     pool_figures,
-    remember_many,
+    remember_rows,
 )
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
@@ -37,8 +38,8 @@ from gpuscaler.core.replicas import (
     reserve_sizes,
     skill_args,
 )
-from gpuscaler.core.reserve import Reserve, overflow_reserve_many
-from gpuscaler.core.skill import Skill, assess_many, records
+from gpuscaler.core.reserve import Reserve, overflow_reserve_chunk
+from gpuscaler.core.skill import Skill, assess_many
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -166,13 +167,11 @@ def _replica_floors(
             outcomes.append(EMPTY_OUTCOME)
             at.append(i)
             pending.append(found)
-    waiting = _remembered([seen[i] for i in at], pending, history, now)
-    skills, reserves = _skills(waiting, now), _reserves(waiting, now)
-    peaks = observed_peaks(
-        [s.history for s in waiting], now, [s.cfg.scale_down_stabilization for s in waiting]
-    )
-    for i, step, peak in zip(at, waiting, peaks, strict=True):
-        outcomes[i] = floor_outcome(step, skills.get(id(step)), reserves[id(step)], peak)
+    waiting, chunks = _remembered([seen[i] for i in at], pending, history, now)
+    skills, reserves = _skills(waiting, now), _reserves(waiting, chunks, now)
+    peaks = chunk_peaks(chunks, now, [s.cfg.scale_down_stabilization for s in waiting])
+    for i, step, reserve, peak in zip(at, waiting, reserves, peaks, strict=True):
+        outcomes[i] = floor_outcome(step, skills.get(id(step)), reserve, peak)
     out: dict[str, Outcome] = {}
     held: dict[str, float] = {}
     for ((key, name, rep_cfg), wobs), outcome in zip(seen, outcomes, strict=True):
@@ -191,10 +190,10 @@ def _remembered(
     pending: list[tuple[Record, float, float | None]],
     history: History,
     now: float,
-) -> list[FloorStep]:
+) -> tuple[list[FloorStep], list[RowChunk]]:
     """The floor steps of the `seen` workloads, given their `floor_record`s: the
-    records remembered together (floor_rows.remember_many)."""
-    hs = remember_many(
+    records remembered together (floor_rows.remember_rows), and its chunks."""
+    hs, chunks = remember_rows(
         [history.get(row[0]) for row, _ in seen],
         now,
         [record for record, *_ in pending],
@@ -203,7 +202,7 @@ def _remembered(
     return [
         FloorStep(wobs, row[2], h, now, record[2], record[1], peak)
         for (row, wobs), (record, _, peak), h in zip(seen, pending, hs, strict=True)
-    ]
+    ], chunks
 
 
 def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:
@@ -220,25 +219,22 @@ def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:
     return found
 
 
-def _reserves(steps: list[FloorStep], now: float) -> dict[int, Reserve | None]:
-    """The overflow reserve of every step (by the step's id), assessed together per
-    window and span."""
-    groups: dict[tuple[float, float], list[FloorStep]] = {}
-    for step in steps:
-        cfg = step.cfg
-        groups.setdefault((cfg.scale_down_stabilization, cfg.reserve_window), []).append(step)
-    found: dict[int, Reserve | None] = {}
-    for (window, span), group in groups.items():
-        sizes = [reserve_sizes(s.obs, s.cfg) for s in group]
-        reserves = overflow_reserve_many(
-            [records(s.history) for s in group],
-            now,
-            window,
-            span,
-            [a for a, _ in sizes],
-            [f for _, f in sizes],
-        )
-        found.update((id(s), r) for s, r in zip(group, reserves, strict=True))
+def _reserves(steps: list[FloorStep], chunks: list[RowChunk], now: float) -> list[Reserve | None]:
+    """The overflow reserve of every step, read from the chunks of its remembered records
+    (`remember_rows`), together per window and span."""
+    found: list[Reserve | None] = [None] * len(steps)
+    for idx, recs in chunks:
+        groups: dict[tuple[float, float], list[int]] = {}
+        for j, i in enumerate(idx):
+            cfg = steps[i].cfg
+            groups.setdefault((cfg.scale_down_stabilization, cfg.reserve_window), []).append(j)
+        for (window, span), js in groups.items():
+            sizes = [reserve_sizes(steps[idx[j]].obs, steps[idx[j]].cfg) for j in js]
+            part = recs if len(js) == len(idx) else recs[js]
+            at, full = [a for a, _ in sizes], [f for _, f in sizes]
+            reserves = overflow_reserve_chunk(part, now, window, span, at, full)
+            for j, r in zip(js, reserves, strict=True):
+                found[idx[j]] = r
     return found
 
 

@@ -237,8 +237,9 @@ def _floor(
     assert current is not None
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
-    capacity, sizing = _capacity(obs, cfg)
-    kept = _reserve(reserve, cfg, reserve_sizes(obs, cfg)[1])
+    sizes = reserve_sizes(obs, cfg)
+    capacity, sizing = _capacity(obs, cfg, sizes[0])
+    kept = _reserve(reserve, cfg, sizes[1])
     raw, note = _raw(cfg, sized, capacity, current, kept, note)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
@@ -292,9 +293,10 @@ def _stabilized(
     replica's share, does not distort it; and only to a count the window's demand fits
     with `scale_down_margin` below its capacity."""
     window_start = now - cfg.scale_down_stabilization
-    recs = (*tuple(r for r in h.recommendations if r[0] > window_start), (now, math.ceil(sized)))
-    h = floor_history(h, recommendations=recs)
-    held_for = max(v for _, v in recs)
+    recent = [r for r in h.recommendations if r[0] > window_start]
+    recent.append((now, math.ceil(sized)))
+    h = floor_history(h, recommendations=tuple(recent))
+    held_for = max([v for _, v in recent])
     held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
     stabilized = max(recommended, min(current, held)) if recommended < current else recommended
     margin = cfg.scale_down_margin
@@ -341,10 +343,10 @@ def _reserve(r: Reserve | None, cfg: ReplicasConfig, full: float) -> tuple[int, 
     )
 
 
-def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, str]:
-    """What one replica serves at target, in the load's unit, and how that reads: GPU
-    percent (a GPU share times the target utilization) or the serving stack's demand."""
-    capacity = reserve_sizes(obs, cfg)[0]
+def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig, capacity: float) -> tuple[float, str]:
+    """What one replica serves at target (`capacity`: `reserve_sizes`' first), in the
+    load's unit, and how that reads: GPU percent (a GPU share times the target
+    utilization) or the serving stack's demand."""
     if obs.serving is not None:
         return capacity, f" {obs.serving[1]} / {capacity:g} per replica"
     share = obs.replica_gpu_share

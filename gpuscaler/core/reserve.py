@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray
-from gpuscaler.core.skill import window_max, window_max_rows
+from gpuscaler.core.model import FloatArray, IntArray
+from gpuscaler.core.skill import window_max
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,38 @@ def overflow_reserve_many(
         if len(rec) >= 2:
             groups.setdefault(rec[:, 0].tobytes(), []).append(i)
     for idx in groups.values():
-        if len(idx) < MIN_ROWS:  # a few rows cost less one by one
-            for i in idx:
-                out[i] = overflow_reserve(seen[i], now, window, span, at_target[i], full[i])
-            continue
-        for first in range(0, len(idx), CHUNK_ROWS):  # a chunk's rows stay in the cache
-            part = idx[first : first + CHUNK_ROWS]
-            v = np.stack([seen[i][:, 1] for i in part])
-            sizes = np.asarray([(at_target[i], full[i]) for i in part], dtype=np.float64)
-            t = seen[part[0]][:, 0]
-            found = _reserve_rows(t, v, now, window, span, sizes[:, 0], sizes[:, 1])
-            for i, r in zip(part, found, strict=True):
-                out[i] = r
+        recs = np.stack([seen[i] for i in idx])
+        at, up = [at_target[i] for i in idx], [full[i] for i in idx]
+        for i, r in zip(idx, overflow_reserve_chunk(recs, now, window, span, at, up), strict=True):
+            out[i] = r
+    return out
+
+
+def overflow_reserve_chunk(
+    recs: FloatArray,
+    now: float,
+    window: float,
+    span: float,
+    at_target: Sequence[float],
+    full: Sequence[float],
+) -> list[Reserve | None]:
+    """`overflow_reserve` of each record array of `recs` (rows, records, 4), whose
+    records all have the same times (floor_rows.remember_rows' chunks), with its own
+    `at_target` and `full`: the same Reserve each, its rows read in place."""
+    if recs.shape[1] < 2:
+        return [None] * len(recs)
+    if len(recs) < MIN_ROWS:
+        return [
+            overflow_reserve(r, now, window, span, a, f)
+            for r, a, f in zip(recs, at_target, full, strict=True)
+        ]
+    t = recs[0, :, 0]
+    sizes = np.asarray([at_target, full], dtype=np.float64)
+    out: list[Reserve | None] = []
+    for first in range(0, len(recs), CHUNK_ROWS):  # a chunk's rows stay in the cache
+        part = slice(first, first + CHUNK_ROWS)
+        v = recs[part, :, 1]
+        out += _reserve_rows(t, v, now, window, span, sizes[0, part], sizes[1, part])
     return out
 
 
@@ -134,7 +154,7 @@ def _reserve_rows(
     ts, vs = t[order], np.where(ok, v, -np.inf)[:, order]
     o = t[inspan]
     start, stop = np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o)
-    reactive = window_max_rows(vs, start, stop)
+    reactive = window_max_table(vs, start, stop)
     values = v[:, inspan]
     replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
     with np.errstate(invalid="ignore"):
@@ -150,4 +170,32 @@ def _reserve_rows(
             continue
         top = int(inspan[k])
         out.append(Reserve(float(v[row, top]), now - float(t[top]), count))
+    return out
+
+
+def window_max_table(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """`skill.window_max_rows(values, start, stop)`: the maximum of each row over each
+    window [start, stop) (-inf for an empty one), from a sparse table instead of one
+    `reduceat` over rows (whose small segments cost ~1 us a row and window). Level k
+    holds the maxima of the runs of 2**k values; a window of width w is the maximum of
+    its first and its last run of 2**floor(log2 w), which overlap: each value is taken
+    once or twice, and a maximum is the same value either way (`values` without NaN;
+    of equal zeros the sign may differ, which the reserve's sizing cannot tell apart:
+    ceil of a zero less 1e-9 is -0.0 either way, then at least one replica)."""
+    width = stop - start
+    out: FloatArray = np.full((len(values), start.size), -np.inf)
+    used = width > 0
+    if not used.any():
+        return out
+    # The exponent of w in [0.5, 1) x 2**e, less one: floor(log2 w), exact for integers.
+    level = np.frexp(width)[1] - 1
+    table = values
+    for k in range(int(level[used].max()) + 1):
+        if k:
+            half = 1 << (k - 1)
+            table = np.maximum(table[:, :-half], table[:, half:])
+        at = np.flatnonzero(used & (level == k))
+        if at.size:
+            first, last = start[at], stop[at] - (1 << k)
+            out[:, at] = np.maximum(table[:, first], table[:, last])
     return out
