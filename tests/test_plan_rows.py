@@ -2,12 +2,14 @@
 window maxima of the overflow reserve from a sparse table (against `skill.window_max_rows`,
 the `reduceat` it replaces), the reserves and observed peaks read from the chunks of
 remembered records (against `overflow_reserve` and `observed_peak` of each alone), and
-the stabilization window (against the tuple-of-generator version it replaces)."""
+the stabilization window (against the tuple-of-generator version it replaces), and a
+time slice's history kept as it is when nothing in it changes."""
 
 from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 from gpuscaler.core.replicas import _stabilized, observed_peak
 from gpuscaler.core.reserve import overflow_reserve_chunk, window_max_table
 from gpuscaler.core.skill import floor_history, window_max_rows
+from gpuscaler.core.time_slice import _calm_since
 
 NOW = 1_700_000_000.0
 
@@ -189,3 +192,15 @@ def test_the_stabilization_window_is_the_one_it_replaces(
     h = TargetHistory(recommendations=recs, fallback=True, last_change_at=NOW - 10.0)
     args = (cfg, NOW, sized, 40.0, current, 12, recommended)
     assert _stabilized(h, *args) == old_stabilized(h, *args)
+
+
+@pytest.mark.parametrize("calm_since", [None, NOW - 60.0])
+@pytest.mark.parametrize("to", [None, NOW - 60.0, NOW])
+def test_a_time_slice_history_is_kept_as_it_is_only_when_its_calm_time_is_the_same(
+    calm_since: float | None, to: float | None
+) -> None:
+    h = TargetHistory(calm_since=calm_since, last_change_at=NOW - 5.0, pending_direction=1)
+    value = h.calm_since if to == calm_since else to  # the very value, as decide_time_slice
+    got = _calm_since(h, value)
+    assert got == replace(h, calm_since=value)
+    assert (got is h) == (to == calm_since)

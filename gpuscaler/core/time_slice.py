@@ -64,14 +64,14 @@ def decide_time_slice(
     base = base_level(pool, cfg)
     window = f"{cfg.stall_window:.0f}s"
     if stall > cfg.stall_above_pct:
-        h = replace(h, calm_since=None)
+        h = _calm_since(h, None)
         if rank == len(TIME_SLICE_LEVELS) - 1:
             return hold(KIND, target, now, f"at bound: stall {stall:.1f}%, slice already long", h)
         to = TIME_SLICE_LEVELS[min(len(TIME_SLICE_LEVELS) - 1, rank + cfg.max_step)]
         why = f"stall mean over {window} {stall:.1f}% > {cfg.stall_above_pct:g}%"
     elif stall < cfg.recover_below_pct and current != base:
         calm = h.calm_since if h.calm_since is not None else now
-        h = replace(h, calm_since=calm)
+        h = _calm_since(h, calm)
         if now - calm < cfg.stabilization:
             return hold(
                 KIND,
@@ -89,7 +89,7 @@ def decide_time_slice(
         )
     else:
         if stall >= cfg.recover_below_pct:
-            h = replace(h, calm_since=None)
+            h = _calm_since(h, None)
         return hold(KIND, target, now, f"hold: stall {stall:.1f}% at level {current}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
@@ -102,4 +102,13 @@ def decide_time_slice(
         reason=f"{why}; level {current} -> {to}",
         forecast={"stall_mean": stall},
     )
-    return Outcome(replace(h, calm_since=None), decision=decision)
+    return Outcome(_calm_since(h, None), decision=decision)
+
+
+def _calm_since(h: TargetHistory, calm: float | None) -> TargetHistory:
+    """`h` with `calm_since` set to `calm`: `h` itself when it already holds that very
+    value (None, or its own time: most ticks of most pools), without the equal copy
+    `dataclasses.replace` makes."""
+    if h.calm_since is calm:
+        return h
+    return replace(h, calm_since=calm)
