@@ -143,11 +143,7 @@ def floor_outcome(
         None if fallback is not None else step.upper,
         fallback,
         f"; {forecast.reason}",
-        {
-            "peak": forecast.peak if step.peak is None else step.peak,
-            "upper": step.upper,
-            "last": forecast.last_value,
-        },
+        (forecast.peak if step.peak is None else step.peak, step.upper, forecast.last_value),
     )
 
 
@@ -229,10 +225,11 @@ def _floor(
     upper: float | None,
     note: str | None,
     tail: str,
-    figures: dict[str, float] | None = None,
+    figures: tuple[float, float, float] | None = None,
 ) -> Outcome:
     """The floor for `observed` demand, or the forecast's `upper` bound when higher
-    (None: the forecast is set aside, `note` says why), stabilized and stepped."""
+    (None: the forecast is set aside, `note` says why), stabilized and stepped.
+    `figures`: the forecast's peak, upper bound and last value, for a decision."""
     target, current, share = obs.key, obs.floor, obs.replica_gpu_share
     assert current is not None
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
@@ -273,7 +270,11 @@ def _floor(
         from_value=current,
         to_value=to,
         reason=f"{why}; floor {current} -> {to} ({bound}){tail}",
-        forecast=figures or {"last": observed},
+        forecast=(
+            {"last": observed}
+            if figures is None
+            else {"peak": figures[0], "upper": figures[1], "last": figures[2]}
+        ),
     )
     return Outcome(h, decision=decision)
 
