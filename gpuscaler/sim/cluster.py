@@ -49,7 +49,6 @@ from gpuscaler.core.decisions import (
 )
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
-from gpuscaler.sim.made import made
 from gpuscaler.sim.pods import Pods
 from gpuscaler.sim.preemption import SimulatedPreemption
 from gpuscaler.sim.queue import lindley
@@ -376,38 +375,28 @@ class SimulatedCluster:
 
     def signals(self, pool_name: str | None = None) -> tuple[RawPool, RawWorkload]:
         """The pool's and the workload's signals up to the cursor (the pool named
-        `pool_name`, by default its own): the last `metrics.window` of each. Built by
-        `made` (every lane, every tick: the dataclasses' __init__ was most of a lockstep's
-        observation)."""
+        `pool_name`, by default its own): the last `metrics.window` of each."""
         end = self.cursor
         begin = max(0, end - self.window_slots)
         start, step, rec = self.start + self.slot * begin, self.slot, self.rec
         held = slice(begin - self.signals_from, end - self.signals_from)
-        pool = made(
-            RawPool,
+        pool = RawPool(
             name=pool_name or self.pool_name,
-            utilization=made(Series, start=start, step=step, values=rec.pool_util[held]),
-            stall=made(Series, start=start, step=step, values=rec.stall[held]),
+            utilization=Series(start=start, step=step, values=rec.pool_util[held]),
+            stall=Series(start=start, step=step, values=rec.stall[held]),
             fragments=self.fragments,
             time_slice_level=self.time_slice_level,
             gpu_memory_gib=self.gpu_memory_gib,
             max_shares_held=0,
-            problem=None,
-            memory_used_gib=None,
             gpus_held=int(self.rec.gpus[self.cursor - 1]) if self.cursor else None,
         )
-        workload = made(
-            RawWorkload,
+        workload = RawWorkload(
             key=self.workload_key,
-            load=made(Series, start=start, step=step, values=rec.demand_pct[begin:end]),
+            load=Series(start=start, step=step, values=rec.demand_pct[begin:end]),
             floor=self.floor,
             replicas=self.spec_count(),
             max_replicas=self.replicas_cfg.max_replicas,
             replica_gpu_share=self.share(),
-            problem=None,
-            serving=None,
-            demand=None,
-            demand_problem=None,
         )
         return pool, workload
 
