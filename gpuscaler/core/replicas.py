@@ -270,13 +270,17 @@ def _floor(
         from_value=current,
         to_value=to,
         reason=f"{why}; floor {current} -> {to} ({bound}){tail}",
-        forecast=(
-            {"last": observed}
-            if figures is None
-            else {"peak": figures[0], "upper": figures[1], "last": figures[2]}
-        ),
+        forecast=_figures(observed, figures),
     )
     return Outcome(h, decision=decision)
+
+
+def _figures(observed: float, figures: tuple[float, float, float] | None) -> dict[str, float]:
+    """A decision's forecast figures: the forecast's peak, upper bound and last value, or
+    the observed demand alone (no forecast)."""
+    if figures is None:
+        return {"last": observed}
+    return {"peak": figures[0], "upper": figures[1], "last": figures[2]}
 
 
 def _stabilized(
