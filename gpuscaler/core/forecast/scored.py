@@ -107,7 +107,10 @@ def refresh(
     origins = np.array(js, dtype=np.int64)
     ends, at = np.unique(origins, return_inverse=True)
     levels = levels_of.many(ends)[at, :, pair_rows].T  # (alphas, pairs)
-    errors, peaks = _errors_at(engine, fitted, hist, scored, usable, pair_rows, origins, levels)
+    means = window_means(hist, ends, WINDOW_MEAN_POINTS)[pair_rows, at]
+    errors, peaks = _errors_at(
+        engine, fitted, hist, scored, usable, pair_rows, origins, levels, means
+    )
     sub = [scored[i] for i in rows]
     for i, rolled in zip(rows, _rolled(sub, errors, peaks, counts, newest), strict=True):
         out[i] = rolled
@@ -264,20 +267,20 @@ def _errors_at(
     rows: IntArray,
     origins: IntArray,
     levels: FloatArray,
+    means: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (pairs, steps) and peak errors (pairs,) of row
     `rows[i]` at origin `origins[i]` (an index into `hist`, whole horizon observed), every
     pair at once (issue 20: was one pass a group of rows and origin); `levels`: the
-    smoothing levels (alphas, pairs) there. The same per-row arithmetic: each pair's
-    figures are those of its row and origin alone."""
+    smoothing levels (alphas, pairs) and `means` the window means (pairs,) there. The
+    same per-row arithmetic: each pair's figures are those of its row and origin alone."""
     steps = scored[0].abs_recent.shape[1]
     ensemble = np.array([s.method == "ensemble" for s in scored])[rows]
     raw = dict(zip(MEMBERS, np.array([s.weights for s in scored])[rows].T, strict=True))
     best = np.array([s.ses_best for s in scored], dtype=np.int64)[rows]
     inv = stacked([s.ses_inv for s in scored])[rows].T
     members = smoothing_live(levels, best, inv)
-    ends, at = np.unique(origins, return_inverse=True)
-    members["window_mean"] = window_means(hist, ends, WINDOW_MEAN_POINTS)[rows, at]
+    members["window_mean"] = means
     members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in members.items()}
     arima = arima_at(engine, fitted, hist, rows, origins, steps)
     members["arima"] = np.where(usable[rows][:, None], arima, np.nan)
