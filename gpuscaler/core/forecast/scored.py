@@ -205,33 +205,40 @@ def _rolled_together(
     newest: Sequence[float],
 ) -> list[Scored]:
     """`_rolled` of rows of one shape that hold as many errors after as each other."""
-    n, depth, most = len(sub), sub[0].peak_recent.shape[0], max(counts)
+    n, depth, steps = len(sub), sub[0].peak_recent.shape[0], errors.shape[1]
     after = min(depth + counts[0], ASSESS_ORIGINS)
     # (n, steps, origins): each row's errors at a step contiguous, sorted along them
     kept = stacked([x.abs_recent for x in sub]).swapaxes(1, 2)
     kept_peaks = stacked([x.peak_recent for x in sub])
-    if min(counts) == most:  # the new errors (n, most, ...) as they come
-        drop = depth + most - after  # beyond `depth` when more new than kept at most
-        old, young = min(drop, depth), max(0, drop - depth)
-        new, new_peaks = errors.reshape(n, most, -1), peaks.reshape(n, most)
+    if min(counts) == max(counts):  # the new errors (n, k, ...) as they come
+        k = counts[0]
+        old, young = _dropped(depth, k, after)
+        new, new_peaks = errors.reshape(n, k, steps), peaks.reshape(n, k)
         recent = np.concatenate([kept[:, :, old:], new[:, young:].swapaxes(1, 2)], axis=2)
         peak_recent = np.concatenate([kept_peaks[:, old:], new_peaks[:, young:]], axis=1)
-    else:  # each row's new errors padded to `most`, each row's `after` last picked
-        rows = np.repeat(np.arange(n), counts)
-        slots = np.concatenate([np.arange(k) for k in counts])
-        new, new_peaks = np.zeros((n, most, errors.shape[1])), np.zeros((n, most))
-        new[rows, slots], new_peaks[rows, slots] = errors, peaks
-        pick = np.arange(after)[None, :] + (depth - after + np.array(counts))[:, None]
-        whole = np.concatenate([kept, new.swapaxes(1, 2)], axis=2)
-        recent = np.take_along_axis(whole, pick[:, None, :], axis=2)
-        whole_peaks = np.concatenate([kept_peaks, new_peaks], axis=1)
-        peak_recent = np.take_along_axis(whole_peaks, pick, axis=1)
+    else:  # the rows of each count moved together (whole rows: 1 and 2 in the lanes)
+        recent, peak_recent = np.empty((n, steps, after)), np.empty((n, after))
+        count_of, starts = np.array(counts), np.cumsum([0, *counts[:-1]])
+        for k in sorted(set(counts)):
+            rows = np.flatnonzero(count_of == k)
+            old, young = _dropped(depth, k, after)
+            pairs = starts[rows][:, None] + np.arange(young, k)[None, :]
+            recent[rows, :, : depth - old] = kept[rows, :, old:]
+            recent[rows, :, depth - old :] = errors[pairs].swapaxes(1, 2)
+            peak_recent[rows, : depth - old] = kept_peaks[rows, old:]
+            peak_recent[rows, depth - old :] = peaks[pairs]
     ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
     rows_of = zip(as_rows(ordered, True), as_rows(recent, True), as_rows(peak_recent), strict=True)
     return [
         _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest[g])
         for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows_of, strict=True))
     ]
+
+
+def _dropped(depth: int, k: int, after: int) -> tuple[int, int]:
+    """How many of a row's `depth` kept and of its `k` new values go, to keep `after`."""
+    drop = depth + k - after  # beyond `depth` when more new than kept at most
+    return min(drop, depth), max(0, drop - depth)
 
 
 def _with_errors(
