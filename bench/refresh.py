@@ -4,9 +4,10 @@ origin, from one fresh tape, as `forecast_series` does every tick.
 
 Rows as the whatif lanes hold them: a window of 360 buckets, a 30-step horizon, half the
 rows scored at a refit one bucket after the others' (their origins on the other phase of
-the spacing: two groups before fr7), one new origin a row (`--new 1`) or 2 and 1 (`--new
-2`). `--base REV` times that revision too, alternated in child processes (its keys end in
-`_base`). CPU time (process), median of `--reps` calls. Last line `RESULT rows=N ...`.
+the spacing: two groups before fr7), `--new` origins a row (1 or 2), or `--new 3`: 2 and 1
+row by row (the lanes' other ticks). `--base REV` times that revision too, alternated in
+child processes (its keys end in `_base`). CPU time (process), median of `--reps` calls.
+Last line `RESULT new=K ms_N=...` (N rows).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def inputs(n: int, new: int) -> tuple[object, ...]:
     first = NOW - STEPS * STEP
     made = score(a, first)
     # spacing 2 buckets: `2 * new` behind gives `new` origins, one more bucket another phase
-    kept = [replace(s, newest=first - (2 * new + r % 2) * STEP) for r, s in enumerate(made)]
+    behind = [4 - r % 2 if new == 3 else 2 * new + r % 2 for r in range(n)]
+    kept = [replace(s, newest=first - b * STEP) for s, b in zip(made, behind, strict=True)]
     return engine, fitted, hist, kept, usable
 
 
@@ -69,7 +71,7 @@ def measure(sizes: list[int], new: int, reps: int) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="38,200,1100", help="rows in the batch")
-    ap.add_argument("--new", type=int, default=1, help="new origins a row (1 or 2)")
+    ap.add_argument("--new", type=int, default=1, help="new origins a row (1 or 2; 3: 2 and 1)")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--base", help="also time this git revision, alternated")
     ap.add_argument("--rounds", type=int, default=2, help="rounds with --base")
