@@ -2,7 +2,8 @@
 and `_kept` of forecast/__init__.py and `_reason` of forecast/assembly.py) made them at
 79c90bb, before issue 20's fc5 kept their arrays as rows of batch arrays: the oracle of
 tests/forecast_reference.py for those parts. Copied as they were (only the imports
-changed)."""
+changed), with `arima_in_window` as it was at ed31a8e (before fr7 rolled it from
+(row, origin) pairs)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from gpuscaler.core.forecast.assembly import Batch, Model
-from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
+from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
 from gpuscaler.core.forecast.ensemble import (
     ASSESS_CHUNK,
     ASSESS_ORIGINS,
@@ -23,7 +24,6 @@ from gpuscaler.core.forecast.ensemble import (
     Assessment,
     SesTape,
     SmoothingLevels,
-    arima_in_window,
     assess,
     choose_method,
     combine,
@@ -34,6 +34,25 @@ from gpuscaler.core.forecast.ensemble import (
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
+
+
+def arima_in_window(
+    engine: LeastSquaresArima, fitted: Fitted, hist: FloatArray, origins: IntArray, steps: int
+) -> FloatArray:
+    """ARIMA rolled from every origin of every series at once: (n, origins, steps)."""
+    n, o = hist.shape[0], origins.size
+    p, d = engine.p, engine.d
+    z = np.diff(hist, n=d, axis=1) if d else hist
+    lags = z[:, (origins[:, None] - d) - np.arange(p)[None, :]].reshape(n * o, p)
+    rep = Fitted(
+        intercept=np.repeat(fitted.intercept, o),
+        phi=np.repeat(fitted.phi, o, axis=0),
+        sigma2=np.repeat(fitted.sigma2, o),
+    )
+    zmean = np.repeat(nanmean_rows(z), o)
+    last_at = hist[:, origins].reshape(-1)
+    out: FloatArray = engine.roll(rep, lags, last_at, zmean, steps).reshape(n, o, steps)
+    return out
 
 
 def score(a: Assessment, newest: float) -> list[Scored]:

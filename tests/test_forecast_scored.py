@@ -12,7 +12,7 @@ from gpuscaler.core.forecast import LeastSquaresArima, forecast_series
 from gpuscaler.core.forecast.engines import Fitted, stable_fit, within_band
 from gpuscaler.core.forecast.ensemble import ARIMA_MARGIN, MEMBERS, assess, ses_levels
 from gpuscaler.core.forecast.intervals import conformal_half_width
-from gpuscaler.core.model import FitState, Series, Signal
+from gpuscaler.core.model import FitState, Scored, Series, Signal
 
 STEP = 10.0
 POINTS = 360
@@ -199,14 +199,20 @@ def test_kept_scorings_rolled_together_equal_those_rolled_one_by_one() -> None:
     errors = rng.uniform(0, 10, (len(sub), 2, steps))
     errors[0, 1, 3] = np.nan
     peaks = rng.uniform(-5, 5, (len(sub), 2))
-    alone = [_rolled([s], errors[g : g + 1], peaks[g : g + 1], NOW)[0] for g, s in enumerate(sub)]
+
+    def rolled(rows: list[Scored], e: np.ndarray, p: np.ndarray) -> list[Scored]:
+        """`_rolled` of rows with two new origins each ((rows, 2, steps) errors)."""
+        n = len(rows)
+        return _rolled(rows, e.reshape(2 * n, steps), p.reshape(2 * n), [2] * n, [NOW] * n)
+
+    alone = [rolled([s], errors[g : g + 1], peaks[g : g + 1])[0] for g, s in enumerate(sub)]
     # one row with fewer recent origins: the rows no longer share a shape
     short = replace(sub[1], abs_recent=sub[1].abs_recent[10:], peak_recent=sub[1].peak_recent[10:])
     mixed = [sub[0], short, *sub[2:]]
-    short_alone = _rolled([short], errors[1:2], peaks[1:2], NOW)[0]
+    short_alone = rolled([short], errors[1:2], peaks[1:2])[0]
     for got_all, want_all in (
-        (_rolled(sub, errors, peaks, NOW), alone),
-        (_rolled(mixed, errors, peaks, NOW), [alone[0], short_alone, *alone[2:]]),
+        (rolled(sub, errors, peaks), alone),
+        (rolled(mixed, errors, peaks), [alone[0], short_alone, *alone[2:]]),
     ):
         for got, want in zip(got_all, want_all, strict=True):
             for name in ("abs_errors", "abs_recent", "peak_recent"):

@@ -313,12 +313,17 @@ def _refreshed(
     kept = [r for r, s in enumerate(out) if s is not None and s.method is not None]
     if not kept:
         return
-    f, rows = model.fitted, np.array(kept)
-    part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
     old = [s for s in (out[r] for r in kept) if s is not None]
-    hist, usable = b.hist[rows], model.usable[rows]
-    rows_tape = tape.rows(rows) if tape is not None else None
-    new = refresh(b.engine, part, hist, old, usable, b.now, b.cfg.fit_step, rows_tape)
+    if len(kept) == len(out):  # every row (the steady lanes): no copies of the rows
+        new = refresh(
+            b.engine, model.fitted, b.hist, old, model.usable, b.now, b.cfg.fit_step, tape
+        )
+    else:
+        f, rows = model.fitted, np.array(kept)
+        part = Fitted(f.intercept[rows], f.phi[rows], f.sigma2[rows])
+        hist, usable = b.hist[rows], model.usable[rows]
+        rows_tape = tape.rows(rows) if tape is not None else None
+        new = refresh(b.engine, part, hist, old, usable, b.now, b.cfg.fit_step, rows_tape)
     for r, sc in zip(kept, new, strict=True):
         out[r] = sc
 

@@ -14,11 +14,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
+from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
+from gpuscaler.core.forecast.tape import SesTape as SesTape
+from gpuscaler.core.forecast.tape import SmoothingLevels as SmoothingLevels
+from gpuscaler.core.forecast.tape import TapeRows as TapeRows
+from gpuscaler.core.forecast.tape import forward_fill as forward_fill
+from gpuscaler.core.forecast.tape import ses_last as ses_last
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
 ASSESS_ORIGINS = 72
@@ -30,8 +35,6 @@ WINDOW_MEAN_POINTS = 12
 """The short window mean averages the last 12 buckets (2 min at 10 s)."""
 LONG_MEAN_POINTS = 60
 """The long window mean averages the last 60 buckets (10 min at 10 s): scored only."""
-SES_ALPHAS = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0])
-"""Smoothing constants of simple exponential smoothing, searched per series."""
 FALLBACK_MARGIN = 0.25
 """The last value replaces the ensemble only when its recent error is 25 % lower: a
 smaller lead is within the noise of a few dozen overlapping origins."""
@@ -92,97 +95,6 @@ def ses_levels(hist: FloatArray) -> FloatArray:
         out[j] += scaled[j]
     levels: FloatArray = out.transpose(1, 2, 0)
     return levels
-
-
-def forward_fill(a: FloatArray) -> FloatArray:
-    """Each gap takes the last finite value before it (the first finite one at the start)."""
-    finite = np.isfinite(a)
-    idx = np.where(finite, np.arange(a.shape[1])[None, :], 0)
-    np.maximum.accumulate(idx, axis=1, out=idx)
-    out: FloatArray = a[np.arange(a.shape[0])[:, None], idx]
-    return np.where(np.isfinite(out), out, last_finite(a[:, ::-1])[:, None])
-
-
-def ses_last(hist: FloatArray) -> FloatArray:
-    """The smoothed levels at the newest point (alphas, n): `ses_levels(hist)[:, :, -1]`
-    by the same recursion, without keeping the levels at every point."""
-    filled = np.ascontiguousarray(forward_fill(hist).T)  # (t, n)
-    a = SES_ALPHAS[:, None]
-    keep = 1.0 - a
-    out = np.repeat(filled[0][None, :], a.shape[0], axis=0)
-    for j in range(1, filled.shape[0]):
-        np.multiply(out, keep, out=out)
-        out += a * filled[j][None, :]
-    return out
-
-
-class SesTape:
-    """`ses_last(hist[:, : end + 1])` for the ends a tick asks for (the origins completed
-    since the kept scorings, then the live origin), from one pass over `hist` (n, t) where
-    the ends come in increasing order (issue 20: one pass per end cost a tick two or three
-    passes of ~360 steps): the recursion carries on from the last end asked for, with the
-    same operations as `ses_last`, so each end's levels are bit for bit the same."""
-
-    def __init__(self, hist: FloatArray):
-        self.hist = hist
-        self._filled: FloatArray | None = None
-        self._scaled: FloatArray = np.empty((0, 0))
-        self._keep: FloatArray = np.empty(0)
-        self._level: FloatArray | None = None
-        self._at = -1
-        finite = np.isfinite(hist)
-        self._first = np.where(finite.any(axis=1), np.argmax(finite, axis=1), hist.shape[1])
-
-    def at(self, end: int) -> FloatArray:
-        """The levels (alphas, n) after the point at index `end`."""
-        alphas, n = SES_ALPHAS.shape[0], self.hist.shape[0]
-        if self._filled is None:
-            self._filled = np.ascontiguousarray(forward_fill(self.hist).T)  # (t, n)
-            # each point times every alpha, all at once: the products `ses_last` makes
-            # one step at a time (2 numpy calls a step instead of 3); each step's levels
-            # one flat contiguous (alphas * n) vector and the constants repeated to it, so
-            # a step's two calls do not broadcast (the same products and sums, element by
-            # element: issue 20, about half the time of (alphas, n) with (alphas, 1))
-            scaled = SES_ALPHAS[None, :, None] * self._filled[:, None, :]  # (t, A, n)
-            self._scaled = scaled.reshape(scaled.shape[0], alphas * n)
-            self._keep = np.repeat(1.0 - SES_ALPHAS, n)
-        filled, scaled, keep = self._filled, self._scaled, self._keep
-        if self._level is None or end < self._at:
-            self._level = np.tile(filled[0], alphas)
-            self._at = 0
-        out = self._level
-        multiply, add = np.multiply, np.add
-        for j in range(self._at + 1, end + 1):
-            multiply(out, keep, out=out)
-            add(out, scaled[j], out=out)
-        self._at = end
-        levels = out.reshape(alphas, n).copy()
-        # a row with no finite point up to `end`: forward filling that prefix alone has no
-        # value to fill with, so `ses_last` of it is NaN
-        levels[:, self._first > end] = np.nan
-        return levels
-
-    def rows(self, idx: IntArray) -> TapeRows:
-        """The same tape read for the rows `idx` only."""
-        return TapeRows(self, idx)
-
-
-@dataclass(frozen=True, eq=False)
-class TapeRows:
-    """Some rows of a `SesTape`."""
-
-    tape: SesTape
-    idx: IntArray
-
-    def at(self, end: int) -> FloatArray:
-        out: FloatArray = self.tape.at(end)[:, self.idx]
-        return out
-
-
-class SmoothingLevels(Protocol):
-    """The smoothing levels of some rows at any end (`SesTape`, `TapeRows`)."""
-
-    def at(self, end: int) -> FloatArray: ...
 
 
 def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[str, FloatArray]:
@@ -250,17 +162,26 @@ def arima_in_window(
 ) -> FloatArray:
     """ARIMA rolled from every origin of every series at once: (n, origins, steps)."""
     n, o = hist.shape[0], origins.size
+    rows, at = np.repeat(np.arange(n), o), np.tile(origins, n)
+    out: FloatArray = arima_at(engine, fitted, hist, rows, at, steps).reshape(n, o, steps)
+    return out
+
+
+def arima_at(
+    engine: LeastSquaresArima,
+    fitted: Fitted,
+    hist: FloatArray,
+    rows: IntArray,
+    origins: IntArray,
+    steps: int,
+) -> FloatArray:
+    """ARIMA rolled from origin `origins[i]` of row `rows[i]`, all at once: (pairs, steps)."""
     p, d = engine.p, engine.d
     z = np.diff(hist, n=d, axis=1) if d else hist
-    lags = z[:, (origins[:, None] - d) - np.arange(p)[None, :]].reshape(n * o, p)
-    rep = Fitted(
-        intercept=np.repeat(fitted.intercept, o),
-        phi=np.repeat(fitted.phi, o, axis=0),
-        sigma2=np.repeat(fitted.sigma2, o),
-    )
-    zmean = np.repeat(nanmean_rows(z), o)
-    last_at = hist[:, origins].reshape(-1)
-    out: FloatArray = engine.roll(rep, lags, last_at, zmean, steps).reshape(n, o, steps)
+    lags = z[rows[:, None], (origins[:, None] - d) - np.arange(p)[None, :]]
+    part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
+    zmean = nanmean_rows(z)[rows]
+    out: FloatArray = engine.roll(part, lags, hist[rows, origins], zmean, steps)
     return out
 
 

@@ -15,7 +15,7 @@ dropped. `clip_rows` bounds every forecast of a batch at once.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from gpuscaler.core.forecast.ensemble import (
     Assessment,
     SesTape,
     SmoothingLevels,
-    arima_in_window,
+    arima_at,
     choose_method,
     combine,
     normalized,
@@ -92,63 +92,153 @@ def refresh(
     since it was made (every ORIGIN_SPACING-th step, as `assess` spaces them), rolled with
     the kept coefficients and weights: the interval and the peak offset follow the load
     between refits at the cost of one origin per tick, not ASSESS_ORIGINS. `tape`: the
-    smoothing levels of these rows, shared with the live paths."""
+    smoothing levels of these rows, shared with the live paths.
+
+    Every row's new origins are scored together (issue 20: rows refitted at different
+    ticks have their origins on other phases of the spacing; they were one group each,
+    and one pass of the scoring per origin), as pairs of (row, origin)."""
     levels_of: SmoothingLevels = tape if tape is not None else SesTape(hist)
     steps = scored[0].abs_recent.shape[1]
+    rows, counts, newest, js = _new_origins(engine, hist.shape[1], scored, now, step, steps)
+    out = list(scored)
+    if not rows:
+        return out
+    pair_rows = np.repeat(np.array(rows), counts)
+    origins = np.array(js, dtype=np.int64)
+    ends, at = np.unique(origins, return_inverse=True)
+    levels = levels_of.many(ends)[at, :, pair_rows].T  # (alphas, pairs)
+    means = window_means(hist, ends, WINDOW_MEAN_POINTS)[pair_rows, at]
+    errors, peaks = _errors_at(
+        engine, fitted, hist, scored, usable, pair_rows, origins, levels, means
+    )
+    sub = [scored[i] for i in rows]
+    for i, rolled in zip(rows, _rolled(sub, errors, peaks, counts, newest), strict=True):
+        out[i] = rolled
+    return out
+
+
+def _new_origins(
+    engine: LeastSquaresArima,
+    t: int,
+    scored: Sequence[Scored],
+    now: float,
+    step: float,
+    steps: int,
+) -> tuple[list[int], list[int], list[float], list[int]]:
+    """The rows with in-window origins completed since their scorings' `newest`, in order;
+    how many each, each row's newest origin time, and the origins (indexes into the window
+    of `t` points) row after row. Found once for each `newest` (rows scored at one refit
+    share it)."""
     spacing = max(1, steps // ORIGIN_SPACING) * step
     last_complete = now - steps * step  # an origin whose whole horizon is observed
-    out = list(scored)
-    groups: dict[float, list[int]] = {}
+    lowest = max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS)
+    found: dict[float, tuple[list[int], float] | None] = {}
+    rows: list[int] = []
+    counts: list[int] = []
+    newest: list[float] = []
+    js: list[int] = []
     for i, s in enumerate(scored):
-        groups.setdefault(s.newest, []).append(i)
-    for newest, idx in groups.items():
-        times = newest + spacing * np.arange(1, int((last_complete - newest) / spacing + 1e-9) + 1)
-        js = hist.shape[1] - 1 - np.round((now - times) / step).astype(np.int64)
-        ok = js >= max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS)
-        if not ok.any():
-            continue
-        rows = np.array(idx)
-        part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
-        sub = [scored[i] for i in idx]
+        if s.newest not in found:
+            found[s.newest] = _origins_after(s.newest, spacing, last_complete, now, step, t, lowest)
+        new = found[s.newest]
+        if new is not None:
+            rows.append(i)
+            counts.append(len(new[0]))
+            newest.append(new[1])
+            js += new[0]
+    return rows, counts, newest, js
 
-        def levels(j: int, rows: IntArray = rows) -> FloatArray:
-            return levels_of.at(j)[:, rows]
 
-        errors, peaks = _errors_at(
-            engine, part, hist[rows], sub, usable[rows], js[ok], steps, levels
-        )
-        for i, rolled in zip(idx, _rolled(sub, errors, peaks, float(times[ok][-1])), strict=True):
-            out[i] = rolled
-    return out
+def _origins_after(
+    first: float, spacing: float, last_complete: float, now: float, step: float, t: int, lowest: int
+) -> tuple[list[int], float] | None:
+    """The origins (indexes, at or after `lowest`) every `spacing` after `first` up to
+    `last_complete`, and the newest one's time; None if there is none."""
+    times = first + spacing * np.arange(1, int((last_complete - first) / spacing + 1e-9) + 1)
+    js = t - 1 - np.round((now - times) / step).astype(np.int64)
+    ok = js >= lowest
+    if not ok.any():
+        return None
+    return js[ok].tolist(), float(times[ok][-1])
 
 
 def _rolled(
-    sub: Sequence[Scored], errors: FloatArray, peaks: FloatArray, newest: float
+    sub: Sequence[Scored],
+    errors: FloatArray,
+    peaks: FloatArray,
+    counts: Sequence[int],
+    newest: Sequence[float],
 ) -> list[Scored]:
-    """Kept scorings with the errors at the new origins appended (the oldest beyond
-    ASSESS_ORIGINS dropped), their sorted errors and peak offsets updated. Rows of one
-    shape are done at once (issue 18): the same per-row arithmetic as one at a time."""
-    if len({(x.abs_recent.shape, x.peak_recent.shape) for x in sub}) == 1:
-        # (n, steps, origins): each row's errors at a step contiguous, sorted along them
-        kept = stacked([x.abs_recent for x in sub]).swapaxes(1, 2)
-        drop = max(0, kept.shape[2] + errors.shape[1] - ASSESS_ORIGINS)
-        recent = np.concatenate([kept[:, :, drop:], errors.swapaxes(1, 2)], axis=2)
-        kept_peaks = stacked([x.peak_recent for x in sub])
-        drop = max(0, kept_peaks.shape[1] + peaks.shape[1] - ASSESS_ORIGINS)
-        peak_recent = np.concatenate([kept_peaks[:, drop:], peaks], axis=1)
-        ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
-        rows = zip(as_rows(ordered, True), as_rows(recent, True), as_rows(peak_recent), strict=True)
-        return [
-            _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest)
-            for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows, strict=True))
-        ]
-    out = []
+    """Kept scorings with the errors at their new origins appended (the oldest beyond
+    ASSESS_ORIGINS dropped), their sorted errors and peak offsets updated: `errors`
+    (pairs, steps) and `peaks` (pairs,) row after row, `counts[g]` of them for row g, whose
+    newest origin is then at `newest[g]`. Rows that hold as many errors before and after
+    are done at once whatever their counts (every row once it holds ASSESS_ORIGINS;
+    issues 18 and 20): the same per-row arithmetic as one at a time."""
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
     for g, s in enumerate(sub):
-        recent_one = np.concatenate([s.abs_recent, errors[g]])[-ASSESS_ORIGINS:]
-        peak_one = np.concatenate([s.peak_recent, peaks[g]])[-ASSESS_ORIGINS:]
-        peak = float(peak_offset(peak_one[None, :])[0])
-        out.append(_with_errors(s, np.sort(recent_one, axis=0), peak, recent_one, peak_one, newest))
+        after = min(s.peak_recent.shape[0] + counts[g], ASSESS_ORIGINS)
+        groups.setdefault((s.abs_recent.shape, s.peak_recent.shape, after), []).append(g)
+    if len(groups) == 1:
+        return _rolled_together(sub, errors, peaks, counts, newest)
+    out: list[Scored] = list(sub)
+    starts = np.cumsum([0, *counts]).tolist()
+    for idx in groups.values():
+        pairs = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in idx])
+        part = _rolled_together(
+            [sub[g] for g in idx],
+            errors[pairs],
+            peaks[pairs],
+            [counts[g] for g in idx],
+            [newest[g] for g in idx],
+        )
+        for g, rolled in zip(idx, part, strict=True):
+            out[g] = rolled
     return out
+
+
+def _rolled_together(
+    sub: Sequence[Scored],
+    errors: FloatArray,
+    peaks: FloatArray,
+    counts: Sequence[int],
+    newest: Sequence[float],
+) -> list[Scored]:
+    """`_rolled` of rows of one shape that hold as many errors after as each other."""
+    n, depth, steps = len(sub), sub[0].peak_recent.shape[0], errors.shape[1]
+    after = min(depth + counts[0], ASSESS_ORIGINS)
+    # (n, steps, origins): each row's errors at a step contiguous, sorted along them
+    kept = stacked([x.abs_recent for x in sub]).swapaxes(1, 2)
+    kept_peaks = stacked([x.peak_recent for x in sub])
+    if min(counts) == max(counts):  # the new errors (n, k, ...) as they come
+        k = counts[0]
+        old, young = _dropped(depth, k, after)
+        new, new_peaks = errors.reshape(n, k, steps), peaks.reshape(n, k)
+        recent = np.concatenate([kept[:, :, old:], new[:, young:].swapaxes(1, 2)], axis=2)
+        peak_recent = np.concatenate([kept_peaks[:, old:], new_peaks[:, young:]], axis=1)
+    else:  # the rows of each count moved together (whole rows: 1 and 2 in the lanes)
+        recent, peak_recent = np.empty((n, steps, after)), np.empty((n, after))
+        count_of, starts = np.array(counts), np.cumsum([0, *counts[:-1]])
+        for k in sorted(set(counts)):
+            rows = np.flatnonzero(count_of == k)
+            old, young = _dropped(depth, k, after)
+            pairs = starts[rows][:, None] + np.arange(young, k)[None, :]
+            recent[rows, :, : depth - old] = kept[rows, :, old:]
+            recent[rows, :, depth - old :] = errors[pairs].swapaxes(1, 2)
+            peak_recent[rows, : depth - old] = kept_peaks[rows, old:]
+            peak_recent[rows, depth - old :] = peaks[pairs]
+    ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
+    rows_of = zip(as_rows(ordered, True), as_rows(recent, True), as_rows(peak_recent), strict=True)
+    return [
+        _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest[g])
+        for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows_of, strict=True))
+    ]
+
+
+def _dropped(depth: int, k: int, after: int) -> tuple[int, int]:
+    """How many of a row's `depth` kept and of its `k` new values go, to keep `after`."""
+    drop = depth + k - after  # beyond `depth` when more new than kept at most
+    return min(drop, depth), max(0, drop - depth)
 
 
 def _with_errors(
@@ -181,35 +271,33 @@ def _errors_at(
     hist: FloatArray,
     scored: Sequence[Scored],
     usable: BoolArray,
+    rows: IntArray,
     origins: IntArray,
-    steps: int,
-    levels: Callable[[int], FloatArray],
+    levels: FloatArray,
+    means: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
-    """The chosen method's absolute errors (n, origins, steps) and peak errors (n, origins)
-    at `origins` (indexes into `hist`, whole horizon observed); `levels(j)`: the smoothing
-    levels (alphas, n) at origin j."""
-    n = hist.shape[0]
-    ensemble = np.array([s.method == "ensemble" for s in scored])
-    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored]).T, strict=True))
-    best = np.array([s.ses_best for s in scored], dtype=np.int64)
-    inv = stacked([s.ses_inv for s in scored]).T
-    arima = np.where(
-        usable[:, None, None], arima_in_window(engine, fitted, hist, origins, steps), np.nan
-    )
-    errors, peaks = np.empty((n, origins.size, steps)), np.empty((n, origins.size))
-    means = window_means(hist, origins, WINDOW_MEAN_POINTS)  # one running sum, every origin
-    for c, j in enumerate(origins.tolist()):
-        flat = smoothing_live(levels(j), best, inv)
-        flat["window_mean"] = means[:, c]
-        members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in flat.items()}
-        members["arima"] = arima[:, c, :]
-        mixed = combine(normalized(raw, members), members)
-        path = np.where(ensemble[:, None], mixed, hist[:, j][:, None])
-        actual = hist[:, j + 1 : j + 1 + steps]
-        errors[:, c] = np.abs(actual - path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            peaks[:, c] = np.nanmax(actual, axis=1) - np.nanmax(path, axis=1)
+    """The chosen method's absolute errors (pairs, steps) and peak errors (pairs,) of row
+    `rows[i]` at origin `origins[i]` (an index into `hist`, whole horizon observed), every
+    pair at once (issue 20: was one pass a group of rows and origin); `levels`: the
+    smoothing levels (alphas, pairs) and `means` the window means (pairs,) there. The
+    same per-row arithmetic: each pair's figures are those of its row and origin alone."""
+    steps = scored[0].abs_recent.shape[1]
+    ensemble = np.array([s.method == "ensemble" for s in scored])[rows]
+    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored])[rows].T, strict=True))
+    best = np.array([s.ses_best for s in scored], dtype=np.int64)[rows]
+    inv = stacked([s.ses_inv for s in scored])[rows].T
+    members = smoothing_live(levels, best, inv)
+    members["window_mean"] = means
+    members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in members.items()}
+    arima = arima_at(engine, fitted, hist, rows, origins, steps)
+    members["arima"] = np.where(usable[rows][:, None], arima, np.nan)
+    mixed = combine(normalized(raw, members), members)
+    path = np.where(ensemble[:, None], mixed, hist[rows, origins][:, None])
+    actual = hist[rows[:, None], origins[:, None] + np.arange(1, steps + 1)[None, :]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        peaks = np.nanmax(actual, axis=1) - np.nanmax(path, axis=1)
+    errors: FloatArray = np.abs(actual - path)
     return errors, peaks
 
 
