@@ -156,8 +156,9 @@ def test_states_checked_and_issued_in_batches_follow_each_state_alone(
     seed: int, rows: int, ticks: int
 ) -> None:
     """Over several ticks: a batch's states share one layout object; some are replaced by
-    copies (equal layout, another object: `reissue`), some by hand-made states with only
-    tuples, some start afresh. Each row's state equals the one-by-one check and issue."""
+    states with only tuples (`reissue`, hand-made), by copies with an equal layout in
+    another object, by ones with the batch's layout checked at another time, or start
+    afresh. Each row's state equals the one-by-one check and issue (the oracle)."""
     rng = np.random.default_rng(seed)
     steps = int(rng.integers(1, 5))
     batch: list[IntervalState | None] = [None] * rows
@@ -177,7 +178,7 @@ def test_states_checked_and_issued_in_batches_follow_each_state_alone(
         for r in range(rows):  # the ways a state comes back other than from the batch
             s = batch[r]
             assert s is not None
-            way = rng.integers(0, 6)
+            way = rng.integers(0, 7)
             if way == 0:
                 batch[r] = alone[r] = reissue(s, lower[r] + 1.0, upper[r] + 1.0)
             elif way == 1:
@@ -195,4 +196,6 @@ def test_states_checked_and_issued_in_batches_follow_each_state_alone(
                 batch[r] = made.interval_state(
                     s.level, s.checked_at, None, s.points, s.misses, layout, bounds
                 )
+            elif way == 5:  # the batch's layout object, checked at another time
+                batch[r] = alone[r] = dataclasses.replace(s, checked_at=s.checked_at - STEP)
         now += 30.0

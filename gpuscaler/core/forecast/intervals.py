@@ -19,7 +19,7 @@ import numpy as np
 
 from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.forecast.made import interval_state
-from gpuscaler.core.model import FloatArray, IntervalState, IssuedInterval
+from gpuscaler.core.model import FloatArray, IntArray, IntervalState, IssuedInterval
 
 MIN_RESIDUALS = 8
 """Fewer recent errors than this at a step: no conformal interval from them."""
@@ -44,11 +44,25 @@ def conformal_half_width(abs_resid: FloatArray, level: FloatArray) -> FloatArray
 def ranked_half_width(ordered: FloatArray, level: FloatArray) -> FloatArray:
     """`conformal_half_width` from absolute errors already sorted along the origins
     (n, origins, steps; NaN last): kept between refits, only the level moves."""
-    count = np.isfinite(ordered).sum(axis=1)  # (n, steps)
+    count = _finite_counts(ordered)  # (n, steps)
     rank = np.ceil((count + 1) * level[:, None]).astype(np.int64)
     idx = np.clip(np.minimum(rank, count) - 1, 0, None)
     out: FloatArray = np.take_along_axis(ordered, idx[:, None, :], axis=1)[:, 0, :]
     return np.where(count >= MIN_RESIDUALS, out, np.nan)
+
+
+def _finite_counts(ordered: FloatArray) -> IntArray:
+    """Finite errors of each row and step (n, steps) of errors sorted along the origins
+    (NaN last): all of them where the first and the last are finite (every value between
+    two finite ones in order is finite), counted only elsewhere (issue 20: kept errors are
+    nearly all finite; counting every one cost ~0.4 ms a tick at 100 rows)."""
+    depth = ordered.shape[1]
+    ends = np.isfinite(ordered[:, 0, :]) & np.isfinite(ordered[:, -1, :]) if depth else None
+    count = np.full((ordered.shape[0], ordered.shape[2]), depth, dtype=np.int64)
+    if ends is not None and not ends.all():
+        rows, steps = np.nonzero(~ends)
+        count[rows, steps] = np.isfinite(ordered[rows, :, steps]).sum(axis=1)
+    return count
 
 
 def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
