@@ -12,6 +12,7 @@ import pytest
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core import snapshot
+from gpuscaler.core.forecast import forecast_series
 from gpuscaler.core.model import PoolObservation, Series, Signal, WorkloadObservation
 from gpuscaler.core.snapshot import RawPool, RawWorkload, _pool, _workload
 
@@ -91,7 +92,7 @@ def test_series_of_equal_sections_in_other_objects_are_forecast_in_one_batch_in_
     shared, other = ForecastConfig(), ForecastConfig()
     assert shared == other and shared is not other
     calls: list[list[str | None]] = []
-    inner = snapshot.forecast_series
+    inner = forecast_series
 
     def counted(*args: Any, **kwargs: Any) -> list[Signal]:
         calls.append(list(kwargs["keys"]))
@@ -99,7 +100,9 @@ def test_series_of_equal_sections_in_other_objects_are_forecast_in_one_batch_in_
 
     monkeypatch.setattr(snapshot, "forecast_series", counted)
     cfgs = [shared, other, shared, ForecastConfig(horizon="2m"), other]
-    items = [(f"s{i}", s, None, cfg) for i, (s, cfg) in enumerate(zip(series, cfgs, strict=True))]
+    items: list[tuple[str, Series | None, str | None, ForecastConfig]] = [
+        (f"s{i}", s, None, cfg) for i, (s, cfg) in enumerate(zip(series, cfgs, strict=True))
+    ]
     got = snapshot._forecasts(items, 1_200.0, [(0.0, None)] * 5, None, {}, {})
     assert calls == [["s0", "s1", "s2", "s4"], ["s3"]]
     alone = [

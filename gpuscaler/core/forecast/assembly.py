@@ -214,9 +214,8 @@ def _from_scored(
         level, points, misses = (
             (state.level, state.points, state.misses) if state is not None else (nominal, 0, 0)
         )
-        why = (name, template, shares[i], sc.ses_best, dropped[r], method, sc.errors)
-        why += (nominal, level, points, misses)
-        rows.reason[r] = (_scored_reason, why)
+        why = (name, template, shares[i], sc.ses_best, dropped[r], method, sc.errors, nominal)
+        rows.reason[r] = (_scored_reason, (*why, level, points, misses))
         rows.method[r], rows.last[r] = method, lasts[i]
         rows.errors[r], rows.peak[r] = sc.errors, sc.peak
 
