@@ -285,24 +285,21 @@ def build_snapshot(
     )
 
 
-_new = object.__new__
-
-
 def _pool(
     p: RawPool, signal: Signal, stall: float | None, stall_last: float | None
 ) -> PoolObservation:
-    """`PoolObservation(...)` of `p`, made by writing its fields (issue 20: a frozen
-    dataclass' `__init__` sets each of its eleven fields by `object.__setattr__`, for every
-    pool at every tick; `tests/test_snapshot_made.py` checks it against the constructor)."""
-    out: PoolObservation = _new(PoolObservation)
-    d = out.__dict__
-    d["name"], d["utilization"], d["fragments"] = p.name, signal, p.fragments
-    d["time_slice_level"] = p.time_slice_level
-    d["stall_mean_pct"] = None if p.problem else stall
-    d["stall_last_sample_time"], d["gpu_memory_gib"] = stall_last, p.gpu_memory_gib
-    d["max_shares_held"], d["memory_used_gib"] = p.max_shares_held, p.memory_used_gib
-    d["gpus_held"] = p.gpus_held
-    return out
+    return PoolObservation(
+        name=p.name,
+        utilization=signal,
+        fragments=p.fragments,
+        time_slice_level=p.time_slice_level,
+        stall_mean_pct=None if p.problem else stall,
+        stall_last_sample_time=stall_last,
+        gpu_memory_gib=p.gpu_memory_gib,
+        max_shares_held=p.max_shares_held,
+        memory_used_gib=p.memory_used_gib,
+        gpus_held=p.gpus_held,
+    )
 
 
 def _recent_peaks(
@@ -326,10 +323,13 @@ def _recent_peaks(
 
 
 def _workload(w: RawWorkload, signal: Signal, recent_peak: float | None) -> WorkloadObservation:
-    """`WorkloadObservation(...)` of `w`, made by writing its fields (as `_pool`)."""
-    out: WorkloadObservation = _new(WorkloadObservation)
-    d = out.__dict__
-    d["key"], d["load"], d["floor"], d["replicas"] = w.key, signal, w.floor, w.replicas
-    d["max_replicas"], d["replica_gpu_share"] = w.max_replicas, w.replica_gpu_share
-    d["serving"], d["recent_peak"] = w.serving, recent_peak
-    return out
+    return WorkloadObservation(
+        key=w.key,
+        load=signal,
+        floor=w.floor,
+        replicas=w.replicas,
+        max_replicas=w.max_replicas,
+        replica_gpu_share=w.replica_gpu_share,
+        serving=w.serving,
+        recent_peak=recent_peak,
+    )
