@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -85,3 +86,58 @@ def test_pauses_in_several_threads_never_leave_the_collector_off() -> None:
     for t in threads:
         t.join()
     assert gc.isenabled()
+
+
+class Node:
+    """A tracked object that can form a cycle."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_what_a_paused_block_made_goes_to_the_oldest_generation_unscanned() -> None:
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        with gc_paused():
+            made = [Node() for _ in range(2_000)]  # over a young collection's threshold
+        after = [Node() for _ in range(10)]  # would start a collection of the 2,000
+        oldest = {id(o) for o in gc.get_objects(generation=2)}
+    finally:
+        gc.callbacks.remove(seen)
+    assert collections == []
+    assert all(id(o) in oldest for o in made) and after
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_cycles_a_paused_block_dropped_are_still_collected_by_a_full_collection() -> None:
+    with gc_paused():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        probe = weakref.ref(a)
+        del a, b
+    assert probe() is not None  # a cycle: reference counting alone does not free it
+    gc.collect()
+    assert probe() is None
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_objects_someone_else_froze_stay_frozen_after_a_paused_block() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with gc_paused():
+            made = [Node() for _ in range(10)]
+        assert gc.get_freeze_count() == frozen
+        assert made
+    finally:
+        gc.unfreeze()

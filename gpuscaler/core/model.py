@@ -92,6 +92,35 @@ class Forecast:
         )
 
 
+class Lazy:
+    """A field of a frozen dataclass made when it is first read (issue 20: the forecast's
+    reason and an interval state's pending intervals are made for every series at every
+    tick and mostly never read). A maker leaves the field out of the instance's `__dict__`
+    and puts `(make, args)` under `_lazy_<field>`; the first read stores `make(*args)` as
+    the field (an instance's own value always wins: this descriptor defines no `__set__`),
+    so every reader, `==`, `repr` and `dataclasses.replace` see the value the constructor
+    would have been given. Set on the class after the dataclass is made."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.key = name, f"_lazy_{name}"
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> object:
+        if obj is None:
+            return self
+        d = obj.__dict__
+        found = d.get(self.key)
+        if found is None:  # made by another thread meanwhile: set before the maker left
+            try:
+                return d[self.name]
+            except KeyError:
+                raise AttributeError(self.name) from None
+        make, args = found
+        value = make(*args)
+        d[self.name] = value
+        d.pop(self.key, None)
+        return value
+
+
 def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
     """Keep on each forecast whether it is finite (`Forecast.is_finite`), found for a
     batch's rows at once (issue 20: the planner and the simulator ask every forecast every
@@ -104,6 +133,9 @@ def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
             or forecast.upper.flags.writeable
         )
         object.__setattr__(forecast, "_finite", bool(ok))
+
+
+Forecast.reason = Lazy("reason")  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -265,7 +297,24 @@ class IntervalState:
     that share it); None: read from `pending`."""
     bounds: FloatArray | None = field(default=None, compare=False, repr=False)
     """The pending intervals' lower and upper bounds in order, a read-only (2, total)
-    array made with `layout` (issue 18: a batch's check reads these, not the tuples)."""
+    array made with `layout` (issue 18: a batch's check reads these, not the tuples).
+    With both, `pending` may be left to be made from them when read (`Lazy`,
+    `pending_of`): the batched check and issue read only these two."""
+
+
+def pending_of(
+    layout: tuple[tuple[float, float, int], ...], bounds: FloatArray
+) -> tuple[IssuedInterval, ...]:
+    """The pending intervals `layout` and `bounds` describe, in order: each interval's
+    bounds are its columns of `bounds` (the floats it was issued with)."""
+    made, at = [], 0
+    for origin, step, size in layout:
+        made += IssuedInterval.many(origin, step, bounds[None, :, at : at + size], [0])
+        at += size
+    return tuple(made)
+
+
+IntervalState.pending = Lazy("pending")  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

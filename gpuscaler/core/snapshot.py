@@ -200,13 +200,22 @@ def _forecasts(
     """Forecast every series (each clipped to its `clips`), batching those that share a
     forecast config (issue 20: pools and workloads together, one batch's fixed cost)."""
     out: list[Signal | None] = [None] * len(items)
-    groups: dict[ForecastConfig, list[int]] = {}
+    same: dict[int, list[int]] = {}  # by the section's identity: one hash a section object
+    cfgs: dict[int, ForecastConfig] = {}
     for i, (_, series, problem, cfg) in enumerate(items):
         if problem is None:
-            groups.setdefault(cfg, []).append(i)
+            rows = same.get(id(cfg))
+            if rows is None:
+                same[id(cfg)] = rows = []
+                cfgs[id(cfg)] = cfg
+            rows.append(i)
         else:
             out[i] = Signal(series.last_sample_time() if series else None, None, problem)
+    groups: dict[ForecastConfig, list[int]] = {}
+    for ident, rows in same.items():
+        groups.setdefault(cfgs[ident], []).extend(rows)
     for cfg, idx in groups.items():
+        idx.sort()  # equal sections in several objects: their rows in order, as one batch
         engine = engines.get(cfg) if engines is not None else None
         signals = forecast_series(
             [items[i][1] for i in idx],

@@ -13,7 +13,8 @@ import numpy as np
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast.engines import Fitted, ForecastEngine, PathBatch, last_finite
 from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, MEMBERS, SES_ALPHAS, SesTape
-from gpuscaler.core.forecast.intervals import coverage_note, naive_half_width
+from gpuscaler.core.forecast.intervals import coverage_text, naive_half_width
+from gpuscaler.core.forecast.made import Reason
 from gpuscaler.core.forecast.made import forecast as made_forecast
 from gpuscaler.core.forecast.scored import clip_rows, half_widths, live_paths
 from gpuscaler.core.model import (
@@ -23,7 +24,6 @@ from gpuscaler.core.model import (
     Forecast,
     IntervalState,
     Scored,
-    mark_finite,
 )
 
 
@@ -62,7 +62,8 @@ class _Rows:
     mean: FloatArray
     half: FloatArray
     method: list[str]
-    reason: list[str]
+    reason: list[str | Reason]
+    """Each row's reason, or how to make it when read (`made.forecast`)."""
     last: list[float]
     errors: list[Mapping[str, float]]
     peak: list[float]
@@ -103,24 +104,25 @@ def assembled(
     finite &= np.isfinite(lower).all(axis=1) & np.isfinite(upper).all(axis=1)
     for block in (mean, lower, upper):
         block.flags.writeable = False  # each forecast's rows: what was found stays true
+    ok: list[bool] = finite.tolist()
+    now, step, level = b.now, b.cfg.fit_step, b.cfg.interval_level
     forecasts = [
         made_forecast(
-            b.now,
-            b.cfg.fit_step,
+            now,
+            step,
             mean[r],
             lower[r],
             upper[r],
-            b.cfg.interval_level,
+            level,
             rows.method[r],
             rows.reason[r],
             rows.last[r],
             rows.errors[r] or {},
             offsets[r],
+            ok[r],
         )
         for r in range(n)
     ]
-    ok: list[bool] = finite.tolist()
-    mark_finite(forecasts, ok)
     return forecasts, ok
 
 
@@ -200,26 +202,42 @@ def _from_scored(
     fallback = [r for r, s in zip(chosen, short, strict=True) if s]
     if fallback:
         rows.half[fallback] = _fallback_halves(b, model, fallback)
-    # the members' weights formatted by one template a batch (issue 20: was a dict, a
-    # generator and a join a row; '%.2f' writes a float as f"{x:.2f}" does)
-    template = _weights_template(b.engine.name)
+    # the reasons are made when read (issue 20: most never are); the members' weights
+    # formatted by one template a batch ('%.2f' writes a float as f"{x:.2f}" does)
+    name, template = b.engine.name, _weights_template(b.engine.name)
     shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
+    dropped = model.dropped
     for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
-        assert sc.method is not None
-        rows.reason[r] = (
-            _reason(
-                b.engine.name,
-                template % tuple(shares[i]),
-                SES_ALPHAS[sc.ses_best],
-                model.dropped[r],
-                sc.method,
-                sc.errors,
-            )
-            + "; "
-            + coverage_note(adaptive[r], nominal)
+        method = sc.method
+        assert method is not None
+        state = adaptive[r]
+        level, points, misses = (
+            (state.level, state.points, state.misses) if state is not None else (nominal, 0, 0)
         )
-        rows.method[r], rows.last[r] = sc.method, lasts[i]
+        why = (name, template, shares[i], sc.ses_best, dropped[r], method, sc.errors, nominal)
+        rows.reason[r] = (_scored_reason, (*why, level, points, misses))
+        rows.method[r], rows.last[r] = method, lasts[i]
         rows.errors[r], rows.peak[r] = sc.errors, sc.peak
+
+
+def _scored_reason(
+    name: str,
+    template: str,
+    shares: list[float],
+    ses_best: int,
+    dropped_why: str | None,
+    method: str,
+    errors: Mapping[str, float],
+    nominal: float,
+    level: float,
+    points: int,
+    misses: int,
+) -> str:
+    """A scored row's reason: the members' weights and scores, then how its interval's
+    adaptive level stands (`coverage_text`)."""
+    weights = template % tuple(shares)
+    why = _reason(name, weights, SES_ALPHAS[ses_best], dropped_why, method, errors)
+    return why + "; " + coverage_text(nominal, level, points, misses)
 
 
 def _fallback_halves(b: Batch, model: Model, rows: list[int]) -> FloatArray:

@@ -8,7 +8,7 @@ constructor makes (`tests/test_forecast_made.py` checks every field against
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gpuscaler.core.model import (
     FitState,
@@ -17,7 +17,11 @@ from gpuscaler.core.model import (
     IntervalState,
     IssuedInterval,
     Scored,
+    pending_of,
 )
+
+Reason = tuple[Callable[..., str], tuple[object, ...]]
+"""A reason to be made when first read: `make(*args)`."""
 
 _new = object.__new__
 
@@ -25,16 +29,22 @@ _new = object.__new__
 def interval_state(
     level: float,
     checked_at: float,
-    pending: tuple[IssuedInterval, ...],
+    pending: tuple[IssuedInterval, ...] | None,
     points: int,
     misses: int,
     layout: tuple[tuple[float, float, int], ...] | None,
     bounds: FloatArray | None,
 ) -> IntervalState:
-    """`IntervalState(level, checked_at, pending, points, misses, layout, bounds)`."""
+    """`IntervalState(level, checked_at, pending, points, misses, layout, bounds)`;
+    `pending` None: made from `layout` and `bounds` when first read (`pending_of`)."""
     out: IntervalState = _new(IntervalState)
     d = out.__dict__
-    d["level"], d["checked_at"], d["pending"] = level, checked_at, pending
+    d["level"], d["checked_at"] = level, checked_at
+    if pending is None:
+        assert layout is not None and bounds is not None
+        d["_lazy_pending"] = (pending_of, (layout, bounds))
+    else:
+        d["pending"] = pending
     d["points"], d["misses"], d["layout"], d["bounds"] = points, misses, layout, bounds
     return out
 
@@ -86,16 +96,25 @@ def forecast(
     upper: FloatArray,
     level: float,
     method: str,
-    reason: str,
+    reason: str | Reason,
     last_value: float,
     errors: Mapping[str, float],
     peak_error: float,
+    finite: bool | None = None,
 ) -> Forecast:
     """`Forecast(origin, step, mean, lower, upper, level, method, reason, last_value,
-    errors, peak_error)`."""
+    errors, peak_error)`; a `reason` given as `(make, args)` is made when first read
+    (`model.Lazy`). `finite`: `Forecast.is_finite` as found for its batch (`mark_finite`;
+    its arrays must be read-only)."""
     out: Forecast = _new(Forecast)
     d = out.__dict__
     d["origin"], d["step"], d["mean"], d["lower"], d["upper"] = origin, step, mean, lower, upper
-    d["level"], d["method"], d["reason"], d["last_value"] = level, method, reason, last_value
-    d["errors"], d["peak_error"] = errors, peak_error
+    d["level"], d["method"] = level, method
+    if isinstance(reason, str):
+        d["reason"] = reason
+    else:
+        d["_lazy_reason"] = reason
+    d["last_value"], d["errors"], d["peak_error"] = last_value, errors, peak_error
+    if finite is not None:
+        d["_finite"] = finite
     return out
