@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 from gpuscaler.core.pairwise import padded_sums
 
@@ -311,7 +311,7 @@ def _assess_rows(
     extra = (predictive - reactive).sum(axis=1)
     flat = reactive + (extra / n)[:, None]
     base = level + (upper - mean)
-    levelled = np.maximum(reactive, base + _bisect_rows(reactive, base, extra)[:, None])
+    levelled = np.maximum(reactive, base + bisect_rows(reactive, base, extra)[:, None])
     short_f, short_l = _shortfalls(need, flat), _shortfalls(need, levelled)
     short_p = _shortfalls(need, predictive)
     out = []
@@ -373,56 +373,3 @@ _LEVEL_FLOATS = 524_288
 """Floats of the zero-padded level rows summed at once (4 MB: in the L3 cache; measured
 on 100 rows x 126 origins x 250 records: 1 MB 3.5-4.3 ms a tick, 2 MB 2.4-3.0, 4 MB
 2.4-2.5, 8 MB 2.5-3.8; fewer passes cost less than the L2 they missed)."""
-
-
-def _bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> FloatArray:
-    """`_bisect_excess` of each row: every row's 40 steps taken together, each answered
-    as `_cheap_excess` answers it (the same float operations, over rows) and, for the rows
-    where it cannot, from the row's sum as `_exact_excess` takes it."""
-    total = reactive.sum(axis=1)
-    lo, hi = -np.max(base - reactive, axis=1) - 1.0, extra + 1.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        cheap = _cheap_rows(reactive, base, total, extra)
-        for _ in range(40):
-            c = (lo + hi) / 2
-            answer, sure = cheap(c)
-            unsure = np.flatnonzero(~sure)
-            if unsure.size:
-                sums = np.maximum(reactive[unsure], base[unsure] + c[unsure, None]).sum(axis=1)
-                answer[unsure] = sums - total[unsure] > extra[unsure]
-            hi = np.where(answer, c, hi)
-            lo = np.where(answer, lo, c)
-    found: FloatArray = lo
-    return found
-
-
-def _cheap_rows(
-    reactive: FloatArray, base: FloatArray, total: FloatArray, extra: FloatArray
-) -> Callable[[FloatArray], tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]]:
-    """`_cheap_excess` of each row: for a c per row, (the answer, whether it is sure)."""
-    rows, n = reactive.shape
-    finite = np.isfinite(reactive).all(axis=1) & np.isfinite(base).all(axis=1)
-    finite &= np.isfinite(extra)
-    d = reactive - base
-    order = np.argsort(d, axis=1, kind="stable")
-    ds = np.take_along_axis(d, order, axis=1)
-    zero = np.zeros((rows, 1))
-    base_below = np.concatenate((zero, np.cumsum(np.take_along_axis(base, order, 1), 1)), 1)
-    sorted_r = np.take_along_axis(reactive, order, axis=1)
-    reactive_above = np.concatenate((np.cumsum(sorted_r[:, ::-1], 1)[:, ::-1], zero), 1)
-    scale = np.abs(reactive).sum(axis=1) + np.abs(base).sum(axis=1) + np.abs(total)
-    scale = scale + np.abs(extra) + 1.0
-    tol = 16 * (n + 4) * np.finfo(np.float64).eps
-    below_all = ds[:, 0] - tol * (np.maximum(np.abs(ds[:, 0]), np.abs(ds[:, -1])) + 1.0)
-    at = np.arange(rows)
-    negative = extra < 0.0
-
-    def over(c: FloatArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        k = (ds < c[:, None]).sum(axis=1)
-        below = c < below_all
-        excess = base_below[at, k] + k * c + reactive_above[at, k] - total
-        clear = np.abs(excess - extra) > tol * (scale + n * np.abs(c))
-        answer = np.where(below, negative, excess > extra)
-        return answer, finite & (below | clear)
-
-    return over
