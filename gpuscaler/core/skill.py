@@ -341,33 +341,39 @@ def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> Floa
 def _window_means_rows(
     v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
 ) -> FloatArray:
-    """`_window_means` of each row of `v`: each row's windows zero-padded to its full
-    length and summed along it, as one row alone is (a few rows at a time, so that the
-    padded rows stay in the cache); from the windows' values only (pairwise.padded_sums:
-    the same sums) when there are enough rows and every value is finite."""
+    """`_window_means` of each row of `v`: the sums of each row's windows zero-padded to
+    its full length, as one row alone is summed; taken from the windows' values only
+    (pairwise.padded_sums: the same sums) for the rows whose values are all finite."""
     lengths = stop - start
     rows = np.repeat(np.arange(start.size), lengths)
     firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
     cols = order[np.arange(rows.size) + firsts]
-    if len(v) >= _PAIRWISE_ROWS and np.isfinite(v).all():
-        found: FloatArray = padded_sums(v, rows, cols, start.size) / lengths
-        return found
-    step = max(1, _LEVEL_FLOATS // (start.size * v.shape[1]))
-    filled = np.zeros((min(step, len(v)), start.size, v.shape[1]))
-    sums = np.empty((len(v), start.size))
-    for first in range(0, len(v), step):
-        part = v[first : first + step]
-        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
-        sums[first : first + step] = filled[: len(part)].sum(axis=2)
+    finite = np.isfinite(v).all(axis=1)
+    if finite.all():
+        sums = padded_sums(v, rows, cols, start.size)
+    else:
+        sums = np.empty((len(v), start.size))
+        some, others = np.flatnonzero(finite), np.flatnonzero(~finite)
+        if some.size:
+            sums[some] = padded_sums(v[some], rows, cols, start.size)
+        sums[others] = _padded_sums(v[others], rows, cols, start.size)
     means: FloatArray = sums / lengths
     return means
 
 
-_PAIRWISE_ROWS = 20
-"""From this many rows the level's sums are taken from the windows' values only (measured
-at 126 windows of 11 in rows of 250: 16 rows 0.43 ms either way, 24 rows 0.44 against
-0.56, 100 rows 0.8-1.3 against 2.4-3.0). Not finite values: NaN's bits may differ from the
-padded sum's, so those rows are summed padded."""
+def _padded_sums(v: FloatArray, rows: IntArray, cols: IntArray, count: int) -> FloatArray:
+    """numpy's sums of the zero-padded rows themselves (for values not finite: NaN's
+    bits may differ from `padded_sums`'), a few rows at a time, so that the padded rows
+    stay in the cache."""
+    step = max(1, _LEVEL_FLOATS // (count * v.shape[1]))
+    filled = np.zeros((min(step, len(v)), count, v.shape[1]))
+    sums = np.empty((len(v), count))
+    for first in range(0, len(v), step):
+        part = v[first : first + step]
+        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
+        sums[first : first + step] = filled[: len(part)].sum(axis=2)
+    return sums
+
 
 _LEVEL_FLOATS = 524_288
 """Floats of the zero-padded level rows summed at once (4 MB: in the L3 cache; measured
