@@ -79,16 +79,22 @@ def padded_sums(v: FloatArray, windows: IntArray, places: IntArray, count: int) 
     )
     by_place = np.zeros((n + 1, rows))  # place n: the zero of a missing value
     by_place[:n] = v.T
-    r = by_place[lanes[0]]
-    for more in lanes[1:]:
-        r += by_place[more]
+    r = _lanes(by_place, lanes)
     summed = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
     for tail in tails:
-        summed += by_place[tail]
+        summed += np.take(by_place, tail, axis=0)
     sums = np.zeros((count * len(blocks), rows))
     sums[pairs] = summed
     total, _ = _joined(sums.reshape(count, len(blocks), rows), n)
     found: FloatArray = np.ascontiguousarray((0.0 + total).T)
+    return found
+
+
+def _lanes(by_place: FloatArray, places: IntArray) -> FloatArray:
+    """The lanes' sums (8, pairs, rows): each lane's values at each rank, in order."""
+    found: FloatArray = np.take(by_place, places[0], axis=0)
+    for more in places[1:]:
+        found += np.take(by_place, more, axis=0)
     return found
 
 
@@ -126,7 +132,7 @@ def _layout(n: int, windows: IntArray, places: IntArray) -> tuple[IntArray, IntA
     tails = np.full((int(tail_ranks.max(initial=-1)) + 1, pairs.size), n, dtype=np.intp)
     tails[tail_ranks, slot[rest]] = place[rest]
     # lanes[k] as (8, pairs): a lane's places at one rank, lane-major
-    by_lane = lanes.reshape(-1, pairs.size, 8).transpose(0, 2, 1)
+    by_lane = np.ascontiguousarray(lanes.reshape(-1, pairs.size, 8).transpose(0, 2, 1))
     if not len(by_lane):  # blocks under 8 values: no lanes, all one by one
         by_lane = np.full((1, 8, pairs.size), n, dtype=np.intp)
     return by_lane, tails, pairs
