@@ -7,7 +7,11 @@ The lockstep of bench/lockstep.py's workloads runs `--hours` on this tree at eac
 child processes time `_assess_rows` and the bisection alone on them (CPU, best and median
 of `--repeat` passes), with the base revision unpacked first on PYTHONPATH and with this
 tree, alternated `--rounds` times; each child prints a digest of the skills and the
-bisection's c, which must agree. Last line: `RESULT lanes=... assess_ms_N=...
+bisection's c, which must agree. The children keep freed memory (glibc's
+MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ raised; `--fresh-pages` leaves them):
+passes of the same call would otherwise map and fault fresh pages for their large
+temporaries at every pass, which a whole run's heap mostly reuses (a 19-lane lockstep of
+3 h: 12,600 page faults in 8.3 CPU-s). Last line: `RESULT lanes=... assess_ms_N=...
 assess_ms_N_base=... bisect_ms_N=... bisect_ms_N_base=... same=1`, per tick.
 
     python bench/skill.py --sizes 19,100 --hours 3 --base ed31a8e --rounds 3
@@ -30,6 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from revision import ROOT, unpack
+
+KEEP_MEMORY = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 Args = tuple[Any, float, float, float, int, float]
 
@@ -61,7 +67,7 @@ def capture(lanes: int, hours: float, ticks: int) -> list[Args]:
         ]
         lockstep_runs(preps)
     finally:
-        skill._assess_rows = inner  # type: ignore[assignment]
+        skill._assess_rows = inner
     return kept
 
 
@@ -95,7 +101,7 @@ def child(path: str, repeat: int) -> None:
     """Time this interpreter's gpuscaler on the pickled arguments; print a RESULT line."""
     from gpuscaler.core import skill
 
-    bisect = getattr(skill, "_bisect_rows", None)
+    bisect: Any = getattr(skill, "_bisect_rows", None)  # the base's
     if bisect is None:
         from gpuscaler.core.at_cost import bisect_rows as bisect
     calls: list[Args] = pickle.loads(Path(path).read_bytes())
@@ -128,12 +134,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20, help="timed passes a child")
     ap.add_argument("--base", default="ed31a8e", help="the revision timed against the tree")
     ap.add_argument("--rounds", type=int, default=3, help="base/tree alternations")
+    ap.add_argument("--fresh-pages", action="store_true", help="leave glibc's trimming on")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.repeat)
         return
     out, same = [f"hours={args.hours:g}"], True
+    keep = {} if args.fresh_pages else dict.fromkeys(KEEP_MEMORY, str(2**28))
     with tempfile.TemporaryDirectory() as tmp:
         unpack(args.base, tmp)
         for lanes in (int(s) for s in args.sizes.split(",")):
@@ -150,7 +158,7 @@ def main() -> None:
                         "--repeat",
                         str(args.repeat),
                     ]
-                    env = {**os.environ, "PYTHONPATH": path}
+                    env = {**os.environ, "PYTHONPATH": path, **keep}
                     line = (
                         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
                         .stdout.strip()

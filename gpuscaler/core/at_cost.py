@@ -46,7 +46,8 @@ def bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> Fl
     """The bisection's c of each row of (reactive, base) and its `extra`, as every step
     taken with the rows' sums gives it."""
     total = reactive.sum(axis=1)
-    lo, hi = -np.max(base - reactive, axis=1) - 1.0, extra + 1.0
+    lo: FloatArray = -np.max(base - reactive, axis=1) - 1.0
+    hi: FloatArray = extra + 1.0
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         a, b, regular = _band(reactive, base, total, extra)
         if regular.all():
