@@ -7,13 +7,15 @@ F is monotone in c: each max is, numpy's sum (one fixed order of additions, each
 monotonically) is. Its real counterpart g(c) = sum(max(0, c - d)), d = reactive - base,
 is convex and piecewise linear, and its root, where g = extra, is found once from the
 sorted breakpoints d (a segment by counting, one linear solve). Away from the root, F's
-answer is g's: the float sums differ from g by less than `MARGIN` (n + 4) eps (the sums'
-sizes) (every order of n additions errs by at most (n - 1) eps of the sum of magnitudes,
-and so do the sorted breakpoints' prefix sums). So each step is answered by comparing
-its c with the edges of the band [a, b] around the root where g is within that margin of
-`extra`, and only the steps whose c falls inside the band (the last few) take F's sums.
-Below the lowest breakpoint by the old test's own tolerance (`below_all`) the answer is
-`extra < 0`, as the step-by-step test always answered there.
+answer is g's: F's float sums and the breakpoints' prefix sums each differ from g by at
+most about (n + 1) eps/2 of the sums' sizes (any order of n additions errs by at most
+(n - 1) units of rounding of the sum of magnitudes), well within `MARGIN` (n + 4) eps
+of them. So each step is answered by comparing its c with the edges of the band [a, b]
+around the root where g is within that margin of `extra`, and only the steps whose c
+falls inside the band (the last few) take F's sums. The step-by-step test this replaces
+answered from breakpoints and prefix sums where it was sure (beyond 16 (n + 4) eps of
+the sizes) and from F elsewhere: F's answer either way, as here. Below the lowest
+breakpoint by that test's own tolerance (`below_all`) it answered `extra < 0`, as here.
 
 Rows with a value that is not finite, or sums so large that their doubles could
 overflow, take the steps as they were taken before (`stepped`): breakpoints and prefix
@@ -33,9 +35,10 @@ STEPS = 40
 """The bisection's steps."""
 
 MARGIN = 8.0
-"""The band's half-width in multiples of (n + 4) eps times the sums' sizes: four times
-what F's float sums, the breakpoints' prefix sums and the root's solve can err by
-together (about 2 (n + 4) eps of the same sizes)."""
+"""The band's half-width in multiples of (n + 4) eps times the sums' sizes: about four
+times what F's float sums, the breakpoints' prefix sums and the root's solve can err by
+together (about 2 (n + 4) eps of the same sizes; the generated tests find answers that
+differ at 0.01, none at 0.1)."""
 
 EPS = float(np.finfo(np.float64).eps)
 
