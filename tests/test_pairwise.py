@@ -91,6 +91,17 @@ def test_generated_windows_sum_as_numpy_sums_the_padded_rows(
     assert got.tobytes() == want.tobytes()
 
 
+def means_are_each_rows_own(
+    v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
+) -> None:
+    """The level over rows: each row's means are the ones `_window_means` takes of it
+    alone, to the last bit."""
+    with np.errstate(invalid="ignore"):
+        got = skill._window_means_rows(v, order, start, stop)
+        for row, means in zip(v, got, strict=True):
+            assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()
+
+
 def test_the_blocks_are_numpys_pairwise_halves() -> None:
     assert _blocks(128) == [(0, 128)]
     assert _blocks(129) == [(0, 64), (64, 65)]
@@ -122,11 +133,8 @@ def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     spoilt = v.copy()
     spoilt[::3, 7:40:3], spoilt[::3, 8:40:5] = np.nan, -np.nan  # NaNs of both signs meet
     spoilt[1::3, 60] = -np.inf
-    for values_ in (v, spoilt):
-        got = skill._window_means_rows(values_, order, start, stop)
-        for row, means in zip(values_, got, strict=True):
-            want = skill._window_means(row, order, start, stop)
-            assert means.tobytes() == want.tobytes()
+    means_are_each_rows_own(v, order, start, stop)
+    means_are_each_rows_own(spoilt, order, start, stop)
     assert used == [rows] + ([len(range(2, rows, 3))] if rows > 2 else [])
 
 
@@ -138,17 +146,10 @@ def test_rows_not_finite_are_summed_padded_in_any_chunks_to_the_last_bit(
     (`_LEVEL_FLOATS`): whatever the chunk, each row's means are its own alone."""
     monkeypatch.setattr(skill, "_LEVEL_FLOATS", floats)
     rng = np.random.default_rng(floats)
-    v = rng.normal(size=(11, 250)) * 100.0
-    v[:, 3] = np.nan
-    v[2, 17], v[4, 100], v[5, 101] = -0.0, np.inf, -np.inf
-    v[6] = np.round(v[6])  # ties
-    v[7, 150:160] = np.nan * -1.0
-    order = rng.permutation(250)
+    v = values(rng, 11, 250, "ties")
+    v[:, 3], v[4, 100], v[5, 101], v[7, 150:160] = np.nan, np.inf, -np.inf, -np.nan
     start = np.sort(rng.integers(0, 240, 40))
-    stop = start + rng.integers(1, 11, 40)
-    got = skill._window_means_rows(v, order, start, stop)
-    for row, means in zip(v, got, strict=True):
-        assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()
+    means_are_each_rows_own(v, rng.permutation(250), start, start + rng.integers(1, 11, 40))
 
 
 def test_a_window_set_seen_before_reuses_its_layout_and_sums_the_same() -> None:
@@ -176,7 +177,4 @@ def test_rows_with_nans_of_both_signs_and_infinities_keep_the_padded_sums_nans()
     for row in v[1:]:  # the first row finite: taken from its windows' values
         k = rng.integers(0, 250, 6)
         row[k[:2]], row[k[2:4]], row[k[4]], row[k[5]] = np.nan, -np.nan, np.inf, -np.inf
-    with np.errstate(invalid="ignore"):
-        got = skill._window_means_rows(v, order, start, stop)
-        for row, means in zip(v, got, strict=True):
-            assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()
+    means_are_each_rows_own(v, order, start, stop)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.core import at_cost
 from gpuscaler.core.at_cost import bisect_rows
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, IntArray
 
 Case = tuple[FloatArray, FloatArray, FloatArray]
 
@@ -158,12 +158,19 @@ def test_the_rows_sums_are_taken_only_in_the_band_in_the_last_steps(
 ) -> None:
     """Rows like a steady tick's (126 origins): the sums in a few of the 40 steps, and
     no step at all for a row with a negative extra."""
-    taken: list[int] = []
+    taken: list[IntArray] = []
     summed_over = at_cost.summed_over
 
-    def spy(*args: FloatArray) -> object:
-        taken.append(len(args[-1]))
-        return summed_over(*args)
+    def spy(
+        reactive: FloatArray,
+        base: FloatArray,
+        total: FloatArray,
+        extra: FloatArray,
+        c: FloatArray,
+        rows: IntArray,
+    ) -> at_cost.Bools:
+        taken.append(rows.copy())
+        return summed_over(reactive, base, total, extra, c, rows)
 
     reactive, base, extra = rows_of(np.random.default_rng(3), 19, 126, "normal")
     extra[0] = -1.0
@@ -172,7 +179,8 @@ def test_the_rows_sums_are_taken_only_in_the_band_in_the_last_steps(
     got = bisect_rows(reactive, base, extra)
     assert same_bits(got, want)
     assert 0 < len(taken) <= 15
-    assert sum(taken) <= 19 * 10
+    assert sum(len(rows) for rows in taken) <= 19 * 10
+    assert all(0 not in rows for rows in taken)  # the row with a negative extra
 
 
 def test_irregular_rows_take_the_old_steps_and_regular_rows_do_not(
