@@ -275,10 +275,11 @@ def assess_many(
     return out
 
 
-_MIN_ROWS = 12
-"""Fewer histories than this in a group are assessed one by one: each numpy step over
-rows costs several times a step of one row (measured: 8 rows about even, 16 rows 1.5x
-faster together, 1 row 3x slower)."""
+_MIN_ROWS = 4
+"""Fewer histories than this in a group are assessed one by one: a numpy step over rows
+costs more than a step of one row (measured on a steady 19-lane tick's records, 250 a
+history, load 7: one by one against rows, 2 histories 0.70 / 0.80 ms, 4: 1.25 / 1.11,
+6: 2.60 / 0.99, 12: 4.37 / 1.24; it was 12 while the bisection took ~25 calls a step)."""
 
 
 def _assess_rows(
