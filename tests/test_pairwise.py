@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscaler.core import skill
+from gpuscaler.core import pairwise, skill
 from gpuscaler.core.model import FloatArray, IntArray
 from gpuscaler.core.pairwise import _blocks, padded_sums
 
@@ -91,6 +91,17 @@ def test_generated_windows_sum_as_numpy_sums_the_padded_rows(
     assert got.tobytes() == want.tobytes()
 
 
+def means_are_each_rows_own(
+    v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
+) -> None:
+    """The level over rows: each row's means are the ones `_window_means` takes of it
+    alone, to the last bit."""
+    with np.errstate(invalid="ignore"):
+        got = skill._window_means_rows(v, order, start, stop)
+        for row, means in zip(v, got, strict=True):
+            assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()
+
+
 def test_the_blocks_are_numpys_pairwise_halves() -> None:
     assert _blocks(128) == [(0, 128)]
     assert _blocks(129) == [(0, 64), (64, 65)]
@@ -98,13 +109,15 @@ def test_the_blocks_are_numpys_pairwise_halves() -> None:
     assert sum(size for _, size in _blocks(1000)) == 1000
 
 
-@pytest.mark.parametrize("rows", [skill._PAIRWISE_ROWS - 1, skill._PAIRWISE_ROWS, 40])
+@pytest.mark.parametrize("rows", [1, 12, 19, 40])
 def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The skill's level takes the windows' values only from `_PAIRWISE_ROWS` rows and
-    finite values: each row's means are the ones `_window_means` takes of it alone; a
-    NaN sends them all to the padded sums, whose NaN they are."""
+    """The skill's level takes the windows' values only for the rows whose values are
+    all finite, at any number of rows: each row's means are the ones `_window_means`
+    takes of it alone; a row with a NaN or an inf is summed padded, and its NaN is the
+    padded sum's (NaNs of both signs in a window can sum to another NaN from the
+    windows' values only)."""
     used: list[int] = []
 
     def spy(v: FloatArray, windows: IntArray, places: IntArray, count: int) -> FloatArray:
@@ -117,9 +130,51 @@ def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     order = np.arange(250)
     start = np.arange(0, 240, 2)
     stop = start + rng.integers(1, 11, start.size)
-    for values_ in (v, np.where(np.arange(250) == 7, np.nan, v)):
-        got = skill._window_means_rows(values_, order, start, stop)
-        for row, means in zip(values_, got, strict=True):
-            want = skill._window_means(row, order, start, stop)
-            assert means.tobytes() == want.tobytes()
-    assert used == ([rows] if rows >= skill._PAIRWISE_ROWS else [])
+    spoilt = v.copy()
+    spoilt[::3, 7:40:3], spoilt[::3, 8:40:5] = np.nan, -np.nan  # NaNs of both signs meet
+    spoilt[1::3, 60] = -np.inf
+    means_are_each_rows_own(v, order, start, stop)
+    means_are_each_rows_own(spoilt, order, start, stop)
+    assert used == [rows] + ([len(range(2, rows, 3))] if rows > 2 else [])
+
+
+@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, skill._LEVEL_FLOATS])
+def test_rows_not_finite_are_summed_padded_in_any_chunks_to_the_last_bit(
+    floats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zero-padded sums of the rows that are not finite, a few rows at a time
+    (`_LEVEL_FLOATS`): whatever the chunk, each row's means are its own alone."""
+    monkeypatch.setattr(skill, "_LEVEL_FLOATS", floats)
+    rng = np.random.default_rng(floats)
+    v = values(rng, 11, 250, "ties")
+    v[:, 3], v[4, 100], v[5, 101], v[7, 150:160] = np.nan, np.inf, -np.inf, -np.nan
+    start = np.sort(rng.integers(0, 240, 40))
+    means_are_each_rows_own(v, rng.permutation(250), start, start + rng.integers(1, 11, 40))
+
+
+def test_a_window_set_seen_before_reuses_its_layout_and_sums_the_same() -> None:
+    """The layout of a window set is kept (the same windows tick after tick): the sums
+    taken with the kept layout are numpy's, for new values."""
+    rng = np.random.default_rng(9)
+    windows, places = case(rng, 250, 3, 20, runs=True)
+    pairwise._kept_layout.cache_clear()
+    for _ in range(3):
+        v = values(rng, 3, 250, "normal")
+        want = padded(v, windows, places, 20)
+        assert padded_sums(v, windows, places, 20).tobytes() == want.tobytes()
+    info = pairwise._kept_layout.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+
+
+def test_rows_with_nans_of_both_signs_and_infinities_keep_the_padded_sums_nans() -> None:
+    """From the windows' values only, NaNs of both signs and inf - inf can sum to
+    another NaN than numpy's padded sum (3 of these 40 rows would): such rows are
+    summed padded, each row's means its own alone to the last bit."""
+    rng = np.random.default_rng(0)
+    order, start = np.arange(250), np.arange(0, 200, 5)
+    stop = start + 25
+    v = rng.normal(size=(40, 250))
+    for row in v[1:]:  # the first row finite: taken from its windows' values
+        k = rng.integers(0, 250, 6)
+        row[k[:2]], row[k[2:4]], row[k[4]], row[k[5]] = np.nan, -np.nan, np.inf, -np.inf
+    means_are_each_rows_own(v, order, start, stop)

@@ -18,6 +18,8 @@ same to the last bit, for the cost of the window's values instead of the row's l
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from gpuscaler.core.model import FloatArray, IntArray
@@ -67,9 +69,50 @@ def padded_sums(v: FloatArray, windows: IntArray, places: IntArray, count: int) 
     """For each row of `v` (rows, n) and each of `count` windows: the sum numpy takes
     (`.sum(axis=-1)`) of a row of n zeros holding v[:, p] at each place p of the window,
     where entry e puts place `places[e]` in window `windows[e]` (a place at most once a
-    window). Only the (window, block) pairs with a value are summed in lanes, every row
-    at once (the rows on the last axis)."""
+    window). Only the (window, block) pairs with a value are summed, every row at once
+    (the rows on the last axis): each lane's values gathered in order, a place past the
+    row's end standing for a zero."""
     rows, n = v.shape
+    blocks = _blocks(n)
+    lanes, tails, pairs = _kept_layout(
+        n, windows.astype(np.intp).tobytes(), places.astype(np.intp).tobytes()
+    )
+    by_place = np.zeros((n + 1, rows))  # place n: the zero of a missing value
+    by_place[:n] = v.T
+    r = _lanes(by_place, lanes)
+    summed = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for tail in tails:
+        summed += np.take(by_place, tail, axis=0)
+    sums = np.zeros((count * len(blocks), rows))
+    sums[pairs] = summed
+    total, _ = _joined(sums.reshape(count, len(blocks), rows), n)
+    found: FloatArray = np.ascontiguousarray((0.0 + total).T)
+    return found
+
+
+def _lanes(by_place: FloatArray, places: IntArray) -> FloatArray:
+    """The lanes' sums (8, pairs, rows): each lane's values at each rank, in order."""
+    found: FloatArray = np.take(by_place, places[0], axis=0)
+    for more in places[1:]:
+        found += np.take(by_place, more, axis=0)
+    return found
+
+
+@lru_cache(maxsize=16)
+def _kept_layout(n: int, windows: bytes, places: bytes) -> tuple[IntArray, IntArray, IntArray]:
+    """`_layout`, kept for the last window sets: a tick's windows are most often the
+    last tick's (the records move on by one as the oldest leaves). Read-only."""
+    found = _layout(n, np.frombuffer(windows, dtype=np.intp), np.frombuffer(places, dtype=np.intp))
+    for part in found:
+        part.setflags(write=False)
+    return found
+
+
+def _layout(n: int, windows: IntArray, places: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """Where the values go: `lanes` (ranks, 8, pairs), the places that each (window,
+    block) pair's lane adds in order (a lane's k-th value at rank k), n where it has
+    none; `tails` (ranks, pairs), the places past a block's lanes added one by one
+    after them; `pairs`, each pair's window x blocks + block."""
     blocks = _blocks(n)
     sizes = [size for _, size in blocks]
     block = np.repeat(np.arange(len(blocks)), sizes)
@@ -80,30 +123,16 @@ def padded_sums(v: FloatArray, windows: IntArray, places: IntArray, count: int) 
     pairs, slot = np.unique(win * len(blocks) + block[place], return_inverse=True)
     q = offset[place]
     laned = q < lanes_end[place]
-    by_place = np.ascontiguousarray(v.T)
-    r = np.zeros((8, pairs.size, rows))
-    _add_ranked(r, by_place, (q[laned] % 8, slot[laned]), place[laned])
-    lanes = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    key = slot[laned] * 8 + q[laned] % 8
+    ranks = _ranks(key)
+    lanes = np.full((int(ranks.max(initial=-1)) + 1, 8 * pairs.size), n, dtype=np.intp)
+    lanes[ranks, key] = place[laned]
     rest = ~laned
-    _add_ranked(lanes, by_place, (slot[rest],), place[rest])
-    sums = np.zeros((count * len(blocks), rows))
-    sums[pairs] = lanes
-    total, _ = _joined(sums.reshape(count, len(blocks), rows), n)
-    found: FloatArray = np.ascontiguousarray((0.0 + total).T)
-    return found
-
-
-def _add_ranked(
-    acc: FloatArray, by_place: FloatArray, at: tuple[IntArray, ...], place: IntArray
-) -> None:
-    """acc[*at[e]] += by_place[place[e]] for each entry e in order (`acc`'s last axis and
-    `by_place`'s second: the rows): entries at the same place of `acc` one after the
-    other (a round of distinct places at a time)."""
-    if not place.size:
-        return
-    flat = np.ravel_multi_index(at, acc.shape[:-1])
-    ranks = _ranks(flat)
-    target = acc.reshape(-1, acc.shape[-1])
-    for k in range(int(ranks.max()) + 1):
-        now = ranks == k
-        target[flat[now]] += by_place[place[now]]
+    tail_ranks = _ranks(slot[rest])
+    tails = np.full((int(tail_ranks.max(initial=-1)) + 1, pairs.size), n, dtype=np.intp)
+    tails[tail_ranks, slot[rest]] = place[rest]
+    # lanes[k] as (8, pairs): a lane's places at one rank, lane-major
+    by_lane = np.ascontiguousarray(lanes.reshape(-1, pairs.size, 8).transpose(0, 2, 1))
+    if not len(by_lane):  # blocks under 8 values: no lanes, all one by one
+        by_lane = np.full((1, 8, pairs.size), n, dtype=np.intp)
+    return by_lane, tails, pairs

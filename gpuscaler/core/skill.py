@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 from gpuscaler.core.pairwise import padded_sums
 
@@ -275,10 +275,11 @@ def assess_many(
     return out
 
 
-_MIN_ROWS = 12
-"""Fewer histories than this in a group are assessed one by one: each numpy step over
-rows costs several times a step of one row (measured: 8 rows about even, 16 rows 1.5x
-faster together, 1 row 3x slower)."""
+_MIN_ROWS = 4
+"""Fewer histories than this in a group are assessed one by one: a numpy step over rows
+costs more than a step of one row (measured on a steady 19-lane tick's records, 250 a
+history, load 7: one by one against rows, 2 histories 0.70 / 0.80 ms, 4: 1.25 / 1.11,
+6: 2.60 / 0.99, 12: 4.37 / 1.24; it was 12 while the bisection took ~25 calls a step)."""
 
 
 def _assess_rows(
@@ -311,7 +312,7 @@ def _assess_rows(
     extra = (predictive - reactive).sum(axis=1)
     flat = reactive + (extra / n)[:, None]
     base = level + (upper - mean)
-    levelled = np.maximum(reactive, base + _bisect_rows(reactive, base, extra)[:, None])
+    levelled = np.maximum(reactive, base + bisect_rows(reactive, base, extra)[:, None])
     short_f, short_l = _shortfalls(need, flat), _shortfalls(need, levelled)
     short_p = _shortfalls(need, predictive)
     out = []
@@ -341,88 +342,41 @@ def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> Floa
 def _window_means_rows(
     v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
 ) -> FloatArray:
-    """`_window_means` of each row of `v`: each row's windows zero-padded to its full
-    length and summed along it, as one row alone is (a few rows at a time, so that the
-    padded rows stay in the cache); from the windows' values only (pairwise.padded_sums:
-    the same sums) when there are enough rows and every value is finite."""
+    """`_window_means` of each row of `v`: the sums of each row's windows zero-padded to
+    its full length, as one row alone is summed; taken from the windows' values only
+    (pairwise.padded_sums: the same sums) for the rows whose values are all finite."""
     lengths = stop - start
     rows = np.repeat(np.arange(start.size), lengths)
     firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
     cols = order[np.arange(rows.size) + firsts]
-    if len(v) >= _PAIRWISE_ROWS and np.isfinite(v).all():
-        found: FloatArray = padded_sums(v, rows, cols, start.size) / lengths
-        return found
-    step = max(1, _LEVEL_FLOATS // (start.size * v.shape[1]))
-    filled = np.zeros((min(step, len(v)), start.size, v.shape[1]))
-    sums = np.empty((len(v), start.size))
-    for first in range(0, len(v), step):
-        part = v[first : first + step]
-        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
-        sums[first : first + step] = filled[: len(part)].sum(axis=2)
+    finite = np.isfinite(v).all(axis=1)
+    if finite.all():
+        sums = padded_sums(v, rows, cols, start.size)
+    else:
+        sums = np.empty((len(v), start.size))
+        some, others = np.flatnonzero(finite), np.flatnonzero(~finite)
+        if some.size:
+            sums[some] = padded_sums(v[some], rows, cols, start.size)
+        sums[others] = _padded_sums(v[others], rows, cols, start.size)
     means: FloatArray = sums / lengths
     return means
 
 
-_PAIRWISE_ROWS = 20
-"""From this many rows the level's sums are taken from the windows' values only (measured
-at 126 windows of 11 in rows of 250: 16 rows 0.43 ms either way, 24 rows 0.44 against
-0.56, 100 rows 0.8-1.3 against 2.4-3.0). Not finite values: NaN's bits may differ from the
-padded sum's, so those rows are summed padded."""
+def _padded_sums(v: FloatArray, rows: IntArray, cols: IntArray, count: int) -> FloatArray:
+    """numpy's sums of the zero-padded rows themselves (for values not finite: NaN's
+    bits may differ from `padded_sums`'), a few rows at a time, so that the padded rows
+    stay in the cache."""
+    step = max(1, _LEVEL_FLOATS // (count * v.shape[1]))
+    filled = np.zeros((min(step, len(v)), count, v.shape[1]))
+    sums = np.empty((len(v), count))
+    for first in range(0, len(v), step):
+        part = v[first : first + step]
+        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
+        sums[first : first + step] = filled[: len(part)].sum(axis=2)
+    return sums
+
 
 _LEVEL_FLOATS = 524_288
 """Floats of the zero-padded level rows summed at once (4 MB: in the L3 cache; measured
 on 100 rows x 126 origins x 250 records: 1 MB 3.5-4.3 ms a tick, 2 MB 2.4-3.0, 4 MB
 2.4-2.5, 8 MB 2.5-3.8; fewer passes cost less than the L2 they missed)."""
-
-
-def _bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> FloatArray:
-    """`_bisect_excess` of each row: every row's 40 steps taken together, each answered
-    as `_cheap_excess` answers it (the same float operations, over rows) and, for the rows
-    where it cannot, from the row's sum as `_exact_excess` takes it."""
-    total = reactive.sum(axis=1)
-    lo, hi = -np.max(base - reactive, axis=1) - 1.0, extra + 1.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        cheap = _cheap_rows(reactive, base, total, extra)
-        for _ in range(40):
-            c = (lo + hi) / 2
-            answer, sure = cheap(c)
-            unsure = np.flatnonzero(~sure)
-            if unsure.size:
-                sums = np.maximum(reactive[unsure], base[unsure] + c[unsure, None]).sum(axis=1)
-                answer[unsure] = sums - total[unsure] > extra[unsure]
-            hi = np.where(answer, c, hi)
-            lo = np.where(answer, lo, c)
-    found: FloatArray = lo
-    return found
-
-
-def _cheap_rows(
-    reactive: FloatArray, base: FloatArray, total: FloatArray, extra: FloatArray
-) -> Callable[[FloatArray], tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]]:
-    """`_cheap_excess` of each row: for a c per row, (the answer, whether it is sure)."""
-    rows, n = reactive.shape
-    finite = np.isfinite(reactive).all(axis=1) & np.isfinite(base).all(axis=1)
-    finite &= np.isfinite(extra)
-    d = reactive - base
-    order = np.argsort(d, axis=1, kind="stable")
-    ds = np.take_along_axis(d, order, axis=1)
-    zero = np.zeros((rows, 1))
-    base_below = np.concatenate((zero, np.cumsum(np.take_along_axis(base, order, 1), 1)), 1)
-    sorted_r = np.take_along_axis(reactive, order, axis=1)
-    reactive_above = np.concatenate((np.cumsum(sorted_r[:, ::-1], 1)[:, ::-1], zero), 1)
-    scale = np.abs(reactive).sum(axis=1) + np.abs(base).sum(axis=1) + np.abs(total)
-    scale = scale + np.abs(extra) + 1.0
-    tol = 16 * (n + 4) * np.finfo(np.float64).eps
-    below_all = ds[:, 0] - tol * (np.maximum(np.abs(ds[:, 0]), np.abs(ds[:, -1])) + 1.0)
-    at = np.arange(rows)
-    negative = extra < 0.0
-
-    def over(c: FloatArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        k = (ds < c[:, None]).sum(axis=1)
-        below = c < below_all
-        excess = base_below[at, k] + k * c + reactive_above[at, k] - total
-        clear = np.abs(excess - extra) > tol * (scale + n * np.abs(c))
-        answer = np.where(below, negative, excess > extra)
-        return answer, finite & (below | clear)
-
-    return over
