@@ -17,13 +17,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay_many
+
+T = TypeVar("T")
 
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
@@ -188,21 +190,32 @@ def replay_chunk(
     reader = reader or HistoryReader(job.config)
     read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
     histories = list(zip(read, workloads, strict=True))
+    del read
     out: list[Done] = []
     draw = job.report is not None  # the PNG's series kept only when it is drawn
-    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes, draw):
+    given = handed_over(histories)  # each history let go once checked
+    for done in replay_many(given, job.config, job.seed, job.baselines, job.lanes, draw):
         if isinstance(done, Skipped):
             out.append((done, [], None))
             continue
-        records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
-        png = None
+        png, records = None, []  # the decisions' records are only written to the report
         if job.report is not None:
+            decided = done.result.gpuscaler.decisions
+            records = [{"workload": done.key, **d.as_record()} for d in decided]
             from gpuscaler.sim.report import plot
 
             png = job.report / _file_name(done.key)
             plot(done.result, png)
         out.append((done.summary(), records, png))
     return out
+
+
+def handed_over(items: list[T]) -> Iterator[T]:
+    """The items of `items` in order, each taken out of it as it is handed over (the
+    list holds none once the last one is taken)."""
+    items.reverse()
+    while items:
+        yield items.pop()
 
 
 def default_jobs() -> int:
