@@ -7,14 +7,23 @@ from __future__ import annotations
 import gc
 import math
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 
+import gpuscaler.sim.replay as replay_module
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
-from gpuscaler.sim.replay import Ready, demand_rate, limits, ready, replay_many
+from gpuscaler.sim.replay import (
+    LANE_SLOT_BYTES,
+    Ready,
+    demand_rate,
+    limits,
+    ready,
+    replay_many,
+)
 from gpuscaler.whatif import handed_over
 
 W = WorkloadConfig(namespace="ns", kind="ScaledObject", name="chat")
@@ -22,9 +31,7 @@ STEP = 10.0
 N = 3 * 360 + 3  # 3 h at 10 s, one step of margin each side
 
 
-def _history(
-    holes: int, replicas: bool, problem: str | None, key: str = W.key
-) -> WorkloadHistory:
+def _history(holes: int, replicas: bool, problem: str | None, key: str = W.key) -> WorkloadHistory:
     """3 h of request rate with `holes` gaps of 3 steps (and NaN values in the replicas)."""
     rng = np.random.default_rng(holes)
     rate = rng.uniform(20, 40, N)
@@ -106,3 +113,28 @@ def test_handed_over_gives_every_item_in_order_and_empties_the_list(n: int) -> N
         seen.append(x)
         assert len(items) == n - len(seen)
     assert seen == list(range(n))
+
+
+def test_the_sweep_around_a_lockstep_may_take_what_its_lanes_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its group budget: the lanes' per-slot bytes, at least MANY_BYTES."""
+    budgets: list[int] = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(*a: Any, **k: Any) -> Any:
+        budgets.append(k["budget"])
+        raise Seen  # the budget is all this asks
+
+    monkeypatch.setattr(replay_module, "around_many", spy)
+    workloads = [W.model_copy(update={"name": f"w{i}"}) for i in (0, 1)]
+    histories = [(_history(0, True, None, w.key), w) for w in workloads]
+    config = Config(workloads=tuple(workloads))
+    slots = 3 * 360  # 3 h at 10 s
+    for floor, expected in ((2**30, 2**30), (0, 2 * LANE_SLOT_BYTES * slots)):
+        monkeypatch.setattr(replay_module, "MANY_BYTES", floor)
+        with pytest.raises(Seen):
+            list(replay_many(histories, config, 1, baselines=False, lanes=2, plot=False))
+        assert budgets.pop() == expected
