@@ -35,16 +35,21 @@ arrays and forecast track, held until the lockstep ends), so fewer when MEMORY w
 hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES = 5 * 2**20
-LANE_BYTES_A_WEEK = 8 * 2**20
+LANE_BYTES = 2 * 2**20
+LANE_BYTES_A_WEEK = 17 * 2**18
 """What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
-state for it, bounded by its windows) and LANE_BYTES_A_WEEK a week of it (while its
-lockstep runs, its simulated cluster's arrays, about 7 MB a week; once it ends, each run
-is released, `simulate.release`, and the runs around it, two more rows of the chunk's
-sweep, one group of `around.MANY_BYTES` at a time, take its place). Measured (issue 20,
-branch mem6), `bench/whatif.py --jobs 1 --no-simulate`: a week, 1 lane 178 MB and 8 lanes
-268 MB (12.9 MB a lane); two days, 1 lane 146 MB and 16 lanes 251 MB (7.0 MB a lane).
-Before the runs were released (branch read5) a week took 36.6 MB a lane."""
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK (4.25 MB) a week of it: while
+its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
+demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
+its forecast track (0.65 MB); once the lockstep ends its runs are released
+(`simulate.release`) and the sweep of the runs around them takes their place (its group
+budget: what they held, `replay.freed`). Measured (issue 20, branch mem7; synthetic
+histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 19 and at
+40 lanes (before: 6.47); the controller's own part 0.85 MB a lane at 6 h, about 1.1 MB at
+24 h; the sweep of 40 workload-weeks 242 MB above the checked replays (6.1 MB a
+workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
+`bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
+of a chunk until its last group ended (now each group's are let go with it)."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
