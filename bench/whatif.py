@@ -63,7 +63,7 @@ from gpuscaler.config import Config, parse_config
 from gpuscaler.core.history import WorkloadHistory
 from gpuscaler.sim.around import around_many, swept_many
 from gpuscaler.sim.lockstep import lockstep_runs
-from gpuscaler.sim.replay import Ready, WorkloadReplay, actual_of, finished, limits, ready
+from gpuscaler.sim.replay import Ready, WorkloadReplay, actual_of, finished, ready
 from gpuscaler.sim.simulate import finish, reactive_run
 from gpuscaler.sim.trace import load_trace
 
@@ -235,7 +235,7 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
     prepared = [r.prepared for r in ok]
     runs = timed("gpuscaler", lockstep_runs, prepared)
     swept = timed("baselines", swept_many, prepared)  # all workloads' sweeps as one
-    replicas = [r.history.replicas.series for r in ok]
+    replicas = [r.replicas.series for r in ok]
     arounds = timed("around", around_many, prepared, replicas)
     for r, run, curves, around in zip(ok, runs, swept, arounds, strict=True):
         reactive = timed("reactive", reactive_run, r.prepared)
@@ -249,12 +249,11 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
             actual: Any = actual,
         ) -> dict[str, Any]:
             result = finish(r.prepared, run, True, reactive, curves)
-            lim = limits(r.history, r.demand, actual)
-            return WorkloadReplay(r.history.key, r.signal, result, actual, lim).summary()
+            return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual)).summary()
 
         before = timed("report", report)
         after = finished(r, run, True, around).summary()
-        assert after == before, f"{r.history.key}: one sweep's summary differs"
+        assert after == before, f"{r.key}: one sweep's summary differs"
     return clock
 
 

@@ -17,13 +17,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay_many
+
+T = TypeVar("T")
 
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
@@ -33,16 +35,21 @@ arrays and forecast track, held until the lockstep ends), so fewer when MEMORY w
 hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES = 5 * 2**20
-LANE_BYTES_A_WEEK = 8 * 2**20
+LANE_BYTES = 2 * 2**20
+LANE_BYTES_A_WEEK = 17 * 2**18
 """What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
-state for it, bounded by its windows) and LANE_BYTES_A_WEEK a week of it (while its
-lockstep runs, its simulated cluster's arrays, about 7 MB a week; once it ends, each run
-is released, `simulate.release`, and the runs around it, two more rows of the chunk's
-sweep, one group of `around.MANY_BYTES` at a time, take its place). Measured (issue 20,
-branch mem6), `bench/whatif.py --jobs 1 --no-simulate`: a week, 1 lane 178 MB and 8 lanes
-268 MB (12.9 MB a lane); two days, 1 lane 146 MB and 16 lanes 251 MB (7.0 MB a lane).
-Before the runs were released (branch read5) a week took 36.6 MB a lane."""
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK (4.25 MB) a week of it: while
+its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
+demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
+its forecast track (0.65 MB); once the lockstep ends its runs are released
+(`simulate.release`) and the sweep of the runs around them takes their place (its group
+budget: what they held, `replay.freed`). Measured (issue 20, branch mem7; synthetic
+histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 19 and at
+40 lanes (before: 6.47); the controller's own part 0.85 MB a lane at 6 h, about 1.1 MB at
+24 h; the sweep of 40 workload-weeks 242 MB above the checked replays (6.1 MB a
+workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
+`bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
+of a chunk until its last group ended (now each group's are let go with it)."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
@@ -188,21 +195,32 @@ def replay_chunk(
     reader = reader or HistoryReader(job.config)
     read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
     histories = list(zip(read, workloads, strict=True))
+    del read
     out: list[Done] = []
     draw = job.report is not None  # the PNG's series kept only when it is drawn
-    for done in replay_many(histories, job.config, job.seed, job.baselines, job.lanes, draw):
+    given = handed_over(histories)  # each history let go once checked
+    for done in replay_many(given, job.config, job.seed, job.baselines, job.lanes, draw):
         if isinstance(done, Skipped):
             out.append((done, [], None))
             continue
-        records = [{"workload": done.key, **d.as_record()} for d in done.result.gpuscaler.decisions]
-        png = None
+        png, records = None, []  # the decisions' records are only written to the report
         if job.report is not None:
+            decided = done.result.gpuscaler.decisions
+            records = [{"workload": done.key, **d.as_record()} for d in decided]
             from gpuscaler.sim.report import plot
 
             png = job.report / _file_name(done.key)
             plot(done.result, png)
         out.append((done.summary(), records, png))
     return out
+
+
+def handed_over(items: list[T]) -> Iterator[T]:
+    """The items of `items` in order, each taken out of it as it is handed over (the
+    list holds none once the last one is taken)."""
+    items.reverse()
+    while items:
+        yield items.pop()
 
 
 def default_jobs() -> int:

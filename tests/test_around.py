@@ -15,6 +15,7 @@ from test_sweep_many import MIXED, _alone, _config, _replay
 from gpuscaler.config import parse_config
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
+from gpuscaler.sim import around as around_module
 from gpuscaler.sim import sweep as sweep_module
 from gpuscaler.sim.around import Around, actual_counts, actual_run, around_many
 from gpuscaler.sim.cluster import RECORDED
@@ -221,3 +222,36 @@ def test_replay_many_reports_what_each_run_apart_reports() -> None:
 def test_an_around_without_runs_holds_nothing() -> None:
     replays = [_replay("bundled", _config())]
     assert around_many(replays, baselines=False, reactive=False) == [Around(None, None, None)]
+
+
+def test_each_replays_reactive_and_actual_runs_are_taken_as_soon_as_its_group_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replay's extra runs sit beside its baselines' runs and are let go with its group
+    (a sweep of many replays never holds every replay's records at once)."""
+    replays = [_replay(source, _config(**bounds)) for source, bounds in MIXED[:3]]
+    schedules = [_schedule(p, i) for i, p in enumerate(replays)]
+    events: list[str] = []
+
+    class Counted(Sweep):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            events.append("sweep")
+
+    real = around_module._ran
+
+    def ran(*args: Any) -> Any:
+        events.append("ran")
+        return real(*args)
+
+    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(around_module, "_ran", ran)
+    budget = 16 * len(replays[0].arrivals) * (33 + 2)  # one replay's runs a group
+    got = around_many(replays, schedules, budget=budget)
+    assert events == ["sweep", "ran", "ran"] * 3
+    for p, s, a in zip(replays, schedules, got, strict=True):
+        assert a.curves == _alone(p)
+        assert a.actual == actual_run(
+            p.config, s, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
+        )
+        _same_record(reactive_run(p), a.reactive)

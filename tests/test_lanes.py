@@ -4,6 +4,8 @@ floors, replica counts and fragments change under them."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ import gpuscaler.sim.lanes as lanes_module
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.model import Series
 from gpuscaler.sim.cluster import RECORDED, SimulatedCluster
-from gpuscaler.sim.lanes import WINDOWED, LaneClusters, batchable
+from gpuscaler.sim.lanes import STEPPED, WINDOWED, LaneClusters, Steps, batchable
 from gpuscaler.sim.simulate import scenario_cluster
 from gpuscaler.sim.ticks import control_ticks
 
@@ -109,6 +111,9 @@ def _run(
         batch.hpa_step(t)
         for a, b in zip(alone, together, strict=True):
             _same_signals(a, b)
+            if round(t) % 3000 == 0:  # the stepped records read while the run goes on
+                for name in STEPPED:
+                    np.testing.assert_array_equal(getattr(a.rec, name), getattr(b.rec, name))
             _decide(ra, a, t)
             _decide(rb, b, t)
     for c in alone:
@@ -207,3 +212,34 @@ def test_lanes_advance_only_once_all_are_added() -> None:
     batch.add(clusters[2])
     with pytest.raises(ValueError, match="cannot advance together"):
         batch.add(_clusters("10s", 1, 1.0, 10)[0])  # no room for a fourth
+
+
+def test_lanes_keep_their_demand_and_replicas_as_changes_not_a_row_a_slot() -> None:
+    alone, together = _run("10s", 3, 2.0, 12)
+    batch = together[0].rec._batch  # type: ignore[attr-defined]
+    assert not set(STEPPED) & set(batch.rec)
+    for name in STEPPED:
+        steps = batch.steps[name]
+        assert all(len(c) < batch.n / 10 for c in steps.changes)
+    for a, b in zip(alone, together, strict=True):
+        for name in STEPPED:
+            np.testing.assert_array_equal(getattr(a.rec, name), getattr(b.rec, name), name)
+
+
+@pytest.mark.parametrize(
+    ("puts", "n", "cursor", "expected"),
+    [
+        ([], 4, 0, [math.nan] * 4),
+        ([(0, [1.0, 2.0])], 4, 3, [1.0, 1.0, 1.0, math.nan]),  # lane 0
+        ([(0, [1.0, 2.0]), (2, [1.0, 5.0]), (3, [4.0, 5.0])], 5, 5, [1, 1, 1, 4, 4]),
+        ([(0, [1.0, 2.0]), (1, [3.0, 2.0]), (2, [1.0, 2.0])], 4, 3, [1, 3, 1, math.nan]),
+        ([(0, [math.nan, 2.0]), (2, [1.0, 2.0])], 4, 4, [math.nan, math.nan, 1, 1]),
+    ],
+)
+def test_a_step_record_holds_each_value_until_the_next_change_or_the_cursor(
+    puts: list[tuple[int, list[float]]], n: int, cursor: int, expected: list[float]
+) -> None:
+    steps = Steps(2)
+    for begin, values in puts:
+        steps.put(begin, np.array(values))
+    np.testing.assert_array_equal(steps.row(0, n, cursor), np.array(expected, dtype=float))

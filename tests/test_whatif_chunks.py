@@ -53,10 +53,10 @@ def test_chunks_hold_at_most_lanes_each_and_share_the_rounds_evenly_among_the_jo
 @pytest.mark.parametrize(
     ("memory_mb", "jobs", "days", "lanes"),
     [
-        (512, 2, 7.0, 19),  # the default for a week on two cores
-        (512, 1, 7.0, 39),
-        (512, 2, 1.0, 41),  # a day's lanes: a seventh of a week's arrays, the same state
-        (512, 2, 14.0, 12),
+        (512, 2, 7.0, 40),  # the default for a week on two cores
+        (512, 1, 7.0, 81),  # (whatif holds at most LANES)
+        (512, 2, 1.0, 98),  # a day's lanes: a seventh of a week's arrays, the same state
+        (512, 2, 14.0, 24),
         (10, 2, 7.0, 1),  # never none
     ],
 )

@@ -14,7 +14,7 @@ tests/test_around.py compares both) at a fraction of the cost: a lone run steps 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +163,30 @@ def _alone(p: Prepared, series: Series | None, reactive: bool, released: bool | 
     return Around(None, _released(p, run, released), actual)
 
 
+def _found_by(
+    found: dict[int, Around],
+    prepared: Sequence[Prepared],
+    g: Sequence[int],
+    extra: Sequence[Extra],
+    released: bool | None,
+) -> Callable[[int, SweepResult, int], None]:
+    """What `around_many` does with each extra run of a group (`g`: the replays' indices,
+    `prepared` theirs) as soon as the sweep's group holding it ends: its reactive run
+    (released when asked) or its actual figures, into `found`; its record let go."""
+
+    def done(j: int, r: SweepResult, n: int) -> None:
+        e = extra[j]
+        p = prepared[e.replay]
+        ran = _ran(p, r, n)
+        if e.replicas is None:
+            run = RunResult("reactive", ran, [], ForecastTrack(), 0)
+            found[g[e.replay]].reactive = _released(p, run, released)
+        else:
+            found[g[e.replay]].actual = actual_figures(ran, p.scored_from)
+
+    return done
+
+
 def around_many(
     prepared: Sequence[Prepared],
     replicas: Sequence[Series | None] | None = None,
@@ -174,9 +198,9 @@ def around_many(
     """For each replay: the baselines' curves (`simulate.baseline_curves`) when
     `baselines`, the reactive HPA's run (`simulate.reactive_run`) when `reactive`, and
     the figures of its `replicas` that ran (`actual_run`) when given; those of
-    replays that share a model in one sweep, in groups within `budget` bytes (plus the
-    reactive and actual runs' share: they add to each group, not a group of their own,
-    which would step the whole replay again for a few runs). A lone
+    replays that share a model in one sweep, in groups within `budget` bytes (each
+    replay's reactive and actual runs beside its baselines', each one's figures taken,
+    and its record let go, as soon as its group ends: `_found_by`). A lone
     replay without baselines runs alone (`reactive_run`, `actual_run`): a sweep of one or
     two runs costs more than the runs (bench: 1.1 against 0.9 CPU-s a reactive day).
     With `released` (True: with the plot's series, False: without) each reactive run is
@@ -199,22 +223,13 @@ def around_many(
                 extra.append(Extra(w, "hpa_util", target, actual_counts(series, ticks)))
         replays = [(templates[i], prepared[i].scored_from) for i in g]
         names = None if baselines else ()
-        # The extra runs widen each group by their number: never a group of their own.
-        wider = budget + 16 * len(p.arrivals) * len(extra)
-        curves, kept, n = swept_with(
-            p.config, replays, p.seed, p.seconds, extra, names=names, budget=wider
+        found: dict[int, Around] = {i: Around(None, None, None) for i in g}
+        done = _found_by(found, [prepared[i] for i in g], g, extra, released)
+        curves, _, _ = swept_with(
+            p.config, replays, p.seed, p.seconds, extra, done, names=names, budget=budget
         )
-        found: dict[int, Around] = {
-            i: Around(curves[w] if baselines else None, None, None) for w, i in enumerate(g)
-        }
-        for e, r in zip(extra, kept, strict=True):
-            i = g[e.replay]
-            ran = _ran(prepared[i], r, n)
-            if e.replicas is None:
-                run = RunResult("reactive", ran, [], ForecastTrack(), 0)
-                found[i].reactive = _released(prepared[i], run, released)
-            else:
-                found[i].actual = actual_figures(ran, prepared[i].scored_from)
+        for w, i in enumerate(g):
+            found[i].curves = curves[w] if baselines else None
         out.update(found)
     return [out[i] for i in range(len(prepared))]
 

@@ -10,7 +10,7 @@ replica bounds. A run's figures do not depend on the runs beside it (tests/test_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ def swept(
     group's figures taken before the next runs). The replays must share the first one's
     model."""
     choice = {"targets": targets, "names": names, "budget": budget}
-    return swept_with(config, replays, seed, seconds, (), **choice)[0]
+    return swept_with(config, replays, seed, seconds, (), None, **choice)[0]
 
 
 def swept_with(
@@ -61,38 +61,50 @@ def swept_with(
     seed: int,
     seconds: float,
     extra: Sequence[Extra],
+    done: Callable[[int, SweepResult, int], None] | None = None,
     **choice: Any,
 ) -> tuple[list[Curves], list[SweepResult], int]:
     """`swept` (`choice`: its `targets`, `names` and `budget`), with the runs `extra` in
     the same sweep: (the curves, the extra runs' results, each with its recorder, the
-    slots simulated)."""
+    slots simulated). Each replay's extra runs follow its baselines' runs, so a group
+    holds the records of its own replays' extra runs only; with `done`, each extra run's
+    result is handed to it (`done(j, result, slots)`, j its index in `extra`) as soon as
+    its group ends, and not returned (the list is empty)."""
     targets, names = choice.get("targets"), choice.get("names")
     slo = config.simulator.slo_wait
     points = list(sweep_targets() if targets is None else targets)
     chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
     specs = [(name, kind, t) for name, kind in chosen.items() for t in points]
-    flat = [(w, spec) for w in range(len(replays)) for spec in specs]
-    runs: list[tuple[ScalerKind, float]] = [(kind, float(t)) for _, (_, kind, t) in flat]
-    runs += [(e.kind, e.target_pct) for e in extra]
-    rows = [replays[w][0] for w, _ in flat] + [replays[e.replay][0] for e in extra]
-    given = {len(flat) + j: e.replicas for j, e in enumerate(extra) if e.replicas is not None}
-    record = range(len(flat), len(runs))
+    order: list[tuple[int, tuple[str, ScalerKind, float] | Extra, int]] = []
+    for w in range(len(replays)):  # (replay, baseline or extra run, index in extra)
+        order += [(w, spec, -1) for spec in specs]
+        order += [(w, e, j) for j, e in enumerate(extra) if e.replay == w]
+    runs: list[tuple[ScalerKind, float]] = [
+        (x.kind, x.target_pct) if isinstance(x, Extra) else (x[1], float(x[2])) for _, x, _ in order
+    ]
+    rows = [replays[w][0] for w, _, _ in order]
+    given = {i: x.replicas for i, (_, x, _) in enumerate(order) if isinstance(x, Extra)}
+    record = [i for i, (_, x, _) in enumerate(order) if isinstance(x, Extra)]
+    replicas = {i: v for i, v in given.items() if v is not None}
     out: list[Curves] = [{name: [] for name in chosen} for _ in replays]
-    kept: list[SweepResult] = []
+    kept: dict[int, SweepResult] = {}
     slots = 0
     template = replays[0][0]
     budget = choice.get("budget")
-    parts = sweep_parts(config, template, runs, seed, seconds, rows, budget, record, given)
+    parts = sweep_parts(config, template, runs, seed, seconds, rows, budget, record, replicas)
     for first, results, n in parts:
         slots = n
-        for i, r in enumerate(results, first):
-            if i >= len(flat):
-                kept.append(r)
+        for (w, x, j), r in zip(order[first:], results, strict=False):
+            if isinstance(x, Extra):
+                kept[j] = r
                 continue
-            w, (name, _, target) = flat[i]
+            name, _, target = x
             out[w][name].append({"target_pct": target, **_figures(replays[w], r, n, slo)})
+        if done is not None:
+            for j in sorted(kept):
+                done(j, kept.pop(j), n)
         del results, r  # the group's arrays go before the next group is built (never empty)
-    return out, kept, slots
+    return out, [] if done is not None else [kept[j] for j in range(len(extra))], slots
 
 
 def _figures(

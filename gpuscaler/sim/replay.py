@@ -14,16 +14,16 @@ was served, so demand that queued unserved is not in it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gpuscaler.config import Config, WorkloadConfig
-from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
+from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
-from gpuscaler.sim.around import Around, actual_run, around_many
+from gpuscaler.sim.around import MANY_BYTES, Around, actual_run, around_many
 from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
@@ -110,13 +110,21 @@ def history_trace(key: str, demand: Series) -> Trace:
 
 @dataclass(frozen=True, eq=False)
 class Ready:
-    """A workload's history checked and prepared for the replay."""
+    """A workload's history checked and prepared for the replay: what the replay and its
+    limits read of the history (the demand itself is let go: its arrivals are in
+    `prepared`, its gaps in `gap_lines`)."""
 
-    history: WorkloadHistory
-    demand: Series
+    key: str
     signal: str
-    trace: Trace
+    replicas: Signal
+    """The replicas that ran (their series, or why there is none)."""
+    gap_lines: list[str]
+    problem_lines: list[str]
     prepared: Prepared
+
+    def limits(self, actual: dict[str, Any] | None) -> list[str]:
+        """`limits` of the history this was made of."""
+        return [*self.gap_lines, actual_line(self.replicas, actual), *self.problem_lines]
 
 
 def ready(
@@ -146,17 +154,20 @@ def ready(
         warmup_plan(cfg, min(seconds, known), history.key)
     except TraceError as e:
         return Skipped(history.key, f"too little history: {e}")
-    trace = history_trace(history.key, demand)
     try:
-        prepared = prepare(trace, seconds / 3600, seed, cfg, history.step / 3600)
+        prepared = prepare(
+            history_trace(history.key, demand), seconds / 3600, seed, cfg, history.step / 3600
+        )
     except TraceError as e:
         return Skipped(history.key, str(e))
-    return Ready(history, demand, signal, trace, prepared)
+    return Ready(
+        history.key, signal, history.replicas, gap_lines(demand), problem_lines(history), prepared
+    )
 
 
 def actual_of(r: Ready) -> dict[str, Any] | None:
     """The replay with the replicas that ran (`actual_run`), None when they are unknown."""
-    replicas = r.history.replicas
+    replicas = r.replicas
     if replicas.series is None:
         return None
     p = r.prepared
@@ -179,14 +190,24 @@ def finished(
         result = finish(r.prepared, run, baselines, around.reactive, around.curves)
         actual = around.actual
         if actual is not None:
-            actual["source"] = r.history.replicas.name
-    return WorkloadReplay(
-        r.history.key, r.signal, result, actual, limits(r.history, r.demand, actual)
-    )
+            actual["source"] = r.replicas.name
+    return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
+
+
+LANE_SLOT_BYTES = 5 * 8
+"""What a lane's cluster holds a slot while its lockstep runs (its work, served work,
+capacity, GPUs and demand, as doubles: `gpuscaler.sim.lanes`), all let go before the
+runs around it start."""
+
+
+def freed(preps: Sequence[Prepared]) -> int:
+    """Bytes the lanes of `preps` held as per-slot arrays while their lockstep ran: what
+    the sweep around them may take in their place (one group of its runs at a time)."""
+    return sum(LANE_SLOT_BYTES * len(p.arrivals) for p in preps)
 
 
 def replay_many(
-    histories: Sequence[tuple[WorkloadHistory, WorkloadConfig]],
+    histories: Iterable[tuple[WorkloadHistory, WorkloadConfig]],
     config: Config,
     seed: int,
     baselines: bool = True,
@@ -198,7 +219,11 @@ def replay_many(
     a tick, the same figures); the rest of each replay then runs alone, and is yielded
     before the next one starts (only gpuscaler's runs of one lockstep are held at once).
     Each run is `simulate.release`d as soon as it ends (its figures, and the PNG's series
-    when `plot`, kept; its record let go): a lane holds its record only while it runs."""
+    when `plot`, kept; its record let go): a lane holds its record only while it runs.
+    The runs around a lockstep are swept in groups within what its lanes held (at least
+    `around.MANY_BYTES`): fewer groups, each stepping the whole range, for no higher peak.
+    A history is let go once checked (`Ready` keeps what the replay reads of it) when the
+    caller holds it no more (`whatif.replay_chunk` hands them over one by one)."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
@@ -223,8 +248,9 @@ def replay_many(
                 runs[id(x)] = release(p, run, plot)
             del done
             # the chunk's reactive, actual and baseline runs in one sweep
-            series = [x.history.replicas.series for x in chunk]
-            done_around = around_many(preps, series, baselines, released=plot)
+            series = [x.replicas.series for x in chunk]
+            budget = max(MANY_BYTES, freed(preps))
+            done_around = around_many(preps, series, baselines, budget=budget, released=plot)
             arounds.update((id(x), a) for x, a in zip(chunk, done_around, strict=True))
         yield finished(r, runs.pop(id(r)), baselines, arounds.pop(id(r)))
 
@@ -250,24 +276,37 @@ def _hours(t: float) -> str:
 
 def limits(history: WorkloadHistory, demand: Series, actual: dict[str, Any] | None) -> list[str]:
     """The honest limits of one workload's replay, in words."""
-    out = []
+    return [*gap_lines(demand), actual_line(history.replicas, actual), *problem_lines(history)]
+
+
+def gap_lines(demand: Series) -> list[str]:
+    """The gaps in the demand history (none: no line)."""
     holes = gaps(demand)
-    if holes:
-        missing = sum(b - a + demand.step for a, b in holes)
-        first = ", ".join(f"{_hours(a)}..{_hours(b)}" for a, b in holes[:3])
-        out.append(
-            f"{len(holes)} gap(s) in the demand history ({missing / 3600:.2f} h, interpolated "
-            f"over): {first}{' ...' if len(holes) > 3 else ''}"
-        )
+    if not holes:
+        return []
+    missing = sum(b - a + demand.step for a, b in holes)
+    first = ", ".join(f"{_hours(a)}..{_hours(b)}" for a, b in holes[:3])
+    return [
+        f"{len(holes)} gap(s) in the demand history ({missing / 3600:.2f} h, interpolated "
+        f"over): {first}{' ...' if len(holes) > 3 else ''}"
+    ]
+
+
+def actual_line(replicas: Signal, actual: dict[str, Any] | None) -> str:
+    """Whether, and how, the replicas that ran were replayed."""
     if actual is None:
-        why = history.replicas.problem or "no kube-state-metrics replica series matched"
-        out.append(f"replicas that ran unknown ({why}): no replay of them")
-    else:
-        out.append("the replicas that ran are replayed at the pool's initial fragments")
-    for s in (history.requests, history.load, history.replicas):
-        if s.problem is not None and s.series is not None:
-            out.append(f"{s.name}: {s.problem} (those samples dropped)")
-    return out
+        why = replicas.problem or "no kube-state-metrics replica series matched"
+        return f"replicas that ran unknown ({why}): no replay of them"
+    return "the replicas that ran are replayed at the pool's initial fragments"
+
+
+def problem_lines(history: WorkloadHistory) -> list[str]:
+    """The samples dropped from the series read (out of range, ...)."""
+    return [
+        f"{s.name}: {s.problem} (those samples dropped)"
+        for s in (history.requests, history.load, history.replicas)
+        if s.problem is not None and s.series is not None
+    ]
 
 
 # ----------------------------------------------------------------------- verdict
