@@ -49,31 +49,7 @@ def _promoted() -> None:
     after the pause would scan them all (a tick's states, forecasts and observations,
     none of them garbage: about 1 ms a 50-lane tick of the what-if replay, and as much
     again in the older generations' scans, issue 20). Cyclic garbage made meanwhile
-    waits for the next full collection: one runs here once the tracked objects grew by a
-    quarter since the last one here (CPython's own rule for a full collection, which
-    counts only objects promoted by its collections), so a long-running controller's
-    cyclic garbage stays bounded."""
-    global _tracked_after_full
-    if gc.get_freeze_count() != 0:
-        return
-    tracked = _tracked()
-    if _tracked_after_full is None:
-        _tracked_after_full = tracked
-    elif tracked > _tracked_after_full * (1.0 + GROWTH_A_COLLECTION):
-        gc.collect()
-        _tracked_after_full = _tracked()
-
-
-GROWTH_A_COLLECTION = 0.25
-"""A full collection once the tracked objects grew by this share (CPython's
-`long_lived_pending > long_lived_total / 4`, Modules/gcmodule.c)."""
-
-_tracked_after_full: int | None = None
-
-
-def _tracked() -> int:
-    """The objects the collector tracks, all put with the oldest (two list splices)."""
-    gc.freeze()
-    found = gc.get_freeze_count()
-    gc.unfreeze()
-    return found
+    waits for the next full collection."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
