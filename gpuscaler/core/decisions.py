@@ -179,9 +179,12 @@ class Eviction(PreemptionStep):
 Decision = ReplicaFloorDecision | FragmentsDecision | TimeSliceDecision | PreemptionStep
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Skip:
-    """A target the tick did not act on, and why."""
+    """A target the tick did not act on, and why. Its `reason` may be made when first read
+    (`guards.held`; issue 20: the simulator never reads a held floor's reason, the
+    controller's log and metrics read every one): no slots, so that the instance's
+    `__dict__` can hold the maker until then (`model.Lazy`, as `Forecast.reason`)."""
 
     time: float
     kind: DecisionKind

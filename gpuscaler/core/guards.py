@@ -4,10 +4,15 @@ has the trigger held long enough."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
-from gpuscaler.core.model import Signal, TargetHistory
+from gpuscaler.core.model import Lazy, Signal, TargetHistory
+
+Skip.reason = Lazy("reason")  # type: ignore[assignment]
+"""A skip's reason made when first read where `held` left its maker (decisions.py cannot
+define it: model.py imports decisions.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,27 @@ def invalid(kind: DecisionKind, target: str, now: float, reason: str, h: TargetH
 
 def hold(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
     return Outcome(h, skip=Skip(now, kind, target, reason, invalid_input=False))
+
+
+def held(
+    kind: DecisionKind,
+    target: str,
+    now: float,
+    h: TargetHistory,
+    make: Callable[..., str],
+    args: tuple[object, ...],
+) -> Outcome:
+    """`hold(kind, target, now, make(*args), h)` with the reason made when first read:
+    the same Skip to every reader (`==`, `repr`, `as_record`, `dataclasses.replace`)."""
+    skip: Skip = _new(Skip)
+    d = skip.__dict__
+    d["time"], d["kind"], d["target"] = now, kind, target
+    d["_lazy_reason"] = (make, args)
+    d["invalid_input"] = False
+    return Outcome(h, skip=skip)
+
+
+_new = object.__new__
 
 
 def cooling_down(h: TargetHistory, now: float, cooldown: float) -> float:

@@ -22,7 +22,7 @@ import numpy as np
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.floor_rows import ForecastFigures, Record, lead_steps
-from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
+from gpuscaler.core.guards import Outcome, cooling_down, held, input_problem, invalid
 from gpuscaler.core.model import TargetHistory, WorkloadObservation
 from gpuscaler.core.reserve import Reserve, overflow_reserve
 from gpuscaler.core.skill import Skill, assess, floor_history, in_fallback, records, remember
@@ -105,7 +105,7 @@ def floor_record(
         h = remember(h, now, obs.recent_peak, math.nan, math.nan, keep)
         note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
         found = floor_reserve(h, obs, cfg, now)
-        return _floor(obs, cfg, h, now, found, observed_peak(h, now, window), None, note, "")
+        return _floor(obs, cfg, h, now, found, observed_peak(h, now, window), None, note)
     if figures is None:
         upper = forecast.peak_upper_within(cfg.lead_time)
         mean_peak = float(np.max(forecast.mean[: lead_steps(forecast, cfg.lead_time)]))
@@ -128,7 +128,7 @@ def floor_outcome(
     window = cfg.scale_down_stabilization
     if peak is None:
         peak = observed_peak(step.history, now, window)
-    h, fallback = _skill_check(step.history, cfg, step.upper, step.observed, skill)
+    h, fallback = _skill_check(step.history, cfg, skill)
     # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
     # highest of the last stabilization window, as the predictive-floor baseline (Crane
     # EHPA / AHPA: max of the last 5 minutes) does. The forecast adds to it only while it
@@ -141,8 +141,7 @@ def floor_outcome(
         reserve,
         peak,
         None if fallback is not None else step.upper,
-        fallback,
-        f"; {forecast.reason}",
+        None if fallback is None else (fallback, step.upper, step.observed),
         (forecast.peak if step.peak is None else step.peak, step.upper, forecast.last_value),
     )
 
@@ -215,6 +214,14 @@ def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bo
     )
 
 
+Note = str | tuple[Skill, float, float] | None
+"""Why the forecast is set aside: a text, or the skill that did with the forecast's upper
+bound and the observed demand (`_fallback_text`, made when read); None: it counts."""
+
+Why = tuple[WorkloadObservation, ReplicasConfig, Note, bool, Reserve | None, int, float, float, int]
+"""`_why`'s arguments: a floor's reason before its verdict, made when read."""
+
+
 def _floor(
     obs: WorkloadObservation,
     cfg: ReplicasConfig,
@@ -223,56 +230,90 @@ def _floor(
     reserve: Reserve | None,
     observed: float,
     upper: float | None,
-    note: str | None,
-    tail: str,
+    note: Note,
     figures: tuple[float, float, float] | None = None,
 ) -> Outcome:
     """The floor for `observed` demand, or the forecast's `upper` bound when higher
     (None: the forecast is set aside, `note` says why), stabilized and stepped.
-    `figures`: the forecast's peak, upper bound and last value, for a decision."""
+    `figures`: the forecast's peak, upper bound and last value, for a decision (None: no
+    forecast). A hold's reason is made when first read (`guards.held`)."""
     target, current, share = obs.key, obs.floor, obs.replica_gpu_share
     assert current is not None
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
-    sizes = reserve_sizes(obs, cfg)
-    capacity, sizing = _capacity(obs, cfg, sizes[0])
-    kept = _reserve(reserve, cfg, sizes[1])
-    raw, note = _raw(cfg, sized, capacity, current, kept, note)
+    capacity, full = reserve_sizes(obs, cfg)
+    raw = _raw(cfg, sized, capacity, current)
+    kept = 0 if reserve is None else math.ceil(reserve.peak / full - 1e-9)
+    reserved = kept > raw
+    if reserved:
+        raw = kept
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
     h, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
-    value = f"{sized:.{1 if obs.serving else 0}f}{sizing}"
+    why: Why = (obs, cfg, note, reserved, reserve, kept, sized, observed, raw)
+    if stabilized == current:
+        return held(KIND, target, now, h, _hold_text, (why, current, stabilized != recommended))
+    left = cooling_down(h, now, cfg.cooldown)
+    if left > 0:
+        return held(KIND, target, now, h, _cooldown_text, (why, left))
+    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
+    filled = whole_gpus(to, current, share, ceiling) if cfg.whole_gpus else to
+    if filled == current:
+        return held(KIND, target, now, h, _frees_text, (why, current, to))
+    if filled != to:
+        to, bound = filled, f"{bound}, filled to whole GPUs"
+    forecast = obs.load.forecast
+    tail = "" if figures is None or forecast is None else f"; {forecast.reason}"
+    decision = ReplicaFloorDecision(
+        time=now,
+        target=target,
+        from_value=current,
+        to_value=to,
+        reason=f"{_why(*why)}; floor {current} -> {to} ({bound}){tail}",
+        forecast=_figures(observed, figures),
+    )
+    return Outcome(h, decision=decision)
+
+
+def _why(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    note: Note,
+    reserved: bool,
+    reserve: Reserve | None,
+    kept: int,
+    sized: float,
+    observed: float,
+    raw: int,
+) -> str:
+    """A floor's reason up to its verdict: the note, the reserve when it set the
+    replicas, and the demand sized for -> the replicas."""
+    text = note if note is None or isinstance(note, str) else _fallback_text(cfg, *note)
+    if reserved:
+        said = _reserve_text(reserve, cfg, kept)
+        text = f"{text}; {said}" if text else said
+    value = f"{sized:.{1 if obs.serving else 0}f}{_sizing(obs, cfg)}"
     source = (
         f"observed peak {value} (highest of {cfg.scale_down_stabilization:.0f}s)"
         if sized == observed
         else f"forecast upper {value}"
     )
     why = f"{source} -> {raw} replicas"
-    if note:
-        why = f"{note}; {why}"
-    if stabilized == current:
-        scale = _margin(cfg)
-        by = "" if stabilized == recommended else f", held by the stabilization window{scale}"
-        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
-    left = cooling_down(h, now, cfg.cooldown)
-    if left > 0:
-        return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
-    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
-    filled = whole_gpus(to, current, share, ceiling) if cfg.whole_gpus else to
-    if filled == current:
-        frees = f"floor stays {current}: {to} replicas would free no GPU (whole GPUs)"
-        return hold(KIND, target, now, f"hold: {why}, {frees}", h)
-    if filled != to:
-        to, bound = filled, f"{bound}, filled to whole GPUs"
-    decision = ReplicaFloorDecision(
-        time=now,
-        target=target,
-        from_value=current,
-        to_value=to,
-        reason=f"{why}; floor {current} -> {to} ({bound}){tail}",
-        forecast=_figures(observed, figures),
-    )
-    return Outcome(h, decision=decision)
+    return f"{text}; {why}" if text else why
+
+
+def _hold_text(why: Why, current: int, by_window: bool) -> str:
+    by = f", held by the stabilization window{_margin(why[1])}" if by_window else ""
+    return f"hold: {_why(*why)}, floor stays {current}{by}"
+
+
+def _cooldown_text(why: Why, left: float) -> str:
+    return f"cooldown: {_why(*why)}, {left:.0f}s left"
+
+
+def _frees_text(why: Why, current: int, to: int) -> str:
+    frees = f"floor stays {current}: {to} replicas would free no GPU (whole GPUs)"
+    return f"hold: {_why(*why)}, {frees}"
 
 
 def _figures(observed: float, figures: tuple[float, float, float] | None) -> dict[str, float]:
@@ -311,68 +352,56 @@ def _stabilized(
     return h, stabilized
 
 
-def _raw(
-    cfg: ReplicasConfig,
-    sized: float,
-    capacity: float,
-    current: int,
-    reserved: tuple[int, str],
-    note: str | None,
-) -> tuple[int, str | None]:
+def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> int:
     """Replicas for `sized` demand by the HPA formula (hpa_desired) in the load's unit,
-    none changed within the tolerance, at least the `reserved` replicas for short bursts
-    (`_reserve`); the note."""
+    none changed within the tolerance (the floor's reserve may ask for more: `_floor`)."""
     raw = math.ceil(sized / capacity - 1e-9)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
-    reserve, kept = reserved
-    if reserve > raw:
-        return reserve, f"{note}; {kept}" if note else kept
-    return raw, note
+    return raw
 
 
-def _reserve(r: Reserve | None, cfg: ReplicasConfig, full: float) -> tuple[int, str]:
-    """Replicas the floor keeps for bursts that overflowed what reactive sizing would have
-    had at full use (`r`, gpuscaler.core.reserve; `full`: a replica's), and why; (0, "")
-    when none did."""
-    span = cfg.reserve_window
+def _reserve_text(r: Reserve | None, cfg: ReplicasConfig, replicas: int) -> str:
+    """Why the floor keeps `replicas` for bursts that overflowed what reactive sizing
+    would have had at full use (`r`, gpuscaler.core.reserve); "" when none did."""
     if r is None:
-        return 0, ""
-    replicas = math.ceil(r.peak / full - 1e-9)
-    return replicas, (
+        return ""
+    return (
         f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
-        f"{r.overflows} time(s) in the last {span:.0f}s (highest {r.age:.0f}s ago); "
-        "new replicas come too late for bursts that short"
+        f"{r.overflows} time(s) in the last {cfg.reserve_window:.0f}s (highest {r.age:.0f}s "
+        "ago); new replicas come too late for bursts that short"
     )
 
 
-def _capacity(obs: WorkloadObservation, cfg: ReplicasConfig, capacity: float) -> tuple[float, str]:
-    """What one replica serves at target (`capacity`: `reserve_sizes`' first), in the
-    load's unit, and how that reads: GPU percent (a GPU share times the target
-    utilization) or the serving stack's demand."""
+def _sizing(obs: WorkloadObservation, cfg: ReplicasConfig) -> str:
+    """How what one replica serves at target reads: GPU percent (a GPU share times the
+    target utilization) or the serving stack's demand."""
     if obs.serving is not None:
-        return capacity, f" {obs.serving[1]} / {capacity:g} per replica"
+        return f" {obs.serving[1]} / {obs.serving[0]:g} per replica"
     share = obs.replica_gpu_share
-    return capacity, f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)"
+    return f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)"
 
 
 def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, upper: float, observed: float, skill: Skill | None
-) -> tuple[TargetHistory, str | None]:
-    """History with the skill verdict, and the reason when the forecast is set aside
+    h: TargetHistory, cfg: ReplicasConfig, skill: Skill | None
+) -> tuple[TargetHistory, Skill | None]:
+    """History with the skill verdict, and the skill when the forecast is set aside
     because it has had no skill (None when it may raise the floor)."""
     if not cfg.skill_check or skill is None:
         return h, None
     fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     if fallback != h.fallback:
         h = floor_history(h, fallback=fallback)
-    if not fallback:
-        return h, None
+    return h, skill if fallback else None
+
+
+def _fallback_text(cfg: ReplicasConfig, skill: Skill, upper: float, observed: float) -> str:
+    """Why the forecast is set aside: its skill."""
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"
     unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
-    return h, (
+    return (
         f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
         f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
         f"reactive shortfall than flat headroom or a level floor at the same cost would); "
