@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.config import ReplicasConfig
-from gpuscaler.core.guards import Outcome
+from gpuscaler.core.decisions import Skip
+from gpuscaler.core.guards import Outcome, held
 from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
 from gpuscaler.core.replicas import FloorStep, floor_outcome, floor_record
 from gpuscaler.core.reserve import Reserve
@@ -202,3 +203,18 @@ def test_a_nan_demand_fails_as_the_oracle_does() -> None:
         ref.floor_outcome(step, None, None, math.nan)
     with pytest.raises(ValueError):
         floor_outcome(step, None, None, math.nan)
+
+
+def test_a_lazy_reason_is_made_once_and_equals_the_eager_skip() -> None:
+    calls: list[str] = []
+
+    def make(x: str) -> str:
+        calls.append(x)
+        return f"hold: {x}"
+
+    out = held("replica_floor", "ml/chat", NOW, TargetHistory(), make, ("a",))
+    assert out.skip is not None and calls == []
+    eager = Skip(NOW, "replica_floor", "ml/chat", "hold: a", invalid_input=False)
+    assert out.skip == eager and hash(out.skip) == hash(eager)
+    assert out.skip.reason == "hold: a" and calls == ["a"]
+    assert out.skip.as_record() == eager.as_record() and calls == ["a"]
