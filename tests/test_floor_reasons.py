@@ -197,12 +197,22 @@ def test_generated_floors_decide_and_read_as_the_oracle_did(
     _both(*case)
 
 
-def test_a_nan_demand_fails_as_the_oracle_does() -> None:
+@pytest.mark.parametrize(
+    ("peak", "reserve"),
+    [
+        (math.nan, None),
+        (math.nan, Reserve(math.inf, 1.0, 1)),
+        (280.0, Reserve(math.inf, 1.0, 1)),
+        (math.inf, Reserve(math.nan, 1.0, 1)),
+    ],
+)
+def test_bad_numbers_fail_as_the_oracle_does(peak: float, reserve: Reserve | None) -> None:
+    """The same error first, whichever of the demand and the reserve is bad."""
     step = _step(workload_obs(signal(280, 490)), NO_SKILL, history(), 490, 280)
-    with pytest.raises(ValueError):
-        ref.floor_outcome(step, None, None, math.nan)
-    with pytest.raises(ValueError):
-        floor_outcome(step, None, None, math.nan)
+    with pytest.raises((ValueError, OverflowError)) as old:
+        ref.floor_outcome(step, None, reserve, peak)
+    with pytest.raises(old.type):
+        floor_outcome(step, None, reserve, peak)
 
 
 def test_a_lazy_reason_is_made_once_and_equals_the_eager_skip() -> None:

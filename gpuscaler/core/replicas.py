@@ -242,8 +242,8 @@ def _floor(
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     sized = observed if upper is None else max(observed, upper)
     capacity, full = reserve_sizes(obs, cfg)
-    raw = _raw(cfg, sized, capacity, current)
     kept = 0 if reserve is None else math.ceil(reserve.peak / full - 1e-9)
+    raw = _raw(cfg, sized, capacity, current)
     reserved = kept > raw
     if reserved:
         raw = kept
