@@ -34,7 +34,7 @@ The load model (stated wherever results are shown):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,6 +141,10 @@ class Recorder:
             setattr(self, name, np.full(self.n, np.nan))
 
 
+def _unwatched() -> None:
+    """A lone cluster: no one keeps a copy of its state."""
+
+
 class SimulatedCluster:
     """Observation source and actuator for the controller, backed by the simulation."""
 
@@ -200,6 +204,10 @@ class SimulatedCluster:
         self.signals_from = 0
         """The slot the pool's signal records start at (0; a lockstep keeps only their
         last window: `gpuscaler.sim.lanes`)."""
+        self.changed: Callable[[], object] = _unwatched
+        """Called when its pods, floor, fragments or time slice change (`set_replicas`,
+        `apply`): a lockstep keeps each lane's as arrays (`gpuscaler.sim.lanes`) and reads
+        a changed lane's again."""
         burst = config.simulator.preemption_burst_after
         self.preemption = (
             SimulatedPreemption(start, config.preemption, burst_after=burst)
@@ -361,6 +369,7 @@ class SimulatedCluster:
             # Newest (latest ready) go first; one not serving yet just disappears.
             self.pods.remove_newest(n, at, self._drain_seconds())
         self.replica_changes.append((now, current, n))
+        self.changed()
 
     def hpa_step(self, now: float) -> None:
         """The reactive autoscaler's step; effective replicas = max(floor, its answer)."""
@@ -416,4 +425,6 @@ class SimulatedCluster:
                 case TimeSliceDecision():
                     self.time_slice_changes.append(d)
                     self.time_slice_level = d.to_value
+        if decisions:
+            self.changed()
         return tuple(decisions)
