@@ -142,7 +142,9 @@ class Recorder:
 
 
 def _unwatched() -> None:
-    """A lone cluster: no one keeps a copy of its state."""
+    """A cluster's `changed`, called when its pods, floor, fragments or time slice change
+    (`set_replicas`, `apply`): a lone cluster's does nothing; a lockstep keeps its lanes'
+    state as arrays (`gpuscaler.sim.lane_state`) and reads a changed lane's again."""
 
 
 class SimulatedCluster:
@@ -166,8 +168,7 @@ class SimulatedCluster:
         self.config = config
         self.sim = config.simulator
         self.slot = self.sim.slot
-        self.workload_key = workload_key
-        self.pool_name = pool_name
+        self.workload_key, self.pool_name = workload_key, pool_name
         self.replicas_cfg: ReplicasConfig = config.workload_section(
             workload_key, "replicas", ReplicasConfig
         )
@@ -204,10 +205,7 @@ class SimulatedCluster:
         self.signals_from = 0
         """The slot the pool's signal records start at (0; a lockstep keeps only their
         last window: `gpuscaler.sim.lanes`)."""
-        self.changed: Callable[[], object] = _unwatched
-        """Called when its pods, floor, fragments or time slice change (`set_replicas`,
-        `apply`): a lockstep keeps each lane's as arrays (`gpuscaler.sim.lanes`) and reads
-        a changed lane's again."""
+        self.changed: Callable[[], object] = _unwatched  # see `_unwatched`
         burst = config.simulator.preemption_burst_after
         self.preemption = (
             SimulatedPreemption(start, config.preemption, burst_after=burst)

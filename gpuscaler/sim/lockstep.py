@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecision
-from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.core.snapshot import Observations
 from gpuscaler.sim.cluster import SimulatedCluster
 from gpuscaler.sim.lanes import LaneClusters
 from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
@@ -137,6 +137,7 @@ class LockstepClusters:
         self.batch = batch
         """The lanes' clusters together (their signals read at once), when they are."""
         self.names = [lane.lane_pool for lane in self.lanes]
+        self.tracks = {lane.workload.key: lane.track for lane in self.lanes}
 
     def observe(self, now: float) -> Observations:
         if self.batch is not None:
@@ -169,8 +170,9 @@ class LockstepClusters:
 
     def record(self, result: TickResult) -> None:
         """Each lane's forecast at this tick on its track."""
+        origin, tracks = result.plan.time, self.tracks
         for w in result.snapshot.workloads:
-            self.by_workload[w.key].track.add_workload(result.plan.time, w)
+            tracks[w.key].add_workload(origin, w)
 
 
 def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
