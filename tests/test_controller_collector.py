@@ -141,3 +141,76 @@ def test_objects_someone_else_froze_stay_frozen_after_a_paused_block() -> None:
         assert made
     finally:
         gc.unfreeze()
+
+
+class Clock:
+    """CPU seconds as the collector reads them; a full collection takes `cost` of them."""
+
+    def __init__(self, cost: float) -> None:
+        self.now, self.cost = 1000.0, cost
+        self.collections: list[float] = []
+        self.real = True
+        """Whether its collections collect (or are only counted)."""
+
+    def __call__(self) -> float:
+        return self.now
+
+    def collect(self) -> int:
+        self.collections.append(self.now)
+        self.now += self.cost
+        return gc.collect() if self.real else 0
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    import gpuscaler.collector as collector
+
+    fake = Clock(cost=0.2)
+    monkeypatch.setattr(collector, "_clock", fake)
+    monkeypatch.setattr(collector, "_collect", fake.collect)
+    monkeypatch.setattr(collector, "_last", None)
+    return fake
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_cycles_paused_blocks_dropped_are_collected_once_enough_cpu_time_passed(
+    clock: Clock,
+) -> None:
+    with gc_paused():
+        pass  # the first block: the time from which the next is counted
+    with gc_paused():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        probe = weakref.ref(a)
+        del a, b
+    clock.now += 9.0  # under FULL_EVERY (10 s)
+    with gc_paused():
+        pass
+    assert probe() is not None and clock.collections == []
+    clock.now += 1.0
+    with gc_paused():
+        pass
+    assert probe() is None and clock.collections == [1010.0]
+
+
+@pytest.mark.usefixtures("collector_on")
+@pytest.mark.parametrize(
+    ("cost", "every", "expected"),
+    [
+        (0.25, 1.0, 8),  # at 1011 s (FULL_EVERY after the first block), then 125.25 s apart
+        (2**-7, 1.0, 99),  # cheap ones: FULL_EVERY apart (10 s + their cost)
+        (1.0, 1.0, 2),  # 1011, 1512: 500 s apart (+ their cost)
+        (0.25, 64.0, 8),  # blocks a minute apart: every other block from the second on
+    ],
+)
+def test_full_collections_take_at_most_their_share_of_the_cpu_time(
+    clock: Clock, cost: float, every: float, expected: int
+) -> None:
+    clock.cost, clock.real = cost, False
+    end = clock.now + 1000.0
+    while clock.now < end:
+        with gc_paused():
+            clock.now += every
+    assert len(clock.collections) == expected
+    spent = cost * len(clock.collections)
+    assert spent <= 0.002 * 1000.0 + cost  # within the share, give or take the last one

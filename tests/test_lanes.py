@@ -11,7 +11,9 @@ import pytest
 
 import gpuscaler.sim.lanes as lanes_module
 from gpuscaler.config import Config, parse_config
+from gpuscaler.core.decisions import FragmentsDecision, ReplicaFloorDecision, TimeSliceDecision
 from gpuscaler.core.model import Series
+from gpuscaler.core.snapshot import RawPool, RawWorkload
 from gpuscaler.sim.cluster import RECORDED, SimulatedCluster
 from gpuscaler.sim.lanes import STEPPED, WINDOWED, LaneClusters, Steps, batchable
 from gpuscaler.sim.simulate import scenario_cluster
@@ -64,22 +66,24 @@ def _clusters(slot: str, lanes: int, hours: float, seed: int) -> list[SimulatedC
 
 
 def _decide(rng: np.random.Generator, c: SimulatedCluster, t: float) -> None:
-    """What the controller's decisions do to a lane's cluster (`SimulatedCluster.apply`):
-    a new floor (replicas raised to it), or new fragments (a disruption)."""
-    u = rng.random()
+    """The controller's decisions to a lane's cluster (`SimulatedCluster.apply`): a new
+    floor (replicas raised to it), new fragments (a disruption), a new time slice."""
+    u, key = rng.random(), c.workload_key
     if u < 0.08:
-        c.floor = int(rng.integers(0, 12))
-        c.set_replicas(t, max(c.floor, c.spec_count()))
+        floor = int(rng.integers(0, 12))
+        c.apply([ReplicaFloorDecision(t, key, c.floor, floor, "test")])
     elif u < 0.11:
-        c.fragments = int(rng.choice([1, 2, 4, 7]))
-        c.disrupted_until = t + c.sim.fragment_disruption
+        fragments = int(rng.choice([1, 2, 4, 7]))
+        c.apply([FragmentsDecision(t, c.pool_name, c.fragments, fragments, "test")])
     elif u < 0.13:
-        c.time_slice_level = str(rng.choice(["short", "medium", "long", "default"]))
+        level = str(rng.choice(["short", "medium", "long", "default"]))
+        c.apply([TimeSliceDecision(t, c.pool_name, c.time_slice_level, level, "test")])
 
 
-def _same_signals(a: SimulatedCluster, b: SimulatedCluster) -> None:
-    """What the controller reads of two clusters is equal (series to the last bit)."""
-    for x, y in zip(a.signals(), b.signals(), strict=True):
+def _same_signals(a: SimulatedCluster, b: tuple[RawPool, RawWorkload]) -> None:
+    """What the controller reads of a cluster alone and of its lane is equal (series to
+    the last bit)."""
+    for x, y in zip(a.signals(), b, strict=True):
         rest = {k: v for k, v in vars(x).items() if not isinstance(v, Series)}
         assert rest == {k: v for k, v in vars(y).items() if not isinstance(v, Series)}
         for k, v in vars(x).items():
@@ -109,8 +113,10 @@ def _run(
             lone = c.scaler._util_load(c)
             assert (lone, True) == (loads[i], known[i]) if lone is not None else not known[i]
         batch.hpa_step(t)
-        for a, b in zip(alone, together, strict=True):
-            _same_signals(a, b)
+        pools, workloads = batch.signals([c.pool_name for c in together])
+        for a, b, pool, workload in zip(alone, together, pools, workloads, strict=True):
+            _same_signals(a, b.signals())
+            _same_signals(a, (pool, workload))
             if round(t) % 3000 == 0:  # the stepped records read while the run goes on
                 for name in STEPPED:
                     np.testing.assert_array_equal(getattr(a.rec, name), getattr(b.rec, name))

@@ -33,7 +33,7 @@ import pytest
 
 from gpuscaler.config import parse_config
 from gpuscaler.sim.around import simulate
-from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
+from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace, layout_capacity
 from gpuscaler.sim.pods import Pods
 from gpuscaler.sim.simulate import scenario_cluster, scenario_config
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
@@ -192,3 +192,46 @@ def test_scaling_down_the_newest_pods_go_a_ready_one_after_draining_a_cold_one_a
     ready, held = pods.counts(np.array([179.0, 185.0, 200.0]))
     assert ready.tolist() == [3.0, 3.0, 2.0] and held.tolist() == [4.0, 3.0, 2.0]
     assert pods.steady(192.0, 1e9) and not pods.steady(150.0, 170.0)
+
+
+def _means_of_500ms_counts(
+    c: SimulatedCluster, begin: int, end: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The oracle: slots `begin` to `end` of a 10 s cluster counted every 500 ms, each
+    slot the `ndarray.mean` of its 20 counts (as `pods_over` took them at 3ecdbd8)."""
+    sub = 20
+    t = (c.start + c.slot * np.arange(begin, end))[:, None] + (c.slot / sub) * np.arange(sub)
+    ready, held = c.pods.counts(t.ravel())
+    capacity = layout_capacity(ready, c.fragments, c.sim.switch_overhead)
+    disrupted = t.ravel() < c.disrupted_until
+    capacity = np.where(disrupted, capacity * c.sim.fragment_disruption_capacity, capacity)
+    gpus = np.ceil(held / c.fragments)
+    means = tuple(a.reshape(-1, sub).mean(axis=1) for a in (ready, capacity, gpus))
+    return means[0], means[1], means[2]
+
+
+@pytest.mark.parametrize("fragments", [1, 3, 4])
+def test_a_coarser_slot_holds_the_exact_means_of_its_500ms_pod_counts(fragments: int) -> None:
+    """Through scale-ups with cold starts, drains and a fragment change's disruption, the
+    counts of each span of three 10 s slots (a control tick) where pods change equal, to
+    the last bit, the mean of the 500 ms counts in each slot."""
+    cluster, _ = _flat_cluster(10.0, rate=40.0)
+    rng = np.random.default_rng(fragments)
+    changed = 0
+    for begin in range(0, 700, 3):
+        t = cluster.start + cluster.slot * begin
+        if begin % 30 == 0:
+            cluster.set_replicas(t, int(rng.integers(1, 14)))
+        if begin == 90:
+            cluster.fragments = fragments
+            cluster.disrupted_until = t + cluster.sim.fragment_disruption
+        want = _means_of_500ms_counts(cluster, begin, begin + 3)
+        got = cluster.pods_over(begin, begin + 3)
+        if len(got[0]) == 3:  # not one steady slot's counts
+            changed += 1
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+        else:  # the counts at the first instant, held (the mean of 20 equal counts)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.repeat(g, 3), w, rtol=1e-15)
+    assert changed > 20

@@ -23,13 +23,14 @@ the baselines' sweep records them (0.5 MB less a lane-week).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray
-from gpuscaler.sim.cluster import RECORDED, STALL_LEVEL_FACTOR, Recorder, SimulatedCluster
+from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.core.snapshot import RawPool, RawWorkload
+from gpuscaler.sim.cluster import RECORDED, Recorder, SimulatedCluster
+from gpuscaler.sim.lane_state import LaneState
 from gpuscaler.sim.queue import lindley
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
@@ -127,6 +128,7 @@ def batchable(clusters: Sequence[SimulatedCluster]) -> bool:
         and c.scaler.predicted is None
         and not c.scaler.recs
         and c.scaler.interval == first.scaler.interval
+        and c.window_slots == first.window_slots
         for c in clusters
     )
 
@@ -159,6 +161,7 @@ class LaneClusters:
         """The HPA's recommendations of the stabilization window, every lane's at once."""
         self.scaling: tuple[FloatArray, FloatArray, IntArray, IntArray] | None = None
         """Each lane's HPA (target, tolerance, min and max replicas), once all are in."""
+        self.state = LaneState(lanes)
         self.add(first)
 
     @classmethod
@@ -191,6 +194,7 @@ class LaneClusters:
             setattr(c, name, table[min(i, len(table) - 1)])
         # The requests recorded are the arrivals: the same values up to the cursor (all
         # of them once the run ends; nothing reads past the cursor before).
+        self.state.add(i, c)
         c.rec = LaneRecorder(self, i)
         c.rec.requests = c.arrivals
         for name in TABLED:
@@ -206,26 +210,12 @@ class LaneClusters:
         end = min(self.n, round((now - self.start) / self.slot))
         if end <= self.cursor:
             return
-        begin, k = self.cursor, end - self.cursor
-        lanes = len(self.clusters)
-        ready, capacity, gpus = (np.empty((lanes, k)) for _ in range(3))
-        per_lane = []
-        for i, c in enumerate(self.clusters):
-            ready[i], capacity[i], gpus[i] = c.pods_over(begin, end)
-            f = c.fragments
-            per_lane.append(
-                (
-                    f,
-                    c._efficiency(min(f, max(1.0, c.held_last))),
-                    math.log2(f) / 3.0,
-                    STALL_LEVEL_FACTOR[c.time_slice_level],
-                )
-            )
-        lane = np.array(per_lane, dtype=np.float64)
-        self._record(begin, end, (ready, capacity, gpus), lane)
-        for i, c in enumerate(self.clusters):
+        begin = self.cursor
+        pods = self.state.pods_over(self.start, self.slot, begin, end)
+        self._record(begin, end, pods, self.state.params)
+        for c, q in zip(self.clusters, self.q.tolist(), strict=True):
             c.cursor = end
-            c.q = float(self.q[i])
+            c.q = q
         self.cursor = end
 
     def _record(
@@ -262,14 +252,12 @@ class LaneClusters:
             w.table[:, w.slots(begin, end)] = values
         w = self.windows["stall"]
         w.table[:, w.slots(begin, end)] = stall
-        self.steps["demand_busy"].put(begin, lane[:, 1])
+        self.steps["demand_busy"].put(begin, lane[:, 1].copy())
         rec["demand_pct"][:, idx] = demand_pct
         rec["capacity"][:, idx] = capacity
         rec["served"][:, idx] = served
         rec["gpus"][:, idx] = gpus
-        self.steps["replicas"].put(
-            begin, np.array([c.spec_count() for c in self.clusters], dtype=np.float64)
-        )
+        self.steps["replicas"].put(begin, self.state.specs.astype(np.float64))
 
     def stepped(self, name: str, lane: int) -> FloatArray:
         """Lane `lane`'s record `name` (one of `STEPPED`) as its cluster records it: NaN
@@ -279,6 +267,58 @@ class LaneClusters:
             s = slice(0, self.cursor)
             values[s] = self.work[lane, s] / self.slot / values[s]
         return values
+
+    def signals(self, names: Sequence[str]) -> tuple[list[RawPool], list[RawWorkload]]:
+        """Every lane's `SimulatedCluster.signals(names[lane])` (the same values; its
+        series are views of the same slots), read from the lanes' tables at once."""
+        state, end, cs = self.state, self.cursor, self.clusters
+        state.fresh()
+        begin = max(0, end - cs[0].window_slots)
+        start, step = self.start + self.slot * begin, self.slot
+        util, stall = self.windows["pool_util"], self.windows["stall"]
+        held: list[int | None] = [None] * len(cs)
+        if end:
+            held = [int(g) for g in self.rec["gpus"][:, end - 1].tolist()]
+        pools = [
+            RawPool(
+                name,
+                Series(start, step, u),
+                Series(start, step, s),
+                f,
+                level,
+                c.gpu_memory_gib,
+                gpus_held=g,
+            )
+            for name, c, u, s, f, level, g in zip(
+                names,
+                cs,
+                util.table[:, util.slots(begin, end)],
+                stall.table[:, stall.slots(begin, end)],
+                state.fragments,
+                state.levels,
+                held,
+                strict=True,
+            )
+        ]
+        workloads = [
+            RawWorkload(
+                c.workload_key,
+                Series(start, step, d),
+                floor,
+                spec,
+                c.replicas_cfg.max_replicas,
+                share,
+            )
+            for c, d, floor, spec, share in zip(
+                cs,
+                self.rec["demand_pct"][:, begin:end],
+                state.floors.tolist(),
+                state.specs.tolist(),
+                state.shares.tolist(),
+                strict=True,
+            )
+        ]
+        return pools, workloads
 
     def _windows_to_lanes(self) -> None:
         """Each lane's windowed records: its rows of the windows' tables."""
@@ -300,11 +340,10 @@ class LaneClusters:
     def hpa_step(self, now: float) -> None:
         """`SimulatedCluster.hpa_step(now)` of every lane: each HPA's answer, its
         scale-down stabilization, and the floor under it."""
-        cs = self.clusters
-        current = np.array([c.spec_count() for c in cs], dtype=np.int64)
-        ready = np.array([c.ready_count(now) for c in cs], dtype=np.int64)
+        cs, state = self.clusters, self.state
+        ready = state.ready_at(now)  # the lanes' state fresh from here on
+        current, share = state.specs.copy(), state.shares.copy()
         load, known = self._util_loads()
-        share = np.array([c.share() for c in cs])
         if self.scaling is None:
             cfg = [c.scaler.cfg for c in cs]
             self.scaling = (
@@ -321,8 +360,7 @@ class LaneClusters:
         self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION] + [(now, desired)]
         highest = np.maximum.reduce([v for _, v in self.recs])
         desired = np.where(desired < current, np.minimum(current, highest), desired)
-        floor = np.array([c.floor for c in cs], dtype=np.int64)
-        wants = np.maximum(floor, desired)
+        wants = np.maximum(state.floors, desired)
         for i in np.flatnonzero(wants != current):
             cs[i].set_replicas(now, int(wants[i]))
 

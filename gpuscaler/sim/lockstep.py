@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecision
-from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
+from gpuscaler.core.snapshot import Observations
 from gpuscaler.sim.cluster import SimulatedCluster
 from gpuscaler.sim.lanes import LaneClusters
 from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
@@ -130,14 +130,20 @@ class LockstepClusters:
 
     name = "simulator"
 
-    def __init__(self, lanes: Sequence[Lane]):
+    def __init__(self, lanes: Sequence[Lane], batch: LaneClusters | None = None):
         self.lanes = list(lanes)
         self.by_pool = {lane.lane_pool: lane for lane in self.lanes}
         self.by_workload = {lane.workload.key: lane for lane in self.lanes}
+        self.batch = batch
+        """The lanes' clusters together (their signals read at once), when they are."""
+        self.names = [lane.lane_pool for lane in self.lanes]
+        self.tracks = {lane.workload.key: lane.track for lane in self.lanes}
 
     def observe(self, now: float) -> Observations:
-        pools: list[RawPool] = []
-        workloads: list[RawWorkload] = []
+        if self.batch is not None:
+            pools, workloads = self.batch.signals(self.names)
+            return Observations(now, tuple(pools), tuple(workloads))
+        pools, workloads = [], []
         for lane in self.lanes:
             pool, workload = lane.cluster.signals(lane.lane_pool)
             pools.append(pool)
@@ -164,8 +170,9 @@ class LockstepClusters:
 
     def record(self, result: TickResult) -> None:
         """Each lane's forecast at this tick on its track."""
+        origin, tracks = result.plan.time, self.tracks
         for w in result.snapshot.workloads:
-            self.by_workload[w.key].track.add_workload(result.plan.time, w)
+            tracks[w.key].add_workload(origin, w)
 
 
 def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
@@ -175,7 +182,7 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
         return []
     config = combined_config(preps, [place(i, p) for i, p in enumerate(preps)])
     lanes, batch = make_lanes(preps)
-    clusters = LockstepClusters(lanes)
+    clusters = LockstepClusters(lanes, batch)
     controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(clusters.record)
     first = preps[0]
