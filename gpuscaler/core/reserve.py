@@ -73,31 +73,6 @@ def overflow_reserve(
     return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))
 
 
-def overflow_reserve_many(
-    seen: Sequence[FloatArray],
-    now: float,
-    window: float,
-    span: float,
-    at_target: Sequence[float],
-    full: Sequence[float],
-) -> list[Reserve | None]:
-    """`overflow_reserve` of each record array in `seen` (with its own `at_target` and
-    `full`), the same Reserve each, computed together: arrays whose records have the
-    same times share their windows, so each step is one numpy operation over all of them
-    (lanes in lockstep tick together)."""
-    out: list[Reserve | None] = [None] * len(seen)
-    groups: dict[bytes, list[int]] = {}
-    for i, rec in enumerate(seen):
-        if len(rec) >= 2:
-            groups.setdefault(rec[:, 0].tobytes(), []).append(i)
-    for idx in groups.values():
-        recs = np.stack([seen[i] for i in idx])
-        at, up = [at_target[i] for i in idx], [full[i] for i in idx]
-        for i, r in zip(idx, overflow_reserve_chunk(recs, now, window, span, at, up), strict=True):
-            out[i] = r
-    return out
-
-
 def overflow_reserve_chunk(
     recs: FloatArray,
     now: float,
