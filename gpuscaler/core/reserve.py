@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, IntArray
-from gpuscaler.core.skill import window_max
+from gpuscaler.core.model import FloatArray
+from gpuscaler.core.skill import window_max, window_max_rows
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _reserve_rows(
     ts, vs = t[order], np.where(ok, v, -np.inf)[:, order]
     o = t[inspan]
     start, stop = np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o)
-    reactive = window_max_table(vs, start, stop)
+    reactive = window_max_rows(vs, start, stop)
     values = v[:, inspan]
     replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
     with np.errstate(invalid="ignore"):
@@ -145,32 +145,4 @@ def _reserve_rows(
             continue
         top = int(inspan[k])
         out.append(Reserve(float(v[row, top]), now - float(t[top]), count))
-    return out
-
-
-def window_max_table(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
-    """`skill.window_max_rows(values, start, stop)`: the maximum of each row over each
-    window [start, stop) (-inf for an empty one), from a sparse table instead of one
-    `reduceat` over rows (whose small segments cost ~1 us a row and window). Level k
-    holds the maxima of the runs of 2**k values; a window of width w is the maximum of
-    its first and its last run of 2**floor(log2 w), which overlap: each value is taken
-    once or twice, and a maximum is the same value either way (`values` without NaN;
-    of equal zeros the sign may differ, which the reserve's sizing cannot tell apart:
-    ceil of a zero less 1e-9 is -0.0 either way, then at least one replica)."""
-    width = stop - start
-    out: FloatArray = np.full((len(values), start.size), -np.inf)
-    used = width > 0
-    if not used.any():
-        return out
-    # The exponent of w in [0.5, 1) x 2**e, less one: floor(log2 w), exact for integers.
-    level = np.frexp(width)[1] - 1
-    table = values
-    for k in range(int(level[used].max()) + 1):
-        if k:
-            half = 1 << (k - 1)
-            table = np.maximum(table[:, :-half], table[:, half:])
-        at = np.flatnonzero(used & (level == k))
-        if at.size:
-            first, last = start[at], stop[at] - (1 << k)
-            out[:, at] = np.maximum(table[:, first], table[:, last])
     return out

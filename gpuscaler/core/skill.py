@@ -101,12 +101,65 @@ def _shortfall(need: FloatArray, capacity: FloatArray) -> float:
 
 def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
     """max(values[start[i]:stop[i]]) for each i, NaN kept (as `np.max` does); -inf where
-    the window is empty."""
-    ext = np.append(values, -np.inf)  # stop may be len(values): reduceat needs an index
-    idx = np.empty(2 * start.size, dtype=np.intp)
-    idx[0::2], idx[1::2] = start, stop
-    out = np.maximum.reduceat(ext, idx)[0::2] if idx.size else ext[:0]
-    return np.where(stop > start, out, -np.inf)
+    the window is empty (`window_max_rows` of the one row)."""
+    found: FloatArray = window_max_rows(values[None], start, stop)[0]
+    return found
+
+
+def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """The maximum of each row of `values` over each window [start, stop) (the same
+    windows for every row; -inf for an empty one, NaN kept), from a sparse table: level
+    k holds the maxima of the runs of 2**k values, and a window of width w is the
+    maximum of its first and its last run of 2**floor(log2 w), which overlap (a value
+    taken twice is the same maximum). One level a width class, not one reduction a row
+    and window (`np.maximum.reduceat`'s small segments cost ~1 us each). The value is
+    the window's maximum however taken; of a window's equal zeros or NaNs the one kept
+    may differ from another order's (its sign or payload), which no sum, comparison or
+    text the floor makes of it can tell (tests/test_window_max.py)."""
+    rows, count = len(values), start.size
+    if not count:
+        return np.full((rows, 0), -np.inf)
+    width = stop - start
+    w = int(width[0])
+    if w > 0 and int(width.min()) == int(width.max()) == w and _one_after_another(start):
+        # One width, an origin a record: each window's two runs are two slices.
+        top = w.bit_length() - 1
+        table = _level(values, top)
+        first, last = int(start[0]), int(stop[0]) - (1 << top)
+        # In C order, as the rows' sums read them (numpy picks the layout its inputs'
+        # strides suggest, and sums other layouts in another order).
+        found: FloatArray = np.maximum(
+            table[:, first : first + count], table[:, last : last + count], order="C"
+        )
+        return found
+    # The exponent of w in [0.5, 1) x 2**e, less one: floor(log2 w), exact for integers
+    # (-1 for an empty window).
+    level = np.frexp(width)[1] - 1
+    out: FloatArray = np.full((rows, count), -np.inf)
+    table = values
+    for k in range(int(level.max()) + 1):
+        if k:
+            table = _level(table, 1, k - 1)
+        at = np.flatnonzero(level == k)
+        if at.size:
+            first_at, last_at = start[at], stop[at] - (1 << k)
+            out[:, at] = np.maximum(table[:, first_at], table[:, last_at])
+    return out
+
+
+def _level(values: FloatArray, top: int, done: int = 0) -> FloatArray:
+    """Level `done + top` of the sparse table from its level `done` (`values`): the
+    maxima of the runs of 2**(done + top) values."""
+    table = values
+    for k in range(done, done + top):
+        half = 1 << k
+        table = np.maximum(table[:, :-half], table[:, half:])
+    return table
+
+
+def _one_after_another(first: IntArray) -> bool:
+    """Whether the indices count up by one."""
+    return bool((first[1:] - first[:-1] == 1).all())
 
 
 def _window_means(v: FloatArray, order: IntArray, start: IntArray, stop: IntArray) -> FloatArray:
@@ -326,16 +379,6 @@ def _assess_rows(
 def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     """`_shortfall` of each row."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
-    return found
-
-
-def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
-    """`window_max` of each row of `values` (the same windows for every row)."""
-    ext = np.concatenate((values, np.full((len(values), 1), -np.inf)), axis=1)
-    idx = np.empty(2 * start.size, dtype=np.intp)
-    idx[0::2], idx[1::2] = start, stop
-    out = np.maximum.reduceat(ext, idx, axis=1)[:, 0::2]
-    found: FloatArray = np.where(stop > start, out, -np.inf)
     return found
 
 
