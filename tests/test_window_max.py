@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from gpuscaler.core import reserve, skill
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
-from gpuscaler.core.skill import Skill, assess, assess_many, remember, window_max, window_max_rows
+from gpuscaler.core.skill import (
+    Skill,
+    assess,
+    assess_chunk,
+    records,
+    remember,
+    window_max,
+    window_max_rows,
+)
 
 WINDOW_MAX_ROWS = window_max_rows
 NEGATIVE_NAN = -math.nan  # the sign bit set: what x86 makes of inf - inf
@@ -224,7 +232,7 @@ def test_skills_are_the_same_bits_whichever_equal_zero_or_nan_the_maxima_keep(
         for maxima in (WINDOW_MAX_ROWS, reduceat_max):  # `window_max` is its one row
             monkeypatch.setattr(skill, "window_max_rows", maxima)
             found += [
-                assess_many(hs, now, lead, stab, 5),
+                assess_chunk(np.stack([records(h) for h in hs]), now, lead, stab, 5),
                 [assess(h, now, lead, stab, 5) for h in hs],
             ]
         for got in found[:2]:

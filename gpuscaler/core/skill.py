@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,7 +254,13 @@ def assess(
     """The forecast's skill over the origins of the last `span` seconds of `h.seen`."""
     if len(h.seen) < 2:
         return Skill(None, 0)
-    rec = records(h)
+    return _assess_records(records(h), now, lead, stabilization, min_origins, span)
+
+
+def _assess_records(
+    rec: FloatArray, now: float, lead: float, stabilization: float, min_origins: int, span: float
+) -> Skill:
+    """`assess` of the (records, 4) array `rec` (at least two records)."""
     t, v = rec[:, 0], rec[:, 1]
     # Ticks without a forecast (NaN bound: too little history) are observed, not scored.
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec[:, 2]))
@@ -297,35 +303,44 @@ def in_fallback(h: TargetHistory, skill: Skill, below: float, above: float) -> b
     return skill.score < below
 
 
-def assess_many(
-    hs: Sequence[TargetHistory],
+def assess_chunk(
+    recs: FloatArray,
     now: float,
     lead: float,
     stabilization: float,
     min_origins: int,
     span: float = math.inf,
 ) -> list[Skill]:
-    """`assess` of every history in `hs`, the same Skill each (bit for bit), computed
-    together: histories whose records have the same times (and the same ticks without a
-    forecast) share their windows, so each step is one numpy operation over all of them
-    (a workload-tick's ~100 calls on small arrays become one call per tick and group)."""
-    out: list[Skill] = [Skill(None, 0)] * len(hs)
-    groups: dict[bytes, list[int]] = {}
-    for i, h in enumerate(hs):
-        if len(h.seen) >= 2:
-            rec = records(h)
-            key = rec[:, 0].tobytes() + np.isfinite(rec[:, 2]).tobytes()
-            groups.setdefault(key, []).append(i)
-    for idx in groups.values():
-        if len(idx) < _MIN_ROWS:  # a few rows cost less one by one
-            for i in idx:
-                out[i] = assess(hs[i], now, lead, stabilization, min_origins, span)
+    """`assess` of each history whose records are a row of `recs` (rows, records, 4), all
+    with the same times (`floor_rows.remember_rows`' chunks): the same Skill each (bit
+    for bit), computed together: rows with the same ticks without a forecast share their
+    windows, so each step is one numpy operation over all of them (a workload-tick's
+    ~100 calls on small arrays become one call per tick and group)."""
+    if recs.shape[1] < 2:
+        return [Skill(None, 0)] * len(recs)
+    out: list[Skill] = [Skill(None, 0)] * len(recs)
+    for rows in _forecast_groups(recs):
+        if len(rows) < _MIN_ROWS:  # a few rows cost less one by one
+            for i in rows:
+                out[i] = _assess_records(recs[i], now, lead, stabilization, min_origins, span)
             continue
-        recs = np.stack([records(hs[i]) for i in idx])
-        skills = _assess_rows(recs, now, lead, stabilization, min_origins, span)
-        for i, s in zip(idx, skills, strict=True):
-            out[i] = s
+        part = recs if len(rows) == len(recs) else recs[rows]
+        skills = _assess_rows(part, now, lead, stabilization, min_origins, span)
+        for i, found in zip(rows, skills, strict=True):
+            out[i] = found
     return out
+
+
+def _forecast_groups(recs: FloatArray) -> list[list[int]]:
+    """The rows of `recs` grouped by their records without a forecast (NaN bound): most
+    often all rows in one group."""
+    finite = np.isfinite(recs[:, :, 2])
+    if (finite == finite[0]).all():
+        return [list(range(len(recs)))]
+    groups: dict[bytes, list[int]] = {}
+    for i, row in enumerate(finite):
+        groups.setdefault(row.tobytes(), []).append(i)
+    return list(groups.values())
 
 
 _MIN_ROWS = 4
