@@ -98,9 +98,9 @@ def test_chunks_on_other_schedules_or_too_short_each_give_the_reserves_alone(
             assert together == alone(part, now, 300.0, span, at, full)
         for short in ([r[:1] for r in a], [r[:0] for r in b]):  # nothing to size from
             at, full = sizes(len(short))
-            assert overflow_reserve_chunk(chunk(short), now, 300.0, span, at, full) == [
-                None
-            ] * len(short)
+            assert overflow_reserve_chunk(chunk(short), now, 300.0, span, at, full) == [None] * len(
+                short
+            )
             assert alone(short, now, 300.0, span, at, full) == [None] * len(short)
 
 
@@ -149,3 +149,26 @@ def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(
     monkeypatch.setattr(reserve, "MIN_ROWS", 1)
     _, reasons = plans_are_each_floor_alone(12)
     assert any("reserve" in r for r in reasons)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("times", ["shuffled", "reversed", "a tie"])
+def test_a_chunk_whose_records_are_out_of_time_order_gives_each_rows_reserve_alone(
+    monkeypatch: pytest.MonkeyPatch, seed: int, times: str
+) -> None:
+    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
+    recs, now = lanes(seed, 6, 120)
+    rng = np.random.default_rng(seed)
+    order = {
+        "shuffled": rng.permutation(120),
+        "reversed": np.arange(120)[::-1],
+        "a tie": np.r_[np.arange(60), 59, np.arange(61, 120)],  # one time twice, in order
+    }[times]
+    part = [r[order] for r in recs]
+    at, full = sizes(len(part))
+    hits = 0
+    for window, span in ((300.0, 7200.0), (45.0, 900.0), (120.0, 1800.0)):
+        together = overflow_reserve_chunk(chunk(part), now, window, span, at, full)
+        assert together == alone(part, now, window, span, at, full)
+        hits += sum(r is not None for r in together)
+    assert hits > 0
