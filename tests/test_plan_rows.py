@@ -27,13 +27,11 @@ from gpuscaler.core.time_slice import _calm_since
 NOW = 1_700_000_000.0
 
 
-@pytest.mark.parametrize("rows_from", [1, reserve.MIN_ROWS, 100])
-@pytest.mark.parametrize("chunk", [reserve.CHUNK_ROWS, 3])
+@pytest.mark.parametrize("chunk", [reserve.CHUNK_ROWS, 3, 1])
 @pytest.mark.parametrize("seed", range(3))
 def test_reserves_read_from_a_chunk_of_records_are_each_workloads_reserve(
-    monkeypatch: pytest.MonkeyPatch, rows_from: int, chunk: int, seed: int
+    monkeypatch: pytest.MonkeyPatch, chunk: int, seed: int
 ) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", rows_from)
     monkeypatch.setattr(reserve, "CHUNK_ROWS", chunk)
     recs, now = lanes(seed, 11, 250)
     at, full = sizes(11)

@@ -1,9 +1,9 @@
 """The overflow reserves of a tick taken together (issue 20): `overflow_reserve_chunk`
 gives each row of a chunk of records that share their times (`floor_rows.remember_rows`'
-chunks) exactly what `overflow_reserve` gives it alone (the same peak, age and count),
-whether its rows are taken over rows (one numpy step over all of them) or one by one,
-and the planner's floors with the reserves taken together are the floors decided
-alone."""
+chunks) exactly what the reserve of its records alone was (the same peak, age and count:
+tests/floor_reference.py's `overflow_reserve`, the oracle), in chunks of rows or all at
+once, and so does `overflow_reserve` (one row of the same steps); and the planner's
+floors with the reserves taken together are the floors decided alone."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from floor_reference import overflow_reserve as old_overflow_reserve
 from test_floor_batch import plans_are_each_floor_alone
 
 from gpuscaler.core import reserve
@@ -59,18 +60,25 @@ def alone(
     at: list[float],
     full: list[float],
 ) -> list[Reserve | None]:
-    return [
+    """Each record array's reserve alone: the oracle's, which `overflow_reserve` (one
+    row of the chunk's steps) must give too."""
+    found = [
+        old_overflow_reserve(tuple(map(tuple, r.tolist())), now, window, span, a, f)
+        for r, a, f in zip(recs, at, full, strict=True)
+    ]
+    assert found == [
         overflow_reserve(r, now, window, span, a, f) for r, a, f in zip(recs, at, full, strict=True)
     ]
+    return found
 
 
-@pytest.mark.parametrize("rows_from", [1, reserve.MIN_ROWS])
+@pytest.mark.parametrize("chunk_rows", [1, 4, reserve.CHUNK_ROWS])
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(("window", "span"), [(300.0, 7200.0), (45.0, 900.0), (0.0, 600.0)])
 def test_reserves_taken_together_are_each_workloads_reserve(
-    monkeypatch: pytest.MonkeyPatch, rows_from: int, seed: int, window: float, span: float
+    monkeypatch: pytest.MonkeyPatch, chunk_rows: int, seed: int, window: float, span: float
 ) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", rows_from)
+    monkeypatch.setattr(reserve, "CHUNK_ROWS", chunk_rows)
     recs, now = lanes(seed, 10, 260)
     at, full = sizes(10)
     hits = 0
@@ -84,10 +92,7 @@ def test_reserves_taken_together_are_each_workloads_reserve(
     assert (hits > 0) == (window > 0)  # an empty window sizes nothing: no reserve
 
 
-def test_chunks_on_other_schedules_or_too_short_each_give_the_reserves_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
+def test_chunks_on_other_schedules_or_too_short_each_give_the_reserves_alone() -> None:
     a, now_a = lanes(0, 4, 200)
     b, now_b = lanes(1, 3, 230)  # other record times: a chunk of its own
     now = max(now_a, now_b)
@@ -109,7 +114,7 @@ def test_the_newest_of_equal_highest_overflows_is_reported() -> None:
     rows = np.zeros((12, 4))
     rows[:, 0] = t
     rows[:, 1] = [10.0, 10.0, 500.0, 10.0, 10.0, 500.0, 10.0, 10.0, 200.0, 10.0, math.nan, 10.0]
-    recs = [rows.copy() for _ in range(reserve.MIN_ROWS)]
+    recs = [rows.copy() for _ in range(4)]
     now = float(t[-1])
     found = overflow_reserve_chunk(
         chunk(recs), now, 60.0, 3600.0, [10.0] * len(recs), [14.0] * len(recs)
@@ -117,9 +122,7 @@ def test_the_newest_of_equal_highest_overflows_is_reported() -> None:
     assert found == [Reserve(500.0, now - float(t[5]), 3)] * len(recs)
 
 
-def test_small_groups_are_taken_one_by_one_and_large_ones_as_rows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_chunks_rows_are_taken_in_chunks_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
     inner = reserve._reserve_rows
 
@@ -128,25 +131,19 @@ def test_small_groups_are_taken_one_by_one_and_large_ones_as_rows(
         return inner(t, v, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(reserve, "_reserve_rows", spy)
-    recs, now = lanes(3, reserve.MIN_ROWS + 2, 150)
-    other, _ = lanes(4, reserve.MIN_ROWS - 1, 140)
-    for part, rows in ((recs, [reserve.MIN_ROWS + 2]), (other, [])):
-        at, full = sizes(len(part))
-        together = overflow_reserve_chunk(chunk(part), now, 300.0, 7200.0, at, full)
-        assert together == alone(part, now, 300.0, 7200.0, at, full)
-        assert seen == rows
-        seen.clear()
-    monkeypatch.setattr(reserve, "CHUNK_ROWS", 4)  # in chunks: the same reserves
+    recs, now = lanes(3, 6, 150)
     at, full = sizes(len(recs))
-    together = overflow_reserve_chunk(chunk(recs), now, 300.0, 7200.0, at, full)
-    assert together == alone(recs, now, 300.0, 7200.0, at, full)
-    assert seen == [4] * (len(recs) // 4) + [len(recs) % 4] * (len(recs) % 4 > 0)
+    for rows, calls in ((reserve.CHUNK_ROWS, [6]), (4, [4, 2]), (1, [1] * 6)):
+        monkeypatch.setattr(reserve, "CHUNK_ROWS", rows)
+        together = overflow_reserve_chunk(chunk(recs), now, 300.0, 7200.0, at, full)
+        assert seen == calls
+        seen.clear()
+        assert together == alone(recs, now, 300.0, 7200.0, at, full)  # one row each
+        assert seen == [1] * len(recs)
+        seen.clear()
 
 
-def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
+def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone() -> None:
     _, reasons = plans_are_each_floor_alone(12)
     assert any("reserve" in r for r in reasons)
 
@@ -154,9 +151,8 @@ def test_a_plan_whose_reserves_are_taken_as_rows_is_each_floor_decided_alone(
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("times", ["shuffled", "reversed", "a tie"])
 def test_a_chunk_whose_records_are_out_of_time_order_gives_each_rows_reserve_alone(
-    monkeypatch: pytest.MonkeyPatch, seed: int, times: str
+    seed: int, times: str
 ) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", 1)
     recs, now = lanes(seed, 6, 120)
     rng = np.random.default_rng(seed)
     order = {

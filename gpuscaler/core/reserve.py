@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscaler.core.model import FloatArray
-from gpuscaler.core.skill import window_max, window_max_rows
+from gpuscaler.core.skill import window_max_rows
 
 
 @dataclass(frozen=True)
@@ -51,26 +51,8 @@ def overflow_reserve(
     if len(seen) < 2:
         return None  # a record needs one before it to size from
     rec = np.asarray(seen, dtype=np.float64).reshape(-1, 4)
-    t, v = rec[:, 0], rec[:, 1]
-    ok = np.isfinite(v)
-    scored = np.flatnonzero((t > now - span) & ok)
-    # Each record's window [t - window, t) is a run of the records in time order; its
-    # maximum over the finite values is exact however taken.
-    order = np.argsort(t, kind="stable")
-    ts, vs = t[order], np.where(ok, v, -np.inf)[order]
-    o = t[scored]
-    reactive = window_max(vs, np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o))
-    has = reactive > -np.inf
-    scored, reactive = scored[has], reactive[has]
-    if not scored.size:
-        return None  # nothing to size from yet
-    replicas = np.maximum(1.0, np.ceil(reactive / at_target - 1e-9))
-    over = v[scored] > replicas * full + 1e-9
-    if not over.any():
-        return None
-    hit = scored[over]
-    top = hit[len(hit) - 1 - int(np.argmax(v[hit][::-1]))]  # the newest of the highest
-    return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))
+    sizes = np.asarray([[at_target], [full]], dtype=np.float64)
+    return _reserve_rows(rec[:, 0], rec[None, :, 1], now, window, span, sizes[0], sizes[1])[0]
 
 
 def overflow_reserve_chunk(
@@ -86,11 +68,6 @@ def overflow_reserve_chunk(
     `at_target` and `full`: the same Reserve each, its rows read in place."""
     if recs.shape[1] < 2:
         return [None] * len(recs)
-    if len(recs) < MIN_ROWS:
-        return [
-            overflow_reserve(r, now, window, span, a, f)
-            for r, a, f in zip(recs, at_target, full, strict=True)
-        ]
     t = recs[0, :, 0]
     sizes = np.asarray([at_target, full], dtype=np.float64)
     out: list[Reserve | None] = []
@@ -101,13 +78,11 @@ def overflow_reserve_chunk(
     return out
 
 
-MIN_ROWS = 4
-"""Fewer arrays than this with the same times are taken one by one (measured at 250
-records: 2 rows 0.9x, 4 rows 1.4x, 8 rows 2.3x the speed of one by one)."""
 CHUNK_ROWS = 128
 """Rows taken at once (a steady 40-lane tick's records, 250 a row, 240 in the span,
-load ~7: 32 rows 106 us, 40: 118, 64: 159, 100: 215, 128: 257, 256: 452; it was 32 while
-the window maxima took ~1 us a row and window)."""
+load ~7: 1 row 53 us (`overflow_reserve`, one row of these steps), 4: 61, 32: 106, 40:
+118, 64: 159, 100: 215, 128: 257, 256: 452; it was 32 while the window maxima took ~1 us
+a row and window)."""
 
 
 def _reserve_rows(
