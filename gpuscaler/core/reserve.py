@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, IntArray
 from gpuscaler.core.skill import window_max_rows
 
 
@@ -103,6 +103,7 @@ def _reserve_rows(
         return [None] * len(v)
     ok = np.isfinite(v)
     finite = np.where(ok, v, -np.inf)  # a value not finite sizes nothing, overflows never
+    span_at: slice | IntArray
     if bool((t[1:] >= t[:-1]).all()):  # in time order: the span is the newest records
         ts, vs, span_at = t, finite, slice(int(inspan[0]), None)
     else:
