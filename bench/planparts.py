@@ -104,7 +104,11 @@ def child(path: str, repeat: int) -> None:
 
     for name in PARTS:
         setattr(plan_module, name, timed(name, getattr(plan_module, name)))
+    for name in PARTS:
+        spent[name].append(0.0)
     out = plan_module.plan(snapshot, cfg, history, now)
+    for name in PARTS:
+        spent[name].clear()
     seen = (out.decisions, out.skips, sorted(out.history.targets.items()))
     digest = int(hashlib.sha256(repr(seen).encode()).hexdigest()[:12], 16)
     whole = []
@@ -148,7 +152,9 @@ def main() -> None:
                     cmd = [sys.executable, __file__, "--child", str(pkl)]
                     cmd += ["--repeat", str(args.repeat)]
                     env = {**os.environ, "PYTHONPATH": path, **keep}
-                    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+                    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    if done.returncode:
+                        sys.exit(f"the {which or 'tree'} child failed:\n{done.stderr}")
                     line = done.stdout.strip().splitlines()[-1]
                     print(f"lanes {lanes} round {r} {which or 'tree'}: {line}", file=sys.stderr)
                     fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
