@@ -8,7 +8,8 @@ A lockstep of N of bench/lockstep.py's workloads (10 s slots, from day 4 at noon
 full after ~2 h). Child processes then time `core.plan.plan` on them `--repeat` times
 (CPU, each part by a wrapper: its minimum and median), with the base revision unpacked
 first on PYTHONPATH and with this tree, alternated `--rounds` times; each child prints a
-digest of the plan (its decisions, skips and histories), which must agree. The children
+digest of the plan (its decisions, skips and histories), which must agree; the figures
+are the medians of the rounds. The children
 keep freed memory (glibc's MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ raised, as
 bench/skill.py's: repeated calls would otherwise fault fresh pages for every large
 temporary, which a whole run's heap mostly reuses). Last line:
@@ -25,7 +26,6 @@ import hashlib
 import os
 import pickle
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from revision import ROOT, unpack
+from revision import alternated, medians
 
 KEEP_MEMORY = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 PARTS = ("_skills", "_reserves", "_remembered", "decide_fragments", "decide_time_slice")
@@ -140,30 +140,19 @@ def main() -> None:
         child(args.child, args.repeat)
         return
     out, same = [f"hours={args.hours:g}"], True
-    keep = dict.fromkeys(KEEP_MEMORY, str(2**28))
     with tempfile.TemporaryDirectory() as tmp:
-        unpack(args.base, tmp)
         for lanes in (int(s) for s in args.sizes.split(",")):
             pkl = Path(tmp) / f"plan{lanes}.pkl"
             pkl.write_bytes(capture(lanes, args.hours))
-            runs: dict[str, list[dict[str, float]]] = {"base": [], "": []}
-            for r in range(args.rounds):
-                for which, path in (("base", tmp), ("", str(ROOT))):
-                    cmd = [sys.executable, __file__, "--child", str(pkl)]
-                    cmd += ["--repeat", str(args.repeat)]
-                    env = {**os.environ, "PYTHONPATH": path, **keep}
-                    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                    if done.returncode:
-                        sys.exit(f"the {which or 'tree'} child failed:\n{done.stderr}")
-                    line = done.stdout.strip().splitlines()[-1]
-                    print(f"lanes {lanes} round {r} {which or 'tree'}: {line}", file=sys.stderr)
-                    fields = dict(x.split("=") for x in line.removeprefix("RESULT ").split())
-                    runs[which].append({k: float(v) for k, v in fields.items()})
+            os.environ.update(dict.fromkeys(KEEP_MEMORY, str(2**28)))  # the children's
+            cmd = [sys.executable, __file__, "--child", str(pkl), "--repeat", str(args.repeat)]
+            runs = alternated(args.base, args.rounds, {"base": cmd, "": cmd})
             same &= len({x["digest"] for x in runs["base"] + runs[""]}) == 1
-            for key in (k for k in runs[""][0] if k != "digest"):
-                for which, suffix in (("", ""), ("base", "_base")):
-                    value = min(x[key] for x in runs[which])
-                    out.append(f"{key}_{lanes}{suffix}={value:.3f}")
+            for field in medians(runs):  # KEY=, KEY_base=: KEY_N=, KEY_N_base=
+                key, value = field.split("=")
+                name = key.removesuffix("_base")
+                if name != "digest":
+                    out.append(f"{name}_{lanes}{key[len(name) :]}={float(value):.3f}")
     print("RESULT " + " ".join(out) + f" same={int(same)}")
     if not same:
         sys.exit("the base and this tree planned differently")
