@@ -1,6 +1,6 @@
 """The replica floors of a tick decided together (issues 18 and 20): the planner assesses
-every workload's skill at once (`skill.assess_many`, rows of histories that share their
-record times) and keeps per-config floor rows, and the result is exactly what deciding
+every workload's skill at once (`skill.assess_chunk`, rows of histories that share their
+record times: `floor_rows.remember_rows`' chunks) and keeps per-config floor rows, and the result is exactly what deciding
 each workload alone gives (`assess`, `decide_replica_floor`, and the generator
 `observed_peak` of tests/floor_reference.py): the same skill to the last bit, the same
 decisions, skips and histories."""
@@ -21,7 +21,7 @@ from gpuscaler.core.decisions import target_key
 from gpuscaler.core.model import History, Signal, Snapshot, TargetHistory
 from gpuscaler.core.plan import floor_rows, plan
 from gpuscaler.core.replicas import decide_replica_floor, observed_peak
-from gpuscaler.core.skill import Skill, assess, assess_many, floor_history, remember
+from gpuscaler.core.skill import Skill, assess, assess_chunk, floor_history, records, remember
 
 KEEP = 7500.0
 
@@ -57,6 +57,11 @@ def lanes(seed: int, width: int, ticks: int) -> list[tuple[float, list[TargetHis
     return out
 
 
+def chunk(hs: list[TargetHistory]) -> np.ndarray:
+    """The records of histories on one schedule as `remember_rows` keeps them."""
+    return np.stack([records(h) for h in hs])
+
+
 def same(a: Skill, b: Skill) -> bool:
     if a.origins != b.origins or (a.score is None) != (b.score is None):
         return False
@@ -71,29 +76,30 @@ def test_skills_assessed_together_are_each_workloads_skill_to_the_last_bit(
     seed: int, lead: float, stab: float, span: float
 ) -> None:
     for now, hs in lanes(seed, 9, 300)[::7]:
-        together = assess_many(hs, now, lead, stab, 5, span)
+        together = assess_chunk(chunk(hs), now, lead, stab, 5, span)
         assert all(
             same(assess(h, now, lead, stab, 5, span), s) for h, s in zip(hs, together, strict=True)
         )
 
 
-def test_histories_on_other_schedules_or_empty_are_assessed_apart_with_the_same_result() -> None:
+def test_chunks_on_other_schedules_short_or_out_of_order_give_each_historys_skill() -> None:
     a = lanes(0, 4, 200)[-1][1]
-    b = lanes(1, 3, 230)[-1][1]  # other record times: its own group
+    b = lanes(1, 3, 230)[-1][1]  # other record times: a chunk of their own
     now = max(a[0].seen[-1][0], b[0].seen[-1][0])
     shuffled = TargetHistory(seen=tuple(reversed(a[3].seen)))  # out of time order, no array
-    hs = [a[0], b[0], TargetHistory(), a[1], b[1], shuffled, a[2], b[2]]
-    together = assess_many(hs, now, 120.0, 300.0, 5, 3900.0)
-    assert all(
-        same(assess(h, now, 120.0, 300.0, 5, 3900.0), s) for h, s in zip(hs, together, strict=True)
-    )
-    assert together[2] == Skill(None, 0)
+    one = TargetHistory(seen=a[0].seen[-1:])
+    for hs in (a, b, [shuffled], [one, one]):
+        together = assess_chunk(chunk(hs), now, 120.0, 300.0, 5, 3900.0)
+        alone = [assess(h, now, 120.0, 300.0, 5, 3900.0) for h in hs]
+        assert all(same(x, y) for x, y in zip(alone, together, strict=True))
+    assert assess_chunk(np.zeros((3, 0, 4)), now, 120.0, 300.0, 5) == [Skill(None, 0)] * 3
+    assert assess_chunk(chunk([one]), now, 120.0, 300.0, 5) == [Skill(None, 0)]
 
 
 def test_too_few_origins_give_no_score_for_every_row() -> None:
     hs = lanes(2, 3, 14)[-1][1]
     now = hs[0].seen[-1][0]
-    assert assess_many(hs, now, 120.0, 300.0, 500, 3900.0) == [
+    assert assess_chunk(chunk(hs), now, 120.0, 300.0, 500, 3900.0) == [
         assess(h, now, 120.0, 300.0, 500, 3900.0) for h in hs
     ]
 
@@ -213,7 +219,7 @@ def test_small_groups_are_assessed_one_by_one_and_large_ones_as_rows(
     monkeypatch.setattr(skill, "_assess_rows", spy)
     now, hs = lanes(4, 14, 150)[-1]
     wide = [h for i, h in enumerate(hs) if i != 1]  # lane 1 may be on its own
-    together = assess_many(hs[:11] + wide, now, 120.0, 300.0, 5, 3900.0)
+    together = assess_chunk(chunk(hs[:11] + wide), now, 120.0, 300.0, 5, 3900.0)
     alone = [assess(h, now, 120.0, 300.0, 5, 3900.0) for h in hs[:11] + wide]
     assert all(same(a, b) for a, b in zip(alone, together, strict=True))
     assert rows and max(rows) >= 12 and all(r >= 12 for r in rows)

@@ -165,6 +165,33 @@ def test_records_remembered_together_are_each_historys_own(ticks: int, chunk: in
         assert any(len(n.seen) <= len(h.seen) for h, n in zip(hs, got, strict=True))  # dropped
 
 
+@pytest.mark.parametrize("ticks", [1, 5, 40])
+def test_histories_of_one_length_on_other_schedules_are_remembered_in_chunks_of_their_own(
+    ticks: int, chunk: int
+) -> None:
+    hs = []
+    for i in range(12):  # a third 10 s later, one with a tick missed and one added
+        h = TargetHistory()
+        times = [NOW + 30.0 * k + (10.0 if i % 3 == 1 else 0.0) for k in range(ticks)]
+        if i == 5 and ticks > 2:
+            times = [*times[:1], *times[2:], times[-1] + 15.0]
+        for k, when in enumerate(times):
+            h = remember(h, when, float(i + k), 1.0, 1.0, 1e9)
+        hs.append(h)
+    now = NOW + 30.0 * ticks
+    recs = [(now, float(i), i + 0.5, i - 0.5) for i in range(len(hs))]
+    got, chunks = remember_rows(hs, now, recs, [1e9] * len(hs))
+    for h, rec, new in zip(hs, recs, got, strict=True):
+        want = remember(h, now, *rec[1:], 1e9)
+        assert new == want
+        assert new.seen_rows is not None and want.seen_rows is not None
+        assert new.seen_rows.tobytes() == want.seen_rows.tobytes()
+    for idx, rows in chunks:  # a chunk's histories share their record times
+        assert all(rows[j, :, 0].tobytes() == rows[0, :, 0].tobytes() for j in range(len(idx)))
+    assert len({i for idx, _ in chunks for i in idx}) == len(hs)
+    assert len(chunks) >= (3 if ticks > 2 else 2)
+
+
 @pytest.mark.parametrize("window", [0.0, 30.0, 95.0, 1e9])
 def test_observed_peaks_taken_together_are_each_historys_own(window: float, chunk: int) -> None:
     now = NOW + 30.0 * 12

@@ -1,9 +1,8 @@
 """The planner's per-workload steps read from the rows it already has (issue 20): the
-window maxima of the overflow reserve from a sparse table (against `skill.window_max_rows`,
-the `reduceat` it replaces), the reserves and observed peaks read from the chunks of
-remembered records (against `overflow_reserve` and `observed_peak` of each alone), and
-the stabilization window (against the tuple-of-generator version it replaces), and a
-time slice's history kept as it is when nothing in it changes."""
+reserves and observed peaks read from the chunks of remembered records (against
+`overflow_reserve` and `observed_peak` of each alone), and the stabilization window
+(against the tuple-of-generator version it replaces), and a time slice's history kept as
+it is when nothing in it changes. (The window maxima: tests/test_window_max.py.)"""
 
 from __future__ import annotations
 
@@ -13,89 +12,26 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from test_floor_rows import histories
 from test_reserve_batch import alone, lanes, sizes
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core import reserve
 from gpuscaler.core.floor_rows import chunk_peaks, remember_rows
-from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
+from gpuscaler.core.model import FloatArray, TargetHistory
 from gpuscaler.core.replicas import _stabilized, observed_peak
-from gpuscaler.core.reserve import overflow_reserve_chunk, window_max_table
-from gpuscaler.core.skill import floor_history, window_max_rows
+from gpuscaler.core.reserve import overflow_reserve_chunk
+from gpuscaler.core.skill import floor_history
 from gpuscaler.core.time_slice import _calm_since
 
 NOW = 1_700_000_000.0
 
 
-def same_maxima(got: FloatArray, want: FloatArray) -> bool:
-    """Equal values (a zero's sign aside: the reserve cannot tell them apart), and the
-    same bits wherever the value is not a zero."""
-    if got.shape != want.shape or not np.array_equal(got, want):
-        return False
-    nonzero = want != 0.0
-    return bool(got[nonzero].tobytes() == want[nonzero].tobytes())
-
-
-def windows(n: int, pairs: list[tuple[int, int]]) -> tuple[IntArray, IntArray]:
-    start = np.asarray([a for a, _ in pairs], dtype=np.intp)
-    stop = np.asarray([b for _, b in pairs], dtype=np.intp)
-    assert ((start >= 0) & (start <= stop) & (stop <= n)).all()
-    return start, stop
-
-
-@pytest.mark.parametrize(
-    ("n", "pairs"),
-    [
-        (1, [(0, 1), (0, 0), (1, 1)]),  # one value; empty windows
-        (8, [(0, 8), (0, 4), (4, 8), (3, 4), (2, 2)]),  # powers of two, the whole row
-        (9, [(0, 9), (1, 8), (0, 3), (5, 8), (8, 9)]),  # odd widths, the last value
-        (40, [(i, min(40, i + 10)) for i in range(40)]),  # the reserve's sliding windows
-        (33, [(0, 33), (0, 17), (16, 33), (31, 33)]),  # a level past the half of the row
-        (6, [(0, 0)] * 4),  # nothing to take: -inf everywhere
-        (5, []),  # no windows
-    ],
-)
-def test_window_maxima_from_the_table_are_the_reduceat_ones(
-    n: int, pairs: list[tuple[int, int]]
-) -> None:
-    rng = np.random.default_rng(n)
-    values = rng.choice([-np.inf, -0.0, 0.0, 3.0, 7.5, -2.0, 1e308], size=(4, n))
-    values[1] = rng.normal(size=n)
-    values[2] = -np.inf  # no finite value: every window -inf
-    start, stop = windows(n, pairs)
-    assert same_maxima(window_max_table(values, start, stop), window_max_rows(values, start, stop))
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    rows=st.integers(1, 5),
-    n=st.integers(1, 70),
-    cuts=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 70)), max_size=30),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_window_maxima_from_the_table_are_the_reduceat_ones_on_generated_rows(
-    rows: int, n: int, cuts: list[tuple[int, int]], seed: int
-) -> None:
-    rng = np.random.default_rng(seed)
-    values = rng.choice([-np.inf, -0.0, 0.0, 1.0, 2.0], size=(rows, n)) + np.where(
-        rng.random((rows, n)) < 0.5, rng.normal(size=(rows, n)), 0.0
-    )
-    pairs = [(min(a, b) % (n + 1), min(max(a, b), n)) for a, b in cuts]
-    pairs = [(a, max(a, b)) for a, b in pairs]
-    start, stop = windows(n, pairs)
-    assert same_maxima(window_max_table(values, start, stop), window_max_rows(values, start, stop))
-
-
-@pytest.mark.parametrize("rows_from", [1, reserve.MIN_ROWS, 100])
-@pytest.mark.parametrize("chunk", [reserve.CHUNK_ROWS, 3])
+@pytest.mark.parametrize("chunk", [reserve.CHUNK_ROWS, 3, 1])
 @pytest.mark.parametrize("seed", range(3))
 def test_reserves_read_from_a_chunk_of_records_are_each_workloads_reserve(
-    monkeypatch: pytest.MonkeyPatch, rows_from: int, chunk: int, seed: int
+    monkeypatch: pytest.MonkeyPatch, chunk: int, seed: int
 ) -> None:
-    monkeypatch.setattr(reserve, "MIN_ROWS", rows_from)
     monkeypatch.setattr(reserve, "CHUNK_ROWS", chunk)
     recs, now = lanes(seed, 11, 250)
     at, full = sizes(11)

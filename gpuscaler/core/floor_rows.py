@@ -133,29 +133,51 @@ def remember_rows(
     out: list[TargetHistory | None] = [None] * len(hs)
     chunks: list[RowChunk] = []
     arrays = [records(h) if h.seen else _NO_RECORDS for h in hs]
-    groups: dict[tuple[float, bytes], list[int]] = {}
+    sizes: dict[tuple[float, int], list[int]] = {}
     for i, (rows, keep) in enumerate(zip(arrays, keeps, strict=True)):
-        key = (keep, rows[:, 0].tobytes() if len(rows) else b"")
-        groups.setdefault(key, []).append(i)
-    for (keep, _), idx in groups.items():
-        first = arrays[idx[0]]
-        kept = np.flatnonzero(first[:, 0] > now - keep)
-        n, k = len(first), kept.size
-        newest = k == 0 or kept[0] == n - k  # records in time order: the newest kept
-        for at in range(0, len(idx), CHUNK_ROWS):
-            part = idx[at : at + CHUNK_ROWS]
-            new = np.empty((len(part), k + 1, 4))
-            if k:
-                old = _rows([arrays[i] for i in part])
-                new[:, :k] = old[:, n - k :] if newest else old[:, kept]
-            new[:, k] = [recs[i] for i in part]
-            new.setflags(write=False)
-            chunks.append((part, new))
-            for j, i in enumerate(part):
-                h = hs[i]
-                seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
-                out[i] = floor_history(h, seen=(*seen, recs[i]), seen_rows=new[j])
+        sizes.setdefault((keep, len(rows)), []).append(i)
+    for (keep, n), same_size in sizes.items():
+        for idx, first, old in _same_times(same_size, arrays, n):
+            kept = np.flatnonzero(first[:, 0] > now - keep)
+            k = kept.size
+            newest = k == 0 or kept[0] == n - k  # records in time order: the newest kept
+            for at in range(0, len(idx), CHUNK_ROWS):
+                part = idx[at : at + CHUNK_ROWS]
+                new = np.empty((len(part), k + 1, 4))
+                if k:
+                    rows = old[at : at + CHUNK_ROWS]
+                    new[:, :k] = rows[:, n - k :] if newest else rows[:, kept]
+                new[:, k] = [recs[i] for i in part]
+                new.setflags(write=False)
+                chunks.append((part, new))
+                for j, i in enumerate(part):
+                    h = hs[i]
+                    seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
+                    seen += (recs[i],)  # a third faster than (*seen, recs[i])
+                    out[i] = floor_history(h, seen=seen, seen_rows=new[j])
     return [h for h in out if h is not None], chunks
+
+
+def _same_times(
+    idx: list[int], arrays: list[FloatArray], n: int
+) -> list[tuple[list[int], FloatArray, FloatArray]]:
+    """The histories `idx` (n records each) grouped by their records' times (the same
+    bits), each group with its first history's records and all its records stacked
+    (rows, n, 4): one comparison over rows, most often one group."""
+    stacked = _rows([arrays[i] for i in idx]) if n else np.zeros((len(idx), 0, 4))
+    if len(idx) == 1 or not n:
+        return [(idx, stacked[0], stacked)]
+    times = stacked[:, :, 0].view(np.int64)  # bits: as `tobytes` compares them
+    if (times == times[0]).all():
+        return [(idx, stacked[0], stacked)]
+    groups: dict[bytes, list[int]] = {}
+    for j, row in enumerate(times):
+        groups.setdefault(row.tobytes(), []).append(j)
+    found = []
+    for js in groups.values():
+        part = stacked[js]
+        found.append(([idx[j] for j in js], part[0], part))
+    return found
 
 
 def chunk_peaks(chunks: Sequence[RowChunk], now: float, windows: Sequence[float]) -> list[float]:

@@ -39,7 +39,7 @@ from gpuscaler.core.replicas import (
     skill_args,
 )
 from gpuscaler.core.reserve import Reserve, overflow_reserve_chunk
-from gpuscaler.core.skill import Skill, assess_many
+from gpuscaler.core.skill import Skill, assess_chunk
 from gpuscaler.core.time_slice import decide_time_slice
 
 
@@ -168,7 +168,7 @@ def _replica_floors(
             at.append(i)
             pending.append(found)
     waiting, chunks = _remembered([seen[i] for i in at], pending, history, now)
-    skills, reserves = _skills(waiting, now), _reserves(waiting, chunks, now)
+    skills, reserves = _skills(waiting, chunks, now), _reserves(waiting, chunks, now)
     peaks = chunk_peaks(chunks, now, [s.cfg.scale_down_stabilization for s in waiting])
     for i, step, reserve, peak in zip(at, waiting, reserves, peaks, strict=True):
         outcomes[i] = floor_outcome(step, skills.get(id(step)), reserve, peak)
@@ -205,17 +205,24 @@ def _remembered(
     ], chunks
 
 
-def _skills(steps: list[FloorStep], now: float) -> dict[int, Skill]:
-    """The skill of every step whose floor checks it (by the step's id), assessed
-    together per set of skill parameters."""
-    groups: dict[tuple[float, float, int, float], list[FloorStep]] = {}
-    for step in steps:
-        if step.cfg.skill_check:
-            groups.setdefault(skill_args(step.cfg), []).append(step)
+def _skills(steps: list[FloorStep], chunks: list[RowChunk], now: float) -> dict[int, Skill]:
+    """The skill of every step whose floor checks it (by the step's id), assessed from
+    the chunks of its remembered records (`remember_rows`), together per set of skill
+    parameters (taken once a config section)."""
     found: dict[int, Skill] = {}
-    for args, group in groups.items():
-        skills = assess_many([s.history for s in group], now, *args)
-        found.update((id(s), k) for s, k in zip(group, skills, strict=True))
+    args_of: dict[int, tuple[float, float, int, float] | None] = {}
+    for idx, recs in chunks:
+        groups: dict[tuple[float, float, int, float], list[int]] = {}
+        for j, i in enumerate(idx):
+            cfg = steps[i].cfg
+            if id(cfg) not in args_of:
+                args_of[id(cfg)] = skill_args(cfg) if cfg.skill_check else None
+            if (args := args_of[id(cfg)]) is not None:
+                groups.setdefault(args, []).append(j)
+        for args, js in groups.items():
+            part = recs if len(js) == len(idx) else recs[js]
+            skills = assess_chunk(part, now, *args)
+            found.update((id(steps[idx[j]]), k) for j, k in zip(js, skills, strict=True))
     return found
 
 

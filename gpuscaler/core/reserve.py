@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscaler.core.model import FloatArray, IntArray
-from gpuscaler.core.skill import window_max
+from gpuscaler.core.skill import window_max_rows
 
 
 @dataclass(frozen=True)
@@ -51,51 +51,8 @@ def overflow_reserve(
     if len(seen) < 2:
         return None  # a record needs one before it to size from
     rec = np.asarray(seen, dtype=np.float64).reshape(-1, 4)
-    t, v = rec[:, 0], rec[:, 1]
-    ok = np.isfinite(v)
-    scored = np.flatnonzero((t > now - span) & ok)
-    # Each record's window [t - window, t) is a run of the records in time order; its
-    # maximum over the finite values is exact however taken.
-    order = np.argsort(t, kind="stable")
-    ts, vs = t[order], np.where(ok, v, -np.inf)[order]
-    o = t[scored]
-    reactive = window_max(vs, np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o))
-    has = reactive > -np.inf
-    scored, reactive = scored[has], reactive[has]
-    if not scored.size:
-        return None  # nothing to size from yet
-    replicas = np.maximum(1.0, np.ceil(reactive / at_target - 1e-9))
-    over = v[scored] > replicas * full + 1e-9
-    if not over.any():
-        return None
-    hit = scored[over]
-    top = hit[len(hit) - 1 - int(np.argmax(v[hit][::-1]))]  # the newest of the highest
-    return Reserve(float(v[top]), now - float(t[top]), int(over.sum()))
-
-
-def overflow_reserve_many(
-    seen: Sequence[FloatArray],
-    now: float,
-    window: float,
-    span: float,
-    at_target: Sequence[float],
-    full: Sequence[float],
-) -> list[Reserve | None]:
-    """`overflow_reserve` of each record array in `seen` (with its own `at_target` and
-    `full`), the same Reserve each, computed together: arrays whose records have the
-    same times share their windows, so each step is one numpy operation over all of them
-    (lanes in lockstep tick together)."""
-    out: list[Reserve | None] = [None] * len(seen)
-    groups: dict[bytes, list[int]] = {}
-    for i, rec in enumerate(seen):
-        if len(rec) >= 2:
-            groups.setdefault(rec[:, 0].tobytes(), []).append(i)
-    for idx in groups.values():
-        recs = np.stack([seen[i] for i in idx])
-        at, up = [at_target[i] for i in idx], [full[i] for i in idx]
-        for i, r in zip(idx, overflow_reserve_chunk(recs, now, window, span, at, up), strict=True):
-            out[i] = r
-    return out
+    sizes = np.asarray([[at_target], [full]], dtype=np.float64)
+    return _reserve_rows(rec[:, 0], rec[None, :, 1], now, window, span, sizes[0], sizes[1])[0]
 
 
 def overflow_reserve_chunk(
@@ -111,11 +68,6 @@ def overflow_reserve_chunk(
     `at_target` and `full`: the same Reserve each, its rows read in place."""
     if recs.shape[1] < 2:
         return [None] * len(recs)
-    if len(recs) < MIN_ROWS:
-        return [
-            overflow_reserve(r, now, window, span, a, f)
-            for r, a, f in zip(recs, at_target, full, strict=True)
-        ]
     t = recs[0, :, 0]
     sizes = np.asarray([at_target, full], dtype=np.float64)
     out: list[Reserve | None] = []
@@ -126,12 +78,11 @@ def overflow_reserve_chunk(
     return out
 
 
-MIN_ROWS = 4
-"""Fewer arrays than this with the same times are taken one by one (measured at 250
-records: 2 rows 0.9x, 4 rows 1.4x, 8 rows 2.3x the speed of one by one)."""
-CHUNK_ROWS = 32
-"""Rows taken at once (measured at 100 rows: chunks of 16-32 rows 1.5x faster than one
-chunk of all)."""
+CHUNK_ROWS = 128
+"""Rows taken at once (a steady 40-lane tick's records, 250 a row, 240 in the span,
+load ~7: 1 row 53 us (`overflow_reserve`, one row of these steps), 4: 61, 32: 106, 40:
+118, 64: 159, 100: 215, 128: 257, 256: 452; it was 32 while the window maxima took ~1 us
+a row and window)."""
 
 
 def _reserve_rows(
@@ -145,22 +96,31 @@ def _reserve_rows(
 ) -> list[Reserve | None]:
     """`overflow_reserve` of each row of values `v` (rows, records), all at the record
     times `t`: its steps over rows (the windows of every record in the span; a row's
-    records without a finite value, or without one before them, are not scored)."""
-    ok = np.isfinite(v)
+    records without a finite value, or without one before them, are not scored).
+    Records in time order (as remembered) are read in place, the span as a slice."""
     inspan = np.flatnonzero(t > now - span)
     if not inspan.size:
         return [None] * len(v)
-    order = np.argsort(t, kind="stable")
-    ts, vs = t[order], np.where(ok, v, -np.inf)[:, order]
+    ok = np.isfinite(v)
+    finite = np.where(ok, v, -np.inf)  # a value not finite sizes nothing, overflows never
+    span_at: slice | IntArray
+    if bool((t[1:] >= t[:-1]).all()):  # in time order: the span is the newest records
+        ts, vs, span_at = t, finite, slice(int(inspan[0]), None)
+    else:
+        order = np.argsort(t, kind="stable")
+        ts, vs, span_at = t[order], finite[:, order], inspan
     o = t[inspan]
     start, stop = np.searchsorted(ts, o - window, "left"), np.searchsorted(ts, o)
-    reactive = window_max_table(vs, start, stop)
-    values = v[:, inspan]
+    reactive = window_max_rows(vs, start, stop)
     replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
     with np.errstate(invalid="ignore"):
-        over = values > replicas * full[:, None] + 1e-9
-    over &= ok[:, inspan] & (reactive > -np.inf)
+        # -inf (a value not finite) is over no size, as `ok` left it out before.
+        over = finite[:, span_at] > replicas * full[:, None] + 1e-9
+    over &= reactive > -np.inf
+    if not over.any():  # most ticks of most workloads
+        return [None] * len(v)
     counts: list[int] = over.sum(axis=1).tolist()
+    values = v[:, span_at]
     # The newest of the highest: the last maximum of the overflows in record order.
     last = over.shape[1] - 1 - np.argmax(np.where(over, values, -np.inf)[:, ::-1], axis=1)
     out: list[Reserve | None] = []
@@ -170,32 +130,4 @@ def _reserve_rows(
             continue
         top = int(inspan[k])
         out.append(Reserve(float(v[row, top]), now - float(t[top]), count))
-    return out
-
-
-def window_max_table(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
-    """`skill.window_max_rows(values, start, stop)`: the maximum of each row over each
-    window [start, stop) (-inf for an empty one), from a sparse table instead of one
-    `reduceat` over rows (whose small segments cost ~1 us a row and window). Level k
-    holds the maxima of the runs of 2**k values; a window of width w is the maximum of
-    its first and its last run of 2**floor(log2 w), which overlap: each value is taken
-    once or twice, and a maximum is the same value either way (`values` without NaN;
-    of equal zeros the sign may differ, which the reserve's sizing cannot tell apart:
-    ceil of a zero less 1e-9 is -0.0 either way, then at least one replica)."""
-    width = stop - start
-    out: FloatArray = np.full((len(values), start.size), -np.inf)
-    used = width > 0
-    if not used.any():
-        return out
-    # The exponent of w in [0.5, 1) x 2**e, less one: floor(log2 w), exact for integers.
-    level = np.frexp(width)[1] - 1
-    table = values
-    for k in range(int(level[used].max()) + 1):
-        if k:
-            half = 1 << (k - 1)
-            table = np.maximum(table[:, :-half], table[:, half:])
-        at = np.flatnonzero(used & (level == k))
-        if at.size:
-            first, last = start[at], stop[at] - (1 << k)
-            out[:, at] = np.maximum(table[:, first], table[:, last])
     return out

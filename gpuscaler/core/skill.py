@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,12 +101,65 @@ def _shortfall(need: FloatArray, capacity: FloatArray) -> float:
 
 def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
     """max(values[start[i]:stop[i]]) for each i, NaN kept (as `np.max` does); -inf where
-    the window is empty."""
-    ext = np.append(values, -np.inf)  # stop may be len(values): reduceat needs an index
-    idx = np.empty(2 * start.size, dtype=np.intp)
-    idx[0::2], idx[1::2] = start, stop
-    out = np.maximum.reduceat(ext, idx)[0::2] if idx.size else ext[:0]
-    return np.where(stop > start, out, -np.inf)
+    the window is empty (`window_max_rows` of the one row)."""
+    found: FloatArray = window_max_rows(values[None], start, stop)[0]
+    return found
+
+
+def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """The maximum of each row of `values` over each window [start, stop) (the same
+    windows for every row; -inf for an empty one, NaN kept), from a sparse table: level
+    k holds the maxima of the runs of 2**k values, and a window of width w is the
+    maximum of its first and its last run of 2**floor(log2 w), which overlap (a value
+    taken twice is the same maximum). One level a width class, not one reduction a row
+    and window (`np.maximum.reduceat`'s small segments cost ~1 us each). The value is
+    the window's maximum however taken; of a window's equal zeros or NaNs the one kept
+    may differ from another order's (its sign or payload), which no sum, comparison or
+    text the floor makes of it can tell (tests/test_window_max.py)."""
+    rows, count = len(values), start.size
+    if not count:
+        return np.full((rows, 0), -np.inf)
+    width = stop - start
+    w = int(width[0])
+    if w > 0 and int(width.min()) == int(width.max()) == w and _one_after_another(start):
+        # One width, an origin a record: each window's two runs are two slices.
+        top = w.bit_length() - 1
+        table = _level(values, top)
+        first, last = int(start[0]), int(stop[0]) - (1 << top)
+        # In C order, as the rows' sums read them (numpy picks the layout its inputs'
+        # strides suggest, and sums other layouts in another order).
+        found: FloatArray = np.maximum(
+            table[:, first : first + count], table[:, last : last + count], order="C"
+        )
+        return found
+    # The exponent of w in [0.5, 1) x 2**e, less one: floor(log2 w), exact for integers
+    # (-1 for an empty window).
+    level = np.frexp(width)[1] - 1
+    out: FloatArray = np.full((rows, count), -np.inf)
+    table = values
+    for k in range(int(level.max()) + 1):
+        if k:
+            table = _level(table, 1, k - 1)
+        at = np.flatnonzero(level == k)
+        if at.size:
+            first_at, last_at = start[at], stop[at] - (1 << k)
+            out[:, at] = np.maximum(table[:, first_at], table[:, last_at])
+    return out
+
+
+def _level(values: FloatArray, top: int, done: int = 0) -> FloatArray:
+    """Level `done + top` of the sparse table from its level `done` (`values`): the
+    maxima of the runs of 2**(done + top) values."""
+    table = values
+    for k in range(done, done + top):
+        half = 1 << k
+        table = np.maximum(table[:, :-half], table[:, half:])
+    return table
+
+
+def _one_after_another(first: IntArray) -> bool:
+    """Whether the indices count up by one."""
+    return bool((first[1:] - first[:-1] == 1).all())
 
 
 def _window_means(v: FloatArray, order: IntArray, start: IntArray, stop: IntArray) -> FloatArray:
@@ -201,7 +254,13 @@ def assess(
     """The forecast's skill over the origins of the last `span` seconds of `h.seen`."""
     if len(h.seen) < 2:
         return Skill(None, 0)
-    rec = records(h)
+    return _assess_records(records(h), now, lead, stabilization, min_origins, span)
+
+
+def _assess_records(
+    rec: FloatArray, now: float, lead: float, stabilization: float, min_origins: int, span: float
+) -> Skill:
+    """`assess` of the (records, 4) array `rec` (at least two records)."""
     t, v = rec[:, 0], rec[:, 1]
     # Ticks without a forecast (NaN bound: too little history) are observed, not scored.
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec[:, 2]))
@@ -244,35 +303,44 @@ def in_fallback(h: TargetHistory, skill: Skill, below: float, above: float) -> b
     return skill.score < below
 
 
-def assess_many(
-    hs: Sequence[TargetHistory],
+def assess_chunk(
+    recs: FloatArray,
     now: float,
     lead: float,
     stabilization: float,
     min_origins: int,
     span: float = math.inf,
 ) -> list[Skill]:
-    """`assess` of every history in `hs`, the same Skill each (bit for bit), computed
-    together: histories whose records have the same times (and the same ticks without a
-    forecast) share their windows, so each step is one numpy operation over all of them
-    (a workload-tick's ~100 calls on small arrays become one call per tick and group)."""
-    out: list[Skill] = [Skill(None, 0)] * len(hs)
-    groups: dict[bytes, list[int]] = {}
-    for i, h in enumerate(hs):
-        if len(h.seen) >= 2:
-            rec = records(h)
-            key = rec[:, 0].tobytes() + np.isfinite(rec[:, 2]).tobytes()
-            groups.setdefault(key, []).append(i)
-    for idx in groups.values():
-        if len(idx) < _MIN_ROWS:  # a few rows cost less one by one
-            for i in idx:
-                out[i] = assess(hs[i], now, lead, stabilization, min_origins, span)
+    """`assess` of each history whose records are a row of `recs` (rows, records, 4), all
+    with the same times (`floor_rows.remember_rows`' chunks): the same Skill each (bit
+    for bit), computed together: rows with the same ticks without a forecast share their
+    windows, so each step is one numpy operation over all of them (a workload-tick's
+    ~100 calls on small arrays become one call per tick and group)."""
+    if recs.shape[1] < 2:
+        return [Skill(None, 0)] * len(recs)
+    out: list[Skill] = [Skill(None, 0)] * len(recs)
+    for rows in _forecast_groups(recs):
+        if len(rows) < _MIN_ROWS:  # a few rows cost less one by one
+            for i in rows:
+                out[i] = _assess_records(recs[i], now, lead, stabilization, min_origins, span)
             continue
-        recs = np.stack([records(hs[i]) for i in idx])
-        skills = _assess_rows(recs, now, lead, stabilization, min_origins, span)
-        for i, s in zip(idx, skills, strict=True):
-            out[i] = s
+        part = recs if len(rows) == len(recs) else recs[rows]
+        skills = _assess_rows(part, now, lead, stabilization, min_origins, span)
+        for i, found in zip(rows, skills, strict=True):
+            out[i] = found
     return out
+
+
+def _forecast_groups(recs: FloatArray) -> list[list[int]]:
+    """The rows of `recs` grouped by their records without a forecast (NaN bound): most
+    often all rows in one group."""
+    finite = np.isfinite(recs[:, :, 2])
+    if (finite == finite[0]).all():
+        return [list(range(len(recs)))]
+    groups: dict[bytes, list[int]] = {}
+    for i, row in enumerate(finite):
+        groups.setdefault(row.tobytes(), []).append(i)
+    return list(groups.values())
 
 
 _MIN_ROWS = 4
@@ -326,16 +394,6 @@ def _assess_rows(
 def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     """`_shortfall` of each row."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
-    return found
-
-
-def window_max_rows(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
-    """`window_max` of each row of `values` (the same windows for every row)."""
-    ext = np.concatenate((values, np.full((len(values), 1), -np.inf)), axis=1)
-    idx = np.empty(2 * start.size, dtype=np.intp)
-    idx[0::2], idx[1::2] = start, stop
-    out = np.maximum.reduceat(ext, idx, axis=1)[:, 0::2]
-    found: FloatArray = np.where(stop > start, out, -np.inf)
     return found
 
 
