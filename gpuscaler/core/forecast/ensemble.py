@@ -133,11 +133,17 @@ def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatA
     return out
 
 
-def _stats(resid: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none)."""
+def _stats(resid: FloatArray, scratch: bool = False) -> tuple[FloatArray, FloatArray]:
+    """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none); `scratch`:
+    `resid` may be overwritten (issue 20: when every value is finite, the usual case, the
+    same sums over the same contiguous values, without the zero-filled copy and count)."""
     finite = np.isfinite(resid)
-    r = np.where(finite, resid, 0.0)
-    count = np.count_nonzero(finite, axis=(1, 2))
+    if resid.flags.c_contiguous and finite.all():
+        r = resid if scratch else resid.copy()
+        count = np.full(resid.shape[0], resid.shape[1] * resid.shape[2], dtype=np.intp)
+    else:
+        r = np.where(finite, resid, 0.0)
+        count = np.count_nonzero(finite, axis=(1, 2))
     sq = np.einsum("nos,nos->n", r, r)  # one pass, no temporary
     np.abs(r, out=r)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -276,7 +282,7 @@ def assess(
     residuals, peak_errors = {}, {}
     for name, path in in_window.items():
         resid = future - path
-        errors[name], mse[name] = _stats(resid)
+        errors[name], mse[name] = _stats(resid, scratch=name not in SELECTABLE)
         if name in SELECTABLE:  # the last value's: kept as found here (issue 20: twice)
             residuals[name] = resid
     raw = raw_weights(mse, _optimism(engine, hist, origins.size), _tiny(hist))
