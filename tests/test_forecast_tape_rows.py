@@ -30,7 +30,8 @@ SETTINGS = settings(
 
 def _window(seed: int, n: int, t: int, gaps: float, shape: str) -> FloatArray:
     """n wandering rows with NaN (and infinite) gaps; `shape`: "lead" the first row's first
-    half missing, "empty" the first row all NaN, "zero" the last row all -0.0 and 0.0."""
+        half missing, "empty" the first row all NaN, "zero" the last row all -0.0 and 0.0, "open"
+    the last column NaN and another infinite in every row."""
     rng = np.random.default_rng(seed)
     hist = 50 + np.cumsum(rng.normal(0, 1.0, (n, t)), axis=1)
     hist[rng.random((n, t)) < gaps] = np.nan
@@ -41,6 +42,9 @@ def _window(seed: int, n: int, t: int, gaps: float, shape: str) -> FloatArray:
         hist[0] = np.nan
     elif shape == "zero":
         hist[-1] = np.where(np.arange(t) % 2 == 0, -0.0, 0.0)
+    elif shape == "open":  # the newest bucket still open in every row, a column missing
+        hist[:, -1] = np.nan
+        hist[:, rng.integers(0, t)] = np.inf
     return hist
 
 
@@ -50,7 +54,7 @@ windows = st.builds(
     st.integers(1, 6),
     st.integers(1, 120),
     st.sampled_from([0.0, 0.0, 0.05, 0.3, 1.0]),
-    st.sampled_from(["", "lead", "empty", "zero"]),
+    st.sampled_from(["", "lead", "empty", "zero", "open", "open"]),
 )
 
 
