@@ -3,7 +3,8 @@ and `_kept` of forecast/__init__.py and `_reason` of forecast/assembly.py) made 
 79c90bb, before issue 20's fc5 kept their arrays as rows of batch arrays: the oracle of
 tests/forecast_reference.py for those parts. Copied as they were (only the imports
 changed), with `arima_in_window` as it was at ed31a8e (before fr7 rolled it from
-(row, origin) pairs)."""
+(row, origin) pairs); the tape, the window means and the assessment as they were at
+3ecdbd8 (tests/tape_reference.py, before rf8)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from tape_reference import SesTape, assess, ses_last, window_means
 
 from gpuscaler.core.forecast.assembly import Batch, Model
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
@@ -22,15 +24,11 @@ from gpuscaler.core.forecast.ensemble import (
     ORIGIN_SPACING,
     WINDOW_MEAN_POINTS,
     Assessment,
-    SesTape,
     SmoothingLevels,
-    assess,
     choose_method,
     combine,
     normalized,
-    ses_last,
     smoothing_live,
-    window_means,
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored

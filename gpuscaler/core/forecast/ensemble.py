@@ -23,6 +23,7 @@ from gpuscaler.core.forecast.tape import SesTape as SesTape
 from gpuscaler.core.forecast.tape import SmoothingLevels as SmoothingLevels
 from gpuscaler.core.forecast.tape import TapeRows as TapeRows
 from gpuscaler.core.forecast.tape import forward_fill as forward_fill
+from gpuscaler.core.forecast.tape import ses_at
 from gpuscaler.core.forecast.tape import ses_last as ses_last
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
@@ -132,11 +133,17 @@ def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatA
     return out
 
 
-def _stats(resid: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none)."""
+def _stats(resid: FloatArray, scratch: bool = False) -> tuple[FloatArray, FloatArray]:
+    """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none); `scratch`:
+    `resid` may be overwritten (issue 20: when every value is finite, the usual case, the
+    same sums over the same contiguous values, without the zero-filled copy and count)."""
     finite = np.isfinite(resid)
-    r = np.where(finite, resid, 0.0)
-    count = np.count_nonzero(finite, axis=(1, 2))
+    if resid.flags.c_contiguous and finite.all():
+        r = resid if scratch else resid.copy()
+        count = np.full(resid.shape[0], resid.shape[1] * resid.shape[2], dtype=np.intp)
+    else:
+        r = np.where(finite, resid, 0.0)
+        count = np.count_nonzero(finite, axis=(1, 2))
     sq = np.einsum("nos,nos->n", r, r)  # one pass, no temporary
     np.abs(r, out=r)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -146,14 +153,19 @@ def _stats(resid: FloatArray) -> tuple[FloatArray, FloatArray]:
 
 
 def window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
-    """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps."""
-    finite = np.isfinite(hist)
-    zero = np.zeros((hist.shape[0], 1))
-    sums = np.concatenate([zero, np.cumsum(np.where(finite, hist, 0.0), axis=1)], axis=1)
-    counts = np.concatenate([zero, np.cumsum(finite, axis=1)], axis=1)
-    hi, lo = ends + 1, np.maximum(ends + 1 - points, 0)
+    """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps: running
+    sums to the newest end only, the sum before a window 0.0 where it starts at the first
+    point (issue 20: the same sums and differences, without two padded copies)."""
+    part = hist[:, : int(ends.max()) + 1] if ends.size else hist[:, :0]
+    finite = np.isfinite(part)
+    sums = np.cumsum(np.where(finite, part, 0.0), axis=1)
+    counts = np.cumsum(finite, axis=1)
+    before = ends - points  # the point before each window (none when negative)
+    has, at = before >= 0, np.maximum(before, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = (sums[:, hi] - sums[:, lo]) / (counts[:, hi] - counts[:, lo])
+        out: FloatArray = (sums[:, ends] - np.where(has, sums[:, at], 0.0)) / (
+            counts[:, ends] - np.where(has, counts[:, at], 0)
+        )
     return out
 
 
@@ -192,7 +204,7 @@ def _smoothing(
     squared error: levels at the origins (n, O + 1; the last column is the live origin),
     the best constant's index per series and each constant's inverse error (A, n)."""
     ends = np.append(origins, hist.shape[1] - 1)
-    levels = np.ascontiguousarray(ses_levels(hist)[:, :, ends])  # (A, n, O + 1), row-major
+    levels = ses_at(hist, ends)  # (A, n, O + 1), row-major
     mse = _flat_sq_error(*moments, levels[:, :, :-1])  # (A, n)
     mse = np.where(np.isfinite(mse), mse, np.inf)
     best: IntArray = np.argmin(mse, axis=0)
@@ -267,19 +279,24 @@ def assess(
     live["arima"] = np.where(arima_ok[:, None], arima_live, np.nan)
     errors: dict[str, FloatArray] = {}
     mse: dict[str, FloatArray] = {}
+    residuals, peak_errors = {}, {}
     for name, path in in_window.items():
-        errors[name], mse[name] = _stats(future - path)
+        resid = future - path
+        errors[name], mse[name] = _stats(resid, scratch=name not in SELECTABLE)
+        if name in SELECTABLE:  # the last value's: kept as found here (issue 20: twice)
+            residuals[name] = resid
     raw = raw_weights(mse, _optimism(engine, hist, origins.size), _tiny(hist))
     weights = normalized(raw, live)
     in_window["ensemble"] = combine(weights, in_window)
     live["ensemble"] = combine(weights, live)
-    residuals, peak_errors = {}, {}
-    for name in SELECTABLE:
-        residuals[name] = future - in_window[name]
-        errors[name] = _stats(residuals[name])[0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            peak_errors[name] = np.nanmax(future, axis=2) - np.nanmax(in_window[name], axis=2)
+    residuals["ensemble"] = future - in_window["ensemble"]
+    errors["ensemble"] = _stats(residuals["ensemble"])[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        top = np.nanmax(future, axis=2)  # once for both candidates
+        for name in SELECTABLE:
+            peak_errors[name] = top - np.nanmax(in_window[name], axis=2)
+    residuals = {name: residuals[name] for name in SELECTABLE}
     return Assessment(
         live, errors, weights, residuals, peak_errors, SES_ALPHAS[best], raw, best, inv
     )

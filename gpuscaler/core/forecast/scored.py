@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpuscaler.core.forecast import kept_rows
 from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
 from gpuscaler.core.forecast.ensemble import (
@@ -38,6 +39,7 @@ from gpuscaler.core.forecast.ensemble import (
     window_means,
 )
 from gpuscaler.core.forecast.intervals import peak_offset, ranked_half_width
+from gpuscaler.core.forecast.kept_rows import KeptRows
 from gpuscaler.core.forecast.made import scored as made_scored
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
 
@@ -103,17 +105,19 @@ def refresh(
     out = list(scored)
     if not rows:
         return out
+    fixed = kept_rows.of(scored)
     pair_rows = np.repeat(np.array(rows), counts)
     origins = np.array(js, dtype=np.int64)
     ends, at = np.unique(origins, return_inverse=True)
     levels = levels_of.many(ends)[at, :, pair_rows].T  # (alphas, pairs)
     means = window_means(hist, ends, WINDOW_MEAN_POINTS)[pair_rows, at]
     errors, peaks = _errors_at(
-        engine, fitted, hist, scored, usable, pair_rows, origins, levels, means
+        engine, fitted, hist, fixed, usable, pair_rows, origins, levels, means, steps
     )
     sub = [scored[i] for i in rows]
     for i, rolled in zip(rows, _rolled(sub, errors, peaks, counts, newest), strict=True):
         out[i] = rolled
+    kept_rows.carried(out, fixed)  # the rolled scorings keep their refits' fields
     return out
 
 
@@ -269,24 +273,23 @@ def _errors_at(
     engine: LeastSquaresArima,
     fitted: Fitted,
     hist: FloatArray,
-    scored: Sequence[Scored],
+    fixed: KeptRows,
     usable: BoolArray,
     rows: IntArray,
     origins: IntArray,
     levels: FloatArray,
     means: FloatArray,
+    steps: int,
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (pairs, steps) and peak errors (pairs,) of row
     `rows[i]` at origin `origins[i]` (an index into `hist`, whole horizon observed), every
     pair at once (issue 20: was one pass a group of rows and origin); `levels`: the
     smoothing levels (alphas, pairs) and `means` the window means (pairs,) there. The
-    same per-row arithmetic: each pair's figures are those of its row and origin alone."""
-    steps = scored[0].abs_recent.shape[1]
-    ensemble = np.array([s.method == "ensemble" for s in scored])[rows]
-    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored])[rows].T, strict=True))
-    best = np.array([s.ses_best for s in scored], dtype=np.int64)[rows]
-    inv = stacked([s.ses_inv for s in scored])[rows].T
-    members = smoothing_live(levels, best, inv)
+    same per-row arithmetic: each pair's figures are those of its row and origin alone;
+    `fixed`: the rows' kept fields from their refits."""
+    ensemble = fixed.ensemble[rows]
+    raw = dict(zip(MEMBERS, fixed.weights[rows].T, strict=True))
+    members = smoothing_live(levels, fixed.best[rows], fixed.inv[rows].T)
     members["window_mean"] = means
     members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in members.items()}
     arima = arima_at(engine, fitted, hist, rows, origins, steps)
@@ -313,17 +316,16 @@ def live_paths(
     the ensemble (kept weights, over the members with a finite path) and the last value;
     and the weights (n,) per member, normalized over those members. `smoothed`: the
     smoothing levels at the live origin (alphas, n), when already found."""
+    fixed = kept_rows.of(scored)
     levels = smoothing_live(
-        ses_last(hist) if smoothed is None else smoothed,
-        np.array([s.ses_best for s in scored], dtype=np.int64),
-        stacked([s.ses_inv for s in scored]).T,
+        ses_last(hist) if smoothed is None else smoothed, fixed.best, fixed.inv.T
     )
     end = np.array([hist.shape[1] - 1])
     levels["window_mean"] = window_means(hist, end, WINDOW_MEAN_POINTS)[:, 0]
     levels["last_value"] = last_finite(hist)
     live = {k: np.repeat(v[:, None], steps, axis=1) for k, v in levels.items()}
     live["arima"] = np.where(usable[:, None], arima, np.nan)
-    raw = dict(zip(MEMBERS, np.array([s.weights for s in scored]).T, strict=True))
+    raw = dict(zip(MEMBERS, fixed.weights.T, strict=True))
     weights = normalized(raw, live)
     live["ensemble"] = combine(weights, live)
     return live, weights
