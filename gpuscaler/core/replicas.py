@@ -56,7 +56,7 @@ def decide_replica_floor(
 class FloorStep:
     """A replica floor decided up to its forecast's skill and its overflow reserve
     (`floor_outcome` takes it from there): the planner assesses every workload's at once
-    (skill.assess_many, reserve.overflow_reserve_many)."""
+    (skill.assess_chunk, reserve.overflow_reserve_chunk)."""
 
     obs: WorkloadObservation
     cfg: ReplicasConfig
