@@ -213,13 +213,33 @@ def _from_scored(
     name, template = b.engine.name, _weights_template(b.engine.name)
     shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
     dropped = model.dropped
-    for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
-        method = sc.method
+    reason, methods, last, errors, peak = (
+        rows.reason,
+        rows.method,
+        rows.last,
+        rows.errors,
+        rows.peak,
+    )
+    for r, sc, share, value in zip(chosen, kept, shares, lasts, strict=True):
+        method, why = sc.method, sc.errors
         assert method is not None
-        why = (name, template, shares[i], sc.ses_best, dropped[r], method, sc.errors, nominal)
-        rows.reason[r] = (_scored_reason, (*why, at[r], points[r], misses[r]))
-        rows.method[r], rows.last[r] = method, lasts[i]
-        rows.errors[r], rows.peak[r] = sc.errors, sc.peak
+        reason[r] = (
+            _scored_reason,
+            (
+                name,
+                template,
+                share,
+                sc.ses_best,
+                dropped[r],
+                method,
+                why,
+                nominal,
+                at[r],
+                points[r],
+                misses[r],
+            ),
+        )
+        methods[r], last[r], errors[r], peak[r] = method, value, why, sc.peak
 
 
 def _scored_reason(

@@ -26,22 +26,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast.made import fit_state
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
     FloatArray,
-    IntervalState,
-    Scored,
     Series,
 )
 
-
-class _Keep:
-    """Marks an argument of `with_parts` not given (the state's own part is kept)."""
-
-
-_KEEP = _Keep()
 _RIDGE = 1e-6
 """Tiny ridge on the normal equations: keeps a flat (constant) series solvable."""
 _CHUNK = 256
@@ -141,25 +132,6 @@ def _fit_states(
                 modulus=float(fitted.modulus[r]),
             )
     return out
-
-
-def with_parts(
-    state: FitState,
-    *,
-    interval: IntervalState | _Keep | None = _KEEP,
-    scored: Scored | _Keep | None = _KEEP,
-) -> FitState:
-    """`state` with a new interval state and/or scoring (`dataclasses.replace` without its
-    per-call field walk: called for every series at every tick)."""
-    return fit_state(
-        state.fitted_at,
-        state.intercept,
-        state.phi,
-        state.sigma2,
-        state.interval if isinstance(interval, _Keep) else interval,
-        state.scored if isinstance(scored, _Keep) else scored,
-        state.modulus,
-    )
 
 
 @dataclass(frozen=True, eq=False)
