@@ -120,8 +120,9 @@ def _interval(rng: np.random.Generator, origin: float) -> IssuedInterval:
     return IssuedInterval(origin, STEP, tuple(lower.tolist()), tuple(upper.tolist()))
 
 
-def _full(s: IntervalState) -> tuple[object, ...]:
+def _full(s: IntervalState | None) -> tuple[object, ...]:
     """A state as its reader sees it, the bounds' bits and signs included."""
+    assert s is not None
     return (
         s.level,
         s.checked_at,
@@ -166,10 +167,10 @@ def test_intervals_checked_and_issued_in_one_pass_follow_the_check_then_the_issu
         alone = [old.issue(s, lower[r], upper[r], STEP) for r, s in enumerate(alone_checked)]
         assert [_full(s) for s in issued] == [_full(s) for s in two_step]
         assert [_full(s) for s in issued] == [_full(s) for s in alone]
-        for s in issued:  # what the next check reads instead of the tuples
-            assert s.layout is not None and s.bounds is not None
-            assert not s.bounds.flags.writeable
-            assert s.bounds.shape == (2, sum(size for _, _, size in s.layout))
+        for made in issued:  # what the next check reads instead of the tuples
+            assert made.layout is not None and made.bounds is not None
+            assert not made.bounds.flags.writeable
+            assert made.bounds.shape == (2, sum(size for _, _, size in made.layout))
         batch = list(issued)
         for r in range(rows):  # the ways a state comes back other than from the batch
             s = batch[r]
