@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_forecast_lazy import come_back
 from test_interval_resolve import reference as resolve_one
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, refit_or_reuse
@@ -21,10 +22,9 @@ from gpuscaler.core.forecast.intervals import (
     check_rows,
     issue_checked,
     issue_rows,
-    reissue,
     resolve_rows,
 )
-from gpuscaler.core.model import FitState, IntervalState, IssuedInterval
+from gpuscaler.core.model import FitState, FloatArray, IntervalState, IssuedInterval
 
 STEP = 10.0
 NOW = 10_000.0
@@ -68,6 +68,22 @@ def _prior(rng: np.random.Generator, keys: list[str | None], p: int) -> dict[str
     return out
 
 
+Refit = tuple[Fitted, dict[str, FitState], int]
+
+
+def _same_as_before(
+    engine: LeastSquaresArima, hist: FloatArray, keys: list[str | None], prior: dict[str, FitState]
+) -> tuple[Refit, Refit]:
+    """`refit_or_reuse` now and at 3ecdbd8 on the same rows: equal coefficients (bits),
+    refit counts and kept states (every field, in the same order)."""
+    got = refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
+    want = before.refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
+    assert _fitted(got[0]) == _fitted(want[0])
+    assert got[2] == want[2]
+    assert [s[:-1] for s in _states(got[1])] == [s[:-1] for s in _states(want[1])]
+    return got, want
+
+
 @pytest.mark.parametrize(
     "keys",
     [
@@ -86,11 +102,7 @@ def test_refit_or_reuse_in_one_pass_keeps_what_it_kept_before(
     engine = LeastSquaresArima(3, 1)
     hist = np.cumsum(rng.normal(0, 1, (len(keys), 60)), axis=1) + 50.0
     prior = _prior(rng, keys, engine.p)
-    got = refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
-    want = before.refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
-    assert _fitted(got[0]) == _fitted(want[0])
-    assert got[2] == want[2]
-    assert [s[:-1] for s in _states(got[1])] == [s[:-1] for s in _states(want[1])]
+    got, want = _same_as_before(engine, hist, keys, prior)
     reused = [k for k in got[1] if got[1][k] is prior.get(k)]
     assert reused == [k for k in want[1] if want[1][k] is prior.get(k)]
 
@@ -106,18 +118,7 @@ def test_refit_or_reuse_on_generated_states_keeps_what_it_kept_before(seed: int,
     hist = rng.normal(50, 5, (rows, 40))
     hist[rng.random(hist.shape) < 0.1] = np.nan
     prior = _prior(rng, keys, engine.p)
-    got = refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
-    want = before.refit_or_reuse(engine, hist, keys, prior, NOW, REFIT)
-    assert _fitted(got[0]) == _fitted(want[0])
-    assert got[2] == want[2]
-    assert [s[:-1] for s in _states(got[1])] == [s[:-1] for s in _states(want[1])]
-
-
-def _interval(rng: np.random.Generator, origin: float) -> IssuedInterval:
-    size = int(rng.integers(1, 6))
-    lower = rng.normal(50, 10, size)
-    upper = lower + rng.uniform(0, 20, size)
-    return IssuedInterval(origin, STEP, tuple(lower.tolist()), tuple(upper.tolist()))
+    _same_as_before(engine, hist, keys, prior)
 
 
 def _full(s: IntervalState | None) -> tuple[object, ...]:
@@ -172,23 +173,7 @@ def test_intervals_checked_and_issued_in_one_pass_follow_the_check_then_the_issu
             assert not made.bounds.flags.writeable
             assert made.bounds.shape == (2, sum(size for _, _, size in made.layout))
         batch = list(issued)
-        for r in range(rows):  # the ways a state comes back other than from the batch
-            s = batch[r]
-            assert s is not None
-            way = rng.integers(0, 7)
-            if way == 0:
-                batch[r] = alone[r] = reissue(s, lower[r] + 1.0, upper[r] + 1.0)
-            elif way == 1:
-                batch[r] = alone[r] = IntervalState(
-                    s.level, s.checked_at, s.pending, s.points, s.misses
-                )
-            elif way == 2 and s.pending:
-                extra = (*s.pending, _interval(rng, now - STEP))
-                batch[r] = alone[r] = IntervalState(s.level, now, extra, s.points, s.misses)
-            elif way == 3:
-                batch[r] = alone[r] = None
-            elif way == 4:  # the batch's layout object, checked at another time
-                batch[r] = alone[r] = dataclasses.replace(s, checked_at=s.checked_at - STEP)
+        come_back(rng, batch, alone, lower, upper, now)
         now += 30.0
 
 
