@@ -20,7 +20,8 @@ in `_base`).
 
 Last line:
   RESULT lanes=N hours=H tick_ms= assembled_ms= resolve_ms= issue_ms= snapshot_rest_ms=
-  tick_rest_ms= assembled_replay_ms= resolve_replay_ms= issue_replay_ms= digest=
+  tick_rest_ms= forecast_ms= forecast_rest_ms= assembled_replay_ms= resolve_replay_ms=
+  issue_replay_ms= digest=
 """
 
 from __future__ import annotations
@@ -48,10 +49,26 @@ WRAPPED = (
     (forecast_module, "assembled"),
     (forecast_module, "resolve_rows"),
     (forecast_module, "issue_rows"),
+    (forecast_module, "check_rows"),  # resolve_rows' check, from fb8 on (not in the base)
+    (forecast_module, "issue_checked"),  # issue_rows from it, from fb8 on
+    (forecast_module, "_scoring"),
     (snapshot_module, "forecast_series"),
     (controller_module, "build_snapshot"),
     (controller_module, "make_plan"),
 )
+
+
+REPLAYED = {
+    "assembled": ("assembled",),
+    "resolve": ("resolve_rows", "check_rows"),
+    "issue": ("issue_rows", "issue_checked"),
+}
+"""The calls replayed, by RESULT key (a revision calls one name of each: fb8 fused the
+interval check and issue into `check_rows` and `issue_checked`)."""
+
+
+def _called(timers: dict[str, Timer], name: str) -> bool:
+    return name in timers and timers[name].calls > 0
 
 
 class Timer:
@@ -97,14 +114,17 @@ def measure(lanes: int, hours: float, repeat: int) -> list[str]:
         prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
         for i, w in enumerate(cfg.workloads)
     ]
-    timers = {name: Timer(module, name) for module, name in WRAPPED}
+    timers = {name: Timer(module, name) for module, name in WRAPPED if hasattr(module, name)}
     ticks = Timer(controller_module.Controller, "tick")
     for timer in timers.values():
         setattr(timer.module, timer.name, timer)
     setattr(controller_module.Controller, "tick", lambda self, now: ticks(self, now))  # noqa: B010
     try:
         runs = lockstep_runs(preps)
-        replays = {k: timers[k].replay(repeat) for k in ("assembled", "resolve_rows", "issue_rows")}
+        replays = {
+            k: sum(timers[name].replay(repeat) for name in names if _called(timers, name))
+            for k, names in REPLAYED.items()
+        }
     finally:
         for timer in (*timers.values(), ticks):
             setattr(timer.module, timer.name, timer.inner)
@@ -114,6 +134,8 @@ def measure(lanes: int, hours: float, repeat: int) -> list[str]:
         return f"{1000 * seconds / n:.3f}"
 
     s = {k: t.seconds for k, t in timers.items()}
+    for name in ("resolve_rows", "issue_rows", "check_rows", "issue_checked"):
+        s.setdefault(name, 0.0)
     return [
         f"lanes={lanes}",
         f"hours={hours:g}",
@@ -121,13 +143,15 @@ def measure(lanes: int, hours: float, repeat: int) -> list[str]:
         f"snapshot_ms={ms(s['build_snapshot'])}",
         f"plan_ms={ms(s['make_plan'])}",
         f"assembled_ms={ms(s['assembled'])}",
-        f"resolve_ms={ms(s['resolve_rows'])}",
-        f"issue_ms={ms(s['issue_rows'])}",
+        f"resolve_ms={ms(s['resolve_rows'] + s['check_rows'])}",
+        f"issue_ms={ms(s['issue_rows'] + s['issue_checked'])}",
         f"snapshot_rest_ms={ms(s['build_snapshot'] - s['forecast_series'])}",
+        f"forecast_ms={ms(s['forecast_series'])}",
+        f"forecast_rest_ms={ms(s['forecast_series'] - s['_scoring'])}",
         f"tick_rest_ms={ms(ticks.seconds - s['build_snapshot'] - s['make_plan'])}",
         f"assembled_replay_ms={replays['assembled']:.3f}",
-        f"resolve_replay_ms={replays['resolve_rows']:.3f}",
-        f"issue_replay_ms={replays['issue_rows']:.3f}",
+        f"resolve_replay_ms={replays['resolve']:.3f}",
+        f"issue_replay_ms={replays['issue']:.3f}",
         f"digest={digest(runs)}",
     ]
 

@@ -175,27 +175,43 @@ def test_states_checked_and_issued_in_batches_follow_each_state_alone(
         batch = list(issue_rows(checked, lower, upper, STEP))
         alone = [old.issue(s, lower[r], upper[r], STEP) for r, s in enumerate(alone_checked)]
         assert batch == alone
-        for r in range(rows):  # the ways a state comes back other than from the batch
-            s = batch[r]
-            assert s is not None
-            way = rng.integers(0, 7)
-            if way == 0:
-                batch[r] = alone[r] = reissue(s, lower[r] + 1.0, upper[r] + 1.0)
-            elif way == 1:
-                batch[r] = alone[r] = IntervalState(
-                    s.level, s.checked_at, s.pending, s.points, s.misses
-                )
-            elif way == 2 and s.pending:
-                extra = (*s.pending, _interval(rng, now - STEP))
-                batch[r] = alone[r] = IntervalState(s.level, now, extra, s.points, s.misses)
-            elif way == 3:
-                batch[r] = alone[r] = None
-            elif way == 4 and s.layout is not None and s.bounds is not None:
-                layout = tuple(list(s.layout))  # equal to the batch's, another object
-                bounds = s.bounds.copy()
-                batch[r] = made.interval_state(
-                    s.level, s.checked_at, None, s.points, s.misses, layout, bounds
-                )
-            elif way == 5:  # the batch's layout object, checked at another time
-                batch[r] = alone[r] = dataclasses.replace(s, checked_at=s.checked_at - STEP)
+        come_back(rng, batch, alone, lower, upper, now)
         now += 30.0
+
+
+def come_back(
+    rng: np.random.Generator,
+    batch: list[IntervalState | None],
+    alone: list[IntervalState | None],
+    lower: FloatArray,
+    upper: FloatArray,
+    now: float,
+) -> None:
+    """Replace some of the states issued (`batch`, and the oracle's `alone`) by the ways a
+    state comes back other than from the batch: reissued, tuple-only, with an interval
+    added by hand, fresh, an equal layout in another object, the batch's layout checked
+    at another time."""
+    rows = len(batch)
+    for r in range(rows):
+        s = batch[r]
+        assert s is not None
+        way = rng.integers(0, 7)
+        if way == 0:
+            batch[r] = alone[r] = reissue(s, lower[r] + 1.0, upper[r] + 1.0)
+        elif way == 1:
+            batch[r] = alone[r] = IntervalState(
+                s.level, s.checked_at, s.pending, s.points, s.misses
+            )
+        elif way == 2 and s.pending:
+            extra = (*s.pending, _interval(rng, now - STEP))
+            batch[r] = alone[r] = IntervalState(s.level, now, extra, s.points, s.misses)
+        elif way == 3:
+            batch[r] = alone[r] = None
+        elif way == 4 and s.layout is not None and s.bounds is not None:
+            layout = tuple(list(s.layout))  # equal to the batch's, another object
+            bounds = s.bounds.copy()
+            batch[r] = made.interval_state(
+                s.level, s.checked_at, None, s.points, s.misses, layout, bounds
+            )
+        elif way == 5:  # the batch's layout object, checked at another time
+            batch[r] = alone[r] = dataclasses.replace(s, checked_at=s.checked_at - STEP)

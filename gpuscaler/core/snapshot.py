@@ -288,17 +288,19 @@ def build_snapshot(
 def _pool(
     p: RawPool, signal: Signal, stall: float | None, stall_last: float | None
 ) -> PoolObservation:
+    """The pool's observation (its fields in their order: positional arguments cost a
+    fifth less than keywords, a pool a tick)."""
     return PoolObservation(
-        name=p.name,
-        utilization=signal,
-        fragments=p.fragments,
-        time_slice_level=p.time_slice_level,
-        stall_mean_pct=None if p.problem else stall,
-        stall_last_sample_time=stall_last,
-        gpu_memory_gib=p.gpu_memory_gib,
-        max_shares_held=p.max_shares_held,
-        memory_used_gib=p.memory_used_gib,
-        gpus_held=p.gpus_held,
+        p.name,
+        signal,  # utilization
+        p.fragments,
+        p.time_slice_level,
+        None if p.problem else stall,  # stall_mean_pct
+        stall_last,  # stall_last_sample_time
+        p.gpu_memory_gib,
+        p.max_shares_held,
+        p.memory_used_gib,
+        p.gpus_held,
     )
 
 
@@ -323,13 +325,14 @@ def _recent_peaks(
 
 
 def _workload(w: RawWorkload, signal: Signal, recent_peak: float | None) -> WorkloadObservation:
+    """The workload's observation (its fields in their order, as `_pool`)."""
     return WorkloadObservation(
-        key=w.key,
-        load=signal,
-        floor=w.floor,
-        replicas=w.replicas,
-        max_replicas=w.max_replicas,
-        replica_gpu_share=w.replica_gpu_share,
-        serving=w.serving,
-        recent_peak=recent_peak,
+        w.key,
+        signal,  # load
+        w.floor,
+        w.replicas,
+        w.max_replicas,
+        w.replica_gpu_share,
+        w.serving,
+        recent_peak,
     )

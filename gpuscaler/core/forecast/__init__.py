@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast.assembly import Batch, Model, assembled
+from gpuscaler.core.forecast.assembly import Adaptive, Batch, Model, assembled
 from gpuscaler.core.forecast.engines import (
     Fitted,
     ForecastEngine,
@@ -34,7 +34,6 @@ from gpuscaler.core.forecast.engines import (
     make_engine,
     refit_or_reuse,
     stable_fit,
-    with_parts,
     within_band,
     z_score,
 )
@@ -49,11 +48,9 @@ from gpuscaler.core.forecast.ensemble import (
     assess,
     choose_method,
 )
-from gpuscaler.core.forecast.intervals import (
-    issue_rows,
-    resolve_rows,
-)
+from gpuscaler.core.forecast.intervals import Checked, check_rows, issue_checked
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
+from gpuscaler.core.forecast.made import fit_state
 from gpuscaler.core.forecast.scored import refresh, score
 from gpuscaler.core.model import (
     BoolArray,
@@ -180,7 +177,7 @@ def forecast_series(
                 i: r for r, i in enumerate(k for k, s in enumerate(series) if s is not None)
             }
             values = stacked[[position[i] for i in index]]
-        hist = bucket_rows(rows, cfg.fit_step, now, values)
+        hist = bucket_rows(rows, cfg.fit_step, now, values, aligned=values is not None)
         batch = Batch(
             engine or make_engine(cfg),
             hist,
@@ -249,32 +246,44 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     tape = SesTape(b.hist)  # the smoothing levels, one pass for the refresh and live paths
     if model.fitted is not None and b.cfg.ensemble:
         scored = _scoring(b, model, tape)
-    adaptive = _adaptive(b)
-    out, finite = assembled(b, model, scored, adaptive, tape)
-    rows = [r for r, key in enumerate(b.keys) if adaptive[r] is not None and key in b.states]
-    issued = (
-        issue_rows(
-            [s for r in rows if (s := adaptive[r]) is not None],
-            np.stack([out[r].lower for r in rows]),
-            np.stack([out[r].upper for r in rows]),
-            b.cfg.fit_step,
-        )
-        if rows
-        else []
+    keyed, checked = _adaptive(b)
+    out, finite, lower, upper = assembled(b, model, scored, _figures(b, keyed, checked), tape)
+    if not keyed:
+        return out, finite
+    assert checked is not None
+    every = len(keyed) == len(out)
+    issued = issue_checked(
+        checked, lower if every else lower[keyed], upper if every else upper[keyed], b.cfg.fit_step
     )
-    intervals: dict[int, IntervalState] = dict(zip(rows, issued, strict=True))
-    for r, key in enumerate(b.keys):  # each state made once: its scoring and interval
-        if key is None or key not in b.states:
-            continue
-        state, sc = b.states[key], scored[r]
-        keep_scored = sc is None or state.scored is sc
-        if r in intervals or not keep_scored:
-            b.states[key] = with_parts(
-                state,
-                interval=intervals.get(r, state.interval),
-                scored=state.scored if keep_scored else sc,
-            )
+    states = b.states
+    for r, interval in zip(keyed, issued, strict=True):  # each state made once a tick
+        key = b.keys[r]
+        assert key is not None
+        state, sc = states[key], scored[r]
+        kept = state.scored
+        states[key] = fit_state(
+            state.fitted_at,
+            state.intercept,
+            state.phi,
+            state.sigma2,
+            interval,
+            kept if sc is None or kept is sc else sc,
+            state.modulus,
+        )
     return out, finite
+
+
+def _figures(b: Batch, keyed: list[int], checked: Checked | None) -> Adaptive:
+    """Each row's adaptive level, points and misses (`assembled`): the checked rows' own,
+    the nominal level and none for a row without a kept state."""
+    n = b.hist.shape[0]
+    if checked is not None and len(keyed) == n:
+        return checked.level, checked.points, checked.misses
+    level, points, misses = [b.cfg.interval_level] * n, [0] * n, [0] * n
+    if checked is not None:
+        for i, r in enumerate(keyed):
+            level[r], points[r], misses[r] = checked.level[i], checked.points[i], checked.misses[i]
+    return level, points, misses
 
 
 def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored | None]:
@@ -282,9 +291,7 @@ def _scoring(b: Batch, model: Model, tape: SesTape | None = None) -> list[Scored
     are (the state reused as is), made afresh for the rows refitted now, without a key
     or with `rescore`; None where there is too little history to score."""
     assert isinstance(b.engine, LeastSquaresArima) and model.fitted is not None
-    out: list[Scored | None] = [
-        None if b.rescore or key is None else _kept(b, key) for key in b.keys
-    ]
+    out: list[Scored | None] = [None] * len(b.keys) if b.rescore else _kept(b)
     _refreshed(b, model, out, tape)
     todo = [r for r, s in enumerate(out) if s is None]
     fresh: list[Scored | None] = []
@@ -328,27 +335,34 @@ def _refreshed(
         out[r] = sc
 
 
-def _kept(b: Batch, key: str) -> Scored | None:
-    """The scoring kept on the series' state, if its coefficients were not refitted now."""
-    state = b.states.get(key)
-    if state is None or key not in b.prior or state is not b.prior[key]:
-        return None
-    if state.scored is not None and state.scored.abs_errors.shape[1] != b.steps:
-        return None  # scored for another horizon (the config changed): score again
-    return state.scored
-
-
-def _adaptive(b: Batch) -> list[IntervalState | None]:
-    """Each series' adaptive interval state after checking what was observed since the
-    previous tick, all series at once (None for a series without a kept state)."""
-    keyed = [(r, key) for r, key in enumerate(b.keys) if key is not None and key in b.states]
-    out: list[IntervalState | None] = [None] * len(b.keys)
-    if not keyed:
-        return out
-    rows = [r for r, _ in keyed]
-    priors = [b.prior[key].interval if key in b.prior else None for _, key in keyed]
-    hist = b.hist if len(rows) == b.hist.shape[0] else b.hist[rows]
-    resolved = resolve_rows(priors, hist, b.now, b.cfg.fit_step, b.cfg.interval_level)
-    for r, state in zip(rows, resolved, strict=True):
-        out[r] = state
+def _kept(b: Batch) -> list[Scored | None]:
+    """Each row's scoring kept on its series' state, if its coefficients were not
+    refitted now (the state is the prior one); None without a key or kept scoring."""
+    out: list[Scored | None] = []
+    states, prior, steps = b.states, b.prior, b.steps
+    for key in b.keys:
+        if key is None:
+            out.append(None)
+            continue
+        state = states.get(key)
+        sc = state.scored if state is not None and state is prior.get(key) else None
+        if sc is not None and sc.abs_errors.shape[1] != steps:
+            sc = None  # scored for another horizon (the config changed): score again
+        out.append(sc)
     return out
+
+
+def _adaptive(b: Batch) -> tuple[list[int], Checked | None]:
+    """The rows with a kept state, and their adaptive intervals checked against what was
+    observed since the previous tick, all at once (None without such rows)."""
+    keyed: list[int] = []
+    priors: list[IntervalState | None] = []
+    prior, states = b.prior, b.states
+    for r, key in enumerate(b.keys):
+        if key is not None and key in states:
+            keyed.append(r)
+            priors.append(s.interval if (s := prior.get(key)) is not None else None)
+    if not keyed:
+        return keyed, None
+    hist = b.hist if len(keyed) == b.hist.shape[0] else b.hist[keyed]
+    return keyed, check_rows(priors, hist, b.now, b.cfg.fit_step, b.cfg.interval_level)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -22,7 +23,6 @@ from gpuscaler.core.model import (
     FitState,
     FloatArray,
     Forecast,
-    IntervalState,
     Scored,
 )
 
@@ -69,17 +69,23 @@ class _Rows:
     peak: list[float]
 
 
+Adaptive = tuple[Sequence[float], Sequence[int], Sequence[int]]
+"""Each row's adaptive interval level, points checked and misses so far (`check_rows`;
+the nominal level, 0, 0 for a row without a state)."""
+
+
 def assembled(
     b: Batch,
     model: Model,
     scored: Sequence[Scored | None],
-    adaptive: Sequence[IntervalState | None],
+    adaptive: Adaptive,
     tape: SesTape | None = None,
-) -> tuple[list[Forecast], list[bool]]:
+) -> tuple[list[Forecast], list[bool], FloatArray, FloatArray]:
     """Every row's forecast, clipped to `b.clip`: from its scoring (the kept weights on the
     members' live paths, the conformal interval at the row's adaptive level), or the
-    engine's path (the last value when that path was dropped); and whether each is finite
-    (`Forecast.is_finite`, every row at once)."""
+    engine's path (the last value when that path was dropped); whether each is finite
+    (`Forecast.is_finite`, every row at once); the rows' lower and upper bounds (n, steps:
+    the forecasts' arrays are their rows)."""
     n, steps = b.hist.shape[0], b.steps
     empty: list[Mapping[str, float]] = [{}] * n
     rows = _Rows(
@@ -90,8 +96,9 @@ def assembled(
     if chosen:
         smoothed = tape.at(b.hist.shape[1] - 1)[:, chosen] if tape is not None else None
         _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
-        lower[chosen] = rows.mean[chosen] - rows.half[chosen]
-        upper[chosen] = rows.mean[chosen] + rows.half[chosen]
+        at = _rows_of(chosen, n)
+        lower[at] = rows.mean[at] - rows.half[at]
+        upper[at] = rows.mean[at] + rows.half[at]
     picked = set(chosen)
     plain = [r for r in range(n) if r not in picked]
     if plain:
@@ -105,25 +112,24 @@ def assembled(
     for block in (mean, lower, upper):
         block.flags.writeable = False  # each forecast's rows: what was found stays true
     ok: list[bool] = finite.tolist()
-    now, step, level = b.now, b.cfg.fit_step, b.cfg.interval_level
-    forecasts = [
-        made_forecast(
-            now,
-            step,
-            mean[r],
-            lower[r],
-            upper[r],
-            level,
-            rows.method[r],
-            rows.reason[r],
-            rows.last[r],
-            rows.errors[r] or {},
-            offsets[r],
-            ok[r],
+    forecasts = list(
+        map(
+            made_forecast,
+            repeat(b.now),
+            repeat(b.cfg.fit_step),
+            mean,  # the blocks' rows (views made in C, as mean[r] is)
+            lower,
+            upper,
+            repeat(b.cfg.interval_level),
+            rows.method,
+            rows.reason,
+            rows.last,
+            [e or {} for e in rows.errors],  # an empty one: each forecast its own dict
+            offsets,
+            ok,
         )
-        for r in range(n)
-    ]
-    return forecasts, ok
+    )
+    return forecasts, ok, lower, upper
 
 
 def _clipped(
@@ -176,29 +182,36 @@ def _plain(
         rows.last[r], rows.errors[r], rows.peak[r] = last, {}, 0.0
 
 
+def _rows_of(chosen: list[int], n: int) -> slice | list[int]:
+    """`chosen` (ascending rows of n) as an index: every row (the steady state) as a
+    slice, which reads views and writes in place where a list gathers copies (issue 20:
+    some 1.6 us a row a tick); the same values either way (the readers do not write)."""
+    return slice(None) if len(chosen) == n else chosen
+
+
 def _from_scored(
     b: Batch,
     model: Model,
     scored: Sequence[Scored | None],
-    adaptive: Sequence[IntervalState | None],
+    adaptive: Adaptive,
     chosen: list[int],
     rows: _Rows,
     smoothed: FloatArray | None,
 ) -> None:
     """The rows `chosen` (each with a scoring that names a method) from their scorings."""
     kept = [s for s in (scored[r] for r in chosen) if s is not None]
-    hist, arima, usable = b.hist[chosen], model.paths.mean[chosen], model.usable[chosen]
+    some = _rows_of(chosen, b.hist.shape[0])
+    hist, arima, usable = b.hist[some], model.paths.mean[some], model.usable[some]
     live, weights = live_paths(hist, kept, arima, usable, b.steps, smoothed)
     nominal = b.cfg.interval_level
-    levels = np.array([s.level if (s := adaptive[r]) is not None else nominal for r in chosen])
+    at, points, misses = adaptive
+    levels = np.array([at[r] for r in chosen])
     halves = half_widths(kept, levels)
     short: list[bool] = np.asarray(~np.isfinite(halves).all(axis=1)).tolist()
     last_value = [sc.method == "last_value" for sc in kept]
-    rows.mean[chosen] = np.where(
-        np.array(last_value)[:, None], live["last_value"], live["ensemble"]
-    )
+    rows.mean[some] = np.where(np.array(last_value)[:, None], live["last_value"], live["ensemble"])
     lasts = live["last_value"][:, 0].tolist()
-    rows.half[chosen] = halves
+    rows.half[some] = halves
     fallback = [r for r, s in zip(chosen, short, strict=True) if s]
     if fallback:
         rows.half[fallback] = _fallback_halves(b, model, fallback)
@@ -207,17 +220,33 @@ def _from_scored(
     name, template = b.engine.name, _weights_template(b.engine.name)
     shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
     dropped = model.dropped
-    for i, (r, sc) in enumerate(zip(chosen, kept, strict=True)):
-        method = sc.method
+    reason, methods, last, errors, peak = (
+        rows.reason,
+        rows.method,
+        rows.last,
+        rows.errors,
+        rows.peak,
+    )
+    for r, sc, share, value in zip(chosen, kept, shares, lasts, strict=True):
+        method, why = sc.method, sc.errors
         assert method is not None
-        state = adaptive[r]
-        level, points, misses = (
-            (state.level, state.points, state.misses) if state is not None else (nominal, 0, 0)
+        reason[r] = (
+            _scored_reason,
+            (
+                name,
+                template,
+                share,
+                sc.ses_best,
+                dropped[r],
+                method,
+                why,
+                nominal,
+                at[r],
+                points[r],
+                misses[r],
+            ),
         )
-        why = (name, template, shares[i], sc.ses_best, dropped[r], method, sc.errors, nominal)
-        rows.reason[r] = (_scored_reason, (*why, level, points, misses))
-        rows.method[r], rows.last[r] = method, lasts[i]
-        rows.errors[r], rows.peak[r] = sc.errors, sc.peak
+        methods[r], last[r], errors[r], peak[r] = method, value, why, sc.peak
 
 
 def _scored_reason(

@@ -15,6 +15,7 @@ range (`within_band`). Anything else is dropped by the ensemble, never used.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,22 +26,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast.made import fit_state
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
     FloatArray,
-    IntervalState,
-    Scored,
     Series,
 )
 
-
-class _Keep:
-    """Marks an argument of `with_parts` not given (the state's own part is kept)."""
-
-
-_KEEP = _Keep()
 _RIDGE = 1e-6
 """Tiny ridge on the normal equations: keeps a flat (constant) series solvable."""
 _CHUNK = 256
@@ -69,70 +61,77 @@ def refit_or_reuse(
     """Coefficients for every row: reused where the series' fit is younger than
     `refit_every` (its state, the newest observations, still moves the forecast), refitted
     in one batch otherwise. Returns them, the fit states to keep, and how many were refit."""
-    n = hist.shape[0]
-    stale = [
-        r
-        for r, key in enumerate(keys)
-        if key is None
-        or key not in prior
-        or now - prior[key].fitted_at >= refit_every
-        or len(prior[key].phi) != engine.p
-    ]
-    intercept, phi, sigma2 = np.empty(n), np.empty((n, engine.p)), np.empty(n)
+    n, p = hist.shape[0], engine.p
+    stale: list[int] = []
+    reuse: list[int] = []
+    olds: list[FitState] = []  # the reused rows' states, in order
+    for r, key in enumerate(keys):  # one pass over the rows: which are reused
+        old = prior.get(key) if key is not None else None
+        if old is None or now - old.fitted_at >= refit_every or len(old.phi) != p:
+            stale.append(r)
+        else:
+            reuse.append(r)
+            olds.append(old)
+    intercept, phi, sigma2 = np.empty(n), np.empty((n, p)), np.empty(n)
     modulus = np.empty(n)
     if stale:
         fresh = engine.fit(hist[stale])
         intercept[stale], phi[stale], sigma2[stale] = fresh.intercept, fresh.phi, fresh.sigma2
-    stale_set = set(stale)
-    unknown = stale + [
-        r
-        for r, k in enumerate(keys)
-        if r not in stale_set and k is not None and prior[k].modulus is None
-    ]
-    reuse = [r for r in range(n) if r not in stale_set]
+    unknown = list(stale)
     if reuse:  # the kept floats written into their rows at once (the same values)
-        olds = [prior[key] for r in reuse if (key := keys[r]) is not None]
-        intercept[reuse] = [old.intercept for old in olds]
-        phi[reuse] = np.array([old.phi for old in olds], dtype=np.float64).reshape(-1, engine.p)
-        sigma2[reuse] = [old.sigma2 for old in olds]
-        modulus[reuse] = [np.nan if old.modulus is None else old.modulus for old in olds]
+        intercept[reuse] = list(map(_INTERCEPT, olds))
+        phi[reuse] = np.array(list(map(_PHI, olds)), dtype=np.float64).reshape(-1, p)
+        sigma2[reuse] = list(map(_SIGMA2, olds))
+        kept = list(map(_MODULUS, olds))
+        if None in kept:
+            unknown += [r for r, m in zip(reuse, kept, strict=True) if m is None]
+            kept = [np.nan if m is None else m for m in kept]
+        modulus[reuse] = kept
     if unknown:  # per row, the same whichever rows are found together
         modulus[unknown] = inverse_root_modulus(phi[unknown])
     states: dict[str, FitState] = {}
-    for r, key in enumerate(keys):
-        if key is not None:
-            states[key] = (
-                FitState(
-                    now,
-                    float(intercept[r]),
-                    tuple(phi[r].tolist()),
-                    float(sigma2[r]),
-                    prior[key].interval if key in prior else None,
-                    modulus=float(modulus[r]),
-                )
-                if r in stale_set
-                else prior[key]
-            )
+    if stale:
+        made = _fit_states(now, Fitted(intercept, phi, sigma2, modulus), stale, keys, prior)
+        for r, key in enumerate(keys):
+            if key is not None:
+                states[key] = made[r] if r in made else prior[key]
+    else:
+        for key, old in zip(keys, olds, strict=True):  # every row reused: all keyed
+            assert key is not None
+            states[key] = old
     return Fitted(intercept, phi, sigma2, modulus), states, len(stale)
 
 
-def with_parts(
-    state: FitState,
-    *,
-    interval: IntervalState | _Keep | None = _KEEP,
-    scored: Scored | _Keep | None = _KEEP,
-) -> FitState:
-    """`state` with a new interval state and/or scoring (`dataclasses.replace` without its
-    per-call field walk: called for every series at every tick)."""
-    return fit_state(
-        state.fitted_at,
-        state.intercept,
-        state.phi,
-        state.sigma2,
-        state.interval if isinstance(interval, _Keep) else interval,
-        state.scored if isinstance(scored, _Keep) else scored,
-        state.modulus,
-    )
+_INTERCEPT = operator.attrgetter("intercept")
+_PHI = operator.attrgetter("phi")
+_SIGMA2 = operator.attrgetter("sigma2")
+_MODULUS = operator.attrgetter("modulus")
+
+
+def _fit_states(
+    now: float,
+    fitted: Fitted,
+    rows: list[int],
+    keys: Sequence[str | None],
+    prior: Mapping[str, FitState],
+) -> dict[int, FitState]:
+    """The new fit states of `rows` with a key, fitted at `now`: their interval state
+    carried on, no scoring yet."""
+    out: dict[int, FitState] = {}
+    assert fitted.modulus is not None
+    for r in rows:
+        key = keys[r]
+        if key is not None:
+            old = prior.get(key)
+            out[r] = FitState(
+                now,
+                float(fitted.intercept[r]),
+                tuple(fitted.phi[r].tolist()),
+                float(fitted.sigma2[r]),
+                old.interval if old is not None else None,
+                modulus=float(fitted.modulus[r]),
+            )
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,14 +333,19 @@ def nanmean_rows(a: FloatArray) -> FloatArray:
 
 
 def bucket_rows(
-    series: Sequence[Series], width: float, end: float, stacked: FloatArray | None = None
+    series: Sequence[Series],
+    width: float,
+    end: float,
+    stacked: FloatArray | None = None,
+    aligned: bool = False,
 ) -> FloatArray:
     """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
     left; series on one grid (same step, end and length, the usual case: one query's
     window) are bucketed together in one reshape (`stacked`: their values already
-    stacked, (n, points), by the caller)."""
+    stacked, (n, points), by the caller; `aligned`: the caller found them on one grid,
+    same start, step and length, so not checked again series by series)."""
     first = series[0]
-    same = all(
+    same = aligned or all(
         s.step == first.step and s.end == first.end and len(s.values) == len(first.values)
         for s in series
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import compress
 
 import numpy as np
@@ -119,36 +120,92 @@ def resolve_rows(
     ticks) are checked together (issue 18: one series at a time cost about 0.2 ms a series
     and tick, most of it reading the intervals' tuples); the states made keep their
     pending intervals as the group's layout and bounds, made into tuples when read."""
+    checked = check_rows(states, hist, now, step, nominal)
     out: list[IntervalState | None] = [None] * len(states)
-    waiting: list[tuple[int, IntervalState]] = []
-    for r, s in enumerate(states):
-        if s is None:
-            out[r] = interval_state(nominal, now, (), 0, 0, (), _NO_BOUNDS)
-        elif not (s.layout if s.layout is not None else s.pending):
-            out[r] = interval_state(s.level, now, (), s.points, s.misses, (), _NO_BOUNDS)
-        else:
-            waiting.append((r, s))
-    for (checked, layout), idx in _grouped(waiting).items():
-        group = [s for r in idx if (s := states[r]) is not None]
-        bounds = stacked([_bounds(s) for s in group])  # (rows, 2, total)
-        points, misses, flags = _check(layout, checked, bounds, hist[idx], now, step)
-        kept = tuple(compress(layout, flags))
-        columns = np.repeat(np.array(flags, dtype=bool), [size for _, _, size in layout])
-        rest = as_rows(np.compress(columns, bounds, axis=2))
-        shift = 1.0 - nominal
-        low, high = ACI_LEVELS
-        for i, (r, s) in enumerate(zip(idx, group, strict=True)):
-            level, seen, missed = s.level, points[i], misses[i]
-            if seen:
-                level += ACI_GAMMA * (missed / seen - shift)
-                level = min(max(level, low), high)
-            out[r] = interval_state(
-                level, now, None, s.points + seen, s.misses + missed, kept, rest[i]
-            )
+    for idx, kept, rest in checked.groups:
+        blocks = as_rows(rest) if kept else [_NO_BOUNDS] * len(idx)
+        for r, bounds in zip(idx, blocks, strict=True):
+            level, points, misses = checked.level[r], checked.points[r], checked.misses[r]
+            pending = None if kept else ()
+            out[r] = interval_state(level, now, pending, points, misses, kept, bounds)
     return [s for s in out if s is not None]
 
 
 Layout = tuple[tuple[float, float, int], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Checked:
+    """Rows' adaptive states checked at `now` (`resolve_rows` before its states are made):
+    each row's level, points and misses so far, and its still-pending intervals by
+    groups of rows (their positions, the layout kept, the kept bounds (rows, 2, total))."""
+
+    now: float
+    level: list[float]
+    points: list[int]
+    misses: list[int]
+    groups: list[tuple[list[int], Layout, FloatArray]]
+
+
+def check_rows(
+    states: Sequence[IntervalState | None],
+    hist: FloatArray,
+    now: float,
+    step: float,
+    nominal: float,
+) -> Checked:
+    """What `resolve_rows` finds, as lists and blocks: no state made per row (issue 20:
+    `issue_checked` makes each row's one state of the tick, with the interval issued)."""
+    n = len(states)
+    level, points, misses = [nominal] * n, [0] * n, [0] * n
+    empty: list[int] = []
+    waiting: list[tuple[int, IntervalState]] = []
+    for r, s in enumerate(states):
+        if s is None:
+            empty.append(r)
+        elif not (s.layout if s.layout is not None else s.pending):
+            level[r], points[r], misses[r] = s.level, s.points, s.misses
+            empty.append(r)
+        else:
+            waiting.append((r, s))
+    groups: list[tuple[list[int], Layout, FloatArray]] = []
+    if empty:
+        groups.append((empty, (), np.empty((len(empty), 2, 0))))
+    shift = 1.0 - nominal
+    low, high = ACI_LEVELS
+    for (checked, layout), idx in _grouped(waiting).items():
+        group = [s for r in idx if (s := states[r]) is not None]
+        bounds = stacked([_bounds(s) for s in group])  # (rows, 2, total)
+        seen, missed, flags = _check(layout, checked, bounds, hist[idx], now, step)
+        columns = np.repeat(np.array(flags, dtype=bool), [size for _, _, size in layout])
+        groups.append((idx, tuple(compress(layout, flags)), np.compress(columns, bounds, axis=2)))
+        for r, s, k, m in zip(idx, group, seen, missed, strict=True):
+            at = s.level
+            if k:
+                at += ACI_GAMMA * (m / k - shift)
+                at = min(max(at, low), high)
+            level[r], points[r], misses[r] = at, s.points + k, s.misses + m
+    return Checked(now, level, points, misses, groups)
+
+
+def issue_checked(
+    checked: Checked, lower: FloatArray, upper: FloatArray, step: float
+) -> list[IntervalState]:
+    """`issue_rows` of `resolve_rows`' states, made from `check_rows`' `checked` at once:
+    one state a row (`lower`, `upper` (n, steps): the rows' intervals issued now)."""
+    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
+    out: list[IntervalState | None] = [None] * len(checked.level)
+    now, size = checked.now, lower.shape[1]
+    level, points, misses = checked.level, checked.points, checked.misses
+    every = list(range(len(level)))
+    for idx, kept, rest in checked.groups:
+        grown = (*kept, (now, step, size))
+        rows = fresh if idx == every else fresh[idx]
+        bounds = as_rows(np.concatenate([rest, rows], axis=2) if kept else rows)
+        for r, b in zip(idx, bounds, strict=True):
+            out[r] = interval_state(level[r], now, None, points[r], misses[r], grown, b)
+    return [s for s in out if s is not None]
+
 
 _NO_BOUNDS: FloatArray = np.empty((2, 0))
 _NO_BOUNDS.flags.writeable = False
