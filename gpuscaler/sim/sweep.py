@@ -51,9 +51,12 @@ KEPT = ("capacity", "demand_busy", "replicas")
 """What a kept run records a slot at a time besides the served work and GPUs held, which
 every run records (`Sweep._keep`); its queue and utilization are not kept (no figure and
 no plot reads them of a run no controller ran)."""
+RUN_SLOT_BYTES = 8 + 4
+"""What every run of a sweep records a slot: the work served (float64) and the GPUs held
+(`Sweep.gpu_sums`, int32)."""
 SWEEP_BYTES = 256 * 2**20
-"""Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
-run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
+"""Memory the recorded arrays of one sweep may take (`RUN_SLOT_BYTES` a run a slot): a
+longer replay runs its points in groups (a week at 500 ms: 18 a group)."""
 
 
 @dataclass
@@ -63,10 +66,26 @@ class SweepResult:
     kind: ScalerKind
     target_pct: float
     served: FloatArray
-    gpus: FloatArray
+    gpu_sums: IntArray
+    """The GPUs held in each slot, summed over its `sub` samples (-1: not simulated)."""
+    sub: int
     replica_changes: list[tuple[float, int, int]]
     recorder: Recorder | None = None
     """The run's whole record (as its `SimulatedCluster` keeps it), when asked for."""
+
+    @property
+    def gpus(self) -> FloatArray:
+        """The GPUs held in each slot (NaN: not simulated), built when read."""
+        return held_gpus(self.gpu_sums, self.sub)
+
+
+def held_gpus(sums: IntArray, sub: int) -> FloatArray:
+    """The GPUs held in each slot from their sums over the slot's `sub` samples: the mean
+    `SimulatedCluster._pods_at` takes, to the bit (the counts are whole numbers, so their
+    float sum is exact and the mean is that sum over `sub`), NaN where a sum is -1."""
+    out = sums / sub
+    out[sums < 0] = np.nan
+    return np.asarray(out, dtype=np.float64)
 
 
 def same_model(a: SimulatedCluster, b: SimulatedCluster) -> bool:
@@ -130,7 +149,10 @@ class Sweep:
         self.cold = np.zeros(0)
         self.drawn = np.zeros(r, dtype=np.int64)
         self.spec = first.copy()
-        self.served, self.gpus = np.full((r, n), np.nan), np.full((r, n), np.nan)
+        self.sub = max(1, math.ceil(template.slot / SAMPLE - 1e-9))
+        self.served = np.full((r, n), np.nan)
+        self.gpu_sums = np.full((r, n), -1, dtype=np.int32)
+        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`)."""
         self.load = np.zeros((r, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
         least the last control interval's (all the scalers read of it)."""
@@ -175,16 +197,19 @@ class Sweep:
         for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True)):
             rec = kept.get(i)
             # a kept run's own arrays: a row of the sweep's would hold all of them
-            served, gpus = (self.served[i], self.gpus[i]) if rec is None else (rec.served, rec.gpus)
-            out.append(SweepResult(kind, float(target), served, gpus, changes[i], rec))
+            served = self.served[i] if rec is None else rec.served
+            sums = self.gpu_sums[i] if rec is None else self.gpu_sums[i].copy()
+            out.append(SweepResult(kind, float(target), served, sums, self.sub, changes[i], rec))
         return out
 
     def _recorders(self) -> list[Recorder]:
-        """The kept runs' records, each in arrays of its own (the sweep's are freed with
-        it): what every run of a replay records alike too (its requests, its arrivals
-        themselves, and its demand); its queue and utilization, which no figure reads,
-        and the pool's signals, which no sweep computes (as a cluster no controller
-        reads), are NaN, in a view that holds no memory."""
+        """The kept runs' records: their served work and GPUs in arrays of their own (the
+        sweep's tables of every run are freed with it), the rest rows of the tables of the
+        kept runs alone (`KEPT`, no copy); what every run of a replay records alike too
+        (its requests, its arrivals themselves, and its demand); its queue and
+        utilization, which no figure reads, and the pool's signals, which no sweep
+        computes (as a cluster no controller reads), are NaN, in a view that holds no
+        memory."""
         out = []
         n, slot = self.cursor, self.c.slot
         unread = np.broadcast_to(np.nan, len(self.c.arrivals))
@@ -192,9 +217,9 @@ class Sweep:
             m = self.members[int(self.member[run])]
             rec = Recorder(0)
             rec.n = len(self.c.arrivals)
-            for name in KEPT:
-                setattr(rec, name, self.kept[name][j].copy())
-            rec.served, rec.gpus = self.served[run].copy(), self.gpus[run].copy()
+            for name in KEPT:  # rows of the kept runs' tables, let go with the last of them
+                setattr(rec, name, self.kept[name][j])
+            rec.served, rec.gpus = self.served[run].copy(), held_gpus(self.gpu_sums[run], self.sub)
             if n == rec.n:  # all slots run (as always in a replay): the arrivals themselves
                 rec.requests = m.arrivals
             else:
@@ -233,19 +258,21 @@ class Sweep:
                 if self.uses_forecast.any()
                 else zero
             )
-            # (ticks, runs): each run's workload's signal at each tick
-            self.signal = np.where(self.uses_rate, rates[self.member].T, predicted[self.member].T)
+            # (ticks, 2 x members): each workload's rate, then its forecast, at each tick;
+            # run i reads column `signal_of[i]` (its workload's rate or forecast)
+            self.signal = np.ascontiguousarray(np.concatenate((rates, predicted)).T)
+            self.signal_of = self.member + np.where(self.uses_rate, 0, len(self.members))
         # -1 (no recommendation) on the runs that read neither
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """`SimulatedCluster._pods_at` for every run, of the slots `begin` to `end`:
-        (ready, capacity, GPUs held), of shape (runs, slots), or (runs, 1) when no run's
-        pods change in these slots."""
+        (ready, capacity, GPUs held summed over each slot's `sub` samples: `held_gpus`), of
+        shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
         c = self.c
         slot, f, overhead = c.slot, c.fragments, self.sim.switch_overhead
-        sub = max(1, math.ceil(slot / SAMPLE - 1e-9))
+        sub = self.sub
         m = end - begin
         # The first and last 500 ms samples, as the grid below computes them.
         first, last = c.start + slot * begin, c.start + slot * (end - 1)
@@ -265,12 +292,13 @@ class Sweep:
         ready, capacity, gpus = (
             pods.now_ready[:, None],
             self.capacity0[:, None],
-            self.gpus0[:, None],
+            self.gpus0[:, None] * sub,
         )
         if moving.size:
             cap, g = layout_capacity(r, f, overhead), np.ceil(h / f)
             if sub > 1:
-                r, cap, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap, g))
+                r, cap = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap))
+                g = g.reshape(len(moving), m, sub).sum(axis=2)
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
         if self.record.size:  # pods holding a share at the last slot's first sample
@@ -294,7 +322,7 @@ class Sweep:
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
         load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
         load[:, c.dropped[s]] = np.nan
-        self.served[:, s], self.gpus[:, s] = served, gpus
+        self.served[:, s], self.gpu_sums[:, s] = served, gpus
         keep = round(self.interval / slot)
         self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
         self.load_from = end - self.load.shape[1]
@@ -329,7 +357,8 @@ class Sweep:
             asks = desired_replicas(util, share, current, ready, self.targets, tol)
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if self.signal is not None:  # the rate or the forecast, on runs that read one
-            asks = desired_replicas(self.signal[k], share, current, current, self.targets, tol)
+            signal = self.signal[k][self.signal_of]
+            asks = desired_replicas(signal, share, current, current, self.targets, tol)
             wants = np.maximum(wants, asks + self.signal_off)
         return np.where(wants >= 0, wants, current)
 
@@ -426,7 +455,7 @@ def sweep_parts(
     (the group's first run, its results, the slots simulated). With `rows`, run i replays
     `rows[i]`'s arrivals (`Sweep`)."""
     budget = SWEEP_BYTES if budget is None else budget
-    group = max(1, budget // (16 * max(1, len(template.arrivals))))
+    group = max(1, budget // (RUN_SLOT_BYTES * max(1, len(template.arrivals))))
     for i in range(0, len(runs), group):
         part = None if rows is None else rows[i : i + group]
         mine = range(i, i + group)
