@@ -20,7 +20,7 @@ from gpuscaler.sim.around import SHARED, _template, _templates
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared
-from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep, held_gpus, sweep_parts
+from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep, group_size, held_gpus, sweep_parts
 
 
 def _old_gpus(held: np.ndarray, fragments: int, sub: int) -> np.ndarray:
@@ -152,3 +152,24 @@ def test_a_kept_runs_records_are_rows_of_the_kept_tables_not_copies() -> None:
             assert np.array_equal(getattr(rec, name), sweep.kept[name][j], equal_nan=True)
         assert not np.shares_memory(rec.served, sweep.served)  # its own: not the whole table
     assert results[1].recorder is None
+
+
+@pytest.mark.parametrize(
+    ("runs", "most", "want"),
+    [
+        (1400, 200, [200] * 7),  # 40 replays of 35 runs: 7 even groups
+        (1400, 231, [200] * 7),  # 7 groups either way: even, not 6 x 231 and 14
+        (175, 126, [88, 87]),
+        (10, 3, [3, 3, 3, 1]),  # 4 groups at least: the last one smaller
+        (5, 100, [5]),  # all at once
+        (7, 1, [1] * 7),
+        (1, 0, [1]),  # a budget below one run: one run a group
+    ],
+)
+def test_a_sweep_runs_in_the_fewest_groups_its_budget_allows_of_even_sizes(
+    runs: int, most: int, want: list[int]
+) -> None:
+    slots = 1000
+    size = group_size(runs, slots, most * RUN_SLOT_BYTES * slots)
+    got = [min(size, runs - i) for i in range(0, runs, size)]
+    assert got == want

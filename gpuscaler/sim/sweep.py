@@ -440,6 +440,14 @@ def sweep(
     return results, slots
 
 
+def group_size(runs: int, slots: int, budget: int | None = None) -> int:
+    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes
+    (SWEEP_BYTES): as few groups as fit, of one size (the last one may be smaller)."""
+    most = max(1, (SWEEP_BYTES if budget is None else budget) // (RUN_SLOT_BYTES * max(1, slots)))
+    groups = max(1, math.ceil(runs / most))
+    return max(1, math.ceil(runs / groups))
+
+
 def sweep_parts(
     config: Config,
     template: SimulatedCluster,
@@ -453,9 +461,10 @@ def sweep_parts(
 ) -> Iterator[tuple[int, list[SweepResult], int]]:
     """`sweep` in groups of runs within `budget` bytes (SWEEP_BYTES), one group at a time:
     (the group's first run, its results, the slots simulated). With `rows`, run i replays
-    `rows[i]`'s arrivals (`Sweep`)."""
-    budget = SWEEP_BYTES if budget is None else budget
-    group = max(1, budget // (RUN_SLOT_BYTES * max(1, len(template.arrivals))))
+    `rows[i]`'s arrivals (`Sweep`). The fewest groups the budget allows, of even sizes (a
+    group's cost is mostly its steps, whatever its runs: a smaller last group saves none,
+    even ones hold less at once)."""
+    group = group_size(len(runs), len(template.arrivals), budget)
     for i in range(0, len(runs), group):
         part = None if rows is None else rows[i : i + group]
         mine = range(i, i + group)
