@@ -20,7 +20,8 @@ from gpuscaler.sim.around import SHARED, _template, _templates
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared
-from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep, group_size, held_gpus, sweep_parts
+from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep, group_size, sweep_parts
+from gpuscaler.sim.swept import held_gpus
 
 
 def _old_gpus(held: np.ndarray, fragments: int, sub: int) -> np.ndarray:
