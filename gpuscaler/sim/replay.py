@@ -201,9 +201,10 @@ about 74 bytes a slot (`whatif.LANE_BYTES_A_WEEK`: its cluster's work, served wo
 capacity, GPUs and demand as doubles, its forecast track) and its share of the
 controller's state, all let go before the runs around it start; the sweep holds, beside
 its group's tables, its templates, the kept runs' records and their figures' work.
-Measured (issue 20, branch sw8; 40 week-long replays, synthetic histories): the sweep's
-peak 60 bytes a lane's slot of group budget is about the peak 40 bytes gave before
-(16 bytes a run a slot and every run's signal then: 391 MB for the process)."""
+Measured (issue 20, branch sw8; 40 week-long replays, synthetic histories): the sweep
+alone peaked at 380 MB for the process in 109 CPU-s (40 bytes, with 16 bytes a run a slot
+and every run's signal: 391 MB, 170 CPU-s); `bench/whatif.py` at 40 lanes a week, 405 MB
+(395 MB before, not the same run)."""
 
 
 def freed(preps: Sequence[Prepared]) -> int:
