@@ -140,7 +140,7 @@ def test_grouping_the_runs_changes_no_record_and_no_figure(runs_a_group: int) ->
     baselines), of 36 (a group spanning both workloads), all at once."""
     replays = [_replay(source, _config(**bounds)) for source, bounds in MIXED[:2]]
     schedules = [_schedule(p, i) for i, p in enumerate(replays)]
-    budget = 16 * len(replays[0].arrivals) * runs_a_group
+    budget = sweep_module.RUN_SLOT_BYTES * len(replays[0].arrivals) * runs_a_group
     got = around_many(replays, schedules, budget=budget)
     for p, s, a in zip(replays, schedules, got, strict=True):
         assert a.curves == _alone(p)

@@ -18,7 +18,7 @@ from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.pods import Pods, PodTable
 from gpuscaler.sim.simulate import _run, run_baselines, scenario_cluster, scenario_config
-from gpuscaler.sim.sweep import Sweep
+from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep
 from gpuscaler.sim.synthetic import synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
 
@@ -183,7 +183,9 @@ def test_a_sweep_too_large_for_its_memory_runs_in_groups_with_the_same_figures(
             built.append(len(self.kinds))
 
     monkeypatch.setattr(sweep_module, "Sweep", Counted)
-    monkeypatch.setattr(sweep_module, "SWEEP_BYTES", 2 * 16 * len(arrivals))  # 2 runs a group
+    monkeypatch.setattr(
+        sweep_module, "SWEEP_BYTES", 2 * RUN_SLOT_BYTES * len(arrivals)
+    )  # 2 a group
     grouped = run_baselines(config, start, seconds, arrivals, seed, 0, targets=(40, 70))
     assert built == [2, 2, 2]
     assert grouped == whole

@@ -17,7 +17,8 @@ from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared, run_baselines, scenario_cluster, scenario_config
-from gpuscaler.sim.sweep import Sweep, same_model
+from gpuscaler.sim.sweep import Sweep
+from gpuscaler.sim.swept import same_model
 from gpuscaler.sim.synthetic import synthetic_trace
 from gpuscaler.sim.trace import load_trace
 

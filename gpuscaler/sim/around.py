@@ -38,7 +38,8 @@ from gpuscaler.sim.simulate import (
     scenario_cluster,
     slo_metrics,
 )
-from gpuscaler.sim.sweep import SWEEP_BYTES, SweepResult, same_model
+from gpuscaler.sim.sweep import SWEEP_BYTES
+from gpuscaler.sim.swept import SweepResult, same_model
 from gpuscaler.sim.ticks import control_ticks
 from gpuscaler.sim.trace import Trace
 
@@ -120,10 +121,28 @@ def actual_run(
     return actual_figures(cluster, scored_from)
 
 
-def _template(p: Prepared) -> SimulatedCluster:
+def _template(p: Prepared, like: Sequence[SimulatedCluster] = ()) -> SimulatedCluster:
+    """Replay `p`'s cluster as a sweep reads it; its random streams those of a template of
+    `like` that drew the same ones (one seed, one length: the same arrays, held once)."""
     t = scenario_cluster(p.config, p.arrivals, p.start, p.seed, controlled=False)
     t.rec = Recorder(0)  # a sweep's template is never advanced: nothing to record
+    for other in like:
+        if all(np.array_equal(getattr(t, a), getattr(other, a)) for a in SHARED):
+            for a in SHARED:
+                setattr(t, a, getattr(other, a))
+            break
     return t
+
+
+SHARED = ("noise", "stall_noise", "dropped")
+"""A template's random streams (`SimulatedCluster._draw`) other templates may share."""
+
+
+def _templates(prepared: Sequence[Prepared]) -> list[SimulatedCluster]:
+    out: list[SimulatedCluster] = []
+    for p in prepared:
+        out.append(_template(p, out[:1]))
+    return out
 
 
 def _groups(prepared: Sequence[Prepared], templates: Sequence[SimulatedCluster]) -> list[list[int]]:
@@ -208,7 +227,7 @@ def around_many(
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     if len(prepared) == 1 and not baselines:  # a sweep of one or two runs costs more
         return [_alone(prepared[0], given[0], reactive, released)]
-    templates = [_template(p) for p in prepared]
+    templates = _templates(prepared)
     out: dict[int, Around] = {}
     for g in _groups(prepared, templates):
         p = prepared[g[0]]

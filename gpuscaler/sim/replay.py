@@ -194,15 +194,22 @@ def finished(
     return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
 
 
-LANE_SLOT_BYTES = 5 * 8
-"""What a lane's cluster holds a slot while its lockstep runs (its work, served work,
-capacity, GPUs and demand, as doubles: `gpuscaler.sim.lanes`), all let go before the
-runs around it start."""
+LANE_SLOT_BYTES = 60
+"""What the sweep of the runs around a lockstep may record a lane's slot (one group of
+runs at a time, `sweep.RUN_SLOT_BYTES` a run a slot). While the lockstep ran, a lane held
+about 74 bytes a slot (`whatif.LANE_BYTES_A_WEEK`: its cluster's work, served work,
+capacity, GPUs and demand as doubles, its forecast track) and its share of the
+controller's state, all let go before the runs around it start; the sweep holds, beside
+its group's tables, its templates, the kept runs' records and their figures' work.
+Measured (issue 20, branch sw8; 40 week-long replays, synthetic histories): the sweep
+alone peaked at 380 MB for the process in 109 CPU-s (40 bytes, with 16 bytes a run a slot
+and every run's signal: 391 MB, 170 CPU-s); `bench/whatif.py` at 40 lanes a week, 405 MB
+(395 MB before, not the same run)."""
 
 
 def freed(preps: Sequence[Prepared]) -> int:
-    """Bytes the lanes of `preps` held as per-slot arrays while their lockstep ran: what
-    the sweep around them may take in their place (one group of its runs at a time)."""
+    """Bytes the sweep around the lanes of `preps` may record for its group of runs:
+    `LANE_SLOT_BYTES` a lane's slot, in the place of what the lanes held."""
     return sum(LANE_SLOT_BYTES * len(p.arrivals) for p in preps)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,6 +43,7 @@ from gpuscaler.sim.scalers import (
     predicted_loads,
     rate_loads,
 )
+from gpuscaler.sim.swept import SweepResult, held_gpus, same_model
 from gpuscaler.sim.ticks import control_ticks
 
 INF = math.inf
@@ -51,38 +51,12 @@ KEPT = ("capacity", "demand_busy", "replicas")
 """What a kept run records a slot at a time besides the served work and GPUs held, which
 every run records (`Sweep._keep`); its queue and utilization are not kept (no figure and
 no plot reads them of a run no controller ran)."""
+RUN_SLOT_BYTES = 8 + 4
+"""What every run of a sweep records a slot: the work served (float64) and the GPUs held
+(`Sweep.gpu_sums`, int32)."""
 SWEEP_BYTES = 256 * 2**20
-"""Memory the recorded arrays of one sweep may take (served work and GPUs held, 16 bytes a
-run a slot): a longer replay runs its points in groups (a week at 500 ms: 13 a group)."""
-
-
-@dataclass
-class SweepResult:
-    """What the figures of one baseline run read (`simulate.slo_figures`)."""
-
-    kind: ScalerKind
-    target_pct: float
-    served: FloatArray
-    gpus: FloatArray
-    replica_changes: list[tuple[float, int, int]]
-    recorder: Recorder | None = None
-    """The run's whole record (as its `SimulatedCluster` keeps it), when asked for."""
-
-
-def same_model(a: SimulatedCluster, b: SimulatedCluster) -> bool:
-    """Whether replays `a` and `b` can share a sweep: the same range, slots, simulator
-    settings, fragments and signal noise (the same seed), arrivals of their own."""
-    return (
-        a.start == b.start
-        and a.slot == b.slot
-        and len(a.arrivals) == len(b.arrivals)
-        and a.fragments == b.fragments
-        and a.sim == b.sim
-        and a.config.control.interval == b.config.control.interval
-        and a.config.forecast.horizon == b.config.forecast.horizon
-        and np.array_equal(a.noise, b.noise)
-        and np.array_equal(a.dropped, b.dropped)
-    )
+"""Memory the recorded arrays of one sweep may take (`RUN_SLOT_BYTES` a run a slot): a
+longer replay runs its points in groups (a week at 500 ms: 18 a group)."""
 
 
 class Sweep:
@@ -130,7 +104,10 @@ class Sweep:
         self.cold = np.zeros(0)
         self.drawn = np.zeros(r, dtype=np.int64)
         self.spec = first.copy()
-        self.served, self.gpus = np.full((r, n), np.nan), np.full((r, n), np.nan)
+        self.sub = max(1, math.ceil(template.slot / SAMPLE - 1e-9))
+        self.served = np.full((r, n), np.nan)
+        self.gpu_sums = np.full((r, n), -1, dtype=np.int32)
+        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`)."""
         self.load = np.zeros((r, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
         least the last control interval's (all the scalers read of it)."""
@@ -175,16 +152,19 @@ class Sweep:
         for i, (kind, target) in enumerate(zip(self.kinds, self.targets, strict=True)):
             rec = kept.get(i)
             # a kept run's own arrays: a row of the sweep's would hold all of them
-            served, gpus = (self.served[i], self.gpus[i]) if rec is None else (rec.served, rec.gpus)
-            out.append(SweepResult(kind, float(target), served, gpus, changes[i], rec))
+            served = self.served[i] if rec is None else rec.served
+            sums = self.gpu_sums[i] if rec is None else self.gpu_sums[i].copy()
+            out.append(SweepResult(kind, float(target), served, sums, self.sub, changes[i], rec))
         return out
 
     def _recorders(self) -> list[Recorder]:
-        """The kept runs' records, each in arrays of its own (the sweep's are freed with
-        it): what every run of a replay records alike too (its requests, its arrivals
-        themselves, and its demand); its queue and utilization, which no figure reads,
-        and the pool's signals, which no sweep computes (as a cluster no controller
-        reads), are NaN, in a view that holds no memory."""
+        """The kept runs' records: their served work and GPUs in arrays of their own (the
+        sweep's tables of every run are freed with it), the rest rows of the tables of the
+        kept runs alone (`KEPT`, no copy); what every run of a replay records alike too
+        (its requests, its arrivals themselves, and its demand); its queue and
+        utilization, which no figure reads, and the pool's signals, which no sweep
+        computes (as a cluster no controller reads), are NaN, in a view that holds no
+        memory."""
         out = []
         n, slot = self.cursor, self.c.slot
         unread = np.broadcast_to(np.nan, len(self.c.arrivals))
@@ -192,9 +172,9 @@ class Sweep:
             m = self.members[int(self.member[run])]
             rec = Recorder(0)
             rec.n = len(self.c.arrivals)
-            for name in KEPT:
-                setattr(rec, name, self.kept[name][j].copy())
-            rec.served, rec.gpus = self.served[run].copy(), self.gpus[run].copy()
+            for name in KEPT:  # rows of the kept runs' tables, let go with the last of them
+                setattr(rec, name, self.kept[name][j])
+            rec.served, rec.gpus = self.served[run].copy(), held_gpus(self.gpu_sums[run], self.sub)
             if n == rec.n:  # all slots run (as always in a replay): the arrivals themselves
                 rec.requests = m.arrivals
             else:
@@ -233,19 +213,21 @@ class Sweep:
                 if self.uses_forecast.any()
                 else zero
             )
-            # (ticks, runs): each run's workload's signal at each tick
-            self.signal = np.where(self.uses_rate, rates[self.member].T, predicted[self.member].T)
+            # (ticks, 2 x members): each workload's rate, then its forecast, at each tick;
+            # run i reads column `signal_of[i]` (its workload's rate or forecast)
+            self.signal = np.ascontiguousarray(np.concatenate((rates, predicted)).T)
+            self.signal_of = self.member + np.where(self.uses_rate, 0, len(self.members))
         # -1 (no recommendation) on the runs that read neither
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """`SimulatedCluster._pods_at` for every run, of the slots `begin` to `end`:
-        (ready, capacity, GPUs held), of shape (runs, slots), or (runs, 1) when no run's
-        pods change in these slots."""
+        (ready, capacity, GPUs held summed over each slot's `sub` samples: `held_gpus`), of
+        shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
         c = self.c
         slot, f, overhead = c.slot, c.fragments, self.sim.switch_overhead
-        sub = max(1, math.ceil(slot / SAMPLE - 1e-9))
+        sub = self.sub
         m = end - begin
         # The first and last 500 ms samples, as the grid below computes them.
         first, last = c.start + slot * begin, c.start + slot * (end - 1)
@@ -265,12 +247,13 @@ class Sweep:
         ready, capacity, gpus = (
             pods.now_ready[:, None],
             self.capacity0[:, None],
-            self.gpus0[:, None],
+            self.gpus0[:, None] * sub,
         )
         if moving.size:
             cap, g = layout_capacity(r, f, overhead), np.ceil(h / f)
             if sub > 1:
-                r, cap, g = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap, g))
+                r, cap = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap))
+                g = g.reshape(len(moving), m, sub).sum(axis=2)
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
         if self.record.size:  # pods holding a share at the last slot's first sample
@@ -294,7 +277,7 @@ class Sweep:
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
         load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
         load[:, c.dropped[s]] = np.nan
-        self.served[:, s], self.gpus[:, s] = served, gpus
+        self.served[:, s], self.gpu_sums[:, s] = served, gpus
         keep = round(self.interval / slot)
         self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
         self.load_from = end - self.load.shape[1]
@@ -329,7 +312,8 @@ class Sweep:
             asks = desired_replicas(util, share, current, ready, self.targets, tol)
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if self.signal is not None:  # the rate or the forecast, on runs that read one
-            asks = desired_replicas(self.signal[k], share, current, current, self.targets, tol)
+            signal = self.signal[k][self.signal_of]
+            asks = desired_replicas(signal, share, current, current, self.targets, tol)
             wants = np.maximum(wants, asks + self.signal_off)
         return np.where(wants >= 0, wants, current)
 
@@ -411,6 +395,14 @@ def sweep(
     return results, slots
 
 
+def group_size(runs: int, slots: int, budget: int | None = None) -> int:
+    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes
+    (SWEEP_BYTES): as few groups as fit, of one size (the last one may be smaller)."""
+    most = max(1, (SWEEP_BYTES if budget is None else budget) // (RUN_SLOT_BYTES * max(1, slots)))
+    groups = max(1, math.ceil(runs / most))
+    return max(1, math.ceil(runs / groups))
+
+
 def sweep_parts(
     config: Config,
     template: SimulatedCluster,
@@ -424,9 +416,10 @@ def sweep_parts(
 ) -> Iterator[tuple[int, list[SweepResult], int]]:
     """`sweep` in groups of runs within `budget` bytes (SWEEP_BYTES), one group at a time:
     (the group's first run, its results, the slots simulated). With `rows`, run i replays
-    `rows[i]`'s arrivals (`Sweep`)."""
-    budget = SWEEP_BYTES if budget is None else budget
-    group = max(1, budget // (16 * max(1, len(template.arrivals))))
+    `rows[i]`'s arrivals (`Sweep`). The fewest groups the budget allows, of even sizes (a
+    group's cost is mostly its steps, whatever its runs: a smaller last group saves none,
+    even ones hold less at once)."""
+    group = group_size(len(runs), len(template.arrivals), budget)
     for i in range(0, len(runs), group):
         part = None if rows is None else rows[i : i + group]
         mine = range(i, i + group)
