@@ -34,16 +34,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lockstep import START_HOURS, config, trace
+from lockstep import prepared
 from revision import alternated, medians
 
 import gpuscaler.controller as controller_module
 import gpuscaler.core.forecast as forecast_module
 import gpuscaler.core.snapshot as snapshot_module
 from gpuscaler.sim.lockstep import lockstep_runs
-from gpuscaler.sim.replay import workload_config
-from gpuscaler.sim.simulate import RunResult, prepare
-from gpuscaler.sim.trace import load_trace
+from gpuscaler.sim.simulate import RunResult
 
 WRAPPED = (
     (forecast_module, "assembled"),
@@ -109,11 +107,7 @@ def digest(runs: list[RunResult]) -> int:
 
 
 def measure(lanes: int, hours: float, repeat: int) -> list[str]:
-    base, cfg = load_trace(), config(lanes)
-    preps = [
-        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-        for i, w in enumerate(cfg.workloads)
-    ]
+    preps = prepared(hours, lanes)
     timers = {name: Timer(module, name) for module, name in WRAPPED if hasattr(module, name)}
     ticks = Timer(controller_module.Controller, "tick")
     for timer in timers.values():

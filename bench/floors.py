@@ -23,16 +23,13 @@ import statistics
 import sys
 from typing import Any
 
-from lockstep import START_HOURS, config, trace
+from lockstep import prepared
 from planrows import CpuTimer
 from revision import alternated, medians
 
 import gpuscaler.controller as controller_module
 import gpuscaler.core.plan as plan_module
 from gpuscaler.sim import lockstep as lockstep_module
-from gpuscaler.sim.replay import workload_config
-from gpuscaler.sim.simulate import prepare
-from gpuscaler.sim.trace import load_trace
 
 OTHERS = ("_skills", "_reserves", "_remembered")
 """`plan`'s functions inside the floors that are not timed here (another part's)."""
@@ -40,12 +37,7 @@ OTHERS = ("_skills", "_reserves", "_remembered")
 
 def measure(n: int, hours: float, repeat: int) -> list[str]:
     """This process' figures for a lockstep of `n` workloads."""
-    base = load_trace()
-    cfg = config(n)
-    preps = [
-        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-        for i, w in enumerate(cfg.workloads)
-    ]
+    preps = prepared(hours, n)
     floors = CpuTimer(plan_module._replica_floors)
     others = {name: CpuTimer(getattr(plan_module, name)) for name in OTHERS}
     inner = getattr(controller_module, "make_plan")  # noqa: B009 (not exported)

@@ -87,6 +87,16 @@ class Timer:
             self.calls += 1
 
 
+def prepared(hours: float, n: int) -> list[Prepared]:
+    """The first `hours` of n workloads' traces (each rotated, from START_HOURS), prepared
+    for a replay at 10 s slots under config(n)."""
+    base, cfg = load_trace(), config(n)
+    return [
+        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
+        for i, w in enumerate(cfg.workloads)
+    ]
+
+
 def timed(
     run: Callable[[], list[RunResult]],
 ) -> tuple[list[RunResult], float, float, dict[str, Timer]]:
@@ -109,13 +119,8 @@ def figures(p: Prepared, run: RunResult) -> str:
 
 def measure(sizes: list[int], hours: float, alone_n: int) -> list[str]:
     """The RESULT fields of this process' gpuscaler at each lockstep size."""
-    base = load_trace()
-    cfg = config(max(sizes))
-    preps = [
-        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-        for i, w in enumerate(cfg.workloads)
-    ]
-    ticks = round(hours * 3600 / cfg.control.interval)
+    preps = prepared(hours, max(sizes))
+    ticks = round(hours * 3600 / preps[0].config.control.interval)
     k = min(alone_n, len(preps))
     alone, wall, _, timers = timed(lambda: [gpuscaler_run(p) for p in preps[:k]])
     alone_ms = 1000 * wall / (k * ticks)

@@ -48,13 +48,10 @@ def _proxy(items: dict[str, Any]) -> MappingProxyType[str, Any]:
 
 def capture(lanes: int, hours: float) -> bytes:
     """The pickled `make_plan` arguments of the last tick of a lockstep run."""
-    from lockstep import START_HOURS, config, trace
+    from lockstep import prepared
 
     import gpuscaler.controller as controller
     from gpuscaler.sim.lockstep import lockstep_runs
-    from gpuscaler.sim.replay import workload_config
-    from gpuscaler.sim.simulate import prepare
-    from gpuscaler.sim.trace import load_trace
 
     last: list[tuple[Any, ...]] = []
     inner = getattr(controller, "make_plan")  # noqa: B009 (not exported)
@@ -65,11 +62,7 @@ def capture(lanes: int, hours: float) -> bytes:
 
     setattr(controller, "make_plan", spy)  # noqa: B010 (not exported)
     try:
-        base, cfg = load_trace(), config(lanes)
-        preps = [
-            prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-            for i, w in enumerate(cfg.workloads)
-        ]
+        preps = prepared(hours, lanes)
         lockstep_runs(preps)
     finally:
         setattr(controller, "make_plan", inner)  # noqa: B010

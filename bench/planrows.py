@@ -24,15 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lockstep import START_HOURS, config, trace
+from lockstep import prepared
 from revision import alternated, medians
 
 import gpuscaler.controller as controller_module
 import gpuscaler.core.plan as plan_module
 from gpuscaler.sim import lockstep as lockstep_module
-from gpuscaler.sim.replay import workload_config
-from gpuscaler.sim.simulate import prepare
-from gpuscaler.sim.trace import load_trace
 
 
 class CpuTimer:
@@ -52,12 +49,7 @@ class CpuTimer:
 
 def measure(n: int, hours: float, repeat: int) -> list[str]:
     """This process' figures for a lockstep of `n` workloads."""
-    base = load_trace()
-    cfg = config(n)
-    preps = [
-        prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-        for i, w in enumerate(cfg.workloads)
-    ]
+    preps = prepared(hours, n)
     plan, skills = CpuTimer(plan_module.plan), CpuTimer(plan_module._skills)
     observe = CpuTimer(lockstep_module.LockstepClusters.observe)
     last: list[tuple[Any, ...]] = []

@@ -42,13 +42,10 @@ Args = tuple[Any, float, float, float, int, float]
 
 def capture(lanes: int, hours: float, ticks: int) -> list[Args]:
     """The arguments of `_assess_rows` at the last `ticks` ticks of a lockstep run."""
-    from lockstep import START_HOURS, config, trace
+    from lockstep import prepared
 
     from gpuscaler.core import skill
     from gpuscaler.sim.lockstep import lockstep_runs
-    from gpuscaler.sim.replay import workload_config
-    from gpuscaler.sim.simulate import prepare
-    from gpuscaler.sim.trace import load_trace
 
     kept: list[Args] = []
     inner = skill._assess_rows
@@ -60,11 +57,7 @@ def capture(lanes: int, hours: float, ticks: int) -> list[Args]:
 
     skill._assess_rows = spy  # type: ignore[assignment]
     try:
-        base, cfg = load_trace(), config(lanes)
-        preps = [
-            prepare(trace(i, base), hours, 1, workload_config(cfg, w, 10.0), START_HOURS)
-            for i, w in enumerate(cfg.workloads)
-        ]
+        preps = prepared(hours, lanes)
         lockstep_runs(preps)
     finally:
         skill._assess_rows = inner
