@@ -17,15 +17,13 @@ Last line:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import statistics
 import sys
 from typing import Any
 
 from lockstep import prepared
-from planrows import CpuTimer
-from revision import alternated, medians
+from planrows import CpuTimer, run
 
 import gpuscaler.controller as controller_module
 import gpuscaler.core.plan as plan_module
@@ -89,22 +87,7 @@ def measure(n: int, hours: float, repeat: int) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="10,50", help="workloads in lockstep")
-    ap.add_argument("--hours", type=float, default=3.0)
-    ap.add_argument("--repeat", type=int, default=30, help="the last tick's plan, again")
-    ap.add_argument("--base", help="also time this git revision, alternated")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds with --base")
-    args = ap.parse_args()
-    if args.base:
-        cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
-        cmd += ["--repeat", str(args.repeat)]
-        out = medians(alternated(args.base, args.rounds, {"base": cmd, "": cmd}))
-    else:
-        out = [f"hours={args.hours:g}"]
-        for n in (int(x) for x in args.sizes.split(",")):
-            out += measure(n, args.hours, args.repeat)
-    print("RESULT " + " ".join(out))
+    run(__doc__ or "", __file__, measure, "10,50")
 
 
 if __name__ == "__main__":

@@ -96,16 +96,18 @@ def measure(n: int, hours: float, repeat: int) -> list[str]:
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="19,100", help="workloads in lockstep")
+def run(doc: str, script: str, measure: Callable[[int, float, int], list[str]], sizes: str) -> None:
+    """The main of a script that times the last tick's plan again at each lockstep size
+    (`measure(n, hours, repeat)`), alone or alternated with --base; prints its RESULT."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--sizes", default=sizes, help="workloads in lockstep")
     ap.add_argument("--hours", type=float, default=3.0)
     ap.add_argument("--repeat", type=int, default=30, help="the last tick's plan, again")
     ap.add_argument("--base", help="also time this git revision, alternated")
     ap.add_argument("--rounds", type=int, default=2, help="rounds with --base")
     args = ap.parse_args()
     if args.base:
-        cmd = [sys.executable, __file__, "--sizes", args.sizes, "--hours", str(args.hours)]
+        cmd = [sys.executable, script, "--sizes", args.sizes, "--hours", str(args.hours)]
         cmd += ["--repeat", str(args.repeat)]
         out = medians(alternated(args.base, args.rounds, {"base": cmd, "": cmd}))
     else:
@@ -113,6 +115,10 @@ def main() -> None:
         for n in (int(x) for x in args.sizes.split(",")):
             out += measure(n, args.hours, args.repeat)
     print("RESULT " + " ".join(out))
+
+
+def main() -> None:
+    run(__doc__ or "", __file__, measure, "19,100")
 
 
 if __name__ == "__main__":
