@@ -8,11 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
-from gpuscaler.core.model import Lazy, Signal, TargetHistory
-
-Skip.reason = Lazy("reason")  # type: ignore[assignment]
-"""A skip's reason made when first read where `held` left its maker (decisions.py cannot
-define it: model.py imports decisions.py)."""
+from gpuscaler.core.model import Signal, TargetHistory
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,7 @@ def forecast(
 ) -> Forecast:
     """`Forecast(origin, step, mean, lower, upper, level, method, reason, last_value,
     errors, peak_error)`; a `reason` given as `(make, args)` is made when first read
-    (`model.Lazy`). `finite`: `Forecast.is_finite` as found for its batch (`mark_finite`;
+    (`lazy.Lazy`). `finite`: `Forecast.is_finite` as found for its batch (`mark_finite`;
     its arrays must be read-only)."""
     out: Forecast = _new(Forecast)
     d = out.__dict__
