@@ -189,10 +189,15 @@ def arima_at(
 ) -> FloatArray:
     """ARIMA rolled from origin `origins[i]` of row `rows[i]`, all at once: (pairs, steps)."""
     p, d = engine.p, engine.d
-    z = np.diff(hist, n=d, axis=1) if d else hist
-    lags = z[rows[:, None], (origins[:, None] - d) - np.arange(p)[None, :]]
+    # the p + d points up to each origin, differenced: the lags, newest first (issue 20:
+    # the same differences as of the whole window, found for these points only)
+    points = hist[rows[:, None], origins[:, None] - np.arange(p + d)[None, ::-1]]
+    lags = (np.diff(points, n=d, axis=1) if d else points)[:, ::-1]
     part = Fitted(fitted.intercept[rows], fitted.phi[rows], fitted.sigma2[rows])
-    zmean = nanmean_rows(z)[rows]
+    if np.isfinite(lags).all():  # the mean difference fills gaps only: none to fill
+        zmean = np.zeros(rows.shape[0])
+    else:
+        zmean = nanmean_rows(np.diff(hist, n=d, axis=1) if d else hist)[rows]
     out: FloatArray = engine.roll(part, lags, hist[rows, origins], zmean, steps)
     return out
 
@@ -353,18 +358,40 @@ def _toward_arima(kept: Mapping[str, FloatArray]) -> dict[str, FloatArray]:
 
 def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) -> FloatArray:
     """The weighted mean of the members' paths, over the members with a finite value at
-    each point (NaN where none has one)."""
-    first = paths[MEMBERS[0]]
-    shape = (-1,) + (1,) * (first.ndim - 1)
-    total, wsum = np.zeros(first.shape), np.zeros(first.shape)
+    each point (NaN where none has one). The paths may be of shapes that broadcast (a
+    flat member (n, ..., 1) beside full ones): the mean has their common shape.
+
+    Issue 20: a member's weight is taken at its path's shape only where the path has a
+    gap (else its row weight: constant along the path), so the weights' sum is found at
+    the shape the weights vary in; a member's part is its weighted path where every
+    weight counts. The same sums, in the same order, of the same values at every point."""
+    shape = np.broadcast_shapes(*(paths[name].shape for name in MEMBERS))
+    parts, used = [], []
     for name in MEMBERS:
         path = paths[name]
-        w = np.where(np.isfinite(path), weights[name].reshape(shape), 0.0)
-        total += np.where(w > 0, w * path, 0.0)
+        w = weights[name].reshape((-1,) + (1,) * (path.ndim - 1))
+        finite = np.isfinite(path)
+        if not finite.all():
+            w = np.where(finite, w, 0.0)
+        part = w * path
+        parts.append(part if (w > 0).all() else np.where(w > 0, part, 0.0))
+        used.append(w)
+    first = parts[0]
+    if first.shape == shape:  # 0.0 + the first part, in place
+        total: FloatArray = np.add(first, 0.0, out=first)
+    else:
+        total = np.zeros(shape)
+        total += first
+    for part in parts[1:]:
+        total += part
+    wsum = np.zeros(np.broadcast_shapes(*(w.shape for w in used)))
+    for w in used:
         wsum += w
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(wsum > 0, total / wsum, np.nan)
-    return out
+        np.divide(total, wsum, out=total)
+    if not (wsum > 0).all():
+        np.copyto(total, np.nan, where=np.logical_not(wsum > 0))
+    return total
 
 
 def choose_method(errors: Mapping[str, float]) -> str:

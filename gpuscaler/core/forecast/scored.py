@@ -291,7 +291,7 @@ def _errors_at(
     raw = dict(zip(MEMBERS, fixed.weights[rows].T, strict=True))
     members = smoothing_live(levels, fixed.best[rows], fixed.inv[rows].T)
     members["window_mean"] = means
-    members = {k: np.repeat(v[:, None], steps, axis=1) for k, v in members.items()}
+    members = {k: v[:, None] for k, v in members.items()}  # flat: (pairs, 1), broadcast
     arima = arima_at(engine, fitted, hist, rows, origins, steps)
     members["arima"] = np.where(usable[rows][:, None], arima, np.nan)
     mixed = combine(normalized(raw, members), members)
