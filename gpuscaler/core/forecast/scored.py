@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpuscaler.core.forecast import kept_rows
+from gpuscaler.core.forecast import kept_rows, strips
 from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
 from gpuscaler.core.forecast.ensemble import (
@@ -211,16 +211,17 @@ def _rolled_together(
     """`_rolled` of rows of one shape that hold as many errors after as each other."""
     n, depth, steps = len(sub), sub[0].peak_recent.shape[0], errors.shape[1]
     after = min(depth + counts[0], ASSESS_ORIGINS)
-    # (n, steps, origins): each row's errors at a step contiguous, sorted along them
-    kept = stacked([x.abs_recent for x in sub]).swapaxes(1, 2)
+    kept_rows = [x.abs_recent for x in sub]  # (n, steps, origins): errors at a step in a run
     kept_peaks = stacked([x.peak_recent for x in sub])
     if min(counts) == max(counts):  # the new errors (n, k, ...) as they come
         k = counts[0]
         old, young = _dropped(depth, k, after)
         new, new_peaks = errors.reshape(n, k, steps), peaks.reshape(n, k)
-        recent = np.concatenate([kept[:, :, old:], new[:, young:].swapaxes(1, 2)], axis=2)
+        recent_rows = strips.rolled(kept_rows, old, new[:, young:].swapaxes(1, 2))
+        recent = strips.kept(recent_rows)
         peak_recent = np.concatenate([kept_peaks[:, old:], new_peaks[:, young:]], axis=1)
     else:  # the rows of each count moved together (whole rows: 1 and 2 in the lanes)
+        kept = strips.kept(kept_rows)
         recent, peak_recent = np.empty((n, steps, after)), np.empty((n, after))
         count_of, starts = np.array(counts), np.cumsum([0, *counts[:-1]])
         for k in sorted(set(counts)):
@@ -231,8 +232,9 @@ def _rolled_together(
             recent[rows, :, depth - old :] = errors[pairs].swapaxes(1, 2)
             peak_recent[rows, : depth - old] = kept_peaks[rows, old:]
             peak_recent[rows, depth - old :] = peaks[pairs]
+        recent_rows = as_rows(recent, True)
     ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
-    rows_of = zip(as_rows(ordered, True), as_rows(recent, True), as_rows(peak_recent), strict=True)
+    rows_of = zip(as_rows(ordered, True), recent_rows, as_rows(peak_recent), strict=True)
     return [
         _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest[g])
         for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows_of, strict=True))
