@@ -1,8 +1,9 @@
 """Issue 20: the ensemble's weighted mean (`combine`) takes flat members at the shape they
 are (n, ..., 1), broadcast beside the full ones, and builds its sums without a full-size
-temporary a member. The oracle is the mean as it was made before (every member's weight
-and part at the full shape, summed from zeros), compared bit for bit, gaps, NaN and
-infinite weights, zeros of either sign and subnormal values included."""
+temporary a member; `normalized` scales the members' weights as rows of one array. The
+oracles are the mean and the weights as they were made before (every member's weight and
+part at the full shape, summed from zeros; the weights member by member), compared bit
+for bit, gaps, NaN and infinite weights, zeros of either sign and subnormals included."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscaler.core.forecast.ensemble import MEMBERS, combine
+from gpuscaler.core.forecast.ensemble import ARIMA_MARGIN, MEMBERS, combine, normalized
 from gpuscaler.core.model import FloatArray
 
 VALUES = np.array([0.0, -0.0, 1.5, -2.25, 7.0, np.nan, np.inf, -np.inf, 1e-310, 3.0])
@@ -32,6 +33,21 @@ def _before(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) 
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = np.where(wsum > 0, total / wsum, np.nan)
     return out
+
+
+def _weights_before(
+    raw: Mapping[str, FloatArray], live: Mapping[str, FloatArray]
+) -> dict[str, FloatArray]:
+    """`normalized` as it was: member by member."""
+    kept = {k: np.where(np.isfinite(live[k]).all(axis=1), raw[k], 0.0) for k in MEMBERS}
+    arima = kept["arima"]
+    has = arima > 0
+    for name in MEMBERS[1:]:
+        lead = kept[name] / np.where(has, arima, 1.0) - 1.0
+        gate = np.clip(lead / ARIMA_MARGIN, 0.0, 1.0)
+        kept[name] = np.where(has, kept[name] * gate, kept[name])
+    total = sum(kept.values())
+    return {k: np.where(total > 0, v / total, 0.0) for k, v in kept.items()}
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -55,3 +71,19 @@ def test_flat_members_broadcast_give_the_mean_of_them_repeated_bit_for_bit(
     assert got_flat.shape == want.shape
     assert got_flat.tobytes() == want.tobytes()
     assert got_full.tobytes() == want.tobytes()
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(0, 10_000), st.integers(1, 5))
+def test_weights_normalized_together_equal_those_normalized_member_by_member(
+    seed: int, n: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    near = np.array([0.0, 1e-3, 0.25, 0.98, 1.0, 1.01, 1.02, 2.0, np.inf, np.nan])
+    raw = {k: rng.choice(near, size=n) for k in MEMBERS}
+    live = {k: rng.choice(VALUES, size=(n, 1 if k != "arima" else 3)) for k in MEMBERS}
+    with np.errstate(all="ignore"):
+        want, got = _weights_before(raw, live), normalized(raw, live)
+    assert list(got) == list(want)
+    for k in MEMBERS:
+        assert got[k].tobytes() == want[k].tobytes()

@@ -330,29 +330,35 @@ def normalized(
     raw: Mapping[str, FloatArray], live: Mapping[str, FloatArray]
 ) -> dict[str, FloatArray]:
     """`raw` weights normalized per series over the members whose live path is finite
-    (all 0 where no member is usable)."""
-    kept = {k: np.where(np.isfinite(live[k]).all(axis=1), raw[k], 0.0) for k in MEMBERS}
-    kept = _toward_arima(kept)
-    total = sum(kept.values())
+    (all 0 where no member is usable). Issue 20: the members' weights as rows of one
+    (members, n) array, each step once for all of them (the same operations on each)."""
+    usable = [np.isfinite(live[k]).all(axis=1) for k in MEMBERS]
+    kept = _toward_arima(np.where(usable, [raw[k] for k in MEMBERS], 0.0))
+    total = 0 + kept[0]  # summed in MEMBERS' order, as `sum` of the rows
+    for row in kept[1:]:
+        total = total + row
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {k: np.where(total > 0, v / total, 0.0) for k, v in kept.items()}
+        out = np.where(total > 0, kept / total, 0.0)
+    return dict(zip(MEMBERS, out, strict=True))
 
 
-def _toward_arima(kept: Mapping[str, FloatArray]) -> dict[str, FloatArray]:
-    """`kept` weights with every other member's scaled by how clearly it beats ARIMA:
-    0 while its corrected recent squared error is at or above ARIMA's, rising linearly to
-    its full weight once ARIMA's is ARIMA_MARGIN above its. Unchanged where ARIMA has no
-    weight (dropped, or no live path): the others carry the forecast as before."""
-    arima = kept["arima"]
+_OTHERS = [i for i, name in enumerate(MEMBERS) if name != "arima"]
+
+
+def _toward_arima(kept: FloatArray) -> FloatArray:
+    """`kept` weights (members, n) with every other member's scaled by how clearly it
+    beats ARIMA: 0 while its corrected recent squared error is at or above ARIMA's,
+    rising linearly to its full weight once ARIMA's is ARIMA_MARGIN above its. Unchanged
+    where ARIMA has no weight (dropped, or no live path): the others carry the forecast
+    as before."""
+    arima = kept[MEMBERS.index("arima")]
     has = arima > 0
-    out = dict(kept)
-    for name in MEMBERS:
-        if name == "arima":
-            continue
-        with np.errstate(invalid="ignore", divide="ignore"):
-            lead = kept[name] / np.where(has, arima, 1.0) - 1.0  # ARIMA's error / its, - 1
-        gate = np.clip(lead / ARIMA_MARGIN, 0.0, 1.0)
-        out[name] = np.where(has, kept[name] * gate, kept[name])
+    others = kept[_OTHERS]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lead = others / np.where(has, arima, 1.0) - 1.0  # ARIMA's error / its, - 1
+    gate = np.clip(lead / ARIMA_MARGIN, 0.0, 1.0)
+    out = kept.copy()
+    out[_OTHERS] = np.where(has, others * gate, others)
     return out
 
 
