@@ -14,7 +14,6 @@ dropped. `clip_rows` bounds every forecast of a batch at once.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,7 +54,7 @@ def score(a: Assessment, newest: float) -> list[Scored]:
     last = np.array([m == "last_value" for m in methods])
     # Only the chosen method's errors are kept: one sort (NaN last), not one per candidate.
     chosen = np.where(last[:, None, None], a.residuals["last_value"], a.residuals["ensemble"])
-    recent = np.abs(chosen)
+    recent = np.abs(chosen, out=chosen)  # a fresh array: no second one
     ordered = np.sort(recent.swapaxes(1, 2), axis=2)  # (n, steps, origins): sort rows
     peak_errors = np.where(last[:, None], a.peak_errors["last_value"], a.peak_errors["ensemble"])
     peaks = peak_offset(peak_errors)
@@ -299,9 +298,9 @@ def _errors_at(
     mixed = combine(normalized(raw, members), members)
     path = np.where(ensemble[:, None], mixed, hist[rows, origins][:, None])
     actual = hist[rows[:, None], origins[:, None] + np.arange(1, steps + 1)[None, :]]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        peaks = np.nanmax(actual, axis=1) - np.nanmax(path, axis=1)
+    # np.nanmax's own reduction (NaN where a row has none), without its warning machinery
+    with np.errstate(all="ignore"):
+        peaks = np.fmax.reduce(actual, axis=1) - np.fmax.reduce(path, axis=1)
     errors: FloatArray = np.abs(actual - path)
     return errors, peaks
 
