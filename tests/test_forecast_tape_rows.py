@@ -119,6 +119,20 @@ def test_window_means_without_padded_sums_equal_the_old_means(
     assert got.shape == want.shape and got.tobytes() == want.tobytes()
 
 
+def test_window_means_kept_for_a_window_are_never_another_windows() -> None:
+    """The running sums kept for the last window (`_running`, by its bytes) serve only
+    that window: one point changed, a view of it, its rows alone, and it again."""
+    hist = _window(3, 4, 90, 0.1, "open")
+    other = hist.copy()
+    other[1, 40] += 1.0
+    ends = np.array([20, 57, 89])
+    for h in (hist, other, hist[:, :], hist[1:3], other, hist, hist[:, :60]):
+        e = ends[ends < h.shape[1]]
+        with np.errstate(invalid="ignore"):
+            want = old.window_means(h, e, 12)
+        assert window_means(h, e, 12).tobytes() == want.tobytes()
+
+
 def _bits(a: Assessment) -> list[object]:
     out: list[object] = []
     for f in fields(a):

@@ -154,18 +154,51 @@ def _stats(resid: FloatArray, scratch: bool = False) -> tuple[FloatArray, FloatA
 
 def window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
     """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps: running
-    sums to the newest end only, the sum before a window 0.0 where it starts at the first
-    point (issue 20: the same sums and differences, without two padded copies)."""
-    part = hist[:, : int(ends.max()) + 1] if ends.size else hist[:, :0]
-    finite = np.isfinite(part)
-    sums = np.cumsum(np.where(finite, part, 0.0), axis=1)
-    counts = np.cumsum(finite, axis=1)
+    sums, the sum before a window 0.0 where it starts at the first point (issue 20: the
+    same sums and differences, without two padded copies)."""
+    if not ends.size:
+        return np.empty((hist.shape[0], 0))
+    sums, gaps, missing = _running(hist)
     before = ends - points  # the point before each window (none when negative)
     has, at = before >= 0, np.maximum(before, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = (sums[:, ends] - np.where(has, sums[:, at], 0.0)) / (
-            counts[:, ends] - np.where(has, counts[:, at], 0)
+            _counts(gaps, missing, ends) - np.where(has, _counts(gaps, missing, at), 0)
         )
+    return out
+
+
+_RUNNING: list[tuple[tuple[str, tuple[int, ...], bytes], FloatArray, IntArray, IntArray]] = []
+"""The last window's `_running` sums, by its bytes."""
+
+
+def _running(hist: FloatArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """Each row's running sum of its finite values (n, t), the columns with a gap and each
+    row's running count of gaps there (n, gaps + 1, from 0), kept for the last window
+    (issue 20: a tick's refresh and its live paths take means of one window, each from a
+    running sum over all of it, and counts from a cumsum of booleans, which cost as much;
+    the gaps are a few columns). The same bytes, the same sums."""
+    key = (hist.dtype.str, hist.shape, hist.tobytes())
+    kept = _RUNNING[0] if _RUNNING else None
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2], kept[3]
+    finite = np.isfinite(hist)
+    gaps: IntArray = np.flatnonzero(~finite.all(axis=0))
+    missing = np.zeros((hist.shape[0], gaps.size + 1), dtype=np.intp)
+    np.cumsum(~finite[:, gaps], axis=1, out=missing[:, 1:])
+    if gaps.size:  # summed in place: a second fresh array of the window's size cost more
+        sums: FloatArray = np.where(finite, hist, 0.0)
+        np.cumsum(sums, axis=1, out=sums)
+    else:
+        sums = np.cumsum(hist, axis=1)
+    _RUNNING[:] = [(key, sums, gaps, missing)]
+    return sums, gaps, missing
+
+
+def _counts(gaps: IntArray, missing: IntArray, ends: IntArray) -> IntArray:
+    """The finite points up to each of `ends` (n, len(ends)): every point but the gaps
+    (`missing`: each row's running count of gaps at the columns `gaps`, from 0)."""
+    out: IntArray = (ends + 1)[None, :] - missing[:, np.searchsorted(gaps, ends, side="right")]
     return out
 
 

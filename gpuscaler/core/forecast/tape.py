@@ -114,9 +114,9 @@ class _Flat:
         multiply, add, keep, j = np.multiply, np.add, self.keep, at + 1
         while j <= end:
             scaled, lo = self._products(j)
-            for row in range(j - lo, min(end + 1 - lo, scaled.shape[0])):
-                multiply(level, keep, out=level)
-                add(level, scaled[row], out=level)
+            for point in scaled[j - lo : end + 1 - lo]:  # out given by position: fewer
+                multiply(level, keep, level)  # keyword parses a step (issue 20)
+                add(level, point, level)
             j = lo + scaled.shape[0]
         return end
 
