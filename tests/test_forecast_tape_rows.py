@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.core.forecast import kept_rows, tape
 from gpuscaler.core.forecast.engines import LeastSquaresArima
-from gpuscaler.core.forecast.ensemble import Assessment, assess, window_means
+from gpuscaler.core.forecast.ensemble import Assessment, _stats, assess, window_means
 from gpuscaler.core.forecast.scored import score
 from gpuscaler.core.forecast.tape import SesTape, forward_fill, ses_at
 from gpuscaler.core.model import FloatArray, Scored
@@ -131,6 +131,40 @@ def test_window_means_kept_for_a_window_are_never_another_windows() -> None:
         with np.errstate(invalid="ignore"):
             want = old.window_means(h, e, 12)
         assert window_means(h, e, 12).tobytes() == want.tobytes()
+
+
+@SETTINGS
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["", "nan", "inf", "both", "huge"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_errors_of_finite_residuals_summed_without_a_copy_are_the_zero_filled_ones(
+    seed: int, bad: str, scratch: bool, strided: bool
+) -> None:
+    """`_stats` against its definition (a zero-filled copy, the finite points counted):
+    finite, with a NaN or an infinity in a row or both, squares that overflow, a view."""
+    rng = np.random.default_rng(seed)
+    resid = rng.normal(0, 5, (4, 6, 7 * (2 if strided else 1)))
+    resid[0, 0, 0] = -0.0
+    if bad in ("nan", "both"):
+        resid[1, 2, 3] = np.nan
+    if bad in ("inf", "both"):
+        resid[2, 0, 1] = -np.inf
+    if bad == "huge":
+        resid[3, 1, 1] = 1e300
+    if strided:
+        resid = resid[:, :, ::2]
+    finite = np.isfinite(resid)
+    r = np.where(finite, resid, 0.0)
+    count = np.count_nonzero(finite, axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mse = np.einsum("nos,nos->n", r, r) / count
+        mae = np.abs(r).sum(axis=(1, 2)) / count
+    got = _stats(resid.copy() if scratch else resid, scratch)
+    assert got[0].tobytes() == np.where(count > 0, mae, np.nan).tobytes()
+    assert got[1].tobytes() == np.where(count > 0, mse, np.nan).tobytes()
 
 
 def _bits(a: Assessment) -> list[object]:

@@ -1,0 +1,34 @@
+"""Issue 20: buckets of one point each (the simulator's slot is the fit step) are found
+without the general reshape, bit for bit its means."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuscaler.core.forecast.buckets import _bucket_means
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("offset", [-2, -1, 0, 1, 3])
+def test_one_point_buckets_are_the_general_means_of_the_point_and_a_gap(
+    seed: int, offset: int
+) -> None:
+    """The general path sums each bucket from 0.0 over its finite points and divides by
+    their count: a point alone and a point after a gap, half as wide a step apart, give
+    the same means (-0.0 summed to 0.0, infinities and NaN to NaN)."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(0, 3, (3, 25))
+    pick = rng.random(values.shape)
+    values[pick < 0.1] = np.nan
+    values[(pick > 0.1) & (pick < 0.15)] = np.inf
+    values[(pick > 0.15) & (pick < 0.25)] = -0.0
+    values[(pick > 0.25) & (pick < 0.28)] = -np.inf
+    halves = np.full((3, 50), np.nan)
+    halves[:, 1::2] = values  # each point at its bucket's end, a gap before it
+    last = 1000.0
+    got = _bucket_means(values, 10.0, last, 10.0, last + offset * 10.0)
+    want = _bucket_means(halves, 5.0, last, 10.0, last + offset * 10.0)
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+    row = _bucket_means(values[1], 10.0, last, 10.0, last + offset * 10.0)
+    assert row.tobytes() == want[1].tobytes()
