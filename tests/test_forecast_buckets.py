@@ -1,12 +1,15 @@
 """Issue 20: buckets of one point each (the simulator's slot is the fit step) are found
-without the general reshape, bit for bit its means."""
+without the general reshape, bit for bit its means; the fit's usable windows without an
+isfinite of every window's every point."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.buckets import _bucket_means
+from gpuscaler.core.forecast.engines import _all_finite
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -32,3 +35,16 @@ def test_one_point_buckets_are_the_general_means_of_the_point_and_a_gap(
     assert got.shape == want.shape and got.tobytes() == want.tobytes()
     row = _bucket_means(values[1], 10.0, last, 10.0, last + offset * 10.0)
     assert row.tobytes() == want[1].tobytes()
+
+
+@pytest.mark.parametrize("width", [1, 2, 6])
+def test_runs_found_finite_point_by_point_are_the_runs_whose_every_point_is(width: int) -> None:
+    """The fit's usable windows (`_all_finite`): and-ing each point's finiteness over a
+    run is the finiteness of the run's every point, NaN and infinities alike."""
+    rng = np.random.default_rng(width)
+    z = rng.normal(0, 1, (4, 30))
+    z[rng.random(z.shape) < 0.1] = np.nan
+    z[rng.random(z.shape) < 0.05] = -np.inf
+    want = np.isfinite(sliding_window_view(z, width, axis=1)).all(axis=2)
+    got = _all_finite(z, width)
+    assert got.dtype == bool and np.array_equal(got, want)

@@ -166,6 +166,18 @@ def last_finite(histories: FloatArray) -> FloatArray:
     return out
 
 
+def _all_finite(z: FloatArray, width: int) -> BoolArray:
+    """Per row, whether each run of `width` points from each start (n, t - width + 1) is
+    all finite: the points' finiteness found once and and-ed over the run (issue 20: an
+    isfinite of every run's every point, the fit's second cost)."""
+    finite = np.isfinite(z)
+    m = z.shape[1] - width + 1
+    out: BoolArray = finite[:, :m].copy()
+    for j in range(1, width):
+        out &= finite[:, j : j + m]
+    return out
+
+
 _KEPT_HALVES = 8
 """Batches whose half widths an engine keeps (a controller's pools and workloads share
 an engine when their forecast sections are equal)."""
@@ -202,7 +214,7 @@ class LeastSquaresArima:
             nan = np.full(n, np.nan)
             return nan, np.full((n, p), np.nan), nan
         windows = sliding_window_view(z, p + 1, axis=1)  # (n, m, p+1): lags..., target
-        valid = np.isfinite(windows).all(axis=2)
+        valid = _all_finite(z, p + 1)
         x = np.empty(windows.shape, dtype=np.float64)
         x[..., 0] = 1.0 if self.const else 0.0  # with no constant the ridge pins it at 0
         x[..., 1:] = windows[..., :p][..., ::-1]  # z[t-1], z[t-2], ..., z[t-p]
