@@ -1,6 +1,7 @@
 """Issue 20: buckets of one point each (the simulator's slot is the fit step) are found
 without the general reshape, bit for bit its means; the fit's usable windows without an
-isfinite of every window's every point."""
+isfinite of every window's every point; each row's last finite value from the newest
+columns first."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.buckets import _bucket_means
-from gpuscaler.core.forecast.engines import _all_finite
+from gpuscaler.core.forecast.engines import _all_finite, last_finite
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -48,3 +49,25 @@ def test_runs_found_finite_point_by_point_are_the_runs_whose_every_point_is(widt
     want = np.isfinite(sliding_window_view(z, width, axis=1)).all(axis=2)
     got = _all_finite(z, width)
     assert got.dtype == bool and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_last_finite_value_read_from_the_newest_columns_is_the_searched_one(
+    seed: int,
+) -> None:
+    """`last_finite` reads the newest columns one at a time, then searches the rows left:
+    each row's value is the one a search of all its points finds (NaN for none), with
+    gaps and infinities anywhere, -0.0, reversed and strided views."""
+    rng = np.random.default_rng(seed)
+    hist = rng.normal(0, 1, (7, 3 + seed))
+    pick = rng.random(hist.shape)
+    hist[pick < 0.5 * rng.random()] = np.nan
+    hist[(pick > 0.5) & (pick < 0.6)] = np.inf
+    hist[(pick > 0.6) & (pick < 0.7)] = -0.0
+    hist[2] = np.nan
+    hist[3, -6:] = np.nan
+    for h in (hist, hist[:, ::-1], hist[::-1, ::2]):
+        finite = np.isfinite(h)
+        at = h.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
+        want = np.where(finite.any(axis=1), h[np.arange(h.shape[0]), at], np.nan)
+        assert last_finite(h).tobytes() == want.tobytes()

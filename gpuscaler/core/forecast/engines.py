@@ -157,12 +157,29 @@ def z_score(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2)
 
 
+_TAIL = 4
+"""Newest columns `last_finite` reads one at a time before it searches the rows left."""
+
+
 def last_finite(histories: FloatArray) -> FloatArray:
-    """Last finite value of each row (NaN for a row with none)."""
-    finite = np.isfinite(histories)
-    idx = histories.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
-    out: FloatArray = histories[np.arange(histories.shape[0]), idx]
-    out[~finite.any(axis=1)] = np.nan
+    """Last finite value of each row (NaN for a row with none): the newest `_TAIL` columns
+    read one at a time for the rows not found yet (issue 20: a window's newest bucket is
+    open, NaN, and the one before it finite in every row; a search of every point cost
+    several times more), the rows left searched."""
+    n, t = histories.shape
+    out: FloatArray = np.full(n, np.nan)
+    rows = np.arange(n)
+    for j in range(t - 1, max(t - 1 - _TAIL, -1), -1):
+        column = histories[rows, j]
+        found = np.isfinite(column)
+        out[rows[found]] = column[found]
+        rows = rows[~found]
+        if not rows.size:
+            return out
+    left = histories[rows]
+    finite = np.isfinite(left)
+    idx = t - 1 - np.argmax(finite[:, ::-1], axis=1)
+    out[rows] = np.where(finite.any(axis=1), left[np.arange(rows.size), idx], np.nan)
     return out
 
 
