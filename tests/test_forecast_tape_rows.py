@@ -167,6 +167,26 @@ def test_errors_of_finite_residuals_summed_without_a_copy_are_the_zero_filled_on
     assert got[1].tobytes() == np.where(count > 0, mse, np.nan).tobytes()
 
 
+def test_the_tape_takes_the_last_levels_of_an_assessed_window_only_of_one_with_its_bits() -> None:
+    """A refit tick's tape reads the levels after the window's last point that `ses_at`
+    made for a window of the same bits (-0.0 is not 0.0 there), then steps as before."""
+    hist = _window(11, 3, 50, 0.1, "zero")
+    ends = np.array([10, 30, 49])
+    fresh = [SesTape(hist.copy()).at(e) for e in (49, 20, 49)]
+    flipped = hist.copy()
+    flipped[-1, 1] = 0.0 if np.signbit(hist[-1, 1]) else -0.0
+    ses_at(hist, ends)
+    other = SesTape(flipped)
+    assert other.at(49).tobytes() == SesTape(flipped.copy()).at(49).tobytes()
+    ses_at(hist, ends)
+    tape_ = SesTape(hist.copy())
+    assert tape_.at(49).tobytes() == fresh[0].tobytes() and tape_._flat is None  # kept
+    assert [tape_.at(e).tobytes() for e in (20, 49)] == [f.tobytes() for f in fresh[1:]]
+    assert (
+        tape_.many(np.array([5, 49])).tobytes() == SesTape(hist).many(np.array([5, 49])).tobytes()
+    )
+
+
 def _bits(a: Assessment) -> list[object]:
     out: list[object] = []
     for f in fields(a):

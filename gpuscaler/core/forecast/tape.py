@@ -79,8 +79,26 @@ def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
     for i, end in enumerate(ends.tolist()):
         at = flat.step(level, at, end)
         out[i] = level
+    if at == hist.shape[1] - 1 and hist.dtype == np.float64:  # kept for the tick's tape
+        _LAST[:] = [(hist.copy(), level.copy())]
     shape = (ends.shape[0], SES_ALPHAS.shape[0], hist.shape[0])
     return np.ascontiguousarray(out.reshape(shape).transpose(1, 2, 0))
+
+
+_LAST: list[tuple[FloatArray, FloatArray]] = []
+"""The last window `ses_at` read to its last point, and its levels there (alphas * n)."""
+
+
+def _kept_last(hist: FloatArray) -> FloatArray | None:
+    """The levels after `hist`'s last point when `ses_at` last read a window of the same
+    bits to its end (issue 20: a refit tick's assessment and its tape both made them, in a
+    pass over the whole window each); None otherwise."""
+    kept = _LAST[0] if _LAST else None
+    if kept is None or kept[0].shape != hist.shape or hist.dtype != np.float64:
+        return None
+    if not np.array_equal(kept[0].view(np.int64), hist.view(np.int64)):
+        return None
+    return kept[1].copy()
 
 
 CHUNK_BYTES = 1 << 18
@@ -152,16 +170,23 @@ class SesTape:
 
     def at(self, end: int) -> FloatArray:
         """The levels (alphas, n) after the point at index `end`."""
-        if self._flat is None:
-            self._flat = _Flat(self.hist)
+        if self._level is None and end == self.hist.shape[1] - 1:
+            self._level, self._at = _kept_last(self.hist), end
         if self._level is None or end < self._at:
-            self._level, self._at = self._flat.first(), 0
-        self._at = self._flat.step(self._level, self._at, end)
+            self._level, self._at = self._stepped().first(), 0
+        if end != self._at:
+            self._at = self._stepped().step(self._level, self._at, end)
         levels = self._level.reshape(SES_ALPHAS.shape[0], self.hist.shape[0]).copy()
         # a row with no finite point up to `end`: forward filling that prefix alone has no
         # value to fill with, so `ses_last` of it is NaN
         levels[:, self._first > end] = np.nan
         return levels
+
+    def _stepped(self) -> _Flat:
+        """The window's products, made at the first step."""
+        if self._flat is None:
+            self._flat = _Flat(self.hist)
+        return self._flat
 
     def many(self, ends: IntArray) -> FloatArray:
         """The levels (len(ends), alphas, n) after each point of `ends`, stepped to in
