@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
@@ -302,8 +303,10 @@ def assess(
     if origins.size < 4:
         return None
     # (n, O, steps), row-major: numpy's fancy index lays the rows out innermost, so sums
-    # over a row would run in an order that depends on how many rows there are.
-    future = np.ascontiguousarray(hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]])
+    # over a row would run in an order that depends on how many rows there are (the
+    # windows' view indexed on one axis: one gather, not two, issue 20).
+    ahead = sliding_window_view(hist, steps, axis=1)[:, origins + 1]
+    future = np.ascontiguousarray(ahead)
     levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
