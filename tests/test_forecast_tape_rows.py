@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.core.forecast import kept_rows, tape
 from gpuscaler.core.forecast.engines import LeastSquaresArima
-from gpuscaler.core.forecast.ensemble import Assessment, assess, window_means
+from gpuscaler.core.forecast.ensemble import Assessment, _stats, assess, window_means
 from gpuscaler.core.forecast.scored import score
 from gpuscaler.core.forecast.tape import SesTape, forward_fill, ses_at
 from gpuscaler.core.model import FloatArray, Scored
@@ -117,6 +117,74 @@ def test_window_means_without_padded_sums_equal_the_old_means(
         want = old.window_means(hist, at, points)
     got = window_means(hist, at, points)
     assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def test_window_means_kept_for_a_window_are_never_another_windows() -> None:
+    """The running sums kept for the last window (`_running`, by its bytes) serve only
+    that window: one point changed, a view of it, its rows alone, and it again."""
+    hist = _window(3, 4, 90, 0.1, "open")
+    other = hist.copy()
+    other[1, 40] += 1.0
+    ends = np.array([20, 57, 89])
+    for h in (hist, other, hist[:, :], hist[1:3], other, hist, hist[:, :60]):
+        e = ends[ends < h.shape[1]]
+        with np.errstate(invalid="ignore"):
+            want = old.window_means(h, e, 12)
+        assert window_means(h, e, 12).tobytes() == want.tobytes()
+
+
+@SETTINGS
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["", "nan", "inf", "both", "huge"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_errors_of_finite_residuals_summed_without_a_copy_are_the_zero_filled_ones(
+    seed: int, bad: str, scratch: bool, strided: bool
+) -> None:
+    """`_stats` against its definition (a zero-filled copy, the finite points counted):
+    finite, with a NaN or an infinity in a row or both, squares that overflow, a view."""
+    rng = np.random.default_rng(seed)
+    resid = rng.normal(0, 5, (4, 6, 7 * (2 if strided else 1)))
+    resid[0, 0, 0] = -0.0
+    if bad in ("nan", "both"):
+        resid[1, 2, 3] = np.nan
+    if bad in ("inf", "both"):
+        resid[2, 0, 1] = -np.inf
+    if bad == "huge":
+        resid[3, 1, 1] = 1e300
+    if strided:
+        resid = resid[:, :, ::2]
+    finite = np.isfinite(resid)
+    r = np.where(finite, resid, 0.0)
+    count = np.count_nonzero(finite, axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mse = np.einsum("nos,nos->n", r, r) / count
+        mae = np.abs(r).sum(axis=(1, 2)) / count
+    got = _stats(resid.copy() if scratch else resid, scratch)
+    assert got[0].tobytes() == np.where(count > 0, mae, np.nan).tobytes()
+    assert got[1].tobytes() == np.where(count > 0, mse, np.nan).tobytes()
+
+
+def test_the_tape_takes_the_last_levels_of_an_assessed_window_only_of_one_with_its_bits() -> None:
+    """A refit tick's tape reads the levels after the window's last point that `ses_at`
+    made for a window of the same bits (-0.0 is not 0.0 there), then steps as before."""
+    hist = _window(11, 3, 50, 0.1, "zero")
+    ends = np.array([10, 30, 49])
+    fresh = [SesTape(hist.copy()).at(e) for e in (49, 20, 49)]
+    flipped = hist.copy()
+    flipped[-1, 1] = 0.0 if np.signbit(hist[-1, 1]) else -0.0
+    ses_at(hist, ends)
+    other = SesTape(flipped)
+    assert other.at(49).tobytes() == SesTape(flipped.copy()).at(49).tobytes()
+    ses_at(hist, ends)
+    tape_ = SesTape(hist.copy())
+    assert tape_.at(49).tobytes() == fresh[0].tobytes() and tape_._flat is None  # kept
+    assert [tape_.at(e).tobytes() for e in (20, 49)] == [f.tobytes() for f in fresh[1:]]
+    assert (
+        tape_.many(np.array([5, 49])).tobytes() == SesTape(hist).many(np.array([5, 49])).tobytes()
+    )
 
 
 def _bits(a: Assessment) -> list[object]:

@@ -19,6 +19,7 @@ import operator
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from statistics import NormalDist
 from typing import Any, Protocol
 
@@ -26,11 +27,12 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.config import ForecastConfig
+from gpuscaler.core.forecast.buckets import bucket as bucket
+from gpuscaler.core.forecast.buckets import bucket_rows as bucket_rows
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
     FloatArray,
-    Series,
 )
 
 _RIDGE = 1e-6
@@ -78,15 +80,19 @@ def refit_or_reuse(
         fresh = engine.fit(hist[stale])
         intercept[stale], phi[stale], sigma2[stale] = fresh.intercept, fresh.phi, fresh.sigma2
     unknown = list(stale)
-    if reuse:  # the kept floats written into their rows at once (the same values)
-        intercept[reuse] = list(map(_INTERCEPT, olds))
-        phi[reuse] = np.array(list(map(_PHI, olds)), dtype=np.float64).reshape(-1, p)
-        sigma2[reuse] = list(map(_SIGMA2, olds))
+    if reuse:  # the kept floats written into their rows at once (the same values; issue
+        # 20: fromiter, a fifth of np.array's time on a list of floats), every row a slice
+        rows: list[int] | slice = reuse if stale else slice(None)
+        m = len(olds)
+        lags = np.fromiter(chain.from_iterable(map(_PHI, olds)), np.float64, m * p)
+        intercept[rows] = np.fromiter(map(_INTERCEPT, olds), np.float64, m)
+        phi[rows] = lags.reshape(m, p)
+        sigma2[rows] = np.fromiter(map(_SIGMA2, olds), np.float64, m)
         kept = list(map(_MODULUS, olds))
         if None in kept:
-            unknown += [r for r, m in zip(reuse, kept, strict=True) if m is None]
-            kept = [np.nan if m is None else m for m in kept]
-        modulus[reuse] = kept
+            unknown += [r for r, k in zip(reuse, kept, strict=True) if k is None]
+            kept = [np.nan if k is None else k for k in kept]
+        modulus[rows] = np.fromiter(kept, np.float64, m)
     if unknown:  # per row, the same whichever rows are found together
         modulus[unknown] = inverse_root_modulus(phi[unknown])
     states: dict[str, FitState] = {}
@@ -95,10 +101,8 @@ def refit_or_reuse(
         for r, key in enumerate(keys):
             if key is not None:
                 states[key] = made[r] if r in made else prior[key]
-    else:
-        for key, old in zip(keys, olds, strict=True):  # every row reused: all keyed
-            assert key is not None
-            states[key] = old
+    else:  # every row reused: all keyed
+        states = {key: old for key, old in zip(keys, olds, strict=True) if key is not None}
     return Fitted(intercept, phi, sigma2, modulus), states, len(stale)
 
 
@@ -153,12 +157,41 @@ def z_score(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2)
 
 
+_TAIL = 4
+"""Newest columns `last_finite` reads one at a time before it searches the rows left."""
+
+
 def last_finite(histories: FloatArray) -> FloatArray:
-    """Last finite value of each row (NaN for a row with none)."""
-    finite = np.isfinite(histories)
-    idx = histories.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
-    out: FloatArray = histories[np.arange(histories.shape[0]), idx]
-    out[~finite.any(axis=1)] = np.nan
+    """Last finite value of each row (NaN for a row with none): the newest `_TAIL` columns
+    read one at a time for the rows not found yet (issue 20: a window's newest bucket is
+    open, NaN, and the one before it finite in every row; a search of every point cost
+    several times more), the rows left searched."""
+    n, t = histories.shape
+    out: FloatArray = np.full(n, np.nan)
+    rows = np.arange(n)
+    for j in range(t - 1, max(t - 1 - _TAIL, -1), -1):
+        column = histories[rows, j]
+        found = np.isfinite(column)
+        out[rows[found]] = column[found]
+        rows = rows[~found]
+        if not rows.size:
+            return out
+    left = histories[rows]
+    finite = np.isfinite(left)
+    idx = t - 1 - np.argmax(finite[:, ::-1], axis=1)
+    out[rows] = np.where(finite.any(axis=1), left[np.arange(rows.size), idx], np.nan)
+    return out
+
+
+def _all_finite(z: FloatArray, width: int) -> BoolArray:
+    """Per row, whether each run of `width` points from each start (n, t - width + 1) is
+    all finite: the points' finiteness found once and and-ed over the run (issue 20: an
+    isfinite of every run's every point, the fit's second cost)."""
+    finite = np.isfinite(z)
+    m = z.shape[1] - width + 1
+    out: BoolArray = finite[:, :m].copy()
+    for j in range(1, width):
+        out &= finite[:, j : j + m]
     return out
 
 
@@ -198,7 +231,7 @@ class LeastSquaresArima:
             nan = np.full(n, np.nan)
             return nan, np.full((n, p), np.nan), nan
         windows = sliding_window_view(z, p + 1, axis=1)  # (n, m, p+1): lags..., target
-        valid = np.isfinite(windows).all(axis=2)
+        valid = _all_finite(z, p + 1)
         x = np.empty(windows.shape, dtype=np.float64)
         x[..., 0] = 1.0 if self.const else 0.0  # with no constant the ridge pins it at 0
         x[..., 1:] = windows[..., :p][..., ::-1]  # z[t-1], z[t-2], ..., z[t-p]
@@ -329,68 +362,6 @@ def nanmean_rows(a: FloatArray) -> FloatArray:
     return np.where(count > 0, total / np.maximum(count, 1), 0.0)
 
 
-# --------------------------------------------------------------------------- resampling
-
-
-def bucket_rows(
-    series: Sequence[Series],
-    width: float,
-    end: float,
-    stacked: FloatArray | None = None,
-    aligned: bool = False,
-) -> FloatArray:
-    """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
-    left; series on one grid (same step, end and length, the usual case: one query's
-    window) are bucketed together in one reshape (`stacked`: their values already
-    stacked, (n, points), by the caller; `aligned`: the caller found them on one grid,
-    same start, step and length, so not checked again series by series)."""
-    first = series[0]
-    same = aligned or all(
-        s.step == first.step and s.end == first.end and len(s.values) == len(first.values)
-        for s in series
-    )
-    if same and len(series) > 1:
-        if stacked is None or stacked.shape != (len(series), len(first.values)):
-            stacked = np.stack([s.values for s in series])
-        return _bucket_means(stacked, first.step, first.end, width, end)
-    rows = [bucket(s, width, end).values for s in series]
-    hist = np.full((len(rows), max(len(r) for r in rows)), np.nan)
-    for r, row in enumerate(rows):
-        hist[r, hist.shape[1] - len(row) :] = row
-    return hist
-
-
-def bucket(series: Series, width: float, end: float) -> Series:
-    """Means of `series` over buckets of `width` seconds ending at `end`; NaN where a bucket
-    holds no finite sample. Gaps stay gaps."""
-    means = _bucket_means(series.values, series.step, series.end, width, end)
-    step = max(1, round(width / series.step)) * series.step
-    return Series(start=end - step * (len(means) - 1), step=step, values=means)
-
-
-def _bucket_means(
-    values: FloatArray, step: float, last: float, width: float, end: float
-) -> FloatArray:
-    """Bucket means of one row, or of rows (n, points) on one grid whose last slot is at
-    `last`, over the points' last axis."""
-    per = max(1, round(width / step))
-    # Align the last bucket's end with `end` so forecasts start from the same origin.
-    offset = round((end - last) / step)
-    lead = values.shape[:-1]
-    if offset > 0:
-        values = np.concatenate([values, np.full((*lead, offset), np.nan)], axis=-1)
-    elif offset < 0:
-        values = values[..., : values.shape[-1] + offset]
-    usable = (values.shape[-1] // per) * per
-    block = values[..., values.shape[-1] - usable :].reshape(*lead, -1, per)
-    finite = np.isfinite(block)
-    counts = finite.sum(axis=-1)
-    sums = np.where(finite, block, 0.0).sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means: FloatArray = np.where(counts > 0, sums / counts, np.nan)
-    return means
-
-
 # --------------------------------------------------------------------------- stability
 
 ROOT_MARGIN = 1e-3
@@ -419,10 +390,10 @@ def inverse_root_modulus(phi: FloatArray) -> FloatArray:
 
 def window_band(hist: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Per row: the window's range widened by BAND ranges each side (a flat window's
-    range counts as a millionth of its level, so only a flat path passes)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo, hi = np.nanmin(hist, axis=1), np.nanmax(hist, axis=1)
+    range counts as a millionth of its level, so only a flat path passes; NaN for a row
+    with none: the reductions np.nanmin and np.nanmax run on an array, without their check
+    for such a row and its warning, filtered here before: issue 20)."""
+    lo, hi = np.fmin.reduce(hist, axis=1), np.fmax.reduce(hist, axis=1)
     span = np.maximum(hi - lo, 1e-6 * np.maximum(np.abs(hi), 1.0))
     return lo - BAND * span, hi + BAND * span
 

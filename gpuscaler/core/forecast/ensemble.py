@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
@@ -154,18 +155,51 @@ def _stats(resid: FloatArray, scratch: bool = False) -> tuple[FloatArray, FloatA
 
 def window_means(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
     """Mean of the `points` values up to each end (n, len(ends)), ignoring gaps: running
-    sums to the newest end only, the sum before a window 0.0 where it starts at the first
-    point (issue 20: the same sums and differences, without two padded copies)."""
-    part = hist[:, : int(ends.max()) + 1] if ends.size else hist[:, :0]
-    finite = np.isfinite(part)
-    sums = np.cumsum(np.where(finite, part, 0.0), axis=1)
-    counts = np.cumsum(finite, axis=1)
+    sums, the sum before a window 0.0 where it starts at the first point (issue 20: the
+    same sums and differences, without two padded copies)."""
+    if not ends.size:
+        return np.empty((hist.shape[0], 0))
+    sums, gaps, missing = _running(hist)
     before = ends - points  # the point before each window (none when negative)
     has, at = before >= 0, np.maximum(before, 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = (sums[:, ends] - np.where(has, sums[:, at], 0.0)) / (
-            counts[:, ends] - np.where(has, counts[:, at], 0)
+            _counts(gaps, missing, ends) - np.where(has, _counts(gaps, missing, at), 0)
         )
+    return out
+
+
+_RUNNING: list[tuple[tuple[str, tuple[int, ...], bytes], FloatArray, IntArray, IntArray]] = []
+"""The last window's `_running` sums, by its bytes."""
+
+
+def _running(hist: FloatArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """Each row's running sum of its finite values (n, t), the columns with a gap and each
+    row's running count of gaps there (n, gaps + 1, from 0), kept for the last window
+    (issue 20: a tick's refresh and its live paths take means of one window, each from a
+    running sum over all of it, and counts from a cumsum of booleans, which cost as much;
+    the gaps are a few columns). The same bytes, the same sums."""
+    key = (hist.dtype.str, hist.shape, hist.tobytes())
+    kept = _RUNNING[0] if _RUNNING else None
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2], kept[3]
+    finite = np.isfinite(hist)
+    gaps: IntArray = np.flatnonzero(~finite.all(axis=0))
+    missing = np.zeros((hist.shape[0], gaps.size + 1), dtype=np.intp)
+    np.cumsum(~finite[:, gaps], axis=1, out=missing[:, 1:])
+    if gaps.size:  # summed in place: a second fresh array of the window's size cost more
+        sums: FloatArray = np.where(finite, hist, 0.0)
+        np.cumsum(sums, axis=1, out=sums)
+    else:
+        sums = np.cumsum(hist, axis=1)
+    _RUNNING[:] = [(key, sums, gaps, missing)]
+    return sums, gaps, missing
+
+
+def _counts(gaps: IntArray, missing: IntArray, ends: IntArray) -> IntArray:
+    """The finite points up to each of `ends` (n, len(ends)): every point but the gaps
+    (`missing`: each row's running count of gaps at the columns `gaps`, from 0)."""
+    out: IntArray = (ends + 1)[None, :] - missing[:, np.searchsorted(gaps, ends, side="right")]
     return out
 
 
@@ -274,8 +308,10 @@ def assess(
     if origins.size < 4:
         return None
     # (n, O, steps), row-major: numpy's fancy index lays the rows out innermost, so sums
-    # over a row would run in an order that depends on how many rows there are.
-    future = np.ascontiguousarray(hist[:, origins[:, None] + 1 + np.arange(steps)[None, :]])
+    # over a row would run in an order that depends on how many rows there are (the
+    # windows' view indexed on one axis: one gather, not two, issue 20).
+    ahead = sliding_window_view(hist, steps, axis=1)[:, origins + 1]
+    future = np.ascontiguousarray(ahead)
     levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}

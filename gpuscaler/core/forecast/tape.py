@@ -79,8 +79,26 @@ def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
     for i, end in enumerate(ends.tolist()):
         at = flat.step(level, at, end)
         out[i] = level
+    if at == hist.shape[1] - 1 and hist.dtype == np.float64:  # kept for the tick's tape
+        _LAST[:] = [(hist.copy(), level.copy())]
     shape = (ends.shape[0], SES_ALPHAS.shape[0], hist.shape[0])
     return np.ascontiguousarray(out.reshape(shape).transpose(1, 2, 0))
+
+
+_LAST: list[tuple[FloatArray, FloatArray]] = []
+"""The last window `ses_at` read to its last point, and its levels there (alphas * n)."""
+
+
+def _kept_last(hist: FloatArray) -> FloatArray | None:
+    """The levels after `hist`'s last point when `ses_at` last read a window of the same
+    bits to its end (issue 20: a refit tick's assessment and its tape both made them, in a
+    pass over the whole window each); None otherwise."""
+    kept = _LAST[0] if _LAST else None
+    if kept is None or kept[0].shape != hist.shape or hist.dtype != np.float64:
+        return None
+    if not np.array_equal(kept[0].view(np.int64), hist.view(np.int64)):
+        return None
+    return kept[1].copy()
 
 
 CHUNK_BYTES = 1 << 18
@@ -102,6 +120,7 @@ class _Flat:
         self.keep: FloatArray = np.repeat(1.0 - SES_ALPHAS, n)
         self.chunk = max(16, CHUNK_BYTES // (8 * SES_ALPHAS.shape[0] * max(n, 1)))
         self._scaled: FloatArray = np.empty((0, 0))
+        self._buffer: FloatArray | None = None
         self._from = -1
 
     def first(self) -> FloatArray:
@@ -114,17 +133,22 @@ class _Flat:
         multiply, add, keep, j = np.multiply, np.add, self.keep, at + 1
         while j <= end:
             scaled, lo = self._products(j)
-            for row in range(j - lo, min(end + 1 - lo, scaled.shape[0])):
-                multiply(level, keep, out=level)
-                add(level, scaled[row], out=level)
+            for point in scaled[j - lo : end + 1 - lo]:  # out given by position: fewer
+                multiply(level, keep, level)  # keyword parses a step (issue 20)
+                add(level, point, level)
             j = lo + scaled.shape[0]
         return end
 
     def _products(self, j: int) -> tuple[FloatArray, int]:
-        """The chunk of products holding point `j` (chunk-aligned), and its first point."""
+        """The chunk of products holding point `j` (chunk-aligned), and its first point,
+        made in one buffer for every chunk (issue 20: a fresh array a chunk cost the
+        products twice their time)."""
         lo = j - j % self.chunk
         if lo != self._from:
-            part = SES_ALPHAS[None, :, None] * self.filled[lo : lo + self.chunk, None, :]
+            points = self.filled[lo : lo + self.chunk, None, :]
+            if self._buffer is None:
+                self._buffer = np.empty((self.chunk, SES_ALPHAS.shape[0], points.shape[2]))
+            part = np.multiply(SES_ALPHAS[None, :, None], points, out=self._buffer[: len(points)])
             self._scaled, self._from = part.reshape(part.shape[0], -1), lo
         return self._scaled, lo
 
@@ -146,16 +170,23 @@ class SesTape:
 
     def at(self, end: int) -> FloatArray:
         """The levels (alphas, n) after the point at index `end`."""
-        if self._flat is None:
-            self._flat = _Flat(self.hist)
+        if self._level is None and end == self.hist.shape[1] - 1:
+            self._level, self._at = _kept_last(self.hist), end
         if self._level is None or end < self._at:
-            self._level, self._at = self._flat.first(), 0
-        self._at = self._flat.step(self._level, self._at, end)
+            self._level, self._at = self._stepped().first(), 0
+        if end != self._at:
+            self._at = self._stepped().step(self._level, self._at, end)
         levels = self._level.reshape(SES_ALPHAS.shape[0], self.hist.shape[0]).copy()
         # a row with no finite point up to `end`: forward filling that prefix alone has no
         # value to fill with, so `ses_last` of it is NaN
         levels[:, self._first > end] = np.nan
         return levels
+
+    def _stepped(self) -> _Flat:
+        """The window's products, made at the first step."""
+        if self._flat is None:
+            self._flat = _Flat(self.hist)
+        return self._flat
 
     def many(self, ends: IntArray) -> FloatArray:
         """The levels (len(ends), alphas, n) after each point of `ends`, stepped to in
