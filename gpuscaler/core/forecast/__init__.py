@@ -110,8 +110,12 @@ def _samples(
     ):
         stacked = np.stack([s.values for i in rows if (s := series[i]) is not None])
         finite = np.isfinite(stacked)
-        counts = finite.sum(axis=1).tolist()
-        idx = (finite.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
+        width = finite.shape[1]
+        if width and finite.all():  # the usual case: every sample finite, counted at once
+            counts, idx = [width] * len(rows), [width - 1] * len(rows)
+        else:
+            counts = finite.sum(axis=1).tolist()
+            idx = (width - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         for r, i in enumerate(rows):
             last = first.start + first.step * float(idx[r]) if counts[r] else None
             out[i] = (last, counts[r])
@@ -219,21 +223,33 @@ def _model(b: Batch) -> Model:
         stable, modulus = np.ones(n, dtype=bool), np.zeros(n)
     finite: BoolArray = np.asarray(np.isfinite(paths.mean).all(axis=1))
     banded = within_band(paths.mean, b.hist)
-    name = b.engine.name
-    dropped: list[str | None] = []
-    for r in range(n):
+    usable = finite & stable & banded
+    dropped: list[str | None] = [None] * n
+    if not usable.all():  # the reasons of the rows dropped (issue 20: the others' None)
+        _dropped(b.engine.name, usable, finite, stable, modulus, dropped)
+    return Model(paths, fitted, usable, dropped)
+
+
+def _dropped(
+    name: str,
+    usable: BoolArray,
+    finite: BoolArray,
+    stable: BoolArray,
+    modulus: FloatArray,
+    dropped: list[str | None],
+) -> None:
+    """Why each row not `usable` is dropped (no finite path, an unstable fit, or else a
+    path out of the window's band), put in `dropped`."""
+    for r in np.flatnonzero(~usable).tolist():
         if not finite[r]:
-            dropped.append(f"{name} dropped: no fit")
+            dropped[r] = f"{name} dropped: no fit"
         elif not stable[r]:
-            dropped.append(
+            dropped[r] = (
                 f"{name} dropped: unstable fit (a characteristic root inside or near the unit "
                 f"circle, inverse root modulus {modulus[r]:.3f})"
             )
-        elif not banded[r]:
-            dropped.append(f"{name} dropped: its path leaves the window's range")
         else:
-            dropped.append(None)
-    return Model(paths, fitted, finite & stable & banded, dropped)
+            dropped[r] = f"{name} dropped: its path leaves the window's range"
 
 
 def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
