@@ -50,7 +50,8 @@ from gpuscaler.core.forecast.ensemble import (
 )
 from gpuscaler.core.forecast.intervals import Checked, check_rows, issue_checked
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
-from gpuscaler.core.forecast.made import fit_state
+from gpuscaler.core.forecast.made import carried
+from gpuscaler.core.forecast.made import signal as made_signal
 from gpuscaler.core.forecast.scored import refresh, score
 from gpuscaler.core.model import (
     BoolArray,
@@ -196,9 +197,13 @@ def forecast_series(
             [clips[i] for i in index] if clips is not None else None,
         )
         forecasts, finite = _forecast_batch(batch)
-        for i, f, ok in zip(index, forecasts, finite, strict=True):
-            problem = None if ok else "forecast is not finite (NaN or Inf)"
-            signals[i] = Signal(samples[i][0], f, problem)
+        lasts = [samples[i][0] for i in index]
+        problems = [None if ok else "forecast is not finite (NaN or Inf)" for ok in finite]
+        made = list(map(made_signal, lasts, forecasts, problems))  # without __init__
+        if len(index) == len(signals):  # every series forecast (the usual case)
+            return made
+        for i, s in zip(index, made, strict=True):
+            signals[i] = s
     return [s for s in signals if s is not None]
 
 
@@ -271,21 +276,13 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     issued = issue_checked(
         checked, lower if every else lower[keyed], upper if every else upper[keyed], b.cfg.fit_step
     )
-    states = b.states
+    states, keys = b.states, b.keys
     for r, interval in zip(keyed, issued, strict=True):  # each state made once a tick
-        key = b.keys[r]
+        key = keys[r]
         assert key is not None
         state, sc = states[key], scored[r]
         kept = state.scored
-        states[key] = fit_state(
-            state.fitted_at,
-            state.intercept,
-            state.phi,
-            state.sigma2,
-            interval,
-            kept if sc is None or kept is sc else sc,
-            state.modulus,
-        )
+        states[key] = carried(state, interval, kept if sc is None or kept is sc else sc)
     return out, finite
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from itertools import repeat
+from itertools import groupby, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -147,12 +147,26 @@ def _clipped(
     assert b.clips is not None
     out = [np.empty_like(mean), np.empty_like(lower), np.empty_like(upper)]
     offsets = np.empty(mean.shape[0])
-    for clip in clips:
-        rows = [r for r, c in enumerate(b.clips) if c == clip]
-        parts = clip_rows(mean[rows], lower[rows], upper[rows], [peak[r] for r in rows], clip)
+    for clip, rows in _clip_rows(b.clips, clips):
+        offset = peak[rows] if isinstance(rows, slice) else [peak[r] for r in rows]
+        parts = clip_rows(mean[rows], lower[rows], upper[rows], offset, clip)
         for whole, part in zip((*out, offsets), parts, strict=True):
             whole[rows] = part
     return out[0], out[1], out[2], offsets
+
+
+def _clip_rows(
+    every: Sequence[tuple[float, float | None]], clips: list[tuple[float, float | None]]
+) -> list[tuple[tuple[float, float | None], slice | list[int]]]:
+    """Each of `clips` (the distinct ones of `every`) with its rows: a slice when they
+    follow each other (issue 20: the pools, then the workloads), which reads views."""
+    runs = [(clip, len(list(run))) for clip, run in groupby(every)]
+    if len(runs) == len(clips):  # each clip's rows in one run
+        ends = np.cumsum([size for _, size in runs]).tolist()
+        return [
+            (clip, slice(end - size, end)) for (clip, size), end in zip(runs, ends, strict=True)
+        ]
+    return [(clip, [r for r, c in enumerate(every) if c == clip]) for clip in clips]
 
 
 def _plain(
