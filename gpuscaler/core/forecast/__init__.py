@@ -16,6 +16,7 @@ member dropped and why. An unstable or runaway fit never reaches a decision.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -58,7 +59,6 @@ from gpuscaler.core.model import (
     FitState,
     FloatArray,
     Forecast,
-    IntervalState,
     Scored,
     Series,
     Signal,
@@ -351,30 +351,32 @@ def _refreshed(
 def _kept(b: Batch) -> list[Scored | None]:
     """Each row's scoring kept on its series' state, if its coefficients were not
     refitted now (the state is the prior one); None without a key or kept scoring."""
-    out: list[Scored | None] = []
-    states, prior, steps = b.states, b.prior, b.steps
-    for key in b.keys:
-        if key is None:
-            out.append(None)
-            continue
-        state = states.get(key)
-        sc = state.scored if state is not None and state is prior.get(key) else None
+    now, before = _found(b)
+    out = [s.scored if s is not None and s is p else None for s, p in zip(now, before, strict=True)]
+    steps = b.steps
+    for r, sc in enumerate(out):
         if sc is not None and sc.abs_errors.shape[1] != steps:
-            sc = None  # scored for another horizon (the config changed): score again
-        out.append(sc)
+            out[r] = None  # scored for another horizon (the config changed): score again
     return out
+
+
+def _found(b: Batch) -> tuple[list[FitState | None], list[FitState | None]]:
+    """Each row's state in `b.states` and in `b.prior` (None: none, or no key), looked up
+    row by row in C when every row has a key (the lanes)."""
+    keys, states, prior = b.keys, b.states, b.prior
+    if None not in keys:
+        named = cast("list[str]", keys)
+        return list(map(states.get, named)), list(map(prior.get, named))
+    now = [states.get(k) if k is not None else None for k in keys]
+    return now, [prior.get(k) if k is not None else None for k in keys]
 
 
 def _adaptive(b: Batch) -> tuple[list[int], Checked | None]:
     """The rows with a kept state, and their adaptive intervals checked against what was
     observed since the previous tick, all at once (None without such rows)."""
-    keyed: list[int] = []
-    priors: list[IntervalState | None] = []
-    prior, states = b.prior, b.states
-    for r, key in enumerate(b.keys):
-        if key is not None and key in states:
-            keyed.append(r)
-            priors.append(s.interval if (s := prior.get(key)) is not None else None)
+    now, before = _found(b)
+    keyed = [r for r, s in enumerate(now) if s is not None]
+    priors = [s.interval if (s := before[r]) is not None else None for r in keyed]
     if not keyed:
         return keyed, None
     hist = b.hist if len(keyed) == b.hist.shape[0] else b.hist[keyed]

@@ -102,8 +102,8 @@ def assembled(
         at = _rows_of(chosen, n)
         lower[at] = rows.mean[at] - rows.half[at]
         upper[at] = rows.mean[at] + rows.half[at]
-    picked = set(chosen)
-    plain = [r for r in range(n) if r not in picked]
+    picked = set(chosen) if len(chosen) < n else None  # None: every row scored
+    plain = [r for r in range(n) if r not in picked] if picked is not None else []
     if plain:
         _plain(b, model, plain, rows, lower, upper)
     mean, lower, upper, peak_error = _clipped(

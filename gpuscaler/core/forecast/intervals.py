@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -252,21 +252,46 @@ def issue_checked(
 ) -> list[IntervalState]:
     """`issue_rows` of `resolve_rows`' states, made from `check_rows`' `checked` at once:
     one state a row (`lower`, `upper` (n, steps): the rows' intervals issued now)."""
-    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
     out: list[IntervalState | None] = [None] * len(checked.level)
     now, size = checked.now, lower.shape[1]
     level, points, misses = checked.level, checked.points, checked.misses
     every = list(range(len(level)))
+    if len(checked.groups) == 1 and checked.groups[0][0] == every:  # one group (the lanes)
+        _, kept, rest = checked.groups[0]
+        grown, block = (*kept, (now, step, size)), _grown(rest, lower, upper)
+        bounds = as_rows(block)
+        made = list(
+            map(
+                interval_state,
+                level,
+                repeat(now),
+                repeat(None),
+                points,
+                misses,
+                repeat(grown),
+                bounds,
+            )
+        )
+        _issued.put(made, _Issued(now, grown, block, (level, points, misses)))
+        return made
+    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
     for idx, kept, rest in checked.groups:
         grown = (*kept, (now, step, size))
         rows = fresh if idx == every else fresh[idx]
         block = np.concatenate([rest, rows], axis=2) if kept else rows
         for r, b in zip(idx, as_rows(block), strict=True):
             out[r] = interval_state(level[r], now, None, points[r], misses[r], grown, b)
-        if idx == every:  # one group: remembered for the next check of these states
-            made = [s for s in out if s is not None]
-            _issued.put(made, _Issued(now, grown, block, (level, points, misses)))
     return [s for s in out if s is not None]
+
+
+def _grown(rest: FloatArray, lower: FloatArray, upper: FloatArray) -> FloatArray:
+    """`rest` (n, 2, k) with the bounds `lower`, `upper` (n, steps) after: (n, 2, k + steps),
+    made in one block (the values of `np.concatenate` of `rest` and their stack)."""
+    k = rest.shape[2]
+    block = np.empty((rest.shape[0], 2, k + lower.shape[1]))
+    block[:, :, :k] = rest
+    block[:, 0, k:], block[:, 1, k:] = lower, upper
+    return block
 
 
 _NO_BOUNDS: FloatArray = np.empty((2, 0))
