@@ -113,6 +113,8 @@ def _samples(
         finite = np.isfinite(stacked)
         width = finite.shape[1]
         if width and finite.all():  # the usual case: every sample finite, counted at once
+            if len(rows) == len(series):  # and every series there: one figure for all
+                return [(first.start + first.step * float(width - 1), width)] * len(rows), stacked
             counts, idx = [width] * len(rows), [width - 1] * len(rows)
         else:
             counts = finite.sum(axis=1).tolist()
@@ -149,6 +151,23 @@ def _admit(s: Series | None, cfg: ForecastConfig, last: float | None, finite: in
     return None
 
 
+def _admitted(
+    series: Sequence[Series | None],
+    cfg: ForecastConfig,
+    samples: list[tuple[float | None, int]],
+    one_grid: bool,
+) -> list[Signal | None]:
+    """`_admit` of each series (`samples`: `_samples`' figures); series on `one_grid` with
+    one figure for all (every one there, every sample finite) are admitted together."""
+    if (
+        one_grid
+        and samples.count(samples[0]) == len(series)
+        and _admit(series[0], cfg, *samples[0]) is None
+    ):
+        return [None] * len(series)
+    return [_admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)]
+
+
 def forecast_series(
     series: Sequence[Series | None],
     cfg: ForecastConfig,
@@ -170,9 +189,7 @@ def forecast_series(
     call are put in `states`. `clips`: each series' own clip instead of `clip` (issue 20:
     a tick's pools and workloads in one batch)."""
     samples, stacked = _samples(series)
-    signals: list[Signal | None] = [
-        _admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)
-    ]
+    signals = _admitted(series, cfg, samples, stacked is not None)
     index = [i for i, s in enumerate(signals) if s is None]
     if index:
         rows = [s for i in index if (s := series[i]) is not None]
