@@ -109,7 +109,9 @@ def _samples(
         and len(s.values) == len(first.values)
         for i in rows
     ):
-        stacked = np.stack([s.values for i in rows if (s := series[i]) is not None])
+        # their stack, without np.stack's view a row (issue 20): one copy, the same block
+        values = [s.values for i in rows if (s := series[i]) is not None]
+        stacked = np.concatenate(values).reshape(len(values), len(first.values))
         finite = np.isfinite(stacked)
         width = finite.shape[1]
         if width and finite.all():  # the usual case: every sample finite, counted at once
@@ -382,7 +384,7 @@ def _found(b: Batch) -> tuple[list[FitState | None], list[FitState | None]]:
     row by row in C when every row has a key (the lanes)."""
     keys, states, prior = b.keys, b.states, b.prior
     if None not in keys:
-        named = cast("list[str]", keys)
+        named = cast("Sequence[str]", keys)
         return list(map(states.get, named)), list(map(prior.get, named))
     now = [states.get(k) if k is not None else None for k in keys]
     return now, [prior.get(k) if k is not None else None for k in keys]
