@@ -352,21 +352,31 @@ def _check(
     origins = np.array([o for o, _, _ in layout], dtype=np.float64)
     spacings = np.array([s for _, s, _ in layout], dtype=np.float64)
     sizes = np.array([n for _, _, n in layout], dtype=np.int64)
-    total = int(sizes.sum())
-    # 1, 2, ..., size within each interval: the bucket ends origin + step * k
-    k = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
-    taus = np.repeat(origins, sizes) + np.repeat(spacings, sizes) * k.astype(np.float64)
+    taus = _bucket_ends(origins, spacings, sizes)
     new = (taus > checked + 1e-9) & (taus <= now + 1e-9)
     idx = hist.shape[1] - 1 - np.round((now - taus[new]) / step).astype(np.int64)
     inside = idx >= 0
     y = hist[:, idx[inside]]
-    lo, hi = bounds[:, 0, new][:, inside], bounds[:, 1, new][:, inside]
+    columns = np.flatnonzero(new)[inside]  # of the bounds: one gather each
+    lo, hi = bounds[:, 0, columns], bounds[:, 1, columns]
     seen = np.isfinite(y)
     missed = ((y < lo) | (y > hi)) & seen
     # an interval's last bucket ends at origin + step * size; an empty one has none
     ends = np.where(sizes > 0, origins + spacings * sizes.astype(np.float64), -math.inf)
     flags: list[bool] = (ends > now + 1e-9).tolist()
     return seen.sum(axis=1), missed.sum(axis=1), flags
+
+
+def _bucket_ends(origins: FloatArray, spacings: FloatArray, sizes: IntArray) -> FloatArray:
+    """Every interval's bucket ends in order, origin + step * k for k = 1, ..., size; the
+    intervals of one size (a batch's, issued at its ticks) as one outer sum."""
+    size = int(sizes[0]) if sizes.size else 0
+    if size and (sizes == size).all():
+        ends: FloatArray = origins[:, None] + spacings[:, None] * np.arange(1.0, size + 1.0)
+        return ends.ravel()
+    k = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
+    out: FloatArray = np.repeat(origins, sizes) + np.repeat(spacings, sizes) * k.astype(np.float64)
+    return out
 
 
 def issue(state: IntervalState, lower: FloatArray, upper: FloatArray, step: float) -> IntervalState:
