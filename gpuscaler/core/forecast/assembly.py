@@ -97,9 +97,9 @@ def assembled(
     lower, upper = np.empty((n, steps)), np.empty((n, steps))
     chosen = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
     if chosen:
-        smoothed = tape.at(b.hist.shape[1] - 1)[:, chosen] if tape is not None else None
+        at = _rows_of(chosen, n)  # every row: a view of the levels (the tape's own copy)
+        smoothed = tape.at(b.hist.shape[1] - 1)[:, at] if tape is not None else None
         _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
-        at = _rows_of(chosen, n)
         lower[at] = rows.mean[at] - rows.half[at]
         upper[at] = rows.mean[at] + rows.half[at]
     picked = set(chosen) if len(chosen) < n else None  # None: every row scored
@@ -240,7 +240,9 @@ def _from_scored(
     # the reasons are made when read (issue 20: most never are); the members' weights
     # formatted by one template a batch ('%.2f' writes a float as f"{x:.2f}" does)
     errors: list[Mapping[str, float]] = list(map(_ERRORS, kept))
-    shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
+    shares = [weights[m] for m in MEMBERS]  # (n,) each: a row's read when its reason is
+    for share in shares:
+        share.flags.writeable = False  # what the reasons will read stays as found
     name = b.engine.name
     batch = _ReasonRows(
         name,
@@ -293,7 +295,8 @@ class _ReasonRows:
     name: str
     template: str
     nominal: float
-    shares: list[list[float]]
+    shares: list[FloatArray]
+    """Each member's normalized weight (n,) over the scored rows."""
     best: list[int]
     methods: list[str]
     errors: list[Mapping[str, float]]
@@ -308,7 +311,7 @@ def _row_reason(batch: _ReasonRows, r: int, i: int) -> str:
     return _scored_reason(
         batch.name,
         batch.template,
-        batch.shares[i],
+        [float(share[i]) for share in batch.shares],
         batch.best[i],
         dropped[r],
         batch.methods[i],
