@@ -221,8 +221,8 @@ def forecast_series(
         made = list(map(made_signal, lasts, forecasts, problems))  # without __init__
         if len(index) == len(signals):  # every series forecast (the usual case)
             return made
-        for i, s in zip(index, made, strict=True):
-            signals[i] = s
+        for i, signal in zip(index, made, strict=True):
+            signals[i] = signal
     return [s for s in signals if s is not None]
 
 

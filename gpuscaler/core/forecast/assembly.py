@@ -278,8 +278,9 @@ def _put(
     """The rows `chosen`'s reasons, methods, last values, errors and peaks put in `rows`:
     each list replaced whole when they are every row (the steady state)."""
     targets: tuple[list[Any], ...] = (rows.reason, rows.method, rows.last, rows.errors, rows.peak)
+    values: tuple[list[Any], ...] = columns
     every = len(chosen) == len(rows.method)
-    for target, column in zip(targets, columns, strict=True):
+    for target, column in zip(targets, values, strict=True):
         if every:
             target[:] = column
         else:

@@ -27,7 +27,7 @@ class ByIdentity(Generic[K, V]):
         self.keep = keep
         self._entries: dict[int, tuple[tuple[weakref.ref[K], ...], V]] = {}
 
-    def get(self, items: Sequence[K]) -> V | None:
+    def get(self, items: Sequence[K | None]) -> V | None:
         """The value put for exactly `items` (in order), else None."""
         if not items:
             return None
