@@ -351,7 +351,16 @@ def test_rows_with_their_own_clips_in_one_batch_forecast_as_each_clip_alone(seed
         together, apart = got_states, want_states
 
 
-def test_each_rows_clip_bounds_it_as_that_clip_alone_bit_for_bit() -> None:
+@pytest.mark.parametrize(
+    "clips",
+    [
+        [(0.0, None), (0.0, 100.0)] * 3,  # interleaved: rows gathered by clip
+        [(0.0, None)] * 2 + [(0.0, 100.0)] * 4,  # one run a clip (the lanes): slices
+    ],
+)
+def test_each_rows_clip_bounds_it_as_that_clip_alone_bit_for_bit(
+    clips: list[tuple[float, float | None]],
+) -> None:
     """Rows clipped by groups of one clip: a clip without an upper bound turns a -0.0 into
     0.0 where `np.clip` at +inf would keep -0.0, as in a batch of that clip alone."""
     rng = np.random.default_rng(8)
@@ -359,7 +368,6 @@ def test_each_rows_clip_bounds_it_as_that_clip_alone_bit_for_bit() -> None:
     mean[0] = -0.0
     lower, upper = mean - 5, mean + 5
     peak = rng.normal(0, 3, 6).tolist()
-    clips: list[tuple[float, float | None]] = [(0.0, None), (0.0, 100.0)] * 3
     b = Batch(make_engine(CFG), mean, 5, CFG, NOW, [None] * 6, {}, {}, (0.0, None), False, clips)
     got = _clipped(b, mean, lower, upper, peak)
     for clip in ((0.0, None), (0.0, 100.0)):

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from gpuscaler.core.forecast import made
-from gpuscaler.core.model import FitState, Forecast, IntervalState, IssuedInterval, Scored
+from gpuscaler.core.model import (
+    FitState,
+    Forecast,
+    IntervalState,
+    IssuedInterval,
+    Scored,
+    Signal,
+)
 
 _ARRAY = np.arange(6.0).reshape(2, 3)
 _PENDING = (IssuedInterval(1.0, 10.0, (1.0, 2.0), (3.0, 4.0)),)
@@ -21,6 +28,8 @@ _SCORED = Scored(
 )
 
 CASES: list[tuple[type[Any], Callable[..., Any], tuple[Any, ...]]] = [
+    (Signal, made.signal, (100.0, None, "no samples in the window")),
+    (Signal, made.signal, (None, None, None)),
     (IntervalState, made.interval_state, (0.9, 100.0, _PENDING, 7, 1, ((1.0, 10.0, 2),), _ARRAY)),
     (IntervalState, made.interval_state, (0.8, 110.0, (), 0, 0, None, None)),
     (FitState, made.fit_state, (50.0, 0.1, (0.3, -0.2), 2.5, _INTERVAL, _SCORED, 0.7)),
@@ -64,7 +73,7 @@ def test_a_made_object_has_every_field_the_constructor_gives_it_and_nothing_else
     assert repr(got) == repr(want)
 
 
-@pytest.mark.parametrize(("cls", "maker", "values"), CASES[:4])
+@pytest.mark.parametrize(("cls", "maker", "values"), CASES[:6])
 def test_made_states_compare_and_hash_as_constructed_ones_and_stay_frozen(
     cls: type[Any], maker: Callable[..., Any], values: tuple[Any, ...]
 ) -> None:
@@ -75,3 +84,19 @@ def test_made_states_compare_and_hash_as_constructed_ones_and_stay_frozen(
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(got, first, 1.0)
     assert dataclasses.replace(got) == want
+
+
+@pytest.mark.parametrize("scored", [_SCORED, None])
+def test_a_carried_state_is_the_state_replaced_with_its_interval_and_scoring(
+    scored: Scored | None,
+) -> None:
+    state = FitState(50.0, 0.1, (0.3, -0.2), 2.5, None, None, 0.7)
+    got, want = (
+        made.carried(state, _INTERVAL, scored),
+        dataclasses.replace(state, interval=_INTERVAL, scored=scored),
+    )
+    assert type(got) is FitState
+    assert list(vars(got)) == list(vars(want))
+    for name in vars(want):
+        assert getattr(got, name) is getattr(want, name)
+    assert got == want and hash(got) == hash(want)

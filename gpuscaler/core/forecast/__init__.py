@@ -16,6 +16,7 @@ member dropped and why. An unstable or runaway fit never reaches a decision.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -50,14 +51,14 @@ from gpuscaler.core.forecast.ensemble import (
 )
 from gpuscaler.core.forecast.intervals import Checked, check_rows, issue_checked
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
-from gpuscaler.core.forecast.made import fit_state
+from gpuscaler.core.forecast.made import carried
+from gpuscaler.core.forecast.made import signal as made_signal
 from gpuscaler.core.forecast.scored import refresh, score
 from gpuscaler.core.model import (
     BoolArray,
     FitState,
     FloatArray,
     Forecast,
-    IntervalState,
     Scored,
     Series,
     Signal,
@@ -108,10 +109,18 @@ def _samples(
         and len(s.values) == len(first.values)
         for i in rows
     ):
-        stacked = np.stack([s.values for i in rows if (s := series[i]) is not None])
+        # their stack, without np.stack's view a row (issue 20): one copy, the same block
+        values = [s.values for i in rows if (s := series[i]) is not None]
+        stacked = np.concatenate(values).reshape(len(values), len(first.values))
         finite = np.isfinite(stacked)
-        counts = finite.sum(axis=1).tolist()
-        idx = (finite.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
+        width = finite.shape[1]
+        if width and finite.all():  # the usual case: every sample finite, counted at once
+            if len(rows) == len(series):  # and every series there: one figure for all
+                return [(first.start + first.step * float(width - 1), width)] * len(rows), stacked
+            counts, idx = [width] * len(rows), [width - 1] * len(rows)
+        else:
+            counts = finite.sum(axis=1).tolist()
+            idx = (width - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         for r, i in enumerate(rows):
             last = first.start + first.step * float(idx[r]) if counts[r] else None
             out[i] = (last, counts[r])
@@ -144,6 +153,23 @@ def _admit(s: Series | None, cfg: ForecastConfig, last: float | None, finite: in
     return None
 
 
+def _admitted(
+    series: Sequence[Series | None],
+    cfg: ForecastConfig,
+    samples: list[tuple[float | None, int]],
+    one_grid: bool,
+) -> list[Signal | None]:
+    """`_admit` of each series (`samples`: `_samples`' figures); series on `one_grid` with
+    one figure for all (every one there, every sample finite) are admitted together."""
+    if (
+        one_grid
+        and samples.count(samples[0]) == len(series)
+        and _admit(series[0], cfg, *samples[0]) is None
+    ):
+        return [None] * len(series)
+    return [_admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)]
+
+
 def forecast_series(
     series: Sequence[Series | None],
     cfg: ForecastConfig,
@@ -165,9 +191,7 @@ def forecast_series(
     call are put in `states`. `clips`: each series' own clip instead of `clip` (issue 20:
     a tick's pools and workloads in one batch)."""
     samples, stacked = _samples(series)
-    signals: list[Signal | None] = [
-        _admit(s, cfg, *found) for s, found in zip(series, samples, strict=True)
-    ]
+    signals = _admitted(series, cfg, samples, stacked is not None)
     index = [i for i, s in enumerate(signals) if s is None]
     if index:
         rows = [s for i in index if (s := series[i]) is not None]
@@ -192,9 +216,13 @@ def forecast_series(
             [clips[i] for i in index] if clips is not None else None,
         )
         forecasts, finite = _forecast_batch(batch)
-        for i, f, ok in zip(index, forecasts, finite, strict=True):
-            problem = None if ok else "forecast is not finite (NaN or Inf)"
-            signals[i] = Signal(samples[i][0], f, problem)
+        lasts = [samples[i][0] for i in index]
+        problems = [None if ok else "forecast is not finite (NaN or Inf)" for ok in finite]
+        made = list(map(made_signal, lasts, forecasts, problems))  # without __init__
+        if len(index) == len(signals):  # every series forecast (the usual case)
+            return made
+        for i, signal in zip(index, made, strict=True):
+            signals[i] = signal
     return [s for s in signals if s is not None]
 
 
@@ -219,21 +247,33 @@ def _model(b: Batch) -> Model:
         stable, modulus = np.ones(n, dtype=bool), np.zeros(n)
     finite: BoolArray = np.asarray(np.isfinite(paths.mean).all(axis=1))
     banded = within_band(paths.mean, b.hist)
-    name = b.engine.name
-    dropped: list[str | None] = []
-    for r in range(n):
+    usable = finite & stable & banded
+    dropped: list[str | None] = [None] * n
+    if not usable.all():  # the reasons of the rows dropped (issue 20: the others' None)
+        _dropped(b.engine.name, usable, finite, stable, modulus, dropped)
+    return Model(paths, fitted, usable, dropped)
+
+
+def _dropped(
+    name: str,
+    usable: BoolArray,
+    finite: BoolArray,
+    stable: BoolArray,
+    modulus: FloatArray,
+    dropped: list[str | None],
+) -> None:
+    """Why each row not `usable` is dropped (no finite path, an unstable fit, or else a
+    path out of the window's band), put in `dropped`."""
+    for r in np.flatnonzero(~usable).tolist():
         if not finite[r]:
-            dropped.append(f"{name} dropped: no fit")
+            dropped[r] = f"{name} dropped: no fit"
         elif not stable[r]:
-            dropped.append(
+            dropped[r] = (
                 f"{name} dropped: unstable fit (a characteristic root inside or near the unit "
                 f"circle, inverse root modulus {modulus[r]:.3f})"
             )
-        elif not banded[r]:
-            dropped.append(f"{name} dropped: its path leaves the window's range")
         else:
-            dropped.append(None)
-    return Model(paths, fitted, finite & stable & banded, dropped)
+            dropped[r] = f"{name} dropped: its path leaves the window's range"
 
 
 def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
@@ -255,21 +295,13 @@ def _forecast_batch(b: Batch) -> tuple[list[Forecast], list[bool]]:
     issued = issue_checked(
         checked, lower if every else lower[keyed], upper if every else upper[keyed], b.cfg.fit_step
     )
-    states = b.states
+    states, keys = b.states, b.keys
     for r, interval in zip(keyed, issued, strict=True):  # each state made once a tick
-        key = b.keys[r]
+        key = keys[r]
         assert key is not None
         state, sc = states[key], scored[r]
         kept = state.scored
-        states[key] = fit_state(
-            state.fitted_at,
-            state.intercept,
-            state.phi,
-            state.sigma2,
-            interval,
-            kept if sc is None or kept is sc else sc,
-            state.modulus,
-        )
+        states[key] = carried(state, interval, kept if sc is None or kept is sc else sc)
     return out, finite
 
 
@@ -338,30 +370,32 @@ def _refreshed(
 def _kept(b: Batch) -> list[Scored | None]:
     """Each row's scoring kept on its series' state, if its coefficients were not
     refitted now (the state is the prior one); None without a key or kept scoring."""
-    out: list[Scored | None] = []
-    states, prior, steps = b.states, b.prior, b.steps
-    for key in b.keys:
-        if key is None:
-            out.append(None)
-            continue
-        state = states.get(key)
-        sc = state.scored if state is not None and state is prior.get(key) else None
+    now, before = _found(b)
+    out = [s.scored if s is not None and s is p else None for s, p in zip(now, before, strict=True)]
+    steps = b.steps
+    for r, sc in enumerate(out):
         if sc is not None and sc.abs_errors.shape[1] != steps:
-            sc = None  # scored for another horizon (the config changed): score again
-        out.append(sc)
+            out[r] = None  # scored for another horizon (the config changed): score again
     return out
+
+
+def _found(b: Batch) -> tuple[list[FitState | None], list[FitState | None]]:
+    """Each row's state in `b.states` and in `b.prior` (None: none, or no key), looked up
+    row by row in C when every row has a key (the lanes)."""
+    keys, states, prior = b.keys, b.states, b.prior
+    if None not in keys:
+        named = cast("Sequence[str]", keys)
+        return list(map(states.get, named)), list(map(prior.get, named))
+    now = [states.get(k) if k is not None else None for k in keys]
+    return now, [prior.get(k) if k is not None else None for k in keys]
 
 
 def _adaptive(b: Batch) -> tuple[list[int], Checked | None]:
     """The rows with a kept state, and their adaptive intervals checked against what was
     observed since the previous tick, all at once (None without such rows)."""
-    keyed: list[int] = []
-    priors: list[IntervalState | None] = []
-    prior, states = b.prior, b.states
-    for r, key in enumerate(b.keys):
-        if key is not None and key in states:
-            keyed.append(r)
-            priors.append(s.interval if (s := prior.get(key)) is not None else None)
+    now, before = _found(b)
+    keyed = [r for r, s in enumerate(now) if s is not None]
+    priors = [s.interval if (s := before[r]) is not None else None for r in keyed]
     if not keyed:
         return keyed, None
     hist = b.hist if len(keyed) == b.hist.shape[0] else b.hist[keyed]

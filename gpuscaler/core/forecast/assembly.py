@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from functools import cache
+from itertools import groupby, repeat
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -94,13 +97,13 @@ def assembled(
     lower, upper = np.empty((n, steps)), np.empty((n, steps))
     chosen = [r for r, s in enumerate(scored) if s is not None and s.method is not None]
     if chosen:
-        smoothed = tape.at(b.hist.shape[1] - 1)[:, chosen] if tape is not None else None
+        at = _rows_of(chosen, n)  # every row: a view of the levels (the tape's own copy)
+        smoothed = tape.at(b.hist.shape[1] - 1)[:, at] if tape is not None else None
         _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
-        at = _rows_of(chosen, n)
         lower[at] = rows.mean[at] - rows.half[at]
         upper[at] = rows.mean[at] + rows.half[at]
-    picked = set(chosen)
-    plain = [r for r in range(n) if r not in picked]
+    picked = set(chosen) if len(chosen) < n else None  # None: every row scored
+    plain = [r for r in range(n) if r not in picked] if picked is not None else []
     if plain:
         _plain(b, model, plain, rows, lower, upper)
     mean, lower, upper, peak_error = _clipped(
@@ -144,12 +147,26 @@ def _clipped(
     assert b.clips is not None
     out = [np.empty_like(mean), np.empty_like(lower), np.empty_like(upper)]
     offsets = np.empty(mean.shape[0])
-    for clip in clips:
-        rows = [r for r, c in enumerate(b.clips) if c == clip]
-        parts = clip_rows(mean[rows], lower[rows], upper[rows], [peak[r] for r in rows], clip)
+    for clip, rows in _clip_rows(b.clips, clips):
+        offset = peak[rows] if isinstance(rows, slice) else [peak[r] for r in rows]
+        parts = clip_rows(mean[rows], lower[rows], upper[rows], offset, clip)
         for whole, part in zip((*out, offsets), parts, strict=True):
             whole[rows] = part
     return out[0], out[1], out[2], offsets
+
+
+def _clip_rows(
+    every: Sequence[tuple[float, float | None]], clips: list[tuple[float, float | None]]
+) -> list[tuple[tuple[float, float | None], slice | list[int]]]:
+    """Each of `clips` (the distinct ones of `every`) with its rows: a slice when they
+    follow each other (issue 20: the pools, then the workloads), which reads views."""
+    runs = [(clip, len(list(run))) for clip, run in groupby(every)]
+    if len(runs) == len(clips):  # each clip's rows in one run
+        ends = np.cumsum([size for _, size in runs]).tolist()
+        return [
+            (clip, slice(end - size, end)) for (clip, size), end in zip(runs, ends, strict=True)
+        ]
+    return [(clip, [r for r, c in enumerate(every) if c == clip]) for clip in clips]
 
 
 def _plain(
@@ -199,16 +216,21 @@ def _from_scored(
     smoothed: FloatArray | None,
 ) -> None:
     """The rows `chosen` (each with a scoring that names a method) from their scorings."""
-    kept = [s for s in (scored[r] for r in chosen) if s is not None]
     some = _rows_of(chosen, b.hist.shape[0])
+    kept = [
+        s
+        for s in (scored if isinstance(some, slice) else map(scored.__getitem__, chosen))
+        if s is not None
+    ]
+    methods: list[str] = list(map(_METHOD, kept))  # each names one (`chosen`)
     hist, arima, usable = b.hist[some], model.paths.mean[some], model.usable[some]
     live, weights = live_paths(hist, kept, arima, usable, b.steps, smoothed)
     nominal = b.cfg.interval_level
     at, points, misses = adaptive
-    levels = np.array([at[r] for r in chosen])
+    levels = np.array(at if isinstance(some, slice) else [at[r] for r in chosen])
     halves = half_widths(kept, levels)
     short: list[bool] = np.asarray(~np.isfinite(halves).all(axis=1)).tolist()
-    last_value = [sc.method == "last_value" for sc in kept]
+    last_value = [m == "last_value" for m in methods]
     rows.mean[some] = np.where(np.array(last_value)[:, None], live["last_value"], live["ensemble"])
     lasts = live["last_value"][:, 0].tolist()
     rows.half[some] = halves
@@ -217,36 +239,89 @@ def _from_scored(
         rows.half[fallback] = _fallback_halves(b, model, fallback)
     # the reasons are made when read (issue 20: most never are); the members' weights
     # formatted by one template a batch ('%.2f' writes a float as f"{x:.2f}" does)
-    name, template = b.engine.name, _weights_template(b.engine.name)
-    shares = np.stack([weights[m] for m in MEMBERS], axis=1).tolist()
-    dropped = model.dropped
-    reason, methods, last, errors, peak = (
-        rows.reason,
-        rows.method,
-        rows.last,
-        rows.errors,
-        rows.peak,
+    errors: list[Mapping[str, float]] = list(map(_ERRORS, kept))
+    shares = [weights[m] for m in MEMBERS]  # (n,) each: a row's read when its reason is
+    for share in shares:
+        share.flags.writeable = False  # what the reasons will read stays as found
+    name = b.engine.name
+    batch = _ReasonRows(
+        name,
+        _weights_template(name),
+        nominal,
+        shares,
+        list(map(_BEST, kept)),
+        methods,
+        errors,
+        (model.dropped, at, points, misses),
     )
-    for r, sc, share, value in zip(chosen, kept, shares, lasts, strict=True):
-        method, why = sc.method, sc.errors
-        assert method is not None
-        reason[r] = (
-            _scored_reason,
-            (
-                name,
-                template,
-                share,
-                sc.ses_best,
-                dropped[r],
-                method,
-                why,
-                nominal,
-                at[r],
-                points[r],
-                misses[r],
-            ),
-        )
-        methods[r], last[r], errors[r], peak[r] = method, value, why, sc.peak
+    reasons: list[str | Reason] = list(
+        zip(repeat(_row_reason), zip(repeat(batch), chosen, range(len(chosen))))
+    )
+    _put(rows, chosen, (reasons, methods, lasts, errors, list(map(_PEAK, kept))))
+
+
+_METHOD, _ERRORS, _PEAK, _BEST = (
+    attrgetter("method"),
+    attrgetter("errors"),
+    attrgetter("peak"),
+    attrgetter("ses_best"),
+)
+
+
+def _put(
+    rows: _Rows,
+    chosen: list[int],
+    columns: tuple[
+        list[str | Reason], list[str], list[float], list[Mapping[str, float]], list[float]
+    ],
+) -> None:
+    """The rows `chosen`'s reasons, methods, last values, errors and peaks put in `rows`:
+    each list replaced whole when they are every row (the steady state)."""
+    targets: tuple[list[Any], ...] = (rows.reason, rows.method, rows.last, rows.errors, rows.peak)
+    values: tuple[list[Any], ...] = columns
+    every = len(chosen) == len(rows.method)
+    for target, column in zip(targets, values, strict=True):
+        if every:
+            target[:] = column
+        else:
+            for r, value in zip(chosen, column, strict=True):
+                target[r] = value
+
+
+@dataclass(frozen=True, eq=False)
+class _ReasonRows:
+    """What a batch's scored rows' reasons are made from, one object a batch: each row's
+    reason is `(_row_reason, (batch, row, its place among the scored rows))`."""
+
+    name: str
+    template: str
+    nominal: float
+    shares: list[FloatArray]
+    """Each member's normalized weight (n,) over the scored rows."""
+    best: list[int]
+    methods: list[str]
+    errors: list[Mapping[str, float]]
+    adaptive: tuple[Sequence[str | None], Sequence[float], Sequence[int], Sequence[int]]
+    """By row of the batch: why its engine's path was dropped, its adaptive level, points
+    and misses."""
+
+
+def _row_reason(batch: _ReasonRows, r: int, i: int) -> str:
+    """Row r's reason, the i-th scored row of its batch (`_scored_reason`)."""
+    dropped, level, points, misses = batch.adaptive
+    return _scored_reason(
+        batch.name,
+        batch.template,
+        [float(share[i]) for share in batch.shares],
+        batch.best[i],
+        dropped[r],
+        batch.methods[i],
+        batch.errors[i],
+        batch.nominal,
+        level[r],
+        points[r],
+        misses[r],
+    )
 
 
 def _scored_reason(
@@ -288,6 +363,7 @@ _LABELS = {
 }
 
 
+@cache
 def _weights_template(name: str) -> str:
     """ "{name} %.2f, smoothing %.2f, ...": each member's label and its weight's place."""
     labels = [name if m == "arima" else _LABELS[m] for m in MEMBERS]

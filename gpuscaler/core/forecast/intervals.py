@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 
 import numpy as np
 
 from gpuscaler.core.forecast.blocks import as_rows, stacked
+from gpuscaler.core.forecast.by_identity import ByIdentity
 from gpuscaler.core.forecast.made import interval_state
 from gpuscaler.core.model import FloatArray, IntArray, IntervalState, IssuedInterval
 
@@ -147,6 +148,24 @@ class Checked:
     groups: list[tuple[list[int], Layout, FloatArray]]
 
 
+Figures = tuple[list[float], list[int], list[int]]
+"""Rows' adaptive levels, points checked and misses so far."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Issued:
+    """What `issue_checked` made its states of, when they are one group: read back by
+    `check_rows` when those states come again, in order (the batch's next tick)."""
+
+    checked_at: float
+    layout: Layout
+    bounds: FloatArray  # (rows, 2, total): the states' bounds are its rows
+    figures: Figures
+
+
+_issued: ByIdentity[IntervalState, _Issued] = ByIdentity(64)
+
+
 def check_rows(
     states: Sequence[IntervalState | None],
     hist: FloatArray,
@@ -155,8 +174,16 @@ def check_rows(
     nominal: float,
 ) -> Checked:
     """What `resolve_rows` finds, as lists and blocks: no state made per row (issue 20:
-    `issue_checked` makes each row's one state of the tick, with the interval issued)."""
-    n = len(states)
+    `issue_checked` makes each row's one state of the tick, with the interval issued).
+    The states `issue_checked` made together, come again in order (a batch's next tick),
+    are one group read from what it remembered of them, not row by row: the same figures."""
+    n, shift = len(states), 1.0 - nominal
+    issued = _issued.get(states)
+    if issued is not None:
+        (level, points, misses), layout, rest = _checked(
+            issued.layout, issued.checked_at, issued.bounds, hist, now, step, issued.figures, shift
+        )
+        return Checked(now, level, points, misses, [(list(range(n)), layout, rest)])
     level, points, misses = [nominal] * n, [0] * n, [0] * n
     empty: list[int] = []
     waiting: list[tuple[int, IntervalState]] = []
@@ -171,21 +198,53 @@ def check_rows(
     groups: list[tuple[list[int], Layout, FloatArray]] = []
     if empty:
         groups.append((empty, (), np.empty((len(empty), 2, 0))))
-    shift = 1.0 - nominal
-    low, high = ACI_LEVELS
+    every = list(range(n))
     for (checked, layout), idx in _grouped(waiting).items():
         group = [s for r in idx if (s := states[r]) is not None]
+        figures = ([s.level for s in group], [s.points for s in group], [s.misses for s in group])
         bounds = stacked([_bounds(s) for s in group])  # (rows, 2, total)
-        seen, missed, flags = _check(layout, checked, bounds, hist[idx], now, step)
-        columns = np.repeat(np.array(flags, dtype=bool), [size for _, _, size in layout])
-        groups.append((idx, tuple(compress(layout, flags)), np.compress(columns, bounds, axis=2)))
-        for r, s, k, m in zip(idx, group, seen, missed, strict=True):
-            at = s.level
-            if k:
-                at += ACI_GAMMA * (m / k - shift)
-                at = min(max(at, low), high)
-            level[r], points[r], misses[r] = at, s.points + k, s.misses + m
+        rows = hist if idx == every else hist[idx]
+        after, kept, rest = _checked(layout, checked, bounds, rows, now, step, figures, shift)
+        groups.append((idx, kept, rest))
+        for r, at, k, m in zip(idx, *after, strict=True):
+            level[r], points[r], misses[r] = at, k, m
     return Checked(now, level, points, misses, groups)
+
+
+def _checked(
+    layout: Layout,
+    checked: float,
+    bounds: FloatArray,
+    hist: FloatArray,
+    now: float,
+    step: float,
+    figures: Figures,
+    shift: float,
+) -> tuple[Figures, Layout, FloatArray]:
+    """One group's rows (`_check`) with their `figures` so far: their figures after, the
+    intervals still pending and those intervals' bounds (rows, 2, their total)."""
+    seen, missed, flags = _check(layout, checked, bounds, hist, now, step)
+    first = flags.index(True) if True in flags else len(flags)
+    if all(flags[first:]):  # the usual case: the oldest intervals ended, a view of the rest
+        start = sum(size for _, _, size in layout[:first])
+        kept, rest = layout[first:], bounds[:, :, start:]
+    else:
+        columns = np.repeat(np.array(flags, dtype=bool), [size for _, _, size in layout])
+        kept, rest = tuple(compress(layout, flags)), np.compress(columns, bounds, axis=2)
+    return _moved(figures, seen, missed, shift), kept, rest
+
+
+def _moved(figures: Figures, seen: IntArray, missed: IntArray, shift: float) -> Figures:
+    """The adaptive figures after `seen` points (per row), `missed` of them outside their
+    interval: each level moved by ACI_GAMMA x (miss rate - shift) within ACI_LEVELS where
+    points were seen (every row at once, the same arithmetic as one at a time)."""
+    level, points, misses = figures
+    low, high = ACI_LEVELS
+    at = np.array(level, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        moved = np.minimum(np.maximum(at + ACI_GAMMA * (missed / seen - shift), low), high)
+    after: list[float] = np.where(seen > 0, moved, at).tolist()
+    return after, (np.array(points) + seen).tolist(), (np.array(misses) + missed).tolist()
 
 
 def issue_checked(
@@ -193,18 +252,46 @@ def issue_checked(
 ) -> list[IntervalState]:
     """`issue_rows` of `resolve_rows`' states, made from `check_rows`' `checked` at once:
     one state a row (`lower`, `upper` (n, steps): the rows' intervals issued now)."""
-    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
     out: list[IntervalState | None] = [None] * len(checked.level)
     now, size = checked.now, lower.shape[1]
     level, points, misses = checked.level, checked.points, checked.misses
     every = list(range(len(level)))
+    if len(checked.groups) == 1 and checked.groups[0][0] == every:  # one group (the lanes)
+        _, kept, rest = checked.groups[0]
+        grown, block = (*kept, (now, step, size)), _grown(rest, lower, upper)
+        bounds = as_rows(block)
+        made = list(
+            map(
+                interval_state,
+                level,
+                repeat(now),
+                repeat(None),
+                points,
+                misses,
+                repeat(grown),
+                bounds,
+            )
+        )
+        _issued.put(made, _Issued(now, grown, block, (level, points, misses)))
+        return made
+    fresh = _frozen(np.stack([lower, upper], axis=1).astype(np.float64, copy=False))
     for idx, kept, rest in checked.groups:
         grown = (*kept, (now, step, size))
         rows = fresh if idx == every else fresh[idx]
-        bounds = as_rows(np.concatenate([rest, rows], axis=2) if kept else rows)
-        for r, b in zip(idx, bounds, strict=True):
+        block = np.concatenate([rest, rows], axis=2) if kept else rows
+        for r, b in zip(idx, as_rows(block), strict=True):
             out[r] = interval_state(level[r], now, None, points[r], misses[r], grown, b)
     return [s for s in out if s is not None]
+
+
+def _grown(rest: FloatArray, lower: FloatArray, upper: FloatArray) -> FloatArray:
+    """`rest` (n, 2, k) with the bounds `lower`, `upper` (n, steps) after: (n, 2, k + steps),
+    made in one block (the values of `np.concatenate` of `rest` and their stack)."""
+    k = rest.shape[2]
+    block = np.empty((rest.shape[0], 2, k + lower.shape[1]))
+    block[:, :, :k] = rest
+    block[:, 0, k:], block[:, 1, k:] = lower, upper
+    return block
 
 
 _NO_BOUNDS: FloatArray = np.empty((2, 0))
@@ -258,28 +345,38 @@ def _frozen(a: FloatArray) -> FloatArray:
 
 def _check(
     layout: Layout, checked: float, bounds: FloatArray, hist: FloatArray, now: float, step: float
-) -> tuple[list[int], list[int], list[bool]]:
+) -> tuple[IntArray, IntArray, list[bool]]:
     """For rows sharing one layout of pending intervals, last checked at `checked`: the
     points observed since (per row), of which outside their interval, and which intervals
     are still pending (the same for every row)."""
     origins = np.array([o for o, _, _ in layout], dtype=np.float64)
     spacings = np.array([s for _, s, _ in layout], dtype=np.float64)
     sizes = np.array([n for _, _, n in layout], dtype=np.int64)
-    total = int(sizes.sum())
-    # 1, 2, ..., size within each interval: the bucket ends origin + step * k
-    k = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
-    taus = np.repeat(origins, sizes) + np.repeat(spacings, sizes) * k.astype(np.float64)
+    taus = _bucket_ends(origins, spacings, sizes)
     new = (taus > checked + 1e-9) & (taus <= now + 1e-9)
     idx = hist.shape[1] - 1 - np.round((now - taus[new]) / step).astype(np.int64)
     inside = idx >= 0
     y = hist[:, idx[inside]]
-    lo, hi = bounds[:, 0, new][:, inside], bounds[:, 1, new][:, inside]
+    columns = np.flatnonzero(new)[inside]  # of the bounds: one gather each
+    lo, hi = bounds[:, 0, columns], bounds[:, 1, columns]
     seen = np.isfinite(y)
     missed = ((y < lo) | (y > hi)) & seen
     # an interval's last bucket ends at origin + step * size; an empty one has none
     ends = np.where(sizes > 0, origins + spacings * sizes.astype(np.float64), -math.inf)
     flags: list[bool] = (ends > now + 1e-9).tolist()
-    return seen.sum(axis=1).tolist(), missed.sum(axis=1).tolist(), flags
+    return seen.sum(axis=1), missed.sum(axis=1), flags
+
+
+def _bucket_ends(origins: FloatArray, spacings: FloatArray, sizes: IntArray) -> FloatArray:
+    """Every interval's bucket ends in order, origin + step * k for k = 1, ..., size; the
+    intervals of one size (a batch's, issued at its ticks) as one outer sum."""
+    size = int(sizes[0]) if sizes.size else 0
+    if size and (sizes == size).all():
+        ends: FloatArray = origins[:, None] + spacings[:, None] * np.arange(1.0, size + 1.0)
+        return ends.ravel()
+    k = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
+    out: FloatArray = np.repeat(origins, sizes) + np.repeat(spacings, sizes) * k.astype(np.float64)
+    return out
 
 
 def issue(state: IntervalState, lower: FloatArray, upper: FloatArray, step: float) -> IntervalState:

@@ -11,20 +11,17 @@ a refresh made from them, so a steady tick gathers nothing.
 
 from __future__ import annotations
 
-import operator
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpuscaler.core.forecast.blocks import stacked
+from gpuscaler.core.forecast.by_identity import ByIdentity
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray, Scored
 
 _KEEP = 64
 """Batches remembered at most (the oldest forgotten first: then gathered again)."""
-
-_target = weakref.ref.__call__
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,37 +34,20 @@ class KeptRows:
     inv: FloatArray  # (n, alphas) `Scored.ses_inv`
 
 
-_remembered: dict[int, tuple[tuple[weakref.ref[Scored], ...], KeptRows]] = {}
+_remembered: ByIdentity[Scored, KeptRows] = ByIdentity(_KEEP)
 
 
 def of(scored: Sequence[Scored]) -> KeptRows:
     """The fields of `scored` (not empty) as arrays: remembered ones when they were found
     for exactly these scorings in this order, else gathered (and remembered)."""
-    entry = _remembered.get(id(scored[0]))
-    if entry is not None:
-        refs, rows = entry
-        if len(refs) == len(scored) and all(map(operator.is_, map(_target, refs), scored)):
-            return rows
-    return carried(scored, _gathered(scored))
+    found = _remembered.get(scored)
+    return found if found is not None else carried(scored, _gathered(scored))
 
 
 def carried(scored: Sequence[Scored], rows: KeptRows) -> KeptRows:
     """Remember `rows` as the fields of `scored` (the same refits' fields, in order)."""
-    if scored:
-        key = id(scored[0])
-        refs = (weakref.ref(scored[0], _forget(key)), *map(weakref.ref, scored[1:]))
-        _remembered.pop(key, None)
-        _remembered[key] = (refs, rows)
-        while len(_remembered) > _KEEP:
-            _remembered.pop(next(iter(_remembered), -1), None)
+    _remembered.put(scored, rows)
     return rows
-
-
-def _forget(key: int) -> Callable[[object], None]:
-    def forget(_: object) -> None:
-        _remembered.pop(key, None)
-
-    return forget
 
 
 def _gathered(scored: Sequence[Scored]) -> KeptRows:

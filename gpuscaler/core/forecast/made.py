@@ -1,7 +1,7 @@
 """The forecast's per-series frozen objects made without the dataclass `__init__` on the
 hot path (issue 20). A frozen dataclass sets each field by `object.__setattr__` (some
-3-4 us for seven fields here); a batch makes a fit state, two interval states, a scoring
-and a forecast for every series at every tick. Each maker writes the instance's
+3-4 us for seven fields here); a batch makes a fit state, two interval states, a scoring,
+a forecast and a signal for every series at every tick. Each maker writes the instance's
 `__dict__` directly, field by field in declaration order: the object is the one the
 constructor makes (`tests/test_forecast_made.py` checks every field against
 `dataclasses.fields`, so a field added later fails there, not silently here)."""
@@ -17,6 +17,7 @@ from gpuscaler.core.model import (
     IntervalState,
     IssuedInterval,
     Scored,
+    Signal,
     pending_of,
 )
 
@@ -63,6 +64,16 @@ def fit_state(
     d = out.__dict__
     d["fitted_at"], d["intercept"], d["phi"], d["sigma2"] = fitted_at, intercept, phi, sigma2
     d["interval"], d["scored"], d["modulus"] = interval, scored, modulus
+    return out
+
+
+def carried(state: FitState, interval: IntervalState | None, scored: Scored | None) -> FitState:
+    """`dataclasses.replace(state, interval=interval, scored=scored)`: the same fields,
+    copied as a block (every series' state is carried on at every tick)."""
+    out: FitState = _new(FitState)
+    d = out.__dict__
+    d.update(state.__dict__)
+    d["interval"], d["scored"] = interval, scored
     return out
 
 
@@ -117,4 +128,14 @@ def forecast(
     d["last_value"], d["errors"], d["peak_error"] = last_value, errors, peak_error
     if finite is not None:
         d["_finite"] = finite
+    return out
+
+
+def signal(
+    last_sample_time: float | None, forecast: Forecast | None, problem: str | None
+) -> Signal:
+    """`Signal(last_sample_time, forecast, problem)`."""
+    out: Signal = _new(Signal)
+    d = out.__dict__
+    d["last_sample_time"], d["forecast"], d["problem"] = last_sample_time, forecast, problem
     return out
