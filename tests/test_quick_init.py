@@ -13,7 +13,7 @@ import pytest
 
 from gpuscaler.core.decisions import ReplicaFloorDecision, Skip
 from gpuscaler.core.lazy import Lazy
-from gpuscaler.core.model import History, Series, Snapshot
+from gpuscaler.core.model import History, Series, Snapshot, TargetHistory
 from gpuscaler.core.quick import quick_init
 from gpuscaler.core.snapshot import RawPool
 
@@ -32,7 +32,19 @@ def _sample(quick: bool) -> type[Any]:
     return quick_init(Sample) if quick else Sample
 
 
+def _slotted(quick: bool) -> type[Any]:
+    """A frozen dataclass with slots, a default and a default factory."""
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slotted:
+        tags: Mapping[str, int] = dataclasses.field(default_factory=dict)
+        value: float = -2.5
+
+    return quick_init(Slotted) if quick else Slotted
+
+
 Sample, QuickSample = _sample(False), _sample(True)
+Slotted, QuickSlotted = _slotted(False), _slotted(True)
 
 
 CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
@@ -50,6 +62,24 @@ def test_a_quick_instance_holds_the_fields_the_dataclass_gives_in_their_order(
 ) -> None:
     got, want = QuickSample(*args, **kwargs), Sample(*args, **kwargs)
     assert list(vars(got).items()) == list(vars(want).items())
+    assert repr(got) == repr(want)
+
+
+SLOTTED_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((), {}),
+    (({"x": 1},), {}),
+    (({"x": 1}, 4.0), {}),
+    ((), {"value": 0.5}),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), SLOTTED_CALLS)
+def test_a_quick_instance_with_slots_holds_the_fields_the_dataclass_gives(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    got, want = QuickSlotted(*args, **kwargs), Slotted(*args, **kwargs)
+    assert not hasattr(got, "__dict__")
+    assert [getattr(got, n) for n in got.__slots__] == [getattr(want, n) for n in want.__slots__]
     assert repr(got) == repr(want)
 
 
@@ -83,7 +113,10 @@ def test_the_core_s_hot_classes_are_made_quickly_and_as_before() -> None:
     assert Snapshot(5.0).fits == {} and History().targets == {}
     d = ReplicaFloorDecision(1.0, "w", 1, 2, "up")
     assert d.forecast is None and d.direction == 1
-    for cls in (Series, RawPool, Snapshot, History, ReplicaFloorDecision, Skip):
+    h = TargetHistory(last_direction=1)
+    assert h == TargetHistory(None, 1) and h.seen == () and h.seen_rows is None
+    assert dataclasses.replace(h, fallback=True).fallback
+    for cls in (Series, RawPool, Snapshot, History, ReplicaFloorDecision, Skip, TargetHistory):
         assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
 
 
@@ -104,10 +137,6 @@ class _Descriptor:
 def _refused() -> list[type[Any]]:
     @dataclasses.dataclass
     class Mutable:
-        x: int
-
-    @dataclasses.dataclass(frozen=True, slots=True)
-    class Slotted:
         x: int
 
     @dataclasses.dataclass(frozen=True)
@@ -138,7 +167,7 @@ def _refused() -> list[type[Any]]:
     class Plain:
         x: int
 
-    return [Mutable, Slotted, Posted, KeywordOnly, NotInInit, WithInitVar, Described, Plain]
+    return [Mutable, Posted, KeywordOnly, NotInInit, WithInitVar, Described, Plain]
 
 
 @pytest.mark.parametrize("cls", _refused(), ids=lambda c: c.__name__)

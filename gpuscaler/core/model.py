@@ -364,6 +364,7 @@ class Snapshot:
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
