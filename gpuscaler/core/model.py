@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     from gpuscaler.core.preemption.views import PreemptionObservation
 from gpuscaler.core.decisions import Decision, Skip, target_key
 from gpuscaler.core.lazy import Lazy
+from gpuscaler.core.quick import quick_init
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class Series:
     """Samples of one signal on a regular grid; NaN marks a gap."""
@@ -44,6 +46,7 @@ class Series:
         return None if finite.size == 0 else self.start + self.step * float(finite[-1])
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class Forecast:
     """A forecast path on a grid of `step` seconds after `origin`, with its interval."""
@@ -110,6 +113,7 @@ def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
 Forecast.reason = Lazy("reason")  # type: ignore[assignment]
 
 
+@quick_init
 @dataclass(frozen=True)
 class FitState:
     """One series' fitted forecast coefficients and when they were fitted: kept between
@@ -129,6 +133,7 @@ class FitState:
     the refit (None: not known, found when needed): only a refit changes it."""
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class Scored:
     """One series' ensemble scoring, made when its coefficients are refitted and reused
@@ -250,6 +255,7 @@ class IssuedInterval:
         )
 
 
+@quick_init
 @dataclass(frozen=True)
 class IntervalState:
     """Adaptive conformal inference state of one series (Gibbs & Candes 2021): the level
@@ -289,6 +295,7 @@ def pending_of(
 IntervalState.pending = Lazy("pending")  # type: ignore[assignment]
 
 
+@quick_init
 @dataclass(frozen=True)
 class Signal:
     """What the core knows of one forecast input: its forecast, or why there is none."""
@@ -299,6 +306,7 @@ class Signal:
     """Set by an adapter or the forecaster when the input cannot be trusted."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class PoolObservation:
     name: str
@@ -320,6 +328,7 @@ class PoolObservation:
     """GPUs held by pods of the pool now; with one, more fragments pack nothing."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class WorkloadObservation:
     key: str
@@ -341,6 +350,7 @@ class WorkloadObservation:
     control interval); None when unknown. What the floor sizes for when reactive."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one tick observed, with forecasts attached."""
@@ -354,6 +364,7 @@ class Snapshot:
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
@@ -382,6 +393,7 @@ class TargetHistory:
 EMPTY_TARGET = TargetHistory()
 
 
+@quick_init
 @dataclass(frozen=True)
 class History:
     targets: Mapping[str, TargetHistory] = field(default_factory=lambda: MappingProxyType({}))
@@ -395,6 +407,7 @@ class History:
         return History(MappingProxyType(merged))
 
 
+@quick_init
 @dataclass(frozen=True)
 class Plan:
     time: float

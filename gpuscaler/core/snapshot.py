@@ -21,6 +21,7 @@ from gpuscaler.core.model import (
     WorkloadObservation,
 )
 from gpuscaler.core.preemption import PreemptionObservation
+from gpuscaler.core.quick import quick_init
 
 POOL_CLIP: tuple[float, float | None] = (0.0, 100.0)
 """A pool's utilization forecast stays within 0-100 %."""
@@ -28,6 +29,7 @@ LOAD_CLIP: tuple[float, float | None] = (0.0, None)
 """A workload's load forecast is never negative."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class RawPool:
     name: str
@@ -45,6 +47,7 @@ class RawPool:
     """GPUs the pool's workloads hold now, when the source knows."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class RawWorkload:
     key: str
@@ -62,6 +65,7 @@ class RawWorkload:
     """Set by the adapter when the demand cannot be trusted (the load alone is forecast)."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Observations:
     time: float

@@ -111,9 +111,9 @@ class ForecastTrack:
         if f is None or not f.is_finite():
             return
         self.origin.append(origin)
-        self.mean.append(float(f.mean[-1]))
-        self.lower.append(float(f.lower[-1]))
-        self.upper.append(float(f.upper[-1]))
+        self.mean.append(f.mean.item(-1))  # a float at once, no numpy scalar (issue 20)
+        self.lower.append(f.lower.item(-1))
+        self.upper.append(f.upper.item(-1))
 
 
 @dataclass
