@@ -115,6 +115,8 @@ class Sweep:
         self.q = np.zeros(r)
         self.capacity0, self.gpus0 = np.zeros(r), np.zeros(r)
         self.last_capacity = np.zeros(r)
+        self.capacities = np.zeros(0)
+        """`layout_capacity` at 0, 1, ... pods (`_capacity`)."""
         self.recs: list[tuple[float, IntArray]] = []
         self.events: list[tuple[float, IntArray, IntArray, IntArray]] = []
         """Each tick's replica changes: (time, runs, replicas before, after)."""
@@ -226,7 +228,7 @@ class Sweep:
         (ready, capacity, GPUs held summed over each slot's `sub` samples: `held_gpus`), of
         shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
         c = self.c
-        slot, f, overhead = c.slot, c.fragments, self.sim.switch_overhead
+        slot, f = c.slot, c.fragments
         sub = self.sub
         m = end - begin
         # The first and last 500 ms samples, as the grid below computes them.
@@ -241,7 +243,7 @@ class Sweep:
         pods = self.pods
         touched, moving, r, h = pods.count(first, last, samples)
         if touched.size:  # their counts at the first sample, kept while they hold
-            self.capacity0[touched] = layout_capacity(pods.now_ready[touched], f, overhead)
+            self.capacity0[touched] = self._capacity(pods.now_ready[touched])
             self.gpus0[touched] = np.ceil(pods.now_held[touched] / f)
         # A run without pod changes keeps its counts throughout (the others are replaced).
         ready, capacity, gpus = (
@@ -250,9 +252,11 @@ class Sweep:
             self.gpus0[:, None] * sub,
         )
         if moving.size:
-            cap, g = layout_capacity(r, f, overhead), np.ceil(h / f)
+            cap, g = self._capacity(r), np.ceil(h / f)
             if sub > 1:
-                r, cap = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap))
+                # the mean over each slot's samples (`ndarray.mean`'s sum, then / sub)
+                shape = (len(moving), m, sub)
+                r, cap = (np.add.reduce(a.reshape(shape), axis=2) / sub for a in (r, cap))
                 g = g.reshape(len(moving), m, sub).sum(axis=2)
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
@@ -262,6 +266,15 @@ class Sweep:
                 held[moving] = h[:, -sub]
             self.held_last = held[self.record]
         return ready, capacity, gpus
+
+    def _capacity(self, ready: FloatArray) -> FloatArray:
+        """`layout_capacity` of pod counts (whole numbers, at most a run's pods), looked up
+        in a table of it at every count up to the table's width (elementwise, so the same
+        bits), built again when the pods' table widens."""
+        if len(self.capacities) <= self.pods.created.shape[1]:
+            counts = np.arange(self.pods.created.shape[1] + 1, dtype=np.float64)
+            self.capacities = layout_capacity(counts, self.c.fragments, self.sim.switch_overhead)
+        return np.asarray(self.capacities[ready.astype(np.int64)])
 
     def advance_to(self, now: float) -> None:
         """`SimulatedCluster.advance_to` for every run: the slots in [cursor, now)."""
@@ -279,7 +292,9 @@ class Sweep:
         load[:, c.dropped[s]] = np.nan
         self.served[:, s], self.gpu_sums[:, s] = served, gpus
         keep = round(self.interval / slot)
-        self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
+        if load.shape[1] < keep:  # the slots before these still read
+            load = np.concatenate((self.load, load), axis=1)
+        self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
         self.last_capacity = capacity[:, -1]
         if self.record.size:
@@ -304,7 +319,7 @@ class Sweep:
         c, share, tol = self.c, 1.0 / self.c.fragments, self.tol
         wants = self.none
         window = self._recent(self.interval)
-        finite = window.start + np.flatnonzero(~c.dropped[window])
+        finite = window.start + (~c.dropped[window]).nonzero()[0]
         if finite.size:  # the dropped samples are the only missing ones, in every run
             # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
             util = self.load[:, finite - self.load_from]
@@ -332,7 +347,7 @@ class Sweep:
         desired = np.maximum(self.lo, desired)  # the floor: min_replicas
         if self.fixed_counts is not None:  # the replicas that ran, as given
             desired[self.fixed] = self.fixed_counts[:, k]
-        changed = np.flatnonzero(desired != current)
+        changed = (desired != current).nonzero()[0]
         if changed.size:
             self._set_replicas(changed, now, current[changed], desired[changed])
 
