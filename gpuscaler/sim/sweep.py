@@ -92,6 +92,8 @@ class Sweep:
         self.tol = np.array([c.tolerance for c in cfgs], dtype=np.float64)
         self.kinds = [k for k, _ in runs]
         self.targets = np.array([t for _, t in runs], dtype=np.float64)
+        self.share = 1.0 / template.fragments
+        self.share_targets = self.share * self.targets
         self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
         self.uses_rate = np.isin(self.kinds, ("keda_rate",))
         self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
@@ -222,6 +224,8 @@ class Sweep:
         # -1 (no recommendation) on the runs that read neither
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
+        # the samples dropped before each slot, to tell a window without any
+        self.drops = np.concatenate(([0], np.cumsum(c.dropped, dtype=np.int64)))
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """`SimulatedCluster._pods_at` for every run, of the slots `begin` to `end`:
@@ -316,21 +320,35 @@ class Sweep:
     def _wants(self, k: int, current: IntArray, ready: IntArray) -> IntArray:
         """`Scaler.step`'s answer before the bounds, for every run: the largest of the
         recommendations of its kind, `current` when it has none."""
-        c, share, tol = self.c, 1.0 / self.c.fragments, self.tol
         wants = self.none
-        window = self._recent(self.interval)
-        finite = window.start + (~c.dropped[window]).nonzero()[0]
-        if finite.size:  # the dropped samples are the only missing ones, in every run
-            # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
-            util = self.load[:, finite - self.load_from]
-            util = np.add.reduce(np.ascontiguousarray(util), axis=1) / finite.size
-            asks = desired_replicas(util, share, current, ready, self.targets, tol)
+        util = self._util()
+        if util is not None:  # the dropped samples are the only missing ones, in every run
+            asks = desired_replicas(
+                util, self.share, current, ready, self.targets, self.tol, self.share_targets
+            )
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if self.signal is not None:  # the rate or the forecast, on runs that read one
             signal = self.signal[k][self.signal_of]
-            asks = desired_replicas(signal, share, current, current, self.targets, tol)
+            asks = desired_replicas(
+                signal, self.share, current, None, self.targets, self.tol, self.share_targets
+            )
             wants = np.maximum(wants, asks + self.signal_off)
         return np.where(wants >= 0, wants, current)
+
+    def _util(self) -> FloatArray | None:
+        """Every run's mean utilization over the last control interval's samples not
+        dropped (None: all dropped)."""
+        window = self._recent(self.interval)
+        count = window.stop - window.start
+        if self.drops[window.stop] == self.drops[window.start] and count > 0:  # none dropped
+            util = self.load[:, window.start - self.load_from : window.stop - self.load_from]
+        else:
+            finite = window.start + (~self.c.dropped[window]).nonzero()[0]
+            if not finite.size:
+                return None
+            util, count = self.load[:, finite - self.load_from], finite.size
+        # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
+        return np.asarray(np.add.reduce(np.ascontiguousarray(util), axis=1) / count)
 
     def step(self, k: int, now: float) -> None:
         """`SimulatedCluster.hpa_step` for every run, at the `k`th tick."""
