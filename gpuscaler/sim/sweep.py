@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,12 +52,23 @@ KEPT = ("capacity", "demand_busy", "replicas")
 """What a kept run records a slot at a time besides the served work and GPUs held, which
 every run records (`Sweep._keep`); its queue and utilization are not kept (no figure and
 no plot reads them of a run no controller ran)."""
-RUN_SLOT_BYTES = 8 + 4
+RUN_SLOT_BYTES = 8 + 2
 """What every run of a sweep records a slot: the work served (float64) and the GPUs held
-(`Sweep.gpu_sums`, int32)."""
+(`Sweep.gpu_sums`, int16 while a slot's sum fits it: `sums_dtype`)."""
 SWEEP_BYTES = 256 * 2**20
 """Memory the recorded arrays of one sweep may take (`RUN_SLOT_BYTES` a run a slot): a
-longer replay runs its points in groups (a week at 500 ms: 18 a group)."""
+longer replay runs its points in groups (a week at 500 ms: 22 a group)."""
+
+
+SUMS_MOST = int(np.iinfo(np.int16).max)
+"""The largest sum of a slot's GPUs `Sweep.gpu_sums` holds as int16."""
+
+
+def sums_dtype(pods: int, sweep: Sweep) -> type[np.signedinteger[Any]]:
+    """int16 when a slot's GPUs summed over its samples fit it at `pods` pods a run (at
+    most ceil(pods / fragments) GPUs a sample), else int32."""
+    gpus = -(-pods // sweep.c.fragments)
+    return np.int16 if gpus * sweep.sub <= SUMS_MOST else np.int32
 
 
 class Sweep:
@@ -108,8 +120,12 @@ class Sweep:
         self.spec = first.copy()
         self.sub = max(1, math.ceil(template.slot / SAMPLE - 1e-9))
         self.served = np.full((r, n), np.nan)
-        self.gpu_sums = np.full((r, n), -1, dtype=np.int32)
-        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`)."""
+        self.pods_fit = self.c.fragments * (SUMS_MOST // self.sub)
+        """The most pods of a run whose GPUs' sums over a slot int16 holds."""
+        self.gpu_sums = np.full((r, n), -1, dtype=sums_dtype(self.pods.created.shape[1], self))
+        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`): int16,
+        int32 once a run may hold more pods than int16 sums (`_fit_sums`; whole numbers
+        either way, so the same figures)."""
         self.load = np.zeros((r, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
         least the last control interval's (all the scalers read of it)."""
@@ -294,6 +310,7 @@ class Sweep:
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
         load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
         load[:, c.dropped[s]] = np.nan
+        self._fit_sums()
         self.served[:, s], self.gpu_sums[:, s] = served, gpus
         keep = round(self.interval / slot)
         if load.shape[1] < keep:  # the slots before these still read
@@ -304,6 +321,11 @@ class Sweep:
         if self.record.size:
             self._keep(s, capacity)
         self.cursor = end
+
+    def _fit_sums(self) -> None:
+        """`gpu_sums` as int32 once the pods' table is wider than int16 sums hold."""
+        if self.gpu_sums.dtype == np.int16 and self.pods.created.shape[1] > self.pods_fit:
+            self.gpu_sums = self.gpu_sums.astype(sums_dtype(self.pods.created.shape[1], self))
 
     def _keep(self, s: slice, capacity: FloatArray) -> None:
         """What `SimulatedCluster.advance_to` records of the kept runs for the slots `s`
