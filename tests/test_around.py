@@ -246,7 +246,7 @@ def test_each_replays_reactive_and_actual_runs_are_taken_as_soon_as_its_group_en
 
     monkeypatch.setattr(sweep_module, "Sweep", Counted)
     monkeypatch.setattr(around_module, "_ran", ran)
-    budget = 16 * len(replays[0].arrivals) * (33 + 2)  # one replay's runs a group
+    budget = sweep_module.RUN_SLOT_BYTES * len(replays[0].arrivals) * (33 + 2)  # a replay a group
     got = around_many(replays, schedules, budget=budget)
     assert events == ["sweep", "ran", "ran"] * 3
     for p, s, a in zip(replays, schedules, got, strict=True):

@@ -1,5 +1,6 @@
 """What a sweep holds a run and a slot (`gpuscaler.sim.sweep`, `gpuscaler.sim.around`):
-the GPUs held as whole-number sums of each slot's samples (int32) and not as doubles, the
+the GPUs held as whole-number sums of each slot's samples (int16, int32 once they may
+outgrow it) and not as doubles, the
 scalers' signals a workload and not a run, the templates' random streams held once, the
 kept runs' records without copies. Each is checked against what it replaces (the old
 computation kept here), to the bit."""
@@ -114,7 +115,7 @@ def test_a_template_of_another_seed_keeps_its_own_streams() -> None:
     assert second.noise is not first.noise
 
 
-def test_a_group_holds_as_many_runs_as_the_budget_buys_at_twelve_bytes_a_slot(
+def test_a_group_holds_as_many_runs_as_the_budget_buys_at_ten_bytes_a_slot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = _mixed()[0]
@@ -125,14 +126,33 @@ def test_a_group_holds_as_many_runs_as_the_budget_buys_at_twelve_bytes_a_slot(
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             built.append(len(self.kinds))
-            assert self.gpu_sums.dtype == np.int32 and self.served.dtype == np.float64
+            assert self.gpu_sums.dtype == np.int16 and self.served.dtype == np.float64
 
     monkeypatch.setattr(sweep_module, "Sweep", Counted)
     runs: list[tuple[ScalerKind, float]] = [("hpa_util", float(t)) for t in range(40, 95, 5)]
     budget = RUN_SLOT_BYTES * len(p.arrivals) * 4
-    assert RUN_SLOT_BYTES == 12
+    assert RUN_SLOT_BYTES == 10
     list(sweep_parts(p.config, template, runs, p.seed, 600.0, budget=budget))
     assert built == [4, 4, 3]
+
+
+def test_a_sweep_sums_its_gpus_in_int32_once_a_run_may_hold_more_than_int16_sums_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = _mixed()[0]
+    runs: list[tuple[ScalerKind, float]] = [(kind, 50.0) for kind in BASELINES.values()]
+    narrow = Sweep(p.config, _template(p), runs, p.seed)
+    before = narrow.run(p.start, p.seconds)
+    assert narrow.gpu_sums.dtype == np.int16
+    # int16 "holds" the sums of 8 pods a run at most: the table (8 wide) widens past it
+    monkeypatch.setattr(sweep_module, "SUMS_MOST", narrow.sub * 4)
+    wide = Sweep(p.config, _template(p), runs, p.seed)
+    assert wide.gpu_sums.dtype == np.int16 and wide.pods.created.shape[1] == 8
+    after = wide.run(p.start, p.seconds)
+    assert wide.gpu_sums.dtype == np.int32 and wide.pods.created.shape[1] > 8
+    for a, b in zip(before, after, strict=True):
+        assert np.array_equal(a.gpu_sums, b.gpu_sums) and a.gpus.tobytes() == b.gpus.tobytes()
+        assert a.served.tobytes() == b.served.tobytes()
 
 
 def test_a_kept_runs_records_are_rows_of_the_kept_tables_not_copies() -> None:

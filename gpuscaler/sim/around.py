@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from gpuscaler.observability import ControllerMetrics
 
 MANY_BYTES = 64 * 2**20
-"""What one group of a chunk's sweeps may record (a week at 10 s: 2 workloads' 33 points),
+"""What one group of a chunk's sweeps may record (a week at 10 s: 3 workloads' 35 runs),
 less than a lone sweep's SWEEP_BYTES: whatif holds its lanes' runs meanwhile, in each of
 its processes, within the 1 GB of the whole run."""
 

@@ -248,7 +248,7 @@ class PodTable:
     def ready_at(self, now: float) -> IntArray:
         """Replicas serving at `now` (not before `seen`), per run."""
         ready = self.now_ready.astype(np.int64)
-        rows = np.flatnonzero(self.next_event <= now)
+        rows = (self.next_event <= now).nonzero()[0]
         if rows.size:
             w = self._cols(rows)
             serving = (self.ready[rows, :w] <= now) & (now < self.leave[rows, :w])
@@ -262,7 +262,7 @@ class PodTable:
         `last` (start, turn ready or leave in (first, last]), the latter's counts at every
         sample of `samples()` (shape (runs changing, samples))); the other runs' counts
         at `first` hold throughout (`now_ready`, `now_held`)."""
-        touched = np.flatnonzero(self.next_event <= last)
+        touched = (self.next_event <= last).nonzero()[0]
         moving = np.zeros(0, dtype=np.int64)
         ready = held = np.zeros((0, 0))
         if not touched.size:

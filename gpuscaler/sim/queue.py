@@ -35,10 +35,12 @@ def lindley(
     if work.size == 0:
         return np.zeros(0), np.zeros(0)
     q = np.asarray(q0, dtype=np.float64)[..., None]
-    s = np.cumsum(work - service, axis=-1)
+    s = (work - service).cumsum(axis=-1)
     queue = s - np.minimum(-q, np.minimum.accumulate(s, axis=-1))
-    queue = np.maximum(queue, 0.0)  # rounding only
-    before = np.concatenate((np.broadcast_to(q, (*queue.shape[:-1], 1)), queue[..., :-1]), -1)
+    np.maximum(queue, 0.0, out=queue)  # rounding only
+    if q.shape[:-1] != queue.shape[:-1]:
+        q = np.broadcast_to(q, (*queue.shape[:-1], 1))
+    before = np.concatenate((q, queue[..., :-1]), -1)
     served = before + work - queue
     return queue, served
 

@@ -179,16 +179,21 @@ def desired_replicas(
     load: FloatArray | float,
     share: FloatArray | float,
     current: IntArray | int,
-    ready: IntArray | int,
+    ready: IntArray | int | None,
     target: FloatArray | float,
     tolerance: FloatArray | float,
+    share_target: FloatArray | None = None,
 ) -> IntArray:
     """The HPA's answer for `load` (percent of one GPU): `current` while the ratio to the
-    `ready` replicas' use at `target` is within the tolerance (and all are ready), else
-    the HPA formula. Elementwise over arrays of runs."""
-    ratio = load / (share * np.maximum(ready, 1) * target)
-    hold = (np.abs(ratio - 1) <= tolerance) & (ready == current)
-    formula = np.ceil(load / (share * np.asarray(target)) - 1e-9)
+    `ready` replicas' use at `target` is within the tolerance (and all are ready; `ready`
+    None: all `current` are), else the HPA formula. Elementwise over arrays of runs
+    (`share_target`: share x target when computed once, the same product)."""
+    ratio = load / (share * np.maximum(current if ready is None else ready, 1) * target)
+    hold = np.abs(ratio - 1) <= tolerance
+    if ready is not None:
+        hold = hold & (ready == current)
+    per = share * np.asarray(target) if share_target is None else share_target
+    formula = np.ceil(load / per - 1e-9)
     return np.where(hold, current, formula).astype(np.int64)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,12 +52,23 @@ KEPT = ("capacity", "demand_busy", "replicas")
 """What a kept run records a slot at a time besides the served work and GPUs held, which
 every run records (`Sweep._keep`); its queue and utilization are not kept (no figure and
 no plot reads them of a run no controller ran)."""
-RUN_SLOT_BYTES = 8 + 4
+RUN_SLOT_BYTES = 8 + 2
 """What every run of a sweep records a slot: the work served (float64) and the GPUs held
-(`Sweep.gpu_sums`, int32)."""
+(`Sweep.gpu_sums`, int16 while a slot's sum fits it: `sums_dtype`)."""
 SWEEP_BYTES = 256 * 2**20
 """Memory the recorded arrays of one sweep may take (`RUN_SLOT_BYTES` a run a slot): a
-longer replay runs its points in groups (a week at 500 ms: 18 a group)."""
+longer replay runs its points in groups (a week at 500 ms: 22 a group)."""
+
+
+SUMS_MOST = int(np.iinfo(np.int16).max)
+"""The largest sum of a slot's GPUs `Sweep.gpu_sums` holds as int16."""
+
+
+def sums_dtype(pods: int, sweep: Sweep) -> type[np.signedinteger[Any]]:
+    """int16 when a slot's GPUs summed over its samples fit it at `pods` pods a run (at
+    most ceil(pods / fragments) GPUs a sample), else int32."""
+    gpus = -(-pods // sweep.c.fragments)
+    return np.int16 if gpus * sweep.sub <= SUMS_MOST else np.int32
 
 
 class Sweep:
@@ -92,6 +104,8 @@ class Sweep:
         self.tol = np.array([c.tolerance for c in cfgs], dtype=np.float64)
         self.kinds = [k for k, _ in runs]
         self.targets = np.array([t for _, t in runs], dtype=np.float64)
+        self.share = 1.0 / template.fragments
+        self.share_targets = self.share * self.targets
         self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
         self.uses_rate = np.isin(self.kinds, ("keda_rate",))
         self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
@@ -106,8 +120,12 @@ class Sweep:
         self.spec = first.copy()
         self.sub = max(1, math.ceil(template.slot / SAMPLE - 1e-9))
         self.served = np.full((r, n), np.nan)
-        self.gpu_sums = np.full((r, n), -1, dtype=np.int32)
-        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`)."""
+        self.pods_fit = self.c.fragments * (SUMS_MOST // self.sub)
+        """The most pods of a run whose GPUs' sums over a slot int16 holds."""
+        self.gpu_sums = np.full((r, n), -1, dtype=sums_dtype(self.pods.created.shape[1], self))
+        """The GPUs held in each slot summed over its 500 ms samples (`held_gpus`): int16,
+        int32 once a run may hold more pods than int16 sums (`_fit_sums`; whole numbers
+        either way, so the same figures)."""
         self.load = np.zeros((r, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor: at
         least the last control interval's (all the scalers read of it)."""
@@ -115,6 +133,8 @@ class Sweep:
         self.q = np.zeros(r)
         self.capacity0, self.gpus0 = np.zeros(r), np.zeros(r)
         self.last_capacity = np.zeros(r)
+        self.capacities = np.zeros(0)
+        """`layout_capacity` at 0, 1, ... pods (`_capacity`)."""
         self.recs: list[tuple[float, IntArray]] = []
         self.events: list[tuple[float, IntArray, IntArray, IntArray]] = []
         """Each tick's replica changes: (time, runs, replicas before, after)."""
@@ -220,13 +240,15 @@ class Sweep:
         # -1 (no recommendation) on the runs that read neither
         self.signal_off = np.where(self.uses_rate | self.uses_forecast, 0, -(2**40))
         self.none = np.full(runs, -1, dtype=np.int64)
+        # the samples dropped before each slot, to tell a window without any
+        self.drops = np.concatenate(([0], np.cumsum(c.dropped, dtype=np.int64)))
 
     def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         """`SimulatedCluster._pods_at` for every run, of the slots `begin` to `end`:
         (ready, capacity, GPUs held summed over each slot's `sub` samples: `held_gpus`), of
         shape (runs, slots), or (runs, 1) when no run's pods change in these slots."""
         c = self.c
-        slot, f, overhead = c.slot, c.fragments, self.sim.switch_overhead
+        slot, f = c.slot, c.fragments
         sub = self.sub
         m = end - begin
         # The first and last 500 ms samples, as the grid below computes them.
@@ -241,7 +263,7 @@ class Sweep:
         pods = self.pods
         touched, moving, r, h = pods.count(first, last, samples)
         if touched.size:  # their counts at the first sample, kept while they hold
-            self.capacity0[touched] = layout_capacity(pods.now_ready[touched], f, overhead)
+            self.capacity0[touched] = self._capacity(pods.now_ready[touched])
             self.gpus0[touched] = np.ceil(pods.now_held[touched] / f)
         # A run without pod changes keeps its counts throughout (the others are replaced).
         ready, capacity, gpus = (
@@ -250,9 +272,11 @@ class Sweep:
             self.gpus0[:, None] * sub,
         )
         if moving.size:
-            cap, g = layout_capacity(r, f, overhead), np.ceil(h / f)
+            cap, g = self._capacity(r), np.ceil(h / f)
             if sub > 1:
-                r, cap = (a.reshape(len(moving), m, sub).mean(axis=2) for a in (r, cap))
+                # the mean over each slot's samples (`ndarray.mean`'s sum, then / sub)
+                shape = (len(moving), m, sub)
+                r, cap = (np.add.reduce(a.reshape(shape), axis=2) / sub for a in (r, cap))
                 g = g.reshape(len(moving), m, sub).sum(axis=2)
             ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
@@ -262,6 +286,15 @@ class Sweep:
                 held[moving] = h[:, -sub]
             self.held_last = held[self.record]
         return ready, capacity, gpus
+
+    def _capacity(self, ready: FloatArray) -> FloatArray:
+        """`layout_capacity` of pod counts (whole numbers, at most a run's pods), looked up
+        in a table of it at every count up to the table's width (elementwise, so the same
+        bits), built again when the pods' table widens."""
+        if len(self.capacities) <= self.pods.created.shape[1]:
+            counts = np.arange(self.pods.created.shape[1] + 1, dtype=np.float64)
+            self.capacities = layout_capacity(counts, self.c.fragments, self.sim.switch_overhead)
+        return np.asarray(self.capacities[ready.astype(np.int64)])
 
     def advance_to(self, now: float) -> None:
         """`SimulatedCluster.advance_to` for every run: the slots in [cursor, now)."""
@@ -277,14 +310,22 @@ class Sweep:
         scale = np.sqrt(np.maximum(ready / c.fragments, 1))
         load = np.maximum(0.0, 100.0 * served / slot + c.noise[s] * scale)
         load[:, c.dropped[s]] = np.nan
+        self._fit_sums()
         self.served[:, s], self.gpu_sums[:, s] = served, gpus
         keep = round(self.interval / slot)
-        self.load = np.concatenate((self.load, load), axis=1)[:, -keep:]
+        if load.shape[1] < keep:  # the slots before these still read
+            load = np.concatenate((self.load, load), axis=1)
+        self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
         self.last_capacity = capacity[:, -1]
         if self.record.size:
             self._keep(s, capacity)
         self.cursor = end
+
+    def _fit_sums(self) -> None:
+        """`gpu_sums` as int32 once the pods' table is wider than int16 sums hold."""
+        if self.gpu_sums.dtype == np.int16 and self.pods.created.shape[1] > self.pods_fit:
+            self.gpu_sums = self.gpu_sums.astype(sums_dtype(self.pods.created.shape[1], self))
 
     def _keep(self, s: slice, capacity: FloatArray) -> None:
         """What `SimulatedCluster.advance_to` records of the kept runs for the slots `s`
@@ -301,21 +342,35 @@ class Sweep:
     def _wants(self, k: int, current: IntArray, ready: IntArray) -> IntArray:
         """`Scaler.step`'s answer before the bounds, for every run: the largest of the
         recommendations of its kind, `current` when it has none."""
-        c, share, tol = self.c, 1.0 / self.c.fragments, self.tol
         wants = self.none
-        window = self._recent(self.interval)
-        finite = window.start + np.flatnonzero(~c.dropped[window])
-        if finite.size:  # the dropped samples are the only missing ones, in every run
-            # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
-            util = self.load[:, finite - self.load_from]
-            util = np.add.reduce(np.ascontiguousarray(util), axis=1) / finite.size
-            asks = desired_replicas(util, share, current, ready, self.targets, tol)
+        util = self._util()
+        if util is not None:  # the dropped samples are the only missing ones, in every run
+            asks = desired_replicas(
+                util, self.share, current, ready, self.targets, self.tol, self.share_targets
+            )
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if self.signal is not None:  # the rate or the forecast, on runs that read one
             signal = self.signal[k][self.signal_of]
-            asks = desired_replicas(signal, share, current, current, self.targets, tol)
+            asks = desired_replicas(
+                signal, self.share, current, None, self.targets, self.tol, self.share_targets
+            )
             wants = np.maximum(wants, asks + self.signal_off)
         return np.where(wants >= 0, wants, current)
+
+    def _util(self) -> FloatArray | None:
+        """Every run's mean utilization over the last control interval's samples not
+        dropped (None: all dropped)."""
+        window = self._recent(self.interval)
+        count = window.stop - window.start
+        if self.drops[window.stop] == self.drops[window.start] and count > 0:  # none dropped
+            util = self.load[:, window.start - self.load_from : window.stop - self.load_from]
+        else:
+            finite = window.start + (~self.c.dropped[window]).nonzero()[0]
+            if not finite.size:
+                return None
+            util, count = self.load[:, finite - self.load_from], finite.size
+        # C order, as each lone run reduces its own row (an F-ordered copy sums otherwise).
+        return np.asarray(np.add.reduce(np.ascontiguousarray(util), axis=1) / count)
 
     def step(self, k: int, now: float) -> None:
         """`SimulatedCluster.hpa_step` for every run, at the `k`th tick."""
@@ -332,7 +387,7 @@ class Sweep:
         desired = np.maximum(self.lo, desired)  # the floor: min_replicas
         if self.fixed_counts is not None:  # the replicas that ran, as given
             desired[self.fixed] = self.fixed_counts[:, k]
-        changed = np.flatnonzero(desired != current)
+        changed = (desired != current).nonzero()[0]
         if changed.size:
             self._set_replicas(changed, now, current[changed], desired[changed])
 
