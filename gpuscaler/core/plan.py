@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuscaler.config import Config, FragmentsConfig, ReplicasConfig, TimeSliceConfig
+from gpuscaler.config import (
+    Config,
+    FragmentsConfig,
+    NodePoolConfig,
+    ReplicasConfig,
+    TimeSliceConfig,
+)
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.floor_rows import (
     Record,
@@ -75,24 +81,19 @@ def _forecast_demand(
 def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Plan:
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
-    pools = {p.name: p for p in config.node_pools}
-    fragments = config.pool_sections("fragments", FragmentsConfig)
-    time_slice = config.pool_sections("time_slice", TimeSliceConfig)
+    pools = pool_rows(config)
     floors, held = _replica_floors(snapshot, config, history, now)
     figures = pool_figures([p.utilization.forecast for p in snapshot.pools])
     for obs, figs in zip(snapshot.pools, figures, strict=True):
-        pool = pools.get(obs.name)
-        if pool is None:
+        row = pools.get(obs.name)
+        if row is None:
             continue  # observed but not configured: never touched
-        key = target_key("fragments", obs.name)
-        frag_cfg = fragments[obs.name]
+        pool, frag_key, frag_cfg, ts_key, ts_cfg = row
         floor = held.get(obs.name, 0.0)
-        outcomes[key] = decide_fragments(
-            obs, pool, frag_cfg, staleness, history.get(key), now, floor, figs
+        outcomes[frag_key] = decide_fragments(
+            obs, pool, frag_cfg, staleness, history.get(frag_key), now, floor, figs
         )
-        key = target_key("time_slice", obs.name)
-        ts_cfg = time_slice[obs.name]
-        outcomes[key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(key), now)
+        outcomes[ts_key] = decide_time_slice(obs, pool, ts_cfg, staleness, history.get(ts_key), now)
     outcomes.update(floors)
     # Configured targets the tick saw nothing of: no action, and say so.
     seen_pools = {p.name for p in snapshot.pools}
@@ -122,6 +123,32 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
 
 EMPTY_OUTCOME = Outcome(EMPTY_TARGET)
 """A place held in a list of outcomes until the floor's is decided."""
+
+PoolRow = tuple[NodePoolConfig, str, FragmentsConfig, str, TimeSliceConfig]
+"""A configured node pool: its section, and its fragments' and time slice's target keys
+and sections."""
+
+
+def pool_rows(config: Config) -> dict[str, PoolRow]:
+    """Every configured node pool's `PoolRow` by name, built once per config: a tick
+    looks each observed pool up once."""
+
+    def build() -> dict[str, PoolRow]:
+        fragments = config.pool_sections("fragments", FragmentsConfig)
+        time_slice = config.pool_sections("time_slice", TimeSliceConfig)
+        return {
+            p.name: (
+                p,
+                target_key("fragments", p.name),
+                fragments[p.name],
+                target_key("time_slice", p.name),
+                time_slice[p.name],
+            )
+            for p in config.node_pools
+        }
+
+    return config.memo("plan.pool_rows", build)
+
 
 FloorRow = tuple[str, str | None, ReplicasConfig]
 """A configured workload's replica floor: its target key, node pool and section."""
