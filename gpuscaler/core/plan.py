@@ -186,15 +186,18 @@ def _replica_floors(
     outcomes: list[Outcome] = []
     at: list[int] = []  # the workloads whose floor waits for its skill and reserve
     pending: list[tuple[Record, float, float | None]] = []
+    hs: list[TargetHistory] = []  # theirs, before this tick
     for i, (((key, _, cfg), wobs), figs) in enumerate(zip(seen, figures, strict=True)):
-        found = floor_record(wobs, cfg, staleness, history.get(key), now, figs)
+        h = history.get(key)
+        found = floor_record(wobs, cfg, staleness, h, now, figs)
         if isinstance(found, Outcome):
             outcomes.append(found)
         else:
             outcomes.append(EMPTY_OUTCOME)
             at.append(i)
             pending.append(found)
-    waiting, chunks = _remembered([seen[i] for i in at], pending, history, now)
+            hs.append(h)
+    waiting, chunks = _remembered([seen[i] for i in at], pending, hs, now)
     skills, reserves = _skills(waiting, chunks, now), _reserves(waiting, chunks, now)
     peaks = chunk_peaks(chunks, now, [s.cfg.scale_down_stabilization for s in waiting])
     for i, step, reserve, peak in zip(at, waiting, reserves, peaks, strict=True):
@@ -215,13 +218,14 @@ def _replica_floors(
 def _remembered(
     seen: list[tuple[FloorRow, WorkloadObservation]],
     pending: list[tuple[Record, float, float | None]],
-    history: History,
+    before: list[TargetHistory],
     now: float,
 ) -> tuple[list[FloorStep], list[RowChunk]]:
-    """The floor steps of the `seen` workloads, given their `floor_record`s: the
-    records remembered together (floor_rows.remember_rows), and its chunks."""
+    """The floor steps of the `seen` workloads, given their `floor_record`s and their
+    histories `before` this tick: the records remembered together
+    (floor_rows.remember_rows), and its chunks."""
     hs, chunks = remember_rows(
-        [history.get(row[0]) for row, _ in seen],
+        before,
         now,
         [record for record, *_ in pending],
         [keep for _, keep, _ in pending],
