@@ -60,10 +60,10 @@ def decide_time_slice(
     if isinstance(checked, Outcome):
         return checked
     stall, current = checked
-    rank = TIME_SLICE_LEVELS.index(current)
     base = base_level(pool, cfg)
     if stall > cfg.stall_above_pct:
         h = _calm_since(h, None)
+        rank = TIME_SLICE_LEVELS.index(current)
         if rank == len(TIME_SLICE_LEVELS) - 1:
             return hold(KIND, target, now, f"at bound: stall {stall:.1f}%, slice already long", h)
         to = TIME_SLICE_LEVELS[min(len(TIME_SLICE_LEVELS) - 1, rank + cfg.max_step)]
@@ -80,6 +80,7 @@ def decide_time_slice(
                 f"{cfg.stabilization:.0f}s before returning toward {base}",
                 h,
             )
+        rank = TIME_SLICE_LEVELS.index(current)
         step = 1 if TIME_SLICE_LEVELS.index(base) > rank else -1
         to = TIME_SLICE_LEVELS[rank + step]
         why = (
