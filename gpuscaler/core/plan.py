@@ -151,17 +151,25 @@ def pool_rows(config: Config) -> dict[str, PoolRow]:
 
 
 FloorRow = tuple[str, str | None, ReplicasConfig]
-"""A configured workload's replica floor: its target key, node pool and section."""
+"""A configured workload's replica floor: its target key, node pool and section (one
+object for equal sections: `floor_rows`)."""
 
 
 def floor_rows(config: Config) -> dict[str, FloorRow]:
     """Every configured workload's `FloorRow` by key, built once per config: a tick
-    looks each observed workload up once."""
+    looks each observed workload up once. Workloads whose sections are equal (the same
+    values: each override makes its own section) share one, so that a tick groups
+    their rows by that object (`_shared`) rather than by each row's parameters."""
 
     def build() -> dict[str, FloorRow]:
         replicas = config.workload_sections("replicas", ReplicasConfig)
+        equal: dict[str, ReplicasConfig] = {}
         return {
-            w.key: (target_key("replica_floor", w.key), w.node_pool, replicas[w.key])
+            w.key: (
+                target_key("replica_floor", w.key),
+                w.node_pool,
+                equal.setdefault(repr(replicas[w.key]), replicas[w.key]),
+            )
             for w in config.workloads
         }
 
@@ -244,12 +252,16 @@ def _skills(steps: list[FloorStep], chunks: list[RowChunk], now: float) -> dict[
     args_of: dict[int, tuple[float, float, int, float] | None] = {}
     for idx, recs in chunks:
         groups: dict[tuple[float, float, int, float], list[int]] = {}
-        for j, i in enumerate(idx):
-            cfg = steps[i].cfg
-            if id(cfg) not in args_of:
-                args_of[id(cfg)] = skill_args(cfg) if cfg.skill_check else None
-            if (args := args_of[id(cfg)]) is not None:
-                groups.setdefault(args, []).append(j)
+        if (shared := _shared(steps, idx)) is not None:  # most often: one for all
+            if shared.skill_check:
+                groups[skill_args(shared)] = list(range(len(idx)))
+        else:
+            for j, i in enumerate(idx):
+                cfg = steps[i].cfg
+                if id(cfg) not in args_of:
+                    args_of[id(cfg)] = skill_args(cfg) if cfg.skill_check else None
+                if (args := args_of[id(cfg)]) is not None:
+                    groups.setdefault(args, []).append(j)
         for args, js in groups.items():
             part = recs if len(js) == len(idx) else recs[js]
             skills = assess_chunk(part, now, *args)
@@ -263,9 +275,13 @@ def _reserves(steps: list[FloorStep], chunks: list[RowChunk], now: float) -> lis
     found: list[Reserve | None] = [None] * len(steps)
     for idx, recs in chunks:
         groups: dict[tuple[float, float], list[int]] = {}
-        for j, i in enumerate(idx):
-            cfg = steps[i].cfg
-            groups.setdefault((cfg.scale_down_stabilization, cfg.reserve_window), []).append(j)
+        if (shared := _shared(steps, idx)) is not None:  # most often: one for all
+            groups[shared.scale_down_stabilization, shared.reserve_window] = list(range(len(idx)))
+        else:
+            for j, i in enumerate(idx):
+                cfg = steps[i].cfg
+                key = (cfg.scale_down_stabilization, cfg.reserve_window)
+                groups.setdefault(key, []).append(j)
         for (window, span), js in groups.items():
             sizes = [reserve_sizes(steps[idx[j]].obs, steps[idx[j]].cfg) for j in js]
             part = recs if len(js) == len(idx) else recs[js]
@@ -274,6 +290,13 @@ def _reserves(steps: list[FloorStep], chunks: list[RowChunk], now: float) -> lis
             for j, r in zip(js, reserves, strict=True):
                 found[idx[j]] = r
     return found
+
+
+def _shared(steps: list[FloorStep], idx: list[int]) -> ReplicasConfig | None:
+    """The section all the steps `idx` have (one object: no workload overrides it), or
+    None: their rows are grouped by section's parameters one by one."""
+    first = steps[idx[0]].cfg
+    return first if all(steps[i].cfg is first for i in idx) else None
 
 
 def _preemption(
