@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -75,11 +76,8 @@ def _figures_rows(
     """`forecast_figures` of forecasts with arrays of the same lengths, into out[idx]."""
     mean = _rows([f.mean for f in group])
     upper = _rows([f.upper for f in group])
-    lower = _rows([f.lower for f in group])
-    finite = np.asarray(np.isfinite(mean).all(axis=1) & np.isfinite(upper).all(axis=1))
-    finite &= np.isfinite(lower).all(axis=1)
     rows = zip(
-        finite.tolist(),
+        _finite(group, mean, upper),
         _row_max(upper[:, :su]).tolist(),
         _row_max(mean[:, :sm]).tolist(),
         _row_max(mean).tolist(),
@@ -90,6 +88,20 @@ def _figures_rows(
             out[i] = (False, math.nan, math.nan, math.nan)
         elif up != 0.0 and mp != 0.0 and peak != 0.0:  # a zero's sign: one at a time
             out[i] = (True, up, mp, peak + f.peak_error)
+
+
+def _finite(group: list[Forecast], mean: FloatArray, upper: FloatArray) -> list[bool]:
+    """Each forecast's `is_finite()`: as its batch found it (`model.mark_finite`, kept on
+    the forecast: what `is_finite` answers), else checked over the rows (`mean`, `upper`:
+    the group's)."""
+    known = [f.__dict__.get("_finite") for f in group]
+    if None not in known:
+        return cast(list[bool], known)
+    lower = _rows([f.lower for f in group])
+    finite = np.asarray(np.isfinite(mean).all(axis=1) & np.isfinite(upper).all(axis=1))
+    finite &= np.isfinite(lower).all(axis=1)
+    found: list[bool] = finite.tolist()
+    return found
 
 
 def _rows(arrays: list[FloatArray]) -> FloatArray:

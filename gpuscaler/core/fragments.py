@@ -18,6 +18,7 @@ from gpuscaler.core.floor_rows import ForecastFigures
 from gpuscaler.core.guards import (
     Outcome,
     cooling_down,
+    held,
     held_for,
     hold,
     input_problem,
@@ -75,8 +76,8 @@ def decide_fragments(
     else:
         peak, upper = figures[3], figures[1]
     step = _trigger(peak, upper, cfg, h)
-    if isinstance(step, str):
-        return hold(KIND, target, now, step, sustain(h, 0, now))
+    if not isinstance(step, _Step):  # most ticks of most pools: the reason made when read
+        return held(KIND, target, now, sustain(h, 0, now), _within_text, (peak, upper, *step))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
         return hold(
@@ -129,19 +130,25 @@ def _current(
     return obs.fragments
 
 
-def _trigger(peak: float, upper: float, cfg: FragmentsConfig, h: TargetHistory) -> _Step | str:
+def _trigger(
+    peak: float, upper: float, cfg: FragmentsConfig, h: TargetHistory
+) -> _Step | tuple[float, float]:
     """Fewer when the forecast peak is above the band, more when its upper bound is below
     it, with a margin when that would reverse the previous change (hysteresis); else the
-    hold's reason."""
+    band's edges (more below, fewer above): a hold (`_within_text`)."""
     fewer_at = cfg.fewer_above_pct + (cfg.reversal_margin_pct if h.last_direction > 0 else 0)
     more_at = cfg.more_below_pct - (cfg.reversal_margin_pct if h.last_direction < 0 else 0)
     if peak > fewer_at:
         return _Step(-1, f"forecast peak {peak:.1f}% > {fewer_at:g}%", peak, upper, more_at)
     if upper < more_at:
         return _Step(+1, f"forecast upper bound {upper:.1f}% < {more_at:g}%", peak, upper, more_at)
-    return (
-        f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% within [{more_at:g}%, {fewer_at:g}%]"
-    )
+    return more_at, fewer_at
+
+
+def _within_text(peak: float, upper: float, more_at: float, fewer_at: float) -> str:
+    """A hold's reason: the forecast within the band."""
+    within = f"within [{more_at:g}%, {fewer_at:g}%]"
+    return f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% {within}"
 
 
 def _fewer(

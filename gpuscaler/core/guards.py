@@ -72,7 +72,7 @@ def held(
     d["time"], d["kind"], d["target"] = now, kind, target
     d["_lazy_reason"] = (make, args)
     d["invalid_input"] = False
-    return Outcome(h, skip=skip)
+    return Outcome(h, None, skip)  # (history, decision, skip): by position, cheaper
 
 
 _new = object.__new__

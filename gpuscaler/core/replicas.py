@@ -342,9 +342,11 @@ def _stabilized(
     recent = [r for r in h.recommendations if r[0] > window_start]
     recent.append((now, math.ceil(sized)))
     h = floor_history(h, recommendations=tuple(recent))
+    if recommended >= current:  # no scale-down: nothing for the window to hold
+        return h, recommended
     held_for = max([v for _, v in recent])
     held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
-    stabilized = max(recommended, min(current, held)) if recommended < current else recommended
+    stabilized = max(recommended, min(current, held))
     margin = cfg.scale_down_margin
     if stabilized < current and margin > 0:
         kept = min(current, math.ceil(held_for / (capacity * (1 - margin)) - 1e-9))

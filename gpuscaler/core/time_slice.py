@@ -17,7 +17,7 @@ from typing import Final
 
 from gpuscaler.config import TIME_SLICE_LEVELS, NodePoolConfig, TimeSliceConfig
 from gpuscaler.core.decisions import TimeSliceDecision
-from gpuscaler.core.guards import Outcome, cooling_down, hold, invalid
+from gpuscaler.core.guards import Outcome, cooling_down, held, hold, invalid
 from gpuscaler.core.model import PoolObservation, TargetHistory
 
 KIND: Final = "time_slice"
@@ -60,15 +60,14 @@ def decide_time_slice(
     if isinstance(checked, Outcome):
         return checked
     stall, current = checked
-    rank = TIME_SLICE_LEVELS.index(current)
     base = base_level(pool, cfg)
-    window = f"{cfg.stall_window:.0f}s"
     if stall > cfg.stall_above_pct:
         h = _calm_since(h, None)
+        rank = TIME_SLICE_LEVELS.index(current)
         if rank == len(TIME_SLICE_LEVELS) - 1:
             return hold(KIND, target, now, f"at bound: stall {stall:.1f}%, slice already long", h)
         to = TIME_SLICE_LEVELS[min(len(TIME_SLICE_LEVELS) - 1, rank + cfg.max_step)]
-        why = f"stall mean over {window} {stall:.1f}% > {cfg.stall_above_pct:g}%"
+        why = f"stall mean over {cfg.stall_window:.0f}s {stall:.1f}% > {cfg.stall_above_pct:g}%"
     elif stall < cfg.recover_below_pct and current != base:
         calm = h.calm_since if h.calm_since is not None else now
         h = _calm_since(h, calm)
@@ -81,16 +80,18 @@ def decide_time_slice(
                 f"{cfg.stabilization:.0f}s before returning toward {base}",
                 h,
             )
+        rank = TIME_SLICE_LEVELS.index(current)
         step = 1 if TIME_SLICE_LEVELS.index(base) > rank else -1
         to = TIME_SLICE_LEVELS[rank + step]
         why = (
-            f"stall mean over {window} {stall:.1f}% < {cfg.recover_below_pct:g}% for "
-            f"{now - calm:.0f}s, back toward base {base}"
+            f"stall mean over {cfg.stall_window:.0f}s {stall:.1f}% < "
+            f"{cfg.recover_below_pct:g}% for {now - calm:.0f}s, back toward base {base}"
         )
     else:
         if stall >= cfg.recover_below_pct:
             h = _calm_since(h, None)
-        return hold(KIND, target, now, f"hold: stall {stall:.1f}% at level {current}", h)
+        # Most ticks of most pools: the reason made when first read (guards.held).
+        return held(KIND, target, now, h, _hold_text, (stall, current))
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
@@ -103,6 +104,10 @@ def decide_time_slice(
         forecast={"stall_mean": stall},
     )
     return Outcome(_calm_since(h, None), decision=decision)
+
+
+def _hold_text(stall: float, current: str) -> str:
+    return f"hold: stall {stall:.1f}% at level {current}"
 
 
 def _calm_since(h: TargetHistory, calm: float | None) -> TargetHistory:
