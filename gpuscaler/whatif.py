@@ -21,6 +21,7 @@ from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.allocator import keep_freed_memory
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay_many
@@ -266,7 +267,7 @@ def _results(
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")  # no forked copy of a client's threads
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(jobs, context, keep_freed_memory) as pool:
         futures = [pool.submit(replay_chunk, job, part) for part in parts]
         for f in futures:
             yield from f.result()
