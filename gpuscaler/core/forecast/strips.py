@@ -12,22 +12,19 @@ rows handed out are read-only views, in order; their values are those of the cop
 
 from __future__ import annotations
 
-import operator
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpuscaler.core.forecast.blocks import stacked
+from gpuscaler.core.forecast.by_identity import ByIdentity
 from gpuscaler.core.model import FloatArray
 
 SLACK = 64
 """Columns a strip holds beyond its window: a copy every ~40 ticks, not every tick."""
 _KEEP = 256
 """Windows remembered at most (the oldest forgotten first: then copied again)."""
-
-_target = weakref.ref.__call__
 
 
 @dataclass(eq=False)
@@ -36,14 +33,14 @@ class _Strip:
     end: int
 
 
-_Window = tuple[tuple[weakref.ref[FloatArray], ...], _Strip, int, int]
-_windows: dict[int, _Window] = {}
+_windows: ByIdentity[FloatArray, tuple[_Strip, int, int]] = ByIdentity(_KEEP)
+"""Each window handed out (its rows, in order): its strip, first and last column."""
 
 
 def kept(rows: Sequence[FloatArray]) -> FloatArray:
     """The recent errors (n, steps, depth) of the rows (each (depth, steps)), in order:
     their window when they are one's rows, else their stack."""
-    found = _found(rows)
+    found = _windows.get(rows)
     if found is None:
         return stacked(rows).swapaxes(1, 2)
     strip, start, stop = found
@@ -54,7 +51,7 @@ def rolled(rows: Sequence[FloatArray], old: int, new: FloatArray) -> list[FloatA
     """The rows (each (depth, steps)) without their `old` oldest errors, with `new`
     (n, steps, j) after them: read-only rows (depth - old + j, steps), in order."""
     j = new.shape[2]
-    found = _found(rows)
+    found = _windows.get(rows)
     if found is not None and found[0].end == found[2] and found[2] + j <= found[0].buffer.shape[2]:
         strip, start, stop = found
         strip.buffer[:, :, stop : stop + j] = new
@@ -70,27 +67,5 @@ def rolled(rows: Sequence[FloatArray], old: int, new: FloatArray) -> list[FloatA
     window = strip.buffer[:, :, start:stop].view()
     window.flags.writeable = False
     out = list(window.swapaxes(1, 2))
-    key = id(out[0])
-    refs = (weakref.ref(out[0], _forget(key)), *map(weakref.ref, out[1:]))
-    _windows[key] = (refs, strip, start, stop)
-    while len(_windows) > _KEEP:
-        _windows.pop(next(iter(_windows), -1), None)
+    _windows.put(out, (strip, start, stop))
     return out
-
-
-def _found(rows: Sequence[FloatArray]) -> tuple[_Strip, int, int] | None:
-    """The strip and window whose rows `rows` are, all and in order; None if none."""
-    entry = _windows.get(id(rows[0]))
-    if entry is None:
-        return None
-    refs, strip, start, stop = entry
-    if len(refs) != len(rows) or not all(map(operator.is_, map(_target, refs), rows)):
-        return None
-    return strip, start, stop
-
-
-def _forget(key: int) -> Callable[[object], None]:
-    def forget(_: object) -> None:
-        _windows.pop(key, None)
-
-    return forget
