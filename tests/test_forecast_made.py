@@ -32,8 +32,6 @@ CASES: list[tuple[type[Any], Callable[..., Any], tuple[Any, ...]]] = [
     (Signal, made.signal, (None, None, None)),
     (IntervalState, made.interval_state, (0.9, 100.0, _PENDING, 7, 1, ((1.0, 10.0, 2),), _ARRAY)),
     (IntervalState, made.interval_state, (0.8, 110.0, (), 0, 0, None, None)),
-    (FitState, made.fit_state, (50.0, 0.1, (0.3, -0.2), 2.5, _INTERVAL, _SCORED, 0.7)),
-    (FitState, made.fit_state, (50.0, 0.1, (0.3,), 2.5, None, None, None)),
     (
         Scored,
         made.scored,

@@ -50,23 +50,6 @@ def interval_state(
     return out
 
 
-def fit_state(
-    fitted_at: float,
-    intercept: float,
-    phi: tuple[float, ...],
-    sigma2: float,
-    interval: IntervalState | None,
-    scored: Scored | None,
-    modulus: float | None,
-) -> FitState:
-    """`FitState(fitted_at, intercept, phi, sigma2, interval, scored, modulus)`."""
-    out: FitState = _new(FitState)
-    d = out.__dict__
-    d["fitted_at"], d["intercept"], d["phi"], d["sigma2"] = fitted_at, intercept, phi, sigma2
-    d["interval"], d["scored"], d["modulus"] = interval, scored, modulus
-    return out
-
-
 def carried(state: FitState, interval: IntervalState | None, scored: Scored | None) -> FitState:
     """`dataclasses.replace(state, interval=interval, scored=scored)`: the same fields,
     copied as a block (every series' state is carried on at every tick)."""
