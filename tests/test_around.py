@@ -17,6 +17,7 @@ from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
 from gpuscaler.sim import around as around_module
 from gpuscaler.sim import sweep as sweep_module
+from gpuscaler.sim import sweep_groups
 from gpuscaler.sim.around import Around, actual_counts, actual_run, around_many
 from gpuscaler.sim.cluster import RECORDED
 from gpuscaler.sim.replay import (
@@ -123,7 +124,7 @@ def test_one_sweep_runs_every_workloads_reactive_actual_and_baseline_runs(
             super().__init__(*args, **kwargs)
             sweeps.append(len(self.kinds))
 
-    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(sweep_groups, "Sweep", Counted)
     got = around_many(replays, schedules)
     assert sweeps == [len(MIXED) * (33 + 2)]  # one sweep: 33 points, reactive, actual
     for p, s, a in zip(replays, schedules, got, strict=True):
@@ -244,7 +245,7 @@ def test_each_replays_reactive_and_actual_runs_are_taken_as_soon_as_its_group_en
         events.append("ran")
         return real(*args)
 
-    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(sweep_groups, "Sweep", Counted)
     monkeypatch.setattr(around_module, "_ran", ran)
     budget = sweep_module.RUN_SLOT_BYTES * len(replays[0].arrivals) * (33 + 2)  # a replay a group
     got = around_many(replays, schedules, budget=budget)

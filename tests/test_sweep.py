@@ -13,7 +13,7 @@ import pytest
 from per_run_baselines import per_run_baselines
 
 from gpuscaler.config import Config, parse_config
-from gpuscaler.sim import sweep as sweep_module
+from gpuscaler.sim import sweep_groups
 from gpuscaler.sim.cluster import arrivals_from_trace
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.pods import Pods, PodTable
@@ -182,9 +182,9 @@ def test_a_sweep_too_large_for_its_memory_runs_in_groups_with_the_same_figures(
             super().__init__(*args)
             built.append(len(self.kinds))
 
-    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(sweep_groups, "Sweep", Counted)
     monkeypatch.setattr(
-        sweep_module, "SWEEP_BYTES", 2 * RUN_SLOT_BYTES * len(arrivals)
+        sweep_groups, "SWEEP_BYTES", 2 * RUN_SLOT_BYTES * len(arrivals)
     )  # 2 a group
     grouped = run_baselines(config, start, seconds, arrivals, seed, 0, targets=(40, 70))
     assert built == [2, 2, 2]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuscaler.config import Config, parse_config
-from gpuscaler.sim import sweep as sweep_module
+from gpuscaler.sim import sweep_groups
 from gpuscaler.sim.around import swept_many
 from gpuscaler.sim.baselines import swept
 from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
@@ -94,7 +94,7 @@ def test_each_workloads_curves_in_one_sweep_are_those_of_its_own_sweep(
             super().__init__(*args, **kwargs)
             sweeps.append(len(self.members))
 
-    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(sweep_groups, "Sweep", Counted)
     got = swept_many(replays)
     assert sweeps == [len(MIXED)]  # one sweep ran every workload's runs
     assert got == want

@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from test_sweep_many import MIXED, _config, _replay
 
 from gpuscaler.sim import sweep as sweep_module
+from gpuscaler.sim import sweep_groups
 from gpuscaler.sim.around import SHARED, _template, _templates
 from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.scalers import ScalerKind
 from gpuscaler.sim.simulate import Prepared
-from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep, group_size, sweep_parts
+from gpuscaler.sim.sweep import RUN_SLOT_BYTES, Sweep
+from gpuscaler.sim.sweep_groups import group_size, sweep_parts
 from gpuscaler.sim.swept import held_gpus
 
 
@@ -128,7 +130,7 @@ def test_a_group_holds_as_many_runs_as_the_budget_buys_at_ten_bytes_a_slot(
             built.append(len(self.kinds))
             assert self.gpu_sums.dtype == np.int16 and self.served.dtype == np.float64
 
-    monkeypatch.setattr(sweep_module, "Sweep", Counted)
+    monkeypatch.setattr(sweep_groups, "Sweep", Counted)
     runs: list[tuple[ScalerKind, float]] = [("hpa_util", float(t)) for t in range(40, 95, 5)]
     budget = RUN_SLOT_BYTES * len(p.arrivals) * 4
     assert RUN_SLOT_BYTES == 10

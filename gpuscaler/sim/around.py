@@ -38,7 +38,7 @@ from gpuscaler.sim.simulate import (
     scenario_cluster,
     slo_metrics,
 )
-from gpuscaler.sim.sweep import SWEEP_BYTES
+from gpuscaler.sim.sweep_groups import SWEEP_BYTES
 from gpuscaler.sim.swept import SweepResult, same_model
 from gpuscaler.sim.ticks import control_ticks
 from gpuscaler.sim.trace import Trace

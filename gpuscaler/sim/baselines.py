@@ -19,7 +19,7 @@ from gpuscaler.sim.cluster import SimulatedCluster
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
 from gpuscaler.sim.queue import slo_figures
 from gpuscaler.sim.scalers import IntArray, ScalerKind
-from gpuscaler.sim.sweep import sweep_parts
+from gpuscaler.sim.sweep_groups import sweep_parts
 from gpuscaler.sim.swept import SweepResult
 
 Curves = dict[str, list[dict[str, Any]]]

@@ -19,7 +19,7 @@ the demand alone, which no run changes: one per tick for all of its targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,11 +55,6 @@ no plot reads them of a run no controller ran)."""
 RUN_SLOT_BYTES = 8 + 2
 """What every run of a sweep records a slot: the work served (float64) and the GPUs held
 (`Sweep.gpu_sums`, int16 while a slot's sum fits it: `sums_dtype`)."""
-SWEEP_BYTES = 256 * 2**20
-"""Memory the recorded arrays of one sweep may take (`RUN_SLOT_BYTES` a run a slot): a
-longer replay runs its points in groups (a week at 500 ms: 22 a group)."""
-
-
 SUMS_MOST = int(np.iinfo(np.int16).max)
 """The largest sum of a slot's GPUs `Sweep.gpu_sums` holds as int16."""
 
@@ -102,13 +97,7 @@ class Sweep:
         self.lo = np.array([c.min_replicas for c in cfgs], dtype=np.int64)
         self.hi = np.array([c.max_replicas for c in cfgs], dtype=np.int64)
         self.tol = np.array([c.tolerance for c in cfgs], dtype=np.float64)
-        self.kinds = [k for k, _ in runs]
-        self.targets = np.array([t for _, t in runs], dtype=np.float64)
-        self.share = 1.0 / template.fragments
-        self.share_targets = self.share * self.targets
-        self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
-        self.uses_rate = np.isin(self.kinds, ("keda_rate",))
-        self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
+        self._scalers(runs)
         r, n = len(runs), len(template.arrivals)
         first = np.maximum(1, self.lo)
         self.pods = PodTable([Pods.running(int(f), template.start) for f in first])
@@ -140,6 +129,16 @@ class Sweep:
         """Each tick's replica changes: (time, runs, replicas before, after)."""
         self.cursor = 0
         self._keeping(record, replicas or {})
+
+    def _scalers(self, runs: Sequence[tuple[ScalerKind, float]]) -> None:
+        """Each run's scaler kind and target, and which signals its kind reads."""
+        self.kinds = [k for k, _ in runs]
+        self.targets = np.array([t for _, t in runs], dtype=np.float64)
+        self.share = 1.0 / self.c.fragments
+        self.share_targets = self.share * self.targets
+        self.uses_util = np.isin(self.kinds, ("hpa_util", "predictive_floor"))
+        self.uses_rate = np.isin(self.kinds, ("keda_rate",))
+        self.uses_forecast = np.isin(self.kinds, ("predictive_floor",))
 
     def _keeping(self, record: Sequence[int], replicas: Mapping[int, IntArray]) -> None:
         """The runs `record` keep their whole record (`SweepResult.recorder`); the runs of
@@ -432,54 +431,3 @@ class Sweep:
             for r, b, a in zip(rows.tolist(), before.tolist(), after.tolist(), strict=True):
                 changes[r].append((now, b, a))
         return changes
-
-
-def sweep(
-    config: Config,
-    template: SimulatedCluster,
-    runs: Sequence[tuple[ScalerKind, float]],
-    seed: int,
-    seconds: float,
-) -> tuple[list[SweepResult], int]:
-    """Every run of `runs` on the template's arrivals from its start for `seconds`, in
-    groups within SWEEP_BYTES; and the slots simulated."""
-    results: list[SweepResult] = []
-    slots = 0
-    for _, part, n in sweep_parts(config, template, runs, seed, seconds):
-        results, slots = results + part, n
-    return results, slots
-
-
-def group_size(runs: int, slots: int, budget: int | None = None) -> int:
-    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes
-    (SWEEP_BYTES): as few groups as fit, of one size (the last one may be smaller)."""
-    most = max(1, (SWEEP_BYTES if budget is None else budget) // (RUN_SLOT_BYTES * max(1, slots)))
-    groups = max(1, math.ceil(runs / most))
-    return max(1, math.ceil(runs / groups))
-
-
-def sweep_parts(
-    config: Config,
-    template: SimulatedCluster,
-    runs: Sequence[tuple[ScalerKind, float]],
-    seed: int,
-    seconds: float,
-    rows: Sequence[SimulatedCluster] | None = None,
-    budget: int | None = None,
-    record: Sequence[int] = (),
-    replicas: Mapping[int, IntArray] | None = None,
-) -> Iterator[tuple[int, list[SweepResult], int]]:
-    """`sweep` in groups of runs within `budget` bytes (SWEEP_BYTES), one group at a time:
-    (the group's first run, its results, the slots simulated). With `rows`, run i replays
-    `rows[i]`'s arrivals (`Sweep`). The fewest groups the budget allows, of even sizes (a
-    group's cost is mostly its steps, whatever its runs: a smaller last group saves none,
-    even ones hold less at once)."""
-    group = group_size(len(runs), len(template.arrivals), budget)
-    for i in range(0, len(runs), group):
-        part = None if rows is None else rows[i : i + group]
-        mine = range(i, i + group)
-        kept = [r - i for r in record if r in mine]
-        fixed = {r - i: v for r, v in (replicas or {}).items() if r in mine}
-        one = Sweep(config, template, runs[i : i + group], seed, part, kept, fixed)
-        yield i, one.run(template.start, seconds), one.cursor
-        del one  # one group's arrays at a time: let go of these before the next
