@@ -19,7 +19,7 @@ from typing import cast
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, Forecast, TargetHistory
+from gpuscaler.core.model import FloatArray, Forecast, TargetHistory, known_finite
 from gpuscaler.core.skill import floor_history, records
 
 ForecastFigures = tuple[bool, float, float, float]
@@ -94,7 +94,7 @@ def _finite(group: list[Forecast], mean: FloatArray, upper: FloatArray) -> list[
     """Each forecast's `is_finite()`: as its batch found it (`model.mark_finite`, kept on
     the forecast: what `is_finite` answers), else checked over the rows (`mean`, `upper`:
     the group's)."""
-    known = [f.__dict__.get("_finite") for f in group]
+    known = [known_finite(f) for f in group]
     if None not in known:
         return cast(list[bool], known)
     lower = _rows([f.lower for f in group])

@@ -8,7 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
+from gpuscaler.core.lazy import deferred_key
 from gpuscaler.core.model import Signal, TargetHistory
+
+_REASON = deferred_key("reason")
+"""Where a held Skip leaves its reason to `Lazy` (`lazy.deferred_key`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,7 @@ def held(
     skip: Skip = _new(Skip)
     d = skip.__dict__
     d["time"], d["kind"], d["target"] = now, kind, target
-    d["_lazy_reason"] = (make, args)
+    d[_REASON] = (make, args)
     d["invalid_input"] = False
     return Outcome(h, None, skip)  # (history, decision, skip): by position, cheaper
 

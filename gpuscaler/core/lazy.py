@@ -14,7 +14,7 @@ class Lazy:
     would have been given. Set on the class after the dataclass is made."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.key = name, f"_lazy_{name}"
+        self.name, self.key = name, deferred_key(name)
 
     def __get__(self, obj: object | None, owner: type | None = None) -> object:
         if obj is None:
@@ -31,3 +31,8 @@ class Lazy:
         d[self.name] = value
         d.pop(self.key, None)
         return value
+
+
+def deferred_key(name: str) -> str:
+    """Where a maker puts `(make, args)` for the field `name` it leaves to `Lazy`."""
+    return f"_lazy_{name}"

@@ -86,7 +86,7 @@ class Forecast:
     def is_finite(self) -> bool:
         """Every point of the path and its interval finite: as found for the whole batch
         that made the forecast when it did (`mark_finite`), else checked now."""
-        known: bool | None = self.__dict__.get("_finite")
+        known = known_finite(self)
         if known is not None:
             return known
         return bool(
@@ -94,6 +94,16 @@ class Forecast:
             and np.isfinite(self.lower).all()
             and np.isfinite(self.upper).all()
         )
+
+
+FINITE_MARK = "_finite"
+"""Where a forecast keeps whether it is finite, found for its batch (`mark_finite`)."""
+
+
+def known_finite(forecast: Forecast) -> bool | None:
+    """Whether `forecast` is finite as its batch found it (`mark_finite`), else None."""
+    known: bool | None = forecast.__dict__.get(FINITE_MARK)
+    return known
 
 
 def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
@@ -107,7 +117,7 @@ def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
             or forecast.lower.flags.writeable
             or forecast.upper.flags.writeable
         )
-        object.__setattr__(forecast, "_finite", bool(ok))
+        object.__setattr__(forecast, FINITE_MARK, bool(ok))
 
 
 Forecast.reason = Lazy("reason")  # type: ignore[assignment]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from gpuscaler.core.lazy import deferred_key
 from gpuscaler.core.model import (
+    FINITE_MARK,
     FitState,
     FloatArray,
     Forecast,
@@ -25,6 +27,9 @@ Reason = tuple[Callable[..., str], tuple[object, ...]]
 """A reason to be made when first read: `make(*args)`."""
 
 _new = object.__new__
+
+_REASON, _PENDING = deferred_key("reason"), deferred_key("pending")
+"""Where a maker leaves a field to `Lazy` (`lazy.deferred_key`)."""
 
 
 def interval_state(
@@ -43,7 +48,7 @@ def interval_state(
     d["level"], d["checked_at"] = level, checked_at
     if pending is None:
         assert layout is not None and bounds is not None
-        d["_lazy_pending"] = (pending_of, (layout, bounds))
+        d[_PENDING] = (pending_of, (layout, bounds))
     else:
         d["pending"] = pending
     d["points"], d["misses"], d["layout"], d["bounds"] = points, misses, layout, bounds
@@ -107,10 +112,10 @@ def forecast(
     if isinstance(reason, str):
         d["reason"] = reason
     else:
-        d["_lazy_reason"] = reason
+        d[_REASON] = reason
     d["last_value"], d["errors"], d["peak_error"] = last_value, errors, peak_error
     if finite is not None:
-        d["_finite"] = finite
+        d[FINITE_MARK] = finite
     return out
 
 
