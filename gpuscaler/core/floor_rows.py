@@ -161,11 +161,11 @@ def remember_rows(
                 new[:, k] = [recs[i] for i in part]
                 new.setflags(write=False)
                 chunks.append((part, new))
-                for j, i in enumerate(part):
+                for i, view in zip(part, new, strict=True):  # its rows: views, read-only
                     h = hs[i]
                     seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
                     seen += (recs[i],)  # a third faster than (*seen, recs[i])
-                    out[i] = floor_history(h, seen=seen, seen_rows=new[j])
+                    out[i] = floor_history(h, seen=seen, seen_rows=view)
     return [h for h in out if h is not None], chunks
 
 
