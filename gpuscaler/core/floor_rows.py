@@ -76,12 +76,11 @@ def _figures_rows(
     """`forecast_figures` of forecasts with arrays of the same lengths, into out[idx]."""
     mean = _rows([f.mean for f in group])
     upper = _rows([f.upper for f in group])
+    peaks: list[float] = _row_max(mean).tolist()
+    # Over the whole path (a pool's figures): the same reduction of the same rows.
+    means: list[float] = peaks if sm == mean.shape[1] else _row_max(mean[:, :sm]).tolist()
     rows = zip(
-        _finite(group, mean, upper),
-        _row_max(upper[:, :su]).tolist(),
-        _row_max(mean[:, :sm]).tolist(),
-        _row_max(mean).tolist(),
-        strict=True,
+        _finite(group, mean, upper), _row_max(upper[:, :su]).tolist(), means, peaks, strict=True
     )
     for i, f, (ok, up, mp, peak) in zip(idx, group, rows, strict=True):
         if not ok:
@@ -162,11 +161,11 @@ def remember_rows(
                 new[:, k] = [recs[i] for i in part]
                 new.setflags(write=False)
                 chunks.append((part, new))
-                for j, i in enumerate(part):
+                for i, view in zip(part, new, strict=True):  # its rows: views, read-only
                     h = hs[i]
                     seen = h.seen[n - k :] if newest else tuple(h.seen[c] for c in kept.tolist())
                     seen += (recs[i],)  # a third faster than (*seen, recs[i])
-                    out[i] = floor_history(h, seen=seen, seen_rows=new[j])
+                    out[i] = floor_history(h, seen=seen, seen_rows=view)
     return [h for h in out if h is not None], chunks
 
 

@@ -81,8 +81,8 @@ def _forecast_demand(
 def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Plan:
     outcomes: dict[str, Outcome] = {}
     staleness = config.metrics.staleness
-    pools = pool_rows(config)
-    floors, held = _replica_floors(snapshot, config, history, now)
+    configured, pools = plan_rows(config)
+    floors, held = _replica_floors(snapshot, configured, staleness, history, now)
     figures = pool_figures([p.utilization.forecast for p in snapshot.pools])
     for obs, figs in zip(snapshot.pools, figures, strict=True):
         row = pools.get(obs.name)
@@ -105,7 +105,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
                     kind, name, now, "no observation of this node pool", history.get(key)
                 )
     seen_workloads = {w.key for w in snapshot.workloads}
-    for wkey in sorted(floor_rows(config).keys() - seen_workloads):
+    for wkey in sorted(configured.keys() - seen_workloads):
         key = target_key("replica_floor", wkey)
         outcomes[key] = invalid(
             "replica_floor", wkey, now, "no observation of this workload", history.get(key)
@@ -132,22 +132,22 @@ and sections."""
 def pool_rows(config: Config) -> dict[str, PoolRow]:
     """Every configured node pool's `PoolRow` by name, built once per config: a tick
     looks each observed pool up once."""
+    return plan_rows(config)[1]
 
-    def build() -> dict[str, PoolRow]:
-        fragments = config.pool_sections("fragments", FragmentsConfig)
-        time_slice = config.pool_sections("time_slice", TimeSliceConfig)
-        return {
-            p.name: (
-                p,
-                target_key("fragments", p.name),
-                fragments[p.name],
-                target_key("time_slice", p.name),
-                time_slice[p.name],
-            )
-            for p in config.node_pools
-        }
 
-    return config.memo("plan.pool_rows", build)
+def _pool_table(config: Config) -> dict[str, PoolRow]:
+    fragments = config.pool_sections("fragments", FragmentsConfig)
+    time_slice = config.pool_sections("time_slice", TimeSliceConfig)
+    return {
+        p.name: (
+            p,
+            target_key("fragments", p.name),
+            fragments[p.name],
+            target_key("time_slice", p.name),
+            time_slice[p.name],
+        )
+        for p in config.node_pools
+    }
 
 
 FloorRow = tuple[str, str | None, ReplicasConfig]
@@ -160,33 +160,41 @@ def floor_rows(config: Config) -> dict[str, FloorRow]:
     looks each observed workload up once. Workloads whose sections are equal (the same
     values: each override makes its own section) share one, so that a tick groups
     their rows by that object (`_shared`) rather than by each row's parameters."""
+    return plan_rows(config)[0]
 
-    def build() -> dict[str, FloorRow]:
-        replicas = config.workload_sections("replicas", ReplicasConfig)
-        equal: dict[str, ReplicasConfig] = {}
-        return {
-            w.key: (
-                target_key("replica_floor", w.key),
-                w.node_pool,
-                equal.setdefault(repr(replicas[w.key]), replicas[w.key]),
-            )
-            for w in config.workloads
-        }
 
-    return config.memo("plan.floor_rows", build)
+def _floor_table(config: Config) -> dict[str, FloorRow]:
+    replicas = config.workload_sections("replicas", ReplicasConfig)
+    equal: dict[str, ReplicasConfig] = {}
+    return {
+        w.key: (
+            target_key("replica_floor", w.key),
+            w.node_pool,
+            equal.setdefault(repr(replicas[w.key]), replicas[w.key]),
+        )
+        for w in config.workloads
+    }
+
+
+def plan_rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
+    """`floor_rows` and `pool_rows` of `config`, built once per config and read with one
+    `config.memo` a tick (each read of the config's private memo costs microseconds)."""
+    return config.memo("plan.rows", lambda: (_floor_table(config), _pool_table(config)))
 
 
 def _replica_floors(
-    snapshot: Snapshot, config: Config, history: History, now: float
+    snapshot: Snapshot,
+    rows: dict[str, FloorRow],
+    staleness: float,
+    history: History,
+    now: float,
 ) -> tuple[dict[str, Outcome], dict[str, float]]:
     """This tick's replica floor outcome of every configured workload observed, and per
     node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
     sized for their load: a fragment change leaves them (core.replicas.floor_gpus). The
     forecasts' skills and the overflow reserves are assessed together, and the forecasts'
     figures, the records and the observed peaks taken over rows (core.floor_rows): the
-    same as one by one."""
-    rows = floor_rows(config)
-    staleness = config.metrics.staleness
+    same as one by one (`rows`: `floor_rows`)."""
     seen = [(row, wobs) for wobs in snapshot.workloads if (row := rows.get(wobs.key))]
     figures = forecast_figures(
         [wobs.load.forecast for _, wobs in seen], [row[2].lead_time for row, _ in seen]
@@ -195,8 +203,9 @@ def _replica_floors(
     at: list[int] = []  # the workloads whose floor waits for its skill and reserve
     pending: list[tuple[Record, float, float | None]] = []
     hs: list[TargetHistory] = []  # theirs, before this tick
+    get = history.targets.get  # History.get without its call
     for i, (((key, _, cfg), wobs), figs) in enumerate(zip(seen, figures, strict=True)):
-        h = history.get(key)
+        h = get(key, EMPTY_TARGET)
         found = floor_record(wobs, cfg, staleness, h, now, figs)
         if isinstance(found, Outcome):
             outcomes.append(found)
@@ -216,9 +225,9 @@ def _replica_floors(
         out[key] = outcome
         if name is None:
             continue
-        floor = wobs.floor
-        if isinstance(outcome.decision, ReplicaFloorDecision):
-            floor = int(outcome.decision.to_value)
+        floor, decision = wobs.floor, outcome.decision
+        if decision is not None and isinstance(decision, ReplicaFloorDecision):
+            floor = int(decision.to_value)
         held[name] = held.get(name, 0.0) + floor_gpus(wobs, rep_cfg, floor)
     return out, held
 

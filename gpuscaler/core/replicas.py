@@ -14,8 +14,7 @@ forecast is set aside and the reason says so. Step limits are in GPUs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -52,11 +51,11 @@ def decide_replica_floor(
     return floor_outcome(step, skill, floor_reserve(step.history, obs, cfg, now))
 
 
-@dataclass(frozen=True, slots=True)
-class FloorStep:
+class FloorStep(NamedTuple):
     """A replica floor decided up to its forecast's skill and its overflow reserve
     (`floor_outcome` takes it from there): the planner assesses every workload's at once
-    (skill.assess_chunk, reserve.overflow_reserve_chunk)."""
+    (skill.assess_chunk, reserve.overflow_reserve_chunk). A named tuple: one a workload
+    a tick, made in a third of a frozen dataclass's time."""
 
     obs: WorkloadObservation
     cfg: ReplicasConfig
