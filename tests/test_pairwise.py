@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.core import pairwise, skill
 from gpuscaler.core.model import FloatArray, IntArray
-from gpuscaler.core.pairwise import _blocks, padded_sums
+from gpuscaler.core.pairwise import Layout, _blocks, padded_sums
 
 LENGTHS = [1, 3, 7, 8, 9, 15, 16, 17, 64, 100, 127, 128, 129, 136, 200, 250, 256, 257, 513]
 """Row lengths around numpy's pairwise steps: under 8 (one by one), lanes of 8, a
@@ -120,9 +120,11 @@ def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     windows' values only)."""
     used: list[int] = []
 
-    def spy(v: FloatArray, windows: IntArray, places: IntArray, count: int) -> FloatArray:
+    def spy(
+        v: FloatArray, windows: IntArray, places: IntArray, count: int, kept: Layout | None
+    ) -> FloatArray:
         used.append(len(v))
-        return padded_sums(v, windows, places, count)
+        return padded_sums(v, windows, places, count, kept)
 
     monkeypatch.setattr(skill, "padded_sums", spy)
     rng = np.random.default_rng(rows)

@@ -65,18 +65,25 @@ def _ranks(keys: IntArray) -> IntArray:
     return ranks
 
 
-def padded_sums(v: FloatArray, windows: IntArray, places: IntArray, count: int) -> FloatArray:
+Layout = tuple[IntArray, IntArray, IntArray]
+"""Where a window set's values go (`layout`)."""
+
+
+def padded_sums(
+    v: FloatArray, windows: IntArray, places: IntArray, count: int, kept: Layout | None = None
+) -> FloatArray:
     """For each row of `v` (rows, n) and each of `count` windows: the sum numpy takes
     (`.sum(axis=-1)`) of a row of n zeros holding v[:, p] at each place p of the window,
     where entry e puts place `places[e]` in window `windows[e]` (a place at most once a
     window). Only the (window, block) pairs with a value are summed, every row at once
     (the rows on the last axis): each lane's values gathered in order, a place past the
-    row's end standing for a zero."""
+    row's end standing for a zero. `kept`: the entries' `layout`, when the caller
+    keeps it (else kept here for the last window sets)."""
     rows, n = v.shape
     blocks = _blocks(n)
-    lanes, tails, pairs = _kept_layout(
-        n, windows.astype(np.intp).tobytes(), places.astype(np.intp).tobytes()
-    )
+    if kept is None:
+        kept = _kept_layout(n, windows.astype(np.intp).tobytes(), places.astype(np.intp).tobytes())
+    lanes, tails, pairs = kept
     by_place = np.zeros((n + 1, rows))  # place n: the zero of a missing value
     by_place[:n] = v.T
     r = _lanes(by_place, lanes)
@@ -99,10 +106,16 @@ def _lanes(by_place: FloatArray, places: IntArray) -> FloatArray:
 
 
 @lru_cache(maxsize=16)
-def _kept_layout(n: int, windows: bytes, places: bytes) -> tuple[IntArray, IntArray, IntArray]:
-    """`_layout`, kept for the last window sets: a tick's windows are most often the
-    last tick's (the records move on by one as the oldest leaves). Read-only."""
-    found = _layout(n, np.frombuffer(windows, dtype=np.intp), np.frombuffer(places, dtype=np.intp))
+def _kept_layout(n: int, windows: bytes, places: bytes) -> Layout:
+    """`layout`, kept for the last window sets: a tick's windows are most often the
+    last tick's (the records move on by one as the oldest leaves)."""
+    return layout(n, np.frombuffer(windows, dtype=np.intp), np.frombuffer(places, dtype=np.intp))
+
+
+def layout(n: int, windows: IntArray, places: IntArray) -> Layout:
+    """`padded_sums`' layout of the entries (`windows`, `places`) of rows of n values
+    (`_layout`), read-only."""
+    found = _layout(n, windows.astype(np.intp), places.astype(np.intp))
     for part in found:
         part.setflags(write=False)
     return found

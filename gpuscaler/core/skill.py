@@ -21,15 +21,18 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
-from gpuscaler.core.pairwise import padded_sums
+from gpuscaler.core.pairwise import Layout, layout, padded_sums
+from gpuscaler.core.quick import quick_init
 
 
-@dataclass(frozen=True)
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Skill:
     score: float | None
     """None until enough origins are scored."""
@@ -355,12 +358,13 @@ def _assess_rows(
     recs: FloatArray, now: float, lead: float, stab: float, min_origins: int, span: float
 ) -> list[Skill]:
     """`assess` of each (records, 4) row of `recs`, all with the same times and the same
-    ticks without a forecast: `assess`'s steps, over rows."""
+    ticks without a forecast: `assess`'s steps, over rows (records in time order, as
+    remembered, are read in place: their stable order is their own)."""
     rec0 = recs[0]
     t = rec0[:, 0]
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec0[:, 2]))
-    order = np.argsort(t, kind="stable")
-    ts = t[order]
+    order = None if _one_by_one(t) else np.argsort(t, kind="stable")
+    ts = t if order is None else t[order]
     o = t[scored]
     after = (np.searchsorted(ts, o, "right"), np.searchsorted(ts, o + lead, "right"))
     ok = after[1] > after[0]
@@ -370,7 +374,7 @@ def _assess_rows(
     scored, o = scored[ok], o[ok]
     start = np.searchsorted(ts, o - stab, "left")
     v = np.ascontiguousarray(recs[:, :, 1])
-    vs = v[:, order]
+    vs = v if order is None else v[:, order]
     reactive = window_max_rows(vs, start, after[0][ok])
     need = window_max_rows(vs, after[0][ok], after[1][ok])
     level = _window_means_rows(v, order, start, after[0][ok])
@@ -392,6 +396,11 @@ def _assess_rows(
     return out
 
 
+def _one_by_one(t: FloatArray) -> bool:
+    """Whether the times never go down (a stable sort leaves them where they are)."""
+    return bool((t[1:] >= t[:-1]).all())
+
+
 def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     """`_shortfall` of each row."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
@@ -399,26 +408,48 @@ def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
 
 
 def _window_means_rows(
-    v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
+    v: FloatArray, order: IntArray | None, start: IntArray, stop: IntArray
 ) -> FloatArray:
-    """`_window_means` of each row of `v`: the sums of each row's windows zero-padded to
-    its full length, as one row alone is summed; taken from the windows' values only
-    (pairwise.padded_sums: the same sums) for the rows whose values are all finite."""
+    """`_window_means` of each row of `v` (`order` None: the records' own), the sums of
+    each row's windows zero-padded to its full length, as one row alone is summed; taken
+    from the windows' values only (pairwise.padded_sums: the same sums) for the rows whose
+    values are all finite."""
     lengths = stop - start
-    rows = np.repeat(np.arange(start.size), lengths)
-    firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
-    cols = order[np.arange(rows.size) + firsts]
+    key = (start.astype(np.intp).tobytes(), stop.astype(np.intp).tobytes())
+    rows, cols, kept = _places(v.shape[1], *key, _bytes(order))
     finite = np.isfinite(v).all(axis=1)
     if finite.all():
-        sums = padded_sums(v, rows, cols, start.size)
+        sums = padded_sums(v, rows, cols, start.size, kept)
     else:
         sums = np.empty((len(v), start.size))
         some, others = np.flatnonzero(finite), np.flatnonzero(~finite)
         if some.size:
-            sums[some] = padded_sums(v[some], rows, cols, start.size)
+            sums[some] = padded_sums(v[some], rows, cols, start.size, kept)
         sums[others] = _padded_sums(v[others], rows, cols, start.size)
     means: FloatArray = sums / lengths
     return means
+
+
+def _bytes(order: IntArray | None) -> bytes | None:
+    return None if order is None else order.astype(np.intp).tobytes()
+
+
+@lru_cache(maxsize=16)
+def _places(
+    n: int, start: bytes, stop: bytes, order: bytes | None
+) -> tuple[IntArray, IntArray, Layout]:
+    """Each window's entries (window, place), in the windows' order and each window's
+    records in time order (`order`: the records' places in time order, None: their own),
+    and their sums' layout (pairwise.layout), for the windows [start, stop) of n records:
+    kept for the last window sets, a tick's being most often the last tick's. Read-only."""
+    first, last = np.frombuffer(start, dtype=np.intp), np.frombuffer(stop, dtype=np.intp)
+    lengths = last - first
+    rows = np.repeat(np.arange(first.size), lengths)
+    at = np.arange(rows.size) + np.repeat(first - (np.cumsum(lengths) - lengths), lengths)
+    cols = at if order is None else np.frombuffer(order, dtype=np.intp)[at]
+    for part in (rows, cols):
+        part.setflags(write=False)
+    return rows, cols, layout(n, rows, cols)
 
 
 def _padded_sums(v: FloatArray, rows: IntArray, cols: IntArray, count: int) -> FloatArray:
