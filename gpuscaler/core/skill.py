@@ -21,13 +21,12 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
-from gpuscaler.core.pairwise import Layout, layout, padded_sums
+from gpuscaler.core.pairwise import window_means_rows
 from gpuscaler.core.quick import quick_init
 
 
@@ -377,9 +376,10 @@ def _assess_rows(
     vs = v if order is None else v[:, order]
     reactive = window_max_rows(vs, start, after[0][ok])
     need = window_max_rows(vs, after[0][ok], after[1][ok])
-    level = _window_means_rows(v, order, start, after[0][ok])
-    upper = np.ascontiguousarray(recs[:, scored, 2])
-    mean = np.ascontiguousarray(recs[:, scored, 3])
+    level = window_means_rows(v, order, start, after[0][ok])
+    at = _run(scored)
+    upper = np.ascontiguousarray(recs[:, at, 2])
+    mean = np.ascontiguousarray(recs[:, at, 3])
     predictive = np.maximum(reactive, upper)
     short_r = _shortfalls(need, reactive)
     extra = (predictive - reactive).sum(axis=1)
@@ -396,6 +396,14 @@ def _assess_rows(
     return out
 
 
+def _run(at: IntArray) -> slice | IntArray:
+    """Increasing indices `at` as a slice when they are one run (most often: the
+    records old enough to be scored), which reads the same values without a gather."""
+    if at.size and int(at[-1]) - int(at[0]) + 1 == at.size:
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
+
+
 def _one_by_one(t: FloatArray) -> bool:
     """Whether the times never go down (a stable sort leaves them where they are)."""
     return bool((t[1:] >= t[:-1]).all())
@@ -405,68 +413,3 @@ def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     """`_shortfall` of each row."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
     return found
-
-
-def _window_means_rows(
-    v: FloatArray, order: IntArray | None, start: IntArray, stop: IntArray
-) -> FloatArray:
-    """`_window_means` of each row of `v` (`order` None: the records' own), the sums of
-    each row's windows zero-padded to its full length, as one row alone is summed; taken
-    from the windows' values only (pairwise.padded_sums: the same sums) for the rows whose
-    values are all finite."""
-    lengths = stop - start
-    key = (start.astype(np.intp).tobytes(), stop.astype(np.intp).tobytes())
-    rows, cols, kept = _places(v.shape[1], *key, _bytes(order))
-    finite = np.isfinite(v).all(axis=1)
-    if finite.all():
-        sums = padded_sums(v, rows, cols, start.size, kept)
-    else:
-        sums = np.empty((len(v), start.size))
-        some, others = np.flatnonzero(finite), np.flatnonzero(~finite)
-        if some.size:
-            sums[some] = padded_sums(v[some], rows, cols, start.size, kept)
-        sums[others] = _padded_sums(v[others], rows, cols, start.size)
-    means: FloatArray = sums / lengths
-    return means
-
-
-def _bytes(order: IntArray | None) -> bytes | None:
-    return None if order is None else order.astype(np.intp).tobytes()
-
-
-@lru_cache(maxsize=16)
-def _places(
-    n: int, start: bytes, stop: bytes, order: bytes | None
-) -> tuple[IntArray, IntArray, Layout]:
-    """Each window's entries (window, place), in the windows' order and each window's
-    records in time order (`order`: the records' places in time order, None: their own),
-    and their sums' layout (pairwise.layout), for the windows [start, stop) of n records:
-    kept for the last window sets, a tick's being most often the last tick's. Read-only."""
-    first, last = np.frombuffer(start, dtype=np.intp), np.frombuffer(stop, dtype=np.intp)
-    lengths = last - first
-    rows = np.repeat(np.arange(first.size), lengths)
-    at = np.arange(rows.size) + np.repeat(first - (np.cumsum(lengths) - lengths), lengths)
-    cols = at if order is None else np.frombuffer(order, dtype=np.intp)[at]
-    for part in (rows, cols):
-        part.setflags(write=False)
-    return rows, cols, layout(n, rows, cols)
-
-
-def _padded_sums(v: FloatArray, rows: IntArray, cols: IntArray, count: int) -> FloatArray:
-    """numpy's sums of the zero-padded rows themselves (for values not finite: NaN's
-    bits may differ from `padded_sums`'), a few rows at a time, so that the padded rows
-    stay in the cache."""
-    step = max(1, _LEVEL_FLOATS // (count * v.shape[1]))
-    filled = np.zeros((min(step, len(v)), count, v.shape[1]))
-    sums = np.empty((len(v), count))
-    for first in range(0, len(v), step):
-        part = v[first : first + step]
-        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
-        sums[first : first + step] = filled[: len(part)].sum(axis=2)
-    return sums
-
-
-_LEVEL_FLOATS = 524_288
-"""Floats of the zero-padded level rows summed at once (4 MB: in the L3 cache; measured
-on 100 rows x 126 origins x 250 records: 1 MB 3.5-4.3 ms a tick, 2 MB 2.4-3.0, 4 MB
-2.4-2.5, 8 MB 2.5-3.8; fewer passes cost less than the L2 they missed)."""
