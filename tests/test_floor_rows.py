@@ -207,6 +207,22 @@ def test_observed_peaks_taken_together_are_each_historys_own(window: float, chun
     assert len(set(bits(tuple(got)))) > 2  # not one value for all
 
 
+def test_the_row_peaks_are_pythons_max_of_each_row_to_the_last_bit() -> None:
+    """Rows whose highest value is a zero of either sign (the first one Python meets),
+    with a NaN before or after, an inf, ties, and plain rows: each peak is Python's."""
+    rng = np.random.default_rng(5)
+    rows = rng.choice([-0.0, 0.0, -1.0, 2.5, 2.5, 7.0], (60, 9))
+    rows[::4] = np.minimum(rows[::4], 0.0)  # zeros of both signs on top
+    rows[1::7, 0], rows[2::7, 5], rows[3::9, 2] = math.nan, math.nan, math.inf
+    rows[4::9, 1] = -math.inf
+    rows[:2] = [-0.0, 0.0, *[-1.0] * 7], [0.0, -0.0, *[-1.0] * 7]
+    got = floor_rows._row_peaks(rows)
+    assert bits(tuple(got)) == bits(tuple(max(row) for row in rows.tolist()))
+    assert {struct.pack("<d", p) for p in got} >= {struct.pack("<d", z) for z in (0.0, -0.0)}
+    with pytest.raises(ValueError):
+        floor_rows._row_peaks(np.zeros((2, 0)))
+
+
 def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
     chunk: int,
 ) -> None:
