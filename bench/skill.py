@@ -69,8 +69,10 @@ def bisection_inputs(args: Args) -> tuple[Any, Any, Any] | None:
     to its bisection (the same in the base and this tree)."""
     import numpy as np
 
-    from gpuscaler.core import skill
+    from gpuscaler.core import pairwise, skill
 
+    means: Any = getattr(pairwise, "window_means_rows", None)  # else the base's
+    means = means or getattr(skill, "_window_means_rows")  # noqa: B009 (the base's)
     recs, now, lead, stab, min_origins, span = args
     t = recs[0][:, 0]
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(recs[0][:, 2]))
@@ -84,7 +86,7 @@ def bisection_inputs(args: Args) -> tuple[Any, Any, Any] | None:
     start = np.searchsorted(ts, o - stab, "left")
     v = np.ascontiguousarray(recs[:, :, 1])
     reactive = skill.window_max_rows(v[:, order], start, after[0][ok])
-    level = skill._window_means_rows(v, order, start, after[0][ok])
+    level = means(v, order, start, after[0][ok])
     upper, mean = recs[:, scored, 2], recs[:, scored, 3]
     extra = (np.maximum(reactive, upper) - reactive).sum(axis=1)
     return reactive, level + (upper - mean), extra

@@ -17,7 +17,7 @@ from floor_reference import forecast_figures as alone_figures
 from floor_reference import observed_peak as old_observed_peak
 from test_floor_batch import plans_are_each_floor_alone
 
-from gpuscaler.core import floor_rows, skill
+from gpuscaler.core import floor_rows, pairwise, skill
 from gpuscaler.core.floor_rows import (
     chunk_peaks,
     forecast_figures,
@@ -207,6 +207,22 @@ def test_observed_peaks_taken_together_are_each_historys_own(window: float, chun
     assert len(set(bits(tuple(got)))) > 2  # not one value for all
 
 
+def test_the_row_peaks_are_pythons_max_of_each_row_to_the_last_bit() -> None:
+    """Rows whose highest value is a zero of either sign (the first one Python meets),
+    with a NaN before or after, an inf, ties, and plain rows: each peak is Python's."""
+    rng = np.random.default_rng(5)
+    rows = rng.choice([-0.0, 0.0, -1.0, 2.5, 2.5, 7.0], (60, 9))
+    rows[::4] = np.minimum(rows[::4], 0.0)  # zeros of both signs on top
+    rows[1::7, 0], rows[2::7, 5], rows[3::9, 2] = math.nan, math.nan, math.inf
+    rows[4::9, 1] = -math.inf
+    rows[:2] = [-0.0, 0.0, *[-1.0] * 7], [0.0, -0.0, *[-1.0] * 7]
+    got = floor_rows._row_peaks(rows)
+    assert bits(tuple(got)) == bits(tuple(max(row) for row in rows.tolist()))
+    assert {struct.pack("<d", p) for p in got} >= {struct.pack("<d", z) for z in (0.0, -0.0)}
+    with pytest.raises(ValueError):
+        floor_rows._row_peaks(np.zeros((2, 0)))
+
+
 def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
     chunk: int,
 ) -> None:
@@ -215,13 +231,13 @@ def test_a_plan_of_many_floors_in_chunks_is_each_floor_decided_alone(
     assert any("forecast upper" in r for r in reasons)
 
 
-@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, skill._LEVEL_FLOATS])
+@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, pairwise._LEVEL_FLOATS])
 def test_window_means_over_rows_in_any_chunks_are_each_rows_own_to_the_last_bit(
     floats: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The level's zero-padded sums are taken a few rows at a time (`_LEVEL_FLOATS`):
     whatever the chunk, each row's means are the ones `_window_means` takes of it alone."""
-    monkeypatch.setattr(skill, "_LEVEL_FLOATS", floats)
+    monkeypatch.setattr(pairwise, "_LEVEL_FLOATS", floats)
     rng = np.random.default_rng(floats)
     v = rng.normal(size=(11, 250)) * 100.0
     v[2, 17] = -0.0
@@ -229,6 +245,6 @@ def test_window_means_over_rows_in_any_chunks_are_each_rows_own_to_the_last_bit(
     order = rng.permutation(250)
     start = np.sort(rng.integers(0, 240, 40))
     stop = start + rng.integers(1, 11, 40)
-    got = skill._window_means_rows(v, order, start, stop)
+    got = pairwise.window_means_rows(v, order, start, stop)
     for row, means in zip(v, got, strict=True):
         assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.core import pairwise, skill
 from gpuscaler.core.model import FloatArray, IntArray
-from gpuscaler.core.pairwise import _blocks, padded_sums
+from gpuscaler.core.pairwise import Layout, _blocks, padded_sums
 
 LENGTHS = [1, 3, 7, 8, 9, 15, 16, 17, 64, 100, 127, 128, 129, 136, 200, 250, 256, 257, 513]
 """Row lengths around numpy's pairwise steps: under 8 (one by one), lanes of 8, a
@@ -97,7 +97,7 @@ def means_are_each_rows_own(
     """The level over rows: each row's means are the ones `_window_means` takes of it
     alone, to the last bit."""
     with np.errstate(invalid="ignore"):
-        got = skill._window_means_rows(v, order, start, stop)
+        got = pairwise.window_means_rows(v, order, start, stop)
         for row, means in zip(v, got, strict=True):
             assert means.tobytes() == skill._window_means(row, order, start, stop).tobytes()
 
@@ -120,11 +120,13 @@ def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     windows' values only)."""
     used: list[int] = []
 
-    def spy(v: FloatArray, windows: IntArray, places: IntArray, count: int) -> FloatArray:
+    def spy(
+        v: FloatArray, windows: IntArray, places: IntArray, count: int, kept: Layout | None
+    ) -> FloatArray:
         used.append(len(v))
-        return padded_sums(v, windows, places, count)
+        return padded_sums(v, windows, places, count, kept)
 
-    monkeypatch.setattr(skill, "padded_sums", spy)
+    monkeypatch.setattr(pairwise, "padded_sums", spy)
     rng = np.random.default_rng(rows)
     v = values(rng, rows, 250, "zeros")
     order = np.arange(250)
@@ -138,13 +140,13 @@ def test_the_level_over_rows_is_each_rows_own_with_or_without_the_pairwise_sums(
     assert used == [rows] + ([len(range(2, rows, 3))] if rows > 2 else [])
 
 
-@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, skill._LEVEL_FLOATS])
+@pytest.mark.parametrize("floats", [1, 250 * 7, 250 * 40 * 3, pairwise._LEVEL_FLOATS])
 def test_rows_not_finite_are_summed_padded_in_any_chunks_to_the_last_bit(
     floats: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The zero-padded sums of the rows that are not finite, a few rows at a time
     (`_LEVEL_FLOATS`): whatever the chunk, each row's means are its own alone."""
-    monkeypatch.setattr(skill, "_LEVEL_FLOATS", floats)
+    monkeypatch.setattr(pairwise, "_LEVEL_FLOATS", floats)
     rng = np.random.default_rng(floats)
     v = values(rng, 11, 250, "ties")
     v[:, 3], v[4, 100], v[5, 101], v[7, 150:160] = np.nan, np.inf, -np.inf, -np.nan

@@ -49,13 +49,19 @@ def bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> Fl
     """The bisection's c of each row of (reactive, base) and its `extra`, as every step
     taken with the rows' sums gives it."""
     total = reactive.sum(axis=1)
-    lo: FloatArray = -np.max(base - reactive, axis=1) - 1.0
     hi: FloatArray = extra + 1.0
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        a, b, regular = _band(reactive, base, total, extra)
-        if regular.all():
+        a, b, regular, least = _band(reactive, base, total, extra)
+    if regular.all():
+        # -max(base - reactive) - 1.0: the lowest breakpoint is its exact negation (a
+        # difference's negation is the negated difference's; a zero of either sign
+        # gives -1.0), where every value is finite.
+        lo: FloatArray = least - 1.0
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             _steps(reactive, base, total, extra, (lo, hi), (a, b))
-            return lo
+        return lo
+    lo = -np.max(base - reactive, axis=1) - 1.0
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         rows, others = np.flatnonzero(regular), np.flatnonzero(~regular)
         part = lo[rows], hi[rows]
         _steps(reactive[rows], base[rows], total[rows], extra[rows], part, (a[rows], b[rows]))
@@ -67,9 +73,10 @@ def bisect_rows(reactive: FloatArray, base: FloatArray, extra: FloatArray) -> Fl
 
 def _band(
     reactive: FloatArray, base: FloatArray, total: FloatArray, extra: FloatArray
-) -> tuple[FloatArray, FloatArray, Bools]:
-    """Each row's band [a, b] (c under a: the answer is no; over b: yes) and whether the
-    row is regular (every value finite, its sums far from overflowing)."""
+) -> tuple[FloatArray, FloatArray, Bools, FloatArray]:
+    """Each row's band [a, b] (c under a: the answer is no; over b: yes), whether the
+    row is regular (every value finite, its sums far from overflowing), and its lowest
+    breakpoint (min(reactive - base) where regular)."""
     rows, n = reactive.shape
     ds = np.sort(reactive - base, axis=1)
     below = np.zeros((rows, n + 1))  # below[:, k]: the sum of the k lowest breakpoints
@@ -90,7 +97,7 @@ def _band(
     a = np.where(extra >= margin, root(extra - margin), _below_all(ds, n))
     negative = extra < 0.0  # F >= 0 > extra at every c: yes at every step
     a[negative] = b[negative] = -np.inf
-    return a, b, np.isfinite(4.0 * size)  # every value finite, no sum near overflow
+    return a, b, np.isfinite(4.0 * size), ds[:, 0]  # regular: finite, no sum near overflow
 
 
 def _below_all(ds: FloatArray, n: int) -> FloatArray:

@@ -204,6 +204,21 @@ def chunk_peaks(chunks: Sequence[RowChunk], now: float, windows: Sequence[float]
         for window, js in by_window.items():
             cols = np.flatnonzero((t > now - window) | (t == now))
             part = recs if len(js) == len(idx) else recs[js]
-            for j, row in zip(js, part[:, cols, 1].tolist(), strict=True):
-                out[idx[j]] = max(row)
+            for j, peak in zip(js, _row_peaks(part[:, cols, 1]), strict=True):
+                out[idx[j]] = peak
     return out
+
+
+def _row_peaks(values: FloatArray) -> list[float]:
+    """Python's `max` of each row of `values`, taken over the rows where it is numpy's:
+    every value finite and the maximum not zero (Python's keeps the first of equal
+    zeros, whose sign numpy's may not; of equal values not zero all have the same
+    bits); one row at a time elsewhere, as Python's (an empty row: its ValueError)."""
+    if not values.shape[1]:
+        return [max(row) for row in values.tolist()]
+    top: list[float] = _row_max(values).tolist()
+    sure: list[bool] = np.asarray(np.isfinite(values).all(axis=1)).tolist()
+    for r, (peak, ok) in enumerate(zip(top, sure, strict=True)):
+        if not ok or peak == 0.0:
+            top[r] = max(values[r].tolist())
+    return top

@@ -26,10 +26,12 @@ import numpy as np
 
 from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
-from gpuscaler.core.pairwise import padded_sums
+from gpuscaler.core.pairwise import window_means_rows
+from gpuscaler.core.quick import quick_init
 
 
-@dataclass(frozen=True)
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Skill:
     score: float | None
     """None until enough origins are scored."""
@@ -355,12 +357,13 @@ def _assess_rows(
     recs: FloatArray, now: float, lead: float, stab: float, min_origins: int, span: float
 ) -> list[Skill]:
     """`assess` of each (records, 4) row of `recs`, all with the same times and the same
-    ticks without a forecast: `assess`'s steps, over rows."""
+    ticks without a forecast: `assess`'s steps, over rows (records in time order, as
+    remembered, are read in place: their stable order is their own)."""
     rec0 = recs[0]
     t = rec0[:, 0]
     scored = np.flatnonzero((t + lead <= now) & (t > now - span) & np.isfinite(rec0[:, 2]))
-    order = np.argsort(t, kind="stable")
-    ts = t[order]
+    order = None if _one_by_one(t) else np.argsort(t, kind="stable")
+    ts = t if order is None else t[order]
     o = t[scored]
     after = (np.searchsorted(ts, o, "right"), np.searchsorted(ts, o + lead, "right"))
     ok = after[1] > after[0]
@@ -370,12 +373,13 @@ def _assess_rows(
     scored, o = scored[ok], o[ok]
     start = np.searchsorted(ts, o - stab, "left")
     v = np.ascontiguousarray(recs[:, :, 1])
-    vs = v[:, order]
+    vs = v if order is None else v[:, order]
     reactive = window_max_rows(vs, start, after[0][ok])
     need = window_max_rows(vs, after[0][ok], after[1][ok])
-    level = _window_means_rows(v, order, start, after[0][ok])
-    upper = np.ascontiguousarray(recs[:, scored, 2])
-    mean = np.ascontiguousarray(recs[:, scored, 3])
+    level = window_means_rows(v, order, start, after[0][ok])
+    at = _run(scored)
+    upper = np.ascontiguousarray(recs[:, at, 2])
+    mean = np.ascontiguousarray(recs[:, at, 3])
     predictive = np.maximum(reactive, upper)
     short_r = _shortfalls(need, reactive)
     extra = (predictive - reactive).sum(axis=1)
@@ -392,50 +396,20 @@ def _assess_rows(
     return out
 
 
+def _run(at: IntArray) -> slice | IntArray:
+    """Increasing indices `at` as a slice when they are one run (most often: the
+    records old enough to be scored), which reads the same values without a gather."""
+    if at.size and int(at[-1]) - int(at[0]) + 1 == at.size:
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at
+
+
+def _one_by_one(t: FloatArray) -> bool:
+    """Whether the times never go down (a stable sort leaves them where they are)."""
+    return bool((t[1:] >= t[:-1]).all())
+
+
 def _shortfalls(need: FloatArray, capacity: FloatArray) -> FloatArray:
     """`_shortfall` of each row."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
     return found
-
-
-def _window_means_rows(
-    v: FloatArray, order: IntArray, start: IntArray, stop: IntArray
-) -> FloatArray:
-    """`_window_means` of each row of `v`: the sums of each row's windows zero-padded to
-    its full length, as one row alone is summed; taken from the windows' values only
-    (pairwise.padded_sums: the same sums) for the rows whose values are all finite."""
-    lengths = stop - start
-    rows = np.repeat(np.arange(start.size), lengths)
-    firsts = np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
-    cols = order[np.arange(rows.size) + firsts]
-    finite = np.isfinite(v).all(axis=1)
-    if finite.all():
-        sums = padded_sums(v, rows, cols, start.size)
-    else:
-        sums = np.empty((len(v), start.size))
-        some, others = np.flatnonzero(finite), np.flatnonzero(~finite)
-        if some.size:
-            sums[some] = padded_sums(v[some], rows, cols, start.size)
-        sums[others] = _padded_sums(v[others], rows, cols, start.size)
-    means: FloatArray = sums / lengths
-    return means
-
-
-def _padded_sums(v: FloatArray, rows: IntArray, cols: IntArray, count: int) -> FloatArray:
-    """numpy's sums of the zero-padded rows themselves (for values not finite: NaN's
-    bits may differ from `padded_sums`'), a few rows at a time, so that the padded rows
-    stay in the cache."""
-    step = max(1, _LEVEL_FLOATS // (count * v.shape[1]))
-    filled = np.zeros((min(step, len(v)), count, v.shape[1]))
-    sums = np.empty((len(v), count))
-    for first in range(0, len(v), step):
-        part = v[first : first + step]
-        filled[: len(part), rows, cols] = part[:, cols]  # the same places each time
-        sums[first : first + step] = filled[: len(part)].sum(axis=2)
-    return sums
-
-
-_LEVEL_FLOATS = 524_288
-"""Floats of the zero-padded level rows summed at once (4 MB: in the L3 cache; measured
-on 100 rows x 126 origins x 250 records: 1 MB 3.5-4.3 ms a tick, 2 MB 2.4-3.0, 4 MB
-2.4-2.5, 8 MB 2.5-3.8; fewer passes cost less than the L2 they missed)."""
