@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpuscaler.core.forecast import kept_rows, strips
-from gpuscaler.core.forecast.blocks import as_rows, stacked
+from gpuscaler.core.forecast.blocks import as_rows, block_of, stacked
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
 from gpuscaler.core.forecast.ensemble import (
     ASSESS_ORIGINS,
@@ -178,6 +178,8 @@ def _rolled(
     newest origin is then at `newest[g]`. Rows that hold as many errors before and after
     are done at once whatever their counts (every row once it holds ASSESS_ORIGINS;
     issues 18 and 20): the same per-row arithmetic as one at a time."""
+    if _one_group(sub, counts):  # the steady lanes: no per-row grouping
+        return _rolled_together(sub, errors, peaks, counts, newest)
     groups: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
     for g, s in enumerate(sub):
         after = min(s.peak_recent.shape[0] + counts[g], ASSESS_ORIGINS)
@@ -198,6 +200,21 @@ def _rolled(
         for g, rolled in zip(idx, part, strict=True):
             out[g] = rolled
     return out
+
+
+def _one_group(sub: Sequence[Scored], counts: Sequence[int]) -> bool:
+    """Whether `_rolled` makes one group of the rows: one shape of recent errors and of
+    peak errors (rows of one kept window or block; else their shapes compared), and as
+    many after for each (equal counts, or ASSESS_ORIGINS for all) (issue 20: not a key
+    made row by row)."""
+    recent, peak_rows = [s.abs_recent for s in sub], [s.peak_recent for s in sub]
+    if block_of(peak_rows) is None and len({p.shape for p in peak_rows}) != 1:
+        return False
+    loose = strips.window_of(recent) is None and block_of(recent) is None
+    if loose and len({r.shape for r in recent}) != 1:
+        return False
+    least = min(counts)
+    return least == max(counts) or peak_rows[0].shape[0] + least >= ASSESS_ORIGINS
 
 
 def _rolled_together(
