@@ -51,4 +51,4 @@ def test_one_group_is_found_exactly_when_every_rows_key_is_the_same(seed: int) -
             recent = [rng.normal(size=(int(d), steps)) for d in depths]
             peaks = [rng.normal(size=int(d)) for d in rng.permutation(depths)]
         sub = _sub(recent, peaks)
-        assert _one_group(sub, counts) == (len(_keys(sub, counts)) == 1)
+        assert _one_group(recent, peaks, counts) == (len(_keys(sub, counts)) == 1)
