@@ -407,7 +407,7 @@ def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) 
     gap (else its row weight: constant along the path), so the weights' sum is found at
     the shape the weights vary in; a member's part is its weighted path where every
     weight counts. The same sums, in the same order, of the same values at every point."""
-    shape = np.broadcast_shapes(*(paths[name].shape for name in MEMBERS))
+    shape = np.broadcast(*(paths[name] for name in MEMBERS)).shape  # in C: no shape walk
     parts, used = [], []
     for name in MEMBERS:
         path = paths[name]
@@ -426,7 +426,7 @@ def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) 
         total += first
     for part in parts[1:]:
         total += part
-    wsum = np.zeros(np.broadcast_shapes(*(w.shape for w in used)))
+    wsum = np.zeros(np.broadcast(*used).shape)
     for w in used:
         wsum += w
     with np.errstate(invalid="ignore", divide="ignore"):
