@@ -368,7 +368,7 @@ def normalized(
     """`raw` weights normalized per series over the members whose live path is finite
     (all 0 where no member is usable). Issue 20: the members' weights as rows of one
     (members, n) array, each step once for all of them (the same operations on each)."""
-    usable = [np.isfinite(live[k]).all(axis=1) for k in MEMBERS]
+    usable = [_finite_rows(live[k]) for k in MEMBERS]
     kept = _toward_arima(np.where(usable, [raw[k] for k in MEMBERS], 0.0))
     total = 0 + kept[0]  # summed in MEMBERS' order, as `sum` of the rows
     for row in kept[1:]:
@@ -378,7 +378,18 @@ def normalized(
     return dict(zip(MEMBERS, out, strict=True))
 
 
-_OTHERS = [i for i, name in enumerate(MEMBERS) if name != "arima"]
+def _finite_rows(path: FloatArray) -> BoolArray:
+    """Whether each row of `path` (n, k) is finite throughout (a flat one, k = 1, read as
+    its column: no reduction)."""
+    out: BoolArray = np.isfinite(path[:, 0]) if path.shape[1] == 1 else np.isfinite(path).all(1)
+    return out
+
+
+_ARIMA = MEMBERS.index("arima")
+_OTHERS: slice | list[int] = (
+    slice(1, None) if _ARIMA == 0 else [i for i in range(len(MEMBERS)) if i != _ARIMA]
+)
+"""The other members' rows (a slice, read as a view, when ARIMA comes first)."""
 
 
 def _toward_arima(kept: FloatArray) -> FloatArray:
@@ -387,7 +398,7 @@ def _toward_arima(kept: FloatArray) -> FloatArray:
     rising linearly to its full weight once ARIMA's is ARIMA_MARGIN above its. Unchanged
     where ARIMA has no weight (dropped, or no live path): the others carry the forecast
     as before."""
-    arima = kept[MEMBERS.index("arima")]
+    arima = kept[_ARIMA]
     has = arima > 0
     others = kept[_OTHERS]
     with np.errstate(invalid="ignore", divide="ignore"):
