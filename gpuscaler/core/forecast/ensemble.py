@@ -103,7 +103,9 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
     """The two smoothing members at one origin from the levels of every constant (A, n):
     the best-fit constant's level, and the levels averaged by `inv` (A, n)."""
     rows = np.arange(levels.shape[1])
-    avg: FloatArray = column_sums(inv * levels) / column_sums(inv)
+    # `column_sums` of (A, n): each column's contiguous sum, the transpose's rows (issue 20:
+    # without moveaxis's Python walk, twice a call)
+    avg: FloatArray = row_sums((inv * levels).T) / row_sums(inv.T)
     return {"ses": levels[best, rows], "ses_avg": avg}
 
 
