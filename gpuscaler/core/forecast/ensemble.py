@@ -103,8 +103,7 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
     """The two smoothing members at one origin from the levels of every constant (A, n):
     the best-fit constant's level, and the levels averaged by `inv` (A, n)."""
     rows = np.arange(levels.shape[1])
-    # `column_sums` of (A, n): each column's contiguous sum, the transpose's rows (issue 20:
-    # without moveaxis's Python walk, twice a call)
+    # column_sums of (A, n), as the rows of the transposes: no moveaxis (issue 20)
     avg: FloatArray = row_sums((inv * levels).T) / row_sums(inv.T)
     return {"ses": levels[best, rows], "ses_avg": avg}
 
@@ -370,7 +369,8 @@ def normalized(
     """`raw` weights normalized per series over the members whose live path is finite
     (all 0 where no member is usable). Issue 20: the members' weights as rows of one
     (members, n) array, each step once for all of them (the same operations on each)."""
-    usable = [_finite_rows(live[k]) for k in MEMBERS]
+    paths = [live[k] for k in MEMBERS]  # a flat one's rows (n, 1): its column, no reduction
+    usable = [np.isfinite(p[:, 0]) if p.shape[1] == 1 else np.isfinite(p).all(1) for p in paths]
     kept = _toward_arima(np.where(usable, [raw[k] for k in MEMBERS], 0.0))
     total = 0 + kept[0]  # summed in MEMBERS' order, as `sum` of the rows
     for row in kept[1:]:
@@ -380,18 +380,8 @@ def normalized(
     return dict(zip(MEMBERS, out, strict=True))
 
 
-def _finite_rows(path: FloatArray) -> BoolArray:
-    """Whether each row of `path` (n, k) is finite throughout (a flat one, k = 1, read as
-    its column: no reduction)."""
-    out: BoolArray = np.isfinite(path[:, 0]) if path.shape[1] == 1 else np.isfinite(path).all(1)
-    return out
-
-
-_ARIMA = MEMBERS.index("arima")
-_OTHERS: slice | list[int] = (
-    slice(1, None) if _ARIMA == 0 else [i for i in range(len(MEMBERS)) if i != _ARIMA]
-)
-"""The other members' rows (a slice, read as a view, when ARIMA comes first)."""
+_OTHERS = slice(1, None)
+"""The members after ARIMA (MEMBERS[0]): their rows as a view, not a fancy index's copy."""
 
 
 def _toward_arima(kept: FloatArray) -> FloatArray:
@@ -400,7 +390,7 @@ def _toward_arima(kept: FloatArray) -> FloatArray:
     rising linearly to its full weight once ARIMA's is ARIMA_MARGIN above its. Unchanged
     where ARIMA has no weight (dropped, or no live path): the others carry the forecast
     as before."""
-    arima = kept[_ARIMA]
+    arima = kept[MEMBERS.index("arima")]
     has = arima > 0
     others = kept[_OTHERS]
     with np.errstate(invalid="ignore", divide="ignore"):
