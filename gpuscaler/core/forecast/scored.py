@@ -15,6 +15,7 @@ dropped. `clip_rows` bounds every forecast of a batch at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import isfinite
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def score(a: Assessment, newest: float) -> list[Scored]:
     names = list(a.errors)
     table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
     errors = [
-        {k: v for k, v in zip(names, row, strict=True) if np.isfinite(v)} for row in table.tolist()
+        {k: v for k, v in zip(names, row, strict=True) if isfinite(v)} for row in table.tolist()
     ]
     methods = [choose_method(e) if "last_value" in e else None for e in errors]
     last = np.array([m == "last_value" for m in methods])
