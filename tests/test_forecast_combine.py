@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscaler.core.forecast.ensemble import ARIMA_MARGIN, MEMBERS, combine, normalized
+from gpuscaler.core.forecast.ensemble import _OTHERS, ARIMA_MARGIN, MEMBERS, combine, normalized
 from gpuscaler.core.model import FloatArray
 
 VALUES = np.array([0.0, -0.0, 1.5, -2.25, 7.0, np.nan, np.inf, -np.inf, 1e-310, 3.0])
@@ -87,3 +87,9 @@ def test_weights_normalized_together_equal_those_normalized_member_by_member(
     assert list(got) == list(want)
     for k in MEMBERS:
         assert got[k].tobytes() == want[k].tobytes()
+
+
+def test_arima_is_the_first_member_so_the_others_are_the_rows_after_it() -> None:
+    # _toward_arima reads the other members' weights as the rows after ARIMA's (a view)
+    assert MEMBERS[0] == "arima"
+    assert list(MEMBERS[_OTHERS]) == [k for k in MEMBERS if k != "arima"]

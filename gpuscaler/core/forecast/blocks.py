@@ -54,6 +54,13 @@ def _forget(key: int) -> Callable[[object], None]:
 def stacked(rows: Sequence[FloatArray]) -> FloatArray:
     """`np.stack(rows)` in values: the block they were handed out from when they are all
     its rows in order (a read-only view, no copy), else their stack."""
+    found = block_of(rows)
+    return found if found is not None else np.stack(rows)
+
+
+def block_of(rows: Sequence[FloatArray]) -> FloatArray | None:
+    """The block `rows` (not empty) were handed out from when they are all its rows in
+    order (as `stacked` gives it: rows of one shape), else None."""
     entry = _blocks.get(id(rows[0]))
     if entry is not None:
         block, swapped, refs = entry[0](), entry[1], entry[2]
@@ -63,4 +70,4 @@ def stacked(rows: Sequence[FloatArray]) -> FloatArray:
             and all(map(operator.is_, map(_target, refs), rows))
         ):
             return block.swapaxes(1, 2) if swapped else block
-    return np.stack(rows)
+    return None

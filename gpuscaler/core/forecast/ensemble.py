@@ -103,7 +103,8 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
     """The two smoothing members at one origin from the levels of every constant (A, n):
     the best-fit constant's level, and the levels averaged by `inv` (A, n)."""
     rows = np.arange(levels.shape[1])
-    avg: FloatArray = column_sums(inv * levels) / column_sums(inv)
+    # column_sums of (A, n), as the rows of the transposes: no moveaxis (issue 20)
+    avg: FloatArray = row_sums((inv * levels).T) / row_sums(inv.T)
     return {"ses": levels[best, rows], "ses_avg": avg}
 
 
@@ -368,7 +369,8 @@ def normalized(
     """`raw` weights normalized per series over the members whose live path is finite
     (all 0 where no member is usable). Issue 20: the members' weights as rows of one
     (members, n) array, each step once for all of them (the same operations on each)."""
-    usable = [np.isfinite(live[k]).all(axis=1) for k in MEMBERS]
+    paths = [live[k] for k in MEMBERS]  # a flat one's rows (n, 1): its column, no reduction
+    usable = [np.isfinite(p[:, 0]) if p.shape[1] == 1 else np.isfinite(p).all(1) for p in paths]
     kept = _toward_arima(np.where(usable, [raw[k] for k in MEMBERS], 0.0))
     total = 0 + kept[0]  # summed in MEMBERS' order, as `sum` of the rows
     for row in kept[1:]:
@@ -378,7 +380,8 @@ def normalized(
     return dict(zip(MEMBERS, out, strict=True))
 
 
-_OTHERS = [i for i, name in enumerate(MEMBERS) if name != "arima"]
+_OTHERS = slice(1, None)
+"""The members after ARIMA (MEMBERS[0]): their rows as a view, not a fancy index's copy."""
 
 
 def _toward_arima(kept: FloatArray) -> FloatArray:
@@ -407,7 +410,7 @@ def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) 
     gap (else its row weight: constant along the path), so the weights' sum is found at
     the shape the weights vary in; a member's part is its weighted path where every
     weight counts. The same sums, in the same order, of the same values at every point."""
-    shape = np.broadcast_shapes(*(paths[name].shape for name in MEMBERS))
+    shape = np.broadcast(*(paths[name] for name in MEMBERS)).shape  # in C: no shape walk
     parts, used = [], []
     for name in MEMBERS:
         path = paths[name]
@@ -426,7 +429,7 @@ def combine(weights: Mapping[str, FloatArray], paths: Mapping[str, FloatArray]) 
         total += first
     for part in parts[1:]:
         total += part
-    wsum = np.zeros(np.broadcast_shapes(*(w.shape for w in used)))
+    wsum = np.zeros(np.broadcast(*used).shape)
     for w in used:
         wsum += w
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -15,11 +15,12 @@ dropped. `clip_rows` bounds every forecast of a batch at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import isfinite
 
 import numpy as np
 
 from gpuscaler.core.forecast import kept_rows, strips
-from gpuscaler.core.forecast.blocks import as_rows, stacked
+from gpuscaler.core.forecast.blocks import as_rows, block_of, stacked
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite
 from gpuscaler.core.forecast.ensemble import (
     ASSESS_ORIGINS,
@@ -48,7 +49,7 @@ def score(a: Assessment, newest: float) -> list[Scored]:
     names = list(a.errors)
     table = np.stack([a.errors[k] for k in names], axis=1)  # (n, candidates)
     errors = [
-        {k: v for k, v in zip(names, row, strict=True) if np.isfinite(v)} for row in table.tolist()
+        {k: v for k, v in zip(names, row, strict=True) if isfinite(v)} for row in table.tolist()
     ]
     methods = [choose_method(e) if "last_value" in e else None for e in errors]
     last = np.array([m == "last_value" for m in methods])
@@ -178,18 +179,23 @@ def _rolled(
     newest origin is then at `newest[g]`. Rows that hold as many errors before and after
     are done at once whatever their counts (every row once it holds ASSESS_ORIGINS;
     issues 18 and 20): the same per-row arithmetic as one at a time."""
+    recent, peak_rows = [s.abs_recent for s in sub], [s.peak_recent for s in sub]
+    if _one_group(recent, peak_rows, counts):  # the steady lanes: no per-row grouping
+        return _rolled_together(sub, recent, peak_rows, errors, peaks, counts, newest)
     groups: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[int]] = {}
     for g, s in enumerate(sub):
         after = min(s.peak_recent.shape[0] + counts[g], ASSESS_ORIGINS)
         groups.setdefault((s.abs_recent.shape, s.peak_recent.shape, after), []).append(g)
     if len(groups) == 1:
-        return _rolled_together(sub, errors, peaks, counts, newest)
+        return _rolled_together(sub, recent, peak_rows, errors, peaks, counts, newest)
     out: list[Scored] = list(sub)
     starts = np.cumsum([0, *counts]).tolist()
     for idx in groups.values():
         pairs = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in idx])
         part = _rolled_together(
             [sub[g] for g in idx],
+            [recent[g] for g in idx],
+            [peak_rows[g] for g in idx],
             errors[pairs],
             peaks[pairs],
             [counts[g] for g in idx],
@@ -200,18 +206,36 @@ def _rolled(
     return out
 
 
+def _one_group(
+    recent: Sequence[FloatArray], peak_rows: Sequence[FloatArray], counts: Sequence[int]
+) -> bool:
+    """Whether `_rolled` makes one group of the rows of these recent and peak errors: one
+    shape of each (rows of one kept window or block; else their shapes compared), and as
+    many after for each (equal counts, or ASSESS_ORIGINS for all) (issue 20: not a key
+    made row by row)."""
+    if block_of(peak_rows) is None and len({p.shape for p in peak_rows}) != 1:
+        return False
+    loose = strips.window_of(recent) is None and block_of(recent) is None
+    if loose and len({r.shape for r in recent}) != 1:
+        return False
+    least = min(counts)
+    return least == max(counts) or peak_rows[0].shape[0] + least >= ASSESS_ORIGINS
+
+
 def _rolled_together(
     sub: Sequence[Scored],
+    kept_rows: Sequence[FloatArray],
+    peak_rows: Sequence[FloatArray],
     errors: FloatArray,
     peaks: FloatArray,
     counts: Sequence[int],
     newest: Sequence[float],
 ) -> list[Scored]:
-    """`_rolled` of rows of one shape that hold as many errors after as each other."""
-    n, depth, steps = len(sub), sub[0].peak_recent.shape[0], errors.shape[1]
+    """`_rolled` of rows of one shape that hold as many errors after as each other;
+    `kept_rows` and `peak_rows`: their recent errors (origins, steps) and peak errors."""
+    n, depth, steps = len(sub), peak_rows[0].shape[0], errors.shape[1]
     after = min(depth + counts[0], ASSESS_ORIGINS)
-    kept_rows = [x.abs_recent for x in sub]  # (n, steps, origins): errors at a step in a run
-    kept_peaks = stacked([x.peak_recent for x in sub])
+    kept_peaks = stacked(peak_rows)
     if min(counts) == max(counts):  # the new errors (n, k, ...) as they come
         k = counts[0]
         old, young = _dropped(depth, k, after)
@@ -233,10 +257,13 @@ def _rolled_together(
             peak_recent[rows, depth - old :] = peaks[pairs]
         recent_rows = as_rows(recent, True)
     ordered, offsets = np.sort(recent, axis=2), peak_offset(peak_recent).tolist()
-    rows_of = zip(as_rows(ordered, True), recent_rows, as_rows(peak_recent), strict=True)
+    sorted_rows, peak_out = as_rows(ordered, True), as_rows(peak_recent)
+    rows_of = zip(sub, sorted_rows, offsets, recent_rows, peak_out, newest, strict=True)
+    # each `s` with its recent errors rolled on: `dataclasses.replace` without its per-call
+    # field walk (called for every series at every tick), one call a row
     return [
-        _with_errors(s, sorted_row, offsets[g], recent_row, peak_row, newest[g])
-        for g, (s, (sorted_row, recent_row, peak_row)) in enumerate(zip(sub, rows_of, strict=True))
+        made_scored(s.method, s.weights, s.errors, s.ses_best, s.ses_inv, a, p, r, pr, t)
+        for s, a, p, r, pr, t in rows_of
     ]
 
 
@@ -244,30 +271,6 @@ def _dropped(depth: int, k: int, after: int) -> tuple[int, int]:
     """How many of a row's `depth` kept and of its `k` new values go, to keep `after`."""
     drop = depth + k - after  # beyond `depth` when more new than kept at most
     return min(drop, depth), max(0, drop - depth)
-
-
-def _with_errors(
-    s: Scored,
-    abs_errors: FloatArray,
-    peak: float,
-    abs_recent: FloatArray,
-    peak_recent: FloatArray,
-    newest: float,
-) -> Scored:
-    """`s` with its recent errors rolled on (`dataclasses.replace` without its per-call
-    field walk: called for every series at every tick)."""
-    return made_scored(
-        s.method,
-        s.weights,
-        s.errors,
-        s.ses_best,
-        s.ses_inv,
-        abs_errors,
-        peak,
-        abs_recent,
-        peak_recent,
-        newest,
-    )
 
 
 def _errors_at(

@@ -40,9 +40,16 @@ _windows: ByIdentity[FloatArray, tuple[_Strip, int, int]] = ByIdentity(_KEEP)
 def kept(rows: Sequence[FloatArray]) -> FloatArray:
     """The recent errors (n, steps, depth) of the rows (each (depth, steps)), in order:
     their window when they are one's rows, else their stack."""
+    found = window_of(rows)
+    return found if found is not None else stacked(rows).swapaxes(1, 2)
+
+
+def window_of(rows: Sequence[FloatArray]) -> FloatArray | None:
+    """The window (n, steps, depth) `rows` are, when `rolled` handed them out (rows of one
+    shape), else None."""
     found = _windows.get(rows)
     if found is None:
-        return stacked(rows).swapaxes(1, 2)
+        return None
     strip, start, stop = found
     return strip.buffer[:, :, start:stop]
 
