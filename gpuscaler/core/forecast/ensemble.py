@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
-from gpuscaler.core.forecast.sparse_gaps import finite_counts, last_axis_nanmax
+from gpuscaler.core.forecast.reductions import finite_counts, first_axis_sums, last_axis_nanmax
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
 from gpuscaler.core.forecast.tape import SesTape as SesTape
 from gpuscaler.core.forecast.tape import SmoothingLevels as SmoothingLevels
@@ -110,8 +110,7 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
 def row_sums(a: FloatArray) -> FloatArray:
     """Sums over the last axis, each row summed contiguously (pairwise) whatever the
     layout numpy gave `a`: the same for a series alone and in a batch (`column_sums`)."""
-    out: FloatArray = np.ascontiguousarray(a).sum(axis=-1)
-    return out
+    return first_axis_sums(np.moveaxis(a, -1, 0))
 
 
 def column_sums(a: FloatArray) -> FloatArray:
@@ -120,8 +119,7 @@ def column_sums(a: FloatArray) -> FloatArray:
     `sum(axis=0)` of one series differs in the last bits from the same series in a
     batch): a series' figures do not depend on the batch it is forecast in (issue 20's
     lockstep replay)."""
-    out: FloatArray = np.ascontiguousarray(np.moveaxis(a, 0, -1)).sum(axis=-1)
-    return out
+    return first_axis_sums(a)
 
 
 def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:
@@ -283,9 +281,11 @@ def _flat_members(
     hist: FloatArray, origins: IntArray, future: FloatArray
 ) -> tuple[dict[str, FloatArray], IntArray, FloatArray]:
     """The flat members' levels (n, O + 1): at each origin, then at the live origin."""
-    finite = np.isfinite(future)
-    f = np.where(finite, future, 0.0)
-    moments = (finite_counts(finite, 2).astype(float), f.sum(axis=2), (f * f).sum(axis=2))
+    f = np.moveaxis(future, 2, 0).copy()  # (steps, n, O), a new array: summed by step
+    finite = np.isfinite(f)
+    np.copyto(f, 0.0, where=np.logical_not(finite))
+    s0, s1 = finite.sum(axis=0).astype(float), first_axis_sums(f)
+    moments = (s0, s1, first_axis_sums(np.multiply(f, f, out=f)))
     levels, best, inv = _smoothing(hist, origins, moments)
     ends = np.append(origins, hist.shape[1] - 1)
     levels["window_mean"] = window_means(hist, ends, WINDOW_MEAN_POINTS)

@@ -1,4 +1,4 @@
-"""The assessment's exact reductions (`sparse_gaps`) against the numpy calls they stand for."""
+"""The assessment's exact reductions (`reductions`) against the numpy calls they stand for."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from gpuscaler.core.forecast.sparse_gaps import finite_counts, last_axis_nanmax
+from gpuscaler.core.forecast.reductions import finite_counts, first_axis_sums, last_axis_nanmax
 
 _VALUES = [0.0, -0.0, 1.0, -1.0, np.nan, -np.nan, np.inf, -np.inf, 2.5, 1e-300]
 
@@ -59,3 +59,34 @@ def test_last_axis_nanmax_of_a_strided_view_is_nanmax_of_it() -> None:
     a = np.random.default_rng(3).normal(size=(4, 5, 12))
     view = a[:, ::2, 1:]
     assert last_axis_nanmax(view).tobytes() == np.nanmax(view, axis=2).tobytes()
+
+
+def test_first_axis_sums_are_numpys_contiguous_sums_bit_for_bit() -> None:
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        shape = (int(rng.integers(0, 40)), int(rng.integers(1, 30)), int(rng.integers(0, 140)))
+        a = rng.normal(size=shape) * 10.0 ** rng.integers(-8, 8, size=shape)
+        if trial % 3 == 0:  # zeros of both signs, NaN of one sign (no inf - inf), overflow
+            a = rng.choice([0.0, -0.0, 1.0, np.nan, np.inf, 1e308, 3e-5, -2.0], size=shape)
+        with np.errstate(all="ignore"):
+            want = np.ascontiguousarray(a).sum(axis=-1)
+            got = first_axis_sums(np.moveaxis(a, -1, 0))
+        assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def test_first_axis_sums_differ_from_numpy_at_most_in_a_nan_s_sign() -> None:
+    rng = np.random.default_rng(12)
+    for _ in range(100):
+        shape = (int(rng.integers(1, 20)), int(rng.integers(1, 9)), int(rng.integers(1, 70)))
+        a = rng.choice([np.nan, -np.nan, np.inf, -np.inf, 1.0, -2.5], size=shape)
+        with np.errstate(invalid="ignore"):
+            want = np.ascontiguousarray(a).sum(axis=-1)
+            got = first_axis_sums(np.moveaxis(a, -1, 0))
+        assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_first_axis_sums_of_long_or_integer_columns_are_numpys_own() -> None:
+    a = np.random.default_rng(13).normal(size=(300, 4, 3))
+    assert first_axis_sums(a).tobytes() == np.moveaxis(a, 0, -1).copy().sum(axis=-1).tobytes()
+    ints = np.arange(24).reshape(4, 3, 2)
+    assert (first_axis_sums(ints) == ints.sum(axis=0)).all()
