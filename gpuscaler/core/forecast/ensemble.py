@@ -338,8 +338,9 @@ def assess(
     residuals["ensemble"] = future - in_window["ensemble"]
     errors["ensemble"] = _stats(residuals["ensemble"])[0]
     top = last_axis_nanmax(future)  # once for both candidates
-    for name in SELECTABLE:
-        peak_errors[name] = top - last_axis_nanmax(in_window[name])
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, unwarned as before
+        for name in SELECTABLE:
+            peak_errors[name] = top - last_axis_nanmax(in_window[name])
     residuals = {name: residuals[name] for name in SELECTABLE}
     return Assessment(
         live, errors, weights, residuals, peak_errors, SES_ALPHAS[best], raw, best, inv
