@@ -6,7 +6,13 @@ import warnings
 
 import numpy as np
 
-from gpuscaler.core.forecast.reductions import finite_counts, first_axis_sums, last_axis_nanmax
+from gpuscaler.core.forecast.ensemble import origins_for
+from gpuscaler.core.forecast.reductions import (
+    finite_counts,
+    first_axis_sums,
+    last_axis_nanmax,
+    points_after,
+)
 
 _VALUES = [0.0, -0.0, 1.0, -1.0, np.nan, -np.nan, np.inf, -np.inf, 2.5, 1e-300]
 
@@ -88,3 +94,21 @@ def test_first_axis_sums_differ_from_numpy_at_most_in_a_nan_s_sign() -> None:
 def test_first_axis_sums_of_columns_longer_than_a_pairwise_block_are_numpys_own() -> None:
     a = np.random.default_rng(13).normal(size=(300, 4, 3))
     assert first_axis_sums(a).tobytes() == np.moveaxis(a, 0, -1).copy().sum(axis=-1).tobytes()
+
+
+def test_points_after_evenly_spaced_or_not_origins_are_the_gathered_windows() -> None:
+    hist = np.random.default_rng(14).normal(size=(5, 200))
+    hist[:, -1] = np.nan
+    for steps in (1, 7, 30):
+        for origins in (
+            origins_for(200, steps, 12),
+            np.array([3, 4, 9, 20]),
+            np.array([15]),
+            np.array([0, 5, 10]),
+        ):
+            want = np.ascontiguousarray(
+                np.lib.stride_tricks.sliding_window_view(hist, steps, axis=1)[:, origins + 1]
+            )
+            got = points_after(hist, origins, steps)
+            assert got.flags.c_contiguous and got.shape == want.shape
+            assert got.tobytes() == want.tobytes()

@@ -15,10 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
-from gpuscaler.core.forecast.reductions import finite_counts, first_axis_sums, last_axis_nanmax
+from gpuscaler.core.forecast.reductions import (
+    finite_counts,
+    first_axis_sums,
+    last_axis_nanmax,
+    points_after,
+)
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
 from gpuscaler.core.forecast.tape import SesTape as SesTape
 from gpuscaler.core.forecast.tape import SmoothingLevels as SmoothingLevels
@@ -311,11 +315,7 @@ def assess(
     origins = origins_for(t, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
     if origins.size < 4:
         return None
-    # (n, O, steps), row-major: numpy's fancy index lays the rows out innermost, so sums
-    # over a row would run in an order that depends on how many rows there are (the
-    # windows' view indexed on one axis: one gather, not two, issue 20).
-    ahead = sliding_window_view(hist, steps, axis=1)[:, origins + 1]
-    future = np.ascontiguousarray(ahead)
+    future = points_after(hist, origins, steps)  # (n, O, steps), row-major
     levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
