@@ -270,7 +270,10 @@ class LeastSquaresArima:
         for h in range(steps):
             buf[:, p + h] = fitted.intercept + np.einsum("rk,rk->r", phi, buf[:, h : h + p])
         zpath = buf[:, p:]
-        return last[:, None] + np.cumsum(zpath, axis=1) if self.d else zpath
+        if not self.d:
+            return zpath
+        out: FloatArray = np.cumsum(zpath, axis=1)  # then the level added in place
+        return np.add(last[:, None], out, out=out)
 
     def half_width(self, fitted: Fitted, steps: int, level: float) -> FloatArray:
         """Half width (n, steps) of the prediction interval, from the MA(inf) weights."""

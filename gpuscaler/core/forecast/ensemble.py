@@ -11,14 +11,18 @@ when its recent error is FALLBACK_MARGIN lower.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
+from gpuscaler.core.forecast.reductions import (
+    finite_counts,
+    first_axis_sums,
+    last_axis_nanmax,
+    points_after,
+)
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
 from gpuscaler.core.forecast.tape import SesTape as SesTape
 from gpuscaler.core.forecast.tape import SmoothingLevels as SmoothingLevels
@@ -111,8 +115,7 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
 def row_sums(a: FloatArray) -> FloatArray:
     """Sums over the last axis, each row summed contiguously (pairwise) whatever the
     layout numpy gave `a`: the same for a series alone and in a batch (`column_sums`)."""
-    out: FloatArray = np.ascontiguousarray(a).sum(axis=-1)
-    return out
+    return first_axis_sums(np.moveaxis(a, -1, 0))
 
 
 def column_sums(a: FloatArray) -> FloatArray:
@@ -121,8 +124,7 @@ def column_sums(a: FloatArray) -> FloatArray:
     `sum(axis=0)` of one series differs in the last bits from the same series in a
     batch): a series' figures do not depend on the batch it is forecast in (issue 20's
     lockstep replay)."""
-    out: FloatArray = np.ascontiguousarray(np.moveaxis(a, 0, -1)).sum(axis=-1)
-    return out
+    return first_axis_sums(a)
 
 
 def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:
@@ -137,15 +139,19 @@ def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatA
 
 def _stats(resid: FloatArray, scratch: bool = False) -> tuple[FloatArray, FloatArray]:
     """MAE and MSE per row of (n, origins, steps), ignoring NaN (NaN if none); `scratch`:
-    `resid` may be overwritten (issue 20: when every value is finite, the usual case, the
-    same sums over the same contiguous values, without the zero-filled copy and count)."""
+    `resid` may be overwritten (issue 20: gaps zero-filled in place, C order as np.where
+    made them, counts from the gaps: the same sums of the same values, fewer passes)."""
     finite = np.isfinite(resid)
-    if resid.flags.c_contiguous and finite.all():
+    if resid.flags.c_contiguous:
         r = resid if scratch else resid.copy()
-        count = np.full(resid.shape[0], resid.shape[1] * resid.shape[2], dtype=np.intp)
+        if finite.all():  # the usual case where the future has no gap
+            count = np.full(resid.shape[0], resid.shape[1] * resid.shape[2], dtype=np.intp)
+        else:
+            np.copyto(r, 0.0, where=np.logical_not(finite))
+            count = finite_counts(finite, 1)
     else:
         r = np.where(finite, resid, 0.0)
-        count = np.count_nonzero(finite, axis=(1, 2))
+        count = finite_counts(finite, 1)
     sq = np.einsum("nos,nos->n", r, r)  # one pass, no temporary
     np.abs(r, out=r)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -280,9 +286,11 @@ def _flat_members(
     hist: FloatArray, origins: IntArray, future: FloatArray
 ) -> tuple[dict[str, FloatArray], IntArray, FloatArray]:
     """The flat members' levels (n, O + 1): at each origin, then at the live origin."""
-    finite = np.isfinite(future)
-    f = np.where(finite, future, 0.0)
-    moments = (finite.sum(axis=2).astype(float), f.sum(axis=2), (f * f).sum(axis=2))
+    f = np.moveaxis(future, 2, 0).copy()  # (steps, n, O), a new array: summed by step
+    finite = np.isfinite(f)
+    np.copyto(f, 0.0, where=np.logical_not(finite))
+    s0, s1 = finite.sum(axis=0).astype(float), first_axis_sums(f)
+    moments = (s0, s1, first_axis_sums(np.multiply(f, f, out=f)))
     levels, best, inv = _smoothing(hist, origins, moments)
     ends = np.append(origins, hist.shape[1] - 1)
     levels["window_mean"] = window_means(hist, ends, WINDOW_MEAN_POINTS)
@@ -308,16 +316,13 @@ def assess(
     origins = origins_for(t, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
     if origins.size < 4:
         return None
-    # (n, O, steps), row-major: numpy's fancy index lays the rows out innermost, so sums
-    # over a row would run in an order that depends on how many rows there are (the
-    # windows' view indexed on one axis: one gather, not two, issue 20).
-    ahead = sliding_window_view(hist, steps, axis=1)[:, origins + 1]
-    future = np.ascontiguousarray(ahead)
+    future = points_after(hist, origins, steps)  # (n, O, steps), row-major
     levels, best, inv = _flat_members(hist, origins, future)
     in_window = {k: v[:, :-1, None] for k, v in levels.items()}  # (n, O, 1): flat paths
     live = {k: np.repeat(v[:, -1:], steps, axis=1) for k, v in levels.items()}
     ok = arima_ok[:, None, None]
-    in_window["arima"] = np.where(ok, arima_in_window(engine, fitted, hist, origins, steps), np.nan)
+    in_window["arima"] = arima_in_window(engine, fitted, hist, origins, steps)  # a new array
+    np.copyto(in_window["arima"], np.nan, where=np.logical_not(ok))
     live["arima"] = np.where(arima_ok[:, None], arima_live, np.nan)
     errors: dict[str, FloatArray] = {}
     mse: dict[str, FloatArray] = {}
@@ -333,11 +338,10 @@ def assess(
     live["ensemble"] = combine(weights, live)
     residuals["ensemble"] = future - in_window["ensemble"]
     errors["ensemble"] = _stats(residuals["ensemble"])[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        top = np.nanmax(future, axis=2)  # once for both candidates
+    top = last_axis_nanmax(future)  # once for both candidates
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, unwarned as before
         for name in SELECTABLE:
-            peak_errors[name] = top - np.nanmax(in_window[name], axis=2)
+            peak_errors[name] = top - last_axis_nanmax(in_window[name])
     residuals = {name: residuals[name] for name in SELECTABLE}
     return Assessment(
         live, errors, weights, residuals, peak_errors, SES_ALPHAS[best], raw, best, inv
