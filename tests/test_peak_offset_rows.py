@@ -4,6 +4,8 @@ counting each row's errors (the code before, kept here as the oracle)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,17 +15,20 @@ from gpuscaler.core.model import FloatArray
 
 
 def offset_before(peak_errors: FloatArray) -> FloatArray:
-    """`peak_offset` as it was at 6bdd6d1 (the oracle)."""
-    ordered = np.sort(peak_errors, axis=1)
-    count = np.isfinite(peak_errors).sum(axis=1)
-    pos = PEAK_QUANTILE * np.maximum(count - 1, 0)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, np.maximum(count - 1, 0))
-    rows = np.arange(peak_errors.shape[0])
-    frac = pos - lo
-    value = ordered[rows, lo] * (1 - frac) + ordered[rows, hi] * frac
-    out: FloatArray = np.where(count > 0, value, 0.0)
-    return out
+    """`peak_offset` as it was at 6bdd6d1, one row at a time in Python floats (the oracle:
+    the same IEEE operations on each row's own count of finite errors)."""
+    out = []
+    for errors in peak_errors:
+        ordered = np.sort(errors).tolist()  # NaN last, as the batch sorts it
+        count = int(np.isfinite(errors).sum())
+        if not count:
+            out.append(0.0)
+            continue
+        pos = PEAK_QUANTILE * (count - 1)
+        lo = math.floor(pos)
+        part = pos - lo
+        out.append(ordered[lo] * (1 - part) + ordered[min(lo + 1, count - 1)] * part)
+    return np.array(out, dtype=np.float64)
 
 
 @settings(max_examples=80, deadline=None)
