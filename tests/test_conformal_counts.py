@@ -36,6 +36,10 @@ def _same(ordered: FloatArray, level: FloatArray) -> None:
         [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, np.inf, np.nan],
         [np.nan] * 9,
         [-0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0],
+        [float(v) for v in range(12)] + [np.nan] * 7,  # more missing than the tail checked
+        [float(v) for v in range(10)] + [np.nan] * 6,  # as many as the tail checked
+        [float(v) for v in range(10)] + [np.inf] + [np.nan] * 4,  # fewer
+        [-np.inf] + [float(v) for v in range(12)] + [np.nan] * 2,  # not the first
     ],
 )
 def test_a_table_of_sorted_columns_gives_the_half_widths_of_counting_every_error(

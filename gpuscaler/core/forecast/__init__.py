@@ -120,7 +120,10 @@ def _samples(
             counts, idx = [width] * len(rows), [width - 1] * len(rows)
         else:
             counts = finite.sum(axis=1).tolist()
-            idx = (width - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
+            if width and finite[:, -1].all():  # each row's last sample finite: its last
+                idx = [width - 1] * len(rows)
+            else:
+                idx = (width - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         for r, i in enumerate(rows):
             last = first.start + first.step * float(idx[r]) if counts[r] else None
             out[i] = (last, counts[r])

@@ -100,15 +100,19 @@ def assembled(
         at = _rows_of(chosen, n)  # every row: a view of the levels (the tape's own copy)
         smoothed = tape.at(b.hist.shape[1] - 1)[:, at] if tape is not None else None
         _from_scored(b, model, scored, adaptive, chosen, rows, smoothed)
-        lower[at] = rows.mean[at] - rows.half[at]
-        upper[at] = rows.mean[at] + rows.half[at]
+        if isinstance(at, slice):  # every row: into the blocks, without a temporary
+            np.subtract(rows.mean, rows.half, out=lower)
+            np.add(rows.mean, rows.half, out=upper)
+        else:
+            lower[at] = rows.mean[at] - rows.half[at]
+            upper[at] = rows.mean[at] + rows.half[at]
     picked = set(chosen) if len(chosen) < n else None  # None: every row scored
     plain = [r for r in range(n) if r not in picked] if picked is not None else []
     if plain:
         _plain(b, model, plain, rows, lower, upper)
-    mean, lower, upper, peak_error = _clipped(
-        b, rows.mean, np.minimum(lower, rows.mean), np.maximum(upper, rows.mean), rows.peak
-    )
+    np.minimum(lower, rows.mean, out=lower)  # in place: each element as a fresh one
+    np.maximum(upper, rows.mean, out=upper)
+    mean, lower, upper, peak_error = _clipped(b, rows.mean, lower, upper, rows.peak)
     offsets = peak_error.tolist()
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
     finite &= np.isfinite(lower).all(axis=1) & np.isfinite(upper).all(axis=1)
@@ -230,8 +234,11 @@ def _from_scored(
     levels = np.array(at if isinstance(some, slice) else [at[r] for r in chosen])
     halves = half_widths(kept, levels)
     short: list[bool] = np.asarray(~np.isfinite(halves).all(axis=1)).tolist()
-    last_value = [m == "last_value" for m in methods]
-    rows.mean[some] = np.where(np.array(last_value)[:, None], live["last_value"], live["ensemble"])
+    if "last_value" in methods:  # else every row the ensemble's (the where's values)
+        last_value = np.array([m == "last_value" for m in methods])
+        rows.mean[some] = np.where(last_value[:, None], live["last_value"], live["ensemble"])
+    else:
+        rows.mean[some] = live["ensemble"]
     lasts = live["last_value"][:, 0].tolist()
     rows.half[some] = halves
     fallback = [r for r, s in zip(chosen, short, strict=True) if s]

@@ -21,10 +21,37 @@ import numpy as np
 from gpuscaler.core.forecast.blocks import as_rows, stacked
 from gpuscaler.core.forecast.by_identity import ByIdentity
 from gpuscaler.core.forecast.made import interval_state
+from gpuscaler.core.forecast.widths import (
+    MIN_RESIDUALS,
+    PEAK_QUANTILE,
+    conformal_half_width,
+    naive_half_width,
+    peak_offset,
+    ranked_half_width,
+)
 from gpuscaler.core.model import FloatArray, IntArray, IntervalState, IssuedInterval
 
-MIN_RESIDUALS = 8
-"""Fewer recent errors than this at a step: no conformal interval from them."""
+__all__ = [  # the half widths and the peak's offset are `widths`' (named here as before)
+    "ACI_GAMMA",
+    "ACI_LEVELS",
+    "MIN_RESIDUALS",
+    "PEAK_QUANTILE",
+    "Checked",
+    "check_rows",
+    "conformal_half_width",
+    "coverage_note",
+    "coverage_text",
+    "issue",
+    "issue_checked",
+    "issue_rows",
+    "naive_half_width",
+    "peak_offset",
+    "ranked_half_width",
+    "reissue",
+    "resolve",
+    "resolve_rows",
+]
+
 ACI_GAMMA = 0.1
 """Step of the adaptive level per tick. Each tick's miss rate pools the points of up to a
 horizon's worth of issued intervals, and a series may have only a few hundred ticks (1 h
@@ -32,71 +59,6 @@ at 10 s): 0.02 and 0.05 left the 2023 traces' coverage 0.04-0.06 off nominal, 0.
 0.03 (bench/forecast_quality.py; Gibbs & Candes use 0.005 on far longer sequences)."""
 ACI_LEVELS = (0.05, 0.995)
 """The adaptive level stays inside these bounds."""
-PEAK_QUANTILE = 0.5
-"""The peak adds this quantile of the recent peak errors (the median: least absolute
-error of the peak)."""
-
-
-def conformal_half_width(abs_resid: FloatArray, level: FloatArray) -> FloatArray:
-    """Half width (n, steps) from absolute errors (n, origins, steps) at per-row `level`
-    (n,); NaN at a step with fewer than MIN_RESIDUALS finite errors."""
-    return ranked_half_width(np.sort(abs_resid, axis=1), level)  # NaN sorts last
-
-
-def ranked_half_width(ordered: FloatArray, level: FloatArray) -> FloatArray:
-    """`conformal_half_width` from absolute errors already sorted along the origins
-    (n, origins, steps; NaN last): kept between refits, only the level moves."""
-    count = _finite_counts(ordered)  # (n, steps)
-    rank = np.ceil((count + 1) * level[:, None]).astype(np.int64)
-    idx = np.clip(np.minimum(rank, count) - 1, 0, None)
-    out: FloatArray = np.take_along_axis(ordered, idx[:, None, :], axis=1)[:, 0, :]
-    return np.where(count >= MIN_RESIDUALS, out, np.nan)
-
-
-def _finite_counts(ordered: FloatArray) -> IntArray:
-    """Finite errors of each row and step (n, steps) of errors sorted along the origins
-    (NaN last): all of them where the first and the last are finite (every value between
-    two finite ones in order is finite), counted only elsewhere (issue 20: kept errors are
-    nearly all finite; counting every one cost ~0.4 ms a tick at 100 rows)."""
-    depth = ordered.shape[1]
-    ends = np.isfinite(ordered[:, 0, :]) & np.isfinite(ordered[:, -1, :]) if depth else None
-    count = np.full((ordered.shape[0], ordered.shape[2]), depth, dtype=np.int64)
-    if ends is not None and not ends.all():
-        rows, steps = np.nonzero(~ends)
-        count[rows, steps] = np.isfinite(ordered[rows, :, steps]).sum(axis=1)
-    return count
-
-
-def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
-    """Half width (n, steps) of the last value's interval: the conformal quantile of its
-    own errors |y[t + h] - y[t]| over the window (used when no model can be trusted)."""
-    n, t = hist.shape
-    out = np.full((n, steps), np.nan)
-    reach = min(steps, t - 1)
-    if reach > 0:
-        # All lags at once (issue 18): errors (n, origins, lag), NaN where a lag has fewer
-        # origins; one conformal call instead of one per lag, same result.
-        err = np.full((n, t - 1, reach), np.nan)
-        for h in range(1, reach + 1):
-            err[:, : t - h, h - 1] = np.abs(hist[:, h:] - hist[:, : t - h])
-        out[:, :reach] = conformal_half_width(err, np.full(n, level))
-    filled: FloatArray = np.fmax.accumulate(np.where(np.isfinite(out), out, -np.inf), axis=1)
-    return np.where(np.isfinite(filled), filled, np.nan)
-
-
-def peak_offset(peak_errors: FloatArray) -> FloatArray:
-    """Per row (n,): PEAK_QUANTILE of the recent peak errors (n, origins), interpolated
-    between order statistics, ignoring NaN; 0 for a row with none."""
-    ordered = np.sort(peak_errors, axis=1)  # NaN sorts last
-    count = np.isfinite(peak_errors).sum(axis=1)
-    pos = PEAK_QUANTILE * np.maximum(count - 1, 0)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, np.maximum(count - 1, 0))
-    rows = np.arange(peak_errors.shape[0])
-    frac = pos - lo
-    value = ordered[rows, lo] * (1 - frac) + ordered[rows, hi] * frac
-    out: FloatArray = np.where(count > 0, value, 0.0)
-    return out
 
 
 def resolve(
