@@ -11,7 +11,7 @@ import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import ForecastEngine, forecast_series, lead
-from gpuscaler.core.forecast.ensemble import row_sums
+from gpuscaler.core.forecast.reductions import row_sums
 from gpuscaler.core.model import (
     FitState,
     PoolObservation,

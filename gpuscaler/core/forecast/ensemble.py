@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscaler.core.forecast.engines import Fitted, LeastSquaresArima, last_finite, nanmean_rows
+from gpuscaler.core.forecast.reductions import column_sums as column_sums
 from gpuscaler.core.forecast.reductions import (
     finite_counts,
     first_axis_sums,
     last_axis_nanmax,
     points_after,
+    row_sums,
 )
 from gpuscaler.core.forecast.tape import SES_ALPHAS as SES_ALPHAS
 from gpuscaler.core.forecast.tape import SesTape as SesTape
@@ -110,21 +112,6 @@ def smoothing_live(levels: FloatArray, best: IntArray, inv: FloatArray) -> dict[
     # column_sums of (A, n), as the rows of the transposes: no moveaxis (issue 20)
     avg: FloatArray = row_sums((inv * levels).T) / row_sums(inv.T)
     return {"ses": levels[best, rows], "ses_avg": avg}
-
-
-def row_sums(a: FloatArray) -> FloatArray:
-    """Sums over the last axis, each row summed contiguously (pairwise) whatever the
-    layout numpy gave `a`: the same for a series alone and in a batch (`column_sums`)."""
-    return first_axis_sums(np.moveaxis(a, -1, 0))
-
-
-def column_sums(a: FloatArray) -> FloatArray:
-    """Sums over the first axis of (A, n, ...), each column summed as it is alone (numpy
-    sums a contiguous run pairwise but adds strided rows one after another, so a plain
-    `sum(axis=0)` of one series differs in the last bits from the same series in a
-    batch): a series' figures do not depend on the batch it is forecast in (issue 20's
-    lockstep replay)."""
-    return first_axis_sums(a)
 
 
 def _flat_sq_error(s0: FloatArray, s1: FloatArray, s2: FloatArray, level: FloatArray) -> FloatArray:

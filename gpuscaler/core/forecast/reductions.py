@@ -97,3 +97,18 @@ def points_after(hist: FloatArray, origins: IntArray, steps: int) -> FloatArray:
         out: FloatArray = np.ascontiguousarray(windows[:, first:last:step])
         return out
     return np.ascontiguousarray(windows[:, origins + 1])
+
+
+def row_sums(a: FloatArray) -> FloatArray:
+    """Sums over the last axis, each row summed contiguously (pairwise) whatever the
+    layout numpy gave `a`: the same for a series alone and in a batch (`column_sums`)."""
+    return first_axis_sums(np.moveaxis(a, -1, 0))
+
+
+def column_sums(a: FloatArray) -> FloatArray:
+    """Sums over the first axis of (A, n, ...), each column summed as it is alone (numpy
+    sums a contiguous run pairwise but adds strided rows one after another, so a plain
+    `sum(axis=0)` of one series differs in the last bits from the same series in a
+    batch): a series' figures do not depend on the batch it is forecast in (issue 20's
+    lockstep replay)."""
+    return first_axis_sums(a)
