@@ -36,21 +36,21 @@ arrays and forecast track, held until the lockstep ends), so fewer when MEMORY w
 hold them."""
 JOBS = 2
 """Processes at most by default (one a core: `default_jobs`)."""
-LANE_BYTES = 5 * 2**18
-LANE_BYTES_A_WEEK = 14 * 2**18
-"""What a lane adds to a process' peak: LANE_BYTES (1.25 MB) whatever the range (the
-controller's state for it, bounded by its windows: about 1.1 MB at 24 h, branch mem7) and
-LANE_BYTES_A_WEEK (3.5 MB) a week of it: while its lockstep runs, its simulated cluster's
-per-slot arrays, its arrivals and the replicas read and its forecast track; once the
-lockstep ends its runs are released (`simulate.release`) and the sweep of the runs
-around them takes their place (its group budget: what they held, `replay.freed`).
-Measured (issue 20, branch tk10; bench/whatif.py --days 7 --jobs 1 --no-simulate, the
-process' peak RSS): 234 MB at 10 lanes, 280 MB at 20: 4.6 MB a lane-week (4.75 here).
-With --jobs 2 and one lane a process the whole run (parent and both workers) peaked at
-426 MB: two processes of 50 lanes a week, about 426 + 98 x 4.6 = 877 MB, within the
-issue's 1 GB (an estimate from those runs, not a run of 100 lanes). The earlier 6.25 MB
-a lane-week (2 MB and 4.25 MB, branch mem7: 4.63 MB after 2 h of ticks) split 100
-week-long workloads into 4 chunks of 25; now 2 of 50, which tick at less CPU a lane."""
+LANE_BYTES = 2 * 2**20
+LANE_BYTES_A_WEEK = 17 * 2**18
+"""What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK (4.25 MB) a week of it: while
+its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
+demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
+its forecast track (0.65 MB); once the lockstep ends its runs are released
+(`simulate.release`) and the sweep of the runs around them takes their place (its group
+budget: what they held, `replay.freed`). Measured (issue 20, branch mem7; synthetic
+histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 19 and at
+40 lanes (before: 6.47); the controller's own part 0.85 MB a lane at 6 h, about 1.1 MB at
+24 h; the sweep of 40 workload-weeks 242 MB above the checked replays (6.1 MB a
+workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
+`bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
+of a chunk until its last group ended (now each group's are let go with it)."""
 MEMORY = 512 * 2**20
 """What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
 the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
