@@ -237,16 +237,17 @@ class LaneClusters:
         self.q = queue[:, -1].copy()
         demand_pct = 100.0 * work / slot
         noise = self.noise[:, idx]
-        load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
-        dropped = np.broadcast_to(self.dropped[:, idx], load.shape)
-        load[dropped] = np.nan
-        pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
-        busy = np.clip(100.0 * served / slot / np.maximum(gpus, 1.0), 0.0, 100.0)
+        served_pct, held = 100.0 * served / slot, np.maximum(gpus, 1.0)  # each used twice
+        load = np.maximum(0.0, served_pct + noise * np.sqrt(np.maximum(ready / f, 1)))
+        dropped = self.dropped[:, idx]  # NaN where dropped (broadcast over the lanes)
+        np.copyto(load, np.nan, where=dropped)
+        pool_util = np.clip(demand_pct / eff / held + noise, 0.0, None)
+        busy = np.clip(served_pct / held, 0.0, 100.0)
         stall = 30.0 * (busy / 100.0) ** 2 * level[:, :1]
         stall *= level[:, 1:]
         stall = np.clip(stall + self.stall_noise[:, idx], 0.0, 100.0)
-        pool_util[dropped] = np.nan
-        stall[dropped] = np.nan
+        np.copyto(pool_util, np.nan, where=dropped)
+        np.copyto(stall, np.nan, where=dropped)
         for name, values in (("queue", queue), ("load", load), ("pool_util", pool_util)):
             w = self.windows[name]
             w.table[:, w.slots(begin, end)] = values
