@@ -228,7 +228,7 @@ def _from_scored(
     ]
     methods: list[str] = list(map(_METHOD, kept))  # each names one (`chosen`)
     hist, arima, usable = b.hist[some], model.paths.mean[some], model.usable[some]
-    live, weights = live_paths(hist, kept, arima, usable, b.steps, smoothed)
+    live, weights = live_paths(hist, kept, arima, usable, smoothed)
     nominal = b.cfg.interval_level
     at, points, misses = adaptive
     levels = np.array(at if isinstance(some, slice) else [at[r] for r in chosen])

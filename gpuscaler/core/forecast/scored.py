@@ -313,13 +313,15 @@ def live_paths(
     scored: Sequence[Scored],
     arima: FloatArray,
     usable: BoolArray,
-    steps: int,
     smoothed: FloatArray | None = None,
 ) -> tuple[dict[str, FloatArray], dict[str, FloatArray]]:
-    """Every member's path (n, steps) at the live origin with the kept smoothing weights,
-    the ensemble (kept weights, over the members with a finite path) and the last value;
-    and the weights (n,) per member, normalized over those members. `smoothed`: the
-    smoothing levels at the live origin (alphas, n), when already found."""
+    """Every member's path at the live origin with the kept smoothing weights, the
+    ensemble (kept weights, over the members with a finite path) and the last value; and
+    the weights (n,) per member, normalized over those members. `smoothed`: the
+    smoothing levels at the live origin (alphas, n), when already found. ARIMA's path and
+    the ensemble are (n, steps); the flat members (the smoothing, the window mean, the last
+    value) one column (n, 1), which `normalized` and `combine` broadcast with the same
+    arithmetic at every point (issue 20: they were repeated to (n, steps) first)."""
     fixed = kept_rows.of(scored)
     levels = smoothing_live(
         ses_last(hist) if smoothed is None else smoothed, fixed.best, fixed.inv.T
@@ -327,7 +329,7 @@ def live_paths(
     end = np.array([hist.shape[1] - 1])
     levels["window_mean"] = window_means(hist, end, WINDOW_MEAN_POINTS)[:, 0]
     levels["last_value"] = last_finite(hist)
-    live = {k: np.repeat(v[:, None], steps, axis=1) for k, v in levels.items()}
+    live = {k: v[:, None] for k, v in levels.items()}
     live["arima"] = np.where(usable[:, None], arima, np.nan)
     raw = dict(zip(MEMBERS, fixed.weights.T, strict=True))
     weights = normalized(raw, live)
