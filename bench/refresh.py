@@ -16,6 +16,7 @@ for another part).
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -69,9 +70,16 @@ def live(args: tuple[object, ...]) -> Callable[[], None]:
     arima = engine.predict_mean(fitted, hist, STEPS)  # type: ignore[arg-type]
     levels = np.full(len(scored), 0.9)
 
+    # the steps argument before c26c459 (a --base revision's signature)
+    with_steps = "steps" in inspect.signature(live_paths).parameters
+    paths: Callable[..., object] = live_paths
+
     def part() -> None:
         rows = list(scored)
-        live_paths(hist, rows, arima, usable, STEPS, smoothed)  # type: ignore[arg-type]
+        if with_steps:
+            paths(hist, rows, arima, usable, STEPS, smoothed)
+        else:
+            paths(hist, rows, arima, usable, smoothed)
         half_widths(rows, levels)
 
     return part
