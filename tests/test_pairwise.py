@@ -155,16 +155,17 @@ def test_rows_not_finite_are_summed_padded_in_any_chunks_to_the_last_bit(
 
 
 def test_a_window_set_seen_before_reuses_its_layout_and_sums_the_same() -> None:
-    """The layout of a window set is kept (the same windows tick after tick): the sums
-    taken with the kept layout are numpy's, for new values."""
+    """The layout of a window set is kept (the same windows tick after tick: the skill's
+    level, `window_means_rows`): the means taken with the kept layout are each row's own
+    alone, for new values."""
     rng = np.random.default_rng(9)
-    windows, places = case(rng, 250, 3, 20, runs=True)
-    pairwise._kept_layout.cache_clear()
+    order = rng.permutation(250)
+    start = np.sort(rng.integers(0, 240, 20))
+    stop = start + rng.integers(1, 11, 20)
+    pairwise._places.cache_clear()
     for _ in range(3):
-        v = values(rng, 3, 250, "normal")
-        want = padded(v, windows, places, 20)
-        assert padded_sums(v, windows, places, 20).tobytes() == want.tobytes()
-    info = pairwise._kept_layout.cache_info()
+        means_are_each_rows_own(values(rng, 3, 250, "normal"), order, start, stop)
+    info = pairwise._places.cache_info()
     assert (info.misses, info.hits) == (1, 2)
 
 

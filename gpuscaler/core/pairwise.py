@@ -79,13 +79,11 @@ def padded_sums(
     where entry e puts place `places[e]` in window `windows[e]` (a place at most once a
     window). Only the (window, block) pairs with a value are summed, every row at once
     (the rows on the last axis): each lane's values gathered in order, a place past the
-    row's end standing for a zero. `kept`: the entries' `layout`, when the caller
-    keeps it (else kept here for the last window sets)."""
+    row's end standing for a zero. `kept`: the entries' `layout`, when the caller keeps
+    it (`window_means_rows`: one for each window set, `_places`), else made here."""
     rows, n = v.shape
     blocks = _blocks(n)
-    if kept is None:
-        kept = _kept_layout(n, windows.astype(np.intp).tobytes(), places.astype(np.intp).tobytes())
-    lanes, tails, pairs = kept
+    lanes, tails, pairs = layout(n, windows, places) if kept is None else kept
     by_place = np.zeros((n + 1, rows))  # place n: the zero of a missing value
     by_place[:n] = v.T
     r = _lanes(by_place, lanes)
@@ -105,13 +103,6 @@ def _lanes(by_place: FloatArray, places: IntArray) -> FloatArray:
     for more in places[1:]:
         found += np.take(by_place, more, axis=0)
     return found
-
-
-@lru_cache(maxsize=16)
-def _kept_layout(n: int, windows: bytes, places: bytes) -> Layout:
-    """`layout`, kept for the last window sets: a tick's windows are most often the
-    last tick's (the records move on by one as the oldest leaves)."""
-    return layout(n, np.frombuffer(windows, dtype=np.intp), np.frombuffer(places, dtype=np.intp))
 
 
 def layout(n: int, windows: IntArray, places: IntArray) -> Layout:

@@ -224,7 +224,7 @@ def _one_group(
 
 def _rolled_together(
     sub: Sequence[Scored],
-    kept_rows: Sequence[FloatArray],
+    recent_kept: Sequence[FloatArray],
     peak_rows: Sequence[FloatArray],
     errors: FloatArray,
     peaks: FloatArray,
@@ -232,7 +232,7 @@ def _rolled_together(
     newest: Sequence[float],
 ) -> list[Scored]:
     """`_rolled` of rows of one shape that hold as many errors after as each other;
-    `kept_rows` and `peak_rows`: their recent errors (origins, steps) and peak errors."""
+    `recent_kept` and `peak_rows`: their recent errors (origins, steps) and peak errors."""
     n, depth, steps = len(sub), peak_rows[0].shape[0], errors.shape[1]
     after = min(depth + counts[0], ASSESS_ORIGINS)
     kept_peaks = stacked(peak_rows)
@@ -240,11 +240,11 @@ def _rolled_together(
         k = counts[0]
         old, young = _dropped(depth, k, after)
         new, new_peaks = errors.reshape(n, k, steps), peaks.reshape(n, k)
-        recent_rows = strips.rolled(kept_rows, old, new[:, young:].swapaxes(1, 2))
+        recent_rows = strips.rolled(recent_kept, old, new[:, young:].swapaxes(1, 2))
         recent = strips.kept(recent_rows)
         peak_recent = np.concatenate([kept_peaks[:, old:], new_peaks[:, young:]], axis=1)
     else:  # the rows of each count moved together (whole rows: 1 and 2 in the lanes)
-        kept = strips.kept(kept_rows)
+        kept = strips.kept(recent_kept)
         recent, peak_recent = np.empty((n, steps, after)), np.empty((n, after))
         count_of, starts = np.array(counts), np.cumsum([0, *counts[:-1]])
         for k in sorted(set(counts)):
