@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
-from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
 from gpuscaler.allocator import keep_freed_memory
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
@@ -34,8 +34,6 @@ the batched forecast costs less a workload with more lanes (bench/lockstep.py), 
 grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated cluster's
 arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
 hold them."""
-JOBS = 2
-"""Processes at most by default (one a core: `default_jobs`)."""
 LANE_BYTES = 2 * 2**20
 LANE_BYTES_A_WEEK = 17 * 2**18
 """What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
@@ -51,10 +49,20 @@ histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 1
 workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
 `bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
 of a chunk until its last group ended (now each group's are let go with it)."""
-MEMORY = 512 * 2**20
-"""What all processes' lanes may hold by default: the issue's 1 GB for the whole run, less
-the processes' own (the parent about 100 MB, a worker about 140 MB with numpy and the
-forecast, plus its chunk's sweep, one group of `around.MANY_BYTES` at a time)."""
+MEMORY = 2**30
+"""The whole run's memory by default (`--memory`): the issue's 1 GB for whatif and its
+worker processes together. The workers and their lanes are sized within it: the parent's
+own PARENT_BYTES, each worker's own WORKER_BYTES, what is left for the lanes (512 MB with
+two workers)."""
+PARENT_BYTES = 100 * 2**20
+"""The whatif process' own peak: the interpreter, numpy, the config and the reports."""
+WORKER_BYTES = 206 * 2**20
+"""A worker's own peak beside its lanes: about 140 MB with numpy and the forecast, plus
+its chunk's sweep, one group of `around.MANY_BYTES` at a time (issue 20: two workers of 25
+lane-weeks, 320 MB each, with the parent 745 MB in all)."""
+MIN_LANES = 10
+"""A process is worth its WORKER_BYTES only with this many lanes of memory: fewer lanes
+cost more a lane-tick (bench/lockstep.py: 0.41 ms at 10 lanes, 0.30 at 25, 0.23 at 100)."""
 MAX_RANGE = 14 * 86400.0
 """Longest history replayed: two weeks (the replay's time grows with the range)."""
 
@@ -182,6 +190,9 @@ class Job:
     baselines: bool = True
     report: Path | None = None
     lanes: int = 1
+    readers: int = READERS
+    """Histories a process reads at once (`prometheus.max_concurrent_queries` shared by the
+    processes, at most READERS each)."""
 
 
 Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
@@ -194,7 +205,9 @@ def replay_chunk(
     """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
     draw their PNGs."""
     reader = reader or HistoryReader(job.config)
-    read = reader.workloads(workloads, job.since - job.step, job.until + job.step, job.step)
+    read = reader.workloads(
+        workloads, job.since - job.step, job.until + job.step, job.step, job.readers
+    )
     histories = list(zip(read, workloads, strict=True))
     del read
     out: list[Done] = []
@@ -224,20 +237,38 @@ def handed_over(items: list[T]) -> Iterator[T]:
         yield items.pop()
 
 
-def default_jobs() -> int:
-    """Processes by default: one a core this process may run on, at most JOBS."""
+def lane_bytes(seconds: float) -> float:
+    """What a lane of a `seconds` replay adds to its process' peak."""
+    return LANE_BYTES + LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
+
+
+def default_jobs(memory: float = MEMORY, seconds: float = 7 * 86400.0) -> int:
+    """Processes by default: one a core this process may run on, as many as `memory` holds
+    with MIN_LANES lanes each of a `seconds` replay (2 cores and 1 GB: 2), at least one."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(JOBS, cores))
+    fit = (memory - PARENT_BYTES) // (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
+    return max(1, min(cores, int(fit)))
 
 
 def lanes_within(memory: float, jobs: int, seconds: float) -> int:
-    """Lanes a process may hold so that `jobs` processes' lanes of a `seconds` replay stay
-    within `memory` bytes (LANE_BYTES and LANE_BYTES_A_WEEK a week each), at least one."""
-    per_lane = LANE_BYTES + LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
-    return max(1, int(memory // (max(1, jobs) * per_lane)))
+    """Lanes a process may hold so that the parent and `jobs` workers with their lanes of a
+    `seconds` replay stay within `memory` bytes, at least one; MIN_LANES when `jobs`
+    workers do not fit with them (`over_budget` says so): more processes than the memory
+    holds would otherwise tick each workload alone."""
+    jobs = max(1, jobs)
+    room = memory - PARENT_BYTES - jobs * WORKER_BYTES
+    if over_budget(memory, jobs, seconds):
+        return MIN_LANES
+    return max(1, int(room // (jobs * lane_bytes(seconds))))
+
+
+def over_budget(memory: float, jobs: int, seconds: float) -> bool:
+    """Whether `jobs` workers of MIN_LANES lanes each pass `memory`."""
+    need = PARENT_BYTES + max(1, jobs) * (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
+    return jobs > 1 and need > memory
 
 
 def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
@@ -285,14 +316,21 @@ def run_whatif(
     err: TextIO = sys.stderr,
     jobs: int | None = None,
     lanes: int | None = None,
+    memory: float = MEMORY,
 ) -> Outcome:
     """Read, replay and report every workload; raise WhatifError when none replays. By
-    default `default_jobs()` processes, each with at most LANES lanes and all lanes within
-    MEMORY."""
+    default `default_jobs(memory)` processes, each with at most LANES lanes and the whole
+    run within `memory` bytes."""
     step = step or config.forecast.fit_step
-    jobs = default_jobs() if jobs is None else jobs
+    jobs = default_jobs(memory, until - since) if jobs is None else jobs
     if lanes is None:
-        lanes = min(LANES, lanes_within(MEMORY, jobs, until - since))
+        lanes = min(LANES, lanes_within(memory, jobs, until - since))
+        if over_budget(memory, jobs, until - since):
+            err.write(
+                f"--jobs {jobs}: {jobs} processes of {lanes} lanes need more than --memory "
+                f"{memory / 2**20:.0f} MiB (about {WORKER_BYTES // 2**20} MiB a process "
+                "and its lanes beside); raise --memory or lower --jobs\n"
+            )
     if not until > since:
         raise WhatifError(f"--since {rfc3339(since)} is not before --until {rfc3339(until)}")
     if until - since > MAX_RANGE:
@@ -308,7 +346,8 @@ def run_whatif(
     outcome = Outcome(since, until, step)
     if report is not None:
         report.mkdir(parents=True, exist_ok=True)
-    job = Job(config, since, until, step, seed, baselines, report, lanes)
+    readers = max(1, min(READERS, config.prometheus.max_concurrent_queries // max(1, jobs)))
+    job = Job(config, since, until, step, seed, baselines, report, lanes, readers)
     records: list[dict[str, Any]] = []
     try:
         for w, (done, decisions, png) in zip(

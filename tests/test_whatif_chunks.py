@@ -1,20 +1,25 @@
 """How whatif splits its workloads across processes and lockstep lanes by default: one
-process a core (at most two), lanes within the memory budget, chunks that end together."""
+process a core as the memory holds (two on this machine), lanes within the memory budget,
+chunks that end together, the `--memory` sizes."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
 
+from gpuscaler.commands.common import memory_size
 from gpuscaler.config import WorkloadConfig
 from gpuscaler.whatif import (
-    JOBS,
-    LANE_BYTES,
-    LANE_BYTES_A_WEEK,
+    MIN_LANES,
+    PARENT_BYTES,
+    WORKER_BYTES,
     chunks,
     default_jobs,
+    lane_bytes,
     lanes_within,
+    over_budget,
 )
 
 WEEK = 7 * 86400.0
@@ -53,25 +58,61 @@ def test_chunks_hold_at_most_lanes_each_and_share_the_rounds_evenly_among_the_jo
 @pytest.mark.parametrize(
     ("memory_mb", "jobs", "days", "lanes"),
     [
-        (512, 2, 7.0, 40),  # the default for a week on two cores
-        (512, 1, 7.0, 81),  # (whatif holds at most LANES)
-        (512, 2, 1.0, 98),  # a day's lanes: a seventh of a week's arrays, the same state
-        (512, 2, 14.0, 24),
-        (10, 2, 7.0, 1),  # never none
+        (1024, 2, 7.0, 40),  # the default for a week on two cores: 512 MB of lanes
+        (1024, 1, 7.0, 114),  # (whatif holds at most LANES)
+        (1024, 2, 1.0, 98),  # a day's lanes: a seventh of a week's arrays, the same state
+        (1024, 2, 14.0, 24),
+        (4096, 8, 7.0, 46),
+        (1024, 4, 7.0, MIN_LANES),  # more processes than it holds: MIN_LANES each, said
+        (200, 1, 7.0, 1),  # one process: never none
     ],
 )
-def test_lanes_fit_every_process_lanes_within_the_memory(
+def test_lanes_fit_the_parent_and_every_process_with_its_lanes_within_the_memory(
     memory_mb: int, jobs: int, days: float, lanes: int
 ) -> None:
     got = lanes_within(memory_mb * MB, jobs, days * 86400)
     assert got == lanes
-    if got > 1:
-        assert got * jobs * (LANE_BYTES + LANE_BYTES_A_WEEK * days / 7) <= memory_mb * MB
+    need = PARENT_BYTES + jobs * (WORKER_BYTES + got * lane_bytes(days * 86400))
+    assert (need <= memory_mb * MB) != over_budget(memory_mb * MB, jobs, days * 86400) or got == 1
 
 
-@pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (2, 2), (16, JOBS)])
-def test_the_default_jobs_are_one_a_core_at_most_two(
-    monkeypatch: pytest.MonkeyPatch, cores: int, jobs: int
+@pytest.mark.parametrize(
+    ("cores", "memory_mb", "days", "jobs"),
+    [
+        (1, 1024, 7.0, 1),
+        (2, 1024, 7.0, 2),  # this machine: as before
+        (16, 1024, 7.0, 3),  # 1 GB holds three processes of 10 lane-weeks
+        (16, 4096, 7.0, 14),
+        (16, 4096, 1.0, 16),  # a day's lanes are smaller: one a core
+        (16, 300, 7.0, 1),  # never none
+    ],
+)
+def test_the_default_jobs_are_one_a_core_as_many_as_the_memory_holds(
+    monkeypatch: pytest.MonkeyPatch, cores: int, memory_mb: int, days: float, jobs: int
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
-    assert default_jobs() == jobs
+    assert default_jobs(memory_mb * MB, days * 86400) == jobs
+    if jobs > 1:
+        assert not over_budget(memory_mb * MB, jobs, days * 86400)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1GiB", 2**30), ("512MiB", 2**29), ("2G", 2 * 10**9), ("1.5GB", 15 * 10**8)],
+)
+def test_memory_sizes_are_read_as_pydantic_byte_sizes(text: str, value: int) -> None:
+    assert memory_size(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("abc", "not a size"),
+        ("-1GiB", "not a size"),
+        ("100MiB", "less than 128MiB"),
+        ("0", "less than"),
+    ],
+)
+def test_a_bad_memory_size_is_refused_with_what_is_wrong(text: str, why: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=why):
+        memory_size(text)

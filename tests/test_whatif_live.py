@@ -189,8 +189,11 @@ def test_whatif_reproduces_simulate_on_the_same_trace_within_one_percent(week: W
         "--json",
         "--jobs",
         "2",  # the two workloads in two processes: the same figures as in one
+        "--memory",
+        "512MiB",  # less than two processes of 10 lanes take: run so, and said
     )
     assert done.returncode == 0, done.stderr
+    assert "--jobs 2: 2 processes of 10 lanes need more than --memory 512 MiB" in done.stderr
     out = json.loads(done.stdout)
     sim = _run(
         "simulate",

@@ -43,6 +43,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+MIN_MEMORY = 2**27
+"""The least `--memory` taken (128 MiB): below it no process fits."""
+
+
+def memory_size(text: str) -> int:
+    """Bytes of a size such as 1GiB, 512MiB, 2G or 1.5GB (pydantic's ByteSize: GiB are
+    2**30, GB and G 10**9), at least MIN_MEMORY."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        value = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 1GiB or 512MiB") from None
+    if value < MIN_MEMORY:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 128MiB")
+    return value
+
+
 def report_dir(text: str) -> str:
     path = Path(text)
     if path.exists() and not path.is_dir():

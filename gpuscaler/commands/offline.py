@@ -16,6 +16,7 @@ from gpuscaler.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     config_or_exit,
+    memory_size,
     positive_int,
     report_dir,
     stop_on_signal,
@@ -131,6 +132,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         step=step,
         baselines=not args.no_baselines,
         jobs=args.jobs,
+        memory=args.memory,
         **({} if args.lanes is None else {"lanes": args.lanes}),
     )
     print(json.dumps(outcome.summary()) if args.json else text(outcome))
@@ -287,13 +289,21 @@ def add_whatif_parser(sub: Any) -> None:
     p.add_argument(
         "--jobs",
         type=positive_int,
-        help="processes replaying at once (default: one a core, at most 2)",
+        help="processes replaying at once (default: one a core, as many as --memory holds "
+        "with 10 lanes each: 2 at 1GiB for a week)",
     )
     p.add_argument(
         "--lanes",
         type=positive_int,
         help="workloads a process ticks in lockstep through one controller (default 50, fewer "
-        "when all processes' lanes would pass 512 MB, about 20 MB a lane-week; 1: each alone)",
+        "when the run would pass --memory: about 6 MB a lane-week; 1: each alone)",
+    )
+    p.add_argument(
+        "--memory",
+        type=memory_size,
+        default="1GiB",
+        help="memory the whole run sizes its processes and lanes within (default 1GiB; e.g. "
+        "4GiB on a larger machine for one process a core)",
     )
     p.add_argument(
         "--no-baselines", action="store_true", help="skip the sweeps (no equal-cost verdict)"
