@@ -11,7 +11,7 @@ import pytest
 
 from gpuscaler.commands.common import memory_size
 from gpuscaler.config import WorkloadConfig
-from gpuscaler.whatif import (
+from gpuscaler.whatif_sizing import (
     MIN_LANES,
     PARENT_BYTES,
     WORKER_BYTES,

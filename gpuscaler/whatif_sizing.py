@@ -1,0 +1,121 @@
+"""How `gpuscaler whatif` splits its replay across processes and lockstep lanes: within the
+run's memory (`--memory`), one process a core as the memory holds, lanes within what the
+processes leave, chunks that end together."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TextIO
+
+from gpuscaler.adapters.prometheus.history import READERS
+from gpuscaler.config import Config, WorkloadConfig
+
+LANES = 50
+"""Workloads a process replays in lockstep through one controller at most (by default):
+the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
+grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated cluster's
+arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
+hold them."""
+LANE_BYTES = 2 * 2**20
+LANE_BYTES_A_WEEK = 17 * 2**18
+"""What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK (4.25 MB) a week of it: while
+its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
+demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
+its forecast track (0.65 MB); once the lockstep ends its runs are released
+(`simulate.release`) and the sweep of the runs around them takes their place (its group
+budget: what they held, `replay.freed`). Measured (issue 20, branch mem7; synthetic
+histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 19 and at
+40 lanes (before: 6.47); the controller's own part 0.85 MB a lane at 6 h, about 1.1 MB at
+24 h; the sweep of 40 workload-weeks 242 MB above the checked replays (6.1 MB a
+workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
+`bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
+of a chunk until its last group ended (now each group's are let go with it)."""
+MEMORY = 2**30
+"""The whole run's memory by default (`--memory`): the issue's 1 GB for whatif and its
+worker processes together. The workers and their lanes are sized within it: the parent's
+own PARENT_BYTES, each worker's own WORKER_BYTES, what is left for the lanes (512 MB with
+two workers)."""
+PARENT_BYTES = 100 * 2**20
+"""The whatif process' own peak: the interpreter, numpy, the config and the reports."""
+WORKER_BYTES = 206 * 2**20
+"""A worker's own peak beside its lanes: about 140 MB with numpy and the forecast, plus
+its chunk's sweep, one group of `around.MANY_BYTES` at a time (issue 20: two workers of 25
+lane-weeks, 320 MB each, with the parent 745 MB in all)."""
+MIN_LANES = 10
+"""A process is worth its WORKER_BYTES only with this many lanes of memory: fewer lanes
+cost more a lane-tick (bench/lockstep.py: 0.41 ms at 10 lanes, 0.30 at 25, 0.23 at 100)."""
+
+
+def lane_bytes(seconds: float) -> float:
+    """What a lane of a `seconds` replay adds to its process' peak."""
+    return LANE_BYTES + LANE_BYTES_A_WEEK * max(seconds, 1.0) / (7 * 86400.0)
+
+
+def default_jobs(memory: float = MEMORY, seconds: float = 7 * 86400.0) -> int:
+    """Processes by default: one a core this process may run on, as many as `memory` holds
+    with MIN_LANES lanes each of a `seconds` replay (2 cores and 1 GB: 2), at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    fit = (memory - PARENT_BYTES) // (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
+    return max(1, min(cores, int(fit)))
+
+
+def lanes_within(memory: float, jobs: int, seconds: float) -> int:
+    """Lanes a process may hold so that the parent and `jobs` workers with their lanes of a
+    `seconds` replay stay within `memory` bytes, at least one; MIN_LANES when `jobs`
+    workers do not fit with them (`over_budget` says so): more processes than the memory
+    holds would otherwise tick each workload alone."""
+    jobs = max(1, jobs)
+    room = memory - PARENT_BYTES - jobs * WORKER_BYTES
+    if over_budget(memory, jobs, seconds):
+        return MIN_LANES
+    return max(1, int(room // (jobs * lane_bytes(seconds))))
+
+
+def over_budget(memory: float, jobs: int, seconds: float) -> bool:
+    """Whether `jobs` workers of MIN_LANES lanes each pass `memory`."""
+    need = PARENT_BYTES + max(1, jobs) * (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
+    return jobs > 1 and need > memory
+
+
+def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
+    """The workloads in consecutive chunks, one process' lockstep each: at most `lanes` a
+    chunk, all of one size (the last one less) that gives each of `jobs` processes as
+    many rounds as the fewest chunks need (100 workloads, 2 jobs, 34 lanes: 4 chunks of
+    25, two a process, not 34, 34, 32, where one process would run two of 34)."""
+    if not workloads:
+        return []
+    jobs, lanes = max(1, jobs), max(1, lanes)
+    count = math.ceil(len(workloads) / (lanes * jobs)) * jobs
+    count = max(1, min(count, len(workloads)))
+    per = math.ceil(len(workloads) / count)
+    return [workloads[i : i + per] for i in range(0, len(workloads), per)]
+
+
+def sized(
+    config: Config,
+    seconds: float,
+    memory: float = MEMORY,
+    jobs: int | None = None,
+    lanes: int | None = None,
+    err: TextIO | None = None,
+) -> tuple[int, int, int]:
+    """(processes, lanes a process, histories a process reads at once) for a `seconds`
+    replay within `memory`: `default_jobs` and `lanes_within` (at most LANES) where not
+    given; a `jobs` the memory cannot hold is said on `err`. The processes share
+    `prometheus.max_concurrent_queries`, at most READERS each."""
+    jobs = default_jobs(memory, seconds) if jobs is None else jobs
+    if lanes is None:
+        lanes = min(LANES, lanes_within(memory, jobs, seconds))
+        if over_budget(memory, jobs, seconds) and err is not None:
+            err.write(
+                f"--jobs {jobs}: {jobs} processes of {lanes} lanes need more than --memory "
+                f"{memory / 2**20:.0f} MiB (about {WORKER_BYTES // 2**20} MiB a process "
+                "and its lanes beside); raise --memory or lower --jobs\n"
+            )
+    readers = max(1, min(READERS, config.prometheus.max_concurrent_queries // max(1, jobs)))
+    return jobs, lanes, readers
