@@ -13,17 +13,19 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
-from gpuscaler.allocator import keep_freed_memory
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay_many
+from gpuscaler.whatif_progress import Progress, drain, reporters, worker_init
 from gpuscaler.whatif_sizing import MEMORY, chunks, sized
 
 T = TypeVar("T")
@@ -70,37 +72,6 @@ def select(config: Config, names: list[str]) -> list[WorkloadConfig]:
             raise WhatifError(f"--workload {name}: not in the config (configured: {known})")
         chosen.extend(w for w in found if w not in chosen)
     return chosen
-
-
-class Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, out: TextIO, total: int):
-        self.out, self.total, self.done, self.requests = out, total, 0, 0
-        self.on = out.isatty()
-
-    def request(self, n: int) -> None:
-        self.requests += n
-        self.show()
-
-    def workload(self, key: str) -> None:
-        self.done += 1
-        self.show(key)
-
-    def show(self, key: str = "") -> None:
-        if not self.on:
-            return
-        width = 30
-        filled = round(width * self.done / max(self.total, 1))
-        self.out.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} workloads, "
-            f"{self.requests} range queries {key[:40]:<40}"
-        )
-        self.out.flush()
-
-    def close(self) -> None:
-        if self.on:
-            self.out.write("\n")
 
 
 @dataclass
@@ -165,11 +136,18 @@ Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
 
 
 def replay_chunk(
-    job: Job, workloads: list[WorkloadConfig], reader: HistoryReader | None = None
+    job: Job,
+    workloads: list[WorkloadConfig],
+    reader: HistoryReader | None = None,
+    progress: Callable[[float], None] | None = None,
+    chunk: int = 0,
 ) -> list[Done]:
     """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
-    draw their PNGs."""
-    reader = reader or HistoryReader(job.config)
+    draw their PNGs. In a worker process (no `reader`), its range queries and the share of
+    ticks done are reported as chunk `chunk` (`whatif_progress.reporters`)."""
+    if reader is None:
+        requests, progress = reporters(chunk, len(workloads))
+        reader = HistoryReader(job.config, progress=requests)
     read = reader.workloads(
         workloads, job.since - job.step, job.until + job.step, job.step, job.readers
     )
@@ -178,7 +156,8 @@ def replay_chunk(
     out: list[Done] = []
     draw = job.report is not None  # the PNG's series kept only when it is drawn
     given = handed_over(histories)  # each history let go once checked
-    for done in replay_many(given, job.config, job.seed, job.baselines, job.lanes, draw):
+    replays = replay_many(given, job.config, job.seed, job.baselines, job.lanes, draw, progress)
+    for done in replays:
         if isinstance(done, Skipped):
             out.append((done, [], None))
             continue
@@ -203,21 +182,28 @@ def handed_over(items: list[T]) -> Iterator[T]:
 
 
 def _results(
-    job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader
+    job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader, bar: Progress
 ) -> Iterator[Done]:
-    """Each workload's replay, in order: in this process, or in `jobs` processes."""
+    """Each workload's replay, in order: in this process, or in `jobs` processes (which
+    report their progress through a queue while the bar is shown)."""
     parts = chunks(workloads, jobs, job.lanes)
     if jobs <= 1 or len(parts) <= 1:
-        for part in parts:
-            yield from replay_chunk(job, part, reader)
+        for i, part in enumerate(parts):
+            ticked = partial(bar.replayed, i, len(part))
+            yield from replay_chunk(job, part, reader, ticked)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")  # no forked copy of a client's threads
-    with ProcessPoolExecutor(jobs, context, keep_freed_memory) as pool:
-        futures = [pool.submit(replay_chunk, job, part) for part in parts]
+    source = context.Queue() if bar.on else None
+    with ProcessPoolExecutor(jobs, context, worker_init, (source,)) as pool:
+        futures = [pool.submit(replay_chunk, job, p, chunk=i) for i, p in enumerate(parts)]
         for f in futures:
+            while not f.done():
+                drain(source, bar)
+                wait([f], timeout=0.5)
+            drain(source, bar)
             yield from f.result()
 
 
@@ -259,7 +245,7 @@ def run_whatif(
     records: list[dict[str, Any]] = []
     try:
         for w, (done, decisions, png) in zip(
-            workloads, _results(job, workloads, jobs, reader), strict=True
+            workloads, _results(job, workloads, jobs, reader, bar), strict=True
         ):
             bar.workload(w.key)
             if isinstance(done, Skipped):

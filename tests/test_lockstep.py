@@ -14,6 +14,7 @@ from gpuscaler.core.decisions import FragmentsDecision, ReplicaFloorDecision
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
 from gpuscaler.sim.lockstep import (
+    PROGRESS_TICKS,
     LockstepClusters,
     LockstepError,
     combined_config,
@@ -206,3 +207,11 @@ def test_replay_many_in_lockstep_gives_each_alone_and_keeps_skips_in_order() -> 
     assert alone == together == pairs
     assert alone[2] == f"skipped {workloads[2].key}"
     assert all(not s.startswith("skipped") for i, s in enumerate(alone) if i != 2)
+
+
+def test_a_lockstep_reports_its_share_of_ticks_done_every_hour_and_at_the_end() -> None:
+    preps = _prepared(parse_config(CONFIG))[:2]
+    shares: list[float] = []
+    lockstep_runs(preps, shares.append)
+    ticks = round(HOURS * 3600 / 30)  # 150 ticks of 30 s: one report after 120, one at the end
+    assert shares == [PROGRESS_TICKS / ticks, 1.0]

@@ -31,7 +31,8 @@ from gpuscaler.sim.replay import (
     verdict,
     workload_config,
 )
-from gpuscaler.whatif import Progress, WhatifError, parse_when, select
+from gpuscaler.whatif import WhatifError, parse_when, select
+from gpuscaler.whatif_progress import Progress
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 NOW = 1_800_000_000.0

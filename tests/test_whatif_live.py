@@ -9,6 +9,7 @@ workload-week for each of whatif and simulate it would take ten minutes."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
 from gpuscaler.config import parse_config
 from gpuscaler.sim.trace import load_trace
+from gpuscaler.whatif import run_whatif, select
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 STEP = 10.0
@@ -285,3 +287,31 @@ def test_whatif_on_an_unreachable_prometheus_exits_2_naming_it(tmp_path: Path) -
     assert "does not answer" in done.stderr and "127.0.0.1" in done.stderr
     assert "s3cret" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_worker_processes_reads_reach_the_progress_bar(week: Week) -> None:
+    config = parse_config(week.config.read_text())
+    since = week.start + WINDOW_AT
+    term = _Terminal()
+    outcome = run_whatif(
+        config,
+        since,
+        since + WINDOW,
+        select(config, []),  # llm-chat and the ghost: two chunks, one a process
+        baselines=False,
+        err=term,
+        jobs=2,
+    )
+    assert [s["workload"] for s in outcome.summaries] == ["serving/ScaledObject/llm-chat"]
+    lines = term.getvalue().split("\r")
+    last = lines[-1]
+    assert last.startswith("[" + "#" * 30 + "] 2/2 workloads, ")
+    queries = int(last.split(" workloads, ")[1].split(" range queries")[0])
+    # The probe is the parent's; every other query was a worker's, sent through the queue.
+    assert queries > 1
+    assert any(" 0/2 workloads, " in line and " 0 range queries" not in line for line in lines)

@@ -26,7 +26,7 @@ lane's `failed_ticks` counts it), where separate runs would lose it for one work
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
@@ -175,9 +175,16 @@ class LockstepClusters:
             tracks[w.key].add_workload(origin, w)
 
 
-def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
+PROGRESS_TICKS = 120
+"""Ticks between two calls of a lockstep's `progress` (an hour of replay at 30 s)."""
+
+
+def lockstep_runs(
+    preps: Sequence[Prepared], progress: Callable[[float], None] | None = None
+) -> list[RunResult]:
     """gpuscaler's run of every replay in `preps`, all through one controller: the same
-    runs as `gpuscaler_run` of each alone."""
+    runs as `gpuscaler_run` of each alone. `progress` is told the share of ticks done every
+    PROGRESS_TICKS ticks and at the end (1.0)."""
     if not preps:
         return []
     config = combined_config(preps, [place(i, p) for i, p in enumerate(preps)])
@@ -186,12 +193,17 @@ def lockstep_runs(preps: Sequence[Prepared]) -> list[RunResult]:
     controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(clusters.record)
     first = preps[0]
-    for t in control_ticks(first.start, first.seconds, config.control.interval):
+    ticks = control_ticks(first.start, first.seconds, config.control.interval)
+    for i, t in enumerate(ticks):
         batch.advance_to(t)
         batch.hpa_step(t)
         controller.safe_tick(t)
+        if progress is not None and i % PROGRESS_TICKS == PROGRESS_TICKS - 1:
+            progress((i + 1) / len(ticks))
     batch.advance_to(first.start + first.seconds)
     batch.finish()
+    if progress is not None:
+        progress(1.0)
     failed = controller.stats.failed
     return [
         RunResult("gpuscaler", lane.cluster, lane.decisions, lane.track, failed) for lane in lanes

@@ -14,7 +14,7 @@ was served, so demand that queued unserved is not in it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,7 @@ def replay_many(
     baselines: bool = True,
     lanes: int = 1,
     plot: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> Iterator[WorkloadReplay | Skipped]:
     """Each workload's replay, in order. Up to `lanes` workloads at a time run gpuscaler's
     controller in lockstep (`gpuscaler.sim.lockstep`: one controller, one batched forecast
@@ -230,7 +231,8 @@ def replay_many(
     The runs around a lockstep are swept in groups within what its lanes held (at least
     `around.MANY_BYTES`): fewer groups, each stepping the whole range, for no higher peak.
     A history is let go once checked (`Ready` keeps what the replay reads of it) when the
-    caller holds it no more (`whatif.replay_chunk` hands them over one by one)."""
+    caller holds it no more (`whatif.replay_chunk` hands them over one by one). `progress`
+    is told each lockstep's share of ticks done (`lockstep_runs`)."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
@@ -250,7 +252,8 @@ def replay_many(
         if id(r) not in runs:
             chunk = chunk_of[id(r)]
             preps = [x.prepared for x in chunk]
-            done = [gpuscaler_run(preps[0])] if len(chunk) == 1 else lockstep_runs(preps)
+            alone = len(chunk) == 1
+            done = [gpuscaler_run(preps[0])] if alone else lockstep_runs(preps, progress)
             for x, p, run in zip(chunk, preps, done, strict=True):
                 runs[id(x)] = release(p, run, plot)
             del done
