@@ -18,7 +18,8 @@ the recursive one is fed every bucket of the trace from its start and read at th
 origins (it has no window: what it knows is its state). Each trace's origins are cut
 into `--windows` consecutive windows (the 2023 hours into 3), each scored on its own.
 
-Last line: RESULT series_50_ms= series_50_base_ms= (and 1k, 10k: CPU ms per series-tick)
+Last line: RESULT series_50_ms= series_50_base_ms= series_50_signals_ms= (and 1k, 10k: CPU
+ms per series-tick; signals: the recursive one's with its rows made Signal objects)
 mae_rel_naive= mae_rel_naive_base= (mean over traces) coverage= coverage_base= (mean over
 traces) peak_mae_ratio= (worst trace's recursive / gpuscaler peak MAE) mae_ratio_worst=
 windows_lost_2pct= (windows whose MAE is over gpuscaler's by more than 2 %) traces=
@@ -39,15 +40,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from forecast import NOW
 from forecast_quality import DATA, SETTINGS, Setting
 from forecast_steady import FIT_STEP, POINTS, TICK, buckets
-from recursive_forecaster import Floats, RecursiveForecaster
+from recursive_forecaster import Floats, Paths, RecursiveForecaster
 
-from gpuscaler.core.model import Series
+from gpuscaler.core.model import Forecast, Series, Signal
 
 HORIZON = 300.0
 
 
-def cost(n: int, ticks: int, seed: int) -> tuple[float, float]:
-    """CPU ms per series and steady tick: the recursive forecaster's, gpuscaler's."""
+def cost(n: int, ticks: int, seed: int) -> tuple[float, float, float]:
+    """CPU ms per series and steady tick: the recursive forecaster's, the same with its
+    rows made the controller's Signal objects as `forecast_series` returns them, and
+    gpuscaler's."""
     from gpuscaler.config import ForecastConfig
     from gpuscaler.core.forecast import forecast_series
     from gpuscaler.core.model import FitState
@@ -70,12 +73,26 @@ def cost(n: int, ticks: int, seed: int) -> tuple[float, float]:
     model = RecursiveForecaster(n, round(cfg.horizon / FIT_STEP))
     for j in range(POINTS):
         model.update(data[:, j])
-    mine = []
+    mine, wrapped = [], []
     for k in range(1, ticks + 1):
         began = time.process_time()
-        model.update(data[:, POINTS - 1 + k])
+        out = model.update(data[:, POINTS - 1 + k])
         mine.append(time.process_time() - began)
-    return float(np.mean(mine)) * 1000 / n, float(np.mean(base)) * 1000 / n
+        _signals(out, NOW + k * TICK, data[:, POINTS - 1 + k])
+        wrapped.append(time.process_time() - began)
+    per = 1000 / n
+    return float(np.mean(mine)) * per, float(np.mean(wrapped)) * per, float(np.mean(base)) * per
+
+
+def _signals(out: Paths, now: float, last: Floats) -> list[Signal]:
+    """Each row's forecast as the controller takes it (the peak's offset as its error)."""
+    offsets = (out.peak - out.mean.max(axis=1)).tolist()
+    return [
+        Signal(now, Forecast(now, FIT_STEP, m, lo, hi, 0.7, "recursive", "", v, {}, off))
+        for m, lo, hi, v, off in zip(
+            out.mean, out.lower, out.upper, last.tolist(), offsets, strict=True
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -190,7 +207,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=7, help="windows of the 2024 files")
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args()
-    figures: dict[str, tuple[float, float]] = {}
+    figures: dict[str, tuple[float, float, float]] = {}
     rows: list[Window] = []
     with threadpool_limits(limits=1):
         for s in SETTINGS:
@@ -200,15 +217,18 @@ def main() -> None:
         print()
         _table(rows)
         for n in [] if args.skip_cost else [int(x) for x in args.sizes.split(",")]:
-            mine, base = cost(n, args.ticks, args.seed)
+            mine, wrapped, base = cost(n, args.ticks, args.seed)
             tag = f"{n // 1000}k" if n >= 1000 else str(n)
-            figures[tag] = (mine, base)
-            print(f"{n} series: {mine:.4f} ms a series-tick recursive, {base:.4f} gpuscaler")
+            figures[tag] = (mine, wrapped, base)
+            print(
+                f"{n} series: {mine:.4f} ms a series-tick recursive ({wrapped:.4f} with its "
+                f"Signal objects), {base:.4f} gpuscaler ({base / mine:.1f}x, {base / wrapped:.1f}x)"
+            )
             sys.stdout.flush()
     _result(figures, rows)
 
 
-def _result(figures: dict[str, tuple[float, float]], rows: list[Window]) -> None:
+def _result(figures: dict[str, tuple[float, float, float]], rows: list[Window]) -> None:
     whole = [w for w in rows if w.part == 0]
     parts = [w for w in rows if w.part > 0]
 
@@ -222,7 +242,8 @@ def _result(figures: dict[str, tuple[float, float]], rows: list[Window]) -> None
     print(
         "RESULT "
         + "".join(
-            f"series_{t}_ms={a:.4f} series_{t}_base_ms={b:.4f} " for t, (a, b) in figures.items()
+            f"series_{t}_ms={a:.4f} series_{t}_base_ms={b:.4f} series_{t}_signals_ms={w:.4f} "
+            for t, (a, w, b) in figures.items()
         )
         + f"mae_rel_naive={mean('recursive', 'rel'):.4f} "
         f"mae_rel_naive_base={mean('gpuscaler', 'rel'):.4f} "
