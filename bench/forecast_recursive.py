@@ -17,6 +17,8 @@ it (`_gpuscaler_paths`: states carried from origin to origin, a window of histor
 the recursive one is fed every bucket of the trace from its start and read at the same
 origins (it has no window: what it knows is its state). Each trace's origins are cut
 into `--windows` consecutive windows (the 2023 hours into 3), each scored on its own.
+`--synthetic N` also scores N generated series (bench/forecast.py's generator, 2 h each):
+data no constant of the forecaster was chosen on.
 
 Last line: RESULT series_50_ms= series_50_base_ms= series_50_signals_ms= (and 1k, 10k: CPU
 ms per series-tick; signals: the recursive one's with its rows made Signal objects)
