@@ -60,8 +60,14 @@ def default_jobs(memory: float = MEMORY, seconds: float = 7 * 86400.0) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    fit = (memory - PARENT_BYTES) // (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
+    fit = (memory - PARENT_BYTES) // _worker_bytes(seconds)
     return max(1, min(cores, int(fit)))
+
+
+def _worker_bytes(seconds: float) -> float:
+    """A worker's own peak with MIN_LANES lanes of a `seconds` replay: the least a process
+    is worth (`default_jobs`, `over_budget`)."""
+    return WORKER_BYTES + MIN_LANES * lane_bytes(seconds)
 
 
 def lanes_within(memory: float, jobs: int, seconds: float) -> int:
@@ -70,16 +76,15 @@ def lanes_within(memory: float, jobs: int, seconds: float) -> int:
     workers do not fit with them (`over_budget` says so): more processes than the memory
     holds would otherwise tick each workload alone."""
     jobs = max(1, jobs)
-    room = memory - PARENT_BYTES - jobs * WORKER_BYTES
     if over_budget(memory, jobs, seconds):
         return MIN_LANES
+    room = memory - PARENT_BYTES - jobs * WORKER_BYTES
     return max(1, int(room // (jobs * lane_bytes(seconds))))
 
 
 def over_budget(memory: float, jobs: int, seconds: float) -> bool:
     """Whether `jobs` workers of MIN_LANES lanes each pass `memory`."""
-    need = PARENT_BYTES + max(1, jobs) * (WORKER_BYTES + MIN_LANES * lane_bytes(seconds))
-    return jobs > 1 and need > memory
+    return jobs > 1 and PARENT_BYTES + jobs * _worker_bytes(seconds) > memory
 
 
 def chunks(workloads: list[WorkloadConfig], jobs: int, lanes: int) -> list[list[WorkloadConfig]]:
