@@ -4,8 +4,10 @@ processes leave, chunks that end together."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+from collections.abc import Callable
 from typing import TextIO
 
 from gpuscaler.adapters.prometheus.history import READERS
@@ -124,3 +126,27 @@ def sized(
             )
     readers = max(1, min(READERS, config.prometheus.max_concurrent_queries // max(1, jobs)))
     return jobs, lanes, readers
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, None where the C library has none (musl, macOS)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+    return trim
+
+
+def give_back() -> bool:
+    """Give the heap's free pages back to the system (glibc's `malloc_trim(0)`); whether
+    it could. A replay frees much at once (a chunk's histories once checked, a lockstep's
+    runs once released), mostly arrays of a few hundred KB that glibc's malloc keeps on
+    its heap once its mmap threshold has risen past them (mallopt(3): the threshold is
+    raised to the size of each mmapped block freed); kept, they stay in the process' RSS
+    under whatever the next part allocates (issue 20: a worker of 50 lane-weeks held ~120
+    MB of them through its sweep)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

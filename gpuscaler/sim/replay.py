@@ -221,6 +221,7 @@ def replay_many(
     lanes: int = 1,
     plot: bool = True,
     progress: Callable[[float], None] | None = None,
+    settle: Callable[[], object] | None = None,
 ) -> Iterator[WorkloadReplay | Skipped]:
     """Each workload's replay, in order. Up to `lanes` workloads at a time run gpuscaler's
     controller in lockstep (`gpuscaler.sim.lockstep`: one controller, one batched forecast
@@ -232,8 +233,13 @@ def replay_many(
     `around.MANY_BYTES`): fewer groups, each stepping the whole range, for no higher peak.
     A history is let go once checked (`Ready` keeps what the replay reads of it) when the
     caller holds it no more (`whatif.replay_chunk` hands them over one by one). `progress`
-    is told each lockstep's share of ticks done (`lockstep_runs`)."""
+    is told each lockstep's share of ticks done (`lockstep_runs`). `settle` is called
+    where much was just let go (the histories once all are checked, each lockstep's runs
+    once released): whatif gives the freed heap back to the system there
+    (`whatif_sizing.give_back`), so what the next part allocates is not added to it."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
+    if settle is not None:
+        settle()
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
         if isinstance(r, Ready):
@@ -257,6 +263,8 @@ def replay_many(
             for x, p, run in zip(chunk, preps, done, strict=True):
                 runs[id(x)] = release(p, run, plot)
             del done
+            if settle is not None:
+                settle()
             # the chunk's reactive, actual and baseline runs in one sweep
             series = [x.replicas.series for x in chunk]
             budget = max(MANY_BYTES, freed(preps))
