@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import sys
 import weakref
 from typing import Any
 
@@ -180,7 +179,6 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_give_back_returns_the_heap_pages_freed_arrays_left_behind() -> None:
     """A history's arrays (~480 KB) come from glibc's heap once a freed mmapped block has
     raised the mmap threshold past them; freed, they stay in the RSS until trimmed."""
