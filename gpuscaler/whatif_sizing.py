@@ -20,9 +20,11 @@ grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated clus
 arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
 hold them."""
 LANE_BYTES = 2 * 2**20
-LANE_BYTES_A_WEEK = 17 * 2**18
+LANE_BYTES_A_WEEK = 3 * 2**20
 """What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
-state for it, bounded by its windows) and LANE_BYTES_A_WEEK (4.25 MB) a week of it: while
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK (3 MB; 4.25 MB before the
+heap was given back between a replay's parts, `give_back`, and the sweep's group budget
+cut to `replay.LANE_SLOT_BYTES` 36 bytes a lane's slot, issue 20, 2026-12-03) a week of it: while
 its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
 demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
 its forecast track (0.65 MB); once the lockstep ends its runs are released
@@ -44,7 +46,8 @@ PARENT_BYTES = 100 * 2**20
 WORKER_BYTES = 206 * 2**20
 """A worker's own peak beside its lanes: about 140 MB with numpy and the forecast, plus
 its chunk's sweep, one group of `around.MANY_BYTES` at a time (issue 20: two workers of 25
-lane-weeks, 320 MB each, with the parent 745 MB in all)."""
+lane-weeks, 320 MB each, with the parent 745 MB in all; of 50 lane-weeks, once the heap was
+given back between the parts and the sweep's budget cut, 375 MB each, 849 MB in all)."""
 MIN_LANES = 10
 """A process is worth its WORKER_BYTES only with this many lanes of memory: fewer lanes
 cost more a lane-tick (bench/lockstep.py: 0.41 ms at 10 lanes, 0.30 at 25, 0.23 at 100)."""

@@ -194,13 +194,17 @@ def finished(
     return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
 
 
-LANE_SLOT_BYTES = 60
+LANE_SLOT_BYTES = 36
 """What the sweep of the runs around a lockstep may record a lane's slot (one group of
 runs at a time, `sweep.RUN_SLOT_BYTES` a run a slot). While the lockstep ran, a lane held
-about 74 bytes a slot (`whatif.LANE_BYTES_A_WEEK`: its cluster's work, served work,
-capacity, GPUs and demand as doubles, its forecast track) and its share of the
-controller's state, all let go before the runs around it start; the sweep holds, beside
-its group's tables, its templates, the kept runs' records and their figures' work.
+its cluster's per-slot arrays and forecast track and its share of the controller's
+state, let go before the runs around it start (and given back to the system by whatif:
+`whatif_sizing.give_back`); the sweep holds, beside its group's tables, its templates, the
+kept runs' records and their figures' work, so its peak rises by well over its budget
+(issue 20, 2026-12-03: 60 bytes, 181 MB at 50 lane-weeks, took a worker from 186 to 488 MB;
+36 bytes keep two workers of 50 lane-weeks within the 1 GB, and the sweep's cost a
+workload-week hardly depends on its groups' size there: bench/whatif_floor.py, 2.18 and
+2.19 CPU-s at budgets of 91 and 181 MB).
 Measured (issue 20, branch sw8; 40 week-long replays, synthetic histories): the sweep
 alone peaked at 380 MB for the process in 109 CPU-s (40 bytes, with 16 bytes a run a slot
 and every run's signal: 391 MB, 170 CPU-s); `bench/whatif.py` at 40 lanes a week, 405 MB
