@@ -65,7 +65,7 @@ def sweep_cpu(lanes: int, hours: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", type=int, default=100)
-    ap.add_argument("--lanes", type=int, default=25, help="whatif's lanes a chunk (default)")
+    ap.add_argument("--lanes", type=int, default=50, help="whatif's lanes a chunk (its default)")
     ap.add_argument("--small", type=int, default=5, help="the fewer lanes of the line")
     ap.add_argument("--hours", type=float, default=6.0, help="the locksteps' replay")
     ap.add_argument("--sweep-hours", type=float, default=72.0, help="scaled to a week")

@@ -146,7 +146,7 @@ def give_back() -> bool:
     runs once released), mostly arrays of a few hundred KB that glibc's malloc keeps on
     its heap once its mmap threshold has risen past them (mallopt(3): the threshold is
     raised to the size of each mmapped block freed); kept, they stay in the process' RSS
-    under whatever the next part allocates (issue 20: a worker of 50 lane-weeks held ~120
+    under whatever the next part allocates (issue 20: a worker of 50 lane-weeks held ~160
     MB of them through its sweep)."""
     trim = _malloc_trim()
     if trim is None:
