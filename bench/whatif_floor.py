@@ -62,23 +62,46 @@ def sweep_cpu(lanes: int, hours: float) -> float:
     return time.process_time() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str) -> argparse.ArgumentParser:
+    """The options of this floor (and bench/whatif_numeric.py's): the gate's workloads, the
+    chunk's lanes, the two locksteps and the sweep measured, the cores."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--workloads", type=int, default=100)
     ap.add_argument("--lanes", type=int, default=50, help="whatif's lanes a chunk (its default)")
     ap.add_argument("--small", type=int, default=5, help="the fewer lanes of the line")
     ap.add_argument("--hours", type=float, default=6.0, help="the locksteps' replay")
     ap.add_argument("--sweep-hours", type=float, default=72.0, help="scaled to a week")
     ap.add_argument("--cores", type=int, default=2)
-    args = ap.parse_args()
+    return ap
+
+
+def line(small: float, big: float, args: argparse.Namespace) -> tuple[float, float]:
+    """(fixed, lane): CPU seconds a tick whatever its lanes and a lane-tick, the line
+    through a lockstep's CPU seconds at `args.small` (`small`) and `args.lanes` (`big`)
+    lanes over `args.hours`."""
     ticks = args.hours * 3600 / 30
-    small, big = (lockstep_cpu(n, args.hours) for n in (args.small, args.lanes))
     lane = (big - small) / (args.lanes - args.small) / ticks
-    fixed = small / ticks - args.small * lane
+    return small / ticks - args.small * lane, lane
+
+
+def gate_seconds(fixed: float, lane: float, sweep: float, args: argparse.Namespace) -> float:
+    """The gate's whole on `args.cores` cores from a tick's `fixed`, a lane-tick's `lane`
+    and a workload-week's `sweep` CPU seconds (chunks of `args.lanes` workloads)."""
+    workloads: int = args.workloads
+    lanes: int = args.lanes
+    cores: int = args.cores
+    chunks = math.ceil(workloads / lanes)
+    cpu = chunks * WEEK_TICKS * fixed + workloads * (WEEK_TICKS * lane + sweep)
+    return cpu / cores
+
+
+def main() -> None:
+    args = options(__doc__.splitlines()[0]).parse_args()
+    small, big = (lockstep_cpu(n, args.hours) for n in (args.small, args.lanes))
+    fixed, lane = line(small, big, args)
     sweep = sweep_cpu(args.lanes, args.sweep_hours) / args.lanes * 168.0 / args.sweep_hours
-    chunks = math.ceil(args.workloads / args.lanes)
-    floor = (chunks * WEEK_TICKS * fixed + args.workloads * sweep) / args.cores
-    projected = floor + args.workloads * WEEK_TICKS * lane / args.cores
+    floor = gate_seconds(fixed, 0.0, sweep, args)
+    projected = gate_seconds(fixed, lane, sweep, args)
     print(
         f"lockstep over {args.hours:g} h: {args.small} lanes {small:.1f} CPU-s, "
         f"{args.lanes} lanes {big:.1f} CPU-s; the sweep around {args.lanes} lanes over "
