@@ -296,7 +296,7 @@ def add_whatif_parser(sub: Any) -> None:
         "--lanes",
         type=positive_int,
         help="workloads a process ticks in lockstep through one controller (default 50, fewer "
-        "when the run would pass --memory: about 6 MB a lane-week; 1: each alone)",
+        "when the run would pass --memory: about 5 MB a lane-week; 1: each alone)",
     )
     p.add_argument(
         "--memory",
