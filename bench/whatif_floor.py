@@ -63,8 +63,9 @@ def sweep_cpu(lanes: int, hours: float) -> float:
 
 
 def options(description: str) -> argparse.ArgumentParser:
-    """The options of this floor (and bench/whatif_numeric.py's): the gate's workloads, the
-    chunk's lanes, the two locksteps and the sweep measured, the cores."""
+    """The options of this floor (and of bench/whatif_numeric.py and whatif_given.py): the
+    gate's workloads, the chunk's lanes, the two locksteps and the sweep measured, the
+    cores."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--workloads", type=int, default=100)
     ap.add_argument("--lanes", type=int, default=50, help="whatif's lanes a chunk (its default)")
@@ -84,6 +85,14 @@ def line(small: float, big: float, args: argparse.Namespace) -> tuple[float, flo
     return small / ticks - args.small * lane, lane
 
 
+def a_workload_week(sweep: float, args: argparse.Namespace) -> float:
+    """CPU seconds a workload-week of the sweep's `sweep` around `args.lanes` workloads over
+    `args.sweep_hours`."""
+    lanes: int = args.lanes
+    hours: float = args.sweep_hours
+    return sweep / lanes * 168.0 / hours
+
+
 def gate_seconds(fixed: float, lane: float, sweep: float, args: argparse.Namespace) -> float:
     """The gate's whole on `args.cores` cores from a tick's `fixed`, a lane-tick's `lane`
     and a workload-week's `sweep` CPU seconds (chunks of `args.lanes` workloads)."""
@@ -99,7 +108,7 @@ def main() -> None:
     args = options(__doc__.splitlines()[0]).parse_args()
     small, big = (lockstep_cpu(n, args.hours) for n in (args.small, args.lanes))
     fixed, lane = line(small, big, args)
-    sweep = sweep_cpu(args.lanes, args.sweep_hours) / args.lanes * 168.0 / args.sweep_hours
+    sweep = a_workload_week(sweep_cpu(args.lanes, args.sweep_hours), args)
     floor = gate_seconds(fixed, 0.0, sweep, args)
     projected = gate_seconds(fixed, lane, sweep, args)
     print(

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from whatif_floor import GATE_S, gate_seconds, line, options, sweep_cpu
+from whatif_floor import GATE_S, a_workload_week, gate_seconds, line, options, sweep_cpu
 
 TIMEOUT_S = 3600.0
 
@@ -156,7 +156,7 @@ def main() -> None:
     )
     fixed, lane = line(small_given, big_given, args)
     full_lane = line(small_full, big_full, args)[1]
-    sweep = sweep_cpu(args.lanes, args.sweep_hours) / args.lanes * 168.0 / args.sweep_hours
+    sweep = a_workload_week(sweep_cpu(args.lanes, args.sweep_hours), args)
     given = gate_seconds(max(0.0, fixed), lane, sweep, args)
     print(
         f"lockstep over {args.hours:g} h: {args.small} lanes {small_full:.1f} CPU-s, given"

@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from whatif_floor import GATE_S, gate_seconds, line, options
+from whatif_floor import GATE_S, a_workload_week, gate_seconds, line, options
 
 FREQUENCY = 999
 """Samples a second of CPU."""
@@ -198,7 +198,7 @@ def main() -> None:
         """The floor of the samples of `kinds`: (seconds on `--cores` cores, a lane-tick's
         and a tick's CPU seconds, a workload-week's sweep's)."""
         fixed, lane = line(small_cpu * _of(small, kinds), big_cpu * _of(big, kinds), args)
-        swept = sweep_cpu * _of(sweep, kinds) / args.lanes * 168.0 / args.sweep_hours
+        swept = a_workload_week(sweep_cpu * _of(sweep, kinds), args)
         return gate_seconds(max(0.0, fixed), lane, swept, args), lane, max(0.0, fixed), swept
 
     numeric, lane, fixed, sweep_week = floor(("arithmetic",))
