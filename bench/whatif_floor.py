@@ -38,6 +38,7 @@ from lockstep import prepared
 from gpuscaler.sim.around import MANY_BYTES, around_many
 from gpuscaler.sim.lockstep import lockstep_runs
 from gpuscaler.sim.replay import freed
+from gpuscaler.sim.simulate import Prepared
 
 GATE_S = 120.0
 """Issue 20's gate: 100 workload-weeks in at most 120 s on this (2-core) machine."""
@@ -58,8 +59,14 @@ def sweep_cpu(lanes: int, hours: float) -> float:
     as whatif groups it (its budget: what the chunk's lanes held)."""
     preps = prepared(hours, lanes)
     t0 = time.process_time()
-    around_many(preps, None, budget=max(MANY_BYTES, freed(preps)), released=False)
+    sweep_around(preps)
     return time.process_time() - t0
+
+
+def sweep_around(preps: list[Prepared]) -> None:
+    """The sweep around the workloads `preps` as whatif groups it: its group budget what
+    their lanes held (`replay.freed`), its runs not released (nothing to release here)."""
+    around_many(preps, None, budget=max(MANY_BYTES, freed(preps)), released=False)
 
 
 def options(description: str) -> argparse.ArgumentParser:

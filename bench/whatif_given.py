@@ -39,7 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lockstep import prepared
 from whatif_floor import GATE_S, a_workload_week, gate_seconds, line, options, sweep_cpu
+
+from gpuscaler.core import snapshot
+from gpuscaler.sim.lockstep import lockstep_runs
 
 TIMEOUT_S = 3600.0
 
@@ -90,12 +94,6 @@ def digest(runs: list[Any]) -> str:
 
 def child(mode: str, lanes: int, hours: float, path: str) -> None:
     """Run one lockstep (`record` or `given`) and print its CPU seconds and digest."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from lockstep import prepared
-
-    from gpuscaler.core import snapshot
-    from gpuscaler.sim.lockstep import lockstep_runs
-
     preps = prepared(hours, lanes)
     if mode == "record":
         tape = Recording()

@@ -44,7 +44,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from whatif_floor import GATE_S, a_workload_week, gate_seconds, line, options
+from lockstep import prepared
+from whatif_floor import GATE_S, a_workload_week, gate_seconds, line, options, sweep_around
+
+from gpuscaler.sim.lockstep import lockstep_runs
 
 FREQUENCY = 999
 """Samples a second of CPU."""
@@ -116,13 +119,6 @@ def shares(data: Path) -> dict[str, float]:
 
 def child(part: str, lanes: int, hours: float, ctl: str, ack: str) -> None:
     """Prepare, switch perf on, run `part`, switch it off; print the run's CPU seconds."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from lockstep import prepared
-
-    from gpuscaler.sim.around import MANY_BYTES, around_many
-    from gpuscaler.sim.lockstep import lockstep_runs
-    from gpuscaler.sim.replay import freed
-
     preps = prepared(hours, lanes)
     with open(ctl, "w") as c, open(ack) as a:
 
@@ -136,7 +132,7 @@ def child(part: str, lanes: int, hours: float, ctl: str, ack: str) -> None:
         if part == "lockstep":
             lockstep_runs(preps)
         else:
-            around_many(preps, None, budget=max(MANY_BYTES, freed(preps)), released=False)
+            sweep_around(preps)
         cpu = time.process_time() - t0
         say("disable")
     print(f"CPU {cpu}")
