@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuscaler.collector import gc_paused
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.forecast import ForecastEngine, make_engine
@@ -136,10 +135,6 @@ class Controller:
         return False
 
     def tick(self, now: float) -> TickResult:
-        with gc_paused():  # one pause with the answers' decoding
-            return self._tick(now)
-
-    def _tick(self, now: float) -> TickResult:
         started = time.perf_counter()
         for hook in self.before_tick:
             hook()

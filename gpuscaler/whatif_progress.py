@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from gpuscaler.allocator import keep_freed_memory
-
 WIDTH = 30
 """Characters of the bar."""
 ESTIMATE_FROM = 0.02
@@ -78,10 +76,9 @@ def _minutes(seconds: float) -> str:
 
 
 def worker_init(to: Any) -> None:
-    """A worker process' initializer: glibc's thresholds raised (`keep_freed_memory`), its
-    progress sent to `to` (a multiprocessing queue, or None: not reported)."""
+    """A worker process' initializer: its progress sent to `to` (a multiprocessing queue,
+    or None: not reported)."""
     global _QUEUE
-    keep_freed_memory()
     _QUEUE = to
 
 

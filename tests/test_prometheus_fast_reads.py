@@ -1,16 +1,14 @@
 """The grouped reads' requests and decoding (adapters/prometheus/fast.py): they ask
 Prometheus for uncompressed answers (`PLAIN`: Prometheus then spends no CPU gzipping a
 tick's megabytes of JSON; the request keeps its authorization, what is decoded is the
-same), and decode them with the garbage collector paused (`gc_paused`), shedding the
+same), and decode them, shedding the
 per-point lists once they are arrays."""
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import math
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,11 +18,9 @@ import pytest
 from kubefake import reply, serving
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
-import gpuscaler.adapters.prometheus.fast as fast_module
 from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
-from gpuscaler.collector import gc_paused
 from gpuscaler.config import parse_config
 
 ANSWER = {
@@ -138,85 +134,3 @@ def test_prometheus_answers_a_grouped_read_uncompressed_with_the_same_samples(
         assert np.array_equal(times, [float(t) for t, _ in theirs["values"]])
         assert np.array_equal(values, [float(v) for _, v in theirs["values"]])
         assert times.size == len(theirs["values"]) > 90
-
-
-def test_the_collector_is_off_inside_and_on_again_after_the_last_of_overlapping_blocks() -> None:
-    assert gc.isenabled()
-    entered, release = threading.Event(), threading.Event()
-
-    def other() -> None:
-        with gc_paused():
-            entered.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    assert entered.wait(10)
-    with gc_paused():
-        assert not gc.isenabled()
-    assert not gc.isenabled()  # the other block still runs
-    release.set()
-    thread.join(10)
-    assert gc.isenabled()
-
-
-def test_a_collector_off_before_stays_off() -> None:
-    gc.disable()
-    try:
-        with gc_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
-def _big_answer(series: int, points: int) -> dict[str, Any]:
-    rows = [
-        {
-            "metric": {"workload": f"w{s}"},
-            "values": [[10 + 0.5 * i, f"{s + i}.25"] for i in range(points)],
-        }
-        for s in range(series)
-    ]
-    return {"status": "success", "data": {"resultType": "matrix", "result": rows}}
-
-
-@pytest.mark.parametrize("paused", [True, False])
-def test_no_collection_runs_while_a_big_answer_is_decoded(
-    paused: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """About 20,000 [time, "value"] lists: without the pause the collector runs about
-    once per 700 of them (the case this guards against); with it, at most once after,
-    over what is kept (the series' dicts and arrays)."""
-    collections: list[int] = []
-
-    def counted(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    monkeypatch.setattr(_Recording, "answer", _big_answer(200, 100))
-    if not paused:
-        monkeypatch.setattr(fast_module, "gc_paused", _not_paused)
-    with serving(_Recording.handler()) as url:
-        transport = _transport(url)
-        gc.collect()
-        gc.callbacks.append(counted)
-        try:
-            result = fast_query_range(transport, "up", 10, 60, STEP)
-        finally:
-            gc.callbacks.remove(counted)
-    if paused:
-        assert collections in ([], [0])
-    else:
-        assert len(collections) >= 10
-    assert len(result) == 200 and all(r["values"] == [] for r in result)
-    times, values = result[7]["arrays"]
-    assert times[0] == 10 and times[-1] == 59.5 and values[3] == 10.25
-
-
-class _not_paused:  # stands for the context manager function
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.allocator import keep_freed_memory
 from gpuscaler.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -52,7 +51,6 @@ def _replay_window(args: argparse.Namespace) -> float | str | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    keep_freed_memory()  # issue 20: gpuscaler/allocator.py
     from gpuscaler.sim.around import simulate
     from gpuscaler.sim.report import table, write_report
     from gpuscaler.sim.trace import TraceError, load_trace
@@ -104,7 +102,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    keep_freed_memory()  # issue 20: gpuscaler/allocator.py
     from gpuscaler.whatif import parse_when, run_whatif, select, text
 
     config = config_or_exit(args.config)
@@ -142,7 +139,6 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    keep_freed_memory()  # issue 20: gpuscaler/allocator.py
     from gpuscaler.backtest import BacktestError, backtest
     from gpuscaler.config import ForecastConfig
 

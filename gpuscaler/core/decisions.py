@@ -17,7 +17,6 @@ from typing import ClassVar, Literal
 
 from gpuscaler.config import TIME_SLICE_LEVELS
 from gpuscaler.core.lazy import Lazy
-from gpuscaler.core.quick import quick_init
 
 DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
@@ -82,7 +81,6 @@ class _Forecasted(_Change):
         return dict(self.forecast) if self.forecast is not None else None
 
 
-@quick_init
 @dataclass(frozen=True)
 class _CountChange(_Forecasted):
     """A change of a whole number: a workload's replicas or a pool's fragments."""
@@ -99,7 +97,6 @@ class _CountChange(_Forecasted):
         return self.from_value, self.to_value
 
 
-@quick_init
 @dataclass(frozen=True)
 class ReplicaFloorDecision(_CountChange):
     """Set a workload's replica floor (KEDA minReplicaCount, HPA minReplicas)."""
@@ -107,7 +104,6 @@ class ReplicaFloorDecision(_CountChange):
     kind: ClassVar[DecisionKind] = "replica_floor"
 
 
-@quick_init
 @dataclass(frozen=True)
 class FragmentsDecision(_CountChange):
     """Set a node pool's fragments per GPU."""
@@ -115,7 +111,6 @@ class FragmentsDecision(_CountChange):
     kind: ClassVar[DecisionKind] = "fragments"
 
 
-@quick_init
 @dataclass(frozen=True)
 class TimeSliceDecision(_Forecasted):
     """Set a node pool's time slice level."""
@@ -185,7 +180,6 @@ class Eviction(PreemptionStep):
 Decision = ReplicaFloorDecision | FragmentsDecision | TimeSliceDecision | PreemptionStep
 
 
-@quick_init
 @dataclass(frozen=True)
 class Skip:
     """A target the tick did not act on, and why. Its `reason` may be made when first read

@@ -10,13 +10,11 @@ from dataclasses import dataclass, replace
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
 from gpuscaler.core.lazy import deferred_key
 from gpuscaler.core.model import Signal, TargetHistory
-from gpuscaler.core.quick import quick_init
 
 _REASON = deferred_key("reason")
 """Where a held Skip leaves its reason to `Lazy` (`lazy.deferred_key`)."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """A decision for one target, or why there is none, and its history after this tick."""

@@ -20,14 +20,12 @@ if TYPE_CHECKING:
     from gpuscaler.core.preemption.views import PreemptionObservation
 from gpuscaler.core.decisions import Decision, Skip, target_key
 from gpuscaler.core.lazy import Lazy
-from gpuscaler.core.quick import quick_init
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-@quick_init
 @dataclass(frozen=True, eq=False)
 class Series:
     """Samples of one signal on a regular grid; NaN marks a gap."""
@@ -46,7 +44,6 @@ class Series:
         return None if finite.size == 0 else self.start + self.step * float(finite[-1])
 
 
-@quick_init
 @dataclass(frozen=True, eq=False)
 class Forecast:
     """A forecast path on a grid of `step` seconds after `origin`, with its interval."""
@@ -123,7 +120,6 @@ def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
 Forecast.reason = Lazy("reason")  # type: ignore[assignment]
 
 
-@quick_init
 @dataclass(frozen=True)
 class FitState:
     """One series' fitted forecast coefficients and when they were fitted: kept between
@@ -143,7 +139,6 @@ class FitState:
     the refit (None: not known, found when needed): only a refit changes it."""
 
 
-@quick_init
 @dataclass(frozen=True, eq=False)
 class Scored:
     """One series' ensemble scoring, made when its coefficients are refitted and reused
@@ -265,7 +260,6 @@ class IssuedInterval:
         )
 
 
-@quick_init
 @dataclass(frozen=True)
 class IntervalState:
     """Adaptive conformal inference state of one series (Gibbs & Candes 2021): the level
@@ -305,7 +299,6 @@ def pending_of(
 IntervalState.pending = Lazy("pending")  # type: ignore[assignment]
 
 
-@quick_init
 @dataclass(frozen=True)
 class Signal:
     """What the core knows of one forecast input: its forecast, or why there is none."""
@@ -316,7 +309,6 @@ class Signal:
     """Set by an adapter or the forecaster when the input cannot be trusted."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class PoolObservation:
     name: str
@@ -338,7 +330,6 @@ class PoolObservation:
     """GPUs held by pods of the pool now; with one, more fragments pack nothing."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class WorkloadObservation:
     key: str
@@ -360,7 +351,6 @@ class WorkloadObservation:
     control interval); None when unknown. What the floor sizes for when reactive."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one tick observed, with forecasts attached."""
@@ -374,7 +364,6 @@ class Snapshot:
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class TargetHistory:
     """What the policy remembers of one target between ticks."""
@@ -403,7 +392,6 @@ class TargetHistory:
 EMPTY_TARGET = TargetHistory()
 
 
-@quick_init
 @dataclass(frozen=True)
 class History:
     targets: Mapping[str, TargetHistory] = field(default_factory=lambda: MappingProxyType({}))
@@ -417,7 +405,6 @@ class History:
         return History(MappingProxyType(merged))
 
 
-@quick_init
 @dataclass(frozen=True)
 class Plan:
     time: float

@@ -27,10 +27,8 @@ import numpy as np
 from gpuscaler.core.at_cost import bisect_rows
 from gpuscaler.core.model import FloatArray, IntArray, TargetHistory
 from gpuscaler.core.pairwise import window_means_rows
-from gpuscaler.core.quick import quick_init
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Skill:
     score: float | None

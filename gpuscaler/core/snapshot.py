@@ -21,7 +21,6 @@ from gpuscaler.core.model import (
     WorkloadObservation,
 )
 from gpuscaler.core.preemption import PreemptionObservation
-from gpuscaler.core.quick import quick_init
 
 POOL_CLIP: tuple[float, float | None] = (0.0, 100.0)
 """A pool's utilization forecast stays within 0-100 %."""
@@ -29,7 +28,6 @@ LOAD_CLIP: tuple[float, float | None] = (0.0, None)
 """A workload's load forecast is never negative."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class RawPool:
     name: str
@@ -47,7 +45,6 @@ class RawPool:
     """GPUs the pool's workloads hold now, when the source knows."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class RawWorkload:
     key: str
@@ -65,7 +62,6 @@ class RawWorkload:
     """Set by the adapter when the demand cannot be trusted (the load alone is forecast)."""
 
 
-@quick_init
 @dataclass(frozen=True)
 class Observations:
     time: float

@@ -1,7 +1,7 @@
 """Prometheus answers decoded fast (issue 18): the same request as `Transport` (auth,
 TLS, retries and error translation through `Transport._call`), decoded by orjson, each
 series' points turned into numpy arrays at once instead of by a Python loop per point
-(with the garbage collector paused, `gc_paused`, and the per-point lists shed after), and
+(with the per-point lists shed after), and
 asked for uncompressed (`PLAIN`).
 """
 
@@ -17,7 +17,6 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
-from gpuscaler.collector import gc_paused
 from gpuscaler.core.model import FloatArray
 
 PLAIN = {"Accept-Encoding": "identity"}
@@ -67,7 +66,7 @@ def _fast_get(
     decode: Callable[[Any], list[Any]] | None = None,
 ) -> list[Any]:
     """One request's `data.result`; a range answer decoded (`decode`) and its per-point
-    lists shed (`_shed`), with the garbage collector paused meanwhile (`gc_paused`)."""
+    lists shed (`_shed`)."""
     api = transport.client
 
     def request() -> Any:
@@ -84,9 +83,8 @@ def _fast_get(
             raise PrometheusApiClientException(
                 f"HTTP Status Code {answer.status_code} ({answer.content[:200]!r})"
             )
-        with gc_paused():
-            result = orjson.loads(answer.content)["data"]["result"]
-            return result if decode is None else _shed(decode(result))
+        result = orjson.loads(answer.content)["data"]["result"]
+        return result if decode is None else _shed(decode(result))
 
     return transport._call(request)
 
