@@ -4,6 +4,7 @@ decisions.jsonl and a PNG of the trade-off and the time series."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def table(summary: dict[str, Any]) -> str:
         f"trace {summary['trace']}, {summary['hours']:g} h ({scored:g} h scored; the "
         f"forecast from {summary.get('forecast_from_hours', 0):g} h, the floor on observed "
         "demand alone before); GPU load derived from request counts by the simulator's load model "
-        "(README)",
+        "(docs/evaluation.md)",
         *(equal_cost_lines(summary) if summary.get("baselines") else []),
         "",
         f"{'metric':<62}{'gpuscaler':>12}{'reactive':>12}",
@@ -70,8 +71,8 @@ def table(summary: dict[str, Any]) -> str:
     preemption = summary["gpuscaler"].get("preemption")
     if preemption:
         lines.append(
-            "preemption: a burst of high-priority pods into a full batch pool (README); the "
-            "baseline has no tiers, only the scheduler's one delete"
+            "preemption: a burst of high-priority pods into a full batch pool "
+            "(docs/preemption.md); the baseline has no tiers, only the scheduler's one delete"
         )
         for key, value in preemption.items():
             lines.append(f"{'  ' + key:<62}{_fmt(value):>12}{'-':>12}")
@@ -99,58 +100,142 @@ def write_report(result: SimulationResult, directory: Path) -> list[Path]:
     return [decisions, summary, plot]
 
 
+TRADE_OFFS = (
+    ("slo_violation_share", 100.0, "% of requests waiting > SLO", "{:.3f} %"),
+    ("p99_wait_s", 1.0, "p99 queue wait (s)", "{:.3f} s"),
+    ("scaling_actions", 1.0, "replica count changes", "{:g}"),
+)
+"""The trade-off panels: (figure, scale, axis label, gpuscaler's value as the table
+prints it), each against GPU-hours held."""
+COLORS = {"reactive": "tab:blue", "keda_rate": "tab:orange", "predictive_floor": "tab:green"}
+POLICY_TITLES = {"reactive": "reactive HPA on utilization at 70 %"}
+NEAR = 0.75
+"""A trade-off axis is scaled to the points from this share of gpuscaler's GPU-hours up:
+the far cheap end of a curve (a target that leaves half the requests late) would flatten
+everything else at 0; such points are drawn on the axis' top edge with their value."""
+FLOOR = {"slo_violation_share": 1.0, "p99_wait_s": 0.1, "scaling_actions": 1.0}
+"""The least top of each trade-off axis, in its drawn unit: all-zero figures still get a
+readable axis."""
+
+
 def _plot(result: SimulationResult, path: Path) -> None:
+    # matplotlib builds its font cache on its first import and logs that at INFO
+    # through the root logger, which would put a JSON line in the middle of the report.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(14, 12))
-    grid = fig.add_gridspec(3, 1, height_ratios=(1.1, 1, 1))
-    _trade_off(fig.add_subplot(grid[0]), result)
-    top = fig.add_subplot(grid[1])
-    bottom = fig.add_subplot(grid[2], sharex=top, sharey=top)
-    for ax, run in ((top, result.gpuscaler), (bottom, result.reactive)):
-        _series(ax, result, run)
-    bottom.set_xlabel("hours into trace")
-    fig.suptitle(f"{result.trace}: GPU load derived from request counts (load model in the README)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    with plt.rc_context({"font.size": 11, "legend.fontsize": 10}):
+        fig = plt.figure(figsize=(14, 13))
+        grid = fig.add_gridspec(3, len(TRADE_OFFS), height_ratios=(1, 1, 1))
+        summary = result.summary()
+        for i, panel in enumerate(TRADE_OFFS):
+            _trade_off(fig.add_subplot(grid[0, i]), result, summary, panel, legend=i == 0)
+        top = fig.add_subplot(grid[1, :])
+        bottom = fig.add_subplot(grid[2, :], sharex=top, sharey=top)
+        for ax, run in ((top, result.gpuscaler), (bottom, result.reactive)):
+            _series(ax, result, run)
+        bottom.set_xlabel("hours into trace")
+        fig.suptitle(
+            f"{result.trace}: each baseline swept over its target (90 % left .. 40 % right), "
+            "gpuscaler's point and the equal-cost line\n"
+            "GPU load derived from request counts (load model: docs/evaluation.md)"
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
 
 
-def _trade_off(ax: Any, result: SimulationResult) -> None:
-    summary = result.summary()
-    for name, curve in result.baselines.items():
-        pts = sorted(curve, key=lambda p: p["gpu_hours"])
-        x = [p["gpu_hours"] for p in pts]
-        y = [100 * p["slo_violation_share"] for p in pts]
-        ax.plot(x, y, marker="o", ms=3, label=BASELINE_LABELS.get(name, name) + " (40..90 %)")
-        for p in pts[:: max(1, len(pts) // 4)]:
-            ax.annotate(
-                f"{p['target_pct']}", (p["gpu_hours"], 100 * p["slo_violation_share"]), fontsize=6
-            )
-    g = summary["gpuscaler"]
-    ax.plot([g["gpu_hours"]], [100 * g["slo_violation_share"]], "k*", ms=14, label="gpuscaler")
-    ax.set_yscale("symlog", linthresh=0.01)
+def _trade_off(
+    ax: Any,
+    result: SimulationResult,
+    summary: dict[str, Any],
+    panel: tuple[str, float, str, str],
+    legend: bool,
+) -> None:
+    """One figure of every swept baseline against GPU-hours, on a linear axis, with
+    gpuscaler's point drawn over the curves and each curve read at its GPU-hours."""
+    key, scale, label, shown_as = panel
+    g, reactive = summary["gpuscaler"], summary["reactive"]
+    curves = {
+        name: sorted(((p["gpu_hours"], scale * p[key]) for p in curve), key=lambda xy: xy[0])
+        for name, curve in result.baselines.items()
+    }
+    reads = {
+        name: scale * at[key]
+        for name, at in summary.get("equal_cost", {}).items()
+        if at is not None and key in at
+    }
+    near = [y for pts in curves.values() for x, y in pts if x >= NEAR * g["gpu_hours"]]
+    shown = [scale * g[key], scale * reactive[key], *reads.values(), *near]
+    top = 1.15 * max(FLOOR[key], *shown)
+    beyond = 0.0
+    for name, pts in curves.items():
+        x = np.array([p[0] for p in pts])
+        y = np.array([p[1] for p in pts])
+        color = COLORS.get(name, "tab:gray")
+        ax.plot(x, np.minimum(y, top), marker="o", ms=4, color=color, label=BASELINE_LABELS[name])
+        if (y > top).any():
+            ax.plot(x[y > top], np.full((y > top).sum(), top), "^", color=color, ms=9)
+            beyond = max(beyond, float(y.max()))
+        if name in reads:
+            ax.plot(g["gpu_hours"], reads[name], "o", mfc="none", mec=color, ms=11)
+    if beyond:
+        ax.annotate(
+            f"\u25b2 beyond the axis (up to {beyond:.3g})",
+            (0.98, 0.12),
+            xycoords="axes fraction",
+            ha="right",
+            color="0.3",
+        )
+    ax.axvline(g["gpu_hours"], color="0.5", lw=0.8, ls=":", label="equal cost (gpuscaler's)")
+    ax.plot(
+        reactive["gpu_hours"],
+        scale * reactive[key],
+        "s",
+        color=COLORS["reactive"],
+        mec="black",
+        ms=9,
+        label="reactive HPA at 70 %",
+    )
+    ax.plot(
+        g["gpu_hours"],
+        scale * g[key],
+        "*",
+        color="black",
+        mec="white",
+        ms=20,
+        zorder=10,
+        label="gpuscaler",
+    )
+    ax.set_ylim(-0.04 * top, top)
     ax.set_xlabel("GPU-hours held")
-    ax.set_ylabel(f"% requests waiting > {result.config.simulator.slo_wait:g}s")
-    ax.set_title("trade-off: each baseline swept over its target; gpuscaler's point on it")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylabel(label.replace("SLO", f"{result.config.simulator.slo_wait:g} s"))
+    ax.set_title(f"{label.split(' (')[0]}: gpuscaler {shown_as.format(scale * g[key])}")
+    if legend:
+        ax.legend(loc="upper right")
 
 
 def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
+    """Demand, capacity, the forecast band and the decisions over time; requests over
+    the SLO only where the table scores them (after the warm-up, shaded)."""
     p = _drawn(result, run)
+    scored_from = result.scored_from * run.span()[0] / 3600
+    if scored_from > 0:
+        ax.axvspan(0, scored_from, color="0.92", label="warm-up, not scored")
+    late = p.late[p.late >= scored_from]
     ax.plot(p.hours, p.demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
     ax.plot(p.hours, p.capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
-    if p.late.size:
+    if late.size:
         ax.plot(
-            p.late,
-            np.zeros(p.late.size),
+            late,
+            np.zeros(late.size),
             "|",
             color="tab:red",
             ms=10,
-            label="requests over the SLO",
+            label=f"requests over the SLO ({result.config.simulator.slo_wait:g} s)",
         )
     if p.band is not None:
         h = result.config.forecast.horizon
@@ -167,9 +252,9 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     pre = [t for k, t in p.marks if k == "preemption"]
     if pre:
         ax.plot(pre, np.zeros(len(pre)), "v", color="black", ms=5, label="preemption step")
-    ax.set_title(run.policy)
+    ax.set_title(POLICY_TITLES.get(run.policy, run.policy))
     ax.set_ylabel("GPUs")
-    ax.legend(loc="upper left", fontsize=7)
+    ax.legend(loc="upper left")
 
 
 def _drawn(result: SimulationResult, run: RunResult) -> Plotted:
