@@ -1,4 +1,6 @@
-# Every target sets itself up: a fresh machine needs only python3 (>= 3.11).
+# Every target sets itself up: `make simulate` needs only python3 (>= 3.11); the full
+# `make test` also needs Go (it builds the test control plane and helm, once per machine)
+# and Debian's `prometheus` (without them those tests skip; under CI=true they fail).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,6 +10,7 @@ PYTEST_ARGS ?=
 .PHONY: setup simulate test test-fast test-keda controlplane helm lint typecheck bench lock clean
 
 $(BIN)/gpuscaler: pyproject.toml
+	@echo "setting up $(VENV) (once: about 1 GB of packages, a few minutes) ..." >&2
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
@@ -24,8 +27,8 @@ simulate: setup
 test: setup lint typecheck controlplane helm
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-## The quick loop: without the tests that need the real control plane (marker
-## `controlplane`) or start programs and replay hours (marker `slow`).
+## The quick loop: deselects the tests marked `controlplane` (they need the real control
+## plane) and `slow` (they start programs or replay hours).
 test-fast: setup lint typecheck
 	$(BIN)/pytest -q -m "not controlplane and not slow" $(PYTEST_ARGS)
 
@@ -38,13 +41,14 @@ test-keda: setup controlplane
 	GPUSCALER_KEDA_E2E=1 $(BIN)/pytest -q tests/e2e_keda $(PYTEST_ARGS)
 
 ## Build the test control plane into ~/.cache/gpuscaler/controlplane (a no-op once built;
-## 35 min cold here on 2 shared cores). Without Go, the tests that need it skip (fail under CI).
+## about 23.5 min cold on 2 cores, module downloads included; one progress line per
+## binary on stderr). Without Go, the tests that need it skip (fail under CI).
 controlplane:
 	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/controlplane/build.sh >/dev/null; \
 	else echo "go not found: the control-plane tests will skip" >&2; fi
 
-## Build helm for the chart tests into ~/.cache/gpuscaler/helm (a no-op once built), as
-## the control plane: tests/helm/build.sh.
+## Build helm for the chart tests into ~/.cache/gpuscaler/helm (a no-op once built; about
+## 3 min cold on 2 cores), as the control plane: tests/helm/build.sh.
 helm:
 	@if command -v go >/dev/null || [ -n "$$CI" ]; then tests/helm/build.sh >/dev/null; \
 	else echo "go not found: the Helm chart tests will skip" >&2; fi

@@ -6,6 +6,9 @@
 #
 #   tests/controlplane/build.sh          # build what is missing; prints the bin directory
 #
+# Progress goes to stderr, one line per binary; go's own output goes to a log beside the
+# cache. The first build on a machine also downloads the Go modules (into go's cache).
+#
 # Environment: GPUSCALER_CP_CACHE (default ~/.cache/gpuscaler/controlplane),
 # GPUSCALER_CP_JOBS (parallel compiles, default 2: about 1.5 GB each).
 # Go only builds test binaries here; the product is Python.
@@ -25,15 +28,28 @@ command -v go >/dev/null || { echo "build.sh: go is not installed (needed to bui
 mkdir -p "$bin"
 tmp=$(mktemp -d "$bin/../build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-pkgs=()
-for t in "${missing[@]}"; do
-  if [ "$t" = etcd ]; then pkgs+=(./cmd/etcd); else pkgs+=("k8s.io/kubernetes/cmd/$t"); fi
-done
-echo "build.sh: building ${missing[*]} ($version) into $bin" >&2
+# go's own output (a line per module it downloads, the first time on a machine) goes to
+# this log; its last lines are shown if a build fails.
+log="$(dirname "$bin")/build.log"
+: >"$log"
+echo "build.sh: building ${missing[*]} ($version) into $bin; go's output in $log" >&2
 start=$(date +%s)
-# -mod=mod: go.sum pins every module; nothing is vendored.
-CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath -tags providerless \
-  -ldflags='-s -w' -o "$tmp/" "${pkgs[@]}"
-for t in "${missing[@]}"; do mv "$tmp/$t" "$bin/$t"; done
+i=0
+for t in "${missing[@]}"; do
+  i=$((i + 1))
+  if [ "$t" = etcd ]; then pkg=./cmd/etcd; else pkg="k8s.io/kubernetes/cmd/$t"; fi
+  echo "build.sh: building $t ($i/${#missing[@]}) ..." >&2
+  began=$(date +%s)
+  # -mod=mod: go.sum pins every module; nothing is vendored. Packages compiled for one
+  # binary are reused from go's build cache by the next.
+  if ! CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath \
+    -tags providerless -ldflags='-s -w' -o "$tmp/" "$pkg" >>"$log" 2>&1; then
+    echo "build.sh: building $t failed; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+  mv "$tmp/$t" "$bin/$t"
+  echo "build.sh: built $t in $(( $(date +%s) - began )) s" >&2
+done
 echo "build.sh: built in $(( $(date +%s) - start )) s" >&2
 echo "$bin"

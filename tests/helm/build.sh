@@ -5,6 +5,9 @@
 #
 #   tests/helm/build.sh          # build it if missing; prints the bin directory
 #
+# Progress goes to stderr; go's own output goes to a log beside the cache. The first build
+# on a machine also downloads the Go modules (into go's cache).
+#
 # Environment: GPUSCALER_HELM_CACHE (default ~/.cache/gpuscaler/helm),
 # GPUSCALER_CP_JOBS (parallel compiles, default 2).
 # Go only builds test binaries here; the product is Python.
@@ -21,12 +24,20 @@ command -v go >/dev/null || { echo "build.sh: go is not installed (needed to bui
 mkdir -p "$bin"
 tmp=$(mktemp -d "$bin/../build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "build.sh: building helm $version into $bin" >&2
+# go's own output (a line per module it downloads, the first time on a machine) goes to
+# this log; its last lines are shown if the build fails.
+log="$(dirname "$bin")/build.log"
+: >"$log"
+echo "build.sh: building helm $version (1/1) into $bin; go's output in $log ..." >&2
 start=$(date +%s)
 # -mod=mod: go.sum pins every module; nothing is vendored.
-CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath \
+if ! CGO_ENABLED=0 go build -mod=mod -buildvcs=false -p "${GPUSCALER_CP_JOBS:-2}" -trimpath \
   -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$version" \
-  -o "$tmp/" helm.sh/helm/v3/cmd/helm
+  -o "$tmp/" helm.sh/helm/v3/cmd/helm >>"$log" 2>&1; then
+  echo "build.sh: building helm failed; the end of $log:" >&2
+  tail -n 40 "$log" >&2
+  exit 1
+fi
 mv "$tmp/helm" "$bin/helm"
 echo "build.sh: built in $(( $(date +%s) - start )) s" >&2
 echo "$bin"
