@@ -176,7 +176,14 @@ def _trade_off(
         x = np.array([p[0] for p in pts])
         y = np.array([p[1] for p in pts])
         color = COLORS.get(name, "tab:gray")
-        ax.plot(x, np.minimum(y, top), marker="o", ms=4, color=color, label=BASELINE_LABELS[name])
+        ax.plot(
+            x,
+            np.minimum(y, top),
+            marker="o",
+            ms=4,
+            color=color,
+            label=BASELINE_LABELS.get(name, name),
+        )
         if (y > top).any():
             ax.plot(x[y > top], np.full((y > top).sum(), top), "^", color=color, ms=9)
             beyond = max(beyond, float(y.max()))
