@@ -18,6 +18,7 @@ from gpuscaler.core.model import FloatArray, IntArray, Series
 
 SES_ALPHAS = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0])
 """Smoothing constants of simple exponential smoothing, searched per series."""
+SES_ALPHAS.flags.writeable = False
 
 
 def bucket_means(

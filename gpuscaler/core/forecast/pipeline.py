@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -63,12 +64,14 @@ from gpuscaler.core.model import BoolArray, FloatArray, Forecast, Series, Signal
 Clip = tuple[float, float | None]
 ASSESS_CHUNK = 256
 """Series scored together: bounds the (series, origins, steps) temporaries."""
-LABELS = {
-    "arima": "",
-    "ses": "smoothing",
-    "ses_avg": "averaged smoothing",
-    "window_mean": "window mean",
-}
+LABELS = MappingProxyType(
+    {
+        "arima": "",
+        "ses": "smoothing",
+        "ses_avg": "averaged smoothing",
+        "window_mean": "window mean",
+    }
+)
 
 
 def forecast(
