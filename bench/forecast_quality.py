@@ -67,21 +67,21 @@ class CachedReference:
         self.name = self.inner.name
         self.cache = cache
 
-    def forecast(self, histories: np.ndarray, steps: int, level: float) -> Any:
-        from gpuscaler.core.forecast import PathBatch
-
+    def forecast(
+        self, histories: np.ndarray, steps: int, level: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = hashlib.sha1(
             histories.tobytes() + f"{histories.shape}{steps}{level}{self.name}".encode()
         ).hexdigest()
         path = self.cache / f"{key}.npz" if self.cache else None
         if path is not None and path.exists():
             z = np.load(path)
-            return PathBatch(z["mean"], z["lower"], z["upper"])
-        out = self.inner.forecast(histories, steps, level)
+            return z["mean"], z["lower"], z["upper"]
+        mean, lower, upper = self.inner.forecast(histories, steps, level)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, mean=out.mean, lower=out.lower, upper=out.upper)
-        return out
+            np.savez(path, mean=mean, lower=lower, upper=upper)
+        return mean, lower, upper
 
 
 def run_setting(s: Setting, max_origins: int, cache: Path | None) -> dict[str, Any]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuscaler.config import Config, ForecastConfig
+from gpuscaler.config import Config
 from gpuscaler.core.decisions import Decision
-from gpuscaler.core.forecast import ForecastEngine, make_engine
-from gpuscaler.core.model import FitState, History, Plan, Snapshot, record_applied
+from gpuscaler.core.forecast import EMPTY
+from gpuscaler.core.model import History, Plan, Snapshot, record_applied
 from gpuscaler.core.plan import plan as make_plan
 from gpuscaler.core.snapshot import Observations, build_snapshot
 from gpuscaler.logs import log_plan
@@ -86,28 +86,8 @@ class Controller:
         self.history = History()
         self.stats = TickStats()
         self.log_decisions = log_decisions
-        self._engines: dict[ForecastConfig, ForecastEngine] = {}
-        self.fits: Mapping[str, FitState] = {}
-
-    def engines(self) -> dict[ForecastConfig, ForecastEngine]:
-        """One engine per distinct forecast config, built once (the config's distinct
-        forecast sections are listed once per config, not every tick: issue 20's
-        lockstep has a pool and a workload per lane)."""
-        for cfg in self.config.memo("controller.forecast_configs", self._forecast_configs):
-            if cfg not in self._engines:
-                self._engines[cfg] = make_engine(cfg)
-        return self._engines
-
-    def _forecast_configs(self) -> tuple[ForecastConfig, ...]:
-        """The config's distinct forecast sections: its own, then its pools', then its
-        workloads' (first seen first)."""
-        config = self.config
-        cfgs = [config.forecast]
-        cfgs += [config.pool_section(p.name, "forecast", ForecastConfig) for p in config.node_pools]
-        cfgs += [
-            config.workload_section(w.key, "forecast", ForecastConfig) for w in config.workloads
-        ]
-        return tuple(dict.fromkeys(cfgs))
+        self.forecast_state = EMPTY
+        """Every series' forecasting state, carried to the next tick."""
 
     def reconfigure(self, config: Config) -> None:
         """Use `config` from the next tick on; history and model state are kept."""
@@ -139,8 +119,7 @@ class Controller:
         for hook in self.before_tick:
             hook()
         raw = self.source.observe(now)
-        snapshot = build_snapshot(raw, self.config, now, self.engines(), self.fits)
-        self.fits = snapshot.fits
+        snapshot, self.forecast_state = build_snapshot(raw, self.config, now, self.forecast_state)
         plan = make_plan(snapshot, self.config, self.history, now)
         mode = self.mode()
         applied = self.actuator.apply(plan.decisions) if mode == "acting" else ()

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 from builders import NOW
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import (
-    LeastSquaresArima,
-    StatsmodelsArima,
-    bucket,
-    choose_method,
-    forecast_series,
-    last_finite,
-)
-from gpuscaler.core.forecast.ensemble import normalized
-from gpuscaler.core.model import FitState, Series
+from gpuscaler.core.forecast import Arima, ForecastState, StatsmodelsArima, bucket, forecast
+from gpuscaler.core.forecast.arima import last_finite
+from gpuscaler.core.forecast.ensemble import MEMBERS, choose_method, normalized
+from gpuscaler.core.forecast.members import bucket_rows
+from gpuscaler.core.model import Series
+
+
+class Paths(NamedTuple):
+    mean: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+
+
+def _paths(arima: Arima, hist: np.ndarray, steps: int, level: float) -> Paths:
+    """The model's own path and interval, fitted on `hist`."""
+    c = arima.fit(hist)
+    mean, half = arima.predict(c, hist, steps), arima.half_width(c, steps, level)
+    return Paths(mean, mean - half, mean + half)
 
 
 def arima_paths(
@@ -34,7 +45,7 @@ def arima_paths(
 
 def test_the_fast_engine_recovers_ar_coefficients_of_every_series_in_a_batch() -> None:
     hist = arima_paths(40, 2000, (0.5, -0.3), seed=1)
-    fitted = LeastSquaresArima(2, 1).fit(hist)
+    fitted = Arima(2, 1).fit(hist)
     assert np.allclose(fitted.phi.mean(axis=0), [0.5, -0.3], atol=0.03)
     assert np.all(np.abs(fitted.phi[:, 0] - 0.5) < 0.1)
     assert np.allclose(fitted.sigma2, 1.0, atol=0.15)
@@ -42,8 +53,8 @@ def test_the_fast_engine_recovers_ar_coefficients_of_every_series_in_a_batch() -
 
 def test_the_fast_engine_matches_statsmodels_arima_on_the_same_order() -> None:
     hist = arima_paths(4, 360, (0.4, 0.2, -0.1, 0.05, 0.0), seed=2)
-    fast = LeastSquaresArima(5, 1).forecast(hist, 30, 0.8)
-    ref = StatsmodelsArima((5, 1, 0)).forecast(hist, 30, 0.8)
+    fast = _paths(Arima(5, 1), hist, 30, 0.8)
+    ref = Paths(*StatsmodelsArima((5, 1, 0)).forecast(hist, 30, 0.8))
     scale = np.abs(ref.upper - ref.mean).mean()
     assert np.abs(fast.mean - ref.mean).max() < 0.25 * scale
     width_ratio = (fast.upper - fast.mean) / (ref.upper - ref.mean)
@@ -53,7 +64,7 @@ def test_the_fast_engine_matches_statsmodels_arima_on_the_same_order() -> None:
 def test_prediction_intervals_cover_about_their_level() -> None:
     hist = arima_paths(400, 600, (0.6,), seed=3)
     train, future = hist[:, :570], hist[:, 570:]
-    paths = LeastSquaresArima(1, 1).forecast(train, 30, 0.8)
+    paths = _paths(Arima(1, 1), train, 30, 0.8)
     inside = (future >= paths.lower) & (future <= paths.upper)
     assert 0.74 < inside.mean() < 0.86
 
@@ -62,20 +73,20 @@ def test_gaps_stay_gaps_and_still_give_a_finite_forecast() -> None:
     hist = arima_paths(2, 400, (0.5,), seed=4)
     hist[0, 100:140] = np.nan
     hist[1, -3:] = np.nan  # the newest samples missing
-    paths = LeastSquaresArima(5, 1).forecast(hist, 10, 0.8)
+    paths = _paths(Arima(5, 1), hist, 10, 0.8)
     assert np.all(np.isfinite(paths.mean)) and np.all(np.isfinite(paths.upper))
     assert np.isnan(hist[0, 120])  # nothing filled in the input
 
 
 def test_a_flat_series_forecasts_its_level_with_a_finite_interval() -> None:
     hist = np.full((1, 200), 42.0)
-    paths = LeastSquaresArima(5, 1).forecast(hist, 10, 0.8)
+    paths = _paths(Arima(5, 1), hist, 10, 0.8)
     assert np.allclose(paths.mean, 42.0)
     assert np.all(np.isfinite(paths.upper))
 
 
 def test_a_series_too_short_to_fit_gives_nan_not_a_guess() -> None:
-    paths = LeastSquaresArima(5, 1).forecast(np.full((1, 6), 1.0), 5, 0.8)
+    paths = _paths(Arima(5, 1), np.full((1, 6), 1.0), 5, 0.8)
     assert np.all(np.isnan(paths.mean))
 
 
@@ -99,8 +110,7 @@ def test_bucket_averages_finite_samples_per_bucket(
 ) -> None:
     s = Series(start=0.0, step=0.5, values=np.asarray(values, dtype=float))
     out = bucket(s, 1.0, s.end + 0.5 * end_offset)
-    assert out.step == 1.0
-    np.testing.assert_allclose(out.values, expected, equal_nan=True)
+    np.testing.assert_allclose(out, expected, equal_nan=True)
 
 
 def _series(values: np.ndarray, step: float = 0.5) -> Series:
@@ -110,7 +120,7 @@ def _series(values: np.ndarray, step: float = 0.5) -> Series:
 def test_on_a_spiky_series_the_ensemble_beats_arima_alone_and_reports_every_error() -> None:
     rng = np.random.default_rng(5)
     spiky = 40 + rng.exponential(10, 7200)  # i.i.d. spikes: no memory for the AR to use
-    (sig,) = forecast_series([_series(spiky)], ForecastConfig(), NOW)
+    (sig,), _ = forecast([_series(spiky)], ForecastConfig(), NOW)
     assert sig.forecast is not None and sig.problem is None
     errors = sig.forecast.errors
     assert set(errors) == {
@@ -158,28 +168,26 @@ def test_the_last_value_replaces_the_ensemble_only_with_a_clear_margin(
 def test_other_members_take_weight_from_arima_only_when_clearly_more_accurate(
     other: float, arima_live: bool, expected: float
 ) -> None:
-    raw = {"arima": np.array([1.0]), "ses": np.array([other])}
-    raw |= {m: np.array([0.0]) for m in ("ses_avg", "window_mean")}
-    live = {m: np.ones((1, 3)) for m in raw}
+    raw = np.array([[1.0, other, 0.0, 0.0]])  # arima, ses, ses_avg, window_mean
+    live = {m: np.ones((1, 3)) for m in MEMBERS}
     if not arima_live:
         live["arima"] = np.full((1, 3), np.nan)
     weights = normalized(raw, live)
-    assert weights["ses"][0] == pytest.approx(expected)
-    assert sum(float(w[0]) for w in weights.values()) == pytest.approx(1.0)
+    assert weights[0, MEMBERS.index("ses")] == pytest.approx(expected)
+    assert weights.sum() == pytest.approx(1.0)
 
 
 def test_a_dropped_arima_leaves_the_other_members_their_evidence_weights() -> None:
-    raw = {"arima": np.array([0.0]), "ses": np.array([1.0]), "ses_avg": np.array([3.0])}
-    raw["window_mean"] = np.array([0.0])
-    weights = normalized(raw, {m: np.ones((1, 3)) for m in raw})
-    assert weights["ses"][0] == pytest.approx(0.25)
-    assert weights["ses_avg"][0] == pytest.approx(0.75)
+    raw = np.array([[0.0, 1.0, 3.0, 0.0]])  # arima, ses, ses_avg, window_mean
+    weights = normalized(raw, {m: np.ones((1, 3)) for m in MEMBERS})
+    assert weights[0, MEMBERS.index("ses")] == pytest.approx(0.25)
+    assert weights[0, MEMBERS.index("ses_avg")] == pytest.approx(0.75)
 
 
 def test_after_a_clean_level_shift_the_forecast_follows_the_new_level() -> None:
     level = np.full(7200, 30.0)
     level[-8 * 120 :] = 70.0  # a noiseless step 8 minutes ago: the smoothers still lag it
-    (sig,) = forecast_series([_series(level)], ForecastConfig(), NOW)
+    (sig,), _ = forecast([_series(level)], ForecastConfig(), NOW)
     assert sig.forecast is not None
     assert np.all(np.abs(sig.forecast.mean - 70.0) < 2.5)
     assert "last value" in sig.forecast.reason
@@ -187,17 +195,17 @@ def test_after_a_clean_level_shift_the_forecast_follows_the_new_level() -> None:
 
 def test_a_unit_root_fit_on_a_clean_ramp_is_dropped_and_the_reason_says_so() -> None:
     ramp = 10 + np.arange(7200) * 0.01  # constant differences: AR sum of phi = 1
-    (sig,) = forecast_series([_series(ramp)], ForecastConfig(), NOW)
+    (sig,), _ = forecast([_series(ramp)], ForecastConfig(), NOW)
     assert sig.forecast is not None and sig.problem is None
     assert "arima(5,1,0) dropped: unstable fit" in sig.forecast.reason
     assert "arima" not in sig.forecast.errors
     assert sig.forecast.mean.max() <= ramp.max() + (ramp.max() - ramp.min())
 
 
-def test_forecast_series_keeps_the_model_on_a_trending_series() -> None:
+def test_forecast_keeps_the_model_on_a_trending_series() -> None:
     t = np.arange(7200)
     trend = 20 + 60 * t / 7200 + np.sin(t / 300) * 5
-    (sig,) = forecast_series([_series(trend)], ForecastConfig(), NOW)
+    (sig,), _ = forecast([_series(trend)], ForecastConfig(), NOW)
     assert sig.forecast is not None
     assert sig.forecast.method == "ensemble"
     assert sig.forecast.mean[-1] > trend[-1] - 1  # follows the trend, does not fall back
@@ -211,10 +219,8 @@ def test_forecast_series_keeps_the_model_on_a_trending_series() -> None:
         (np.concatenate([np.full(7000, np.nan), np.full(200, 50.0)]), "only 100s of samples"),
     ],
 )
-def test_forecast_series_says_why_there_is_no_forecast(
-    series: np.ndarray | None, problem: str
-) -> None:
-    (sig,) = forecast_series([None if series is None else _series(series)], ForecastConfig(), NOW)
+def test_forecast_says_why_there_is_no_forecast(series: np.ndarray | None, problem: str) -> None:
+    (sig,), _ = forecast([None if series is None else _series(series)], ForecastConfig(), NOW)
     assert sig.forecast is None
     assert sig.problem is not None and problem in sig.problem
 
@@ -222,39 +228,31 @@ def test_forecast_series_says_why_there_is_no_forecast(
 def test_utilization_forecasts_are_clipped_to_zero_to_one_hundred() -> None:
     t = np.arange(7200)
     rising = np.minimum(100, 10 + t * 0.02)
-    (sig,) = forecast_series([_series(rising)], ForecastConfig(), NOW, clip=(0.0, 100.0))
+    (sig,), _ = forecast([_series(rising)], ForecastConfig(), NOW, clips=[(0.0, 100.0)])
     assert sig.forecast is not None
     assert sig.forecast.upper.max() <= 100.0 and sig.forecast.lower.min() >= 0.0
 
 
 def test_a_fit_younger_than_refit_every_is_reused_and_an_older_one_refitted() -> None:
-    from gpuscaler.core.forecast import refit_or_reuse
-    from gpuscaler.core.model import FitState
-
-    hist = arima_paths(3, 400, (0.5,), seed=9)
-    engine = LeastSquaresArima(1, 1)
-    young = FitState(fitted_at=NOW - 100, intercept=0.0, phi=(0.11,), sigma2=2.0)
-    old = FitState(fitted_at=NOW - 400, intercept=0.0, phi=(0.22,), sigma2=2.0)
-    fitted, states, refitted = refit_or_reuse(
-        engine, hist, ["a", "b", "c"], {"a": young, "b": old}, NOW, refit_every=300
-    )
-    assert refitted == 2  # "b" too old, "c" never fitted
-    assert fitted.phi[0, 0] == 0.11 and states["a"] is young
-    assert abs(fitted.phi[1, 0] - 0.5) < 0.2 and states["b"].fitted_at == NOW
-    assert states["c"].fitted_at == NOW
+    cfg = ForecastConfig()
+    base = 50 + np.sin(np.arange(7200) / 400) * 10
+    _, first = forecast([_series(base)] * 3, cfg, NOW, keys=["a", "b", "c"])
+    old = replace(first.series["b"], fitted_at=NOW - 400)
+    young = replace(first.series["a"], fitted_at=NOW - 100)
+    prior = ForecastState({"a": young, "b": old})
+    _, later = forecast([_series(base)] * 3, cfg, NOW + 30, prior, keys=["a", "b", "c"])
+    assert later.series["a"].fitted_at == NOW - 100  # kept
+    assert later.series["b"].fitted_at == NOW + 30  # too old: refitted
+    assert later.series["c"].fitted_at == NOW + 30  # never fitted
 
 
 def test_between_refits_new_observations_still_move_the_forecast() -> None:
     cfg = ForecastConfig()
     base = 50 + np.sin(np.arange(7200) / 400) * 10
-    states: dict[str, FitState] = {}
-    first = forecast_series([_series(base)], cfg, NOW, keys=["s"], states=states)
+    first, states = forecast([_series(base)], cfg, NOW, keys=["s"])
     moved = np.concatenate([base[60:], np.full(60, 90.0)])  # 30 s later, load jumped
-    later: dict[str, FitState] = {}
-    second = forecast_series(
-        [_series(moved)], cfg, NOW + 30, keys=["s"], prior=states, states=later
-    )
-    assert later["s"].fitted_at == states["s"].fitted_at  # not refitted
+    second, later = forecast([_series(moved)], cfg, NOW + 30, states, keys=["s"])
+    assert later.series["s"].fitted_at == states.series["s"].fitted_at  # not refitted
     assert first[0].forecast is not None and second[0].forecast is not None
     assert second[0].forecast.mean[0] > first[0].forecast.mean[0] + 5
 
@@ -267,8 +265,6 @@ def test_between_refits_new_observations_still_move_the_forecast() -> None:
     ],
 )
 def test_series_are_bucketed_as_rows_like_one_by_one(lengths: tuple[int, ...]) -> None:
-    from gpuscaler.core.forecast.engines import bucket_rows
-
     rng = np.random.default_rng(2)
     series = []
     for n in lengths:
@@ -277,6 +273,6 @@ def test_series_are_bucketed_as_rows_like_one_by_one(lengths: tuple[int, ...]) -
         series.append(Series(NOW - 0.5 * (n - 1), 0.5, values))
     rows = bucket_rows(series, 10.0, NOW + 1.0)
     for r, s in enumerate(series):
-        one = bucket(s, 10.0, NOW + 1.0).values
+        one = bucket(s, 10.0, NOW + 1.0)
         np.testing.assert_array_equal(rows[r, rows.shape[1] - len(one) :], one)
         assert np.isnan(rows[r, : rows.shape[1] - len(one)]).all()

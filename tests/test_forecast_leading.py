@@ -16,8 +16,8 @@ from threadpoolctl import threadpool_limits
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.backtest import BacktestError, backtest, on_grid
 from gpuscaler.config import ConfigError, ForecastConfig, ReplicasConfig, parse_config
-from gpuscaler.core.forecast import fit_ratio, forecast_series, lead
-from gpuscaler.core.model import FitState, Series, Signal, TargetHistory
+from gpuscaler.core.forecast import SeriesState, fit_ratio, forecast, lead
+from gpuscaler.core.model import Series, Signal, TargetHistory
 from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.snapshot import Observations, RawWorkload, build_snapshot
 from gpuscaler.sources import PrometheusSource
@@ -47,10 +47,10 @@ def _leading(
     return demand, load + rng.normal(0, noise, n)
 
 
-def _signal(load: np.ndarray, states: dict[str, FitState]) -> tuple[Signal, Series]:
+def _signal(load: np.ndarray) -> tuple[Signal, Series, SeriesState]:
     s = Series(0.0, 10.0, load)
-    (sig,) = forecast_series([s], CFG, NOW, keys=["k"], states=states)
-    return sig, s
+    (sig,), state = forecast([s], CFG, NOW, keys=["k"])
+    return sig, s, state.series["k"]
 
 
 @pytest.mark.parametrize("lag", [0, 2, 5])
@@ -69,10 +69,9 @@ def test_a_flat_demand_gives_no_ratio() -> None:
 
 def test_a_demand_that_leads_the_load_wins_and_the_reason_says_so() -> None:
     demand, load = _leading(3)
-    states: dict[str, FitState] = {}
-    sig, s = _signal(load, states)
+    sig, s, state = _signal(load)
     assert sig.forecast is not None
-    out = lead(sig, s, Series(0.0, 10.0, demand), CFG, NOW, "k", states)
+    out, kept = lead(sig, s, Series(0.0, 10.0, demand), CFG, NOW, state)
     f = out.forecast
     assert f is not None and f.method == "demand"
     assert "leading signal: demand (lag 30s" in f.reason and "won" in f.reason
@@ -86,17 +85,16 @@ def test_a_demand_that_leads_the_load_wins_and_the_reason_says_so() -> None:
     assert np.all(f.lower <= f.mean) and np.all(f.mean <= f.upper)
     assert f.peak >= float(np.max(f.mean)) - 1e-9 or f.peak_error < 0
     # The interval kept for the adaptive correction is the one that reached the decision.
-    interval = states["k"].interval
-    assert interval is not None
-    assert interval.pending[-1].upper == pytest.approx(tuple(f.upper.tolist()))
+    assert kept is not None
+    (slot,) = np.flatnonzero(kept.issued_at == NOW)
+    np.testing.assert_allclose(kept.bounds[slot, 1], f.upper)
 
 
 def test_an_unrelated_demand_loses_and_the_load_forecast_is_kept() -> None:
     _, load = _leading(3)
-    states: dict[str, FitState] = {}
-    sig, s = _signal(load, states)
+    sig, s, state = _signal(load)
     noise = np.random.default_rng(9).normal(50, 5, N)
-    out = lead(sig, s, Series(0.0, 10.0, noise), CFG, NOW, "k", states)
+    out, _ = lead(sig, s, Series(0.0, 10.0, noise), CFG, NOW, state)
     assert out.forecast is not None and sig.forecast is not None
     assert out.forecast.method == sig.forecast.method
     assert np.array_equal(out.forecast.mean, sig.forecast.mean)
@@ -117,9 +115,9 @@ def test_an_unusable_demand_leaves_the_load_forecast_and_says_why(
     demand: np.ndarray | None, problem: str | None, says: str
 ) -> None:
     _, load = _leading(3)
-    sig, s = _signal(load, {})
+    sig, s, _ = _signal(load)
     d = Series(0.0, 10.0, demand) if demand is not None else None
-    out = lead(sig, s, d, CFG, NOW, demand_problem=problem)
+    out, _ = lead(sig, s, d, CFG, NOW, demand_problem=problem)
     assert out.forecast is not None and sig.forecast is not None
     assert np.array_equal(out.forecast.mean, sig.forecast.mean)
     assert says in out.forecast.reason
@@ -139,7 +137,7 @@ def test_the_snapshot_forecasts_a_workload_from_its_demand_when_it_wins() -> Non
         replicas=1,
         demand=Series(0.0, 10.0, demand),
     )
-    snap = build_snapshot(Observations(NOW, (), (raw,)), config, NOW)
+    snap, _ = build_snapshot(Observations(NOW, (), (raw,)), config, NOW)
     f = snap.workloads[0].load.forecast
     assert f is not None and f.method == "demand" and "leading signal" in f.reason
     # The replica floor decision carries which signal won in its reason.
@@ -148,7 +146,7 @@ def test_the_snapshot_forecasts_a_workload_from_its_demand_when_it_wins() -> Non
     )
     assert out.decision is not None, out.skip
     assert "leading signal: demand (lag 30s" in out.decision.reason
-    plain = build_snapshot(
+    plain, _ = build_snapshot(
         Observations(NOW, (), (RawWorkload(raw.key, raw.load, 1, 1),)), config, NOW
     )
     assert plain.workloads[0].load.forecast is not None

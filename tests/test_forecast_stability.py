@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import LeastSquaresArima, forecast_series, lead
-from gpuscaler.core.forecast.engines import inverse_root_modulus
+from gpuscaler.core.forecast import Arima, forecast, lead
+from gpuscaler.core.forecast.arima import inverse_root_modulus
 from gpuscaler.core.model import Series
 
 POINTS = 360  # 1 h of 10 s buckets
@@ -49,7 +49,7 @@ def windows(draw: st.DrawFn) -> np.ndarray:
 def test_the_forecast_stays_within_the_windows_range_widened_by_a_bounded_margin(
     w: np.ndarray,
 ) -> None:
-    (sig,) = forecast_series([_series(w)], ForecastConfig(), NOW, clip=(-np.inf, None))
+    (sig,), _ = forecast([_series(w)], ForecastConfig(), NOW, clips=[(-np.inf, None)])
     f = sig.forecast
     assert f is not None and sig.problem is None
     lo, hi = w.min(), w.max()
@@ -71,13 +71,13 @@ def _pod_window() -> np.ndarray:
 
 def test_a_pod_like_flat_window_has_an_explosive_fit_that_never_reaches_the_forecast() -> None:
     w = _pod_window()
-    engine = LeastSquaresArima(5, 1)
-    fitted = engine.fit(w[None, :])
-    raw = engine.predict_mean(fitted, w[None, :], 30)
+    arima = Arima(5, 1)
+    fitted = arima.fit(w[None, :])
+    raw = arima.predict(fitted, w[None, :], 30)
     assert inverse_root_modulus(fitted.phi)[0] > 1.0  # explosive: a root inside the circle
     assert np.abs(raw).max() > 1e6  # the path the old forecaster would have used
     for cfg in (ForecastConfig(), ForecastConfig(ensemble=False)):
-        (sig,) = forecast_series([_series(w)], cfg, NOW, clip=(0.0, 100.0))
+        (sig,), _ = forecast([_series(w)], cfg, NOW, clips=[(0.0, 100.0)])
         f = sig.forecast
         assert f is not None and sig.problem is None
         assert "arima(5,1,0) dropped: unstable fit" in f.reason
@@ -93,9 +93,9 @@ def test_with_any_demand_the_forecast_stays_within_the_load_windows_band(
     """A leading signal (however flat, spiky or badly scaled) never takes the load's
     forecast out of the load window's range widened by a bounded margin."""
     s = _series(load)
-    (sig,) = forecast_series([s], ForecastConfig(), NOW, clip=(-np.inf, None))
+    (sig,), _ = forecast([s], ForecastConfig(), NOW, clips=[(-np.inf, None)])
     d = _series(demand * scale)
-    f = lead(sig, s, d, ForecastConfig(), NOW, clip=(-np.inf, None)).forecast
+    f = lead(sig, s, d, ForecastConfig(), NOW, clip=(-np.inf, None))[0].forecast
     assert f is not None and np.isfinite(f.mean).all()
     lo, hi = load.min(), load.max()
     span = max(hi - lo, 1e-6 * max(abs(hi), 1.0))

@@ -82,7 +82,7 @@ def test_a_source_problem_reaches_the_plan_as_a_reason_and_no_action() -> None:
             ),
         ),
     )
-    p = plan(build_snapshot(raw, CONFIG, NOW), CONFIG, History(), NOW)
+    p = plan(build_snapshot(raw, CONFIG, NOW)[0], CONFIG, History(), NOW)
     assert p.decisions == ()
     assert all("connection refused" in s.reason or "stall" in s.reason for s in p.skips)
     assert all(s.invalid_input for s in p.skips)

@@ -5,20 +5,31 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from gpuscaler.backtest.series import BacktestError
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import (
+    EMPTY,
     WINDOW_MEAN_POINTS,
-    ForecastEngine,
+    ForecastState,
     StatsmodelsArima,
-    forecast_series,
+    forecast,
     lead,
-    make_engine,
 )
-from gpuscaler.core.model import FitState, FloatArray, IntArray, Series
+from gpuscaler.core.model import FloatArray, IntArray, Series
+
+
+class Reference(Protocol):
+    """A forecaster compared against (statsmodels' ARIMA by default)."""
+
+    def forecast(
+        self, hist: FloatArray, steps: int, level: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Mean, lower and upper paths (n, steps) continuing each row of `hist`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,6 @@ def _gpuscaler_paths(
     origins: IntArray,
     step: float,
     fcfg: ForecastConfig,
-    engine: ForecastEngine | None,
     demand: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
     """The production forecaster at each origin in time order, as the controller runs it:
@@ -98,24 +108,22 @@ def _gpuscaler_paths(
     from one origin to the next, and with `demand` windows (origins, window) the leading
     signal. Mean, lower, upper (origins, steps), the peak, and per origin 1 where the
     demand won (NaN without a demand)."""
-    engine = engine or make_engine(fcfg)
     n, win = hist.shape
     steps = round(fcfg.horizon / step)
     mean, lower, upper = (np.full((n, steps), np.nan) for _ in range(3))
     peak, won = np.full(n, np.nan), np.full(n, np.nan)
-    states: dict[str, FitState] = {}
+    state = EMPTY
     clip = (-math.inf, None)
     for r in range(n):
         now = float(origins[r]) * step
         s = Series(start=now - step * (win - 1), step=step, values=hist[r])
-        kept: dict[str, FitState] = {}
-        (sig,) = forecast_series(
-            [s], fcfg, now, engine, clip, keys=["s"], prior=states, states=kept
-        )
+        (sig,), found = forecast([s], fcfg, now, state, keys=["s"], clips=[clip])
         if demand is not None:
             d = Series(start=s.start, step=step, values=demand[r])
-            sig = lead(sig, s, d, fcfg, now, "s", kept, clip=clip)
-        states = kept or states
+            sig, kept = lead(sig, s, d, fcfg, now, found.series.get("s"), clip=clip)
+            if kept is not None:
+                found = ForecastState({"s": kept})
+        state = found if found.series else state
         if sig.forecast is not None:
             f = sig.forecast
             mean[r], lower[r], upper[r], peak[r] = f.mean, f.lower, f.upper, f.peak
@@ -130,8 +138,7 @@ def evaluate_series(
     horizon: float,
     window: float,
     max_origins: int,
-    engine: ForecastEngine | None = None,
-    reference: ForecastEngine | None = None,
+    reference: Reference | None = None,
     demand: Series | None = None,
 ) -> dict[str, Errors]:
     """Errors of every method at up to `max_origins` origins of `series` (with `demand`,
@@ -150,11 +157,11 @@ def evaluate_series(
     peaks: dict[str, FloatArray] = {}
     d_hist = demand.values[idx] if demand is not None else None
     g_mean, g_lo, g_hi, peaks["gpuscaler"], won = _gpuscaler_paths(
-        hist, origins, step, fcfg, engine, d_hist
+        hist, origins, step, fcfg, d_hist
     )
     paths["gpuscaler"] = (g_mean, g_lo, g_hi)
     if d_hist is not None:
-        *band, peaks["gpuscaler_load_only"], _ = _gpuscaler_paths(hist, origins, step, fcfg, engine)
+        *band, peaks["gpuscaler_load_only"], _ = _gpuscaler_paths(hist, origins, step, fcfg)
         paths["gpuscaler_load_only"] = (band[0], band[1], band[2])
     last_vals = hist[:, -1]
     naive = np.repeat(last_vals[:, None], steps, axis=1)
@@ -165,8 +172,7 @@ def evaluate_series(
     wmean = np.repeat(wm[:, None], steps, axis=1)
     paths["window_mean"] = (wmean, *_empirical_interval(hist, wmean, steps, level, "window_mean"))
     reference = reference or StatsmodelsArima(cfg.order)
-    ref = reference.forecast(hist, steps, level)
-    paths["statsmodels_arima"] = (ref.mean, ref.lower, ref.upper)
+    paths["statsmodels_arima"] = reference.forecast(hist, steps, level)
     return _errors(paths, peaks, actual, won if demand is not None else None)
 
 

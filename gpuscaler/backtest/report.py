@@ -10,12 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.backtest.evaluate import Errors, Scores, evaluate_series, scores
+from gpuscaler.backtest.evaluate import Errors, Reference, Scores, evaluate_series, scores
 from gpuscaler.backtest.series import BacktestError, demand_for, load_series_csv, on_grid, to_grid
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import (
-    ForecastEngine,
-)
 from gpuscaler.core.model import FloatArray
 
 METHODS = ("gpuscaler", "naive", "window_mean", "statsmodels_arima")
@@ -30,7 +27,7 @@ def backtest(
     resample: float | None = None,
     agg: str = "mean",
     max_origins: int = 400,
-    reference: ForecastEngine | None = None,
+    reference: Reference | None = None,
     demand_path: str | Path | None = None,
     demand_agg: str | None = None,
 ) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import ClassVar, Literal
 
 from gpuscaler.config import TIME_SLICE_LEVELS
@@ -212,4 +213,6 @@ def target_key(kind: DecisionKind, target: str) -> str:
     return f"{kind}:{target}"
 
 
-LEVEL_RANK: dict[str, int] = {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}
+LEVEL_RANK: Mapping[str, int] = MappingProxyType(
+    {name: i for i, name in enumerate(TIME_SLICE_LEVELS)}
+)

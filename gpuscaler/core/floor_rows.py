@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, Forecast, TargetHistory, known_finite
+from gpuscaler.core.model import FloatArray, Forecast, TargetHistory
 from gpuscaler.core.skill import floor_history, records
 
 ForecastFigures = tuple[bool, float, float, float]
@@ -93,9 +92,6 @@ def _finite(group: list[Forecast], mean: FloatArray, upper: FloatArray) -> list[
     """Each forecast's `is_finite()`: as its batch found it (`model.mark_finite`, kept on
     the forecast: what `is_finite` answers), else checked over the rows (`mean`, `upper`:
     the group's)."""
-    known = [known_finite(f) for f in group]
-    if None not in known:
-        return cast(list[bool], known)
     lower = _rows([f.lower for f in group])
     finite = np.asarray(np.isfinite(mean).all(axis=1) & np.isfinite(upper).all(axis=1))
     finite &= np.isfinite(lower).all(axis=1)

@@ -8,7 +8,7 @@ formula divides by the target.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -19,7 +19,6 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from gpuscaler.core.preemption.views import PreemptionObservation
 from gpuscaler.core.decisions import Decision, Skip, target_key
-from gpuscaler.core.lazy import Lazy
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -81,222 +80,12 @@ class Forecast:
         return float(np.max(self.upper[:steps]))
 
     def is_finite(self) -> bool:
-        """Every point of the path and its interval finite: as found for the whole batch
-        that made the forecast when it did (`mark_finite`), else checked now."""
-        known = known_finite(self)
-        if known is not None:
-            return known
+        """Every point of the path and its interval finite."""
         return bool(
             np.isfinite(self.mean).all()
             and np.isfinite(self.lower).all()
             and np.isfinite(self.upper).all()
         )
-
-
-FINITE_MARK = "_finite"
-"""Where a forecast keeps whether it is finite, found for its batch (`mark_finite`)."""
-
-
-def known_finite(forecast: Forecast) -> bool | None:
-    """Whether `forecast` is finite as its batch found it (`mark_finite`), else None."""
-    known: bool | None = forecast.__dict__.get(FINITE_MARK)
-    return known
-
-
-def mark_finite(forecasts: Sequence[Forecast], finite: Sequence[bool]) -> None:
-    """Keep on each forecast whether it is finite (`Forecast.is_finite`), found for a
-    batch's rows at once (issue 20: the planner and the simulator ask every forecast every
-    tick, three numpy reductions each). Its arrays must be read-only: what was found stays
-    true. A forecast made anew (`dataclasses.replace`) checks again."""
-    for forecast, ok in zip(forecasts, finite, strict=True):
-        assert not (
-            forecast.mean.flags.writeable
-            or forecast.lower.flags.writeable
-            or forecast.upper.flags.writeable
-        )
-        object.__setattr__(forecast, FINITE_MARK, bool(ok))
-
-
-Forecast.reason = Lazy("reason")  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class FitState:
-    """One series' fitted forecast coefficients and when they were fitted: kept between
-    ticks so parameters are refitted only every forecast.refit_every."""
-
-    fitted_at: float
-    intercept: float
-    phi: tuple[float, ...]
-    sigma2: float
-    interval: IntervalState | None = None
-    """The adaptive interval correction carried across ticks (None: not started)."""
-    scored: Scored | None = field(default=None, compare=False)
-    """What the ensemble's scoring found at the refit, kept until the next one (None: not
-    scored yet): a steady tick does not rescore the members."""
-    modulus: float | None = field(default=None, compare=False)
-    """The largest inverse root modulus of `phi` (`engines.inverse_root_modulus`), found at
-    the refit (None: not known, found when needed): only a refit changes it."""
-
-
-@dataclass(frozen=True, eq=False)
-class Scored:
-    """One series' ensemble scoring, made when its coefficients are refitted and reused
-    until the next refit (only the members' live paths and the adaptive level move)."""
-
-    method: str | None
-    """"ensemble" or "last_value"; None: too little recent evidence (the engine's path)."""
-    weights: tuple[float, ...]
-    """Per ensemble member: inverse corrected recent squared error (not normalized)."""
-    errors: Mapping[str, float]
-    """Recent MAE per member and candidate (the forecast's `errors`)."""
-    ses_best: int
-    """Index of the best-fit smoothing constant."""
-    ses_inv: FloatArray
-    """Inverse recent squared error of each smoothing constant (averaged smoothing)."""
-    abs_errors: FloatArray
-    """The chosen method's recent absolute errors (origins, steps), sorted per step (NaN
-    last): its conformal interval at any level."""
-    peak: float
-    """The chosen method's peak offset."""
-    abs_recent: FloatArray
-    """The same errors in origin order, oldest first: origins completed between refits
-    are appended (and the oldest dropped), so the interval and peak follow the load."""
-    peak_recent: FloatArray
-    """The chosen method's peak errors (origins,), oldest first."""
-    newest: float
-    """Time of the newest origin scored."""
-
-
-def _set(obj: object, **values: object) -> None:
-    """Set attributes of an object whose own `__setattr__` refuses (made once, then read)."""
-    for name, value in values.items():
-        object.__setattr__(obj, name, value)
-
-
-class IssuedInterval:
-    """An interval issued at `origin`: bounds of the buckets ending `step`, 2 `step`, ...
-    later, kept until every one is observed. Immutable, compared and hashed by
-    (origin, step, lower, upper) as a frozen dataclass of them would be.
-
-    Made by a batch (`in_rows`), its bounds stay a row of the batch's (n, 2, steps) array
-    until `lower` or `upper` is read (issue 20: two tuples of floats a series and tick were
-    most of issuing; the batched checks read the arrays, `IntervalState.bounds`)."""
-
-    __slots__ = ("_lower", "_row", "_rows", "_upper", "origin", "step")
-    origin: float
-    step: float
-    _lower: tuple[float, ...] | None
-    _upper: tuple[float, ...] | None
-    _rows: FloatArray | None
-    _row: int
-
-    def __init__(
-        self, origin: float, step: float, lower: tuple[float, ...], upper: tuple[float, ...]
-    ) -> None:
-        _set(self, origin=origin, step=step, _lower=lower, _upper=upper, _rows=None, _row=0)
-
-    @classmethod
-    def in_rows(cls, origin: float, step: float, rows: FloatArray, row: int) -> IssuedInterval:
-        """The interval whose lower and upper bounds are `rows[row, 0]` and `rows[row, 1]`
-        (`rows`: (n, 2, steps), read-only)."""
-        return cls.many(origin, step, rows, [row])[0]
-
-    @classmethod
-    def many(
-        cls, origin: float, step: float, rows: FloatArray, idx: Sequence[int]
-    ) -> list[IssuedInterval]:
-        """`in_rows` of each row in `idx` (issue 20: one a series and tick, so made
-        without a keyword call a field)."""
-        new, put = cls.__new__, object.__setattr__
-        out = []
-        for row in idx:
-            made = new(cls)
-            put(made, "origin", origin)
-            put(made, "step", step)
-            put(made, "_lower", None)
-            put(made, "_upper", None)
-            put(made, "_rows", rows)
-            put(made, "_row", row)
-            out.append(made)
-        return out
-
-    def _made(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        if self._lower is None or self._upper is None:
-            assert self._rows is not None
-            lower, upper = self._rows[self._row].tolist()
-            _set(self, _lower=tuple(lower), _upper=tuple(upper), _rows=None)
-        assert self._lower is not None and self._upper is not None
-        return self._lower, self._upper
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"IssuedInterval is immutable: cannot set {name}")
-
-    @property
-    def lower(self) -> tuple[float, ...]:
-        return self._made()[0]
-
-    @property
-    def upper(self) -> tuple[float, ...]:
-        return self._made()[1]
-
-    def _key(self) -> tuple[float, float, tuple[float, ...], tuple[float, ...]]:
-        return (self.origin, self.step, *self._made())
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, IssuedInterval)
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        lower, upper = self._made()
-        return (
-            f"IssuedInterval(origin={self.origin!r}, step={self.step!r}, "
-            f"lower={lower!r}, upper={upper!r})"
-        )
-
-
-@dataclass(frozen=True)
-class IntervalState:
-    """Adaptive conformal inference state of one series (Gibbs & Candes 2021): the level
-    the conformal quantile is taken at, moved after every tick by how often the intervals
-    issued earlier missed the points observed since."""
-
-    level: float
-    checked_at: float
-    pending: tuple[IssuedInterval, ...] = ()
-    points: int = 0
-    misses: int = 0
-    layout: tuple[tuple[float, float, int], ...] | None = field(
-        default=None, compare=False, repr=False
-    )
-    """(origin, step, size) of each pending interval when made by the batched check and
-    issue (`intervals.resolve_rows`, `issue_rows`; one object for the series of a batch
-    that share it); None: read from `pending`."""
-    bounds: FloatArray | None = field(default=None, compare=False, repr=False)
-    """The pending intervals' lower and upper bounds in order, a read-only (2, total)
-    array made with `layout` (issue 18: a batch's check reads these, not the tuples).
-    With both, `pending` may be left to be made from them when read (`Lazy`,
-    `pending_of`): the batched check and issue read only these two."""
-
-
-def pending_of(
-    layout: tuple[tuple[float, float, int], ...], bounds: FloatArray
-) -> tuple[IssuedInterval, ...]:
-    """The pending intervals `layout` and `bounds` describe, in order: each interval's
-    bounds are its columns of `bounds` (the floats it was issued with)."""
-    made, at = [], 0
-    for origin, step, size in layout:
-        made += IssuedInterval.many(origin, step, bounds[None, :, at : at + size], [0])
-        at += size
-    return tuple(made)
-
-
-IntervalState.pending = Lazy("pending")  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -358,8 +147,6 @@ class Snapshot:
     time: float
     pools: tuple[PoolObservation, ...] = ()
     workloads: tuple[WorkloadObservation, ...] = ()
-    fits: Mapping[str, FitState] = field(default_factory=lambda: MappingProxyType({}))
-    """Forecast model state per series key, for the next tick."""
     preemption: PreemptionObservation | None = None
     """Pods, nodes and preemptions under way, when the source reads a cluster."""
 

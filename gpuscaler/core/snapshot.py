@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
-from gpuscaler.core.forecast import ForecastEngine, forecast_series, lead
-from gpuscaler.core.forecast.reductions import row_sums
+from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged
 from gpuscaler.core.model import (
-    FitState,
     PoolObservation,
     Series,
     Signal,
@@ -147,10 +145,9 @@ def window_means(
         newest = (stacked.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
         first = max(0, int(np.ceil((now - window - start) / spacing + 1e-9)))
         part, kept = stacked[:, first:], finite[:, first:]
-        # a row without a gap in the window: its mean is its contiguous sum (pairwise, as
-        # `.mean()` of the row alone sums it) over its length, every such row at once
+        # a row without a gap in the window: its plain mean, every such row at once
         whole: list[bool] = np.asarray(kept.all(axis=1) & (part.shape[1] > 0)).tolist()
-        means = (row_sums(part) / part.shape[1]).tolist() if any(whole) else []
+        means = part.mean(axis=1).tolist() if any(whole) else []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for r, i in enumerate(idx):
@@ -192,78 +189,56 @@ def bucket_peaks(
 def _forecasts(
     items: list[tuple[str, Series | None, str | None, ForecastConfig]],
     now: float,
-    clips: Sequence[tuple[float, float | None]],
-    engines: dict[ForecastConfig, ForecastEngine] | None,
-    prior: Mapping[str, FitState],
-    states: dict[str, FitState],
-) -> list[Signal]:
-    """Forecast every series (each clipped to its `clips`), batching those that share a
-    forecast config (issue 20: pools and workloads together, one batch's fixed cost)."""
+    clips: Sequence[Clip],
+    prior: ForecastState,
+) -> tuple[list[Signal], ForecastState]:
+    """Forecast every series (each clipped to its `clips`), the series that share a
+    forecast section in one batch; and their new state."""
     out: list[Signal | None] = [None] * len(items)
-    same: dict[int, list[int]] = {}  # by the section's identity: one hash a section object
-    cfgs: dict[int, ForecastConfig] = {}
+    groups: dict[ForecastConfig, list[int]] = {}
     for i, (_, series, problem, cfg) in enumerate(items):
         if problem is None:
-            rows = same.get(id(cfg))
-            if rows is None:
-                same[id(cfg)] = rows = []
-                cfgs[id(cfg)] = cfg
-            rows.append(i)
+            groups.setdefault(cfg, []).append(i)
         else:
             out[i] = Signal(series.last_sample_time() if series else None, None, problem)
-    groups: dict[ForecastConfig, list[int]] = {}
-    for ident, rows in same.items():
-        groups.setdefault(cfgs[ident], []).extend(rows)
+    states = []
     for cfg, idx in groups.items():
-        idx.sort()  # equal sections in several objects: their rows in order, as one batch
-        engine = engines.get(cfg) if engines is not None else None
-        signals = forecast_series(
+        signals, state = forecast(
             [items[i][1] for i in idx],
             cfg,
             now,
-            engine,
+            prior,
             keys=[items[i][0] for i in idx],
-            prior=prior,
-            states=states,
             clips=[clips[i] for i in idx],
         )
-        for i, s in zip(idx, signals, strict=True):
-            out[i] = s
-    return [s for s in out if s is not None]
-
-
-def _lead(
-    signal: Signal, w: RawWorkload, cfg: ForecastConfig, now: float, states: dict[str, FitState]
-) -> Signal:
-    """The load's signal, or the demand-mapped one when the demand has been the more
-    accurate signal (only for a workload that names a demand query)."""
-    if w.load is None or (w.demand is None and w.demand_problem is None):
-        return signal
-    return lead(signal, w.load, w.demand, cfg, now, f"workload:{w.key}", states, w.demand_problem)
+        states.append(state)
+        for i, signal in zip(idx, signals, strict=True):
+            out[i] = signal
+    return [s for s in out if s is not None], merged(*states)
 
 
 def build_snapshot(
-    raw: Observations,
-    config: Config,
-    now: float,
-    engines: dict[ForecastConfig, ForecastEngine] | None = None,
-    fits: Mapping[str, FitState] | None = None,
-) -> Snapshot:
-    """Forecasts attached to what was observed; `fits` are the model states of the previous
-    tick (refitted every forecast.refit_every), the new ones ride on the snapshot."""
-    states: dict[str, FitState] = {}
+    raw: Observations, config: Config, now: float, prior: ForecastState = EMPTY
+) -> tuple[Snapshot, ForecastState]:
+    """Forecasts attached to what was observed, and the forecasting state for the next
+    tick (`prior`: the previous tick's)."""
     pool_cfg = config.pool_sections("forecast", ForecastConfig)
     load_cfg = config.workload_sections("forecast", ForecastConfig)
     pool_items = [(f"pool:{p.name}", p.utilization, p.problem, pool_cfg[p.name]) for p in raw.pools]
     load_items = [(f"workload:{w.key}", w.load, w.problem, load_cfg[w.key]) for w in raw.workloads]
-    prior = fits or {}
     clips = [POOL_CLIP] * len(pool_items) + [LOAD_CLIP] * len(load_items)
-    both = _forecasts(pool_items + load_items, now, clips, engines, prior, states)
+    both, state = _forecasts(pool_items + load_items, now, clips, prior)
     pool_signals, load_signals = both[: len(pool_items)], both[len(pool_items) :]
-    load_signals = [
-        _lead(s, w, load_items[i][3], now, states)
-        for i, (s, w) in enumerate(zip(load_signals, raw.workloads, strict=True))
-    ]
+    series = dict(state.series)
+    for i, (signal, w) in enumerate(zip(load_signals, raw.workloads, strict=True)):
+        if w.load is None or (w.demand is None and w.demand_problem is None):
+            continue
+        key = load_items[i][0]
+        load_signals[i], kept = lead(
+            signal, w.load, w.demand, load_items[i][3], now, series.get(key), w.demand_problem
+        )
+        if kept is not None:
+            series[key] = kept
     stall_window = config.time_slice.stall_window
     stalls = window_means([p.stall for p in raw.pools], now, stall_window)
     pools = [
@@ -276,13 +251,10 @@ def build_snapshot(
         _workload(w, signal, peak)
         for w, signal, peak in zip(raw.workloads, load_signals, peaks, strict=True)
     ]
-    return Snapshot(
-        time=now,
-        pools=tuple(pools),
-        workloads=tuple(workloads),
-        fits=MappingProxyType(states),
-        preemption=raw.preemption,
+    snapshot = Snapshot(
+        time=now, pools=tuple(pools), workloads=tuple(workloads), preemption=raw.preemption
     )
+    return snapshot, ForecastState(MappingProxyType(series))
 
 
 def _pool(

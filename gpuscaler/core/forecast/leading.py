@@ -31,21 +31,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast.engines import (
-    LeastSquaresArima,
-    bucket,
-    stable_fit,
-    within_band,
-)
-from gpuscaler.core.forecast.ensemble import (
-    WINDOW_MEAN_POINTS,
-    assess,
-    choose_method,
-    forward_fill,
-    origins_for,
-)
-from gpuscaler.core.forecast.intervals import conformal_half_width, peak_offset, reissue
-from gpuscaler.core.model import FitState, FloatArray, Forecast, Series, Signal
+from gpuscaler.core.forecast.arima import Arima, inverse_root_modulus, stable, within_band
+from gpuscaler.core.forecast.ensemble import assess, choose_method, lowest_origin, origins_for
+from gpuscaler.core.forecast.intervals import EPS, conformal_half_width, peak_offset
+from gpuscaler.core.forecast.members import bucket, forward_fill
+from gpuscaler.core.forecast.state import SeriesState
+from gpuscaler.core.model import FloatArray, Forecast, Series, Signal
 
 MAX_LAG = 6
 """Lags of the demand tried for the ratio, in buckets (1 min at 10 s): GPU work follows a
@@ -119,21 +110,20 @@ def lead(
     demand: Series | None,
     cfg: ForecastConfig,
     now: float,
-    key: str | None = None,
-    states: dict[str, FitState] | None = None,
+    state: SeriesState | None = None,
     demand_problem: str | None = None,
     clip: tuple[float, float | None] = (0.0, None),
-) -> Signal:
+) -> tuple[Signal, SeriesState | None]:
     """The load's signal, or the combination of its forecast with the demand-mapped path
     when that combination has been clearly more accurate on recent history; the reason
-    says which signal won. With `key`, the interval issued for the series in `states` is
-    the one finally used."""
+    says which signal won. The series' `state` is returned with the interval issued now
+    replaced by the one finally used, so its adaptive level tracks what reached a decision."""
     f = signal.forecast
     if f is None:
-        return signal
+        return signal, state
     why, mapped, ratio = _try_lead(f, load, demand, cfg, now, demand_problem)
     if mapped is None or ratio is None:
-        return replace(signal, forecast=replace(f, reason=f"{f.reason}; {why}"))
+        return replace(signal, forecast=replace(f, reason=f"{f.reason}; {why}")), state
     about = (
         f"demand (lag {ratio.lag * cfg.fit_step:g}s, {ratio.ratio:.4g} load per unit "
         f"+ {ratio.intercept:.4g}, ratio error {ratio.error:.3g}; demand forecast by "
@@ -145,9 +135,10 @@ def lead(
             f"leading signal: GPU load's own forecast won (recent error "
             f"{mapped.own_error:.3g}; with {about} {mapped.error:.3g})"
         )
-        return replace(signal, forecast=replace(f, reason=f"{f.reason}; {note}", errors=errors))
-    out = _demand_forecast(f, mapped, about, clip, key, states)
-    return replace(signal, forecast=replace(out, errors=errors))
+        forecast = replace(f, reason=f"{f.reason}; {note}", errors=errors)
+        return replace(signal, forecast=forecast), state
+    out, state = _demand_forecast(f, mapped, about, clip, state, now)
+    return replace(signal, forecast=replace(out, errors=errors)), state
 
 
 def _try_lead(
@@ -171,15 +162,15 @@ def _try_lead(
     p, d, _q = cfg.order
     if cfg.engine != "fast" or not cfg.ensemble:
         return "demand not compared: needs the fast engine with the ensemble", None, None
-    lh = bucket(load, cfg.fit_step, now).values
-    dh = bucket(demand, cfg.fit_step, now).values
+    lh = bucket(load, cfg.fit_step, now)
+    dh = bucket(demand, cfg.fit_step, now)
     w = min(len(lh), len(dh))
     lh, dh = lh[len(lh) - w :], dh[len(dh) - w :]
     steps = len(f.mean)
     ratio = fit_ratio(lh, dh, min(MAX_LAG, steps - 1))
     if ratio is None:
         return "demand not used: too few paired points or no variation", None, None
-    mapped = _map(LeastSquaresArima(p, d), lh, dh, ratio, f, cfg.interval_level)
+    mapped = _map(Arima(p, d), lh, dh, ratio, f)
     if mapped is None:
         return (
             "demand not used: too little history to score it, or its path leaves the "
@@ -191,44 +182,38 @@ def _try_lead(
 
 
 def _scored(
-    engine: LeastSquaresArima, row: FloatArray, steps: int, level: float, method: str | None
+    arima: Arima, row: FloatArray, steps: int, method: str | None
 ) -> tuple[str, FloatArray, FloatArray] | None:
     """A series' forecast by `method` (or the one `choose_method` picks): its live path
     and its paths at the in-window origins (O, steps; NaN where the future is unknown)."""
     hist = row[None, :]
-    fitted = engine.fit(hist)
-    paths = engine.predict(fitted, hist, steps, level)
-    ok = stable_fit(fitted) & np.isfinite(paths.mean).all(axis=1) & within_band(paths.mean, hist)
-    a = assess(engine, fitted, hist, steps, paths.mean, ok)
+    c = arima.fit(hist)
+    mean = arima.predict(c, hist, steps)
+    ok = stable(inverse_root_modulus(c.phi)) & np.isfinite(mean).all(axis=1)
+    ok &= within_band(mean, hist)
+    a = assess(arima, c, hist, steps, np.where(ok[:, None], mean, np.nan))
     if a is None:
         return None
     errors = {k: float(v[0]) for k, v in a.errors.items() if np.isfinite(v[0])}
-    if "last_value" not in errors:
-        return None
     method = method or choose_method(errors)
-    origins = origins_for(len(row), steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
+    if method is None:
+        return None
+    origins = origins_for(len(row), steps, lowest_origin(arima))
     ahead = origins[:, None] + 1 + np.arange(steps)[None, :]
-    return method, a.paths[method][0], row[ahead] - a.residuals[method][0]
+    return method, a.live[method][0], row[ahead] - a.residuals[method][0]
 
 
-def _map(
-    engine: LeastSquaresArima,
-    lh: FloatArray,
-    dh: FloatArray,
-    ratio: Ratio,
-    f: Forecast,
-    level: float,
-) -> _Mapped | None:
+def _map(arima: Arima, lh: FloatArray, dh: FloatArray, ratio: Ratio, f: Forecast) -> _Mapped | None:
     """Forecast the demand (live and at every in-window origin), map it to load, and
     weight it against the load's own forecast by inverse recent squared error."""
     steps = len(f.mean)
-    demand = _scored(engine, dh, steps, level, None)
-    own = _scored(engine, lh, steps, level, f.method)
+    demand = _scored(arima, dh, steps, None)
+    own = _scored(arima, lh, steps, f.method)
     if demand is None or own is None:
         return None
     method, d_live, d_window = demand
     w = len(dh)
-    origins = origins_for(w, steps, max(engine.p + engine.d + 2, WINDOW_MEAN_POINTS))
+    origins = origins_for(w, steps, lowest_origin(arima))
     filled = forward_fill(dh[None, :])[0]
     lag = ratio.lag
     known = filled[origins[:, None] - lag + 1 + np.arange(lag)[None, :]]  # (O, lag)
@@ -264,12 +249,12 @@ def _demand_forecast(
     mapped: _Mapped,
     about: str,
     clip: tuple[float, float | None],
-    key: str | None,
-    states: dict[str, FitState] | None,
-) -> Forecast:
-    """The forecast from the combined path, its conformal interval and peak."""
-    state = states.get(key) if states is not None and key is not None else None
-    level = state.interval.level if state is not None and state.interval else f.level
+    state: SeriesState | None,
+    now: float,
+) -> tuple[Forecast, SeriesState | None]:
+    """The forecast from the combined path, its conformal interval and peak; the state
+    with the interval issued now replaced by this one."""
+    level = state.level if state is not None else f.level
     half = conformal_half_width(np.abs(mapped.residuals)[None], np.array([level]))[0]
     if not np.all(np.isfinite(half)):
         half = f.upper - f.mean
@@ -278,9 +263,8 @@ def _demand_forecast(
     lower, upper = np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi)
     top = float(mean.max())
     peak = float(np.clip(top + float(peak_offset(mapped.peak_errors[None])[0]), lo, hi)) - top
-    if state is not None and state.interval is not None and states is not None:
-        assert key is not None
-        states[key] = replace(state, interval=reissue(state.interval, lower, upper))
+    if state is not None:
+        state = _reissued(state, now, lower, upper)
     w = mapped.weight
     winner = (
         f"{about} won (weight {w:.2f} against the GPU load's own forecast)"
@@ -292,7 +276,7 @@ def _demand_forecast(
         f"{mapped.own_error:.3g} for the load's own forecast ({f.method}); that forecast: "
         f"{f.reason}"
     )
-    return replace(
+    out = replace(
         f,
         mean=mean,
         lower=lower,
@@ -301,3 +285,14 @@ def _demand_forecast(
         reason=reason,
         peak_error=peak,
     )
+    return out, state
+
+
+def _reissued(state: SeriesState, now: float, lower: FloatArray, upper: FloatArray) -> SeriesState:
+    """`state` with the interval it issued at `now` replaced by `lower`, `upper`."""
+    slots = np.flatnonzero(np.abs(state.issued_at - now) < EPS)
+    if not slots.size:
+        return state
+    bounds = state.bounds.copy()
+    bounds[slots[0], 0], bounds[slots[0], 1] = lower, upper
+    return replace(state, bounds=bounds)

@@ -5,6 +5,7 @@ place a step is checked against it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from gpuscaler.core.decisions import (
@@ -17,16 +18,18 @@ from gpuscaler.core.decisions import (
 from gpuscaler.core.preemption.views import VictimState
 
 KIND: Final = "preemption"
-TRANSITIONS: Final[Mapping[str, frozenset[str]]] = {
-    "none": frozenset({"soft"}),
-    "soft": frozenset({"hard", "cleanup", "aborted"}),
-    "hard": frozenset({"hard", "cleanup", "given_up"}),
-    "cleanup": frozenset({"done", "quarantined"}),
-    "done": frozenset(),
-    "aborted": frozenset(),
-    "given_up": frozenset(),
-    "quarantined": frozenset(),
-}
+TRANSITIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {
+        "none": frozenset({"soft"}),
+        "soft": frozenset({"hard", "cleanup", "aborted"}),
+        "hard": frozenset({"hard", "cleanup", "given_up"}),
+        "cleanup": frozenset({"done", "quarantined"}),
+        "done": frozenset(),
+        "aborted": frozenset(),
+        "given_up": frozenset(),
+        "quarantined": frozenset(),
+    }
+)
 IN_FLIGHT: Final = frozenset({"soft", "hard", "cleanup"})
 
 

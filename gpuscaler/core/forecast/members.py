@@ -1,0 +1,113 @@
+"""The windows the forecaster reads and its flat members' levels, for many series at once.
+
+- `bucket_rows`: raw samples into `forecast.fit_step` bucket means (n, buckets), ending at
+  `now`, NaN where a bucket holds no finite sample;
+- `forward_fill`: each gap takes the last finite value before it;
+- `ses_at`: simple exponential smoothing's level at chosen points, for every constant in
+  SES_ALPHAS, as one weighted sum (the recursion's closed form);
+- `window_means_at`: the mean of the last `points` buckets up to chosen points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpuscaler.core.model import FloatArray, IntArray, Series
+
+SES_ALPHAS = np.array([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0])
+"""Smoothing constants of simple exponential smoothing, searched per series."""
+SES_ALPHAS.flags.writeable = False
+
+
+def bucket_means(
+    values: FloatArray, spacing: float, last: float, width: float, end: float
+) -> FloatArray:
+    """Means (..., buckets) of samples (..., points) `spacing` apart whose last one is at
+    `last`, over buckets of `width` seconds, the last one ending at `end`."""
+    per = max(1, round(width / spacing))
+    offset = round((end - last) / spacing)  # empty slots after the last sample
+    lead = values.shape[:-1]
+    if offset > 0:
+        values = np.concatenate([values, np.full((*lead, offset), np.nan)], axis=-1)
+    elif offset < 0:
+        values = values[..., : values.shape[-1] + offset]
+    usable = values.shape[-1] // per * per
+    block = values[..., values.shape[-1] - usable :].reshape(*lead, -1, per)
+    finite = np.isfinite(block)
+    counts = finite.sum(axis=-1)
+    sums = np.where(finite, block, 0.0).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: FloatArray = np.where(counts > 0, sums / counts, np.nan)
+    return means
+
+
+def bucket(series: Series, width: float, end: float) -> FloatArray:
+    """`series`' bucket means (buckets,) of `width` seconds, the last ending at `end`."""
+    return bucket_means(series.values, series.step, series.end, width, end)
+
+
+def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArray:
+    """`bucket` of every series as rows (n, buckets), right-aligned, NaN-padded on the
+    left; series on one grid (one query's window, the usual case) in one reshape."""
+    first = series[0]
+    if all(
+        s.step == first.step and s.end == first.end and s.values.size == first.values.size
+        for s in series
+    ):
+        return bucket_means(np.stack([s.values for s in series]), first.step, first.end, width, end)
+    rows = [bucket(s, width, end) for s in series]
+    hist = np.full((len(rows), max(r.size for r in rows)), np.nan)
+    for r, row in enumerate(rows):
+        hist[r, hist.shape[1] - row.size :] = row
+    return hist
+
+
+def forward_fill(a: FloatArray) -> FloatArray:
+    """Each gap of each row takes the last finite value before it; leading gaps take the
+    row's first finite value (NaN for a row with none)."""
+    finite = np.isfinite(a)
+    if not a.size:
+        return a.copy()
+    idx = np.where(finite, np.arange(a.shape[1])[None, :], 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    out: FloatArray = a[np.arange(a.shape[0])[:, None], idx]
+    first = np.argmax(finite, axis=1)
+    lead = a[np.arange(a.shape[0]), first]
+    return np.where(np.isfinite(out), out, lead[:, None])
+
+
+def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
+    """Smoothed levels (alphas, n, len(ends)) after the point at each index of `ends`:
+    level[j] = alpha * y[j] + (1 - alpha) * level[j - 1] from level[0] = y[0] over the
+    forward-filled window, written out as the weighted sum it is (one matrix product)."""
+    filled = forward_fill(hist)
+    t = hist.shape[1]
+    j = np.arange(t)
+    age = ends[:, None] - j[None, :]  # (ends, t): how far each point lies before each end
+    keep = 1.0 - SES_ALPHAS[:, None, None]
+    with np.errstate(under="ignore"):
+        weights = np.where(age >= 0, SES_ALPHAS[:, None, None] * keep ** np.maximum(age, 0), 0.0)
+        weights[:, :, 0] = np.where(age[:, 0] >= 0, keep[:, :, 0] ** ends[None, :], 0.0)
+    levels: FloatArray = np.einsum("aet,nt->ane", weights, np.nan_to_num(filled))
+    finite = np.isfinite(hist)
+    first = np.where(finite.any(axis=1), np.argmax(finite, axis=1), t)
+    levels[:, first[:, None] > ends[None, :]] = np.nan  # no sample up to that end yet
+    return levels
+
+
+def window_means_at(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
+    """Mean of the finite values among the `points` up to each end (n, len(ends)); NaN
+    where there is none."""
+    finite = np.isfinite(hist)
+    sums = np.concatenate(
+        [np.zeros((hist.shape[0], 1)), np.cumsum(np.where(finite, hist, 0.0), axis=1)], axis=1
+    )
+    counts = np.concatenate([np.zeros((hist.shape[0], 1)), np.cumsum(finite, axis=1)], axis=1)
+    start = np.maximum(ends + 1 - points, 0)
+    total = sums[:, ends + 1] - sums[:, start]
+    count = counts[:, ends + 1] - counts[:, start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = np.where(count > 0, total / count, np.nan)
+    return out
