@@ -95,12 +95,14 @@ def test_the_adaptive_state_rides_on_the_fit_state_from_tick_to_tick() -> None:
     for k in range(360, 900, 3):
         now = NOW + 10.0 * k
         (sig,), fits = forecast([_series(values[k - 360 : k], now)], cfg, now, fits, keys=["p"])
-        levels.append(fits.series["p"].level)
-    state = fits.series["p"]
-    assert state.points > 1000
+        rows = fits.get("p")
+        assert rows is not None
+        levels.append(float(rows.adaptive.level[0]))
+    state = rows.adaptive
+    assert state.points[0] > 1000
     assert np.mean(levels[len(levels) // 2 :]) > 0.7  # wider than nominal while noise grows
     assert sig.forecast is not None and "interval at conformal level" in sig.forecast.reason
-    assert abs(1 - state.misses / state.points - 0.7) < 0.05
+    assert abs(1 - state.misses[0] / state.points[0] - 0.7) < 0.05
 
 
 def test_the_peak_is_above_a_flat_paths_maximum_when_peaks_ran_higher() -> None:

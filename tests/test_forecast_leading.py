@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.backtest import BacktestError, backtest, on_grid
 from gpuscaler.config import ConfigError, ForecastConfig, ReplicasConfig, parse_config
-from gpuscaler.core.forecast import SeriesState, fit_ratio, forecast, lead
+from gpuscaler.core.forecast import fit_ratio, forecast, lead
 from gpuscaler.core.model import Series, Signal, TargetHistory
 from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.snapshot import Observations, RawWorkload, build_snapshot
@@ -47,10 +47,13 @@ def _leading(
     return demand, load + rng.normal(0, noise, n)
 
 
-def _signal(load: np.ndarray) -> tuple[Signal, Series, SeriesState]:
+def _signal(load: np.ndarray) -> tuple[Signal, Series, float]:
+    """The load's signal, its series and its adaptive interval level."""
     s = Series(0.0, 10.0, load)
     (sig,), state = forecast([s], CFG, NOW, keys=["k"])
-    return sig, s, state.series["k"]
+    rows = state.get("k")
+    assert rows is not None
+    return sig, s, float(rows.adaptive.level[0])
 
 
 @pytest.mark.parametrize("lag", [0, 2, 5])
@@ -69,9 +72,9 @@ def test_a_flat_demand_gives_no_ratio() -> None:
 
 def test_a_demand_that_leads_the_load_wins_and_the_reason_says_so() -> None:
     demand, load = _leading(3)
-    sig, s, state = _signal(load)
+    sig, s, level = _signal(load)
     assert sig.forecast is not None
-    out, kept = lead(sig, s, Series(0.0, 10.0, demand), CFG, NOW, state)
+    out, used = lead(sig, s, Series(0.0, 10.0, demand), CFG, NOW, level)
     f = out.forecast
     assert f is not None and f.method == "demand"
     assert "leading signal: demand (lag 30s" in f.reason and "won" in f.reason
@@ -84,17 +87,15 @@ def test_a_demand_that_leads_the_load_wins_and_the_reason_says_so() -> None:
     assert np.abs(f.mean[:3] - known).mean() < 0.5 * own_miss
     assert np.all(f.lower <= f.mean) and np.all(f.mean <= f.upper)
     assert f.peak >= float(np.max(f.mean)) - 1e-9 or f.peak_error < 0
-    # The interval kept for the adaptive correction is the one that reached the decision.
-    assert kept is not None
-    (slot,) = np.flatnonzero(kept.issued_at == NOW)
-    np.testing.assert_allclose(kept.bounds[slot, 1], f.upper)
+    assert used  # its interval replaces the one issued for the adaptive correction
 
 
 def test_an_unrelated_demand_loses_and_the_load_forecast_is_kept() -> None:
     _, load = _leading(3)
-    sig, s, state = _signal(load)
+    sig, s, level = _signal(load)
     noise = np.random.default_rng(9).normal(50, 5, N)
-    out, _ = lead(sig, s, Series(0.0, 10.0, noise), CFG, NOW, state)
+    out, used = lead(sig, s, Series(0.0, 10.0, noise), CFG, NOW, level)
+    assert not used
     assert out.forecast is not None and sig.forecast is not None
     assert out.forecast.method == sig.forecast.method
     assert np.array_equal(out.forecast.mean, sig.forecast.mean)

@@ -4,6 +4,8 @@ tick, and rolling the scoring on between refits tracks scoring afresh."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from builders import NOW
@@ -62,8 +64,9 @@ def test_the_state_keeps_the_fit_until_refit_every_and_only_the_keys_asked_for()
     for k in range(360, 480, 3):  # 20 minutes of 30 s ticks
         now = NOW + 10.0 * k
         _, state = forecast([_series(values[k - 360 : k], now)], CFG, now, state, keys=["a"])
-        fitted.append(state.series["a"].fitted_at)
-        assert set(state.series) == {"a"}
+        (rows,) = state.batches
+        assert rows.keys == ("a",)
+        fitted.append(float(rows.fitted_at[0]))
     refits = sorted(set(fitted))
     assert len(refits) == 4  # every 5 minutes
     assert np.diff(refits).min() >= CFG.refit_every
@@ -77,9 +80,9 @@ def test_errors_rolled_on_between_refits_track_a_fresh_scoring() -> None:
     for k in range(360, 420, 3):
         now = NOW + 10.0 * k
         (rolled,), state = forecast([_series(values[k - 360 : k], now)], CFG, now, state, ["s"])
-    kept = state.series["s"]
-    assert kept.scoring is not None and kept.fitted_at < now
-    fresh_state = ForecastState({"s": kept.__class__(**{**vars(kept), "fitted_at": -1e9})})
+    (kept,) = state.batches
+    assert kept.scorings.scored[0] and kept.fitted_at[0] < now
+    fresh_state = ForecastState((replace(kept, fitted_at=np.array([-1e9])),))
     (fresh,), _ = forecast([_series(values[k - 360 : k], now)], CFG, now, fresh_state, ["s"])
     assert rolled.forecast is not None and fresh.forecast is not None
     half_rolled = rolled.forecast.upper - rolled.forecast.mean
@@ -92,4 +95,5 @@ def test_a_young_window_takes_the_models_path_and_says_so() -> None:
     (signal,), state = forecast([_series(_load(3, 40))], cfg, NOW, keys=["y"])
     assert signal.forecast is not None
     assert signal.forecast.reason == "arima(5,1,0) fit, too little history to assess"
-    assert state.series["y"].scoring is None  # scored again next tick
+    (rows,) = state.batches
+    assert not rows.scorings.scored[0]  # scored again next tick

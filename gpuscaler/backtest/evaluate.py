@@ -14,10 +14,10 @@ from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import (
     EMPTY,
     WINDOW_MEAN_POINTS,
-    ForecastState,
     StatsmodelsArima,
     forecast,
     lead,
+    reissued,
 )
 from gpuscaler.core.model import FloatArray, IntArray, Series
 
@@ -118,12 +118,13 @@ def _gpuscaler_paths(
         now = float(origins[r]) * step
         s = Series(start=now - step * (win - 1), step=step, values=hist[r])
         (sig,), found = forecast([s], fcfg, now, state, keys=["s"], clips=[clip])
-        if demand is not None:
+        if demand is not None and (rows := found.get("s")) is not None:
             d = Series(start=s.start, step=step, values=demand[r])
-            sig, kept = lead(sig, s, d, fcfg, now, found.series.get("s"), clip=clip)
-            if kept is not None:
-                found = ForecastState({"s": kept})
-        state = found if found.series else state
+            level = float(rows.adaptive.level[0])
+            sig, used = lead(sig, s, d, fcfg, now, level, clip=clip)
+            if used and sig.forecast is not None:
+                found = reissued(found, "s", now, sig.forecast.lower, sig.forecast.upper)
+        state = found if found.batches else state
         if sig.forecast is not None:
             f = sig.forecast
             mean[r], lower[r], upper[r], peak[r] = f.mean, f.lower, f.upper, f.peak

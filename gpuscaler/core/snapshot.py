@@ -5,12 +5,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
-from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged
+from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged, reissued
 from gpuscaler.core.model import (
     PoolObservation,
     Series,
@@ -229,16 +228,16 @@ def build_snapshot(
     clips = [POOL_CLIP] * len(pool_items) + [LOAD_CLIP] * len(load_items)
     both, state = _forecasts(pool_items + load_items, now, clips, prior)
     pool_signals, load_signals = both[: len(pool_items)], both[len(pool_items) :]
-    series = dict(state.series)
     for i, (signal, w) in enumerate(zip(load_signals, raw.workloads, strict=True)):
         if w.load is None or (w.demand is None and w.demand_problem is None):
             continue
-        key = load_items[i][0]
-        load_signals[i], kept = lead(
-            signal, w.load, w.demand, load_items[i][3], now, series.get(key), w.demand_problem
-        )
-        if kept is not None:
-            series[key] = kept
+        key, cfg = load_items[i][0], load_items[i][3]
+        rows = state.get(key)
+        level = float(rows.adaptive.level[0]) if rows is not None else None
+        load_signals[i], used = lead(signal, w.load, w.demand, cfg, now, level, w.demand_problem)
+        f = load_signals[i].forecast
+        if used and f is not None:
+            state = reissued(state, key, now, f.lower, f.upper)
     stall_window = config.time_slice.stall_window
     stalls = window_means([p.stall for p in raw.pools], now, stall_window)
     pools = [
@@ -254,7 +253,7 @@ def build_snapshot(
     snapshot = Snapshot(
         time=now, pools=tuple(pools), workloads=tuple(workloads), preemption=raw.preemption
     )
-    return snapshot, ForecastState(MappingProxyType(series))
+    return snapshot, state
 
 
 def _pool(

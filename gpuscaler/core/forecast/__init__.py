@@ -16,8 +16,8 @@ from gpuscaler.core.forecast.arima import Arima, StatsmodelsArima
 from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, WINDOW_MEAN_POINTS
 from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
 from gpuscaler.core.forecast.members import SES_ALPHAS, bucket
-from gpuscaler.core.forecast.pipeline import Clip, forecast, merged
-from gpuscaler.core.forecast.state import EMPTY, ForecastState, SeriesState
+from gpuscaler.core.forecast.pipeline import Clip, forecast
+from gpuscaler.core.forecast.state import EMPTY, ForecastState, Rows, merged, reissued
 
 __all__ = [
     "EMPTY",
@@ -29,11 +29,12 @@ __all__ = [
     "Clip",
     "ForecastState",
     "Ratio",
-    "SeriesState",
+    "Rows",
     "StatsmodelsArima",
     "bucket",
     "fit_ratio",
     "forecast",
     "lead",
     "merged",
+    "reissued",
 ]

@@ -96,7 +96,7 @@ def assess(
         return None
     future = future_at(hist, origins, steps)
     levels = ses_at(hist, np.append(origins, t - 1))  # (alphas, n, origins + 1)
-    ses_mse = _mean_squares(future[None] - levels[:, :, :-1, None], axes=(2, 3))  # (A, n)
+    ses_mse = _flat_mse(future, levels[:, :, :-1])  # (alphas, n)
     ses_mse = np.where(np.isfinite(ses_mse), ses_mse, np.inf)
     best = np.argmin(ses_mse, axis=0)
     inv = (1.0 / (ses_mse + tiny(hist)[None, :])).T  # (n, A)
@@ -143,13 +143,18 @@ def assess(
     )
 
 
-def _mean_squares(resid: FloatArray, axes: tuple[int, ...]) -> FloatArray:
-    """Mean of the finite squares over `axes` (NaN where none is finite)."""
-    finite = np.isfinite(resid)
-    total = np.where(finite, resid * resid, 0.0).sum(axis=axes)
-    count = finite.sum(axis=axes)
+def _flat_mse(future: FloatArray, level: FloatArray) -> FloatArray:
+    """Mean squared error over origins and steps (..., n) of flat paths at `level`
+    (..., n, origins) against `future` (n, origins, steps), ignoring gaps: from the
+    future's count, sum and sum of squares at each origin, sum((y - L)^2) = s2 - 2 L s1 +
+    L^2 s0 (NaN where nothing is finite)."""
+    finite = np.isfinite(future)
+    y = np.where(finite, future, 0.0)
+    s0, s1, s2 = finite.sum(axis=2), y.sum(axis=2), (y * y).sum(axis=2)  # (n, origins)
+    ok = np.isfinite(level) & (s0 > 0)
+    sq = np.where(ok, s2 - 2 * level * s1 + level**2 * s0, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(count > 0, total / count, np.nan)
+        out: FloatArray = np.maximum(sq, 0.0).sum(axis=-1) / np.where(ok, s0, 0).sum(axis=-1)
     return out
 
 
@@ -235,11 +240,11 @@ def combine(weights: FloatArray, paths: Mapping[str, FloatArray]) -> FloatArray:
     shape = np.broadcast_shapes(*(paths[m].shape for m in MEMBERS))
     total, wsum = np.zeros(shape), np.zeros(shape)
     for i, m in enumerate(MEMBERS):
-        path = np.broadcast_to(paths[m], shape)
+        path = paths[m]
         w = weights[:, i].reshape((-1,) + (1,) * (len(shape) - 1))
-        w = np.where(np.isfinite(path) & (w > 0), w, 0.0)
-        total += np.where(w > 0, w * path, 0.0)
-        wsum += w
+        finite = np.isfinite(path)
+        total += np.where(finite, path, 0.0) * w
+        wsum += finite * w
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = np.where(wsum > 0, total / wsum, np.nan)
     return out
@@ -278,17 +283,15 @@ def errors_at(
     hist: FloatArray,
     rows: IntArray,
     origins: IntArray,
-    raw: FloatArray,
-    ses_best: IntArray,
-    ses_inv: FloatArray,
-    ensemble: BoolArray,
+    kept: tuple[FloatArray, IntArray, FloatArray, BoolArray],
     usable: BoolArray,
     steps: int,
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (pairs, steps) and peak errors (pairs,) at
-    origin `origins[i]` of row `rows[i]`, with that row's kept coefficients, weights
-    (`raw` (n, members)) and smoothing constants; `ensemble` (n,): the row's method is the
-    ensemble (else the last value)."""
+    origin `origins[i]` of row `rows[i]`, with that row's kept coefficients, and `kept`:
+    its raw weights (n, members), best smoothing constant (n,), the constants' inverse
+    errors (n, alphas), and whether its method is the ensemble (else the last value)."""
+    raw, ses_best, ses_inv, ensemble = kept
     ends = np.unique(origins)
     at = np.searchsorted(ends, origins)
     levels = ses_at(hist, ends)[:, rows, at]  # (alphas, pairs)

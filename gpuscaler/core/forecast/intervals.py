@@ -112,30 +112,35 @@ def fresh(n: int, slots: int, steps: int, nominal: float) -> Adaptive:
 
 
 def check(a: Adaptive, hist: FloatArray, now: float, step: float, nominal: float) -> Adaptive:
-    """Every point observed since each row's last check (its bucket ending after
-    `checked_at`, at or before `now`) against the intervals issued before; the levels moved
-    by what missed, the intervals fully observed by `now` dropped."""
+    """Every bucket observed since each row's last check (ending after `checked_at`, at or
+    before `now`, the newest of `hist` (n, t) ending at `now`) against the intervals issued
+    before that cover it; the levels moved by what missed, the intervals fully observed by
+    `now` dropped."""
     n, _, _, steps = a.bounds.shape
     t = hist.shape[1]
-    ends = a.issued_at[:, :, None] + step * np.arange(1, steps + 1)  # (n, slots, steps)
-    since = np.where(np.isfinite(a.checked_at), a.checked_at, np.inf)[:, None, None]
     with np.errstate(invalid="ignore"):
-        new = (ends > since + EPS) & (ends <= now + EPS)
-    idx = t - 1 - np.round(np.where(new, now - ends, 0.0) / step).astype(np.int64)
-    new &= idx >= 0
-    y = hist[np.arange(n)[:, None, None], np.clip(idx, 0, t - 1)]
-    seen = new & np.isfinite(y)
+        since = np.where(np.isfinite(a.checked_at), np.round((now - a.checked_at) / step), 0)
+    new = np.clip(since, 0, min(t, steps + 1)).astype(np.int64)  # buckets new to each row
+    depth = int(new.max()) if n else 0
+    j = np.arange(depth)
+    ends = now - step * j  # (depth,) the newest buckets' ends, newest first
+    y = hist[:, t - 1 - j] if depth else np.empty((n, 0))  # (n, depth)
     with np.errstate(invalid="ignore"):
-        missed = seen & ((y < a.bounds[:, :, 0]) | (y > a.bounds[:, :, 1]))
+        k = np.round((ends[None, None, :] - a.issued_at[:, :, None]) / step).astype(np.int64)
+    covered = (k >= 1) & (k <= steps) & (j[None, None, :] < new[:, None, None])
+    at = np.clip(k - 1, 0, steps - 1)  # (n, slots, depth)
+    rows, slots = np.arange(n)[:, None, None], np.arange(a.issued_at.shape[1])[None, :, None]
+    lo, hi = a.bounds[rows, slots, 0, at], a.bounds[rows, slots, 1, at]
+    seen = covered & np.isfinite(y)[:, None, :]
+    with np.errstate(invalid="ignore"):
+        missed = seen & ((y[:, None, :] < lo) | (y[:, None, :] > hi))
     seen_n, missed_n = seen.sum(axis=(1, 2)), missed.sum(axis=(1, 2))
     low, high = ACI_LEVELS
     with np.errstate(invalid="ignore", divide="ignore"):
         moved = np.clip(a.level + ACI_GAMMA * (missed_n / seen_n - (1.0 - nominal)), low, high)
-    level = np.where(seen_n > 0, moved, a.level)
-    with np.errstate(invalid="ignore"):
         done = ~(a.issued_at + step * steps > now + EPS)  # NaN slots stay empty
     return Adaptive(
-        level,
+        np.where(seen_n > 0, moved, a.level),
         a.points + seen_n,
         a.misses + missed_n,
         np.full(n, now),

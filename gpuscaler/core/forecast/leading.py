@@ -33,9 +33,8 @@ import numpy as np
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast.arima import Arima, inverse_root_modulus, stable, within_band
 from gpuscaler.core.forecast.ensemble import assess, choose_method, lowest_origin, origins_for
-from gpuscaler.core.forecast.intervals import EPS, conformal_half_width, peak_offset
+from gpuscaler.core.forecast.intervals import conformal_half_width, peak_offset
 from gpuscaler.core.forecast.members import bucket, forward_fill
-from gpuscaler.core.forecast.state import SeriesState
 from gpuscaler.core.model import FloatArray, Forecast, Series, Signal
 
 MAX_LAG = 6
@@ -110,20 +109,20 @@ def lead(
     demand: Series | None,
     cfg: ForecastConfig,
     now: float,
-    state: SeriesState | None = None,
+    level: float | None = None,
     demand_problem: str | None = None,
     clip: tuple[float, float | None] = (0.0, None),
-) -> tuple[Signal, SeriesState | None]:
+) -> tuple[Signal, bool]:
     """The load's signal, or the combination of its forecast with the demand-mapped path
-    when that combination has been clearly more accurate on recent history; the reason
-    says which signal won. The series' `state` is returned with the interval issued now
-    replaced by the one finally used, so its adaptive level tracks what reached a decision."""
+    when that combination has been clearly more accurate on recent history (its interval
+    at the series' adaptive `level`); the reason says which signal won. And whether the
+    combination replaced the forecast (its interval is then the one to track)."""
     f = signal.forecast
     if f is None:
-        return signal, state
+        return signal, False
     why, mapped, ratio = _try_lead(f, load, demand, cfg, now, demand_problem)
     if mapped is None or ratio is None:
-        return replace(signal, forecast=replace(f, reason=f"{f.reason}; {why}")), state
+        return replace(signal, forecast=replace(f, reason=f"{f.reason}; {why}")), False
     about = (
         f"demand (lag {ratio.lag * cfg.fit_step:g}s, {ratio.ratio:.4g} load per unit "
         f"+ {ratio.intercept:.4g}, ratio error {ratio.error:.3g}; demand forecast by "
@@ -136,9 +135,9 @@ def lead(
             f"{mapped.own_error:.3g}; with {about} {mapped.error:.3g})"
         )
         forecast = replace(f, reason=f"{f.reason}; {note}", errors=errors)
-        return replace(signal, forecast=forecast), state
-    out, state = _demand_forecast(f, mapped, about, clip, state, now)
-    return replace(signal, forecast=replace(out, errors=errors)), state
+        return replace(signal, forecast=forecast), False
+    out = _demand_forecast(f, mapped, about, clip, level)
+    return replace(signal, forecast=replace(out, errors=errors)), True
 
 
 def _try_lead(
@@ -249,12 +248,11 @@ def _demand_forecast(
     mapped: _Mapped,
     about: str,
     clip: tuple[float, float | None],
-    state: SeriesState | None,
-    now: float,
-) -> tuple[Forecast, SeriesState | None]:
-    """The forecast from the combined path, its conformal interval and peak; the state
-    with the interval issued now replaced by this one."""
-    level = state.level if state is not None else f.level
+    adaptive: float | None,
+) -> Forecast:
+    """The forecast from the combined path, its conformal interval (at the `adaptive`
+    level, else the nominal one) and peak."""
+    level = adaptive if adaptive is not None else f.level
     half = conformal_half_width(np.abs(mapped.residuals)[None], np.array([level]))[0]
     if not np.all(np.isfinite(half)):
         half = f.upper - f.mean
@@ -263,8 +261,6 @@ def _demand_forecast(
     lower, upper = np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi)
     top = float(mean.max())
     peak = float(np.clip(top + float(peak_offset(mapped.peak_errors[None])[0]), lo, hi)) - top
-    if state is not None:
-        state = _reissued(state, now, lower, upper)
     w = mapped.weight
     winner = (
         f"{about} won (weight {w:.2f} against the GPU load's own forecast)"
@@ -276,7 +272,7 @@ def _demand_forecast(
         f"{mapped.own_error:.3g} for the load's own forecast ({f.method}); that forecast: "
         f"{f.reason}"
     )
-    out = replace(
+    return replace(
         f,
         mean=mean,
         lower=lower,
@@ -285,14 +281,3 @@ def _demand_forecast(
         reason=reason,
         peak_error=peak,
     )
-    return out, state
-
-
-def _reissued(state: SeriesState, now: float, lower: FloatArray, upper: FloatArray) -> SeriesState:
-    """`state` with the interval it issued at `now` replaced by `lower`, `upper`."""
-    slots = np.flatnonzero(np.abs(state.issued_at - now) < EPS)
-    if not slots.size:
-        return state
-    bounds = state.bounds.copy()
-    bounds[slots[0], 0], bounds[slots[0], 1] = lower, upper
-    return replace(state, bounds=bounds)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from gpuscaler.core.model import FloatArray, IntArray, Series
 
@@ -66,16 +67,18 @@ def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArra
 
 def forward_fill(a: FloatArray) -> FloatArray:
     """Each gap of each row takes the last finite value before it; leading gaps take the
-    row's first finite value (NaN for a row with none)."""
+    row's first finite value (NaN for a row with none). A new array."""
+    out = a.copy()
     finite = np.isfinite(a)
-    if not a.size:
-        return a.copy()
-    idx = np.where(finite, np.arange(a.shape[1])[None, :], 0)
-    np.maximum.accumulate(idx, axis=1, out=idx)
-    out: FloatArray = a[np.arange(a.shape[0])[:, None], idx]
-    first = np.argmax(finite, axis=1)
-    lead = a[np.arange(a.shape[0]), first]
-    return np.where(np.isfinite(out), out, lead[:, None])
+    gappy = np.flatnonzero(~finite.all(axis=1))  # most windows have no gap: left as they are
+    if gappy.size and a.shape[1]:
+        ok = finite[gappy]
+        idx = np.where(ok, np.arange(a.shape[1])[None, :], 0)
+        np.maximum.accumulate(idx, axis=1, out=idx)
+        filled = a[gappy[:, None], idx]
+        first = a[gappy, np.argmax(ok, axis=1)]
+        out[gappy] = np.where(np.isfinite(filled), filled, first[:, None])
+    return out
 
 
 def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
@@ -84,13 +87,14 @@ def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
     forward-filled window, written out as the weighted sum it is (one matrix product)."""
     filled = forward_fill(hist)
     t = hist.shape[1]
-    j = np.arange(t)
-    age = ends[:, None] - j[None, :]  # (ends, t): how far each point lies before each end
+    age = ends[:, None] - np.arange(t)[None, :]  # (ends, t): how far each point lies back
     keep = 1.0 - SES_ALPHAS[:, None, None]
     with np.errstate(under="ignore"):
         weights = np.where(age >= 0, SES_ALPHAS[:, None, None] * keep ** np.maximum(age, 0), 0.0)
         weights[:, :, 0] = np.where(age[:, 0] >= 0, keep[:, :, 0] ** ends[None, :], 0.0)
-    levels: FloatArray = np.einsum("aet,nt->ane", weights, np.nan_to_num(filled))
+    a, e = weights.shape[:2]
+    products = weights.reshape(a * e, t) @ np.nan_to_num(filled).T  # (alphas * ends, n)
+    levels: FloatArray = products.reshape(a, e, -1).transpose(0, 2, 1)
     finite = np.isfinite(hist)
     first = np.where(finite.any(axis=1), np.argmax(finite, axis=1), t)
     levels[:, first[:, None] > ends[None, :]] = np.nan  # no sample up to that end yet
@@ -99,15 +103,12 @@ def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
 
 def window_means_at(hist: FloatArray, ends: IntArray, points: int) -> FloatArray:
     """Mean of the finite values among the `points` up to each end (n, len(ends)); NaN
-    where there is none."""
-    finite = np.isfinite(hist)
-    sums = np.concatenate(
-        [np.zeros((hist.shape[0], 1)), np.cumsum(np.where(finite, hist, 0.0), axis=1)], axis=1
-    )
-    counts = np.concatenate([np.zeros((hist.shape[0], 1)), np.cumsum(finite, axis=1)], axis=1)
-    start = np.maximum(ends + 1 - points, 0)
-    total = sums[:, ends + 1] - sums[:, start]
-    count = counts[:, ends + 1] - counts[:, start]
+    where there is none (a window reaching before the first point holds fewer)."""
+    padded = np.concatenate([np.full((hist.shape[0], points - 1), np.nan), hist], axis=1)
+    windows = sliding_window_view(padded, points, axis=1)[:, ends]  # (n, ends, points)
+    finite = np.isfinite(windows)
+    count = finite.sum(axis=2)
+    total = np.where(finite, windows, 0.0).sum(axis=2)
     with np.errstate(invalid="ignore", divide="ignore"):
         out: FloatArray = np.where(count > 0, total / count, np.nan)
     return out

@@ -12,7 +12,7 @@ Every forecast's reason names the members' weights and scores and any member dro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -47,19 +47,23 @@ from gpuscaler.core.forecast.intervals import (
     check,
     conformal_half_width,
     coverage_text,
+    fresh,
     issue,
     naive_half_width,
     peak_offset,
 )
 from gpuscaler.core.forecast.members import SES_ALPHAS, bucket_rows
 from gpuscaler.core.forecast.state import (
+    CANDIDATES,
     EMPTY,
+    METHODS,
     ForecastState,
-    Scoring,
-    SeriesState,
-    adaptive_of,
+    Rows,
+    Scorings,
+    errors_dict,
+    gathered,
 )
-from gpuscaler.core.model import BoolArray, FloatArray, Forecast, Series, Signal
+from gpuscaler.core.model import BoolArray, FloatArray, Forecast, IntArray, Series, Signal
 
 Clip = tuple[float, float | None]
 ASSESS_CHUNK = 256
@@ -83,35 +87,55 @@ def forecast(
     clips: Sequence[Clip] | None = None,
 ) -> tuple[list[Signal], ForecastState]:
     """Forecast each series `cfg.horizon` ahead of `now`, or say why not; with `keys`,
-    each series' state is read from `state` and its new state returned (only those keys).
+    each series' state is read from `state` and the new state of those series returned.
     `clips`: each series' bounds (low, high or None), (0, None) by default."""
     last = [s.last_sample_time() if s is not None else None for s in series]
     signals: list[Signal | None] = [_refused(s, cfg, t) for s, t in zip(series, last, strict=True)]
     index = [i for i, s in enumerate(signals) if s is None]
-    out: dict[str, SeriesState] = {}
-    if index:
-        rows = [s for i in index if (s := series[i]) is not None]
-        batch = _Batch(
-            cfg,
-            now,
-            bucket_rows(rows, cfg.fit_step, now),
-            [state.series.get(keys[i]) if keys is not None else None for i in index],
-            [clips[i] if clips is not None else (0.0, None) for i in index],
-        )
-        # an overflowing series (huge values) is flagged below, not warned about
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            forecasts, states = _forecast(batch)
-        for i, f, kept in zip(index, forecasts, states, strict=True):
-            problem = None if f.is_finite() else "forecast is not finite (NaN or Inf)"
-            signals[i] = Signal(last[i], f, problem)
-            if keys is not None:
-                out[keys[i]] = kept
-    return [s for s in signals if s is not None], ForecastState(out)
+    if not index:
+        return [s for s in signals if s is not None], EMPTY
+    rows = [s for i in index if (s := series[i]) is not None]
+    names = tuple(keys[i] for i in index) if keys is not None else tuple(map(str, index))
+    steps = max(1, round(cfg.horizon / cfg.fit_step))
+    prior, found = gathered(state, names, _fresh(names, cfg, steps))
+    # an overflowing series (huge values) is flagged below, not warned about
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        hist = bucket_rows(rows, cfg.fit_step, now)
+        batch = _Batch(cfg, now, hist, steps, prior, found, [_clip(clips, i) for i in index])
+        forecasts, finite, after = _forecast(batch)
+    for i, f, ok in zip(index, forecasts, finite, strict=True):
+        signals[i] = Signal(last[i], f, None if ok else "forecast is not finite (NaN or Inf)")
+    out = ForecastState((after,)) if keys is not None else EMPTY
+    return [s for s in signals if s is not None], out
 
 
-def merged(*states: ForecastState) -> ForecastState:
-    """The series of several states together (the batches of one tick)."""
-    return ForecastState({k: v for s in states for k, v in s.series.items()})
+def _clip(clips: Sequence[Clip] | None, i: int) -> Clip:
+    return clips[i] if clips is not None else (0.0, None)
+
+
+def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
+    """Rows of series never seen: nothing fitted, scored or issued."""
+    n, p = len(keys), cfg.order[0]
+    nan = np.full(n, np.nan)
+    return Rows(
+        keys,
+        nan.copy(),
+        Coefficients(nan.copy(), np.full((n, p), np.nan), nan.copy()),
+        nan.copy(),
+        Scorings(
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=np.int64),
+            np.zeros((n, len(MEMBERS))),
+            np.full((n, len(CANDIDATES)), np.nan),
+            np.zeros(n, dtype=np.int64),
+            np.ones((n, len(SES_ALPHAS))),
+            np.full((n, ASSESS_ORIGINS, steps), np.nan),
+            np.full((n, ASSESS_ORIGINS), np.nan),
+            np.zeros(n, dtype=np.int64),
+            nan.copy(),
+        ),
+        fresh(n, steps + 1, steps, cfg.interval_level),
+    )
 
 
 def _refused(s: Series | None, cfg: ForecastConfig, last: float | None) -> Signal | None:
@@ -139,12 +163,10 @@ class _Batch:
     cfg: ForecastConfig
     now: float
     hist: FloatArray  # (n, t) bucket means ending at `now`
-    prior: list[SeriesState | None]
+    steps: int
+    prior: Rows  # each row's state (fresh where `found` is False)
+    found: BoolArray
     clips: list[Clip]
-
-    @property
-    def steps(self) -> int:
-        return max(1, round(self.cfg.horizon / self.cfg.fit_step))
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,33 +191,21 @@ def _model(b: _Batch, arima: Arima) -> _Model:
     if b.cfg.engine == "statsmodels":
         engine = StatsmodelsArima(b.cfg.order)
         mean, lower, _ = engine.forecast(b.hist, steps, level)
-        nan = np.full(n, np.nan)
-        ones = np.ones(n, dtype=bool)
+        nan, ones = np.full(n, np.nan), np.ones(n, dtype=bool)
         return _usable(engine.name, b.hist, mean, mean - lower, ones, None, ones, nan, nan)
-    p = arima.p
-    due = [
-        s is None or b.now - s.fitted_at >= b.cfg.refit_every or s.phi.shape != (p,)
-        for s in b.prior
-    ]
-    c = Coefficients(np.empty(n), np.empty((n, p)), np.empty(n))
-    fitted_at, modulus = np.full(n, b.now), np.empty(n)
-    kept = [r for r, d in enumerate(due) if not d]
-    if kept:
-        old = [s for r in kept if (s := b.prior[r]) is not None]
-        c.intercept[kept] = [s.intercept for s in old]
-        c.phi[kept] = np.stack([s.phi for s in old])
-        c.sigma2[kept] = [s.sigma2 for s in old]
-        fitted_at[kept] = [s.fitted_at for s in old]
-        modulus[kept] = [s.modulus for s in old]
-    refit = [r for r, d in enumerate(due) if d]
-    if refit:
+    with np.errstate(invalid="ignore"):
+        refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
+    c = b.prior.coefficients
+    c = Coefficients(c.intercept.copy(), c.phi.copy(), c.sigma2.copy())
+    fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
+    if refit.any():
         new = arima.fit(b.hist[refit])
         c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
         modulus[refit] = inverse_root_modulus(new.phi)
+        fitted_at[refit] = b.now
     mean = arima.predict(c, b.hist, steps)
     half = arima.half_width(c, steps, level)
-    refitted = np.array(due, dtype=bool)
-    return _usable(arima.name, b.hist, mean, half, stable(modulus), c, refitted, fitted_at, modulus)
+    return _usable(arima.name, b.hist, mean, half, stable(modulus), c, refit, fitted_at, modulus)
 
 
 def _usable(
@@ -226,202 +236,150 @@ def _usable(
     return _Model(name, mean, half, usable, dropped, c, refit, fitted_at, modulus)
 
 
-def _forecast(b: _Batch) -> tuple[list[Forecast], list[SeriesState]]:
+def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
+    """Every row's forecast, whether it is finite, and the rows' new state."""
     n, steps, nominal = b.hist.shape[0], b.steps, b.cfg.interval_level
     p, d, _ = b.cfg.order
     arima = Arima(p, d)
     model = _model(b, arima)
-    scorings: list[Scoring | None] = [None] * n
+    scorings = b.prior.scorings
     if model.coefficients is not None and b.cfg.ensemble:
         scorings = _scorings(b, arima, model)
-    slots = steps + 1
-    adaptive = check(
-        adaptive_of(b.prior, slots, steps, nominal), b.hist, b.now, b.cfg.fit_step, nominal
-    )
+    adaptive = check(b.prior.adaptive, b.hist, b.now, b.cfg.fit_step, nominal)
     mean, half = model.mean.copy(), model.half.copy()
-    chosen = [r for r, s in enumerate(scorings) if s is not None and s.method is not None]
+    chosen = np.flatnonzero(scorings.scored & (scorings.method > 0))
     shares = np.zeros((n, len(MEMBERS)))
-    if chosen:
+    offsets = np.zeros(n)
+    if chosen.size:
         shares[chosen] = _from_scorings(b, model, scorings, chosen, adaptive, mean, half)
-    dropped = [r for r in range(n) if not model.usable[r] and r not in set(chosen)]
+        offsets[chosen] = peak_offset(scorings.peaks[chosen])
+    in_chosen = np.zeros(n, dtype=bool)
+    in_chosen[chosen] = True
+    dropped = np.flatnonzero(~model.usable & ~in_chosen)
     lasts = last_finite(b.hist)
-    if dropped:
+    if dropped.size:
         mean[dropped] = lasts[dropped][:, None]
         half[dropped] = naive_half_width(b.hist[dropped], steps, nominal)
     lower, upper = np.minimum(mean - half, mean), np.maximum(mean + half, mean)
-    offsets = np.zeros(n)
-    if chosen:
-        recent_peaks = np.stack([s.peaks for r in chosen if (s := scorings[r]) is not None])
-        offsets[chosen] = peak_offset(recent_peaks)
-    lo = np.array([c[0] for c in b.clips])
-    hi = np.array([np.inf if c[1] is None else c[1] for c in b.clips])
-    peak = np.clip(mean.max(axis=1) + offsets, lo, hi)
-    mean = np.clip(mean, lo[:, None], hi[:, None])
-    lower = np.clip(lower, lo[:, None], hi[:, None])
-    upper = np.clip(upper, lo[:, None], hi[:, None])
+    lo = np.array([c[0] for c in b.clips])[:, None]
+    hi = np.array([np.inf if c[1] is None else c[1] for c in b.clips])[:, None]
+    peak = np.clip(mean.max(axis=1) + offsets, lo[:, 0], hi[:, 0])
+    mean, lower, upper = np.clip(mean, lo, hi), np.clip(lower, lo, hi), np.clip(upper, lo, hi)
     peak_error = np.where(np.isfinite(peak), peak - mean.max(axis=1), offsets)
+    finite = np.isfinite(np.stack([mean, lower, upper], axis=1)).all(axis=(1, 2))
     adaptive = issue(adaptive, b.now, lower, upper)
-    forecasts = []
-    for r in range(n):
-        method, reason = _method_and_reason(b, model, scorings[r], shares[r], adaptive, r)
-        scoring = scorings[r]
-        forecasts.append(
-            Forecast(
-                origin=b.now,
-                step=b.cfg.fit_step,
-                mean=mean[r],
-                lower=lower[r],
-                upper=upper[r],
-                level=nominal,
-                method=method,
-                reason=reason,
-                last_value=float(lasts[r]),
-                errors=dict(scoring.errors) if scoring is not None and scoring.method else {},
-                peak_error=float(peak_error[r]),
-            )
+    forecasts = [
+        Forecast(
+            origin=b.now,
+            step=b.cfg.fit_step,
+            mean=mean[r],
+            lower=lower[r],
+            upper=upper[r],
+            level=nominal,
+            method=method,
+            reason=reason,
+            last_value=float(lasts[r]),
+            errors=errors,
+            peak_error=float(peak_error[r]),
         )
-    return forecasts, _states(model, scorings, adaptive)
-
-
-def _states(model: _Model, scorings: list[Scoring | None], a: Adaptive) -> list[SeriesState]:
-    c = model.coefficients
-    n = len(scorings)
-    if c is None:
-        c = Coefficients(np.full(n, np.nan), np.full((n, 0), np.nan), np.full(n, np.nan))
-    return [
-        SeriesState(
-            float(model.fitted_at[r]),
-            float(c.intercept[r]),
-            c.phi[r].copy(),
-            float(c.sigma2[r]),
-            float(model.modulus[r]),
-            scorings[r],
-            float(a.level[r]),
-            int(a.points[r]),
-            int(a.misses[r]),
-            float(a.checked_at[r]),
-            a.issued_at[r].copy(),
-            a.bounds[r].copy(),
+        for r, (method, reason, errors) in enumerate(
+            _methods_and_reasons(b, model, scorings, shares, adaptive)
         )
-        for r in range(n)
     ]
+    coefficients = model.coefficients or b.prior.coefficients
+    after = Rows(b.prior.keys, model.fitted_at, coefficients, model.modulus, scorings, adaptive)
+    ok: list[bool] = finite.tolist()
+    return forecasts, ok, after
 
 
-def _scorings(b: _Batch, arima: Arima, model: _Model) -> list[Scoring | None]:
+def _scorings(b: _Batch, arima: Arima, model: _Model) -> Scorings:
     """Each row's scoring: kept from its state while its coefficients are (its errors
     rolled on to the origins completed since), made afresh where refitted now or not
-    scored yet; None where the window is too short to score."""
+    scored yet (a window too short to score stays unscored)."""
     assert model.coefficients is not None
-    steps = b.steps
-    out: list[Scoring | None] = [
-        s.scoring
-        if s is not None
-        and not model.refit[r]
-        and s.scoring is not None
-        and s.scoring.recent.shape[1] == steps
-        else None
-        for r, s in enumerate(b.prior)
-    ]
-    todo = [r for r, s in enumerate(out) if s is None]
+    s = b.prior.scorings  # the batch's own arrays (`gathered`): written in place
+    todo = np.flatnonzero(model.refit | ~s.scored)
     live_arima = np.where(model.usable[:, None], model.mean, np.nan)
-    for i in range(0, len(todo), ASSESS_CHUNK):
+    for i in range(0, todo.size, ASSESS_CHUNK):
         rows = todo[i : i + ASSESS_CHUNK]
-        part = model.coefficients.rows(rows)
-        a = assess(arima, part, b.hist[rows], steps, live_arima[rows])
+        a = assess(arima, model.coefficients.rows(rows), b.hist[rows], b.steps, live_arima[rows])
         if a is not None:
-            for j, r in enumerate(rows):
-                out[r] = _scoring_of(a, j, b)
-    fresh = set(todo)
-    kept = [r for r, s in enumerate(out) if s is not None and s.method and r not in fresh]
-    if kept:
-        _roll_on(b, arima, model, out, kept)
-    return out
+            _put_assessment(s, rows, a, b)
+    again = np.zeros(s.scored.shape, dtype=bool)
+    again[todo] = True
+    kept = np.flatnonzero(s.scored & (s.method > 0) & ~again)
+    if kept.size:
+        _roll_on(b, arima, model, s, kept)
+    return s
 
 
-def _scoring_of(a: Assessment, i: int, b: _Batch) -> Scoring:
-    """Row i of an assessment as a series' scoring."""
-    errors = {k: float(v[i]) for k, v in a.errors.items() if np.isfinite(v[i])}
-    method = choose_method(errors)
-    depth, steps = ASSESS_ORIGINS, b.steps
-    recent, peaks = np.full((depth, steps), np.nan), np.full(depth, np.nan)
-    if method is not None:
-        found = np.abs(a.residuals[method][i])
-        recent[depth - found.shape[0] :] = found
-        peaks[depth - found.shape[0] :] = a.peak_errors[method][i]
-    newest = b.now - (b.hist.shape[1] - 1 - a.newest) * b.cfg.fit_step
-    return Scoring(
-        method, a.raw_weights[i], errors, int(a.ses_best[i]), a.ses_inv[i], recent, peaks, newest
+def _put_assessment(s: Scorings, rows: IntArray, a: Assessment, b: _Batch) -> None:
+    """An assessment of `rows` written into their scorings."""
+    errors = np.stack([a.errors[k] for k in CANDIDATES], axis=1)
+    methods = [
+        METHODS.index(m or "") for m in map(choose_method, (errors_dict(row) for row in errors))
+    ]
+    method = np.array(methods, dtype=np.int64)
+    last = method == METHODS.index("last_value")
+    chosen = np.abs(
+        np.where(last[:, None, None], a.residuals["last_value"], a.residuals["ensemble"])
     )
+    chosen_peaks = np.where(last[:, None], a.peak_errors["last_value"], a.peak_errors["ensemble"])
+    depth = chosen.shape[1]  # at most ASSESS_ORIGINS
+    recent = np.full((rows.size, ASSESS_ORIGINS, b.steps), np.nan)
+    peaks = np.full((rows.size, ASSESS_ORIGINS), np.nan)
+    some = method > 0  # a scoring without a method keeps no errors
+    recent[some, :depth], peaks[some, :depth] = chosen[some], chosen_peaks[some]
+    s.scored[rows], s.method[rows], s.weights[rows] = True, method, a.raw_weights
+    s.errors[rows], s.ses_best[rows], s.ses_inv[rows] = errors, a.ses_best, a.ses_inv
+    s.recent[rows], s.peaks[rows], s.head[rows] = recent, peaks, depth % ASSESS_ORIGINS
+    s.newest[rows] = b.now - (b.hist.shape[1] - 1 - a.newest) * b.cfg.fit_step
 
 
-def _roll_on(
-    b: _Batch, arima: Arima, model: _Model, out: list[Scoring | None], kept: list[int]
-) -> None:
-    """The kept scorings of `kept` with the chosen method's errors at the origins
+def _roll_on(b: _Batch, arima: Arima, model: _Model, s: Scorings, kept: IntArray) -> None:
+    """The kept scorings of rows `kept` with the chosen method's errors at the origins
     completed since each was last rolled (every origin spacing, as `assess` spaces them),
     with the kept coefficients and weights; the oldest beyond ASSESS_ORIGINS dropped."""
     assert model.coefficients is not None
     step, steps, t = b.cfg.fit_step, b.steps, b.hist.shape[1]
     spacing = max(1, steps // ORIGIN_SPACING) * step
     last_complete = b.now - steps * step  # an origin whose whole horizon is observed
-    lowest = lowest_origin(arima)
-    pairs: list[tuple[int, int, float]] = []  # (row, origin index, origin time)
-    for r in kept:
-        s = out[r]
-        assert s is not None
-        k = np.arange(1, int((last_complete - s.newest) / spacing + 1e-9) + 1)
-        times = s.newest + spacing * k
-        js = t - 1 - np.round((b.now - times) / step).astype(np.int64)
-        pairs += [
-            (r, j, tm) for j, tm in zip(js.tolist(), times.tolist(), strict=True) if j >= lowest
-        ]
-    if not pairs:
+    count = np.floor((last_complete - s.newest[kept]) / spacing + 1e-9).astype(np.int64)
+    count = np.clip(count, 0, ASSESS_ORIGINS)
+    rows = np.repeat(kept, count)
+    k = np.arange(rows.size) - np.repeat(np.cumsum(count) - count, count) + 1
+    times = np.repeat(s.newest[kept], count) + spacing * k
+    origins = t - 1 - np.round((b.now - times) / step).astype(np.int64)
+    inside = origins >= lowest_origin(arima)
+    rows, origins, times = rows[inside], origins[inside], times[inside]
+    if not rows.size:
         return
-    n = b.hist.shape[0]
-    raw, best = np.zeros((n, len(MEMBERS))), np.zeros(n, dtype=np.int64)
-    inv, ensemble = np.ones((n, len(SES_ALPHAS))), np.zeros(n, dtype=bool)
-    for r in kept:
-        s = out[r]
-        assert s is not None
-        raw[r], best[r], inv[r], ensemble[r] = (
-            s.weights,
-            s.ses_best,
-            s.ses_inv,
-            s.method == "ensemble",
-        )
-    rows = np.array([p[0] for p in pairs])
-    origins = np.array([p[1] for p in pairs])
+    ensemble = s.method == METHODS.index("ensemble")
     errors, peaks = errors_at(
         arima,
         model.coefficients,
         b.hist,
         rows,
         origins,
-        raw,
-        best,
-        inv,
-        ensemble,
+        (s.weights, s.ses_best, s.ses_inv, ensemble),
         model.usable,
         steps,
     )
-    for r in sorted(set(rows.tolist())):
-        mine = rows == r
-        s = out[r]
-        assert s is not None
-        count = int(mine.sum())
-        recent = np.concatenate([s.recent, errors[mine]])[count:]
-        recent_peaks = np.concatenate([s.peaks, peaks[mine]])[count:]
-        newest = max(tm for row, _, tm in pairs if row == r)
-        out[r] = Scoring(
-            s.method, s.weights, s.errors, s.ses_best, s.ses_inv, recent, recent_peaks, newest
-        )
+    # each row's new origins follow each other, oldest first: each takes the ring's place
+    # after the one before, the oldest origins' places
+    first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    moved, count = rows[first], np.diff(np.r_[first, rows.size])
+    place = (s.head[rows] + np.arange(rows.size) - np.repeat(first, count)) % ASSESS_ORIGINS
+    s.recent[rows, place], s.peaks[rows, place] = errors, peaks
+    s.head[moved] = (s.head[moved] + count) % ASSESS_ORIGINS
+    s.newest[moved] = times[first + count - 1]
 
 
 def _from_scorings(
     b: _Batch,
     model: _Model,
-    scorings: list[Scoring | None],
-    chosen: list[int],
+    s: Scorings,
+    chosen: IntArray,
     adaptive: Adaptive,
     mean: FloatArray,
     half: FloatArray,
@@ -431,59 +389,71 @@ def _from_scorings(
     into `mean`; the conformal half width at the row's adaptive level into `half` (the
     model's, or the last value's, where too few errors). Returns the members' normalized
     weights (rows, members)."""
-    sc = [s for r in chosen if (s := scorings[r]) is not None]
-    raw = np.stack([s.weights for s in sc])
-    best = np.array([s.ses_best for s in sc], dtype=np.int64)
-    inv = np.stack([s.ses_inv for s in sc])
     live_arima = np.where(model.usable[chosen][:, None], model.mean[chosen], np.nan)
-    members = live_members(b.hist[chosen], best, inv, live_arima)
-    weights = normalized(raw, members)
+    members = live_members(b.hist[chosen], s.ses_best[chosen], s.ses_inv[chosen], live_arima)
+    weights = normalized(s.weights[chosen], members)
     ensemble = combine(weights, members)
-    last_value = np.array([s.method == "last_value" for s in sc])
+    last_value = s.method[chosen] == METHODS.index("last_value")
     mean[chosen] = np.where(last_value[:, None], members["last_value"], ensemble)
-    found = conformal_half_width(np.stack([s.recent for s in sc]), adaptive.level[chosen])
+    found = conformal_half_width(s.recent[chosen], adaptive.level[chosen])
     short = ~np.isfinite(found).all(axis=1)
-    for i in np.flatnonzero(short).tolist():
-        r = chosen[i]
-        if model.usable[r]:
-            found[i] = model.half[r]
-        else:
-            found[i] = naive_half_width(b.hist[r : r + 1], b.steps, b.cfg.interval_level)[0]
+    if short.any():
+        rows = chosen[short]
+        usable = model.usable[rows]
+        fallback = model.half[rows]
+        if not usable.all():
+            fallback[~usable] = naive_half_width(
+                b.hist[rows[~usable]], b.steps, b.cfg.interval_level
+            )
+        found[short] = fallback
     half[chosen] = found
     return weights
 
 
-def _method_and_reason(
-    b: _Batch, model: _Model, s: Scoring | None, shares: FloatArray, a: Adaptive, r: int
-) -> tuple[str, str]:
-    """The row's method and the reason that names how its forecast was made."""
-    if s is not None and s.method is not None:
-        labels = [model.name if m == "arima" else LABELS[m] for m in MEMBERS]
-        weights = ", ".join(
-            f"{label} {w:.2f}" for label, w in zip(labels, shares.tolist(), strict=True)
-        )
-        e = s.errors
-        arima = f"{e['arima']:.2f}" if "arima" in e else "-"
-        ens = f"{e['ensemble']:.2f}" if "ensemble" in e else "-"
-        scores = (
-            f"recent error {ens} vs last value {e['last_value']:.2f}, "
-            f"window mean {e.get('window_mean', np.nan):.2f}, {model.name} {arima}"
-        )
-        dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
-        if s.method == "ensemble":
-            why = (
-                f"ensemble weighted by recent error ({weights}; smoothing alpha "
-                f"{SES_ALPHAS[s.ses_best]:.2f}): {scores}{dropped}"
+def _methods_and_reasons(
+    b: _Batch, model: _Model, s: Scorings, shares: FloatArray, a: Adaptive
+) -> list[tuple[str, str, dict[str, float]]]:
+    """Each row's method, the reason that names how its forecast was made, and the recent
+    errors it reports."""
+    labels = [model.name if m == "arima" else LABELS[m] for m in MEMBERS]
+    young = ", too little history to assess" if b.cfg.ensemble and model.coefficients else ""
+    out = []
+    for r, (scored, code) in enumerate(zip(s.scored.tolist(), s.method.tolist(), strict=True)):
+        if scored and code:
+            method = METHODS[code]
+            weights = ", ".join(
+                f"{label} {w:.2f}" for label, w in zip(labels, shares[r].tolist(), strict=True)
             )
+            errors = errors_dict(s.errors[r])
+            why = _scored_reason(model, method, weights, errors, s, r)
+            nominal = b.cfg.interval_level
+            coverage = coverage_text(nominal, float(a.level[r]), int(a.points[r]), int(a.misses[r]))
+            out.append((method, f"{why}; {coverage}", errors))
+        elif model.usable[r]:
+            out.append((model.name, f"{model.name} fit{young}", {}))
         else:
-            why = (
-                f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on "
-                f"recent data; {scores}{dropped}"
-            )
-        nominal = b.cfg.interval_level
-        coverage = coverage_text(nominal, float(a.level[r]), int(a.points[r]), int(a.misses[r]))
-        return s.method, f"{why}; {coverage}"
-    if model.usable[r]:
-        young = ", too little history to assess" if b.cfg.ensemble and model.coefficients else ""
-        return model.name, f"{model.name} fit{young}"
-    return "last_value", f"last value: {model.dropped[r]}"
+            out.append(("last_value", f"last value: {model.dropped[r]}", {}))
+    return out
+
+
+def _scored_reason(
+    model: _Model, method: str, weights: str, e: Mapping[str, float], s: Scorings, r: int
+) -> str:
+    """A scored row's reason: the members' weights and recent errors, any member dropped."""
+    arima = f"{e['arima']:.2f}" if "arima" in e else "-"
+    ens = f"{e['ensemble']:.2f}" if "ensemble" in e else "-"
+    scores = (
+        f"recent error {ens} vs last value {e['last_value']:.2f}, "
+        f"window mean {e.get('window_mean', np.nan):.2f}, {model.name} {arima}"
+    )
+    dropped = f"; {model.dropped[r]}" if model.dropped[r] else ""
+    if method == "ensemble":
+        alpha = SES_ALPHAS[s.ses_best[r]]
+        return (
+            f"ensemble weighted by recent error ({weights}; smoothing alpha {alpha:.2f}): "
+            f"{scores}{dropped}"
+        )
+    return (
+        f"last_value: beats the ensemble ({ens}) by over {FALLBACK_MARGIN:.0%} on recent "
+        f"data; {scores}{dropped}"
+    )
