@@ -44,8 +44,6 @@ ARIMA's, its full weight once ARIMA's is 2 % above its: in-window evidence ranks
 members poorly against what follows, and ARIMA's lead there holds out of the window."""
 MEMBERS = ("arima", "ses", "ses_avg", "window_mean")
 """The members that carry weight, in the order of a scoring's `weights`."""
-SCORED = (*MEMBERS, "window_mean_long", "last_value")
-"""Everything scored at a refit (a forecast's `errors` adds "ensemble")."""
 
 
 def origins_for(t: int, steps: int, lowest: int) -> IntArray:
