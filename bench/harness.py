@@ -28,12 +28,12 @@ class NoActuator:
         return ()
 
 
-def cluster_config(url: str, pools: int, workloads: int, extra: str = "") -> str:
+def cluster_config(url: str, pools: int, workloads: int, prometheus: str = "") -> str:
     """A config of `pools` node pools (pool-P by `modelName`) and `workloads` workloads
-    (w<W> in namespace w<W>), dry-run, everything else at its default; `extra` YAML
-    lines appended."""
+    (w<W> in namespace w<W>), dry-run, everything else at its default but the
+    `prometheus` settings given (YAML flow mapping entries, e.g. "grouped_queries: false")."""
     lines = [
-        f'prometheus: {{url: "{url}", timeout: 60s}}',
+        f'prometheus: {{url: "{url}", timeout: 60s, {prometheus}}}',
         "control: {dry_run: true}",
         "node_pools:",
         *(
@@ -44,7 +44,7 @@ def cluster_config(url: str, pools: int, workloads: int, extra: str = "") -> str
         "workloads:",
         *(f"  - {{namespace: w{w}, kind: ScaledObject, name: w{w}}}" for w in range(workloads)),
     ]
-    return "\n".join(lines) + "\n" + extra
+    return "\n".join(lines) + "\n"
 
 
 def window_seconds() -> float:

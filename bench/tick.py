@@ -116,8 +116,10 @@ def child(url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
     began, cpu = time.perf_counter(), time.process_time()
     tick.tick(first_now)
     first, first_cpu = time.perf_counter() - began, time.process_time() - cpu
+    rss_first = peak_rss_mb()
     wait_backfill(source)
     backfill = time.perf_counter() - began
+    rss_backfill = peak_rss_mb()
     rows = []
     for c in range(1, cycles + 1):
         prom = prometheus_cpu(url)
@@ -138,6 +140,8 @@ def child(url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
         "cpu": statistics.median(r[1] for r in rows),
         "prometheus_cpu": statistics.median(r[2] for r in rows),
         "rss": peak_rss_mb(),
+        "rss_after_first": rss_first,
+        "rss_after_backfill": rss_backfill,
     }
 
 
