@@ -178,7 +178,9 @@ def main() -> int:
     a = parser.parse_args()
     names = [f"gpu-node-{n:04d}" for n in range(a.nodes)]
     body = request(names)
-    base = in_process(build_app(a.nodes, a.gpus, a.seed), body, a.rounds)
+    app = build_app(a.nodes, a.gpus, a.seed)
+    in_process(app, body, 20)  # warm-up, as over HTTP
+    base = in_process(app, body, a.rounds)
     port = free_port()
     proc = multiprocessing.get_context("spawn").Process(
         target=serve, args=(port, a.nodes, a.gpus, a.seed), daemon=True

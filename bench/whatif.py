@@ -8,7 +8,8 @@ runs `gpuscaler whatif --jobs J` in a child process on the first `--replay K` wo
 time (all its processes) and its memory (the largest process' peak RSS, and every
 process' RSS together sampled every 0.2 s).
 
-Baselines, each measured in the same run on the same backfill, alternated `--rounds` times:
+Baselines, each measured in the same run on the same backfill, alternated `--rounds` times
+(every other round in reverse order):
 - `gpuscaler simulate` of workload 0's trace from a CSV at the same slot for
   `--baseline-hours` (the same model without Prometheus): `ratio` is whatif's CPU a
   workload-day over simulate's CPU a day;
@@ -269,8 +270,8 @@ def runs(
         simulate = [str(SCRIPT), "simulate", "--trace", str(root / "w000.csv"), "--json"]
         simulate += ["--config", str(root / "simulate.yaml"), "--start", repr(STEP / 3600)]
         variants["simulate"] = ([*simulate, "--hours", repr(hours)], ROOT)
-        for r in range(args.rounds):
-            for name, (cmd, tree) in variants.items():
+        for r in range(args.rounds):  # every other round in reverse: none always goes first
+            for name, (cmd, tree) in list(variants.items())[:: -1 if r % 2 else 1]:
                 stdout, figures = measured(cmd, env_for(tree))
                 if name != "simulate":
                     done = json.loads(stdout)
