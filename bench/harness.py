@@ -74,12 +74,13 @@ def wait_backfill(source: Any) -> None:
         raise SystemExit("the backfill of the first window took over 10 minutes")
 
 
-def peak_rss_mb() -> float:
-    """This process' peak resident set (VmHWM) in MB."""
+def rss_mb(field: str = "VmHWM") -> float:
+    """This process' peak resident set (VmHWM), or another field of /proc/self/status
+    (VmRSS: the resident set now), in MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def prometheus_cpu(url: str) -> float:

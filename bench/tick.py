@@ -54,8 +54,8 @@ from harness import (
     cluster_config,
     controller,
     env_for,
-    peak_rss_mb,
     prometheus_cpu,
+    rss_mb,
     unpack,
     wait_backfill,
     window_seconds,
@@ -116,10 +116,10 @@ def child(url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
     began, cpu = time.perf_counter(), time.process_time()
     tick.tick(first_now)
     first, first_cpu = time.perf_counter() - began, time.process_time() - cpu
-    rss_first = peak_rss_mb()
+    rss_first = rss_mb()
     wait_backfill(source)
     backfill = time.perf_counter() - began
-    rss_backfill = peak_rss_mb()
+    rss_backfill = rss_mb()
     rows = []
     for c in range(1, cycles + 1):
         prom = prometheus_cpu(url)
@@ -139,9 +139,10 @@ def child(url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
         "tick": statistics.median(r[0] for r in rows),
         "cpu": statistics.median(r[1] for r in rows),
         "prometheus_cpu": statistics.median(r[2] for r in rows),
-        "rss": peak_rss_mb(),
+        "rss": rss_mb(),
         "rss_after_first": rss_first,
         "rss_after_backfill": rss_backfill,
+        "rss_at_end": rss_mb("VmRSS"),
     }
 
 
