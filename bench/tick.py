@@ -17,9 +17,9 @@ controller and of Prometheus (`process_cpu_seconds_total`).
 
 The baseline is another revision's gpuscaler (`--base`, default `main`; '' for none),
 unpacked with `git archive` and run as the same child against the same Prometheus,
-alternated with this tree's `--rounds` times: `tick_cpu_vs_base` is this tree's steady
-tick CPU (controller and Prometheus) over the base's, `rss_vs_base` the same for peak
-RSS (medians over the rounds).
+alternated with this tree's `--rounds` times (every other round the base first):
+`tick_cpu_vs_base` is this tree's steady tick CPU (controller and Prometheus) over the
+base's, `rss_vs_base` the same for peak RSS (medians over the rounds).
 
 Gates at 10,000 GPUs: peak RSS <= 400 MB (goal 300), steady tick <= 1 s (goal 0.5), first
 tick <= 15 s.
@@ -208,8 +208,8 @@ def measure(gpus: int, cycles: int, rounds: int, base: Path | None) -> dict[str,
                 flush=True,
             )
             rows: dict[str, list[dict[str, Any]]] = {"tree": [], "base": []}
-            for r in range(rounds):
-                for which, tree in (("tree", ROOT), ("base", base)):
+            for r in range(rounds):  # every other round the base first
+                for which, tree in (("tree", ROOT), ("base", base))[:: -1 if r % 2 else 1]:
                     if tree is None:
                         continue
                     row = run_child(tree, url, gpus, first_now, cycles)
