@@ -1,4 +1,4 @@
-"""gpuscaler against the baselines at equal GPU-hours, on every window the issue names.
+"""gpuscaler against the baselines at equal GPU-hours, on every shared trace window.
 
 Windows: 24 h at hours 0, 48, 96 and 144 of both shared 2024 traces; the shared 2023
 per-request logs binned to 10 s (about 1 h each, their GPU-seconds per request scaled so
@@ -7,22 +7,23 @@ synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Default config, 
 (`--seed`, `--replicas` change them).
 
 Each window runs `simulate` (gpuscaler, reactive HPA at 70 %, and every baseline swept
-over targets 40..90 %). The reactive curve is read at gpuscaler's own GPU-hours; the
-gates of issue 11 are checked. Where gpuscaler holds more GPU-hours than a curve's
-dearest swept point, that curve is extended below 40 % (35, 30, ... down to 10 %, the
-points run as the swept ones; `gpuscaler.sim.extend`) until it reaches gpuscaler's
-GPU-hours, so the comparison is at equal cost; the output lists every extension. The
-gates:
+over targets 40..90 %), all in the same run. The reactive curve is read at gpuscaler's
+own GPU-hours. Where gpuscaler holds more GPU-hours than a curve's dearest swept point,
+that curve is extended below 40 % (35, 30, ... down to 10 %, the points run as the swept
+ones; `gpuscaler.sim.extend`) until it reaches gpuscaler's GPU-hours, so the comparison
+is at equal cost; the output lists every extension. A window's verdict:
 - never worse: SLO-violation share <= reactive@equal x 1.05, or both below 0.1 %;
 - where reactive@equal violates for more than 0.5 % of requests: at most half of its
   violations, and no more than the predictive-floor baseline at equal GPU-hours (where
   gpuscaler's GPU-hours fall outside that curve there is no equal-cost point, as in
   `simulate --json`: the table shows the curve's nearest end, marked, and that part of
-  the gate is not judged);
+  the verdict is not judged);
 - no more scaling actions than reactive at 70 %.
-A window passing every gate is a win, any failure a loss. ratio = gpuscaler /
+A window passing every check is a win, any failure a loss. ratio = gpuscaler /
 reactive@equal SLO-violation share, where either is at least 0.1 % (ties below that
 carry no ratio).
+
+Gate: no loss, and the worst ratio at or under 0.30.
 
 `--baselines-from rows.json` reuses the baseline curves of an earlier `--json` run (they do
 not depend on gpuscaler's policy: same trace, seed and config) and runs only gpuscaler and
@@ -32,7 +33,9 @@ The baselines' own code must not have changed since that run.
 `--only LABEL,...` runs those windows alone; `--before rows.json` prints every window
 before (that earlier run) and after (this one).
 
-Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio=
+    python bench/equal_cost.py [--jobs 2] [--quick]
+
+Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio= gate=pass|fail
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ DATA = Path("/work/shared/data")
 TIE = 0.001
 """Both below 0.1 % of requests violating: a tie."""
 HIGH = 0.005
+GATE_RATIO = 0.30
 MEAN_DEMAND_GPUS = 2.0
 
 
@@ -291,9 +295,11 @@ def main() -> None:
     wins = sum(1 for r in rows if not r["failed"])
     worst = max(ratios) if ratios else 1.0
     mean = float(np.mean(ratios)) if ratios else 1.0
+    ok = wins == len(rows) and (not ratios or worst <= GATE_RATIO)  # ties carry no ratio
     print(
         f"RESULT windows={len(rows)} wins={wins} losses={len(rows) - wins} "
-        f"ties={sum(1 for r in rows if r['tie'])} worst_ratio={worst:.3f} mean_ratio={mean:.3f}"
+        f"ties={sum(1 for r in rows if r['tie'])} worst_ratio={worst:.3f} mean_ratio={mean:.3f} "
+        f"gate={'pass' if ok else 'fail'}"
     )
 
 

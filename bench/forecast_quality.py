@@ -1,21 +1,28 @@
 """Forecast quality on every shared trace, each file and each series, against statsmodels.
 
-Runs `gpuscaler.backtest.backtest` with the settings of the README's Forecasting table:
+Runs `gpuscaler.backtest.backtest` on:
 
-- the 2024 week-long 10 s request counts: `--resample 1m --agg sum` (1 h window,
-  up to `--max-origins` origins, 3,000 in the README);
-- the 2023 one-hour request logs: `--resample 10s --agg count --window 20m` (requests)
-  and `--resample 10s --agg sum --window 20m` (ContextTokens, GeneratedTokens).
+- the 2024 week-long 10 s request counts: resampled to 1 min sums, 1 h window, up to
+  `--max-origins` origins (3,000);
+- the 2023 one-hour request logs: 10 s counts (requests) and 10 s sums (ContextTokens,
+  GeneratedTokens), 20 min window, 400 origins.
 
-Per series it prints gpuscaler's and statsmodels ARIMA(5,1,0)'s MAE, relative-to-naive,
-interval coverage and peak MAE. The statsmodels reference does not change with the
+Per series it prints gpuscaler's and statsmodels ARIMA(5,1,0)'s MAE, MAE relative to the
+last value carried forward (naive), interval coverage and peak MAE, all measured in the
+same run on the same origins. The statsmodels reference does not change with the
 forecaster, so its forecasts are cached (`--cache`, keyed by the exact input windows).
-BLAS is pinned to one thread (threadpoolctl): multithreaded BLAS on 2 shared cores makes
-statsmodels 10x slower.
+BLAS is pinned to one thread (threadpoolctl).
+
+Gate, against an earlier run's `--json` (`--before`, e.g. of the main branch): on every
+series MAE relative to naive at most 1 % above the earlier run's, mean coverage within
+0.03 of the nominal level, and the worst series relative to naive no worse than the
+earlier run's worst. Without `--before` the gate is not judged (`gate=n/a`).
+
+    python bench/forecast_quality.py [--json after.json] [--before before.json]
 
 Last line: RESULT series= worse_than_statsmodels= worst_rel_naive= mean_rel_naive=
 coverage_miss_mean= peak_vs_statsmodels= coverage_within_003= coverage_worst_miss=
-peak_not_above_statsmodels=
+peak_not_above_statsmodels= gate=pass|fail|n/a
 (worse_than_statsmodels: series whose MAE exceeds statsmodels' by over 1 %;
 coverage_miss_mean: mean |coverage - level| over series; peak_vs_statsmodels: the
 worst series' peak MAE / statsmodels' peak MAE.)
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -57,13 +64,19 @@ SETTINGS = (
 )
 
 
+def _reference(order: tuple[int, int, int]) -> Any:
+    """statsmodels' ARIMA as gpuscaler's backtest takes a reference engine: the only call
+    into gpuscaler's forecaster."""
+    from gpuscaler.core.forecast import StatsmodelsArima
+
+    return StatsmodelsArima(order)
+
+
 class CachedReference:
     """statsmodels ARIMA with its forecasts cached on disk by the exact input."""
 
     def __init__(self, order: tuple[int, int, int], cache: Path | None):
-        from gpuscaler.core.forecast import StatsmodelsArima
-
-        self.inner = StatsmodelsArima(order)
+        self.inner = _reference(order)
         self.name = self.inner.name
         self.cache = cache
 
@@ -90,13 +103,7 @@ def run_setting(s: Setting, max_origins: int, cache: Path | None) -> dict[str, A
 
     cfg = ForecastConfig()
     args = (DATA / s.file, cfg, 300.0, s.window, s.resample, s.agg, s.origins or max_origins)
-    ref = CachedReference(cfg.order, cache)
-    if "reference" not in inspect.signature(bt.backtest).parameters:
-        # An older backtest (the baseline run) builds StatsmodelsArima(order) itself.
-        bt.StatsmodelsArima = lambda order: ref  # type: ignore[attr-defined]
-        report: dict[str, Any] = bt.backtest(*args)
-    else:
-        report = bt.backtest(*args, reference=ref)
+    report: dict[str, Any] = bt.backtest(*args, reference=CachedReference(cfg.order, cache))
     return report
 
 
@@ -104,6 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-origins", type=int, default=3000, help="2024 files' origins")
     parser.add_argument("--cache", default="/tmp/gpuscaler-statsmodels-cache")
+    parser.add_argument("--json", type=Path, help="write each series' scores here")
+    parser.add_argument("--before", type=Path, help="an earlier --json: judge the gate")
     args = parser.parse_args()
     cache = Path(args.cache) if args.cache else None
     rows: list[tuple[str, dict[str, Any]]] = []
@@ -115,6 +124,8 @@ def main() -> None:
             tag = f"{s.file.removeprefix('azure_llm_').removesuffix('.csv')}:{s.agg}"
             for name, methods in report["series"].items():
                 rows.append((f"{tag}:{name}", methods))
+    if args.json:
+        args.json.write_text(json.dumps(dict(rows), indent=1) + "\n")
     level = 0.7
     head = (
         f"{'series':<38}{'method':<8}{'mae':>10}{'rel_naive':>10}{'coverage':>9}{'peak_mae':>10}"
@@ -135,6 +146,7 @@ def main() -> None:
         miss.append(abs(g["coverage"] - level))
         peak_ratio.append(g["peak_mae"] / r["peak_mae"] if r["peak_mae"] else 1.0)
     within3 = sum(x <= 0.03 for x in miss)
+    gate = _gate(dict(rows), json.loads(args.before.read_text()), level) if args.before else "n/a"
     print(
         f"coverage within +-0.03 on {within3}/{len(miss)} series, worst miss {max(miss):.3f}; "
         f"peak MAE at or below statsmodels on {sum(p <= 1.0 for p in peak_ratio)}/{len(rows)}"
@@ -145,9 +157,28 @@ def main() -> None:
         f"coverage_miss_mean={float(np.mean(miss)):.4f} "
         f"peak_vs_statsmodels={max(peak_ratio):.4f} "
         f"coverage_within_003={within3} coverage_worst_miss={max(miss):.4f} "
-        f"peak_not_above_statsmodels={sum(p <= 1.0 for p in peak_ratio)}"
+        f"peak_not_above_statsmodels={sum(p <= 1.0 for p in peak_ratio)} "
+        f"gate={gate}"
     )
     sys.stdout.flush()
+
+
+def _gate(after: dict[str, Any], before: dict[str, Any], level: float) -> str:
+    """pass when every series' MAE relative to naive is at most 1 % above `before`'s, the
+    mean coverage within 0.03 of `level` and the worst series no worse than `before`'s."""
+
+    def rel(m: dict[str, Any]) -> float:
+        value = m["gpuscaler"]["relative_to_naive"]
+        return 0.0 if value is None else float(value)
+
+    if set(after) != set(before):
+        return "fail(other series than --before's)"
+    worse = [k for k in after if rel(after[k]) > rel(before[k]) * 1.01]
+    for k in worse:
+        print(f"{k}: relative to naive {rel(before[k]):.4f} -> {rel(after[k]):.4f}")
+    coverage = float(np.mean([m["gpuscaler"]["coverage"] for m in after.values()]))
+    worst = max(map(rel, after.values())) <= max(map(rel, before.values()))
+    return "pass" if not worse and abs(coverage - level) <= 0.03 and worst else "fail"
 
 
 def _failed(g: dict[str, Any], r: dict[str, Any], level: float) -> str:

@@ -1,37 +1,35 @@
-"""Ingestion benchmark against a real Prometheus: 1,000 GPU series at 500 ms over 1 h.
+"""Ingestion: a steady tick reads only what is new, against refetching the whole window.
 
-Backfills (promtool) 1,000 GPUs: 10 node pools (by modelName) and 100 workloads of 10 GPUs
-(namespace/pod). Then, in one run:
-- the first full fetch (every pool and workload, the whole hour, in chunks);
-- steady-state cycles 30 s apart: incremental fetch + forecast + plan (the real tick);
-- the same cycles refetching the whole window every time (a fresh source each cycle).
-Prometheus' clock is real: "now" is the end of the planted data, advanced 30 s per cycle
-(the newest 30 s are planted too, so incremental cycles have new samples to read).
+Prometheus (backfilled by promtool) holds 1,000 GPUs' utilization at 500 ms over the
+default config's window (1 h) and the ticks after it: 10 node pools (by `modelName`) and
+100 workloads of 10 GPUs (namespace/pod), raw series only (no recording rules). A
+controller with the default config reads its first window, then ticks every 30 s
+(`--cycles`), reading what is new; alternately with each of those ticks, a fresh
+controller reads the whole window at the same time in one tick (`background_backfill:
+false`), the cost every tick would have without incremental reads. Both are timed in CPU
+seconds, the controller's (`time.process_time`, all its threads) plus Prometheus'
+(`process_cpu_seconds_total`); `ratio` is the refetching tick's over the steady one's
+(medians).
 
-Last line: RESULT steady_cycle_s=<median> refetch_cycle_s=<median> ratio=<refetch/steady>
-rss_mb=<MB>
+    python bench/ingest.py [--cycles 5]
+
+Last line: RESULT window_s= steady_cpu_s= refetch_cpu_s= ratio= steady_tick_s= (wall)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import resource
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness import cluster_config, controller, prometheus_cpu, wait_backfill, window_seconds
 from promserver import STEP, prometheus
-
-from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.config import parse_config
-from gpuscaler.controller import Controller
-from gpuscaler.sources import PrometheusSource
 
 GPUS = 1000
 POOLS = 10
@@ -57,84 +55,50 @@ def write_data(path: Path, start: float, points: int, seed: int) -> None:
         out.write("# EOF\n")
 
 
-def config_text(url: str) -> str:
-    pools = "\n".join(
-        f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
-        f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
-        for p in range(POOLS)
-    )
-    workloads = "\n".join(
-        f"  - {{namespace: w{w}, kind: ScaledObject, name: w{w}}}" for w in range(WORKLOADS)
-    )
-    return (
-        f'prometheus: {{url: "{url}", timeout: 30s}}\n'
-        f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
-    )
-
-
-class NoActuator:
-    def apply(self, decisions: object) -> tuple[()]:
-        return ()
+def cpu_of_tick(tick: Any, now: float, url: str) -> tuple[float, float]:
+    """(CPU seconds of this process and of Prometheus, wall seconds) of `tick.tick(now)`."""
+    prom, cpu, began = prometheus_cpu(url), time.process_time(), time.perf_counter()
+    tick.tick(now)
+    wall = time.perf_counter() - began
+    return time.process_time() - cpu + prometheus_cpu(url) - prom, wall
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=5)
     args = parser.parse_args()
+    window = window_seconds()
     end = math.floor(time.time()) - 10
-    extra = int(args.cycles * CYCLE / STEP)  # samples the steady cycles will read
-    points = int(3600 / STEP) + extra
+    extra = int(args.cycles * CYCLE / STEP)  # samples the steady ticks will read
+    points = int(window / STEP) + extra
     start = end - (points - 1) * STEP
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "gpus.om"
-        began = time.perf_counter()
         write_data(data, start, points, seed=1)
-        print(
-            f"planted {GPUS} GPU series x {points} points ({data.stat().st_size / 1e6:.0f} MB "
-            f"OpenMetrics) in {time.perf_counter() - began:.1f}s",
-            flush=True,
-        )
-        began = time.perf_counter()
         with prometheus(data) as url:
-            print(
-                f"backfilled and started Prometheus in {time.perf_counter() - began:.1f}s",
-                flush=True,
-            )
-            config = parse_config(config_text(url))
-            source = PrometheusSource(config, CurrentState())
-            controller = Controller(config, source, NoActuator(), dry_run=True, log_decisions=False)
+            steady, source = controller(cluster_config(url, POOLS, WORKLOADS))
+            whole = "background_backfill: false"  # the whole window read in the tick
             first_now = end - extra * STEP
-            began = time.perf_counter()
-            controller.tick(first_now)
-            first = time.perf_counter() - began
-            steady = []
+            steady.tick(first_now)
+            wait_backfill(source)
+            rows = []
             for c in range(1, args.cycles + 1):
-                began = time.perf_counter()
-                controller.tick(first_now + c * CYCLE)
-                steady.append(time.perf_counter() - began)
-            refetch = []
-            for c in range(1, args.cycles + 1):
-                fresh = Controller(
-                    config,
-                    PrometheusSource(config, CurrentState()),
-                    NoActuator(),
-                    dry_run=True,
-                    log_decisions=False,
+                now = first_now + c * CYCLE
+                fresh, read = controller(cluster_config(url, POOLS, WORKLOADS, whole))
+                rows.append((*cpu_of_tick(steady, now, url), cpu_of_tick(fresh, now, url)[0]))
+                read.close()
+                print(
+                    f"tick {c}: steady {rows[-1][0]:.3f} CPU-s ({rows[-1][1]:.3f} s), "
+                    f"refetching {rows[-1][2]:.3f} CPU-s",
+                    file=sys.stderr,
+                    flush=True,
                 )
-                began = time.perf_counter()
-                fresh.tick(first_now + c * CYCLE)
-                refetch.append(time.perf_counter() - began)
-            assert source.health.ok  # the source logged why, if not
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    s, r = statistics.median(steady), statistics.median(refetch)
+            if not source.health.ok:
+                raise SystemExit(f"the controller's reads failed: {source.health}")
+    s, wall, r = (statistics.median(row[i] for row in rows) for i in range(3))
     print(
-        f"first full fetch + forecast + plan: {first:.2f}s ({POOLS} pools, {WORKLOADS} workloads)"
-    )
-    print(f"steady cycles: {', '.join(f'{x:.2f}' for x in steady)} s")
-    print(f"refetch-everything cycles: {', '.join(f'{x:.2f}' for x in refetch)} s")
-    print(
-        f"RESULT steady_cycle_s={s:.3f} refetch_cycle_s={r:.3f} ratio={r / s:.1f} "
-        f"rss_mb={rss_mb:.0f}"
+        f"RESULT window_s={window:.0f} steady_cpu_s={s:.3f} refetch_cpu_s={r:.3f} "
+        f"ratio={r / s:.1f} steady_tick_s={wall:.3f}"
     )
 
 

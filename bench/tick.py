@@ -1,449 +1,264 @@
-"""A whole controller tick at 1,000 and 10,000 GPUs against a real Prometheus (issue 18).
+"""One controller's tick at 10,000 GPUs against a real Prometheus, at the default window.
 
-For N GPUs: N/100 node pools (by modelName), N/10 workloads of 10 GPUs (Deployment pods),
-and per GPU the four series a tick reads (utilization, stall, frame buffer used and free)
-at 500 ms, backfilled by promtool. The recording rules' series are planted as
-Prometheus would have recorded them at a phase of 0 (on the 500 ms grid): the workload
-rule's (`gpuscaler:workload_gpu_utilization:sum`, the rule itself tested against the
-per-target sums in tests/test_prometheus_grouped.py) and the pool rules'
-(`gpuscaler:pool_gpu_utilization:avg`, `gpuscaler:pool_gpu_stall:avg`), which are checked
-here against Prometheus' own evaluation of the shipped rule expressions over the raw
-series (bench/rulecost.py). What the rules cost Prometheus continuously is measured too:
-each rule group's evaluation time (Prometheus' own, from the answer's stats) as a share
-of one core at the group's interval.
+For N GPUs (`--gpus`, 10,000): N/100 node pools (by `modelName`) and N/10 workloads of
+10 GPUs. Prometheus (backfilled by promtool) holds what the default controller reads:
+the series the shipped recording rules record (each workload's
+`gpuscaler:workload_gpu_utilization:sum`, each pool's `gpuscaler:pool_gpu_utilization:avg`
+and `gpuscaler:pool_gpu_stall:avg`) at 500 ms over the default config's whole
+`metrics.window` (1 h) before the first tick and through the last, and each GPU's
+frame-buffer used and free over the ticks.
 
-What is measured, in one run per size:
-- a throwaway first tick to warm Prometheus (page cache, start-up compaction);
-- the first tick (forecast, plan, and the reads: the whole window for the per-target
-  baseline, one query per target; forecast.min_history for grouped reads, whose
-  background backfill of the rest is then timed to its end as `backfill_10k_s`);
-- `--cycles` (5) steady ticks 30 s apart (only the new points cross the wire),
-  alternating between grouped reads with the pool rules (the default), the same reading
-  the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, the baseline of
-  keeping them), grouped reads of the raw series (`prometheus.pool_recording_rules:
-  false`) and per-target reads, so drift in the machine's load hits all of them; each
-  variant's figure is the median of its steady ticks. On these ticks the pools'
-  frame-buffer totals rest (read every `prometheus.memory_total_every`, 5 min: 1 tick
-  in 10 at 30 s);
-- then one more tick 30 s later with the kept totals forgotten, as every 5 minutes: the
-  steady tick that re-reads them (`refresh_10k_tick_s`), not in the median;
-- queries per steady tick, and this process' peak RSS (`bench_rss_10k_mb`: all variants
-  held in memory at once);
-- then the default grouped controller alone in a child process (bench/tickone.py): its
-  peak RSS is `rss_10k_mb` (one controller, the gate's figure), its steady ticks
-  `one_*_tick_s`, with the CPU time it and Prometheus spent (`one_10k_cpu_s`,
-  `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions); then the
-  same asking for gzipped answers as before (`one_gzip_*`, the same-run baseline of
-  `fast.PLAIN`), and also decoding them with the garbage collector running as before
-  (`one_before_*`: neither `fast.PLAIN` nor `fast.gc_paused`).
+Each controller runs in a fresh child process (this file with `--child`), so its peak
+RSS (VmHWM) is that controller's alone: its first tick (the window full in Prometheus;
+the older part of it is read behind the tick, and `backfill` is the time until the whole
+window is held), then `--cycles` steady ticks 30 s apart, each reading what is new. A
+steady tick is timed in wall seconds (what the gate bounds) and in CPU seconds of the
+controller and of Prometheus (`process_cpu_seconds_total`).
 
-The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
-past what promtool backfills on this machine in reasonable time. The config's window is
-10 min (the shortest the forecast settings accept), and only the last PLANTED seconds of it
-hold samples, so the first-tick figure is a lower bound of a full-hour backfill; steady
-ticks read only new points, so they do not depend on the window's length. Cluster state
-is fixed (no API server): the watch cache makes it a memory read (tests/test_watch_cache.py).
+The baseline is another revision's gpuscaler (`--base`, default `main`; '' for none),
+unpacked with `git archive` and run as the same child against the same Prometheus,
+alternated with this tree's `--rounds` times (every other round the base first):
+`tick_cpu_vs_base` is this tree's steady tick CPU (controller and Prometheus) over the
+base's, `rss_vs_base` the same for peak RSS (medians over the rounds).
 
-Last line: RESULT gpus_1k_tick_s= gpus_10k_tick_s= first_tick_10k_s= queries_per_tick_10k=
-rss_10k_mb= (plus the refresh ticks, the raw-grouped and per-target baselines, ratios, and
-the rule groups' share of a core). `--sizes 1000` is the quick mode (about 1 min).
+Gates at 10,000 GPUs: peak RSS <= 400 MB (goal 300), steady tick <= 1 s (goal 0.5), first
+tick <= 15 s.
+
+    python bench/tick.py                 # 10,000 GPUs (promtool's backfill takes minutes)
+    python bench/tick.py --gpus 1000     # the quick check
+
+Last line: RESULT gpus= window_s= rss_<n>_mb= tick_<n>_s= first_tick_<n>_s=
+backfill_<n>_s= tick_cpu_<n>_s= prometheus_cpu_<n>_s= tick_cpu_vs_base_<n>=
+rss_vs_base_<n>= gate=pass|fail (n/a below 10,000 GPUs)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
-import os
-import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness import (
+    HASH,
+    ROOT,
+    cluster_config,
+    controller,
+    env_for,
+    prometheus_cpu,
+    rss_mb,
+    unpack,
+    wait_backfill,
+    window_seconds,
+)
 from promserver import STEP, prometheus
-from rulecost import check_planted, evaluation_cost
-
-import gpuscaler.adapters.prometheus.fast as fast_module
-import gpuscaler.controller as controller_module
-from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
-from gpuscaler.adapters.prometheus.source import PrometheusMetrics
-from gpuscaler.config import Config, parse_config
-from gpuscaler.controller import Controller
-from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
 
 CYCLE = 30.0
-PLANTED = 100.0
-"""Seconds of samples before the first tick (the rest of the 10 min window is empty)."""
-HASH = "7d4f8b9c6"
-POOL_RULE_SERIES = {
-    "DCGM_FI_DEV_GPU_UTIL": "gpuscaler:pool_gpu_utilization:avg",
-    "nvidia_gpu_stall_percentage": "gpuscaler:pool_gpu_stall:avg",
-}
-"""Raw series -> what the shipped pool rule (group gpuscaler-pools) records of it."""
-ONE_FLAGS: list[str] = []
-"""Passed on to bench/tickone.py (`--one-profile`, `--one-tracemalloc`)."""
-VARIANTS = ("grouped", "grouped_total", "grouped_raw", "per_target")
-"""grouped: as configured by default (pool rules read where recorded); grouped_total: the
-same reading the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, as
-before it was kept); grouped_raw: grouped with `prometheus.pool_recording_rules: false`;
-per_target: one query per target."""
+RSS_MB, TICK_S, FIRST_S = 400.0, 1.0, 15.0
+POOL_RULES = ("gpuscaler:pool_gpu_utilization:avg", "gpuscaler:pool_gpu_stall:avg")
+WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 
 
-def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
+def _lines(head: str, values: np.ndarray, times: list[str]) -> str:
+    return "".join(f"{head}{v!r}{t}" for v, t in zip(values.tolist(), times, strict=True))
+
+
+def write_data(path: Path, gpus: int, start: float, points: int, memory_from: int) -> None:
+    """The recorded series over `points` samples from `start`, and each GPU's frame-buffer
+    series from sample `memory_from` on (read as instant values at the ticks only)."""
+    rng = np.random.default_rng(gpus)
     times = [f" {start + i * STEP:.1f}\n" for i in range(points)]
-    workloads = gpus // 10
-    load = np.zeros((workloads, points))
-
-    def series(out: Any, name: str, labels: str, values: np.ndarray, exact: bool = False) -> None:
-        """Raw series in tenths, as dcgm-exporter gives them; recorded ones in full."""
-        head = f"{name}{{{labels}}} "
-        text = [f"{v!r}" if exact else f"{v:.1f}" for v in values.tolist()]
-        out.write("".join(f"{head}{v}{t}" for v, t in zip(text, times, strict=True)))
-
     t = np.arange(points)
-    pools = gpus // 100
-    pooled = {s: np.zeros((pools, points)) for s in POOL_RULE_SERIES}
+    pools, workloads = gpus // 100, gpus // 10
+
+    def wave(rows: int, low: float, high: float) -> np.ndarray:
+        level = rng.uniform(low, high, (rows, 1)) + 10 * np.sin(
+            t / rng.uniform(200, 900, (rows, 1))
+        )
+        values: np.ndarray = np.clip(level + rng.normal(0, 4, (rows, points)), 0, None)
+        return values.round(1)
+
     with path.open("w", encoding="utf-8") as out:
-        for name in ("DCGM_FI_DEV_GPU_UTIL", "nvidia_gpu_stall_percentage"):
+        out.write(f"# TYPE {WORKLOAD_RULE} gauge\n")
+        for w, row in enumerate(wave(workloads, 200, 800)):
+            out.write(_lines(f'{WORKLOAD_RULE}{{namespace="w{w}",workload="w{w}"}} ', row, times))
+        for name, (low, high) in zip(POOL_RULES, ((20, 80), (4, 16)), strict=True):
             out.write(f"# TYPE {name} gauge\n")
-            for g in range(gpus):
-                w = g // 10
-                base = rng.uniform(20, 80) + 10 * np.sin(t / rng.uniform(200, 900))
-                values = np.clip(base + rng.normal(0, 4, points), 0, 100).round(1)
-                if name == "DCGM_FI_DEV_GPU_UTIL":
-                    load[w] += values
-                else:
-                    values = (values / 5).round(1)  # printed as is: what Prometheus holds
-                pooled[name][g % pools] += values
-                labels = (
-                    f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % pools}",'
-                    f'namespace="w{w}",pod="w{w}-{HASH}-b{g % 10}x2z"'
-                )
-                series(out, name, labels, values)
+            for p, row in enumerate(wave(pools, low, high)):
+                out.write(_lines(f'{name}{{modelName="pool-{p}"}} ', row, times))
+        tail = times[memory_from:]
         for name, value in (("DCGM_FI_DEV_FB_USED", 30_000.0), ("DCGM_FI_DEV_FB_FREE", 50_000.0)):
             out.write(f"# TYPE {name} gauge\n")
-            flat = np.full(points, value)
+            flat = np.full(len(tail), value)
             for g in range(gpus):
-                labels = f'Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % (gpus // 100)}"'
-                series(out, name, labels, flat)
-        name = "gpuscaler:workload_gpu_utilization:sum"
-        out.write(f"# TYPE {name} gauge\n")
-        for w in range(workloads):
-            series(out, name, f'namespace="w{w}",workload="w{w}"', load[w], exact=True)
-        # The pool rules (group gpuscaler-pools): every GPU has a sample at each grid
-        # time, so `avg by (modelName) (last_over_time(X[1s]))` evaluated there is the
-        # mean of the pool's samples at that time (checked against Prometheus' own
-        # evaluation of the rule on the raw series in `check_rules`).
-        for raw, recorded in POOL_RULE_SERIES.items():
-            out.write(f"# TYPE {recorded} gauge\n")
-            for p in range(pools):
-                mean = pooled[raw][p] / (gpus // pools)
-                series(out, recorded, f'modelName="pool-{p}"', mean, exact=True)
+                w = g // 10
+                head = (
+                    f'{name}{{Hostname="n{g // 8}",UUID="G{g}",modelName="pool-{g % pools}",'
+                    f'namespace="w{w}",pod="w{w}-{HASH}-b{g % 10}x2z"}} '
+                )
+                out.write(_lines(head, flat, tail))
         out.write("# EOF\n")
 
 
-def config(
-    url: str, gpus: int, grouped: bool, rules: bool = True, total_every: str = "5m"
-) -> Config:
-    pools = "\n".join(
-        f"  - {{name: pool-{p}, selector: {{label: pool, value: p{p}}}, gpu_memory_gib: 80, "
-        f"initial_fragments: 2, metrics_matchers: {{modelName: pool-{p}}}}}"
-        for p in range(gpus // 100)
+def child(url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
+    """One controller in this process: its first tick, the backfill of the rest of its
+    window, `cycles` steady ticks; wall and CPU seconds, and the peak RSS at the end."""
+    tick, source = controller(cluster_config(url, gpus // 100, gpus // 10))
+    began, cpu = time.perf_counter(), time.process_time()
+    tick.tick(first_now)
+    first, first_cpu = time.perf_counter() - began, time.process_time() - cpu
+    rss_first = rss_mb()
+    wait_backfill(source)
+    backfill = time.perf_counter() - began
+    rss_backfill = rss_mb()
+    rows = []
+    for c in range(1, cycles + 1):
+        prom = prometheus_cpu(url)
+        began, cpu = time.perf_counter(), time.process_time()
+        result = tick.tick(first_now + c * CYCLE)
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+        rows.append((wall, cpu, prometheus_cpu(url) - prom))
+    forecast = sum(w.load.forecast is not None for w in result.snapshot.workloads)
+    if not source.health.ok or forecast < 0.9 * (gpus // 10):
+        raise SystemExit(
+            f"the controller read too little: health {source.health}, {forecast} forecasts"
+        )
+    return {
+        "first": first,
+        "first_cpu": first_cpu,
+        "backfill": backfill,
+        "tick": statistics.median(r[0] for r in rows),
+        "cpu": statistics.median(r[1] for r in rows),
+        "prometheus_cpu": statistics.median(r[2] for r in rows),
+        "rss": rss_mb(),
+        "rss_after_first": rss_first,
+        "rss_after_backfill": rss_backfill,
+        "rss_at_end": rss_mb("VmRSS"),
+    }
+
+
+def run_child(tree: Path, url: str, gpus: int, first_now: float, cycles: int) -> dict[str, Any]:
+    """`child` in a fresh process importing `tree`'s gpuscaler."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            f"--child={url}",
+            f"--gpus={gpus}",
+            f"--cycles={cycles}",
+            f"--first-now={first_now!r}",
+        ],
+        env=env_for(tree),
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
-    workloads = "\n".join(
-        f"  - {{namespace: w{w}, kind: ScaledObject, name: w{w}}}" for w in range(gpus // 10)
-    )
-    return parse_config(
-        f'prometheus: {{url: "{url}", timeout: 60s, grouped_queries: {str(grouped).lower()}, '
-        f"pool_recording_rules: {str(rules).lower()}, memory_total_every: {total_every}}}\n"
-        "metrics: {window: 10m}\n"
-        "forecast: {min_history: 90s}\n"  # every target forecast from the planted 100 s
-        f"control: {{dry_run: true}}\nnode_pools:\n{pools}\nworkloads:\n{workloads}\n"
-    )
-
-
-PHASES = ("requests", "decode", "prefetch", "windows", "forecast", "plan")
-"""A steady tick's phases: the grouped queries' HTTP requests (Prometheus' evaluation,
-the transfer and orjson; summed over the concurrent queries) and numpy decoding, the
-prefetch's wall time (those, run concurrently, and cutting the answers per target), the
-per-target window bookkeeping (the rest of the reads), `build_snapshot`, `make_plan`."""
-SPENT = dict.fromkeys((*PHASES, "observe"), 0.0)
-
-
-class Timed:
-    """Wall time of a callable, added to `spent[name]` at each call."""
-
-    def __init__(self, spent: dict[str, float], name: str, fn: Callable[..., Any]):
-        self.spent, self.name, self.fn = spent, name, fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            self.spent[self.name] += time.perf_counter() - began
-
-
-def time_phases() -> None:
-    """Time the phases (`PHASES`) in `SPENT` from now on."""
-    for module, name, phase in (
-        (controller_module, "build_snapshot", "forecast"),
-        (controller_module, "make_plan", "plan"),
-        (fast_module, "_fast_get", "requests"),
-        (fast_module, "decode_fast", "decode"),
-    ):
-        setattr(module, name, Timed(SPENT, phase, getattr(module, name)))
-
-
-def phases_of_tick(controller: Controller, now: float) -> dict[str, float]:
-    """One tick's phases, and its whole wall time as `tick`."""
-    for name in SPENT:
-        SPENT[name] = 0.0
-    began = time.perf_counter()
-    controller.tick(now)
-    row = dict(SPENT, tick=time.perf_counter() - began)
-    row["windows"] = row.pop("observe") - row["prefetch"]
+    if done.returncode != 0:
+        raise SystemExit(f"the child failed ({done.returncode}): {done.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return row
 
 
-class NoActuator:
-    def apply(self, decisions: object) -> tuple[()]:
-        return ()
+def warm(url: str, window: float, now: float) -> None:
+    """Reads every planted series once, so no child pays for a cold Prometheus (page cache,
+    chunk mmaps)."""
+    for name in (WORKLOAD_RULE, *POOL_RULES, "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+        expr = f"count(count_over_time({name}[{window:.0f}s]))"
+        query = urllib.parse.urlencode({"query": expr, "time": f"{now:.3f}"})
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=600) as answer:
+            answer.read()
 
 
-class CountingMetrics(PrometheusMetrics):
-    """The per-target baseline, counting its queries."""
-
-    queries_last_tick = 0
-
-    def _fetch(self, *args: Any, **kwargs: Any) -> Any:
-        self.queries_last_tick += 1  # one query per target and tick when steady
-        return super()._fetch(*args, **kwargs)
-
-    def _read_gib(self, *args: Any, **kwargs: Any) -> Any:
-        self.queries_last_tick += 1  # a frame-buffer figure's instant query (two if lagging)
-        return super()._read_gib(*args, **kwargs)
-
-    def _newest_gib(self, *args: Any, **kwargs: Any) -> Any:
-        if not hasattr(PrometheusMetrics, "_read_gib"):  # an older revision
-            self.queries_last_tick += 1
-        return super()._newest_gib(*args, **kwargs)
-
-    def read(self, now: float) -> Any:
-        self.queries_last_tick = 0
-        return super().read(now)
-
-
-class Counting(PrometheusSource):
-    def __init__(self, config: Any, state: Any):
-        self.counting = CountingMetrics(config)
-        super().__init__(config, state, metrics=self.counting)
-
-    @property
-    def queries_last_tick(self) -> int:
-        return self.counting.queries_last_tick
-
-
-def _time_observe(source: Any) -> None:
-    """Time each `observe` (the Prometheus reads) and the grouped prefetch in `SPENT`."""
-    source.observe = Timed(SPENT, "observe", source.observe)
-    metrics = source.metrics
-    if isinstance(metrics, GroupedPrometheusMetrics):
-        metrics.prefetch = Timed(SPENT, "prefetch", metrics.prefetch)  # type: ignore[method-assign]
-
-
-def _forget_totals(source: Any) -> None:
-    """The kept frame-buffer totals forgotten, as when they are due (a revision without
-    them reads them every tick anyway)."""
-    totals = getattr(source.metrics, "totals", None)
-    if totals is not None:
-        totals.kept.clear()
-
-
-def _steady_ticks(
-    gpus: int,
-    runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]],
-    first_now: float,
-    cycles: int,
-    out: dict[str, float],
-) -> None:
-    """The steady ticks after each variant's first, then the refresh tick; figures into
-    `out` (medians of the steady ticks)."""
-    observed: dict[str, list[float]] = {tag: [] for tag in VARIANTS}
-    split: dict[str, list[dict[str, float]]] = {tag: [] for tag in VARIANTS}
-    # Steady ticks alternate between the variants, so drift in the machine's load
-    # hits all of them; the last re-reads the frame-buffer totals.
-    for c in range(1, cycles + 2):
-        for tag in VARIANTS:
-            controller, source, _, steady, queries = runs[tag]
-            if c > cycles:
-                _forget_totals(source)
-            row = phases_of_tick(controller, first_now + c * CYCLE)
-            if c > cycles:
-                out[f"{tag}_refresh"] = row["tick"]
-                out[f"{tag}_refresh_queries"] = source.queries_last_tick
-                print(
-                    f"[{gpus}] {tag}: refresh tick (totals read again) "
-                    f"{row['tick']:.2f} s, phases "
-                    + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES)
-                    + f" s; queries {source.queries_last_tick}",
-                    flush=True,
-                )
-                continue
-            steady.append(row["tick"])
-            queries.append(source.queries_last_tick)
-            observed[tag].append(row["prefetch"] + row["windows"])
-            split[tag].append(row)
-    for tag, (_, source, first, steady, queries) in runs.items():
-        assert source.health.ok  # the source logged why, if not
-        print(
-            f"[{gpus}] {tag}: first tick {first:.2f}s; steady "
-            f"{', '.join(f'{s:.2f}' for s in steady)} s (Prometheus reads "
-            f"{', '.join(f'{s:.2f}' for s in observed[tag])} s); "
-            f"queries/tick {queries}",
-            flush=True,
-        )
-        for row in split[tag]:
-            print(
-                f"[{gpus}] {tag}: phases " + ", ".join(f"{n} {row[n]:.3f}" for n in PHASES) + " s",
-                flush=True,
-            )
-        out[f"{tag}_first"] = first
-        out[f"{tag}_steady"] = statistics.median(steady)
-        out[f"{tag}_queries"] = statistics.median(queries)
-
-
-def run(gpus: int, cycles: int) -> dict[str, float]:
+def measure(gpus: int, cycles: int, rounds: int, base: Path | None) -> dict[str, float]:
+    """This tree's controller (and the base's, alternated) against one planted Prometheus."""
+    window = window_seconds()
     end = math.floor(time.time()) - 10
-    extra = int((cycles + 1) * CYCLE / STEP)  # the steady ticks and the refresh tick
-    points = int(PLANTED / STEP) + extra
+    extra = int(cycles * CYCLE / STEP)
+    points = int((window + 60) / STEP) + extra
     start = end - (points - 1) * STEP
+    first_now = end - extra * STEP
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "gpus.om"
         began = time.perf_counter()
-        write_data(data, gpus, start, points, seed=gpus)
-        size = data.stat().st_size / 1e6
+        write_data(data, gpus, start, points, memory_from=points - extra - int(60 / STEP))
         print(
-            f"[{gpus}] planted {points} points/series ({size:.0f} MB) in "
-            f"{time.perf_counter() - began:.0f}s",
+            f"[{gpus}] planted {data.stat().st_size / 1e6:.0f} MB of samples "
+            f"({window:.0f} s window) in {time.perf_counter() - began:.0f} s",
+            file=sys.stderr,
             flush=True,
         )
         began = time.perf_counter()
         with prometheus(data, backfill_timeout=3600) as url:
+            data.unlink()
+            warm(url, window + 60, end)
             print(
-                f"[{gpus}] backfilled + started Prometheus in {time.perf_counter() - began:.0f}s",
+                f"[{gpus}] backfilled and started Prometheus in "
+                f"{time.perf_counter() - began:.0f} s",
+                file=sys.stderr,
                 flush=True,
             )
-            first_now = end - extra * STEP
-            # Warm Prometheus (page cache, chunk mmaps, start-up compaction) with a
-            # throwaway first tick, so neither variant pays for a cold server.
-            warm = config(url, gpus, True)
-            warming = GroupedPrometheusSource(warm, CurrentState())
-            Controller(warm, warming, NoActuator(), dry_run=True, log_decisions=False).tick(
-                first_now
-            )
-            assert warming.grouped.backfill.wait(timeout=600)  # the whole window, read
-            worst = check_planted(url, start, end, STEP)
-            print(f"[{gpus}] planted pool rules vs Prometheus' evaluation: max |diff| {worst:.2e}")
-            assert worst < 1e-9
-            cost = evaluation_cost(url, [first_now + k * CYCLE / 4 for k in range(4 * cycles + 1)])
-            for name, (wall, cpu, share) in cost.items():
-                print(
-                    f"[{gpus}] rule group {name}: {wall * 1000:.1f} ms per evaluation "
-                    f"(Prometheus' stats), {cpu * 1000:.1f} ms of CPU: {share:.0%} of a core",
-                    flush=True,
-                )
-                out[f"rules_{name}"] = share
-            runs: dict[str, tuple[Controller, Any, float, list[float], list[int]]] = {}
-            for tag in VARIANTS:
-                cfg = config(
-                    url,
-                    gpus,
-                    tag != "per_target",
-                    rules=tag in ("grouped", "grouped_total"),
-                    total_every="0s" if tag == "grouped_total" else "5m",
-                )
-                grouped = tag != "per_target"
-                source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
-                controller = Controller(
-                    cfg, source, NoActuator(), dry_run=True, log_decisions=False
-                )
-                began = time.perf_counter()
-                controller.tick(first_now)
-                runs[tag] = (controller, source, time.perf_counter() - began, [], [])
-                if isinstance(source, GroupedPrometheusSource):  # the rest, read behind
-                    assert source.grouped.backfill.wait(timeout=600)
-                    out[f"{tag}_backfill"] = time.perf_counter() - began
-                _time_observe(source)
-            _steady_ticks(gpus, runs, first_now, cycles, out)
-            out["bench_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            from tickone import alone  # it imports this module
+            rows: dict[str, list[dict[str, Any]]] = {"tree": [], "base": []}
+            for r in range(rounds):  # every other round the base first
+                for which, tree in (("tree", ROOT), ("base", base))[:: -1 if r % 2 else 1]:
+                    if tree is None:
+                        continue
+                    row = run_child(tree, url, gpus, first_now, cycles)
+                    rows[which].append(row)
+                    print(f"[{gpus}] round {r} {which}: {json.dumps(row)}", file=sys.stderr)
+    size = f"{gpus // 1000}k" if gpus >= 1000 else str(gpus)
 
-            # One controller alone as shipped, then as before the answers were asked
-            # uncompressed, then also decoded with the collector running: the same-run
-            # baselines of those changes.
-            baselines = ("one_gzip", ["--gzip"]), ("one_before", ["--gzip", "--gc"])
-            for tag, flags in (("one", []), *baselines):
-                alone(url, gpus, first_now, cycles, out, tag, [*ONE_FLAGS, *flags])
+    def median(which: str, key: str) -> float:
+        return statistics.median(row[key] for row in rows[which]) if rows[which] else math.nan
+
+    for key, name in (("rss", "rss_{}_mb"), ("tick", "tick_{}_s"), ("first", "first_tick_{}_s"),
+                      ("backfill", "backfill_{}_s"), ("cpu", "tick_cpu_{}_s"),
+                      ("prometheus_cpu", "prometheus_cpu_{}_s")):  # fmt: skip
+        out[name.format(size)] = median("tree", key)
+    tree_cpu = median("tree", "cpu") + median("tree", "prometheus_cpu")
+    base_cpu = median("base", "cpu") + median("base", "prometheus_cpu")
+    out[f"tick_cpu_vs_base_{size}"] = tree_cpu / base_cpu
+    out[f"rss_vs_base_{size}"] = median("tree", "rss") / median("base", "rss")
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=5)
-    parser.add_argument("--sizes", default="1000,10000")
-    parser.add_argument("--one-profile", action="store_true", help="cProfile the child")
-    parser.add_argument("--one-tracemalloc", action="store_true", help="its top allocations")
+    parser.add_argument("--gpus", type=int, default=10000, help="GPUs (a multiple of 100)")
+    parser.add_argument("--cycles", type=int, default=5, help="steady ticks")
+    parser.add_argument("--rounds", type=int, default=1, help="children of each tree")
+    parser.add_argument("--base", default="main", help="baseline revision ('' for none)")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--first-now", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    ONE_FLAGS.extend(["--profile"] * args.one_profile + ["--tracemalloc"] * args.one_tracemalloc)
-    time_phases()
-    results = {int(n): run(int(n), args.cycles) for n in args.sizes.split(",")}
-    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
-    small, big = results.get(1000, {}), results.get(10000, {})
-    fields = [
-        f"gpus_1k_tick_s={small.get('grouped_steady', float('nan')):.3f}",
-        f"gpus_10k_tick_s={big.get('grouped_steady', float('nan')):.3f}",
-        f"first_tick_10k_s={big.get('grouped_first', float('nan')):.2f}",
-        f"queries_per_tick_10k={big.get('grouped_queries', float('nan')):.0f}",
-        f"rss_10k_mb={big.get('one_rss_mb', float('nan')):.0f}",
-        f"bench_rss_10k_mb={big.get('bench_rss_mb', float('nan')):.0f}",
-        f"backfill_10k_s={big.get('grouped_backfill', float('nan')):.2f}",
-    ]
-    for name, r in (("1k", small), ("10k", big)):
-        if r:
-            fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
-    for name, r in (("1k", small), ("10k", big)):
-        for tag in ("one", "one_gzip", "one_before") if r else ():
-            fields.append(f"{tag}_{name}_tick_s={r[f'{tag}_steady']:.3f}")
-            fields.append(f"{tag}_{name}_cpu_s={r[f'{tag}_cpu']:.3f}")
-            fields.append(f"{tag}_{name}_prometheus_cpu_s={r[f'{tag}_prom_cpu']:.3f}")
-            fields.append(f"{tag}_{name}_gc_s={r[f'{tag}_gc']:.3f}")
-    for name, r in (("1k", small), ("10k", big)):
-        if r:
-            fields.append(f"total_every_tick_{name}_tick_s={r['grouped_total_steady']:.3f}")
-            fields.append(
-                f"total_kept_speedup_{name}={r['grouped_total_steady'] / r['grouped_steady']:.2f}"
-            )
-            fields.append(f"grouped_raw_{name}_tick_s={r['grouped_raw_steady']:.3f}")
-            fields.append(
-                f"rules_speedup_{name}={r['grouped_raw_steady'] / r['grouped_steady']:.2f}"
-            )
-            for group in ("gpuscaler-pools", "gpuscaler-workloads"):
-                short = group.split("-")[1]
-                fields.append(f"rule_{short}_core_share_{name}={r[f'rules_{group}']:.3f}")
-            fields.append(f"per_target_{name}_tick_s={r['per_target_steady']:.3f}")
-            fields.append(f"per_target_{name}_queries={r['per_target_queries']:.0f}")
-            fields.append(f"speedup_{name}={r['per_target_steady'] / r['grouped_steady']:.1f}")
-    print("RESULT " + " ".join(fields))
+    if args.gpus < 100 or args.gpus % 100:
+        parser.error(f"--gpus {args.gpus}: a multiple of 100 (a pool is 100 GPUs)")
+    if args.child:
+        print(json.dumps(child(args.child, args.gpus, args.first_now, args.cycles)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) if args.base else None
+        if base is not None:
+            unpack(args.base, base)
+        out = measure(args.gpus, args.cycles, args.rounds, base)
+    if args.gpus == 10000:
+        ok = out["rss_10k_mb"] <= RSS_MB and out["tick_10k_s"] <= TICK_S
+        gate = "pass" if ok and out["first_tick_10k_s"] <= FIRST_S else "fail"
+    else:
+        gate = "n/a"
+    fields = " ".join(
+        f"{k}={v:.0f}" if k.endswith("mb") else f"{k}={v:.3f}" for k, v in out.items()
+    )
+    print(f"RESULT gpus={args.gpus} window_s={window_seconds():.0f} {fields} gate={gate}")
 
 
 if __name__ == "__main__":

@@ -130,8 +130,8 @@ def immutable(value: object) -> bool:
     """Whether a module-level value can never change: a scalar, a string, a compiled
     pattern, a read-only array, a mapping proxy, a tuple or frozenset of such, a frozen
     dataclass of such, or a type, function or alias (a cached function keeps state)."""
-    scalars = int | float | complex | str | bytes | bool | type(None) | range | re.Pattern
-    if isinstance(value, scalars | __future__._Feature):
+    scalars = (int, float, complex, str, bytes, bool, type(None), range, re.Pattern)
+    if isinstance(value, (*scalars, __future__._Feature)):
         return True
     if isinstance(value, functools._lru_cache_wrapper):
         return False

@@ -95,10 +95,9 @@ def test_the_adaptive_state_rides_on_the_fit_state_from_tick_to_tick() -> None:
     for k in range(360, 900, 3):
         now = NOW + 10.0 * k
         (sig,), fits = forecast([_series(values[k - 360 : k], now)], cfg, now, fits, keys=["p"])
-        rows = fits.get("p")
-        assert rows is not None
+        (rows,) = fits.batches
         levels.append(float(rows.adaptive.level[0]))
-    state = rows.adaptive
+    state = fits.batches[0].adaptive
     assert state.points[0] > 1000
     assert np.mean(levels[len(levels) // 2 :]) > 0.7  # wider than nominal while noise grows
     assert sig.forecast is not None and "interval at conformal level" in sig.forecast.reason
