@@ -33,9 +33,8 @@ What is measured, in one run per size:
   peak RSS is `rss_10k_mb` (one controller, the gate's figure), its steady ticks
   `one_*_tick_s`, with the CPU time it and Prometheus spent (`one_10k_cpu_s`,
   `one_10k_prometheus_cpu_s`; `--one-profile` adds cProfile's top functions); then the
-  same asking for gzipped answers as before (`one_gzip_*`, the same-run baseline of
-  `fast.PLAIN`), and also decoding them with the garbage collector running as before
-  (`one_before_*`: neither `fast.PLAIN` nor `fast.gc_paused`).
+  same asking for gzipped answers (`one_gzip_*`, the same-run baseline of
+  `transport.PLAIN`).
 
 The window is shortened: 10,000 GPUs x 4 series x 1 h at 500 ms is 288 million samples,
 past what promtool backfills on this machine in reasonable time. The config's window is
@@ -69,14 +68,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from promserver import STEP, prometheus
 from rulecost import check_planted, evaluation_cost
 
-import gpuscaler.adapters.prometheus.fast as fast_module
+import gpuscaler.adapters.prometheus.source as source_module
 import gpuscaler.controller as controller_module
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
-from gpuscaler.adapters.prometheus.source import PrometheusMetrics
+from gpuscaler.adapters.prometheus.fetch import Fetcher
 from gpuscaler.config import Config, parse_config
 from gpuscaler.controller import Controller
-from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+from gpuscaler.sources import PrometheusSource
 
 CYCLE = 30.0
 PLANTED = 100.0
@@ -93,7 +91,7 @@ VARIANTS = ("grouped", "grouped_total", "grouped_raw", "per_target")
 """grouped: as configured by default (pool rules read where recorded); grouped_total: the
 same reading the frame-buffer totals every tick (`prometheus.memory_total_every: 0`, as
 before it was kept); grouped_raw: grouped with `prometheus.pool_recording_rules: false`;
-per_target: one query per target."""
+per_target: one query per target (`prometheus.grouped_queries: false`)."""
 
 
 def write_data(path: Path, gpus: int, start: float, points: int, seed: int) -> None:
@@ -192,15 +190,28 @@ class Timed:
             self.spent[self.name] += time.perf_counter() - began
 
 
+def _timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` timed into `SPENT[phase]`, as a function (bound when set on a class)."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPENT[phase] += time.perf_counter() - began
+
+    return timed
+
+
 def time_phases() -> None:
     """Time the phases (`PHASES`) in `SPENT` from now on."""
-    for module, name, phase in (
+    for owner, name, phase in (
         (controller_module, "build_snapshot", "forecast"),
         (controller_module, "make_plan", "plan"),
-        (fast_module, "_fast_get", "requests"),
-        (fast_module, "decode_fast", "decode"),
+        (Fetcher, "query", "requests"),
+        (source_module, "decode_matrix", "decode"),
     ):
-        setattr(module, name, Timed(SPENT, phase, getattr(module, name)))
+        setattr(owner, name, _timed(phase, getattr(owner, name)))
 
 
 def phases_of_tick(controller: Controller, now: float) -> dict[str, float]:
@@ -219,45 +230,11 @@ class NoActuator:
         return ()
 
 
-class CountingMetrics(PrometheusMetrics):
-    """The per-target baseline, counting its queries."""
-
-    queries_last_tick = 0
-
-    def _fetch(self, *args: Any, **kwargs: Any) -> Any:
-        self.queries_last_tick += 1  # one query per target and tick when steady
-        return super()._fetch(*args, **kwargs)
-
-    def _read_gib(self, *args: Any, **kwargs: Any) -> Any:
-        self.queries_last_tick += 1  # a frame-buffer figure's instant query (two if lagging)
-        return super()._read_gib(*args, **kwargs)
-
-    def _newest_gib(self, *args: Any, **kwargs: Any) -> Any:
-        if not hasattr(PrometheusMetrics, "_read_gib"):  # an older revision
-            self.queries_last_tick += 1
-        return super()._newest_gib(*args, **kwargs)
-
-    def read(self, now: float) -> Any:
-        self.queries_last_tick = 0
-        return super().read(now)
-
-
-class Counting(PrometheusSource):
-    def __init__(self, config: Any, state: Any):
-        self.counting = CountingMetrics(config)
-        super().__init__(config, state, metrics=self.counting)
-
-    @property
-    def queries_last_tick(self) -> int:
-        return self.counting.queries_last_tick
-
-
 def _time_observe(source: Any) -> None:
     """Time each `observe` (the Prometheus reads) and the grouped prefetch in `SPENT`."""
     source.observe = Timed(SPENT, "observe", source.observe)
-    metrics = source.metrics
-    if isinstance(metrics, GroupedPrometheusMetrics):
-        metrics.prefetch = Timed(SPENT, "prefetch", metrics.prefetch)  # type: ignore[method-assign]
+    fetcher = source.metrics.fetcher
+    fetcher.prefetch = Timed(SPENT, "prefetch", fetcher.prefetch)
 
 
 def _forget_totals(source: Any) -> None:
@@ -347,11 +324,11 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
             # Warm Prometheus (page cache, chunk mmaps, start-up compaction) with a
             # throwaway first tick, so neither variant pays for a cold server.
             warm = config(url, gpus, True)
-            warming = GroupedPrometheusSource(warm, CurrentState())
+            warming = PrometheusSource(warm, CurrentState())
             Controller(warm, warming, NoActuator(), dry_run=True, log_decisions=False).tick(
                 first_now
             )
-            assert warming.grouped.backfill.wait(timeout=600)  # the whole window, read
+            assert warming.metrics.backfill.wait(timeout=600)  # the whole window, read
             worst = check_planted(url, start, end, STEP)
             print(f"[{gpus}] planted pool rules vs Prometheus' evaluation: max |diff| {worst:.2e}")
             assert worst < 1e-9
@@ -372,27 +349,23 @@ def run(gpus: int, cycles: int) -> dict[str, float]:
                     rules=tag in ("grouped", "grouped_total"),
                     total_every="0s" if tag == "grouped_total" else "5m",
                 )
-                grouped = tag != "per_target"
-                source = (GroupedPrometheusSource if grouped else Counting)(cfg, CurrentState())
+                source = PrometheusSource(cfg, CurrentState())
                 controller = Controller(
                     cfg, source, NoActuator(), dry_run=True, log_decisions=False
                 )
                 began = time.perf_counter()
                 controller.tick(first_now)
                 runs[tag] = (controller, source, time.perf_counter() - began, [], [])
-                if isinstance(source, GroupedPrometheusSource):  # the rest, read behind
-                    assert source.grouped.backfill.wait(timeout=600)
-                    out[f"{tag}_backfill"] = time.perf_counter() - began
+                assert source.metrics.backfill.wait(timeout=600)  # the rest, read behind
+                out[f"{tag}_backfill"] = time.perf_counter() - began
                 _time_observe(source)
             _steady_ticks(gpus, runs, first_now, cycles, out)
             out["bench_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             from tickone import alone  # it imports this module
 
-            # One controller alone as shipped, then as before the answers were asked
-            # uncompressed, then also decoded with the collector running: the same-run
-            # baselines of those changes.
-            baselines = ("one_gzip", ["--gzip"]), ("one_before", ["--gzip", "--gc"])
-            for tag, flags in (("one", []), *baselines):
+            # One controller alone as shipped, then asking for gzipped answers: the
+            # same-run baseline of uncompressed answers.
+            for tag, flags in (("one", []), ("one_gzip", ["--gzip"])):
                 alone(url, gpus, first_now, cycles, out, tag, [*ONE_FLAGS, *flags])
     return out
 
@@ -422,7 +395,7 @@ def main() -> None:
         if r:
             fields.append(f"refresh_{name}_tick_s={r['grouped_refresh']:.3f}")
     for name, r in (("1k", small), ("10k", big)):
-        for tag in ("one", "one_gzip", "one_before") if r else ():
+        for tag in ("one", "one_gzip") if r else ():
             fields.append(f"{tag}_{name}_tick_s={r[f'{tag}_steady']:.3f}")
             fields.append(f"{tag}_{name}_cpu_s={r[f'{tag}_cpu']:.3f}")
             fields.append(f"{tag}_{name}_prometheus_cpu_s={r[f'{tag}_prom_cpu']:.3f}")

@@ -18,9 +18,8 @@ steady ticks 30 s apart over the same planted samples, and prints one line
   own CPU time waited for a core;
 - per steady tick also the garbage collector's collections (`gc_runs`, all
   generations) and their wall time (`gc_s`);
-- with `--gzip`, the answers are asked for compressed, as before `fast.PLAIN`; with
-  `--gc` also decoded with the collector running and the point lists kept, as before
-  `fast.gc_paused` (same-run baselines of those changes);
+- with `--gzip`, the answers are asked for compressed (the same-run baseline of
+  `transport.PLAIN`);
 - with `--profile`, cProfile's top functions over the steady ticks (printed before the
   line); with `--tracemalloc`, the largest allocations by line after the last tick.
 
@@ -31,7 +30,6 @@ Alone: `nice -n 10 .venv/bin/python bench/tickone.py --url URL --gpus 10000
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import gc
 import json
@@ -51,11 +49,11 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tick import CYCLE, PHASES, NoActuator, _time_observe, config, phases_of_tick, time_phases
 
-import gpuscaler.adapters.prometheus.fast as fast_module
+import gpuscaler.adapters.prometheus.transport as transport_module
 import gpuscaler.controller as controller_module
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.controller import Controller
-from gpuscaler.sources import GroupedPrometheusSource
+from gpuscaler.sources import PrometheusSource
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -166,12 +164,12 @@ def run_one(
     if traced:
         tracemalloc.start(5)
     cfg = config(url, gpus, True)
-    source = GroupedPrometheusSource(cfg, CurrentState())
+    source = PrometheusSource(cfg, CurrentState())
     controller = Controller(cfg, source, NoActuator(), dry_run=True, log_decisions=False)
     began = time.perf_counter()
     controller.tick(first_now)
     first = time.perf_counter() - began
-    assert source.grouped.backfill.wait(timeout=600)
+    assert source.metrics.backfill.wait(timeout=600)
     after_first = peak_rss_mb()
     _time_observe(source)
     profiler = cProfile.Profile() if profile else None
@@ -264,14 +262,10 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--tracemalloc", action="store_true")
-    parser.add_argument("--gzip", action="store_true", help="accept gzip (the old requests)")
-    parser.add_argument("--gc", action="store_true", help="decode as before fast.gc_paused")
+    parser.add_argument("--gzip", action="store_true", help="accept gzipped answers")
     args = parser.parse_args()
-    if args.gzip:  # the answers compressed, as before `fast.PLAIN`
-        fast_module.PLAIN = {"Accept-Encoding": "gzip, deflate"}
-    if args.gc:  # the collector running while decoding, the point lists kept
-        setattr(fast_module, "gc_paused", contextlib.nullcontext)  # noqa: B010
-        setattr(fast_module, "_shed", lambda result: result)  # noqa: B010
+    if args.gzip:
+        transport_module.PLAIN = {"Accept-Encoding": "gzip, deflate"}
     out = run_one(args.url, args.gpus, args.first_now, args.cycles, args.profile, args.tracemalloc)
     print("ONE " + json.dumps(out), flush=True)
 

@@ -101,7 +101,8 @@ def _config(url: str, extra: str = "") -> str:
         for name in [*PLANTED, "ghost"]
     )
     return f"""
-prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms}}
+prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms,
+  background_backfill: false}}
 fragments: {{sustain: 0s}}
 replicas: {{skill_check: false}}  # one tick has no skill verdict; these test the adapters
 node_pools:
@@ -358,7 +359,7 @@ def test_secrets_never_appear_in_errors_and_a_rotated_token_is_read_again(tmp_pa
         os.utime(token, (time.time() + 5, time.time() + 5))
         with pytest.raises(SourceError):
             transport.query_range("up", END - 1, END, STEP)
-        seen = transport.client.headers
+        seen = transport.auth_headers
     assert seen == {"Authorization": "Bearer s3cr3t-token-2"}
 
 
@@ -377,7 +378,7 @@ def test_basic_auth_is_sent_and_its_password_never_appears_in_errors(tmp_path: P
 
     sent = base64.b64encode(b"gpuscaler:hunter2-secret").decode()
     assert sent not in str(info.value) and "hunter2" not in str(info.value)
-    assert transport.client.auth == ("gpuscaler", "hunter2-secret")
+    assert transport.auth == ("gpuscaler", "hunter2-secret")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Background backfill (issue 18): a window's first read fetches only what a forecast
+"""Background backfill: a window's first read fetches only what a forecast
 needs (`forecast.min_history`, plus `prometheus.overlap` for a late or missing sample),
 so the first tick after a start acts in the time of a few steady ticks instead of after
 reading the whole window; the older part is read behind it, on a thread started once the

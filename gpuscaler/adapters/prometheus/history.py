@@ -1,13 +1,10 @@
 """Prometheus history for `gpuscaler whatif`: each workload's request rate, GPU load and
 the replica counts the cluster ran, over a past range.
 
-It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries and
-secret scrubbing) and its PromQL helpers; a range is read in chunks under the server's
-11,000-points-per-series limit (`chunk_steps`), chunks sharing their edge sample. Answers
-are read as the controller's grouped reads are (`fast.py`, issue 20): uncompressed unless
-`prometheus.compress_answers`, decoded by orjson, each column of points converted in one
-pass; the same floats as the per-point decoding (`window.decode_matrix`), which a
-transport of other kind (a test's) still goes through.
+It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries,
+secret scrubbing and uncompressed answers) and decoder (`window.decode_matrix`), and its
+PromQL helpers; a range is read in chunks under the server's 11,000-points-per-series
+limit (`chunk_steps`), chunks sharing their edge sample.
 
 Replica counts come from kube-state-metrics:
 - `kube_horizontalpodautoscaler_status_current_replicas{namespace, horizontalpodautoscaler}`
@@ -28,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from gpuscaler.adapters.prometheus.fast import fast_query_range
 from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, out_of_range
@@ -53,10 +49,8 @@ Progress = Callable[[int], None]
 """Called with the number of range requests just made."""
 READERS = 2
 """Workloads read at once (`HistoryReader.workloads`), each by a thread of its own with its
-own connection: while Prometheus evaluates and encodes one's range (about 14 ms of its
-CPU a 11,000-point request), the other's answer is decoded (about 10 ms). Two keep both
-of a 2-core machine's cores busy; 4 read no faster there (bench/history_reads.py and a
-probe of 1, 2, 3, 4 and 8, issue 20, with `--jobs 2` two processes read at once)."""
+own connection: while Prometheus evaluates and encodes one's range, the other's answer is
+decoded. Two keep both of a 2-core machine's cores busy."""
 
 
 class HistoryError(InputError):
@@ -103,15 +97,10 @@ def request_template(
     )
 
 
-_OWN_QUERY_RANGE = Transport.query_range
-"""The controller's transport's own range request (kept at import: a test may put a fake
-in `Transport`'s place)."""
-
-
 def chunk_steps(step: float) -> int:
     """Steps a range request spans at most: LIMIT, less what rounding its start and end
-    to whole seconds (as prometheus_api_client sends them, and `fast_query_range`) can
-    add, under a second (10,999 at 10 s: a week in 6 requests, 7 at 9,999 before)."""
+    to whole seconds (as `Transport.query_range` sends them) can add, under a second
+    (10,999 at 10 s: a week in 6 requests)."""
     return max(1, LIMIT - math.ceil(1.0 / step))
 
 
@@ -127,8 +116,6 @@ class HistoryReader:
         self.shared = transport is not None
         """A transport given is used alone (by one thread at a time)."""
         self.transport = transport or Transport(config.prometheus)
-        self.fast = type(self.transport).query_range is _OWN_QUERY_RANGE
-        """A transport whose query_range is its own (a test's fake) is read through it."""
         self.progress = progress or (lambda _n: None)
 
     def probe(self) -> None:
@@ -162,11 +149,7 @@ class HistoryReader:
         self, query: str, start: float, end: float, step: float
     ) -> tuple[FloatArray, FloatArray]:
         """(times, values) of one range request's single series (non-finite values NaN)."""
-        if self.fast:
-            result = fast_query_range(self.transport, query, start, end, step)
-        else:
-            result = self.transport.query_range(query, start, end, step)
-        times, values, _bad = decode_matrix(result)
+        times, values, _bad = decode_matrix(self.transport.query_range(query, start, end, step))
         return times, values
 
     def _signal(
