@@ -17,7 +17,7 @@ from test_prometheus import _bad_server
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import decode_matrix, out_of_range
+from gpuscaler.adapters.prometheus.window import decode_matrix, drop_outside
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller
@@ -131,14 +131,17 @@ def test_physically_impossible_values_give_no_action_and_name_the_value(
         ([100.0001], "e.g. 100"),
     ],
 )
-def test_out_of_range_names_how_many_and_one_example(
+def test_out_of_range_names_how_many_and_one_example_and_keeps_them_out(
     values: list[float], problem: str | None
 ) -> None:
-    found = out_of_range(np.array(values, dtype=float), (0.0, 100.0))
+    array = np.array(values, dtype=float)
+    found = drop_outside(array, (0.0, 100.0))
     if problem is None:
         assert found is None
     else:
         assert found is not None and problem in found
+    kept = array[np.isfinite(array)]
+    assert ((kept >= 0.0) & (kept <= 100.0)).all()
 
 
 @pytest.mark.parametrize(

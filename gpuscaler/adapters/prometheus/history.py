@@ -27,7 +27,7 @@ import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, out_of_range
+from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, drop_outside
 from gpuscaler.config import Config, WorkloadConfig, redact_url
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import FloatArray, Series
@@ -167,9 +167,8 @@ class HistoryReader:
             return Signal(name, query, None, f"query failed: {e}")
         if not np.isfinite(series.values).any():
             return Signal(name, query, None)
-        problem = out_of_range(series.values, bounds)
         values = series.values.copy()
-        values[(values < bounds[0]) | (values > bounds[1])] = np.nan  # never replayed
+        problem = drop_outside(values, bounds)  # never replayed
         return Signal(name, query, Series(series.start, series.step, values), problem)
 
     def workload(

@@ -47,7 +47,6 @@ from gpuscaler.adapters.prometheus.window import (
     decode_matrix,
     decode_vector,
     drop_outside,
-    out_of_range,
 )
 from gpuscaler.config import Config, ForecastConfig, NodePoolConfig, WorkloadConfig
 from gpuscaler.core.model import Series
@@ -374,7 +373,7 @@ class PrometheusMetrics:
             return None, "NaN or Inf in the newest samples"
         if value is None:
             return None, None
-        absurd = out_of_range(np.array([value]), MEMORY_MIB)
+        absurd = drop_outside(np.array([value]), MEMORY_MIB)
         return (None, absurd) if absurd else (value / 1024, None)
 
     def _total(self, p: NodePoolConfig, used: bool, now: float) -> tuple[float | None, str | None]:

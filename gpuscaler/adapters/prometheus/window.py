@@ -24,29 +24,16 @@ MEMORY_MIB = (0.0, 1024.0 * 1024)
 # --------------------------------------------------------------------------- decoding
 
 
-def out_of_range(values: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """A problem naming the first finite value outside `bounds`, None when all are in."""
-    finite = values[np.isfinite(values)]
-    return outside_problem(finite[(finite < bounds[0]) | (finite > bounds[1])], bounds)
-
-
-def outside_problem(bad: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """The problem `out_of_range` names for `bad`, the values found outside `bounds`."""
-    if bad.size == 0:
-        return None
-    lo, hi = bounds
-    return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
-
-
 def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """`out_of_range`'s problem for decoded `values` (non-finite already NaN), and those
-    values set to NaN."""
-    outside = (values < bounds[0]) | (values > bounds[1])  # NaN compares False
+    """A problem naming how many decoded `values` (non-finite already NaN) lie outside
+    `bounds`, with one of them, and those values set to NaN; None when all are in."""
+    lo, hi = bounds
+    outside = (values < lo) | (values > hi)  # NaN compares False
     if not outside.any():
         return None
-    problem = outside_problem(values[outside], bounds)
+    bad = values[outside]
     values[outside] = np.nan
-    return problem
+    return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
 
 
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
