@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from gpuscaler.adapters.prometheus.plan import (
@@ -80,13 +80,30 @@ class Fetcher:
             return e
 
     def run(self, jobs: list[Job], counted: bool = True) -> None:
-        """The queries on the pool, each answer given to its taker in order; those of
-        the background backfill are not counted."""
+        """The queries on the pool, each answer given to its taker in order. Those of
+        the background backfill are not counted, and are sent a pool's worth at a time,
+        so that a tick's queries wait behind one such wave at most."""
         if counted:
             self.queries += len(jobs)
-        futures = [(self._pool.submit(self.query, q, c), take) for q, c, take in jobs]
-        for future, take in futures:
-            take(future.result())
+        wave = len(jobs) if counted else self.config.prometheus.max_concurrent_queries
+        for first in range(0, len(jobs), max(1, wave)):
+            part = jobs[first : first + wave]
+            futures = [(self._submit(q, c), take) for q, c, take in part]
+            for future, take in futures:
+                take(future.result())
+
+    def ask(self, query: str, chunk: Chunk) -> Answer:
+        """One query on the pool, counted: the answer, or the error it failed with."""
+        self.queries += 1
+        return self._submit(query, chunk).result()
+
+    def _submit(self, query: str, chunk: Chunk) -> Future[Answer]:
+        try:
+            return self._pool.submit(self.query, query, chunk)
+        except RuntimeError:  # the pool was closed with the source
+            closed: Future[Answer] = Future()
+            closed.set_result(SourceError("the Prometheus source is closed"))
+            return closed
 
     def check_rules(self, now: float) -> None:
         """Which pools Prometheus records (`rules.py`): one instant query, every
@@ -96,8 +113,7 @@ class Fetcher:
         if not self.rules.needs_check(self.config, now):
             return
         step = self.config.metrics.step
-        self.queries += 1
-        answer = self.query(check_query(), (math.floor(now / step) * step, INSTANT))
+        answer = self.ask(check_query(), (math.floor(now / step) * step, INSTANT))
         self.rules.update(now, answer, self.config)
 
     def prefetch(

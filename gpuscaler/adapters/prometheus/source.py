@@ -304,8 +304,7 @@ class PrometheusMetrics:
         """The tick's prefetched answer, else asked now (and counted)."""
         found = self._answers.get((query, *chunk))
         if found is None:
-            self.fetcher.queries += 1
-            found = self.fetcher.query(query, chunk)
+            found = self.fetcher.ask(query, chunk)
         if isinstance(found, SourceError):
             raise found
         return found
