@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from kubefake import reply, serving
 from test_prometheus_transport import _Recording
 
-from gpuscaler.adapters.prometheus import history as history_module
-from gpuscaler.adapters.prometheus.history import LIMIT, HistoryReader, chunk_steps
+from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.adapters.prometheus.plan import LIMIT, chunk_steps
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import decode_matrix
 from gpuscaler.config import parse_config
@@ -203,4 +203,4 @@ def test_a_request_over_the_point_limit_is_a_clear_failure(monkeypatch: pytest.M
     assert history.requests.series is None
     assert "400" in str(history.requests.problem)
     assert "exceeded maximum resolution" in str(history.requests.problem)
-    assert history_module.LIMIT == 11_000
+    assert LIMIT == 11_000

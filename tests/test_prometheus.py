@@ -178,7 +178,7 @@ def test_the_first_cycle_backfills_in_chunks_and_later_cycles_fetch_only_what_is
     now = END + 1
     obs = source.observe(now)
     first = [c for c in transport.calls if "node-flat" in c[0] and "GPU_UTIL" in c[0]]
-    assert len(first) == 2  # 2 h at 500 ms = 14,400 points: two chunks of at most 10,000
+    assert len(first) == 2  # 2 h at 500 ms = 14,400 points: two chunks under 11,000
     assert all((end - start) / STEP + 1 <= 11_000 for _, start, end in first)
     flat = next(p for p in obs.pools if p.name == "flat")
     assert flat.utilization is not None and flat.problem is None

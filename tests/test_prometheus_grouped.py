@@ -355,9 +355,10 @@ def test_a_target_a_grouped_answer_holds_twice_is_read_on_its_own(
     assert answers == want
 
 
-def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
+def test_a_range_is_read_in_chunks_under_the_point_limit_sharing_their_edges() -> None:
     assert chunks(0.0, 100.0, STEP) == [(0, 100)]
-    assert chunks(0.0, 12_000.0, STEP) == [(0, 5000), (5000, 10000), (10000, 12000)]
+    # At most 11,000 points less the 2 steps rounding to whole seconds may add: 5,499 s.
+    assert chunks(0.0, 12_000.0, STEP) == [(0, 5499), (5499, 10998), (10998, 12000)]
     # A backfill's parallel chunks: at least `pieces`, never over the points limit.
     assert chunks(0.0, 100.0, STEP, pieces=4) == [(0, 25), (25, 50), (50, 75), (75, 100)]
     assert len(chunks(0.0, 12_000.0, STEP, pieces=2)) == 3

@@ -4,7 +4,7 @@ the replica counts the cluster ran, over a past range.
 It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries,
 secret scrubbing and uncompressed answers) and decoder (`window.decode_matrix`), and its
 PromQL helpers; a range is read in chunks under the server's 11,000-points-per-series
-limit (`chunk_steps`), chunks sharing their edge sample.
+limit (`plan.chunks`), chunks sharing their edge sample.
 
 Replica counts come from kube-state-metrics:
 - `kube_horizontalpodautoscaler_status_current_replicas{namespace, horizontalpodautoscaler}`
@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from gpuscaler.adapters.prometheus.plan import chunks
 from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, drop_outside
@@ -39,11 +40,6 @@ REPLICAS = (0.0, 1e6)
 
 HPA_REPLICAS = "max(kube_horizontalpodautoscaler_status_current_replicas{{{matchers}}})"
 DEPLOYMENT_REPLICAS = "max(kube_deployment_status_replicas{{{matchers}}})"
-
-LIMIT = 11_000
-"""Prometheus refuses a range query whose (end - start) / step, in whole steps, passes
-this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
-of 11,000 points per timeseries")."""
 
 Progress = Callable[[int], None]
 """Called with the number of range requests just made."""
@@ -97,13 +93,6 @@ def request_template(
     )
 
 
-def chunk_steps(step: float) -> int:
-    """Steps a range request spans at most: LIMIT, less what rounding its start and end
-    to whole seconds (as `Transport.query_range` sends them) can add, under a second
-    (10,999 at 10 s: a week in 6 requests)."""
-    return max(1, LIMIT - math.ceil(1.0 / step))
-
-
 class HistoryReader:
     """Range reads from the configured Prometheus."""
 
@@ -131,18 +120,12 @@ class HistoryReader:
         it has no sample; SourceError when a request fails."""
         n = math.floor((end - start) / step) + 1
         values = np.full(n, np.nan)
-        chunk = chunk_steps(step) * step
-        t = start
-        while t <= end:
-            chunk_end = min(end, t + chunk)
-            times, got = self._range(query, t, chunk_end, step)
+        for chunk in chunks(start, end, step):
+            times, got = self._range(query, *chunk, step)
             self.progress(1)
             idx = np.round((times - start) / step).astype(np.int64)
             ok = (idx >= 0) & (idx < n)
             values[idx[ok]] = got[ok]
-            if chunk_end >= end:
-                break
-            t = chunk_end  # chunks share their edge sample: none is skipped
         return Series(start=start, step=step, values=values)
 
     def _range(

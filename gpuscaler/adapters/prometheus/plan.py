@@ -41,8 +41,11 @@ from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.config import Config
 
-MAX_POINTS = 10_000
-"""Points per series per request: below Prometheus' hard limit of 11,000."""
+LIMIT = 11_000
+"""Prometheus refuses a range query whose (end - start) / step, in whole steps, passes
+this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
+of 11,000 points per timeseries")."""
+
 INSTANT = math.inf
 Chunk = tuple[float, float]
 """A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
@@ -207,12 +210,19 @@ def _family_group(
     return group, [(key[n], own[n], instant) for n in sorted(coarse)]
 
 
+def chunk_steps(step: float) -> int:
+    """Steps a range request spans at most: LIMIT, less what rounding its start and end
+    to whole seconds (as `chunks` cuts them) can add, under a second
+    (10,999 at 10 s: a week in 6 requests)."""
+    return max(1, LIMIT - math.ceil(1.0 / step))
+
+
 def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk]:
-    """The (start, end) pairs a range is read in, in whole seconds, under the points
-    limit, sharing their edge sample; with `pieces`, cut into at least that many (a
-    backfill's parallel chunks)."""
+    """The (start, end) pairs a range is read in, in whole seconds, each of at most
+    `chunk_steps` steps, sharing their edge sample; with `pieces`, cut into at least that
+    many (a backfill's parallel chunks)."""
     out: list[Chunk] = []
-    size = math.floor(MAX_POINTS * step)
+    size = max(1, math.floor(chunk_steps(step) * step))
     if pieces > 1:
         size = max(1, min(size, math.ceil((math.floor(end) - math.floor(start)) / pieces)))
     last = math.floor(end)
