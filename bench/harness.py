@@ -60,17 +60,17 @@ def controller(config_text: str) -> tuple[Any, Any]:
     from gpuscaler.adapters.kube.objects import CurrentState
     from gpuscaler.config import parse_config
     from gpuscaler.controller import Controller
-    from gpuscaler.sources import GroupedPrometheusSource
+    from gpuscaler.sources import PrometheusSource
 
     config = parse_config(config_text)
-    source = GroupedPrometheusSource(config, CurrentState())
+    source = PrometheusSource(config, CurrentState())
     return Controller(config, source, NoActuator(), dry_run=True, log_decisions=False), source
 
 
 def wait_backfill(source: Any) -> None:
     """Waits until `source` has read the older part of its first window, which it fetches
     behind the ticks (written into the windows at the next tick)."""
-    if not source.grouped.backfill.wait(timeout=600):
+    if not source.metrics.backfill.wait(timeout=600):
         raise SystemExit("the backfill of the first window took over 10 minutes")
 
 

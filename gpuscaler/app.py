@@ -32,7 +32,7 @@ from gpuscaler.core.snapshot import Observations
 from gpuscaler.errors import InputError
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
-from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+from gpuscaler.sources import PrometheusSource
 
 log = logging.getLogger("gpuscaler.app")
 
@@ -227,7 +227,7 @@ class ClusterController:
             self.cache.stop()
         close = getattr(self.controller.source, "close", None)
         if close is not None:
-            close()  # the background backfill
+            close()  # the background backfill and the query pool
 
 
 def cluster_controller(
@@ -248,7 +248,7 @@ def cluster_controller(
         elector = LeaderElector(api, lease.namespace or home, me, lease)
     may_act = elector.is_leader if elector is not None else (lambda: True)
     actuator = kube_actuator(api, config, me, may_act=may_act, namespace=home, reader=reader)
-    prometheus = _prometheus(config, reader.state)
+    prometheus = PrometheusSource(config, reader.state)
     preemption = preemption_reader(
         api, config, reader, home, GpuMemoryProbe(config, prometheus.transport)
     )
@@ -299,13 +299,6 @@ def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterR
         partial(CachedPreemptionReader, cache=cache),
         cache,
     )
-
-
-def _prometheus(config: Config, state: Any) -> PrometheusSource:
-    """Grouped, concurrent reads (issue 18) unless `prometheus.grouped_queries` is off."""
-    if not config.prometheus.grouped_queries:
-        return PrometheusSource(config, state)
-    return GroupedPrometheusSource(config, state)
 
 
 def _warm_start(prometheus: PrometheusSource, config: Config, controller: Controller) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
 from gpuscaler.adapters.prometheus.source import (
     Health,
     Metrics,
@@ -78,14 +77,9 @@ class PrometheusSource:
     name = "prometheus"
 
     def __init__(
-        self,
-        config: Config,
-        state: CurrentState | StateReader,
-        transport: Transport | None = None,
-        metrics: PrometheusMetrics | None = None,
+        self, config: Config, state: CurrentState | StateReader, transport: Transport | None = None
     ):
-        self.metrics = metrics or PrometheusMetrics(config, transport)
-        """The metrics reader: one query per target, or another that reads the same way."""
+        self.metrics = PrometheusMetrics(config, transport)
         self.state = state
 
     @property
@@ -108,6 +102,15 @@ class PrometheusSource:
     def spacing(self) -> SpacingTracker:
         return self.metrics.spacing
 
+    @property
+    def queries_last_tick(self) -> int:
+        return self.metrics.queries_last_tick
+
+    @property
+    def backfilling(self) -> bool:
+        """The older part of some first reads is still being fetched."""
+        return self.metrics.backfill.busy
+
     def reconfigure(self, config: Config) -> None:
         self.metrics.reconfigure(config)
 
@@ -116,33 +119,10 @@ class PrometheusSource:
         return join(self.metrics.read(now), state)
 
     def after_tick(self) -> None:
-        """Called by the controller once a tick is done (`GroupedPrometheusMetrics`
-        starts its background backfill then, not while the tick forecasts)."""
-        after_tick = getattr(self.metrics, "after_tick", None)
-        if after_tick is not None:
-            after_tick()
+        """Called by the controller once a tick is done: the background backfill starts
+        then, not while the tick forecasts."""
+        self.metrics.after_tick()
 
     def close(self) -> None:
-        """Stops what runs behind the ticks (the grouped reads' background backfill)."""
-        close = getattr(self.metrics, "close", None)
-        if close is not None:
-            close()
-
-
-class GroupedPrometheusSource(PrometheusSource):
-    """A PrometheusSource whose metrics come from a few grouped queries a tick (issue 18)."""
-
-    def __init__(
-        self, config: Config, state: CurrentState | StateReader, transport: Transport | None = None
-    ):
-        self.grouped = GroupedPrometheusMetrics(config, transport)
-        super().__init__(config, state, metrics=self.grouped)
-
-    @property
-    def queries_last_tick(self) -> int:
-        return self.grouped.queries_last_tick
-
-    @property
-    def backfilling(self) -> bool:
-        """The older part of some first reads is still being fetched (issue 18)."""
-        return self.grouped.backfill.busy
+        """Stops what runs behind the ticks: the backfill and the query pool."""
+        self.metrics.close()

@@ -210,7 +210,8 @@ def demand_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 
 def _demand_source(url: str, app: str) -> PrometheusSource:
     config = parse_config(
-        f'prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms}}\n'
+        f'prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms, '
+        "background_backfill: false}\n"
         "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat, "
         f"leading_query: 'sum(app_requests{{app=\"{app}\"}})'}}\n"
     )

@@ -1,8 +1,7 @@
-"""whatif's history reads decoded fast (issue 20): the columns of a range answer converted
-in one pass each (`fast.decode_fast`) give the same floats, the same flags and the same
-errors as the per-point decoding (`window.decode_matrix`); the reader asks for
-uncompressed answers unless `prometheus.compress_answers`, and cuts a range into chunks
-Prometheus accepts."""
+"""The decoder (`window.decode_matrix`) of the controller's reads and whatif's history:
+every point converted by `float` or a clear error, any non-finite value a flagged gap; the
+history reader asks for uncompressed answers unless `prometheus.compress_answers`, and
+cuts a range into chunks Prometheus accepts."""
 
 from __future__ import annotations
 
@@ -11,16 +10,14 @@ import math
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubefake import reply, serving
-from test_prometheus_fast_reads import _Recording
+from test_prometheus_transport import _Recording
 
-from gpuscaler.adapters.prometheus import history as history_module
-from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.history import LIMIT, HistoryReader, chunk_steps
+from gpuscaler.adapters.prometheus.history import HistoryReader
+from gpuscaler.adapters.prometheus.plan import LIMIT, chunk_steps
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import decode_matrix
 from gpuscaler.config import parse_config
@@ -52,42 +49,41 @@ CLEAN = st.tuples(
 ).map(list)
 
 
-def _decoded(values: Any) -> tuple[Any, ...] | str:
-    """decode_matrix's answer for a one-series matrix with these values (its arrays as
-    bytes: bit for bit), or its error."""
+def _decoded(values: Any) -> tuple[list[float], list[float], bool] | str:
+    """decode_matrix's answer for a one-series matrix with these values (as parsed from
+    JSON), or its error."""
+    body = json.dumps({"data": {"result": [{"metric": {}, "values": values}]}})
     try:
-        times, got, bad = decode_matrix([{"metric": {}, "values": values}])
+        times, got, bad = decode_matrix(json.loads(body)["data"]["result"])
     except SourceError as e:
         return str(e)
-    return times.tobytes(), got.tobytes(), bad
-
-
-def _both(values: Any) -> tuple[tuple[Any, ...] | str, tuple[Any, ...] | str]:
-    """(the per-point decoding, the fast one) of the same JSON answer."""
-    body = json.dumps({"data": {"result": [{"metric": {}, "values": values}]}})
-    slow = _decoded(json.loads(body)["data"]["result"][0]["values"])
-    result = decode_fast(orjson.loads(body)["data"]["result"])
-    try:
-        fast = decode_matrix(result)
-    except SourceError as e:
-        return slow, str(e)
-    return slow, (fast[0].tobytes(), fast[1].tobytes(), fast[2])
+    return times.tolist(), got.tolist(), bad
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(POINTS, max_size=12))
-def test_any_answer_decodes_fast_to_the_same_bits_or_the_same_error(values: list[Any]) -> None:
-    slow, fast = _both(values)
-    assert fast == slow
+def test_any_answer_decodes_to_finite_floats_and_a_flag_or_a_clear_error(
+    values: list[Any],
+) -> None:
+    decoded = _decoded(values)
+    if isinstance(decoded, str):
+        assert decoded == 'a sample is not [timestamp, "value"]'
+        return
+    times, got, bad = decoded
+    assert len(times) == len(got) == len(values)
+    assert bad == any(math.isnan(v) for v in got)  # every non-finite value a flagged gap
+    assert not any(math.isinf(v) for v in got)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(CLEAN, min_size=1, max_size=200))
-def test_a_clean_answer_is_decoded_column_by_column(values: list[Any]) -> None:
-    result = decode_fast(orjson.loads(json.dumps([{"metric": {}, "values": values}])))
-    assert "arrays" in result[0]  # the fast path, not left to the per-point loop
-    slow, fast = _both(values)
-    assert fast == slow
+def test_a_clean_answer_is_decoded_to_the_floats_it_writes(values: list[Any]) -> None:
+    decoded = _decoded(values)
+    assert not isinstance(decoded, str)
+    times, got, _ = decoded
+    want = [float(v) if math.isfinite(float(v)) else math.nan for _, v in values]
+    assert times == [float(t) for t, _ in values]
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(
@@ -97,21 +93,19 @@ def test_a_clean_answer_is_decoded_column_by_column(values: list[Any]) -> None:
         ([[10, "1.5"], [20, "NaN"]], ([10.0, 20.0], [1.5, math.nan], True)),
         ([[10, "+Inf"], [20, "-Inf"]], ([10.0, 20.0], [math.nan, math.nan], True)),
         ([[10.5, "2"], [11.25, "-0"]], ([10.5, 11.25], [2.0, -0.0], False)),
-        ([[10, "1", "extra"], [20, "2"]], ([10.0, 20.0], [1.0, 2.0], False)),  # as before
+        ([[10, "1", "extra"], [20, "2"]], ([10.0, 20.0], [1.0, 2.0], False)),
         ([[10, "x"]], 'a sample is not [timestamp, "value"]'),
         ([[10]], 'a sample is not [timestamp, "value"]'),
         ([[10, None]], 'a sample is not [timestamp, "value"]'),
-        (["12"], ([1.0], [2.0], False)),  # what the per-point loop made of it, too
+        (["12"], ([1.0], [2.0], False)),  # indexable: read as it indexes
     ],
     ids=["empty", "nan", "inf", "fractions", "long", "garbage", "short", "null", "string"],
 )
-def test_edge_answers_decode_as_before(values: list[Any], expected: Any) -> None:
-    slow, fast = _both(values)
-    assert fast == slow
+def test_edge_answers_decode_as_the_table_says(values: list[Any], expected: Any) -> None:
     if isinstance(expected, str):
-        assert fast == expected
+        assert _decoded(values) == expected
     else:
-        times, got, bad = decode_matrix(decode_fast([{"metric": {}, "values": values}]))
+        times, got, bad = decode_matrix([{"metric": {}, "values": values}])
         np.testing.assert_array_equal(times, expected[0])
         np.testing.assert_array_equal(got, expected[1])
         assert bad is expected[2]
@@ -121,7 +115,7 @@ def test_a_stale_marker_or_nan_is_a_gap_not_a_value() -> None:
     # Prometheus leaves stale markers out of query results (a stale NaN ends the series'
     # lookback), and writes any NaN it does send as "NaN" (its payload lost): a gap,
     # flagged, never a number.
-    _times, values, bad = decode_matrix(decode_fast([{"values": [[10, "NaN"], [20, "3"]]}]))
+    _times, values, bad = decode_matrix([{"values": [[10, "NaN"], [20, "3"]]}])
     assert bad and math.isnan(values[0]) and values[1] == 3.0
 
 
@@ -136,7 +130,7 @@ def test_a_stale_marker_or_nan_is_a_gap_not_a_value() -> None:
 )
 def test_a_malformed_result_keeps_its_message(result: Any, message: str) -> None:
     with pytest.raises(SourceError, match=message.replace("[", r"\[")):
-        decode_matrix(decode_fast(result))
+        decode_matrix(result)
 
 
 @settings(max_examples=300, deadline=None)
@@ -177,7 +171,6 @@ def test_history_is_read_uncompressed_unless_the_config_asks_for_gzip(
     monkeypatch.setattr(_Recording, "answer", answer)
     with serving(_Recording.handler()) as url:
         reader = HistoryReader(_config(url, extra))
-        assert reader.fast
         series = reader.read("q", 10.0, 20.0, 10.0)
     assert series.values.tolist() == [1.5, 2.0]
     assert all(encoding in h["Accept-Encoding"] for h in _Recording.seen)
@@ -210,4 +203,4 @@ def test_a_request_over_the_point_limit_is_a_clear_failure(monkeypatch: pytest.M
     assert history.requests.series is None
     assert "400" in str(history.requests.problem)
     assert "exceeded maximum resolution" in str(history.requests.problem)
-    assert history_module.LIMIT == 11_000
+    assert LIMIT == 11_000

@@ -101,7 +101,8 @@ def _config(url: str, extra: str = "") -> str:
         for name in [*PLANTED, "ghost"]
     )
     return f"""
-prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms}}
+prometheus: {{url: "{url}", timeout: 5s, retries: 1, backoff: 100ms,
+  background_backfill: false}}
 fragments: {{sustain: 0s}}
 replicas: {{skill_check: false}}  # one tick has no skill verdict; these test the adapters
 node_pools:
@@ -177,7 +178,7 @@ def test_the_first_cycle_backfills_in_chunks_and_later_cycles_fetch_only_what_is
     now = END + 1
     obs = source.observe(now)
     first = [c for c in transport.calls if "node-flat" in c[0] and "GPU_UTIL" in c[0]]
-    assert len(first) == 2  # 2 h at 500 ms = 14,400 points: two chunks of at most 10,000
+    assert len(first) == 2  # 2 h at 500 ms = 14,400 points: two chunks under 11,000
     assert all((end - start) / STEP + 1 <= 11_000 for _, start, end in first)
     flat = next(p for p in obs.pools if p.name == "flat")
     assert flat.utilization is not None and flat.problem is None
@@ -358,7 +359,7 @@ def test_secrets_never_appear_in_errors_and_a_rotated_token_is_read_again(tmp_pa
         os.utime(token, (time.time() + 5, time.time() + 5))
         with pytest.raises(SourceError):
             transport.query_range("up", END - 1, END, STEP)
-        seen = transport.client.headers
+        seen = transport.auth_headers
     assert seen == {"Authorization": "Bearer s3cr3t-token-2"}
 
 
@@ -377,7 +378,7 @@ def test_basic_auth_is_sent_and_its_password_never_appears_in_errors(tmp_path: P
 
     sent = base64.b64encode(b"gpuscaler:hunter2-secret").decode()
     assert sent not in str(info.value) and "hunter2" not in str(info.value)
-    assert transport.client.auth == ("gpuscaler", "hunter2-secret")
+    assert transport.auth == ("gpuscaler", "hunter2-secret")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Grouped, concurrent reads (adapters/prometheus/grouped.py) against a real Prometheus:
+"""Grouped, concurrent reads (adapters/prometheus/plan.py, source.py) against a real Prometheus:
 they see exactly what the per-target reads see, in fewer queries, and the number of
 queries does not grow with the number of workloads. The workload rule is the shipped one
 (deploy/prometheus/prometheusrule.yaml), evaluated over the planted data by
@@ -17,14 +17,13 @@ from promserver import STEP, binaries, planted_window, prometheus, shipped_rules
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
-from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.memo import chunks, split_answer
+from gpuscaler.adapters.prometheus.plan import chunks, split_answer
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import Window
+from gpuscaler.adapters.prometheus.window import Window, decode_matrix
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+from gpuscaler.sources import PrometheusSource
 
 POINTS = 240  # 2 minutes at 500 ms
 MODELS = {"a100": "NVIDIA A100", "h100": "NVIDIA H100", "l4": "NVIDIA L4 (24GB)"}
@@ -132,9 +131,11 @@ def _config(
     listed = "".join(
         f"\n  - {{namespace: {ns}, kind: {kind}, name: {name}}}" for ns, kind, name in workloads
     )
+    flag = str(grouped).lower()  # per target: the whole window at once, as a reference
     return parse_config(
         f"""
-prometheus: {{url: "{url}", grouped_queries: {str(grouped).lower()}, timeout: 20s, retries: 0}}
+prometheus: {{url: "{url}", grouped_queries: {flag}, background_backfill: {flag}, timeout: 20s,
+  retries: 0}}
 metrics: {{step: 0.5s, window: 10m}}
 node_pools:{pools}
   - name: t4
@@ -193,8 +194,10 @@ def _same(a: Observations, b: Observations, rule: bool = False, past: int = 0) -
         assert _same_load(w.load, v.load, rule, past), w.key
 
 
-def _sources(url: str, workloads: list[tuple[str, str, str]]) -> tuple[Any, PrometheusSource]:
-    grouped = GroupedPrometheusSource(_config(url, workloads), CurrentState())
+def _sources(
+    url: str, workloads: list[tuple[str, str, str]]
+) -> tuple[PrometheusSource, PrometheusSource]:
+    grouped = PrometheusSource(_config(url, workloads), CurrentState())
     plain = PrometheusSource(_config(url, workloads, grouped=False), CurrentState())
     return grouped, plain
 
@@ -227,7 +230,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     tick, equal to a whole-window read."""
     url, _, now = planted
     early = "forecast: {min_history: 80s}\n"
-    grouped = GroupedPrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
+    grouped = PrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
     plain = PrometheusSource(_config(url, WORKLOADS, grouped=False, extra=early), CurrentState())
     first = grouped.observe(now)
     # min_history + overlap (5 s) of the 2 planted minutes, at 500 ms, edges included.
@@ -237,7 +240,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert first.pools[0].memory_used_gib is not None  # the newest figure needs no history
     assert grouped.backfilling and grouped.queries_last_tick == 9 + 1  # backfill not counted
     grouped.after_tick()  # as the controller does once the tick is done
-    assert grouped.grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
+    assert grouped.metrics.backfill.wait(timeout=120), "backfill still running after 120 s"
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert not grouped.backfilling
     assert grouped.queries_last_tick == 9 - 2 + 1 + 1  # as steady as without a backfill
@@ -254,7 +257,7 @@ def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_adva
         prometheus = cfg.prometheus.model_copy(update={"queries": queries})
         return cfg.model_copy(update={"prometheus": prometheus})
 
-    grouped = GroupedPrometheusSource(custom(_config(url, WORKLOADS)), CurrentState())
+    grouped = PrometheusSource(custom(_config(url, WORKLOADS)), CurrentState())
     plain = PrometheusSource(custom(_config(url, WORKLOADS, grouped=False)), CurrentState())
     _same(grouped.observe(now), plain.observe(now), rule=True)
     # The modelName family's fb_used group becomes one query per pool (3), each asked
@@ -352,9 +355,10 @@ def test_a_target_a_grouped_answer_holds_twice_is_read_on_its_own(
     assert answers == want
 
 
-def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
+def test_a_range_is_read_in_chunks_under_the_point_limit_sharing_their_edges() -> None:
     assert chunks(0.0, 100.0, STEP) == [(0, 100)]
-    assert chunks(0.0, 12_000.0, STEP) == [(0, 5000), (5000, 10000), (10000, 12000)]
+    # At most 11,000 points less the 2 steps rounding to whole seconds may add: 5,499 s.
+    assert chunks(0.0, 12_000.0, STEP) == [(0, 5499), (5499, 10998), (10998, 12000)]
     # A backfill's parallel chunks: at least `pieces`, never over the points limit.
     assert chunks(0.0, 100.0, STEP, pieces=4) == [(0, 25), (25, 50), (50, 75), (75, 100)]
     assert len(chunks(0.0, 12_000.0, STEP, pieces=2)) == 3
@@ -363,18 +367,32 @@ def test_chunks_are_those_the_per_target_fetch_asks_for() -> None:
 @pytest.mark.parametrize(
     ("values", "want"),
     [
-        ([[1.0, "2.5"], [1.5, "NaN"], [2.0, "+Inf"]], [2.5, np.nan, np.inf]),
+        ([[1.0, "2.5"], [1.5, "NaN"], [2.0, "+Inf"]], [2.5, np.nan, np.nan]),
         ([], []),
     ],
 )
-def test_fast_decoding_gives_the_values_as_floats(values: list[Any], want: list[float]) -> None:
-    (item,) = decode_fast([{"metric": {}, "values": values}])
-    times, got = item["arrays"]
+def test_decoding_gives_the_values_as_floats_and_flags_what_is_not_finite(
+    values: list[Any], want: list[float]
+) -> None:
+    times, got, bad = decode_matrix([{"metric": {}, "values": values}])
     assert times.dtype == got.dtype == np.float64 and len(times) == len(want)
     assert np.array_equal(got, np.array(want, dtype=np.float64), equal_nan=True)
+    assert bad == (len(values) > 1)
 
 
-def test_fast_decoding_leaves_a_malformed_answer_for_the_shape_check() -> None:
-    (item,) = decode_fast([{"metric": {}, "values": [[1.0]]}])
-    assert "arrays" not in item
-    assert decode_fast({"not": "a list"}) == {"not": "a list"}  # type: ignore[comparison-overlap]
+def test_a_malformed_point_is_a_source_error() -> None:
+    with pytest.raises(SourceError, match="not \\[timestamp"):
+        decode_matrix([{"metric": {}, "values": [[1.0]]}])
+    with pytest.raises(SourceError, match="not a list"):
+        decode_matrix({"not": "a list"})
+
+
+def test_a_series_handed_out_keeps_its_values_when_the_window_moves_on() -> None:
+    window = Window(step=STEP, size=4)
+    window.advance(10.0)
+    window.write(np.array([9.0, 10.0]), np.array([1.0, 2.0]))
+    before = window.series()
+    window.advance(10.5)
+    window.write(np.array([10.5]), np.array([3.0]))
+    np.testing.assert_array_equal(before.values, [np.nan, 1.0, np.nan, 2.0])  # 8.5 to 10 s
+    np.testing.assert_array_equal(window.series().values, [1.0, np.nan, 2.0, 3.0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from promserver import planted_window, prometheus, write_openmetrics
 from test_prometheus import _bad_server
 
 from gpuscaler.adapters.kube.objects import CurrentState
+from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import decode_matrix, out_of_range
+from gpuscaler.adapters.prometheus.window import decode_matrix, drop_outside
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller
+from gpuscaler.core.preemption import VictimState
 from gpuscaler.sources import PrometheusSource
 
 POINTS = 2400  # 20 minutes at 500 ms
@@ -131,14 +134,17 @@ def test_physically_impossible_values_give_no_action_and_name_the_value(
         ([100.0001], "e.g. 100"),
     ],
 )
-def test_out_of_range_names_how_many_and_one_example(
+def test_out_of_range_names_how_many_and_one_example_and_keeps_them_out(
     values: list[float], problem: str | None
 ) -> None:
-    found = out_of_range(np.array(values, dtype=float), (0.0, 100.0))
+    array = np.array(values, dtype=float)
+    found = drop_outside(array, (0.0, 100.0))
     if problem is None:
         assert found is None
     else:
         assert found is not None and problem in found
+    kept = array[np.isfinite(array)]
+    assert ((kept >= 0.0) & (kept <= 100.0)).all()
 
 
 @pytest.mark.parametrize(
@@ -220,3 +226,29 @@ def test_credentials_in_the_prometheus_url_never_reach_stderr_or_errors(tmp_path
     with pytest.raises(ConfigError) as info:
         parse_config(bad)
     assert secret not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [
+        [{"metric": {"UUID": "GPU-1"}, "values": [[1, "garbage"]]}],
+        [{"metric": {"UUID": "GPU-1"}, "values": [{"t": 1, "v": "0"}]}],
+        [{"values": "0"}],
+        {"not": "a list"},
+    ],
+    ids=["garbage value", "object sample", "no values list", "not a list"],
+)
+def test_a_malformed_answer_makes_a_gone_victims_memory_not_measurable(memory: Any) -> None:
+    """The preemption memory check decodes as the reader does: a malformed answer is a
+    source error, and the memory is not measurable (no quarantine), never a crash."""
+    config = parse_config('prometheus: {url: "http://fake:1"}')
+
+    class Fake(Transport):
+        def query_range(self, query: str, start: float, end: float, step: float) -> Any:
+            if "pod=" in query:  # the GPUs the pod held
+                return [{"metric": {"UUID": "GPU-1"}, "values": [[start, "1000"]]}]
+            return memory
+
+    probe = GpuMemoryProbe(config, Fake(config.prometheus))
+    state = VictimState("batch/p", "serving/critical", "gpu-0", 1, 10, "cleanup", 50.0, 10.0)
+    assert probe.released(replace(state, gone_at=50.0), 100.0) is None

@@ -4,8 +4,8 @@ a pool new or changed, when the pool's GPUs stopped reporting, and after a read 
 found nothing; a refresh that fails keeps it only while younger than
 `memory_total_every` + `metrics.staleness`, past which the failure is the pool's problem
 (no action), as every failed read was before. With `memory_total_every: 0` it is read
-every tick, as before. Per-target and grouped readers behave the same; the grouped one
-does not send the total's query on the ticks it rests."""
+every tick, as before. Grouped and per-target queries behave the same; neither is sent
+on the ticks the total rests."""
 
 from __future__ import annotations
 
@@ -15,10 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gpuscaler.adapters.prometheus.grouped as grouped_module
-import gpuscaler.adapters.prometheus.memo as memo_module
-from gpuscaler.adapters.prometheus.fast import decode_fast
-from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
 from gpuscaler.adapters.prometheus.source import PoolMetrics, PrometheusMetrics
 from gpuscaler.adapters.prometheus.total import Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
@@ -27,14 +23,17 @@ from gpuscaler.config import Config, parse_config
 T0 = 1_800_000_000.0
 
 
-def _config(every: str = "5m", pools: tuple[str, ...] = ("a", "b"), model: str = "M") -> Config:
+def _config(
+    every: str = "5m", pools: tuple[str, ...] = ("a", "b"), model: str = "M", grouped: bool = True
+) -> Config:
     listed = "\n".join(
         f"  - {{name: {p}, selector: {{label: pool, value: {p}}}, gpu_memory_gib: 80, "
         f"metrics_matchers: {{modelName: {model}{p}}}}}"
         for p in pools
     )
     return parse_config(
-        f'prometheus: {{url: "http://fake:1", memory_total_every: {every}}}\n'
+        f'prometheus: {{url: "http://fake:1", memory_total_every: {every}, '
+        f"grouped_queries: {str(grouped).lower()}}}\n"
         "metrics: {window: 10m, step: 500ms, staleness: 2m}\n"
         f"node_pools:\n{listed}\nworkloads: []\n"
     )
@@ -78,25 +77,10 @@ class Fake(Transport):
         return []
 
 
-@pytest.fixture(autouse=True)
-def _fake_http(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The grouped reader's own requests (`fast.py`) go to the fake transport too."""
-
-    def instant(transport: Transport, query: str, time: float) -> list[Any]:
-        return transport.query(query, time)
-
-    def ranged(transport: Transport, query: str, start: float, end: float, step: float) -> Any:
-        return decode_fast(transport.query_range(query, start, end, step))
-
-    for module in (grouped_module, memo_module):
-        monkeypatch.setattr(module, "fast_query_range", ranged)
-    monkeypatch.setattr(grouped_module, "fast_query", instant)
-
-
 def _reader(grouped: bool, every: str = "5m") -> tuple[PrometheusMetrics, Fake]:
-    config = _config(every)
+    config = _config(every, grouped=grouped)
     fake = Fake(config)
-    reader = (GroupedPrometheusMetrics if grouped else PrometheusMetrics)(config, fake)
+    reader = PrometheusMetrics(config, fake)
     return reader, fake
 
 
@@ -197,11 +181,13 @@ def test_a_new_or_changed_pool_is_read_at_once_the_others_keep_theirs(grouped: b
     fake.total = {"a": 81_920.0, "b": 81_920.0, "c": 81_920.0}
     _pool(reader, T0)
     fake.total = {"a": 40_960.0, "b": 40_960.0, "c": 20_480.0}
-    reader.reconfigure(_config(pools=("a", "b", "c")))
+    reader.reconfigure(_config(pools=("a", "b", "c"), grouped=grouped))
     got = {p.name: p.memory_total_gib for p in reader.read(T0 + 30).pools}
     assert got == {"a": 80.0, "b": 80.0, "c": 20.0}
     fake.used = {"a": 1.0, "b": 1.0, "c": 1.0}
-    reader.reconfigure(_config(pools=("a", "b", "c"), model="N"))  # other matchers: all anew
+    reader.reconfigure(
+        _config(pools=("a", "b", "c"), model="N", grouped=grouped)
+    )  # other matchers: all anew
     got = {p.name: p.memory_total_gib for p in reader.read(T0 + 60).pools}
     assert got == {"a": 40.0, "b": 40.0, "c": 20.0}
 
@@ -209,7 +195,6 @@ def test_a_new_or_changed_pool_is_read_at_once_the_others_keep_theirs(grouped: b
 def test_the_grouped_reader_sends_one_query_less_on_the_ticks_the_total_rests() -> None:
     reader, fake = _reader(True)
     fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
-    assert isinstance(reader, GroupedPrometheusMetrics)
     reader.read(T0)
     first = reader.queries_last_tick
     reader.read(T0 + 30)

@@ -15,7 +15,7 @@ from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.rules import CHECK_EVERY, POOL_RULES, PoolRules, check_query
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.config import Config
-from gpuscaler.sources import GroupedPrometheusSource, PrometheusSource
+from gpuscaler.sources import PrometheusSource
 
 __all__ = ["planted"]  # the module's fixture: a Prometheus with and one without the rules
 
@@ -25,14 +25,13 @@ def _off(cfg: Config) -> Config:
     return cfg.model_copy(update={"prometheus": prometheus})
 
 
-def _grouped(url: str, rules: bool = True) -> GroupedPrometheusSource:
+def _grouped(url: str, rules: bool = True) -> PrometheusSource:
     cfg = _config(url, WORKLOADS)
-    return GroupedPrometheusSource(cfg if rules else _off(cfg), CurrentState())
+    return PrometheusSource(cfg if rules else _off(cfg), CurrentState())
 
 
-def _recorded_queries(source: GroupedPrometheusSource) -> list[str]:
-    groups, _ = source.grouped._groups()
-    return [g.query for g in groups if g.recorded]
+def _recorded_queries(source: PrometheusSource) -> list[str]:
+    return [g.query for g in source.metrics._plan_now().groups if g.recorded]
 
 
 def test_pools_read_from_the_recording_rules_get_the_windows_the_raw_series_give(
@@ -46,7 +45,7 @@ def test_pools_read_from_the_recording_rules_get_the_windows_the_raw_series_give
     _same(got, want, rule=True)
     _same(raw.observe(now), want, rule=True)
     models = set(MODELS.values())  # and the T4, selected by Hostname: read raw
-    assert all(models < rules.grouped.rules.recorded[s] for s in POOL_RULES)
+    assert all(models < rules.metrics.rules.recorded[s] for s in POOL_RULES)
     assert [q.split("{")[0] for q in _recorded_queries(rules)] == [
         f"last_over_time({name}" for name, _ in POOL_RULES.values()
     ]
@@ -65,7 +64,7 @@ def test_without_the_pool_rules_the_raw_series_are_read(
     source = _grouped(raw_url)
     plain = PrometheusSource(_config(raw_url, WORKLOADS, grouped=False), CurrentState())
     _same(source.observe(now), plain.observe(now))
-    assert source.grouped.rules.recorded == {s: frozenset() for s in POOL_RULES}
+    assert source.metrics.rules.recorded == {s: frozenset() for s in POOL_RULES}
     assert _recorded_queries(source) == []
 
 
@@ -76,7 +75,7 @@ def test_a_pool_whose_recorded_series_is_missing_is_read_raw_and_checked_again(
     the pools the recorded answer misses, and the next read checks again."""
     _, raw_url, now = planted
     source = _grouped(raw_url)
-    rules = source.grouped.rules
+    rules = source.metrics.rules
     rules.recorded = {s: frozenset(MODELS.values()) for s in POOL_RULES}
     rules.checked_at, rules.due = now, False
     plain = PrometheusSource(_config(raw_url, WORKLOADS, grouped=False), CurrentState())

@@ -1,4 +1,4 @@
-"""A tick's grouped queries are planned once and kept (issue 18): again only when what
+"""A tick's grouped queries are planned once and kept: again only when what
 they depend on changes (the config, a series found coarse, the pools Prometheus
 records); and a query built from the same labels is built once."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscaler.adapters.prometheus.grouped import GroupedPrometheusMetrics
 from gpuscaler.adapters.prometheus.promql import _built_query, build_query, matcher_sets
+from gpuscaler.adapters.prometheus.source import PrometheusMetrics
 from gpuscaler.config import Config, parse_config
 
 QUERIES = "sum(last_over_time(x{{{matchers}}}[{lookback}]))"
@@ -28,49 +28,49 @@ def _config(workloads: int = 3) -> Config:
     )
 
 
-def _plain(metrics: GroupedPrometheusMetrics) -> tuple[object, object]:
+def _plain(metrics: PrometheusMetrics) -> tuple[object, object]:
     """What the plan holds, comparable: each group's query and targets, and the singles."""
-    groups, single = metrics._groups()
-    return [(g.query, dict(g.targets), g.instant) for g in groups], list(single)
+    plan = metrics._plan_now()
+    return [(g.query, dict(g.targets), g.instant) for g in plan.groups], list(plan.single)
 
 
 def test_the_plan_is_kept_from_tick_to_tick_while_nothing_it_depends_on_changes() -> None:
-    metrics = GroupedPrometheusMetrics(_config())
-    first = metrics._groups()
-    assert metrics._groups() is first
-    assert _plain(metrics) == _plain(GroupedPrometheusMetrics(_config()))
+    metrics = PrometheusMetrics(_config())
+    first = metrics._plan_now()
+    assert metrics._plan_now() is first
+    assert _plain(metrics) == _plain(PrometheusMetrics(_config()))
 
 
 def test_a_series_found_coarse_is_planned_again_with_its_own_lookback() -> None:
-    metrics = GroupedPrometheusMetrics(_config())
-    before = metrics._groups()
+    metrics = PrometheusMetrics(_config())
+    before = metrics._plan_now()
     metrics.spacing.measured["workload:n/ScaledObject/w1"] = 15.0
-    after = metrics._groups()
+    after = metrics._plan_now()
     assert after is not before
-    single = {key: query for key, query, _ in after[1]}
+    single = {key: query for key, query, _ in after.single}
     assert "[16000ms]" in single["workload:n/ScaledObject/w1"]  # 15 s + two steps
-    workload = next(g for g in after[0] if g.by == ("namespace", "workload"))
+    workload = next(g for g in after.groups if g.by == ("namespace", "workload"))
     assert ("n", "w1") not in workload.targets
-    assert _plain(metrics) != _plain(GroupedPrometheusMetrics(_config()))
+    assert _plain(metrics) != _plain(PrometheusMetrics(_config()))
 
 
 def test_pools_recorded_by_prometheus_are_planned_again_from_the_recorded_series() -> None:
-    metrics = GroupedPrometheusMetrics(_config())
-    before = metrics._groups()
+    metrics = PrometheusMetrics(_config())
+    before = metrics._plan_now()
     metrics.rules.recorded["util"] = frozenset({"A"})
-    after = metrics._groups()
+    after = metrics._plan_now()
     assert after is not before
-    recorded = [g for g in after[0] if g.recorded]
+    recorded = [g for g in after.groups if g.recorded]
     assert len(recorded) == 1 and list(recorded[0].targets) == [("A",)]
 
 
 def test_a_new_config_is_planned_again() -> None:
-    metrics = GroupedPrometheusMetrics(_config(3))
-    before = metrics._groups()
+    metrics = PrometheusMetrics(_config(3))
+    before = metrics._plan_now()
     metrics.reconfigure(_config(5))
-    after = metrics._groups()
+    after = metrics._plan_now()
     assert after is not before
-    workload = next(g for g in after[0] if g.by == ("namespace", "workload"))
+    workload = next(g for g in after.groups if g.by == ("namespace", "workload"))
     assert len(workload.targets) == 5
 
 

@@ -67,11 +67,10 @@ class PrometheusConfig(StrictModel):
     overlap: Seconds = Field(5.0, ge=0)
     """Each incremental fetch re-reads this much before the newest sample held, for samples
     that arrived late."""
-    # issue 18: grouped, concurrent reads (adapters/prometheus/grouped.py)
     grouped_queries: bool = True
     """One query per signal and pool family and one for all workloads (through the shipped
     recording rule), instead of one per target; targets a group does not cover are still
-    read one by one. false: one query per target (a Prometheus without the rule)."""
+    read one by one (adapters/prometheus/plan.py). false: one query per target."""
     pool_recording_rules: bool = True
     """With grouped queries, read a `modelName` pool's utilization and stall from the
     series the shipped rules record per pool (group `gpuscaler-pools`), where Prometheus
@@ -81,23 +80,22 @@ class PrometheusConfig(StrictModel):
     """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
     Prometheus with one tick's worth of concurrent evaluations."""
     compress_answers: bool = False
-    """Issue 20: ask Prometheus for gzipped answers on the fast (orjson) reads: the
-    controller's grouped reads and whatif's history. Off by default: gzip cost Prometheus
-    more CPU than it saves on a cluster network or loopback (adapters/prometheus/fast.py,
-    `PLAIN`); on for a slow link (a week of a series at 10 s is about 1.2 MB of JSON
-    uncompressed, a fifth of that gzipped)."""
+    """Ask Prometheus for gzipped answers (the controller's reads and whatif's history).
+    Off by default: gzip costs Prometheus more CPU than it saves on a cluster network or
+    loopback (adapters/prometheus/transport.py); on for a slow link (a week of a series
+    at 10 s is about 1.2 MB of JSON uncompressed, a fifth of that gzipped)."""
     memory_total_every: Seconds = Field(300.0, ge=0)
-    """Issue 18: a pool's frame-buffer total (used + free: what its GPUs hold, a property
+    """A pool's frame-buffer total (used + free: what its GPUs hold, a property
     of the hardware) is read again this often, and at once for a pool new or changed or
     whose GPUs stopped reporting; between reads the kept total counts while younger
     than this plus `metrics.staleness` (adapters/prometheus/total.py). 0: every tick."""
     background_backfill: bool = True
-    """Issue 18: with grouped queries, the first tick (or a target's first read) fetches
+    """The first tick (or a target's first read) fetches
     only forecast.min_history plus `overlap` and acts; the rest of the window is read in
     the background, in parallel chunks, and joins the windows at the next tick. false:
     the first tick backfills the whole window before it acts."""
     warm_state_file: str | None = None
-    """Warm start (issue 18): the fetched windows are saved here (an emptyDir survives a
+    """Warm start: the fetched windows are saved here (an emptyDir survives a
     container restart) and read back at start, so a restart fetches only the gap. None:
     every start backfills the whole window."""
     warm_state_every: Seconds = Field(120.0, gt=0)

@@ -1,4 +1,4 @@
-"""Background backfill (issue 18): a window's first read fetches only what a forecast
+"""Background backfill: a window's first read fetches only what a forecast
 needs (`forecast.min_history`, plus `prometheus.overlap` for a late or missing sample),
 so the first tick after a start acts in the time of a few steady ticks instead of after
 reading the whole window; the older part is read behind it, on a thread started once the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import Window, decode_matrix, out_of_range
+from gpuscaler.adapters.prometheus.window import Window, decode_matrix, drop_outside
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -127,10 +127,9 @@ def _write(key: str, window: Window, answers: list[object], bounds: tuple[float,
         except SourceError as e:
             log.warning("backfill of %s refused: %s", key, e)
             return 0
-        absurd = out_of_range(values, bounds)
+        absurd = drop_outside(values, bounds)
         if absurd is not None:
             log.warning("backfill of %s: %s (kept out of the window)", key, absurd)
-        values[(values < bounds[0]) | (values > bounds[1])] = np.nan
         keep = np.isfinite(values)
         window.write(times[keep], values[keep])
     return 1

@@ -1,13 +1,10 @@
 """Prometheus history for `gpuscaler whatif`: each workload's request rate, GPU load and
 the replica counts the cluster ran, over a past range.
 
-It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries and
-secret scrubbing) and its PromQL helpers; a range is read in chunks under the server's
-11,000-points-per-series limit (`chunk_steps`), chunks sharing their edge sample. Answers
-are read as the controller's grouped reads are (`fast.py`, issue 20): uncompressed unless
-`prometheus.compress_answers`, decoded by orjson, each column of points converted in one
-pass; the same floats as the per-point decoding (`window.decode_matrix`), which a
-transport of other kind (a test's) still goes through.
+It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries,
+secret scrubbing and uncompressed answers) and decoder (`window.decode_matrix`), and its
+PromQL helpers; a range is read in chunks under the server's 11,000-points-per-series
+limit (`plan.chunks`), chunks sharing their edge sample.
 
 Replica counts come from kube-state-metrics:
 - `kube_horizontalpodautoscaler_status_current_replicas{namespace, horizontalpodautoscaler}`
@@ -28,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from gpuscaler.adapters.prometheus.fast import fast_query_range
+from gpuscaler.adapters.prometheus.plan import chunks
 from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, out_of_range
+from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, drop_outside
 from gpuscaler.config import Config, WorkloadConfig, redact_url
 from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import FloatArray, Series
@@ -44,19 +41,12 @@ REPLICAS = (0.0, 1e6)
 HPA_REPLICAS = "max(kube_horizontalpodautoscaler_status_current_replicas{{{matchers}}})"
 DEPLOYMENT_REPLICAS = "max(kube_deployment_status_replicas{{{matchers}}})"
 
-LIMIT = 11_000
-"""Prometheus refuses a range query whose (end - start) / step, in whole steps, passes
-this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
-of 11,000 points per timeseries")."""
-
 Progress = Callable[[int], None]
 """Called with the number of range requests just made."""
 READERS = 2
 """Workloads read at once (`HistoryReader.workloads`), each by a thread of its own with its
-own connection: while Prometheus evaluates and encodes one's range (about 14 ms of its
-CPU a 11,000-point request), the other's answer is decoded (about 10 ms). Two keep both
-of a 2-core machine's cores busy; 4 read no faster there (bench/history_reads.py and a
-probe of 1, 2, 3, 4 and 8, issue 20, with `--jobs 2` two processes read at once)."""
+own connection: while Prometheus evaluates and encodes one's range, the other's answer is
+decoded. Two keep both of a 2-core machine's cores busy."""
 
 
 class HistoryError(InputError):
@@ -103,18 +93,6 @@ def request_template(
     )
 
 
-_OWN_QUERY_RANGE = Transport.query_range
-"""The controller's transport's own range request (kept at import: a test may put a fake
-in `Transport`'s place)."""
-
-
-def chunk_steps(step: float) -> int:
-    """Steps a range request spans at most: LIMIT, less what rounding its start and end
-    to whole seconds (as prometheus_api_client sends them, and `fast_query_range`) can
-    add, under a second (10,999 at 10 s: a week in 6 requests, 7 at 9,999 before)."""
-    return max(1, LIMIT - math.ceil(1.0 / step))
-
-
 class HistoryReader:
     """Range reads from the configured Prometheus."""
 
@@ -127,8 +105,6 @@ class HistoryReader:
         self.shared = transport is not None
         """A transport given is used alone (by one thread at a time)."""
         self.transport = transport or Transport(config.prometheus)
-        self.fast = type(self.transport).query_range is _OWN_QUERY_RANGE
-        """A transport whose query_range is its own (a test's fake) is read through it."""
         self.progress = progress or (lambda _n: None)
 
     def probe(self) -> None:
@@ -144,29 +120,19 @@ class HistoryReader:
         it has no sample; SourceError when a request fails."""
         n = math.floor((end - start) / step) + 1
         values = np.full(n, np.nan)
-        chunk = chunk_steps(step) * step
-        t = start
-        while t <= end:
-            chunk_end = min(end, t + chunk)
-            times, got = self._range(query, t, chunk_end, step)
+        for chunk in chunks(start, end, step):
+            times, got = self._range(query, *chunk, step)
             self.progress(1)
             idx = np.round((times - start) / step).astype(np.int64)
             ok = (idx >= 0) & (idx < n)
             values[idx[ok]] = got[ok]
-            if chunk_end >= end:
-                break
-            t = chunk_end  # chunks share their edge sample: none is skipped
         return Series(start=start, step=step, values=values)
 
     def _range(
         self, query: str, start: float, end: float, step: float
     ) -> tuple[FloatArray, FloatArray]:
         """(times, values) of one range request's single series (non-finite values NaN)."""
-        if self.fast:
-            result = fast_query_range(self.transport, query, start, end, step)
-        else:
-            result = self.transport.query_range(query, start, end, step)
-        times, values, _bad = decode_matrix(result)
+        times, values, _bad = decode_matrix(self.transport.query_range(query, start, end, step))
         return times, values
 
     def _signal(
@@ -184,9 +150,8 @@ class HistoryReader:
             return Signal(name, query, None, f"query failed: {e}")
         if not np.isfinite(series.values).any():
             return Signal(name, query, None)
-        problem = out_of_range(series.values, bounds)
         values = series.values.copy()
-        values[(values < bounds[0]) | (values > bounds[1])] = np.nan  # never replayed
+        problem = drop_outside(values, bounds)  # never replayed
         return Signal(name, query, Series(series.start, series.step, values), problem)
 
     def workload(

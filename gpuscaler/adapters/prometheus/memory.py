@@ -7,20 +7,20 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any
+
+import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import decode_points
 from gpuscaler.config import Config
-from gpuscaler.core.preemption import (
-    VictimState,
-)
+from gpuscaler.core.model import FloatArray
+from gpuscaler.core.preemption import VictimState
 
 log = logging.getLogger("gpuscaler.preemption")
 AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
 """The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
 cannot attribute to pods (MPS)."""
-"""Set by whoever knows the node's topology (e.g. from `nvidia-smi topo -m`)."""
 
 
 class GpuMemoryProbe:
@@ -36,9 +36,23 @@ class GpuMemoryProbe:
         self.config = config
         self.transport = transport
 
-    def _series(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+    def _series(
+        self, query: str, start: float, end: float, step: float
+    ) -> list[tuple[dict[str, str], FloatArray]]:
+        """Each series' labels and finite values (the reader's decoder: a malformed
+        answer is a SourceError)."""
         result = self.transport.query_range(query, start, end, step)
-        return [r for r in result if isinstance(r, dict) and isinstance(r.get("values"), list)]
+        if not isinstance(result, list):
+            raise SourceError("data.result is not a list")
+        out = []
+        for item in result:
+            if not isinstance(item, dict) or not isinstance(item.get("values"), list):
+                raise SourceError("result item has no values list")
+            _, values = decode_points(item["values"])
+            metric = item.get("metric")
+            labels = {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
+            out.append((labels, values[np.isfinite(values)]))
+        return out
 
     def released(self, s: VictimState, now: float) -> bool | None:
         namespace, pod = s.victim.split("/", 1)
@@ -51,7 +65,7 @@ class GpuMemoryProbe:
                 gone,
                 5.0,
             )
-            uuids = sorted({r["metric"].get("UUID") for r in attributed} - {None})
+            uuids = sorted({m["UUID"] for m, _ in attributed if "UUID" in m})
             by_agent = not uuids  # MPS: no per-pod series; the node agent's mapping instead
             if by_agent:
                 uuids = self._agent_gpus(namespace, pod, s.requested_at - 60, gone)
@@ -66,15 +80,15 @@ class GpuMemoryProbe:
         except SourceError as e:
             log.warning("memory check of %s: %s", s.victim, e)
             return None
-        if others or any(r["metric"].get("pod") not in (None, "", pod) for r in memory):
+        if others or any(m.get("pod") not in (None, "", pod) for m, _ in memory):
             return True  # another pod holds the GPU now: it is in use, not leaked
-        values = [float(v) for r in memory for _, v in r["values"]]
-        busy = [float(v) for r in util for _, v in r["values"]]
-        if not values:
+        values = np.concatenate([v for _, v in memory] or [np.empty(0)])
+        busy = np.concatenate([v for _, v in util] or [np.empty(0)])
+        if not values.size:
             return None
-        if min(values) <= self.config.preemption.released_below_mib:
+        if values.min() <= self.config.preemption.released_below_mib:
             return True
-        if busy and max(busy) < 5:
+        if busy.size and busy.max() < 5:
             return False
         return None
 
@@ -88,11 +102,11 @@ class GpuMemoryProbe:
             end,
             5.0,
         )
-        return sorted({r["metric"].get("gpu") for r in series} - {None})
+        return sorted({m["gpu"] for m, _ in series if "gpu" in m})
 
     def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
         """(namespace, pod) the agent saw holding these GPUs in the window."""
         series = self._series(
             f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
         )
-        return {(r["metric"].get("namespace", ""), r["metric"].get("pod", "")) for r in series}
+        return {(m.get("namespace", ""), m.get("pod", "")) for m, _ in series}

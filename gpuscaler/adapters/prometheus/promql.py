@@ -39,7 +39,7 @@ def matcher_sets(labels: Mapping[str, str]) -> list[str]:
 
 
 def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
-    """The template over the labels (asked once per target and tick: kept, issue 18)."""
+    """The template over the labels (asked once per target and tick: kept)."""
     return _built_query(template, tuple(labels.items()), lookback)
 
 

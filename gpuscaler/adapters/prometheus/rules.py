@@ -1,4 +1,4 @@
-"""Pool-family recording rules (issue 18): a pool's utilization and stall read from the
+"""Pool-family recording rules: a pool's utilization and stall read from the
 series the shipped PrometheusRule records per `modelName`, when Prometheus records them.
 
 At 10,000 GPUs, Prometheus' own evaluation of a family's grouped range query over the
@@ -108,7 +108,7 @@ class PoolRules:
 
     def note_missing(self, missing: list[str]) -> None:
         """Pools (their raw queries) a recorded series' answer missed: read raw for now
-        (`MemoTransport` asks their own queries), and which pools are recorded is checked
+        (the reader asks their own queries), and which pools are recorded is checked
         again at the next read."""
         if missing:
             self.due = True

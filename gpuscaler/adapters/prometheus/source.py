@@ -1,10 +1,16 @@
-"""The source: per target, the first cycle backfills in chunks under Prometheus'
-11,000-points-per-series limit, later cycles fetch only what is new (plus a small overlap
-for late samples); memory is window x targets.
+"""The Prometheus reader: one grouped read a tick (`plan.py`) into a sliding window per
+target on the `metrics.step` grid.
 
-Failure policy: any failure for a target sets its `problem`, so the core takes no action
-on it and says why; the source's health records the last error; the next good fetch
-recovers by itself.
+A target's first read backfills its window, in chunks under Prometheus'
+11,000-points-per-series limit; with `prometheus.background_backfill` it reads only what
+a forecast needs (`forecast.min_history` plus `prometheus.overlap`) and the rest follows
+behind the tick (`backfill.py`). Later reads fetch only what is new, plus `overlap` for
+late samples; gaps stay NaN; memory is window x targets. All queries of a tick run on one
+thread pool kept for the process, at most `prometheus.max_concurrent_queries` at a time.
+
+Failure policy: any failure for a target (a failed query, a malformed answer, a NaN, Inf
+or out-of-range sample) sets its `problem`, so the core takes no action on it and says
+why; the reader's health records the last error; the next good fetch recovers by itself.
 """
 
 from __future__ import annotations
@@ -17,8 +23,20 @@ from functools import partial
 
 import numpy as np
 
+from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
+from gpuscaler.adapters.prometheus.fetch import Fetcher, Job
+from gpuscaler.adapters.prometheus.plan import (
+    INSTANT,
+    Answer,
+    AnswerKey,
+    Chunk,
+    Plan,
+    chunks,
+    memory_lookbacks,
+)
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
-from gpuscaler.adapters.prometheus.spacing import SpacingTracker, lookback_ms
+from gpuscaler.adapters.prometheus.rules import PoolRules
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker, present_times
 from gpuscaler.adapters.prometheus.total import Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
@@ -29,16 +47,12 @@ from gpuscaler.adapters.prometheus.window import (
     decode_matrix,
     decode_vector,
     drop_outside,
-    out_of_range,
 )
-from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
-from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.config import Config, ForecastConfig, NodePoolConfig, WorkloadConfig
+from gpuscaler.core.model import Series
 from gpuscaler.demand import DEMAND_BOUNDS
 
 log = logging.getLogger("gpuscaler.prometheus")
-
-MAX_POINTS = 10_000
-"""Points per series per request: below Prometheus' hard limit of 11,000."""
 
 
 @dataclass
@@ -86,28 +100,6 @@ class Metrics:
     workloads: tuple[WorkloadMetrics, ...] = ()
 
 
-@dataclass(frozen=True)
-class Steady:
-    """One target's steady read done with others at once (`bulk.py`): `_fetch_once`
-    takes it in place of advancing the window and reading."""
-
-    query: str
-    bounds: tuple[float, float]
-    end: float
-    values: FloatArray
-    """The window's values after the read (a row of this tick's targets x time array)."""
-    had_bad: bool
-    absurd: str | None
-    got_any: bool
-
-
-def _present_times(series: Series) -> FloatArray:
-    """Times of the window's samples (measured by the spacing tracker only every few
-    reads: not computed for the others)."""
-    present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
-    return series.start + series.step * present
-
-
 class PrometheusMetrics:
     """Metrics from Prometheus, fetched incrementally into a window per target; nothing
     of the cluster (`gpuscaler.sources` joins the two)."""
@@ -116,159 +108,41 @@ class PrometheusMetrics:
 
     def __init__(self, config: Config, transport: Transport | None = None):
         self.config = config
-        self.transport = transport or Transport(config.prometheus)
+        self.fetcher = Fetcher(config, transport or Transport(config.prometheus))
         self.windows: dict[str, Window] = {}
         self.health = Health()
-        self._transport_errors: list[str] = []
         self.spacing = SpacingTracker(config.metrics.step)
         """Series read more coarsely than metrics.step, and their lookback."""
         self.sample_spacing = self.spacing.measured
-        self.steady: dict[str, Steady] = {}
-        """This tick's steady reads done at once, by key (`bulk.py`); taken by `_fetch_once`."""
         self.totals = Totals(config)
         """The pools' frame-buffer totals, read every few minutes (`total.py`)."""
-
-    def _fetch(
-        self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
-    ) -> tuple[Series | None, str | None]:
-        """The target's window after fetching what is new, and the problem if any; a
-        transport failure is also recorded for the source's health. Values outside
-        `bounds` (the metric's physical range) are invalid input: kept out of the window,
-        and the target gets no action this tick. `query` builds the PromQL for a lookback:
-        a series found coarser than the step is read again at once with its own."""
-        series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
-        if (
-            problem is None
-            and series is not None
-            and self.spacing.observe(key, partial(_present_times, series))
-        ):
-            self.windows.pop(key, None)  # backfill the window with the new lookback
-            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
-        return series, problem
-
-    def _fetch_once(
-        self, key: str, query: str, now: float, bounds: tuple[float, float]
-    ) -> tuple[Series | None, str | None]:
-        step = self.config.metrics.step
-        size = round(self.config.metrics.window / step)
-        window = self.windows.setdefault(key, Window(step=step, size=size))
-        end = math.floor(now / step) * step
-        done = self.steady.pop(key, None)
-        if done is not None and (done.query, done.bounds, done.end) != (query, bounds, end):
-            done = None
-        if done is None:
-            window.advance(end)
-        first = end - step * (size - 1)
-        if window.fetched_until is not None:
-            start = max(first, window.fetched_until - self.config.prometheus.overlap)
-        else:
-            start = self._first_start(key, query, first, end, bounds)
-        try:
-            if done is None:
-                had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
-            else:
-                window.values, window.end = done.values, done.end
-                had_bad, absurd, got_any = done.had_bad, done.absurd, done.got_any
-            if start > first and window.empty():
-                # Nothing in a first read's head: the rest now, not behind, so that a
-                # silent series is told stale (or absent) on this very tick.
-                self._first_start_done(key)
-                more = self._read_span(window, query, first, start, bounds)
-                had_bad, absurd, got_any = had_bad or more[0], absurd or more[1], got_any or more[2]
-        except SourceError as e:
-            self._transport_errors.append(f"{key}: {e}")
-            return window.series(), str(e)
-        empty = not got_any and window.empty()  # a sample read means not empty
-        if not empty:
-            window.fetched_until = end  # an empty window is backfilled again next tick
-        if absurd is not None:
-            return window.series(), absurd
-        if had_bad:
-            return window.series(), "NaN or Inf in the newest samples"
-        if empty:
-            return window.series(), "empty result: no series matches"
-        return window.series(), None
-
-    def _read_span(
-        self, window: Window, query: str, start: float, end: float, bounds: tuple[float, float]
-    ) -> tuple[bool, str | None, bool]:
-        """Samples from `start` to `end` into the window, in chunks under the points
-        limit: (had NaN/Inf, the first out-of-range problem, got any sample)."""
-        step = self.config.metrics.step
-        had_bad = False
-        absurd: str | None = None
-        got_any = False
-        chunk = math.floor(MAX_POINTS * step)
-        last = math.floor(end)  # the client sends whole seconds
-        t = math.floor(start)
-        while True:
-            chunk_end = min(last, t + chunk)
-            times, values, bad = decode_matrix(
-                self.transport.query_range(query, t, chunk_end, step)
-            )
-            problem = drop_outside(values, bounds)  # decoded: non-finite values are NaN
-            absurd = absurd or problem
-            window.write(times, values)
-            had_bad |= bad
-            got_any |= times.size > 0
-            if chunk_end >= last:
-                return had_bad, absurd, got_any
-            t = chunk_end  # chunks share their edge sample: none is skipped
-
-    def _first_start(
-        self, key: str, query: str, first: float, end: float, bounds: tuple[float, float]
-    ) -> float:
-        """Where a window's first read starts: the whole window here (a reader that
-        backfills in the background starts later and fetches the rest behind)."""
-        return first
-
-    def _first_start_done(self, key: str) -> None:
-        """The rest of `key`'s window was read at once: nothing to read behind."""
-
-    def _newest_gib(
-        self, key: str, template: str, matchers: Mapping[str, str], now: float
-    ) -> tuple[float | None, str | None]:
-        """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
-        (or not within `metrics.staleness`): memory then bounds fragments by the config
-        alone. A failing query is still a problem.
-
-        Only the newest figure is used, so no window is kept (issue 18): an instant query
-        at the grid's end over the step's lookback, and only when that finds nothing (a
-        scrape interval longer than the step, a lagging scrape) again over
-        `metrics.staleness`. Prometheus' cost grows with the samples in the lookback, so
-        each is cheap where it is used."""
-        try:
-            return self._read_gib(template, matchers, now)
-        except SourceError as e:
-            self._transport_errors.append(f"{key}: {e}")
-            return None, str(e)
-
-    def _read_gib(
-        self, template: str, matchers: Mapping[str, str], now: float
-    ) -> tuple[float | None, str | None]:
-        """`_newest_gib` without its handling of a failed query (raised)."""
-        step = self.config.metrics.step
-        at = math.floor(now / step) * step
-        value: float | None = None
-        bad = False
-        for lookback in self.memory_lookbacks:
-            query = build_query(template, matchers, lookback)
-            value, bad = decode_vector(self.transport.query(query, at))
-            if value is not None or bad:
-                break
-        if bad:
-            return None, "NaN or Inf in the newest samples"
-        if value is None:
-            return None, None
-        absurd = out_of_range(np.array([value]), MEMORY_MIB)
-        return (None, absurd) if absurd else (value / 1024, None)
+        self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
+        self._head: tuple[Config, float] | None = None
+        self._answers: dict[AnswerKey, Answer] = {}
+        self._errors: list[str] = []
 
     @property
-    def memory_lookbacks(self) -> tuple[str, str]:
-        """The frame-buffer queries' lookbacks: that of a series sampled at the step,
-        then `metrics.staleness` (a GPU's figure counts while fresher than that)."""
-        stale = f"{max(1, math.ceil(self.config.metrics.staleness * 1000))}ms"
-        return lookback_ms(self.config.metrics.step, None), stale
+    def transport(self) -> Transport:
+        return self.fetcher.transport
+
+    @property
+    def rules(self) -> PoolRules:
+        return self.fetcher.rules
+
+    @property
+    def queries_last_tick(self) -> int:
+        """Queries sent by the last read (the background backfill's not counted)."""
+        return self.fetcher.queries
+
+    def close(self) -> None:
+        """The process stops: the backfill starts nothing more, the pool's threads end."""
+        self.backfill.close()
+        self.fetcher.close()
+
+    def after_tick(self) -> None:
+        """The first reads' backfill starts once the tick is done, so it does not slow
+        the tick's forecast (a reader not told starts it at its next read)."""
+        self.backfill.start()
 
     def reconfigure(self, config: Config) -> None:
         """Use `config` from the next tick: windows of targets no longer configured are
@@ -278,8 +152,9 @@ class PrometheusMetrics:
             self.config.metrics.window,
         ):
             self.windows.clear()
+        transport = self.transport
         if config.prometheus != self.config.prometheus:
-            self.transport = Transport(config.prometheus)
+            transport = Transport(config.prometheus)
         keep = {f"pool:{p.name}:" for p in config.node_pools}
         keep |= {f"workload:{w.key}" for w in config.workloads}
         for key in list(self.windows):
@@ -287,40 +162,52 @@ class PrometheusMetrics:
                 del self.windows[key]
         self.spacing.reset(config.metrics.step, lambda key: key in self.windows)
         self.totals.reconfigure(config)
+        self.fetcher.reconfigure(config, transport)
         self.config = config
+
+    # ------------------------------------------------------------------ the tick
 
     def read(self, now: float) -> Metrics:
         """This tick's metrics of every configured pool and workload."""
-        self._transport_errors = []
-        pools = tuple(self._pool(p, now) for p in self.config.node_pools)
-        queries = self.config.prometheus.queries
-        workloads = []
-        for w in self.config.workloads:
-            template, bounds = queries.workload_load, LOAD
-            if w.demand is not None:  # the serving stack's own demand (gpuscaler.demand)
-                template, bounds = w.demand.template, DEMAND_BOUNDS
-            key = w.key
-            load, problem = self._fetch(
-                f"workload:{key}",
-                partial(build_workload_query, template, w.namespace, w.name),
-                now,
-                bounds,
-            )
-            demand, demand_problem = self._leading(w, now)
-            workloads.append(
-                WorkloadMetrics(
-                    key,
-                    load,
-                    problem,
-                    demand=demand,
-                    demand_problem=demand_problem,
-                    serving=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
-                )
-            )
-        self._record_health(now, self._transport_errors)
-        return Metrics(now, pools, tuple(workloads))
+        # The rest of the windows joins at the next tick: a backfill still running (ticks
+        # closer than it takes) is waited for, at most one request's timeout.
+        self.backfill.wait(timeout=self.config.prometheus.timeout)
+        self.backfill.apply(self.windows)
+        self.backfill.start()
+        self.fetcher.queries, self._errors = 0, []
+        self.fetcher.check_rules(now)
+        span = partial(self._span, now=now)
+        resting = self.totals.resting(now)
+        self._answers = self.fetcher.prefetch(self._plan_now(), now, span, resting)
+        try:
+            pools = tuple(self._pool_metrics(p, now) for p in self.config.node_pools)
+            workloads = tuple(self._workload(w, now) for w in self.config.workloads)
+        finally:
+            self._answers = {}
+        self._record_health(now, self._errors)
+        return Metrics(now, pools, workloads)
 
-    def _pool(self, p: NodePoolConfig, now: float) -> PoolMetrics:
+    def _workload(self, w: WorkloadConfig, now: float) -> WorkloadMetrics:
+        template, bounds = self.config.prometheus.queries.workload_load, LOAD
+        if w.demand is not None:  # the serving stack's own demand (gpuscaler.demand)
+            template, bounds = w.demand.template, DEMAND_BOUNDS
+        query = partial(build_workload_query, template, w.namespace, w.name)
+        load, problem = self._fetch(f"workload:{w.key}", query, now, bounds)
+        demand, demand_problem = None, None
+        if w.leading_query:  # the workload's leading signal, sent as written
+            leading = w.leading_query
+            key = f"workload:{w.key}:demand"
+            demand, demand_problem = self._fetch(key, lambda _: leading, now, DEMAND_BOUNDS)
+        return WorkloadMetrics(
+            w.key,
+            load,
+            problem,
+            demand=demand,
+            demand_problem=demand_problem,
+            serving=(w.demand.per_replica, w.demand.unit_name) if w.demand else None,
+        )
+
+    def _pool_metrics(self, p: NodePoolConfig, now: float) -> PoolMetrics:
         if not p.metrics_matchers:
             return PoolMetrics(
                 p.name,
@@ -338,11 +225,155 @@ class PrometheusMetrics:
             f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
         )
         used_gib, used_problem = self._newest_gib(
-            f"pool:{p.name}:fb_used", queries.pool_memory_used, p.metrics_matchers, now
+            f"pool:{p.name}:fb_used", queries.pool_memory_used, m, now
         )
         total_gib, total_problem = self._total(p, used_gib is not None, now)
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
+
+    # ------------------------------------------------------------------ one target
+
+    def _fetch(
+        self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
+        """The target's window after fetching what is new, and the problem if any; a
+        transport failure is also recorded for the reader's health. Values outside
+        `bounds` (the metric's physical range) are invalid input: kept out of the window,
+        and the target gets no action this tick. `query` builds the PromQL for a lookback:
+        a series found coarser than the step is read again at once with its own."""
+        series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        if (
+            problem is None
+            and series is not None
+            and self.spacing.observe(key, partial(present_times, series))
+        ):
+            self.windows.pop(key, None)  # backfill the window with the new lookback
+            self.backfill.pending.pop(key, None)
+            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        return series, problem
+
+    def _fetch_once(
+        self, key: str, query: str, now: float, bounds: tuple[float, float]
+    ) -> tuple[Series | None, str | None]:
+        step = self.config.metrics.step
+        size = round(self.config.metrics.window / step)
+        window = self.windows.setdefault(key, Window(step=step, size=size))
+        end = math.floor(now / step) * step
+        window.advance(end)
+        first = end - step * (size - 1)
+        start = self._span(key, now)[0]
+        if window.fetched_until is None and start > first:
+            self.backfill.note(key, Pending(window, query, first, start, bounds))
+        try:
+            had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            if start > first and window.empty():
+                # Nothing in a first read's head: the rest now, not behind, so that a
+                # silent series is told stale (or absent) on this very tick.
+                self.backfill.pending.pop(key, None)
+                more = self._read_span(window, query, first, start, bounds)
+                had_bad, absurd, got_any = had_bad or more[0], absurd or more[1], got_any or more[2]
+        except SourceError as e:
+            self._errors.append(f"{key}: {e}")
+            return window.series(), str(e)
+        empty = not got_any and window.empty()  # a sample read means not empty
+        if not empty:
+            window.fetched_until = end  # an empty window is backfilled again next tick
+        if absurd is not None:
+            return window.series(), absurd
+        if had_bad:
+            return window.series(), "NaN or Inf in the newest samples"
+        if empty:
+            return window.series(), "empty result: no series matches"
+        return window.series(), None
+
+    def _read_span(
+        self, window: Window, query: str, start: float, end: float, bounds: tuple[float, float]
+    ) -> tuple[bool, str | None, bool]:
+        """Samples from `start` to `end` into the window, chunk by chunk: (had NaN/Inf,
+        the first out-of-range problem, got any sample)."""
+        had_bad, absurd, got_any = False, None, False
+        for chunk in chunks(start, end, self.config.metrics.step):
+            times, values, bad = decode_matrix(self._answer(query, chunk))
+            absurd = absurd or drop_outside(values, bounds)  # decoded: non-finite are NaN
+            window.write(times, values)
+            had_bad |= bad
+            got_any |= times.size > 0
+        return had_bad, absurd, got_any
+
+    def _answer(self, query: str, chunk: Chunk) -> list[object]:
+        """The tick's prefetched answer, else asked now (and counted)."""
+        found = self._answers.get((query, *chunk))
+        if found is None:
+            found = self.fetcher.ask(query, chunk)
+        if isinstance(found, SourceError):
+            raise found
+        return found
+
+    def _span(self, key: str, now: float) -> tuple[float, float]:
+        """(start, end) the tick reads of `key`'s series: what is new since its last
+        read (plus `overlap`), or a first read's head (`_head_start`)."""
+        step = self.config.metrics.step
+        size = round(self.config.metrics.window / step)
+        end = math.floor(now / step) * step
+        first = end - step * (size - 1)
+        window = self.windows.get(key)
+        if window is None or window.fetched_until is None:
+            return self._head_start(first, end), end
+        return max(first, window.fetched_until - self.config.prometheus.overlap), end
+
+    def _head_start(self, first: float, end: float) -> float:
+        """Where a first read starts: `forecast.min_history` (the longest any target's
+        forecast asks for) plus `prometheus.overlap` before `end`, unless the window is
+        read whole (`prometheus.background_backfill` off)."""
+        if not self.config.prometheus.background_backfill:
+            return first
+        if self._head is None or self._head[0] is not self.config:
+            c = self.config
+            sections = [c.pool_section(p.name, "forecast", ForecastConfig) for p in c.node_pools]
+            sections += [c.workload_section(w.key, "forecast", ForecastConfig) for w in c.workloads]
+            longest = max(f.min_history for f in [c.forecast, *sections])
+            self._head = (c, longest + c.prometheus.overlap)
+        return max(first, end - self._head[1])
+
+    # ------------------------------------------------------------------ frame buffer
+
+    def _newest_gib(
+        self, key: str, template: str, matchers: Mapping[str, str], now: float
+    ) -> tuple[float | None, str | None]:
+        """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
+        (or not within `metrics.staleness`): memory then bounds fragments by the config
+        alone. A failing query is still a problem.
+
+        Only the newest figure is used, so no window is kept: an instant query at the
+        grid's end over the step's lookback, and only when that finds nothing (a scrape
+        interval longer than the step, a lagging scrape) again over `metrics.staleness`.
+        Prometheus' cost grows with the samples in the lookback, so each is cheap where
+        it is used."""
+        try:
+            return self._read_gib(template, matchers, now)
+        except SourceError as e:
+            self._errors.append(f"{key}: {e}")
+            return None, str(e)
+
+    def _read_gib(
+        self, template: str, matchers: Mapping[str, str], now: float
+    ) -> tuple[float | None, str | None]:
+        """`_newest_gib` without its handling of a failed query (raised)."""
+        step = self.config.metrics.step
+        at = math.floor(now / step) * step
+        value: float | None = None
+        bad = False
+        for lookback in memory_lookbacks(self.config):
+            query = build_query(template, matchers, lookback)
+            value, bad = decode_vector(self._answer(query, (at, INSTANT)))
+            if value is not None or bad:
+                break
+        if bad:
+            return None, "NaN or Inf in the newest samples"
+        if value is None:
+            return None, None
+        absurd = drop_outside(np.array([value]), MEMORY_MIB)
+        return (None, absurd) if absurd else (value / 1024, None)
 
     def _total(self, p: NodePoolConfig, used: bool, now: float) -> tuple[float | None, str | None]:
         """The pool's frame-buffer total: the kept one while it is not due and the
@@ -357,18 +388,38 @@ class PrometheusMetrics:
                 self.config.prometheus.queries.pool_memory_total, p.metrics_matchers, now
             )
         except SourceError as e:
-            self._transport_errors.append(f"{key}: {e}")
+            self._errors.append(f"{key}: {e}")
             kept = totals.kept_within_limit(key, now) if used else None
             return (kept, None) if kept is not None else (None, str(e))
         totals.store(key, gib, now)
         return gib, problem
 
-    def _leading(self, w: WorkloadConfig, now: float) -> tuple[Series | None, str | None]:
-        """The workload's leading signal (workloads[].leading_query, sent as written)."""
-        if not w.leading_query:
-            return None, None
-        query = w.leading_query
-        return self._fetch(f"workload:{w.key}:demand", lambda _lookback: query, now, DEMAND_BOUNDS)
+    # ------------------------------------------------------------------ fetching
+
+    def _plan_now(self) -> Plan:
+        return self.fetcher.plan(self.spacing.measured)
+
+    def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
+        return chunks(start, end, self.config.metrics.step, self._pieces)
+
+    @property
+    def _pieces(self) -> int:
+        return self.config.prometheus.max_concurrent_queries
+
+    def _backfill_fetch(self, batch: Mapping[str, Pending]) -> dict[AnswerKey, Answer]:
+        """What the first reads left out: by the grouped queries, then one by one."""
+        spans = {k: (p.start, p.end) for k, p in batch.items()}
+        end = max(p.end for p in batch.values())
+        plan, fetcher = self._plan_now(), self.fetcher
+        answers = fetcher.prefetch(plan, end, spans.get, set(), backfill=True, pieces=self._pieces)
+        jobs: list[Job] = [
+            (p.query, chunk, partial(answers.__setitem__, (p.query, *chunk)))
+            for p in batch.values()
+            for chunk in self._backfill_cut(p.start, p.end)
+            if (p.query, *chunk) not in answers
+        ]
+        fetcher.run(jobs, counted=False)
+        return answers
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, Series
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -55,6 +55,12 @@ def measure_spacing(times: FloatArray, step: float) -> float | None:
     if np.mean(np.abs(intervals - spacing) <= 0.25 * spacing) < REGULAR:
         return None
     return spacing if spacing > 1.5 * step else None
+
+
+def present_times(series: Series) -> FloatArray:
+    """Times of a window's samples (computed only when the tracker measures)."""
+    present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
+    return series.start + series.step * present
 
 
 @lru_cache(maxsize=256)  # asked once per target and tick, of a few (step, spacing)

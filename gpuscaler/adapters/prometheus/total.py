@@ -1,5 +1,5 @@
 """Each pool's frame-buffer total (used + free on its smallest GPU), read every few
-minutes instead of every tick (issue 18).
+minutes instead of every tick.
 
 A GPU's total memory is a property of the hardware: it does not change while the GPU is
 there. Its query is the costliest of a tick's reads (two selectors over every GPU and a

@@ -1,4 +1,4 @@
-"""Warm start (issue 18): the Prometheus source's windows saved to a file (an emptyDir
+"""Warm start: the Prometheus source's windows saved to a file (an emptyDir
 survives a container restart; a new pod starts cold), so a restarted controller asks
 Prometheus only for the gap since the last save instead of backfilling the whole window
 (estimated at 60-70 s at 10,000 GPUs).

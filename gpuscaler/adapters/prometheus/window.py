@@ -5,6 +5,7 @@ NaN/Inf flagged; per target a sliding window on the step grid, gaps NaN.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,34 +24,21 @@ MEMORY_MIB = (0.0, 1024.0 * 1024)
 # --------------------------------------------------------------------------- decoding
 
 
-def out_of_range(values: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """A problem naming the first finite value outside `bounds`, None when all are in."""
-    finite = values[np.isfinite(values)]
-    return outside_problem(finite[(finite < bounds[0]) | (finite > bounds[1])], bounds)
-
-
-def outside_problem(bad: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """The problem `out_of_range` names for `bad`, the values found outside `bounds`."""
-    if bad.size == 0:
-        return None
+def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
+    """A problem naming how many decoded `values` (non-finite already NaN) lie outside
+    `bounds`, with one of them, and those values set to NaN; None when all are in."""
     lo, hi = bounds
+    outside = (values < lo) | (values > hi)  # NaN compares False
+    if not outside.any():
+        return None
+    bad = values[outside]
+    values[outside] = np.nan
     return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
 
 
-def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """`out_of_range`'s problem for decoded `values` (non-finite already NaN), and those
-    values set to NaN: one pass of comparisons, no copy when all are in (issue 18)."""
-    outside = (values < bounds[0]) | (values > bounds[1])  # NaN compares False
-    if not outside.any():
-        return None
-    problem = outside_problem(values[outside], bounds)
-    values[outside] = np.nan
-    return problem
-
-
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
-    """(times, values, had_non_finite) of a single-series matrix result; several series
-    are refused, an empty result gives empty arrays."""
+    """(times, values, had_non_finite) of a single-series matrix result, non-finite values
+    NaN; several series are refused, an empty result gives empty arrays."""
     if not isinstance(result, list):
         raise SourceError("data.result is not a list")
     if len(result) == 0:
@@ -60,20 +48,22 @@ def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     item = result[0]
     if not isinstance(item, dict) or not isinstance(item.get("values"), list):
         raise SourceError("result item has no values list")
-    if "arrays" in item:  # issue 18: decoded already (fast.decode_fast)
-        times, values = item["arrays"]
-        bad = ~np.isfinite(values)
-        values = values.copy()
-        values[bad] = np.nan
-        return times, values, bool(bad.any())
-    try:
-        times = np.array([float(p[0]) for p in item["values"]], dtype=np.float64)
-        values = np.array([float(p[1]) for p in item["values"]], dtype=np.float64)
-    except (TypeError, ValueError, IndexError, KeyError):
-        raise SourceError('a sample is not [timestamp, "value"]') from None
+    times, values = decode_points(item["values"])
     bad = ~np.isfinite(values)
     values[bad] = np.nan
     return times, values, bool(bad.any())
+
+
+def decode_points(points: list[Any]) -> tuple[FloatArray, FloatArray]:
+    """(times, values) of a series' [timestamp, "value"] points, each converted by
+    `float`, one column at a time; SourceError when a point is not of that form."""
+    n = len(points)
+    try:
+        times = np.fromiter(map(float, map(itemgetter(0), points)), np.float64, n)
+        values = np.fromiter(map(float, map(itemgetter(1), points)), np.float64, n)
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise SourceError('a sample is not [timestamp, "value"]') from None
+    return times, values
 
 
 def decode_vector(result: Any) -> tuple[float | None, bool]:

@@ -1,8 +1,7 @@
-"""The grouped reads' requests and decoding (adapters/prometheus/fast.py): they ask
-Prometheus for uncompressed answers (`PLAIN`: Prometheus then spends no CPU gzipping a
-tick's megabytes of JSON; the request keeps its authorization, what is decoded is the
-same), and decode them, shedding the
-per-point lists once they are arrays."""
+"""The transport's requests (adapters/prometheus/transport.py): they ask Prometheus for
+uncompressed answers unless `prometheus.compress_answers` (`PLAIN`: Prometheus then
+spends no CPU gzipping a tick's megabytes of JSON; the request keeps its authorization,
+what is decoded is the same)."""
 
 from __future__ import annotations
 
@@ -18,9 +17,9 @@ import pytest
 from kubefake import reply, serving
 from promserver import STEP, planted_window, prometheus, write_openmetrics
 
-from gpuscaler.adapters.prometheus.fast import fast_query, fast_query_range
 from gpuscaler.adapters.prometheus.promql import format_step
 from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.adapters.prometheus.window import decode_matrix
 from gpuscaler.config import parse_config
 
 ANSWER = {
@@ -64,25 +63,22 @@ def _transport(url: str, extra: str = "") -> Transport:
     return Transport(config.prometheus)
 
 
-def test_a_grouped_read_asks_for_an_uncompressed_answer_and_keeps_its_token(
-    tmp_path: Path,
-) -> None:
+def test_a_read_asks_for_an_uncompressed_answer_and_keeps_its_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t0ken\n")
     _Recording.seen.clear()
     with serving(_Recording.handler()) as url:
         transport = _transport(url, f", bearer_token_file: {token}")
-        result = fast_query_range(transport, "up", 10, 11, STEP)
-        fast_query(transport, "up", 11.0)
-        transport.query_range("up", 10, 11, STEP)  # the per-target path: unchanged
-    plain, instant, per_target = _Recording.seen
-    for headers in (plain, instant):
+        result = transport.query_range("up", 10, 11, STEP)
+        transport.query("up", 11.0)
+        gzipped = _transport(url, ", compress_answers: true").query_range("up", 10, 11, STEP)
+    ranged, instant, compressed = _Recording.seen
+    for headers in (ranged, instant):
         assert headers["Accept-Encoding"] == "identity"
         assert headers["Authorization"] == "Bearer t0ken"
-    assert "gzip" in per_target["Accept-Encoding"]
-    times, values = result[0]["arrays"]
-    assert times.tolist() == [10.0, 10.5] and values[0] == 1.5 and math.isnan(values[1])
-    assert result[0]["values"] == []  # shed: the points are in `arrays`
+    assert "gzip" in compressed["Accept-Encoding"] and gzipped == result
+    times, values, bad = decode_matrix(result)
+    assert times.tolist() == [10.0, 10.5] and values[0] == 1.5 and math.isnan(values[1]) and bad
 
 
 POINTS = 120
@@ -103,26 +99,25 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, flo
         yield url, end
 
 
-def test_prometheus_answers_a_grouped_read_uncompressed_with_the_same_samples(
+def test_prometheus_answers_a_read_uncompressed_with_the_same_samples(
     planted: tuple[str, float],
 ) -> None:
     url, end = planted
     transport = _transport(url)
-    api = transport.client
     encodings: list[str | None] = []
-    get = api._session.get
+    get = transport.session.get
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         answer = get(*args, **kwargs)
         encodings.append(answer.headers.get("Content-Encoding"))
         return answer
 
-    api._session.get = recorded
+    transport.session.get = recorded  # type: ignore[method-assign]
     query = "avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL[1s]))"
     start = math.floor(end) - 50
-    plain = fast_query_range(transport, query, start, math.floor(end), STEP)
-    compressed = api._session.get(  # what was asked before: gzip accepted
-        f"{api.url}/api/v1/query_range",
+    plain = transport.query_range(query, start, math.floor(end), STEP)
+    compressed = transport.session.get(  # gzip accepted
+        f"{transport.url}/api/v1/query_range",
         params={"query": query, "start": start, "end": math.floor(end), "step": format_step(STEP)},
         headers={"Accept-Encoding": "gzip, deflate"},
     ).json()["data"]["result"]
@@ -130,7 +125,7 @@ def test_prometheus_answers_a_grouped_read_uncompressed_with_the_same_samples(
     assert len(plain) == 3
     key = lambda item: item["metric"]["modelName"]  # noqa: E731
     for ours, theirs in zip(sorted(plain, key=key), sorted(compressed, key=key), strict=True):
-        times, values = ours["arrays"]
+        times, values, _ = decode_matrix([ours])
         assert np.array_equal(times, [float(t) for t, _ in theirs["values"]])
         assert np.array_equal(values, [float(v) for _, v in theirs["values"]])
         assert times.size == len(theirs["values"]) > 90

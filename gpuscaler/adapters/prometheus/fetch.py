@@ -1,0 +1,201 @@
+"""The tick's queries, run on one thread pool kept for the process (created with the
+reader, closed with it), at most `prometheus.max_concurrent_queries` at a time: the
+grouped queries first, then, one by one, what they did not cover (`plan.py`). Answers are
+kept by (query, start, end), each target's own query, for the reader to take.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+
+from gpuscaler.adapters.prometheus.plan import (
+    INSTANT,
+    Answer,
+    AnswerKey,
+    Chunk,
+    Group,
+    Plan,
+    chunks,
+    plan_reads,
+    split_answer,
+)
+from gpuscaler.adapters.prometheus.rules import PoolRules, check_query
+from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.config import Config
+
+Job = tuple[str, Chunk, Callable[[Answer], None]]
+"""A query, its chunk, and what takes its answer."""
+Span = Callable[[str], "tuple[float, float] | None"]
+"""The (start, end) a target's series is read over, None for none."""
+
+
+class Fetcher:
+    """Queries on a kept pool; counts those of the tick (`queries`)."""
+
+    def __init__(self, config: Config, transport: Transport):
+        self.config = config
+        self.transport = transport
+        self.rules = PoolRules()
+        """Which pools Prometheus records (`rules.py`)."""
+        self.queries = 0
+        """Queries sent for the tick since `queries` was last reset."""
+        self._pool = self._new_pool()
+        self._plan: tuple[Config, object, Plan] | None = None
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        workers = self.config.prometheus.max_concurrent_queries
+        return ThreadPoolExecutor(workers, thread_name_prefix="prometheus")
+
+    def reconfigure(self, config: Config, transport: Transport) -> None:
+        if (
+            config.prometheus.max_concurrent_queries
+            != self.config.prometheus.max_concurrent_queries
+        ):
+            self._pool.shutdown(wait=False)
+            self.config = config
+            self._pool = self._new_pool()
+        self.config, self.transport = config, transport
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def plan(self, measured: Mapping[str, float]) -> Plan:
+        """The grouped and per-target queries: planned again only when the config, the
+        series found coarse or the pools recorded change, not per tick."""
+        state = (dict(measured), dict(self.rules.recorded))
+        if self._plan is None or self._plan[0] is not self.config or self._plan[1] != state:
+            self._plan = (self.config, state, plan_reads(self.config, state[0], self.rules))
+        return self._plan[2]
+
+    def query(self, query: str, chunk: Chunk) -> Answer:
+        """One request's answer, or the error it failed with."""
+        try:
+            if chunk[1] == INSTANT:
+                return self.transport.query(query, chunk[0])
+            return self.transport.query_range(query, *chunk, self.config.metrics.step)
+        except SourceError as e:
+            return e
+
+    def run(self, jobs: list[Job], counted: bool = True) -> None:
+        """The queries on the pool, each answer given to its taker in order. Those of
+        the background backfill are not counted, and are sent a pool's worth at a time,
+        so that a tick's queries wait behind one such wave at most."""
+        if counted:
+            self.queries += len(jobs)
+        wave = len(jobs) if counted else self.config.prometheus.max_concurrent_queries
+        for first in range(0, len(jobs), max(1, wave)):
+            part = jobs[first : first + wave]
+            futures = [(self._submit(q, c), take) for q, c, take in part]
+            for future, take in futures:
+                take(future.result())
+
+    def ask(self, query: str, chunk: Chunk) -> Answer:
+        """One query on the pool, counted: the answer, or the error it failed with."""
+        self.queries += 1
+        return self._submit(query, chunk).result()
+
+    def _submit(self, query: str, chunk: Chunk) -> Future[Answer]:
+        try:
+            return self._pool.submit(self.query, query, chunk)
+        except RuntimeError:  # the pool was closed with the source
+            closed: Future[Answer] = Future()
+            closed.set_result(SourceError("the Prometheus source is closed"))
+            return closed
+
+    def check_rules(self, now: float) -> None:
+        """Which pools Prometheus records (`rules.py`): one instant query, every
+        `rules.CHECK_EVERY` seconds, when queries are grouped."""
+        if not self.config.prometheus.grouped_queries:
+            return
+        if not self.rules.needs_check(self.config, now):
+            return
+        step = self.config.metrics.step
+        answer = self.ask(check_query(), (math.floor(now / step) * step, INSTANT))
+        self.rules.update(now, answer, self.config)
+
+    def prefetch(
+        self,
+        plan: Plan,
+        now: float,
+        span_of: Span,
+        resting: set[str],
+        backfill: bool = False,
+        pieces: int = 1,
+    ) -> dict[AnswerKey, Answer]:
+        """Every answer the reads of `span_of`'s ranges will ask for, fetched
+        concurrently: the grouped queries first, then, one by one, what they did not
+        cover; neither the frame-buffer totals `resting`. A `backfill` reads only
+        ranges, each cut into `pieces`, and is not counted."""
+        step = self.config.metrics.step
+        answers: dict[AnswerKey, Answer] = {}
+        jobs: list[Job] = []
+        instant = (math.floor(now / step) * step, INSTANT)
+        for g in plan.groups:
+            if g.instant:
+                members = [(v, query) for v, (k, query) in g.targets.items() if k not in resting]
+                if not backfill and members:
+                    take = partial(split_answer, g.by, members, instant, answers)
+                    jobs.append((g.query, instant, take))
+                continue
+            by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
+            for values, (key, query) in g.targets.items():
+                span = span_of(key)
+                if span is not None:
+                    by_span.setdefault(span, []).append((values, query))
+            for span, members in by_span.items():
+                for chunk in chunks(*span, step, pieces):
+                    take = partial(split_answer, g.by, members, chunk, answers)
+                    if g.recorded and not backfill:  # not the backfill's older spans
+                        take = partial(self._split_recorded, take, members, chunk, answers)
+                    jobs.append((g.query, chunk, take))
+        self.run(jobs, counted=not backfill)
+        if not backfill:
+            self.run(_stale_jobs(plan.groups, instant, answers))
+        jobs = []
+        uncovered = plan.single + [(*t, g.instant) for g in plan.groups for t in g.targets.values()]
+        for key, query, is_instant in uncovered:
+            if key in resting:
+                continue
+            if is_instant:
+                wanted = [] if backfill else [instant]
+            else:
+                span = span_of(key)
+                wanted = [] if span is None else chunks(*span, step, pieces)
+            jobs += [
+                (query, chunk, partial(answers.__setitem__, (query, *chunk)))
+                for chunk in wanted
+                if (query, *chunk) not in answers
+            ]
+        self.run(jobs, counted=not backfill)
+        return answers
+
+    def _split_recorded(
+        self,
+        split: Callable[[Answer], None],
+        members: list[tuple[tuple[str, ...], str]],
+        chunk: Chunk,
+        answers: dict[AnswerKey, Answer],
+        result: Answer,
+    ) -> None:
+        """A recorded series' answer: a pool it misses although it came (its rule removed,
+        a gap) is read raw for now, and the rules are checked again (`rules.py`)."""
+        split(result)
+        if isinstance(result, list):
+            self.rules.note_missing([q for _, q in members if (q, *chunk) not in answers])
+
+
+def _stale_jobs(groups: list[Group], instant: Chunk, answers: dict[AnswerKey, Answer]) -> list[Job]:
+    """The frame-buffer groups' second tries, for the pools their first found empty."""
+    jobs: list[Job] = []
+    for g in groups:
+        if g.stale is None:
+            continue
+        empty = {v for v, (_, q) in g.targets.items() if answers.get((q, *instant)) == []}
+        members = [(v, q) for v, (_, q) in g.stale.targets.items() if v in empty]
+        if members:
+            take = partial(split_answer, g.by, members, instant, answers)
+            jobs.append((g.stale.query, instant, take))
+    return jobs
