@@ -99,24 +99,23 @@ class NoActuator:
 
 def records(cfg: Any, seen: int) -> dict[str, Any]:
     """Each workload's floor history as after `seen` earlier ticks (what a controller that
-    has run for hours holds: the skill and the reserve score these every tick), built by
-    the revision's own `remember`."""
+    has run for hours holds: the skill and the reserve score these every tick): the tick
+    records as the revision keeps them (a tuple of records, or their array)."""
     from gpuscaler.core.decisions import target_key
     from gpuscaler.core.model import TargetHistory
-    from gpuscaler.core.skill import remember
 
-    r = cfg.replicas
-    keep = max(r.skill_window, r.reserve_window) + max(r.lead_time, r.scale_down_stabilization)
+    as_array = not isinstance(TargetHistory().seen, tuple)
     rng = np.random.default_rng(2)
     out = {}
     for w in cfg.workloads:
-        h = TargetHistory()
+        recs = []
         for j in range(seen):
             now = START + WINDOW - (seen - j) * cfg.control.interval
             value = float(300 * rng.gamma(4, 0.25) * (3 if rng.random() < 0.03 else 1))
             upper = value * float(rng.uniform(0.7, 1.5))
-            h = remember(h, now, value, upper, upper / 1.1, keep)
-        out[target_key("replica_floor", w.key)] = h
+            recs.append((now, value, upper, upper / 1.1))
+        found: Any = np.asarray(recs, dtype=np.float64).reshape(-1, 4) if as_array else tuple(recs)
+        out[target_key("replica_floor", w.key)] = TargetHistory(seen=found)
     return out
 
 
