@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 from builders import NOW, floor_of, workload_obs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
@@ -112,3 +114,20 @@ def test_the_reserve_lasts_the_reserve_window(reserve_window: str, kept: bool) -
     else:
         assert out.decision is None and out.skip is not None
         assert "reserve" not in out.skip.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 1e4), st.integers(2, 300))
+def test_a_steady_demand_never_keeps_a_reserve(level: float, n: int) -> None:
+    assert overflow_reserve(ticks([level] * n), NOW, WINDOW, SPAN, AT_TARGET, FULL) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1e4), min_size=2, max_size=300))
+def test_a_reserve_is_the_highest_overflow_of_the_span(values: list[float]) -> None:
+    r = overflow_reserve(ticks(values), NOW, WINDOW, SPAN, AT_TARGET, FULL)
+    if r is not None:
+        in_span = values[-int(SPAN / TICK) :]
+        assert r.peak in in_span and r.peak > FULL
+        assert 1 <= r.overflows <= len(in_span)
+        assert 0 <= r.age < SPAN

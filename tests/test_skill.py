@@ -7,10 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from builders import NOW, floor_of, forecast, workload_obs
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory
-from gpuscaler.core.skill import Skill, assess, in_fallback
+from gpuscaler.core.peaks import window_max
+from gpuscaler.core.skill import Skill, assess, in_fallback, shift_at_cost
 
 TICK = 30.0
 CFG = ReplicasConfig(max_replicas=200)
@@ -113,3 +116,63 @@ def test_only_origins_within_the_span_are_scored_when_the_records_reach_further_
     # Origins at least one lead (120 s) old: all but the last 4 ticks, or those of the span.
     assert everything.origins == 400 - 4
     assert windowed.origins == 3600 / TICK - 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1000.0), min_size=8, max_size=60),
+    st.floats(0.0, 500.0),
+    st.floats(-200.0, 200.0),
+)
+def test_skill_is_zero_without_a_reactive_shortfall(
+    values: list[float], band: float, bias: float
+) -> None:
+    """A demand that never rises above the highest of its window before leaves reactive
+    sizing no shortfall: nothing for a forecast to gain, whatever it said."""
+    falling = np.sort(np.asarray(values))[::-1]
+    recs = records(len(falling), falling, 0.0, 0.0)
+    recs[0, :, 3] = falling + bias
+    recs[0, :, 2] = recs[0, :, 3] + band
+    skill = assess(recs, NOW + (len(falling) - 1) * TICK, 120.0, 300.0, 1)[0]
+    assert skill.origins == len(falling) - 4
+    assert skill.score == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.floats(-1e3, 1e4), min_size=n, max_size=n),
+            st.lists(st.floats(-1e3, 1e4), min_size=n, max_size=n),
+            st.lists(st.booleans(), min_size=n, max_size=n),
+        )
+    ),
+    st.floats(0.0, 1e5),
+)
+def test_the_level_floor_costs_what_the_forecasts_extra_capacity_does(
+    rows: tuple[list[float], list[float], list[bool]], extra: float
+) -> None:
+    reactive, base = np.asarray([rows[0]]), np.asarray([rows[1]])
+    scored = np.asarray([rows[2]])
+    assume(scored.any())
+    c = shift_at_cost(reactive, base, np.asarray([extra]), scored)[0]
+    cost = (np.maximum(reactive, base + c) - reactive)[scored].sum()
+    scale = np.abs(reactive).sum() + np.abs(base).sum() + extra + 1.0
+    assert cost == pytest.approx(extra, abs=1e-9 * scale)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=0, max_size=30),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=10),
+)
+def test_a_window_maximum_is_the_highest_value_of_its_window(
+    values: list[float], windows: list[tuple[int, int]]
+) -> None:
+    v = np.asarray([values, [-x for x in values]]).reshape(2, len(values))
+    start = np.asarray([min(a, b, len(values)) for a, b in windows])
+    stop = np.asarray([min(max(a, b), len(values)) for a, b in windows])
+    got = window_max(v, start, stop)
+    for j, (a, b) in enumerate(zip(start.tolist(), stop.tolist(), strict=True)):
+        for row in range(2):
+            assert got[row, j] == (v[row, a:b].max() if b > a else -np.inf)

@@ -12,14 +12,20 @@ from gpuscaler.core.model import FloatArray, IntArray
 def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
     """The maximum of each row of `values` (rows, records) over each window of records
     [start[i], stop[i]) (the same windows for every row): (rows, windows), -inf for an
-    empty window, NaN kept."""
-    rows, count = values.shape[0], start.size
-    if not count:
-        return np.full((rows, 0), -np.inf)
-    # One reduction over every row: the windows' bounds interleaved, each window the
-    # maximum from its start to its stop (a column of -inf past the last record, so that a
-    # window may end there); every other result is between two windows, dropped.
-    padded = np.concatenate((values, np.full((rows, 1), -np.inf)), axis=1)
-    bounds = np.stack((start, stop), axis=1).ravel()
-    found: FloatArray = np.maximum.reduceat(padded, bounds, axis=1)[:, ::2]
-    return np.where(stop > start, found, -np.inf)
+    empty window, NaN kept.
+
+    A sparse table: level k holds the maxima of the runs of 2**k records, and a window of
+    width w is the larger of its first and its last run of 2**floor(log2 w) (they overlap:
+    a value taken twice is the same maximum). A few whole-row maxima and two gathers per
+    width class, however many windows."""
+    out = np.full((values.shape[0], start.size), -np.inf)
+    level = np.frexp(stop - start)[1] - 1  # floor(log2(width)); -1 for an empty window
+    table = values
+    for k in range(int(level.max(initial=-1)) + 1):
+        if k:
+            half = 1 << (k - 1)
+            table = np.maximum(table[:, :-half], table[:, half:])
+        at = np.flatnonzero(level == k)
+        if at.size:
+            out[:, at] = np.maximum(table[:, start[at]], table[:, stop[at] - (1 << k)])
+    return out

@@ -197,7 +197,7 @@ def _floor(
     and stepped, with its reason."""
     target, current, share = obs.key, obs.floor, obs.replica_gpu_share
     assert current is not None
-    h, note, upper = _skill_check(replace(h, seen=judged.seen), obs, cfg, tick, judged.skill)
+    fallback, note, upper = _skill_check(h.fallback, obs, cfg, tick, judged.skill)
     observed = judged.peak
     sized = observed if upper is None else max(observed, upper)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
@@ -211,7 +211,8 @@ def _floor(
     raw = max(raw, kept)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
     recommended = min(ceiling, max(cfg.min_replicas, raw))
-    h, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
+    recent, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
+    h = replace(h, recommendations=recent, seen=judged.seen, fallback=fallback)
     why = _why(obs, cfg, note, sized, observed, raw)
     if stabilized == current:
         by = (
@@ -244,24 +245,23 @@ def _floor(
 
 
 def _skill_check(
-    h: TargetHistory,
+    fallback: bool,
     obs: WorkloadObservation,
     cfg: ReplicasConfig,
     tick: _Tick,
     skill: Skill | None,
-) -> tuple[TargetHistory, str | None, float | None]:
-    """History with the skill verdict, why the forecast is set aside (None: it is not),
-    and its upper bound when it counts (None: set aside, or no forecast)."""
+) -> tuple[bool, str | None, float | None]:
+    """Whether the forecast is set aside for its skill after this tick (`fallback`:
+    before it), why it is set aside (None: it is not), and its upper bound when it counts
+    (None: set aside, or no forecast)."""
     _, observed, upper, _ = tick.record
     if obs.load.forecast is None:
-        return h, tick.note, None
+        return fallback, tick.note, None
     if skill is None:  # skill_check off: the forecast always counts
-        return h, None, upper
-    fallback = in_fallback(h.fallback, skill, cfg.skill_fallback_below, cfg.skill_return_above)
-    if fallback != h.fallback:
-        h = replace(h, fallback=fallback)
+        return fallback, None, upper
+    fallback = in_fallback(fallback, skill, cfg.skill_fallback_below, cfg.skill_return_above)
     if not fallback:
-        return h, None, upper
+        return fallback, None, upper
     score = "none yet" if skill.score is None else f"{skill.score:.2f}"
     unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
     note = (
@@ -270,7 +270,7 @@ def _skill_check(
         f"reactive shortfall than flat headroom or a level floor at the same cost would); "
         f"the floor sizes for the observed demand alone{unused}"
     )
-    return h, note, None
+    return fallback, note, None
 
 
 def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None) -> float:
@@ -307,17 +307,16 @@ def _stabilized(
     current: int,
     ceiling: int,
     recommended: int,
-) -> tuple[TargetHistory, int]:
+) -> tuple[tuple[tuple[float, int], ...], int]:
     """Scale down only to the highest recommendation of the window, as the HPA does, kept
     as the load sized for (percent of a GPU) so a fragment change, which changes each
     replica's share, does not distort it; and only to a count the window's demand fits
-    with `scale_down_margin` below its capacity."""
+    with `scale_down_margin` below its capacity. Returns the window's recommendations
+    with this tick's, and the floor the window allows."""
     window_start = now - cfg.scale_down_stabilization
-    recent = [r for r in h.recommendations if r[0] > window_start]
-    recent.append((now, math.ceil(sized)))
-    h = replace(h, recommendations=tuple(recent))
+    recent = (*[r for r in h.recommendations if r[0] > window_start], (now, math.ceil(sized)))
     if recommended >= current:  # no scale-down: nothing for the window to hold
-        return h, recommended
+        return recent, recommended
     held_for = max([v for _, v in recent])
     held = max(cfg.min_replicas, min(ceiling, _replicas_for(held_for, capacity)))
     stabilized = max(recommended, min(current, held))
@@ -325,7 +324,7 @@ def _stabilized(
     if stabilized < current and margin > 0:
         kept = min(current, _replicas_for(held_for, capacity * (1 - margin)))
         stabilized = max(stabilized, min(ceiling, kept))
-    return h, stabilized
+    return recent, stabilized
 
 
 def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> int:
