@@ -58,7 +58,7 @@ def assess(
     finite = np.isfinite(values)
     v = np.where(finite, values, -np.inf)
     reactive, need = window_max(v, start, mid), window_max(v, mid, end)
-    level = _window_means(np.where(finite, values, 0.0), finite, start, mid)
+    level = _window_means(values, finite, start, mid)
     upper, mean = records[:, at, 2], records[:, at, 3]
     scored = np.isfinite(upper) & np.isfinite(mean) & (reactive > -np.inf) & (need > -np.inf)
     n = scored.sum(axis=1)
@@ -96,17 +96,18 @@ def in_fallback(fallback: bool, skill: Skill, below: float, above: float) -> boo
 
 
 def _window_means(
-    sums: FloatArray, counted: BoolArray, start: IntArray, stop: IntArray
+    values: FloatArray, counted: BoolArray, start: IntArray, stop: IntArray
 ) -> FloatArray:
     """The mean of the counted values of each row over each window [start, stop) (NaN
-    where none is counted), from running sums."""
-    rows = sums.shape[0]
-    total = np.zeros((rows, sums.shape[1] + 1))
-    np.cumsum(sums, axis=1, out=total[:, 1:])
-    count = np.zeros((rows, sums.shape[1] + 1))
-    np.cumsum(counted, axis=1, out=count[:, 1:])
+    where none is counted), from running sums of the values and of the counts."""
+    rows, n = values.shape
+    running = np.zeros((2, rows, n + 1))
+    running[0, :, 1:] = np.where(counted, values, 0.0)
+    running[1, :, 1:] = counted
+    np.cumsum(running, axis=2, out=running)
+    sums, counts = running[:, :, stop] - running[:, :, start]
     with np.errstate(divide="ignore", invalid="ignore"):
-        means: FloatArray = (total[:, stop] - total[:, start]) / (count[:, stop] - count[:, start])
+        means: FloatArray = sums / counts
     return means
 
 
