@@ -159,7 +159,7 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
     if cfg.skill_check:
         span = cfg.skill_window + max(cfg.lead_time, window)
         skills[:] = assess(recs, now, cfg.lead_time, window, cfg.skill_min_origins, span)
-    sizes = np.asarray([reserve_sizes(obs, section) for obs, section, _ in rows])
+    sizes = np.asarray([_reserve_sizes(obs, section) for obs, section, _ in rows])
     reserves = overflow_reserves(recs, now, window, cfg.reserve_window, sizes[:, 0], sizes[:, 1])
     times, values = recs[0, :, 0], recs[:, :, 1]
     first = min(int(np.searchsorted(times, now - window, "right")), len(times) - 1)
@@ -173,7 +173,7 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
     return [_Judged(*found) for found in zip(seen, skills, reserves, peaks, strict=True)]
 
 
-def reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
+def _reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
     """What one replica serves at the target and at full use, in the load's unit: the
     overflow reserve's `at_target` and `full` (GPU percent, or the serving stack's
     demand, which a replica serves at its rate either way)."""
@@ -201,7 +201,7 @@ def _floor(
     observed = judged.peak
     sized = observed if upper is None else max(observed, upper)
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
-    capacity, full = reserve_sizes(obs, cfg)
+    capacity, full = _reserve_sizes(obs, cfg)
     reserve = judged.reserve
     kept = 0 if reserve is None else _replicas_for(reserve.peak, full)
     raw = _raw(cfg, sized, capacity, current)
