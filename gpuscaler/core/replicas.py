@@ -152,9 +152,10 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
     t = old[0, :, 0]
     window = cfg.scale_down_stabilization
     keep = max(cfg.skill_window, cfg.reserve_window) + max(cfg.lead_time, window)
-    # A record of this tick's time (or later: the clock went back) is replaced by this one.
-    kept = (t > now - keep) & (t < now)
-    recs = np.concatenate((old[:, kept], np.asarray(records)[:, None, :]), axis=1)
+    # Records are in time order: those kept are a run, the newest but any of this tick's
+    # time or later (the clock went back), which this tick's record replaces.
+    start, stop = int(np.searchsorted(t, now - keep, "right")), int(np.searchsorted(t, now))
+    recs = np.concatenate((old[:, start:stop], np.asarray(records)[:, None, :]), axis=1)
     skills: list[Skill | None] = [None] * len(rows)
     if cfg.skill_check:
         span = cfg.skill_window + max(cfg.lead_time, window)
