@@ -17,7 +17,6 @@ from gpuscaler.core.decisions import FragmentsDecision
 from gpuscaler.core.guards import (
     Outcome,
     cooling_down,
-    held,
     held_for,
     hold,
     input_problem,
@@ -71,7 +70,7 @@ def decide_fragments(
     peak, upper = forecast.peak, forecast.peak_upper
     step = _trigger(peak, upper, cfg, h)
     if not isinstance(step, _Step):  # most ticks of most pools
-        return held(KIND, target, now, sustain(h, 0, now), _within_text, (peak, upper, *step))
+        return hold(KIND, target, now, _within_text(peak, upper, *step), sustain(h, 0, now))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
         return hold(

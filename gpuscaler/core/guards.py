@@ -4,7 +4,6 @@ has the trigger held long enough."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
@@ -50,18 +49,6 @@ def invalid(kind: DecisionKind, target: str, now: float, reason: str, h: TargetH
 
 def hold(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
     return Outcome(h, skip=Skip(now, kind, target, reason, invalid_input=False))
-
-
-def held(
-    kind: DecisionKind,
-    target: str,
-    now: float,
-    h: TargetHistory,
-    make: Callable[..., str],
-    args: tuple[object, ...],
-) -> Outcome:
-    """`hold` with its reason `make(*args)`."""
-    return hold(kind, target, now, make(*args), h)
 
 
 def cooling_down(h: TargetHistory, now: float, cooldown: float) -> float:
