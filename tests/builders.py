@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from gpuscaler.config import Config, NodePoolConfig, parse_config
+from gpuscaler.config import Config, NodePoolConfig, ReplicasConfig, parse_config
 from gpuscaler.core.guards import Outcome
 from gpuscaler.core.model import (
     Forecast,
@@ -16,6 +16,7 @@ from gpuscaler.core.model import (
     TargetHistory,
     WorkloadObservation,
 )
+from gpuscaler.core.replicas import replica_floors
 
 NOW = 1_700_000_000.0
 
@@ -111,6 +112,17 @@ def history(
         recommendations=tuple((NOW - ago, v) for ago, v in recs),
         calm_since=None if calm_for is None else NOW - calm_for,
     )
+
+
+def floor_of(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    staleness: float,
+    h: TargetHistory,
+    now: float,
+) -> Outcome:
+    """The replica floor of one workload: `replica_floors` of a tick of one."""
+    return replica_floors([(obs, cfg, h)], staleness, now)[0]
 
 
 def config(yaml_text: str = "") -> Config:

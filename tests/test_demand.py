@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from builders import assert_outcome, signal, workload_obs
+from builders import assert_outcome, floor_of, signal, workload_obs
 from promserver import planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.kube.cluster import discovered_workloads
@@ -22,7 +22,6 @@ from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, ReplicasConfig, parse_config
 from gpuscaler.controller import Controller
 from gpuscaler.core.model import TargetHistory
-from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.demand import DEMAND_ANNOTATION, PRESETS
 from gpuscaler.sources import PrometheusSource
 
@@ -107,7 +106,7 @@ def test_a_demand_floor_is_the_forecast_upper_bound_over_what_one_replica_serves
     cfg = ReplicasConfig(
         skill_check=False, cooldown="0s", scale_down_stabilization="0s", whole_gpus=False
     )
-    out = decide_replica_floor(obs, cfg, 120.0, TargetHistory(), obs.load.last_sample_time or 0)
+    out = floor_of(obs, cfg, 120.0, TargetHistory(), obs.load.last_sample_time or 0)
     assert_outcome(out, expect, f"requests (running + waiting) / {per_replica:g} per replica")
 
 

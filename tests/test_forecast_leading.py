@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import run_cli
+from builders import floor_of, run_cli
 from promserver import ValueAt, planted_window, prometheus, write_openmetrics
 from threadpoolctl import threadpool_limits
 
@@ -18,7 +18,6 @@ from gpuscaler.backtest import BacktestError, backtest, on_grid
 from gpuscaler.config import ConfigError, ForecastConfig, ReplicasConfig, parse_config
 from gpuscaler.core.forecast import fit_ratio, forecast, lead
 from gpuscaler.core.model import Series, Signal, TargetHistory
-from gpuscaler.core.replicas import decide_replica_floor
 from gpuscaler.core.snapshot import Observations, RawWorkload, build_snapshot
 from gpuscaler.sources import PrometheusSource
 
@@ -142,7 +141,7 @@ def test_the_snapshot_forecasts_a_workload_from_its_demand_when_it_wins() -> Non
     f = snap.workloads[0].load.forecast
     assert f is not None and f.method == "demand" and "leading signal" in f.reason
     # The replica floor decision carries which signal won in its reason.
-    out = decide_replica_floor(
+    out = floor_of(
         snap.workloads[0], ReplicasConfig(skill_check=False), 120.0, TargetHistory(), NOW
     )
     assert out.decision is not None, out.skip

@@ -9,7 +9,6 @@ import pytest
 from builders import NOW, assert_outcome, history, pool, pool_obs, signal
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
-from gpuscaler.core.floor_rows import pool_figures
 from gpuscaler.core.fragments import decide_fragments, memory_limit
 from gpuscaler.core.model import PoolObservation, Signal, TargetHistory
 
@@ -274,20 +273,6 @@ def test_fragment_rule(row: Row) -> None:
     assert_outcome(out, row.expect, "fragments")
     if out.decision is not None:
         assert out.decision.from_value == row.obs.fragments
-
-
-def test_every_rule_decides_the_same_with_its_forecasts_figures_taken_over_rows() -> None:
-    """The planner takes every pool's forecast figures together (floor_rows.pool_figures):
-    each row's outcome, decision, reason and history, is the one it decides alone."""
-    figures = pool_figures([row.obs.utilization.forecast for row in ROWS])
-    assert sum(f is not None for f in figures) > len(ROWS) // 2
-    for row, figs in zip(ROWS, figures, strict=True):
-        cfg = FragmentsConfig.model_validate(row.cfg)
-        alone = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW, row.floor_gpus)
-        got = decide_fragments(
-            row.obs, row.pool, cfg, STALENESS, row.hist, NOW, row.floor_gpus, figs
-        )
-        assert got == alone, row.name
 
 
 def test_a_decision_reason_names_forecast_threshold_and_bound() -> None:

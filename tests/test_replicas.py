@@ -6,11 +6,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
-from builders import NOW, assert_outcome, forecast, history, signal, workload_obs
+from builders import NOW, assert_outcome, floor_of, forecast, history, signal, workload_obs
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
-from gpuscaler.core.replicas import decide_replica_floor, floor_gpus, hpa_desired, whole_gpus
+from gpuscaler.core.replicas import floor_gpus, hpa_desired, whole_gpus
 
 STALENESS = 120.0
 FORECAST_ONLY = {"skill_check": False}
@@ -218,20 +218,20 @@ ROWS = [
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_replica_floor_rule(row: Row) -> None:
     cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, **row.cfg})
-    out = decide_replica_floor(row.obs, cfg, STALENESS, row.hist, NOW)
+    out = floor_of(row.obs, cfg, STALENESS, row.hist, NOW)
     assert_outcome(out, row.expect, "forecast upper")
 
 
 def test_the_floor_sizes_for_the_observed_demand_when_it_is_above_the_forecast() -> None:
     obs = workload_obs(Signal(NOW - 1, forecast(100, 140, last=490)), floor=4)
-    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    out = floor_of(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
     # 490 % of a GPU at 70 % a replica: 7 replicas, with or without the forecast's skill.
     assert_outcome(out, ("set", 7), "observed peak 490%")
     assert "skill fallback" in out.decision.reason  # type: ignore[union-attr]
 
 
 def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
-    out = decide_replica_floor(
+    out = floor_of(
         workload_obs(signal(280, 490), floor=4),
         ReplicasConfig.model_validate(FORECAST_ONLY),
         STALENESS,
@@ -279,7 +279,7 @@ def test_without_a_forecast_only_the_observed_demand_sizes_the_floor(
     load: Signal, peak: float | None, expect: tuple[str, object]
 ) -> None:
     obs = replace(workload_obs(load, floor=4), recent_peak=peak)
-    out = decide_replica_floor(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
+    out = floor_of(obs, ReplicasConfig(), STALENESS, TargetHistory(), NOW)
     assert_outcome(out, expect, "no forecast")
 
 
@@ -300,7 +300,7 @@ def _floors_set(
     for tick, load in enumerate(loads):
         now = NOW + 30 * tick
         obs = workload_obs(Signal(now - 1, forecast(load, load)), floor=floor, share=share)
-        out = decide_replica_floor(obs, cfg, STALENESS, h, now)
+        out = floor_of(obs, cfg, STALENESS, h, now)
         h = out.history
         if out.decision is not None:
             floor = int(out.decision.to_value)

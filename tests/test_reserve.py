@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
-from builders import NOW, workload_obs
+from builders import NOW, floor_of, workload_obs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.model import Signal, TargetHistory
-from gpuscaler.core.replicas import decide_replica_floor
-from gpuscaler.core.reserve import overflow_reserve
+from gpuscaler.core.reserve import Reserve, overflow_reserves
 
 TICK = 30.0
 WINDOW = 300.0
@@ -23,10 +25,19 @@ FULL = 100.0
 NAN = float("nan")
 
 
-def ticks(values: list[float], now: float = NOW) -> tuple[tuple[float, float, float, float], ...]:
+def ticks(values: list[float], now: float = NOW) -> np.ndarray:
     """Tick records, one per 30 s, the last at `now`."""
     n = len(values)
-    return tuple((now - TICK * (n - 1 - i), v, NAN, NAN) for i, v in enumerate(values))
+    recs = [(now - TICK * (n - 1 - i), v, NAN, NAN) for i, v in enumerate(values)]
+    return np.asarray(recs, dtype=np.float64).reshape(-1, 4)
+
+
+def overflow_reserve(
+    seen: np.ndarray, now: float, window: float, span: float, at_target: float, full: float
+) -> Reserve | None:
+    """The reserve of one workload's records: `overflow_reserves` of one row."""
+    one = np.asarray([at_target]), np.asarray([full])
+    return overflow_reserves(seen[None], now, window, span, *one)[0]
 
 
 @dataclass
@@ -74,12 +85,12 @@ def test_the_floor_keeps_the_reserve_after_a_burst_and_says_why() -> None:
     load = Signal(NOW - 1, None, "too little history for a forecast")
     obs = replace(workload_obs(load, floor=2), recent_peak=100.0)
     burst = TargetHistory(seen=ticks([*BASE, 450.0, *([100.0] * 15)], NOW - TICK))
-    out = decide_replica_floor(obs, cfg, 120.0, burst, NOW)
+    out = floor_of(obs, cfg, 120.0, burst, NOW)
     assert isinstance(out.decision, ReplicaFloorDecision)
     assert out.decision.to_value == 5  # 450 at full use of 100 each
     assert "reserve 5 replicas" in out.decision.reason
     calm = TargetHistory(seen=ticks([100.0] * 36, NOW - TICK))
-    out = decide_replica_floor(obs, cfg, 120.0, calm, NOW)
+    out = floor_of(obs, cfg, 120.0, calm, NOW)
     assert out.decision is None and out.skip is not None
     assert "reserve" not in out.skip.reason
 
@@ -95,7 +106,7 @@ def test_the_reserve_lasts_the_reserve_window(reserve_window: str, kept: bool) -
     obs = replace(workload_obs(load, floor=2), recent_peak=100.0)
     minutes_90 = int(90 * 60 / TICK)
     seen = ticks([*BASE, 450.0, *([100.0] * (minutes_90 - 1))], NOW - TICK)
-    out = decide_replica_floor(obs, cfg, 120.0, TargetHistory(seen=seen), NOW)
+    out = floor_of(obs, cfg, 120.0, TargetHistory(seen=seen), NOW)
     if kept:
         assert isinstance(out.decision, ReplicaFloorDecision)
         assert out.decision.to_value == 5
@@ -103,3 +114,20 @@ def test_the_reserve_lasts_the_reserve_window(reserve_window: str, kept: bool) -
     else:
         assert out.decision is None and out.skip is not None
         assert "reserve" not in out.skip.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 1e4), st.integers(2, 300))
+def test_a_steady_demand_never_keeps_a_reserve(level: float, n: int) -> None:
+    assert overflow_reserve(ticks([level] * n), NOW, WINDOW, SPAN, AT_TARGET, FULL) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1e4), min_size=2, max_size=300))
+def test_a_reserve_is_the_highest_overflow_of_the_span(values: list[float]) -> None:
+    r = overflow_reserve(ticks(values), NOW, WINDOW, SPAN, AT_TARGET, FULL)
+    if r is not None:
+        in_span = values[-int(SPAN / TICK) :]
+        assert r.peak in in_span and r.peak > FULL
+        assert 1 <= r.overflows <= len(in_span)
+        assert 0 <= r.age < SPAN

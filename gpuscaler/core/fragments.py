@@ -14,11 +14,9 @@ from typing import Final
 
 from gpuscaler.config import FragmentsConfig, NodePoolConfig
 from gpuscaler.core.decisions import FragmentsDecision
-from gpuscaler.core.floor_rows import ForecastFigures
 from gpuscaler.core.guards import (
     Outcome,
     cooling_down,
-    held,
     held_for,
     hold,
     input_problem,
@@ -56,28 +54,23 @@ def decide_fragments(
     h: TargetHistory,
     now: float,
     floor_gpus: float = 0.0,
-    figures: ForecastFigures | None = None,
 ) -> Outcome:
     """Steps, each able to stop with its reason: the input can be trusted; the forecast
     leaves the band for long enough, out of cooldown; the next count is within every
     bound (allowed, memory, compute, memory in use, shares held, GPUs saved).
     `floor_gpus`: the GPUs the replica floors of the pool's workloads hold sized for their
     load (reserve included), which a fragment change does not move (floor_gpus in
-    gpuscaler.core.replicas). `figures`: the forecast's reductions when taken with other
-    pools' (floor_rows.pool_figures), else taken here."""
+    gpuscaler.core.replicas)."""
     target = obs.name
-    current = _current(obs, cfg, staleness, h, now, None if figures is None else figures[0])
+    current = _current(obs, cfg, staleness, h, now)
     if isinstance(current, Outcome):
         return current
     forecast = obs.utilization.forecast
     assert forecast is not None
-    if figures is None:
-        peak, upper = forecast.peak, forecast.peak_upper
-    else:
-        peak, upper = figures[3], figures[1]
+    peak, upper = forecast.peak, forecast.peak_upper
     step = _trigger(peak, upper, cfg, h)
-    if not isinstance(step, _Step):  # most ticks of most pools: the reason made when read
-        return held(KIND, target, now, sustain(h, 0, now), _within_text, (peak, upper, *step))
+    if not isinstance(step, _Step):  # most ticks of most pools
+        return hold(KIND, target, now, _within_text(peak, upper, *step), sustain(h, 0, now))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
         return hold(
@@ -115,11 +108,9 @@ def _current(
     staleness: float,
     h: TargetHistory,
     now: float,
-    finite: bool | None = None,
 ) -> int | Outcome:
-    """The fragments the pool runs now, or why the input cannot be acted on (`finite`:
-    the forecast's `is_finite()` when already known)."""
-    problem = input_problem(obs.utilization, now, staleness, finite)
+    """The fragments the pool runs now, or why the input cannot be acted on."""
+    problem = input_problem(obs.utilization, now, staleness)
     if problem is not None:
         return invalid(KIND, obs.name, now, problem, h)
     if obs.fragments is None:

@@ -4,15 +4,10 @@ has the trigger held long enough."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuscaler.core.decisions import Decision, DecisionKind, Skip
-from gpuscaler.core.lazy import deferred_key
 from gpuscaler.core.model import Signal, TargetHistory
-
-_REASON = deferred_key("reason")
-"""Where a held Skip leaves its reason to `Lazy` (`lazy.deferred_key`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +21,8 @@ class Outcome:
     """Fragments the pool would go to once pods holding more shares than that are gone."""
 
 
-def input_problem(
-    signal: Signal, now: float, staleness: float, finite: bool | None = None
-) -> str | None:
-    """Why `signal` cannot be acted on, or None when it can (`finite`: its forecast's
-    `is_finite()` when already known)."""
+def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
+    """Why `signal` cannot be acted on, or None when it can."""
     if signal.problem is not None:
         return signal.problem
     if signal.last_sample_time is None:
@@ -40,9 +32,7 @@ def input_problem(
         return f"stale: newest sample is {age:.0f}s old, limit {staleness:.0f}s"
     if signal.forecast is None:
         return "no forecast"
-    if finite is None:
-        finite = signal.forecast.is_finite()
-    if not finite or not math.isfinite(signal.forecast.last_value):
+    if not signal.forecast.is_finite() or not math.isfinite(signal.forecast.last_value):
         return "forecast is not finite (NaN or Inf)"
     return None
 
@@ -59,27 +49,6 @@ def invalid(kind: DecisionKind, target: str, now: float, reason: str, h: TargetH
 
 def hold(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
     return Outcome(h, skip=Skip(now, kind, target, reason, invalid_input=False))
-
-
-def held(
-    kind: DecisionKind,
-    target: str,
-    now: float,
-    h: TargetHistory,
-    make: Callable[..., str],
-    args: tuple[object, ...],
-) -> Outcome:
-    """`hold(kind, target, now, make(*args), h)` with the reason made when first read:
-    the same Skip to every reader (`==`, `repr`, `as_record`, `dataclasses.replace`)."""
-    skip: Skip = _new(Skip)
-    d = skip.__dict__
-    d["time"], d["kind"], d["target"] = now, kind, target
-    d[_REASON] = (make, args)
-    d["invalid_input"] = False
-    return Outcome(h, None, skip)  # (history, decision, skip): by position, cheaper
-
-
-_new = object.__new__
 
 
 def cooling_down(h: TargetHistory, now: float, cooldown: float) -> float:

@@ -165,15 +165,13 @@ class TargetHistory:
     load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
-    seen: tuple[tuple[float, float, float, float], ...] = ()
-    """(time, last observed value, forecast upper bound and mean peak over the lead
-    time) of recent ticks: the record a forecast's skill is scored on (replica floors)."""
+    seen: FloatArray = field(default_factory=lambda: np.zeros((0, 4)), compare=False, repr=False)
+    """The replica floor's tick records, oldest first, a read-only (records, 4) array of
+    (time, observed demand, forecast upper bound and mean peak over the lead time; both
+    NaN without a forecast): what the forecast's skill and the burst reserve are judged
+    on. Not compared: an array has no single truth value."""
     fallback: bool = False
     """The forecast has had no skill lately: the floor has stepped back to reactive."""
-    seen_rows: FloatArray | None = field(default=None, compare=False, repr=False)
-    """`seen` as a read-only (records, 4) array, kept beside it by `skill.remember` so that
-    the skill and the reserve do not convert the records every tick (None: converted
-    when read). Derived data: not compared."""
 
 
 EMPTY_TARGET = TargetHistory()

@@ -8,144 +8,173 @@ The floor sizes at least for the workload's observed demand (its request rate: n
 censored at capacity like the utilization the HPA reads); the forecast must earn the
 rest: it is scored every tick against that reactive sizing on the observed series
 (gpuscaler.core.skill), and until it has shown skill, and whenever it loses it, the
-forecast is set aside and the reason says so. Step limits are in GPUs.
+forecast is set aside and the reason says so. A burst that outran reactive sizing keeps
+a reserve (gpuscaler.core.reserve). Step limits are in GPUs.
+
+A tick decides every workload's floor at once, in three steps: each workload's input is
+checked and its tick record made (`_record`); the records are remembered and the
+forecasts' skill, the burst reserves and the observed peaks taken over rows of the
+workloads whose records share their times (`_judged`); each floor is then sized,
+stabilized and stepped, with its reason (`_floor`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final, NamedTuple
 
 import numpy as np
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
-from gpuscaler.core.floor_rows import ForecastFigures, Record, lead_steps
-from gpuscaler.core.guards import Outcome, cooling_down, held, input_problem, invalid
-from gpuscaler.core.model import TargetHistory, WorkloadObservation
-from gpuscaler.core.reserve import Reserve, overflow_reserve
-from gpuscaler.core.skill import Skill, assess, floor_history, in_fallback, records, remember
+from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
+from gpuscaler.core.model import FloatArray, TargetHistory, WorkloadObservation
+from gpuscaler.core.peaks import window_max
+from gpuscaler.core.reserve import Reserve, overflow_reserves
+from gpuscaler.core.skill import Skill, assess, in_fallback
 
 KIND: Final = "replica_floor"
+
+FloorInput = tuple[WorkloadObservation, ReplicasConfig, TargetHistory]
+"""A workload's observation, its section of the config and its history before the tick."""
+
+
+class _Tick(NamedTuple):
+    """A workload's tick record (time, observed demand, forecast upper bound and mean
+    peak over the lead time; NaN without a forecast) and, without a forecast, why."""
+
+    record: tuple[float, float, float, float]
+    note: str | None
+
+
+class _Judged(NamedTuple):
+    """What a workload's records say this tick."""
+
+    seen: FloatArray
+    """Its records with this tick's, for its history."""
+    skill: Skill | None
+    """Its forecast's skill (None: `skill_check` is off)."""
+    reserve: Reserve | None
+    peak: float
+    """The highest demand observed in the stabilization window, this tick included."""
+
+
+def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float) -> list[Outcome]:
+    """The floor outcome of each workload, in order."""
+    outcomes: list[Outcome | None] = [None] * len(workloads)
+    ticks: dict[int, _Tick] = {}
+    groups: dict[tuple[bytes, tuple[float, ...]], list[int]] = {}
+    for i, (obs, cfg, h) in enumerate(workloads):
+        found = _record(obs, cfg, staleness, h, now)
+        if isinstance(found, Outcome):
+            outcomes[i] = found
+        else:
+            ticks[i] = found
+            groups.setdefault((h.seen[:, 0].tobytes(), _params(cfg)), []).append(i)
+    for idx in groups.values():
+        rows = [workloads[i] for i in idx]
+        judged = _judged(rows, [ticks[i].record for i in idx], now)
+        for i, row, said in zip(idx, rows, judged, strict=True):
+            outcomes[i] = _floor(*row, ticks[i], said, now)
+    return [o for o in outcomes if o is not None]
 
 
 def hpa_desired(load_gpu_pct: float, replica_gpu_share: float, target_pct: float) -> int:
     """The HPA formula, ceil(sum of replica utilization / target), with the sum of replica
     utilization written as GPU load over the GPU share of one replica."""
-    return math.ceil(load_gpu_pct / (replica_gpu_share * target_pct) - 1e-9)
+    return _replicas_for(load_gpu_pct, replica_gpu_share * target_pct)
 
 
-def decide_replica_floor(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
-) -> Outcome:
-    found = floor_record(obs, cfg, staleness, h, now)
-    if isinstance(found, Outcome):
-        return found
-    record, keep, peak = found
-    step = FloorStep(obs, cfg, remember(h, *record, keep), now, record[2], record[1], peak)
-    skill = assess(step.history, now, *skill_args(cfg)) if cfg.skill_check else None
-    return floor_outcome(step, skill, floor_reserve(step.history, obs, cfg, now))
+def _replicas_for(demand: float, per_replica: float) -> int:
+    """Replicas that serve `demand` at `per_replica` each (a rounding error is no replica)."""
+    return math.ceil(demand / per_replica - 1e-9)
 
 
-class FloorStep(NamedTuple):
-    """A replica floor decided up to its forecast's skill and its overflow reserve
-    (`floor_outcome` takes it from there): the planner assesses every workload's at once
-    (skill.assess_chunk, reserve.overflow_reserve_chunk). A named tuple: one a workload
-    a tick, made in a third of a frozen dataclass's time."""
-
-    obs: WorkloadObservation
-    cfg: ReplicasConfig
-    history: TargetHistory
-    """With this tick's record."""
-    now: float
-    upper: float
-    observed: float
-    peak: float | None = None
-    """The forecast's peak when taken with other workloads' (None: taken when needed)."""
-
-
-def skill_args(cfg: ReplicasConfig) -> tuple[float, float, int, float]:
-    """`skill.assess`'s lead, stabilization, minimum origins and span for this floor
-    (over the skill window: the records may reach further back, for the reserve)."""
-    span = cfg.skill_window + max(cfg.lead_time, cfg.scale_down_stabilization)
-    return cfg.lead_time, cfg.scale_down_stabilization, cfg.skill_min_origins, span
-
-
-def floor_record(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
-    figures: ForecastFigures | None = None,
-) -> Outcome | tuple[Record, float, float | None]:
-    """The floor's outcome when it needs no skill (bad input, no forecast yet), else
-    the tick's record for `remember` (time, observed, upper bound, mean peak), how long
-    records are kept, and the forecast's peak when `figures` has it. `figures`: the
-    forecast's reductions when taken together with other workloads'
-    (floor_rows.forecast_figures), else taken here."""
-    target = obs.key
-    finite = None if figures is None else figures[0]
-    problem = input_problem(obs.load, now, staleness, finite)
-    if problem is not None and not _reactive_only(obs, now, staleness):
-        return invalid(KIND, target, now, problem, h)
-    if obs.floor is None:
-        return invalid(KIND, target, now, "current replica floor unknown", h)
-    forecast = obs.load.forecast
-    window = cfg.scale_down_stabilization
-    keep = max(cfg.skill_window, cfg.reserve_window) + max(cfg.lead_time, window)
-    if forecast is None:
-        # No forecast yet (too little history): reactive on the observed demand alone.
-        assert obs.recent_peak is not None
-        h = remember(h, now, obs.recent_peak, math.nan, math.nan, keep)
-        note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
-        found = floor_reserve(h, obs, cfg, now)
-        return _floor(obs, cfg, h, now, found, observed_peak(h, now, window), None, note)
-    if figures is None:
-        upper = forecast.peak_upper_within(cfg.lead_time)
-        mean_peak = float(np.max(forecast.mean[: lead_steps(forecast, cfg.lead_time)]))
-        peak = None
-    else:
-        _, upper, mean_peak, peak = figures
-    observed = forecast.last_value if obs.recent_peak is None else obs.recent_peak
-    return (now, observed, upper, mean_peak), keep, peak
-
-
-def floor_outcome(
-    step: FloorStep, skill: Skill | None, reserve: Reserve | None, peak: float | None = None
-) -> Outcome:
-    """The floor of `step` given its forecast's skill (None: `skill_check` is off), its
-    records' overflow reserve (`floor_reserve`) and their observed peak (`observed_peak`;
-    None: taken here)."""
-    obs, cfg, now = step.obs, step.cfg, step.now
-    forecast = obs.load.forecast
-    assert forecast is not None
-    window = cfg.scale_down_stabilization
-    if peak is None:
-        peak = observed_peak(step.history, now, window)
-    h, fallback = _skill_check(step.history, cfg, skill)
-    # Reactive on the workload's own demand signal (uncensored, unlike utilization): the
-    # highest of the last stabilization window, as the predictive-floor baseline (Crane
-    # EHPA / AHPA: max of the last 5 minutes) does. The forecast adds to it only while it
-    # shows skill against exactly that (gpuscaler.core.skill).
-    return _floor(
-        obs,
-        cfg,
-        h,
-        now,
-        reserve,
-        peak,
-        None if fallback is not None else step.upper,
-        None if fallback is None else (fallback, step.upper, step.observed),
-        (forecast.peak if step.peak is None else step.peak, step.upper, forecast.last_value),
+def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
+    """The parameters a workload's records are judged with: workloads with the same
+    parameters and record times are judged together."""
+    return (
+        cfg.lead_time,
+        cfg.scale_down_stabilization,
+        float(cfg.skill_check),
+        cfg.skill_min_origins,
+        cfg.skill_window,
+        cfg.reserve_window,
     )
 
 
-def reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
+def _record(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    staleness: float,
+    h: TargetHistory,
+    now: float,
+) -> Outcome | _Tick:
+    """The floor's outcome when the input cannot be acted on, else the tick's record."""
+    problem = input_problem(obs.load, now, staleness)
+    if problem is not None and not _reactive_only(obs, now, staleness):
+        return invalid(KIND, obs.key, now, problem, h)
+    if obs.floor is None:
+        return invalid(KIND, obs.key, now, "current replica floor unknown", h)
+    forecast, peak = obs.load.forecast, obs.recent_peak
+    if forecast is None:
+        # No forecast yet (too little history): reactive on the observed demand alone.
+        assert peak is not None
+        note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
+        return _Tick((now, peak, math.nan, math.nan), note)
+    upper = forecast.peak_upper_within(cfg.lead_time)
+    mean_peak = float(np.max(forecast.mean[: max(1, round(cfg.lead_time / forecast.step))]))
+    observed = peak if peak is not None and math.isfinite(peak) else forecast.last_value
+    return _Tick((now, observed, upper, mean_peak), None)
+
+
+def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
+    """Whether the floor can still size for the observed demand: the forecast alone is
+    missing (too little history), the load's own samples are fresh and finite."""
+    load = obs.load
+    return (
+        load.forecast is None
+        and obs.recent_peak is not None
+        and math.isfinite(obs.recent_peak)
+        and load.last_sample_time is not None
+        and now - load.last_sample_time <= staleness
+    )
+
+
+def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float) -> list[_Judged]:
+    """The records of workloads with the same parameters and record times, this tick's
+    added and those older than the skill and reserve windows need dropped, and what they
+    say: the forecast's skill, the burst reserve, the observed peak. Over rows."""
+    cfg = rows[0][1]
+    old = np.stack([h.seen for _, _, h in rows])
+    t = old[0, :, 0]
+    window = cfg.scale_down_stabilization
+    keep = max(cfg.skill_window, cfg.reserve_window) + max(cfg.lead_time, window)
+    # Records are in time order: those kept are a run, the newest but any of this tick's
+    # time or later (the clock went back), which this tick's record replaces.
+    start, stop = int(np.searchsorted(t, now - keep, "right")), int(np.searchsorted(t, now))
+    recs = np.concatenate((old[:, start:stop], np.asarray(records)[:, None, :]), axis=1)
+    skills: list[Skill | None] = [None] * len(rows)
+    if cfg.skill_check:
+        span = cfg.skill_window + max(cfg.lead_time, window)
+        skills[:] = assess(recs, now, cfg.lead_time, window, cfg.skill_min_origins, span)
+    sizes = np.asarray([_reserve_sizes(obs, section) for obs, section, _ in rows])
+    reserves = overflow_reserves(recs, now, window, cfg.reserve_window, sizes[:, 0], sizes[:, 1])
+    times, values = recs[0, :, 0], recs[:, :, 1]
+    first = min(int(np.searchsorted(times, now - window, "right")), len(times) - 1)
+    finite = np.where(np.isfinite(values), values, -np.inf)
+    peaks = window_max(finite, np.asarray([first]), np.asarray([len(times)]))[:, 0].tolist()
+    # Each history its own copy: a history kept after its workload is gone holds its
+    # records alone, not the whole tick's.
+    seen = [row.copy() for row in recs]
+    for s in seen:
+        s.setflags(write=False)
+    return [_Judged(*found) for found in zip(seen, skills, reserves, peaks, strict=True)]
+
+
+def _reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
     """What one replica serves at the target and at full use, in the load's unit: the
     overflow reserve's `at_target` and `full` (GPU percent, or the serving stack's
     demand, which a replica serves at its rate either way)."""
@@ -156,13 +185,93 @@ def reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float,
     return at_target, at_target * 100.0 / cfg.target_utilization_pct
 
 
-def floor_reserve(
-    h: TargetHistory, obs: WorkloadObservation, cfg: ReplicasConfig, now: float
-) -> Reserve | None:
-    """The overflow reserve the floor's records call for (gpuscaler.core.reserve)."""
-    at_target, full = reserve_sizes(obs, cfg)
-    window, span = cfg.scale_down_stabilization, cfg.reserve_window
-    return overflow_reserve(records(h), now, window, span, at_target, full)
+def _floor(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    h: TargetHistory,
+    tick: _Tick,
+    judged: _Judged,
+    now: float,
+) -> Outcome:
+    """The floor for the observed peak, or the forecast's upper bound when higher and
+    the forecast has skill, or the burst reserve when that asks for more; stabilized
+    and stepped, with its reason."""
+    target, current, share = obs.key, obs.floor, obs.replica_gpu_share
+    assert current is not None
+    fallback, note, upper = _skill_check(h.fallback, obs, cfg, tick, judged.skill)
+    observed = judged.peak
+    sized = observed if upper is None else max(observed, upper)
+    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
+    capacity, full = _reserve_sizes(obs, cfg)
+    reserve = judged.reserve
+    kept = 0 if reserve is None else _replicas_for(reserve.peak, full)
+    raw = _raw(cfg, sized, capacity, current)
+    if reserve is not None and kept > raw:
+        said = _reserve_text(reserve, cfg, kept)
+        note = f"{note}; {said}" if note else said
+    raw = max(raw, kept)
+    # Clamped here, once: never above the object's own maximum, even for min_replicas.
+    recommended = min(ceiling, max(cfg.min_replicas, raw))
+    recent, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
+    h = replace(h, recommendations=recent, seen=judged.seen, fallback=fallback)
+    why = _why(obs, cfg, note, sized, observed, raw)
+    if stabilized == current:
+        by = (
+            f", held by the stabilization window{_margin(cfg)}" if stabilized != recommended else ""
+        )
+        return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
+    left = cooling_down(h, now, cfg.cooldown)
+    if left > 0:
+        return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
+    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
+    filled = whole_gpus(to, current, share, ceiling) if cfg.whole_gpus else to
+    if filled == current:
+        frees = f"floor stays {current}: {to} replicas would free no GPU (whole GPUs)"
+        return hold(KIND, target, now, f"hold: {why}, {frees}", h)
+    if filled != to:
+        to, bound = filled, f"{bound}, filled to whole GPUs"
+    forecast = obs.load.forecast
+    decision = ReplicaFloorDecision(
+        time=now,
+        target=target,
+        from_value=current,
+        to_value=to,
+        reason=f"{why}; floor {current} -> {to} ({bound})"
+        + ("" if forecast is None else f"; {forecast.reason}"),
+        forecast={"last": observed}
+        if forecast is None
+        else {"peak": forecast.peak, "upper": tick.record[2], "last": forecast.last_value},
+    )
+    return Outcome(h, decision=decision)
+
+
+def _skill_check(
+    fallback: bool,
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    tick: _Tick,
+    skill: Skill | None,
+) -> tuple[bool, str | None, float | None]:
+    """Whether the forecast is set aside for its skill after this tick (`fallback`:
+    before it), why it is set aside (None: it is not), and its upper bound when it counts
+    (None: set aside, or no forecast)."""
+    _, observed, upper, _ = tick.record
+    if obs.load.forecast is None:
+        return fallback, tick.note, None
+    if skill is None:  # skill_check off: the forecast always counts
+        return fallback, None, upper
+    fallback = in_fallback(fallback, skill, cfg.skill_fallback_below, cfg.skill_return_above)
+    if not fallback:
+        return fallback, None, upper
+    score = "none yet" if skill.score is None else f"{skill.score:.2f}"
+    unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
+    note = (
+        f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
+        f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
+        f"reactive shortfall than flat headroom or a level floor at the same cost would); "
+        f"the floor sizes for the observed demand alone{unused}"
+    )
+    return fallback, note, None
 
 
 def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None) -> float:
@@ -190,139 +299,6 @@ def whole_gpus(to: int, current: int, share: float, ceiling: int) -> int:
     return max(to, min(ceiling, gpus * per_gpu))
 
 
-def observed_peak(h: TargetHistory, now: float, window: float) -> float:
-    """Highest demand observed at the ticks of the last `window` seconds (each tick's
-    record is the peak since the previous one), this tick included."""
-    rows = records(h)
-    t = rows[:, 0]
-    # The same values in the same order as the records': max() breaks ties (and NaN) alike.
-    values: list[float] = rows[(t > now - window) | (t == now), 1].tolist()
-    return max(values)
-
-
-def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
-    """Whether the floor can still size for the observed demand: the forecast alone is
-    missing (too little history), the load's own samples are fresh and finite."""
-    load = obs.load
-    return (
-        load.forecast is None
-        and obs.recent_peak is not None
-        and math.isfinite(obs.recent_peak)
-        and load.last_sample_time is not None
-        and now - load.last_sample_time <= staleness
-    )
-
-
-Note = str | tuple[Skill, float, float] | None
-"""Why the forecast is set aside: a text, or the skill that did with the forecast's upper
-bound and the observed demand (`_fallback_text`, made when read); None: it counts."""
-
-Why = tuple[WorkloadObservation, ReplicasConfig, Note, bool, Reserve | None, int, float, float, int]
-"""`_why`'s arguments: a floor's reason before its verdict, made when read."""
-
-
-def _floor(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    h: TargetHistory,
-    now: float,
-    reserve: Reserve | None,
-    observed: float,
-    upper: float | None,
-    note: Note,
-    figures: tuple[float, float, float] | None = None,
-) -> Outcome:
-    """The floor for `observed` demand, or the forecast's `upper` bound when higher
-    (None: the forecast is set aside, `note` says why), stabilized and stepped.
-    `figures`: the forecast's peak, upper bound and last value, for a decision (None: no
-    forecast). A hold's reason is made when first read (`guards.held`)."""
-    target, current, share = obs.key, obs.floor, obs.replica_gpu_share
-    assert current is not None
-    ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
-    sized = observed if upper is None else max(observed, upper)
-    capacity, full = reserve_sizes(obs, cfg)
-    kept = 0 if reserve is None else math.ceil(reserve.peak / full - 1e-9)
-    raw = _raw(cfg, sized, capacity, current)
-    reserved = kept > raw
-    if reserved:
-        raw = kept
-    # Clamped here, once: never above the object's own maximum, even for min_replicas.
-    recommended = min(ceiling, max(cfg.min_replicas, raw))
-    h, stabilized = _stabilized(h, cfg, now, sized, capacity, current, ceiling, recommended)
-    why: Why = (obs, cfg, note, reserved, reserve, kept, sized, observed, raw)
-    if stabilized == current:
-        return held(KIND, target, now, h, _hold_text, (why, current, stabilized != recommended))
-    left = cooling_down(h, now, cfg.cooldown)
-    if left > 0:
-        return held(KIND, target, now, h, _cooldown_text, (why, left))
-    to, bound = _stepped(current, stabilized, recommended, raw, share, cfg, ceiling)
-    filled = whole_gpus(to, current, share, ceiling) if cfg.whole_gpus else to
-    if filled == current:
-        return held(KIND, target, now, h, _frees_text, (why, current, to))
-    if filled != to:
-        to, bound = filled, f"{bound}, filled to whole GPUs"
-    forecast = obs.load.forecast
-    tail = "" if figures is None or forecast is None else f"; {forecast.reason}"
-    decision = ReplicaFloorDecision(
-        time=now,
-        target=target,
-        from_value=current,
-        to_value=to,
-        reason=f"{_why(*why)}; floor {current} -> {to} ({bound}){tail}",
-        forecast=_figures(observed, figures),
-    )
-    return Outcome(h, decision=decision)
-
-
-def _why(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    note: Note,
-    reserved: bool,
-    reserve: Reserve | None,
-    kept: int,
-    sized: float,
-    observed: float,
-    raw: int,
-) -> str:
-    """A floor's reason up to its verdict: the note, the reserve when it set the
-    replicas, and the demand sized for -> the replicas."""
-    text = note if note is None or isinstance(note, str) else _fallback_text(cfg, *note)
-    if reserved:
-        said = _reserve_text(reserve, cfg, kept)
-        text = f"{text}; {said}" if text else said
-    value = f"{sized:.{1 if obs.serving else 0}f}{_sizing(obs, cfg)}"
-    source = (
-        f"observed peak {value} (highest of {cfg.scale_down_stabilization:.0f}s)"
-        if sized == observed
-        else f"forecast upper {value}"
-    )
-    why = f"{source} -> {raw} replicas"
-    return f"{text}; {why}" if text else why
-
-
-def _hold_text(why: Why, current: int, by_window: bool) -> str:
-    by = f", held by the stabilization window{_margin(why[1])}" if by_window else ""
-    return f"hold: {_why(*why)}, floor stays {current}{by}"
-
-
-def _cooldown_text(why: Why, left: float) -> str:
-    return f"cooldown: {_why(*why)}, {left:.0f}s left"
-
-
-def _frees_text(why: Why, current: int, to: int) -> str:
-    frees = f"floor stays {current}: {to} replicas would free no GPU (whole GPUs)"
-    return f"hold: {_why(*why)}, {frees}"
-
-
-def _figures(observed: float, figures: tuple[float, float, float] | None) -> dict[str, float]:
-    """A decision's forecast figures: the forecast's peak, upper bound and last value, or
-    the observed demand alone (no forecast)."""
-    if figures is None:
-        return {"last": observed}
-    return {"peak": figures[0], "upper": figures[1], "last": figures[2]}
-
-
 def _stabilized(
     h: TargetHistory,
     cfg: ReplicasConfig,
@@ -332,31 +308,30 @@ def _stabilized(
     current: int,
     ceiling: int,
     recommended: int,
-) -> tuple[TargetHistory, int]:
+) -> tuple[tuple[tuple[float, int], ...], int]:
     """Scale down only to the highest recommendation of the window, as the HPA does, kept
     as the load sized for (percent of a GPU) so a fragment change, which changes each
     replica's share, does not distort it; and only to a count the window's demand fits
-    with `scale_down_margin` below its capacity."""
+    with `scale_down_margin` below its capacity. Returns the window's recommendations
+    with this tick's, and the floor the window allows."""
     window_start = now - cfg.scale_down_stabilization
-    recent = [r for r in h.recommendations if r[0] > window_start]
-    recent.append((now, math.ceil(sized)))
-    h = floor_history(h, recommendations=tuple(recent))
+    recent = (*[r for r in h.recommendations if r[0] > window_start], (now, math.ceil(sized)))
     if recommended >= current:  # no scale-down: nothing for the window to hold
-        return h, recommended
+        return recent, recommended
     held_for = max([v for _, v in recent])
-    held = max(cfg.min_replicas, min(ceiling, math.ceil(held_for / capacity - 1e-9)))
+    held = max(cfg.min_replicas, min(ceiling, _replicas_for(held_for, capacity)))
     stabilized = max(recommended, min(current, held))
     margin = cfg.scale_down_margin
     if stabilized < current and margin > 0:
-        kept = min(current, math.ceil(held_for / (capacity * (1 - margin)) - 1e-9))
+        kept = min(current, _replicas_for(held_for, capacity * (1 - margin)))
         stabilized = max(stabilized, min(ceiling, kept))
-    return h, stabilized
+    return recent, stabilized
 
 
 def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> int:
-    """Replicas for `sized` demand by the HPA formula (hpa_desired) in the load's unit,
-    none changed within the tolerance (the floor's reserve may ask for more: `_floor`)."""
-    raw = math.ceil(sized / capacity - 1e-9)
+    """Replicas for `sized` demand by the HPA formula in the load's unit, none changed
+    within the tolerance (the floor's reserve may ask for more: `_floor`)."""
+    raw = _replicas_for(sized, capacity)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
@@ -364,11 +339,9 @@ def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> in
     return raw
 
 
-def _reserve_text(r: Reserve | None, cfg: ReplicasConfig, replicas: int) -> str:
+def _reserve_text(r: Reserve, cfg: ReplicasConfig, replicas: int) -> str:
     """Why the floor keeps `replicas` for bursts that overflowed what reactive sizing
-    would have had at full use (`r`, gpuscaler.core.reserve); "" when none did."""
-    if r is None:
-        return ""
+    would have had at full use (`r`, gpuscaler.core.reserve)."""
     return (
         f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
         f"{r.overflows} time(s) in the last {cfg.reserve_window:.0f}s (highest {r.age:.0f}s "
@@ -376,38 +349,31 @@ def _reserve_text(r: Reserve | None, cfg: ReplicasConfig, replicas: int) -> str:
     )
 
 
-def _sizing(obs: WorkloadObservation, cfg: ReplicasConfig) -> str:
-    """How what one replica serves at target reads: GPU percent (a GPU share times the
-    target utilization) or the serving stack's demand."""
-    if obs.serving is not None:
-        return f" {obs.serving[1]} / {obs.serving[0]:g} per replica"
-    share = obs.replica_gpu_share
-    return f"% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)"
-
-
-def _skill_check(
-    h: TargetHistory, cfg: ReplicasConfig, skill: Skill | None
-) -> tuple[TargetHistory, Skill | None]:
-    """History with the skill verdict, and the skill when the forecast is set aside
-    because it has had no skill (None when it may raise the floor)."""
-    if not cfg.skill_check or skill is None:
-        return h, None
-    fallback = in_fallback(h, skill, cfg.skill_fallback_below, cfg.skill_return_above)
-    if fallback != h.fallback:
-        h = floor_history(h, fallback=fallback)
-    return h, skill if fallback else None
-
-
-def _fallback_text(cfg: ReplicasConfig, skill: Skill, upper: float, observed: float) -> str:
-    """Why the forecast is set aside: its skill."""
-    score = "none yet" if skill.score is None else f"{skill.score:.2f}"
-    unused = "" if upper <= observed else f" (forecast upper bound {upper:.0f}% unused)"
-    return (
-        f"skill fallback: the forecast's skill over the last {skill.origins} origins is "
-        f"{score} (below {cfg.skill_return_above:g} to return: it avoided no more of the "
-        f"reactive shortfall than flat headroom or a level floor at the same cost would); "
-        f"the floor sizes for the observed demand alone{unused}"
+def _why(
+    obs: WorkloadObservation,
+    cfg: ReplicasConfig,
+    note: str | None,
+    sized: float,
+    observed: float,
+    raw: int,
+) -> str:
+    """A floor's reason up to its verdict: the note, and the demand sized for -> the
+    replicas."""
+    source = (
+        f"observed peak {_value(obs, cfg, sized)} (highest of {cfg.scale_down_stabilization:.0f}s)"
+        if sized == observed
+        else f"forecast upper {_value(obs, cfg, sized)}"
     )
+    return f"{note}; {source} -> {raw} replicas" if note else f"{source} -> {raw} replicas"
+
+
+def _value(obs: WorkloadObservation, cfg: ReplicasConfig, sized: float) -> str:
+    """The demand sized for, and how what one replica serves at target reads: GPU
+    percent (a GPU share times the target utilization) or the serving stack's demand."""
+    if obs.serving is not None:
+        return f"{sized:.1f} {obs.serving[1]} / {obs.serving[0]:g} per replica"
+    share = obs.replica_gpu_share
+    return f"{sized:.0f}% GPU / ({share:g} GPU x target {cfg.target_utilization_pct:g}%)"
 
 
 def _stepped(

@@ -17,7 +17,7 @@ from typing import Final
 
 from gpuscaler.config import TIME_SLICE_LEVELS, NodePoolConfig, TimeSliceConfig
 from gpuscaler.core.decisions import TimeSliceDecision
-from gpuscaler.core.guards import Outcome, cooling_down, held, hold, invalid
+from gpuscaler.core.guards import Outcome, cooling_down, hold, invalid
 from gpuscaler.core.model import PoolObservation, TargetHistory
 
 KIND: Final = "time_slice"
@@ -90,8 +90,7 @@ def decide_time_slice(
     else:
         if stall >= cfg.recover_below_pct:
             h = _calm_since(h, None)
-        # Most ticks of most pools: the reason made when first read (guards.held).
-        return held(KIND, target, now, h, _hold_text, (stall, current))
+        return hold(KIND, target, now, _hold_text(stall, current), h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
