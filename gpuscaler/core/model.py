@@ -140,6 +140,13 @@ class WorkloadObservation:
     control interval); None when unknown. What the floor sizes for when reactive."""
 
 
+def _no_records() -> FloatArray:
+    """A history's records before its first tick: none, read-only like every kept one."""
+    out = np.zeros((0, 4))
+    out.flags.writeable = False
+    return out
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one tick observed, with forecasts attached."""
@@ -165,7 +172,7 @@ class TargetHistory:
     load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
-    seen: FloatArray = field(default_factory=lambda: np.zeros((0, 4)), compare=False, repr=False)
+    seen: FloatArray = field(default_factory=_no_records, compare=False, repr=False)
     """The replica floor's tick records, oldest first, a read-only (records, 4) array of
     (time, observed demand, forecast upper bound and mean peak over the lead time; both
     NaN without a forecast): what the forecast's skill and the burst reserve are judged
