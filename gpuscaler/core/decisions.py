@@ -17,7 +17,6 @@ from types import MappingProxyType
 from typing import ClassVar, Literal
 
 from gpuscaler.config import TIME_SLICE_LEVELS
-from gpuscaler.core.lazy import Lazy
 
 DecisionKind = Literal["fragments", "replica_floor", "time_slice", "preemption"]
 
@@ -183,10 +182,7 @@ Decision = ReplicaFloorDecision | FragmentsDecision | TimeSliceDecision | Preemp
 
 @dataclass(frozen=True)
 class Skip:
-    """A target the tick did not act on, and why. Its `reason` may be made when first read
-    (`guards.held`; issue 20: the simulator never reads a held floor's reason, the
-    controller's log and metrics read every one): no slots, so that the instance's
-    `__dict__` can hold the maker until then (`lazy.Lazy`, as `Forecast.reason`)."""
+    """A target the tick did not act on, and why."""
 
     time: float
     kind: DecisionKind
@@ -204,9 +200,6 @@ class Skip:
             "invalid_input": self.invalid_input,
             "reason": self.reason,
         }
-
-
-Skip.reason = Lazy("reason")  # type: ignore[assignment]
 
 
 def target_key(kind: DecisionKind, target: str) -> str:
