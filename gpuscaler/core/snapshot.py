@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,53 +70,68 @@ def window_mean(
     series: Series | None, now: float, window: float
 ) -> tuple[float | None, float | None]:
     """Mean of the finite samples in (now - window, now], and the newest sample's time."""
-    if series is None:
-        return None, None
-    last = series.last_sample_time()
-    first = int(np.ceil((now - window - series.start) / series.step + 1e-9))
-    values = series.values[max(0, first) :]
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return None, last
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(finite.mean()), last
+    return window_means([series], now, window)[0]
 
 
-def _buckets(
-    start: float, spacing: float, now: float, window: float, step: float
-) -> tuple[int, int]:
-    """(samples a bucket, index of the sample at `now - window`): that sample counts (a
-    grid's newest sample is usually one step before `now`; without it the oldest bucket of
-    every window, a third of a 30 s tick's 10 s buckets, would be seen by no tick)."""
-    return max(1, round(step / spacing)), int(np.ceil((now - window - start) / spacing - 1e-9))
-
-
-def window_size(width: int, window: float, step: float) -> int:
-    """At most `window` of samples count: that many buckets of `width` samples."""
-    return max(1, round(window / step)) * width
+def window_means(
+    series: Sequence[Series | None], now: float, window: float
+) -> list[tuple[float | None, float | None]]:
+    """`window_mean` of each series, the series on one grid (one query's window, the
+    usual case) as rows of one array."""
+    out: list[tuple[float | None, float | None]] = [(None, None)] * len(series)
+    for (start, spacing, _), idx in _grids(series).items():
+        stacked = np.stack([s.values for i in idx if (s := series[i]) is not None])
+        finite = np.isfinite(stacked)
+        newest = stacked.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
+        lasts = np.where(finite.any(axis=1), start + spacing * newest, np.nan)
+        first = max(0, int(np.ceil((now - window - start) / spacing + 1e-9)))
+        kept = finite[:, first:]
+        count = kept.sum(axis=1)
+        total = np.where(kept, stacked[:, first:], 0.0).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(count > 0, total / count, np.nan)
+        for i, mean, last in zip(idx, means.tolist(), lasts.tolist(), strict=True):
+            out[i] = (_number(mean), _number(last))
+    return out
 
 
 def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
     """Highest mean of `step`-long buckets (ending at the newest sample) over the last
-    `window` seconds; None without a finite sample there. The sample at `now - window`
-    counts: a grid's newest sample is usually one step before `now` (its slot is still
-    filling), and without it the oldest bucket of every window, a third of a 30 s tick's
-    10 s buckets, would be seen by no tick at all. At most `window` of samples count."""
-    if series is None or series.values.size == 0:
-        return None
-    width, first = _buckets(series.start, series.step, now, window, step)
-    values = series.values[max(0, first, series.values.size - window_size(width, window, step)) :]
-    usable = values.size // width * width
-    if usable == 0:
-        return None
-    block = values[values.size - usable :].reshape(-1, width)
-    finite = np.isfinite(block)
-    counts = finite.sum(axis=1)
-    if not counts.any():
-        return None
-    means = np.where(finite, block, 0.0).sum(axis=1)[counts > 0] / counts[counts > 0]
-    return float(means.max())
+    `window` seconds; None without a finite sample there."""
+    return bucket_peaks([series], now, window, step)[0]
+
+
+def bucket_peaks(
+    series: Sequence[Series | None], now: float, window: float, step: float
+) -> list[float | None]:
+    """`bucket_peak` of each series, the series on one grid as rows of one array. The
+    sample at `now - window` counts: a grid's newest sample is usually one step before
+    `now` (its slot is still filling), and without it the oldest bucket of every window,
+    a third of a 30 s tick's 10 s buckets, would be seen by no tick at all. At most
+    `window` of samples count."""
+    out: list[float | None] = [None] * len(series)
+    for (start, spacing, size), idx in _grids(series).items():
+        width = max(1, round(step / spacing))
+        first = int(np.ceil((now - window - start) / spacing - 1e-9))
+        cut = max(0, first, size - max(1, round(window / step)) * width)
+        usable = max(0, size - cut) // width * width
+        if usable == 0:
+            continue
+        rows = [s.values[size - usable :] for i in idx if (s := series[i]) is not None]
+        block = np.stack(rows).reshape(len(idx), -1, width)
+        finite = np.isfinite(block)
+        counts = finite.sum(axis=2)
+        sums = np.where(finite, block, 0.0).sum(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            best = np.where(counts > 0, sums / counts, -np.inf).max(axis=1)
+        for i, peak in zip(idx, best.tolist(), strict=True):
+            out[i] = _number(peak)
+    return out
+
+
+def _number(x: float) -> float | None:
+    """`x`, or None where it is not finite (nothing to take a mean or a peak of)."""
+    return x if np.isfinite(x) else None
 
 
 def _grids(series: Sequence[Series | None]) -> dict[tuple[float, float, int], list[int]]:
@@ -127,62 +141,6 @@ def _grids(series: Sequence[Series | None]) -> dict[tuple[float, float, int], li
         if s is not None and s.values.size:
             grids.setdefault((s.start, s.step, s.values.size), []).append(i)
     return grids
-
-
-def window_means(
-    series: Sequence[Series | None], now: float, window: float
-) -> list[tuple[float | None, float | None]]:
-    """`window_mean` of each series; the series on one grid found together (issue 18)."""
-    out: list[tuple[float | None, float | None]] = [(None, None)] * len(series)
-    for (start, spacing, _), idx in _grids(series).items():
-        if len(idx) == 1:
-            out[idx[0]] = window_mean(series[idx[0]], now, window)
-            continue
-        stacked = np.stack([s.values for i in idx if (s := series[i]) is not None])
-        finite = np.isfinite(stacked)
-        seen: list[bool] = np.asarray(finite.any(axis=1)).tolist()
-        newest = (stacked.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)).tolist()
-        first = max(0, int(np.ceil((now - window - start) / spacing + 1e-9)))
-        part, kept = stacked[:, first:], finite[:, first:]
-        # a row without a gap in the window: its plain mean, every such row at once
-        whole: list[bool] = np.asarray(kept.all(axis=1) & (part.shape[1] > 0)).tolist()
-        means = part.mean(axis=1).tolist() if any(whole) else []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            for r, i in enumerate(idx):
-                last = start + spacing * float(newest[r]) if seen[r] else None
-                if whole[r]:
-                    out[i] = (means[r], last)
-                    continue
-                values = part[r][kept[r]]
-                out[i] = (float(values.mean()) if values.size else None, last)
-    return out
-
-
-def bucket_peaks(
-    series: Sequence[Series | None], now: float, window: float, step: float
-) -> list[float | None]:
-    """`bucket_peak` of each series; the series on one grid (one query's window, the usual
-    case) at once (issue 18: one at a time cost about 40 us a workload and tick)."""
-    out: list[float | None] = [None] * len(series)
-    for (start, spacing, size), idx in _grids(series).items():
-        width, first = _buckets(start, spacing, now, window, step)
-        cut = max(0, first, size - window_size(width, window, step))
-        usable = max(0, size - cut) // width * width
-        if usable == 0 or len(idx) == 1:
-            for i in idx:
-                out[i] = bucket_peak(series[i], now, window, step)
-            continue
-        rows = [s.values[size - usable :] for i in idx if (s := series[i]) is not None]
-        block = np.stack(rows).reshape(len(idx), -1, width)
-        finite = np.isfinite(block)
-        counts = finite.sum(axis=2)
-        sums = np.where(finite, block, 0.0).sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            best = np.where(counts > 0, sums / counts, -np.inf).max(axis=1).tolist()
-        for i, peak, seen in zip(idx, best, counts.any(axis=1).tolist(), strict=True):
-            out[i] = float(peak) if seen else None
-    return out
 
 
 def _forecasts(
