@@ -20,7 +20,7 @@ import numpy as np
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import forecast_series
 from gpuscaler.core.model import Series
-from gpuscaler.sim.cluster import SAMPLE, demand_from_trace
+from gpuscaler.sim.load import SAMPLE, demand_from_trace
 from gpuscaler.sim.trace import load_trace
 
 TARGET = 10.0  # seconds: the resolution every forecast is scored at

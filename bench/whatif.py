@@ -63,10 +63,10 @@ from promserver import binaries, prometheus
 from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.history import WorkloadHistory
-from gpuscaler.sim.around import around_many, swept_many
+from gpuscaler.sim.around import actual_run, around_many, reactive_run, swept_many
 from gpuscaler.sim.lockstep import lockstep_runs
-from gpuscaler.sim.replay import Ready, WorkloadReplay, actual_of, finished, ready
-from gpuscaler.sim.simulate import finish, reactive_run
+from gpuscaler.sim.replay import Ready, WorkloadReplay, finished, ready
+from gpuscaler.sim.simulate import finish
 from gpuscaler.sim.trace import load_trace
 
 STEP = 10.0
@@ -242,13 +242,19 @@ def same_history(a: WorkloadHistory, b: WorkloadHistory) -> bool:
     return a.key == b.key and (a.start, a.end, a.step) == (b.start, b.end, b.step)
 
 
+def _actual(r: Ready) -> dict[str, Any] | None:
+    """The replay with the replicas that ran, alone (None when they are unknown)."""
+    if r.replicas.series is None:
+        return None
+    return {**actual_run(r.prepared, r.replicas.series), "source": r.replicas.name}
+
+
 def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> dict[str, float]:
     """Seconds of each part of whatif's replay of `histories` (in-process, all of them in
     one lockstep): ready (checks, arrivals), gpuscaler's run, the reactive HPA, the
-    replicas that ran, the baselines' sweeps (each run as before: the reactive and actual
-    runs one `SimulatedCluster` each), the report (summaries); and `around`: the reactive,
-    actual and baseline runs in one sweep (`around.around_many`, as whatif runs them now),
-    checked to give the same summaries."""
+    replicas that ran, the baselines' sweeps (each apart), the report (summaries); and
+    `around`: the reactive, actual and baseline runs in one sweep (`around.around_many`,
+    as whatif runs them), checked to give the same summaries."""
     clock: dict[str, float] = dict.fromkeys(
         ("ready", "gpuscaler", "reactive", "actual", "baselines", "report", "around"), 0.0
     )
@@ -272,7 +278,7 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
     arounds = timed("around", around_many, prepared, replicas)
     for r, run, curves, around in zip(ok, runs, swept, arounds, strict=True):
         reactive = timed("reactive", reactive_run, r.prepared)
-        actual = timed("actual", actual_of, r)
+        actual = timed("actual", _actual, r)
 
         def report(
             r: Ready = r,
@@ -281,11 +287,11 @@ def split(config: Config, histories: list[WorkloadHistory], seed: int = 1) -> di
             curves: Any = curves,
             actual: Any = actual,
         ) -> dict[str, Any]:
-            result = finish(r.prepared, run, True, reactive, curves)
+            result = finish(r.prepared, run, reactive, curves)
             return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual)).summary()
 
         before = timed("report", report)
-        after = finished(r, run, True, around).summary()
+        after = finished(r, run, around).summary()
         assert after == before, f"{r.key}: one sweep's summary differs"
     return clock
 
