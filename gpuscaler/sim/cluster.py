@@ -180,20 +180,19 @@ class Clusters:
             load = np.concatenate((self.load, load), axis=1)
         self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
-        gpus = np.broadcast_to(gpus, served.shape)
+        gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
         self.served[:, s], self.gpus[:, s] = served, gpus
-        self.last_capacity = np.broadcast_to(capacity, served.shape)[:, -1].copy()
-        self.last_gpus = gpus[:, -1].copy()
-        eff = efficiency(
-            np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
-        )
-        if self.recorded.size:
+        self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
+        if self.recorded.size or self.observed.size:
+            eff = efficiency(
+                np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
+            )
             rows = self.recorded
-            self.kept["capacity"][:, s] = np.broadcast_to(capacity, served.shape)[rows]
+            self.kept["capacity"][:, s] = capacity[rows]
             self.kept["demand_busy"][:, s] = work[rows] / slot / eff[rows, None]
             self.kept["replicas"][:, s] = self.spec[rows, None]
-        if self.observed.size:
-            self._signals(begin, end, work, served_pct, gpus, eff)
+            if self.observed.size:
+                self._signals(begin, end, work, served_pct, gpus, eff)
         self.cursor = end
 
     def _signals(

@@ -1,10 +1,10 @@
 """What the report reads of a finished run, so that its record can be let go.
 
-A run's record is a dozen arrays of one value a slot (7 MB a week at 10 s slots); the
-summary reads a few figures of it and the PNG a minute's means, the slots of requests
-over the SLO and the forecast's band. `gpuscaler whatif` holds many runs at once (its
-lanes, then each one's reactive run until its workload is reported): it keeps these
-instead (`simulate.release`): the same figures and the same plot.
+A run's record is a few arrays of one value a slot; the summary reads a few figures of
+it and the PNG a minute's means, the slots of requests over the SLO and the forecast's
+band. `gpuscaler whatif` holds many runs at once (its lanes, then each one's reactive run
+until its workload is reported): it keeps these instead (`simulate.release`): the same
+figures and the same plot.
 """
 
 from __future__ import annotations
