@@ -135,6 +135,7 @@ class Clusters:
         """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
         self.load_from = 0
         self.recs: list[tuple[float, IntArray]] = []
+        """Every run's HPA recommendations of the scale-down stabilization window."""
         self.events: list[tuple[float, IntArray, IntArray, IntArray]] = []
         """Each replica change: (time, runs, replicas before, after)."""
         self.fragment_changes: list[list[Decision]] = [[] for _ in specs]
@@ -419,8 +420,9 @@ class Clusters:
             gps = self.sim.gpu_seconds_per_request
             rec = Record(self.served[i], self.gpus[i], arrivals, self.slot, gps)
             j = kept.get(i)
-            if j is not None:  # rows of its own: the tables of every run go with the model
-                rec.served, rec.gpus = self.served[i].copy(), self.gpus[i].copy()
+            if j is not None:
+                if len(kept) < len(self.specs):  # its own rows: the others' go with the model
+                    rec.served, rec.gpus = self.served[i].copy(), self.gpus[i].copy()
                 rec.capacity = self.kept["capacity"][j]
                 rec.demand_busy = self.kept["demand_busy"][j]
                 rec.replicas = self.kept["replicas"][j]
