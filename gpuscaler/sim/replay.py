@@ -175,9 +175,11 @@ def finished(r: Ready, run: RunResult, around: Around) -> WorkloadReplay:
     return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
 
 
-LANE_SLOT_BYTES = 36
-"""What the sweep of the runs around a lockstep may record a lane's slot, in the place
-of what the lanes held while they ran (their records are released before it starts)."""
+LANE_SLOT_BYTES = 8 + 4 + 3 * 8 + 8
+"""What a lane holds a slot while its lockstep runs (its run's served work, GPUs held,
+capacity, demand and replicas, and its arrivals): what the sweep of the runs around the
+lockstep may record a lane's slot in its place (the lanes' records are released before
+it starts)."""
 
 
 def freed(preps: Sequence[Prepared]) -> int:
