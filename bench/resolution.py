@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.sim.cluster import SAMPLE, demand_from_trace
+from gpuscaler.sim.load import SAMPLE, demand_from_trace
 from gpuscaler.sim.trace import load_trace
 
 TARGET = 10.0  # seconds: the resolution every forecast is scored at

@@ -26,7 +26,7 @@ from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.sim.replay import Skipped, replay_many
 from gpuscaler.whatif_progress import Progress, drain, reporters, worker_init
-from gpuscaler.whatif_sizing import MEMORY, chunks, give_back, sized
+from gpuscaler.whatif_sizing import MEMORY, chunks, sized
 
 T = TypeVar("T")
 
@@ -156,9 +156,7 @@ def replay_chunk(
     out: list[Done] = []
     draw = job.report is not None  # the PNG's series kept only when it is drawn
     given = handed_over(histories)  # each history let go once checked
-    replays = replay_many(
-        given, job.config, job.seed, job.baselines, job.lanes, draw, progress, give_back
-    )
+    replays = replay_many(given, job.config, job.seed, job.baselines, job.lanes, draw, progress)
     for done in replays:
         if isinstance(done, Skipped):
             out.append((done, [], None))

@@ -4,10 +4,8 @@ processes leave, chunks that end together."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
-from collections.abc import Callable
 from typing import TextIO
 
 from gpuscaler.adapters.prometheus.history import READERS
@@ -15,42 +13,28 @@ from gpuscaler.config import Config, WorkloadConfig
 
 LANES = 50
 """Workloads a process replays in lockstep through one controller at most (by default):
-the batched forecast costs less a workload with more lanes (bench/lockstep.py), memory
-grows by about LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week (its simulated cluster's
-arrays and forecast track, held until the lockstep ends), so fewer when MEMORY would not
-hold them."""
+the batched forecast costs less a workload with more lanes; memory grows by about
+LANE_BYTES plus LANE_BYTES_A_WEEK a lane-week, so fewer when MEMORY would not hold them."""
 LANE_BYTES = 2 * 2**20
 LANE_BYTES_A_WEEK = 3 * 2**20
 """What a lane adds to a process' peak: LANE_BYTES whatever the range (the controller's
-state for it, bounded by its windows) and LANE_BYTES_A_WEEK (3 MB; 4.25 MB before the
-heap was given back between a replay's parts, `give_back`, and the sweep's group budget
-cut to `replay.LANE_SLOT_BYTES` 36 bytes a lane's slot, issue 20, 2026-12-03) a week of it: while
-its lockstep runs, its simulated cluster's per-slot arrays (work, served, capacity, GPUs,
-demand: 2.5 MB a week at 10 s slots), its arrivals and the replicas read (0.93 MB) and
-its forecast track (0.65 MB); once the lockstep ends its runs are released
-(`simulate.release`) and the sweep of the runs around them takes their place (its group
-budget: what they held, `replay.freed`). Measured (issue 20, branch mem7; synthetic
-histories of a week): the lockstep's RSS after 2 h of ticks, 4.63 MB a lane at 19 and at
-40 lanes (before: 6.47); the controller's own part 0.85 MB a lane at 6 h, about 1.1 MB at
-24 h; the sweep of 40 workload-weeks 242 MB above the checked replays (6.1 MB a
-workload-week; before: 468 MB). The earlier 12.9 MB a lane-week (branch mem6,
-`bench/whatif.py`) was the sweep's: it held the records of every reactive and actual run
-of a chunk until its last group ended (now each group's are let go with it)."""
+state for it, bounded by its windows) and LANE_BYTES_A_WEEK a week of it: while its
+lockstep runs, its simulated run's per-slot records (served work, GPUs held, capacity,
+demand, replicas), its arrivals and the replicas read, and its forecast track; once the
+lockstep ends its runs are released (`simulate.release`) and the sweep of the runs
+around them takes their place (its group budget: what they held, `replay.freed`)."""
 MEMORY = 2**30
-"""The whole run's memory by default (`--memory`): the issue's 1 GB for whatif and its
-worker processes together. The workers and their lanes are sized within it: the parent's
-own PARENT_BYTES, each worker's own WORKER_BYTES, what is left for the lanes (512 MB with
-two workers)."""
+"""The whole run's memory by default (`--memory`): 1 GB for whatif and its worker
+processes together. The workers and their lanes are sized within it: the parent's own
+PARENT_BYTES, each worker's own WORKER_BYTES, what is left for the lanes."""
 PARENT_BYTES = 100 * 2**20
 """The whatif process' own peak: the interpreter, numpy, the config and the reports."""
 WORKER_BYTES = 206 * 2**20
-"""A worker's own peak beside its lanes: about 140 MB with numpy and the forecast, plus
-its chunk's sweep, one group of `around.MANY_BYTES` at a time (issue 20: two workers of 25
-lane-weeks, 320 MB each, with the parent 745 MB in all; of 50 lane-weeks, once the heap was
-given back between the parts and the sweep's budget cut, 375 MB each, 849 MB in all)."""
+"""A worker's own peak beside its lanes: numpy and the forecast, plus its chunk's sweep,
+one group of `around.MANY_BYTES` at a time."""
 MIN_LANES = 10
 """A process is worth its WORKER_BYTES only with this many lanes of memory: fewer lanes
-cost more a lane-tick (bench/lockstep.py: 0.41 ms at 10 lanes, 0.30 at 25, 0.23 at 100)."""
+cost more a lane-tick."""
 
 
 def lane_bytes(seconds: float) -> float:
@@ -129,27 +113,3 @@ def sized(
             )
     readers = max(1, min(READERS, config.prometheus.max_concurrent_queries // max(1, jobs)))
     return jobs, lanes, readers
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, None where the C library has none (musl, macOS)."""
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    return trim
-
-
-def give_back() -> bool:
-    """Give the heap's free pages back to the system (glibc's `malloc_trim(0)`); whether
-    it could. A replay frees much at once (a chunk's histories once checked, a lockstep's
-    runs once released), mostly arrays of a few hundred KB that glibc's malloc keeps on
-    its heap once its mmap threshold has risen past them (mallopt(3): the threshold is
-    raised to the size of each mmapped block freed); kept, they stay in the process' RSS
-    under whatever the next part allocates (issue 20: a worker of 50 lane-weeks held ~160
-    MB of them through its sweep)."""
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True

@@ -1,5 +1,6 @@
 """Workloads replayed in lockstep through one controller give, workload for workload, the
-figures and decisions of each replayed alone (gpuscaler.sim.lockstep)."""
+figures and decisions of each replayed alone (gpuscaler.sim.lockstep): the lanes are
+independent runs of one model."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ from gpuscaler.core.history import Signal, WorkloadHistory
 from gpuscaler.core.model import Series
 from gpuscaler.sim.lockstep import (
     PROGRESS_TICKS,
-    LockstepClusters,
+    ClusterPorts,
     LockstepError,
     combined_config,
+    lane_clusters,
     lockstep_runs,
-    make_lane,
+    place,
 )
 from gpuscaler.sim.replay import Skipped, WorkloadReplay, replay_many, workload_config
-from gpuscaler.sim.simulate import Prepared, RunResult, finish, gpuscaler_run, prepare
+from gpuscaler.sim.simulate import Prepared, RunResult, prepare, run_figures
 from gpuscaler.sim.trace import Trace, load_trace
 
 CONFIG = """
@@ -65,14 +67,14 @@ def _prepared(config: Config, hours: float = HOURS) -> list[Prepared]:
 
 
 def _outcome(p: Prepared, run: RunResult) -> tuple[str, list[dict[str, Any]]]:
-    summary = finish(p, run, baselines=False).summary()
-    return json.dumps(summary, sort_keys=True), [d.as_record() for d in run.decisions]
+    figures = run_figures(p.config, p.start, p.scored_from, run)
+    return json.dumps(figures, sort_keys=True), [d.as_record() for d in run.decisions]
 
 
 @pytest.fixture(scope="module")
 def runs() -> tuple[list[Prepared], list[RunResult], list[RunResult]]:
     preps = _prepared(parse_config(CONFIG))
-    return preps, [gpuscaler_run(p) for p in preps], lockstep_runs(preps)
+    return preps, [lockstep_runs([p])[0] for p in preps], lockstep_runs(preps)
 
 
 def test_each_lane_gives_the_figures_and_decisions_of_its_workload_replayed_alone(
@@ -120,16 +122,18 @@ def test_two_workloads_on_one_pool_each_get_their_own_copy_of_it() -> None:
         }
     )
     preps = _prepared(config, hours=1.0)
-    lanes = [make_lane(i, p) for i, p in enumerate(preps)]
+    lanes = [place(i, p, len(preps)) for i, p in enumerate(preps)]
     combined = combined_config(preps, lanes)
     names = [p.name for p in combined.node_pools]
     assert names == ["a100-80gb-lane0", "a100-80gb-lane1", "h100-lane2", "a100-80gb-lane3"]
     assert [w.node_pool for w in combined.workloads] == names
     shared = {p.name: p.overrides for p in combined.node_pools}
     assert shared["a100-80gb-lane0"] == shared["a100-80gb-lane1"] == config.node_pools[0].overrides
-    observed = LockstepClusters(lanes).observe(preps[0].start + 600.0)
+    ports = ClusterPorts(lane_clusters(preps), lanes)
+    ports.advance_to(preps[0].start + 600.0)
+    observed = ports.observe(preps[0].start + 600.0)
     assert [p.name for p in observed.pools] == names
-    assert len({id(lane.cluster) for lane in lanes}) == len(lanes)
+    assert [w.key for w in observed.workloads] == [w.key for w in config.workloads]
 
 
 @pytest.mark.parametrize(

@@ -253,11 +253,11 @@ def test_an_idle_pool_gets_more_fragments_step_by_step_through_the_controller() 
         (d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == "fragments"
     ]
     # 4 replicas forced by min_replicas on 0.3 GPUs of demand: packing them saves GPUs
-    # until one GPU holds all four; an eighth fragment would pack nothing (issue 11: no
-    # ratchet to 8).
+    # until one GPU holds all four; an eighth fragment would pack nothing (no ratchet
+    # to 8).
     assert steps == [(1, 2), (2, 4)]
-    assert result.gpuscaler.cluster.fragments == 4
-    assert result.reactive.cluster.fragments == 1  # the baseline never changes sharing
+    assert [d.to_value for d in result.gpuscaler.cluster.fragment_changes] == [2, 4]
+    assert not result.reactive.cluster.fragment_changes  # the baseline never changes sharing
 
 
 def test_a_hot_shared_pool_gets_fewer_fragments_and_a_longer_time_slice() -> None:

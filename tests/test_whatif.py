@@ -31,6 +31,7 @@ from gpuscaler.sim.replay import (
     verdict,
     workload_config,
 )
+from gpuscaler.sim.simulate import Prepared
 from gpuscaler.whatif import WhatifError, parse_when, select
 from gpuscaler.whatif_progress import Progress
 
@@ -150,7 +151,8 @@ def test_the_replay_of_the_replicas_that_ran_follows_them() -> None:
     cfg = workload_config(Config(workloads=(W,)), W)
     arrivals = np.full(7200, 10.0)  # 1 h of 20 requests/s at 500 ms
     schedule = Series(0.0, 60.0, np.r_[np.full(30, 4.0), np.full(30, 8.0)])
-    out = actual_run(cfg, schedule, arrivals, 0.0, 3600.0, 1, 0)
+    p = Prepared("flat", cfg, 0.0, 3600.0, arrivals, 1, 0, 0.0)
+    out = actual_run(p, schedule)
     assert out["scaling_actions"] == 2  # min replicas -> 4 -> 8
     assert out["mean_replicas"] == pytest.approx(6, abs=0.1)
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import weakref
 from typing import Any
 
 import numpy as np
 import pytest
 
-import gpuscaler.sim.around as around_module
 import gpuscaler.sim.replay as replay_module
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import Signal, WorkloadHistory
@@ -27,7 +25,6 @@ from gpuscaler.sim.replay import (
     replay_many,
 )
 from gpuscaler.whatif import handed_over
-from gpuscaler.whatif_sizing import give_back
 
 W = WorkloadConfig(namespace="ns", kind="ScaledObject", name="chat")
 STEP = 10.0
@@ -141,54 +138,3 @@ def test_the_sweep_around_a_lockstep_may_take_what_its_lanes_held(
         with pytest.raises(Seen):
             list(replay_many(histories, config, 1, baselines=False, lanes=2, plot=False))
         assert budgets.pop() == expected
-
-
-def test_replay_many_settles_once_the_histories_are_checked_and_once_a_lockstep_is_released(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`settle` (whatif's `give_back`) runs where much was just let go: after every history
-    of the chunk is checked (none alive then), and after the lockstep's runs are released,
-    before the sweep around them allocates."""
-    events: list[str] = []
-    workloads = [W.model_copy(update={"name": f"w{i}"}) for i in (0, 1)]
-    histories = [(_history(0, True, None, w.key), w) for w in workloads]
-    alive = [weakref.ref(h.requests.series) for h, _ in histories]
-    real_around = around_module.around_many
-
-    def around(*a: Any, **k: Any) -> Any:
-        events.append("sweep")
-        return real_around(*a, **k)
-
-    def settle() -> None:
-        gc.collect()
-        events.append("settle" if all(ref() is None for ref in alive) else "settle-early")
-
-    monkeypatch.setattr(replay_module, "around_many", around)
-    config = Config(workloads=tuple(workloads))
-    out = list(
-        replay_many(
-            handed_over(histories), config, 1, baselines=False, lanes=2, plot=False, settle=settle
-        )
-    )
-    assert len(out) == 2
-    assert events == ["settle", "settle", "sweep"]
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def test_give_back_returns_the_heap_pages_freed_arrays_left_behind() -> None:
-    """A history's arrays (~480 KB) come from glibc's heap once a freed mmapped block has
-    raised the mmap threshold past them; freed, they stay in the RSS until trimmed."""
-    np.ones(60_000).sum()  # one mmapped block of 480 KB, freed: the threshold rises
-    give_back()
-    arrays = [np.full(60_000, float(i)) for i in range(200)]  # ~96 MB on the heap
-    top = np.full(60_000, 1.0)  # a block above them: freeing them cannot shrink the heap
-    del arrays
-    gc.collect()
-    held = _rss_bytes()
-    assert give_back()
-    assert held - _rss_bytes() > 50 * 2**20
-    assert top.sum() == 60_000.0

@@ -1,41 +1,18 @@
-"""An in-process simulated cluster: one GPU inference workload on one node pool, driven by
-a request trace in slots of `simulator.slot` (500 ms by default, dcgm-exporter's samples).
+"""The simulated cluster: GPU inference workloads on their node pools, driven by request
+traces in slots of `simulator.slot` under the load model of `gpuscaler.sim.load`. One
+model for any number of runs: its state is arrays with a leading run axis, so a single
+replay is one run, a baseline sweep or the what-if lanes are many runs stepped together.
 
-The load model (stated wherever results are shown):
-
-- Requests: the trace's per-bin rate, linearly interpolated to the slot, with Poisson
-  arrivals in each slot (seeded).
-- Work: each request costs `gpu_seconds_per_request` GPU-seconds on a whole GPU.
-- Queue: work that capacity cannot serve in a slot waits, FIFO, for the next slots (a
-  fluid queue, `gpuscaler.sim.queue`); nothing is dropped. A request's wait is the time
-  until cumulative service reaches the cumulative work up to its slot.
-- Time-slicing: replicas are packed f to a GPU (f fragments). A replica alone on a GPU
-  can use all of it; k tenants sharing one lose `switch_overhead` of throughput per
-  doubling, so a GPU with k tenants serves 1 - switch_overhead x log2 k GPU-seconds a
-  second. GPUs held = ceil(replicas holding a pod / f).
-- Lead times: a scaler's decision reaches the pods `sync_delay` later; a new pod holds
-  its GPU from then and serves after a cold start drawn from [cold_start,
-  cold_start_max]; a leaving ready pod keeps its GPU and serves until the queue present
-  at its removal is drained (at most `drain_max`). A fragment change restarts the device
-  plugin: capacity x `fragment_disruption_capacity` for `fragment_disruption`. Pods are
-  counted every 500 ms whatever the slot: a coarser slot's capacity and GPUs held are the
-  means of its 500 ms counts (GPU-hours stay a time integral at 500 ms; only the queue
-  and the signals are coarser).
-- Signals: the workload's utilization (what the HPA reads) is busy GPU time served, in
-  percent of one GPU, plus Gaussian noise; its demand signal (what a request-rate query
-  gives) is the arriving work in percent of one GPU. A pool's utilization is its demand
-  per GPU held (what tenants would use unthrottled). 0.2 % of samples are dropped.
-- Stall: 30 % x utilization^2 x log2(f)/3, scaled by the time slice level (long 0.6,
-  medium 1.0, short 1.2, default 1.1): contention grows with tenants and load.
-- The reactive autoscaler (`gpuscaler.sim.scalers`) is always there; effective replicas
-  = max(floor, its answer).
+The runs of one model share the range, slot, simulator settings and seed: their signal
+noise and dropped samples are one draw, and each run draws its cold starts from its own
+generator of that seed (the kth cold start of every run is the kth of one stream).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,390 +20,423 @@ from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.core.decisions import (
     Decision,
     FragmentsDecision,
-    PreemptionStep,
     ReplicaFloorDecision,
     TimeSliceDecision,
 )
 from gpuscaler.core.model import FloatArray, Series
-from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
-from gpuscaler.sim.pods import Pods
-from gpuscaler.sim.preemption import SimulatedPreemption
-from gpuscaler.sim.queue import lindley
-from gpuscaler.sim.scalers import Scaler, ScalerKind
-from gpuscaler.sim.trace import Trace
-
-SAMPLE = 0.5
-"""Seconds per simulated sample at the default slot (dcgm-exporter's 500 ms), and the
-spacing at which pods are counted inside a coarser slot."""
-DROP_PROBABILITY = 0.002
-"""Share of samples lost to missed scrapes."""
-STALL_LEVEL_FACTOR = {"default": 1.1, "short": 1.2, "medium": 1.0, "long": 0.6}
-INF = math.inf
-
-
-def arrivals_from_trace(
-    trace: Trace, start: float, seconds: float, seed: int, slot: float = SAMPLE
-) -> FloatArray:
-    """Requests arriving in each slot: Poisson at the trace's interpolated rate."""
-    n = int(seconds / slot)
-    t = start + slot * np.arange(n)
-    centers = trace.start + trace.bin_seconds * (np.arange(len(trace.counts)) + 0.5)
-    rate = trace.rate
-    ok = np.isfinite(rate)
-    lam = np.interp(t, centers[ok], rate[ok])
-    rng = np.random.default_rng(seed)
-    return np.asarray(rng.poisson(lam * slot), dtype=np.float64)
-
-
-def demand_from_trace(
-    trace: Trace, start: float, seconds: float, gpu_seconds_per_request: float, seed: int
-) -> FloatArray:
-    """Work arriving in each 500 ms slot, in GPUs' worth of busy time (whole GPU, no
-    sharing overhead)."""
-    counts = arrivals_from_trace(trace, start, seconds, seed)
-    return np.asarray(counts * gpu_seconds_per_request / SAMPLE, dtype=np.float64)
-
-
-def efficiency(tenants: FloatArray | float, overhead: float) -> FloatArray:
-    """GPU-seconds a GPU serves per second with `tenants` time-slicing it."""
-    k = np.maximum(np.asarray(tenants, dtype=np.float64), 1.0)
-    return np.asarray(1.0 - overhead * np.log2(k), dtype=np.float64)
-
-
-def layout_capacity(ready: FloatArray, fragments: int, overhead: float) -> FloatArray:
-    """GPUs' worth of service of `ready` replicas packed `fragments` to a GPU."""
-    full = np.floor(ready / fragments)
-    rest = ready - full * fragments
-    partial = np.where(rest > 0, efficiency(rest, overhead), 0.0)
-    return np.asarray(full * efficiency(fragments, overhead) + partial, dtype=np.float64)
-
-
-RECORDED = (
-    "requests",
-    "demand_busy",
-    "demand_pct",
-    "capacity",
-    "served",
-    "queue",
-    "load",
-    "pool_util",
-    "stall",
-    "gpus",
-    "replicas",
+from gpuscaler.core.snapshot import RawPool, RawWorkload
+from gpuscaler.sim.load import (
+    SAMPLE,
+    STALL_LEVEL_FACTOR,
+    Draws,
+    efficiency,
+    layout_capacity,
 )
+from gpuscaler.sim.pods import Pods
+from gpuscaler.sim.queue import lindley
+from gpuscaler.sim.records import Record, RunView, Window
+from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
 
-@dataclass
-class Recorder:
-    """Per-sample arrays of one run."""
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the model: the replay whose arrivals it serves (`member`), its replica
+    bounds and HPA target, its pool, and what is kept of it."""
 
-    n: int
-    requests: FloatArray = field(init=False)
-    demand_busy: FloatArray = field(init=False)
-    """Work arriving, in GPUs busy at the current sharing (overhead included)."""
-    demand_pct: FloatArray = field(init=False)
-    capacity: FloatArray = field(init=False)
-    served: FloatArray = field(init=False)
-    """GPU-seconds of work served in the slot."""
-    queue: FloatArray = field(init=False)
-    """GPU-seconds of work waiting at the end of the slot."""
-    load: FloatArray = field(init=False)
-    pool_util: FloatArray = field(init=False)
-    stall: FloatArray = field(init=False)
-    gpus: FloatArray = field(init=False)
-    replicas: FloatArray = field(init=False)
-
-    def __post_init__(self) -> None:
-        for name in RECORDED:
-            setattr(self, name, np.full(self.n, np.nan))
+    member: int
+    replicas: ReplicasConfig
+    target_pct: float
+    fragments: int
+    time_slice_level: str
+    gpu_memory_gib: float
+    uses_util: bool = True
+    """Whether its HPA reads the utilization (the HPA on utilization, the predictive
+    floor); a run on request rate reads only the signal it is given."""
+    recorded: bool = False
+    """Its whole record kept (capacity, demand, replicas besides the served work and the
+    GPUs held): what a plot and a run's full figures read."""
+    observed: bool = False
+    """A controller reads its pool's signals (computed for these runs alone)."""
 
 
-def _unwatched() -> None:
-    """A cluster's `changed`, called when its pods, floor, fragments or time slice change
-    (`set_replicas`, `apply`): a lone cluster's does nothing; a lockstep keeps its lanes'
-    state as arrays (`gpuscaler.sim.lane_state`) and reads a changed lane's again."""
+def scenario_run(
+    config: Config,
+    member: int = 0,
+    target_pct: float | None = None,
+    uses_util: bool = True,
+    recorded: bool = False,
+    observed: bool = False,
+) -> RunSpec:
+    """A run of the first workload with a node pool of `config`, on that pool at its
+    initial fragments, its HPA at `target_pct` (default: the workload's target)."""
+    workload = next(w for w in config.workloads if w.node_pool)
+    pool = next(p for p in config.node_pools if p.name == workload.node_pool)
+    cfg = config.workload_section(workload.key, "replicas", ReplicasConfig)
+    return RunSpec(
+        member,
+        cfg,
+        cfg.target_utilization_pct if target_pct is None else target_pct,
+        pool.initial_fragments or config.fragments.allowed[0],
+        "medium" if pool.profile == "compute_bound" else "short",
+        pool.gpu_memory_gib,
+        uses_util,
+        recorded,
+        observed,
+    )
 
 
-class SimulatedCluster:
-    """Observation source and actuator for the controller, backed by the simulation."""
-
-    name = "simulator"
+class Clusters:
+    """The simulated cluster of every run of `specs`, each on the arrivals of its member
+    of `arrivals` (members, slots), from `start`."""
 
     def __init__(
         self,
         config: Config,
-        workload_key: str,
-        pool_name: str,
         arrivals: FloatArray,
         start: float,
         seed: int,
-        fragments: int,
-        scaler: tuple[ScalerKind, float] | None = None,
-        controlled: bool = True,
-        predicted: dict[int, float] | None = None,
+        specs: Sequence[RunSpec],
     ):
-        self.config = config
         self.sim = config.simulator
-        self.slot = self.sim.slot
-        self.workload_key, self.pool_name = workload_key, pool_name
-        self.replicas_cfg: ReplicasConfig = config.workload_section(
-            workload_key, "replicas", ReplicasConfig
-        )
-        pool = next(p for p in config.node_pools if p.name == pool_name)
-        self.gpu_memory_gib = pool.gpu_memory_gib
-        self.arrivals = arrivals
-        self.work = arrivals * self.sim.gpu_seconds_per_request  # GPU-seconds per slot
-        self.start = start
-        self._draw(seed, len(arrivals))
-        self.observed = controlled
-        """Whether a controller reads the pool's signals (baselines skip computing them)."""
-        self.rec = Recorder(len(arrivals))
-        self.fragments = fragments
-        self.time_slice_level = "medium" if pool.profile == "compute_bound" else "short"
-        self.floor = self.replicas_cfg.min_replicas
-        self.pods = Pods.running(max(1, self.replicas_cfg.min_replicas), start)
-        kind, target = scaler or ("hpa_util", self.replicas_cfg.target_utilization_pct)
-        self.scaler = Scaler(
-            kind, target, self.replicas_cfg, config.control.interval, config.forecast.horizon
-        )
-        self.scaler.predicted = predicted
-        self.replica_changes: list[tuple[float, int, int]] = []
-        self.fragment_changes: list[Decision] = []
-        self.time_slice_changes: list[Decision] = []
-        self.disrupted_until = -INF
-        self.q = 0.0  # GPU-seconds queued at the cursor
-        self.held_last = 0.0  # replicas holding a pod at the last slot's start
-        self.steady_key: tuple[float, int] | None = None
-        self.efficiencies: dict[float, float] = {}
-        self.steady: tuple[FloatArray, FloatArray, FloatArray] = (np.zeros(1),) * 3
-        self.cursor = 0  # next sample to simulate
+        self.slot, self.start = self.sim.slot, start
+        self.interval = config.control.interval
         self.window_slots = int(config.metrics.window / self.slot)
-        """Slots of the signals the controller reads (`signals`)."""
-        self.signals_from = 0
-        """The slot the pool's signal records start at (0; a lockstep keeps only their
-        last window: `gpuscaler.sim.lanes`)."""
-        self.changed: Callable[[], object] = _unwatched  # see `_unwatched`
-        burst = config.simulator.preemption_burst_after
-        self.preemption = (
-            SimulatedPreemption(start, config.preemption, burst_after=burst)
-            if burst is not None and controlled
-            else None
-        )
-
-    def _draw(self, seed: int, n: int) -> None:
-        """The run's random streams from its seed: the utilization and stall noise and the
-        dropped scrapes of `n` slots, and the cold starts' generator."""
-        rng = np.random.default_rng(seed + 1)
-        self.noise = rng.normal(0.0, self.sim.noise_pct, n)
-        self.stall_noise = rng.normal(0.0, 0.5, n)
-        self.dropped = rng.random(n) < DROP_PROBABILITY
+        self.arrivals = np.atleast_2d(arrivals)
+        self.n = self.arrivals.shape[1]
+        self.specs = list(specs)
+        runs = len(self.specs)
+        self.member = np.array([s.member for s in specs], dtype=np.int64)
+        self.draws = Draws(seed, self.n)
+        self.noise = self.draws.noise * self.sim.noise_pct
+        self.sub = max(1, math.ceil(self.slot / SAMPLE - 1e-9))
+        cfgs = [s.replicas for s in specs]
+        self.lo = np.array([c.min_replicas for c in cfgs], dtype=np.int64)
+        self.hi = np.array([c.max_replicas for c in cfgs], dtype=np.int64)
+        self.tol = np.array([c.tolerance for c in cfgs], dtype=np.float64)
+        self.targets = np.array([s.target_pct for s in specs], dtype=np.float64)
+        self.uses_util = np.array([s.uses_util for s in specs], dtype=bool)
+        self.floor = self.lo.copy()
+        self.fragments = np.array([s.fragments for s in specs], dtype=np.float64)
+        self.levels = [s.time_slice_level for s in specs]
+        self.disrupted_until = np.full(runs, -math.inf)
+        first = np.maximum(1, self.lo)
+        self.pods = Pods(first, start)
+        self.spec = first.copy()
         self.cold_rng = np.random.default_rng(seed + 2)
+        self.cold = np.zeros(0)
+        self.drawn = np.zeros(runs, dtype=np.int64)
+        self.q = np.zeros(runs)
+        self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
+        self.served = np.full((runs, self.n), np.nan)
+        self.gpus = np.full((runs, self.n), np.nan, dtype=np.float32)
+        """GPUs held in each slot: whole numbers, or their mean over a coarser slot's
+        samples (single precision holds either within the figures' rounding)."""
+        self.load = np.zeros((runs, 0))
+        """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
+        self.load_from = 0
+        self.recs: list[tuple[float, IntArray]] = []
+        """Every run's HPA recommendations of the scale-down stabilization window."""
+        self.events: list[tuple[float, IntArray, IntArray, IntArray]] = []
+        """Each replica change: (time, runs, replicas before, after)."""
+        self.fragment_changes: list[list[Decision]] = [[] for _ in specs]
+        self.time_slice_changes: list[list[Decision]] = [[] for _ in specs]
+        self.cursor = 0
+        self._keeping()
 
-    # ------------------------------------------------------------------ simulation
+    def _keeping(self) -> None:
+        """The tables of the recorded runs (whole) and of the observed ones (their last
+        metrics window, for the controller)."""
+        self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
+        self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
+        k = len(self.recorded)
+        self.kept = {
+            "capacity": np.full((k, self.n), np.nan),
+            "demand_busy": np.full((k, self.n), np.nan),
+            "replicas": np.full((k, self.n), np.nan),
+        }
+        keep = max(self.window_slots, round(self.interval / self.slot))
+        self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
+        self.row_of = {int(r): j for j, r in enumerate(self.observed)}
 
-    def share(self) -> float:
-        return 1.0 / self.fragments
-
-    def recent(self, values: FloatArray, seconds: float) -> FloatArray:
-        """The last `seconds` of a recorded array, up to the cursor."""
-        return values[max(0, self.cursor - round(seconds / self.slot)) : self.cursor]
-
-    def spec_count(self) -> int:
-        """Replicas the workload asks for (pods not leaving)."""
-        return self.pods.spec_count()
-
-    def ready_count(self, now: float) -> int:
-        """Replicas serving at `now`: the counts kept while no pod changes, when they
-        hold at `now` (a pod's ready time is never after its leaving, so the ready count
-        at `now` is the count of pods ready by then less those gone by then)."""
-        pods, key = self.pods, self.steady_key
-        if key is not None and key[0] == pods.steady_from <= now < pods.steady_until:
-            return int(self.steady[0][0])
-        return pods.ready_count(now)
-
-    def _pods_at(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
-        `begin` to `end`: `pods_over`, each of one slot repeated over all."""
-        ready, capacity, gpus = self.pods_over(begin, end)
-        if len(ready) == end - begin:
-            return ready, capacity, gpus
-        n = end - begin
-        return np.repeat(ready, n), np.repeat(capacity, n), np.repeat(gpus, n)
-
-    def pods_over(self, begin: int, end: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """(ready replicas, service capacity in GPUs' worth, GPUs held) of the slots
-        `begin` to `end`: counted at each slot's start, and every 500 ms after it inside a
-        coarser slot (their means); one slot's (the first's) when no pod changes over them
-        and no fragment change disrupts them (it holds for all). Whether no pod changes is
-        asked first, of the first and last sample alone (the floats the grid of samples
-        holds)."""
-        slot, sub = self.slot, max(1, math.ceil(self.slot / SAMPLE - 1e-9))
-        first = self.start + slot * begin
-        last = self.start + slot * (end - 1)
-        if sub > 1:
-            last = last + (slot / sub) * (sub - 1)
-        pods = self.pods
-        if not pods.steady_from <= first < pods.steady_until:
-            # Within the steady span asked last, no pod left since: nothing to forget.
-            pods.forget_gone(first)
-        if pods.steady(first, last) and not first < self.disrupted_until:
-            return self._steady_counts(first)
-        t = np.asarray(self.start + slot * np.arange(begin, end), dtype=np.float64)
-        if sub > 1:
-            t = (t[:, None] + (slot / sub) * np.arange(sub)).ravel()
-        ready, held = self.pods.counts(t)
-        f = self.fragments
-        capacity = layout_capacity(ready, f, self.sim.switch_overhead)
-        disrupted = t < self.disrupted_until
-        capacity = np.where(disrupted, capacity * self.sim.fragment_disruption_capacity, capacity)
-        gpus = np.ceil(held / f)
-        self.held_last = float(held[-sub])
-        if sub == 1:
-            return ready, capacity, gpus
-        # their means, as `ndarray.mean` takes them (the sum, then over the count) without
-        # its wrapper's cost (a third of this call's)
-        ready, capacity, gpus = (
-            a.reshape(-1, sub).sum(axis=1) / sub for a in (ready, capacity, gpus)
-        )
-        return ready, capacity, gpus
-
-    def _steady_counts(self, first: float) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """`pods_over` of slots from `first` when no pod changes over them and no
-        fragment change disrupts them: the counts at `first` (one slot's, kept while
-        they hold)."""
-        key = (self.pods.steady_from, self.fragments)
-        if self.steady_key != key:  # the counts hold from steady_from: reuse them
-            ready, held = self.pods.counts(np.array([first], dtype=np.float64))
-            capacity = layout_capacity(ready, self.fragments, self.sim.switch_overhead)
-            self.steady_key, self.steady = key, (ready, capacity, np.ceil(held / self.fragments))
-            self.held_last = float(held[0])
-        return self.steady
+    # ------------------------------------------------------------------ slots
 
     def advance_to(self, now: float) -> None:
-        """Simulate the slots in [cursor time, now)."""
-        if self.preemption is not None:
-            self.preemption.advance(now)
-        slot = self.slot
-        end = min(len(self.arrivals), round((now - self.start) / slot))
+        """Simulate every run's slots in [cursor time, now)."""
+        end = min(self.n, round((now - self.start) / self.slot))
         if end <= self.cursor:
             return
-        idx = slice(self.cursor, end)  # a view: the same values as an index array, no copy
-        ready, capacity, gpus = self._pods_at(self.cursor, end)
-        f = self.fragments
-        work = self.work[idx]
+        begin, slot = self.cursor, self.slot
+        s = slice(begin, end)
+        ready, capacity, gpus, held_last = self._pods_over(begin, end)
+        work = self.arrivals[self.member, s] * self.sim.gpu_seconds_per_request
         queue, served = lindley(self.q, work, capacity * slot)
-        self.q = float(queue[-1])
-        demand_pct = 100.0 * work / slot
-        noise = self.noise[idx]
-        load = np.maximum(0.0, 100.0 * served / slot + noise * np.sqrt(np.maximum(ready / f, 1)))
-        dropped = self.dropped[idx]
-        load[dropped] = np.nan  # `load` is new: the recorded noise is untouched
-        eff = self._efficiency(min(f, max(1.0, self.held_last)))
-        r = self.rec
-        if self.observed:
-            pool_util = np.clip(demand_pct / eff / np.maximum(gpus, 1.0) + noise, 0.0, None)
-            busy = np.clip(100.0 * served / slot / np.maximum(gpus, 1.0), 0.0, 100.0)
-            stall = 30.0 * (busy / 100.0) ** 2 * (math.log2(f) / 3.0)
-            stall *= STALL_LEVEL_FACTOR[self.time_slice_level]
-            stall = np.clip(stall + self.stall_noise[idx], 0.0, 100.0)
-            pool_util[dropped] = np.nan
-            stall[dropped] = np.nan
-            r.pool_util[idx] = pool_util
-            r.stall[idx] = stall
-        r.requests[idx] = self.arrivals[idx]
-        r.demand_busy[idx] = work / slot / eff
-        r.demand_pct[idx] = demand_pct
-        r.capacity[idx] = capacity
-        r.served[idx] = served
-        r.queue[idx] = queue
-        r.load[idx] = load
-        r.gpus[idx] = gpus
-        r.replicas[idx] = self.spec_count()
+        self.q = queue[:, -1].copy()
+        f = self.fragments[:, None]
+        served_pct = 100.0 * served / slot
+        load = np.maximum(0.0, served_pct + self.noise[s] * np.sqrt(np.maximum(ready / f, 1)))
+        dropped = self.draws.dropped[s]
+        load[:, dropped] = np.nan
+        keep = round(self.interval / slot)
+        if load.shape[1] < keep:  # the slots before these still read
+            load = np.concatenate((self.load, load), axis=1)
+        self.load = load[:, -keep:]
+        self.load_from = end - self.load.shape[1]
+        gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
+        self.served[:, s], self.gpus[:, s] = served, gpus
+        self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
+        if self.recorded.size or self.observed.size:
+            eff = efficiency(
+                np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
+            )
+            rows = self.recorded
+            self.kept["capacity"][:, s] = capacity[rows]
+            self.kept["demand_busy"][:, s] = work[rows] / slot / eff[rows, None]
+            self.kept["replicas"][:, s] = self.spec[rows, None]
+            if self.observed.size:
+                self._signals(begin, end, work, served_pct, gpus, eff)
         self.cursor = end
 
-    def _efficiency(self, tenants: float) -> float:
-        """`efficiency` of `tenants` at the pool's overhead, computed once per count."""
-        eff = self.efficiencies.get(tenants)
-        if eff is None:
-            eff = self.efficiencies[tenants] = float(efficiency(tenants, self.sim.switch_overhead))
-        return eff
+    def _signals(
+        self,
+        begin: int,
+        end: int,
+        work: FloatArray,
+        served_pct: FloatArray,
+        gpus: FloatArray,
+        eff: FloatArray,
+    ) -> None:
+        """The observed runs' pool utilization and stall of the slots `begin` to `end`."""
+        rows, s, slot = self.observed, slice(begin, end), self.slot
+        held = np.maximum(gpus[rows], 1.0)
+        noise = self.noise[s]
+        util = np.clip(100.0 * work[rows] / slot / eff[rows, None] / held + noise, 0.0, None)
+        busy = np.clip(served_pct[rows] / held, 0.0, 100.0)
+        level = np.array([STALL_LEVEL_FACTOR[self.levels[r]] for r in rows.tolist()])
+        term = np.log2(self.fragments[rows]) / 3.0 * level
+        stall = 30.0 * (busy / 100.0) ** 2 * term[:, None]
+        stall = np.clip(stall + self.draws.stall_noise[s], 0.0, 100.0)
+        dropped = self.draws.dropped[s]
+        util[:, dropped] = np.nan
+        stall[:, dropped] = np.nan
+        for name, values in (("util", util), ("stall", stall)):
+            w = self.windows[name]
+            w.room(begin, end)
+            w.table[:, w.slots(begin, end)] = values
 
-    def _drain_seconds(self) -> float:
-        if self.cursor == 0:
-            return 0.0
-        cap = float(self.rec.capacity[self.cursor - 1])
-        if cap <= 0:
-            return self.sim.drain_max
-        return min(self.sim.drain_max, self.q / cap)
+    def _pods_over(
+        self, begin: int, end: int
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """(ready replicas, service capacity in GPUs' worth, GPUs held) of every run in
+        the slots `begin` to `end`, counted at each 500 ms sample (their means over a
+        coarser slot), of shape (runs, slots), or (runs, 1) when no run's pods change and
+        no run is disrupted in them; and the pods holding a GPU share at the last slot's
+        first sample, per run. A run whose pods do not change is counted once."""
+        slot, sub, overhead = self.slot, self.sub, self.sim.switch_overhead
+        m = end - begin
+        first, last = self.start + slot * begin, self.start + slot * (end - 1)
+        if sub > 1:
+            last = last + (slot / sub) * (sub - 1)
 
-    def set_replicas(self, now: float, n: int) -> None:
-        current = self.spec_count()
-        if n == current:
+        def samples() -> FloatArray:
+            t = np.asarray(self.start + slot * np.arange(begin, end), dtype=np.float64)
+            return (t[:, None] + (slot / sub) * np.arange(sub)).ravel() if sub > 1 else t
+
+        pods = self.pods
+        _, moving, r, h = pods.count(first, last, samples)
+        disrupted = np.flatnonzero(self.disrupted_until > first)
+        if disrupted.size and not np.isin(disrupted, moving).all():
+            moving = np.union1d(moving, disrupted)
+            r, h = pods.counts(samples(), moving)
+        f = self.fragments
+        ready = pods.now_ready[:, None]
+        capacity = layout_capacity(pods.now_ready, f, overhead)[:, None]
+        gpus = np.ceil(pods.now_held / f)[:, None]
+        held_last = pods.now_held.copy()
+        if moving.size:
+            fm = f[moving, None]
+            cap = layout_capacity(r, fm, overhead)
+            disrupted_now = samples()[None, :] < self.disrupted_until[moving, None]
+            cap = np.where(disrupted_now, cap * self.sim.fragment_disruption_capacity, cap)
+            g = np.ceil(h / fm)
+            held_last[moving] = h[:, -sub]
+            if sub > 1:
+                shape = (len(moving), m, sub)
+                r, cap, g = (a.reshape(shape).sum(axis=2) / sub for a in (r, cap, g))
+            ready, capacity, gpus = (np.repeat(a, m, axis=1) for a in (ready, capacity, gpus))
+            ready[moving], capacity[moving], gpus[moving] = r, cap, g
+        return ready, capacity, gpus, held_last
+
+    # ------------------------------------------------------------------ scaling
+
+    def hpa_step(
+        self, now: float, signal: FloatArray | None = None, fixed: IntArray | None = None
+    ) -> None:
+        """Every run's reactive autoscaler at `now`; effective replicas = max(floor, its
+        answer). `signal`: per run, the load (percent of one GPU) its HPA reads besides
+        the utilization (the request rate, a forecast; NaN: none); `fixed`: per run, the
+        replicas to set instead (-1: its HPA decides)."""
+        current = self.spec.copy()
+        ready = self.pods.ready_at(now)
+        share = 1.0 / self.fragments
+        wants = np.full(len(current), -1, dtype=np.int64)
+        util = self._util()
+        if util is not None:  # the dropped samples are the only missing ones, in every run
+            asks = desired_replicas(util, share, current, ready, self.targets, self.tol)
+            wants = np.where(self.uses_util & (ready > 0), asks, wants)
+        if signal is not None:
+            known = np.isfinite(signal)
+            load = np.where(known, signal, 0.0)
+            asks = desired_replicas(load, share, current, None, self.targets, self.tol)
+            wants = np.where(known, np.maximum(wants, asks), wants)
+        wants = np.where(wants >= 0, wants, current)  # no data: hold, as the HPA does
+        desired = bounds(wants, current, self.lo, self.hi)
+        self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION]
+        self.recs.append((now, desired))
+        lower = desired < current
+        if lower.any():  # scale-down only to the highest recommendation of the window
+            highest = np.maximum.reduce([v for _, v in self.recs])
+            desired = np.where(lower, np.minimum(current, highest), desired)
+        desired = np.maximum(self.floor, desired)
+        if fixed is not None:
+            desired = np.where(fixed >= 0, fixed, desired)
+        self.set_replicas(now, desired)
+
+    def _util(self) -> FloatArray | None:
+        """Every run's mean utilization over the last control interval's samples not
+        dropped (None: all dropped)."""
+        window = slice(max(0, self.cursor - round(self.interval / self.slot)), self.cursor)
+        finite = window.start + (~self.draws.dropped[window]).nonzero()[0]
+        if not finite.size:
+            return None
+        return np.asarray(self.load[:, finite - self.load_from].mean(axis=1))
+
+    def set_replicas(self, now: float, n: IntArray) -> None:
+        """Every run's replicas asked from `now` (pods reach them `sync_delay` later): new
+        pods after their cold starts; all but the earliest-ready staying pods leave, a
+        ready one after the queue present is drained."""
+        current = self.spec
+        rows = np.flatnonzero(n != current)
+        if not rows.size:
             return
-        at = now + self.sim.sync_delay
-        if n > current:
-            lo, hi = self.sim.cold_start, self.sim.cold_start_max
-            self.pods.add(at, self.cold_rng.uniform(lo, hi, n - current))
-        else:
-            # Newest (latest ready) go first; one not serving yet just disappears.
-            self.pods.remove_newest(n, at, self._drain_seconds())
-        self.replica_changes.append((now, current, n))
-        self.changed()
+        before, after = current[rows], np.asarray(n, dtype=np.int64)[rows]
+        up, down = after > before, after < before
+        more = after[up] - before[up]
+        grow = (rows[up], more, self._cold_starts(rows[up], more))
+        shrink = (rows[down], after[down], self._drain_seconds(rows[down]))
+        self.pods.scale(now + self.sim.sync_delay, grow, shrink)
+        self.spec = current.copy()
+        self.spec[rows] = after
+        self.events.append((now, rows, before, after))
 
-    def hpa_step(self, now: float) -> None:
-        """The reactive autoscaler's step; effective replicas = max(floor, its answer)."""
-        self.set_replicas(now, max(self.floor, self.scaler.step(self, now)))
+    def _cold_starts(self, rows: IntArray, counts: IntArray) -> FloatArray:
+        """The next `counts` cold starts of each run of `rows`, each run's from its own
+        place in one stream of the seed (draws of any sizes are one stream)."""
+        if not rows.size:
+            return np.zeros(0)
+        first = self.drawn[rows]
+        self.drawn[rows] += counts
+        need = int(self.drawn[rows].max())
+        if need > len(self.cold):
+            more = max(need - len(self.cold), 256)
+            drawn = self.cold_rng.uniform(self.sim.cold_start, self.sim.cold_start_max, more)
+            self.cold = np.concatenate((self.cold, drawn))
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return np.asarray(self.cold[np.repeat(first, counts) + within])
 
-    # ------------------------------------------------------------------ ports
+    def _drain_seconds(self, rows: IntArray) -> FloatArray:
+        if self.cursor == 0:
+            return np.zeros(len(rows))
+        cap, q = self.last_capacity[rows], self.q[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drain = np.minimum(self.sim.drain_max, q / cap)
+        return np.where(cap <= 0, self.sim.drain_max, drain)
 
-    def observe(self, now: float) -> Observations:
-        pool, workload = self.signals()
-        preemption = self.preemption.observe(now) if self.preemption is not None else None
-        return Observations(now, (pool,), (workload,), preemption)
+    # ------------------------------------------------------------------ controller
 
-    def signals(self, pool_name: str | None = None) -> tuple[RawPool, RawWorkload]:
-        """The pool's and the workload's signals up to the cursor (the pool named
-        `pool_name`, by default its own): the last `metrics.window` of each."""
+    def apply(self, run: int, decisions: Sequence[Decision]) -> None:
+        """A controller's decisions for run `run` (its floor, fragments, time slice)."""
+        for d in decisions:
+            match d:
+                case ReplicaFloorDecision():
+                    self.floor[run] = d.to_value
+                    n = self.spec.copy()
+                    n[run] = max(d.to_value, int(n[run]))
+                    self.set_replicas(d.time, n)
+                case FragmentsDecision():
+                    self.fragments[run] = d.to_value
+                    self.disrupted_until[run] = d.time + self.sim.fragment_disruption
+                    self.fragment_changes[run].append(d)
+                case TimeSliceDecision():
+                    self.levels[run] = d.to_value
+                    self.time_slice_changes[run].append(d)
+
+    def signals(self, run: int, pool_name: str, workload_key: str) -> tuple[RawPool, RawWorkload]:
+        """The pool's and the workload's signals of observed run `run` up to the cursor:
+        the last `metrics.window` of each."""
         end = self.cursor
         begin = max(0, end - self.window_slots)
-        start, step, rec = self.start + self.slot * begin, self.slot, self.rec
-        held = slice(begin - self.signals_from, end - self.signals_from)
+        start, step, row = self.start + self.slot * begin, self.slot, self.row_of[run]
+        util, stall = (self.windows[k] for k in ("util", "stall"))
+        spec = self.specs[run]
+        work = self.arrivals[spec.member, begin:end] * self.sim.gpu_seconds_per_request
         pool = RawPool(
-            name=pool_name or self.pool_name,
-            utilization=Series(start=start, step=step, values=rec.pool_util[held]),
-            stall=Series(start=start, step=step, values=rec.stall[held]),
-            fragments=self.fragments,
-            time_slice_level=self.time_slice_level,
-            gpu_memory_gib=self.gpu_memory_gib,
+            name=pool_name,
+            utilization=Series(start, step, util.table[row, util.slots(begin, end)]),
+            stall=Series(start, step, stall.table[row, stall.slots(begin, end)]),
+            fragments=int(self.fragments[run]),
+            time_slice_level=self.levels[run],
+            gpu_memory_gib=spec.gpu_memory_gib,
             max_shares_held=0,
-            gpus_held=int(self.rec.gpus[self.cursor - 1]) if self.cursor else None,
+            gpus_held=int(self.last_gpus[run]) if end else None,
         )
         workload = RawWorkload(
-            key=self.workload_key,
-            load=Series(start=start, step=step, values=rec.demand_pct[begin:end]),
-            floor=self.floor,
-            replicas=self.spec_count(),
-            max_replicas=self.replicas_cfg.max_replicas,
-            replica_gpu_share=self.share(),
+            key=workload_key,
+            load=Series(start, step, 100.0 * work / self.slot),
+            floor=int(self.floor[run]),
+            replicas=int(self.spec[run]),
+            max_replicas=spec.replicas.max_replicas,
+            replica_gpu_share=1.0 / float(self.fragments[run]),
         )
         return pool, workload
 
-    def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        for d in decisions:
-            match d:
-                case PreemptionStep():
-                    assert self.preemption is not None
-                    self.preemption.apply(d)
-                case ReplicaFloorDecision():
-                    self.floor = d.to_value
-                    self.set_replicas(d.time, max(self.floor, self.spec_count()))
-                case FragmentsDecision():
-                    self.fragments = d.to_value
-                    self.disrupted_until = d.time + self.sim.fragment_disruption
-                    self.fragment_changes.append(d)
-                case TimeSliceDecision():
-                    self.time_slice_changes.append(d)
-                    self.time_slice_level = d.to_value
-        if decisions:
-            self.changed()
-        return tuple(decisions)
+    # ------------------------------------------------------------------ records
+
+    def replica_changes(self) -> list[list[tuple[float, int, int]]]:
+        """Each run's replica changes (time, before, after), in time order."""
+        changes: list[list[tuple[float, int, int]]] = [[] for _ in self.specs]
+        for now, rows, before, after in self.events:
+            for r, b, a in zip(rows.tolist(), before.tolist(), after.tolist(), strict=True):
+                changes[r].append((now, b, a))
+        return changes
+
+    def views(self) -> list[RunView]:
+        """Every run's record as the figures and the plot read it (a recorded run's
+        whole; the others' served work and GPUs held)."""
+        changes = self.replica_changes()
+        kept = {int(r): j for j, r in enumerate(self.recorded)}
+        out = []
+        for i, spec in enumerate(self.specs):
+            arrivals = self.arrivals[spec.member]
+            gps = self.sim.gpu_seconds_per_request
+            rec = Record(self.served[i], self.gpus[i], arrivals, self.slot, gps)
+            j = kept.get(i)
+            if j is not None:
+                if len(kept) < len(self.specs):  # its own rows: the others' go with the model
+                    rec.served, rec.gpus = self.served[i].copy(), self.gpus[i].copy()
+                rec.capacity = self.kept["capacity"][j]
+                rec.demand_busy = self.kept["demand_busy"][j]
+                rec.replicas = self.kept["replicas"][j]
+            out.append(
+                RunView(
+                    self.start,
+                    self.slot,
+                    self.cursor,
+                    arrivals,
+                    arrivals * self.sim.gpu_seconds_per_request,
+                    rec,
+                    changes[i],
+                    self.fragment_changes[i],
+                    self.time_slice_changes[i],
+                )
+            )
+        return out

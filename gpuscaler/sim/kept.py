@@ -1,11 +1,10 @@
 """What the report reads of a finished run, so that its record can be let go.
 
-A run's record is a dozen arrays of one value a slot (7 MB a week at 10 s slots); the
-summary reads a few figures of it and the PNG a minute's means, the slots of requests
-over the SLO and the forecast's band. `gpuscaler whatif` holds many runs at once (its
-lanes, then each one's reactive run until its workload is reported): it keeps these
-instead (`simulate.release`), the same figures and the same plot to the last bit
-(tests/test_kept.py).
+A run's record is a few arrays of one value a slot; the summary reads a few figures of
+it and the PNG a minute's means, the slots of requests over the SLO and the forecast's
+band. `gpuscaler whatif` holds many runs at once (its lanes, then each one's reactive run
+until its workload is reported): it keeps these instead (`simulate.release`): the same
+figures and the same plot.
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ import numpy as np
 
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray
-from gpuscaler.sim.cluster import Recorder, SimulatedCluster
 from gpuscaler.sim.queue import fluid_waits
+from gpuscaler.sim.records import RunView
 
-EMPTY = np.zeros(0)
 PLOT_MEAN_S = 60.0
 """The PNG draws demand and capacity as means over this many seconds."""
 
@@ -56,7 +54,7 @@ MARKED = ("fragments", "time_slice", "preemption")
 
 
 def plotted(
-    cluster: SimulatedCluster,
+    cluster: RunView,
     track: tuple[Sequence[float], Sequence[float], Sequence[float]],
     decisions: Sequence[Decision],
     start: float,
@@ -80,11 +78,3 @@ def plotted(
         band = (fx, np.asarray(lower) / 100, np.asarray(upper) / 100)
     marks = tuple((d.kind, (d.time - start) / 3600) for d in decisions if d.kind in MARKED)
     return Plotted(hours, demand, capacity, late, band, marks)
-
-
-def spend(cluster: SimulatedCluster) -> None:
-    """Let go of a finished cluster's per-slot arrays (its record, work and noise), once
-    what is read of them is `Kept`: the arrivals stay (the replay's own, shared)."""
-    cluster.rec = Recorder(0)
-    cluster.work = cluster.noise = cluster.stall_noise = EMPTY
-    cluster.dropped = np.zeros(0, dtype=bool)

@@ -11,8 +11,11 @@ from gpuscaler.config import Config
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import Series
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sim.cluster import arrivals_from_trace
-from gpuscaler.sim.simulate import scenario_cluster, scenario_config
+from gpuscaler.sim.cluster import Clusters, scenario_run
+from gpuscaler.sim.load import arrivals_from_trace
+from gpuscaler.sim.lockstep import ClusterPorts, Lane
+from gpuscaler.sim.preemption import SimulatedPreemption
+from gpuscaler.sim.simulate import ForecastTrack, scenario_config
 from gpuscaler.sim.trace import Trace, load_trace
 
 
@@ -28,16 +31,29 @@ class LiveSimulation:
         self.offset = trace.start + window - wall_start  # simulated time = wall time + offset
         slot = self.config.simulator.slot
         arrivals = arrivals_from_trace(trace, trace.start, trace.duration, seed, slot)
-        self.cluster = scenario_cluster(self.config, arrivals, trace.start, seed)
+        cfg = self.config
+        self.cluster = Clusters(
+            cfg, arrivals, trace.start, seed, [scenario_run(cfg, observed=True)]
+        )
+        workload = next(w for w in cfg.workloads if w.node_pool)
+        pool = next(p for p in cfg.node_pools if p.name == workload.node_pool)
+        burst = cfg.simulator.preemption_burst_after
+        preemption = (
+            SimulatedPreemption(trace.start, cfg.preemption, burst_after=burst)
+            if burst is not None
+            else None
+        )
+        lane = Lane(workload, pool, pool.name, [], ForecastTrack())
+        self.ports = ClusterPorts(self.cluster, [lane], preemption)
         self._next_hpa = trace.start + self.config.control.interval
         self._advance(trace.start + window)
 
     def _advance(self, sim_now: float) -> None:
         while self._next_hpa <= sim_now:
-            self.cluster.advance_to(self._next_hpa)
+            self.ports.advance_to(self._next_hpa)
             self.cluster.hpa_step(self._next_hpa)
             self._next_hpa += self.config.control.interval
-        self.cluster.advance_to(sim_now)
+        self.ports.advance_to(sim_now)
 
     def _to_wall(self, s: Series | None) -> Series | None:
         return None if s is None else replace(s, start=s.start - self.offset)
@@ -45,7 +61,7 @@ class LiveSimulation:
     def observe(self, now: float) -> Observations:
         sim_now = now + self.offset
         self._advance(sim_now)
-        obs = self.cluster.observe(sim_now)
+        obs = self.ports.observe(sim_now)
         return Observations(
             time=now,
             pools=tuple(
@@ -56,5 +72,5 @@ class LiveSimulation:
         )
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        self.cluster.apply([replace(d, time=d.time + self.offset) for d in decisions])
+        self.ports.apply([replace(d, time=d.time + self.offset) for d in decisions])
         return tuple(decisions)

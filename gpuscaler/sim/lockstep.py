@@ -1,25 +1,17 @@
-"""Many replays in lockstep through one controller (issue 20's what-if at 100 workloads).
-
-Each workload keeps its own simulated cluster, exactly as in `simulate`; one controller
-ticks them all, so that at each tick the core forecasts every pool's and workload's
-series in one batched call (the fast engine's fit, the ensemble's live paths and the
-refreshed errors are numpy over rows: their per-call cost is paid once a tick, not once a
-workload).
+"""The real controller driving the simulated cluster: one replay (`simulate`'s gpuscaler
+run) or many in lockstep (what-if's lanes), each replay one run of one model
+(`gpuscaler.sim.cluster.Clusters`), all ticked through one controller, so that at each
+tick the core forecasts every pool's and workload's series in one batched call.
 
 The outcomes stay independent because nothing in a tick couples targets:
-- each lane's pool is its own: the combined config names it `<pool>-lane<i>` (its
-  overrides kept), so two workloads on one configured pool never share a fragment or
-  time-slice decision, a fit state or a decision history; decisions are renamed back to
-  the configured pool before they reach the lane's cluster and its records;
+- each lane's pool is its own: with more than one lane the combined config names it
+  `<pool>-lane<i>` (its overrides kept), so two workloads on one configured pool never
+  share a fragment or time-slice decision, a fit state or a decision history; decisions
+  are renamed back to the configured pool before they reach the lane's run and records;
 - the planner decides per target (fragments and time slice per pool, the replica floor
   per workload) from that target's observation and history only; the only cross-target
-  step, preemption, is off (what-if replays have no synthetic burst: lanes need
-  `simulator.preemption_burst_after` null);
-- the forecast's rows are independent (tests/test_lockstep.py checks the lanes' figures
-  and decisions equal the one-workload runs').
-The lanes' clusters advance, and their HPAs step, together (`gpuscaler.sim.lanes`: array
-operations with a lane axis, the same figures as each alone): the checks above make them
-able to (one range, slot and simulator config; the HPA on utilization; no burst).
+  step, preemption, runs only for a single replay (its synthetic burst: lanes need
+  `simulator.preemption_burst_after` null).
 What is shared: the tick itself. A tick that raises is lost for every lane at once (each
 lane's `failed_ticks` counts it), where separate runs would lose it for one workload.
 """
@@ -28,15 +20,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
 from gpuscaler.controller import Controller, TickResult
-from gpuscaler.core.decisions import Decision, FragmentsDecision, TimeSliceDecision
+from gpuscaler.core.decisions import (
+    Decision,
+    FragmentsDecision,
+    PreemptionStep,
+    TimeSliceDecision,
+)
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sim.cluster import SimulatedCluster
-from gpuscaler.sim.lanes import LaneClusters
-from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult, scenario_cluster
+from gpuscaler.sim.cluster import Clusters, scenario_run
+from gpuscaler.sim.preemption import SimulatedPreemption
+from gpuscaler.sim.simulate import ForecastTrack, Prepared, RunResult
 from gpuscaler.sim.ticks import control_ticks
+
+if TYPE_CHECKING:
+    from gpuscaler.observability import ControllerMetrics
 
 
 class LockstepError(ValueError):
@@ -44,20 +47,13 @@ class LockstepError(ValueError):
 
 
 @dataclass
-class Placement:
-    """Where one workload's replay sits in the lockstep's combined config."""
+class Lane:
+    """Where one workload's replay sits in the combined config, and what it did."""
 
     workload: WorkloadConfig
     pool: NodePoolConfig
     lane_pool: str
     """Its pool's name in the combined config."""
-
-
-@dataclass
-class Lane(Placement):
-    """One workload's replay inside the lockstep."""
-
-    cluster: SimulatedCluster
     decisions: list[Decision]
     track: ForecastTrack
 
@@ -72,35 +68,20 @@ def lockstep_key(p: Prepared) -> tuple[float, float, int, str]:
     return (p.start, p.seconds, p.seed, shared_part(p.config).model_dump_json())
 
 
-def place(i: int, p: Prepared) -> Placement:
-    """Lane `i`'s workload, its pool, and that pool's copy's name `<pool>-lane<i>`."""
+def place(i: int, p: Prepared, lanes: int) -> Lane:
+    """Lane `i` of `lanes`: its workload, its pool, and that pool's name in the combined
+    config (`<pool>-lane<i>` when there is more than one lane)."""
     workload = next(w for w in p.config.workloads if w.node_pool)
     pool = next(x for x in p.config.node_pools if x.name == workload.node_pool)
-    return Placement(workload, pool, f"{pool.name}-lane{i}")
+    name = pool.name if lanes == 1 else f"{pool.name}-lane{i}"
+    return Lane(workload, pool, name, [], ForecastTrack())
 
 
-def make_lane(i: int, p: Prepared) -> Lane:
-    """Lane `i`: the replay's cluster, its pool copied as `<pool>-lane<i>`."""
-    at = place(i, p)
-    cluster = scenario_cluster(p.config, p.arrivals, p.start, p.seed)
-    return Lane(at.workload, at.pool, at.lane_pool, cluster, [], ForecastTrack())
-
-
-def make_lanes(preps: Sequence[Prepared]) -> tuple[list[Lane], LaneClusters]:
-    """Every replay's lane (`preps` not empty), their clusters together: each lane's
-    cluster joins the lanes' tables as soon as it is built, so its own records are freed
-    before the next is built."""
-    lanes = [make_lane(0, preps[0])]
-    batch = LaneClusters(lanes[0].cluster, len(preps))
-    for i, p in enumerate(preps[1:], 1):
-        lanes.append(make_lane(i, p))
-        batch.add(lanes[-1].cluster)
-    return lanes, batch
-
-
-def combined_config(preps: Sequence[Prepared], lanes: Sequence[Placement]) -> Config:
+def combined_config(preps: Sequence[Prepared], lanes: Sequence[Lane]) -> Config:
     """One config holding every lane's workload on its own copy of its pool."""
     first = preps[0]
+    if len(preps) == 1:
+        return first.config
     key = lockstep_key(first)
     if first.config.simulator.preemption_burst_after is not None:
         raise LockstepError("lockstep replays run without a synthetic preemption burst")
@@ -125,54 +106,75 @@ def combined_config(preps: Sequence[Prepared], lanes: Sequence[Placement]) -> Co
     )
 
 
-class LockstepClusters:
-    """Observation source and actuator over every lane's cluster."""
+class ClusterPorts:
+    """Observation source and actuator over the runs of `clusters`, run i being lane i,
+    with the simulated preemption pool of a single replay."""
 
     name = "simulator"
 
-    def __init__(self, lanes: Sequence[Lane], batch: LaneClusters | None = None):
-        self.lanes = list(lanes)
-        self.by_pool = {lane.lane_pool: lane for lane in self.lanes}
-        self.by_workload = {lane.workload.key: lane for lane in self.lanes}
-        self.batch = batch
-        """The lanes' clusters together (their signals read at once), when they are."""
-        self.names = [lane.lane_pool for lane in self.lanes]
-        self.tracks = {lane.workload.key: lane.track for lane in self.lanes}
+    def __init__(
+        self,
+        clusters: Clusters,
+        lanes: Sequence[Lane],
+        preemption: SimulatedPreemption | None = None,
+    ):
+        self.clusters, self.lanes, self.preemption = clusters, list(lanes), preemption
+        self.by_pool = {lane.lane_pool: i for i, lane in enumerate(self.lanes)}
+        self.by_workload = {lane.workload.key: i for i, lane in enumerate(self.lanes)}
+
+    def advance_to(self, now: float) -> None:
+        """Every run's slots and the preemption pool up to `now`."""
+        if self.preemption is not None:
+            self.preemption.advance(now)
+        self.clusters.advance_to(now)
 
     def observe(self, now: float) -> Observations:
-        if self.batch is not None:
-            pools, workloads = self.batch.signals(self.names)
-            return Observations(now, tuple(pools), tuple(workloads))
         pools, workloads = [], []
-        for lane in self.lanes:
-            pool, workload = lane.cluster.signals(lane.lane_pool)
+        for i, lane in enumerate(self.lanes):
+            pool, workload = self.clusters.signals(i, lane.lane_pool, lane.workload.key)
             pools.append(pool)
             workloads.append(workload)
-        return Observations(now, tuple(pools), tuple(workloads))
+        preemption = self.preemption.observe(now) if self.preemption is not None else None
+        return Observations(now, tuple(pools), tuple(workloads), preemption)
 
-    def _lane_of(self, d: Decision) -> Lane:
+    def _lane_of(self, d: Decision) -> int:
         if isinstance(d, FragmentsDecision | TimeSliceDecision):
             return self.by_pool[d.target]
         return self.by_workload[d.target]
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        """Each lane's decisions, in the plan's order, to its cluster under the
-        configured pool's name (as a one-workload run names them)."""
-        routed: dict[str, list[Decision]] = {}
+        """Each lane's decisions, in the plan's order, to its run under the configured
+        pool's name (as a one-workload run names them); preemption steps to the pool."""
+        routed: dict[int, list[Decision]] = {}
         for d in decisions:
-            lane = self._lane_of(d)
+            if isinstance(d, PreemptionStep):
+                assert self.preemption is not None
+                self.preemption.apply(d)
+                self.lanes[0].decisions.append(d)
+                continue
+            i = self._lane_of(d)
+            lane = self.lanes[i]
             named = replace(d, target=lane.pool.name) if d.target == lane.lane_pool else d
-            routed.setdefault(lane.lane_pool, []).append(named)
-        for pool, own in routed.items():
-            lane = self.by_pool[pool]
-            lane.decisions.extend(lane.cluster.apply(own))
+            routed.setdefault(i, []).append(named)
+            lane.decisions.append(named)
+        for i, own in routed.items():
+            self.clusters.apply(i, own)
         return tuple(decisions)
 
     def record(self, result: TickResult) -> None:
         """Each lane's forecast at this tick on its track."""
-        origin, tracks = result.plan.time, self.tracks
+        origin = result.plan.time
         for w in result.snapshot.workloads:
-            tracks[w.key].add_workload(origin, w)
+            self.lanes[self.by_workload[w.key]].track.add_workload(origin, w)
+
+
+def lane_clusters(preps: Sequence[Prepared]) -> Clusters:
+    """The simulated cluster of every replay of `preps` (one range and seed), run i on
+    replay i's arrivals, its pool observed by the controller."""
+    first = preps[0]
+    specs = [scenario_run(p.config, i, recorded=True, observed=True) for i, p in enumerate(preps)]
+    arrivals = np.stack([p.arrivals for p in preps])
+    return Clusters(first.config, arrivals, first.start, first.seed, specs)
 
 
 PROGRESS_TICKS = 120
@@ -180,31 +182,47 @@ PROGRESS_TICKS = 120
 
 
 def lockstep_runs(
-    preps: Sequence[Prepared], progress: Callable[[float], None] | None = None
+    preps: Sequence[Prepared],
+    progress: Callable[[float], None] | None = None,
+    metrics: Sequence[ControllerMetrics] = (),
 ) -> list[RunResult]:
-    """gpuscaler's run of every replay in `preps`, all through one controller: the same
-    runs as `gpuscaler_run` of each alone. `progress` is told the share of ticks done every
-    PROGRESS_TICKS ticks and at the end (1.0)."""
+    """gpuscaler's run of every replay in `preps`, all through one controller (a replay
+    runs alone with its synthetic preemption burst, when its config has one). It runs
+    from the start: until forecast.min_history its floor sizes for the observed demand
+    alone (no forecast yet), then the forecast may add. `progress` is told the share of
+    ticks done every PROGRESS_TICKS ticks and at the end (1.0)."""
     if not preps:
         return []
-    config = combined_config(preps, [place(i, p) for i, p in enumerate(preps)])
-    lanes, batch = make_lanes(preps)
-    clusters = LockstepClusters(lanes, batch)
-    controller = Controller(config, clusters, clusters, dry_run=False, log_decisions=False)
-    controller.stats.listeners.append(clusters.record)
+    lanes = [place(i, p, len(preps)) for i, p in enumerate(preps)]
+    config = combined_config(preps, lanes)
     first = preps[0]
+    burst = config.simulator.preemption_burst_after
+    preemption = (
+        SimulatedPreemption(first.start, config.preemption, burst_after=burst)
+        if burst is not None
+        else None
+    )
+    clusters = lane_clusters(preps)
+    ports = ClusterPorts(clusters, lanes, preemption)
+    controller = Controller(config, ports, ports, dry_run=False, log_decisions=False)
+    controller.stats.listeners.append(ports.record)
+    for m in metrics:
+        m.attach(controller)
     ticks = control_ticks(first.start, first.seconds, config.control.interval)
     for i, t in enumerate(ticks):
-        batch.advance_to(t)
-        batch.hpa_step(t)
+        ports.advance_to(t)
+        clusters.hpa_step(t)
         controller.safe_tick(t)
         if progress is not None and i % PROGRESS_TICKS == PROGRESS_TICKS - 1:
             progress((i + 1) / len(ticks))
-    batch.advance_to(first.start + first.seconds)
-    batch.finish()
+    ports.advance_to(first.start + first.seconds)
     if progress is not None:
         progress(1.0)
     failed = controller.stats.failed
+    views = clusters.views()
+    if preemption is not None:
+        views[0].preemption = preemption
     return [
-        RunResult("gpuscaler", lane.cluster, lane.decisions, lane.track, failed) for lane in lanes
+        RunResult("gpuscaler", view, lane.decisions, lane.track, failed)
+        for view, lane in zip(views, lanes, strict=True)
     ]

@@ -1,6 +1,5 @@
-"""The simulated workload's pods, as arrays: when each was created (holds its GPU
-share), turned ready (serves) and leaves (inf while it stays). Arrays, not objects: a
-week's replay asks for these counts at every control tick of dozens of runs."""
+"""The pods of every run of the simulated cluster, as (runs, pods) arrays: when each was
+created (holds its GPU share), turned ready (serves) and leaves (inf while it stays)."""
 
 from __future__ import annotations
 
@@ -18,88 +17,14 @@ INF = math.inf
 
 @dataclass
 class Pods:
-    created: FloatArray
-    ready: FloatArray
-    leave: FloatArray
+    """The pods of every run, padded with pods that never exist (created, ready and
+    leaving at infinity); with each run's counts as of the last sample counted (`seen`)
+    and its next pod event after it, so a run whose pods do not change is counted once
+    for a whole span of slots (`count`). Each run starts with `first[run]` pods created
+    and ready at `at`."""
 
-    steady_until: float = field(default=-INF, init=False)
-    """No pod is created, turns ready or leaves after `steady_from` up to this time
-    (kept until the pods change)."""
-    steady_from: float = field(default=INF, init=False)
-    staying: int = field(default=-1, init=False)
-    """spec_count, kept until the pods change (-1: not counted yet)."""
-
-    @classmethod
-    def running(cls, n: int, at: float) -> Pods:
-        """`n` pods created and ready at `at`."""
-        return cls(np.full(n, at), np.full(n, at), np.full(n, INF))
-
-    def spec_count(self) -> int:
-        """Pods not leaving (the replicas the workload asks for)."""
-        if self.staying < 0:
-            self.staying = int(np.count_nonzero(self.leave == INF))
-        return self.staying
-
-    def ready_count(self, now: float) -> int:
-        return int(np.count_nonzero((self.ready <= now) & (now < self.leave)))
-
-    def forget_gone(self, before: float) -> None:
-        """Drop the pods gone at or before `before`."""
-        keep = self.leave > before
-        if not keep.all():
-            self.created, self.ready, self.leave = (
-                self.created[keep],
-                self.ready[keep],
-                self.leave[keep],
-            )
-
-    def steady(self, first: float, last: float) -> bool:
-        """Whether no pod changes in (first, last]: the counts at `first` hold to `last`."""
-        if not self.steady_from <= first < self.steady_until:
-            events = np.concatenate((self.created, self.ready, self.leave))
-            later = events[events > first]
-            self.steady_from = first
-            self.steady_until = float(later.min()) if later.size else INF
-        return last < self.steady_until
-
-    def counts(self, t: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) at each time of `t`."""
-        gone = np.searchsorted(np.sort(self.leave), t, side="right")
-        ready = np.searchsorted(np.sort(self.ready), t, side="right") - gone
-        held = np.searchsorted(np.sort(self.created), t, side="right") - gone
-        return ready.astype(np.float64), held.astype(np.float64)
-
-    def add(self, at: float, cold_starts: FloatArray) -> None:
-        """New pods created at `at`, each ready after its cold start."""
-        n = len(cold_starts)
-        self.steady_from, self.staying = INF, -1
-        self.created = np.concatenate((self.created, np.full(n, at)))
-        self.ready = np.concatenate((self.ready, at + np.asarray(cold_starts, dtype=np.float64)))
-        self.leave = np.concatenate((self.leave, np.full(n, INF)))
-
-    def remove_newest(self, keep: int, at: float, drain: float) -> None:
-        """All but the `keep` earliest-ready staying pods leave at `at`: a ready one after
-        serving `drain` seconds more, one not serving yet at once."""
-        self.steady_from, self.staying = INF, -1
-        staying = np.flatnonzero(self.leave == INF)
-        going = staying[np.argsort(self.ready[staying], kind="stable")][keep:]
-        ready = self.ready[going]
-        leave = np.where(ready > at, at, at + drain)
-        self.leave[going] = leave
-        self.ready[going] = np.minimum(ready, leave)
-
-
-@dataclass
-class PodTable:
-    """The pods of every run as (runs, pods) arrays, padded with pods that never exist
-    (created, ready and leaving at infinity), mirroring one `Pods` per run; with each
-    run's counts as of the last sample counted (`seen`) and its next pod event after it,
-    so a run whose pods do not change is not counted again. Built from `pods`; after that
-    the table is the pods (`scale`: every changing run at once, each
-    run's pods in the order its `Pods` keeps them, so the same ones leave)."""
-
-    pods: list[Pods]
-    """The pods each run starts with."""
+    first: IntArray
+    at: float
     created: FloatArray = field(init=False)
     ready: FloatArray = field(init=False)
     leave: FloatArray = field(init=False)
@@ -115,33 +40,14 @@ class PodTable:
     and gone before any time still asked)."""
 
     def __post_init__(self) -> None:
-        r = len(self.pods)
-        width = max(8, max(len(p.created) for p in self.pods))
+        r = len(self.first)
+        width = max(8, int(self.first.max(initial=0)))
         self.created, self.ready, self.leave = (np.full((r, width), INF) for _ in range(3))
-        self.next_event, self.now_ready, self.now_held = np.zeros(r), np.zeros(r), np.zeros(r)
-        self.used = np.zeros(r, dtype=np.int64)
-        for i in range(r):
-            self.refresh(i)
-
-    def refresh(self, r: int) -> None:
-        """Copy run `r`'s pods into its row, after they changed at a time after `seen`."""
-        pods = self.pods[r]
-        n = len(pods.created)
-        if n > self.created.shape[1]:
-            pad = np.full((len(self.pods), n), INF)
-            self.created, self.ready, self.leave = (
-                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
-            )
-        for table, column in (
-            (self.created, pods.created),
-            (self.ready, pods.ready),
-            (self.leave, pods.leave),
-        ):
-            table[r, :n], table[r, n:] = column, INF
-        self.used[r] = n
-        events = np.concatenate((pods.created, pods.ready, pods.leave))
-        later = events[events > self.seen]
-        self.next_event[r] = later.min() if later.size else INF
+        have = np.arange(width) < self.first[:, None]
+        self.created[have] = self.ready[have] = self.at
+        self.used = self.first.astype(np.int64)
+        self.now_ready, self.now_held = np.zeros(r), np.zeros(r)
+        self.next_event = np.where(self.first > 0, self.at, INF)
 
     def scale(
         self,
@@ -149,8 +55,8 @@ class PodTable:
         up: tuple[IntArray, IntArray, FloatArray],
         down: tuple[IntArray, IntArray, FloatArray],
     ) -> None:
-        """The runs whose replicas change at `at`, all at once, each as its `Pods` would
-        (`add` or `remove_newest`, then `forget_gone(seen)`): `up` = (runs, pods each
+        """The runs whose replicas change at `at`, all at once, each run's pods gone
+        by `seen` forgotten first: `up` = (runs, pods each
         adds, their cold starts in the order of the runs), `down` = (runs, staying pods
         each keeps, each run's drain seconds); no run in both."""
         rows = np.concatenate((up[0], down[0]))
@@ -162,7 +68,7 @@ class PodTable:
         self.next_event[rows] = self._next_events(rows, self.seen)
 
     def _add(self, at: float, rows: IntArray, counts: IntArray, cold_starts: FloatArray) -> None:
-        """`Pods.add` for each run of `rows`: `counts` new pods created at `at`, ready
+        """For each run of `rows`: `counts` new pods created at `at`, ready
         after their cold starts."""
         self._room(rows, counts)
         within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -173,7 +79,7 @@ class PodTable:
         self.used[rows] += counts
 
     def _remove_newest(self, at: float, rows: IntArray, keep: IntArray, drain: FloatArray) -> None:
-        """`Pods.remove_newest` for each run of `rows`: all but its `keep` earliest-ready
+        """For each run of `rows`: all but its `keep` earliest-ready
         staying pods leave at `at` (ties: the earliest created first), a ready one after
         serving its run's `drain` seconds more, one not serving yet at once."""
         width = self._cols(rows)
@@ -194,7 +100,7 @@ class PodTable:
         return max(1, int(self.used[rows].max())) if rows.size else 1
 
     def _forget_gone(self, rows: IntArray) -> None:
-        """`Pods.forget_gone(seen)` for the runs `rows`: their pods gone by `seen` (counted
+        """The runs `rows`' pods gone by `seen` (counted
         nowhere since) dropped, the others kept in order."""
         width = self._cols(rows)
         live = (self.leave[rows, :width] > self.seen) & (
@@ -237,8 +143,8 @@ class PodTable:
 
     def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
         """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
-        shape (rows, len(t)), each run's as its `Pods` counts them (the same integers: a
-        pod is counted from each of its times on, padding never)."""
+        shape (rows, len(t)) (a pod is counted from each of its times on, padding
+        never)."""
         t, w = np.asarray(t)[None, None, :], self._cols(rows)
         gone = (self.leave[rows, :w][:, :, None] <= t).sum(axis=1)
         ready = (self.ready[rows, :w][:, :, None] <= t).sum(axis=1) - gone

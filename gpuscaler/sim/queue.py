@@ -103,7 +103,7 @@ def slo_figures(
     return {
         "slo_violation_share": round(share, 6),
         "p99_wait_s": round(p99, 3),
-        "gpu_hours": round(float(np.nansum(gpus[s])) * slot / 3600, 3),
+        "gpu_hours": round(float(np.nansum(gpus[s], dtype=np.float64)) * slot / 3600, 3),
         "scaling_actions": len(changes),
         "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
     }

@@ -23,7 +23,7 @@ import numpy as np
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
-from gpuscaler.sim.around import MANY_BYTES, Around, actual_run, around_many
+from gpuscaler.sim.around import MANY_BYTES, Around, around_many
 from gpuscaler.sim.lockstep import lockstep_key, lockstep_runs
 from gpuscaler.sim.simulate import (
     DEFAULT_POOL,
@@ -31,7 +31,6 @@ from gpuscaler.sim.simulate import (
     RunResult,
     SimulationResult,
     finish,
-    gpuscaler_run,
     prepare,
     release,
     warmup_plan,
@@ -165,50 +164,22 @@ def ready(
     )
 
 
-def actual_of(r: Ready) -> dict[str, Any] | None:
-    """The replay with the replicas that ran (`actual_run`), None when they are unknown."""
-    replicas = r.replicas
-    if replicas.series is None:
-        return None
-    p = r.prepared
-    actual = actual_run(
-        p.config, replicas.series, p.arrivals, p.start, p.seconds, p.seed, p.scored_from
-    )
-    actual["source"] = replicas.name
-    return actual
-
-
-def finished(
-    r: Ready, run: RunResult, baselines: bool = True, around: Around | None = None
-) -> WorkloadReplay:
-    """The replay around gpuscaler's run: the reactive HPA and the baselines, and the
-    replicas that ran when known (each as `simulate` and `actual_run` run them alone, or
-    as `around` found them already)."""
-    if around is None:
-        result, actual = finish(r.prepared, run, baselines), actual_of(r)
-    else:
-        result = finish(r.prepared, run, baselines, around.reactive, around.curves)
-        actual = around.actual
-        if actual is not None:
-            actual["source"] = r.replicas.name
+def finished(r: Ready, run: RunResult, around: Around) -> WorkloadReplay:
+    """The replay around gpuscaler's run: the reactive HPA, the baselines and the
+    replicas that ran when known, as `around` found them."""
+    assert around.reactive is not None
+    result = finish(r.prepared, run, around.reactive, around.curves)
+    actual = around.actual
+    if actual is not None:
+        actual["source"] = r.replicas.name
     return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
 
 
-LANE_SLOT_BYTES = 36
-"""What the sweep of the runs around a lockstep may record a lane's slot (one group of
-runs at a time, `sweep.RUN_SLOT_BYTES` a run a slot). While the lockstep ran, a lane held
-its cluster's per-slot arrays and forecast track and its share of the controller's
-state, let go before the runs around it start (and given back to the system by whatif:
-`whatif_sizing.give_back`); the sweep holds, beside its group's tables, its templates, the
-kept runs' records and their figures' work, so its peak rises by well over its budget
-(issue 20, 2026-12-03: 60 bytes, 181 MB at 50 lane-weeks, took a worker from 186 to 488 MB;
-36 bytes keep two workers of 50 lane-weeks within the 1 GB, and the sweep's cost a
-workload-week hardly depends on its groups' size there: bench/whatif_floor.py, 2.18 and
-2.19 CPU-s at budgets of 91 and 181 MB).
-Measured (issue 20, branch sw8; 40 week-long replays, synthetic histories): the sweep
-alone peaked at 380 MB for the process in 109 CPU-s (40 bytes, with 16 bytes a run a slot
-and every run's signal: 391 MB, 170 CPU-s); `bench/whatif.py` at 40 lanes a week, 405 MB
-(395 MB before, not the same run)."""
+LANE_SLOT_BYTES = 8 + 4 + 3 * 8 + 8
+"""What a lane holds a slot while its lockstep runs (its run's served work, GPUs held,
+capacity, demand and replicas, and its arrivals): what the sweep of the runs around the
+lockstep may record a lane's slot in its place (the lanes' records are released before
+it starts)."""
 
 
 def freed(preps: Sequence[Prepared]) -> int:
@@ -225,25 +196,16 @@ def replay_many(
     lanes: int = 1,
     plot: bool = True,
     progress: Callable[[float], None] | None = None,
-    settle: Callable[[], object] | None = None,
 ) -> Iterator[WorkloadReplay | Skipped]:
     """Each workload's replay, in order. Up to `lanes` workloads at a time run gpuscaler's
     controller in lockstep (`gpuscaler.sim.lockstep`: one controller, one batched forecast
-    a tick, the same figures); the rest of each replay then runs alone, and is yielded
-    before the next one starts (only gpuscaler's runs of one lockstep are held at once).
+    a tick); the runs around them (the reactive HPA, the replicas that ran, the baselines)
+    then run in one sweep, and each replay is yielded before the next lockstep starts.
     Each run is `simulate.release`d as soon as it ends (its figures, and the PNG's series
-    when `plot`, kept; its record let go): a lane holds its record only while it runs.
-    The runs around a lockstep are swept in groups within what its lanes held (at least
-    `around.MANY_BYTES`): fewer groups, each stepping the whole range, for no higher peak.
-    A history is let go once checked (`Ready` keeps what the replay reads of it) when the
-    caller holds it no more (`whatif.replay_chunk` hands them over one by one). `progress`
-    is told each lockstep's share of ticks done (`lockstep_runs`). `settle` is called
-    where much was just let go (the histories once all are checked, each lockstep's runs
-    once released): whatif gives the freed heap back to the system there
-    (`whatif_sizing.give_back`), so what the next part allocates is not added to it."""
+    when `plot`, kept; its record let go). A history is let go once checked (`Ready`
+    keeps what the replay reads of it) when the caller holds it no more. `progress` is
+    told each lockstep's share of ticks done (`lockstep_runs`)."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
-    if settle is not None:
-        settle()
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
         if isinstance(r, Ready):
@@ -262,19 +224,15 @@ def replay_many(
         if id(r) not in runs:
             chunk = chunk_of[id(r)]
             preps = [x.prepared for x in chunk]
-            alone = len(chunk) == 1
-            done = [gpuscaler_run(preps[0])] if alone else lockstep_runs(preps, progress)
+            done = lockstep_runs(preps, progress)
             for x, p, run in zip(chunk, preps, done, strict=True):
                 runs[id(x)] = release(p, run, plot)
             del done
-            if settle is not None:
-                settle()
-            # the chunk's reactive, actual and baseline runs in one sweep
             series = [x.replicas.series for x in chunk]
             budget = max(MANY_BYTES, freed(preps))
             done_around = around_many(preps, series, baselines, budget=budget, released=plot)
             arounds.update((id(x), a) for x, a in zip(chunk, done_around, strict=True))
-        yield finished(r, runs.pop(id(r)), baselines, arounds.pop(id(r)))
+        yield finished(r, runs.pop(id(r)), arounds.pop(id(r)))
 
 
 def replay(

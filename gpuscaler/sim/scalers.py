@@ -17,40 +17,14 @@ per step, and scale-down only to the highest recommendation of the last 300 s.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuscaler.config import ReplicasConfig, SimulatorConfig
 from gpuscaler.core.model import FloatArray
 
-
-class RecordedLoad(Protocol):
-    load: FloatArray
-    requests: FloatArray
-    demand_pct: FloatArray
-
-
-class SimulatedCluster(Protocol):
-    """What an autoscaler reads of the simulated cluster (`gpuscaler.sim.cluster`)."""
-
-    @property
-    def slot(self) -> float: ...
-    @property
-    def cursor(self) -> int: ...
-    @property
-    def sim(self) -> SimulatorConfig: ...
-    @property
-    def rec(self) -> RecordedLoad: ...
-    def recent(self, values: FloatArray, seconds: float) -> FloatArray: ...
-    def share(self) -> float: ...
-    def spec_count(self) -> int: ...
-    def ready_count(self, now: float) -> int: ...
-
-
+IntArray = npt.NDArray[np.int64]
 ScalerKind = Literal["hpa_util", "keda_rate", "predictive_floor"]
 HPA_SCALE_UP_PODS = 4
 """The HPA's default scale-up policy: at most double, or add 4 pods, per period."""
@@ -105,8 +79,7 @@ def predicted_load(demand: FloatArray, slot: float, horizon: float) -> float:
 
 
 def _windows(values: FloatArray, ends: IntArray, length: int) -> FloatArray:
-    """values[e - length : e] for each end `e` (all at least `length`), as the rows of a
-    C-ordered array: each row sums as the lone slice does."""
+    """values[e - length : e] for each end `e` (all at least `length`), as rows."""
     return np.asarray(values[ends[:, None] - length + np.arange(length)], dtype=np.float64)
 
 
@@ -134,8 +107,7 @@ def predicted_loads(
     demand: FloatArray, cursors: IntArray, slot: float, horizon: float
 ) -> FloatArray:
     """`predicted_load` of the last hour of demand before each cursor, for many cursors
-    at once: the full hours as one FFT per chunk of cursors, row by row as the lone
-    forecast computes it (the same operations, so the same bits)."""
+    at once: the full hours as one FFT per chunk of cursors."""
     length = round(FFT_HISTORY / slot)
     width = max(1, round(FFT_BUCKET / slot))
     usable = length // width * width
@@ -172,9 +144,6 @@ def fft_peaks(histories: FloatArray, ahead: int, top: int = FFT_TOP) -> FloatArr
     return np.asarray((mean[:, None] + fit[:, np.arange(ahead) % n]).max(axis=1))
 
 
-IntArray = npt.NDArray[np.int64]
-
-
 def desired_replicas(
     load: FloatArray | float,
     share: FloatArray | float,
@@ -187,7 +156,7 @@ def desired_replicas(
     """The HPA's answer for `load` (percent of one GPU): `current` while the ratio to the
     `ready` replicas' use at `target` is within the tolerance (and all are ready; `ready`
     None: all `current` are), else the HPA formula. Elementwise over arrays of runs
-    (`share_target`: share x target when computed once, the same product)."""
+    (`share_target`: share x target when computed once)."""
     ratio = load / (share * np.maximum(current if ready is None else ready, 1) * target)
     hold = np.abs(ratio - 1) <= tolerance
     if ready is not None:
@@ -197,87 +166,11 @@ def desired_replicas(
     return np.where(hold, current, formula).astype(np.int64)
 
 
-def desired_one(
-    load: float, share: float, current: int, ready: int, target: float, tolerance: float
-) -> int:
-    """`desired_replicas` of one run, in Python numbers: the same operations on the same
-    floats, so the same answer (numpy's, where Python's would raise: no finite load or
-    no target)."""
-    if not math.isfinite(load) or share * target == 0:
-        return int(desired_replicas(load, share, current, ready, target, tolerance))
-    ratio = load / (share * max(ready, 1) * target)
-    if abs(ratio - 1) <= tolerance and ready == current:
-        return current
-    return math.ceil(load / (share * target) - 1e-9)
-
-
-def bounded_one(desired: int, current: int, cfg: ReplicasConfig) -> int:
-    """`bounded` of one run, in Python integers."""
-    desired = max(cfg.min_replicas, min(cfg.max_replicas, desired))
-    return min(desired, max(2 * current, current + HPA_SCALE_UP_PODS))
-
-
-def bounded(desired: IntArray | int, current: IntArray | int, cfg: ReplicasConfig) -> IntArray:
-    """`desired` within the replica bounds and the HPA's scale-up limit (max(2x, +4))."""
-    return bounds(desired, current, cfg.min_replicas, cfg.max_replicas)
-
-
 def bounds(
     desired: IntArray | int, current: IntArray | int, lo: IntArray | int, hi: IntArray | int
 ) -> IntArray:
-    """`bounded` with the bounds given (per run, as arrays, or one for all)."""
+    """`desired` within the replica bounds `lo`..`hi` (per run, as arrays, or one for all)
+    and the HPA's scale-up limit (max(2x, +4))."""
     desired = np.maximum(lo, np.minimum(hi, desired))
     limit = np.maximum(2 * np.asarray(current), np.asarray(current) + HPA_SCALE_UP_PODS)
     return np.asarray(np.minimum(desired, limit), dtype=np.int64)
-
-
-@dataclass
-class Scaler:
-    kind: ScalerKind
-    target_pct: float
-    cfg: ReplicasConfig
-    interval: float
-    horizon: float = 300.0
-    recs: list[tuple[float, int]] = field(default_factory=list)
-    predicted: dict[int, float] | None = None
-    """Predicted loads by slot, shared by the runs of one sweep: they read the same
-    demand (the arrivals do not depend on the scaler), so each tick's FFT runs once."""
-
-    def _util_load(self, cluster: SimulatedCluster) -> float | None:
-        window = cluster.recent(cluster.rec.load, self.interval)
-        finite = window[np.isfinite(window)]
-        return float(finite.mean()) if finite.size else None
-
-    def _predicted_load(self, cluster: SimulatedCluster) -> float:
-        demand = cluster.recent(cluster.rec.demand_pct, FFT_HISTORY)
-        if self.predicted is None:
-            return predicted_load(demand, cluster.slot, self.horizon)
-        at = cluster.cursor
-        if at not in self.predicted:
-            self.predicted[at] = predicted_load(demand, cluster.slot, self.horizon)
-        return self.predicted[at]
-
-    def step(self, cluster: SimulatedCluster, now: float) -> int:
-        """Replicas this scaler asks for now (before any floor)."""
-        share = cluster.share()
-        current = cluster.spec_count()
-        ready = cluster.ready_count(now)
-        wants: list[int] = []
-        target, tol = self.target_pct, self.cfg.tolerance
-        if self.kind in ("hpa_util", "predictive_floor"):
-            load = self._util_load(cluster)
-            if load is not None and ready > 0:
-                wants.append(desired_one(load, share, current, ready, target, tol))
-        if self.kind == "keda_rate":
-            requests = cluster.recent(cluster.rec.requests, RATE_WINDOW)
-            rate = rate_load(requests, cluster.slot, cluster.sim.gpu_seconds_per_request)
-            wants.append(desired_one(rate, share, current, current, target, tol))
-        if self.kind == "predictive_floor":
-            predicted = self._predicted_load(cluster)
-            wants.append(desired_one(predicted, share, current, current, target, tol))
-        desired = max(wants) if wants else current  # no data: hold, as the HPA does
-        desired = bounded_one(desired, current, self.cfg)
-        self.recs = [(t, v) for t, v in self.recs if t > now - STABILIZATION] + [(now, desired)]
-        if desired < current:
-            desired = min(current, max(v for _, v in self.recs))
-        return desired

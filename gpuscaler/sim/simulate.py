@@ -1,31 +1,27 @@
-"""Replay a load trace through the real controller against the simulated cluster, and
-through a reactive HPA baseline on the same trace; report both."""
+"""A replay of a load trace: its range and arrivals checked (`prepare`), what is kept of
+each run (`RunResult`), and the figures reported of them (`SimulationResult`). The runs
+themselves are `gpuscaler.sim.lockstep` (the real controller) and `gpuscaler.sim.sweep`
+(the reactive HPA and the baselines), on one model (`gpuscaler.sim.cluster`)."""
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, WorkloadConfig
-from gpuscaler.controller import Controller, TickResult
+from gpuscaler.controller import TickResult
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray, WorkloadObservation
-from gpuscaler.sim.baselines import swept
-from gpuscaler.sim.cluster import SimulatedCluster, arrivals_from_trace
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
-from gpuscaler.sim.kept import Kept, plotted, spend
+from gpuscaler.sim.kept import Kept, plotted
+from gpuscaler.sim.load import arrivals_from_trace
 from gpuscaler.sim.queue import slo_figures
-from gpuscaler.sim.scalers import ScalerKind
-from gpuscaler.sim.ticks import control_ticks
+from gpuscaler.sim.records import RunView
 from gpuscaler.sim.trace import Trace, TraceError
-
-if TYPE_CHECKING:
-    from gpuscaler.observability import ControllerMetrics
 
 DEFAULT_POOL = NodePoolConfig(
     name="a100-80gb",
@@ -59,35 +55,6 @@ def scenario_config(config: Config) -> Config:
     )
 
 
-def scenario_cluster(
-    config: Config,
-    arrivals: FloatArray,
-    start: float,
-    seed: int,
-    scaler: tuple[ScalerKind, float] | None = None,
-    controlled: bool = True,
-    predicted: dict[int, float] | None = None,
-) -> SimulatedCluster:
-    """The simulated cluster for the first workload with a node pool, at that pool's
-    initial fragments, under `scaler` (default: the HPA on utilization at the
-    workload's target)."""
-    workload = next(w for w in config.workloads if w.node_pool)
-    pool = next(p for p in config.node_pools if p.name == workload.node_pool)
-    fragments = pool.initial_fragments or config.fragments.allowed[0]
-    return SimulatedCluster(
-        config,
-        workload.key,
-        pool.name,
-        arrivals,
-        start,
-        seed,
-        fragments,
-        scaler,
-        controlled,
-        predicted,
-    )
-
-
 def _doubles() -> array[float]:
     return array("d")
 
@@ -111,7 +78,7 @@ class ForecastTrack:
         if f is None or not f.is_finite():
             return
         self.origin.append(origin)
-        self.mean.append(f.mean.item(-1))  # a float at once, no numpy scalar (issue 20)
+        self.mean.append(f.mean.item(-1))
         self.lower.append(f.lower.item(-1))
         self.upper.append(f.upper.item(-1))
 
@@ -119,7 +86,8 @@ class ForecastTrack:
 @dataclass
 class RunResult:
     policy: str
-    cluster: SimulatedCluster
+    cluster: RunView
+    """The run's record (empty once released)."""
     decisions: list[Decision]
     track: ForecastTrack
     failed_ticks: int
@@ -216,7 +184,7 @@ def _forecast_errors(
     return forecast_mae, naive_mae
 
 
-def slo_metrics(cluster: SimulatedCluster, scored_from: int, slo: float) -> dict[str, Any]:
+def slo_metrics(cluster: RunView, scored_from: int, slo: float) -> dict[str, Any]:
     """The SLO-true outcome of one run: waits of the requests arriving in the scored
     part, GPU-hours held (time integral), replica changes and reversals."""
     n = cluster.cursor
@@ -253,61 +221,6 @@ def run_figures(config: Config, start: float, scored_from: int, run: RunResult) 
     }
 
 
-def _run(
-    policy: str,
-    config: Config,
-    start: float,
-    seconds: float,
-    arrivals: FloatArray,
-    seed: int,
-    metrics: Sequence[ControllerMetrics] = (),
-    scaler: tuple[ScalerKind, float] | None = None,
-    warmup: float | None = None,
-    predicted: dict[int, float] | None = None,
-) -> RunResult:
-    cluster = scenario_cluster(
-        config, arrivals, start, seed, scaler, policy == "gpuscaler", predicted
-    )
-    track = ForecastTrack()
-    decisions: list[Decision] = []
-    controller = Controller(config, cluster, cluster, dry_run=False, log_decisions=False)
-
-    def listen(result: TickResult) -> None:
-        track.add(result)
-        decisions.extend(result.applied)
-
-    controller.stats.listeners.append(listen)
-    if policy == "gpuscaler":
-        for m in metrics:
-            m.attach(controller)
-    interval = config.control.interval
-    warmup = config.forecast.min_history if warmup is None else warmup
-    for t in control_ticks(start, seconds, interval):
-        cluster.advance_to(t)
-        cluster.hpa_step(t)
-        if policy == "gpuscaler" and t - start >= warmup:
-            controller.safe_tick(t)
-    cluster.advance_to(start + seconds)
-    return RunResult(policy, cluster, decisions, track, controller.stats.failed)
-
-
-def run_baselines(
-    config: Config,
-    start: float,
-    seconds: float,
-    arrivals: FloatArray,
-    seed: int,
-    scored: int,
-    targets: Sequence[float] | None = None,
-    names: Sequence[str] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Every baseline (or those `names`) at every target (default `sweep_targets()`), on
-    the same arrivals and cluster model: all runs at once (`gpuscaler.sim.sweep`)."""
-    template = scenario_cluster(config, arrivals, start, seed, controlled=False)
-    [curves] = swept(config, [(template, scored)], seed, seconds, targets, names)
-    return curves
-
-
 @dataclass(frozen=True, eq=False)
 class Prepared:
     """A replay checked and ready to run: its config, range and arrivals."""
@@ -342,26 +255,9 @@ def prepare(
     return Prepared(trace.name, config, start, seconds, arrivals, seed, scored_from, forecast_from)
 
 
-def gpuscaler_run(p: Prepared, metrics: Sequence[ControllerMetrics] = ()) -> RunResult:
-    """The real controller on the replay. It runs from the start: until
-    forecast.min_history its floor sizes for the observed demand alone (no forecast yet),
-    then the forecast may add."""
-    return _run("gpuscaler", p.config, p.start, p.seconds, p.arrivals, p.seed, metrics, warmup=0.0)
-
-
-def reactive_run(p: Prepared) -> RunResult:
-    """The reactive HPA alone on the replay (the simulator's reference run)."""
-    return _run("reactive", p.config, p.start, p.seconds, p.arrivals, p.seed, warmup=0.0)
-
-
-def baseline_curves(p: Prepared) -> dict[str, list[dict[str, Any]]]:
-    """Every baseline swept over its targets on the replay (`run_baselines`)."""
-    return run_baselines(p.config, p.start, p.seconds, p.arrivals, p.seed, p.scored_from)
-
-
 def release(p: Prepared, run: RunResult, plot: bool = True) -> RunResult:
     """`run` with what the report reads of it kept (its figures, and its plot when
-    `plot`) and its record let go (`kept.spend`): the same summary and PNG."""
+    `plot`) and its record let go: the same summary and PNG."""
     figures = run_figures(p.config, p.start, p.scored_from, run)
     c, t = run.cluster, run.track
     drawn = None
@@ -372,30 +268,28 @@ def release(p: Prepared, run: RunResult, plot: bool = True) -> RunResult:
             c, band, run.decisions, p.start, cfg.simulator.slo_wait, cfg.forecast.horizon
         )
     kept = Kept(figures, c.slot, c.cursor, drawn)
-    spend(c)
-    return RunResult(run.policy, c, run.decisions, ForecastTrack(), run.failed_ticks, kept)
+    return RunResult(
+        run.policy, c.emptied(), run.decisions, ForecastTrack(), run.failed_ticks, kept
+    )
 
 
 def finish(
     p: Prepared,
     gpuscaler: RunResult,
-    baselines: bool = True,
-    reactive: RunResult | None = None,
-    curves: dict[str, list[dict[str, Any]]] | None = None,
+    reactive: RunResult,
+    curves: dict[str, list[dict[str, Any]]] | None,
 ) -> SimulationResult:
-    """The replay's result around gpuscaler's run: the reactive HPA and the baselines
-    (`reactive` and `curves` when already run, else run here)."""
-    if baselines and curves is None:
-        curves = baseline_curves(p)
+    """The replay's result: gpuscaler's run, the reactive HPA's and the baselines'
+    curves (None: not swept)."""
     return SimulationResult(
         trace=p.trace,
         hours=round(p.seconds / 3600, 3),
         start=p.start,
         scored_from=p.scored_from,
         gpuscaler=gpuscaler,
-        reactive=reactive_run(p) if reactive is None else reactive,
+        reactive=reactive,
         config=p.config,
-        baselines=(curves or {}) if baselines else {},
+        baselines=curves or {},
         forecast_from=p.forecast_from,
         seconds=p.seconds,
         seed=p.seed,

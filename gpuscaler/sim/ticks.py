@@ -1,6 +1,6 @@
 """The control ticks of a replay: every `control.interval` from the start, up to and
 including its end, summed one interval at a time (the same floats wherever a replay
-steps them: `simulate`, `lockstep`, `sweep`, `around`)."""
+steps them)."""
 
 from __future__ import annotations
 

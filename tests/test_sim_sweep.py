@@ -1,0 +1,159 @@
+"""The runs without a controller (`gpuscaler.sim.sweep`, `gpuscaler.sim.around`): the
+baselines swept over their targets, the reactive HPA and the replicas that ran, many
+runs of one model stepped together. A run's figures do not depend on the runs beside
+it, on how the runs are grouped, or on the replays swept with it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuscaler.config import Config, parse_config
+from gpuscaler.core.model import Series
+from gpuscaler.sim.around import around_many, baseline_curves, reactive_run
+from gpuscaler.sim.cluster import scenario_run
+from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
+from gpuscaler.sim.kept import Kept
+from gpuscaler.sim.simulate import Prepared, prepare, release, run_figures
+from gpuscaler.sim.sweep import Swept, group_size, sweep_views
+from gpuscaler.sim.trace import Trace, load_trace
+
+CONFIG = """
+simulator: {preemption_burst_after: null, slot: 10s, gpu_seconds_per_request: 0.25}
+node_pools:
+  - {name: a100-80gb, selector: {label: nvidia.com/gpu.product, value: A100},
+     gpu_memory_gib: 80, workload_type: inference, profile: compute_bound,
+     initial_fragments: 2}
+workloads:
+  - {namespace: a, kind: ScaledObject, name: chat, node_pool: a100-80gb,
+     overrides: {replicas: {max_replicas: 200}}}
+"""
+START = 3 * 24 + 10.0
+"""Day 4 at 10:00 of the bundled week: demand rising towards its noon peak."""
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _config(**update: Any) -> Config:
+    return parse_config(CONFIG).model_copy(update=update)
+
+
+def _prepared(i: int, hours: float = 1.5, seed: int = 7, config: Config | None = None) -> Prepared:
+    """Workload i's replay: the bundled week shifted by i x 5 h and scaled."""
+    base = load_trace()
+    shift = round(i * 5 * 3600 / base.bin_seconds)
+    counts = np.roll(base.counts, -shift) * (1.0, 0.5, 1.6)[i]
+    trace = Trace(f"w{i}", base.start, base.bin_seconds, counts)
+    return prepare(trace, hours, seed, config or _config(), START)
+
+
+def _json(x: Any) -> str:
+    return json.dumps(x, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def three() -> tuple[list[Prepared], list[Any]]:
+    preps = [_prepared(i) for i in range(3)]
+    return preps, around_many(preps, budget=2**30)
+
+
+def test_every_baseline_is_swept_over_every_target(
+    three: tuple[list[Prepared], list[Any]],
+) -> None:
+    _, arounds = three
+    for a in arounds:
+        assert set(a.curves) == set(BASELINES)
+        for curve in a.curves.values():
+            assert [p["target_pct"] for p in curve] == sweep_targets()
+
+
+def test_a_lower_target_holds_more_gpu_hours(three: tuple[list[Prepared], list[Any]]) -> None:
+    _, arounds = three
+    for a in arounds:
+        for curve in a.curves.values():
+            assert curve[0]["gpu_hours"] > curve[-1]["gpu_hours"]
+
+
+def test_the_reactive_run_is_the_reactive_baseline_at_the_workloads_target(
+    three: tuple[list[Prepared], list[Any]],
+) -> None:
+    preps, arounds = three
+    assert scenario_run(preps[0].config).target_pct == 70
+    for p, a in zip(preps, arounds, strict=True):
+        point = next(x for x in a.curves["reactive"] if x["target_pct"] == 70)
+        figures = run_figures(p.config, p.start, p.scored_from, a.reactive)
+        for key in ("gpu_hours", "slo_violation_share", "p99_wait_s", "scaling_actions"):
+            assert figures[key] == point[key], key
+
+
+def test_each_workloads_curves_are_those_of_its_own_sweep(
+    three: tuple[list[Prepared], list[Any]],
+) -> None:
+    preps, arounds = three
+    alone = baseline_curves(preps[1])
+    assert _json(alone) == _json(arounds[1].curves)
+
+
+@pytest.mark.parametrize("budget", [12 * 540 * 7, 12 * 540 * 40])
+def test_grouping_the_runs_changes_no_figure(
+    three: tuple[list[Prepared], list[Any]], budget: int
+) -> None:
+    preps, arounds = three
+    grouped = around_many(preps, budget=budget)
+    for a, b in zip(arounds, grouped, strict=True):
+        assert _json(a.curves) == _json(b.curves)
+        assert a.reactive is not None and b.reactive is not None
+        np.testing.assert_array_equal(a.reactive.cluster.rec.served, b.reactive.cluster.rec.served)
+
+
+def test_replays_of_other_models_are_swept_apart_with_their_own_figures() -> None:
+    preps = [_prepared(0, hours=1.0), _prepared(1, hours=1.0, seed=8)]
+    together = around_many(preps, reactive=False)
+    apart = [around_many([p], reactive=False)[0] for p in preps]
+    for a, b in zip(together, apart, strict=True):
+        assert _json(a.curves) == _json(b.curves)
+
+
+def test_a_sweep_refuses_replays_of_another_model() -> None:
+    preps = [_prepared(0, hours=1.0), _prepared(1, hours=1.0, seed=8)]
+    with pytest.raises(ValueError, match="one model"):
+        sweep_views(preps, [Swept(0, "hpa_util", 70.0), Swept(1, "hpa_util", 70.0)])
+
+
+def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
+    p = _prepared(0, hours=1.0)
+    ticks = np.arange(p.start, p.start + p.seconds + 1, 30.0)
+    counts = np.where(np.arange(len(ticks)) < 60, 3, 9)
+    replicas = Series(p.start, 30.0, counts.astype(np.float64))
+    [a] = around_many([p], [replicas], baselines=False, reactive=False)
+    assert a.actual is not None
+    assert a.actual["scaling_actions"] <= 1  # at most the 3 -> 9 step inside the scored part
+    assert 3 < a.actual["mean_replicas"] < 9
+
+
+@pytest.mark.parametrize(
+    ("runs", "slots", "budget", "size"),
+    [
+        (33, 1000, 12 * 1000 * 33, 33),  # all fit: one group
+        (33, 1000, 12 * 1000 * 32, 17),  # one short: two even groups, not 32 + 1
+        (33, 1000, 12 * 1000 * 10, 9),  # four groups of 9, 9, 9, 6
+        (33, 1000, 1, 1),  # no room: one run a group
+    ],
+)
+def test_a_sweep_runs_in_the_fewest_groups_its_budget_allows_of_even_sizes(
+    runs: int, slots: int, budget: int, size: int
+) -> None:
+    assert group_size(runs, slots, budget) == size
+
+
+def test_a_released_reactive_run_reports_its_figures_and_holds_no_per_slot_array() -> None:
+    p = _prepared(2, hours=1.0)
+    whole = reactive_run(p)
+    kept = release(p, whole, plot=True)
+    assert isinstance(kept.kept, Kept) and kept.kept.plotted is not None
+    assert kept.kept.metrics == run_figures(p.config, p.start, p.scored_from, whole)
+    assert kept.cluster.rec.served.size == kept.cluster.work.size == 0
+    assert kept.span() == whole.span()
