@@ -75,7 +75,13 @@ def _outcome(p: Prepared, run: RunResult) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _forecast_figures(run: RunResult) -> list[float]:
-    return [float(v) for d in run.decisions for v in (d.as_record().get("forecast") or {}).values()]
+    """Every decision's forecast figures, in order."""
+    out = []
+    for d in run.decisions:
+        figures = d.as_record().get("forecast")
+        if isinstance(figures, dict):
+            out += [float(v) for v in figures.values()]
+    return out
 
 
 @pytest.fixture(scope="module")
