@@ -8,7 +8,7 @@
 #   bench/gpu_check.sh            last line: RESULT gpu=present gpus=N ... set_ok=1 restore_ok=1
 #
 # Without a GPU it says so and prints `RESULT gpu=absent ...` with exit 0, so the test suite
-# (tests/test_agent_adapters.py) runs it everywhere. Exit 1 when a real call failed.
+# (tests/adapters/test_agent_adapters.py) runs it everywhere. Exit 1 when a real call failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}

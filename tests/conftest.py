@@ -4,11 +4,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# The tests' helpers (builders, kubefake, ...) and the test modules some tests share
+# (an e2e test reuses a program test's fixtures) import by name from every folder.
+for folder in ("", "core", "forecast", "adapters", "sim", "programs", "e2e"):
+    sys.path.insert(0, str(Path(__file__).parent / folder))
 
-from kubefake import FakeCluster, fake_apiserver
-from kubernetes import client
-from threadpoolctl import threadpool_limits
+from kubefake import FakeCluster, fake_apiserver  # noqa: E402
+from kubernetes import client  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -240,7 +240,7 @@ class ReplicasConfig(StrictModel):
     capacity as flat headroom or as a level floor would have (gpuscaler.core.skill)."""
     skill_return_above: float = Field(0.2, ge=-1, le=1)
     """Skill back above this: the forecast sets the floor again (hysteresis). White noise
-    with its level known exactly scores 0-0.12 (tests/test_skill.py), a 20-minute cycle
+    with its level known exactly scores 0-0.12 (tests/core/test_skill.py), a 20-minute cycle
     0.63."""
 
     @field_validator("skill_return_above")

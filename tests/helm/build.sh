@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build helm (helm.sh/helm/v3 cmd/helm, at the version go.mod pins) into a cache outside
 # the repository, keyed by version, so a fresh clone on the same machine reuses it. A no-op
-# when the binary is there. The chart tests (tests/test_helm_chart.py) run it.
+# when the binary is there. The chart tests (tests/e2e/test_helm_chart.py) run it.
 #
 #   tests/helm/build.sh          # build it if missing; prints the bin directory
 #

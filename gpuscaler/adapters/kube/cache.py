@@ -17,7 +17,7 @@ What is watched, and how narrowly:
   namespace (one object, and RBAC can name it).
 
 A tick reads the cache through `CachedClusterReader` and `CachedPreemptionReader`, which
-answer exactly what the listing readers answer (tests/test_watch_cache.py compares them on
+answer exactly what the listing readers answer (tests/adapters/test_watch_cache.py compares them on
 the real API server). When a watch has been down longer than
 `kubernetes.watch_stale_after`, reading fails like a failed list: every target is flagged
 and nothing is decided on an old picture.

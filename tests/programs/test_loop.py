@@ -18,7 +18,7 @@ from gpuscaler.core.decisions import Decision
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.loop import ControlLoop
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class SlowSource:
@@ -136,7 +136,7 @@ def test_a_standby_ticks_at_its_own_lower_rate_and_a_leader_every_interval() -> 
 
 
 def test_a_standby_that_serves_the_external_scalers_floors_ticks_every_interval() -> None:
-    """KEDA may ask the standby (tests/test_extscaler_live.py): its floors must not go
+    """KEDA may ask the standby (tests/e2e/test_extscaler_live.py): its floors must not go
     older than external_scaler.max_age (3 intervals), so it does not slow down."""
     source = SlowSource(delay=0.0)
     cfg = config("control: {interval: 30s}\nkubernetes: {lease: {standby_interval: 120s}}\n")

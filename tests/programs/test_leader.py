@@ -1,7 +1,7 @@
 """Leader election on a Lease, on a shared fake clock: against the real kube-apiserver,
 and against the fake API server only where API failures must be injected (a real server
 cannot be made to fail renewals on demand). Two real `gpuscaler run` processes electing
-over a real Lease: tests/test_as_deployed.py."""
+over a real Lease: tests/e2e/test_as_deployed.py."""
 
 from __future__ import annotations
 

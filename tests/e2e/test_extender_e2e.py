@@ -26,7 +26,7 @@ from extenderkit import MIB, DcgmExporter
 from kubemeta import annotations_of
 from promserver import free_port, prometheus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 RBAC = ROOT / "deploy" / "scheduler" / "extender-rbac.yaml"
 FULL = MIB - 512 - 100  # a GPU with next to nothing free

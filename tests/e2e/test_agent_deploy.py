@@ -139,7 +139,7 @@ def _agent_for(node_dir: Any, api: client.ApiClient, node: str, extra: str = "")
 
 
 def _tier3(fake: FakeCluster, api: client.ApiClient) -> tuple[str, str]:
-    """Preemption's tiers, as the controller's adapter carries them out (tests/test_rbac.py's
+    """Preemption's tiers, as the controller's adapter carries them out (tests/e2e/test_rbac.py's
     walk), end with a node quarantined and the victim gone: (node, victim UID)."""
     pods: dict[tuple[str, str], str] = {}
     add = fake.add
@@ -247,7 +247,7 @@ def test_the_shipped_config_lists_every_agent_field_at_its_default_with_a_commen
 
     from gpuscaler.config import AgentConfig, load_config
 
-    path = Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"
+    path = Path(__file__).resolve().parents[2] / "config" / "gpuscaler.yaml"
     assert load_config(path).agent == AgentConfig()
     section = yaml.safe_load(path.read_text())["agent"]
     assert set(section) == set(AgentConfig.model_fields)

@@ -22,7 +22,7 @@ from gpuscaler.config import (
     parse_duration,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "gpuscaler.yaml"
 POOL = "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16}\n"
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import yaml
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def test_every_service_monitor_and_rule_carries_the_release_label() -> None:
     found = []
     for path in sorted(DEPLOY.rglob("*.yaml")):
         if "templates" in path.parts or "files" in path.parts:
-            continue  # the Helm chart's Go templates and linked files: tests/test_helm_chart.py
+            continue  # the Helm chart's Go templates and linked files: tests/e2e/test_helm_chart.py
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") in ("ServiceMonitor", "PrometheusRule"):
                 labels = doc["metadata"].get("labels") or {}

@@ -18,7 +18,7 @@ from controlplane import Kube, kubectl_path, wait_until
 from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.config import parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.31.0"
 """The oldest Kubernetes the manifests must fit (autoscaling/v2, events.k8s.io/v1)."""
 CRDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}

@@ -144,7 +144,7 @@ def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complet
 
 EXTENDER = "gpuscaler_extender_"
 """The scheduling row's metrics come from `gpuscaler extender`, not the controller."""
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
 
 
 def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
@@ -169,7 +169,8 @@ def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
 def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
     exprs, variables = _dashboard_queries()
     used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
-    used = {m for m in used if not m.startswith(EXTENDER)}  # tests/test_extender_observability.py
+    # the extender's metrics: tests/programs/test_extender_observability.py
+    used = {m for m in used if not m.startswith(EXTENDER)}
     exposed = {
         line.split("{")[0].split(" ")[0]
         for line in exposition.splitlines()
@@ -239,7 +240,7 @@ def _instant(url: str, expr: str) -> bool:
 
 
 def test_each_decision_is_one_json_log_line_with_the_decision_fields(tmp_path: Path) -> None:
-    shipped = Path(__file__).resolve().parents[1] / "config" / "gpuscaler.yaml"
+    shipped = Path(__file__).resolve().parents[2] / "config" / "gpuscaler.yaml"
     # One tick has no skill verdict yet, so the shipped floor stays reactive; without the
     # self-assessment the forecast sets it and the tick logs decisions.
     config = tmp_path / "gpuscaler.yaml"

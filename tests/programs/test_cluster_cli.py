@@ -1,6 +1,6 @@
 """`once --cluster-snapshot` and `run` end to end: a real Prometheus with an hour of
 planted dcgm-exporter series, a realistic kubectl dump (also seeded on the real control plane by
-tests/test_as_deployed.py, which runs `run` against it)."""
+tests/e2e/test_as_deployed.py, which runs `run` against it)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from builders import run_cli
 from promserver import planted_window, prometheus, write_openmetrics
 
-SNAPSHOT = Path(__file__).parent / "data" / "cluster-snapshot.yaml"
+SNAPSHOT = Path(__file__).parents[1] / "data" / "cluster-snapshot.yaml"
 POINTS = 7200
 START, END = planted_window(POINTS, 20)  # set again by the fixture that plants them
 
@@ -160,4 +160,4 @@ def test_a_bad_cluster_snapshot_is_a_clear_error(
     assert "Traceback" not in out.stderr
 
 
-# `run` against a cluster: tests/test_as_deployed.py, on the real control plane.
+# `run` against a cluster: tests/e2e/test_as_deployed.py, on the real control plane.

@@ -4,7 +4,7 @@ every tier, a pod stuck Terminating, a non-leader, dry-run.
 The fake stays here for what a real server cannot be made to do on demand: fail a write
 with a 500 between two steps (a controller dying mid-step), hand back hand-edited pod
 states. The same tiers through the real Eviction API, a real PodDisruptionBudget, a real
-scheduler verdict and a StatefulSet recreating its pod: tests/test_preemption_real.py."""
+scheduler verdict and a StatefulSet recreating its pod: tests/e2e/test_preemption_real.py."""
 
 from __future__ import annotations
 

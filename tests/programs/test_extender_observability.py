@@ -21,7 +21,7 @@ from promserver import SHIPPED_RULE, binaries, free_port, prometheus, shipped_ru
 
 from gpuscaler.core.gpufit import NodeMeta
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
 
 
 def _extender_exprs() -> list[str]:

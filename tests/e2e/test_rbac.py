@@ -1,7 +1,7 @@
 """The shipped RBAC grants exactly what the code uses: every API call of a scenario that
 walks every code path is allowed by the rendered ClusterRole/Roles and their bindings,
 and every grant is used by some call. (The same calls as the ServiceAccount against the real
-RBAC authorizer: tests/test_rbac_real.py.)"""
+RBAC authorizer: tests/e2e/test_rbac_real.py.)"""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
 
 def _cache_calls() -> set[Call]:
     """The watch cache's list and watch of each resource it caches (the fake server has no
-    watch; the real authorizer sees them in tests/test_rbac_real.py). A `metadata.name`
+    watch; the real authorizer sees them in tests/e2e/test_rbac_real.py). A `metadata.name`
     field selector is authorized as that name, as RBAC does for list and watch."""
     cache = ClusterCache(client.ApiClient(), NAMESPACE, CONFIG.kubernetes)
     calls = set()

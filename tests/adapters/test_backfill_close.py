@@ -1,6 +1,6 @@
 """The background backfill when the process stops (`Backfill.close`, called by
 `ClusterController.stop`): nothing more starts, and a fetch cut off by the shutdown is
-not logged as a failure with a traceback (tests/test_rbac_real.py runs `once` as a
+not logged as a failure with a traceback (tests/e2e/test_rbac_real.py runs `once` as a
 subprocess and finds no "Traceback" in its output)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ one signal of pool a or alpha, or one of their writes.
 Prometheus here is a small programmable server, and the Kubernetes API the fake: the
 faults are the point (a slow answer, garbage, a 500 on one object, a hang), and a real
 server cannot be made to give them on demand. What the real servers do is in
-tests/test_prometheus.py and the control-plane tests.
+tests/adapters/test_prometheus.py and the control-plane tests.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ kubernetes:
   max_writes_per_minute: 1000
   max_nodes_per_tick: 10
   read_timeout: 1s
-  watch_cache: false  # the fake API server has no watch (the cache: tests/test_watch_cache.py)
+  watch_cache: false  # the fake API server has no watch (the cache: tests/adapters/test_watch_cache.py)
 node_pools:
   - {{name: a, selector: {{label: pool, value: a}}, gpu_memory_gib: 80, metrics_matchers: {{Hostname: node-a}}}}
   - {{name: b, selector: {{label: pool, value: b}}, gpu_memory_gib: 80, metrics_matchers: {{Hostname: node-b}}}}

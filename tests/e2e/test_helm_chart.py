@@ -21,7 +21,7 @@ from test_deploy import render
 
 from gpuscaler.config import parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpuscaler"
 HELM_ONLY_LABELS = {
     "app.kubernetes.io/instance",

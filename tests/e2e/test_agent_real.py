@@ -37,7 +37,7 @@ from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPL
 from gpuscaler.config import parse_config
 from gpuscaler.core.preemption import VictimState
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
 OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
 

@@ -28,7 +28,7 @@ from gpuscaler.core.decisions import (
     ReplicaFloorDecision,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = parse_config(
     """
 workloads:

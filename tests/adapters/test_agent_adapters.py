@@ -20,7 +20,7 @@ from gpuscaler.adapters.nvidia_smi import set_timeslice
 from gpuscaler.adapters.nvml import MIB, NvmlError, RealNvml
 from gpuscaler.adapters.podresources import PodResourcesError, gpu_of_device, list_devices
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stand_in_pynvml(mig_supported: bool) -> types.ModuleType:

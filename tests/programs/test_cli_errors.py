@@ -162,7 +162,7 @@ def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
     tmp_path: Path,
 ) -> None:
     config = tmp_path / "gpuscaler.yaml"
-    original = (Path(__file__).parent.parent / "config" / "gpuscaler.yaml").read_text()
+    original = (Path(__file__).parents[2] / "config" / "gpuscaler.yaml").read_text()
     config.write_text(original.replace("interval: 30s", "interval: 1s", 1))
     log = tmp_path / "run.log"
     with log.open("w") as sink:

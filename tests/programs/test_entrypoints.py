@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "gpuscaler.yaml"
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 COMMANDS = ("validate-config", "simulate", "backtest", "once", "run", "agent", "extender")
