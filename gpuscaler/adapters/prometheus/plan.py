@@ -48,10 +48,10 @@ LIMIT = 11_000
 this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
 of 11,000 points per timeseries")."""
 
-BUDGET = 200_000
+BUDGET = 50_000
 """Points one range answer holds at most, over all its series: a grouped answer's JSON
 costs about 150 bytes a point until it is decoded, so a long range over many series is
-read in chunks of at most this many (30 MB each)."""
+read in chunks of at most this many (about 8 MB each)."""
 
 INSTANT = math.inf
 Chunk = tuple[float, float]
