@@ -7,7 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscaler.adapters.prometheus.window import Window
+from gpuscaler.adapters.prometheus.backfill import Folds, Pending
+from gpuscaler.adapters.prometheus.plan import chunks
+from gpuscaler.adapters.prometheus.window import Window, decode_range
 from gpuscaler.core.forecast.members import bucket_means
 from gpuscaler.core.model import FloatArray
 
@@ -88,3 +90,31 @@ def test_a_series_handed_out_keeps_its_values_when_the_window_moves_on() -> None
     window.write(np.array([10.5, 11.0]), np.array([3.0, 5.0]))
     np.testing.assert_array_equal(before.values, [np.nan, np.nan, 1.0, 2.0])
     np.testing.assert_array_equal(window.series().values, [np.nan, 1.0, 2.0, 4.0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), pieces=st.integers(1, 7), start=st.floats(0.0, 30.0))
+def test_a_backfill_read_in_chunks_sharing_their_edges_counts_each_sample_once(
+    seed: int, pieces: int, start: float
+) -> None:
+    """Chunks share their edge sample and the first read holds the span's end: the
+    backfill's buckets hold each sample of [start, end) once."""
+    rng = np.random.default_rng(seed)
+    start = np.ceil(start / STEP) * STEP
+    end = 100.0
+    times = np.arange(0.0, end + 1, STEP)
+    values = rng.uniform(0, 100, times.size)
+    window = Window(step=STEP, width=WIDTH, size=SIZE)
+    window.advance(end)
+    folds = Folds({"k": Pending(window, "q", start, end, (0.0, 100.0))})
+    for c0, c1 in chunks(start, end, STEP, pieces):
+        inside = (times >= c0) & (times <= c1)
+        pairs = zip(times[inside].tolist(), values[inside].tolist(), strict=True)
+        points = [[t, repr(v)] for t, v in pairs]
+        folds.take(("q", c0, c1), decode_range([{"metric": {}, "values": points}]))
+    fold = folds.by_key["k"]
+    assert fold.failed is None and fold.refused is None and window.buckets is not None
+    window.buckets.add_buckets(fold.buckets)  # as Backfill.apply does
+    held = (times >= start) & (times < end)
+    want = _raw_means(times[held], values[held], window.series().end)
+    np.testing.assert_allclose(window.series().values, want, rtol=1e-12, equal_nan=True)
