@@ -355,8 +355,9 @@ class PrometheusMetrics:
 
     def _head_start(self, first: float, end: float) -> float:
         """Where a first read starts: `forecast.min_history` (the longest any target's
-        forecast asks for) plus `prometheus.overlap` before `end`, unless the window is
-        read whole (`prometheus.background_backfill` off)."""
+        forecast asks for) plus `prometheus.overlap` and one bucket (the widest
+        `fit_step`: the forecaster counts whole buckets) before `end`, unless the window
+        is read whole (`prometheus.background_backfill` off)."""
         if not self.config.prometheus.background_backfill:
             return first
         return max(first, end - self._sections()[1])
@@ -383,7 +384,8 @@ class PrometheusMetrics:
             }
             widths |= {f"workload:{k}": f.fit_step for k, f in loads.items()}
             widths |= {f"workload:{k}:demand": f.fit_step for k, f in loads.items()}
-            self._head = (c, longest + c.prometheus.overlap, widths)
+            widest = max([c.forecast.fit_step, *widths.values()])
+            self._head = (c, longest + c.prometheus.overlap + widest, widths)
         return self._head
 
     # ------------------------------------------------------------------ frame buffer
