@@ -11,22 +11,22 @@ from collections.abc import Mapping
 
 import pytest
 
-from gpuscaler.adapters.prometheus.backfill import Answers, Backfill, Pending
+from gpuscaler.adapters.prometheus.backfill import Backfill, Folds, Pending
 from gpuscaler.adapters.prometheus.window import Window
 
 
 def _pending() -> Pending:
-    return Pending(Window(0.5, 120), "up", 0.0, 60.0, (0.0, 100.0))
+    return Pending(Window(0.5, 10.0, 6), "up", 0.0, 60.0, (0.0, 100.0))
 
 
 def test_a_closed_backfill_starts_nothing() -> None:
     fetched: list[int] = []
 
-    def fetch(batch: Mapping[str, Pending]) -> Answers:
+    def fetch(batch: Mapping[str, Pending]) -> Folds:
         fetched.append(len(batch))
-        return {}
+        return Folds(batch)
 
-    backfill = Backfill(fetch, lambda a, b: [(a, b)])
+    backfill = Backfill(fetch)
     backfill.note("pool/a", _pending())
     backfill.close()
     backfill.start()
@@ -38,11 +38,11 @@ def test_a_fetch_cut_off_by_the_shutdown_is_logged_without_a_traceback(
 ) -> None:
     release = threading.Event()
 
-    def fetch(batch: Mapping[str, Pending]) -> Answers:
+    def fetch(batch: Mapping[str, Pending]) -> Folds:
         release.wait(5)
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    backfill = Backfill(fetch, lambda a, b: [(a, b)])
+    backfill = Backfill(fetch)
     backfill.note("pool/a", _pending())
     with caplog.at_level(logging.INFO, logger="gpuscaler.prometheus"):
         backfill.start()
@@ -57,10 +57,10 @@ def test_a_fetch_cut_off_by_the_shutdown_is_logged_without_a_traceback(
 def test_a_fetch_that_fails_while_running_is_reported_with_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def fetch(batch: Mapping[str, Pending]) -> Answers:
+    def fetch(batch: Mapping[str, Pending]) -> Folds:
         raise RuntimeError("boom")
 
-    backfill = Backfill(fetch, lambda a, b: [(a, b)])
+    backfill = Backfill(fetch)
     backfill.note("pool/a", _pending())
     with caplog.at_level(logging.INFO, logger="gpuscaler.prometheus"):
         backfill.start()

@@ -178,7 +178,7 @@ def test_a_workloads_demand_is_read_from_vllm_metrics_in_a_real_prometheus(
     assert w.serving == (10.0, "requests (running + waiting)")
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
-    assert values.size > 1000 and np.allclose(values, demand)  # chatty-0 never counts
+    assert values.size > 50 and np.allclose(values, demand)  # chatty-0 never counts
 
 
 @pytest.mark.parametrize(
@@ -196,9 +196,10 @@ def test_tgi_and_triton_demand_is_read_from_their_metrics_in_a_real_prometheus(
     assert w.problem is None, w.problem
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
-    # A rate over [1m] needs a minute of samples; Prometheus extrapolates at the edges.
-    steady = values[130:-10] if preset == "triton_rate" else values
-    assert values.size > 1000 and np.allclose(steady, demand, rtol=0.02)
+    # A rate over [1m] needs a minute of samples; Prometheus extrapolates at the edges
+    # (10 s buckets: 70 s at the start, the newest bucket at the end).
+    steady = values[7:-1] if preset == "triton_rate" else values
+    assert values.size > 50 and np.allclose(steady, demand, rtol=0.02)
 
 
 def test_a_controller_tick_sets_the_floor_from_vllm_demand(vllm: tuple[str, float]) -> None:

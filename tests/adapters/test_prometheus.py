@@ -182,8 +182,10 @@ def test_the_first_cycle_backfills_in_chunks_and_later_cycles_fetch_only_what_is
     assert all((end - start) / STEP + 1 <= 11_000 for _, start, end in first)
     flat = next(p for p in obs.pools if p.name == "flat")
     assert flat.utilization is not None and flat.problem is None
-    assert np.isfinite(flat.utilization.values).sum() >= POINTS - 10  # the planted hour
-    assert np.isnan(flat.utilization.values[:7000]).all()  # before the data: gaps, not zeros
+    # The planted hour in 10 s buckets; the hour before it: gaps, not zeros.
+    assert flat.utilization.step == 10.0
+    assert np.isfinite(flat.utilization.values).sum() >= POINTS * STEP / 10 - 1
+    assert np.isnan(flat.utilization.values[:350]).all()
     transport.calls.clear()
     source.observe(now + 30)
     later = [c for c in transport.calls if "node-flat" in c[0] and "GPU_UTIL" in c[0]]

@@ -16,11 +16,11 @@ import pytest
 from promserver import STEP, binaries, planted_window, prometheus, shipped_rules, write_openmetrics
 
 from gpuscaler.adapters.kube.objects import CurrentState
-from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
-from gpuscaler.adapters.prometheus.plan import chunks, split_answer
+from gpuscaler.adapters.prometheus.backfill import Backfill, Folds, Pending
+from gpuscaler.adapters.prometheus.plan import BUDGET, chunks, split_answer
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import Window, decode_matrix
+from gpuscaler.adapters.prometheus.window import Window, decode_matrix, decode_range
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.sources import PrometheusSource
@@ -158,7 +158,9 @@ WORKLOADS = [
 def _same_load(grouped: Any, plain: Any, rule: bool, past: int = 0) -> bool:
     """Equal; through the recording rule, equal up to one evaluation (500 ms) of delay: a
     rule records at its evaluation what was scraped before it, so its series trails the raw
-    one by at most its interval (here the promtool backfill trails by one step).
+    one by at most its interval (here the promtool backfill trails by one step), which
+    moves one sample of twenty from each 10 s bucket into the next: the bucket means agree
+    within a few percent, and a bucket at either edge may hold a sample in one only.
 
     `past`: the window's newest steps after the last planted sample, left out. There a
     backfilled rule's series runs on for its lookback from its own evaluation phase (the
@@ -171,7 +173,9 @@ def _same_load(grouped: Any, plain: Any, rule: bool, past: int = 0) -> bool:
         g, p = g[:-past], p[:-past]
     if np.allclose(g, p, equal_nan=True):
         return True
-    return rule and bool(np.allclose(g[1:], p[:-1], equal_nan=True))
+    both = np.isfinite(g) & np.isfinite(p)
+    edges = int((np.isfinite(g) != np.isfinite(p)).sum())
+    return rule and edges <= 2 and bool(np.allclose(g[both], p[both], rtol=0.05))
 
 
 def _same(a: Observations, b: Observations, rule: bool = False, past: int = 0) -> None:
@@ -233,10 +237,11 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     grouped = PrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
     plain = PrometheusSource(_config(url, WORKLOADS, grouped=False, extra=early), CurrentState())
     first = grouped.observe(now)
-    # min_history + overlap (5 s) of the 2 planted minutes, at 500 ms, edges included.
+    # min_history, overlap (5 s) and a bucket of the 2 planted minutes, in 10 s buckets.
     for pool in first.pools:
         if pool.utilization is not None:
-            assert np.isfinite(pool.utilization.values).sum() == (80 + 5) / STEP + 1, pool.name
+            seen = np.isfinite(pool.utilization.values).sum() * 10.0
+            assert 80 <= seen <= 80 + 5 + 2 * 10, pool.name
     assert first.pools[0].memory_used_gib is not None  # the newest figure needs no history
     assert grouped.backfilling and grouped.queries_last_tick == 9 + 1  # backfill not counted
     grouped.after_tick()  # as the controller does once the tick is done
@@ -266,23 +271,30 @@ def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_adva
 
 
 def test_a_backfill_that_failed_is_asked_again_behind_the_next_read() -> None:
-    window = Window(step=STEP, size=10, end=9.5, values=np.full(10, np.nan))  # 5 to 9.5 s
+    window = Window(step=STEP, width=1.0, size=10)
+    window.advance(10.0)  # buckets ending at 1 to 10 s
     calls: list[list[str]] = []
 
-    def fetch(batch: Mapping[str, Pending]) -> dict[tuple[str, float, float], object]:
+    def fetch(batch: Mapping[str, Pending]) -> Folds:
         calls.append(list(batch))
+        folds = Folds(batch)
         if len(calls) == 1:
-            return {("q", 5.0, 8.0): SourceError("timed out")}
-        return {("q", 5.0, 8.0): [{"metric": {}, "values": [[5.0, "1"], [8.0, "2"]]}]}
+            folds.take(("q", 5.0, 8.0), SourceError("timed out"))
+        else:  # the sample at 8 s is the first read's: left out
+            points = [[5.0, "1"], [7.0, "2"], [8.0, "3"]]
+            folds.take(("q", 5.0, 8.0), decode_range([{"metric": {}, "values": points}]))
+        return folds
 
-    backfill = Backfill(fetch, lambda start, end: [(start, end)])
+    backfill = Backfill(fetch)
     backfill.note("k", Pending(window, "q", 5.0, 8.0, (0.0, 100.0)))
     for _ in range(2):
         backfill.start()
         assert backfill.wait(timeout=10)
         backfill.apply({"k": window})
     assert calls == [["k"], ["k"]] and not backfill.busy
-    assert window.values[0] == 1.0 and window.values[6] == 2.0  # 5 s and 8 s on the grid
+    values = window.series().values  # the buckets ending at 1 to 10 s
+    np.testing.assert_array_equal(values[[4, 6]], [1.0, 2.0])
+    assert np.isfinite(values).sum() == 2
 
 
 def test_queries_per_tick_do_not_grow_with_the_workloads(planted: tuple[str, str, float]) -> None:
@@ -348,7 +360,7 @@ def test_a_target_a_grouped_answer_holds_twice_is_read_on_its_own(
         (("ml", "gone"), "qg"),
     ]
     answers: dict[tuple[str, float, float], Any] = {}
-    split_answer(("namespace", "workload"), members, chunk, answers, result)
+    split_answer(("namespace", "workload"), members, chunk, answers.__setitem__, result)
     want: dict[tuple[str, float, float], Any] = {("qe", *chunk): [result[2]]}
     if chunk[1] == math.inf:
         want[("qg", *chunk)] = []  # an instant answer is complete: absent means no sample
@@ -362,6 +374,10 @@ def test_a_range_is_read_in_chunks_under_the_point_limit_sharing_their_edges() -
     # A backfill's parallel chunks: at least `pieces`, never over the points limit.
     assert chunks(0.0, 100.0, STEP, pieces=4) == [(0, 25), (25, 50), (50, 75), (75, 100)]
     assert len(chunks(0.0, 12_000.0, STEP, pieces=2)) == 3
+    # An answer over many series holds at most BUDGET points: 1,000 series, 100 s each.
+    assert chunks(0.0, 1_000.0, STEP, series=BUDGET // 200) == [
+        (t, t + 100) for t in range(0, 1_000, 100)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -385,14 +401,3 @@ def test_a_malformed_point_is_a_source_error() -> None:
         decode_matrix([{"metric": {}, "values": [[1.0]]}])
     with pytest.raises(SourceError, match="not a list"):
         decode_matrix({"not": "a list"})
-
-
-def test_a_series_handed_out_keeps_its_values_when_the_window_moves_on() -> None:
-    window = Window(step=STEP, size=4)
-    window.advance(10.0)
-    window.write(np.array([9.0, 10.0]), np.array([1.0, 2.0]))
-    before = window.series()
-    window.advance(10.5)
-    window.write(np.array([10.5]), np.array([3.0]))
-    np.testing.assert_array_equal(before.values, [np.nan, 1.0, np.nan, 2.0])  # 8.5 to 10 s
-    np.testing.assert_array_equal(window.series().values, [1.0, np.nan, 2.0, 3.0])

@@ -100,12 +100,13 @@ def test_a_live_exporter_is_read_at_500_ms_with_the_stall_rule_applied(
     _, url = live
     source = _source(url)
     util, stall = _wait_for(source, count=6)
-    assert util.step == 0.5
+    assert util.step == 2.0  # the window holds forecast.fit_step buckets of the reads
     recent = _finite(util)
     assert recent[-1] == pytest.approx(73.0)
-    # Six or more samples 500 ms apart, not one value repeated by the 5-minute lookback.
+    # Six or more buckets in a row, read at 500 ms without the holes of a coarser scrape.
     idx = np.flatnonzero(np.isfinite(util.values))
     assert np.median(np.diff(idx)) == 1
+    assert not source.spacing.measured
     assert _finite(stall)[-1] == pytest.approx(100 * (0.8 - 0.5) / 0.8)  # 37.5 %
 
 

@@ -4,6 +4,7 @@ source that never stopped has."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,7 +91,8 @@ def test_a_restart_fetches_only_the_gap_and_ends_with_the_same_windows(
     assert sorted(transport.spans) == sorted(running_transport.spans)
     assert min(transport.spans) <= 60 + config.prometheus.overlap + 1
     for key, window in running.windows.items():
-        assert np.array_equal(restarted.windows[key].values, window.values, equal_nan=True), key
+        restored = restarted.windows[key].series().values
+        assert np.array_equal(restored, window.series().values, equal_nan=True), key
     cold, cold_transport = _source(config)
     cold.observe(end)
     assert max(cold_transport.spans) >= config.metrics.window - 1  # what warm start saves
@@ -106,6 +108,14 @@ def test_a_file_for_another_grid_or_unreadable_is_ignored(
     save_windows(source, str(path))
     other, _ = _source(_config(url, window="20m"))
     assert load_windows(other, str(path)) == 0 and other.windows == {}
+    with np.load(path) as data:  # a file of another format: refused, not misread
+        arrays = dict(data)
+    arrays["meta"] = np.frombuffer(b'{"step": 0.5, "window": 3600.0, "windows": []}', np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    with caplog.at_level(logging.INFO, logger="gpuscaler.prometheus"):
+        assert load_windows(source, str(path)) == 0
+    assert "another format" in caplog.text
     path.write_bytes(b"not a zip")
     assert load_windows(other, str(path)) == 0
     assert "cannot read" in caplog.text

@@ -142,14 +142,11 @@ def test_series_sampled_every_15s_are_read_without_gaps_and_announced_once(
     for series in (pool.utilization, workload.load):
         assert series is not None
         present = np.flatnonzero(np.isfinite(series.values))
-        assert present.size > 1000  # 15 min of 500 ms points
+        assert present.size > 50  # 15 min of 10 s buckets
         assert np.isfinite(series.values[present[0] : present[-1] + 1]).all()  # no hole
     assert workload.load is not None
-    assert set(np.unique(workload.load.values[np.isfinite(workload.load.values)])) <= {
-        12.0,
-        14.0,
-        16.0,
-    }
+    load = workload.load.values[np.isfinite(workload.load.values)]
+    assert ((load >= 12.0) & (load <= 16.0)).all()  # means of the scraped 12, 14 and 16
     assert source.spacing.measured["pool:l4:util"] == 15.0
     assert source.spacing.measured["workload:ml/ScaledObject/chat"] == 15.0
     keys = sorted(k for k, _ in announced)

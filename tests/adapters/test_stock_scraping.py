@@ -69,4 +69,4 @@ def test_a_workloads_load_is_read_under_either_label_convention(
     assert w.problem is None, w.problem
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
-    assert values.size > 100 and np.allclose(values, load)  # chatty-0 never counts for chat
+    assert values.size > 50 and np.allclose(values, load)  # chatty-0 never counts for chat

@@ -9,7 +9,9 @@ One read path, in parts kept apart:
 - `transport`: one HTTP GET per query, decoded by orjson; auth, TLS, timeouts, bounded
   retries; errors become `SourceError` with every secret scrubbed from the message.
 - `window`: the one decoder (shape checked, every value parsed, NaN/Inf flagged, values
-  out of their physical range named) and a sliding window per target on the step grid.
+  out of their physical range named), run on the thread that fetched the answer, and per
+  target a window of `forecast.fit_step` buckets (sum and count of the samples) with the
+  few newest samples raw, so a sample read again is counted once.
 - `source`: the reader; `backfill`, `warm`, `total`, `spacing`: what it keeps between ticks.
 - `history` (whatif) and `memory` (preemption) read through the same transport.
 

@@ -3,8 +3,10 @@ needs (`forecast.min_history`, plus `prometheus.overlap` for a late or missing s
 so the first tick after a start acts in the time of a few steady ticks instead of after
 reading the whole window; the older part is read behind it, on a thread started once the
 tick is done (`Controller.tick` calls the source's `after_tick`), by the same grouped
-queries cut into parallel chunks, and written into the windows at the start of the next
-read (only the tick's thread touches a window).
+queries cut into parallel chunks on the reader's kept pool. Each answer is folded into
+its target's buckets as it arrives (`Folds`), so what waits for the next read is a few
+hundred buckets a target, added to the windows at its start (only the tick's thread
+touches a window).
 
 A chunk that failed is asked again behind the next tick; a target whose query changed
 meanwhile (a reload, a coarse series found) is dropped from the backfill, since its
@@ -16,25 +18,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuscaler.adapters.prometheus.plan import Answer, AnswerKey
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import Window, decode_matrix, drop_outside
+from gpuscaler.adapters.prometheus.window import (
+    Buckets,
+    Window,
+    bucket_index,
+    drop_outside,
+    one_series,
+)
 
 log = logging.getLogger("gpuscaler.prometheus")
-
-Answers = Mapping[tuple[str, float, float], object]
-Fetch = Callable[[Mapping[str, "Pending"]], Answers]
-"""Fetches what is pending: the answers by (query, chunk start, chunk end)."""
-Cut = Callable[[float, float], list[tuple[float, float]]]
-"""The chunks a span is fetched in."""
 
 
 @dataclass(frozen=True)
 class Pending:
-    """The part of a target's window its first read left out."""
+    """The part of a target's window its first read left out: from `start` to before
+    `end` (where the first read began)."""
 
     window: Window
     """The window it belongs to: a window rebuilt since (a reload, a coarse series found)
@@ -45,14 +49,70 @@ class Pending:
     bounds: tuple[float, float]
 
 
+@dataclass
+class Fold:
+    """What a target's backfill found so far: its samples in buckets, or why it is not
+    written (a failed chunk: asked again; a malformed answer: refused)."""
+
+    pending: Pending
+    buckets: Buckets
+    failed: SourceError | None = None
+    refused: str | None = None
+    absurd: list[str] = field(default_factory=list)
+
+
+class Folds:
+    """The answers of a backfill folded into their targets' buckets as they arrive."""
+
+    def __init__(self, batch: Mapping[str, Pending]):
+        self.by_key: dict[str, Fold] = {}
+        self._by_query: dict[str, list[Fold]] = {}
+        self.seen: set[AnswerKey] = set()
+        for key, p in batch.items():
+            first, last = bucket_index(np.array([p.start, p.end]), p.window.width).tolist()
+            fold = Fold(p, Buckets.empty(p.window.width, first, last - first + 1))
+            self.by_key[key] = fold
+            self._by_query.setdefault(p.query, []).append(fold)
+
+    def take(self, key: AnswerKey, answer: Answer) -> None:
+        """One chunk's answer into the buckets of the targets asking `key`'s query. The
+        samples kept lie in the pending span, and after the chunk's start unless it is
+        the span's first chunk: chunks share their edge sample, the first read holds the
+        span's end."""
+        self.seen.add(key)
+        query, chunk_start, _ = key
+        for fold in self._by_query.get(query, []):
+            if isinstance(answer, SourceError):
+                fold.failed = answer
+                continue
+            try:
+                times, values, _ = one_series(answer)
+            except SourceError as e:
+                fold.refused = str(e)
+                continue
+            p = fold.pending
+            values = values.copy()  # the answer may serve several targets
+            absurd = drop_outside(values, p.bounds)
+            if absurd is not None:
+                fold.absurd.append(absurd)
+            keep = (times >= p.start) & (times < p.end)
+            if chunk_start > p.start:
+                keep &= times > chunk_start
+            fold.buckets.add(times[keep], values[keep])
+
+
+Fetch = Callable[[Mapping[str, Pending]], Folds]
+"""Fetches what is pending, folded."""
+
+
 class Backfill:
     """What the first reads left out, fetched on a thread, applied by `apply`."""
 
-    def __init__(self, fetch: Fetch, cut: Cut):
-        self.fetch, self.cut = fetch, cut
+    def __init__(self, fetch: Fetch):
+        self.fetch = fetch
         self.pending: dict[str, Pending] = {}
         self._thread: threading.Thread | None = None
-        self._result: tuple[dict[str, Pending], Answers] | None = None
+        self._result: tuple[dict[str, Pending], Folds | None] | None = None
         self._closed = False
 
     def close(self) -> None:
@@ -75,15 +135,16 @@ class Backfill:
         batch, self.pending = self.pending, {}
 
         def run() -> None:
+            folds: Folds | None
             try:
-                answers = self.fetch(batch)
+                folds = self.fetch(batch)
             except Exception as e:  # a thread's failure must not be silent: asked again
                 if self._closed:
                     log.info("backfill stopped with the process: %s", e)
                     return
                 log.exception("backfill failed; asked again next tick")
-                answers = {}
-            self._result = (batch, answers)
+                folds = None
+            self._result = (batch, folds)
 
         self._thread = threading.Thread(target=run, name="prometheus-backfill", daemon=True)
         self._thread.start()
@@ -96,40 +157,31 @@ class Backfill:
         return thread is None or not thread.is_alive()
 
     def apply(self, windows: Mapping[str, Window]) -> int:
-        """Write a finished fetch into the windows; the number of targets filled."""
+        """Add a finished fetch's buckets to the windows; the number of targets filled."""
         thread, result = self._thread, self._result
         if thread is None or thread.is_alive():
             return 0
         self._thread, self._result = None, None
         assert result is not None  # set by the finished thread
-        batch, answers = result
+        batch, folds = result
         filled = 0
         for key, p in batch.items():
             window = windows.get(key)
-            if window is not p.window or window.end is None:
+            if window is not p.window or window.buckets is None:
                 continue
-            got = [answers.get((p.query, *chunk)) for chunk in self.cut(p.start, p.end)]
-            failed = next((a for a in got if isinstance(a, SourceError) or a is None), False)
-            if failed is not False:
+            fold = folds.by_key.get(key) if folds is not None else None
+            failed = "the fetch failed" if fold is None else fold.failed
+            if failed is not None:
                 log.info("backfill of %s failed (%s); asked again next tick", key, failed)
                 self.pending.setdefault(key, p)
                 continue
-            filled += _write(key, window, got, p.bounds)
+            assert fold is not None
+            if fold.refused is not None:
+                log.warning("backfill of %s refused: %s", key, fold.refused)
+                continue
+            for absurd in fold.absurd:
+                log.warning("backfill of %s: %s (kept out of the window)", key, absurd)
+            window.buckets.add_buckets(fold.buckets)
+            filled += 1
         log.info("backfilled %d window(s) behind the first tick", filled)
         return filled
-
-
-def _write(key: str, window: Window, answers: list[object], bounds: tuple[float, float]) -> int:
-    """The answers' finite samples into the window; 1 when written, 0 when refused."""
-    for answer in answers:
-        try:
-            times, values, _ = decode_matrix(answer)
-        except SourceError as e:
-            log.warning("backfill of %s refused: %s", key, e)
-            return 0
-        absurd = drop_outside(values, bounds)
-        if absurd is not None:
-            log.warning("backfill of %s: %s (kept out of the window)", key, absurd)
-        keep = np.isfinite(values)
-        window.write(times[keep], values[keep])
-    return 1

@@ -1,7 +1,9 @@
 """The tick's queries, run on one thread pool kept for the process (created with the
 reader, closed with it), at most `prometheus.max_concurrent_queries` at a time: the
-grouped queries first, then, one by one, what they did not cover (`plan.py`). Answers are
-kept by (query, start, end), each target's own query, for the reader to take.
+grouped queries first, then, one by one, what they did not cover (`plan.py`). A range
+answer is decoded into arrays on the thread that fetched it, so no answer's JSON outlives
+its request. Answers are kept by (query, start, end), each target's own query, for the
+reader to take, with the chunks each target's span was cut in (`Prefetched.cuts`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 
 from gpuscaler.adapters.prometheus.plan import (
@@ -18,18 +21,30 @@ from gpuscaler.adapters.prometheus.plan import (
     Chunk,
     Group,
     Plan,
+    Store,
     chunks,
     plan_reads,
     split_answer,
 )
 from gpuscaler.adapters.prometheus.rules import PoolRules, check_query
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import decode_range
 from gpuscaler.config import Config
 
 Job = tuple[str, Chunk, Callable[[Answer], None]]
 """A query, its chunk, and what takes its answer."""
 Span = Callable[[str], "tuple[float, float] | None"]
 """The (start, end) a target's series is read over, None for none."""
+Cuts = dict[AnswerKey, list[Chunk]]
+"""The chunks a (query, start, end) span was read in."""
+
+
+@dataclass
+class Prefetched:
+    """A tick's answers by (query, chunk), and the chunks of each span asked."""
+
+    answers: dict[AnswerKey, Answer] = field(default_factory=dict)
+    cuts: Cuts = field(default_factory=dict)
 
 
 class Fetcher:
@@ -71,11 +86,11 @@ class Fetcher:
         return self._plan[2]
 
     def query(self, query: str, chunk: Chunk) -> Answer:
-        """One request's answer, or the error it failed with."""
+        """One request's answer (a range answer decoded), or the error it failed with."""
         try:
             if chunk[1] == INSTANT:
                 return self.transport.query(query, chunk[0])
-            return self.transport.query_range(query, *chunk, self.config.metrics.step)
+            return decode_range(self.transport.query_range(query, *chunk, self.config.metrics.step))
         except SourceError as e:
             return e
 
@@ -124,20 +139,28 @@ class Fetcher:
         resting: set[str],
         backfill: bool = False,
         pieces: int = 1,
-    ) -> dict[AnswerKey, Answer]:
+        sink: Store | None = None,
+    ) -> Prefetched:
         """Every answer the reads of `span_of`'s ranges will ask for, fetched
         concurrently: the grouped queries first, then, one by one, what they did not
         cover; neither the frame-buffer totals `resting`. A `backfill` reads only
-        ranges, each cut into `pieces`, and is not counted."""
+        ranges, each cut into `pieces`, is not counted, and gives each answer to `sink`
+        as it arrives instead of keeping it."""
         step = self.config.metrics.step
-        answers: dict[AnswerKey, Answer] = {}
+        got = Prefetched()
+        seen: set[AnswerKey] = set()
+
+        def store(key: AnswerKey, answer: Answer) -> None:
+            seen.add(key)
+            (sink or got.answers.__setitem__)(key, answer)
+
         jobs: list[Job] = []
         instant = (math.floor(now / step) * step, INSTANT)
         for g in plan.groups:
             if g.instant:
                 members = [(v, query) for v, (k, query) in g.targets.items() if k not in resting]
                 if not backfill and members:
-                    take = partial(split_answer, g.by, members, instant, answers)
+                    take = partial(split_answer, g.by, members, instant, store)
                     jobs.append((g.query, instant, take))
                 continue
             by_span: dict[tuple[float, float], list[tuple[tuple[str, ...], str]]] = {}
@@ -146,14 +169,16 @@ class Fetcher:
                 if span is not None:
                     by_span.setdefault(span, []).append((values, query))
             for span, members in by_span.items():
-                for chunk in chunks(*span, step, pieces):
-                    take = partial(split_answer, g.by, members, chunk, answers)
+                cut = chunks(*span, step, pieces, series=len(members))
+                got.cuts.update({(query, *span): cut for _, query in members})
+                for chunk in cut:
+                    take = partial(split_answer, g.by, members, chunk, store)
                     if g.recorded and not backfill:  # not the backfill's older spans
-                        take = partial(self._split_recorded, take, members, chunk, answers)
+                        take = partial(self._split_recorded, take, members, chunk, seen)
                     jobs.append((g.query, chunk, take))
         self.run(jobs, counted=not backfill)
         if not backfill:
-            self.run(_stale_jobs(plan.groups, instant, answers))
+            self.run(_stale_jobs(plan.groups, instant, got.answers, store))
         jobs = []
         uncovered = plan.single + [(*t, g.instant) for g in plan.groups for t in g.targets.values()]
         for key, query, is_instant in uncovered:
@@ -163,31 +188,35 @@ class Fetcher:
                 wanted = [] if backfill else [instant]
             else:
                 span = span_of(key)
-                wanted = [] if span is None else chunks(*span, step, pieces)
+                wanted = [] if span is None else got.cuts.get((query, *span), [])
+                if span is not None and not wanted:
+                    wanted = got.cuts[(query, *span)] = chunks(*span, step, pieces)
             jobs += [
-                (query, chunk, partial(answers.__setitem__, (query, *chunk)))
+                (query, chunk, partial(store, (query, *chunk)))
                 for chunk in wanted
-                if (query, *chunk) not in answers
+                if (query, *chunk) not in seen
             ]
         self.run(jobs, counted=not backfill)
-        return answers
+        return got
 
     def _split_recorded(
         self,
         split: Callable[[Answer], None],
         members: list[tuple[tuple[str, ...], str]],
         chunk: Chunk,
-        answers: dict[AnswerKey, Answer],
+        seen: set[AnswerKey],
         result: Answer,
     ) -> None:
         """A recorded series' answer: a pool it misses although it came (its rule removed,
         a gap) is read raw for now, and the rules are checked again (`rules.py`)."""
         split(result)
         if isinstance(result, list):
-            self.rules.note_missing([q for _, q in members if (q, *chunk) not in answers])
+            self.rules.note_missing([q for _, q in members if (q, *chunk) not in seen])
 
 
-def _stale_jobs(groups: list[Group], instant: Chunk, answers: dict[AnswerKey, Answer]) -> list[Job]:
+def _stale_jobs(
+    groups: list[Group], instant: Chunk, answers: dict[AnswerKey, Answer], store: Store
+) -> list[Job]:
     """The frame-buffer groups' second tries, for the pools their first found empty."""
     jobs: list[Job] = []
     for g in groups:
@@ -196,6 +225,6 @@ def _stale_jobs(groups: list[Group], instant: Chunk, answers: dict[AnswerKey, An
         empty = {v for v, (_, q) in g.targets.items() if answers.get((q, *instant)) == []}
         members = [(v, q) for v, (_, q) in g.stale.targets.items() if v in empty]
         if members:
-            take = partial(split_answer, g.by, members, instant, answers)
+            take = partial(split_answer, g.by, members, instant, store)
             jobs.append((g.stale.query, instant, take))
     return jobs

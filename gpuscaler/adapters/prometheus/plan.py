@@ -17,8 +17,9 @@ cannot answer, so that a tick's queries do not grow with the number of targets.
   not installed, a workload named unlike its pods): the grouped form never loses one.
 
 Each target's own query is the key its answers are kept under, by (query, start, end)
-in the chunks `chunks` cuts, so a grouped answer split into its targets (`split_answer`)
-and a per-target read are one and the same to the reader.
+in the chunks `chunks` cuts (at most BUDGET points an answer), so a grouped answer split
+into its targets (`split_answer`) and a per-target read are one and the same to the
+reader.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from gpuscaler.adapters.prometheus.promql import (
 from gpuscaler.adapters.prometheus.rules import PoolRules, recorded_template
 from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError
+from gpuscaler.adapters.prometheus.window import Samples
 from gpuscaler.config import Config
 
 LIMIT = 11_000
@@ -46,12 +48,18 @@ LIMIT = 11_000
 this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
 of 11,000 points per timeseries")."""
 
+BUDGET = 50_000
+"""Points one range answer holds at most, over all its series: a grouped answer's JSON
+costs about 150 bytes a point until it is decoded, so a long range over many series is
+read in chunks of at most this many (about 8 MB each)."""
+
 INSTANT = math.inf
 Chunk = tuple[float, float]
 """A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
 AnswerKey = tuple[str, float, float]
 Answer = list[Any] | SourceError
-"""A query's `data.result`, or the error it failed with."""
+"""A query's answer: a range query's series decoded (`window.Samples`), an instant
+query's `data.result`, or the error it failed with."""
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
 """Recorded by deploy/prometheus/prometheusrule.yaml: GPU utilization summed by
@@ -217,12 +225,13 @@ def chunk_steps(step: float) -> int:
     return max(1, LIMIT - math.ceil(1.0 / step))
 
 
-def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk]:
+def chunks(start: float, end: float, step: float, pieces: int = 1, series: int = 1) -> list[Chunk]:
     """The (start, end) pairs a range is read in, in whole seconds, each of at most
-    `chunk_steps` steps, sharing their edge sample; with `pieces`, cut into at least that
+    `chunk_steps` steps and, for an answer holding `series` series, at most BUDGET
+    points in all, sharing their edge sample; with `pieces`, cut into at least that
     many (a backfill's parallel chunks)."""
     out: list[Chunk] = []
-    size = max(1, math.floor(chunk_steps(step) * step))
+    size = max(1, math.floor(min(chunk_steps(step), BUDGET / max(1, series)) * step))
     if pieces > 1:
         size = max(1, min(size, math.ceil((math.floor(end) - math.floor(start)) / pieces)))
     last = math.floor(end)
@@ -235,23 +244,28 @@ def chunks(start: float, end: float, step: float, pieces: int = 1) -> list[Chunk
         t = chunk_end
 
 
+Store = Callable[[AnswerKey, Answer], None]
+"""Takes a target's answer to one chunk."""
+
+
 def split_answer(
     by: tuple[str, ...],
     members: list[tuple[tuple[str, ...], str]],
     chunk: Chunk,
-    answers: dict[AnswerKey, Answer],
+    store: Store,
     result: Answer,
 ) -> None:
-    """One grouped answer cut into the per-target answers it holds; a failed one stores
-    nothing, so each target is asked on its own, and so does a target the answer holds
-    twice (series not aggregated: the workload rule's). An instant answer is complete: a
-    pool it does not hold has no sample in its lookback, so its own query would be empty."""
+    """One grouped answer cut into the per-target answers it holds, each given to
+    `store`; a failed one gives nothing, so each target is asked on its own, and so does
+    a target the answer holds twice (series not aggregated: the workload rule's). An
+    instant answer is complete: a pool it does not hold has no sample in its lookback, so
+    its own query would be empty."""
     if isinstance(result, SourceError) or not isinstance(result, list):
         return
     by_values: dict[tuple[str, ...], Any] = {}
     twice = set()
     for item in result:
-        metric = (item.get("metric") or {}) if isinstance(item, dict) else {}
+        metric = _labels(item)
         values = tuple(str(metric.get(label, "")) for label in by)
         if values in by_values:
             twice.add(values)
@@ -261,6 +275,13 @@ def split_answer(
             continue
         item = by_values.get(values)
         if item is not None:
-            answers[(query, *chunk)] = [item]
+            store((query, *chunk), [item])
         elif chunk[1] == INSTANT:
-            answers[(query, *chunk)] = []
+            store((query, *chunk), [])
+
+
+def _labels(item: Any) -> Mapping[str, Any]:
+    """A series' labels: a decoded range series' `metric`, or an instant item's."""
+    if isinstance(item, Samples):
+        return item.metric
+    return (item.get("metric") or {}) if isinstance(item, dict) else {}

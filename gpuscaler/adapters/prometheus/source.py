@@ -1,12 +1,14 @@
-"""The Prometheus reader: one grouped read a tick (`plan.py`) into a sliding window per
-target on the `metrics.step` grid.
+"""The Prometheus reader: one grouped read a tick (`plan.py`) on the `metrics.step` grid
+into a window per target of its `forecast.fit_step` buckets (`window.py`).
 
 A target's first read backfills its window, in chunks under Prometheus'
-11,000-points-per-series limit; with `prometheus.background_backfill` it reads only what
-a forecast needs (`forecast.min_history` plus `prometheus.overlap`) and the rest follows
-behind the tick (`backfill.py`). Later reads fetch only what is new, plus `overlap` for
-late samples; gaps stay NaN; memory is window x targets. All queries of a tick run on one
-thread pool kept for the process, at most `prometheus.max_concurrent_queries` at a time.
+11,000-points-per-series limit and `plan.BUDGET` points an answer; with
+`prometheus.background_backfill` it reads only what a forecast needs
+(`forecast.min_history` plus `prometheus.overlap`) and the rest follows behind the tick
+(`backfill.py`). Later reads fetch only what is new, plus `overlap` for late samples;
+empty buckets are NaN; memory is the window's buckets x targets. All queries of a tick
+run on one thread pool kept for the process, at most `prometheus.max_concurrent_queries`
+at a time.
 
 Failure policy: any failure for a target (a failed query, a malformed answer, a NaN, Inf
 or out-of-range sample) sets its `problem`, so the core takes no action on it and says
@@ -18,13 +20,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 
-from gpuscaler.adapters.prometheus.backfill import Backfill, Pending
-from gpuscaler.adapters.prometheus.fetch import Fetcher, Job
+from gpuscaler.adapters.prometheus.backfill import Backfill, Folds, Pending
+from gpuscaler.adapters.prometheus.fetch import Cuts, Fetcher, Job
 from gpuscaler.adapters.prometheus.plan import (
     INSTANT,
     Answer,
@@ -36,7 +39,7 @@ from gpuscaler.adapters.prometheus.plan import (
 )
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
 from gpuscaler.adapters.prometheus.rules import PoolRules
-from gpuscaler.adapters.prometheus.spacing import SpacingTracker, present_times
+from gpuscaler.adapters.prometheus.spacing import SpacingTracker
 from gpuscaler.adapters.prometheus.total import Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
@@ -44,12 +47,12 @@ from gpuscaler.adapters.prometheus.window import (
     MEMORY_MIB,
     PERCENT,
     Window,
-    decode_matrix,
     decode_vector,
     drop_outside,
+    one_series,
 )
 from gpuscaler.config import Config, ForecastConfig, NodePoolConfig, WorkloadConfig
-from gpuscaler.core.model import Series
+from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.demand import DEMAND_BOUNDS
 
 log = logging.getLogger("gpuscaler.prometheus")
@@ -60,6 +63,19 @@ class Health:
     ok: bool = True
     last_success: float | None = None
     failures: int = 0
+
+
+@dataclass
+class Read:
+    """What one target's read found."""
+
+    had_bad: bool = False
+    """A NaN or Inf sample."""
+    absurd: str | None = None
+    """The first out-of-range problem."""
+    got_any: bool = False
+    times: list[FloatArray] = field(default_factory=list)
+    """Times of the finite samples read (their spacing is measured)."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +132,10 @@ class PrometheusMetrics:
         self.sample_spacing = self.spacing.measured
         self.totals = Totals(config)
         """The pools' frame-buffer totals, read every few minutes (`total.py`)."""
-        self.backfill = Backfill(self._backfill_fetch, self._backfill_cut)
-        self._head: tuple[Config, float] | None = None
+        self.backfill = Backfill(self._backfill_fetch)
+        self._head: tuple[Config, float, dict[str, float]] | None = None
         self._answers: dict[AnswerKey, Answer] = {}
+        self._cuts: Cuts = {}
         self._errors: list[str] = []
 
     @property
@@ -178,12 +195,13 @@ class PrometheusMetrics:
         self.fetcher.check_rules(now)
         span = partial(self._span, now=now)
         resting = self.totals.resting(now)
-        self._answers = self.fetcher.prefetch(self._plan_now(), now, span, resting)
+        got = self.fetcher.prefetch(self._plan_now(), now, span, resting)
+        self._answers, self._cuts = got.answers, got.cuts
         try:
             pools = tuple(self._pool_metrics(p, now) for p in self.config.node_pools)
             workloads = tuple(self._workload(w, now) for w in self.config.workloads)
         finally:
-            self._answers = {}
+            self._answers, self._cuts = {}, {}
         self._record_health(now, self._errors)
         return Metrics(now, pools, workloads)
 
@@ -240,67 +258,81 @@ class PrometheusMetrics:
         transport failure is also recorded for the reader's health. Values outside
         `bounds` (the metric's physical range) are invalid input: kept out of the window,
         and the target gets no action this tick. `query` builds the PromQL for a lookback:
-        a series found coarser than the step is read again at once with its own."""
-        series, problem = self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+        a series found coarser than the step (measured on the sample times read) is read
+        again at once with its own."""
+        series, problem, read = self._fetch_once(
+            key, query(self.spacing.lookback(key)), now, bounds
+        )
         if (
             problem is None
             and series is not None
-            and self.spacing.observe(key, partial(present_times, series))
+            and self.spacing.observe(key, partial(_joined, read.times))
         ):
             self.windows.pop(key, None)  # backfill the window with the new lookback
             self.backfill.pending.pop(key, None)
-            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)
+            return self._fetch_once(key, query(self.spacing.lookback(key)), now, bounds)[:2]
         return series, problem
 
     def _fetch_once(
         self, key: str, query: str, now: float, bounds: tuple[float, float]
-    ) -> tuple[Series | None, str | None]:
-        step = self.config.metrics.step
-        size = round(self.config.metrics.window / step)
-        window = self.windows.setdefault(key, Window(step=step, size=size))
+    ) -> tuple[Series | None, str | None, Read]:
+        step, width = self.config.metrics.step, self._width(key)
         end = math.floor(now / step) * step
-        window.advance(end)
-        first = end - step * (size - 1)
+        first = end - step * (round(self.config.metrics.window / step) - 1)
+        window = self.windows.get(key)
+        if window is None or window.fetched_until is None or window.width != width:
+            # A first read starts afresh: what a failed or empty one left is read again.
+            size = max(1, round(self.config.metrics.window / width))
+            window = self.windows[key] = Window(step=step, width=width, size=size)
+        window.advance(now)
         start = self._span(key, now)[0]
         if window.fetched_until is None and start > first:
             self.backfill.note(key, Pending(window, query, first, start, bounds))
+        read = Read()
         try:
-            had_bad, absurd, got_any = self._read_span(window, query, start, end, bounds)
+            self._read_span(read, window, query, start, end, bounds)
             if start > first and window.empty():
                 # Nothing in a first read's head: the rest now, not behind, so that a
                 # silent series is told stale (or absent) on this very tick.
                 self.backfill.pending.pop(key, None)
-                more = self._read_span(window, query, first, start, bounds)
-                had_bad, absurd, got_any = had_bad or more[0], absurd or more[1], got_any or more[2]
+                self._read_span(read, window, query, first, start, bounds)
         except SourceError as e:
             self._errors.append(f"{key}: {e}")
-            return window.series(), str(e)
-        empty = not got_any and window.empty()  # a sample read means not empty
+            return window.series(), str(e), read
+        empty = not read.got_any and window.empty()  # a sample read means not empty
         if not empty:
             window.fetched_until = end  # an empty window is backfilled again next tick
-        if absurd is not None:
-            return window.series(), absurd
-        if had_bad:
-            return window.series(), "NaN or Inf in the newest samples"
+            window.seal(end - self.config.prometheus.overlap)
+        if read.absurd is not None:
+            return window.series(), read.absurd, read
+        if read.had_bad:
+            return window.series(), "NaN or Inf in the newest samples", read
         if empty:
-            return window.series(), "empty result: no series matches"
-        return window.series(), None
+            return window.series(), "empty result: no series matches", read
+        return window.series(), None, read
 
     def _read_span(
-        self, window: Window, query: str, start: float, end: float, bounds: tuple[float, float]
-    ) -> tuple[bool, str | None, bool]:
-        """Samples from `start` to `end` into the window, chunk by chunk: (had NaN/Inf,
-        the first out-of-range problem, got any sample)."""
-        had_bad, absurd, got_any = False, None, False
-        for chunk in chunks(start, end, self.config.metrics.step):
-            times, values, bad = decode_matrix(self._answer(query, chunk))
-            absurd = absurd or drop_outside(values, bounds)  # decoded: non-finite are NaN
+        self,
+        read: Read,
+        window: Window,
+        query: str,
+        start: float,
+        end: float,
+        bounds: tuple[float, float],
+    ) -> None:
+        """Samples from `start` to `end` into the window, chunk by chunk (those the
+        tick's prefetch cut, else at most the point limit), noted in `read`."""
+        step = self.config.metrics.step
+        for chunk in self._cuts.get((query, start, end)) or chunks(start, end, step):
+            times, values, bad = one_series(self._answer(query, chunk))
+            values = values.copy()  # a grouped answer's series may serve several targets
+            read.absurd = read.absurd or drop_outside(values, bounds)
             window.write(times, values)
-            had_bad |= bad
-            got_any |= times.size > 0
-        return had_bad, absurd, got_any
+            read.had_bad |= bad
+            read.got_any |= times.size > 0
+            read.times.append(times[np.isfinite(values)])
 
-    def _answer(self, query: str, chunk: Chunk) -> list[object]:
+    def _answer(self, query: str, chunk: Chunk) -> list[Any]:
         """The tick's prefetched answer, else asked now (and counted)."""
         found = self._answers.get((query, *chunk))
         if found is None:
@@ -323,17 +355,38 @@ class PrometheusMetrics:
 
     def _head_start(self, first: float, end: float) -> float:
         """Where a first read starts: `forecast.min_history` (the longest any target's
-        forecast asks for) plus `prometheus.overlap` before `end`, unless the window is
-        read whole (`prometheus.background_backfill` off)."""
+        forecast asks for) plus `prometheus.overlap` and one bucket (the widest
+        `fit_step`: the forecaster counts whole buckets) before `end`, unless the window
+        is read whole (`prometheus.background_backfill` off)."""
         if not self.config.prometheus.background_backfill:
             return first
+        return max(first, end - self._sections()[1])
+
+    def _width(self, key: str) -> float:
+        """The bucket width of `key`'s window: its target's `forecast.fit_step` (no
+        finer than the step)."""
+        width = self._sections()[2].get(key, self.config.forecast.fit_step)
+        return max(width, self.config.metrics.step)
+
+    def _sections(self) -> tuple[Config, float, dict[str, float]]:
+        """(config, head length, fit_step by window key), resolved once per config."""
         if self._head is None or self._head[0] is not self.config:
             c = self.config
-            sections = [c.pool_section(p.name, "forecast", ForecastConfig) for p in c.node_pools]
-            sections += [c.workload_section(w.key, "forecast", ForecastConfig) for w in c.workloads]
-            longest = max(f.min_history for f in [c.forecast, *sections])
-            self._head = (c, longest + c.prometheus.overlap)
-        return max(first, end - self._head[1])
+            pools = {
+                p.name: c.pool_section(p.name, "forecast", ForecastConfig) for p in c.node_pools
+            }
+            loads = {
+                w.key: c.workload_section(w.key, "forecast", ForecastConfig) for w in c.workloads
+            }
+            longest = max(f.min_history for f in [c.forecast, *pools.values(), *loads.values()])
+            widths = {
+                f"pool:{n}:{s}": f.fit_step for n, f in pools.items() for s in ("util", "stall")
+            }
+            widths |= {f"workload:{k}": f.fit_step for k, f in loads.items()}
+            widths |= {f"workload:{k}:demand": f.fit_step for k, f in loads.items()}
+            widest = max([c.forecast.fit_step, *widths.values()])
+            self._head = (c, longest + c.prometheus.overlap + widest, widths)
+        return self._head
 
     # ------------------------------------------------------------------ frame buffer
 
@@ -399,27 +452,29 @@ class PrometheusMetrics:
     def _plan_now(self) -> Plan:
         return self.fetcher.plan(self.spacing.measured)
 
-    def _backfill_cut(self, start: float, end: float) -> list[Chunk]:
-        return chunks(start, end, self.config.metrics.step, self._pieces)
-
     @property
     def _pieces(self) -> int:
         return self.config.prometheus.max_concurrent_queries
 
-    def _backfill_fetch(self, batch: Mapping[str, Pending]) -> dict[AnswerKey, Answer]:
-        """What the first reads left out: by the grouped queries, then one by one."""
+    def _backfill_fetch(self, batch: Mapping[str, Pending]) -> Folds:
+        """What the first reads left out: by the grouped queries, then one by one, each
+        answer folded into its target's buckets as it arrives."""
+        folds = Folds(batch)
         spans = {k: (p.start, p.end) for k, p in batch.items()}
         end = max(p.end for p in batch.values())
-        plan, fetcher = self._plan_now(), self.fetcher
-        answers = fetcher.prefetch(plan, end, spans.get, set(), backfill=True, pieces=self._pieces)
+        plan, fetcher, step = self._plan_now(), self.fetcher, self.config.metrics.step
+        got = fetcher.prefetch(
+            plan, end, spans.get, set(), backfill=True, pieces=self._pieces, sink=folds.take
+        )
         jobs: list[Job] = [
-            (p.query, chunk, partial(answers.__setitem__, (p.query, *chunk)))
+            (p.query, chunk, partial(folds.take, (p.query, *chunk)))
             for p in batch.values()
-            for chunk in self._backfill_cut(p.start, p.end)
-            if (p.query, *chunk) not in answers
+            for chunk in got.cuts.get((p.query, p.start, p.end))
+            or chunks(p.start, p.end, step, self._pieces)
+            if (p.query, *chunk) not in folds.seen
         ]
         fetcher.run(jobs, counted=False)
-        return answers
+        return folds
 
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:
@@ -436,3 +491,7 @@ class PrometheusMetrics:
                 log.info("prometheus recovered", extra={"event": "source_recovered"})
             self.health.ok = True
             self.health.last_success = now
+
+
+def _joined(times: list[FloatArray]) -> FloatArray:
+    return np.concatenate(times) if times else np.empty(0)

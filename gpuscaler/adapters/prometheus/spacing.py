@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.core.model import FloatArray
 
 log = logging.getLogger("gpuscaler.prometheus")
 
@@ -57,12 +57,6 @@ def measure_spacing(times: FloatArray, step: float) -> float | None:
     return spacing if spacing > 1.5 * step else None
 
 
-def present_times(series: Series) -> FloatArray:
-    """Times of a window's samples (computed only when the tracker measures)."""
-    present = np.flatnonzero(np.isfinite(series.values)).astype(np.float64)
-    return series.start + series.step * present
-
-
 @lru_cache(maxsize=256)  # asked once per target and tick, of a few (step, spacing)
 def lookback_ms(step: float, spacing: float | None) -> str:
     """The `{lookback}` of a query: two steps, or the measured spacing plus two steps."""
@@ -72,8 +66,8 @@ def lookback_ms(step: float, spacing: float | None) -> str:
 
 RECHECK_EVERY = 10
 """A series found fine is measured again only every this many reads (five minutes at the
-30 s tick): scrape intervals change with a redeploy, not by the tick, and measuring every
-window each tick costs about twice the adapter's own work (bench/spacing.py)."""
+30 s tick): scrape intervals change with a redeploy, not by the tick. Each measure reads
+the sample times of that read: a first read's head holds plenty of scrapes."""
 
 SpacingListener = Callable[[str, float, float], None]
 """Told (series key, measured spacing, metrics.step) once per coarse series."""

@@ -3,10 +3,12 @@ survives a container restart; a new pod starts cold), so a restarted controller 
 Prometheus only for the gap since the last save instead of backfilling the whole window
 (estimated at 60-70 s at 10,000 GPUs).
 
-One `.npz` file: every window's values, and as JSON each window's key, grid end and
-`fetched_until`. Written to a temporary name and renamed, so a crash mid-write leaves the
-previous file. A file written for another sampling grid (step, window) or unreadable is
-ignored with a log line: the source then backfills as it always did.
+One `.npz` file: every window's bucket sums and counts and its raw tail, and as JSON the
+file's FORMAT and each window's key, bucket width, first bucket, `sealed` and
+`fetched_until`. Written to a temporary name and renamed, so a crash mid-write leaves
+the previous file. A file of another FORMAT, written for another sampling grid (step,
+window) or unreadable is ignored with a log line: the source then backfills as it always
+did.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpuscaler.adapters.prometheus.window import Window
+from gpuscaler.adapters.prometheus.window import Buckets, Window
 from gpuscaler.config import Config
 
 log = logging.getLogger("gpuscaler.prometheus")
+
+FORMAT = 2
+"""The file's layout: 2 keeps buckets (sum, count) and a raw tail per window."""
 
 
 class WindowHolder(Protocol):
@@ -37,51 +42,65 @@ class WindowHolder(Protocol):
 def save_windows(source: WindowHolder, path: str) -> int:
     """Write the source's windows to `path` (atomically); the number written."""
     step, window = source.config.metrics.step, source.config.metrics.window
-    keys = [k for k, w in source.windows.items() if w.end is not None]
+    kept = [(k, w, w.buckets) for k, w in source.windows.items() if w.buckets is not None]
     meta = {
+        "format": FORMAT,
         "step": step,
         "window": window,
         "windows": [
             {
                 "key": k,
-                "end": source.windows[k].end,
-                "fetched_until": source.windows[k].fetched_until,
+                "width": w.width,
+                "first": b.first,
+                "sealed": w.sealed,
+                "fetched_until": w.fetched_until,
             }
-            for k in keys
+            for k, w, b in kept
         ],
     }
-    arrays: dict[str, Any] = {f"w{i}": source.windows[k].values for i, k in enumerate(keys)}
+    arrays: dict[str, Any] = {}
+    for i, (_, w, b) in enumerate(kept):
+        arrays |= {f"s{i}": b.sums, f"c{i}": b.counts, f"t{i}": w.tail}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
     os.replace(tmp, path)
-    return len(keys)
+    return len(kept)
 
 
 def load_windows(source: WindowHolder, path: str) -> int:
     """Restore windows saved by `save_windows` for the source's grid; the number restored
-    (0 when the file is missing, unreadable or for another grid)."""
+    (0 when the file is missing, unreadable, of another FORMAT or for another grid)."""
     try:
         with np.load(path) as data:
             meta: dict[str, Any] = json.loads(bytes(data["meta"]).decode())
+            if meta.get("format") != FORMAT:
+                log.info("warm start: %s is of another format; backfilling", path)
+                return 0
             step, window = source.config.metrics.step, source.config.metrics.window
             if (meta.get("step"), meta.get("window")) != (step, window):
                 log.info("warm start: %s is for another sampling grid; backfilling", path)
                 return 0
-            size = round(window / step)
+            restored = 0
             for i, w in enumerate(meta["windows"]):
-                values = np.asarray(data[f"w{i}"], dtype=np.float64)
-                if values.shape != (size,):
+                width = float(w["width"])
+                size = max(1, round(window / width))
+                sums = np.asarray(data[f"s{i}"], dtype=np.float64)
+                counts = np.asarray(data[f"c{i}"], dtype=np.float64)
+                if sums.shape != (size,) or counts.shape != (size,):
                     continue
                 source.windows[str(w["key"])] = Window(
                     step=step,
+                    width=width,
                     size=size,
-                    end=float(w["end"]),
-                    values=values.copy(),
+                    buckets=Buckets(width, int(w["first"]), sums.copy(), counts.copy()),
+                    sealed=float(w["sealed"]),
+                    tail=np.asarray(data[f"t{i}"], dtype=np.float64).copy(),
                     fetched_until=None if w["fetched_until"] is None else float(w["fetched_until"]),
                 )
-            return len(meta["windows"])
+                restored += 1
+            return restored
     except FileNotFoundError:
         return 0
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:

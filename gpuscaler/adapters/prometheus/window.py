@@ -1,14 +1,23 @@
-"""Decoding and the window: the `data.result` matrix checked for shape, values parsed,
-NaN/Inf flagged; per target a sliding window on the step grid, gaps NaN.
+"""Decoding and the window: a range answer decoded into arrays as it arrives (shape
+checked, values parsed, NaN/Inf flagged); per target a window of `forecast.fit_step`
+buckets, what the forecaster and the peaks read, on the grid k * fit_step.
+
+A window keeps per bucket the sum and count of its finite samples, and only the newest
+samples raw: those a later read may still send again (the `prometheus.overlap` read
+again, a late sample). The buckets those fall in are made from the raw samples at each
+`series`, so a sample read twice is counted once; once no read can send them again they
+are folded into their buckets (`seal`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.core.model import FloatArray, Series
@@ -36,22 +45,58 @@ def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
     return f"{bad.size} value(s) outside {lo:g}..{hi:g}, e.g. {bad[0]:g}: invalid input"
 
 
+@dataclass(frozen=True, eq=False)
+class Samples:
+    """One series of a range answer, decoded as it arrives: its labels, its times and
+    values (non-finite values NaN, `non_finite` set), or why it is malformed (`error`)."""
+
+    metric: dict[str, str]
+    times: FloatArray
+    values: FloatArray
+    non_finite: bool = False
+    error: str | None = None
+
+
+def decode_range(result: Any) -> list[Samples]:
+    """Every series of a range query's `data.result`, decoded into arrays; a malformed
+    series is kept with its error, so that only the targets it answers fail."""
+    if not isinstance(result, list):
+        raise SourceError("data.result is not a list")
+    return [_samples(item) for item in result]
+
+
+def _samples(item: Any) -> Samples:
+    none = np.empty(0)
+    if not isinstance(item, dict) or not isinstance(item.get("values"), list):
+        return Samples({}, none, none, error="result item has no values list")
+    metric = item.get("metric")
+    labels = {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
+    try:
+        times, values = decode_points(item["values"])
+    except SourceError as e:
+        return Samples(labels, none, none, error=str(e))
+    bad = ~np.isfinite(values)
+    values[bad] = np.nan
+    return Samples(labels, times, values, bool(bad.any()))
+
+
+def one_series(answer: list[Samples]) -> tuple[FloatArray, FloatArray, bool]:
+    """(times, values, had_non_finite) of a decoded answer holding one aggregate series;
+    several series are refused, an empty answer gives empty arrays."""
+    if len(answer) == 0:
+        return np.empty(0), np.empty(0), False
+    if len(answer) > 1:
+        raise SourceError(f"query returned {len(answer)} series, expected one aggregate")
+    (series,) = answer
+    if series.error is not None:
+        raise SourceError(series.error)
+    return series.times, series.values, series.non_finite
+
+
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
     """(times, values, had_non_finite) of a single-series matrix result, non-finite values
     NaN; several series are refused, an empty result gives empty arrays."""
-    if not isinstance(result, list):
-        raise SourceError("data.result is not a list")
-    if len(result) == 0:
-        return np.empty(0), np.empty(0), False
-    if len(result) > 1:
-        raise SourceError(f"query returned {len(result)} series, expected one aggregate")
-    item = result[0]
-    if not isinstance(item, dict) or not isinstance(item.get("values"), list):
-        raise SourceError("result item has no values list")
-    times, values = decode_points(item["values"])
-    bad = ~np.isfinite(values)
-    values[bad] = np.nan
-    return times, values, bool(bad.any())
+    return one_series(decode_range(result))
 
 
 def decode_points(points: list[Any]) -> tuple[FloatArray, FloatArray]:
@@ -89,48 +134,139 @@ def decode_vector(result: Any) -> tuple[float | None, bool]:
 # --------------------------------------------------------------------------- window
 
 
+def bucket_index(times: FloatArray, width: float) -> npt.NDArray[np.int64]:
+    """k of the bucket each time falls in: bucket k holds ((k - 1) * width, k * width]."""
+    return np.ceil(times / width - 1e-9).astype(np.int64)
+
+
+@dataclass
+class Buckets:
+    """Sum and count of finite samples per `width`-second bucket, for the buckets
+    `first`, `first + 1`, ... (k as in `bucket_index`)."""
+
+    width: float
+    first: int
+    sums: FloatArray
+    counts: FloatArray
+
+    @classmethod
+    def empty(cls, width: float, first: int, size: int) -> Buckets:
+        return cls(width, first, np.zeros(size), np.zeros(size))
+
+    def add(self, times: FloatArray, values: FloatArray) -> None:
+        """The finite samples among `values` added to the buckets they fall in; those
+        outside the buckets are left out."""
+        ok = np.isfinite(values)
+        idx = bucket_index(times[ok], self.width) - self.first
+        inside = (idx >= 0) & (idx < self.sums.size)
+        idx, kept = idx[inside], values[ok][inside]
+        self.sums += np.bincount(idx, weights=kept, minlength=self.sums.size)
+        self.counts += np.bincount(idx, minlength=self.sums.size)
+
+    def add_buckets(self, other: Buckets) -> None:
+        """`other`'s sums and counts (same width) added where the two overlap."""
+        lo = max(self.first, other.first)
+        hi = min(self.first + self.sums.size, other.first + other.sums.size)
+        if hi <= lo:
+            return
+        mine, theirs = (
+            slice(lo - self.first, hi - self.first),
+            slice(lo - other.first, hi - other.first),
+        )
+        self.sums[mine] += other.sums[theirs]
+        self.counts[mine] += other.counts[theirs]
+
+    def move_to(self, first: int) -> None:
+        """The buckets from `first` on, as many: those kept move, the new ones empty."""
+        shift, size = first - self.first, self.sums.size
+        for a in (self.sums, self.counts):
+            if abs(shift) >= size:
+                a[:] = 0.0
+            elif shift > 0:
+                a[: size - shift] = a[shift:]
+                a[size - shift :] = 0.0
+            elif shift < 0:
+                a[-shift:] = a[: size + shift].copy()
+                a[:-shift] = 0.0
+        self.first = first
+
+
 @dataclass
 class Window:
-    """One target's samples on the grid k * step, covering the last `window` seconds."""
+    """One target's window: the `size` buckets of `width` seconds up to the one nearest
+    the read's time, and the raw samples after `sealed` on the `step` grid (`tail`, slot
+    i at `sealed + (i + 1) * step`); samples at or before `sealed` are in the buckets."""
 
     step: float
+    width: float
     size: int
-    end: float | None = None  # grid time of the last slot
-    values: FloatArray = field(default_factory=lambda: np.empty(0))
+    buckets: Buckets | None = None
+    sealed: float = -math.inf
+    tail: FloatArray = field(default_factory=lambda: np.empty(0))
     fetched_until: float | None = None
 
-    def advance(self, end: float) -> None:
-        """Move the window to end at `end`, keeping what overlaps, NaN for the rest."""
-        new = np.empty(self.size)  # a new array: Series handed out earlier keep theirs
-        keep = 0
-        if self.end is not None and self.values.size:
-            shift = round((end - self.end) / self.step)
-            keep = self.size - shift
-            if 0 < keep <= self.size:
-                new[:keep] = self.values[shift:]
-            elif shift <= 0:
-                new, keep = self.values.copy(), self.size
-            else:
-                keep = 0
-        new[keep:] = np.nan
-        self.values, self.end = new, end
+    @property
+    def end(self) -> float | None:
+        """End of the newest bucket, the time of the window's last point."""
+        return None if self.buckets is None else (self.buckets.first + self.size - 1) * self.width
+
+    def advance(self, now: float) -> None:
+        """Move the window to end at the bucket end nearest `now` (the forecaster's
+        buckets end at `now`: its newest is then this one, holding the samples so far);
+        raw samples older than the window are dropped."""
+        first = round(now / self.width) - self.size + 1
+        if self.buckets is None:
+            self.buckets = Buckets.empty(self.width, first, self.size)
+        self.buckets.move_to(first)
+        start = (first - 1) * self.width
+        if self.sealed < start:
+            drop = round((start - self.sealed) / self.step) if math.isfinite(self.sealed) else 0
+            self.tail = self.tail[drop:].copy() if drop < self.tail.size else np.empty(0)
+            self.sealed = start
 
     def write(self, times: FloatArray, values: FloatArray) -> None:
-        assert self.end is not None
-        idx = np.rint((times - self.end) / self.step).astype(np.int64)
-        idx += self.size - 1
-        ok = (idx >= 0) & (idx < self.size)
-        if ok.all():  # the usual answer: nothing outside the window to drop
-            self.values[idx] = values
-        else:
-            self.values[idx[ok]] = values[ok]
+        """A read's samples into the raw tail, each in its slot (a sample read again
+        replaces itself); those at or before `sealed` are in the buckets already."""
+        idx = np.rint((times - self.sealed) / self.step).astype(np.int64) - 1
+        ok = idx >= 0
+        if not ok.any():
+            return
+        idx, values = idx[ok], values[ok]
+        need = int(idx.max()) + 1
+        if need > self.tail.size:
+            grown = np.full(need, np.nan)
+            grown[: self.tail.size] = self.tail
+            self.tail = grown
+        self.tail[idx] = values
+
+    def seal(self, until: float) -> None:
+        """The raw samples up to the bucket end at or before `until` (no read sends
+        them again) folded into their buckets."""
+        boundary = math.floor(until / self.width + 1e-9) * self.width
+        if self.buckets is None or boundary <= self.sealed:
+            return
+        n = min(self.tail.size, round((boundary - self.sealed) / self.step))
+        self.buckets.add(self._tail_times()[:n], self.tail[:n])
+        self.tail = self.tail[n:].copy()
+        self.sealed = boundary
+
+    def _tail_times(self) -> FloatArray:
+        times: FloatArray = self.sealed + self.step * np.arange(1, self.tail.size + 1.0)
+        return times
 
     def empty(self) -> bool:
-        """No sample in the window (`series().last_sample_time() is None`)."""
-        return not np.isfinite(self.values).any()
+        """No finite sample in the window."""
+        return not (
+            (self.buckets is not None and self.buckets.counts.any()) or np.isfinite(self.tail).any()
+        )
 
     def series(self) -> Series:
-        assert self.end is not None
-        return Series(
-            start=self.end - self.step * (self.size - 1), step=self.step, values=self.values
-        )
+        """The bucket means (NaN where a bucket holds no finite sample), step `width`,
+        ending at `end`."""
+        assert self.buckets is not None
+        b = self.buckets
+        whole = Buckets(self.width, b.first, b.sums.copy(), b.counts.copy())
+        whole.add(self._tail_times(), self.tail)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(whole.counts > 0, whole.sums / whole.counts, np.nan)
+        return Series(start=b.first * self.width, step=self.width, values=means)
