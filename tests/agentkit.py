@@ -1,7 +1,8 @@
 """What the node agent's tests stand on, with no GPU: real processes mapped to pods by fake
 cgroup files under a temporary /proc, a temporary /sys, a fake NVML file, a fake
 `nvidia-smi` on PATH that records its arguments, and an in-test kubelet pod-resources
-gRPC server on a unix socket."""
+gRPC server on a unix socket (every fake node has one: `Node.socket`, answering
+`Node.kubelet`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ from gpuscaler.adapters.kubelet_pb import api_pb2, api_pb2_grpc
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa"
 BUS0, BUS1 = "00000000:3B:00.0", "00000000:AF:00.0"
+SELF = "5e1f5e1f-0000-4000-8000-000000000001"
+"""The agent's own pod UID (POD_UID): the pod list must hold it to be trusted."""
+
+
+def agent_pod(node: str, uid: str = SELF) -> dict[str, Any]:
+    """The agent's own pod on `node`, as the API lists it."""
+    meta = {"name": "gpuscaler-agent-x", "namespace": "gpuscaler-agent", "uid": uid}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node}}
 
 
 def systemd_v2(uid: str, qos: str = "burstable") -> str:
@@ -58,6 +67,9 @@ class Node:
     gpus: list[dict[str, Any]] = field(default_factory=list)
     procs: list[dict[str, Any]] = field(default_factory=list)
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    kubelet: list[dict[str, Any]] = field(default_factory=list)
+    """The pods the kubelet runs, as pod-resources answers them (see `pod_resources_server`)."""
+    socket: str = ""
 
     @property
     def proc(self) -> Path:
@@ -134,7 +146,8 @@ class Node:
 def fake_node() -> Iterator[Node]:
     node = Node(Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp")))
     try:
-        yield node
+        with pod_resources_server(node.kubelet) as node.socket:
+            yield node
     finally:
         node.stop()
         shutil.rmtree(node.root, ignore_errors=True)
@@ -177,7 +190,7 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
                                 for r, ids in devices.items()
                             ],
                         )
-                        for c, devices in p["containers"].items()
+                        for c, devices in p.get("containers", {}).items()
                     ],
                 )
                 for p in self.pods

@@ -26,8 +26,8 @@ The fixtures (tests/conftest.py):
 
 `ControlPlane` API: `.url`, `.ca_file`, `.admin_kubeconfig`, `.api()`, `.kubectl(*args)`,
 `.start_controller_manager()`, `.start_scheduler()`, `.stop()`,
-`.token_kubeconfig(namespace, service_account, path)` (a kubeconfig carrying a
-TokenRequest token, for running as a ServiceAccount).
+`.token_kubeconfig(namespace, service_account, path, pod=None)` (a kubeconfig carrying a
+TokenRequest token, for running as a ServiceAccount; bound to a pod, node-bound too).
 """
 
 from __future__ import annotations
@@ -342,23 +342,36 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "-f", str(CRDS))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
-    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
-        """A TokenRequest token of the ServiceAccount (as the kubelet mounts one)."""
+    def token(
+        self,
+        namespace: str,
+        service_account: str,
+        seconds: int = 3600,
+        pod: tuple[str, str] | None = None,
+    ) -> str:
+        """A TokenRequest token of the ServiceAccount; bound to `pod` (name, UID) as the
+        kubelet mounts one, it carries the pod's node (the claim the apiserver shows as
+        user extra authentication.kubernetes.io/node-name)."""
+        bound = None
+        if pod is not None:
+            bound = client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=pod[0], uid=pod[1]
+            )
+        spec = client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=seconds, bound_object_ref=bound
+        )
         with self.api() as api:
             answer = client.CoreV1Api(api).create_namespaced_service_account_token(
-                service_account,
-                namespace,
-                client.AuthenticationV1TokenRequest(
-                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
-                ),
+                service_account, namespace, client.AuthenticationV1TokenRequest(spec=spec)
             )
         assert answer.status is not None
         return str(answer.status.token)
 
-    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
-        return write_kubeconfig(
-            path, self.url, self.ca_file, {"token": self.token(namespace, service_account)}
-        )
+    def token_kubeconfig(
+        self, namespace: str, service_account: str, path: Path, pod: tuple[str, str] | None = None
+    ) -> Path:
+        token = self.token(namespace, service_account, pod=pod)
+        return write_kubeconfig(path, self.url, self.ca_file, {"token": token})
 
 
 @contextlib.contextmanager

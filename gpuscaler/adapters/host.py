@@ -6,13 +6,16 @@ process of the node.
 
 Signals go through a pidfd (Linux 5.3+): the process is opened, its start time is checked
 against the one it had when judged an orphan, and only then signalled, so a PID the kernel
-reused in between is never hit.
+reused in between is never hit. Without pidfd_open (ENOSYS) the start time is checked just
+before kill(2).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,16 +75,26 @@ class HostFs:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return "gone"
+        except OSError as e:
+            if e.errno != errno.ENOSYS:
+                raise
+            # No pidfd (a kernel before 5.3, or a seccomp filter): the start time is checked
+            # just before kill(2). The kernel hands PIDs out in rising order, so a reuse in
+            # between would need the whole PID space to wrap in microseconds.
+            return self._checked(pid, start, lambda: os.kill(pid, sig))
         try:
-            now = self.start_time(pid)
-            if now is None:
-                return "gone"
-            if now != start:
-                return "reused"
-            try:
-                signal.pidfd_send_signal(fd, sig)
-            except ProcessLookupError:
-                return "gone"
-            return "sent"
+            return self._checked(pid, start, lambda: signal.pidfd_send_signal(fd, sig))
         finally:
             os.close(fd)
+
+    def _checked(self, pid: int, start: int, send: Callable[[], None]) -> str:
+        now = self.start_time(pid)
+        if now is None:
+            return "gone"
+        if now != start:
+            return "reused"
+        try:
+            send()
+        except ProcessLookupError:
+            return "gone"
+        return "sent"

@@ -5,9 +5,9 @@ and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: connect a
 timeouts on every call, a time budget per poll). Every patch carries the resourceVersion
 read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
 
-What the agent may touch (deploy/agent/rbac.yaml): get and patch Nodes (its own, by the
-code; RBAC cannot name a node per DaemonSet pod), list pods (only with the field selector
-`spec.nodeName=<its node>`), create Events.
+What the agent may touch (deploy/agent/rbac.yaml): get and patch Nodes (its own: an
+admission policy compares the node with the one its token is bound to), list pods (only
+with the field selector `spec.nodeName=<its node>`), create Events.
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ class NodeApi:
         self.uid = view.uid or self.uid
         return view
 
-    def pod_uids(self) -> frozenset[str]:
-        """UIDs of every pod the API lists on this node (Terminating ones included: their
-        processes are still the pod's), with static pods' config UIDs."""
+    def pods(self) -> dict[str, frozenset[str]]:
+        """Every pod the API lists on this node (Terminating ones included: their processes
+        are still the pod's), "namespace/name" -> its UID and a static pod's config UID. A
+        consistent read (no resourceVersion): never an older cache's answer."""
         doc = self._call(
             f"list pods on node {self.node}",
             lambda: self.core.list_pod_for_all_namespaces(
@@ -107,11 +108,12 @@ class NodeApi:
                 _preload_content=False,
             ),
         )
-        uids: set[str] = set()
+        pods: dict[str, frozenset[str]] = {}
         for pod in doc.get("items") or []:
             meta = pod.get("metadata") or {}
-            uids.update(str(v) for v in (meta.get("uid"), _mirror(meta)) if v)
-        return frozenset(uids)
+            name = f"{meta.get('namespace')}/{meta.get('name')}"
+            pods[name] = frozenset(str(v) for v in (meta.get("uid"), _mirror(meta)) if v)
+        return pods
 
     def _patch(self, what: str, body_for: Callable[[NodeView], dict[str, Any]]) -> NodeView:
         """Patch the node with the body `body_for(current)` builds (resourceVersion added);

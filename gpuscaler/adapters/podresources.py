@@ -3,7 +3,8 @@
 The kubelet serves `v1.PodResourcesLister` on a unix socket
 (`/var/lib/kubelet/pod-resources/kubelet.sock`); `List` answers every pod with, per
 container, the device IDs of each extended resource (for `nvidia.com/gpu`, GPU UUIDs, or
-UUID::n replicas under time-slicing). The answer names pods by namespace and name (no UID).
+UUID::n replicas under time-slicing). The answer names pods by namespace and name (no UID);
+the agent trusts it for which pods the kubelet runs, static pods without a mirror included.
 The client is generated from the upstream api.proto (`gpuscaler.adapters.kubelet_pb`).
 """
 
@@ -31,10 +32,16 @@ class PodDevice:
     device_id: str
 
 
-def list_devices(
-    socket: str, timeout: float, resource_prefix: str = "nvidia.com/"
-) -> list[PodDevice]:
-    """Every (pod, container, device) of resources starting with `resource_prefix`."""
+@dataclass(frozen=True)
+class KubeletPods:
+    pods: frozenset[str]
+    """"namespace/name" of every pod the kubelet runs (static pods included)."""
+    devices: list[PodDevice]
+
+
+def list_pods(socket: str, timeout: float, resource_prefix: str = "nvidia.com/") -> KubeletPods:
+    """Every pod, and every (pod, container, device) of resources starting with
+    `resource_prefix`."""
     try:
         with grpc.insecure_channel(f"unix://{socket}") as channel:
             stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
@@ -43,7 +50,7 @@ def list_devices(
         code = e.code() if hasattr(e, "code") else None
         details = e.details() if hasattr(e, "details") else str(e)
         raise PodResourcesError(f"pod-resources List on {socket}: {code}: {details}") from None
-    return [
+    devices = [
         PodDevice(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
         for pod in answer.pod_resources
         for container in pod.containers
@@ -51,6 +58,7 @@ def list_devices(
         if devices.resource_name.startswith(resource_prefix)
         for device_id in devices.device_ids
     ]
+    return KubeletPods(frozenset(f"{p.namespace}/{p.name}" for p in answer.pod_resources), devices)
 
 
 def gpu_of_device(device_id: str) -> str:

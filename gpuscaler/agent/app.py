@@ -1,7 +1,8 @@
 """Assembly of the node agent and its poll loop (`gpuscaler agent --config PATH [--node N]`).
 
-The node name comes from `--node`, else `NODE_NAME` (the DaemonSet sets it by the downward
-API from spec.nodeName). `cli` parses arguments and calls `run_agent`.
+The node name comes from `--node`, else `NODE_NAME`, and the agent's own pod UID from
+`POD_UID` (the DaemonSet sets both by the downward API; without `POD_UID` the pod list is
+never trusted, so nothing is killed). `cli` parses arguments and calls `run_agent`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.node import NodeApi
 from gpuscaler.adapters.nvml import FakeNvml, Nvml, NvmlError, RealNvml
-from gpuscaler.adapters.podresources import PodResourcesError, list_devices
+from gpuscaler.adapters.podresources import PodResourcesError, list_pods
 from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config
@@ -77,7 +78,8 @@ def build_agent(
         nvml,
         HostFs(Path(cfg.proc_root), Path(cfg.sys_root)),
         metrics,
-        pod_devices=functools.partial(list_devices, socket, cfg.pod_resources_timeout),
+        kubelet_pods=functools.partial(list_pods, socket, cfg.pod_resources_timeout),
+        own_uid=os.environ.get("POD_UID") or None,
     )
     return agent, api.begin_tick
 
@@ -125,6 +127,8 @@ def run_agent(config: Config, args: AgentArgs) -> int:
             file=sys.stderr,
         )
     mode = "dry run" if agent.dry_run else "acting"
+    if agent.own_uid is None:
+        mode += " (POD_UID unset: no pod list is trusted, nothing is killed)"
     print(f"agent on node {agent.node.node}: {mode}", file=sys.stderr)
     polls = 0
     while True:

@@ -20,7 +20,7 @@ from gpuscaler.adapters.kube.objects import OPT_IN_LABEL
 from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeView
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
 from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
-from gpuscaler.adapters.podresources import PodDevice, PodResourcesError
+from gpuscaler.adapters.podresources import KubeletPods, PodResourcesError
 from gpuscaler.agent.cleanup import carry_out
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.agent.parts import NodeClient, PollReport
@@ -40,6 +40,7 @@ from gpuscaler.core.orphans import (
     OrphanPolicy,
     orphan_actions,
     pod_uid_from_cgroup,
+    trusted_pods,
 )
 
 log = logging.getLogger("gpuscaler.agent")
@@ -54,8 +55,9 @@ class NodeAgent:
         nvml: Nvml,
         host: HostFs,
         metrics: AgentMetrics,
-        pod_devices: Callable[[], list[PodDevice]] | None = None,
+        kubelet_pods: Callable[[], KubeletPods] | None = None,
         set_slice: Callable[[str, int], SmiResult] | None = None,
+        own_uid: str | None = None,
     ):
         self.config = config
         self.cfg = config.agent
@@ -63,7 +65,11 @@ class NodeAgent:
         self.nvml = nvml
         self.host = host
         self.metrics = metrics
-        self.pod_devices = pod_devices
+        self.kubelet_pods = kubelet_pods
+        self.own_uid = own_uid
+        """The agent's own pod's UID (POD_UID): the pod list must hold it to be trusted."""
+        self.distrust = ""
+        """Why the last poll judged no orphan (logged when it changes)."""
         self.set_slice = set_slice or (
             lambda uuid, level: set_timeslice(
                 self.cfg.nvidia_smi, uuid, level, self.cfg.command_timeout
@@ -100,9 +106,9 @@ class NodeAgent:
         self._publish_topology(view, gpus, report)
         if self.cfg.time_slice:
             self._time_slice(view, gpus, acting, report)
-        self._pod_devices(report)
-        procs = self._processes(gpus)
-        report.actions = self._orphans(procs, now, acting, report)
+        procs = self._processes(gpus)  # before the pod lists: a process's pod is in them
+        kubelet = self._kubelet_pods(report)
+        report.actions = self._orphans(procs, kubelet, now, acting, report)
         self._quarantine(view, gpus, report.actions, acting, report)
         return report
 
@@ -241,32 +247,44 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ pod-resources
 
-    def _pod_devices(self, report: PollReport) -> None:
-        if self.pod_devices is None:
-            return
+    def _kubelet_pods(self, report: PollReport) -> frozenset[str] | None:
+        if self.kubelet_pods is None:
+            return None
         try:
-            devices = self.pod_devices()
+            answer = self.kubelet_pods()
         except PodResourcesError as e:
             self.metrics.source_up.labels("pod_resources").set(0)
             report.problems.append(str(e))
             log.warning("%s", e)
-            return
+            return None
         self.metrics.source_up.labels("pod_resources").set(1)
-        self.metrics.set_pod_devices(devices)
+        self.metrics.set_pod_devices(answer.devices)
+        return answer.pods
 
     # ------------------------------------------------------------------ orphans
 
     def _orphans(
-        self, procs: list[GpuProc], now: float, acting: bool, report: PollReport
+        self,
+        procs: list[GpuProc],
+        kubelet: frozenset[str] | None,
+        now: float,
+        acting: bool,
+        report: PollReport,
     ) -> list[OrphanAction] | None:
         try:
-            live = self._source("kubernetes", self.node.pod_uids)
+            listed = self._source("kubernetes", self.node.pods)
+            live, unlisted, why = trusted_pods(listed, kubelet, self.own_uid)
         except KubeError as e:
-            report.problems.append(f"pods unknown, no orphan judged: {e}")
-            log.warning("pods on the node unknown: %s; no process is judged an orphan", e)
-            live = None
+            live, unlisted, why = None, (), f"pods unknown: {e}"
+        if live is None:
+            report.problems.append(f"no orphan judged: {why}")
+            if why != self.distrust:
+                log.warning(
+                    "no process is judged an orphan: %s", why, extra={"event": "pods_untrusted"}
+                )
+        self.distrust = why
         policy = OrphanPolicy(self.cfg.orphan_grace, self.cfg.kill_timeout)
-        actions, self.memory = orphan_actions(procs, live, self.memory, now, policy)
+        actions, self.memory = orphan_actions(procs, live, self.memory, now, policy, unlisted)
         self._count(actions)
         carry_out(self, actions, procs, acting, report)
         return actions if live is not None else None

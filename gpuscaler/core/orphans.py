@@ -21,13 +21,16 @@ manifest; their API mirror pod carries it in `kubernetes.io/config.mirror`).
 
 Never a candidate: a process with no pod UID (host services, persistenced, the MPS control
 daemon `nvidia-cuda-mps-server`), a process of a pod the API still lists, anything when the
-pod list could not be read. A cgroup file that names `kubepods` but no UID we can read is
-reported as unknown, never guessed.
+pod lists cannot be trusted (`trusted_pods`), and, while the kubelet runs a pod the API
+does not list (a static pod without its mirror: its UID is known to the kubelet only), any
+process whose pod the API does not list. A cgroup file that names `kubepods` but no UID we
+can read is reported as unknown, never guessed.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -129,15 +132,36 @@ class OrphanAction:
     reason: str
 
 
+def trusted_pods(
+    api_pods: Mapping[str, Collection[str]], kubelet_pods: Collection[str] | None, own: str | None
+) -> tuple[frozenset[str] | None, tuple[str, ...], str]:
+    """The pod UIDs to judge orphans by and the kubelet's pods the API does not list, from
+    this poll's API list ("namespace/name" -> UIDs, a static pod's config UID included) and
+    the kubelet's pods ("namespace/name"; None: unread). None and why when the lists are not
+    to be trusted: the agent's own pod (`own`, its UID) must be in the API's list, which a
+    list that is empty or from before the agent started is not."""
+    uids = frozenset(u for us in api_pods.values() for u in us)
+    if own is None:
+        return None, (), "the agent's own pod UID is unknown (POD_UID unset)"
+    if own not in uids:
+        return None, (), f"the pod list lacks the agent's own pod {own}: not trusted"
+    if kubelet_pods is None:
+        return None, (), "the kubelet's pods are unknown (pod-resources unread)"
+    return uids, tuple(sorted(set(kubelet_pods) - set(api_pods))), ""
+
+
 def orphan_actions(
     procs: list[GpuProc],
     live_pod_uids: frozenset[str] | None,
     memory: OrphanMemory,
     now: float,
     policy: OrphanPolicy,
+    unlisted: Sequence[str] = (),
 ) -> tuple[list[OrphanAction], OrphanMemory]:
     """One action per process, and the memory for the next poll. `live_pod_uids` None:
-    the pod list could not be read, so nothing is an orphan this time."""
+    the pod lists are not trusted, so nothing is an orphan this time. `unlisted`: pods the
+    kubelet runs that the API does not list; while there are any, a process whose pod the
+    API does not list may be theirs and is reported, never signalled."""
     actions: list[OrphanAction] = []
     first_seen: dict[tuple[int, int], float] = {}
     terminated: dict[tuple[int, int], float] = {}
@@ -153,6 +177,14 @@ def orphan_actions(
             continue
         if p.owner.pod_uid in live_pod_uids:
             actions.append(OrphanAction("keep", p, f"pod {p.owner.pod_uid} exists"))
+            continue
+        if unlisted:
+            names = ", ".join(unlisted[:3]) + (" ..." if len(unlisted) > 3 else "")
+            why = (
+                f"pod {p.owner.pod_uid} is not in the API's list, but the kubelet runs pods "
+                f"that are not ({names}; a static pod without its mirror?): it may be theirs"
+            )
+            actions.append(OrphanAction("report", p, why))
             continue
         seen = memory.first_seen.get(p.key, now)
         first_seen[p.key] = seen

@@ -4,10 +4,12 @@ pod-resources client, and bench/gpu_check.sh on a machine without a GPU."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from agentkit import GPU0, GPU1, calls, fake_nvidia_smi, pod_resources_server
 from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.nvidia_smi import set_timeslice
 from gpuscaler.adapters.nvml import MIB, NvmlError, RealNvml
-from gpuscaler.adapters.podresources import PodResourcesError, gpu_of_device, list_devices
+from gpuscaler.adapters.podresources import PodResourcesError, gpu_of_device, list_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +85,16 @@ def test_real_nvml_translates_the_bindings_answers(
         nvml.processes(gpus[1])
 
 
-def test_host_reads_start_time_numa_and_signals_only_the_same_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pidfd", ["pidfd_open", "ENOSYS: the start time checked before kill"])
+def test_host_reads_start_time_numa_and_signals_only_the_same_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfd: str
+) -> None:
+    if pidfd.startswith("ENOSYS"):
+
+        def no_pidfd(pid: int, flags: int = 0) -> int:  # a kernel before 5.3
+            raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         proc = tmp_path / "proc" / str(child.pid)
@@ -93,7 +104,8 @@ def test_host_reads_start_time_numa_and_signals_only_the_same_process(tmp_path: 
         host = HostFs(tmp_path / "proc", tmp_path / "sys")
         start = host.start_time(child.pid)
         assert start == int(stat.rsplit(")", 1)[1].split()[19])
-        assert host.signal(child.pid, start + 1, signal.SIGTERM) == "reused"
+        assert host.signal(child.pid, start + 1, signal.SIGTERM) == "reused"  # the PID reused
+        time.sleep(0.2)
         assert child.poll() is None
         assert host.signal(child.pid, start, signal.SIGTERM) == "sent"
         child.wait(timeout=10)
@@ -139,15 +151,17 @@ def test_pod_resources_list_over_a_unix_socket() -> None:
             "containers": {"c": {"nvidia.com/gpu": [f"{GPU0}::3", GPU1]}},
         }
     ]
-    with pod_resources_server(pods) as socket:
-        devices = list_devices(socket, 5)
+    with pod_resources_server([*pods, {"name": "web", "namespace": "ns"}]) as socket:
+        answer = list_pods(socket, 5)
+    assert answer.pods == {"ns/p", "ns/web"}
+    devices = answer.devices
     assert [(d.namespace, d.pod, d.container, d.device_id) for d in devices] == [
         ("ns", "p", "c", f"{GPU0}::3"),
         ("ns", "p", "c", GPU1),
     ]
     assert gpu_of_device(f"{GPU0}::3") == GPU0 and gpu_of_device(GPU1) == GPU1
     with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
-        list_devices("/tmp/no-such-kubelet.sock", 2)
+        list_pods("/tmp/no-such-kubelet.sock", 2)
 
 
 def test_gpu_check_runs_without_a_gpu_and_prints_a_result_line() -> None:

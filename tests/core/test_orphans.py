@@ -14,6 +14,7 @@ from gpuscaler.core.orphans import (
     OrphanPolicy,
     orphan_actions,
     pod_uid_from_cgroup,
+    trusted_pods,
 )
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -191,3 +192,74 @@ def test_an_orphan_whose_pod_reappears_is_forgotten() -> None:
     assert action.kind == "keep" and memory == OrphanMemory()
     (action,), _ = orphan_actions([proc(10, UID)], frozenset(), memory, 70, POLICY)
     assert action.kind == "wait"  # the grace starts again
+
+
+SELF = "5e1f5e1f-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("api", "kubelet", "own", "expected"),
+    [
+        ({"a/me": {SELF}, "ml/x": {UID}}, {"a/me"}, SELF, (frozenset({SELF, UID}), (), "")),
+        (
+            {},
+            set(),
+            SELF,
+            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
+        ),
+        (
+            {"ml/x": {UID}},
+            set(),
+            SELF,
+            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
+        ),
+        (
+            {"a/me": {SELF}},
+            set(),
+            None,
+            (None, (), "the agent's own pod UID is unknown (POD_UID unset)"),
+        ),
+        (
+            {"a/me": {SELF}},
+            None,
+            SELF,
+            (None, (), "the kubelet's pods are unknown (pod-resources unread)"),
+        ),
+        (
+            {"a/me": {SELF}},
+            {"a/me", "kube-system/etcd-n"},
+            SELF,
+            (frozenset({SELF}), ("kube-system/etcd-n",), ""),
+        ),
+    ],
+    ids=[
+        "trusted",
+        "empty",
+        "own pod missing",
+        "own uid unknown",
+        "kubelet unread",
+        "kubelet runs more",
+    ],
+)
+def test_the_pod_lists_are_trusted_only_with_the_agents_own_pod_and_the_kubelets_answer(
+    api: dict[str, set[str]], kubelet: set[str] | None, own: str | None, expected: object
+) -> None:
+    assert trusted_pods(api, kubelet, own) == expected
+
+
+def test_while_the_kubelet_runs_a_pod_the_api_lacks_no_unlisted_pods_process_is_a_candidate() -> (
+    None
+):
+    memory = OrphanMemory()
+    for now in (0, 100, 200):
+        actions, memory = orphan_actions(
+            [proc(1, STATIC), proc(2, UID)],
+            frozenset({UID}),
+            memory,
+            now,
+            POLICY,
+            ("kube-system/etcd-n",),
+        )
+        assert [a.kind for a in actions] == ["report", "keep"]
+        assert "kube-system/etcd-n" in actions[0].reason
+    assert memory == OrphanMemory()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentkit import BUS0, GPU0, cgroupfs_v1, fake_node
+from agentkit import BUS0, GPU0, SELF, agent_pod, cgroupfs_v1, fake_node
 from kubefake import FakeCluster, fake_apiserver
 from kubeobjects import gpu_pod, node
 from kubernetes import client
@@ -21,6 +21,7 @@ from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.node import CLEANUP_LABEL, NodeApi
 from gpuscaler.adapters.nvidia_smi import SmiResult
 from gpuscaler.adapters.nvml import FakeNvml
+from gpuscaler.adapters.podresources import list_pods
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config, parse_config
@@ -37,11 +38,15 @@ def test_the_agent_has_its_own_privileged_namespace_and_the_controllers_stays_re
     (namespace,) = [d for d in render("deploy/agent") if d["kind"] == "Namespace"]
     labels = namespace["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPID, hostPath
-    namespaced = [
-        d
-        for d in render("deploy/agent")
-        if d["kind"] not in ("Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding")
-    ]
+    namespaced = [d for d in render("deploy/agent") if "namespace" in d["metadata"]]
+    assert {d["kind"] for d in render("deploy/agent")} - {d["kind"] for d in namespaced} == {
+        "Namespace",
+        "PriorityClass",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     assert {d["metadata"]["namespace"] for d in namespaced} == {namespace["metadata"]["name"]}
     controller = _one(render("deploy"), "Namespace")
     assert controller["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -134,7 +139,9 @@ def _agent_for(node_dir: Any, api: client.ApiClient, node: str, extra: str = "")
         FakeNvml(node_dir.nvml_file),
         HostFs(node_dir.proc, node_dir.sys),
         AgentMetrics(),
+        kubelet_pods=lambda: list_pods(node_dir.socket, 5),
         set_slice=lambda uuid, level: SmiResult(True, "set"),
+        own_uid=SELF,
     )
 
 
@@ -163,6 +170,7 @@ def _tier3(fake: FakeCluster, api: client.ApiClient) -> tuple[str, str]:
         if plural == "nodes" and QUARANTINE_TAINT in json.dumps(o.get("spec"))
     ]
     (gone,) = [uid for (ns, name), uid in pods.items() if fake.get("v1", "pods", ns, name) is None]
+    fake.add("v1", "pods", agent_pod(tainted))
     return tainted, gone
 
 

@@ -2,7 +2,8 @@
 applied with kubectl as the README says (its DaemonSet pod admitted in its privileged
 namespace), then `gpuscaler agent` run as its own ServiceAccount (a TokenRequest token,
 so the real RBAC authorizer judges every call) against a quarantined node: labels,
-annotations, the taint and Events on the real kube-apiserver."""
+annotations, the taint and Events on the real kube-apiserver; and its admission policy:
+its token changes its own node only."""
 
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ from agentkit import (
     terminate,
 )
 from controlplane import Kube, wait_until
+from kubernetes import config as kube_config
 
+from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.eviction import KubePreemption
 from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.kube.writer import Writer
-from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
+from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi
 from gpuscaler.config import parse_config
 from gpuscaler.core.preemption import VictimState
 
@@ -72,6 +75,15 @@ def _node(kube: Kube, name: str) -> dict[str, Any]:
     return kube.get(f"/api/v1/nodes/{name}")
 
 
+def _apply_agent(kube: Kube) -> None:
+    """deploy/agent applied with kubectl as the README says (once an earlier test's copy is
+    gone: a namespace still terminating refuses new objects)."""
+    wait_until("gpuscaler-agent gone", lambda: not kube._exists("gpuscaler-agent"), 60, 0.5)
+    out = kube.plane.kubectl("apply", "-k", str(ROOT / "deploy" / "agent"))
+    kube.namespaces.append("gpuscaler-agent")
+    assert "created" in out or "configured" in out or "unchanged" in out, out
+
+
 def _events(kube: Kube, node: str) -> list[dict[str, Any]]:
     items = kube.get("/apis/events.k8s.io/v1/namespaces/default/events")["items"]
     return [e for e in items if (e.get("regarding") or {}).get("name") == node]
@@ -88,9 +100,7 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
         "handler": "nvidia",
     }
     plane.kubectl("apply", "-f", "-", input=json.dumps(runtime))  # as the GPU Operator makes it
-    out = plane.kubectl("apply", "-k", str(ROOT / "deploy" / "agent"))
-    kube.namespaces.append("gpuscaler-agent")
-    assert "created" in out or "configured" in out or "unchanged" in out, out
+    _apply_agent(kube)
     name = f"gpu-{uuid.uuid4().hex[:6]}"
     kube.add_gpu_node(
         name,
@@ -111,6 +121,13 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
     wait_until("the DaemonSet's pod for the GPU node", lambda: len(agent_pods()) == 1, 60, 0.5)
     (ds_pod,) = agent_pods()  # admitted under the namespace's Pod Security level
     assert ds_pod["spec"]["priority"] == 1_000_000_000 and ds_pod["spec"]["hostPID"] is True
+    ds_name, ds_uid = ds_pod["metadata"]["name"], ds_pod["metadata"]["uid"]
+    target = {"apiVersion": "v1", "kind": "Node", "name": name}
+    kube.request(  # bound to its node as the scheduler would
+        "POST",
+        f"/api/v1/namespaces/gpuscaler-agent/pods/{ds_name}/binding",
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": ds_name}, "target": target},
+    )
 
     ns = kube.namespace()
     live = kube.create(
@@ -129,6 +146,12 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
         smi = fake_nvidia_smi(node.root / "bin")
         live_pid = node.start(systemd_v2(live_uid), GPU1, 20000)
         orphan = node.start(cgroupfs_v1(gone_uid), GPU0, 8000)
+        node.kubelet.extend(
+            [
+                {"name": ds_name, "namespace": "gpuscaler-agent"},
+                {"name": "serving", "namespace": ns},
+            ]
+        )
         config = tmp_path / "agent.yaml"
         text = (ROOT / "deploy" / "agent" / "config.yaml").read_text()  # agent: is last
         for old, new in (
@@ -140,10 +163,17 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
             assert old in text, old
             text = text.replace(old, new)
         text += f"  proc_root: {node.proc}\n  sys_root: {node.sys}\n"
-        text += f"  pod_resources_socket: {tmp_path}/none.sock\n"
+        text += f"  pod_resources_socket: {node.socket}\n"
         config.write_text(text)
-        kubeconfig = plane.token_kubeconfig("gpuscaler-agent", "gpuscaler-agent", tmp_path / "kc")
-        env = {**os.environ, "NODE_NAME": name, "PATH": f"{node.root / 'bin'}:{os.environ['PATH']}"}
+        kubeconfig = plane.token_kubeconfig(  # as the kubelet mounts it: bound to the pod
+            "gpuscaler-agent", "gpuscaler-agent", tmp_path / "kc", pod=(ds_name, ds_uid)
+        )
+        env = {
+            **os.environ,
+            "NODE_NAME": name,
+            "POD_UID": ds_uid,
+            "PATH": f"{node.root / 'bin'}:{os.environ['PATH']}",
+        }
         agent = subprocess.Popen(
             [
                 GPUSCALER,
@@ -269,6 +299,14 @@ def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_ru
             "spec": {"nodeName": name, "containers": [{"name": "m", "image": "x"}]},
         }
     )
+    me = kube.create(  # the agent's own pod: the pod list must hold it
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "agent", "namespace": ns},
+            "spec": {"nodeName": name, "containers": [{"name": "a", "image": "x"}]},
+        }
+    )
     with fake_node() as node, kube.plane.api() as api:
         node.add_gpu(GPU0, 0, BUS0, numa=0)
         pids = [
@@ -277,10 +315,15 @@ def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_ru
             node.start("0::/system.slice/nvidia-mps.service\n", GPU0, 100),
             node.start(cgroupfs_v1(str(uuid.uuid4())), GPU0, 8000),  # an orphan, but dry run
         ]
-        agent, _ = make_agent(node, api, extra="  dry_run: true\n", name=name)
+        agent, _ = make_agent(
+            node, api, extra="  dry_run: true\n", name=name, own_uid=me["metadata"]["uid"]
+        )
         for now in (0, 100, 200):
             report = agent.poll(now)
         assert all(node.alive(p) for p in pids)
+    assert report.actions is not None  # the lists were trusted: the orphan was judged
+    kinds = {a.proc.pid: a.kind for a in report.actions}
+    assert kinds[pids[3]] == "sigkill" and {kinds[p] for p in pids[:3]} == {"keep"}
     assert not report.lifted
     stored = _node(kube, name)
     assert (
@@ -289,3 +332,54 @@ def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_ru
     )
     assert GPU_TOPOLOGY in stored["metadata"]["annotations"]  # published in dry run too
     assert not [e for e in _events(kube, name) if e["reason"].startswith("Orphan")]
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def test_the_agents_token_changes_its_own_node_and_no_other(kube: Kube, tmp_path: Path) -> None:
+    """RBAC grants patch on every node; deploy/agent's ValidatingAdmissionPolicy limits the
+    agent to the node its pod-bound token names, on the real apiserver."""
+    _apply_agent(kube)
+    own, other, canary = (f"gpu-{uuid.uuid4().hex[:6]}" for _ in range(3))
+    for name in (own, other, canary):
+        kube.add_gpu_node(name, {})  # no GPU label: no DaemonSet pod
+    me = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "agent", "namespace": "gpuscaler-agent"},
+            "spec": {
+                "nodeName": own,
+                "serviceAccountName": "gpuscaler-agent",
+                "containers": [{"name": "a", "image": "x"}],
+            },
+        }
+    )
+    plane, config = kube.plane, parse_config("")
+    bound = plane.token_kubeconfig(
+        "gpuscaler-agent",
+        "gpuscaler-agent",
+        tmp_path / "bound",
+        pod=("agent", me["metadata"]["uid"]),
+    )
+    bare = plane.token_kubeconfig("gpuscaler-agent", "gpuscaler-agent", tmp_path / "bare")
+
+    def refusal(kubeconfig: Path, node: str) -> str | None:
+        with kube_config.new_client_from_config(config_file=str(kubeconfig)) as api:  # type: ignore[no-untyped-call]
+            try:
+                NodeApi(api, config, node, "agent-test").annotate({"gpuscaler.io/probe": "x"})
+            except KubeError as e:
+                return str(e)
+        return None
+
+    # The apiserver loads a new policy within seconds; until then RBAC alone lets it by.
+    wait_until("the policy in force", lambda: refusal(bound, canary) is not None, 30, 0.5)
+    said = refusal(bound, other)
+    assert said is not None and "HTTP 403" in said
+    assert f"may change only the node its pod runs on, not {other}" in said
+    assert refusal(bound, own) is None
+    assert "HTTP 403" in (refusal(bare, own) or "")  # a token bound to no pod: no node
+    assert "gpuscaler.io/probe" in _node(kube, own)["metadata"]["annotations"]
+    assert "gpuscaler.io/probe" not in (_node(kube, other)["metadata"].get("annotations") or {})
+    plane.kubectl("delete", "-k", str(ROOT / "deploy" / "agent"), "--wait=false", check=False)

@@ -152,6 +152,24 @@ def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> No
     _chart_equals_kustomize("agent.enabled=true", "deploy", "deploy/agent")
 
 
+def test_the_agents_own_node_policy_names_its_service_account_in_its_namespace() -> None:
+    docs = template("--set", "agent.enabled=true", "--set", "agent.namespace=ops-agent")
+    policy = _one(docs, "ValidatingAdmissionPolicy", "gpuscaler-agent-own-node")
+    (condition,) = policy["spec"]["matchConditions"]
+    user = "system:serviceaccount:ops-agent:gpuscaler-agent"
+    assert condition["expression"] == f'request.userInfo.username == "{user}"'
+    binding = _one(docs, "ValidatingAdmissionPolicyBinding", "gpuscaler-agent-own-node")
+    assert binding["spec"] == {
+        "policyName": "gpuscaler-agent-own-node",
+        "validationActions": ["Deny"],
+    }
+    (container,) = _one(docs, "DaemonSet", "gpuscaler-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
 def test_with_the_scheduler_the_chart_also_renders_what_deploy_scheduler_applies() -> None:
     _chart_equals_kustomize("scheduler.enabled=true", "deploy", "deploy/scheduler")
 

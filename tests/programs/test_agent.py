@@ -4,8 +4,10 @@ the Kubernetes API (tests/kubefake.py; `api_server` below)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,9 @@ from agentkit import (
     GPU1,
     HOST_CGROUP,
     MPS_CGROUP,
+    SELF,
     Node,
+    agent_pod,
     calls,
     cgroupfs_v1,
     fake_node,
@@ -34,7 +38,7 @@ from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi
 from gpuscaler.adapters.nvml import FakeNvml
-from gpuscaler.adapters.podresources import list_devices
+from gpuscaler.adapters.podresources import list_pods
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config, parse_config
@@ -76,6 +80,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Node, FakeCluster, 
     ):
         node.add_gpu(GPU0, 0, BUS0, numa=0)
         node.add_gpu(GPU1, 1, BUS1, numa=None)
+        cluster.add("v1", "pods", agent_pod(NODE))
         monkeypatch.setenv("PATH", f"{node.root / 'bin'}:{Path('/usr/bin')}:{Path('/bin')}")
         yield node, cluster, api
 
@@ -86,6 +91,7 @@ def make_agent(
     extra: str = "",
     socket: str | None = None,
     name: str = NODE,
+    own_uid: str | None = SELF,
 ) -> tuple[NodeAgent, AgentMetrics]:
     config: Config = parse_config(
         f"agent:\n  proc_root: {node.proc}\n  sys_root: {node.sys}\n  orphan_grace: 60s\n"
@@ -98,7 +104,8 @@ def make_agent(
         FakeNvml(node.nvml_file),
         HostFs(node.proc, node.sys),
         metrics,
-        pod_devices=(lambda: list_devices(socket, 5)) if socket else None,
+        kubelet_pods=lambda: list_pods(socket or node.socket, 5),
+        own_uid=own_uid,
     )
     return agent, metrics
 
@@ -322,21 +329,103 @@ def test_without_leave_to_act_the_agent_reports_what_it_would_kill(
     assert 'outcome="dry_run",signal="SIGTERM"' in metrics.exposition().decode()
 
 
-def test_when_the_pod_list_fails_no_process_is_an_orphan(world: Any) -> None:
+UNTRUSTED = {
+    "the pod list fails": "pods unknown",
+    "the pod list is answered 200 with no items": f"lacks the agent's own pod {SELF}",
+    "POD_UID is unset": "POD_UID unset",
+    "the kubelet's pod-resources cannot be read": "pod-resources unread",
+}
+
+
+@pytest.mark.parametrize("case", list(UNTRUSTED))
+def test_nothing_is_killed_unless_the_pod_lists_are_trustworthy(
+    world: Any, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}))
-    pid = node.start(systemd_v2(GONE), GPU0, 4096)
+    cluster.add("v1", "pods", pod("vllm", LIVE, NODE))
+    pids = [node.start(systemd_v2(LIVE), GPU0, 30000), node.start(systemd_v2(GONE), GPU1, 4096)]
+    original = cluster.handle
+
+    def empty(verb: str, path: str, query: dict[str, list[str]], ctype: str, body: Any) -> Any:
+        if path.endswith("/pods"):  # a wrong answer: no pod at all, the agent's own missing
+            query = {**query, "fieldSelector": ["spec.nodeName=no-such-node"]}
+        return original(verb, path, query, ctype, body)
+
+    if case == "the pod list is answered 200 with no items":
+        cluster.handle = empty
+    agent, metrics = make_agent(
+        node,
+        api,
+        own_uid=None if case == "POD_UID is unset" else SELF,
+        socket=str(node.root / "none.sock") if "pod-resources" in case else None,
+    )
+    with caplog.at_level(logging.WARNING, logger="gpuscaler.agent"):
+        for now in (0, 60, 70, 200):
+            if case == "the pod list fails":
+                cluster.fail_next("GET", "/pods$", 500)
+            report = agent.poll(now)
+    assert all(node.alive(p) for p in pids), case
+    assert report.actions is None
+    assert "no orphan judged: " in "; ".join(report.problems)
+    assert UNTRUSTED[case] in "; ".join(report.problems)
+    said = [r.getMessage() for r in caplog.records if "judged an orphan" in r.getMessage()]
+    assert len(said) == 1 and UNTRUSTED[case] in said[0]  # said once, not every poll
+    assert not [e for e in events(cluster) if e["reason"].startswith("Orphan")]
+    assert "gpuscaler_agent_orphan_signals_total{" not in metrics.exposition().decode()
+
+
+STATIC = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # a static pod's UID: a hash of its manifest
+
+
+def test_a_static_pods_process_lives_while_the_kubelet_runs_it_without_a_mirror(
+    world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    node, cluster, api = world
+    cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}))
+    node.kubelet.append({"name": f"vllm-{NODE}", "namespace": "kube-system"})
+    static = node.start(systemd_v2(STATIC), GPU0, 30000, name="vllm")
+    orphan = node.start(cgroupfs_v1(GONE), GPU1, 4096)
+    agent, _ = make_agent(node, api)
+    with caplog.at_level(logging.WARNING, logger="gpuscaler.agent"):
+        for now in (0, 60, 70, 200):
+            agent.poll(now)
+    assert node.alive(static) and node.alive(orphan)  # either may be the static pod's
+    said = [r.getMessage() for r in caplog.records if "left alone" in r.getMessage()]
+    assert len(said) == 2 and all(f"kube-system/vllm-{NODE}" in m for m in said)
+    # Its mirror pod appears: the static pod's process is its own, the other an orphan.
+    mirror = pod(f"vllm-{NODE}", "mirror-uid", NODE)
+    mirror["metadata"] |= {"namespace": "kube-system"}
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": STATIC}
+    cluster.add("v1", "pods", mirror)
+    for now in (300, 360):
+        agent.poll(now)
+    wait_exit(node, orphan)
+    assert node.alive(static)
+
+
+def test_without_pidfd_open_an_orphan_is_still_killed_and_the_poll_succeeds(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, cluster, api = world
+    cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}))
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:  # a kernel before 5.3
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    live = node.start(systemd_v2(LIVE), GPU0, 30000)
+    cluster.add("v1", "pods", pod("serving", LIVE, NODE))
+    orphan = node.start(systemd_v2(GONE), GPU1, 4096)
     agent, metrics = make_agent(node, api)
     agent.poll(0)
-    cluster.fail_next("GET", "/pods$", 500)
-    report = agent.poll(100)
-    assert node.alive(pid)
-    assert any("pods unknown" in p for p in report.problems)
-    assert 'gpuscaler_agent_source_up{source="kubernetes"} 0.0' in metrics.exposition().decode()
-    pods_listed = [p for v, p in cluster.requests if v == "GET" and p.endswith("/pods")]
-    assert (
-        pods_listed
-    )  # and always with this node's field selector (checked in test_rbac-style below)
+    report = agent.poll(60)
+    wait_exit(node, orphan)
+    assert node.alive(live) and not report.problems
+    (killed,) = [e for e in events(cluster) if e["reason"] == "OrphanGPUProcessKilled"]
+    assert f"PID {orphan}" in killed["note"]
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGTERM"} 1.0' in text
 
 
 def test_pods_are_listed_only_with_this_nodes_field_selector(world: Any) -> None:

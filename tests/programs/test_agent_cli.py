@@ -20,6 +20,8 @@ from agentkit import (
     BUS1,
     GPU0,
     GPU1,
+    SELF,
+    agent_pod,
     calls,
     cgroupfs_v1,
     fake_node,
@@ -78,6 +80,7 @@ def test_gpuscaler_agent_runs_as_documented_and_cleans_up_after_an_eviction(
         labels = {"gpuscaler.io/enabled": "true", "gpuscaler.io/time-slice": "long"}
         cluster.add("v1", "nodes", node_object(labels, quarantined=True))
         cluster.add("v1", "pods", pod("serving", LIVE, NODE))
+        cluster.add("v1", "pods", agent_pod(NODE))
         live = node.start(systemd_v2(LIVE), GPU1, 20000)
         orphan = node.start(cgroupfs_v1(GONE), GPU0, 6000)
         devices = [
@@ -94,6 +97,7 @@ def test_gpuscaler_agent_runs_as_documented_and_cleans_up_after_an_eviction(
             env = {
                 **os.environ,
                 "NODE_NAME": NODE,
+                "POD_UID": SELF,
                 "PATH": f"{node.root / 'bin'}:{os.environ['PATH']}",
             }
             agent = subprocess.Popen(
