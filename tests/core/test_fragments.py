@@ -19,7 +19,6 @@ SUSTAINED_UP = history(pending_for=60, pending_direction=+1)
 
 @dataclass
 class Row:
-    name: str
     obs: PoolObservation
     expect: tuple[str, object]
     """("set", to) | ("hold", text in reason) | ("invalid", text in reason)"""
@@ -37,236 +36,175 @@ def nan_signal() -> Signal:
     return s
 
 
-ROWS = [
-    Row(
-        "halves fragments when the forecast peak is above 85 percent",
-        pool_obs(signal(90, 95), fragments=4),
-        ("set", 2),
-        SUSTAINED_DOWN,
+ROWS = {
+    "halves fragments when the forecast peak is above 85 percent": Row(
+        pool_obs(signal(90, 95), fragments=4), ("set", 2), SUSTAINED_DOWN
     ),
-    Row(
-        "doubles fragments when the forecast upper bound is below 40 percent",
-        pool_obs(signal(20, 30), fragments=4),
-        ("set", 8),
-        SUSTAINED_UP,
+    "doubles fragments when the forecast upper bound is below 40 percent": Row(
+        pool_obs(signal(20, 30), fragments=4), ("set", 8), SUSTAINED_UP
     ),
-    Row(
-        "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
+    "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)": Row(
+        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4), ("set", 8), SUSTAINED_UP
     ),
-    Row(
-        "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent",
+    "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent": Row(
         replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
         ("hold", "the 2 GPUs 8 fragments leave"),
         SUSTAINED_UP,
     ),
-    Row(
-        "does not double when one GPU holds the pool: more fragments would pack nothing",
+    "does not double when one GPU holds the pool: more fragments would pack nothing": Row(
         replace(pool_obs(signal(20, 30), fragments=4), gpus_held=1),
         ("hold", "pack nothing"),
         SUSTAINED_UP,
     ),
-    Row(
-        "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)",
+    "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)": Row(
         replace(pool_obs(signal(20, 30), fragments=4), gpus_held=2),
         ("hold", "pack nothing"),
         SUSTAINED_UP,
     ),
-    Row(
-        "does not double when the replica floor holds all 4 GPUs: it would double its replicas",
+    "does not double when the replica floor holds all 4 GPUs: it would double its replicas": Row(
         replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("hold", "the replica floor holds 4 of the 4 GPUs"),
         SUSTAINED_UP,
         floor_gpus=4.0,
     ),
-    Row(
-        "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill",
+    "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill": Row(
         replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("hold", "more fragments would pack nothing"),
         SUSTAINED_UP,
         floor_gpus=3.5,
     ),
-    Row(
-        "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs",
+    "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs": Row(
         replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("set", 8),
         SUSTAINED_UP,
         floor_gpus=3.0,
     ),
-    Row(
-        "a floor above what packing leaves never lets through a packing the demand would not fit",
+    "a floor above what packing leaves never lets through a packing the demand would not fit": Row(
         replace(pool_obs(signal(20, 28), fragments=4), gpus_held=4),
         ("hold", "would not fit the 2 GPUs"),
         SUSTAINED_UP,
         floor_gpus=3.0,
     ),
-    Row(
-        "doubles when the floor holds fewer GPUs than packing leaves",
+    "doubles when the floor holds fewer GPUs than packing leaves": Row(
         replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
         ("set", 8),
         SUSTAINED_UP,
         floor_gpus=1.0,
     ),
-    Row(
-        "halves whatever the floor holds: fewer fragments are not a packing",
+    "halves whatever the floor holds: fewer fragments are not a packing": Row(
         replace(pool_obs(signal(90, 95), fragments=4), gpus_held=4),
         ("set", 2),
         SUSTAINED_DOWN,
         floor_gpus=4.0,
     ),
-    Row(
-        "holds when the forecast sits between the thresholds",
-        pool_obs(signal(60, 70)),
-        ("hold", "within"),
+    "holds when the forecast sits between the thresholds": Row(
+        pool_obs(signal(60, 70)), ("hold", "within")
     ),
-    Row(
-        "does not double when only the mean is low but the upper bound is not",
-        pool_obs(signal(35, 45)),
-        ("hold", "within"),
+    "does not double when only the mean is low but the upper bound is not": Row(
+        pool_obs(signal(35, 45)), ("hold", "within")
     ),
-    Row(
-        "waits when a trigger has not yet held for the sustain period",
-        pool_obs(signal(90, 95)),
-        ("hold", "wait"),
-        history(pending_for=30, pending_direction=-1),
+    "waits when a trigger has not yet held for the sustain period": Row(
+        pool_obs(signal(90, 95)), ("hold", "wait"), history(pending_for=30, pending_direction=-1)
     ),
-    Row(
-        "starts the sustain clock on the first tick above the threshold",
-        pool_obs(signal(90, 95)),
-        ("hold", "for 0s of the 60s"),
+    "starts the sustain clock on the first tick above the threshold": Row(
+        pool_obs(signal(90, 95)), ("hold", "for 0s of the 60s")
     ),
-    Row(
-        "acts at once when the sustain period is zero",
-        pool_obs(signal(90, 95)),
-        ("set", 2),
-        cfg={"sustain": "0s"},
+    "acts at once when the sustain period is zero": Row(
+        pool_obs(signal(90, 95)), ("set", 2), cfg={"sustain": "0s"}
     ),
-    Row(
-        "waits out the cooldown after a change",
+    "waits out the cooldown after a change": Row(
         pool_obs(signal(90, 95)),
         ("hold", "cooldown"),
         history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "acts again once the cooldown has passed",
+    "acts again once the cooldown has passed": Row(
         pool_obs(signal(90, 95), fragments=2),
         ("set", 1),
         history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "needs the reversal margin to undo a doubling",
+    "needs the reversal margin to undo a doubling": Row(
         pool_obs(signal(87, 95)),
         ("hold", "within [40%, 90%]"),
         history(changed_ago=900, direction=+1),
     ),
-    Row(
-        "undoes a doubling once the margin is passed",
+    "undoes a doubling once the margin is passed": Row(
         pool_obs(signal(91, 95)),
         ("set", 2),
         history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "needs the reversal margin to undo a halving",
+    "needs the reversal margin to undo a halving": Row(
         pool_obs(signal(30, 38)),
         ("hold", "within [35%, 85%]"),
         history(changed_ago=900, direction=-1),
     ),
-    Row(
-        "never goes below the fewest allowed count",
-        pool_obs(signal(95, 99), fragments=1),
-        ("hold", "already at fewest allowed"),
-        SUSTAINED_DOWN,
+    "never goes below the fewest allowed count": Row(
+        pool_obs(signal(95, 99), fragments=1), ("hold", "already at fewest allowed"), SUSTAINED_DOWN
     ),
-    Row(
-        "never goes above the most allowed count",
-        pool_obs(signal(5, 10), fragments=8),
-        ("hold", "most allowed"),
-        SUSTAINED_UP,
+    "never goes above the most allowed count": Row(
+        pool_obs(signal(5, 10), fragments=8), ("hold", "most allowed"), SUSTAINED_UP
     ),
-    Row(
-        "keeps training fragments at 8 GiB or more",
+    "keeps training fragments at 8 GiB or more": Row(
         pool_obs(signal(5, 10), fragments=2),
         ("hold", "memory bound"),
         SUSTAINED_UP,
         pool=pool(gpu_memory_gib=16, workload_type="training"),
     ),
-    Row(
-        "allows training fragments that keep 8 GiB after reserve and over-commit",
+    "allows training fragments that keep 8 GiB after reserve and over-commit": Row(
         pool_obs(signal(5, 10), fragments=2),
         ("set", 4),
         SUSTAINED_UP,
         pool=pool(gpu_memory_gib=24, workload_type="training"),
     ),
-    Row(
-        "keeps inference fragments at 4 GiB or more",
+    "keeps inference fragments at 4 GiB or more": Row(
         pool_obs(signal(5, 10), fragments=4),
         ("hold", "below the 4 GiB inference floor"),
         SUSTAINED_UP,
         pool=pool(gpu_memory_gib=16),
     ),
-    Row(
-        "uses the GPU memory the cluster reports over the configured one",
+    "uses the GPU memory the cluster reports over the configured one": Row(
         pool_obs(signal(5, 10), fragments=4, gpu_memory_gib=16),
         ("hold", "memory bound"),
         SUSTAINED_UP,
     ),
-    Row(
-        "never over-commits compute when stepping more than one doubling",
-        pool_obs(signal(25, 30), fragments=2),
-        ("set", 4),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+    "never over-commits compute when stepping more than one doubling": Row(
+        pool_obs(signal(25, 30), fragments=2), ("set", 4), SUSTAINED_UP, cfg={"max_step": 2}
     ),
-    Row(
-        "quadruples in one step when memory and compute allow it",
-        pool_obs(signal(5, 10), fragments=2),
-        ("set", 8),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+    "quadruples in one step when memory and compute allow it": Row(
+        pool_obs(signal(5, 10), fragments=2), ("set", 8), SUSTAINED_UP, cfg={"max_step": 2}
     ),
-    Row(
-        "never shrinks fragments below the memory tenants already use",
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=60),  # 30 GiB per tenant
+    "never shrinks fragments below the memory tenants already use": Row(
+        pool_obs(signal(5, 10), fragments=2, memory_used_gib=60),
         ("hold", "memory in use: tenants hold 30.0 GiB each"),
         SUSTAINED_UP,
     ),
-    Row(
-        "stops doubling where the memory tenants use would no longer fit",
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=30),  # 15 GiB per tenant
+    "stops doubling where the memory tenants use would no longer fit": Row(
+        pool_obs(signal(5, 10), fragments=2, memory_used_gib=30),
         ("set", 4),
         SUSTAINED_UP,
         cfg={"max_step": 2},
     ),
-    Row(
-        "never lowers fragments below the shares pods hold",
+    "never lowers fragments below the shares pods hold": Row(
         pool_obs(signal(90, 95), fragments=4, held=3),
         ("hold", "needs preemption first"),
         SUSTAINED_DOWN,
     ),
-    Row("takes no action without a forecast", pool_obs(signal(None)), ("invalid", "no forecast")),
-    Row("takes no action on stale data", pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
-    Row("takes no action on a NaN forecast", pool_obs(nan_signal()), ("invalid", "not finite")),
-    Row(
-        "takes no action when the source reported a problem",
+    "takes no action without a forecast": Row(pool_obs(signal(None)), ("invalid", "no forecast")),
+    "takes no action on stale data": Row(pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
+    "takes no action on a NaN forecast": Row(pool_obs(nan_signal()), ("invalid", "not finite")),
+    "takes no action when the source reported a problem": Row(
         pool_obs(signal(90, 95, problem="Prometheus unreachable")),
         ("invalid", "Prometheus unreachable"),
     ),
-    Row(
-        "takes no action when current fragments are unknown",
-        pool_obs(signal(90, 95), fragments=None),
-        ("invalid", "unknown"),
+    "takes no action when current fragments are unknown": Row(
+        pool_obs(signal(90, 95), fragments=None), ("invalid", "unknown")
     ),
-    Row(
-        "takes no action when current fragments are not an allowed count",
-        pool_obs(signal(90, 95), fragments=3),
-        ("invalid", "not in allowed"),
+    "takes no action when current fragments are not an allowed count": Row(
+        pool_obs(signal(90, 95), fragments=3), ("invalid", "not in allowed")
     ),
-]
+}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+@pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
 def test_fragment_rule(row: Row) -> None:
     cfg = FragmentsConfig.model_validate(row.cfg)
     out = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW, row.floor_gpus)
@@ -330,11 +268,8 @@ def test_memory_limit_counts_reserve_and_overcommit(gib: float, kind: str, expec
 
 
 def test_the_decision_goes_both_ways_as_demand_per_gpu_falls_and_rises_again() -> None:
-    # Four replicas (a forced minimum) serving a demand of 3.6 GPUs that falls to 0.5 and
-    # comes back. Demand per GPU (what tenants would use unthrottled) is the demand over
-    # the GPUs the replicas hold at the current fragments: fragments double when the
-    # demand fits the GPUs packing leaves, and halve again when it returns (issue 11: no
-    # ratchet).
+    # Four replicas serving a demand of 3.6 GPUs that falls to 0.5 and comes back: fragments
+    # double when the demand fits the GPUs packing leaves, and halve again when it returns.
     cfg = FragmentsConfig()
     h, fragments, steps = TargetHistory(), 1, []
     demand = [3.6] * 10 + list(np.linspace(3.6, 0.5, 20)) + [0.5] * 40 + [3.6] * 40
