@@ -154,15 +154,12 @@ def _announce_coarse_samples(
 
     def announce(_: object) -> None:
         if found:
-            step = prometheus.spacing.step
-            own_pod_event(
-                writer,
-                "CoarseSamples",
-                "ReadMetrics",
-                f"{len(found)} series sampled more coarsely than metrics.step {step:g}s (a "
-                "scrape interval?): each point is read from the newest sample within its "
-                "spacing instead of seeing gaps: " + ", ".join(found),
+            note = (
+                f"{len(found)} series sampled more coarsely than metrics.step "
+                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
+                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(found)
             )
+            own_pod_event(writer, "CoarseSamples", "ReadMetrics", note)
             found.clear()
 
     controller.stats.listeners.append(announce)

@@ -119,7 +119,7 @@ def _serve_external_scaler(
 ) -> Any:
     """KEDA's external scaler (gpuscaler.extscaler) when a port is set; None when off."""
     port = args.external_scaler_port
-    port = config.external_scaler.port if port is None else port
+    port = config.external_scaler.port if port is None else port  # 0: off
     if not port:
         return None
     if parts is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +14,8 @@ from gpuscaler.core.fragments import decide_fragments, memory_limit
 from gpuscaler.core.model import PoolObservation, Signal, TargetHistory
 
 STALENESS = 120.0
-SUSTAINED_DOWN = history(pending_for=60, pending_direction=-1)
-SUSTAINED_UP = history(pending_for=60, pending_direction=+1)
+DOWN = history(pending_for=60, pending_direction=-1)  # a trigger held 60 s
+UP = history(pending_for=60, pending_direction=+1)
 
 
 @dataclass
@@ -29,6 +30,11 @@ class Row:
     """GPUs the pool's replica floors hold sized for their load."""
 
 
+def held4(peak: float, upper: float, gpus: int) -> PoolObservation:
+    """A pool at 4 fragments whose pods hold `gpus` GPUs."""
+    return replace(pool_obs(signal(peak, upper), fragments=4), gpus_held=gpus)
+
+
 def nan_signal() -> Signal:
     s = signal(90, 95)
     assert s.forecast is not None
@@ -36,157 +42,124 @@ def nan_signal() -> Signal:
     return s
 
 
+def obs(peak: float, upper: float, **kw: Any) -> PoolObservation:
+    return pool_obs(signal(peak, upper), **kw)
+
+
 ROWS = {
     "halves fragments when the forecast peak is above 85 percent": Row(
-        pool_obs(signal(90, 95), fragments=4), ("set", 2), SUSTAINED_DOWN
+        obs(90, 95, fragments=4), ("set", 2), DOWN
     ),
     "doubles fragments when the forecast upper bound is below 40 percent": Row(
-        pool_obs(signal(20, 30), fragments=4), ("set", 8), SUSTAINED_UP
+        obs(20, 30, fragments=4), ("set", 8), UP
     ),
     "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)": Row(
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4), ("set", 8), SUSTAINED_UP
+        held4(10, 15, 4), ("set", 8), UP
     ),
     "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent": Row(
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
-        ("hold", "the 2 GPUs 8 fragments leave"),
-        SUSTAINED_UP,
+        held4(20, 30, 4), ("hold", "the 2 GPUs 8 fragments leave"), UP
     ),
     "does not double when one GPU holds the pool: more fragments would pack nothing": Row(
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=1),
-        ("hold", "pack nothing"),
-        SUSTAINED_UP,
+        held4(20, 30, 1), ("hold", "pack nothing"), UP
     ),
     "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)": Row(
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=2),
-        ("hold", "pack nothing"),
-        SUSTAINED_UP,
+        held4(20, 30, 2), ("hold", "pack nothing"), UP
     ),
     "does not double when the replica floor holds all 4 GPUs: it would double its replicas": Row(
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("hold", "the replica floor holds 4 of the 4 GPUs"),
-        SUSTAINED_UP,
-        floor_gpus=4.0,
+        held4(10, 15, 4), ("hold", "the replica floor holds 4 of the 4 GPUs"), UP, floor_gpus=4.0
     ),
     "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill": Row(
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("hold", "more fragments would pack nothing"),
-        SUSTAINED_UP,
-        floor_gpus=3.5,
+        held4(10, 15, 4), ("hold", "more fragments would pack nothing"), UP, floor_gpus=3.5
     ),
     "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs": Row(
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
-        floor_gpus=3.0,
+        held4(10, 15, 4), ("set", 8), UP, floor_gpus=3.0
     ),
     "a floor above what packing leaves never lets through a packing the demand would not fit": Row(
-        replace(pool_obs(signal(20, 28), fragments=4), gpus_held=4),
-        ("hold", "would not fit the 2 GPUs"),
-        SUSTAINED_UP,
-        floor_gpus=3.0,
+        held4(20, 28, 4), ("hold", "would not fit the 2 GPUs"), UP, floor_gpus=3.0
     ),
     "doubles when the floor holds fewer GPUs than packing leaves": Row(
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
-        floor_gpus=1.0,
+        held4(10, 15, 4), ("set", 8), UP, floor_gpus=1.0
     ),
     "halves whatever the floor holds: fewer fragments are not a packing": Row(
-        replace(pool_obs(signal(90, 95), fragments=4), gpus_held=4),
-        ("set", 2),
-        SUSTAINED_DOWN,
-        floor_gpus=4.0,
+        held4(90, 95, 4), ("set", 2), DOWN, floor_gpus=4.0
     ),
-    "holds when the forecast sits between the thresholds": Row(
-        pool_obs(signal(60, 70)), ("hold", "within")
-    ),
+    "holds when the forecast sits between the thresholds": Row(obs(60, 70), ("hold", "within")),
     "does not double when only the mean is low but the upper bound is not": Row(
-        pool_obs(signal(35, 45)), ("hold", "within")
+        obs(35, 45), ("hold", "within")
     ),
     "waits when a trigger has not yet held for the sustain period": Row(
-        pool_obs(signal(90, 95)), ("hold", "wait"), history(pending_for=30, pending_direction=-1)
+        obs(90, 95), ("hold", "wait"), history(pending_for=30, pending_direction=-1)
     ),
     "starts the sustain clock on the first tick above the threshold": Row(
-        pool_obs(signal(90, 95)), ("hold", "for 0s of the 60s")
+        obs(90, 95), ("hold", "for 0s of the 60s")
     ),
     "acts at once when the sustain period is zero": Row(
-        pool_obs(signal(90, 95)), ("set", 2), cfg={"sustain": "0s"}
+        obs(90, 95), ("set", 2), cfg={"sustain": "0s"}
     ),
     "waits out the cooldown after a change": Row(
-        pool_obs(signal(90, 95)),
+        obs(90, 95),
         ("hold", "cooldown"),
         history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1),
     ),
     "acts again once the cooldown has passed": Row(
-        pool_obs(signal(90, 95), fragments=2),
+        obs(90, 95, fragments=2),
         ("set", 1),
         history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1),
     ),
     "needs the reversal margin to undo a doubling": Row(
-        pool_obs(signal(87, 95)),
-        ("hold", "within [40%, 90%]"),
-        history(changed_ago=900, direction=+1),
+        obs(87, 95), ("hold", "within [40%, 90%]"), history(changed_ago=900, direction=+1)
     ),
     "undoes a doubling once the margin is passed": Row(
-        pool_obs(signal(91, 95)),
+        obs(91, 95),
         ("set", 2),
         history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1),
     ),
     "needs the reversal margin to undo a halving": Row(
-        pool_obs(signal(30, 38)),
-        ("hold", "within [35%, 85%]"),
-        history(changed_ago=900, direction=-1),
+        obs(30, 38), ("hold", "within [35%, 85%]"), history(changed_ago=900, direction=-1)
     ),
     "never goes below the fewest allowed count": Row(
-        pool_obs(signal(95, 99), fragments=1), ("hold", "already at fewest allowed"), SUSTAINED_DOWN
+        obs(95, 99, fragments=1), ("hold", "already at fewest allowed"), DOWN
     ),
     "never goes above the most allowed count": Row(
-        pool_obs(signal(5, 10), fragments=8), ("hold", "most allowed"), SUSTAINED_UP
+        obs(5, 10, fragments=8), ("hold", "most allowed"), UP
     ),
     "keeps training fragments at 8 GiB or more": Row(
-        pool_obs(signal(5, 10), fragments=2),
+        obs(5, 10, fragments=2),
         ("hold", "memory bound"),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=16, workload_type="training"),
     ),
     "allows training fragments that keep 8 GiB after reserve and over-commit": Row(
-        pool_obs(signal(5, 10), fragments=2),
+        obs(5, 10, fragments=2),
         ("set", 4),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=24, workload_type="training"),
     ),
     "keeps inference fragments at 4 GiB or more": Row(
-        pool_obs(signal(5, 10), fragments=4),
+        obs(5, 10, fragments=4),
         ("hold", "below the 4 GiB inference floor"),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=16),
     ),
     "uses the GPU memory the cluster reports over the configured one": Row(
-        pool_obs(signal(5, 10), fragments=4, gpu_memory_gib=16),
-        ("hold", "memory bound"),
-        SUSTAINED_UP,
+        obs(5, 10, fragments=4, gpu_memory_gib=16), ("hold", "memory bound"), UP
     ),
     "never over-commits compute when stepping more than one doubling": Row(
-        pool_obs(signal(25, 30), fragments=2), ("set", 4), SUSTAINED_UP, cfg={"max_step": 2}
+        obs(25, 30, fragments=2), ("set", 4), UP, cfg={"max_step": 2}
     ),
     "quadruples in one step when memory and compute allow it": Row(
-        pool_obs(signal(5, 10), fragments=2), ("set", 8), SUSTAINED_UP, cfg={"max_step": 2}
+        obs(5, 10, fragments=2), ("set", 8), UP, cfg={"max_step": 2}
     ),
     "never shrinks fragments below the memory tenants already use": Row(
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=60),
+        obs(5, 10, fragments=2, memory_used_gib=60),
         ("hold", "memory in use: tenants hold 30.0 GiB each"),
-        SUSTAINED_UP,
+        UP,
     ),
     "stops doubling where the memory tenants use would no longer fit": Row(
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=30),
-        ("set", 4),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+        obs(5, 10, fragments=2, memory_used_gib=30), ("set", 4), UP, cfg={"max_step": 2}
     ),
     "never lowers fragments below the shares pods hold": Row(
-        pool_obs(signal(90, 95), fragments=4, held=3),
-        ("hold", "needs preemption first"),
-        SUSTAINED_DOWN,
+        obs(90, 95, fragments=4, held=3), ("hold", "needs preemption first"), DOWN
     ),
     "takes no action without a forecast": Row(pool_obs(signal(None)), ("invalid", "no forecast")),
     "takes no action on stale data": Row(pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
@@ -196,10 +169,10 @@ ROWS = {
         ("invalid", "Prometheus unreachable"),
     ),
     "takes no action when current fragments are unknown": Row(
-        pool_obs(signal(90, 95), fragments=None), ("invalid", "unknown")
+        obs(90, 95, fragments=None), ("invalid", "unknown")
     ),
     "takes no action when current fragments are not an allowed count": Row(
-        pool_obs(signal(90, 95), fragments=3), ("invalid", "not in allowed")
+        obs(90, 95, fragments=3), ("invalid", "not in allowed")
     ),
 }
 
@@ -219,7 +192,7 @@ def test_a_decision_reason_names_forecast_threshold_and_bound() -> None:
         pool(gpu_memory_gib=24, workload_type="training"),
         FragmentsConfig(),
         STALENESS,
-        SUSTAINED_UP,
+        UP,
         NOW,
     )
     assert out.decision is not None
@@ -247,7 +220,7 @@ def test_a_value_hovering_at_the_threshold_never_changes_fragments() -> None:
 
 def test_invalid_input_clears_a_pending_trigger() -> None:
     out = decide_fragments(
-        pool_obs(signal(90, 95, age=999)), pool(), FragmentsConfig(), STALENESS, SUSTAINED_DOWN, NOW
+        pool_obs(signal(90, 95, age=999)), pool(), FragmentsConfig(), STALENESS, DOWN, NOW
     )
     assert out.history.pending_since is None
 

@@ -61,6 +61,9 @@ def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_alloca
     assert fit_problem(view, PodRequest(20481, 1)) is not None
 
 
+FEW = "node n has {} GPU(s) with {} MiB usable, pod requests {}"
+
+
 @pytest.mark.parametrize(
     ("used", "req", "problem"),
     [
@@ -71,24 +74,12 @@ def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_alloca
         # used above total - margin never counts negative
         ([40000.0, 0.0], PodRequest(36864, 1), None),
         # the sum covers it but no single GPU does: a 1-GPU pod needs one GPU holding it all
-        (
-            [20480.0, 20480.0],
-            PodRequest(20000, 1),
-            "node n has 0 GPU(s) with 20000 MiB usable, pod requests 1",
-        ),
+        ([20480.0, 20480.0], PodRequest(20000, 1), FEW.format(0, 20000, 1)),
         # multi-GPU: k GPUs with ceil(memory / k) each
         ([0.0, 0.0, A100, A100], PodRequest(60000, 2), None),
-        (
-            [0.0, 20480.0, A100, A100],
-            PodRequest(50000, 2),
-            "node n has 1 GPU(s) with 25000 MiB usable, pod requests 2",
-        ),
+        ([0.0, 20480.0, A100, A100], PodRequest(50000, 2), FEW.format(1, 25000, 2)),
         ([0.0] * 8, PodRequest(8, 8), None),
-        (
-            [0.0] * 7 + [A100],
-            PodRequest(8, 8),
-            "node n has 7 GPU(s) with 1 MiB usable, pod requests 8",
-        ),
+        ([0.0] * 7 + [A100], PodRequest(8, 8), FEW.format(7, 1, 8)),
     ],
 )
 def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,125 +34,102 @@ def nan_load() -> WorkloadObservation:
     return obs
 
 
+def obs(peak: float, upper: float, **kw: Any) -> WorkloadObservation:
+    return workload_obs(signal(peak, upper), **kw)
+
+
+def recs(seconds_ago: float, load: int) -> TargetHistory:
+    """A history recommending `load` `seconds_ago`."""
+    return history(recs=((seconds_ago, load),))
+
+
 ROWS = {
     "raises the floor to ceil(forecast upper bound / target)": Row(
-        workload_obs(signal(280, 490), floor=4), ("set", 7)
+        obs(280, 490, floor=4), ("set", 7)
     ),
-    "sizes from the upper bound, not the mean": Row(
-        workload_obs(signal(100, 490), floor=4), ("set", 7)
-    ),
+    "sizes from the upper bound, not the mean": Row(obs(100, 490, floor=4), ("set", 7)),
     "holds within the 10 percent tolerance of the current floor": Row(
-        workload_obs(signal(280, 300), floor=4), ("hold", "floor stays 4")
+        obs(280, 300, floor=4), ("hold", "floor stays 4")
     ),
     "divides by the GPU share of one replica on a shared GPU": Row(
-        workload_obs(signal(100, 140), floor=2, share=0.5), ("set", 4)
+        obs(100, 140, floor=2, share=0.5), ("set", 4)
     ),
     "adds at most max_step_up_gpus worth of replicas per change": Row(
-        workload_obs(signal(1000, 2100), floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}
+        obs(1000, 2100, floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}
     ),
     "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas": Row(
-        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+        obs(1000, 2100, floor=2, share=0.25),
         ("set", 10),
         cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False},
     ),
     "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do": Row(
-        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+        obs(1000, 2100, floor=2, share=0.25),
         ("set", 12),
         cfg={"max_step_up_gpus": 2, "max_replicas": 200},
     ),
     "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set": Row(
-        workload_obs(signal(50, 100), floor=1, share=0.5), ("set", 4)
+        obs(50, 100, floor=1, share=0.5), ("set", 4)
     ),
     "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set": Row(
-        workload_obs(signal(50, 100), floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}
+        obs(50, 100, floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}
     ),
     "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do": Row(
-        workload_obs(signal(200, 240), floor=8, share=0.5),
+        obs(200, 240, floor=8, share=0.5),
         ("hold", "floor stays 8: 7 replicas would free no GPU"),
-        history(recs=((400, 560),)),
+        recs(400, 560),
         cfg={"scale_down_margin": 0},
     ),
     "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)": Row(
-        workload_obs(signal(150, 170), floor=8, share=0.5),
-        ("set", 6),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0},
+        obs(150, 170, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"scale_down_margin": 0}
     ),
     "may double in one step, as the HPA's default scale-up policy does": Row(
-        workload_obs(signal(3000, 4200), floor=20),
-        ("set", 40),
-        cfg={"max_step_up_gpus": 4, "max_replicas": 100},
+        obs(3000, 4200, floor=20), ("set", 40), cfg={"max_step_up_gpus": 4, "max_replicas": 100}
     ),
-    "never sets the floor above max_replicas": Row(
-        workload_obs(signal(3000, 4000), floor=45), ("set", 50)
-    ),
+    "never sets the floor above max_replicas": Row(obs(3000, 4000, floor=45), ("set", 50)),
     "never sets the floor above the object's own maximum": Row(
-        workload_obs(signal(500, 700), floor=4, max_replicas=6), ("set", 6)
+        obs(500, 700, floor=4, max_replicas=6), ("set", 6)
     ),
     "the object's own maximum wins over a higher min_replicas (clamped once, here)": Row(
-        workload_obs(signal(5, 10), floor=4, max_replicas=6),
-        ("set", 6),
-        cfg={"min_replicas": 8, "max_replicas": 50},
+        obs(5, 10, floor=4, max_replicas=6), ("set", 6), cfg={"min_replicas": 8, "max_replicas": 50}
     ),
     "never sets the floor below min_replicas": Row(
-        workload_obs(signal(5, 10), floor=3), ("set", 2), cfg={"min_replicas": 2}
+        obs(5, 10, floor=3), ("set", 2), cfg={"min_replicas": 2}
     ),
     "scales down only to the highest recommendation in the stabilization window": Row(
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 7),
-        history(recs=((100, 490),)),
-        cfg={"scale_down_margin": 0},
+        obs(100, 140, floor=8), ("set", 7), recs(100, 490), cfg={"scale_down_margin": 0}
     ),
     "steps down only to a count the window's demand fits with the margin below it": Row(
-        workload_obs(signal(100, 140), floor=8),
+        obs(100, 140, floor=8),
         ("hold", "floor stays 8, held by the stabilization window and the 10% scale-down margin"),
-        history(recs=((100, 490),)),
+        recs(100, 490),
         cfg={"scale_down_margin": 0.1},
     ),
     "steps down once the window's demand fits the lower count with the margin": Row(
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 7),
-        history(recs=((100, 440),)),
-        cfg={"scale_down_margin": 0.1},
+        obs(100, 140, floor=8), ("set", 7), recs(100, 440), cfg={"scale_down_margin": 0.1}
     ),
     "the margin never holds the floor above the object's own maximum": Row(
-        workload_obs(signal(100, 140), floor=8, max_replicas=6),
+        obs(100, 140, floor=8, max_replicas=6),
         ("set", 6),
-        history(recs=((100, 490),)),
+        recs(100, 490),
         cfg={"scale_down_margin": 0.1},
     ),
     "holds the floor while the window remembers a recommendation as high": Row(
-        workload_obs(signal(100, 140), floor=8),
-        ("hold", "stabilization"),
-        history(recs=((100, 560),)),
+        obs(100, 140, floor=8), ("hold", "stabilization"), recs(100, 560)
     ),
     "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas": Row(
-        workload_obs(signal(100, 140), floor=14, share=0.5),
-        ("hold", "stabilization"),
-        history(recs=((100, 490),)),
+        obs(100, 140, floor=14, share=0.5), ("hold", "stabilization"), recs(100, 490)
     ),
     "forgets recommendations older than the window and drops in one step, like the HPA": Row(
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 2),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0},
+        obs(100, 140, floor=8), ("set", 2), recs(400, 560), cfg={"scale_down_margin": 0}
     ),
     "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)": Row(
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 3),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0.1},
+        obs(100, 140, floor=8), ("set", 3), recs(400, 560), cfg={"scale_down_margin": 0.1}
     ),
     "removes at most max_step_down_gpus worth of replicas when that is set": Row(
-        workload_obs(signal(100, 140), floor=8, share=0.5),
-        ("set", 6),
-        history(recs=((400, 560),)),
-        cfg={"max_step_down_gpus": 1},
+        obs(100, 140, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"max_step_down_gpus": 1}
     ),
     "waits out the cooldown after a change": Row(
-        workload_obs(signal(280, 490), floor=4),
-        ("hold", "cooldown"),
-        history(changed_ago=10, direction=1),
+        obs(280, 490, floor=4), ("hold", "cooldown"), history(changed_ago=10, direction=1)
     ),
     "takes no action without a forecast": Row(
         workload_obs(signal(None)), ("invalid", "no forecast")
@@ -164,7 +142,7 @@ ROWS = {
         workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")), ("invalid", "HTTP 503")
     ),
     "takes no action when the current floor is unknown": Row(
-        workload_obs(signal(280, 490), floor=None), ("invalid", "floor unknown")
+        obs(280, 490, floor=None), ("invalid", "floor unknown")
     ),
 }
 
