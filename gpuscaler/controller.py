@@ -67,9 +67,7 @@ class Controller:
         log_decisions: bool = True,
         is_leader: Callable[[], bool] | None = None,
     ):
-        self.config = config
-        self.source = source
-        self.actuator = actuator
+        self.config, self.source, self.actuator = config, source, actuator
         self.dry_run = config.control.dry_run if dry_run is None else dry_run
         self.is_leader: Callable[[], bool] = is_leader or (lambda: True)
         """Standbys observe and plan (their forecasts stay warm) but never act."""
