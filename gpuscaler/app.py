@@ -1,8 +1,6 @@
 """Assembly of the controller against a real cluster: Prometheus for metrics, the
 Kubernetes API for state and actions, a Lease for leadership, the config file for reload.
-
-`cli` parses arguments and calls these; nothing here parses arguments or prints.
-"""
+Nothing here parses arguments or prints."""
 
 from __future__ import annotations
 
@@ -56,10 +54,8 @@ def kube_api(kubeconfig: str | None, limits: KubernetesConfig | None = None) -> 
             f"no Kubernetes API: {e}. Run in a pod, pass --kubeconfig, or plan without a "
             "cluster: --cluster-snapshot FILE (once) or --state FILE"
         ) from None
-    limits = limits or KubernetesConfig()
-    return BoundedApiClient(
-        configuration, limits.connect_timeout, limits.read_timeout, limits.tick_api_budget
-    )
+    k = limits or KubernetesConfig()
+    return BoundedApiClient(configuration, k.connect_timeout, k.read_timeout, k.tick_api_budget)
 
 
 def identity() -> str:
@@ -88,23 +84,21 @@ def snapshot_controller(config: Config, path: str) -> Controller:
     preemption = preemption_observation(
         objects, config, list(objects.priority_classes), list(objects.disruption_budgets)
     )
-    source = _WithPreemption(PrometheusSource(config, state), preemption)
+    source = ClusterSource(PrometheusSource(config, state), _Fixed(preemption))
     return Controller(config, source, NoActuator(), dry_run=True)
 
 
-class _WithPreemption:
-    """A source plus a fixed preemption observation (from a file)."""
+class _Fixed:
+    """A preemption observation read once (from a file)."""
 
-    name = "prometheus"
+    def __init__(self, seen: PreemptionObservation):
+        self.seen = seen
 
-    def __init__(self, source: PrometheusSource, preemption: PreemptionObservation):
-        self.source = source
-        self.health = source.health
-        self.sample_spacing = source.spacing.measured
-        self.preemption = preemption
+    def observe(self, now: float) -> PreemptionObservation:
+        return self.seen
 
-    def observe(self, now: float) -> Observations:
-        return replace(self.source.observe(now), preemption=self.preemption)
+    def reconfigure(self, config: Config) -> None:
+        pass
 
 
 class ClusterSource:
@@ -113,7 +107,7 @@ class ClusterSource:
 
     name = "prometheus"
 
-    def __init__(self, prometheus: PrometheusSource, preemption: PreemptionReader):
+    def __init__(self, prometheus: PrometheusSource, preemption: PreemptionReader | _Fixed):
         self.prometheus = prometheus
         self.preemption = preemption
         self.health = prometheus.health
@@ -141,20 +135,11 @@ def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
     outside a pod."""
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if pod and namespace:
-        writer.event(
-            client.V1ObjectReference(
-                api_version="v1",
-                kind="Pod",
-                name=pod,
-                namespace=namespace,
-                uid=os.environ.get("POD_UID"),
-            ),
-            namespace,
-            reason,
-            action,
-            note,
-            type_="Warning",
+        uid = os.environ.get("POD_UID")
+        ref = client.V1ObjectReference(
+            api_version="v1", kind="Pod", name=pod, namespace=namespace, uid=uid
         )
+        writer.event(ref, namespace, reason, action, note, type_="Warning")
 
 
 def _announce_coarse_samples(
@@ -169,15 +154,12 @@ def _announce_coarse_samples(
 
     def announce(_: object) -> None:
         if found:
-            step = prometheus.spacing.step
-            own_pod_event(
-                writer,
-                "CoarseSamples",
-                "ReadMetrics",
-                f"{len(found)} series sampled more coarsely than metrics.step {step:g}s (a "
-                "scrape interval?): each point is read from the newest sample within its "
-                "spacing instead of seeing gaps: " + ", ".join(found),
+            note = (
+                f"{len(found)} series sampled more coarsely than metrics.step "
+                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
+                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(found)
             )
+            own_pod_event(writer, "CoarseSamples", "ReadMetrics", note)
             found.clear()
 
     controller.stats.listeners.append(announce)
@@ -188,11 +170,8 @@ class Discovery:
     swapped into the controller once, before anything observes."""
 
     def __init__(self, base: Config, reader: ClusterReader, controller: Controller):
-        self.base = base
-        """The file's config, before discovered workloads are added."""
+        self.base, self.reader, self.controller = base, reader, controller  # base: the file's
         self.reloaded = False
-        self.reader = reader
-        self.controller = controller
 
     def reload(self, new_base: Config) -> None:
         self.base, self.reloaded = new_base, True
@@ -221,10 +200,9 @@ class ClusterController:
     """The watch cache (`adapters.kube.cache.ClusterCache`) when the reader uses one."""
 
     def stop(self) -> None:
-        if self.elector is not None:
-            self.elector.stop()
-        if self.cache is not None:
-            self.cache.stop()
+        for part in (self.elector, self.cache):
+            if part is not None:
+                part.stop()
         close = getattr(self.controller.source, "close", None)
         if close is not None:
             close()  # the background backfill and the query pool
@@ -254,7 +232,6 @@ def cluster_controller(
     )
     source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
-    parts = ClusterController(controller, reader, elector, None, cache=cache)
     own_events = Writer(api, config, me)
     _announce_coarse_samples(prometheus, controller, own_events)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
@@ -274,15 +251,14 @@ def cluster_controller(
                 "new config refused, the running one stays: " + "; ".join(e.problems),
             )
 
-        reloader = ConfigReloader(config_path, lambda c, _: discovery.reload(c), refused)
-        parts.reloader = reloader
-        controller.before_tick.insert(0, reloader.check)
+        parts.reloader = ConfigReloader(config_path, lambda c, _: discovery.reload(c), refused)
+        controller.before_tick.insert(0, parts.reloader.check)
     return parts
 
 
 def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterReader, Any, Any]:
-    """The cluster reader, the preemption reader's class and the watch cache they share
-    (issue 18); listing readers when `kubernetes.watch_cache` is off."""
+    """The cluster reader, the preemption reader's class and the watch cache they share;
+    listing readers when `kubernetes.watch_cache` is off."""
     if not config.kubernetes.watch_cache:
         return ClusterReader(api, config), PreemptionReader, None
     from functools import partial
@@ -302,8 +278,7 @@ def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterR
 
 
 def _warm_start(prometheus: PrometheusSource, config: Config, controller: Controller) -> None:
-    """Issue 18: the windows saved after ticks and read back at start, so a restart
-    fetches only the gap (`prometheus.warm_state_file`; off when unset)."""
+    """The windows saved after ticks and read back at start (`prometheus.warm_state_file`)."""
     if not config.prometheus.warm_state_file:
         return
     from gpuscaler.adapters.prometheus.warm import WarmStart

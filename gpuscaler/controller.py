@@ -1,9 +1,5 @@
-"""The imperative shell around the core: one tick = observe, forecast, plan, act, record.
-
-The same `Controller.tick` runs under the APScheduler loop (`gpuscaler.loop`) against a
-real cluster and under the simulator's clock against a simulated one; only the source and
-the actuator differ.
-"""
+"""The imperative shell around the core: one tick = observe, forecast, plan, act, record;
+the same against a real cluster (`gpuscaler.loop`) and a simulated one."""
 
 from __future__ import annotations
 
@@ -55,9 +51,8 @@ class TickStats:
     last_success: float | None = None
     """Tick time (`now`) of the last tick that completed."""
     last_success_wall: float | None = None
-    """Wall-clock time it completed at (for /healthz)."""
     last_skipped_wall: float | None = None
-    """Wall-clock time a standby last skipped a tick (`Controller.due`): alive too."""
+    """When a standby last skipped a tick (`Controller.due`): alive too."""
     listeners: list[Callable[[TickResult], None]] = field(default_factory=list)
     failure_listeners: list[Callable[[], None]] = field(default_factory=list)
 
@@ -72,15 +67,12 @@ class Controller:
         log_decisions: bool = True,
         is_leader: Callable[[], bool] | None = None,
     ):
-        self.config = config
-        self.source = source
-        self.actuator = actuator
+        self.config, self.source, self.actuator = config, source, actuator
         self.dry_run = config.control.dry_run if dry_run is None else dry_run
         self.is_leader: Callable[[], bool] = is_leader or (lambda: True)
         """Standbys observe and plan (their forecasts stay warm) but never act."""
         self.serves_floors = False
-        """Set when KEDA's external scaler answers from this replica's plan: a standby
-        then ticks every interval too, or its floors would go stale (and neutral)."""
+        """KEDA's external scaler answers from this replica's plan: tick every interval."""
         self.before_tick: list[Callable[[], object]] = []
         """Run first in every tick: config reload, workload discovery."""
         self.history = History()
@@ -103,9 +95,8 @@ class Controller:
         return "acting" if self.is_leader() else "standby"
 
     def due(self, now: float) -> bool:
-        """Whether a tick is due at `now`: always for a leader (or a dry run); for a
-        standby once per `kubernetes.lease.standby_interval` (issue 18), unless it serves
-        the external scaler's floors (KEDA may ask either replica)."""
+        """Whether a tick is due at `now`: always for a leader (or a dry run); for a standby
+        once per `kubernetes.lease.standby_interval`, unless it serves floors to KEDA."""
         last = self.stats.last_success
         if self.mode() != "standby" or last is None or self.serves_floors:
             return True

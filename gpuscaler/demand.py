@@ -1,25 +1,11 @@
 """A workload's demand from its serving metrics: presets for the common inference servers.
 
-On a shared GPU, dcgm-exporter cannot attribute utilization to one pod (it names one
-pod per GPU, or copies the whole GPU's value to every sharer), so a workload's GPU load
-is not its demand. The serving stack knows its own queue. Each preset is a PromQL
-template over the workload's pods (`{matchers}`: its namespace and pod names, under
-`pod`/`namespace` or `exported_pod`/`exported_namespace`, see
-gpuscaler.adapters.prometheus.build_workload_query), giving one number per time whose
-unit the preset names; `per_replica` says how much of it one replica serves at target.
-
-Metric names are the servers' own, read in their sources:
-- vLLM, vllm-project/vllm `vllm/v1/metrics/loggers.py` (PrometheusStatLogger): gauges
-  `vllm:num_requests_running` ("requests in model execution batches") and
-  `vllm:num_requests_waiting` ("requests waiting to be processed"), labels
-  `model_name`, `engine`.
-- Text Generation Inference, huggingface/text-generation-inference
-  `router/src/server.rs` (describe_gauge), `backends/v3/src/queue.rs` and
-  `backends/v3/src/backend.rs`: gauges `tgi_queue_size` ("current queue size") and
-  `tgi_batch_current_size` (requests in the running batch).
-- Triton, triton-inference-server/core `src/metrics.cc`: gauge
-  `nv_inference_pending_request_count` ("pending requests awaiting execution per-model")
-  and counter `nv_inference_count` ("number of inferences performed").
+On a shared GPU dcgm-exporter cannot attribute utilization to one pod, so a workload's GPU
+load is not its demand; the serving stack knows its own queue. Each preset is a PromQL
+template over the workload's pods (`{matchers}`) whose unit it names; `per_replica` says
+how much of it one replica serves at target. Metric names are the servers' own: vLLM
+(`vllm/v1/metrics/loggers.py`), Text Generation Inference (`router/src/server.rs`) and
+Triton (`src/metrics.cc`).
 """
 
 from __future__ import annotations
@@ -44,10 +30,7 @@ PRESETS: dict[str, tuple[str, str]] = {
         f"{_last('tgi_queue_size')} + {_last('tgi_batch_current_size')}",
         "requests (queued + in batch)",
     ),
-    "triton_queue": (
-        _last("nv_inference_pending_request_count"),
-        "pending requests",
-    ),
+    "triton_queue": (_last("nv_inference_pending_request_count"), "pending requests"),
     "triton_rate": (
         # A rate needs two samples in its range: 1m holds four at the default 15 s scrape.
         "sum(rate(nv_inference_count{{{matchers}}}[1m]))",

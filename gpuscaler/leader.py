@@ -1,14 +1,10 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, as client-go's leaderelection does.
 
-- One replica holds the Lease (`spec.holderIdentity`) and renews it every `retry_period`.
-- Expiry is judged by the local clock, never by comparing clocks across machines: a
-  standby notes when it last saw the Lease's record change, and takes over only after
-  the record stayed unchanged for `duration`.
-- The leader acts only while its last renewal is younger than `renew_deadline`
-  (< `duration`): a leader that cannot renew stops acting before anyone may take over.
-- Every write carries the resourceVersion read, so two replicas racing for an expired
-  Lease cannot both win (the loser gets 409).
-- On a clean shutdown the leader releases the Lease so a standby takes over at once.
+Expiry is judged by the local clock: a standby takes over only after the Lease's record
+stayed unchanged for `duration`. The leader acts only while its last renewal is younger
+than `renew_deadline` (< `duration`), so it stops before anyone may take over. Every write
+carries the resourceVersion read (two racing replicas cannot both win); a clean shutdown
+releases the Lease.
 """
 
 from __future__ import annotations
@@ -41,6 +37,7 @@ class LeaderElector:
         self.coordination = client.CoordinationV1Api(api)
         self.namespace = namespace
         self.name = cfg.name
+        self._where = f"{namespace}/{cfg.name}"
         self.identity = identity
         self.cfg = cfg
         self.clock = clock
@@ -51,8 +48,6 @@ class LeaderElector:
         self._was_leader = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    # ------------------------------------------------------------------ state
 
     def is_leader(self) -> bool:
         """True while the last successful renewal is younger than renew_deadline."""
@@ -65,16 +60,13 @@ class LeaderElector:
         leader = self.is_leader()
         if leader != self._was_leader:
             log.info(
-                "%s leadership of lease %s/%s",
+                "%s leadership of lease %s",
                 "acquired" if leader else "lost",
-                self.namespace,
-                self.name,
+                self._where,
                 extra={"event": "leader" if leader else "standby", "identity": self.identity},
             )
             self._was_leader = leader
         return leader
-
-    # ------------------------------------------------------------------ one round
 
     def _lease(self, previous: client.V1Lease | None) -> client.V1Lease:
         """The Lease naming this replica holder, renewed now."""
@@ -108,9 +100,7 @@ class LeaderElector:
             lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
         except ApiException as e:
             if e.status != 404:
-                log.warning(
-                    "lease %s/%s: read failed: HTTP %s", self.namespace, self.name, e.status
-                )
+                log.warning("lease %s: read failed: HTTP %s", self._where, e.status)
                 return self._report()
             return self._write(now, None)
         spec = lease.spec or client.V1LeaseSpec()
@@ -141,9 +131,7 @@ class LeaderElector:
                 )
         except ApiException as e:
             if e.status != 409:
-                log.warning(
-                    "lease %s/%s: write failed: HTTP %s", self.namespace, self.name, e.status
-                )
+                log.warning("lease %s: write failed: HTTP %s", self._where, e.status)
             return self._report()
         self._renewed_at = now
         self._observed = None
@@ -163,10 +151,8 @@ class LeaderElector:
             lease.spec.renew_time = self.wall()
             self.coordination.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as e:
-            log.warning("lease %s/%s: release failed: HTTP %s", self.namespace, self.name, e.status)
+            log.warning("lease %s: release failed: HTTP %s", self._where, e.status)
         self._report()
-
-    # ------------------------------------------------------------------ background
 
     def start(self) -> None:
         """Renew (or try) every retry_period in a daemon thread."""

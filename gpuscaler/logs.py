@@ -70,18 +70,15 @@ def log_plan(plan: Plan, applied: tuple[Decision, ...], mode: str) -> None:
             s.reason,
             extra={"event": "skip", **s.as_record()},
         )
+    counts = {"decisions": len(plan.decisions), "applied": len(applied), "skipped": len(plan.skips)}
     decisions_log.info(
         "tick: %d decisions, %d applied, %d skipped",
-        len(plan.decisions),
-        len(applied),
-        len(plan.skips),
+        *counts.values(),
         extra={
             "event": "tick",
             "mode": mode,
             "tick_time": plan.time,
-            "decisions": len(plan.decisions),
-            "applied": len(applied),
-            "skipped": len(plan.skips),
+            **counts,
             "invalid_inputs": sum(s.invalid_input for s in plan.skips),
         },
     )

@@ -1,11 +1,6 @@
-"""The periodic control loop: APScheduler runs `Controller.safe_tick` every interval.
-
-- No overlapping ticks: `max_instances=1`; a tick still running when the next is due makes
-  APScheduler skip that run rather than start a second one.
-- Missed ticks coalesced: `coalesce=True` runs one catch-up tick, not a burst.
-- SIGTERM / SIGINT: the scheduler shuts down, waiting for a running tick to finish.
-- A failed tick is logged and counted by `safe_tick`; the loop goes on.
-"""
+"""The periodic control loop: APScheduler runs `Controller.safe_tick` every interval. No
+overlapping ticks (a tick still running skips the next), missed ticks coalesced into one,
+SIGTERM / SIGINT wait for a running tick; a failed tick is logged and counted."""
 
 from __future__ import annotations
 
@@ -56,10 +51,8 @@ class ControlLoop:
         if not self.controller.due(now):  # a standby between its own, rarer ticks
             return
         self.controller.safe_tick(now)
-        if (
-            self.max_ticks is not None
-            and self.controller.stats.ticks + self.controller.stats.failed >= self.max_ticks
-        ):
+        stats = self.controller.stats
+        if self.max_ticks is not None and stats.ticks + stats.failed >= self.max_ticks:
             self._done.set()
 
     def _on_overlap(self, event: JobEvent) -> None:
@@ -77,12 +70,9 @@ class ControlLoop:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
         self._scheduler.add_listener(self._on_overlap, EVENT_JOB_MAX_INSTANCES)
+        first = datetime.now(UTC)
         self._scheduler.add_job(
-            self._tick,
-            "interval",
-            seconds=self.interval,
-            next_run_time=datetime.now(UTC),
-            id="tick",
+            self._tick, "interval", seconds=self.interval, next_run_time=first, id="tick"
         )
         self._scheduler.start()
         log.info("control loop started", extra={"event": "started", "interval_s": self.interval})
@@ -91,11 +81,6 @@ class ControlLoop:
                 pass
         finally:
             self._scheduler.shutdown(wait=True)  # lets a running tick finish
-            log.info(
-                "control loop stopped",
-                extra={
-                    "event": "stopped",
-                    "ticks": self.controller.stats.ticks,
-                    "failed_ticks": self.controller.stats.failed,
-                },
-            )
+            stats = self.controller.stats
+            said = {"event": "stopped", "ticks": stats.ticks, "failed_ticks": stats.failed}
+            log.info("control loop stopped", extra=said)

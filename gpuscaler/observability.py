@@ -1,14 +1,12 @@
-"""What an operator sees: Prometheus metrics of every tick, and /healthz, /readyz.
-
-Label sets are bounded: targets come from the config (pools, workloads), kinds and
-outcomes from fixed lists; reasons are reduced to their leading word ("hold", "cooldown",
-"wait", "at bound", "blocked", "no action", or "decision"). No per-pod labels.
-"""
+"""What an operator sees: Prometheus metrics of every tick, and /healthz, /readyz. Label
+sets are bounded: targets from the config, kinds and outcomes from fixed lists, reasons
+reduced to their leading word; no per-pod labels."""
 
 from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -27,157 +25,109 @@ _REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action
 
 def reason_class(skip: Skip) -> str:
     """The bounded label for a skip's reason."""
-    return next((c for c in _REASON_CLASSES if skip.reason.startswith(c)), "other").replace(
-        " ", "_"
-    )
+    found = next((c for c in _REASON_CLASSES if skip.reason.startswith(c)), "other")
+    return found.replace(" ", "_")
 
 
 class ControllerMetrics:
     """Metrics fed by the controller's tick listener; one registry per controller."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self._target_metrics(r)
-        self._decision_metrics(r)
-        self._health_metrics(r)
-        self._preemption_metrics(r)
-        self.config_generation.set(1)
-        self._refused_seen = 0
-
-    def _target_metrics(self, r: CollectorRegistry) -> None:
-        """What was observed and forecast per target."""
-        self.observed = Gauge(
+        self.registry = r = registry or CollectorRegistry()
+        gauge, counter = partial(Gauge, registry=r), partial(Counter, registry=r)
+        # what was observed and forecast per target
+        self.observed = gauge(
             "gpuscaler_observed_value",
             "Newest observed value of a forecast target "
             "(pool: mean GPU utilization in percent; workload: GPU load in percent of one GPU, "
             "or its serving demand in its demand preset's unit).",
             ["kind", "target"],
-            registry=r,
         )
-        self.forecast = Gauge(
+        self.forecast = gauge(
             "gpuscaler_forecast_value",
             "Forecast of a target over the horizon: mean and "
             "interval bounds at the horizon's end, and the peaks over the horizon.",
             ["kind", "target", "series"],
-            registry=r,
         )
-        self.forecast_error = Gauge(
+        self.forecast_error = gauge(
             "gpuscaler_forecast_recent_error",
             "Recent in-window mean absolute error at the "
             "horizon, per forecasting method (the forecaster's self-assessment).",
             ["kind", "target", "method"],
-            registry=r,
         )
-        self.stall = Gauge(
-            "gpuscaler_stall_ratio",
-            "Mean GPU stall over the stall window, as a ratio.",
-            ["pool"],
-            registry=r,
+        self.stall = gauge(
+            "gpuscaler_stall_ratio", "Mean GPU stall over the stall window, as a ratio.", ["pool"]
         )
-
-    def _decision_metrics(self, r: CollectorRegistry) -> None:
-        """Decisions and what they set."""
-        self.decisions = Counter(
+        # decisions and what they set
+        self.decisions = counter(
             "gpuscaler_decisions",
             "Decisions and skips by kind, outcome and reason class.",
             ["kind", "outcome", "reason"],
-            registry=r,
         )
-        self.fragments = Gauge(
-            "gpuscaler_fragments", "Fragments per GPU of a node pool.", ["pool"], registry=r
-        )
-        self.floor = Gauge(
-            "gpuscaler_replica_floor", "Replica floor of a workload.", ["workload"], registry=r
-        )
-        self.replicas = Gauge(
-            "gpuscaler_replicas", "Current replicas of a workload.", ["workload"], registry=r
-        )
-        self.time_slice = Gauge(
+        self.fragments = gauge("gpuscaler_fragments", "Fragments per GPU of a node pool.", ["pool"])
+        self.floor = gauge("gpuscaler_replica_floor", "Replica floor of a workload.", ["workload"])
+        self.replicas = gauge("gpuscaler_replicas", "Current replicas of a workload.", ["workload"])
+        self.time_slice = gauge(
             "gpuscaler_time_slice_level",
             "Time slice level of a node pool (0 default, 1 short, 2 medium, 3 long).",
             ["pool"],
-            registry=r,
         )
-
-    def _health_metrics(self, r: CollectorRegistry) -> None:
-        """The tick, the source, leadership and the config in force."""
+        # the tick, the source, leadership and the config in force
         self.tick_seconds = Histogram(
             "gpuscaler_tick_duration_seconds",
             "Duration of a control tick.",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
-        self.sample_spacing = Gauge(
+        self.sample_spacing = gauge(
             "gpuscaler_sample_spacing_seconds",
             "Measured sample spacing of a Prometheus series coarser than metrics.step (a "
             "scrape interval): its points are read from the newest sample within it.",
             ["series"],
-            registry=r,
         )
-        self.ticks_failed = Counter(
-            "gpuscaler_ticks_failed", "Ticks that raised and were skipped.", registry=r
-        )
-        self.invalid_inputs = Gauge(
+        self.ticks_failed = counter("gpuscaler_ticks_failed", "Ticks that raised and were skipped.")
+        self.invalid_inputs = gauge(
             "gpuscaler_invalid_inputs",
             "Targets skipped in the last tick because their input "
             "was missing, stale or not finite.",
-            registry=r,
         )
-        self.source_up = Gauge(
-            "gpuscaler_source_up",
-            "1 when the source answered in the last tick.",
-            ["source"],
-            registry=r,
+        self.source_up = gauge(
+            "gpuscaler_source_up", "1 when the source answered in the last tick.", ["source"]
         )
-        self.leader = Gauge(
-            "gpuscaler_leader", "1 while this replica is the acting leader.", registry=r
+        self.leader = gauge("gpuscaler_leader", "1 while this replica is the acting leader.")
+        self.config_generation = gauge(
+            "gpuscaler_config_generation", "Generation of the config in force."
         )
-        self.config_generation = Gauge(
-            "gpuscaler_config_generation", "Generation of the config in force.", registry=r
+        self.config_reload_failures = counter(
+            "gpuscaler_config_reload_failures", "New configs refused as invalid."
         )
-        self.config_reload_failures = Counter(
-            "gpuscaler_config_reload_failures", "New configs refused as invalid.", registry=r
-        )
-        self.last_success = Gauge(
+        self.last_success = gauge(
             "gpuscaler_last_successful_tick_timestamp_seconds",
             "Unix time of the last tick that completed.",
-            registry=r,
         )
-
-    def _preemption_metrics(self, r: CollectorRegistry) -> None:
-        """Preemption steps and victims."""
-        self.preemption_steps = Counter(
+        # preemption steps and victims
+        self.preemption_steps = counter(
             "gpuscaler_preemption_steps",
             "Preemption steps by the tier they lead to (soft, hard, cleanup, done, aborted, "
             "given_up, quarantined), the action and its outcome.",
             ["tier", "action", "outcome"],
-            registry=r,
         )
-        self.preemptions_in_flight = Gauge(
-            "gpuscaler_preemptions_in_flight",
-            "Victims in the soft, hard or cleanup tier.",
-            registry=r,
+        self.preemptions_in_flight = gauge(
+            "gpuscaler_preemptions_in_flight", "Victims in the soft, hard or cleanup tier."
         )
-        self.preemption_victims = Gauge(
-            "gpuscaler_preemption_victims",
-            "Victims on record (kept a day), by tier.",
-            ["tier"],
-            registry=r,
+        self.preemption_victims = gauge(
+            "gpuscaler_preemption_victims", "Victims on record (kept a day), by tier.", ["tier"]
         )
+        self.config_generation.set(1)
+        self._refused_seen = 0
 
     def _forecast(self, kind: str, target: str, f: Forecast | None) -> None:
         if f is None:
             return
         self.observed.labels(kind, target).set(f.last_value)
-        for name, value in (
-            ("mean", float(f.mean[-1])),
-            ("lower", float(f.lower[-1])),
-            ("upper", float(f.upper[-1])),
-            ("peak", f.peak),
-            ("peak_upper", f.peak_upper),
-        ):
-            self.forecast.labels(kind, target, name).set(value)
+        ends = {"mean": f.mean[-1], "lower": f.lower[-1], "upper": f.upper[-1]}
+        for name, value in {**ends, "peak": f.peak, "peak_upper": f.peak_upper}.items():
+            self.forecast.labels(kind, target, name).set(float(value))
         for method, err in f.errors.items():
             self.forecast_error.labels(kind, target, method).set(err)
 
@@ -269,9 +219,7 @@ class HealthState:
     and the first tick has seen its sources."""
 
     def __init__(self, controller: Controller, interval: float, clock: Any = time.time) -> None:
-        self.controller = controller
-        self.interval = interval
-        self.clock = clock
+        self.controller, self.interval, self.clock = controller, interval, clock
         self.started = clock()
 
     def healthy(self) -> tuple[bool, str]:
@@ -309,11 +257,8 @@ def serve(
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
                 self._send(200, metrics.exposition(), CONTENT_TYPE_LATEST)
-            elif self.path.startswith("/healthz"):
-                ok, why = health.healthy()
-                self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
-            elif self.path.startswith("/readyz"):
-                ok, why = health.ready()
+            elif self.path.startswith(("/healthz", "/readyz")):
+                ok, why = health.healthy() if self.path.startswith("/healthz") else health.ready()
                 self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
             else:
                 self._send(404, b"not found\n", "text/plain")
@@ -337,8 +282,7 @@ class _AlwaysHealthy:
     def healthy(self) -> tuple[bool, str]:
         return True, "simulation"
 
-    def ready(self) -> tuple[bool, str]:
-        return True, "simulation"
+    ready = healthy
 
 
 def sim_health() -> Any:

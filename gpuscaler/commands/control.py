@@ -34,11 +34,8 @@ def _prometheus_controller(config: Config, state_file: str) -> Controller:
     from gpuscaler.sources import PrometheusSource
 
     state, said = load_state(state_file, config)
-    print(
-        f"source: Prometheus at {redact_url(config.prometheus.url or '')}; {said}; no cluster: "
-        "dry run.",
-        file=sys.stderr,
-    )
+    url = redact_url(config.prometheus.url or "")
+    print(f"source: Prometheus at {url}; {said}; no cluster: dry run.", file=sys.stderr)
     return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
 
 
@@ -80,13 +77,8 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
         if args.state is not None:
             return _reloading(_prometheus_controller(config, args.state), args), None
         api = kube_api(args.kubeconfig, config.kubernetes)
-        parts = cluster_controller(
-            config,
-            api,
-            dry_run=args.dry_run,
-            config_path=args.config,
-            leader_election=args.command == "run" and not args.no_leader_election,
-        )
+        elect = args.command == "run" and not args.no_leader_election
+        parts = cluster_controller(config, api, args.dry_run, args.config, elect)
         return parts.controller, parts
     except (SetupError, ValueError) as e:
         print(str(e), file=sys.stderr)
@@ -127,7 +119,7 @@ def _serve_external_scaler(
 ) -> Any:
     """KEDA's external scaler (gpuscaler.extscaler) when a port is set; None when off."""
     port = args.external_scaler_port
-    port = config.external_scaler.port if port is None else port
+    port = config.external_scaler.port if port is None else port  # 0: off
     if not port:
         return None
     if parts is None:
@@ -151,9 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     controller, parts = _controller(args, config)
     registry = None
     if args.metrics_port:
-        registry = _serve_metrics(
-            controller, parts, config.control.interval, args.metrics_port, args.metrics_host
-        )
+        interval = config.control.interval
+        registry = _serve_metrics(controller, parts, interval, args.metrics_port, args.metrics_host)
     external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads
@@ -189,26 +180,12 @@ def add_controller_parsers(sub: Any) -> None:
             )
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
-            p.add_argument(
-                "--no-leader-election",
-                action="store_true",
-                help="act without a Lease (one replica only)",
-            )
-            p.add_argument(
-                "--metrics-port",
-                type=int,
-                default=8080,
-                help="/metrics, /healthz, /readyz (0: off)",
-            )
-            p.add_argument(
-                "--metrics-host",
-                default="0.0.0.0",
-                help="address to serve /metrics, /healthz, /readyz on (default: all, for probes)",
-            )
-            p.add_argument(
-                "--external-scaler-port",
-                type=int,
-                default=None,
-                help="KEDA external scaler gRPC port (default: external_scaler.port; 0: off)",
-            )
+            lease = "act without a Lease (one replica only)"
+            p.add_argument("--no-leader-election", action="store_true", help=lease)
+            probes = "/metrics, /healthz, /readyz"
+            p.add_argument("--metrics-port", type=int, default=8080, help=f"{probes} (0: off)")
+            where = f"address to serve {probes} on (default: all, for probes)"
+            p.add_argument("--metrics-host", default="0.0.0.0", help=where)
+            keda = "KEDA external scaler gRPC port (default: external_scaler.port; 0: off)"
+            p.add_argument("--external-scaler-port", type=int, default=None, help=keda)
         p.set_defaults(func=func)

@@ -86,17 +86,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     summary = result.summary()
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(table(summary))
+    print(json.dumps(summary) if args.json else table(summary))
     if args.report:
         for path in write_report(result, Path(args.report)):
             print(f"wrote {path}", file=sys.stderr)
     if args.metrics_port:
         print("replay done; still serving /metrics until interrupted", file=sys.stderr)
         sys.stdout.flush()
-        while not stop.wait(0.2):
+        while not stop.wait(0.2):  # a timeout: the signal handler runs between waits
             pass
     return EXIT_OK
 
@@ -108,16 +105,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     now = time.time()
     since = parse_when(args.since, now, "--since")
     until = parse_when(args.until, now, "--until")
-    step = None
-    if args.step is not None:
-        try:
-            step = parse_duration(args.step)
-        except ValueError as e:
-            print(f"--step: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if step < 1:
-            print(f"--step must be at least 1s, got {args.step}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+    try:
+        step = None if args.step is None else parse_duration(args.step)
+    except ValueError as e:
+        print(f"--step: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if step is not None and step < 1:
+        print(f"--step must be at least 1s, got {args.step}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     report = Path(args.report) if args.report else None
     outcome = run_whatif(
         config,
@@ -158,33 +153,22 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     cfg: ForecastConfig = config.forecast
     try:
+        bins = (horizon, window, resample, args.agg, args.max_origins)
         report = backtest(
-            args.series,
-            cfg,
-            horizon,
-            window,
-            resample,
-            args.agg,
-            args.max_origins,
-            demand_path=args.demand,
-            demand_agg=args.demand_agg,
+            args.series, cfg, *bins, demand_path=args.demand, demand_agg=args.demand_agg
         )
     except BacktestError as e:
         print(f"bad series: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(backtest_table(report))
+    print(json.dumps(report) if args.json else backtest_table(report))
     return EXIT_OK
 
 
 def backtest_table(report: dict[str, Any]) -> str:
     lines = [f"horizon {report['horizon_s']:g}s"]
-    header = (
+    lines.append(
         f"{'series':<24}{'method':<20}{'mae':>10}{'rel_naive':>11}{'peak_mae':>10}{'coverage':>10}"
     )
-    lines.append(header)
     sections = {"(overall)": report["overall"], **report["series"]}
     for name, methods in sections.items():
         for method, s in methods.items():
@@ -206,41 +190,29 @@ def backtest_table(report: dict[str, Any]) -> str:
 def add_simulate_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="replay a load trace against a simulated cluster")
     p.add_argument("--trace", help="CSV: time column, then requests per bin (default: bundled)")
-    p.add_argument(
-        "--hours", type=float, default=None, help="hours of the trace to replay (default 24)"
-    )
+    hours = "hours of the trace to replay (default 24)"
+    p.add_argument("--hours", type=float, default=None, help=hours)
     p.add_argument("--start", type=float, default=0.0, help="hours into the trace to start at")
-    p.add_argument(
-        "--resample",
-        help="bin a per-request log or irregular series into counts per bin, e.g. 10s",
+    binned = "bin a per-request log or irregular series into counts per bin, e.g. 10s"
+    p.add_argument("--resample", help=binned)
+    column = (
+        "column holding requests (default: the first numeric one; with --resample, "
+        "rows are counted unless a column is named, whose values are then summed)"
     )
-    p.add_argument(
-        "--column",
-        help="column holding requests (default: the first numeric one; with --resample, "
-        "rows are counted unless a column is named, whose values are then summed)",
-    )
-    p.add_argument(
-        "--no-baselines",
-        action="store_true",
-        help="skip the three baselines' sweeps over targets 40..90 %% (33 runs): no "
+    p.add_argument("--column", help=column)
+    skip = (
+        "skip the three baselines' sweeps over targets 40..90 %% (33 runs): no "
         "equal-cost comparison and no trade-off curves; gpuscaler and the reactive HPA at "
-        "70 %% still run",
+        "70 %% still run"
     )
+    p.add_argument("--no-baselines", action="store_true", help=skip)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--config", help="config YAML (default: built-in defaults)")
-    p.add_argument(
-        "--report",
-        metavar="DIR",
-        type=report_dir,
-        help="write decisions.jsonl, summary.json and a PNG",
-    )
+    written = "write decisions.jsonl, summary.json and a PNG"
+    p.add_argument("--report", metavar="DIR", type=report_dir, help=written)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="serve the replay's metrics on 127.0.0.1:PORT, and keep serving until interrupted",
-    )
+    serving = "serve the replay's metrics on 127.0.0.1:PORT, and keep serving until interrupted"
+    p.add_argument("--metrics-port", type=int, default=0, help=serving)
     p.set_defaults(func=cmd_simulate)
 
 
@@ -251,69 +223,52 @@ def add_backtest_parser(sub: Any) -> None:
     p.add_argument("--resample", help="bin width, e.g. 1m (irregular or fine series)")
     p.add_argument("--agg", default="mean", choices=["mean", "sum", "max", "count"])
     p.add_argument("--window", help="history per origin (default: metrics.window)")
-    p.add_argument(
-        "--demand",
-        help="CSV of each series' demand (request rate, queue), the leading signal: "
-        "same series names, or one series for all",
+    demand = (
+        "CSV of each series' demand (request rate, queue), the leading signal: "
+        "same series names, or one series for all"
     )
-    p.add_argument(
-        "--demand-agg",
-        choices=["mean", "sum", "max", "count"],
-        help="--resample aggregation of the demand (default: --agg)",
-    )
-    p.add_argument(
-        "--max-origins", type=positive_int, default=400, help="origins per series at most"
-    )
+    p.add_argument("--demand", help=demand)
+    agg = "--resample aggregation of the demand (default: --agg)"
+    p.add_argument("--demand-agg", choices=["mean", "sum", "max", "count"], help=agg)
+    most = "origins per series at most"
+    p.add_argument("--max-origins", type=positive_int, default=400, help=most)
     p.add_argument("--config", help="config YAML (forecast section)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_backtest)
 
 
 def add_whatif_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "whatif", help="replay your own Prometheus history: what gpuscaler would have done"
-    )
+    mine = "replay your own Prometheus history: what gpuscaler would have done"
+    p = sub.add_parser("whatif", help=mine)
     p.add_argument("--config", required=True, help="config YAML with prometheus.url")
     p.add_argument("--since", default="7d", help="start: '7d' ago, RFC 3339 or unix seconds")
     p.add_argument("--until", default="now", help="end: 'now', a duration ago, RFC 3339")
-    p.add_argument(
-        "--workload", action="extend", nargs="+", metavar="NS/NAME", help="only these workloads"
-    )
-    p.add_argument(
-        "--step",
-        help="read step, and the replay's slot (default forecast.fit_step, 10s; not coarser)",
-    )
+    only = "only these workloads"
+    p.add_argument("--workload", action="extend", nargs="+", metavar="NS/NAME", help=only)
+    step = "read step, and the replay's slot (default forecast.fit_step, 10s; not coarser)"
+    p.add_argument("--step", help=step)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument(
-        "--jobs",
-        type=positive_int,
-        help="processes replaying at once (default: one a core, as many as --memory holds "
-        "with 10 lanes each: 2 at 1GiB for a week)",
+    jobs = (
+        "processes replaying at once (default: one a core, as many as --memory holds "
+        "with 10 lanes each: 2 at 1GiB for a week)"
     )
-    p.add_argument(
-        "--lanes",
-        type=positive_int,
-        help="workloads a process ticks in lockstep through one controller (default 50, fewer "
-        "when the run would pass --memory: about 5 MB a lane-week; 1: each alone)",
+    p.add_argument("--jobs", type=positive_int, help=jobs)
+    lanes = (
+        "workloads a process ticks in lockstep through one controller (default 50, fewer "
+        "when the run would pass --memory: about 5 MB a lane-week; 1: each alone)"
     )
-    p.add_argument(
-        "--memory",
-        type=memory_size,
-        default="1GiB",
-        help="memory the whole run sizes its processes and lanes within (default 1GiB; e.g. "
-        "4GiB on a larger machine for one process a core)",
+    p.add_argument("--lanes", type=positive_int, help=lanes)
+    memory = (
+        "memory the whole run sizes its processes and lanes within (default 1GiB; e.g. "
+        "4GiB on a larger machine for one process a core)"
     )
-    p.add_argument(
-        "--no-baselines",
-        action="store_true",
-        help="skip the three baselines' sweeps over targets 40..90 %% (33 runs a workload): "
-        "no equal-cost comparison and no verdict",
+    p.add_argument("--memory", type=memory_size, default="1GiB", help=memory)
+    skip = (
+        "skip the three baselines' sweeps over targets 40..90 %% (33 runs a workload): "
+        "no equal-cost comparison and no verdict"
     )
-    p.add_argument(
-        "--report",
-        metavar="DIR",
-        type=report_dir,
-        help="write decisions.jsonl, summary.json and one PNG per workload",
-    )
+    p.add_argument("--no-baselines", action="store_true", help=skip)
+    written = "write decisions.jsonl, summary.json and one PNG per workload"
+    p.add_argument("--report", metavar="DIR", type=report_dir, help=written)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_whatif)

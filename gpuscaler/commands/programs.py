@@ -10,22 +10,13 @@ from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, config_or_exit
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    """The node agent (issue 16): see gpuscaler.agent."""
+    """The node agent: see gpuscaler.agent."""
     from gpuscaler.agent.app import AgentArgs, AgentSetupError, run_agent
 
     config = config_or_exit(args.config, require_targets=False)  # the agent manages its node
+    names = ("node", "kubeconfig", "metrics_port", "metrics_host", "fake_nvml", "max_polls")
     try:
-        return run_agent(
-            config,
-            AgentArgs(
-                node=args.node,
-                kubeconfig=args.kubeconfig,
-                metrics_port=args.metrics_port,
-                metrics_host=args.metrics_host,
-                fake_nvml=args.fake_nvml,
-                max_polls=args.max_polls,
-            ),
-        )
+        return run_agent(config, AgentArgs(**{n: getattr(args, n) for n in names}))
     except AgentSetupError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -44,7 +35,7 @@ def add_agent_parser(sub: Any) -> None:
 
 
 def cmd_extender(args: argparse.Namespace) -> int:
-    """The scheduler extender for a second kube-scheduler (issue 15)."""
+    """The scheduler extender for a second kube-scheduler."""
     from gpuscaler.app import SetupError, kube_api
 
     config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets

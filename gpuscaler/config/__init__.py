@@ -1,14 +1,8 @@
-"""Typed, validated configuration loaded from YAML.
-
-Every threshold lives here with its unit and its default. `load_config` returns a frozen
-`Config` or raises `ConfigError` listing *every* problem with its YAML path; nothing
-downstream ever sees a half-valid config.
-
-Overrides: each node pool may override any field of `fragments`, `time_slice` and
-`forecast`; each workload any field of `replicas` and `forecast`. An override is merged
-over the global section and the merged section is validated as a whole, so a
-contradiction an override creates (say `more_below_pct` above `fewer_above_pct`) is
-reported at the override's path.
+"""Typed, validated configuration loaded from YAML: every threshold with its unit and
+default. `load_config` returns a frozen `Config` or raises `ConfigError` listing every
+problem with its YAML path. A node pool may override `fragments`, `time_slice` and
+`forecast`, a workload `replicas` and `forecast`; the merged section is validated whole,
+so a contradiction an override creates is reported at the override's path.
 """
 
 from __future__ import annotations
@@ -35,9 +29,13 @@ from gpuscaler.config.control import (
 )
 from gpuscaler.config.loading import (
     MANAGES_NOTHING,
+    POOL_OVERRIDABLE,
+    WORKLOAD_OVERRIDABLE,
     Config,
     ConfigError,
-    Sections,
+    NodePoolConfig,
+    NodeSelector,
+    WorkloadConfig,
     load_config,
     merge_section,
     parse_config,
@@ -54,13 +52,6 @@ from gpuscaler.config.systems import (
     SchedulerConfig,
     SimulatorConfig,
     redact_url,
-)
-from gpuscaler.config.targets import (
-    POOL_OVERRIDABLE,
-    WORKLOAD_OVERRIDABLE,
-    NodePoolConfig,
-    NodeSelector,
-    WorkloadConfig,
 )
 
 __all__ = [
@@ -90,7 +81,6 @@ __all__ = [
     "ReplicasConfig",
     "SchedulerConfig",
     "Seconds",
-    "Sections",
     "SimulatorConfig",
     "StrictModel",
     "TimeSliceConfig",

@@ -5,15 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, TypeVar
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    ValidationInfo,
-    field_validator,
-)
-
-# --------------------------------------------------------------------------- durations
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -76,8 +68,6 @@ class StrictModel(BaseModel):
             raise ValueError(f"expected a number, got {str(value).lower()}")
         return value
 
-
-# --------------------------------------------------------------------------- targets
 
 M = TypeVar("M", bound=BaseModel)
 

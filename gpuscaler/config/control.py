@@ -1,6 +1,5 @@
-"""The deciders' config sections: control loop, metrics, forecast, fragments,
-time slice and replica floors.
-"""
+"""The deciders' config sections: control loop, metrics, forecast, fragments, time slice
+and replica floors."""
 
 from __future__ import annotations
 
@@ -8,6 +7,9 @@ from typing import Literal, Self
 
 from pydantic import (
     Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -15,14 +17,11 @@ from pydantic import (
 
 from gpuscaler.config.base import Seconds, StrictModel, format_duration
 
-# --------------------------------------------------------------------------- sections
-
 
 class ControlConfig(StrictModel):
     interval: Seconds = Field(30.0, gt=0, le=3600)
-    """How often the controller ticks (at most hourly: slower cannot act ahead of load).
-    30 s: twice the HPA sync period, well below the 5 min horizon, and cheap with the
-    batched forecaster."""
+    """How often the controller ticks: 30 s is twice the HPA sync period, well below the
+    horizon (at most hourly: slower cannot act ahead of load)."""
     dry_run: bool = False
     """Plan and report, never write to the cluster."""
 
@@ -33,30 +32,25 @@ class MetricsConfig(StrictModel):
     window: Seconds = Field(3600.0, gt=0)
     """History the forecaster sees: 1 h holds several load swings at 500 ms (7,200 points)."""
     staleness: Seconds = Field(120.0, gt=0)
-    """Newest sample older than this means the target is skipped: 2 min is four missed
-    control ticks, long past any scrape jitter."""
+    """Newest sample older than this: the target is skipped (four missed ticks)."""
 
 
 class ForecastConfig(StrictModel):
     horizon: Seconds = Field(300.0, gt=0)
     """How far ahead to forecast: 5 min covers a replica cold start plus KEDA polling."""
-    order: tuple[int, int, int] = (5, 1, 0)
+    order: tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt] = (5, 1, 0)
     """ARIMA (p, d, q). The fast engine covers q = 0 and d in {0, 1}."""
     fit_step: Seconds = Field(10.0, gt=0)
-    """Bucket the 500 ms samples into means of this width before fitting: at 5 min ahead,
-    10 s buckets keep the model's memory (p lags) meaningful and cost 20x less."""
+    """The samples are bucketed into means of this width before fitting: at 5 min ahead,
+    10 s keeps the model's p lags meaningful."""
     interval_level: float = Field(0.7, ge=0.5, lt=1.0)
     """Two-sided prediction interval level; its upper bound (the 85th percentile at 0.7)
-    sets replica floors. Measured by the simulator on six days of the bundled trace (with
-    replicas.lead_time 2m): 0.6 leaves 37-54 % of the reactive HPA's under-provisioning
-    for +4-7 % GPU-hours, 0.7 leaves 28-33 % for +5-9 %, 0.8 leaves 20-25 % for +6-11 %."""
+    sets replica floors: a higher level buys less under-provisioning for more GPU-hours."""
     ensemble: bool = True
-    """Forecast the ensemble of ARIMA, exponential smoothing (best-fit and averaged over its
-    constants) and the 2-minute window mean, weighted by their recent error on the series'
-    own history, instead of ARIMA alone (see the README's Forecasting section)."""
+    """The ensemble of ARIMA, exponential smoothing and the window mean, weighted by recent
+    error on the series' own history, instead of ARIMA alone."""
     engine: Literal["fast", "statsmodels"] = "fast"
-    """fast: batched least-squares ARIMA(p,d,0) for all series at once; statsmodels: the
-    reference ARIMA, 100x slower."""
+    """fast: batched least-squares ARIMA(p,d,0); statsmodels: the reference, far slower."""
     min_history: Seconds = Field(600.0, gt=0)
     """Fewer observed seconds than this in the window: no forecast, no action."""
     refit_every: Seconds = Field(300.0, gt=0)
@@ -65,8 +59,6 @@ class ForecastConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Self:
         p, d, q = self.order
-        if p < 0 or d < 0 or q < 0:
-            raise ValueError(f"order {self.order}: p, d, q must be >= 0")
         if d > 1:
             raise ValueError(f"order {self.order}: d > 1 is not supported (use 0 or 1)")
         if q > 0 and self.engine == "fast":
@@ -89,38 +81,31 @@ class FragmentsConfig(StrictModel):
     """Forecast GPU utilization above this: halve fragments, each task gets more GPU."""
     more_below_pct: float = Field(40.0, ge=0, lt=100)
     """Forecast upper bound below this: double fragments, more concurrency."""
-    allowed: tuple[int, ...] = (1, 2, 4, 8)
+    allowed: tuple[PositiveInt, ...] = Field((1, 2, 4, 8), min_length=1)
     """Fragment counts a node pool may use; each names a device-plugin config ts-<n>."""
-    min_fragment_memory_gib: dict[Literal["training", "inference"], float] = Field(
+    min_fragment_memory_gib: dict[Literal["training", "inference"], PositiveFloat] = Field(
         default_factory=lambda: {"training": 8.0, "inference": 4.0}  # type: ignore[arg-type]
     )
-    """Memory floor per fragment: training holds optimizer state (8 GB), inference the
-    weights and KV cache of a small model (4 GB)."""
+    """Memory floor per fragment: training holds optimizer state, inference the weights
+    and KV cache of a small model."""
     memory_reserve_ratio: float = Field(0.10, ge=0, lt=1)
     """Kept free on every GPU against OOM from a tenant's burst (10 %)."""
     max_memory_overcommit: float = Field(1.5, ge=1.0, le=4.0)
-    """Sum of fragment memory may exceed usable memory by this factor: tenants rarely
-    peak together (1.5x)."""
+    """Fragment memory may exceed usable memory this much: tenants rarely peak together."""
     max_compute_commit: float = Field(1.0, gt=0, le=1.0)
     """Projected compute demand per GPU after a change, as a share: never over 1.0."""
     sustain: Seconds = Field(60.0, ge=0)
-    """A trigger must hold this long before acting, so a value hovering at a threshold
-    does not flap."""
+    """A trigger must hold this long before acting, so a hovering value does not flap."""
     reversal_margin_pct: float = Field(5.0, ge=0)
     """A change against the previous one must pass its threshold by this much."""
     cooldown: Seconds = Field(600.0, ge=0)
-    """Minimum time between fragment changes of one pool: each change restarts the device
-    plugin on every node of the pool."""
+    """Between fragment changes of one pool: each restarts the pool's device plugins."""
     max_step: int = Field(1, ge=1, le=3)
     """Halvings or doublings per change."""
 
     @field_validator("allowed")
     @classmethod
     def _allowed(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value:
-            raise ValueError("allowed must list at least one fragment count")
-        if any(v < 1 for v in value):
-            raise ValueError("fragment counts must be >= 1")
         if list(value) != sorted(set(value)):
             raise ValueError("allowed must be strictly increasing without repeats")
         return value
@@ -137,20 +122,10 @@ class FragmentsConfig(StrictModel):
                 "or fragments would flap"
             )
         if value * 2 > fewer + 1e-9:
-            # Doubling fragments can double per-GPU demand: a "more" from above half the
-            # "fewer" threshold would be undone by the next tick.
             raise ValueError(
                 f"more_below_pct ({value:g}) must be at most half of fewer_above_pct "
                 f"({fewer:g}): doubling fragments can double per-GPU demand"
             )
-        return value
-
-    @field_validator("min_fragment_memory_gib")
-    @classmethod
-    def _positive_floors(cls, value: dict[str, float]) -> dict[str, float]:
-        for kind, gib in value.items():
-            if gib <= 0:
-                raise ValueError(f"{kind}: must be > 0 GiB")
         return value
 
 
@@ -166,12 +141,11 @@ class TimeSliceConfig(StrictModel):
     recover_below_pct: float = Field(7.5, ge=0)
     """Mean stall below this for `stabilization`: step back toward the base level."""
     compute_bound_level: TimeSliceLevel = "medium"
-    """Base level for compute-bound pools: a longer slice (nvidia-smi levels carry no
-    published durations; the design's 100 ms intent)."""
+    """Base level for compute-bound pools: a longer slice."""
     io_bound_level: TimeSliceLevel = "short"
-    """Base level for IO-bound pools: a shorter slice (the design's 50 ms intent)."""
+    """Base level for IO-bound pools: a shorter slice."""
     cooldown: Seconds = Field(600.0, ge=0)
-    """Minimum time between changes of one pool; a change needs the 5 min window to refill."""
+    """Between changes of one pool: a change needs the stall window to refill."""
     stabilization: Seconds = Field(900.0, ge=0)
     """Stall must stay low this long before the slice steps back down."""
     max_step: int = Field(1, ge=1, le=3)
@@ -198,50 +172,40 @@ class ReplicasConfig(StrictModel):
     scale_down_stabilization: Seconds = Field(300.0, ge=0)
     """The floor drops only to the highest recommendation of this window (HPA's 300 s)."""
     max_step_up_gpus: float = Field(4.0, gt=0)
-    """GPUs' worth of replicas the floor adds per change at most, or the floor's own size
-    when larger (the HPA's default scale-up policy: double, or add 4 pods, per period),
-    in GPUs so the limit means the same at any fragment count."""
+    """GPUs' worth of replicas the floor adds per change at most, or its own size when
+    larger (the HPA's default: double, or add 4 pods)."""
     scale_down_margin: float = Field(0.05, ge=0, lt=1)
     """The floor steps down only to a count whose capacity holds the window's highest
-    demand this far below it (0.05: at most 95 % of it). With the tolerance (up only
-    10 % above a count), a demand hovering at one replica's boundary no longer flips the
-    floor up and down every stabilization window. 0: down as soon as the demand fits,
-    as the HPA does."""
+    demand this far below it, so a demand at a replica's boundary does not flip the floor
+    every window. 0: down as soon as the demand fits, as the HPA does."""
     whole_gpus: bool = True
-    """The floor changes in whole GPUs: replicas of a GPU share (k to a GPU) are raised to
-    fill the last GPU they hold (its empty slots cost nothing more), and a step down
-    that frees no GPU is not taken (it only takes capacity away). False: any count."""
+    """The floor changes in whole GPUs: replicas of a GPU share fill the last GPU they hold
+    (its empty slots cost nothing), and a step down that frees no GPU is not taken."""
     max_step_down_gpus: float | None = Field(None, gt=0)
-    """GPUs' worth of replicas the floor removes per change at most; null (default): no
-    limit beyond the stabilization window, like the HPA's default scale-down policy. A
-    limit spreads one fall of the load over several replica changes."""
+    """GPUs' worth of replicas the floor removes per change at most; null: no limit beyond
+    the stabilization window, like the HPA's default."""
     cooldown: Seconds = Field(30.0, ge=0)
     """Minimum time between floor changes of one workload (one KEDA polling interval)."""
     lead_time: Seconds = Field(120.0, gt=0)
-    """The floor covers the forecast's upper bound from now to now + lead_time: about
-    the time a replica added now needs to serve (KEDA polling + cold start)."""
+    """The floor covers the forecast's upper bound this far ahead: the time a replica added
+    now needs to serve (KEDA polling + cold start)."""
     skill_check: bool = True
     """Score the forecast against reactive sizing and fall back when it has no skill
     (false: the forecast's upper bound always counts with the observed demand)."""
     skill_window: Seconds = Field(3600.0, gt=0)
     """Forecast origins of this long are scored for the skill self-assessment."""
     reserve_window: Seconds = Field(7200.0, ge=0)
-    """A burst that outran reactive sizing at full use keeps a reserve for it this long
-    (gpuscaler.core.reserve); 0: no reserve. Two hours: bursts that come at random a
-    mean 36 minutes apart (the synthetic "bursts" family) are often more than an hour
-    apart, and a one-hour reserve had lapsed when the next one came."""
+    """A burst that outran reactive sizing at full use keeps a reserve this long (0: none):
+    random bursts are often more than an hour apart."""
     skill_min_origins: int = Field(20, ge=1)
-    """Fewer scored origins than this: no verdict yet, the floor stays reactive until
-    the forecast has shown skill."""
+    """Fewer scored origins than this: no verdict yet, the floor stays reactive."""
     skill_fallback_below: float = Field(0.1, ge=-1, le=1)
-    """Skill below this: the floor stops following the forecast and sizes for the
-    observed value (reactive on the workload's signal). Skill is the share of a reactive
-    scaler's shortfall the forecast's extra capacity avoided beyond what the same extra
-    capacity as flat headroom or as a level floor would have (gpuscaler.core.skill)."""
+    """Skill below this: the floor sizes for the observed demand alone. Skill is the share
+    of reactive sizing's shortfall the forecast avoided beyond flat headroom or a level
+    floor at the same cost (`assess` in gpuscaler.core.replicas)."""
     skill_return_above: float = Field(0.2, ge=-1, le=1)
-    """Skill back above this: the forecast sets the floor again (hysteresis). White noise
-    with its level known exactly scores 0-0.12 (tests/core/test_skill.py), a 20-minute cycle
-    0.63."""
+    """Skill back above this: the forecast sets the floor again (hysteresis; white noise
+    scores up to about 0.12)."""
 
     @field_validator("skill_return_above")
     @classmethod

@@ -1,21 +1,32 @@
-"""The whole config, and how a YAML file becomes one: every problem named with its path."""
+"""The whole config with what it manages (node pools and workloads, each with its
+overrides), and how a YAML file becomes one: every problem named with its path."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
 import yaml
 from pydantic import (
     BaseModel,
+    Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
-from gpuscaler.config.base import MAX_CONFIG_BYTES, M, StrictModel, format_duration, parse_duration
+from gpuscaler.config.base import (
+    MAX_CONFIG_BYTES,
+    M,
+    StrictModel,
+    format_duration,
+    only_sections,
+    parse_duration,
+)
 from gpuscaler.config.control import (
     ControlConfig,
     ForecastConfig,
@@ -33,15 +44,89 @@ from gpuscaler.config.systems import (
     SchedulerConfig,
     SimulatorConfig,
 )
-from gpuscaler.config.targets import (
-    POOL_OVERRIDABLE,
-    WORKLOAD_OVERRIDABLE,
-    NodePoolConfig,
-    WorkloadConfig,
-)
+from gpuscaler.demand import DemandConfig
 from gpuscaler.errors import InputError
 
 T = TypeVar("T")
+
+
+class NodeSelector(StrictModel):
+    label: str = Field(min_length=1)
+    value: str = Field(min_length=1)
+
+
+class NodePoolConfig(StrictModel):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    selector: NodeSelector
+    gpu_memory_gib: float = Field(gt=0)
+    """Memory of one GPU of the pool (e.g. 80 for an A100 80GB)."""
+    workload_type: Literal["training", "inference"] = "inference"
+    """Sets the fragment memory floor."""
+    profile: Literal["compute_bound", "io_bound"] = "compute_bound"
+    """Sets the base time slice level."""
+    sharing: Literal["time-slicing", "mps"] = "time-slicing"
+    initial_fragments: int | None = Field(None, ge=1)
+    """Fragments assumed when no adapter reports them (simulator, first cycle)."""
+    metrics_matchers: dict[str, str] = Field(default_factory=dict)
+    """Exact-match labels that select this pool's GPU series in Prometheus, e.g. {modelName:
+    NVIDIA A100-SXM4-80GB} ("Hostname" also matches the lowercase "hostname")."""
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("metrics_matchers")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:  # Prometheus' grammar; a value may be anything (it is escaped)
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) or name.startswith("__"):
+                raise ValueError(
+                    f"{name!r} is not a Prometheus label name (letters, digits and '_', not "
+                    "starting with a digit or '__')"
+                )
+        return value
+
+    @field_validator("overrides")
+    @classmethod
+    def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return only_sections(value, POOL_OVERRIDABLE, "a node pool")
+
+
+class WorkloadConfig(StrictModel):
+    namespace: str = Field(min_length=1)
+    kind: Literal["ScaledObject", "HorizontalPodAutoscaler"]
+    name: str = Field(min_length=1)
+    type: Literal["training", "inference"] = "inference"
+    node_pool: str | None = None
+    """The pool it runs on (for fragments and preemption); optional."""
+    priority: int | None = None
+    """Priority of its pods (preemption.forecast_trigger frees GPUs for those of a high one)."""
+    gpus_per_replica: int = Field(1, ge=1)
+    """GPU shares one replica requests (nvidia.com/gpu)."""
+    demand: DemandConfig | None = None
+    """Demand from the serving stack's own metrics (a preset or a query) instead of its pods'
+    GPU utilization (gpuscaler.demand)."""
+    leading_query: str | None = Field(None, min_length=1)
+    """PromQL of the workload's demand (request rate, queue length): a leading signal, used
+    when mapped to GPU load it has been more accurate than the load's own forecast."""
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+    @field_validator("overrides")
+    @classmethod
+    def _sections(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return only_sections(value, WORKLOAD_OVERRIDABLE, "a workload")
+
+
+POOL_OVERRIDABLE: dict[str, type[BaseModel]] = {
+    "fragments": FragmentsConfig,
+    "time_slice": TimeSliceConfig,
+    "forecast": ForecastConfig,
+}
+WORKLOAD_OVERRIDABLE: dict[str, type[BaseModel]] = {
+    "replicas": ReplicasConfig,
+    "forecast": ForecastConfig,
+}
 
 
 class Config(StrictModel):
@@ -84,71 +169,58 @@ class Config(StrictModel):
     _overrides: dict[str, dict[str, dict[str, Any]]] | None = PrivateAttr(default=None)
     _memo: dict[str, Any] = PrivateAttr(default_factory=dict)
 
-    # Resolved per-target policy: global section with the target's override merged in,
-    # validated once and kept. Targets are indexed once per config (a config is frozen),
-    # so a tick plans in time linear in the number of targets.
+    # A config is frozen: each target's section (the global one with the target's override
+    # merged in) is resolved once and kept, so a tick plans in time linear in the targets.
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy with its own (empty) caches: pydantic copies private attributes, and a
-        copy with other targets must not answer from the original's index."""
+        """A copy with its own (empty) caches: one with other targets must not answer from
+        the original's."""
         copy = super().model_copy(update=update, deep=deep)
         copy._resolved, copy._overrides, copy._memo = {}, None, {}
         return copy
 
     def memo(self, name: str, build: Callable[[], T]) -> T:
-        """What `build` gives, built once per config and kept under `name` (a config is
-        frozen): per-target tables a tick would otherwise rebuild (issue 18)."""
+        """What `build` gives, built once per config and kept under `name`."""
         if name not in self._memo:
             self._memo[name] = build()
         found: T = self._memo[name]
         return found
 
-    def _target_overrides(self, owner: str) -> dict[str, dict[str, Any]]:
-        if self._overrides is None:
-            index = {f"pool:{p.name}": p.overrides for p in self.node_pools}
-            index |= {f"workload:{w.key}": w.overrides for w in self.workloads}
-            self._overrides = index
-        return self._overrides.get(owner, {})
-
     def pool_section(self, pool: str, section: str, model: type[M]) -> M:
-        owner = f"pool:{pool}"
-        return self._section(owner, section, self._target_overrides(owner).get(section), model)
+        return self._section(f"pool:{pool}", section, model)
 
     def workload_section(self, key: str, section: str, model: type[M]) -> M:
-        owner = f"workload:{key}"
-        return self._section(owner, section, self._target_overrides(owner).get(section), model)
+        return self._section(f"workload:{key}", section, model)
 
     def pool_sections(self, section: str, model: type[M]) -> Sections[M]:
-        """Every pool's `section` by name, resolved once per config: a tick reads a plain
-        dict instead of asking `pool_section` per target (issue 18)."""
+        """Every pool's `section` by name, resolved once per config."""
         resolve = partial(self.pool_section, section=section, model=model)
-        return self._sections(f"pool:{section}", lambda: [p.name for p in self.node_pools], resolve)
-
-    def workload_sections(self, section: str, model: type[M]) -> Sections[M]:
-        """Every workload's `section` by key, resolved once per config (as pool_sections)."""
-        resolve = partial(self.workload_section, section=section, model=model)
-        return self._sections(
-            f"workload:{section}", lambda: [w.key for w in self.workloads], resolve
+        table = self.memo(
+            f"pool:{section}", lambda: {p.name: resolve(p.name) for p in self.node_pools}
         )
-
-    def _sections(
-        self, name: str, targets: Callable[[], list[str]], resolve: Callable[[str], M]
-    ) -> Sections[M]:
-        table = self.memo(name, lambda: {t: resolve(t) for t in targets()})
         return Sections(table, resolve)
 
-    def _section(
-        self, owner: str, section: str, override: dict[str, Any] | None, model: type[M]
-    ) -> M:
-        base = getattr(self, section)
-        if override is None:
-            assert isinstance(base, model)
-            return base
-        cached = self._resolved.get((owner, section))
-        if cached is None:
-            cached = merge_section(base, override, model)
-            self._resolved[(owner, section)] = cached
-        assert isinstance(cached, model)
-        return cached
+    def workload_sections(self, section: str, model: type[M]) -> Sections[M]:
+        """Every workload's `section` by key, resolved once per config."""
+        resolve = partial(self.workload_section, section=section, model=model)
+        table = self.memo(
+            f"workload:{section}", lambda: {w.key: resolve(w.key) for w in self.workloads}
+        )
+        return Sections(table, resolve)
+
+    def _section(self, owner: str, section: str, model: type[M]) -> M:
+        if self._overrides is None:
+            index = {f"pool:{p.name}": p.overrides for p in self.node_pools}
+            self._overrides = index | {f"workload:{w.key}": w.overrides for w in self.workloads}
+        override = self._overrides.get(owner, {}).get(section)
+        found = getattr(self, section)
+        if override is not None:
+            found = self._resolved.get((owner, section))
+            if found is None:
+                found = self._resolved[(owner, section)] = merge_section(
+                    getattr(self, section), override, model
+                )
+        assert isinstance(found, model)
+        return found
 
     def summary(self) -> str:
         return (
@@ -161,8 +233,7 @@ class Config(StrictModel):
 
 
 class Sections(Generic[M]):
-    """A config's resolved sections by target; a target it does not configure gets what
-    `pool_section` / `workload_section` give it (the global section)."""
+    """A config's resolved sections by target; an unconfigured target gets the global one."""
 
     __slots__ = ("_resolve", "_table")
 
@@ -172,9 +243,6 @@ class Sections(Generic[M]):
     def __getitem__(self, key: str) -> M:
         found: M | None = self._table.get(key)
         return self._resolve(key) if found is None else found
-
-
-# --------------------------------------------------------------------------- loading
 
 
 def _as_yaml(section: BaseModel) -> dict[str, Any]:
@@ -225,8 +293,8 @@ def _problems(error: ValidationError, prefix: tuple[int | str, ...] = ()) -> lis
 
 
 def _override_problems(doc: dict[str, Any]) -> list[str]:
-    """Each override merged over its global section (or the default section, where the
-    global one is itself invalid) and validated, reported at the override's path."""
+    """Each override merged over its global section (the default one where that is itself
+    invalid) and validated, reported at the override's path."""
     problems: list[str] = []
     for list_name, sections in (
         ("node_pools", POOL_OVERRIDABLE),
@@ -258,31 +326,24 @@ def _reference_problems(doc: dict[str, Any]) -> list[str]:
     """Duplicates and dangling references, found on the raw document so they are reported
     even when other fields are invalid."""
     problems: list[str] = []
-    pools = doc.get("node_pools") or []
+    pools, workloads = doc.get("node_pools") or [], doc.get("workloads") or []
     names: list[object] = []
-    if isinstance(pools, list):
-        for i, p in enumerate(pools):
-            name = p.get("name") if isinstance(p, dict) else None
-            if name is not None and name in names:
-                problems.append(f"node_pools[{i}].name: duplicate node pool {name!r}")
-            names.append(name)
-    workloads = doc.get("workloads") or []
-    if isinstance(workloads, list):
-        seen: set[tuple[object, ...]] = set()
-        for i, w in enumerate(workloads):
-            if not isinstance(w, dict):
-                continue
-            key = (w.get("namespace"), w.get("kind"), w.get("name"))
-            if not all(isinstance(k, str) for k in key):
-                continue  # a list or map where a name belongs is reported by the schema
-            if key in seen:
-                problems.append(
-                    f"workloads[{i}]: duplicate workload {'/'.join(str(k) for k in key)}"
-                )
-            seen.add(key)
-            pool = w.get("node_pool")
-            if pool is not None and pool not in names:
-                problems.append(f"workloads[{i}].node_pool: no node pool named {pool!r}")
+    for i, p in enumerate(pools if isinstance(pools, list) else []):
+        name = p.get("name") if isinstance(p, dict) else None
+        if name is not None and name in names:
+            problems.append(f"node_pools[{i}].name: duplicate node pool {name!r}")
+        names.append(name)
+    seen: set[tuple[object, ...]] = set()
+    for i, w in enumerate(workloads if isinstance(workloads, list) else []):
+        key = tuple(w.get(k) for k in ("namespace", "kind", "name")) if isinstance(w, dict) else ()
+        if not key or not all(isinstance(k, str) for k in key):
+            continue  # a list or map where a name belongs is reported by the schema
+        if key in seen:
+            problems.append(f"workloads[{i}]: duplicate workload {'/'.join(map(str, key))}")
+        seen.add(key)
+        pool = w.get("node_pool")
+        if pool is not None and pool not in names:
+            problems.append(f"workloads[{i}].node_pool: no node pool named {pool!r}")
     return problems
 
 

@@ -1,17 +1,12 @@
-"""Config sections of the outside systems (Prometheus, Kubernetes) and of
-preemption, the simulator, the node agent and the scheduler extender.
-"""
+"""Config sections of the outside systems (Prometheus, Kubernetes) and of preemption, the
+simulator, the node agent, the scheduler extender and KEDA's external scaler."""
 
 from __future__ import annotations
 
 import re
 from typing import Literal, Self
 
-from pydantic import (
-    Field,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, field_validator, model_validator
 
 from gpuscaler.config.base import Seconds, StrictModel
 from gpuscaler.demand import check_template
@@ -23,9 +18,8 @@ def redact_url(url: str) -> str:
 
 
 class PrometheusQueries(StrictModel):
-    """PromQL templates. `{matchers}` is replaced by the target's escaped label matchers,
-    `{lookback}` by twice the metrics step: `last_over_time(...[{lookback}])` keeps a missed
-    scrape a gap instead of Prometheus' 5-minute lookback filling it with an old value."""
+    """PromQL templates: `{matchers}` becomes the target's escaped label matchers,
+    `{lookback}` twice the metrics step (a missed scrape stays a gap, not an old value)."""
 
     pool_utilization: str = "avg(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
     pool_stall: str = "avg(last_over_time(nvidia_gpu_stall_percentage{{{matchers}}}[{lookback}]))"
@@ -38,18 +32,10 @@ class PrometheusQueries(StrictModel):
     )
     """MiB of the pool's smallest GPU (used + free)."""
     workload_requests: str | None = None
-    """Requests per second of a workload, over its pods (`gpuscaler whatif` replays it),
-    e.g. `sum(rate(vllm:request_success_total{{{matchers}}}[1m]))`; unset: whatif derives
-    the demand from `workload_load`."""
+    """Requests per second of a workload, which `gpuscaler whatif` replays; unset: derived
+    from `workload_load`."""
 
-    @field_validator(
-        "pool_utilization",
-        "pool_stall",
-        "workload_load",
-        "pool_memory_used",
-        "pool_memory_total",
-        "workload_requests",
-    )
+    @field_validator("*")
     @classmethod
     def _placeholders(cls, value: str | None) -> str | None:
         return None if value is None else check_template(value)
@@ -65,42 +51,30 @@ class PrometheusConfig(StrictModel):
     backoff: Seconds = Field(0.5, ge=0)
     """First backoff between retries; doubles each retry."""
     overlap: Seconds = Field(5.0, ge=0)
-    """Each incremental fetch re-reads this much before the newest sample held, for samples
-    that arrived late."""
+    """Each incremental fetch re-reads this much before the newest sample, for late ones."""
     grouped_queries: bool = True
-    """One query per signal and pool family and one for all workloads (through the shipped
-    recording rule), instead of one per target; targets a group does not cover are still
-    read one by one (adapters/prometheus/plan.py). false: one query per target."""
+    """One query per signal and pool family and one for all workloads, instead of one per
+    target (targets no group covers are still read one by one)."""
     pool_recording_rules: bool = True
     """With grouped queries, read a `modelName` pool's utilization and stall from the
-    series the shipped rules record per pool (group `gpuscaler-pools`), where Prometheus
-    records them (checked every 5 minutes; adapters/prometheus/rules.py): Prometheus
-    then reads one series per pool instead of one per GPU. false: always the raw series."""
+    shipped rules' per-pool series (group `gpuscaler-pools`) where Prometheus records them:
+    one series per pool instead of one per GPU."""
     max_concurrent_queries: int = Field(4, ge=1, le=64)
-    """Queries in flight at once: 4 keeps a tick's wait short without loading a shared
-    Prometheus with one tick's worth of concurrent evaluations."""
+    """Queries in flight at once: a short tick without loading a shared Prometheus."""
     compress_answers: bool = False
-    """Ask Prometheus for gzipped answers (the controller's reads and whatif's history).
-    Off by default: gzip costs Prometheus more CPU than it saves on a cluster network or
-    loopback (adapters/prometheus/transport.py); on for a slow link (a week of a series
-    at 10 s is about 1.2 MB of JSON uncompressed, a fifth of that gzipped)."""
+    """Ask for gzipped answers: on for a slow link (off by default: gzip costs Prometheus
+    more CPU than it saves on a cluster network)."""
     memory_total_every: Seconds = Field(300.0, ge=0)
-    """A pool's frame-buffer total (used + free: what its GPUs hold, a property
-    of the hardware) is read again this often, and at once for a pool new or changed or
-    whose GPUs stopped reporting; between reads the kept total counts while younger
-    than this plus `metrics.staleness` (adapters/prometheus/total.py). 0: every tick."""
+    """A pool's frame-buffer total (a property of the hardware) is read again this often,
+    and at once for a new or changed pool; 0: every tick."""
     background_backfill: bool = True
-    """The first tick (or a target's first read) fetches
-    only forecast.min_history plus `overlap` and acts; the rest of the window is read in
-    the background, in parallel chunks, and joins the windows at the next tick. false:
-    the first tick backfills the whole window before it acts."""
+    """A first read fetches only forecast.min_history plus `overlap` and acts; the rest of
+    the window is read in the background. false: the whole window first."""
     warm_state_file: str | None = None
-    """Warm start: the fetched windows are saved here (an emptyDir survives a
-    container restart) and read back at start, so a restart fetches only the gap. None:
-    every start backfills the whole window."""
+    """Warm start: the windows are saved here (an emptyDir survives a container restart)
+    and read back at start, so a restart fetches only the gap."""
     warm_state_every: Seconds = Field(120.0, gt=0)
-    """The windows are saved after a tick at most this often: a restart then refetches at
-    most this much plus what passed while down."""
+    """The windows are saved after a tick at most this often."""
     bearer_token_file: str | None = None
     """Re-read whenever the file changes (projected service account tokens rotate)."""
     basic_auth_username: str | None = None
@@ -131,8 +105,7 @@ class PreemptionConfig(StrictModel):
     enabled: bool = True
     """Free GPUs for pending high-priority pods; off = plan nothing, touch nothing."""
     beneficiary_min_priority: int = 1_000_000
-    """Pods at or above this priority (e.g. PriorityClass gpu-critical) may have GPUs freed
-    for them when they are pending because no GPU fits."""
+    """Pods at or above this priority may have GPUs freed for them when none fits."""
     victim_max_priority: int = 10_000
     """Only pods below this priority are ever victims."""
     protected_namespaces: tuple[str, ...] = (
@@ -145,44 +118,39 @@ class PreemptionConfig(StrictModel):
     protected_labels: dict[str, str] = Field(default_factory=dict)
     """A pod with any of these label values is never a victim."""
     pending_for: Seconds = Field(30.0, ge=0)
-    """A beneficiary must be unschedulable this long first: the scheduler may still place
-    it, and a pod that just arrived often fits after a scale-down settles."""
+    """A beneficiary must be unschedulable this long first: the scheduler may still place it."""
     soft_grace: Seconds = Field(300.0, ge=0)
-    """Tier 1: time a victim gets to checkpoint (annotation gpuscaler.io/checkpoint-done)
-    or exit before it is evicted; 5 min fits one checkpoint of a large model."""
+    """Tier 1: time a victim gets to checkpoint (gpuscaler.io/checkpoint-done) or exit
+    before it is evicted: one checkpoint of a large model."""
     checkpoint_endpoint: str | None = None
-    """Optional: POST here to ask for a checkpoint ({pod_ip} is replaced), e.g.
-    "http://{pod_ip}:8080/checkpoint"."""
+    """Optional: POST here to ask for a checkpoint, e.g. "http://{pod_ip}:8080/checkpoint"."""
     checkpoint_fresh: Seconds = Field(900.0, gt=0)
-    """Victims whose last checkpoint (gpuscaler.io/last-checkpoint) is younger than this
-    lose least work and are preferred."""
+    """Victims checkpointed (gpuscaler.io/last-checkpoint) more recently are preferred."""
     eviction_grace_period: Seconds = Field(30.0, ge=0)
     """Tier 2: deleteOptions.gracePeriodSeconds of the eviction (SIGTERM to SIGKILL)."""
     eviction_retry: Seconds = Field(30.0, gt=0)
     """After a 429 (a PodDisruptionBudget), wait this long before trying again."""
     max_eviction_attempts: int = Field(4, ge=1)
-    """Then the victim is given up and another is chosen (or, with escalate_to_delete, the
-    pod is deleted)."""
+    """Then the victim is given up (or, with escalate_to_delete, deleted)."""
     escalate_to_delete: bool = False
     """Delete a pod whose eviction a PDB keeps refusing (off: PDBs are respected)."""
     terminating_timeout: Seconds = Field(300.0, gt=0)
     """Tier 3: a victim still Terminating this long after eviction is force-deleted."""
     memory_release_timeout: Seconds = Field(120.0, gt=0)
-    """Tier 3: GPU memory of a gone victim must be seen released within this, else the
-    node is tainted for a node-side cleanup."""
+    """Tier 3: a gone victim's GPU memory must be seen released within this, else the node
+    is tainted for a node-side cleanup."""
     released_below_mib: float = Field(1024.0, ge=0)
-    """Frame buffer used at or below this on a GPU with no pod = released (the reference
-    leak check: util < 5 % and FB used > 1 GiB)."""
+    """Frame buffer used at or below this on a GPU with no pod counts as released."""
     max_in_flight: int = Field(2, ge=1)
     """Victims being preempted at once, at most."""
     max_per_hour: int = Field(10, ge=1)
     """Victims chosen per rolling hour, at most."""
     forecast_trigger: bool = False
-    """Also free GPUs ahead of time for replicas that a high-priority workload's forecast
-    floor asks for and its pool has no room for (off: only pods already pending)."""
+    """Also free GPUs ahead of time for replicas a high-priority workload's forecast floor
+    asks for and its pool has no room for."""
     fragments_trigger: bool = False
     """Also preempt low-priority pods holding more shares of a GPU than the fewer fragments
-    a hot pool should go to (off: the fragments change waits until they leave)."""
+    a hot pool should go to (off: the change waits until they leave)."""
 
 
 class ObjectRef(StrictModel):
@@ -197,14 +165,12 @@ class LeaseConfig(StrictModel):
     duration: Seconds = Field(15.0, gt=0)
     """A leader silent this long is presumed gone (client-go's default, 15 s)."""
     renew_deadline: Seconds = Field(10.0, gt=0)
-    """A leader that has not renewed for this long stops acting, before its lease
-    expires and another replica may take over."""
+    """A leader that has not renewed for this long stops acting, before its lease expires."""
     retry_period: Seconds = Field(2.0, gt=0)
     """How often the lease is renewed or, on a standby, tried."""
     standby_interval: Seconds = Field(120.0, gt=0)
-    """Issue 18: a standby ticks (reads, forecasts, plans, never acts) at most this often
-    instead of every control.interval, so its windows and fits stay warm at a fraction
-    of the leader's load on Prometheus; on taking over it reads only the gap."""
+    """A standby ticks (reads, forecasts, plans, never acts) at most this often: warm at a
+    fraction of the leader's load on Prometheus."""
 
     @model_validator(mode="after")
     def _order(self) -> Self:
@@ -224,57 +190,42 @@ class KubernetesConfig(StrictModel):
     sharing_config_names: dict[Literal["time-slicing", "mps"], str] = Field(
         default_factory=lambda: {"time-slicing": "ts-{n}", "mps": "mps-{n}"}  # type: ignore[arg-type]
     )
-    """Name of the device-plugin config giving n fragments per GPU; a node selects one with
-    the label nvidia.com/device-plugin.config."""
+    """The device-plugin config of n fragments per GPU (label nvidia.com/device-plugin.config)."""
     time_slice_label: str = Field("gpuscaler.io/time-slice", min_length=1)
     """Node label a node-side agent reads to set the time slice (default/short/medium/long)."""
     config_propagation: Seconds = Field(90.0, ge=0)
-    """A sharing config gpuscaler adds to the device-plugin ConfigMap is named on a node
-    only this long after: the kubelet syncs a mounted ConfigMap after a delay (about a
-    minute), and the config-manager exits when the label names a config its copy lacks
-    (NVIDIA/k8s-device-plugin cmd/config-manager/main.go). 0: relabel at once (only when
-    the configs are pre-provisioned)."""
+    """A sharing config added to the ConfigMap is named on a node only this long after: the
+    kubelet syncs a mounted ConfigMap late, and the config-manager exits on a config its
+    copy lacks. 0: at once (configs pre-provisioned)."""
     max_nodes_per_tick: int = Field(2, ge=1)
-    """Nodes relabelled per pool per tick: each relabel restarts that node's device plugin,
-    so a pool changes a few nodes at a time and a bad config shows before it is everywhere."""
+    """Nodes relabelled per pool per tick: a bad config shows before it is everywhere."""
     max_writes_per_minute: int = Field(30, ge=1)
-    """All Kubernetes writes of one controller (patches, creates) per minute at most, a
-    bound on what a runaway plan could do."""
+    """Kubernetes writes per minute at most: a bound on what a runaway plan could do."""
     events_namespace: str = Field("default", min_length=1)
     """Namespace of Events about cluster-scoped objects (Nodes), as kubectl expects."""
     lease: LeaseConfig = LeaseConfig()
     connect_timeout: Seconds = Field(5.0, gt=0, le=60)
-    """Every API call gives up connecting after this: an API server that does not accept
-    connections must not hold a tick (or a lease renewal) for long."""
+    """Every API call gives up connecting after this: a dead server must not hold a tick."""
     read_timeout: Seconds = Field(15.0, gt=0, le=300)
-    """Every API call gives up waiting for an answer after this (a server that accepts and
-    never answers). Lists of a large cluster take a few seconds; 15 s leaves room."""
+    """Every API call gives up waiting for an answer after this (a large list takes seconds)."""
     tick_api_budget: Seconds = Field(60.0, gt=0, le=3600)
-    """Total Kubernetes API time one tick may spend; once spent, the tick's further calls
-    fail at once (their targets get no action, with the reason) and the next tick starts
-    afresh. Lease renewals, on their own thread, are not charged."""
-    # issue 18: the watch cache (adapters/kube/cache.py)
+    """Kubernetes API time one tick may spend; then its further calls fail at once (their
+    targets get no action, with the reason). Lease renewals are not charged."""
     watch_cache: bool = True
-    """Read the cluster from a watch cache (list once, then watch) instead of listing
-    nodes, pods, ScaledObjects, HPAs, PDBs and PriorityClasses every tick. false: list
-    every tick (small clusters, or an API server that cannot hold watches)."""
+    """Read the cluster from a watch cache (list once, then watch) instead of listing it
+    every tick."""
     watch_timeout: Seconds = Field(300.0, ge=1, le=3600)
-    """Each watch asks the server to end it after this (timeoutSeconds); it is then opened
-    again from the last resourceVersion. 5 min is about client-go's (a random 5-10 min)."""
+    """Each watch asks the server to end it after this (as client-go), then resumes."""
     watch_stale_after: Seconds = Field(30.0, gt=0, le=3600)
-    """A cache whose watch has been failing this long is not trusted: ticks flag every
-    target until it is back. 30 s: a few retries (the backoff reaches 30 s), and well under
-    the 5 min a decision looks ahead."""
+    """A watch failing this long is not trusted: ticks flag every target until it is back."""
     gitops_field_managers: tuple[str, ...] = (
         "argocd-controller",
         "argocd-application-controller",
         "kustomize-controller",
         "helm-controller",
     )
-    """Field managers of GitOps tools (Argo CD's server-side apply manager is
-    argoproj/argo-cd common/common.go ArgoCDSSAManager; Flux applies as kustomize-controller
-    and helm-controller). When one of them owns a floor field (managedFields), gpuscaler
-    does not patch it: the tool would put its value back, and the two would fight."""
+    """Field managers of GitOps tools (Argo CD, Flux): a floor field one of them owns is not
+    patched, or the two would fight."""
 
     @field_validator("sharing_config_names")
     @classmethod
@@ -290,22 +241,17 @@ class KubernetesConfig(StrictModel):
 
 class SimulatorConfig(StrictModel):
     cold_start: Seconds = Field(60.0, ge=0)
-    """A new replica serves at the earliest this long after its pod is created (image
-    pull, model load); each cold start is drawn uniformly from [cold_start,
-    cold_start_max]."""
+    """A new replica serves this long after its pod is created at the earliest (image pull,
+    model load); each cold start is drawn uniformly up to `cold_start_max`."""
     cold_start_max: Seconds = Field(120.0, ge=0)
-    """Slowest cold start (uniform draw, seeded): 60-120 s loads a model onto a GPU."""
     sync_delay: Seconds = Field(15.0, ge=0)
-    """Between a scaler's decision (HPA recommendation, KEDA poll, floor write) and the
-    pod being created or deleted: the HPA's 15 s sync period."""
+    """From a scaler's decision to the pod created or deleted: the HPA's sync period."""
     drain_max: Seconds = Field(30.0, ge=0)
-    """A leaving replica keeps its GPU and serves the queue until the queue present at
-    its removal is drained, at most this long (terminationGracePeriodSeconds 30 s)."""
+    """A leaving replica serves its queue at most this long (terminationGracePeriodSeconds)."""
     slo_wait: Seconds = Field(2.0, gt=0)
     """A request waiting longer than this in the queue violates the SLO."""
     fragment_disruption: Seconds = Field(30.0, ge=0)
-    """After a fragment change the device plugin restarts on each node of the pool and
-    replicas move to the new layout: capacity is reduced for this long."""
+    """Capacity is reduced this long after a fragment change (device plugins restart)."""
     fragment_disruption_capacity: float = Field(0.5, ge=0, le=1)
     """Share of capacity left during a fragment change's disruption."""
     gpu_seconds_per_request: float = Field(0.06, gt=0)
@@ -317,13 +263,11 @@ class SimulatorConfig(StrictModel):
     switch_overhead: float = Field(0.03, ge=0, lt=0.5)
     """Throughput lost per doubling of time-slicing tenants on a busy GPU."""
     preemption_burst_after: Seconds | None = 1800.0
-    """A burst of high-priority pods into a full batch pool this long into the replay,
-    to exercise the preemption tiers (null: none). 30 min: after the forecaster's warm-up,
-    inside even a 2 h replay."""
+    """A burst of high-priority pods into a full batch pool this long into the replay, to
+    exercise the preemption tiers (null: none)."""
     slot: Seconds = Field(0.5, gt=0, le=60)
-    """Seconds per simulated slot of the queue and cluster model: dcgm-exporter's 500 ms.
-    `whatif` replays at the step its history is read at (a week is never kept at 500 ms);
-    pods still start, turn ready and leave at 500 ms inside a coarser slot."""
+    """Seconds per simulated slot: dcgm-exporter's 500 ms (`whatif` replays at its read
+    step)."""
 
     @model_validator(mode="after")
     def _cold_start_range(self) -> Self:
@@ -340,16 +284,15 @@ class AgentConfig(StrictModel):
     cleanup of GPU processes that evicted pods leave behind."""
 
     poll_interval: Seconds = Field(10.0, gt=0)
-    """How often the agent reads the node, NVML and the pods: a label change applies
-    within this, and an orphan is seen this late at most."""
+    """How often the agent reads the node, NVML and the pods."""
     orphan_grace: Seconds = Field(60.0, ge=0)
-    """A GPU process whose pod is gone must stay so this long before SIGTERM: a pod list
-    read an instant before its pod appeared, or a container still shutting down."""
+    """A GPU process whose pod is gone must stay so this long before SIGTERM (a pod list
+    read before its pod appeared, a container shutting down)."""
     kill_timeout: Seconds = Field(10.0, gt=0)
     """SIGTERM, then SIGKILL when the process is still alive this long after."""
     dry_run: bool | None = None
     """Report what would be killed, set and lifted, and change nothing. Unset: follows
-    `control.dry_run`, so a deployment that starts dry starts dry on the nodes too."""
+    `control.dry_run`."""
     time_slice: bool = True
     """Apply the node's time-slice label with nvidia-smi (needs CAP_SYS_ADMIN; off: the
     DaemonSet may drop that capability)."""
@@ -364,8 +307,7 @@ class AgentConfig(StrictModel):
     command_timeout: Seconds = Field(30.0, gt=0)
     """An nvidia-smi call slower than this failed."""
     pod_resources_timeout: Seconds = Field(5.0, gt=0)
-    """A kubelet pod-resources `List` is abandoned after this (Kubernetes API calls are
-    bounded by kubernetes.connect_timeout, read_timeout and tick_api_budget per poll)."""
+    """A kubelet pod-resources `List` is abandoned after this."""
 
 
 class SchedulerConfig(StrictModel):
@@ -374,13 +316,12 @@ class SchedulerConfig(StrictModel):
     scheduler_name: str = Field("gpu-scheduler", min_length=1)
     """spec.schedulerName of the pods the second kube-scheduler (and so the extender) places."""
     cache_ttl: Seconds = Field(5.0, gt=0)
-    """GPU state is refreshed this often; a node not refreshed for 3 TTLs is filtered out
-    as stale (the design's 5 s)."""
+    """GPU state is refreshed this often; a node not refreshed for 3 TTLs is filtered out."""
     memory_margin: float = Field(0.1, ge=0, lt=1)
     """Share of each GPU's memory never handed out: the design's 10 % OOM margin."""
     reservation_ttl: Seconds = Field(300.0, gt=0)
-    """A bound pod's memory counts as used until measured memory shows it, or this long:
-    5 min covers an image pull and a CUDA start."""
+    """A bound pod's memory counts as used until measured memory shows it, or this long
+    (an image pull and a CUDA start)."""
     sample_max_age: Seconds = Field(60.0, gt=0)
     """Only dcgm-exporter samples younger than this count (two 30 s exporter intervals)."""
     node_resync: Seconds = Field(30.0, gt=0)
@@ -390,25 +331,21 @@ class SchedulerConfig(StrictModel):
 
 
 class ExternalScalerConfig(StrictModel):
-    """KEDA's External Scaler gRPC service (gpuscaler.extscaler): a ScaledObject adds a
-    trigger `type: external` pointing at gpuscaler and gets the forecast floor as a metric,
-    with its own triggers still the ceiling. Nothing patches the user's object."""
+    """KEDA's External Scaler gRPC service (gpuscaler.extscaler): a ScaledObject's trigger
+    `type: external` pointing at gpuscaler gets the forecast floor as a metric."""
 
     port: int | None = Field(None, ge=1, le=65535)
-    """Port `gpuscaler run` serves the service on; null: off. Off unless set, so a bare
-    config opens no port; deploy/config.yaml sets 9095 and the Service exposes it."""
+    """Port `gpuscaler run` serves it on; null: off, so a bare config opens no port."""
     host: str = Field("0.0.0.0", min_length=1)
     """Address to listen on (all: KEDA's operator reaches it through the Service)."""
     service_names: tuple[str, ...] = ("gpuscaler",)
-    """A ScaledObject trigger `type: external|external-push` whose scalerAddress host starts
-    with one of these names (`gpuscaler`, `gpuscaler.gpuscaler.svc:9095`) is gpuscaler's:
-    that ScaledObject's floor is served, never patched into spec.minReplicaCount."""
+    """An external trigger whose scalerAddress host starts with one of these names is
+    gpuscaler's: that ScaledObject's floor is served, never patched."""
     max_age: Seconds | None = Field(None, gt=0)
     """A floor older than this is not served (the reactive triggers decide, as in an
     outage); null: three control intervals."""
     workers: int = Field(16, ge=3, le=256)
-    """gRPC threads. Each open StreamIsActive (one per `external-push` ScaledObject) holds
-    one; at most workers - 2 streams are open at once, so the polled calls always find a
-    thread (a further stream is refused with RESOURCE_EXHAUSTED, and KEDA retries)."""
+    """gRPC threads; each open StreamIsActive holds one, and at most workers - 2 streams
+    are open, so the polled calls always find a thread."""
     stream_interval: Seconds = Field(5.0, gt=0, le=300)
     """StreamIsActive sends the activity this often (and at once when it changes)."""

@@ -1,12 +1,8 @@
 """What a plan holds: decisions (each with its reason) and skips (each with why).
 
-One frozen dataclass per kind of decision, so a consumer reads typed values, never casts:
-`ReplicaFloorDecision`, `FragmentsDecision`, `TimeSliceDecision`, and for preemption a
-`PreemptionStep` (the steps that carry nothing more than the action) or one of its two
-kinds with data of their own, `CheckpointRequest` and `Eviction`. `Decision` is their
-union: actuators, metrics and logs dispatch on it with `match`. `as_record()` gives the
-documented line of `decisions.jsonl`, the same for every kind (`detail` holds what a
-preemption step carries, in the order it always had).
+One frozen dataclass per kind of decision; `Decision` is their union, which actuators,
+metrics and logs dispatch on with `match`. `as_record()` gives the line of
+`decisions.jsonl`, the same for every kind (`detail`: what a preemption step carries).
 """
 
 from __future__ import annotations
@@ -60,7 +56,6 @@ class _Change:
         return None
 
     def as_record(self) -> dict[str, object]:
-        """The fields of a decisions.jsonl line."""
         a, b = self.values
         return {
             "time": self.time,
@@ -153,7 +148,7 @@ class PreemptionStep(_Change):
         return self.from_value, self.to_value
 
     def detail_record(self) -> dict[str, str | int | float | None]:
-        """action, beneficiary, node, then what the step's kind carries (in field order)."""
+        """action, beneficiary, node, then what the step's kind carries."""
         skip = {"time", "target", "from_value", "to_value", "reason"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 

@@ -1,25 +1,13 @@
-"""The replica floor through KEDA's own extension point, and when a floor may be patched.
+"""The replica floor through KEDA's External Scaler (kedacore/keda
+`pkg/scalers/external_scaler.go`).
 
-KEDA's External Scaler (kedacore/keda `pkg/scalers/externalscaler/externalscaler.proto`)
-asks four things about a ScaledObject; how KEDA uses the answers is in
-`pkg/scalers/external_scaler.go`:
-- `GetMetricSpec` gives the metric's name and target. KEDA makes it an External metric of
-  the HPA it owns, type AverageValue unless the trigger sets `metricType`
-  (`GetMetricTargetType`, `pkg/scalers/scaler.go`), target `targetSizeFloat`.
-- `GetMetrics` gives the value; KEDA reads `metricValueFloat` when it is > 0, else the
-  integer `metricValue` (`GetMetricsAndActivity`). The HPA wants ceil(value / target)
-  replicas for an AverageValue metric, and takes the max over all the ScaledObject's
-  metrics. So gpuscaler answers target 1 and value = the floor: the HPA wants at least
-  the floor, and the user's reactive triggers keep the ceiling.
-- `IsActive` (and `StreamIsActive` for `external-push`): KEDA calls it right after
-  `GetMetrics`; a ScaledObject is active when any trigger is, and only then is it scaled
-  up from zero; when none has been for `cooldownPeriod`, it goes to minReplicaCount.
-
-No fresh forecast (none yet, stale or invalid input, the skill check fell back, dry run,
-or the controller stopped ticking): the floor answer is 0 and IsActive false. A 0 asks the
-HPA for no replicas, so the max over triggers is the reactive triggers' own answer, and an
-inactive trigger leaves activity to the others. An error would be worse: the HPA will not
-scale down while one of its metrics fails (it would pin the workload up).
+KEDA makes the metric of `GetMetricSpec` an AverageValue External metric of its HPA, which
+wants ceil(value / target) replicas and takes the max over the ScaledObject's triggers: so
+gpuscaler answers target 1 and value = the floor, and the user's triggers keep the
+ceiling. `IsActive` (`StreamIsActive` for `external-push`) decides scaling from zero.
+Without a fresh forecast (none yet, invalid input, skill fallback, dry run, a stopped
+controller) the answer is 0 and inactive, leaving the reactive triggers in charge; an
+error would be worse: the HPA will not scale down while one of its metrics fails.
 """
 
 from __future__ import annotations
@@ -33,19 +21,15 @@ from gpuscaler.core.decisions import target_key
 from gpuscaler.core.model import Plan, Snapshot
 
 METRIC_NAME: Final = "gpuscaler-replica-floor"
-"""The metric gpuscaler names in GetMetricSpec; KEDA prefixes it with `s<trigger index>-`
-for the HPA and removes the prefix before asking GetMetrics."""
 TARGET_SIZE: Final = 1.0
 """One floor unit per replica: ceil(floor / 1) = floor."""
 
 KEDA_METADATA: Final = frozenset(
     {"scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey"}
 )
-"""Trigger metadata KEDA itself reads (externalScalerMetadata in external_scaler.go); KEDA
-passes the whole trigger metadata on, so these arrive too."""
+"""Trigger metadata KEDA itself reads, passed on with the rest."""
 ACTIVATION_FLOOR: Final = "activationFloor"
-"""gpuscaler's one metadata key: the floor at or above which IsActive says true
-(default 1: active whenever the forecast asks for a replica)."""
+"""gpuscaler's one metadata key: the floor at or above which IsActive says true (1)."""
 KNOWN_METADATA: Final = KEDA_METADATA | {ACTIVATION_FLOOR}
 
 EXTERNAL_TRIGGERS: Final = ("external", "external-push")
@@ -56,22 +40,19 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 @dataclass(frozen=True)
 class FloorEntry:
-    """What the controller's latest tick says about one workload's floor."""
+    """The floor the controller's latest tick (at `at`) holds for one workload; only a
+    `fresh` one (backed by a trusted forecast) is served."""
 
     floor: int
-    """The floor the controller holds (decided this tick, or kept)."""
     fresh: bool
-    """Backed by a fresh, trusted forecast: only then is it served."""
     reason: str
     at: float
-    """Time of the tick it came from (unix seconds)."""
 
 
 @dataclass(frozen=True)
 class Answer:
     value: int
-    """The metric value for GetMetrics: the floor, or 0 to leave the reactive triggers
-    in charge."""
+    """GetMetrics' value: the floor, or 0 to leave the reactive triggers in charge."""
     active: bool
     reason: str
 
@@ -98,19 +79,14 @@ def check_request(name: str, namespace: str, metadata: Mapping[str, str]) -> Sca
                 f"{where}: trigger metadata {key!r} is not known to gpuscaler (known: "
                 f"{', '.join(sorted(KNOWN_METADATA))})"
             )
-    activation = 1
-    raw = metadata.get(ACTIVATION_FLOOR, metadata.get(ACTIVATION_FLOOR + "FromEnv"))
-    if raw is not None:
-        try:
-            activation = int(raw.strip())
-        except ValueError:
-            raise ValueError(
-                f"{where}: trigger metadata {ACTIVATION_FLOOR}={raw!r} is not a whole number"
-            ) from None
-        if activation < 1:
-            raise ValueError(
-                f"{where}: trigger metadata {ACTIVATION_FLOOR}={raw!r} must be at least 1"
-            )
+    raw = metadata.get(ACTIVATION_FLOOR, metadata.get(ACTIVATION_FLOOR + "FromEnv", "1"))
+    bad = f"{where}: trigger metadata {ACTIVATION_FLOOR}={raw!r}"
+    try:
+        activation = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{bad} is not a whole number") from None
+    if activation < 1:
+        raise ValueError(f"{bad} must be at least 1")
     return ScalerRequest(f"{namespace}/ScaledObject/{name}", activation)
 
 
@@ -174,9 +150,5 @@ def gpuscaler_trigger(addresses: Iterable[str], service_names: Iterable[str]) ->
     """Whether one of a ScaledObject's external triggers points at gpuscaler: the host of
     its scalerAddress (`host:port`) starts with one of `service_names` as a DNS label."""
     names = tuple(service_names)
-    for address in addresses:
-        host = address.strip().rsplit(":", 1)[0] if ":" in address else address.strip()
-        first = host.split(".", 1)[0].lower()
-        if first in names:
-            return True
-    return False
+    hosts = (a.strip().rsplit(":", 1)[0] if ":" in a else a.strip() for a in addresses)
+    return any(host.split(".", 1)[0].lower() in names for host in hosts)

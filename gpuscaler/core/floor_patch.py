@@ -1,20 +1,8 @@
-"""Whether gpuscaler may patch a replica floor into a ScaledObject's or HPA's spec.
-
-Patching is the fallback for plain HPAs (and ScaledObjects without gpuscaler's external
-trigger). It stands back, with the reason, when another party owns the field:
-- KEDA's pause annotations (kedacore/keda `apis/keda/v1alpha1/scaledobject_types.go`:
-  `autoscaling.keda.sh/paused` and `paused-replicas` pause the ScaledObject, with KEDA's
-  reading: `paused` counts when it parses as true or does not parse at all,
-  `paused-replicas` whenever present; `paused-scale-in` / `paused-scale-out` block moves in
-  that direction);
-- a GitOps tool: one of its field managers owns the floor field (managedFields), or the
-  object carries its tracking marker (Argo CD's `argocd.argoproj.io/tracking-id`
-  annotation, Flux's `kustomize.toolkit.fluxcd.io/name` / `helm.toolkit.fluxcd.io/name`
-  labels) or `gpuscaler.io/gitops-owned: "true"`. A marker alone is overridden by
-  `gpuscaler.io/gitops-owned: "false"` (for a tool told to ignore the field); ownership
-  of the field itself is not;
-- gpuscaler's own external trigger on the ScaledObject: its floor is served, not patched.
-"""
+"""Whether gpuscaler may patch a replica floor into a ScaledObject's or HPA's spec (the
+fallback where gpuscaler's external trigger does not serve it). It stands back, with the
+reason, when another party owns the field: KEDA's pause annotations (read as KEDA reads
+them), a GitOps tool (a field manager owning the field, or a tracking marker, which
+`gpuscaler.io/gitops-owned: "false"` overrides), or gpuscaler's own external trigger."""
 
 from __future__ import annotations
 
@@ -48,10 +36,7 @@ class FloorTarget:
 
 def _keda_bool(value: str) -> bool:
     """KEDA's getBoolAnnotation: strconv.ParseBool, and true when it does not parse."""
-    v = value.strip()
-    if v in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    return v not in ("0", "f", "F", "FALSE", "false", "False")
+    return value.strip() not in ("0", "f", "F", "FALSE", "false", "False")
 
 
 def floor_patch_refusal(

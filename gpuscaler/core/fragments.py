@@ -58,9 +58,8 @@ def decide_fragments(
     """Steps, each able to stop with its reason: the input can be trusted; the forecast
     leaves the band for long enough, out of cooldown; the next count is within every
     bound (allowed, memory, compute, memory in use, shares held, GPUs saved).
-    `floor_gpus`: the GPUs the replica floors of the pool's workloads hold sized for their
-    load (reserve included), which a fragment change does not move (floor_gpus in
-    gpuscaler.core.replicas)."""
+    `floor_gpus`: what the pool's replica floors hold sized for their load (`floor_gpus`
+    in `replicas`), which a fragment change does not move."""
     target = obs.name
     current = _current(obs, cfg, staleness, h, now)
     if isinstance(current, Outcome):
@@ -69,8 +68,10 @@ def decide_fragments(
     assert forecast is not None
     peak, upper = forecast.peak, forecast.peak_upper
     step = _trigger(peak, upper, cfg, h)
-    if not isinstance(step, _Step):  # most ticks of most pools
-        return hold(KIND, target, now, _within_text(peak, upper, *step), sustain(h, 0, now))
+    if not isinstance(step, _Step):
+        within = f"within [{step[0]:g}%, {step[1]:g}%]"
+        why = f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% {within}"
+        return hold(KIND, target, now, why, sustain(h, 0, now))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
         return hold(
@@ -126,7 +127,7 @@ def _trigger(
 ) -> _Step | tuple[float, float]:
     """Fewer when the forecast peak is above the band, more when its upper bound is below
     it, with a margin when that would reverse the previous change (hysteresis); else the
-    band's edges (more below, fewer above): a hold (`_within_text`)."""
+    band's edges (more below, fewer above)."""
     fewer_at = cfg.fewer_above_pct + (cfg.reversal_margin_pct if h.last_direction > 0 else 0)
     more_at = cfg.more_below_pct - (cfg.reversal_margin_pct if h.last_direction < 0 else 0)
     if peak > fewer_at:
@@ -134,12 +135,6 @@ def _trigger(
     if upper < more_at:
         return _Step(+1, f"forecast upper bound {upper:.1f}% < {more_at:g}%", peak, upper, more_at)
     return more_at, fewer_at
-
-
-def _within_text(peak: float, upper: float, more_at: float, fewer_at: float) -> str:
-    """A hold's reason: the forecast within the band."""
-    within = f"within [{more_at:g}%, {fewer_at:g}%]"
-    return f"hold: forecast peak {peak:.1f}%, upper {upper:.1f}% {within}"
 
 
 def _fewer(
@@ -228,13 +223,11 @@ def _packs_nothing(
     floor_gpus: float = 0.0,
 ) -> str | None:
     """Why more fragments would pack nothing, or None when they would. The same replicas
-    packed `nearest` to a GPU hold `after` GPUs: the pool's demand in GPUs (per-GPU demand
-    x GPUs held) must still fit them below the "more" threshold, or the change takes away
-    capacity the replicas need (the autoscaler then adds replicas back: no GPU saved, only
-    a device-plugin restart). Nor may the replica floor hold all the GPUs held now sized
-    for its load (`floor_gpus`): a floor in load units doubles its replicas when each gets
-    half a GPU, so the change would move none of its GPUs. The floor only ever refuses: a
-    packing the demand would not fit stays refused whatever the floor holds."""
+    packed `nearest` to a GPU hold `after` GPUs: the pool's demand must still fit them
+    below the "more" threshold, or the autoscaler adds replicas back (no GPU saved, only a
+    device-plugin restart). Nor may the replica floors hold all the GPUs held now sized
+    for their load (`floor_gpus`): a floor in load units doubles its replicas when each
+    gets half a GPU."""
     nearest = next((f for f in cfg.allowed if f > current), None)
     if g is None or nearest is None:
         return None

@@ -1,20 +1,14 @@
-"""Memory- and NUMA-aware GPU placement: the design's Filter and Score as pure functions.
-
-Nothing here reads a clock, the network or a client: the extender's shell passes in the
-measured GPU state, the reservations it holds, data ages and `now`.
+"""Memory- and NUMA-aware GPU placement: the design's Filter and Score as pure functions
+(over many nodes at once in `gputable`), given the measured GPU state, reservations and `now`.
 
 - Filter keeps a node when the sum over its GPUs of max(0, total - used - 10 % of total)
   covers the requested memory, and, for a pod asking for k GPUs, k of them each have
-  ceil(memory / k) usable (a 1-GPU pod needs one GPU that holds all of it).
-- Score = 0.6 x (100 - 100 x stddev of the per-GPU used ratio)
-        + 0.4 x topology bonus (100 when one NUMA domain has k fitting GPUs, else
-          100 x largest count in one domain / k; 1-GPU pods get no bonus).
-  kube-scheduler takes extender scores 0..10 (MaxExtenderPriority in
-  k8s.io/kube-scheduler/extender/v1/types.go), so the 0..100 score is divided by 10 and
-  rounded half up: 0..4.99 -> 0, 5..14.99 -> 1, ... 95..100 -> 10.
+  ceil(memory / k) usable.
+- Score = 0.6 x (100 - 100 x stddev of the per-GPU used ratio) + 0.4 x topology bonus
+  (100 when one NUMA domain has k fitting GPUs, else 100 x largest count in one domain / k;
+  1-GPU pods get none), divided by 10 for kube-scheduler's 0..10, rounded half up.
 - Reservations (pods bound but not yet visible in measured memory) count as used.
-- GPUs whose NUMA node is unknown count as a domain of their own each: without topology a
-  node earns no cross-GPU bonus it cannot prove.
+- A GPU of unknown NUMA node is a domain of its own: no bonus a node cannot prove.
 """
 
 from __future__ import annotations
@@ -90,9 +84,6 @@ class Reservation:
     @property
     def total_mib(self) -> float:
         return sum(m for _, m in self.gpus)
-
-
-# --------------------------------------------------------------------------- parsing
 
 
 def _positive_int(annotations: Mapping[str, str], key: str, default: int | None) -> int | None:
@@ -173,9 +164,6 @@ def with_numa(node: NodeGpus, numa: Mapping[str, int | None]) -> NodeGpus:
     return replace(node, gpus=gpus)
 
 
-# --------------------------------------------------------------------------- views
-
-
 def usable_mib(gpu: Gpu, margin: float) -> float:
     return max(0.0, gpu.total_mib - gpu.used_mib - margin * gpu.total_mib)
 
@@ -227,13 +215,6 @@ def node_view(node: NodeGpus, margin: float) -> NodeView:
     )
 
 
-def _fitting(sorted_usable: tuple[float, ...], need: float) -> int:
-    return len(sorted_usable) - bisect.bisect_left(sorted_usable, need)
-
-
-# --------------------------------------------------------------------------- filter, score
-
-
 def fit_problem(view: NodeView, req: PodRequest) -> str | None:
     """None when the pod fits the node, else the sentence saying why not."""
     if view.usable_sum < req.memory_mib:
@@ -241,37 +222,13 @@ def fit_problem(view: NodeView, req: PodRequest) -> str | None:
             f"node {view.name} has {math.floor(view.usable_sum)} MiB usable, "
             f"pod requests {req.memory_mib} MiB"
         )
-    fitting = _fitting(view.usable_sorted, req.per_gpu_mib)
+    fitting = len(view.usable_sorted) - bisect.bisect_left(view.usable_sorted, req.per_gpu_mib)
     if fitting < req.gpu_count:
         return (
             f"node {view.name} has {fitting} GPU(s) with {req.per_gpu_mib} MiB usable, "
             f"pod requests {req.gpu_count}"
         )
     return None
-
-
-def topology_bonus(view: NodeView, req: PodRequest) -> float:
-    if req.gpu_count <= 1:
-        return 0.0
-    need, count = req.per_gpu_mib, req.gpu_count
-    best = 0
-    for d in view.domains:
-        n = len(d) - bisect.bisect_left(d, need)
-        if n >= count:
-            return 100.0
-        best = max(best, n)
-    return 100.0 * best / count
-
-
-def score(view: NodeView, req: PodRequest) -> float:
-    """0..100: even memory use weighted 0.6, one-NUMA-domain fit weighted 0.4."""
-    fragmentation = 100.0 - 100.0 * view.fragmentation
-    return FRAGMENTATION_WEIGHT * fragmentation + TOPOLOGY_WEIGHT * topology_bonus(view, req)
-
-
-def extender_score(value: float) -> int:
-    """0..100 to kube-scheduler's 0..10, rounded half up."""
-    return max(0, min(10, math.floor(value / 10.0 + 0.5)))
 
 
 Freshness = Literal["fresh", "stale_scored", "stale"]
@@ -284,12 +241,9 @@ def freshness(age: float, ttl: float) -> Freshness:
     return "stale_scored" if age <= 3 * ttl else "stale"
 
 
-# --------------------------------------------------------------------------- placement
-
-
 def place(node: NodeGpus, req: PodRequest, margin: float) -> tuple[tuple[str, float], ...]:
-    """The GPUs a bind reserves: inside one NUMA domain when one holds the pod, the
-    tightest fits (keeps big holes for big pods); () when the pod does not fit."""
+    """The GPUs a bind reserves: the tightest fits (big holes stay for big pods) inside one
+    NUMA domain when one holds the pod; () when it does not fit."""
     need = req.per_gpu_mib
     fitting = [g for g in node.gpus if usable_mib(g, margin) >= need]
     if len(fitting) < req.gpu_count:
@@ -333,9 +287,6 @@ def request_problem(req: PodRequest, largest_total_mib: float | None) -> str | N
     return None
 
 
-# --------------------------------------------------------------------------- reservation records
-
-
 def reservation_annotations(r: Reservation, assume_time: str) -> dict[str, str]:
     """The annotations a bind writes on the pod (assume_time: RFC 3339 of r.assumed_at)."""
     record = {"node": r.node, "gpus": dict(r.gpus), "baseline": dict(r.baseline)}
@@ -349,8 +300,7 @@ def reservation_annotations(r: Reservation, assume_time: str) -> dict[str, str]:
 def reservation_from_pod(
     uid: str, namespace: str, name: str, annotations: Mapping[str, str], assumed_at: float
 ) -> Reservation | None:
-    """The reservation a pod's annotations record (assumed_at: its parsed assume-time),
-    None when there is none; AnnotationError when it is malformed."""
+    """The reservation a pod's annotations record (None: none; AnnotationError: malformed)."""
     text = annotations.get(RESERVATION_ANNOTATION)
     if text is None:
         return None
@@ -368,13 +318,8 @@ def reservation_from_pod(
     return Reservation(uid, namespace, name, node, gpus, baseline, assumed_at)
 
 
-# ---------------------------------------------------------------- cluster records
-
-
 @dataclass(frozen=True)
 class NodeMeta:
-    """What the extender reads of a Node object."""
-
     name: str
     topology: str | None = None
     gpus_per_numa: str | None = None
@@ -391,4 +336,4 @@ class PodRecord:
     phase: str
     annotations: Mapping[str, str]
     assumed_at: float | None
-    """Parsed gpu-scheduler/assume-time, None when absent or unreadable."""
+    """gpu-scheduler/assume-time; None when absent or unreadable."""

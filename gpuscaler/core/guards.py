@@ -12,13 +12,13 @@ from gpuscaler.core.model import Signal, TargetHistory
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A decision for one target, or why there is none, and its history after this tick."""
+    """A decision for one target, or why there is none, and its history after this tick;
+    `blocked_until_preempted`: the fragments a pool waits for pods holding more to go."""
 
     history: TargetHistory
     decision: Decision | None = None
     skip: Skip | None = None
     blocked_until_preempted: int | None = None
-    """Fragments the pool would go to once pods holding more shares than that are gone."""
 
 
 def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
@@ -39,12 +39,8 @@ def input_problem(signal: Signal, now: float, staleness: float) -> str | None:
 
 def invalid(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
     # Missing data resets a pending trigger: the trigger must hold on data we trust.
-    if h.pending_since is not None or h.pending_direction != 0:
-        h = replace(h, pending_since=None, pending_direction=0)
-    return Outcome(
-        h,
-        skip=Skip(now, kind, target, f"no action: {reason}", invalid_input=True),
-    )
+    skip = Skip(now, kind, target, f"no action: {reason}", invalid_input=True)
+    return Outcome(sustain(h, 0, now), skip=skip)
 
 
 def hold(kind: DecisionKind, target: str, now: float, reason: str, h: TargetHistory) -> Outcome:
@@ -61,13 +57,10 @@ def cooling_down(h: TargetHistory, now: float, cooldown: float) -> float:
 def sustain(h: TargetHistory, direction: int, now: float) -> TargetHistory:
     """History with the pending trigger for `direction` started (or kept) at now; a
     direction of 0 clears it."""
-    if direction == 0:
-        if h.pending_since is None and h.pending_direction == 0:
-            return h  # nothing pending: the same history
-        return replace(h, pending_since=None, pending_direction=0)
-    if h.pending_direction == direction and h.pending_since is not None:
+    since = None if direction == 0 else now
+    if h.pending_direction == direction and (h.pending_since is None) == (since is None):
         return h
-    return replace(h, pending_since=now, pending_direction=direction)
+    return replace(h, pending_since=since, pending_direction=direction)
 
 
 def held_for(h: TargetHistory, now: float) -> float:

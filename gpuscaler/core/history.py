@@ -24,16 +24,14 @@ class Signal:
 @dataclass(frozen=True, eq=False)
 class WorkloadHistory:
     key: str
-    """namespace/kind/name, as in the config."""
     start: float
     end: float
     step: float
     requests: Signal
-    """Requests per second (the config's `workload_requests` query)."""
+    """Requests per second (`workload_requests`)."""
     load: Signal
-    """GPU load in percent of one GPU, summed over the workload's pods."""
+    """GPU load, percent of one GPU, summed over the pods."""
     replicas: Signal
-    """Replicas the cluster ran (kube-state-metrics)."""
 
 
 def gaps(series: Series, min_steps: int = 2) -> list[tuple[float, float]]:
@@ -52,9 +50,8 @@ def gaps(series: Series, min_steps: int = 2) -> list[tuple[float, float]]:
 
 
 def native_resolution(series: Series) -> float:
-    """Seconds between value changes the series really holds: the read step, or longer
-    when the server keeps it coarser (a downsampled range repeats each value). The median
-    length of runs of equal consecutive finite values, times the step."""
+    """Seconds between value changes the series really holds (a downsampled range repeats
+    each value): the median run of equal consecutive finite values, times the step."""
     values = series.values[np.isfinite(series.values)]
     if values.size < 3:
         return series.step

@@ -1,10 +1,6 @@
-"""Frozen data the core reads and writes: observations in, a plan out.
-
-Times are float unix seconds. Utilization is in percent. A workload's `load` is the GPU
-utilization summed over its GPUs, in percent of one GPU (250 means 2.5 GPUs' worth of busy
-time); divided by a replica's GPU share it is the sum of replica utilization the HPA
-formula divides by the target.
-"""
+"""Frozen data the core reads and writes: observations in, a plan out. Times are unix
+seconds, utilization percent; a workload's `load` is its GPUs' utilization summed, in
+percent of one GPU (250: 2.5 GPUs' worth of busy time)."""
 
 from __future__ import annotations
 
@@ -57,35 +53,27 @@ class Forecast:
     reason: str
     last_value: float
     errors: Mapping[str, float] = field(default_factory=dict)
-    """Recent in-window MAE over the horizon per candidate (ensemble, arima, ses,
-    window_mean, last_value): the forecaster's self-assessment."""
+    """Recent in-window MAE over the horizon per candidate: the self-assessment."""
     peak_error: float = 0.0
-    """Median of the recent errors of the path's maximum against the actual maximum over
-    the horizon: an averaged path is flatter than the load, so its maximum runs low."""
+    """Median recent error of the path's maximum against the actual one: an averaged path
+    is flatter than the load, so its maximum runs low."""
 
     @property
     def peak(self) -> float:
-        """Forecast maximum over the horizon: the path's highest point plus the median of
-        its recent peak errors."""
+        """Forecast maximum over the horizon, corrected by `peak_error`."""
         return float(np.max(self.mean)) + self.peak_error
 
     @property
     def peak_upper(self) -> float:
-        """Highest point of the interval's upper bound over the horizon."""
         return float(np.max(self.upper))
 
     def peak_upper_within(self, seconds: float) -> float:
-        """Highest point of the upper bound over the first `seconds` of the horizon."""
+        """Highest upper bound over the first `seconds` of the horizon."""
         steps = max(1, min(len(self.upper), round(seconds / self.step)))
         return float(np.max(self.upper[:steps]))
 
     def is_finite(self) -> bool:
-        """Every point of the path and its interval finite."""
-        return bool(
-            np.isfinite(self.mean).all()
-            and np.isfinite(self.lower).all()
-            and np.isfinite(self.upper).all()
-        )
+        return bool(np.isfinite([self.mean, self.lower, self.upper]).all())
 
 
 @dataclass(frozen=True)
@@ -114,9 +102,8 @@ class PoolObservation:
     max_shares_held: int = 0
     """Most GPU shares held by pods on any one GPU of the pool."""
     memory_used_gib: float | None = None
-    """Memory in use on the pool's fullest GPU (frame buffer), when measured."""
+    """Frame buffer in use on the pool's fullest GPU."""
     gpus_held: int | None = None
-    """GPUs held by pods of the pool now; with one, more fragments pack nothing."""
 
 
 @dataclass(frozen=True)
@@ -136,14 +123,13 @@ class WorkloadObservation:
     """When `load` is the serving stack's demand (gpuscaler.demand), not GPU utilization:
     what one replica serves at target, and the unit."""
     recent_peak: float | None = None
-    """Highest `forecast.fit_step` bucket mean of the load since the previous tick (one
-    control interval); None when unknown. What the floor sizes for when reactive."""
+    """Highest `forecast.fit_step` bucket mean of the load since the previous tick; None
+    when unknown. What the floor sizes for when reactive."""
 
 
 def _no_records() -> FloatArray:
-    """A history's records before its first tick: none, read-only like every kept one."""
     out = np.zeros((0, 4))
-    out.flags.writeable = False
+    out.flags.writeable = False  # read-only like every kept one
     return out
 
 
@@ -173,15 +159,14 @@ class TargetHistory:
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
     seen: FloatArray = field(default_factory=_no_records, compare=False, repr=False)
-    """The replica floor's tick records, oldest first, a read-only (records, 4) array of
-    (time, observed demand, forecast upper bound and mean peak over the lead time; both
-    NaN without a forecast): what the forecast's skill and the burst reserve are judged
-    on. Not compared: an array has no single truth value."""
+    """The replica floor's tick records, oldest first, read-only (records, 4): time,
+    observed demand, forecast upper bound and mean peak over the lead time (NaN without a
+    forecast). What skill and the burst reserve are judged on."""
     fallback: bool = False
     """The forecast has had no skill lately: the floor has stepped back to reactive."""
 
 
-EMPTY_TARGET = TargetHistory()
+_EMPTY_TARGET = TargetHistory()
 
 
 @dataclass(frozen=True)
@@ -189,7 +174,7 @@ class History:
     targets: Mapping[str, TargetHistory] = field(default_factory=lambda: MappingProxyType({}))
 
     def get(self, key: str) -> TargetHistory:
-        return self.targets.get(key, EMPTY_TARGET)
+        return self.targets.get(key, _EMPTY_TARGET)
 
     def updated(self, changes: Mapping[str, TargetHistory]) -> History:
         merged = dict(self.targets)

@@ -102,8 +102,7 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
 
 
 PoolRow = tuple[NodePoolConfig, str, FragmentsConfig, str, TimeSliceConfig]
-"""A configured node pool: its section, and its fragments' and time slice's target keys
-and sections."""
+"""A node pool's section, and its fragments' and time slice's target keys and sections."""
 
 
 def _pool_table(config: Config) -> dict[str, PoolRow]:
@@ -146,10 +145,8 @@ def _replica_floors(
     history: History,
     now: float,
 ) -> tuple[dict[str, Outcome], dict[str, float]]:
-    """This tick's replica floor outcome of every configured workload observed, and per
-    node pool the GPUs its workloads' replica floors (after this tick's decisions) hold
-    sized for their load: a fragment change leaves them (core.replicas.floor_gpus).
-    `rows`: `plan_rows`' first."""
+    """This tick's floor outcome of every configured workload observed, and per node pool
+    what its floors (after this tick's decisions) hold sized for their load (`floor_gpus`)."""
     seen = [(row, wobs) for wobs in snapshot.workloads if (row := rows.get(wobs.key))]
     outcomes = replica_floors(
         [(wobs, row[2], history.get(row[0])) for row, wobs in seen], staleness, now

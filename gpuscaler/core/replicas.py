@@ -1,28 +1,21 @@
 """Replica floor of a workload (KEDA ScaledObject minReplicaCount or HPA minReplicas).
 
-The HPA formula, desired = ceil(load / target), applied to the forecast's upper bound over
-the horizon instead of the current value: the floor rises before the load does, and the
-reactive autoscaler above it keeps the ceiling (effective replicas = max(floor, reactive)).
-Scale-down only to the highest recommendation of the stabilization window; steps bounded.
-The floor sizes at least for the workload's observed demand (its request rate: not
-censored at capacity like the utilization the HPA reads); the forecast must earn the
-rest: it is scored every tick against that reactive sizing on the observed series
-(gpuscaler.core.skill), and until it has shown skill, and whenever it loses it, the
-forecast is set aside and the reason says so. A burst that outran reactive sizing keeps
-a reserve (gpuscaler.core.reserve). Step limits are in GPUs.
+The HPA formula, ceil(load / target), on the highest observed demand of the stabilization
+window, raised to the forecast's upper bound over the lead time while the forecast shows
+skill against that reactive sizing (`assess`), and kept for bursts that outran it
+(`overflow_reserves`); the reactive autoscaler above keeps the ceiling. Scale-down only to
+the window's highest recommendation; steps bounded, in GPUs.
 
-A tick decides every workload's floor at once, in three steps: each workload's input is
-checked and its tick record made (`_record`); the records are remembered and the
-forecasts' skill, the burst reserves and the observed peaks taken over rows of the
-workloads whose records share their times (`_judged`); each floor is then sized,
-stabilized and stepped, with its reason (`_floor`).
+A tick decides every floor at once: each input is checked and its tick record made
+(`_record`); the records of workloads that share their times are judged as rows
+(`_judged`); each floor is then sized, stabilized and stepped, with its reason (`_floor`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -30,10 +23,7 @@ import numpy as np
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.guards import Outcome, cooling_down, hold, input_problem, invalid
-from gpuscaler.core.model import FloatArray, TargetHistory, WorkloadObservation
-from gpuscaler.core.peaks import window_max
-from gpuscaler.core.reserve import Reserve, overflow_reserves
-from gpuscaler.core.skill import Skill, assess, in_fallback
+from gpuscaler.core.model import BoolArray, FloatArray, IntArray, TargetHistory, WorkloadObservation
 
 KIND: Final = "replica_floor"
 
@@ -42,23 +32,20 @@ FloorInput = tuple[WorkloadObservation, ReplicasConfig, TargetHistory]
 
 
 class _Tick(NamedTuple):
-    """A workload's tick record (time, observed demand, forecast upper bound and mean
-    peak over the lead time; NaN without a forecast) and, without a forecast, why."""
+    """A workload's tick record (as `TargetHistory.seen`) and, without a forecast, why."""
 
     record: tuple[float, float, float, float]
     note: str | None
 
 
 class _Judged(NamedTuple):
-    """What a workload's records say this tick."""
+    """What a workload's records (this tick's included) say: its forecast's skill (None:
+    `skill_check` off), its reserve, the highest demand of the stabilization window."""
 
     seen: FloatArray
-    """Its records with this tick's, for its history."""
     skill: Skill | None
-    """Its forecast's skill (None: `skill_check` is off)."""
     reserve: Reserve | None
     peak: float
-    """The highest demand observed in the stabilization window, this tick included."""
 
 
 def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float) -> list[Outcome]:
@@ -81,20 +68,13 @@ def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float
     return [o for o in outcomes if o is not None]
 
 
-def hpa_desired(load_gpu_pct: float, replica_gpu_share: float, target_pct: float) -> int:
-    """The HPA formula, ceil(sum of replica utilization / target), with the sum of replica
-    utilization written as GPU load over the GPU share of one replica."""
-    return _replicas_for(load_gpu_pct, replica_gpu_share * target_pct)
-
-
 def _replicas_for(demand: float, per_replica: float) -> int:
     """Replicas that serve `demand` at `per_replica` each (a rounding error is no replica)."""
     return math.ceil(demand / per_replica - 1e-9)
 
 
 def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
-    """The parameters a workload's records are judged with: workloads with the same
-    parameters and record times are judged together."""
+    """What a workload's records are judged with (the same, and the same times: together)."""
     return (
         cfg.lead_time,
         cfg.scale_down_stabilization,
@@ -131,8 +111,8 @@ def _record(
 
 
 def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
-    """Whether the floor can still size for the observed demand: the forecast alone is
-    missing (too little history), the load's own samples are fresh and finite."""
+    """Whether the floor can size for the observed demand alone: no forecast yet, but
+    fresh, finite samples."""
     load = obs.load
     return (
         load.forecast is None
@@ -144,9 +124,8 @@ def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bo
 
 
 def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float) -> list[_Judged]:
-    """The records of workloads with the same parameters and record times, this tick's
-    added and those older than the skill and reserve windows need dropped, and what they
-    say: the forecast's skill, the burst reserve, the observed peak. Over rows."""
+    """What the records of workloads with the same parameters and record times say, as
+    rows: this tick's added, those older than the windows need dropped."""
     cfg = rows[0][1]
     old = np.stack([h.seen for _, _, h in rows])
     t = old[0, :, 0]
@@ -175,9 +154,8 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
 
 
 def _reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
-    """What one replica serves at the target and at full use, in the load's unit: the
-    overflow reserve's `at_target` and `full` (GPU percent, or the serving stack's
-    demand, which a replica serves at its rate either way)."""
+    """What one replica serves at the target and at full use, in the load's unit (a
+    serving stack's demand is served at its rate either way)."""
     if obs.serving is not None:
         per_replica = obs.serving[0]
         return per_replica, per_replica
@@ -193,9 +171,8 @@ def _floor(
     judged: _Judged,
     now: float,
 ) -> Outcome:
-    """The floor for the observed peak, or the forecast's upper bound when higher and
-    the forecast has skill, or the burst reserve when that asks for more; stabilized
-    and stepped, with its reason."""
+    """The floor for the observed peak, the forecast's upper bound when higher and skilled,
+    or the reserve when that asks for more; stabilized and stepped, with its reason."""
     target, current, share = obs.key, obs.floor, obs.replica_gpu_share
     assert current is not None
     fallback, note, upper = _skill_check(h.fallback, obs, cfg, tick, judged.skill)
@@ -252,9 +229,8 @@ def _skill_check(
     tick: _Tick,
     skill: Skill | None,
 ) -> tuple[bool, str | None, float | None]:
-    """Whether the forecast is set aside for its skill after this tick (`fallback`:
-    before it), why it is set aside (None: it is not), and its upper bound when it counts
-    (None: set aside, or no forecast)."""
+    """Whether the forecast is set aside after this tick (`fallback`: before it), why (None:
+    it is not), and its upper bound when it counts."""
     _, observed, upper, _ = tick.record
     if obs.load.forecast is None:
         return fallback, tick.note, None
@@ -275,10 +251,8 @@ def _skill_check(
 
 
 def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None) -> float:
-    """GPUs the replica floor `floor` holds sized for the workload's load (floor x GPU share
-    of one replica). The floor is sized in load units, so when fragments double (each
-    replica gets half the share) it doubles its replicas and holds the same GPUs. Not so
-    a floor that `min_replicas` or the ceiling set, nor an unknown one: 0 for those."""
+    """GPUs the floor `floor` holds sized for the load (floor x share): the same GPUs at any
+    fragment count. 0 for a floor `min_replicas` or the ceiling set, or an unknown one."""
     ceiling = min(cfg.max_replicas, obs.max_replicas or cfg.max_replicas)
     if floor is None or not cfg.min_replicas < floor < ceiling:
         return 0.0
@@ -286,10 +260,8 @@ def floor_gpus(obs: WorkloadObservation, cfg: ReplicasConfig, floor: int | None)
 
 
 def whole_gpus(to: int, current: int, share: float, ceiling: int) -> int:
-    """The floor `to` in whole GPUs: replicas of a GPU share that packs k to a GPU are
-    raised to fill the last GPU they hold (its empty slots cost no more), never above
-    `ceiling`; a step down that would free no GPU stays at `current` (it only took
-    capacity away). Replicas of a whole GPU or more are left as they are."""
+    """The floor `to` in whole GPUs: replicas packing k to a GPU fill the last GPU they hold
+    (never above `ceiling`); a step down that frees no GPU stays at `current`."""
     per_gpu = math.floor(1.0 / share + 1e-9) if share < 1.0 else 1
     if per_gpu <= 1 or to == current:
         return to
@@ -309,11 +281,9 @@ def _stabilized(
     ceiling: int,
     recommended: int,
 ) -> tuple[tuple[tuple[float, int], ...], int]:
-    """Scale down only to the highest recommendation of the window, as the HPA does, kept
-    as the load sized for (percent of a GPU) so a fragment change, which changes each
-    replica's share, does not distort it; and only to a count the window's demand fits
-    with `scale_down_margin` below its capacity. Returns the window's recommendations
-    with this tick's, and the floor the window allows."""
+    """Scale down only to the window's highest recommendation (kept as load, which a
+    fragment change does not distort), and only to a count the window's demand fits with
+    `scale_down_margin` to spare. The window's recommendations, and the floor it allows."""
     window_start = now - cfg.scale_down_stabilization
     recent = (*[r for r in h.recommendations if r[0] > window_start], (now, math.ceil(sized)))
     if recommended >= current:  # no scale-down: nothing for the window to hold
@@ -329,8 +299,7 @@ def _stabilized(
 
 
 def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> int:
-    """Replicas for `sized` demand by the HPA formula in the load's unit, none changed
-    within the tolerance (the floor's reserve may ask for more: `_floor`)."""
+    """Replicas for `sized` demand by the HPA formula, none changed within the tolerance."""
     raw = _replicas_for(sized, capacity)
     # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (capacity * current) if current else 0.0
@@ -340,8 +309,6 @@ def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> in
 
 
 def _reserve_text(r: Reserve, cfg: ReplicasConfig, replicas: int) -> str:
-    """Why the floor keeps `replicas` for bursts that overflowed what reactive sizing
-    would have had at full use (`r`, gpuscaler.core.reserve)."""
     return (
         f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
         f"{r.overflows} time(s) in the last {cfg.reserve_window:.0f}s (highest {r.age:.0f}s "
@@ -357,8 +324,7 @@ def _why(
     observed: float,
     raw: int,
 ) -> str:
-    """A floor's reason up to its verdict: the note, and the demand sized for -> the
-    replicas."""
+    """A floor's reason up to its verdict."""
     source = (
         f"observed peak {_value(obs, cfg, sized)} (highest of {cfg.scale_down_stabilization:.0f}s)"
         if sized == observed
@@ -368,8 +334,7 @@ def _why(
 
 
 def _value(obs: WorkloadObservation, cfg: ReplicasConfig, sized: float) -> str:
-    """The demand sized for, and how what one replica serves at target reads: GPU
-    percent (a GPU share times the target utilization) or the serving stack's demand."""
+    """The demand sized for over what one replica serves at target."""
     if obs.serving is not None:
         return f"{sized:.1f} {obs.serving[1]} / {obs.serving[0]:g} per replica"
     share = obs.replica_gpu_share
@@ -413,3 +378,186 @@ def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:
     if raw < to and to == cfg.min_replicas:
         return f"min replicas {cfg.min_replicas}"
     return "HPA formula"
+
+
+# --------------------------------------------------------------------------- the records' evidence
+
+
+def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
+    """The maximum of each row of `values` (rows, records) over each window [start[i],
+    stop[i]): (rows, windows), -inf for an empty window, NaN kept. A sparse table: level k
+    holds the maxima of runs of 2**k, and a window is the larger of its first and last run
+    of 2**floor(log2 width)."""
+    out = np.full((values.shape[0], start.size), -np.inf)
+    level = np.frexp(stop - start)[1] - 1  # floor(log2(width)); -1 for an empty window
+    table = values
+    for k in range(int(level.max(initial=-1)) + 1):
+        if k:
+            half = 1 << (k - 1)
+            table = np.maximum(table[:, :-half], table[:, half:])
+        at = np.flatnonzero(level == k)
+        if at.size:
+            out[:, at] = np.maximum(table[:, start[at]], table[:, stop[at] - (1 << k)])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    score: float | None
+    """None until enough origins are scored."""
+    origins: int
+
+
+def assess(
+    records: FloatArray,
+    now: float,
+    lead: float,
+    stabilization: float,
+    min_origins: int,
+    span: float = np.inf,
+) -> list[Skill]:
+    """Has each row's forecast earned its floor? A counterfactual over the origins o of the
+    last `span` seconds of `records` (rows, records, 4: time, observed, upper bound, mean
+    peak; rows share their times). Reactive R_o: the highest value of the stabilization
+    window before o; predictive P_o = max(R_o, upper bound); need Y_o: the highest value in
+    (o, o + lead]. The floor's extra capacity sum(P - R) is placed two cheaper ways at the
+    same cost, as flat headroom and as a level floor (recent mean plus the forecast's band);
+    skill is the shortfall max(0, Y - capacity) the forecast avoided beyond the better of
+    the two, as a share of the reactive shortfall (none: 0). Origins without a forecast
+    are not scored; a record without a finite value is in no window."""
+    t = records[0, :, 0] if records.shape[0] else np.zeros(0)
+    values = records[:, :, 1]
+    at = np.flatnonzero((t + lead <= now) & (t > now - span))
+    if not at.size:
+        return [Skill(None, 0)] * records.shape[0]
+    o = t[at]
+    start = np.searchsorted(t, o - stabilization, "left")
+    mid = np.searchsorted(t, o, "right")
+    end = np.searchsorted(t, o + lead, "right")
+    finite = np.isfinite(values)
+    v = np.where(finite, values, -np.inf)
+    reactive, need = window_max(v, start, mid), window_max(v, mid, end)
+    level = _window_means(values, finite, start, mid)
+    upper, mean = records[:, at, 2], records[:, at, 3]
+    scored = np.isfinite(upper) & np.isfinite(mean) & (reactive > -np.inf) & (need > -np.inf)
+    n = scored.sum(axis=1)
+    # Unscored origins count for nothing: every capacity and need 0 there.
+    reactive, need, level, upper, mean = (
+        np.where(scored, x, 0.0) for x in (reactive, need, level, upper, mean)
+    )
+    predictive = np.maximum(reactive, upper)
+    extra = (predictive - reactive).sum(axis=1)
+    flat = reactive + np.where(scored, (extra / np.maximum(n, 1))[:, None], 0.0)
+    base = level + (upper - mean)
+    levelled = np.maximum(reactive, base + shift_at_cost(reactive, base, extra, scored)[:, None])
+    short_r = _shortfall(need, reactive)
+    others = np.minimum(_shortfall(need, flat), _shortfall(need, levelled))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = (others - _shortfall(need, predictive)) / short_r
+    found = []
+    for count, short, score in zip(n.tolist(), short_r.tolist(), scores.tolist(), strict=True):
+        if count < min_origins:
+            found.append(Skill(None, count))
+        else:
+            found.append(Skill(0.0 if short <= 1e-9 else score, count))
+    return found
+
+
+def in_fallback(fallback: bool, skill: Skill, below: float, above: float) -> bool:
+    """Whether the floor steps back to reactive (`fallback`: whether it had): skill under
+    `below` engages, over `above` returns (hysteresis). Until enough origins are scored
+    the forecast has proven nothing: reactive."""
+    if skill.score is None:
+        return True
+    if fallback:
+        return skill.score < above
+    return skill.score < below
+
+
+def _window_means(
+    values: FloatArray, counted: BoolArray, start: IntArray, stop: IntArray
+) -> FloatArray:
+    """The mean of the counted values of each row over each window [start, stop) (NaN
+    where none is counted), from running sums of the values and of the counts."""
+    rows, n = values.shape
+    running = np.zeros((2, rows, n + 1))
+    running[0, :, 1:] = np.where(counted, values, 0.0)
+    running[1, :, 1:] = counted
+    np.cumsum(running, axis=2, out=running)
+    sums, counts = running[:, :, stop] - running[:, :, start]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        means: FloatArray = sums / counts
+    return means
+
+
+def shift_at_cost(
+    reactive: FloatArray, base: FloatArray, extra: FloatArray, scored: BoolArray
+) -> FloatArray:
+    """For each row, the c at which max(reactive, base + c) costs `extra` more than
+    `reactive` over the scored origins: the root of g(c) = sum(max(0, c - d)) = extra,
+    d = reactive - base. g is piecewise linear, rising by one per breakpoint below c, so
+    the root lies on the segment after the last breakpoint where g is at most `extra`
+    (extra >= 0; the lowest breakpoint where it is 0)."""
+    d = np.sort(np.where(scored, reactive - base, np.inf), axis=1)
+    counted = np.isfinite(d)
+    d0 = np.where(counted, d, 0.0)
+    below = np.cumsum(d0, axis=1) - d0  # the sum of the breakpoints before each
+    at_break = np.where(counted, np.arange(d.shape[1]) * d0 - below, np.inf)
+    k = np.maximum((at_break <= extra[:, None]).sum(axis=1), 1)
+    summed = np.take_along_axis(below + d0, (k - 1)[:, None], axis=1)[:, 0]
+    shift: FloatArray = (extra + summed) / k
+    return shift
+
+
+def _shortfall(need: FloatArray, capacity: FloatArray) -> FloatArray:
+    """The shortfall of each row: sum(max(0, need - capacity))."""
+    found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
+    return found
+
+
+@dataclass(frozen=True)
+class Reserve:
+    peak: float
+    """The highest demand of the span that overflowed the reactive sizing's full use."""
+    age: float
+    """Seconds since that tick."""
+    overflows: int
+    """Ticks of the span that overflowed."""
+
+
+def overflow_reserves(
+    records: FloatArray,
+    now: float,
+    window: float,
+    span: float,
+    at_target: FloatArray,
+    full: FloatArray,
+) -> list[Reserve | None]:
+    """The reserve for bursts reactive sizing cannot meet in time, for each row of `records`
+    (rows, records, 4; time and observed demand first; rows share their times). Each tick
+    of the last `span` seconds is checked against what reactive sizing (the HPA formula on
+    the highest demand of the `window` before it: the counterfactual, not the replicas that
+    ran, so a reserve does not erase its own evidence) would have had at full use; the
+    highest demand that overflowed it is the reserve (None: no tick did). New replicas come
+    too late for bursts that short; a ramp never overflows. `at_target`, `full`: what one
+    replica serves at the target and at full use, in the records' unit."""
+    rows = records.shape[0]
+    t = records[0, :, 0] if rows else np.zeros(0)
+    inspan = np.flatnonzero(t > now - span)
+    if not inspan.size:
+        return [None] * rows
+    values = records[:, :, 1]
+    v = np.where(np.isfinite(values), values, -np.inf)
+    o = t[inspan]
+    start, stop = np.searchsorted(t, o - window, "left"), np.searchsorted(t, o, "left")
+    reactive = window_max(v, start, stop)
+    replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
+    over = (v[:, inspan] > replicas * full[:, None] + 1e-9) & (reactive > -np.inf)
+    counts: list[int] = over.sum(axis=1).tolist()
+    # The newest of the highest: the last maximum of the overflows in time order.
+    last = over.shape[1] - 1 - np.argmax(np.where(over, v[:, inspan], -np.inf)[:, ::-1], axis=1)
+    found: list[Reserve | None] = []
+    for row, (count, k) in enumerate(zip(counts, last.tolist(), strict=True)):
+        top = int(inspan[k])
+        found.append(Reserve(float(v[row, top]), now - float(t[top]), count) if count else None)
+    return found

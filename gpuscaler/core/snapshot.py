@@ -36,9 +36,7 @@ class RawPool:
     problem: str | None = None
     """Set by the adapter when the source failed for this pool."""
     memory_used_gib: float | None = None
-    """Memory used on the pool's fullest GPU, newest sample."""
     gpus_held: int | None = None
-    """GPUs the pool's workloads hold now, when the source knows."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +51,8 @@ class RawWorkload:
     serving: tuple[float, str] | None = None
     """Per-replica target and unit when `load` is serving demand (gpuscaler.demand)."""
     demand: Series | None = None
-    """The workload's demand (workloads[].leading_query), a leading signal; None: none named."""
+    """The leading signal (workloads[].leading_query); None: none named."""
     demand_problem: str | None = None
-    """Set by the adapter when the demand cannot be trusted (the load alone is forecast)."""
 
 
 @dataclass(frozen=True)
@@ -66,18 +63,11 @@ class Observations:
     preemption: PreemptionObservation | None = None
 
 
-def window_mean(
-    series: Series | None, now: float, window: float
-) -> tuple[float | None, float | None]:
-    """Mean of the finite samples in (now - window, now], and the newest sample's time."""
-    return window_means([series], now, window)[0]
-
-
 def window_means(
     series: Sequence[Series | None], now: float, window: float
 ) -> list[tuple[float | None, float | None]]:
-    """`window_mean` of each series, the series on one grid (one query's window, the
-    usual case) as rows of one array."""
+    """Per series, the mean of its finite samples in (now - window, now] and its newest
+    sample's time; the series of one grid as rows of one array."""
     out: list[tuple[float | None, float | None]] = [(None, None)] * len(series)
     for (start, spacing, _), idx in _grids(series).items():
         stacked = np.stack([s.values for i in idx if (s := series[i]) is not None])
@@ -95,20 +85,13 @@ def window_means(
     return out
 
 
-def bucket_peak(series: Series | None, now: float, window: float, step: float) -> float | None:
-    """Highest mean of `step`-long buckets (ending at the newest sample) over the last
-    `window` seconds; None without a finite sample there."""
-    return bucket_peaks([series], now, window, step)[0]
-
-
 def bucket_peaks(
     series: Sequence[Series | None], now: float, window: float, step: float
 ) -> list[float | None]:
-    """`bucket_peak` of each series, the series on one grid as rows of one array. The
-    sample at `now - window` counts: a grid's newest sample is usually one step before
-    `now` (its slot is still filling), and without it the oldest bucket of every window,
-    a third of a 30 s tick's 10 s buckets, would be seen by no tick at all. At most
-    `window` of samples count."""
+    """Per series, the highest mean of `step`-long buckets (ending at the newest sample)
+    over the last `window` seconds (None without a finite sample there). The sample at
+    `now - window` counts: the newest slot is usually still filling, and without it the
+    oldest bucket of each window would be seen by no tick."""
     out: list[float | None] = [None] * len(series)
     for (start, spacing, size), idx in _grids(series).items():
         width = max(1, round(step / spacing))
@@ -217,19 +200,17 @@ def build_snapshot(
 def _pool(
     p: RawPool, signal: Signal, stall: float | None, stall_last: float | None
 ) -> PoolObservation:
-    """The pool's observation (its fields in their order: positional arguments cost a
-    fifth less than keywords, a pool a tick)."""
     return PoolObservation(
-        p.name,
-        signal,  # utilization
-        p.fragments,
-        p.time_slice_level,
-        None if p.problem else stall,  # stall_mean_pct
-        stall_last,  # stall_last_sample_time
-        p.gpu_memory_gib,
-        p.max_shares_held,
-        p.memory_used_gib,
-        p.gpus_held,
+        name=p.name,
+        utilization=signal,
+        fragments=p.fragments,
+        time_slice_level=p.time_slice_level,
+        stall_mean_pct=None if p.problem else stall,
+        stall_last_sample_time=stall_last,
+        gpu_memory_gib=p.gpu_memory_gib,
+        max_shares_held=p.max_shares_held,
+        memory_used_gib=p.memory_used_gib,
+        gpus_held=p.gpus_held,
     )
 
 
@@ -239,8 +220,8 @@ def _recent_peaks(
     now: float,
     interval: float,
 ) -> list[float | None]:
-    """Each workload's `bucket_peak` over the last tick (None with a problem), the
-    workloads of one fit step together."""
+    """Each workload's highest `fit_step` bucket mean over the last tick (None with a
+    problem), the workloads of one fit step together."""
     out: list[float | None] = [None] * len(workloads)
     steps: dict[float, list[int]] = {}
     for i, (w, item) in enumerate(zip(workloads, items, strict=True)):
@@ -253,15 +234,14 @@ def _recent_peaks(
     return out
 
 
-def _workload(w: RawWorkload, signal: Signal, recent_peak: float | None) -> WorkloadObservation:
-    """The workload's observation (its fields in their order, as `_pool`)."""
+def _workload(w: RawWorkload, signal: Signal, peak: float | None) -> WorkloadObservation:
     return WorkloadObservation(
-        w.key,
-        signal,  # load
-        w.floor,
-        w.replicas,
-        w.max_replicas,
-        w.replica_gpu_share,
-        w.serving,
-        recent_peak,
+        key=w.key,
+        load=signal,
+        floor=w.floor,
+        replicas=w.replicas,
+        max_replicas=w.max_replicas,
+        replica_gpu_share=w.replica_gpu_share,
+        serving=w.serving,
+        recent_peak=peak,
     )

@@ -1,12 +1,9 @@
-"""Time slice level of a node pool (nvidia-smi compute-policy levels).
+"""Time slice level of a node pool (nvidia-smi compute-policy levels, which have no
+published durations).
 
-Stall (engine busy while SMs idle) averaging above `stall_above_pct` over the stall window
-means tenants thrash each other's caches: step the slice longer. Once stall has stayed
-below `recover_below_pct` for the stabilization period, step back toward the pool's base
-level (compute-bound: medium; IO-bound: short). `nvidia-smi compute-policy --set-timeslice`
-takes levels 0-3 (default, short, medium, long) and NVIDIA publishes no durations for
-them, so gpuscaler speaks of levels only: the design's "100 ms for compute-bound, 50 ms for
-IO-bound" intent maps to a longer and a shorter level.
+Stall (engine busy while SMs idle) above `stall_above_pct` over the stall window means
+tenants thrash each other's caches: step the slice longer. Once stall has stayed below
+`recover_below_pct` for the stabilization period, step back toward the pool's base level.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ def decide_time_slice(
     stall, current = checked
     base = base_level(pool, cfg)
     if stall > cfg.stall_above_pct:
-        h = _calm_since(h, None)
+        h = replace(h, calm_since=None)
         rank = TIME_SLICE_LEVELS.index(current)
         if rank == len(TIME_SLICE_LEVELS) - 1:
             return hold(KIND, target, now, f"at bound: stall {stall:.1f}%, slice already long", h)
@@ -70,7 +67,7 @@ def decide_time_slice(
         why = f"stall mean over {cfg.stall_window:.0f}s {stall:.1f}% > {cfg.stall_above_pct:g}%"
     elif stall < cfg.recover_below_pct and current != base:
         calm = h.calm_since if h.calm_since is not None else now
-        h = _calm_since(h, calm)
+        h = replace(h, calm_since=calm)
         if now - calm < cfg.stabilization:
             return hold(
                 KIND,
@@ -89,8 +86,8 @@ def decide_time_slice(
         )
     else:
         if stall >= cfg.recover_below_pct:
-            h = _calm_since(h, None)
-        return hold(KIND, target, now, _hold_text(stall, current), h)
+            h = replace(h, calm_since=None)
+        return hold(KIND, target, now, f"hold: stall {stall:.1f}% at level {current}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {why}, {left:.0f}s left", h)
@@ -102,17 +99,4 @@ def decide_time_slice(
         reason=f"{why}; level {current} -> {to}",
         forecast={"stall_mean": stall},
     )
-    return Outcome(_calm_since(h, None), decision=decision)
-
-
-def _hold_text(stall: float, current: str) -> str:
-    return f"hold: stall {stall:.1f}% at level {current}"
-
-
-def _calm_since(h: TargetHistory, calm: float | None) -> TargetHistory:
-    """`h` with `calm_since` set to `calm`: `h` itself when it already holds that very
-    value (None, or its own time: most ticks of most pools), without the equal copy
-    `dataclasses.replace` makes."""
-    if h.calm_since is calm:
-        return h
-    return replace(h, calm_since=calm)
+    return Outcome(replace(h, calm_since=None), decision=decision)

@@ -1,12 +1,7 @@
-"""The pure part of KEDA's external scaler and of floor patching (issue 13): requests
-checked, answers served, floors taken from a plan, patch refusals. Table tests, no mocks.
-
-KEDA facts these encode, from kedacore/keda at 8b4f083c:
-- `pkg/scalers/external_scaler.go`: the whole trigger metadata is passed on as
-  scalerMetadata (with `xFromEnv` keys resolved but kept under their name);
-- `apis/keda/v1alpha1/scaledobject_types.go`: `autoscaling.keda.sh/paused` counts when it
-  parses as a Go bool that is true or does not parse; `paused-replicas` whenever present.
-"""
+"""The pure part of KEDA's external scaler and of floor patching: requests checked,
+answers served, floors taken from a plan, patch refusals. KEDA passes the whole trigger
+metadata on (`xFromEnv` keys under their name); `autoscaling.keda.sh/paused` counts when
+it parses as a true Go bool or does not parse, `paused-replicas` whenever present."""
 
 from __future__ import annotations
 
@@ -64,9 +59,11 @@ def test_a_request_is_read_or_refused_naming_what_is_wrong(
             check_request(name, namespace, metadata)
 
 
-def test_the_activation_floor_comes_from_the_metadata() -> None:
-    assert check_request("chat", "ml", {}).activation == 1
-    assert check_request("chat", "ml", {"activationFloor": " 4 "}).activation == 4
+@pytest.mark.parametrize(("metadata", "activation"), [({}, 1), ({"activationFloor": " 4 "}, 4)])
+def test_the_activation_floor_comes_from_the_metadata(
+    metadata: dict[str, str], activation: int
+) -> None:
+    assert check_request("chat", "ml", metadata).activation == activation
 
 
 @given(
@@ -133,43 +130,36 @@ def _decision(to: int) -> ReplicaFloorDecision:
     return ReplicaFloorDecision(50.0, KEY, 2, to, "forecast upper 300% -> 5 replicas")
 
 
+def _skip(reason: str, invalid: bool) -> tuple[Skip]:
+    return (Skip(50.0, "replica_floor", KEY, reason, invalid),)
+
+
+NO_SKILL = "skill fallback: the forecast has had no skill lately"
+UNPLANNED = "not planned this tick"
+
+
 @pytest.mark.parametrize(
     ("plan", "floor", "serving", "want"),
     [
+        (_plan((_decision(5),)), 2, None, (5, True, "forecast upper 300% -> 5 replicas")),
         (
-            _plan((_decision(5),)),
-            2,
-            None,
-            FloorEntry(5, True, "forecast upper 300% -> 5 replicas", 50.0),
-        ),
-        (
-            _plan(skips=(Skip(50.0, "replica_floor", KEY, "hold: floor stays 4", False),)),
+            _plan(skips=_skip("hold: floor stays 4", False)),
             4,
             None,
-            FloorEntry(4, True, "hold: floor stays 4", 50.0),
+            (4, True, "hold: floor stays 4"),
         ),
-        (
-            _plan(skips=(Skip(50.0, "replica_floor", KEY, "no action: stale", True),)),
-            4,
-            None,
-            FloorEntry(4, False, "no action: stale", 50.0),
-        ),
-        (
-            _plan((_decision(1),), fallback=True),
-            4,
-            None,
-            FloorEntry(1, False, "skill fallback: the forecast has had no skill lately", 50.0),
-        ),
-        (_plan((_decision(5),)), 2, "dry run", FloorEntry(5, False, "dry run", 50.0)),
-        (_plan(), 4, None, FloorEntry(4, False, "not planned this tick", 50.0)),
-        (_plan(), None, None, FloorEntry(0, False, "not planned this tick", 50.0)),
+        (_plan(skips=_skip("no action: stale", True)), 4, None, (4, False, "no action: stale")),
+        (_plan((_decision(1),), fallback=True), 4, None, (1, False, NO_SKILL)),
+        (_plan((_decision(5),)), 2, "dry run", (5, False, "dry run")),
+        (_plan(), 4, None, (4, False, UNPLANNED)),
+        (_plan(), None, None, (0, False, UNPLANNED)),
     ],
 )
 def test_the_floor_entry_follows_the_plan(
-    plan: Plan, floor: int | None, serving: str | None, want: FloorEntry
+    plan: Plan, floor: int | None, serving: str | None, want: tuple[int, bool, str]
 ) -> None:
     snapshot = Snapshot(time=50.0, workloads=(_obs(floor),))
-    assert floor_entries(plan, snapshot, [KEY], serving) == {KEY: want}
+    assert floor_entries(plan, snapshot, [KEY], serving) == {KEY: FloorEntry(*want, 50.0)}
 
 
 @pytest.mark.parametrize(
@@ -199,57 +189,47 @@ def _so(annotations: dict[str, str] | None = None, **kw: object) -> FloorTarget:
     return FloorTarget(kind="ScaledObject", annotations=annotations or {}, **kw)  # type: ignore[arg-type]
 
 
+KEDA, ARGO, OWNED = (
+    "autoscaling.keda.sh/paused",
+    "argocd.argoproj.io/tracking-id",
+    "gpuscaler.io/gitops-owned",
+)
+HPA = "HorizontalPodAutoscaler"
+
+
 @pytest.mark.parametrize(
     ("target", "direction", "refusal"),
     [
         (_so(), 1, None),
-        (_so({"autoscaling.keda.sh/paused": "true"}), 1, "paused by KEDA"),
-        (_so({"autoscaling.keda.sh/paused": "yes"}), 1, "paused by KEDA"),  # unparsable: true
-        (_so({"autoscaling.keda.sh/paused": "false"}), 1, None),
-        (_so({"autoscaling.keda.sh/paused": "0"}), 1, None),
-        (_so({"autoscaling.keda.sh/paused-replicas": "0"}), 1, "paused-replicas='0'"),
-        (_so({"autoscaling.keda.sh/paused-replicas": "x"}), -1, "paused-replicas"),
-        (_so({"autoscaling.keda.sh/paused-scale-out": "true"}), 1, "scale out paused"),
-        (_so({"autoscaling.keda.sh/paused-scale-out": "true"}), -1, None),
-        (_so({"autoscaling.keda.sh/paused-scale-in": "true"}), -1, "scale in paused"),
-        (_so({"autoscaling.keda.sh/paused-scale-in": "true"}), 1, None),
+        (_so({KEDA: "true"}), 1, "paused by KEDA"),
+        (_so({KEDA: "yes"}), 1, "paused by KEDA"),  # unparsable: true
+        (_so({KEDA: "false"}), 1, None),
+        (_so({KEDA: "0"}), 1, None),
+        (_so({KEDA + "-replicas": "0"}), 1, "paused-replicas='0'"),
+        (_so({KEDA + "-replicas": "x"}), -1, "paused-replicas"),
+        (_so({KEDA + "-scale-out": "true"}), 1, "scale out paused"),
+        (_so({KEDA + "-scale-out": "true"}), -1, None),
+        (_so({KEDA + "-scale-in": "true"}), -1, "scale in paused"),
+        (_so({KEDA + "-scale-in": "true"}), 1, None),
         (_so(external_addresses=("gpuscaler.gpuscaler.svc:9095",)), 1, "served through KEDA"),
         (_so(external_addresses=("other.ns:9095",)), 1, None),
         (_so(floor_managers=("argocd-controller",)), 1, "GitOps field manager 'argocd-controller'"),
         (_so(floor_managers=("kubectl-client-side-apply", "gpuscaler")), 1, None),
+        (_so({ARGO: "app:keda.sh/ScaledObject:ml/chat"}), 1, "managed by a GitOps tool"),
+        (_so({ARGO: "a", OWNED: "false"}), 1, None),
         (
-            _so({"argocd.argoproj.io/tracking-id": "app:keda.sh/ScaledObject:ml/chat"}),
-            1,
-            "managed by a GitOps tool",
-        ),
-        (
-            _so({"argocd.argoproj.io/tracking-id": "a", "gpuscaler.io/gitops-owned": "false"}),
-            1,
-            None,
-        ),
-        (
-            _so({"gpuscaler.io/gitops-owned": "false"}, floor_managers=("kustomize-controller",)),
+            _so({OWNED: "false"}, floor_managers=("kustomize-controller",)),
             1,
             "kustomize-controller",
         ),
-        (_so({"gpuscaler.io/gitops-owned": "true"}), 1, "declared GitOps-owned"),
+        (_so({OWNED: "true"}), 1, "declared GitOps-owned"),
         (
-            _so(labels={"kustomize.toolkit.fluxcd.io/name": "apps"}),
+            _so(labels={"kustomize.toolkit.fluxcd.io/name": "a"}),
             1,
             "kustomize.toolkit.fluxcd.io/name",
         ),
-        (
-            FloorTarget(
-                "HorizontalPodAutoscaler", annotations={"autoscaling.keda.sh/paused": "true"}
-            ),
-            1,
-            None,
-        ),
-        (
-            FloorTarget("HorizontalPodAutoscaler", floor_managers=("helm-controller",)),
-            1,
-            "helm-controller",
-        ),
+        (FloorTarget(HPA, annotations={KEDA: "true"}), 1, None),
+        (FloorTarget(HPA, floor_managers=("helm-controller",)), 1, "helm-controller"),
     ],
 )
 def test_a_floor_is_patched_only_where_nobody_else_owns_it(
@@ -270,15 +250,11 @@ def test_the_floor_owner_and_triggers_are_read_from_the_objects_json() -> None:
 
     meta = {
         "managedFields": [  # as the API server records them (ManagedFieldsEntry)
-            {
-                "manager": "kubectl-client-side-apply",
-                "operation": "Update",
-                "fieldsV1": {"f:metadata": {}},
-            },
+            {"manager": "kubectl-client-side-apply", "fieldsV1": {"f:metadata": {}}},
             {
                 "manager": "argocd-controller",
                 "operation": "Apply",
-                "fieldsV1": {"f:spec": {"f:minReplicaCount": {}, "f:triggers": {}}},
+                "fieldsV1": {"f:spec": {"f:minReplicaCount": {}}},
             },
             {
                 "manager": "gpuscaler",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,13 +14,12 @@ from gpuscaler.core.fragments import decide_fragments, memory_limit
 from gpuscaler.core.model import PoolObservation, Signal, TargetHistory
 
 STALENESS = 120.0
-SUSTAINED_DOWN = history(pending_for=60, pending_direction=-1)
-SUSTAINED_UP = history(pending_for=60, pending_direction=+1)
+DOWN = history(pending_for=60, pending_direction=-1)  # a trigger held 60 s
+UP = history(pending_for=60, pending_direction=+1)
 
 
 @dataclass
 class Row:
-    name: str
     obs: PoolObservation
     expect: tuple[str, object]
     """("set", to) | ("hold", text in reason) | ("invalid", text in reason)"""
@@ -30,6 +30,11 @@ class Row:
     """GPUs the pool's replica floors hold sized for their load."""
 
 
+def held4(peak: float, upper: float, gpus: int) -> PoolObservation:
+    """A pool at 4 fragments whose pods hold `gpus` GPUs."""
+    return replace(pool_obs(signal(peak, upper), fragments=4), gpus_held=gpus)
+
+
 def nan_signal() -> Signal:
     s = signal(90, 95)
     assert s.forecast is not None
@@ -37,236 +42,142 @@ def nan_signal() -> Signal:
     return s
 
 
-ROWS = [
-    Row(
-        "halves fragments when the forecast peak is above 85 percent",
-        pool_obs(signal(90, 95), fragments=4),
-        ("set", 2),
-        SUSTAINED_DOWN,
+def obs(peak: float, upper: float, **kw: Any) -> PoolObservation:
+    return pool_obs(signal(peak, upper), **kw)
+
+
+ROWS = {
+    "halves fragments when the forecast peak is above 85 percent": Row(
+        obs(90, 95, fragments=4), ("set", 2), DOWN
     ),
-    Row(
-        "doubles fragments when the forecast upper bound is below 40 percent",
-        pool_obs(signal(20, 30), fragments=4),
-        ("set", 8),
-        SUSTAINED_UP,
+    "doubles fragments when the forecast upper bound is below 40 percent": Row(
+        obs(20, 30, fragments=4), ("set", 8), UP
     ),
-    Row(
-        "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
+    "doubles when the pool's demand fits the GPUs packing leaves (4 GPUs at 15 percent)": Row(
+        held4(10, 15, 4), ("set", 8), UP
     ),
-    Row(
-        "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent",
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=4),
-        ("hold", "the 2 GPUs 8 fragments leave"),
-        SUSTAINED_UP,
+    "does not double when the 2 GPUs packing leaves would hold 4 GPUs at 30 percent": Row(
+        held4(20, 30, 4), ("hold", "the 2 GPUs 8 fragments leave"), UP
     ),
-    Row(
-        "does not double when one GPU holds the pool: more fragments would pack nothing",
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=1),
-        ("hold", "pack nothing"),
-        SUSTAINED_UP,
+    "does not double when one GPU holds the pool: more fragments would pack nothing": Row(
+        held4(20, 30, 1), ("hold", "pack nothing"), UP
     ),
-    Row(
-        "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)",
-        replace(pool_obs(signal(20, 30), fragments=4), gpus_held=2),
-        ("hold", "pack nothing"),
-        SUSTAINED_UP,
+    "does not double when the demand would not fit one GPU fewer (2 GPUs at 30 percent)": Row(
+        held4(20, 30, 2), ("hold", "pack nothing"), UP
     ),
-    Row(
-        "does not double when the replica floor holds all 4 GPUs: it would double its replicas",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("hold", "the replica floor holds 4 of the 4 GPUs"),
-        SUSTAINED_UP,
-        floor_gpus=4.0,
+    "does not double when the replica floor holds all 4 GPUs: it would double its replicas": Row(
+        held4(10, 15, 4), ("hold", "the replica floor holds 4 of the 4 GPUs"), UP, floor_gpus=4.0
     ),
-    Row(
-        "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("hold", "more fragments would pack nothing"),
-        SUSTAINED_UP,
-        floor_gpus=3.5,
+    "counts a floor of 3.5 GPUs as the 4 GPUs its replicas fill": Row(
+        held4(10, 15, 4), ("hold", "more fragments would pack nothing"), UP, floor_gpus=3.5
     ),
-    Row(
-        "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
-        floor_gpus=3.0,
+    "doubles when the floor leaves a GPU to save (3 of 4) and the demand fits 3 GPUs": Row(
+        held4(10, 15, 4), ("set", 8), UP, floor_gpus=3.0
     ),
-    Row(
-        "a floor above what packing leaves never lets through a packing the demand would not fit",
-        replace(pool_obs(signal(20, 28), fragments=4), gpus_held=4),
-        ("hold", "would not fit the 2 GPUs"),
-        SUSTAINED_UP,
-        floor_gpus=3.0,
+    "a floor above what packing leaves never lets through a packing the demand would not fit": Row(
+        held4(20, 28, 4), ("hold", "would not fit the 2 GPUs"), UP, floor_gpus=3.0
     ),
-    Row(
-        "doubles when the floor holds fewer GPUs than packing leaves",
-        replace(pool_obs(signal(10, 15), fragments=4), gpus_held=4),
-        ("set", 8),
-        SUSTAINED_UP,
-        floor_gpus=1.0,
+    "doubles when the floor holds fewer GPUs than packing leaves": Row(
+        held4(10, 15, 4), ("set", 8), UP, floor_gpus=1.0
     ),
-    Row(
-        "halves whatever the floor holds: fewer fragments are not a packing",
-        replace(pool_obs(signal(90, 95), fragments=4), gpus_held=4),
-        ("set", 2),
-        SUSTAINED_DOWN,
-        floor_gpus=4.0,
+    "halves whatever the floor holds: fewer fragments are not a packing": Row(
+        held4(90, 95, 4), ("set", 2), DOWN, floor_gpus=4.0
     ),
-    Row(
-        "holds when the forecast sits between the thresholds",
-        pool_obs(signal(60, 70)),
-        ("hold", "within"),
+    "holds when the forecast sits between the thresholds": Row(obs(60, 70), ("hold", "within")),
+    "does not double when only the mean is low but the upper bound is not": Row(
+        obs(35, 45), ("hold", "within")
     ),
-    Row(
-        "does not double when only the mean is low but the upper bound is not",
-        pool_obs(signal(35, 45)),
-        ("hold", "within"),
+    "waits when a trigger has not yet held for the sustain period": Row(
+        obs(90, 95), ("hold", "wait"), history(pending_for=30, pending_direction=-1)
     ),
-    Row(
-        "waits when a trigger has not yet held for the sustain period",
-        pool_obs(signal(90, 95)),
-        ("hold", "wait"),
-        history(pending_for=30, pending_direction=-1),
+    "starts the sustain clock on the first tick above the threshold": Row(
+        obs(90, 95), ("hold", "for 0s of the 60s")
     ),
-    Row(
-        "starts the sustain clock on the first tick above the threshold",
-        pool_obs(signal(90, 95)),
-        ("hold", "for 0s of the 60s"),
+    "acts at once when the sustain period is zero": Row(
+        obs(90, 95), ("set", 2), cfg={"sustain": "0s"}
     ),
-    Row(
-        "acts at once when the sustain period is zero",
-        pool_obs(signal(90, 95)),
-        ("set", 2),
-        cfg={"sustain": "0s"},
-    ),
-    Row(
-        "waits out the cooldown after a change",
-        pool_obs(signal(90, 95)),
+    "waits out the cooldown after a change": Row(
+        obs(90, 95),
         ("hold", "cooldown"),
         history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "acts again once the cooldown has passed",
-        pool_obs(signal(90, 95), fragments=2),
+    "acts again once the cooldown has passed": Row(
+        obs(90, 95, fragments=2),
         ("set", 1),
         history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "needs the reversal margin to undo a doubling",
-        pool_obs(signal(87, 95)),
-        ("hold", "within [40%, 90%]"),
-        history(changed_ago=900, direction=+1),
+    "needs the reversal margin to undo a doubling": Row(
+        obs(87, 95), ("hold", "within [40%, 90%]"), history(changed_ago=900, direction=+1)
     ),
-    Row(
-        "undoes a doubling once the margin is passed",
-        pool_obs(signal(91, 95)),
+    "undoes a doubling once the margin is passed": Row(
+        obs(91, 95),
         ("set", 2),
         history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1),
     ),
-    Row(
-        "needs the reversal margin to undo a halving",
-        pool_obs(signal(30, 38)),
-        ("hold", "within [35%, 85%]"),
-        history(changed_ago=900, direction=-1),
+    "needs the reversal margin to undo a halving": Row(
+        obs(30, 38), ("hold", "within [35%, 85%]"), history(changed_ago=900, direction=-1)
     ),
-    Row(
-        "never goes below the fewest allowed count",
-        pool_obs(signal(95, 99), fragments=1),
-        ("hold", "already at fewest allowed"),
-        SUSTAINED_DOWN,
+    "never goes below the fewest allowed count": Row(
+        obs(95, 99, fragments=1), ("hold", "already at fewest allowed"), DOWN
     ),
-    Row(
-        "never goes above the most allowed count",
-        pool_obs(signal(5, 10), fragments=8),
-        ("hold", "most allowed"),
-        SUSTAINED_UP,
+    "never goes above the most allowed count": Row(
+        obs(5, 10, fragments=8), ("hold", "most allowed"), UP
     ),
-    Row(
-        "keeps training fragments at 8 GiB or more",
-        pool_obs(signal(5, 10), fragments=2),
+    "keeps training fragments at 8 GiB or more": Row(
+        obs(5, 10, fragments=2),
         ("hold", "memory bound"),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=16, workload_type="training"),
     ),
-    Row(
-        "allows training fragments that keep 8 GiB after reserve and over-commit",
-        pool_obs(signal(5, 10), fragments=2),
+    "allows training fragments that keep 8 GiB after reserve and over-commit": Row(
+        obs(5, 10, fragments=2),
         ("set", 4),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=24, workload_type="training"),
     ),
-    Row(
-        "keeps inference fragments at 4 GiB or more",
-        pool_obs(signal(5, 10), fragments=4),
+    "keeps inference fragments at 4 GiB or more": Row(
+        obs(5, 10, fragments=4),
         ("hold", "below the 4 GiB inference floor"),
-        SUSTAINED_UP,
+        UP,
         pool=pool(gpu_memory_gib=16),
     ),
-    Row(
-        "uses the GPU memory the cluster reports over the configured one",
-        pool_obs(signal(5, 10), fragments=4, gpu_memory_gib=16),
-        ("hold", "memory bound"),
-        SUSTAINED_UP,
+    "uses the GPU memory the cluster reports over the configured one": Row(
+        obs(5, 10, fragments=4, gpu_memory_gib=16), ("hold", "memory bound"), UP
     ),
-    Row(
-        "never over-commits compute when stepping more than one doubling",
-        pool_obs(signal(25, 30), fragments=2),
-        ("set", 4),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+    "never over-commits compute when stepping more than one doubling": Row(
+        obs(25, 30, fragments=2), ("set", 4), UP, cfg={"max_step": 2}
     ),
-    Row(
-        "quadruples in one step when memory and compute allow it",
-        pool_obs(signal(5, 10), fragments=2),
-        ("set", 8),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+    "quadruples in one step when memory and compute allow it": Row(
+        obs(5, 10, fragments=2), ("set", 8), UP, cfg={"max_step": 2}
     ),
-    Row(
-        "never shrinks fragments below the memory tenants already use",
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=60),  # 30 GiB per tenant
+    "never shrinks fragments below the memory tenants already use": Row(
+        obs(5, 10, fragments=2, memory_used_gib=60),
         ("hold", "memory in use: tenants hold 30.0 GiB each"),
-        SUSTAINED_UP,
+        UP,
     ),
-    Row(
-        "stops doubling where the memory tenants use would no longer fit",
-        pool_obs(signal(5, 10), fragments=2, memory_used_gib=30),  # 15 GiB per tenant
-        ("set", 4),
-        SUSTAINED_UP,
-        cfg={"max_step": 2},
+    "stops doubling where the memory tenants use would no longer fit": Row(
+        obs(5, 10, fragments=2, memory_used_gib=30), ("set", 4), UP, cfg={"max_step": 2}
     ),
-    Row(
-        "never lowers fragments below the shares pods hold",
-        pool_obs(signal(90, 95), fragments=4, held=3),
-        ("hold", "needs preemption first"),
-        SUSTAINED_DOWN,
+    "never lowers fragments below the shares pods hold": Row(
+        obs(90, 95, fragments=4, held=3), ("hold", "needs preemption first"), DOWN
     ),
-    Row("takes no action without a forecast", pool_obs(signal(None)), ("invalid", "no forecast")),
-    Row("takes no action on stale data", pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
-    Row("takes no action on a NaN forecast", pool_obs(nan_signal()), ("invalid", "not finite")),
-    Row(
-        "takes no action when the source reported a problem",
+    "takes no action without a forecast": Row(pool_obs(signal(None)), ("invalid", "no forecast")),
+    "takes no action on stale data": Row(pool_obs(signal(90, 95, age=300)), ("invalid", "stale")),
+    "takes no action on a NaN forecast": Row(pool_obs(nan_signal()), ("invalid", "not finite")),
+    "takes no action when the source reported a problem": Row(
         pool_obs(signal(90, 95, problem="Prometheus unreachable")),
         ("invalid", "Prometheus unreachable"),
     ),
-    Row(
-        "takes no action when current fragments are unknown",
-        pool_obs(signal(90, 95), fragments=None),
-        ("invalid", "unknown"),
+    "takes no action when current fragments are unknown": Row(
+        obs(90, 95, fragments=None), ("invalid", "unknown")
     ),
-    Row(
-        "takes no action when current fragments are not an allowed count",
-        pool_obs(signal(90, 95), fragments=3),
-        ("invalid", "not in allowed"),
+    "takes no action when current fragments are not an allowed count": Row(
+        obs(90, 95, fragments=3), ("invalid", "not in allowed")
     ),
-]
+}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+@pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
 def test_fragment_rule(row: Row) -> None:
     cfg = FragmentsConfig.model_validate(row.cfg)
     out = decide_fragments(row.obs, row.pool, cfg, STALENESS, row.hist, NOW, row.floor_gpus)
@@ -281,7 +192,7 @@ def test_a_decision_reason_names_forecast_threshold_and_bound() -> None:
         pool(gpu_memory_gib=24, workload_type="training"),
         FragmentsConfig(),
         STALENESS,
-        SUSTAINED_UP,
+        UP,
         NOW,
     )
     assert out.decision is not None
@@ -309,7 +220,7 @@ def test_a_value_hovering_at_the_threshold_never_changes_fragments() -> None:
 
 def test_invalid_input_clears_a_pending_trigger() -> None:
     out = decide_fragments(
-        pool_obs(signal(90, 95, age=999)), pool(), FragmentsConfig(), STALENESS, SUSTAINED_DOWN, NOW
+        pool_obs(signal(90, 95, age=999)), pool(), FragmentsConfig(), STALENESS, DOWN, NOW
     )
     assert out.history.pending_since is None
 
@@ -330,11 +241,8 @@ def test_memory_limit_counts_reserve_and_overcommit(gib: float, kind: str, expec
 
 
 def test_the_decision_goes_both_ways_as_demand_per_gpu_falls_and_rises_again() -> None:
-    # Four replicas (a forced minimum) serving a demand of 3.6 GPUs that falls to 0.5 and
-    # comes back. Demand per GPU (what tenants would use unthrottled) is the demand over
-    # the GPUs the replicas hold at the current fragments: fragments double when the
-    # demand fits the GPUs packing leaves, and halve again when it returns (issue 11: no
-    # ratchet).
+    # Four replicas serving a demand of 3.6 GPUs that falls to 0.5 and comes back: fragments
+    # double when the demand fits the GPUs packing leaves, and halve again when it returns.
     cfg = FragmentsConfig()
     h, fragments, steps = TargetHistory(), 1, []
     demand = [3.6] * 10 + list(np.linspace(3.6, 0.5, 20)) + [0.5] * 40 + [3.6] * 40

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuscaler.core.gpufit import (
     AnnotationError,
     Gpu,
     NodeGpus,
+    NodeView,
     PodRequest,
     Reservation,
-    extender_score,
     fit_problem,
     freshness,
     node_view,
@@ -24,11 +27,10 @@ from gpuscaler.core.gpufit import (
     reservation_annotations,
     reservation_expiry,
     reservation_from_pod,
-    score,
-    topology_bonus,
     with_numa,
     with_reservations,
 )
+from gpuscaler.core.gputable import extender_scores, fits, node_table, scores
 
 MARGIN = 0.1
 A100 = 40960.0  # MiB
@@ -40,6 +42,10 @@ def node(
     numa = numa or [None] * len(used)
     gpus = tuple(Gpu(f"{name}-gpu{i}", i, total, u, numa[i]) for i, u in enumerate(used))
     return NodeGpus(name, gpus, sampled_at=100.0)
+
+
+def score(view: NodeView, req: PodRequest) -> float:
+    return float(scores(node_table({view.name: view}), np.array([0]), req)[0])
 
 
 def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_allocated_fits_a_1_gpu_pod() -> (
@@ -55,6 +61,9 @@ def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_alloca
     assert fit_problem(view, PodRequest(20481, 1)) is not None
 
 
+FEW = "node n has {} GPU(s) with {} MiB usable, pod requests {}"
+
+
 @pytest.mark.parametrize(
     ("used", "req", "problem"),
     [
@@ -65,24 +74,12 @@ def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_alloca
         # used above total - margin never counts negative
         ([40000.0, 0.0], PodRequest(36864, 1), None),
         # the sum covers it but no single GPU does: a 1-GPU pod needs one GPU holding it all
-        (
-            [20480.0, 20480.0],
-            PodRequest(20000, 1),
-            "node n has 0 GPU(s) with 20000 MiB usable, pod requests 1",
-        ),
+        ([20480.0, 20480.0], PodRequest(20000, 1), FEW.format(0, 20000, 1)),
         # multi-GPU: k GPUs with ceil(memory / k) each
         ([0.0, 0.0, A100, A100], PodRequest(60000, 2), None),
-        (
-            [0.0, 20480.0, A100, A100],
-            PodRequest(50000, 2),
-            "node n has 1 GPU(s) with 25000 MiB usable, pod requests 2",
-        ),
+        ([0.0, 20480.0, A100, A100], PodRequest(50000, 2), FEW.format(1, 25000, 2)),
         ([0.0] * 8, PodRequest(8, 8), None),
-        (
-            [0.0] * 7 + [A100],
-            PodRequest(8, 8),
-            "node n has 7 GPU(s) with 1 MiB usable, pod requests 8",
-        ),
+        ([0.0] * 7 + [A100], PodRequest(8, 8), FEW.format(7, 1, 8)),
     ],
 )
 def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(
@@ -104,24 +101,20 @@ def test_filter_keeps_a_node_only_when_usable_memory_covers_the_request(
         ([0.0] * 4, [0, 0, 1, 1], PodRequest(4000, 4), 60.0 + 0.4 * 50),
         # unknown topology: each GPU its own domain -> bonus 100 x 1 / 4
         ([0.0] * 4, None, PodRequest(4000, 4), 60.0 + 0.4 * 25),
-        # only fitting GPUs count for the bonus: domain 0 has 4 GPUs but 2 are full
+        # only fitting GPUs count for the bonus: domain 0 has 4 GPUs but 2 are full, domain
+        # 1 still holds 4 (full bonus); 2 of 8 full: stddev sqrt(0.25 x 0.75)
         (
-            [A100, A100, 0, 0, 0, 0, 0, 0],
-            [0, 0, 0, 0, 1, 1, 1, 1],
+            [A100, A100] + [0.0] * 6,
+            [0] * 4 + [1] * 4,
             PodRequest(4000, 4),
-            None,  # computed below: the fragmentation part changes too
+            0.6 * (100 - 43.30127) + 40,
         ),
     ],
 )
 def test_score_weighs_even_memory_use_and_one_numa_domain(
     used: list[float], numa: list[int | None] | None, req: PodRequest, expected: float
 ) -> None:
-    view = node_view(node("n", used, numa), MARGIN)
-    if expected is None:
-        assert topology_bonus(view, req) == 100.0  # domain 1 still holds 4
-        assert score(view, req) < 100.0
-    else:
-        assert score(view, req) == pytest.approx(expected)
+    assert score(node_view(node("n", used, numa), MARGIN), req) == pytest.approx(expected)
 
 
 def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain() -> None:
@@ -132,8 +125,8 @@ def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain() -> None:
     )
     req = PodRequest(4 * 8192, 4)
     assert fit_problem(split, req) is None  # cross-NUMA: kept ...
-    assert score(one_domain, req) > score(split, req)  # ... but down-weighted
-    assert topology_bonus(split, req) == 50.0
+    assert score(one_domain, req) > score(split, req)  # ... but down-weighted: bonus 50
+    assert score(split, req) == pytest.approx(0.6 * (100 - 100 * split.fragmentation) + 0.4 * 50)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +134,7 @@ def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain() -> None:
     [(0.0, 0), (4.99, 0), (5.0, 1), (14.99, 1), (15.0, 2), (54.9, 5), (95.0, 10), (100.0, 10)],
 )
 def test_scores_map_to_0_to_10_rounded_half_up(value: float, mapped: int) -> None:
-    assert extender_score(value) == mapped
+    assert extender_scores(np.array([value]))[0] == mapped
 
 
 @pytest.mark.parametrize(
@@ -167,13 +160,13 @@ def test_reservations_count_as_used_memory() -> None:
     view = node_view(with_reservations(n, [r, other]), MARGIN)
     assert view.usable_sum == pytest.approx(2 * 36864 - 30000)
     assert fit_problem(view, PodRequest(36864, 1)) is None  # gpu1 still free
-    assert (
-        fit_problem(node_view(with_reservations(n, [r, r]), MARGIN), PodRequest(36864, 1)) is None
-    )
+    twice = node_view(with_reservations(n, [r, r]), MARGIN)
+    assert fit_problem(twice, PodRequest(36864, 1)) is None
     two = Reservation("uid-3", "ns", "s", "n", (("n-gpu1", 30000.0),), (), 50.0)
     full = node_view(with_reservations(n, [r, two]), MARGIN)
-    assert fit_problem(full, PodRequest(8000, 1)) == (
-        "node n has 0 GPU(s) with 8000 MiB usable, pod requests 1"
+    assert (
+        fit_problem(full, PodRequest(8000, 1))
+        == "node n has 0 GPU(s) with 8000 MiB usable, pod requests 1"
     )
 
 
@@ -205,48 +198,28 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
     assert place(n, PodRequest(40000 * 9, 9), MARGIN) == ()
 
 
+MEM, COUNT = "gpu-scheduler/memory-mb", "gpu-scheduler/gpu-count"
+
+
 @pytest.mark.parametrize(
-    ("annotations", "expected"),
+    ("memory", "count", "expected"),
     [
-        ({}, None),
-        ({"gpu-scheduler/memory-mb": "8192"}, PodRequest(8192, 1)),
-        (
-            {"gpu-scheduler/memory-mb": " 8192 ", "gpu-scheduler/gpu-count": "4"},
-            PodRequest(8192, 4),
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "lots"},
-            "annotation gpu-scheduler/memory-mb: 'lots' is not a whole number",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "-5"},
-            "annotation gpu-scheduler/memory-mb: -5 must be positive",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "0"},
-            "annotation gpu-scheduler/memory-mb: 0 must be positive",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "1.5"},
-            "annotation gpu-scheduler/memory-mb: '1.5' is not a whole number",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "x"},
-            "annotation gpu-scheduler/gpu-count: 'x' is not a whole number",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "65"},
-            "annotation gpu-scheduler/gpu-count: 65 is above 64",
-        ),
-        (
-            {"gpu-scheduler/gpu-count": "2"},
-            "annotation gpu-scheduler/gpu-count needs gpu-scheduler/memory-mb",
-        ),
+        (None, None, None),
+        ("8192", None, PodRequest(8192, 1)),
+        (" 8192 ", "4", PodRequest(8192, 4)),
+        ("lots", None, f"annotation {MEM}: 'lots' is not a whole number"),
+        ("-5", None, f"annotation {MEM}: -5 must be positive"),
+        ("0", None, f"annotation {MEM}: 0 must be positive"),
+        ("1.5", None, f"annotation {MEM}: '1.5' is not a whole number"),
+        ("10", "x", f"annotation {COUNT}: 'x' is not a whole number"),
+        ("10", "65", f"annotation {COUNT}: 65 is above 64"),
+        (None, "2", f"annotation {COUNT} needs {MEM}"),
     ],
 )
 def test_pod_annotations_are_read_or_refused_naming_the_annotation(
-    annotations: dict[str, str], expected: PodRequest | str | None
+    memory: str | None, count: str | None, expected: PodRequest | str | None
 ) -> None:
+    annotations = {k: v for k, v in ((MEM, memory), (COUNT, count)) if v is not None}
     if isinstance(expected, str):
         with pytest.raises(AnnotationError) as e:
             pod_request(annotations)
@@ -266,20 +239,8 @@ def test_numa_comes_from_the_topology_annotation_then_the_label() -> None:
     gpus = node("n", [0.0] * 4).gpus
     topology = json.dumps(
         [
-            {
-                "uuid": "n-gpu0",
-                "index": 0,
-                "pci_bus_id": "0000:07:00.0",
-                "memory_mib": 40960,
-                "numa_node": 0,
-            },
-            {
-                "uuid": "n-gpu1",
-                "index": 1,
-                "pci_bus_id": "0000:0f:00.0",
-                "memory_mib": 40960,
-                "numa_node": 1,
-            },
+            {"uuid": "n-gpu0", "index": 0, "pci_bus_id": "0000:07:00.0", "numa_node": 0},
+            {"uuid": "n-gpu1", "index": 1, "memory_mib": 40960, "numa_node": 1},
             {"uuid": "other", "index": 2, "numa_node": 1},  # matched by index
             {"uuid": "n-gpu3", "index": 3, "numa_node": -1},  # sysfs says -1 when unknown
         ]
@@ -290,26 +251,22 @@ def test_numa_comes_from_the_topology_annotation_then_the_label() -> None:
     assert with_numa(node("n", [0.0] * 4), {"n-gpu2": 1}).gpus[2].numa == 1
 
 
+TOPOLOGY = "annotation gpuscaler.io/gpu-topology"
+PER_NUMA = "label gpuscaler.io/gpus-per-numa-node"
+
+
 @pytest.mark.parametrize(
     ("topology", "label", "message"),
     [
-        ("{not json", None, "annotation gpuscaler.io/gpu-topology: not JSON"),
-        (
-            '{"uuid": "x"}',
-            None,
-            "annotation gpuscaler.io/gpu-topology: expected a JSON list of objects",
-        ),
+        ("{not json", None, f"{TOPOLOGY}: not JSON"),
+        ('{"uuid": "x"}', None, f"{TOPOLOGY}: expected a JSON list of objects"),
         (
             '[{"uuid": "x", "numa_node": "zero"}]',
             None,
-            "annotation gpuscaler.io/gpu-topology: numa_node 'zero' is not an integer",
+            f"{TOPOLOGY}: numa_node 'zero' is not an integer",
         ),
-        (
-            None,
-            "four",
-            "label gpuscaler.io/gpus-per-numa-node: 'four' is not a positive whole number",
-        ),
-        (None, "0", "label gpuscaler.io/gpus-per-numa-node: '0' is not a positive whole number"),
+        (None, "four", f"{PER_NUMA}: 'four' is not a positive whole number"),
+        (None, "0", f"{PER_NUMA}: '0' is not a positive whole number"),
     ],
 )
 def test_malformed_node_topology_is_refused_naming_the_annotation(
@@ -330,9 +287,6 @@ def test_a_reservation_round_trips_through_pod_annotations() -> None:
     with pytest.raises(AnnotationError, match="gpu-scheduler/reservation"):
         reservation_from_pod("u", "ns", "p", {"gpu-scheduler/reservation": "[]"}, 5.0)
 
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 annotation_values = st.one_of(
     st.text(max_size=12), st.integers(-(10**12), 10**12).map(str), st.just(" 8 ")
@@ -386,13 +340,9 @@ def test_placement_agrees_with_the_filter(used: list[float], memory: int, count:
     st.integers(1, 100000),
     st.integers(1, 8),
 )
-def test_the_array_filter_and_score_agree_with_the_scalar_reference(
+def test_the_array_filter_agrees_with_the_sentences_and_scores_stay_in_range(
     nodes: list[tuple[list[float], list[int | None]]], memory: int, count: int
 ) -> None:
-    import numpy as np
-
-    from gpuscaler.core.gputable import extender_scores, fits, node_table, scores
-
     views = {
         f"n{i}": node_view(node(f"n{i}", used, numa[: len(used)]), MARGIN)
         for i, (used, numa) in enumerate(nodes)
@@ -404,5 +354,6 @@ def test_the_array_filter_and_score_agree_with_the_scalar_reference(
     ok, values = fits(table, rows[:-1], req), scores(table, rows[:-1], req)
     for i, view in enumerate(views.values()):
         assert bool(ok[i]) == (fit_problem(view, req) is None)
-        assert values[i] == pytest.approx(score(view, req), abs=1e-9)
-        assert extender_scores(np.array([score(view, req)]))[0] == extender_score(score(view, req))
+        assert 0.0 <= values[i] <= 100.0 + 1e-9
+        assert values[i] == pytest.approx(score(view, req), abs=1e-9)  # one row as many
+    assert ((extender_scores(values) >= 0) & (extender_scores(values) <= 10)).all()

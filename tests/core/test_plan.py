@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 from builders import NOW, config, pool_obs, signal, workload_obs
 
 from gpuscaler.core.decisions import target_key
-from gpuscaler.core.model import History, Series, Snapshot, record_applied
+from gpuscaler.core.model import History, Snapshot, record_applied
 from gpuscaler.core.plan import plan
-from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload, build_snapshot, window_mean
+from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload, build_snapshot
 
 CONFIG = config(
     """
@@ -21,12 +20,13 @@ workloads:
   - {namespace: ml, kind: ScaledObject, name: chat, node_pool: a100}
 """
 )
+SNAP = Snapshot(
+    NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
+)
 
 
 def test_a_plan_holds_one_outcome_per_configured_target() -> None:
-    snap = Snapshot(
-        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
-    )
+    snap = SNAP
     p = plan(snap, CONFIG, History(), NOW)
     kinds = sorted(d.kind for d in p.decisions)
     assert kinds == ["fragments", "replica_floor", "time_slice"]
@@ -51,9 +51,7 @@ def test_configured_targets_with_no_observation_are_skipped_with_a_reason() -> N
 
 
 def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
-    snap = Snapshot(
-        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
-    )
+    snap = SNAP
     history = History()
     a, b = plan(snap, CONFIG, history, NOW), plan(snap, CONFIG, history, NOW)
     assert [d.as_record() for d in a.decisions] == [d.as_record() for d in b.decisions]
@@ -61,9 +59,7 @@ def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
 
 
 def test_only_applied_decisions_start_a_cooldown() -> None:
-    snap = Snapshot(
-        NOW, (pool_obs(signal(90, 95), stall=20),), (workload_obs(signal(280, 490), floor=2),)
-    )
+    snap = SNAP
     p = plan(snap, CONFIG, History(), NOW)
     frag = next(d for d in p.decisions if d.kind == "fragments")
     after = record_applied(p.history, (frag,))
@@ -73,31 +69,15 @@ def test_only_applied_decisions_start_a_cooldown() -> None:
 
 
 def test_a_source_problem_reaches_the_plan_as_a_reason_and_no_action() -> None:
+    down = "Prometheus: connection refused"
+    pool = RawPool("a100", None, None, 4, "medium", problem=down)
     raw = Observations(
-        NOW,
-        (RawPool("a100", None, None, 4, "medium", problem="Prometheus: connection refused"),),
-        (
-            RawWorkload(
-                "ml/ScaledObject/chat", None, 4, 4, problem="Prometheus: connection refused"
-            ),
-        ),
+        NOW, (pool,), (RawWorkload("ml/ScaledObject/chat", None, 4, 4, problem=down),)
     )
     p = plan(build_snapshot(raw, CONFIG, NOW)[0], CONFIG, History(), NOW)
     assert p.decisions == ()
     assert all("connection refused" in s.reason or "stall" in s.reason for s in p.skips)
     assert all(s.invalid_input for s in p.skips)
-
-
-def test_window_mean_averages_finite_samples_inside_the_window() -> None:
-    values = np.array([100.0, 100.0, 10.0, np.nan, 20.0])
-    s = Series(start=NOW - 4 * 60, step=60.0, values=values)
-    mean, last = window_mean(s, NOW, 150.0)  # the last two and a half minutes: 10, NaN, 20
-    assert mean == 15.0 and last == NOW
-
-
-def test_window_mean_of_only_gaps_is_unknown() -> None:
-    s = Series(start=NOW - 60, step=30.0, values=np.full(3, np.nan))
-    assert window_mean(s, NOW, 300.0) == (None, None)
 
 
 def _fragments_outcome(floor: int, share: float, load: float) -> str:

@@ -60,112 +60,114 @@ def _victims(decisions: tuple[PreemptionStep, ...]) -> list[str]:
 FULL_N1 = (pod("a", "n1", 2, 100), pod("b", "n1", 1, 50), pod("c", "n1", 1, 10))
 
 
-@pytest.mark.parametrize(
-    ("pods", "nodes", "victims", "why"),
-    [
-        ((critical(), *FULL_N1), (node("n1"),), ["ml/b", "ml/c"], ""),
-        ((critical(1), *FULL_N1), (node("n1"),), ["ml/c"], ""),
+def row(*values: object) -> tuple[object, ...]:
+    return values
+
+
+CHOICES = {
+    "the fewest low-priority victims that make room, most important given back first": row(
+        (critical(), *FULL_N1), (node("n1"),), ["ml/b", "ml/c"], ""
+    ),
+    "one share needed: only the lowest priority goes": row(
+        (critical(1), *FULL_N1), (node("n1"),), ["ml/c"], ""
+    ),
+    "the node whose highest victim priority is lowest": row(
         (
-            (
-                critical(),
-                pod("a", "n1", 2, 100),
-                pod("b", "n1", 2, 50),
-                pod("x", "n2", 2, 10),
-                pod("y", "n2", 2, 20),
-            ),
-            (node("n1"), node("n2")),
-            ["ml/x"],
-            "",
+            critical(),
+            pod("a", "n1", 2, 100),
+            pod("b", "n1", 2, 50),
+            pod("x", "n2", 2, 10),
+            pod("y", "n2", 2, 20),
         ),
+        (node("n1"), node("n2")),
+        ["ml/x"],
+        "",
+    ),
+    "the node with the fewest PDB violations": row(
         (
-            (
-                critical(),
-                pod("a", "n1", 2, 10, pdb_blocked=True),
-                pod("b", "n1", 2, 10),
-                pod("x", "n2", 2, 10, pdb_blocked=True),
-                pod("y", "n2", 2, 10, pdb_blocked=True),
-            ),
-            (node("n1"), node("n2")),
-            ["ml/b"],
-            "",
+            critical(),
+            pod("a", "n1", 2, 10, pdb_blocked=True),
+            pod("b", "n1", 2, 10),
+            pod("x", "n2", 2, 10, pdb_blocked=True),
+            pod("y", "n2", 2, 10, pdb_blocked=True),
         ),
+        (node("n1"), node("n2")),
+        ["ml/b"],
+        "",
+    ),
+    "the node with the fewest victims when priorities tie": row(
         (
-            (
-                critical(),
-                pod("a", "n1", 1, 10),
-                pod("b", "n1", 1, 10),
-                pod("c", "n1", 2, 10),
-                pod("x", "n2", 2, 10),
-                pod("y", "n2", 2, 10),
-            ),
-            (node("n1"), node("n2")),
-            ["ml/c"],
-            "",
+            critical(),
+            pod("a", "n1", 1, 10),
+            pod("b", "n1", 1, 10),
+            pod("c", "n1", 2, 10),
+            pod("x", "n2", 2, 10),
+            pod("y", "n2", 2, 10),
         ),
+        (node("n1"), node("n2")),
+        ["ml/c"],
+        "",
+    ),
+    "the victim with the freshest checkpoint loses least work": row(
         (
-            (
-                critical(2),
-                pod("old", "n1", 2, 10, checkpoint_at=NOW - 3000),
-                pod("new", "n1", 2, 10, checkpoint_at=NOW - 60),
-            ),
-            (node("n1"),),
-            ["ml/new"],
-            "",
+            critical(2),
+            pod("old", "n1", 2, 10, checkpoint_at=NOW - 3000),
+            pod("new", "n1", 2, 10, checkpoint_at=NOW - 60),
         ),
+        (node("n1"),),
+        ["ml/new"],
+        "",
+    ),
+    "protected namespaces are never victims": row(
         (
-            (
-                critical(),
-                pod("a", "n1", 2, 10, namespace="kube-system"),
-                pod("b", "n1", 2, 10, namespace="gpuscaler"),
-            ),
-            (node("n1"),),
-            [],
-            "would not fit",
+            critical(),
+            pod("a", "n1", 2, 10, namespace="kube-system"),
+            pod("b", "n1", 2, 10, namespace="gpuscaler"),
         ),
-        (
-            (critical(), pod("a", "n1", 2, 20_000), pod("b", "n1", 2, 20_000)),
-            (node("n1"),),
-            [],
-            "would not fit",
-        ),
-        (
-            (critical(), pod("a", "n1", 2, 1, opted_out=True), pod("b", "n1", 2, 10)),
-            (node("n1"),),
-            ["ml/b"],
-            "",
-        ),
-        ((critical(gpus=5), *FULL_N1), (node("n1"),), [], "preemptible < 5"),
-        (
-            (critical(gpus=3), *FULL_N1),
-            (NodeView("n1", 4, 36.0, numa_domain_shares=2),),
-            [],
-            "3 shares do not fit one NUMA domain",
-        ),
-        ((critical(gpu_memory_gib=40), *FULL_N1), (node("n1"),), [], "36.0 GiB, 40 GiB needed"),
-        ((critical(), pod("a", "n1", 2, 10)), (node("n1"),), [], "has 2 free share(s) already"),
-        ((critical(preemption_never=True), *FULL_N1), (node("n1"),), [], None),
-        ((replace(critical(), unschedulable_since=NOW - 5), *FULL_N1), (node("n1"),), [], None),
-        ((replace(critical(), priority=999_999), *FULL_N1), (node("n1"),), [], None),
-    ],
-    ids=[
-        "the fewest low-priority victims that make room, most important given back first",
-        "one share needed: only the lowest priority goes",
-        "the node whose highest victim priority is lowest",
-        "the node with the fewest PDB violations",
-        "the node with the fewest victims when priorities tie",
-        "the victim with the freshest checkpoint loses least work",
-        "protected namespaces are never victims",
-        "pods at or above victim_max_priority are never victims",
-        "a pod that opted out is spared even when it is the better victim",
-        "freeing everything preemptible would not fit it",
-        "a multi-GPU pod larger than a NUMA domain",
-        "a share too small for its GPU memory",
-        "a free share already: the scheduler will place it",
-        "a beneficiary whose PriorityClass never preempts",
-        "pending for less than pending_for",
-        "below beneficiary_min_priority",
-    ],
-)
+        (node("n1"),),
+        [],
+        "would not fit",
+    ),
+    "pods at or above victim_max_priority are never victims": row(
+        (critical(), pod("a", "n1", 2, 20_000), pod("b", "n1", 2, 20_000)),
+        (node("n1"),),
+        [],
+        "would not fit",
+    ),
+    "a pod that opted out is spared even when it is the better victim": row(
+        (critical(), pod("a", "n1", 2, 1, opted_out=True), pod("b", "n1", 2, 10)),
+        (node("n1"),),
+        ["ml/b"],
+        "",
+    ),
+    "freeing everything preemptible would not fit it": row(
+        (critical(gpus=5), *FULL_N1), (node("n1"),), [], "preemptible < 5"
+    ),
+    "a multi-GPU pod larger than a NUMA domain": row(
+        (critical(gpus=3), *FULL_N1),
+        (NodeView("n1", 4, 36.0, numa_domain_shares=2),),
+        [],
+        "3 shares do not fit one NUMA domain",
+    ),
+    "a share too small for its GPU memory": row(
+        (critical(gpu_memory_gib=40), *FULL_N1), (node("n1"),), [], "36.0 GiB, 40 GiB needed"
+    ),
+    "a free share already: the scheduler will place it": row(
+        (critical(), pod("a", "n1", 2, 10)), (node("n1"),), [], "has 2 free share(s) already"
+    ),
+    "a beneficiary whose PriorityClass never preempts": row(
+        (critical(preemption_never=True), *FULL_N1), (node("n1"),), [], None
+    ),
+    "pending for less than pending_for": row(
+        (replace(critical(), unschedulable_since=NOW - 5), *FULL_N1), (node("n1"),), [], None
+    ),
+    "below beneficiary_min_priority": row(
+        (replace(critical(), priority=999_999), *FULL_N1), (node("n1"),), [], None
+    ),
+}
+
+
+@pytest.mark.parametrize(("pods", "nodes", "victims", "why"), CHOICES.values(), ids=list(CHOICES))
 def test_victims_and_node_are_chosen_like_kube_scheduler_but_only_where_it_really_fits(
     pods: tuple[PodView, ...], nodes: tuple[NodeView, ...], victims: list[str], why: str | None
 ) -> None:
@@ -215,117 +217,83 @@ def test_a_beneficiary_with_victims_under_way_gets_no_new_ones() -> None:
 SOFT = VictimState("ml/c", "ml/critical", "n1", 1, 10, "soft", NOW - 30, NOW - 30)
 HARD = replace(SOFT, tier="hard", since=NOW - 20)
 CLEANUP = replace(SOFT, tier="cleanup", since=NOW - 30, gone_at=NOW - 30)
-VICTIM = pod("c", "n1", 1, 10)
+VICTIM = V = pod("c", "n1", 1, 10)
+C = critical()
 
 
-@pytest.mark.parametrize(
-    ("state", "pods", "memory", "expect"),
-    [
-        (SOFT, (critical(), VICTIM), {}, ("hold", "soft tier, 270s left")),
-        (
-            replace(SOFT, since=NOW - 301),
-            (critical(), VICTIM),
-            {},
-            ("hard", "evict", "soft grace 300s over"),
-        ),
-        (
-            SOFT,
-            (critical(), replace(VICTIM, checkpoint_done_at=NOW - 5)),
-            {},
-            ("hard", "evict", "checkpoint acknowledged after 25s"),
-        ),
-        (
-            SOFT,
-            (critical(), replace(VICTIM, checkpoint_done_at=NOW - 100)),
-            {},
-            ("hold", "soft tier"),
-        ),
-        (SOFT, (critical(),), {}, ("cleanup", "record_gone", "exited during the soft tier")),
-        (
-            SOFT,
-            (replace(critical(), node="n2"), VICTIM),
-            {},
-            ("aborted", "abort", "was scheduled on n2"),
-        ),
-        (SOFT, (VICTIM,), {}, ("aborted", "abort", "is gone")),
-        (HARD, (critical(), VICTIM), {}, ("hard", "evict", "attempt 1")),
-        (
-            replace(HARD, evicted_at=NOW - 5),
-            (critical(), replace(VICTIM, terminating_since=NOW - 5)),
-            {},
-            ("hold", "terminating for 5s"),
-        ),
-        (
-            replace(HARD, evicted_at=NOW - 400),
-            (critical(), replace(VICTIM, terminating_since=NOW - 301)),
-            {},
-            ("hard", "force_delete", "stuck Terminating for 301s"),
-        ),
-        (
-            replace(HARD, attempts=1, last_attempt_at=NOW - 10),
-            (critical(), VICTIM),
-            {},
-            ("hold", "retry in 20s"),
-        ),
-        (
-            replace(HARD, attempts=1, last_attempt_at=NOW - 31),
-            (critical(), VICTIM),
-            {},
-            ("hard", "evict", "attempt 2"),
-        ),
-        (
-            replace(HARD, attempts=4, last_attempt_at=NOW - 31),
-            (critical(), VICTIM),
-            {},
-            ("given_up", "give_up", "refused 4 times"),
-        ),
-        (
-            replace(HARD, evicted_at=NOW - 5),
-            (critical(),),
-            {},
-            ("cleanup", "record_gone", "victim is gone"),
-        ),
-        (
-            CLEANUP,
-            (critical(),),
-            {"ml/c": True},
-            ("done", "confirm_released", "GPU memory released"),
-        ),
-        (CLEANUP, (critical(),), {"ml/c": False}, ("hold", "30s for GPU memory release")),
-        (
-            replace(CLEANUP, since=NOW - 121),
-            (critical(),),
-            {"ml/c": False},
-            ("quarantined", "quarantine", "node n1 tainted"),
-        ),
-        (
-            replace(CLEANUP, since=NOW - 121),
-            (critical(),),
-            {"ml/c": None},
-            ("done", "confirm_released", "not verified"),
-        ),
-    ],
-    ids=[
-        "soft: waiting for the checkpoint",
-        "soft: grace over, evict",
-        "soft: checkpoint acknowledged early, evict now",
-        "soft: an acknowledgement older than the request does not count",
-        "soft: the victim exited by itself",
-        "soft: the beneficiary was scheduled elsewhere",
-        "soft: the beneficiary is gone",
-        "hard: evict",
-        "hard: terminating, wait",
-        "hard: stuck terminating, force-delete",
-        "hard: a PDB refused, wait before retrying",
-        "hard: retry the eviction",
-        "hard: a PDB kept refusing, give up",
-        "hard: gone, check memory",
-        "cleanup: memory released",
-        "cleanup: memory held, still within the timeout",
-        "cleanup: memory held past the timeout, quarantine",
-        "cleanup: a missing metric never quarantines",
-    ],
-)
+def tier(
+    state: VictimState, pods: tuple[PodView, ...], expect: tuple[str, ...], memory: object = None
+) -> tuple[object, ...]:
+    return state, pods, memory or {}, expect
+
+
+TIERS = {
+    "soft: waiting for the checkpoint": tier(SOFT, (C, V), ("hold", "soft tier, 270s left")),
+    "soft: grace over, evict": tier(
+        replace(SOFT, since=NOW - 301), (C, V), ("hard", "evict", "soft grace 300s over")
+    ),
+    "soft: checkpoint acknowledged early, evict now": tier(
+        SOFT,
+        (C, replace(V, checkpoint_done_at=NOW - 5)),
+        ("hard", "evict", "checkpoint acknowledged after 25s"),
+    ),
+    "soft: an acknowledgement older than the request does not count": tier(
+        SOFT, (C, replace(V, checkpoint_done_at=NOW - 100)), ("hold", "soft tier")
+    ),
+    "soft: the victim exited by itself": tier(
+        SOFT, (C,), ("cleanup", "record_gone", "exited during the soft tier")
+    ),
+    "soft: the beneficiary was scheduled elsewhere": tier(
+        SOFT, (replace(C, node="n2"), V), ("aborted", "abort", "was scheduled on n2")
+    ),
+    "soft: the beneficiary is gone": tier(SOFT, (V,), ("aborted", "abort", "is gone")),
+    "hard: evict": tier(HARD, (C, V), ("hard", "evict", "attempt 1")),
+    "hard: terminating, wait": tier(
+        replace(HARD, evicted_at=NOW - 5),
+        (C, replace(V, terminating_since=NOW - 5)),
+        ("hold", "terminating for 5s"),
+    ),
+    "hard: stuck terminating, force-delete": tier(
+        replace(HARD, evicted_at=NOW - 400),
+        (C, replace(V, terminating_since=NOW - 301)),
+        ("hard", "force_delete", "stuck Terminating for 301s"),
+    ),
+    "hard: a PDB refused, wait before retrying": tier(
+        replace(HARD, attempts=1, last_attempt_at=NOW - 10), (C, V), ("hold", "retry in 20s")
+    ),
+    "hard: retry the eviction": tier(
+        replace(HARD, attempts=1, last_attempt_at=NOW - 31), (C, V), ("hard", "evict", "attempt 2")
+    ),
+    "hard: a PDB kept refusing, give up": tier(
+        replace(HARD, attempts=4, last_attempt_at=NOW - 31),
+        (C, V),
+        ("given_up", "give_up", "refused 4 times"),
+    ),
+    "hard: gone, check memory": tier(
+        replace(HARD, evicted_at=NOW - 5), (C,), ("cleanup", "record_gone", "victim is gone")
+    ),
+    "cleanup: memory released": tier(
+        CLEANUP, (C,), ("done", "confirm_released", "GPU memory released"), {"ml/c": True}
+    ),
+    "cleanup: memory held, still within the timeout": tier(
+        CLEANUP, (C,), ("hold", "30s for GPU memory release"), {"ml/c": False}
+    ),
+    "cleanup: memory held past the timeout, quarantine": tier(
+        replace(CLEANUP, since=NOW - 121),
+        (C,),
+        ("quarantined", "quarantine", "node n1 tainted"),
+        {"ml/c": False},
+    ),
+    "cleanup: a missing metric never quarantines": tier(
+        replace(CLEANUP, since=NOW - 121),
+        (C,),
+        ("done", "confirm_released", "not verified"),
+        {"ml/c": None},
+    ),
+}
+
+
+@pytest.mark.parametrize(("state", "pods", "memory", "expect"), TIERS.values(), ids=list(TIERS))
 def test_each_tier_takes_its_next_step(
     state: VictimState,
     pods: tuple[PodView, ...],
@@ -394,20 +362,16 @@ workloads: [{{namespace: ml, kind: ScaledObject, name: chat, node_pool: a100, pr
     )
 
 
+AHEAD = {
+    "one replica the floor asks for and the pool cannot hold": (3, 2, True, ["ml/c"]),
+    "two such replicas": (4, 2, True, ["ml/b", "ml/c"]),
+    "every replica exists: nothing ahead of time": (2, 2, True, []),
+    "the forecast trigger switched off": (3, 2, False, []),
+}
+
+
 @pytest.mark.parametrize(
-    ("floor", "replicas", "trigger", "victims"),
-    [
-        (3, 2, True, ["ml/c"]),
-        (4, 2, True, ["ml/b", "ml/c"]),
-        (2, 2, True, []),
-        (3, 2, False, []),
-    ],
-    ids=[
-        "one replica the floor asks for and the pool cannot hold",
-        "two such replicas",
-        "every replica exists: nothing ahead of time",
-        "the forecast trigger switched off",
-    ],
+    ("floor", "replicas", "trigger", "victims"), AHEAD.values(), ids=list(AHEAD)
 )
 def test_the_forecast_trigger_frees_room_ahead_of_time_only_in_the_workloads_pool(
     floor: int, replicas: int, trigger: bool, victims: list[str]
@@ -419,11 +383,7 @@ def test_the_forecast_trigger_frees_room_ahead_of_time_only_in_the_workloads_poo
         assert d.node == "n1"
 
 
-@pytest.mark.parametrize(
-    ("trigger", "victims"),
-    [(True, ["ml/b", "ml/c"]), (False, [])],
-    ids=["fewer fragments on a hot pool free room from low-priority pods", "switched off"],
-)
+@pytest.mark.parametrize(("trigger", "victims"), [(True, ["ml/b", "ml/c"]), (False, [])])
 def test_the_fragments_trigger_preempts_what_fewer_fragments_cannot_hold(
     trigger: bool, victims: list[str]
 ) -> None:

@@ -1,18 +1,13 @@
-"""A victim is its UID, never its name; every waiting tier has a way out (issue 17,
-defects 1 and 2).
-
-A StatefulSet recreates a pod under the same name. If the controller stopped between an
-eviction and recording it, the replacement must not be evicted too: records carry the
-victim's UID, the core treats a same-name pod with another UID as the victim gone, and
-evictions and deletes carry `preconditions.uid`, so even a stale decision cannot reach the
-replacement (the API server answers 409).
-"""
+"""A victim is its UID, never its name (a StatefulSet recreates a pod under the same name:
+records carry the UID, a same-name pod with another is the victim gone, and evictions carry
+`preconditions.uid`); every waiting tier has a way out."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from builders import NOW
 from kubefake import FakeCluster
 from kubeobjects import gpu_pod
@@ -42,18 +37,20 @@ def _only(
     return "hold:" + next(s.reason for s in skips if s.target == target)
 
 
-def test_a_same_name_pod_with_another_uid_ends_a_soft_record_without_touching_it() -> None:
+@pytest.mark.parametrize(
+    ("record", "step"),
+    [
+        (_record("soft"), "cleanup:record_gone:victim exited during the soft tier"),
+        (_record("hard"), "cleanup:record_gone:victim is gone"),
+        (_record("hard", evicted_at=NOW - 5), "cleanup:record_gone:victim is gone"),
+    ],
+)
+def test_a_same_name_pod_with_another_uid_ends_the_record_without_touching_it(
+    record: VictimState, step: str
+) -> None:
     replacement = pod("b", "n1", 1, 50, uid="22222222-0000-0000-0000-000000000000")
-    out = _only(*_plan(critical(1), replacement, states=(_record("soft"),)))
-    assert out.startswith("cleanup:record_gone:victim exited during the soft tier")
-    assert "UID 22222222" in out
-
-
-def test_a_same_name_pod_with_another_uid_is_never_evicted_in_the_hard_tier() -> None:
-    replacement = pod("b", "n1", 1, 50, uid="22222222-0000-0000-0000-000000000000")
-    for record in (_record("hard"), _record("hard", evicted_at=NOW - 5)):
-        out = _only(*_plan(critical(1), replacement, states=(record,)))
-        assert out.startswith("cleanup:record_gone:victim is gone"), out
+    out = _only(*_plan(critical(1), replacement, states=(record,)))
+    assert out.startswith(step) and "UID 22222222" in out, out
 
 
 def test_a_record_written_before_uids_were_kept_still_matches_by_name() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpuscaler.core.model import Series
-from gpuscaler.core.snapshot import bucket_peak
+from gpuscaler.core.snapshot import bucket_peaks
 
 NOW = 1_000.0
 STEP = 0.5
@@ -26,7 +26,6 @@ def level(n: int, value: float = 100.0) -> np.ndarray:
 
 @dataclass
 class Row:
-    name: str
     values: np.ndarray | None
     expect: float | None
 
@@ -51,24 +50,24 @@ def gappy() -> np.ndarray:
     return v
 
 
-ROWS = [
-    Row("a flat load peaks at its level", level(240), 100.0),
-    Row("the highest bucket of the window wins", with_bucket(1, 300.0), 300.0),
-    Row("the newest bucket counts", with_bucket(0, 250.0), 250.0),
-    Row("the oldest bucket of the window counts", with_bucket(2, 300.0), 300.0),
-    Row("a bucket before the window does not count", with_bucket(3, 300.0), 100.0),
-    Row("one 500 ms spike counts as its share of a 10 s bucket", spike(), 145.0),
-    Row("gaps are left out of a bucket's mean", gappy(), 300.0),
-    Row("no finite sample: unknown", np.full(240, np.nan), None),
-    Row("less than one bucket of samples: unknown", level(10), None),
-    Row("no series: unknown", None, None),
-]
+ROWS = {
+    "a flat load peaks at its level": Row(level(240), 100.0),
+    "the highest bucket of the window wins": Row(with_bucket(1, 300.0), 300.0),
+    "the newest bucket counts": Row(with_bucket(0, 250.0), 250.0),
+    "the oldest bucket of the window counts": Row(with_bucket(2, 300.0), 300.0),
+    "a bucket before the window does not count": Row(with_bucket(3, 300.0), 100.0),
+    "one 500 ms spike counts as its share of a 10 s bucket": Row(spike(), 145.0),
+    "gaps are left out of a bucket's mean": Row(gappy(), 300.0),
+    "no finite sample: unknown": Row(np.full(240, np.nan), None),
+    "less than one bucket of samples: unknown": Row(level(10), None),
+    "no series: unknown": Row(None, None),
+}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+@pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
 def test_recent_peak(row: Row) -> None:
     s = None if row.values is None else series(row.values)
-    got = bucket_peak(s, NOW, 30.0, 10.0)
+    [got] = bucket_peaks([s], NOW, 30.0, 10.0)
     if row.expect is None:
         assert got is None
     else:
@@ -78,15 +77,13 @@ def test_recent_peak(row: Row) -> None:
 @pytest.mark.parametrize("lag", [STEP, 0.0], ids=["newest one step before now", "newest at now"])
 def test_every_bucket_is_seen_by_one_tick_or_another(lag: float) -> None:
     """Ticks 30 s apart, each reading its last 30 s (samples up to `now - lag`): a 10 s
-    burst anywhere in 10 minutes is seen by some tick at (nearly) its full height. Before
-    the sample at `now - window` counted, the oldest of a tick's three buckets was seen
-    by no tick when the newest sample is one step before `now`."""
+    burst anywhere in 10 minutes is seen by some tick at (nearly) its full height."""
     for at in range(0, 570, 10):
         v = level(1200, 0.0)  # samples at 0, 0.5, ... 599.5 s
         v[2 * at : 2 * at + 20] = 300.0
         seen = 0.0
         for now in range(30, 601, 30):
             visible = v[: min(1200, round((now - lag) / STEP) + 1)]
-            peak = bucket_peak(Series(start=0.0, step=STEP, values=visible), now, 30.0, 10.0)
+            [peak] = bucket_peaks([Series(start=0.0, step=STEP, values=visible)], now, 30.0, 10.0)
             seen = max(seen, peak or 0.0)
         assert seen >= 285.0, f"a burst at {at} s was seen at {seen:g} at most"

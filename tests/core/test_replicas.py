@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from builders import NOW, assert_outcome, floor_of, forecast, history, signal, w
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory, WorkloadObservation
-from gpuscaler.core.replicas import floor_gpus, hpa_desired, whole_gpus
+from gpuscaler.core.replicas import floor_gpus, whole_gpus
 
 STALENESS = 120.0
 FORECAST_ONLY = {"skill_check": False}
@@ -20,7 +21,6 @@ aside is tested in test_skill.py."""
 
 @dataclass
 class Row:
-    name: str
     obs: WorkloadObservation
     expect: tuple[str, object]
     hist: TargetHistory = field(default_factory=TargetHistory)
@@ -34,188 +34,120 @@ def nan_load() -> WorkloadObservation:
     return obs
 
 
-ROWS = [
-    Row(
-        "raises the floor to ceil(forecast upper bound / target)",
-        workload_obs(signal(280, 490), floor=4),
-        ("set", 7),
+def obs(peak: float, upper: float, **kw: Any) -> WorkloadObservation:
+    return workload_obs(signal(peak, upper), **kw)
+
+
+def recs(seconds_ago: float, load: int) -> TargetHistory:
+    """A history recommending `load` `seconds_ago`."""
+    return history(recs=((seconds_ago, load),))
+
+
+ROWS = {
+    "raises the floor to ceil(forecast upper bound / target)": Row(
+        obs(280, 490, floor=4), ("set", 7)
     ),
-    Row(
-        "sizes from the upper bound, not the mean",
-        workload_obs(signal(100, 490), floor=4),
-        ("set", 7),
+    "sizes from the upper bound, not the mean": Row(obs(100, 490, floor=4), ("set", 7)),
+    "holds within the 10 percent tolerance of the current floor": Row(
+        obs(280, 300, floor=4), ("hold", "floor stays 4")
     ),
-    Row(
-        "holds within the 10 percent tolerance of the current floor",
-        workload_obs(signal(280, 300), floor=4),
-        ("hold", "floor stays 4"),
+    "divides by the GPU share of one replica on a shared GPU": Row(
+        obs(100, 140, floor=2, share=0.5), ("set", 4)
     ),
-    Row(
-        "divides by the GPU share of one replica on a shared GPU",
-        workload_obs(signal(100, 140), floor=2, share=0.5),
-        ("set", 4),
+    "adds at most max_step_up_gpus worth of replicas per change": Row(
+        obs(1000, 2100, floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}
     ),
-    Row(
-        "adds at most max_step_up_gpus worth of replicas per change",
-        workload_obs(signal(1000, 2100), floor=2),
-        ("set", 10),
-        cfg={"max_step_up_gpus": 8},
-    ),
-    Row(
-        "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas",
-        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+    "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas": Row(
+        obs(1000, 2100, floor=2, share=0.25),
         ("set", 10),
         cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False},
     ),
-    Row(
-        "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do",
-        workload_obs(signal(1000, 2100), floor=2, share=0.25),
+    "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do": Row(
+        obs(1000, 2100, floor=2, share=0.25),
         ("set", 12),
         cfg={"max_step_up_gpus": 2, "max_replicas": 200},
     ),
-    Row(
-        "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set",
-        workload_obs(signal(50, 100), floor=1, share=0.5),
-        ("set", 4),
+    "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set": Row(
+        obs(50, 100, floor=1, share=0.5), ("set", 4)
     ),
-    Row(
-        "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set",
-        workload_obs(signal(50, 100), floor=1, share=0.5),
-        ("set", 3),
-        cfg={"whole_gpus": False},
+    "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set": Row(
+        obs(50, 100, floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}
     ),
-    Row(
-        "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do",
-        workload_obs(signal(200, 240), floor=8, share=0.5),
+    "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do": Row(
+        obs(200, 240, floor=8, share=0.5),
         ("hold", "floor stays 8: 7 replicas would free no GPU"),
-        history(recs=((400, 560),)),
+        recs(400, 560),
         cfg={"scale_down_margin": 0},
     ),
-    Row(
-        "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)",
-        workload_obs(signal(150, 170), floor=8, share=0.5),
-        ("set", 6),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0},
+    "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)": Row(
+        obs(150, 170, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"scale_down_margin": 0}
     ),
-    Row(
-        "may double in one step, as the HPA's default scale-up policy does",
-        workload_obs(signal(3000, 4200), floor=20),
-        ("set", 40),
-        cfg={"max_step_up_gpus": 4, "max_replicas": 100},
+    "may double in one step, as the HPA's default scale-up policy does": Row(
+        obs(3000, 4200, floor=20), ("set", 40), cfg={"max_step_up_gpus": 4, "max_replicas": 100}
     ),
-    Row(
-        "never sets the floor above max_replicas",
-        workload_obs(signal(3000, 4000), floor=45),
-        ("set", 50),
+    "never sets the floor above max_replicas": Row(obs(3000, 4000, floor=45), ("set", 50)),
+    "never sets the floor above the object's own maximum": Row(
+        obs(500, 700, floor=4, max_replicas=6), ("set", 6)
     ),
-    Row(
-        "never sets the floor above the object's own maximum",
-        workload_obs(signal(500, 700), floor=4, max_replicas=6),
-        ("set", 6),
+    "the object's own maximum wins over a higher min_replicas (clamped once, here)": Row(
+        obs(5, 10, floor=4, max_replicas=6), ("set", 6), cfg={"min_replicas": 8, "max_replicas": 50}
     ),
-    Row(
-        "the object's own maximum wins over a higher min_replicas (clamped once, here)",
-        workload_obs(signal(5, 10), floor=4, max_replicas=6),
-        ("set", 6),
-        cfg={"min_replicas": 8, "max_replicas": 50},
+    "never sets the floor below min_replicas": Row(
+        obs(5, 10, floor=3), ("set", 2), cfg={"min_replicas": 2}
     ),
-    Row(
-        "never sets the floor below min_replicas",
-        workload_obs(signal(5, 10), floor=3),
-        ("set", 2),
-        cfg={"min_replicas": 2},
+    "scales down only to the highest recommendation in the stabilization window": Row(
+        obs(100, 140, floor=8), ("set", 7), recs(100, 490), cfg={"scale_down_margin": 0}
     ),
-    Row(
-        "scales down only to the highest recommendation in the stabilization window",
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 7),
-        history(recs=((100, 490),)),  # 7 replicas at 70 %
-        cfg={"scale_down_margin": 0},
-    ),
-    Row(
-        "steps down only to a count the window's demand fits with the margin below it",
-        workload_obs(signal(100, 140), floor=8),
+    "steps down only to a count the window's demand fits with the margin below it": Row(
+        obs(100, 140, floor=8),
         ("hold", "floor stays 8, held by the stabilization window and the 10% scale-down margin"),
-        history(recs=((100, 490),)),  # 7 replicas at 70 %, 7.8 at 63 %
+        recs(100, 490),
         cfg={"scale_down_margin": 0.1},
     ),
-    Row(
-        "steps down once the window's demand fits the lower count with the margin",
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 7),
-        history(recs=((100, 440),)),  # 6.98 replicas at 63 %
-        cfg={"scale_down_margin": 0.1},
+    "steps down once the window's demand fits the lower count with the margin": Row(
+        obs(100, 140, floor=8), ("set", 7), recs(100, 440), cfg={"scale_down_margin": 0.1}
     ),
-    Row(
-        "the margin never holds the floor above the object's own maximum",
-        workload_obs(signal(100, 140), floor=8, max_replicas=6),
+    "the margin never holds the floor above the object's own maximum": Row(
+        obs(100, 140, floor=8, max_replicas=6),
         ("set", 6),
-        history(recs=((100, 490),)),
+        recs(100, 490),
         cfg={"scale_down_margin": 0.1},
     ),
-    Row(
-        "holds the floor while the window remembers a recommendation as high",
-        workload_obs(signal(100, 140), floor=8),
-        ("hold", "stabilization"),
-        history(recs=((100, 560),)),  # 8 replicas
+    "holds the floor while the window remembers a recommendation as high": Row(
+        obs(100, 140, floor=8), ("hold", "stabilization"), recs(100, 560)
     ),
-    Row(
-        "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas",
-        workload_obs(signal(100, 140), floor=14, share=0.5),
-        ("hold", "stabilization"),
-        history(recs=((100, 490),)),
+    "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas": Row(
+        obs(100, 140, floor=14, share=0.5), ("hold", "stabilization"), recs(100, 490)
     ),
-    Row(
-        "forgets recommendations older than the window and drops in one step, like the HPA",
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 2),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0},
+    "forgets recommendations older than the window and drops in one step, like the HPA": Row(
+        obs(100, 140, floor=8), ("set", 2), recs(400, 560), cfg={"scale_down_margin": 0}
     ),
-    Row(
-        "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)",
-        workload_obs(signal(100, 140), floor=8),
-        ("set", 3),
-        history(recs=((400, 560),)),
-        cfg={"scale_down_margin": 0.1},
+    "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)": Row(
+        obs(100, 140, floor=8), ("set", 3), recs(400, 560), cfg={"scale_down_margin": 0.1}
     ),
-    Row(
-        "removes at most max_step_down_gpus worth of replicas when that is set",
-        workload_obs(signal(100, 140), floor=8, share=0.5),
-        ("set", 6),
-        history(recs=((400, 560),)),
-        cfg={"max_step_down_gpus": 1},
+    "removes at most max_step_down_gpus worth of replicas when that is set": Row(
+        obs(100, 140, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"max_step_down_gpus": 1}
     ),
-    Row(
-        "waits out the cooldown after a change",
-        workload_obs(signal(280, 490), floor=4),
-        ("hold", "cooldown"),
-        history(changed_ago=10, direction=1),
+    "waits out the cooldown after a change": Row(
+        obs(280, 490, floor=4), ("hold", "cooldown"), history(changed_ago=10, direction=1)
     ),
-    Row(
-        "takes no action without a forecast", workload_obs(signal(None)), ("invalid", "no forecast")
+    "takes no action without a forecast": Row(
+        workload_obs(signal(None)), ("invalid", "no forecast")
     ),
-    Row(
-        "takes no action on stale data",
-        workload_obs(signal(280, 490, age=121)),
-        ("invalid", "stale"),
+    "takes no action on stale data": Row(
+        workload_obs(signal(280, 490, age=121)), ("invalid", "stale")
     ),
-    Row("takes no action on a non-finite forecast", nan_load(), ("invalid", "not finite")),
-    Row(
-        "takes no action when the source reported a problem",
-        workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")),
-        ("invalid", "HTTP 503"),
+    "takes no action on a non-finite forecast": Row(nan_load(), ("invalid", "not finite")),
+    "takes no action when the source reported a problem": Row(
+        workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")), ("invalid", "HTTP 503")
     ),
-    Row(
-        "takes no action when the current floor is unknown",
-        workload_obs(signal(280, 490), floor=None),
-        ("invalid", "floor unknown"),
+    "takes no action when the current floor is unknown": Row(
+        obs(280, 490, floor=None), ("invalid", "floor unknown")
     ),
-]
+}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+@pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
 def test_replica_floor_rule(row: Row) -> None:
     cfg = ReplicasConfig.model_validate({**FORECAST_ONLY, **row.cfg})
     out = floor_of(row.obs, cfg, STALENESS, row.hist, NOW)
@@ -241,40 +173,34 @@ def test_every_tick_remembers_its_recommendation_for_the_window() -> None:
     assert out.history.recommendations == ((NOW - 100, 350), (NOW, 490))
 
 
-@pytest.mark.parametrize(
-    ("load", "share", "target", "expected"),
-    [
-        (0.0, 1.0, 70.0, 0),
-        (70.0, 1.0, 70.0, 1),
-        (70.1, 1.0, 70.0, 2),
-        (140.0, 0.5, 70.0, 4),
-        (350.0, 1.0, 50.0, 7),
-    ],
-)
-def test_hpa_formula_is_ceil_of_load_over_share_times_target(
-    load: float, share: float, target: float, expected: int
-) -> None:
-    assert hpa_desired(load, share, target) == expected
-
-
 TOO_SHORT = "only 300s of samples in the window, forecast needs 600s"
 
 
-@pytest.mark.parametrize(
-    ("load", "peak", "expect"),
-    [
-        (Signal(NOW - 1, None, TOO_SHORT), 490.0, ("set", 7)),
-        (Signal(NOW - 1, None, "HTTP 503 from Prometheus"), None, ("invalid", "HTTP 503")),
-        (Signal(NOW - 200, None, TOO_SHORT), 490.0, ("invalid", TOO_SHORT)),
-        (Signal(NOW - 1, None, TOO_SHORT), float("nan"), ("invalid", TOO_SHORT)),
-    ],
-    ids=[
-        "before the forecast has history the floor sizes for the observed demand",
-        "a source problem (no observed peak) takes no action",
-        "stale samples take no action",
-        "a non-finite observed peak takes no action",
-    ],
-)
+NO_FORECAST = {
+    "before the forecast has history the floor sizes for the observed demand": (
+        Signal(NOW - 1, None, TOO_SHORT),
+        490.0,
+        ("set", 7),
+    ),
+    "a source problem (no observed peak) takes no action": (
+        Signal(NOW - 1, None, "HTTP 503 from Prometheus"),
+        None,
+        ("invalid", "HTTP 503"),
+    ),
+    "stale samples take no action": (
+        Signal(NOW - 200, None, TOO_SHORT),
+        490.0,
+        ("invalid", TOO_SHORT),
+    ),
+    "a non-finite observed peak takes no action": (
+        Signal(NOW - 1, None, TOO_SHORT),
+        float("nan"),
+        ("invalid", TOO_SHORT),
+    ),
+}
+
+
+@pytest.mark.parametrize(("load", "peak", "expect"), NO_FORECAST.values(), ids=list(NO_FORECAST))
 def test_without_a_forecast_only_the_observed_demand_sizes_the_floor(
     load: Signal, peak: float | None, expect: tuple[str, object]
 ) -> None:
@@ -316,24 +242,18 @@ def test_a_demand_hovering_at_a_replica_boundary_raises_the_floor_once_and_keeps
     assert _floor_changes(0.0) == [3, 2] * 4
 
 
+HELD = {
+    "16 quarter-GPU replicas sized for their load hold 4 GPUs": (16, 0.25, None, 4.0),
+    "7 half-GPU replicas hold 3.5 GPUs": (7, 0.5, None, 3.5),
+    "a floor at min_replicas moves with the fragments: none counted": (1, 0.5, None, 0.0),
+    "a floor at the object's own maximum: none counted": (6, 1.0, 6, 0.0),
+    "a floor at max_replicas: none counted": (50, 1.0, None, 0.0),
+    "an unknown floor: none counted": (None, 1.0, None, 0.0),
+}
+
+
 @pytest.mark.parametrize(
-    ("floor", "share", "max_replicas", "expected"),
-    [
-        (16, 0.25, None, 4.0),
-        (7, 0.5, None, 3.5),
-        (1, 0.5, None, 0.0),
-        (6, 1.0, 6, 0.0),
-        (50, 1.0, None, 0.0),
-        (None, 1.0, None, 0.0),
-    ],
-    ids=[
-        "16 quarter-GPU replicas sized for their load hold 4 GPUs",
-        "7 half-GPU replicas hold 3.5 GPUs",
-        "a floor at min_replicas moves with the fragments: none counted",
-        "a floor at the object's own maximum: none counted",
-        "a floor at max_replicas: none counted",
-        "an unknown floor: none counted",
-    ],
+    ("floor", "share", "max_replicas", "expected"), HELD.values(), ids=list(HELD)
 )
 def test_the_gpus_a_floor_holds_count_only_what_its_load_sized(
     floor: int | None, share: float, max_replicas: int | None, expected: float
@@ -342,38 +262,31 @@ def test_the_gpus_a_floor_holds_count_only_what_its_load_sized(
     assert floor_gpus(obs, ReplicasConfig(), floor) == expected
 
 
+WHOLE = {
+    "up to an odd count of half-GPU replicas fills the GPU": (7, 6, 0.5, 50, 8),
+    "down one half-GPU replica frees no GPU: stays": (7, 8, 0.5, 50, 8),
+    "down from 5 GPUs to 3": (6, 9, 0.5, 50, 6),
+    "down to 2.5 GPUs fills the third": (5, 9, 0.5, 50, 6),
+    "down to three quarter-GPU replicas fills the GPU": (3, 8, 0.25, 50, 4),
+    "down one quarter-GPU replica frees no GPU: stays": (7, 8, 0.25, 50, 8),
+    "never above the ceiling": (9, 4, 0.25, 10, 10),
+    "whole-GPU replicas are left as they are": (3, 5, 1.0, 50, 3),
+    "two-GPU replicas are left as they are": (3, 1, 2.0, 50, 3),
+    "a share that does not divide a GPU packs floor(1 / share): 5 and 6 hold 2 GPUs": (
+        5,
+        6,
+        0.3,
+        50,
+        6,
+    ),
+    "a share of 0.3 fills to 3 a GPU": (4, 1, 0.3, 50, 6),
+    "from zero, the first GPU is filled": (1, 0, 0.5, 50, 2),
+    "no change stays no change": (6, 6, 0.5, 50, 6),
+}
+
+
 @pytest.mark.parametrize(
-    ("to", "current", "share", "ceiling", "expected"),
-    [
-        (7, 6, 0.5, 50, 8),
-        (7, 8, 0.5, 50, 8),
-        (6, 9, 0.5, 50, 6),
-        (5, 9, 0.5, 50, 6),
-        (3, 8, 0.25, 50, 4),
-        (7, 8, 0.25, 50, 8),
-        (9, 4, 0.25, 10, 10),
-        (3, 5, 1.0, 50, 3),
-        (3, 1, 2.0, 50, 3),
-        (5, 6, 0.3, 50, 6),
-        (4, 1, 0.3, 50, 6),
-        (1, 0, 0.5, 50, 2),
-        (6, 6, 0.5, 50, 6),
-    ],
-    ids=[
-        "up to an odd count of half-GPU replicas fills the GPU",
-        "down one half-GPU replica frees no GPU: stays",
-        "down from 5 GPUs to 3",
-        "down to 2.5 GPUs fills the third",
-        "down to three quarter-GPU replicas fills the GPU",
-        "down one quarter-GPU replica frees no GPU: stays",
-        "never above the ceiling",
-        "whole-GPU replicas are left as they are",
-        "two-GPU replicas are left as they are",
-        "a share that does not divide a GPU packs floor(1 / share): 5 and 6 hold 2 GPUs",
-        "a share of 0.3 fills to 3 a GPU",
-        "from zero, the first GPU is filled",
-        "no change stays no change",
-    ],
+    ("to", "current", "share", "ceiling", "expected"), WHOLE.values(), ids=list(WHOLE)
 )
 def test_the_floor_moves_in_whole_gpus(
     to: int, current: int, share: float, ceiling: int, expected: int

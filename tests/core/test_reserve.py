@@ -1,5 +1,5 @@
-"""The reserve for bursts reactive capacity cannot meet in time (gpuscaler.core.reserve),
-and the replica floor that keeps it."""
+"""The reserve for bursts reactive capacity cannot meet in time (`overflow_reserves`), and
+the replica floor that keeps it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.model import Signal, TargetHistory
-from gpuscaler.core.reserve import Reserve, overflow_reserves
+from gpuscaler.core.replicas import Reserve, overflow_reserves
 
 TICK = 30.0
 WINDOW = 300.0
@@ -42,7 +42,6 @@ def overflow_reserve(
 
 @dataclass
 class Row:
-    name: str
     values: list[float]
     peak: float | None
 
@@ -50,19 +49,19 @@ class Row:
 BASE = [100.0] * 20
 """Two replicas at target; 200 at full use."""
 
-ROWS = [
-    Row("a burst past full use of the reactive sizing is reserved for", [*BASE, 450.0, *BASE], 450),
-    Row("the highest of several bursts sets the reserve", [*BASE, 300, *BASE, 450, *BASE], 450),
-    Row("a burst within the target's headroom needs no reserve", [*BASE, 190.0, *BASE], None),
-    Row("a ramp never outruns its own headroom", [100.0 + 4 * i for i in range(100)], None),
-    Row("a burst older than the span is forgotten", [*BASE, 450.0] + [100.0] * 130, None),
-    Row("the first tick has nothing to be sized from", [450.0, *BASE], None),
-    Row("missing values neither overflow nor size", [*BASE, NAN, *BASE], None),
-    Row("no records, no reserve", [], None),
-]
+ROWS = {
+    "a burst past full use of the reactive sizing is reserved for": Row([*BASE, 450.0, *BASE], 450),
+    "the highest of several bursts sets the reserve": Row([*BASE, 300, *BASE, 450, *BASE], 450),
+    "a burst within the target's headroom needs no reserve": Row([*BASE, 190.0, *BASE], None),
+    "a ramp never outruns its own headroom": Row([100.0 + 4 * i for i in range(100)], None),
+    "a burst older than the span is forgotten": Row([*BASE, 450.0] + [100.0] * 130, None),
+    "the first tick has nothing to be sized from": Row([450.0, *BASE], None),
+    "missing values neither overflow nor size": Row([*BASE, NAN, *BASE], None),
+    "no records, no reserve": Row([], None),
+}
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+@pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
 def test_overflow_reserve(row: Row) -> None:
     r = overflow_reserve(ticks(row.values), NOW, WINDOW, SPAN, AT_TARGET, FULL)
     if row.peak is None:

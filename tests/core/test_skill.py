@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from gpuscaler.config import ReplicasConfig
 from gpuscaler.core.model import Signal, TargetHistory
-from gpuscaler.core.peaks import window_max
-from gpuscaler.core.skill import Skill, assess, in_fallback, shift_at_cost
+from gpuscaler.core.replicas import Skill, assess, in_fallback, shift_at_cost, window_max
 
 TICK = 30.0
 CFG = ReplicasConfig(max_replicas=200)

@@ -1,5 +1,5 @@
-"""The snapshot's window means of many series on one grid (the pools' stall, issue 20:
-only the window's samples stacked) are each series' own, to the last bit."""
+"""The snapshot's window means (the pools' stall): the mean of each series' finite samples
+in (now - window, now] and its newest finite sample's time, series of any grid together."""
 
 from __future__ import annotations
 
@@ -7,39 +7,33 @@ import numpy as np
 import pytest
 
 from gpuscaler.core.model import Series
-from gpuscaler.core.snapshot import window_mean, window_means
+from gpuscaler.core.snapshot import window_means
 
-
-def _rows(rng: np.random.Generator, size: int) -> list[Series | None]:
-    """Series on one grid: whole, with gaps in and out of the window, with no finite
-    sample in the window's part (newest found before it), with none at all; and a None."""
-    values = rng.normal(50.0, 20.0, (9, size))
-    values[1, -3] = np.nan
-    values[2, ::7] = np.nan
-    values[3, -40:] = np.nan  # the window empty, the newest sample before it
-    values[4, :] = np.nan
-    values[5, -1] = np.inf
-    values[6, -1] = np.nan
-    values[7, : size - 5] = np.nan
-    out: list[Series | None] = [Series(1000.0, 10.0, row) for row in values]
-    return [*out[:4], None, *out[4:]]
+NOW = 10_000.0
+NAN, INF = np.nan, np.inf
 
 
 @pytest.mark.parametrize(
-    ("size", "now", "window"),
+    ("values", "step", "window", "expected"),
     [
-        (360, 1000.0 + 3600.0, 300.0),
-        (360, 1000.0 + 3590.0, 300.0),
-        (360, 1000.0 + 3600.0, 7200.0),  # the window longer than the series
-        (360, 1000.0 + 9000.0, 300.0),  # the window after the last sample
-        (8, 1000.0 + 80.0, 300.0),
-        (45, 1000.0 + 450.0, 10.0),
+        ([100, 100, 10, NAN, 20], 60.0, 150.0, (15.0, NOW)),  # the last 2.5 min: 10, NaN, 20
+        ([NAN, NAN, NAN], 30.0, 300.0, (None, None)),  # only gaps: unknown
+        ([5, 7, NAN, NAN], 10.0, 15.0, (None, NOW - 20)),  # nothing in the window, newest before
+        ([10, 30, INF], 10.0, 15.0, (30.0, NOW - 10)),  # an infinite sample is no sample
+        ([10, 20, 30], 10.0, 7200.0, (20.0, NOW)),  # a window longer than the series
+        ([10, 20, 30], 10.0, 10.0, (30.0, NOW)),  # one slot
     ],
 )
-def test_each_series_mean_and_newest_sample_are_those_it_has_alone(
-    size: int, now: float, window: float
+def test_window_mean_averages_finite_samples_inside_the_window(
+    values: list[float], step: float, window: float, expected: tuple[float | None, float | None]
 ) -> None:
-    series = _rows(np.random.default_rng(size), size)
-    got = window_means(series, now, window)
-    want = [window_mean(s, now, window) for s in series]
-    assert [(repr(m), t) for m, t in got] == [(repr(m), t) for m, t in want]
+    s = Series(NOW - step * (len(values) - 1), step, np.array(values, dtype=float))
+    assert window_means([s], NOW, window) == [expected]
+
+
+def test_series_of_several_grids_and_none_each_get_their_own_mean() -> None:
+    a = Series(NOW - 20, 10.0, np.array([1.0, 2.0, 3.0]))
+    b = Series(NOW - 60, 30.0, np.array([4.0, 8.0, NAN]))
+    c = Series(NOW - 20, 10.0, np.array([5.0, NAN, 7.0]))
+    got = window_means([a, None, b, c], NOW, 45.0)
+    assert got == [(2.0, NOW), (None, None), (8.0, NOW - 30), (6.0, NOW)]

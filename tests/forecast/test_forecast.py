@@ -123,15 +123,8 @@ def test_on_a_spiky_series_the_ensemble_beats_arima_alone_and_reports_every_erro
     (sig,), _ = forecast([_series(spiky)], ForecastConfig(), NOW)
     assert sig.forecast is not None and sig.problem is None
     errors = sig.forecast.errors
-    assert set(errors) == {
-        "ensemble",
-        "arima",
-        "ses",
-        "ses_avg",
-        "window_mean",
-        "window_mean_long",
-        "last_value",
-    }
+    members = {"arima", "ses", "ses_avg", "window_mean", "window_mean_long", "last_value"}
+    assert set(errors) == {"ensemble", *members}
     assert errors["ensemble"] < errors["arima"]
     assert errors["ensemble"] < errors["last_value"]
     assert "window mean" in sig.forecast.reason and "last value" in sig.forecast.reason
@@ -211,13 +204,12 @@ def test_forecast_keeps_the_model_on_a_trending_series() -> None:
     assert sig.forecast.mean[-1] > trend[-1] - 1  # follows the trend, does not fall back
 
 
+SHORT = np.concatenate([np.full(7000, np.nan), np.full(200, 50.0)])
+
+
 @pytest.mark.parametrize(
     ("series", "problem"),
-    [
-        (None, "no samples"),
-        (np.full(7200, np.nan), "no samples"),
-        (np.concatenate([np.full(7000, np.nan), np.full(200, 50.0)]), "only 100s of samples"),
-    ],
+    [(None, "no samples"), (np.full(7200, np.nan), "no samples"), (SHORT, "only 100s of samples")],
 )
 def test_forecast_says_why_there_is_no_forecast(series: np.ndarray | None, problem: str) -> None:
     (sig,), _ = forecast([None if series is None else _series(series)], ForecastConfig(), NOW)
@@ -259,13 +251,8 @@ def test_between_refits_new_observations_still_move_the_forecast() -> None:
     assert second[0].forecast.mean[0] > first[0].forecast.mean[0] + 5
 
 
-@pytest.mark.parametrize(
-    "lengths",
-    [
-        (725, 725, 725),  # one grid: bucketed together
-        (725, 700, 13),  # different lengths: one by one, right-aligned
-    ],
-)
+# one grid: bucketed together; different lengths: one by one, right-aligned
+@pytest.mark.parametrize("lengths", [(725, 725, 725), (725, 700, 13)])
 def test_series_are_bucketed_as_rows_like_one_by_one(lengths: tuple[int, ...]) -> None:
     rng = np.random.default_rng(2)
     series = []

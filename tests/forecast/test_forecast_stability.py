@@ -1,5 +1,5 @@
 """Stability as a hard rule: no window, however flat or odd, gives a forecast that leaves
-the window's range by more than a bounded margin (issue 14)."""
+the window's range by more than a bounded margin."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """Forecasting: series in, forecasts with intervals and a peak out. Pure computation.
 
-- `members`: the windows as bucket means, and the flat members' levels (smoothing,
-  window means);
-- `arima`: ARIMA(p, d, 0) fitted for every series at once by least squares, its paths, and
-  the stability rules a fit must pass (statsmodels' ARIMA as the reference);
-- `ensemble`: the members scored on each series' own recent history, weighted by evidence;
-- `intervals`: split-conformal intervals at an adaptive level, and the peak's offset;
-- `state`: what is carried from tick to tick, one typed value per series;
-- `pipeline`: `forecast`, the batch put together;
-- `leading`: a workload's demand forecast and mapped to GPU load, used when it has been
-  the more accurate signal.
+`members` (bucket means, flat members), `arima` (batched ARIMA(p, d, 0) and its stability
+rules), `ensemble` (members weighted by recent error), `intervals` (adaptive conformal
+intervals, the peak), `state` (carried between ticks), `pipeline` (`forecast`, the batch
+put together), `leading` (a workload's demand mapped to GPU load, when more accurate).
 """
 
 from gpuscaler.core.forecast.arima import Arima, StatsmodelsArima

@@ -1,12 +1,7 @@
 """ARIMA(p, d, 0) for many series at once: batched least squares, the recursion that rolls
-a path ahead, and the stability rules every fit must pass before a path is used.
-
-`StatsmodelsArima` wraps statsmodels' state-space ARIMA (any order): the reference the
-batched fit is measured against (`bench/forecast.py`), and the `statsmodels` engine.
-
-A fit is usable only when it is stable: every characteristic root of the AR polynomial
-outside the unit circle (`ROOT_MARGIN`), and its path inside a band around the window's
-range (`within_band`). Anything else is dropped, never used.
+a path ahead, and the stability rules a fit must pass before its path is used (every AR
+root outside the unit circle, the path inside a band around the window's range).
+`StatsmodelsArima`: the `statsmodels` engine and the reference of `bench/forecast.py`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The ensemble: members scored on each series' own recent history, weighted by evidence.
 
 At in-window origins whose next `steps` points are known, every member forecasts the
-horizon: ARIMA (rolled with the window's coefficients), simple exponential smoothing at
-its best-fit constant and averaged over its constants, and the 2-minute window mean; the
-10-minute mean and the last value are scored too. A member's weight is the inverse of its
-recent squared error over the horizon, inflated by (m + k) / (m - k) when its k parameters
-were fitted on the m points it is scored on (in-sample optimism); the other members take
-weight from ARIMA only when their error is clearly lower (ARIMA_MARGIN). A member without a
-usable path gets weight 0. The last value replaces the ensemble only when its recent error
-is FALLBACK_MARGIN lower.
-
-Scoring happens at a refit (`assess`); between refits the chosen method is scored at the
-origins completed since (`errors_at`), with the kept coefficients and weights.
+horizon: ARIMA, simple exponential smoothing (best-fit constant and averaged over its
+constants) and the short window mean; the long mean and the last value are scored too. A
+member's weight is its inverse recent squared error, inflated by (m + k) / (m - k) for k
+parameters fitted on the m points scored; other members take weight from ARIMA only when
+clearly better (ARIMA_MARGIN). The last value replaces the ensemble only when its recent
+error is FALLBACK_MARGIN lower. Scored at a refit (`assess`), rolled on between (`errors_at`).
 """
 
 from __future__ import annotations
@@ -26,22 +21,20 @@ from gpuscaler.core.forecast.members import ses_at, window_means_at
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
 ASSESS_ORIGINS = 72
-"""In-window origins every member is scored on, at most (36 let noise switch the
+"""In-window origins every member is scored on, at most (fewer let noise switch the
 fallback on and off)."""
 ORIGIN_SPACING = 15
 """Origins are max(1, steps // ORIGIN_SPACING) points apart (2 at a 30-step horizon)."""
 WINDOW_MEAN_POINTS = 12
 """The short window mean averages the last 12 buckets (2 min at 10 s)."""
 LONG_MEAN_POINTS = 60
-"""The long window mean averages the last 60 buckets (10 min at 10 s): scored only (with
-weight it cost accuracy on the shared traces)."""
+"""The long window mean (10 min at 10 s): scored only, never weighted."""
 FALLBACK_MARGIN = 0.25
-"""The last value replaces the ensemble only when its recent error is 25 % lower: a
-smaller lead is within the noise of a few dozen overlapping origins."""
+"""A smaller lead of the last value is within the noise of a few dozen overlapping origins."""
 ARIMA_MARGIN = 0.02
 """Another member takes weight only when its corrected recent squared error is below
-ARIMA's, its full weight once ARIMA's is 2 % above its: in-window evidence ranks alike
-members poorly against what follows, and ARIMA's lead there holds out of the window."""
+ARIMA's, its full weight once ARIMA's is 2 % above: in-window evidence ranks alike
+members poorly, and ARIMA's lead holds out of the window."""
 MEMBERS = ("arima", "ses", "ses_avg", "window_mean")
 """The members that carry weight, in the order of a scoring's `weights`."""
 
@@ -84,10 +77,9 @@ def assess(
     arima: Arima, c: Coefficients, hist: FloatArray, steps: int, live_arima: FloatArray
 ) -> Assessment | None:
     """Score every member at the window's origins and weight them (None: fewer than 4
-    origins). ARIMA is scored with the coefficients fitted on the whole window (its
-    optimism is corrected rather than refitted at every origin); `live_arima`: its path at
-    the newest point (n, steps), NaN where the fit may not be used. The weights count the
-    members with a finite path at the newest point."""
+    origins). ARIMA is scored with the whole window's coefficients (its optimism corrected
+    rather than refitted per origin); `live_arima`: its path at the newest point (n,
+    steps), NaN where the fit may not be used."""
     n, t = hist.shape
     origins = origins_for(t, steps, lowest_origin(arima))
     if origins.size < 4:
@@ -142,10 +134,8 @@ def assess(
 
 
 def _flat_mse(future: FloatArray, level: FloatArray) -> FloatArray:
-    """Mean squared error over origins and steps (..., n) of flat paths at `level`
-    (..., n, origins) against `future` (n, origins, steps), ignoring gaps: from the
-    future's count, sum and sum of squares at each origin, sum((y - L)^2) = s2 - 2 L s1 +
-    L^2 s0 (NaN where nothing is finite)."""
+    """Mean squared error (..., n) of flat paths at `level` (..., n, origins) against
+    `future` (n, origins, steps), ignoring gaps, as s2 - 2 L s1 + L^2 s0."""
     finite = np.isfinite(future)
     y = np.where(finite, future, 0.0)
     s0, s1, s2 = finite.sum(axis=2), y.sum(axis=2), (y * y).sum(axis=2)  # (n, origins)

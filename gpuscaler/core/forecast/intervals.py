@@ -1,12 +1,8 @@
-"""Prediction intervals and the peak: split-conformal half widths from recent absolute
-errors, an adaptive level carried across ticks per series, and the peak's offset.
-
-Conformal: with n recent absolute errors at a step, the half width at level L is the
-ceil((n + 1) L)-th smallest (the small-sample rank correction; the largest when that rank
-exceeds n). Adaptive conformal inference (Gibbs & Candes 2021, "Adaptive conformal
-inference under distribution shift"): each tick, the points observed since the last one
-are checked against the intervals issued before; the level moves by ACI_GAMMA times
-(miss rate - (1 - nominal)), so a series whose intervals miss too often gets wider ones.
+"""Prediction intervals and the peak. Split-conformal: with n recent absolute errors at a
+step, the half width at level L is the ceil((n + 1) L)-th smallest (the largest past n).
+Adaptive conformal inference (Gibbs & Candes 2021): each tick the points observed since
+the last are checked against the intervals issued before, and the series' level moves by
+ACI_GAMMA x (miss rate - (1 - nominal)).
 """
 
 from __future__ import annotations
@@ -24,10 +20,8 @@ PEAK_QUANTILE = 0.5
 """The peak adds this quantile of the recent peak errors (the median: least absolute
 error of the peak)."""
 ACI_GAMMA = 0.1
-"""Step of the adaptive level per tick. A tick's miss rate pools the points of up to a
-horizon's worth of issued intervals and a series may have only a few hundred ticks: a
-smaller step left the shared traces' coverage 0.04-0.06 off nominal, this one within 0.03
-(bench/forecast_quality.py; Gibbs & Candes use 0.005 on far longer sequences)."""
+"""Step of the adaptive level per tick: large, as a series may have only a few hundred
+ticks (a smaller one left coverage off nominal in bench/forecast_quality.py)."""
 ACI_LEVELS = (0.05, 0.995)
 """The adaptive level stays inside these bounds."""
 EPS = 1e-9
@@ -112,10 +106,9 @@ def fresh(n: int, slots: int, steps: int, nominal: float) -> Adaptive:
 
 
 def check(a: Adaptive, hist: FloatArray, now: float, step: float, nominal: float) -> Adaptive:
-    """Every bucket observed since each row's last check (ending after `checked_at`, at or
-    before `now`, the newest of `hist` (n, t) ending at `now`) against the intervals issued
-    before that cover it; the levels moved by what missed, the intervals fully observed by
-    `now` dropped."""
+    """Every bucket of `hist` (n, t; ending at `now`) observed since each row's last check
+    against the intervals issued before that cover it; the levels moved by what missed,
+    the intervals fully observed dropped."""
     n, _, _, steps = a.bounds.shape
     t = hist.shape[1]
     with np.errstate(invalid="ignore"):

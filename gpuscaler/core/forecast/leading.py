@@ -1,26 +1,15 @@
-"""Leading signals: a workload's demand (request rate, queue length) forecast and mapped to
-GPU load through a fitted per-workload ratio. Pure computation.
+"""Leading signals: a workload's demand (request rate, queue length), which GPU work
+follows, forecast and mapped to GPU load. Per workload, on the forecast's bucket grid:
 
-GPU work follows the requests that cause it, so a demand series can tell the load's
-future before the load shows it. Per workload, on the forecast's bucket grid:
-
-- the ratio: `load[t] ~ a + b * demand[t - lag]` by least squares for every lag of 0 to
-  MAX_LAG buckets, keeping the lag with the least residual error (its residual standard
-  deviation is the ratio's own error, named in the reason);
-- the demand's own forecast: the same evidence-weighted ensemble as any series (or its
-  last value when that has clearly been better); the mapped path at step h is
-  `a + b * demand[t + h - lag]`, observed demand for h <= lag;
-- the two signals together: at the same in-window origins, the load's own forecast and
-  the mapped path are weighted by the inverse of their recent squared error against the
-  actual load (the mapped path's inflated by (m + k) / (m - k) for the k = 3 numbers of
-  the ratio fitted on its m points). The combination replaces the load's own forecast
-  only when its recent error is lower (by LEAD_MARGIN); its interval is split-conformal from
-  its own in-window errors (ratio, demand-forecast and load-forecast error together) at
-  the series' adaptive level, its peak the path's maximum plus the median recent peak
-  error. The signal with the larger weight won (method `demand`, or e.g.
-  `ensemble+demand` when the load's own forecast carries more weight).
-
-Either way the reason says which signal won and by how much.
+- the ratio `load[t] ~ a + b * demand[t - lag]` by least squares at the lag (0 to MAX_LAG
+  buckets) with the least residual error;
+- the demand's own forecast by the same ensemble as any series, mapped through the ratio
+  (observed demand for steps within the lag);
+- at the in-window origins, the load's own forecast and the mapped path weighted by their
+  inverse recent squared error (the mapped path's inflated for the ratio's fitted
+  numbers). The combination replaces the load's forecast only when its recent error is
+  lower (by LEAD_MARGIN), with a split-conformal interval from its own in-window errors;
+  the reason says which signal won and by how much.
 """
 
 from __future__ import annotations
@@ -41,15 +30,10 @@ MAX_LAG = 6
 """Lags of the demand tried for the ratio, in buckets (1 min at 10 s): GPU work follows a
 request by its queueing and service time."""
 LEAD_MARGIN = 0.0
-"""The combination replaces the load's own forecast only when its recent error (inflated
-for the ratio's fitted numbers) is this much lower. On the 12 derived-load windows of
-bench/forecast_leading.py, 0.05 kept 12/12 at or below the load alone but gained 0.3 %
-on average (mean rel-to-naive 0.8254 against 0.8279); 0 gained 1.9 % (0.8125), none
-worse. Choosing the mapped path alone instead of weighting (with 0.05) lost up to 1.4 %
-on 2 of 12."""
+"""How much lower the combination's recent error must be (a margin only cost accuracy on
+bench/forecast_leading.py's windows)."""
 STALE_BUCKETS = 2
-"""A demand whose newest sample is older than this many buckets is not used: its "observed"
-values would be old ones carried forward."""
+"""A demand whose newest sample is older than this many buckets is not used."""
 RATIO_PARAMS = 3
 """Numbers fitted for the mapping: intercept, ratio and lag."""
 
@@ -90,8 +74,8 @@ def fit_ratio(load: FloatArray, demand: FloatArray, max_lag: int = MAX_LAG) -> R
 
 @dataclass(frozen=True, eq=False)
 class _Mapped:
-    """The combination of the load's own forecast and the demand-mapped path: live
-    (steps,), in-window residuals (O, steps), recent errors, the demand's weight."""
+    """The combined path: live (steps,), in-window residuals (O, steps), recent errors,
+    the demand's weight."""
 
     live: FloatArray
     residuals: FloatArray
@@ -113,10 +97,9 @@ def lead(
     demand_problem: str | None = None,
     clip: tuple[float, float | None] = (0.0, None),
 ) -> tuple[Signal, bool]:
-    """The load's signal, or the combination of its forecast with the demand-mapped path
-    when that combination has been clearly more accurate on recent history (its interval
-    at the series' adaptive `level`); the reason says which signal won. And whether the
-    combination replaced the forecast (its interval is then the one to track)."""
+    """The load's signal, or its combination with the demand-mapped path when that has been
+    more accurate (interval at the series' adaptive `level`); and whether it replaced the
+    forecast (its interval is then the one to track)."""
     f = signal.forecast
     if f is None:
         return signal, False
@@ -183,8 +166,8 @@ def _try_lead(
 def _scored(
     arima: Arima, row: FloatArray, steps: int, method: str | None
 ) -> tuple[str, FloatArray, FloatArray] | None:
-    """A series' forecast by `method` (or the one `choose_method` picks): its live path
-    and its paths at the in-window origins (O, steps; NaN where the future is unknown)."""
+    """A series' forecast by `method` (or `choose_method`'s): its live path and its paths
+    at the in-window origins (O, steps)."""
     hist = row[None, :]
     c = arima.fit(hist)
     mean = arima.predict(c, hist, steps)
@@ -250,8 +233,7 @@ def _demand_forecast(
     clip: tuple[float, float | None],
     adaptive: float | None,
 ) -> Forecast:
-    """The forecast from the combined path, its conformal interval (at the `adaptive`
-    level, else the nominal one) and peak."""
+    """The forecast from the combined path, its conformal interval and peak."""
     level = adaptive if adaptive is not None else f.level
     half = conformal_half_width(np.abs(mapped.residuals)[None], np.array([level]))[0]
     if not np.all(np.isfinite(half)):

@@ -1,12 +1,5 @@
-"""The windows the forecaster reads and its flat members' levels, for many series at once.
-
-- `bucket_rows`: raw samples into `forecast.fit_step` bucket means (n, buckets), ending at
-  `now`, NaN where a bucket holds no finite sample;
-- `forward_fill`: each gap takes the last finite value before it;
-- `ses_at`: simple exponential smoothing's level at chosen points, for every constant in
-  SES_ALPHAS, as one weighted sum (the recursion's closed form);
-- `window_means_at`: the mean of the last `points` buckets up to chosen points.
-"""
+"""The windows the forecaster reads (`fit_step` bucket means) and its flat members'
+levels (exponential smoothing, window means), for many series at once."""
 
 from __future__ import annotations
 

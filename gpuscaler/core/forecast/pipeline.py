@@ -1,13 +1,10 @@
 """A batch of series forecast together: windows, config, state and `now` in; each series'
 forecast (or why there is none) and the new state out.
 
-Per series: ARIMA refitted every `forecast.refit_every` (the coefficients kept between);
-the ensemble of `ensemble.MEMBERS` weighted by the scoring made at the refit, or the last
-value when that has clearly been better, its split-conformal interval at the series'
-adaptive level from the chosen method's recent errors (rolled on every tick), and its
-peak. A series too young to score takes the model's own path and interval; a fit that is
-unstable or whose path leaves the window's band is never used (the last value instead).
-Every forecast's reason names the members' weights and scores and any member dropped.
+Per series: ARIMA refitted every `forecast.refit_every`; the ensemble weighted by the
+scoring made at the refit (or the last value when clearly better), its split-conformal
+interval at the series' adaptive level, and its peak. A series too young to score takes
+the model's own path and interval; an unstable fit is never used (the last value instead).
 """
 
 from __future__ import annotations
@@ -293,9 +290,8 @@ def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
 
 
 def _scorings(b: _Batch, arima: Arima, model: _Model) -> Scorings:
-    """Each row's scoring: kept from its state while its coefficients are (its errors
-    rolled on to the origins completed since), made afresh where refitted now or not
-    scored yet (a window too short to score stays unscored)."""
+    """Each row's scoring: kept while its coefficients are (errors rolled on to the origins
+    completed since), made afresh where refitted now or not scored yet."""
     assert model.coefficients is not None
     s = b.prior.scorings  # the batch's own arrays (`gathered`): written in place
     todo = np.flatnonzero(model.refit | ~s.scored)
@@ -338,8 +334,7 @@ def _put_assessment(s: Scorings, rows: IntArray, a: Assessment, b: _Batch) -> No
 
 def _roll_on(b: _Batch, arima: Arima, model: _Model, s: Scorings, kept: IntArray) -> None:
     """The kept scorings of rows `kept` with the chosen method's errors at the origins
-    completed since each was last rolled (every origin spacing, as `assess` spaces them),
-    with the kept coefficients and weights; the oldest beyond ASSESS_ORIGINS dropped."""
+    completed since each was last rolled; the oldest beyond ASSESS_ORIGINS dropped."""
     assert model.coefficients is not None
     step, steps, t = b.cfg.fit_step, b.steps, b.hist.shape[1]
     spacing = max(1, steps // ORIGIN_SPACING) * step
@@ -384,11 +379,9 @@ def _from_scorings(
     mean: FloatArray,
     half: FloatArray,
 ) -> FloatArray:
-    """The rows `chosen` (each scored with a method) from their scorings: the ensemble
-    with the kept weights over the members' paths at the newest point (or the last value),
-    into `mean`; the conformal half width at the row's adaptive level into `half` (the
-    model's, or the last value's, where too few errors). Returns the members' normalized
-    weights (rows, members)."""
+    """The rows `chosen` from their scorings: the kept weights' ensemble (or the last value)
+    into `mean`, the conformal half width at the adaptive level (the model's or the last
+    value's where too few errors) into `half`; returns the normalized weights."""
     live_arima = np.where(model.usable[chosen][:, None], model.mean[chosen], np.nan)
     members = live_members(b.hist[chosen], s.ses_best[chosen], s.ses_inv[chosen], live_arima)
     weights = normalized(s.weights[chosen], members)

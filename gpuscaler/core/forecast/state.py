@@ -1,11 +1,9 @@
-"""What the forecaster carries from one tick to the next: per series, the fitted
-coefficients (refitted every `forecast.refit_every`), the ensemble's scoring made at the
-refit and rolled on since, and the adaptive interval's level with the intervals issued and
-not yet observed. One typed value in, a new one out: nothing is kept anywhere else.
+"""What the forecaster carries from one tick to the next, per series: the fitted
+coefficients, the ensemble's scoring, and the adaptive interval's level with the
+intervals issued and not yet observed. One typed value in, a new one out.
 
-The state is laid out as arrays, a row per series, one `Rows` per batch of series that
-share a forecast section (their arrays have one shape); a tick gathers its series' rows by
-key, whatever batch they were in before.
+Arrays with a row per series, one `Rows` per batch of series that share a forecast
+section; a tick gathers its series' rows by key.
 """
 
 from __future__ import annotations

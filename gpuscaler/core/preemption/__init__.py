@@ -17,8 +17,8 @@ freeing them really makes the pod fit, and preferring victims with the freshest 
     cleanup -> done         its GPU memory was seen released (or cannot be measured)
     cleanup -> quarantined  memory stays held on a GPU with no pod: taint the node
 
-`TRANSITIONS` is the whole table; every step is checked against it here and again by the
-adapter against the state it reads before acting, so a restart resumes, never repeats.
+`TRANSITIONS` is the whole table; every step is checked against it here and by the adapter
+before acting, so a restart resumes, never repeats.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from gpuscaler.core.preemption.decide import (
     forecast_beneficiaries,
     fragments_beneficiaries,
 )
-from gpuscaler.core.preemption.tiers import progress
-from gpuscaler.core.preemption.transitions import (
+from gpuscaler.core.preemption.tiers import (
     IN_FLIGHT,
     KIND,
     TRANSITIONS,
     TransitionError,
     check_transition,
     hold,
+    progress,
     step_decision,
 )
 from gpuscaler.core.preemption.views import (

@@ -1,6 +1,5 @@
-"""New preemptions: who may benefit, who may be a victim, and which victims on
-which node, chosen the way kube-scheduler chooses them.
-"""
+"""New preemptions: who may benefit, who may be a victim, and which victims on which node,
+chosen the way kube-scheduler chooses them."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import dataclass
 
 from gpuscaler.config import PreemptionConfig
 from gpuscaler.core.decisions import CheckpointRequest, Skip
-from gpuscaler.core.preemption.transitions import checkpoint_step, hold
+from gpuscaler.core.preemption.tiers import checkpoint_step, hold
 from gpuscaler.core.preemption.views import (
     FORECAST_PREFIX,
     NodeView,
@@ -17,8 +16,6 @@ from gpuscaler.core.preemption.views import (
     PreemptionObservation,
     VictimState,
 )
-
-# --------------------------------------------------------------------------- new victims
 
 
 def is_beneficiary(p: PodView, cfg: PreemptionConfig, now: float) -> bool:
@@ -65,9 +62,8 @@ class Choice:
 
 
 def _reprieve_order(p: PodView) -> tuple[bool, int, float, float]:
-    """Victims are given back in this order while the beneficiary still fits: PDB-
-    protected first, then higher priority, then the stalest checkpoint (most work to lose),
-    then the earliest start. What is left are the victims."""
+    """Victims are given back in this order while the beneficiary still fits: PDB-protected,
+    higher priority, stalest checkpoint (most work to lose), earliest start."""
     return (
         not p.pdb_blocked,
         -p.priority,

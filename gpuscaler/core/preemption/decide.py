@@ -1,6 +1,5 @@
 """The preemption decider: the next step of every preemption under way, new ones for
-pending pods, and the beneficiaries a forecast or fewer fragments ask for.
-"""
+pending pods, and the beneficiaries a forecast or fewer fragments ask for."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import math
 from gpuscaler.config import PreemptionConfig
 from gpuscaler.core.decisions import PreemptionStep, Skip
 from gpuscaler.core.preemption.choice import is_beneficiary, start_preemption
-from gpuscaler.core.preemption.tiers import progress
-from gpuscaler.core.preemption.transitions import IN_FLIGHT, KIND
+from gpuscaler.core.preemption.tiers import IN_FLIGHT, KIND, progress
 from gpuscaler.core.preemption.views import (
     FORECAST_PREFIX,
     FRAGMENTS_PREFIX,
@@ -58,10 +56,9 @@ def decide_preemption(
 def forecast_beneficiaries(
     wanted: list[tuple[str, str, str, int, int, int]],
 ) -> tuple[PodView, ...]:
-    """Replicas a forecast floor asks for and that do not exist yet, as pending pods:
-    (workload key, namespace, pool, priority, missing replicas, shares per replica). Their
-    keys are stable across ticks, so a preemption started for one goes on while the
-    forecast still asks for it, and its soft tier is aborted when it no longer does."""
+    """Replicas a forecast floor asks for that do not exist yet, as pending pods: (workload
+    key, namespace, pool, priority, missing replicas, shares per replica). Their keys are
+    stable across ticks: a preemption for one is aborted once the forecast no longer asks."""
     out = []
     for key, namespace, pool, priority, missing, shares in wanted:
         for i in range(missing):

@@ -1,14 +1,78 @@
-"""Preemptions under way: each victim's next tier, or why it waits."""
+"""The tiers a victim goes through: the table of allowed changes, the one place a step is
+checked against it, and each preemption under way's next step or why it waits."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
 
 from gpuscaler.config import PreemptionConfig
-from gpuscaler.core.decisions import PreemptionStep, Skip
-from gpuscaler.core.preemption.transitions import evict_step, hold, step_decision
+from gpuscaler.core.decisions import (
+    CheckpointRequest,
+    Eviction,
+    PreemptionAction,
+    PreemptionStep,
+    Skip,
+)
 from gpuscaler.core.preemption.views import PodView, PreemptionObservation, VictimState
+
+KIND: Final = "preemption"
+TRANSITIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {
+        "none": frozenset({"soft"}),
+        "soft": frozenset({"hard", "cleanup", "aborted"}),
+        "hard": frozenset({"hard", "cleanup", "given_up"}),
+        "cleanup": frozenset({"done", "quarantined"}),
+        "done": frozenset(),
+        "aborted": frozenset(),
+        "given_up": frozenset(),
+        "quarantined": frozenset(),
+    }
+)
+IN_FLIGHT: Final = frozenset({"soft", "hard", "cleanup"})
+
+
+class TransitionError(ValueError):
+    """A tier change the table does not allow."""
+
+
+def check_transition(old: str, new: str) -> None:
+    if new not in TRANSITIONS.get(old, frozenset()):
+        raise TransitionError(f"preemption tier {old} -> {new} is not allowed")
+
+
+def _step(
+    now: float, s: VictimState, to: str, action: PreemptionAction, reason: str
+) -> tuple[float, str, str, str, str, PreemptionAction, str, str]:
+    """The fields every step of `s`'s victim to tier `to` starts with, checked against
+    the table."""
+    check_transition(s.tier, to)
+    return now, s.victim, s.tier, to, reason, action, s.beneficiary, s.node
+
+
+def step_decision(
+    now: float, s: VictimState, to: str, action: PreemptionAction, reason: str
+) -> PreemptionStep:
+    return PreemptionStep(*_step(now, s, to, action, reason))
+
+
+def evict_step(now: float, s: VictimState, reason: str, grace_seconds: float) -> Eviction:
+    return Eviction(*_step(now, s, "hard", "evict", reason), grace_seconds)
+
+
+def checkpoint_step(
+    now: float, s: VictimState, reason: str, soft_grace: float, eviction_grace: float
+) -> CheckpointRequest:
+    """A new victim's soft tier: ask it to checkpoint within `soft_grace`."""
+    by = now + soft_grace
+    head = _step(now, s, "soft", "request_checkpoint", reason)
+    return CheckpointRequest(*head, s.gpus, s.priority, s.uid, by, by, by + eviction_grace)
+
+
+def hold(now: float, target: str, reason: str) -> Skip:
+    return Skip(now, KIND, target, reason, invalid_input=False)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class PodView:
     phase: str
     start_time: float | None = None
     unschedulable_since: float | None = None
-    """When the scheduler last said it does not fit (PodScheduled=False, Unschedulable)."""
+    """Since PodScheduled=False, Unschedulable."""
     terminating_since: float | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     opted_out: bool = False
@@ -34,21 +34,19 @@ class PodView:
     pdb_blocked: bool = False
     """A PodDisruptionBudget selecting it allows no disruption now."""
     checkpoint_at: float | None = None
-    """gpuscaler.io/last-checkpoint: when it last saved its work."""
+    """gpuscaler.io/last-checkpoint."""
     checkpoint_done_at: float | None = None
-    """gpuscaler.io/checkpoint-done: when it acknowledged a requested checkpoint."""
+    """gpuscaler.io/checkpoint-done: a requested checkpoint acknowledged."""
     gpu_memory_gib: float | None = None
-    """gpuscaler.io/gpu-memory-gib: GPU memory it needs per share."""
+    """gpuscaler.io/gpu-memory-gib: per share."""
     pool: str | None = None
     """For a replica the forecast asks for: the only node pool it may go to."""
     only_node: str | None = None
     allowed_nodes: frozenset[str] | None = None
     """Nodes its nodeSelector, required affinity and tolerations admit; None: any."""
     shrink_to: int | None = None
-    """For fewer fragments on `only_node`: its shares after the change; room is made when
-    the pods left hold no more than that."""
+    """For fewer fragments on `only_node`: its shares after the change."""
     uid: str = ""
-    """metadata.uid: what identifies a victim, never its name alone."""
 
     @property
     def gone(self) -> bool:
@@ -88,9 +86,8 @@ class VictimState:
     last_attempt_at: float | None = None
     gone_at: float | None = None
     uid: str = ""
-    """The victim pod's metadata.uid when it was chosen. A pod of the same name with
-    another UID is a replacement: the victim is gone, and the replacement is never touched.
-    Records written before UIDs were kept have "" and match by name."""
+    """The victim pod's metadata.uid: a pod of its name with another UID is a replacement,
+    never touched ("": match by name)."""
 
 
 @dataclass(frozen=True)
