@@ -29,7 +29,7 @@ def _live_controller(config: Config, dry_run: bool) -> Controller:
 
 
 def _prometheus_controller(config: Config, state_file: str) -> Controller:
-    from gpuscaler.adapters.kube.state_file import load_state
+    from gpuscaler.adapters.kube.cluster import load_state
     from gpuscaler.app import NoActuator
     from gpuscaler.sources import PrometheusSource
 

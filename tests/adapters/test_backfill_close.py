@@ -1,7 +1,5 @@
-"""The background backfill when the process stops (`Backfill.close`, called by
-`ClusterController.stop`): nothing more starts, and a fetch cut off by the shutdown is
-not logged as a failure with a traceback (tests/e2e/test_rbac_real.py runs `once` as a
-subprocess and finds no "Traceback" in its output)."""
+"""The background backfill when the process stops: nothing more starts, and a fetch cut
+off by the shutdown is not logged as a failure with a traceback."""
 
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ def test_a_closed_backfill_starts_nothing() -> None:
         return Folds(batch)
 
     backfill = Backfill(fetch)
-    backfill.note("pool/a", _pending())
+    backfill.pending["pool/a"] = _pending()
     backfill.close()
     backfill.start()
     assert backfill.wait(1.0) and fetched == [] and not backfill.busy
@@ -43,7 +41,7 @@ def test_a_fetch_cut_off_by_the_shutdown_is_logged_without_a_traceback(
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     backfill = Backfill(fetch)
-    backfill.note("pool/a", _pending())
+    backfill.pending["pool/a"] = _pending()
     with caplog.at_level(logging.INFO, logger="gpuscaler.prometheus"):
         backfill.start()
         backfill.close()
@@ -61,7 +59,7 @@ def test_a_fetch_that_fails_while_running_is_reported_with_its_traceback(
         raise RuntimeError("boom")
 
     backfill = Backfill(fetch)
-    backfill.note("pool/a", _pending())
+    backfill.pending["pool/a"] = _pending()
     with caplog.at_level(logging.INFO, logger="gpuscaler.prometheus"):
         backfill.start()
         assert backfill.wait(5)

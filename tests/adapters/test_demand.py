@@ -1,8 +1,6 @@
-"""A workload's demand from its serving stack's metrics (issue 13): the presets name the
-servers' own metrics (read in their sources, see gpuscaler/demand.py), the config refuses
-a malformed demand with its path, the floor is ceil(forecast upper / per_replica), and a
-real Prometheus holding vLLM's series, under `pod` or `exported_pod` labels, gives the
-workload's demand and, through a whole controller tick, its floor."""
+"""A workload's demand from its serving stack's metrics: presets, a malformed demand
+refused, the floor ceil(forecast upper / per_replica), and vLLM's series in a real
+Prometheus giving the demand and, through a controller tick, the floor."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Node pools as GPU feature discovery labels them in each sharing state, built the way
-NVIDIA/k8s-device-plugin internal/lm/resource.go builds them (productLabel,
-replicasLabel, NewMIGResourceLabeler): a pool keeps every node while gpuscaler moves its
-fragments 1 -> 2 -> 4 -> 2 -> 1, and a MIG pool is recognised and left alone (issue 13)."""
+"""Node pools as GPU feature discovery labels them (NVIDIA/k8s-device-plugin
+internal/lm/resource.go): a pool keeps every node through fragments 1 -> 2 -> 4 -> 2 -> 1,
+and a MIG pool is recognised and left alone."""
 
 from __future__ import annotations
 

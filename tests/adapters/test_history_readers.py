@@ -1,5 +1,4 @@
-"""whatif's reader reads a chunk's workloads several at a time (`HistoryReader.workloads`):
-the same histories, in the same order, as one at a time; each thread on its own transport."""
+"""whatif's reader reads several workloads at a time: the same histories, in order."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Informer faults a real API server does not give on demand: garbage on a watch stream, an
-ERROR event that is not 410, a 500 on list. A scripted HTTP server on 127.0.0.1 answers
-each request in turn; everything else is tested on the real server (test_watch_cache.py)."""
+"""Informer faults a real API server does not give on demand (garbage on a watch, an
+ERROR event, a 500 on list), from a scripted HTTP server."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Kubernetes API faults a real server cannot be made to produce on demand (a server that
-accepts and never answers, a refused connection, a conflict on every try): every call is
-bounded in time, a tick's API time is bounded, transport failures flag targets instead of
-failing the tick, and the conflict retries are the number docs/failure-behaviour.md states.
-The fake stays here because these faults are the point."""
+"""Kubernetes API faults a real server cannot produce on demand (never answering, refused,
+a conflict on every try): calls and a tick's API time are bounded, transport failures flag
+targets, conflict retries are as docs/failure-behaviour.md states."""
 
 from __future__ import annotations
 

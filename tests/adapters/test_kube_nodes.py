@@ -1,6 +1,5 @@
 """Fragments and time slice of node pools, and the cluster state, against the real
-kube-apiserver (tests/controlplane.py). The fake API server stays only for faults a real
-server cannot be made to give on demand (a 500 mid-rollout, an unreadable cluster)."""
+kube-apiserver; the fake only for a 500 mid-rollout and an unreadable cluster."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Three-tier preemption against the fake API server: each tier, refusals, restarts at
-every tier, a pod stuck Terminating, a non-leader, dry-run.
-
-The fake stays here for what a real server cannot be made to do on demand: fail a write
-with a 500 between two steps (a controller dying mid-step), hand back hand-edited pod
-states. The same tiers through the real Eviction API, a real PodDisruptionBudget, a real
-scheduler verdict and a StatefulSet recreating its pod: tests/e2e/test_preemption_real.py."""
+"""Three-tier preemption against the fake API server, for what a real one cannot do on
+demand (a 500 between two steps, hand-edited pod states); the real Eviction API, PDBs and
+scheduler: tests/e2e/test_preemption_real.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Tier 3's memory check against a real Prometheus: dcgm-exporter series backfilled for
-victims whose GPU memory was released, stayed held, went to another pod, or was never
-attributed to the pod."""
+"""Tier 3's memory check against a real Prometheus: released, held, taken by another pod,
+or never attributed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Grouped, concurrent reads (adapters/prometheus/plan.py, source.py) against a real Prometheus:
-they see exactly what the per-target reads see, in fewer queries, and the number of
-queries does not grow with the number of workloads. The workload rule is the shipped one
-(deploy/prometheus/prometheusrule.yaml), evaluated over the planted data by
-`promtool tsdb create-blocks-from rules`, as Prometheus would have recorded it."""
+"""Grouped, concurrent reads against a real Prometheus (the shipped workload rule
+evaluated by promtool): what per-target reads see, in fewer queries, not growing with
+the number of workloads."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from gpuscaler.adapters.prometheus.backfill import Backfill, Folds, Pending
 from gpuscaler.adapters.prometheus.plan import BUDGET, chunks, split_answer
 from gpuscaler.adapters.prometheus.promql import grouped_template
 from gpuscaler.adapters.prometheus.transport import SourceError
-from gpuscaler.adapters.prometheus.window import Window, decode_matrix, decode_range
+from gpuscaler.adapters.prometheus.window import Window, decode_range
 from gpuscaler.config import Config, parse_config
 from gpuscaler.core.snapshot import Observations
 from gpuscaler.sources import PrometheusSource
@@ -66,11 +64,8 @@ BLOCK = 7200
 
 
 def _one_block(start: float, end: float) -> tuple[float, float]:
-    """The planted minutes moved before a 2-hour block boundary they would straddle:
-    promtool's rule backfill ends a block's evaluations at a whole second
-    (`endOfBlock/int64(time.Second/time.Millisecond)` in prometheus/prometheus
-    cmd/promtool/rules.go), so the evaluations in the second before a boundary are missing
-    from the recorded series (seen: a rule series with a hole at 18:00:00 UTC)."""
+    """The planted minutes moved before a 2-hour block boundary they would straddle: promtool's
+    rule backfill misses the evaluations in the second before one (cmd/promtool/rules.go)."""
     if math.floor((start - 1) / BLOCK) == math.floor((end + 2) / BLOCK):
         return start, end
     end = math.floor((end + 2) / BLOCK) * BLOCK - 3
@@ -156,18 +151,10 @@ WORKLOADS = [
 
 
 def _same_load(grouped: Any, plain: Any, rule: bool, past: int = 0) -> bool:
-    """Equal; through the recording rule, equal up to one evaluation (500 ms) of delay: a
-    rule records at its evaluation what was scraped before it, so its series trails the raw
-    one by at most its interval (here the promtool backfill trails by one step), which
-    moves one sample of twenty from each 10 s bucket into the next: the bucket means agree
-    within a few percent, and a bucket at either edge may hold a sample in one only.
-
-    `past`: the window's newest steps after the last planted sample, left out. There a
-    backfilled rule's series runs on for its lookback from its own evaluation phase (the
-    group's hashed offset, `grp.EvalTimestamp` in prometheus/prometheus
-    cmd/promtool/rules.go, which varies with the rule file's path), while a live Prometheus
-    ends both at once with staleness markers; which of the two runs on longer is the
-    backfill's, not the reader's."""
+    """Equal; through the recording rule, up to one evaluation (500 ms) of delay, which moves
+    one sample of twenty between 10 s buckets: means within a few percent, an edge bucket
+    holding a sample in one only. `past`: the newest steps after the last planted sample,
+    left out (there the backfilled rule runs on from its own evaluation phase)."""
     g, p = grouped.values, plain.values
     if past:
         g, p = g[:-past], p[:-past]
@@ -179,7 +166,6 @@ def _same_load(grouped: Any, plain: Any, rule: bool, past: int = 0) -> bool:
 
 
 def _same(a: Observations, b: Observations, rule: bool = False, past: int = 0) -> None:
-    """`past`: as `_same_load`'s (a read at `now + 5` has 10 steps past the samples)."""
 
     def eq(x: Any, y: Any) -> bool:
         if x is None or y is None:
@@ -229,9 +215,8 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
 def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     planted: tuple[str, str, float],
 ) -> None:
-    """Issue 18: the first tick acts once forecast.min_history is in; the older part of
-    the window is read behind it, in parallel chunks, and is in the windows by the next
-    tick, equal to a whole-window read."""
+    """The first tick acts once forecast.min_history is in; the rest of the window follows
+    behind it and is in the windows by the next tick, equal to a whole-window read."""
     url, _, now = planted
     early = "forecast: {min_history: 80s}\n"
     grouped = PrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
@@ -286,7 +271,7 @@ def test_a_backfill_that_failed_is_asked_again_behind_the_next_read() -> None:
         return folds
 
     backfill = Backfill(fetch)
-    backfill.note("k", Pending(window, "q", 5.0, 8.0, (0.0, 100.0)))
+    backfill.pending["k"] = Pending(window, "q", 5.0, 8.0, (0.0, 100.0))
     for _ in range(2):
         backfill.start()
         assert backfill.wait(timeout=10)
@@ -378,26 +363,3 @@ def test_a_range_is_read_in_chunks_under_the_point_limit_sharing_their_edges() -
     assert chunks(0.0, 1_000.0, STEP, series=BUDGET // 200) == [
         (t, t + 100) for t in range(0, 1_000, 100)
     ]
-
-
-@pytest.mark.parametrize(
-    ("values", "want"),
-    [
-        ([[1.0, "2.5"], [1.5, "NaN"], [2.0, "+Inf"]], [2.5, np.nan, np.nan]),
-        ([], []),
-    ],
-)
-def test_decoding_gives_the_values_as_floats_and_flags_what_is_not_finite(
-    values: list[Any], want: list[float]
-) -> None:
-    times, got, bad = decode_matrix([{"metric": {}, "values": values}])
-    assert times.dtype == got.dtype == np.float64 and len(times) == len(want)
-    assert np.array_equal(got, np.array(want, dtype=np.float64), equal_nan=True)
-    assert bad == (len(values) > 1)
-
-
-def test_a_malformed_point_is_a_source_error() -> None:
-    with pytest.raises(SourceError, match="not \\[timestamp"):
-        decode_matrix([{"metric": {}, "values": [[1.0]]}])
-    with pytest.raises(SourceError, match="not a list"):
-        decode_matrix({"not": "a list"})

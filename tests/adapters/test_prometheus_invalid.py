@@ -1,6 +1,5 @@
-"""Metrics that are physically impossible, answers of the wrong shape, bad label names and
-credentials in the URL (issue 17, defects 6-9), against a real Prometheus where the data
-can be planted there."""
+"""Physically impossible metrics, answers of the wrong shape, bad label names and
+credentials in the URL, against a real Prometheus where the data can be planted."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ from test_prometheus import _bad_server
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
-from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import decode_matrix, drop_outside
+from gpuscaler.adapters.prometheus.transport import Transport
+from gpuscaler.adapters.prometheus.window import drop_outside
 from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller
@@ -105,21 +104,12 @@ def test_physically_impossible_values_give_no_action_and_name_the_value(
         "below": "e.g. -5",
     }
     for name, example in expected.items():
-        problem = problems[name]
-        assert problem is not None and "invalid input" in problem and example in problem, (
-            name,
-            problem,
-        )
+        problem = problems[name] or ""
+        assert "invalid input" in problem and example in problem, (name, problem)
     assert problems["sane"] is None and problems["fine"] is None
     plan = Controller(config, source, NoActuator(), dry_run=True).tick(end + 2).plan
-    acted = {d.target for d in plan.decisions}
-    assert not acted & {
-        "huge",
-        "negative",
-        "stall150",
-        "ml/ScaledObject/absurd",
-        "ml/ScaledObject/below",
-    }
+    acted = {d.target.split("/")[-1] for d in plan.decisions}
+    assert not acted & set(expected)
     skipped = {s.target for s in plan.skips if s.invalid_input}
     assert {"huge", "negative", "stall150"} <= skipped
 
@@ -145,24 +135,6 @@ def test_out_of_range_names_how_many_and_one_example_and_keeps_them_out(
         assert found is not None and problem in found
     kept = array[np.isfinite(array)]
     assert ((kept >= 0.0) & (kept <= 100.0)).all()
-
-
-@pytest.mark.parametrize(
-    "result",
-    [
-        [{"metric": {}, "values": [{"t": 1, "v": "2"}]}],  # a sample that is an object
-        [{"metric": {}, "values": [[1]]}],
-        [{"metric": {}, "values": [["x", "1"]]}],
-        [{"metric": {}, "values": [[1, None]]}],
-        [{"metric": {}, "values": "1,2"}],
-        [["not", "an", "object"]],
-        {"values": []},
-        "result",
-    ],
-)
-def test_a_wrong_shaped_answer_is_a_source_error_not_a_crash(result: Any) -> None:
-    with pytest.raises(SourceError):
-        decode_matrix(result)
 
 
 def test_once_survives_a_sample_that_is_a_json_object(tmp_path: Path) -> None:

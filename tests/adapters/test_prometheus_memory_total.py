@@ -1,11 +1,6 @@
-"""A pool's frame-buffer total is read every few minutes, not every tick (issue 18,
-adapters/prometheus/total.py): the kept total stands between reads; it is read again for
-a pool new or changed, when the pool's GPUs stopped reporting, and after a read that
-found nothing; a refresh that fails keeps it only while younger than
-`memory_total_every` + `metrics.staleness`, past which the failure is the pool's problem
-(no action), as every failed read was before. With `memory_total_every: 0` it is read
-every tick, as before. Grouped and per-target queries behave the same; neither is sent
-on the ticks the total rests."""
+"""A pool's frame-buffer total is read every few minutes, not every tick: kept between
+reads, read again for a pool new or changed, GPUs back from silence or a read that found
+nothing; a failed refresh keeps it up to `memory_total_every` + `metrics.staleness`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Pool-family recording rules (adapters/prometheus/rules.py) against a real Prometheus:
-the shipped rules (group `gpuscaler-pools`), evaluated over planted data by `promtool tsdb
-create-blocks-from rules`, give the windows the raw grouped reads give; without them the
-raw series are read; which pools are recorded is checked every 5 minutes, not each tick."""
+"""Pool recording rules against a real Prometheus (the shipped rules evaluated by promtool):
+the same windows as raw grouped reads; raw reads without them; checked every 5 minutes."""
 
 from __future__ import annotations
 

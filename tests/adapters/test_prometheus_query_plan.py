@@ -1,6 +1,5 @@
-"""A tick's grouped queries are planned once and kept: again only when what
-they depend on changes (the config, a series found coarse, the pools Prometheus
-records); and a query built from the same labels is built once."""
+"""A tick's queries are planned again only when the config, a series found coarse or the
+pools recorded change; a query built from the same labels is built once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The reader's queries run on one thread pool kept for the process: the same few threads
-tick after tick, never more queries in flight than `prometheus.max_concurrent_queries`,
-and none once the source is closed."""
+"""The reader's queries run on one thread pool kept for the process, never more in flight
+than `prometheus.max_concurrent_queries`, none once closed."""
 
 from __future__ import annotations
 

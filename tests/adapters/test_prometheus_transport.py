@@ -1,7 +1,5 @@
-"""The transport's requests (adapters/prometheus/transport.py): they ask Prometheus for
-uncompressed answers unless `prometheus.compress_answers` (`PLAIN`: Prometheus then
-spends no CPU gzipping a tick's megabytes of JSON; the request keeps its authorization,
-what is decoded is the same)."""
+"""The transport asks for uncompressed answers unless `prometheus.compress_answers`,
+keeping its authorization; what is decoded is the same."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Warm start (adapters/prometheus/warm.py) against a real Prometheus: a restarted source
-that reads back the saved windows asks only for the gap, and ends up with the windows a
-source that never stopped has."""
+"""Warm start against a real Prometheus: a restarted source asks only for the gap and
+ends with the windows of a source that never stopped."""
 
 from __future__ import annotations
 

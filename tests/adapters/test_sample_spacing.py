@@ -1,9 +1,6 @@
-"""Series scraped more coarsely than metrics.step (issue 13): kube-prometheus-stack scrapes
-every 15 s by default, the config's step is 500 ms. The controller measures the real
-spacing, says so once (log line, Event, metric), and reads each point from the newest
-sample within that spacing instead of seeing gaps: unit rows for the measurement, then a
-real Prometheus holding 15 s-spaced dcgm-exporter and vLLM series, then the Event on the
-controller's own pod on the real control plane."""
+"""Series scraped more coarsely than metrics.step: the spacing measured, said once (log,
+Event, metric), and each point read from the newest sample within it; on a real Prometheus
+and the real control plane."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A workload's GPU load under stock scraping (issue 13), on a real Prometheus: the
-dcgm-exporter Helm chart and the GPU Operator ship ServiceMonitors with
-`honorLabels: false`, so the exporter's `pod`/`namespace` arrive as `exported_pod`/
-`exported_namespace` while `pod`/`namespace` name the exporter's own pod."""
+"""A workload's GPU load under stock scraping (`honorLabels: false`: the exporter's pod
+labels arrive as `exported_pod`/`exported_namespace`), on a real Prometheus."""
 
 from __future__ import annotations
 

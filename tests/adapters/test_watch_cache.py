@@ -1,7 +1,6 @@
-"""The watch cache (adapters/kube/cache.py, informer.py) on the real kube-apiserver: it
-answers what listing answers, ticks read it without a request, changes between ticks are
-seen, and watches the server ends, resets or forgets (410) recover. The wire is cut by a
-TCP proxy in front of the real server (tests/tcpproxy.py), not by a fake server."""
+"""The watch cache on the real kube-apiserver: it answers what listing answers, ticks read
+it without a request, and watches the server ends, resets or forgets (410) recover (the
+wire cut by a TCP proxy in front of the real server)."""
 
 from __future__ import annotations
 
@@ -202,9 +201,8 @@ def test_a_watch_the_server_ends_is_opened_again_from_its_resource_version(kube:
 
 
 def _compact_etcd(plane: ControlPlane) -> None:
-    """Compact etcd's history up to now, as the API server itself does every 5 minutes
-    (--etcd-compaction-interval): older resourceVersions are gone for good. Through etcd's
-    own gRPC gateway (POST /v3/kv/compaction, etcd api/etcdserverpb/rpc.proto)."""
+    """Compact etcd's history up to now (as the API server does every 5 minutes), through
+    etcd's gRPC gateway: older resourceVersions are gone for good."""
     argv = [str(a) for a in plane.processes["etcd"].popen.args]  # type: ignore[union-attr]
     url = next(a.split("=", 1)[1] for a in argv if a.startswith("--listen-client-urls="))
 
@@ -223,9 +221,8 @@ def _compact_etcd(plane: ControlPlane) -> None:
 def uncached_plane(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
-    """A second API server without its watch cache, so a watch is served by etcd itself:
-    the shared one's watch cache keeps its history since start-up in these short tests,
-    and only etcd forgets compacted revisions on demand."""
+    """A second API server without its watch cache, so that etcd itself serves watches
+    (only etcd forgets compacted revisions on demand)."""
     plane = ControlPlane(
         tmp_path_factory.mktemp("uncached"), apiserver_args=("--watch-cache=false",)
     )

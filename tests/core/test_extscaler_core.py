@@ -246,7 +246,7 @@ def test_a_floor_is_patched_only_where_nobody_else_owns_it(
 
 
 def test_the_floor_owner_and_triggers_are_read_from_the_objects_json() -> None:
-    from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
+    from gpuscaler.adapters.kube.objects import external_addresses, floor_managers
 
     meta = {
         "managedFields": [  # as the API server records them (ManagedFieldsEntry)
@@ -314,7 +314,7 @@ _TRIGGERS = _JSON | st.lists(
 def test_any_json_shape_reads_as_some_or_no_owner_never_a_crash(
     managed: object, triggers: object
 ) -> None:
-    from gpuscaler.adapters.kube.floor_facts import external_addresses, floor_managers
+    from gpuscaler.adapters.kube.objects import external_addresses, floor_managers
 
     assert isinstance(floor_managers({"managedFields": managed}, "ScaledObject"), tuple)
     assert isinstance(external_addresses({"triggers": triggers}), tuple)

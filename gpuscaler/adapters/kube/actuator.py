@@ -1,6 +1,4 @@
-"""The controller's actuator on a real cluster: each decision to the adapter of its kind
-(workloads, node pools, preemption), all writes behind one gate.
-"""
+"""The controller's actuator on a real cluster: each decision to the adapter of its kind."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ log = logging.getLogger("gpuscaler.kubernetes")
 
 
 class KubeActuator:
-    """The controller's actuator on a real cluster: each decision to its adapter; a
-    failure is logged with its reason and leaves that decision unapplied."""
+    """A failure is logged with its reason and leaves that decision unapplied."""
 
     def __init__(
         self,
@@ -40,7 +37,6 @@ class KubeActuator:
         self.workloads = workloads
         self.pools = pools
         self.preemption = preemption
-        """None: preemption steps are not applied (logged)."""
 
     def reconfigure(self, config: Config) -> None:
         self.workloads.config = config
@@ -51,7 +47,6 @@ class KubeActuator:
             self.preemption.config = config
 
     def apply_one(self, d: Decision) -> bool:
-        """Hand `d` to the adapter of its kind; True when it changed something."""
         match d:
             case ReplicaFloorDecision():
                 return self.workloads.set_floor(d)
@@ -90,10 +85,8 @@ def kube_actuator(
     namespace: str = "gpuscaler",
     reader: ClusterReader | None = None,
 ) -> KubeActuator:
-    """The actuator for `config`, all writes behind one gate (leadership and budget);
-    preemption records live in `namespace` (gpuscaler's own)."""
-    from gpuscaler.adapters.kube.eviction import KubePreemption
-
+    """The actuator for `config`, all writes behind one gate; preemption records live in
+    `namespace` (gpuscaler's own)."""
     writer = Writer(api, config, identity, budget, may_act)
     return KubeActuator(
         KubeWorkloads(api, config, identity, writer),

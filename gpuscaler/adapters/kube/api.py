@@ -1,20 +1,9 @@
-"""The Kubernetes API client every adapter uses, with the bounds every call needs.
-
-- **Timeouts**: a call that does not set `_request_timeout` gets (connect, read) from
-  `kubernetes.connect_timeout` / `read_timeout`. The official client passes no timeout at
-  all by default (its urllib3 pool then waits forever on a server that accepts and never
-  answers), so this is set per call, where the client reads it.
-- **A budget per tick**: `begin_tick()` (called first in every tick) starts a deadline for
-  the calling thread; each call's timeouts are cut to what is left, and a call once it is
-  spent fails at once. Other threads (the Lease renewals) are not charged.
-- **One error type**: a connection refused, reset or timed out comes out as an
-  `ApiException` with status 0 and a reason naming what happened, so the adapters' one
-  error path (HTTP errors -> `KubeError` naming the call) covers transport failures too,
-  and a tick flags its targets instead of failing.
-
-Objects travel as JSON (`_preload_content=False`): the client's models reject objects
-with fields they do not expect to be empty, and gpuscaler reads only a few fields. API
-errors are translated once, here, into `KubeError`.
+"""The Kubernetes API client every adapter uses, with the bounds every call needs: a
+(connect, read) timeout on every call (the official client sets none), a per-thread
+budget per tick (`begin_tick`; the Lease renewals' thread is not charged), and a
+transport failure raised as an `ApiException` of status 0, so that one error path
+(`api_error` -> `KubeError` naming the call) covers it. Objects travel as JSON
+(`_preload_content=False`): the client's models reject objects they do not expect.
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuscaler.errors import OutsideError
 
 NO_ANSWER = 0
-"""`ApiException.status` of a call that got no HTTP answer (refused, reset, timed out)."""
+"""`ApiException.status` of a call that got no HTTP answer."""
 
 
 class BoundedApiClient(client.ApiClient):
@@ -93,9 +82,7 @@ class KubeError(OutsideError):
 
 
 def api_error(action: str, e: ApiException) -> KubeError:
-    """The server's own message rides along for refusals and invalid objects: a 403 names
-    the user, verb and resource RBAC lacks, a 422 the field the schema refused. A call that
-    got no answer (status 0) says what happened on the wire instead."""
+    """With the server's message for a 403 (what RBAC lacks) or a 422 (the field refused)."""
     if e.status == NO_ANSWER:
         return KubeError(f"{action}: {e.reason}")
     message = f"{action}: HTTP {e.status} {e.reason}"
@@ -107,6 +94,18 @@ def api_error(action: str, e: ApiException) -> KubeError:
         if isinstance(detail, str) and detail:
             message += f": {detail[:300]}"
     return KubeError(message)
+
+
+def written(action: str, call: Callable[[], Any]) -> bool:
+    """True when the write went through, False on a conflict (409: read again and retry);
+    any other failure a KubeError naming `action`."""
+    try:
+        call()
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        raise api_error(action, e) from None
+    return True
 
 
 def json_body(response: Any) -> dict[str, Any]:

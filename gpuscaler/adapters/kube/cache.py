@@ -1,26 +1,11 @@
 """The cluster as a watch cache: every object a tick reads, listed once and then kept
-current by watches (`informer.Informer`), so a tick reads memory instead of listing the
-cluster (tens of MB a tick on a 10,000-GPU cluster).
+current by watches (`informer.Informer`), so a tick reads memory instead of listing.
 
-What is watched, and how narrowly:
-- Nodes, all of them (a pool's selector may be any label, and pools change on reload),
-  each kept as only the fields `cluster.parse_node` reads (no images, no conditions);
-- Pods, all of them: the API server has no field selector on resource requests (the
-  pod fields it can select on are name, namespace, nodeName, restartPolicy,
-  schedulerName, serviceAccountName, hostNetwork, phase, podIP(s) and nominatedNodeName:
-  kubernetes pkg/registry/core/pod/strategy.go `ToSelectableFields`), so pods that
-  request no `nvidia.com/gpu` are dropped as they arrive and only GPU pods are kept,
-  already parsed;
-- ScaledObjects (none while KEDA is not installed) and HPAs, all namespaces;
-- PriorityClasses and PodDisruptionBudgets (preemption);
-- the preemption records ConfigMap, by field selector `metadata.name` in gpuscaler's
-  namespace (one object, and RBAC can name it).
-
-A tick reads the cache through `CachedClusterReader` and `CachedPreemptionReader`, which
-answer exactly what the listing readers answer (tests/adapters/test_watch_cache.py compares them on
-the real API server). When a watch has been down longer than
-`kubernetes.watch_stale_after`, reading fails like a failed list: every target is flagged
-and nothing is decided on an old picture.
+Nodes are kept as the fields `parse_node` reads; pods as parsed GPU pods (the API server
+cannot select on resource requests, so the others are dropped as they arrive); the
+records ConfigMap by its name. `CachedClusterReader` and `CachedPreemptionReader` answer
+what the listing readers answer; a watch down longer than `kubernetes.watch_stale_after`
+fails a read like a failed list.
 """
 
 from __future__ import annotations
@@ -33,7 +18,6 @@ from typing import Any
 from kubernetes import client
 
 from gpuscaler.adapters.kube.api import KubeError
-from gpuscaler.adapters.kube.floor_facts import floor_field, floor_managers
 from gpuscaler.adapters.kube.informer import CacheUnavailable, Informer, Json, Resource
 from gpuscaler.adapters.kube.objects import (
     GPU_RESOURCE,
@@ -41,6 +25,8 @@ from gpuscaler.adapters.kube.objects import (
     ClusterStateError,
     GpuPod,
     Node,
+    floor_field,
+    floor_managers,
     parse_node,
     parse_objects,
     parse_pod,
@@ -58,15 +44,13 @@ SCALE_KINDS = {
 
 @dataclass(frozen=True)
 class Broken:
-    """An object that arrived but cannot be parsed: reading the cache fails with this
-    message, as a list holding it would."""
+    """An object that cannot be parsed: reading the cache fails, as a list holding it would."""
 
     message: str
 
 
 def node_fields(obj: Json) -> Json:
-    """A Node as `parse_node` reads it: metadata without managedFields, taints, and the
-    GPU capacity (a node's status also carries its images and conditions: most of it)."""
+    """A Node as `parse_node` reads it (without its images and conditions: most of it)."""
     meta = obj.get("metadata") or {}
     capacity = ((obj.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
     return {
@@ -78,7 +62,6 @@ def node_fields(obj: Json) -> Json:
 
 
 def gpu_pod(obj: Json) -> GpuPod | Broken | None:
-    """The pod parsed if it requests GPUs, None (not kept) if it does not."""
     try:
         return parse_pod(obj)
     except ClusterStateError as e:
@@ -106,8 +89,7 @@ class ClusterCache:
     def __init__(self, api: client.ApiClient, namespace: str, limits: KubernetesConfig):
         self.limits = limits
         self._first_lists_by = 0.0
-        """The first lists are waited for until then (one read timeout after start, for
-        all kinds together), not a read timeout per kind."""
+        """The first lists are waited for until one read timeout after start, all kinds."""
 
         def informer(resource: Resource, transform: Any) -> Informer:
             return Informer(
@@ -120,30 +102,26 @@ class ClusterCache:
                 stale_after=limits.watch_stale_after,
             )
 
-        self.informers: dict[str, Informer] = {
-            "Node": informer(Resource("Node", "/api/v1/nodes"), node_fields),
-            "Pod": informer(Resource("Pod", "/api/v1/pods"), gpu_pod),
-            **{
-                kind: informer(Resource(kind, path), with_kind(kind))
-                for kind, path in SCALE_KINDS.items()
-            },
-            "PriorityClass": informer(
-                Resource("PriorityClass", "/apis/scheduling.k8s.io/v1/priorityclasses"),
-                with_kind("PriorityClass"),
-            ),
-            "PodDisruptionBudget": informer(
-                Resource("PodDisruptionBudget", "/apis/policy/v1/poddisruptionbudgets"),
-                with_kind("PodDisruptionBudget"),
-            ),
-            "records": informer(
-                Resource(
-                    "ConfigMap",
-                    f"/api/v1/namespaces/{namespace}/configmaps",
-                    field_selector=f"metadata.name={STATE_CONFIGMAP}",
-                ),
-                with_kind("ConfigMap"),
-            ),
+        paths = {
+            "Node": "/api/v1/nodes",
+            "Pod": "/api/v1/pods",
+            **SCALE_KINDS,
+            "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "PodDisruptionBudget": "/apis/policy/v1/poddisruptionbudgets",
         }
+        transforms = {"Node": node_fields, "Pod": gpu_pod}
+        self.informers: dict[str, Informer] = {
+            kind: informer(Resource(kind, path), transforms.get(kind) or with_kind(kind))
+            for kind, path in paths.items()
+        }
+        self.informers["records"] = informer(
+            Resource(
+                "ConfigMap",
+                f"/api/v1/namespaces/{namespace}/configmaps",
+                field_selector=f"metadata.name={STATE_CONFIGMAP}",
+            ),
+            with_kind("ConfigMap"),
+        )
 
     def start(self) -> ClusterCache:
         self._first_lists_by = time.monotonic() + self.limits.read_timeout
@@ -158,18 +136,13 @@ class ClusterCache:
             informer.stop()
 
     def items(self, kind: str) -> list[Any]:
-        """The cached objects of `kind` (waiting for the first lists, at most one read
-        timeout after start); KubeError when the cache cannot be trusted."""
+        """The cached objects of `kind`; KubeError when the cache cannot be trusted."""
         informer = self.informers[kind]
-        informer.wait_tried(max(0.0, self._first_lists_by - time.monotonic()))
+        informer.tried.wait(max(0.0, self._first_lists_by - time.monotonic()))
         try:
             return informer.items()
         except CacheUnavailable as e:
             raise KubeError(f"watch cache: {e}") from None
-
-    @property
-    def lists(self) -> int:
-        return sum(i.lists for i in self.informers.values())
 
 
 class CachedClusterReader(ClusterReader):
@@ -179,7 +152,7 @@ class CachedClusterReader(ClusterReader):
         super().__init__(api, config)
         self.cache = cache
         self._nodes: dict[tuple[str, str], tuple[Config, Node]] = {}
-        """Parsed nodes by (name, resourceVersion), for the config they were parsed with."""
+        """Parsed nodes by (name, resourceVersion), with their config."""
 
     def _node(self, obj: Json) -> Node:
         key = _version_key(obj)

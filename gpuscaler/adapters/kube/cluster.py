@@ -1,10 +1,7 @@
-"""What the cluster runs now, from its objects: GPU nodes grouped into pools, the
-workloads that opted in, where a pod may be scheduled.
-
-- a node is in a pool when its label `selector.label` equals `selector.value`;
-- while a rollout is under way (nodes disagree) the pool's fragments are the target the
-  newest gpuscaler decision on its nodes set, so the core does not decide again;
-- a node's shares held per GPU are its pods' requests over its physical GPU count.
+"""What the cluster runs now, from its objects: GPU nodes grouped into pools (by the
+label `selector.label` = `selector.value`), the workloads that opted in, where a pod may
+be scheduled. While a rollout is under way (nodes disagree) a pool's value is the target
+of the newest gpuscaler decision on its nodes, so the core does not decide again.
 """
 
 from __future__ import annotations
@@ -29,25 +26,16 @@ from gpuscaler.demand import DEMAND_ANNOTATION, demand_from_annotation
 
 log = logging.getLogger("gpuscaler.cluster")
 
-
-# --------------------------------------------------------------------------- pools
-
-
 SHARED_SUFFIX = "-SHARED"
-"""GPU feature discovery appends this to `nvidia.com/gpu.product` while the node's GPUs are
-shared (time-slicing replicas > 1, unless the resource is renamed): NVIDIA/k8s-device-plugin
-internal/lm/resource.go, resourceLabeler.productLabel. A pool selected by product keeps its
-nodes through every fragment change only if both forms match."""
+"""GPU feature discovery appends this to `nvidia.com/gpu.product` while the GPUs are
+shared (NVIDIA/k8s-device-plugin internal/lm/resource.go)."""
 MIG_MARK = "-MIG-"
-"""GFD names a MIG device's product `<model>-MIG-<profile>` (same file, NewMIGResourceLabeler)."""
 MIG_RESOURCE = "nvidia.com/mig-"
-"""The prefix of the mixed strategy's per-profile resources (`nvidia.com/mig-1g.10gb`), whose
-labels GFD writes as `<resource>.count`, `.product`, ... (mig-strategy.go, resource.go)."""
 
 
 def selects(selector_value: str, label_value: str | None, label: str) -> bool:
-    """Does a node's label value match the pool selector? A `*.product` label matches with or
-    without GFD's -SHARED suffix, so sharing never moves a node out of its pool."""
+    """Does a node's label value match the pool selector? A `*.product` label matches with
+    or without -SHARED, so sharing never moves a node out of its pool."""
     if label_value is None:
         return False
     if label_value == selector_value:
@@ -61,12 +49,9 @@ def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...
 
 
 def is_mig(node: Node) -> bool:
-    """A node whose GPUs are split by MIG, as GFD labels it (NVIDIA/k8s-device-plugin
-    internal/lm/mig-strategy.go): under mig.strategy single its product is
-    `<model>-MIG-<profile>` (or `-MIG-INVALID`); under mixed each MIG profile gets its own
-    resource labels, `nvidia.com/mig-<profile>.count`. The label `nvidia.com/mig.strategy`
-    alone says nothing: GFD sets it whenever the strategy is single or mixed, on nodes
-    without MIG too (internal/lm/strategy.go, migStrategyLabeler)."""
+    """A node whose GPUs are split by MIG, as GFD labels it (internal/lm/mig-strategy.go):
+    a product `<model>-MIG-<profile>` (strategy single), or a `nvidia.com/mig-<profile>.count`
+    (mixed); `nvidia.com/mig.strategy` is set on nodes without MIG too."""
     if MIG_MARK in node.labels.get("nvidia.com/gpu.product", ""):
         return True
     return any(
@@ -84,8 +69,7 @@ def shares_held(node: Node, pods: Iterable[GpuPod]) -> int:
 
 
 def _rollout_value(nodes: tuple[Node, ...], kind: str, current: list[str]) -> str | None:
-    """The pool's value for `kind`: the one every node has, else the target of the newest
-    gpuscaler decision on its nodes (a rollout under way), else the most common one."""
+    """The value every node has, else the newest decision's target, else the commonest."""
     if not current:
         return None
     if len(set(current)) == 1:
@@ -93,22 +77,14 @@ def _rollout_value(nodes: tuple[Node, ...], kind: str, current: list[str]) -> st
     targets = [t for n in nodes if (t := n.decision_target(kind)) is not None]
     if targets:
         return max(targets)[1]
-    counts = Counter(current).most_common()
-    return counts[0][0]
+    return Counter(current).most_common(1)[0][0]
 
 
 def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
     nodes = pool_nodes(objects, pool)
     if not nodes:
-        return PoolState(
-            pool.name,
-            (),
-            None,
-            None,
-            None,
-            0,
-            problem=f"no node has {pool.selector.label}={pool.selector.value}",
-        )
+        why = f"no node has {pool.selector.label}={pool.selector.value}"
+        return PoolState(pool.name, (), None, None, None, 0, problem=why)
     frag_values = [str(n.fragments) for n in nodes if n.fragments is not None]
     problem = None
     mig = [n.name for n in nodes if is_mig(n)]
@@ -139,10 +115,9 @@ _refused_annotations: set[str] = set()
 
 
 def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[WorkloadConfig, ...]:
-    """Opted-in ScaledObjects and HPAs the config does not list, with default policy;
-    `gpuscaler.io/type`, `gpuscaler.io/node-pool` and `gpuscaler.io/demand` annotations say
-    what the config would. One with a malformed demand is left alone (never sized by
-    another signal than the one asked for), with a warning."""
+    """Opted-in ScaledObjects and HPAs the config does not list, with default policy and
+    the `gpuscaler.io/type`, `node-pool` and `demand` annotations; one with a malformed
+    demand is left alone (never sized by another signal than the one asked for)."""
     listed = {w.key for w in config.workloads}
     pools = {p.name for p in config.node_pools}
     found = []
@@ -180,8 +155,8 @@ def discovered_workloads(objects: ClusterObjects, config: Config) -> tuple[Workl
 
 
 def current_state(objects: ClusterObjects, config: Config) -> CurrentState:
-    """The state the core plans against, with a problem for each target that is missing
-    or ambiguous in the cluster."""
+    """The state the core plans against, with a problem for each target missing or
+    ambiguous in the cluster."""
     fragments, levels, held, memory, problems = {}, {}, {}, {}, {}
     for p in config.node_pools:
         pool = pool_state(objects, p)
@@ -230,9 +205,8 @@ SNAPSHOT_COMMAND = (
 
 
 def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
-    """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them).
-    Nodes and pods must both be there: without pods the shares held are unknown, and
-    fragments could be planned below them."""
+    """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them), nodes
+    and pods both (without pods, fragments could be planned below the shares held)."""
     import yaml
 
     try:
@@ -270,6 +244,45 @@ def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
         raise ClusterStateError(f"{path}: {e}") from None
 
 
+def load_state(path: str | None, config: Config) -> tuple[CurrentState, str]:
+    """The cluster's current state from a YAML file, or the config's initial values;
+    with a sentence saying which, for the operator."""
+    import yaml
+
+    if path is None:
+        return (
+            CurrentState(fragments={p.name: p.initial_fragments or 1 for p in config.node_pools}),
+            "current fragments from the config's initial_fragments; replica floors unknown "
+            "(pass --state FILE) until the Kubernetes adapter reads them",
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: cannot read state file: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping with pools and workloads")
+    pools = doc.get("pools") or {}
+    workloads = doc.get("workloads") or {}
+    try:
+        initial = {p.name: p.initial_fragments or 1 for p in config.node_pools}
+        state = CurrentState(
+            fragments=initial
+            | {k: int(v["fragments"]) for k, v in pools.items() if "fragments" in v},
+            time_slice_levels={
+                k: str(v["time_slice_level"]) for k, v in pools.items() if "time_slice_level" in v
+            },
+            floors={k: int(v["floor"]) for k, v in workloads.items() if "floor" in v},
+            replicas={k: int(v["replicas"]) for k, v in workloads.items() if "replicas" in v},
+            max_replicas={
+                k: int(v["max_replicas"]) for k, v in workloads.items() if "max_replicas" in v
+            },
+        )
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: malformed state file: {e}") from None
+    return state, f"current fragments and replicas from the state file {path}"
+
+
 def with_discovered(config: Config, objects: ClusterObjects | None) -> Config:
     """`config` plus the opted-in ScaledObjects and HPAs it does not list."""
     if objects is None:
@@ -305,9 +318,8 @@ def _tolerates(tolerations: tuple[Json, ...], taint: Json) -> bool:
 
 
 def schedulable_on(pod: GpuPod, node: Node) -> bool:
-    """Whether the scheduler could place `pod` on `node` as far as labels and taints go:
-    nodeSelector, required node affinity (In, NotIn, Exists, DoesNotExist), and NoSchedule
-    or NoExecute taints it does not tolerate."""
+    """Whether the scheduler could place `pod` on `node` as far as nodeSelector, required
+    node affinity and NoSchedule or NoExecute taints go."""
     if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
         return False
     if pod.node_affinity and not any(

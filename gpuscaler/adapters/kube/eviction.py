@@ -1,10 +1,7 @@
 """Preemption steps carried out on a real cluster, each recorded before it acts:
 - request_checkpoint: record soft, annotate the victim, Event, optional HTTP POST;
-- evict: record hard (the evidence, written first), Event, then the Eviction API with
-  gracePeriodSeconds (the API server itself sets the victim's DisruptionTarget condition,
-  reason EvictionByEvictionAPI, overwriting any set before: kubernetes
-  pkg/registry/core/pod/storage/eviction.go); a 429 (PDB) is recorded as an attempt and
-  retried later by the core;
+- evict: record hard (the evidence first), Event, then the Eviction API (which sets the
+  victim's DisruptionTarget condition); a 429 (PDB) is recorded as an attempt;
 - force_delete / delete: delete the pod (grace 0 for a pod stuck Terminating);
 - quarantine: taint and label the node so nothing lands on the held GPU, Warning Event;
 - record_gone, abort, give_up, confirm_released: the record only.
@@ -14,14 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.request
 from dataclasses import asdict, replace
+from functools import partial
 from typing import Any
 
+import requests
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json, written
 from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kube.preemption_records import (
     BENEFICIARY_ANNOTATION,
@@ -37,39 +35,26 @@ from gpuscaler.adapters.kube.preemption_records import (
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, Writer
 from gpuscaler.config import Config
 from gpuscaler.core.decisions import CheckpointRequest, Eviction, PreemptionStep
-from gpuscaler.core.preemption import (
-    IN_FLIGHT,
-    VictimState,
-    check_transition,
-)
+from gpuscaler.core.preemption import IN_FLIGHT, VictimState, check_transition
 
 log = logging.getLogger("gpuscaler.preemption")
 
 
-# --------------------------------------------------------------------------- acting
-
-
 def _delete_options(uid: str, grace: int | None) -> client.V1DeleteOptions:
-    """Delete options that only ever reach the victim itself: with its UID as a
-    precondition the API server answers 409 for a same-name replacement."""
+    """With the victim's UID as a precondition: a same-name replacement answers 409."""
     preconditions = client.V1Preconditions(uid=uid) if uid else None
     return client.V1DeleteOptions(grace_period_seconds=grace, preconditions=preconditions)
 
 
 class KubePreemption:
-    """Carries out the core's preemption steps; see the module docstring."""
-
     def __init__(self, api: client.ApiClient, config: Config, writer: Writer, namespace: str):
         self.config = config
         self.core = client.CoreV1Api(api)
         self.writer = writer
         self.namespace = namespace
 
-    # ------------------------------------------------------------------ records
-
     def _write_state(self, new: VictimState, expect: str | None) -> VictimState:
-        """Store `new` after checking the stored tier allows it (`expect` is the tier the
-        decision was made from); creates the ConfigMap on first use."""
+        """Store `new` if the stored tier is `expect` (the decision's) and allows it."""
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             cm = read_records(self.core, self.namespace)
             data = (cm or {}).get("data") or {}
@@ -90,29 +75,19 @@ class KubePreemption:
                 if old.tier not in IN_FLIGHT and new.since - old.since > KEEP_FINISHED:
                     body["data"][other] = None
             self.writer.gate(f"preemption record of {new.victim}")
-            try:
-                if cm is None:
-                    body["data"] = {k: v for k, v in body["data"].items() if v is not None}
-                    self.core.create_namespaced_config_map(
-                        self.namespace,
-                        client.V1ConfigMap(
-                            metadata=client.V1ObjectMeta(
-                                name=STATE_CONFIGMAP, namespace=self.namespace
-                            ),
-                            data=body["data"],
-                        ),
-                        _preload_content=False,
-                    )
-                else:
-                    body["metadata"] = {"resourceVersion": cm["metadata"]["resourceVersion"]}
-                    self.core.patch_namespaced_config_map(
-                        STATE_CONFIGMAP, self.namespace, body, _preload_content=False
-                    )
+            if cm is None:  # the first record: nothing to prune
+                meta = client.V1ObjectMeta(name=STATE_CONFIGMAP, namespace=self.namespace)
+                created = client.V1ConfigMap(metadata=meta, data=body["data"])
+                write = partial(self.core.create_namespaced_config_map, self.namespace, created)
+            else:
+                body["metadata"] = {"resourceVersion": cm["metadata"]["resourceVersion"]}
+                write = partial(
+                    self.core.patch_namespaced_config_map, STATE_CONFIGMAP, self.namespace, body
+                )
+            if written(
+                f"write ConfigMap {STATE_CONFIGMAP}", partial(write, _preload_content=False)
+            ):
                 return new
-            except ApiException as e:
-                if e.status == 409:
-                    continue
-                raise api_error(f"write ConfigMap {STATE_CONFIGMAP}", e) from None
         raise KubeError(f"ConfigMap {STATE_CONFIGMAP}: still conflicting")
 
     def _stored(self, victim: str) -> VictimState:
@@ -121,8 +96,6 @@ class KubePreemption:
         if raw is None:
             raise KubeError(f"{victim}: no preemption record")
         return parse_record(key, raw)
-
-    # ------------------------------------------------------------------ pods
 
     def _pod_ref(self, key: str) -> client.V1ObjectReference:
         ns, name = key.split("/", 1)
@@ -152,20 +125,9 @@ class KubePreemption:
             ip = (pod.get("status") or {}).get("podIP")
             if not ip:
                 return
-            body = json.dumps(
-                {
-                    "reason": s.reason,
-                    "deadline": rfc3339(s.since + self.config.preemption.soft_grace),
-                }
-            )
-            request = urllib.request.Request(
-                endpoint.format(pod_ip=ip),
-                data=body.encode(),
-                method="POST",
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(request, timeout=2) as answer:
-                answer.read(1024)
+            deadline = rfc3339(s.since + self.config.preemption.soft_grace)
+            body = {"reason": s.reason, "deadline": deadline}
+            requests.post(endpoint.format(pod_ip=ip), json=body, timeout=2).raise_for_status()
         except (OSError, ApiException, ValueError) as e:  # the annotation is the contract
             log.info("checkpoint endpoint of %s not reached: %s", key, e)
 
@@ -205,15 +167,11 @@ class KubePreemption:
             f"read node {s.node}", lambda: self.core.read_node(s.node, _preload_content=False)
         )
         meta = node.get("metadata") or {}
+        ref = client.V1ObjectReference(api_version="v1", kind="Node", name=s.node)
+        ns = self.config.kubernetes.events_namespace
         if (meta.get("labels") or {}).get("gpuscaler.io/enabled") != "true":
-            self.writer.event(
-                client.V1ObjectReference(api_version="v1", kind="Node", name=s.node),
-                self.config.kubernetes.events_namespace,
-                "GPUMemoryHeld",
-                "Quarantine",
-                f"GPU memory held after {s.victim} left; node not opted in, not tainted",
-                "Warning",
-            )
+            note = f"GPU memory held after {s.victim} left; node not opted in, not tainted"
+            self.writer.event(ref, ns, "GPUMemoryHeld", "Quarantine", note, "Warning")
             return
         taints = list((node.get("spec") or {}).get("taints") or [])
         if not any(t.get("key") == QUARANTINE_TAINT for t in taints):
@@ -233,21 +191,15 @@ class KubePreemption:
             )
         except ApiException as e:
             raise api_error(f"taint node {s.node}", e) from None
-        self.writer.event(
-            client.V1ObjectReference(api_version="v1", kind="Node", name=s.node),
-            self.config.kubernetes.events_namespace,
-            "GPUMemoryHeld",
-            "Quarantine",
+        note = (
             f"GPU memory still held after {s.victim} left: tainted {QUARANTINE_TAINT} until "
-            "a node-side cleanup removes the taint",
-            "Warning",
+            "a node-side cleanup removes the taint"
         )
-
-    # ------------------------------------------------------------------ steps
+        self.writer.event(ref, ns, "GPUMemoryHeld", "Quarantine", note, "Warning")
 
     def apply_one(self, d: PreemptionStep) -> bool:
-        """Carry out one step, its record written first; raises KubeError when the stored
-        record does not match the tier the step was decided from."""
+        """Carry out one step, its record written first; KubeError when the stored record
+        is not at the tier the step was decided from."""
         if isinstance(d, CheckpointRequest):
             return self._start(d)
         s = self._stored(d.target)

@@ -1,27 +1,13 @@
 """One kind of Kubernetes object kept current by list-then-watch, as client-go's reflector
-does it (kubernetes/client-go tools/cache/reflector.go, `ListAndWatch`/`watchHandler`):
+does it (tools/cache/reflector.go): list in pages, watch from the list's resourceVersion
+(bookmarks on), open a closed watch again from the last version seen, relist on 410
+Gone, retry any other failure with jittered exponential backoff; a resource the server
+does not serve (a CRD not installed) is an empty store, looked for again now and then.
+Each object passes through `transform` once as it arrives (None drops it).
 
-- **list once** (in pages of `PAGE`), remember the list's resourceVersion;
-- **watch from it** (`allowWatchBookmarks`, a server-side `timeoutSeconds`): ADDED,
-  MODIFIED and DELETED change the store, BOOKMARK only moves the resourceVersion on;
-- a watch the server **closed** (its timeout, an apiserver restart, a dropped connection)
-  is opened again from the last resourceVersion seen, as the reflector does;
-- **410 Gone** (an ERROR event or an HTTP 410: the resourceVersion was compacted away)
-  forgets the resourceVersion and **relists**: the reflector's
-  `isLastSyncResourceVersionUnavailable`;
-- any other failure (refused, timed out, 403, 500, garbage on the stream) is retried
-  with exponential **backoff** with jitter (0.8 s doubling to 30 s, the reflector's
-  `backoffManager` figures), and the store is marked disconnected since then;
-- a resource the server does not serve (404: KEDA's CRD not installed) is an empty store,
-  listed again every `ABSENT_RETRY` seconds.
-
-Each object passes through `transform` once, when it arrives (client-go's
-`SetTransform`): the cache keeps what the controller reads, not whole objects, and a
-transform may drop an object (None: pods that request no GPU).
-
-Readers never wait on the network: `items()` returns what the store holds, or raises
-`CacheUnavailable` when it is not synced yet or has been disconnected for longer than
-`stale_after`, so a tick never acts on a stale picture of the cluster.
+`items()` never waits on the network: it raises `CacheUnavailable` when the store is not
+synced yet or disconnected longer than `stale_after`, so a tick never acts on a stale
+picture of the cluster.
 """
 
 from __future__ import annotations
@@ -46,16 +32,14 @@ log = logging.getLogger("gpuscaler.kubernetes.watch")
 Json = dict[str, Any]
 
 PAGE = 500
-"""Objects per list page: client-go's pager default, so a 10,000-pod list is 20 answers
-of a few MB, not one of 100 MB."""
+"""Objects per list page (client-go's pager default)."""
 BACKOFF = (0.8, 30.0)
-"""First and longest wait between failed attempts (client-go reflector: 800 ms, 30 s)."""
+"""First and longest wait between failed attempts (client-go's reflector)."""
 ABSENT_RETRY = 60.0
-"""A resource the server does not serve (a CRD not installed) is looked for again this
-often: installing KEDA is then picked up within a minute, without a restart."""
+"""Installing KEDA is picked up within a minute, without a restart."""
 SHORT_WATCH = 1.0
-"""A watch that ends sooner than this without an event counts as a failure (backoff), so a
-server that closes every watch at once is not hammered."""
+"""A watch ending sooner than this without an event is a failure (backoff), so a server
+closing every watch at once is not hammered."""
 
 
 class Gone(Exception):
@@ -72,7 +56,6 @@ class Resource:
 
     kind: str
     path: str
-    """Collection path, e.g. /api/v1/pods or /apis/keda.sh/v1alpha1/scaledobjects."""
     field_selector: str | None = None
     label_selector: str | None = None
 
@@ -92,7 +75,7 @@ def object_key(obj: Json) -> str:
 
 
 def slim(obj: Json) -> Json:
-    """The object without managedFields (often half its size, never read here)."""
+    """The object without managedFields (often half its size)."""
     meta = obj.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
         obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
@@ -135,17 +118,10 @@ class Informer:
         """The server does not serve this resource (404 on list)."""
         self.disconnected_since: float | None = None
         self.last_error: str | None = None
-        self.lists = 0
-        """Lists done (the first, and every relist after a 410)."""
-        self.watches = 0
-        """Watches opened."""
-        self.gone = 0
-        """410 Gone answers (each followed by a relist)."""
-
-    # ------------------------------------------------------------------ reading
+        self.lists = self.watches = self.gone = 0
+        """Lists (the first and each relist), watches opened, 410 Gone answers."""
 
     def items(self) -> list[Any]:
-        """What the store holds now; CacheUnavailable when it cannot be trusted."""
         if not self.synced.is_set():
             why = f": {self.last_error}" if self.last_error else ""
             raise CacheUnavailable(f"{self.resource.kind}: not listed yet{why}")
@@ -158,13 +134,6 @@ class Informer:
         with self._lock:
             return list(self._store.values())
 
-    def wait_tried(self, timeout: float) -> bool:
-        """Wait until the first list has succeeded or failed (a 403 is not worth waiting
-        out: the reader reports it at once)."""
-        return self.tried.wait(timeout)
-
-    # ------------------------------------------------------------------ running
-
     def start(self) -> Informer:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -174,13 +143,12 @@ class Informer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread; an open watch is shut so the thread need not wait it out."""
         self.halt()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def halt(self) -> None:
-        """Ask the thread to end, without waiting for it."""
+        """Ask the thread to end, shutting an open watch, without waiting for it."""
         self._stop.set()
         response = self._response
         if response is not None:
@@ -222,8 +190,8 @@ class Informer:
             self.disconnected_since = self.clock()
         self.last_error = reason
         self.tried.set()
-        # Before the first list the reader reports the error (each tick); after it, the
-        # first failure of a streak is worth a warning, its retries are not.
+        # Before the first list the reader reports the error; after it, a streak's first
+        # failure is worth a warning, its retries are not.
         log.log(
             logging.WARNING if first and self.synced.is_set() else logging.DEBUG,
             "%s: list/watch failed, retrying with backoff: %s",
@@ -233,14 +201,13 @@ class Informer:
         )
 
     def _reason(self, e: Exception) -> str:
-        """What failed, as the listing reader says it (a 403 names user, verb, resource)."""
         if isinstance(e, ApiException):
             return str(api_error(f"{self._phase} {self.resource.kind}", e))
         return f"{type(e).__name__}: {e}"[:300]
 
     def _get(self, query: list[tuple[str, str]], read_timeout: float) -> Any:
-        """GET on the collection; the urllib3 response, unread. An error status is an
-        ApiException, as the generated API methods raise it."""
+        """GET on the collection: the urllib3 response, unread; an error status raised as
+        an ApiException, as the generated API methods do."""
         method, url, headers, body, post = self.api.param_serialize(
             method="GET",
             resource_path=self.resource.path,
@@ -305,8 +272,7 @@ class Informer:
         self.tried.set()
 
     def _watch(self) -> bool:
-        """Watch from the resourceVersion until the server closes the stream; True when it
-        was open long enough or carried events (a normal end)."""
+        """Watch until the server closes the stream; True at a normal end."""
         opened = self.clock()
         self._phase = "watch"
         try:
@@ -364,8 +330,7 @@ class Informer:
 
 
 def _lines(response: Any) -> Iterator[bytes]:
-    """The newline-separated JSON events of a watch as they arrive (chunk by chunk, the
-    way kubernetes.watch.watch.iter_resp_lines reads them)."""
+    """The newline-separated JSON events of a watch as they arrive."""
     pending = b""
     for chunk in response.stream(amt=None, decode_content=False):
         pending += chunk

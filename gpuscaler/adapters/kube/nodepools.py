@@ -1,26 +1,21 @@
-"""Node pools:
-- fragments per GPU: make sure the named sharing config exists in the device-plugin
-  ConfigMap, then relabel `nvidia.com/device-plugin.config` on a few nodes per tick; a
-  node whose pods hold more shares than the new count allows is left alone (that needs
-  preemption first); later ticks finish the rollout;
-- time slice level: the node label a node-side agent reads, rolled out the same way.
+"""Node pools: fragments per GPU (the named sharing config added to the device-plugin
+ConfigMap, then `nvidia.com/device-plugin.config` relabelled on a few nodes per tick,
+skipping nodes whose pods hold more shares than it allows) and the time slice level (a
+node label the agent reads), rolled out over ticks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError, api_error, read_json
-from gpuscaler.adapters.kube.cluster import (
-    pool_nodes,
-    shares_held,
-)
+from gpuscaler.adapters.kube.api import KubeError, read_json, written
+from gpuscaler.adapters.kube.cluster import pool_nodes, shares_held
 from gpuscaler.adapters.kube.objects import (
     NODE_DECISION,
     OPT_IN_LABEL,
@@ -46,11 +41,10 @@ class ConfigNotReady(KubeError):
 
 
 CONFIG_ADDED = "gpuscaler.io/config-added-"
-"""Annotation on the device-plugin ConfigMap, per config gpuscaler added: when."""
+"""Annotation on the device-plugin ConfigMap: when gpuscaler added a config."""
 
 
 def sharing_config(strategy: str, fragments: int) -> str:
-    """The device-plugin config document giving `fragments` replicas per GPU."""
     doc: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": "none"}}
     if fragments > 1:  # replicas 1 is no sharing at all: the plain config
         resources = [{"name": "nvidia.com/gpu", "replicas": fragments}]
@@ -68,7 +62,6 @@ def sharing_config(strategy: str, fragments: int) -> str:
 
 
 def _config_replicas(text: str) -> tuple[str | None, int]:
-    """(strategy, replicas) a device-plugin config document sets; (None, 1) for none."""
     doc = yaml.safe_load(text) or {}
     sharing = doc.get("sharing") or {}
     for key, strategy in (("timeSlicing", "time-slicing"), ("mps", "mps")):
@@ -93,8 +86,7 @@ class KubeNodePools:
         self.config = config
         self.core = client.CoreV1Api(api)
         self.reader = reader or ClusterReader(api, config)
-        """Shared with the source: rollouts are continued from what this tick already read
-        (each write still checks the resourceVersion), not from a second listing."""
+        """Shared with the source: rollouts continue from what this tick already read."""
         self.writer = writer
 
     def _pool(self, name: str) -> NodePoolConfig:
@@ -103,14 +95,11 @@ class KubeNodePools:
                 return p
         raise KubeError(f"{name} is not a configured node pool")
 
-    # ------------------------------------------------------------------ device plugin
-
     def ensure_sharing_config(self, pool: NodePoolConfig, fragments: int, now: float) -> str:
-        """The name of the config giving `fragments` per GPU, once nodes may name it: added
-        to the device-plugin ConfigMap when missing (with the time, in an annotation), and
-        usable `kubernetes.config_propagation` after that (ConfigNotReady until then). An
-        existing config of that name that says something else is never overwritten: the
-        operator owns it."""
+        """The name of the config giving `fragments` per GPU, added to the device-plugin
+        ConfigMap when missing and usable `kubernetes.config_propagation` after that
+        (ConfigNotReady until then); one of that name saying otherwise is never
+        overwritten (the operator owns it)."""
         ref = self.config.kubernetes.device_plugin_config_map
         name = sharing_config_name(pool, fragments, self.config)
         where = f"ConfigMap {ref.namespace}/{ref.name}"
@@ -141,14 +130,9 @@ class KubeNodePools:
                 },
                 "data": {name: sharing_config(pool.sharing, fragments)},
             }
-            try:
-                self.core.patch_namespaced_config_map(
-                    ref.name, ref.namespace, body, _preload_content=False
-                )
-            except ApiException as e:
-                if e.status == 409:
-                    continue
-                raise api_error(f"patch {where}", e) from None
+            patch = partial(self.core.patch_namespaced_config_map, ref.name, ref.namespace, body)
+            if not written(f"patch {where}", partial(patch, _preload_content=False)):
+                continue
             self.writer.event(
                 client.V1ObjectReference(
                     api_version="v1",
@@ -167,8 +151,7 @@ class KubeNodePools:
         raise KubeError(f"patch {where}: still conflicting after {MAX_CONFLICT_RETRIES} retries")
 
     def _propagated(self, name: str, added: float | None, now: float) -> None:
-        """Raise ConfigNotReady while a config gpuscaler added may not have reached every
-        node's config-manager yet; a config without the annotation was there before."""
+        """ConfigNotReady while a config gpuscaler added may not have reached every node."""
         wait = self.config.kubernetes.config_propagation
         if added is not None and now - added < wait:
             raise ConfigNotReady(
@@ -177,15 +160,12 @@ class KubeNodePools:
                 "synced it to every device plugin"
             )
 
-    # ------------------------------------------------------------------ nodes
-
     def _label_for(self, kind: str, pool: NodePoolConfig, value: str) -> tuple[str, str]:
         if kind == "fragments":
             return PLUGIN_CONFIG_LABEL, sharing_config_name(pool, int(value), self.config)
         return self.config.kubernetes.time_slice_label, value
 
     def _relabel(self, node: Node, kind: str, label: str, value: str, record: str) -> bool:
-        """Patch one node's label and decision annotation; True if written."""
         current = node
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             if current.labels.get(label) == value:
@@ -198,12 +178,9 @@ class KubeNodePools:
                     "annotations": {NODE_DECISION[kind]: record},
                 }
             }
-            try:
-                self.core.patch_node(node.name, body, _preload_content=False)
+            patch = partial(self.core.patch_node, node.name, body, _preload_content=False)
+            if written(f"patch node {node.name}", patch):
                 return True
-            except ApiException as e:
-                if e.status != 409:
-                    raise api_error(f"patch node {node.name}", e) from None
             fresh = read_json(
                 f"read node {node.name}",
                 lambda: self.core.read_node(node.name, _preload_content=False),
@@ -220,7 +197,7 @@ class KubeNodePools:
         objects: ClusterObjects | None = None,
     ) -> int:
         """Relabel up to max_nodes_per_tick nodes of the pool toward `value`; the number
-        relabelled. Raises KubeError when the pool may not be touched at all."""
+        relabelled. KubeError when the pool may not be touched at all."""
         objects = objects or self.reader.objects()
         nodes = pool_nodes(objects, pool)
         if not nodes:
@@ -233,18 +210,17 @@ class KubeNodePools:
             )
         label, label_value = self._label_for(kind, pool, value)
         pending = [n for n in nodes if n.labels.get(label) != label_value]
-        if kind == "fragments":
-            blocked = [
-                n for n in pending if shares_held(n, objects.pods) > int(value)
-            ]  # lowering below what pods hold needs preemption first
-            for n in blocked:
-                log.info(
-                    "node %s keeps its fragments: its pods hold %d shares per GPU > %s",
-                    n.name,
-                    shares_held(n, objects.pods),
-                    value,
-                )
-            pending = [n for n in pending if n not in blocked]
+        if kind == "fragments":  # lowering below what pods hold needs preemption first
+            held = {n.name: shares_held(n, objects.pods) for n in pending}
+            for n in pending:
+                if held[n.name] > int(value):
+                    log.info(
+                        "node %s keeps its fragments: its pods hold %d shares per GPU > %s",
+                        n.name,
+                        held[n.name],
+                        value,
+                    )
+            pending = [n for n in pending if held[n.name] <= int(value)]
         done = 0
         for node in pending[: self.config.kubernetes.max_nodes_per_tick]:
             try:
@@ -276,9 +252,8 @@ class KubeNodePools:
         return self.roll_out(d.kind, pool, str(d.to_value), decision_record(d)) > 0
 
     def continue_rollouts(self, skip: set[str] | frozenset[str] = frozenset()) -> int:
-        """Carry on rollouts that earlier ticks started (nodes of a pool lagging behind
-        the newest gpuscaler decision on its nodes); pools in `skip` are left alone.
-        Returns the nodes relabelled."""
+        """Carry on rollouts earlier ticks started (nodes lagging behind the newest decision
+        on their pool's nodes), but those in `skip`; the nodes relabelled."""
         try:
             objects = self.reader.last_objects or self.reader.objects()
         except (KubeError, ClusterStateError) as e:
@@ -309,8 +284,6 @@ class KubeNodePools:
 
 
 def _check_existing(where: str, name: str, text: str, pool: NodePoolConfig, fragments: int) -> None:
-    """A config of that name already there must say what gpuscaler would write: the
-    operator owns it, it is never overwritten."""
     try:
         strategy, replicas = _config_replicas(text)
     except (yaml.YAMLError, AttributeError, TypeError, ValueError):

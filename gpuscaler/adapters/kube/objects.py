@@ -1,12 +1,7 @@
-"""Kubernetes objects as gpuscaler reads them: GPU nodes, pods holding GPUs, opted-in
-ScaledObjects and HPAs.
-
-Pure parsing of the objects as JSON dicts (what the API returns and what `kubectl get
--o yaml` prints), so the live reader and `once --cluster-snapshot FILE` share every rule:
-
-- its fragments per GPU come from `nvidia.com/device-plugin.config` when that names a
-  sharing config (`ts-4` -> 4), else from feature discovery's `nvidia.com/gpu.replicas`;
-- a pod holds GPUs when it is bound to a node, not finished, and requests `nvidia.com/gpu`.
+"""Kubernetes objects as gpuscaler reads them (GPU nodes, GPU pods, ScaledObjects, HPAs),
+parsed from JSON, so the live reader and `once --cluster-snapshot FILE` share every rule.
+A node's fragments per GPU come from `nvidia.com/device-plugin.config` when that names a
+sharing config (`ts-4` -> 4), else from feature discovery's `nvidia.com/gpu.replicas`.
 """
 
 from __future__ import annotations
@@ -18,12 +13,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuscaler.adapters.kube.floor_facts import (
-    external_addresses,
-    floor_managers,
-    trigger_count,
-)
 from gpuscaler.config import Config, NodePoolConfig
+from gpuscaler.core.external import EXTERNAL_TRIGGERS
 
 Json = dict[str, Any]
 
@@ -31,18 +22,16 @@ OPT_IN_LABEL = "gpuscaler.io/enabled"
 PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 GPU_RESOURCE = "nvidia.com/gpu"
 LAST_DECISION = "gpuscaler.io/last-decision"
-"""Annotation with the last decision applied to an object, as JSON."""
 NODE_DECISION = {
     "fragments": "gpuscaler.io/last-fragments-decision",
     "time_slice": "gpuscaler.io/last-time-slice-decision",
 }
-"""Per-kind annotation on nodes: fragments and time slice roll out independently."""
+"""The last decision applied, as JSON; on nodes per kind (they roll out independently)."""
 
 
 @dataclass(frozen=True)
 class CurrentState:
-    """What the cluster runs now, keyed by pool name and workload key: read from the
-    cluster each tick, or from a state file or the config's initial values."""
+    """What the cluster runs now, keyed by pool name and workload key."""
 
     fragments: Mapping[str, int] = field(default_factory=dict)
     time_slice_levels: Mapping[str, str] = field(default_factory=dict)
@@ -52,7 +41,6 @@ class CurrentState:
     shares_held: Mapping[str, int] = field(default_factory=dict)
     """Most GPU shares held by pods on one GPU of the pool."""
     gpu_memory_gib: Mapping[str, float] = field(default_factory=dict)
-    """Per pool, from nvidia.com/gpu.memory of its nodes."""
     problems: Mapping[str, str] = field(default_factory=dict)
     """Why a target's state cannot be trusted ("pool:NAME" or "workload:KEY")."""
 
@@ -68,13 +56,12 @@ class Node:
     annotations: Mapping[str, str]
     resource_version: str
     gpu_count: int | None
-    """Physical GPUs (nvidia.com/gpu.count; else capacity over replicas)."""
+    """Physical GPUs (nvidia.com/gpu.count, else capacity over replicas)."""
     gpu_memory_mib: float | None
     fragments: int | None
     time_slice_level: str | None
     taints: tuple[Json, ...] = ()
     uid: str = ""
-    """metadata.uid: Events name it, so `kubectl describe node` finds them."""
 
     @property
     def opted_in(self) -> bool:
@@ -106,14 +93,12 @@ class GpuPod:
     annotations: Mapping[str, str] = field(default_factory=dict)
     terminating_since: float | None = None
     unschedulable_since: float | None = None
-    """lastTransitionTime of PodScheduled=False with reason Unschedulable."""
-    pod_ip: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     node_affinity: tuple[Json, ...] = ()
     """requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms."""
     tolerations: tuple[Json, ...] = ()
     uid: str = ""
-    """metadata.uid: a pod recreated under the same name (a StatefulSet's) is another pod."""
+    """A pod recreated under the same name (a StatefulSet's) is another pod."""
 
     @property
     def key(self) -> str:
@@ -134,13 +119,11 @@ class ScaleObject:
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
     uid: str = ""
-    """metadata.uid: Events name it, so `kubectl describe` finds them."""
     floor_managers: tuple[str, ...] = ()
-    """Field managers owning the floor field (gpuscaler.adapters.kube.floor_facts)."""
+    """Field managers owning the floor field (`floor_managers`)."""
     external_addresses: tuple[str, ...] = ()
     """scalerAddress of each external / external-push trigger (ScaledObjects)."""
     triggers: int = 0
-    """How many triggers a ScaledObject has (all types)."""
 
 
 @dataclass(frozen=True)
@@ -161,10 +144,6 @@ class ClusterObjects:
     scale_objects: Mapping[str, ScaleObject] = field(default_factory=dict)
     priority_classes: tuple[Json, ...] = ()
     disruption_budgets: tuple[Json, ...] = ()
-    """As JSON, when the objects came with them (a kubectl dump may include them)."""
-
-
-# --------------------------------------------------------------------------- parsing
 
 
 def _meta(obj: Json, where: str) -> Json:
@@ -249,13 +228,15 @@ def parse_pod(obj: Json) -> GpuPod | None:
     status = obj.get("status") or {}
     unschedulable = next(
         (
-            c
+            c.get("lastTransitionTime")
             for c in status.get("conditions") or []
-            if c.get("type") == "PodScheduled"
-            and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
+            if (c.get("type"), c.get("status"), c.get("reason"))
+            == ("PodScheduled", "False", "Unschedulable")
         ),
         None,
+    )
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
     )
     return GpuPod(
         namespace=str(meta.get("namespace", "default")),
@@ -270,20 +251,9 @@ def parse_pod(obj: Json) -> GpuPod | None:
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
         terminating_since=parse_time(meta.get("deletionTimestamp")),
-        unschedulable_since=parse_time(unschedulable.get("lastTransitionTime"))
-        if unschedulable
-        else None,
-        pod_ip=status.get("podIP"),
+        unschedulable_since=parse_time(unschedulable),
         node_selector=dict(spec.get("nodeSelector") or {}),
-        node_affinity=tuple(
-            (
-                ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-                    "requiredDuringSchedulingIgnoredDuringExecution"
-                )
-                or {}
-            ).get("nodeSelectorTerms")
-            or ()
-        ),
+        node_affinity=tuple((affinity or {}).get("nodeSelectorTerms") or ()),
         tolerations=tuple(spec.get("tolerations") or ()),
     )
 
@@ -317,7 +287,36 @@ def parse_scale_object(obj: Json, kind: str) -> ScaleObject:
         uid=str(meta.get("uid", "")),
         floor_managers=floor_managers(meta, kind),
         external_addresses=external_addresses(spec),
-        triggers=trigger_count(spec),
+        triggers=len(spec["triggers"]) if isinstance(spec.get("triggers"), list) else 0,
+    )
+
+
+def floor_field(kind: str) -> str:
+    return "minReplicaCount" if kind == "ScaledObject" else "minReplicas"
+
+
+def floor_managers(meta: Json, kind: str) -> tuple[str, ...]:
+    """The field managers whose managedFields entry holds the floor field, as the API
+    server records them (`fieldsV1` `f:spec`); any other shape counts as no owner."""
+    want = "f:" + floor_field(kind)
+    found = []
+    entries = meta.get("managedFields")
+    for entry in entries if isinstance(entries, list) else []:
+        fields = entry.get("fieldsV1") if isinstance(entry, dict) else None
+        spec = fields.get("f:spec") if isinstance(fields, dict) else None
+        if isinstance(spec, dict) and want in spec:
+            found.append(str(entry.get("manager", "")))
+    return tuple(found)
+
+
+def external_addresses(spec: Json) -> tuple[str, ...]:
+    triggers = spec.get("triggers")
+    return tuple(
+        str(t["metadata"].get("scalerAddress", ""))
+        for t in (triggers if isinstance(triggers, list) else [])
+        if isinstance(t, dict)
+        and t.get("type") in EXTERNAL_TRIGGERS
+        and isinstance(t.get("metadata"), dict)
     )
 
 
@@ -353,12 +352,9 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
                 pod = parse_pod(obj)
                 if pod is not None:
                     pods.append(pod)
-            elif kind == "PriorityClass":
+            elif kind in ("PriorityClass", "PodDisruptionBudget"):
                 _meta(obj, kind)
-                classes.append(obj)
-            elif kind == "PodDisruptionBudget":
-                _meta(obj, kind)
-                budgets.append(obj)
+                (classes if kind == "PriorityClass" else budgets).append(obj)
             elif kind in ("ScaledObject", "HorizontalPodAutoscaler"):
                 so = parse_scale_object(obj, kind)
                 scale[so.key] = so

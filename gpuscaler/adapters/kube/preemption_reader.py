@@ -1,6 +1,4 @@
-"""What the preemption decider observes, read from the cluster (or a kubectl dump):
-pods, nodes, PriorityClasses, PodDisruptionBudgets and the records.
-"""
+"""What the preemption decider observes, read from the cluster (or a kubectl dump)."""
 
 from __future__ import annotations
 
@@ -19,21 +17,14 @@ from gpuscaler.adapters.kube.preemption_records import (
     LAST_CHECKPOINT,
     NUMA_LABEL,
     PREEMPTIBLE,
-    parse_states,
+    parse_record,
     read_records,
 )
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
-from gpuscaler.core.preemption import (
-    NodeView,
-    PodView,
-    PreemptionObservation,
-    VictimState,
-)
-
-# --------------------------------------------------------------------------- reading
+from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
 
 
 def pod_view(
@@ -90,7 +81,7 @@ class PreemptionReader:
     def reconfigure(self, config: Config) -> None:
         self.config = config
 
-    # issue 18: the three reads a watch cache answers instead (adapters/kube/cache.py)
+    # The reads a watch cache answers instead (`cache.CachedPreemptionReader`).
     def records_data(self) -> Mapping[str, str]:
         cm = read_records(self.core, self.namespace)
         return (cm or {}).get("data") or {}
@@ -106,7 +97,7 @@ class PreemptionReader:
         return json_body(answer).get("items") or []
 
     def states(self) -> tuple[VictimState, ...]:
-        return parse_states(self.records_data())
+        return tuple(parse_record(k, raw) for k, raw in sorted(self.records_data().items()))
 
     def observe(self, now: float) -> PreemptionObservation:
         try:
@@ -120,14 +111,7 @@ class PreemptionReader:
         for s in states:
             if s.tier == "cleanup":
                 released[s.victim] = self.memory.released(s, now) if self.memory else None
-        return preemption_observation(
-            objects,
-            self.config,
-            classes,
-            pdbs,
-            states,
-            released,
-        )
+        return preemption_observation(objects, self.config, classes, pdbs, states, released)
 
 
 def preemption_observation(

@@ -1,17 +1,11 @@
-"""Preemption state in the cluster: one ConfigMap (`gpuscaler-preemptions` in gpuscaler's
-namespace) holds every victim's record (tier, beneficiary, node, GPUs, priority, reason,
-timestamps) as JSON under the key `<namespace>.<pod>`. It outlives the victim pod, is
-written with its resourceVersion BEFORE each step acts (write-ahead), and every write
-re-checks the stored tier against the transition table, so a restart at any tier resumes
-and never repeats a step, forgets a victim or evicts twice. The victim
-(`gpuscaler.io/preemption`, `gpuscaler.io/checkpoint-requested`) and the beneficiary
-(`gpuscaler.io/preempting`) carry annotations mirroring it, for whoever looks at the pods.
+"""Preemption state in the cluster: one ConfigMap in gpuscaler's namespace holds every
+victim's record as JSON under `<namespace>.<pod>`, written before each step acts and
+checked against the transition table, so a restart resumes and never repeats a step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
@@ -45,10 +39,6 @@ def parse_record(key: str, raw: str) -> VictimState:
         return VictimState(**json.loads(raw))
     except (ValueError, TypeError) as e:
         raise KubeError(f"ConfigMap {STATE_CONFIGMAP} key {key}: unreadable record: {e}") from None
-
-
-def parse_states(data: Mapping[str, str]) -> tuple[VictimState, ...]:
-    return tuple(parse_record(key, raw) for key, raw in sorted(data.items()))
 
 
 def read_records(core: client.CoreV1Api, namespace: str) -> dict[str, Any] | None:

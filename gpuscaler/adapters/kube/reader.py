@@ -1,21 +1,17 @@
-"""Reading the cluster: nodes, pods, KEDA ScaledObjects and HPAs as JSON, parsed by
-`gpuscaler.adapters.kube.objects` (the same rules as `once --cluster-snapshot FILE`).
-"""
+"""Reading the cluster: nodes, pods, ScaledObjects and HPAs as JSON, parsed by `objects`."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
-from gpuscaler.adapters.kube.cluster import (
-    current_state,
-    unavailable_state,
-)
+from gpuscaler.adapters.kube.cluster import current_state, unavailable_state
 from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
@@ -28,12 +24,7 @@ from gpuscaler.config import Config
 log = logging.getLogger("gpuscaler.kubernetes")
 
 
-# --------------------------------------------------------------------------- reading
-
-
 class ClusterReader:
-    """Reads nodes, pods, ScaledObjects and HPAs, as JSON (no model conversion)."""
-
     def __init__(self, api: client.ApiClient, config: Config):
         self.config = config
         self.core = client.CoreV1Api(api)
@@ -41,7 +32,6 @@ class ClusterReader:
         self.hpa = client.AutoscalingV2Api(api)
         self.healthy = True
         self.last_objects: ClusterObjects | None = None
-        """What the last successful read saw."""
         self._prefetched: ClusterObjects | None = None
 
     def reconfigure(self, config: Config) -> None:
@@ -59,26 +49,20 @@ class ClusterReader:
         return [{**item, "kind": kind} for item in items]  # list items carry no kind
 
     def objects(self) -> ClusterObjects:
-        items = self._items("Node", lambda: self.core.list_node(_preload_content=False))
-        items += self._items(
-            "Pod", lambda: self.core.list_pod_for_all_namespaces(_preload_content=False)
-        )
-        items += self._items(
-            "ScaledObject",
-            lambda: self.custom.list_cluster_custom_object(*KEDA),
-        )
-        items += self._items(
-            "HorizontalPodAutoscaler",
-            lambda: self.hpa.list_horizontal_pod_autoscaler_for_all_namespaces(
-                _preload_content=False
+        lists: dict[str, Callable[[], Any]] = {
+            "Node": partial(self.core.list_node, _preload_content=False),
+            "Pod": partial(self.core.list_pod_for_all_namespaces, _preload_content=False),
+            "ScaledObject": partial(self.custom.list_cluster_custom_object, *KEDA),
+            "HorizontalPodAutoscaler": partial(
+                self.hpa.list_horizontal_pod_autoscaler_for_all_namespaces, _preload_content=False
             ),
-        )
+        }
+        items = [item for kind, call in lists.items() for item in self._items(kind, call)]
         return parse_objects(items, self.config)
 
     def prefetch(self) -> ClusterObjects | None:
-        """Read the objects once, first in a tick (workload discovery needs them before
-        the config is set); the next `state()` uses them instead of reading again. None
-        when the cluster cannot be read now (`state()` then tries and says why)."""
+        """Read the objects first in a tick (discovery needs them), for the next `state()`;
+        None when the cluster cannot be read now (`state()` then says why)."""
         try:
             self._prefetched = self.objects()
         except (KubeError, ClusterStateError, ValueError):
@@ -86,7 +70,6 @@ class ClusterReader:
         return self._prefetched
 
     def drop_prefetched(self) -> None:
-        """Objects prefetched under a config that changed since are read again."""
         self._prefetched = None
 
     def state(self) -> CurrentState:

@@ -1,21 +1,21 @@
 """Replica floors: ScaledObject `spec.minReplicaCount` or HPA `spec.minReplicas`, never
-above the object's own maximum.
+above the object's own maximum, and only where `gpuscaler.core.floor_patch` allows it.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError, api_error, read_json
-from gpuscaler.adapters.kube.floor_guard import FloorGuard
+from gpuscaler.adapters.kube.api import KubeError, read_json, written
 from gpuscaler.adapters.kube.objects import (
     LAST_DECISION,
     OPT_IN_LABEL,
     ScaleObject,
+    floor_field,
     parse_scale_object,
 )
 from gpuscaler.adapters.kube.writer import (
@@ -26,6 +26,7 @@ from gpuscaler.adapters.kube.writer import (
 )
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.decisions import ReplicaFloorDecision
+from gpuscaler.core.floor_patch import FloorTarget, floor_patch_refusal
 
 log = logging.getLogger("gpuscaler.kubernetes")
 KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
@@ -45,7 +46,8 @@ class KubeWorkloads:
         self.custom = client.CustomObjectsApi(api)
         self.hpa = client.AutoscalingV2Api(api)
         self.writer = writer or Writer(api, config, identity)
-        self.guard = FloorGuard(self.writer)
+        self._said: dict[str, str] = {}
+        """The refusal last said of each workload."""
 
     def _workload(self, key: str) -> WorkloadConfig:
         for w in self.config.workloads:
@@ -80,14 +82,48 @@ class KubeWorkloads:
                 w.name, w.namespace, body, _preload_content=False
             )
 
+    def refusal(self, w: WorkloadConfig, state: ScaleObject, want: int) -> str | None:
+        """Why `state`'s floor may not be patched to `want` (a KEDA pause, GitOps), or
+        None. A refusal is said once per object and reason, as a Warning Event on the
+        object and a log line, so `kubectl describe` shows why the floor stays."""
+        target = FloorTarget(
+            kind=w.kind,
+            labels=state.labels,
+            annotations=state.annotations,
+            floor_managers=state.floor_managers,
+            external_addresses=state.external_addresses,
+        )
+        why = floor_patch_refusal(
+            target,
+            (want > state.floor) - (want < state.floor),
+            self.config.kubernetes.gitops_field_managers,
+            self.config.external_scaler.service_names,
+        )
+        if why is None:
+            self._said.pop(w.key, None)
+        elif self._said.get(w.key) != why:
+            self._said[w.key] = why
+            log.warning(
+                "floor of %s not patched: %s",
+                w.key,
+                why,
+                extra={"event": "floor_patch_refused", "target": w.key, "reason": why},
+            )
+            self.writer.event(
+                scale_object_ref(w, state.uid),
+                w.namespace,
+                "FloorPatchRefused",
+                "SetReplicaFloor",
+                f"floor stays {state.floor} (wanted {want}): {why}",
+                type_="Warning",
+            )
+        return why
+
     def set_floor(self, decision: ReplicaFloorDecision) -> bool:
-        """Set the floor `decision` asks for; True when the object now has it (written or
-        already so), False when refused (not opted in, owned by KEDA, or its maximum is
-        now below the floor: the core clamps to the maximum it observed, once, and decides
-        again next tick, so the value recorded is always the value written). Raises
-        KubeError."""
+        """Set the floor `decision` asks for; True when the object now has it, False when
+        refused (not opted in, owned by KEDA, or its maximum now below the floor: the core
+        decides again next tick, so the value recorded is always the value written)."""
         w = self._workload(decision.target)
-        field = "minReplicaCount" if w.kind == "ScaledObject" else "minReplicas"
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             state = self.read(w)
             if not state.opted_in:
@@ -106,7 +142,7 @@ class KubeWorkloads:
                 return False
             if state.floor == want:
                 return True  # idempotent: nothing to write
-            refused = self.guard.refusal(self.config, w, state, want)  # KEDA pause, GitOps
+            refused = self.refusal(w, state, want)
             if refused is not None:
                 raise KubeError(f"floor of {w.key} not patched: {refused}")
             self.writer.gate(f"floor of {w.key}")
@@ -115,14 +151,10 @@ class KubeWorkloads:
                     "resourceVersion": state.resource_version,
                     "annotations": {LAST_DECISION: decision_record(decision)},
                 },
-                "spec": {field: want},
+                "spec": {floor_field(w.kind): want},
             }
-            try:
-                self._patch(w, body)
-            except ApiException as e:
-                if e.status == 409:
-                    continue  # someone wrote first: read again
-                raise api_error(f"patch {w.key}", e) from None
+            if not written(f"patch {w.key}", partial(self._patch, w, body)):
+                continue  # someone wrote first: read again
             self.writer.event(
                 scale_object_ref(w, state.uid),
                 w.namespace,

@@ -1,13 +1,8 @@
-"""The one gate every write passes, for every actuator:
-- only objects labelled `gpuscaler.io/enabled: "true"` (never the HPA that KEDA owns:
-  its ScaledObject is patched instead);
-- idempotent: nothing is written when the object already has the value;
-- optimistic concurrency: each patch carries the resourceVersion read; on 409 it re-reads
-  and tries again, at most `MAX_CONFLICT_RETRIES` times;
-- the value and the annotation with the decision travel in one patch, so they never
-  disagree, and an Event with the reason is recorded on the object;
-- every write spends from one `WriteBudget` (writes per minute) and asks `may_act` first,
-  so a replica that lost its lease stops between two writes.
+"""The one gate every write passes: only opted-in objects, nothing written when the
+value is there, each patch with the resourceVersion read (a 409 re-read and retried at
+most `MAX_CONFLICT_RETRIES` times), value and decision annotation in one patch with an
+Event, and every write spending from one `WriteBudget` after asking `may_act` (a replica
+that lost its lease stops between two writes).
 """
 
 from __future__ import annotations
@@ -29,12 +24,8 @@ from gpuscaler.core.decisions import Decision
 log = logging.getLogger("gpuscaler.kubernetes")
 
 MAX_CONFLICT_RETRIES = 3
-"""A 409 means someone else wrote between our read and patch; three fresh reads settle any
-ordinary race without spinning."""
+"""Three fresh reads settle any ordinary race without spinning."""
 REPORTING_CONTROLLER = "gpuscaler.io/controller"
-
-
-# --------------------------------------------------------------------------- writing
 
 
 class WriteBudget:
@@ -56,7 +47,7 @@ class WriteBudget:
 
 
 class Writer:
-    """What every actuator shares: the write gate (leadership and budget) and Events."""
+    """The write gate (leadership and budget) and Events, shared by every actuator."""
 
     def __init__(
         self,
@@ -116,8 +107,8 @@ def decision_record(d: Decision) -> str:
 
 
 def scale_object_ref(w: WorkloadConfig, uid: str | None) -> client.V1ObjectReference:
-    """The ScaledObject or HPA of `w`, as an Event's `regarding` (with its uid, so that
-    `kubectl describe` shows the Event)."""
+    """The ScaledObject or HPA of `w` as an Event's `regarding` (its uid: `kubectl
+    describe` shows the Event)."""
     return client.V1ObjectReference(
         api_version="keda.sh/v1alpha1" if w.kind == "ScaledObject" else "autoscaling/v2",
         kind=w.kind,

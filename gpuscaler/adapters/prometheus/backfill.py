@@ -1,16 +1,9 @@
-"""Background backfill: a window's first read fetches only what a forecast
-needs (`forecast.min_history`, plus `prometheus.overlap` for a late or missing sample),
-so the first tick after a start acts in the time of a few steady ticks instead of after
-reading the whole window; the older part is read behind it, on a thread started once the
-tick is done (`Controller.tick` calls the source's `after_tick`), by the same grouped
-queries cut into parallel chunks on the reader's kept pool. Each answer is folded into
-its target's buckets as it arrives (`Folds`), so what waits for the next read is a few
-hundred buckets a target, added to the windows at its start (only the tick's thread
-touches a window).
-
-A chunk that failed is asked again behind the next tick; a target whose query changed
-meanwhile (a reload, a coarse series found) is dropped from the backfill, since its
-window was rebuilt.
+"""Background backfill: a window's first read fetches only what a forecast needs, so
+the first tick acts in the time of a few steady ones; the older part is read behind it,
+on a thread started once the tick is done, by the same grouped queries in parallel
+chunks. Each answer is folded into its target's buckets as it arrives; the next read
+adds them to the windows (only the tick's thread touches a window). A failed chunk is
+asked again behind the next tick; a window rebuilt meanwhile is not written into.
 """
 
 from __future__ import annotations
@@ -37,12 +30,9 @@ log = logging.getLogger("gpuscaler.prometheus")
 
 @dataclass(frozen=True)
 class Pending:
-    """The part of a target's window its first read left out: from `start` to before
-    `end` (where the first read began)."""
+    """The part of a target's window its first read left out: `start` to before `end`."""
 
     window: Window
-    """The window it belongs to: a window rebuilt since (a reload, a coarse series found)
-    is not written into."""
     query: str
     start: float
     end: float
@@ -51,8 +41,7 @@ class Pending:
 
 @dataclass
 class Fold:
-    """What a target's backfill found so far: its samples in buckets, or why it is not
-    written (a failed chunk: asked again; a malformed answer: refused)."""
+    """A target's backfill so far: its buckets, or a failure (asked again) or refusal."""
 
     pending: Pending
     buckets: Buckets
@@ -75,10 +64,9 @@ class Folds:
             self._by_query.setdefault(p.query, []).append(fold)
 
     def take(self, key: AnswerKey, answer: Answer) -> None:
-        """One chunk's answer into the buckets of the targets asking `key`'s query. The
-        samples kept lie in the pending span, and after the chunk's start unless it is
-        the span's first chunk: chunks share their edge sample, the first read holds the
-        span's end."""
+        """One chunk's answer into the buckets of the targets asking its query: the
+        samples in the pending span, after the chunk's start but in its first chunk
+        (chunks share their edge sample)."""
         self.seen.add(key)
         query, chunk_start, _ = key
         for fold in self._by_query.get(query, []):
@@ -102,7 +90,6 @@ class Folds:
 
 
 Fetch = Callable[[Mapping[str, Pending]], Folds]
-"""Fetches what is pending, folded."""
 
 
 class Backfill:
@@ -116,20 +103,15 @@ class Backfill:
         self._closed = False
 
     def close(self) -> None:
-        """The process stops: nothing more is started, and a fetch still running that
-        fails for it (its connection pool gone) is not reported as a failure."""
+        """Nothing more is started; a fetch failing as the process stops is not reported."""
         self._closed = True
         self.pending.clear()
-
-    def note(self, key: str, pending: Pending) -> None:
-        self.pending[key] = pending
 
     @property
     def busy(self) -> bool:
         return bool(self.pending) or self._thread is not None
 
     def start(self) -> None:
-        """Fetch what is pending, unless a fetch is still running."""
         if not self.pending or self._thread is not None or self._closed:
             return
         batch, self.pending = self.pending, {}
@@ -150,7 +132,6 @@ class Backfill:
         self._thread.start()
 
     def wait(self, timeout: float) -> bool:
-        """True when no fetch is running (after waiting up to `timeout` seconds)."""
         thread = self._thread
         if thread is not None:
             thread.join(timeout)

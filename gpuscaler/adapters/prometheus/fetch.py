@@ -1,9 +1,7 @@
-"""The tick's queries, run on one thread pool kept for the process (created with the
-reader, closed with it), at most `prometheus.max_concurrent_queries` at a time: the
-grouped queries first, then, one by one, what they did not cover (`plan.py`). A range
-answer is decoded into arrays on the thread that fetched it, so no answer's JSON outlives
-its request. Answers are kept by (query, start, end), each target's own query, for the
-reader to take, with the chunks each target's span was cut in (`Prefetched.cuts`).
+"""The tick's queries on one thread pool kept for the process, at most
+`prometheus.max_concurrent_queries` at a time: the grouped queries first, then what they
+did not cover (`plan.py`). A range answer is decoded on the thread that fetched it, so no
+answer's JSON outlives its request.
 """
 
 from __future__ import annotations
@@ -34,15 +32,12 @@ from gpuscaler.config import Config
 Job = tuple[str, Chunk, Callable[[Answer], None]]
 """A query, its chunk, and what takes its answer."""
 Span = Callable[[str], "tuple[float, float] | None"]
-"""The (start, end) a target's series is read over, None for none."""
 Cuts = dict[AnswerKey, list[Chunk]]
 """The chunks a (query, start, end) span was read in."""
 
 
 @dataclass
 class Prefetched:
-    """A tick's answers by (query, chunk), and the chunks of each span asked."""
-
     answers: dict[AnswerKey, Answer] = field(default_factory=dict)
     cuts: Cuts = field(default_factory=dict)
 
@@ -54,9 +49,8 @@ class Fetcher:
         self.config = config
         self.transport = transport
         self.rules = PoolRules()
-        """Which pools Prometheus records (`rules.py`)."""
         self.queries = 0
-        """Queries sent for the tick since `queries` was last reset."""
+        """Queries sent for the tick since it was last reset."""
         self._pool = self._new_pool()
         self._plan: tuple[Config, object, Plan] | None = None
 
@@ -65,28 +59,24 @@ class Fetcher:
         return ThreadPoolExecutor(workers, thread_name_prefix="prometheus")
 
     def reconfigure(self, config: Config, transport: Transport) -> None:
-        if (
-            config.prometheus.max_concurrent_queries
-            != self.config.prometheus.max_concurrent_queries
-        ):
-            self._pool.shutdown(wait=False)
-            self.config = config
-            self._pool = self._new_pool()
+        workers = self.config.prometheus.max_concurrent_queries
         self.config, self.transport = config, transport
+        if config.prometheus.max_concurrent_queries != workers:
+            self._pool.shutdown(wait=False)
+            self._pool = self._new_pool()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def plan(self, measured: Mapping[str, float]) -> Plan:
-        """The grouped and per-target queries: planned again only when the config, the
-        series found coarse or the pools recorded change, not per tick."""
+        """The queries, planned again only when the config, the series found coarse or the
+        pools recorded change."""
         state = (dict(measured), dict(self.rules.recorded))
         if self._plan is None or self._plan[0] is not self.config or self._plan[1] != state:
             self._plan = (self.config, state, plan_reads(self.config, state[0], self.rules))
         return self._plan[2]
 
     def query(self, query: str, chunk: Chunk) -> Answer:
-        """One request's answer (a range answer decoded), or the error it failed with."""
         try:
             if chunk[1] == INSTANT:
                 return self.transport.query(query, chunk[0])
@@ -95,9 +85,9 @@ class Fetcher:
             return e
 
     def run(self, jobs: list[Job], counted: bool = True) -> None:
-        """The queries on the pool, each answer given to its taker in order. Those of
-        the background backfill are not counted, and are sent a pool's worth at a time,
-        so that a tick's queries wait behind one such wave at most."""
+        """The queries on the pool, each answer given to its taker in order. The backfill's
+        are not counted, and go a pool's worth at a time, so that a tick's queries wait
+        behind one such wave at most."""
         if counted:
             self.queries += len(jobs)
         wave = len(jobs) if counted else self.config.prometheus.max_concurrent_queries
@@ -108,7 +98,6 @@ class Fetcher:
                 take(future.result())
 
     def ask(self, query: str, chunk: Chunk) -> Answer:
-        """One query on the pool, counted: the answer, or the error it failed with."""
         self.queries += 1
         return self._submit(query, chunk).result()
 
@@ -121,11 +110,10 @@ class Fetcher:
             return closed
 
     def check_rules(self, now: float) -> None:
-        """Which pools Prometheus records (`rules.py`): one instant query, every
-        `rules.CHECK_EVERY` seconds, when queries are grouped."""
-        if not self.config.prometheus.grouped_queries:
-            return
-        if not self.rules.needs_check(self.config, now):
+        """Which pools Prometheus records (`rules.py`), when queries are grouped."""
+        if not self.config.prometheus.grouped_queries or not self.rules.needs_check(
+            self.config, now
+        ):
             return
         step = self.config.metrics.step
         answer = self.ask(check_query(), (math.floor(now / step) * step, INSTANT))
@@ -141,11 +129,10 @@ class Fetcher:
         pieces: int = 1,
         sink: Store | None = None,
     ) -> Prefetched:
-        """Every answer the reads of `span_of`'s ranges will ask for, fetched
-        concurrently: the grouped queries first, then, one by one, what they did not
-        cover; neither the frame-buffer totals `resting`. A `backfill` reads only
-        ranges, each cut into `pieces`, is not counted, and gives each answer to `sink`
-        as it arrives instead of keeping it."""
+        """Every answer the reads of `span_of`'s ranges will ask for (not the totals
+        `resting`): the grouped queries first, then what they did not cover. A
+        `backfill` reads only ranges, cut into `pieces`, uncounted, each answer given to
+        `sink` as it arrives."""
         step = self.config.metrics.step
         got = Prefetched()
         seen: set[AnswerKey] = set()
@@ -207,8 +194,7 @@ class Fetcher:
         seen: set[AnswerKey],
         result: Answer,
     ) -> None:
-        """A recorded series' answer: a pool it misses although it came (its rule removed,
-        a gap) is read raw for now, and the rules are checked again (`rules.py`)."""
+        """A pool a recorded answer misses is read raw for now (`rules.note_missing`)."""
         split(result)
         if isinstance(result, list):
             self.rules.note_missing([q for _, q in members if (q, *chunk) not in seen])
@@ -217,7 +203,6 @@ class Fetcher:
 def _stale_jobs(
     groups: list[Group], instant: Chunk, answers: dict[AnswerKey, Answer], store: Store
 ) -> list[Job]:
-    """The frame-buffer groups' second tries, for the pools their first found empty."""
     jobs: list[Job] = []
     for g in groups:
         if g.stale is None:

@@ -1,19 +1,10 @@
 """Prometheus history for `gpuscaler whatif`: each workload's request rate, GPU load and
-the replica counts the cluster ran, over a past range.
+the replica counts the cluster ran, over a past range, through the controller's transport,
+decoder and chunks.
 
-It reuses the controller's Prometheus transport (same auth, TLS, timeouts, retries,
-secret scrubbing and uncompressed answers) and decoder (`window.decode_matrix`), and its
-PromQL helpers; a range is read in chunks under the server's 11,000-points-per-series
-limit (`plan.chunks`), chunks sharing their edge sample.
-
-Replica counts come from kube-state-metrics:
-- `kube_horizontalpodautoscaler_status_current_replicas{namespace, horizontalpodautoscaler}`
-  (kubernetes/kube-state-metrics, internal/store/horizontalpodautoscaler.go: the metric at
-  line 335, its default labels `namespace`, `horizontalpodautoscaler` at line 51);
-- `kube_deployment_status_replicas{namespace, deployment}` (internal/store/deployment.go:
-  line 121, labels `namespace`, `deployment` at line 41), when no HPA series matches.
-A ScaledObject's HPA is the one KEDA owns, `keda-hpa-<name>`
-(/work/shared/reference/interfaces.md, "Replica targets: KEDA and HPA").
+Replica counts come from kube-state-metrics: the HPA's
+`kube_horizontalpodautoscaler_status_current_replicas` (a ScaledObject's is KEDA's
+`keda-hpa-<name>`), else `kube_deployment_status_replicas`.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, drop_outside
 from gpuscaler.config import Config, WorkloadConfig, redact_url
 from gpuscaler.core.history import Signal, WorkloadHistory
-from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.core.model import Series
 from gpuscaler.errors import InputError
 
 REQUESTS = (0.0, 1e9)
@@ -44,9 +35,8 @@ DEPLOYMENT_REPLICAS = "max(kube_deployment_status_replicas{{{matchers}}})"
 Progress = Callable[[int], None]
 """Called with the number of range requests just made."""
 READERS = 2
-"""Workloads read at once (`HistoryReader.workloads`), each by a thread of its own with its
-own connection: while Prometheus evaluates and encodes one's range, the other's answer is
-decoded. Two keep both of a 2-core machine's cores busy."""
+"""Workloads read at once, each on its own connection: while Prometheus evaluates one's
+range, the other's answer is decoded."""
 
 
 class HistoryError(InputError):
@@ -54,7 +44,6 @@ class HistoryError(InputError):
 
 
 def hpa_name(workload: WorkloadConfig) -> str:
-    """The HPA that scales the workload: KEDA's `keda-hpa-<name>` for a ScaledObject."""
     return f"keda-hpa-{workload.name}" if workload.kind == "ScaledObject" else workload.name
 
 
@@ -72,10 +61,9 @@ def replica_queries(workload: WorkloadConfig) -> list[tuple[str, str]]:
 def request_template(
     workload: WorkloadConfig, config: Config
 ) -> tuple[str | None, str, str | None]:
-    """(PromQL template of the workload's request rate, its name, why there is none):
-    `prometheus.queries.workload_requests`, else the workload's `demand` when it is a
-    rate (preset triton_rate, or a query whose unit ends in /s). A queue preset (vllm,
-    tgi, triton_queue) counts requests inside the server, not arrivals: not a rate."""
+    """(template of the workload's request rate, its name, why there is none):
+    `prometheus.queries.workload_requests`, else its `demand` when that is a rate (a
+    queue preset counts requests inside the server, not arrivals)."""
     template = config.prometheus.queries.workload_requests
     if template is not None:
         return template, "workload_requests", None
@@ -103,7 +91,7 @@ class HistoryReader:
             raise HistoryError("prometheus.url is not set in the config: whatif reads history")
         self.config = config
         self.shared = transport is not None
-        """A transport given is used alone (by one thread at a time)."""
+        """A transport given is used by one thread at a time."""
         self.transport = transport or Transport(config.prometheus)
         self.progress = progress or (lambda _n: None)
 
@@ -121,19 +109,12 @@ class HistoryReader:
         n = math.floor((end - start) / step) + 1
         values = np.full(n, np.nan)
         for chunk in chunks(start, end, step):
-            times, got = self._range(query, *chunk, step)
+            times, got, _ = decode_matrix(self.transport.query_range(query, *chunk, step))
             self.progress(1)
             idx = np.round((times - start) / step).astype(np.int64)
             ok = (idx >= 0) & (idx < n)
             values[idx[ok]] = got[ok]
         return Series(start=start, step=step, values=values)
-
-    def _range(
-        self, query: str, start: float, end: float, step: float
-    ) -> tuple[FloatArray, FloatArray]:
-        """(times, values) of one range request's single series (non-finite values NaN)."""
-        times, values, _bad = decode_matrix(self.transport.query_range(query, start, end, step))
-        return times, values
 
     def _signal(
         self,
@@ -187,9 +168,8 @@ class HistoryReader:
         step: float,
         readers: int = READERS,
     ) -> list[WorkloadHistory]:
-        """`workload` of each, in order, up to `readers` at a time (one at a time on a
-        transport given to this reader): each thread reads with a reader of its own (its
-        own connection), the same requests, the same answers."""
+        """`workload` of each, in order, up to `readers` at a time, each thread with a
+        reader of its own (one at a time on a transport given to this reader)."""
         if readers <= 1 or len(workloads) <= 1 or self.shared:
             return [self.workload(w, start, end, step) for w in workloads]
         local, lock = threading.local(), threading.Lock()

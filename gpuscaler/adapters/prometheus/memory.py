@@ -1,6 +1,4 @@
-"""GPU memory release (preemption tier 3), read from Prometheus: the GPUs (UUID)
-dcgm-exporter attributed to the victim pod, then their frame buffer after it left.
-"""
+"""GPU memory release (preemption tier 3), read from Prometheus."""
 
 from __future__ import annotations
 
@@ -12,25 +10,21 @@ import numpy as np
 
 from gpuscaler.adapters.prometheus.promql import escape_label_value
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.adapters.prometheus.window import decode_points
+from gpuscaler.adapters.prometheus.window import decode_range
 from gpuscaler.config import Config
 from gpuscaler.core.model import FloatArray
 from gpuscaler.core.preemption import VictimState
 
 log = logging.getLogger("gpuscaler.preemption")
 AGENT_POD_GPU = "gpuscaler_agent_pod_gpu_device"
-"""The node agent's pod-to-GPU mapping (kubelet pod-resources), for GPUs dcgm-exporter
-cannot attribute to pods (MPS)."""
+"""The node agent's pod-to-GPU mapping (kubelet pod-resources)."""
 
 
 class GpuMemoryProbe:
-    """Was a gone victim's GPU memory released? From dcgm-exporter series in Prometheus:
-    the GPUs attributed to the pod while it ran, then their frame buffer since it left.
-    True: some sample at or below `released_below_mib`, or another pod now uses the GPU;
-    False: every sample above it, the GPU idle (util < 5 %) and no pod on it; None: not
-    measurable (no per-pod attribution, no samples, Prometheus failing). Where
-    dcgm-exporter has no per-pod series (MPS), the GPUs and the pods on them come from the
-    node agent's `gpuscaler_agent_pod_gpu_device` instead."""
+    """Was a gone victim's GPU memory released? The GPUs dcgm-exporter attributed to the
+    pod (under MPS, the node agent's mapping), then their frame buffer since it left.
+    True: a sample at or below `released_below_mib`, or another pod on the GPU; False:
+    every sample above it and the GPU idle (util < 5 %); None: not measurable."""
 
     def __init__(self, config: Config, transport: Transport):
         self.config = config
@@ -39,19 +33,12 @@ class GpuMemoryProbe:
     def _series(
         self, query: str, start: float, end: float, step: float
     ) -> list[tuple[dict[str, str], FloatArray]]:
-        """Each series' labels and finite values (the reader's decoder: a malformed
-        answer is a SourceError)."""
-        result = self.transport.query_range(query, start, end, step)
-        if not isinstance(result, list):
-            raise SourceError("data.result is not a list")
+        """Each series' labels and finite values; a malformed answer is a SourceError."""
         out = []
-        for item in result:
-            if not isinstance(item, dict) or not isinstance(item.get("values"), list):
-                raise SourceError("result item has no values list")
-            _, values = decode_points(item["values"])
-            metric = item.get("metric")
-            labels = {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
-            out.append((labels, values[np.isfinite(values)]))
+        for s in decode_range(self.transport.query_range(query, start, end, step)):
+            if s.error is not None:
+                raise SourceError(s.error)
+            out.append((s.metric, s.values[np.isfinite(s.values)]))
         return out
 
     def released(self, s: VictimState, now: float) -> bool | None:
@@ -93,8 +80,6 @@ class GpuMemoryProbe:
         return None
 
     def _agent_gpus(self, namespace: str, pod: str, start: float, end: float) -> list[str]:
-        """GPU UUIDs the kubelet allocated to the pod, from the node agent's
-        `gpuscaler_agent_pod_gpu_device` (pod-resources API)."""
         series = self._series(
             f"{AGENT_POD_GPU}{{namespace={escape_label_value(namespace)},"
             f"pod={escape_label_value(pod)}}}",
@@ -105,7 +90,6 @@ class GpuMemoryProbe:
         return sorted({m["gpu"] for m, _ in series if "gpu" in m})
 
     def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
-        """(namespace, pod) the agent saw holding these GPUs in the window."""
         series = self._series(
             f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
         )

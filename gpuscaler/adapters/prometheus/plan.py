@@ -1,25 +1,17 @@
-"""What a tick asks Prometheus: few grouped queries, and per-target queries for what they
+"""What a tick asks Prometheus: few grouped queries, and per-target ones for what they
 cannot answer, so that a tick's queries do not grow with the number of targets.
 
-- **pools**: pools whose `metrics_matchers` are one equality on the same label (a "pool
-  family", e.g. `modelName`) share one query per signal:
-  `avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL{modelName=~"A|B"}[1s]))`;
-  each series answers the pool with that label value; a `modelName` pool's utilization
-  and stall come from the series the shipped pool rules record, where Prometheus records
-  them (`rules.py`: one series per pool for Prometheus to read instead of one per GPU);
-- **workloads**: one query over the recording rule `gpuscaler:workload_gpu_utilization:sum`
-  (deploy/prometheus/prometheusrule.yaml), which sums GPU utilization by (namespace,
-  workload) with the workload taken from the pod's name (Deployment
-  `<name>-<hash>-<id>`, StatefulSet `<name>-<ordinal>`, either pod label convention);
-- a target whose matchers or template do not fit a group, a series sampled coarser than
-  the step (it needs its own lookback), a serving stack's demand and a leading signal are
-  read by their own query; so is a target the grouped answer does not cover (the rule
-  not installed, a workload named unlike its pods): the grouped form never loses one.
+- pools whose `metrics_matchers` are one equality on the same label (a "pool family",
+  e.g. `modelName`) share one query per signal, `avg by (modelName) (...)`, or read the
+  series the shipped pool rules record (`rules.py`);
+- workloads share one query over the recording rule `gpuscaler:workload_gpu_utilization:sum`
+  (deploy/prometheus/prometheusrule.yaml: GPU utilization by namespace and workload);
+- a target that does not fit a group (other matchers, a custom template, a series
+  sampled coarser than the step, a demand or leading signal) or that the grouped answer
+  does not cover is read by its own query: the grouped form never loses one.
 
-Each target's own query is the key its answers are kept under, by (query, start, end)
-in the chunks `chunks` cuts (at most BUDGET points an answer), so a grouped answer split
-into its targets (`split_answer`) and a per-target read are one and the same to the
-reader.
+Answers are kept by (target's own query, start, end), so a grouped answer split into
+its targets (`split_answer`) and a per-target read are the same to the reader.
 """
 
 from __future__ import annotations
@@ -44,29 +36,22 @@ from gpuscaler.adapters.prometheus.window import Samples
 from gpuscaler.config import Config
 
 LIMIT = 11_000
-"""Prometheus refuses a range query whose (end - start) / step, in whole steps, passes
-this (prometheus/prometheus web/api/v1/api.go, `queryRange`: "exceeded maximum resolution
-of 11,000 points per timeseries")."""
+"""Points per series a range query may have (prometheus web/api/v1/api.go, `queryRange`)."""
 
 BUDGET = 50_000
-"""Points one range answer holds at most, over all its series: a grouped answer's JSON
-costs about 150 bytes a point until it is decoded, so a long range over many series is
-read in chunks of at most this many (about 8 MB each)."""
+"""Points one range answer holds at most, over all its series (about 8 MB of JSON)."""
 
 INSTANT = math.inf
 Chunk = tuple[float, float]
 """A range query's (start, end) in whole seconds, or an instant query's (time, INSTANT)."""
 AnswerKey = tuple[str, float, float]
 Answer = list[Any] | SourceError
-"""A query's answer: a range query's series decoded (`window.Samples`), an instant
-query's `data.result`, or the error it failed with."""
+"""A range query's series decoded (`window.Samples`), an instant query's `data.result`,
+or the error it failed with."""
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
-"""Recorded by deploy/prometheus/prometheusrule.yaml: GPU utilization summed by
-(namespace, workload)."""
 DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
-"""The per-target workload query the rule stands for; a custom template is read per
-target, since the rule cannot know what it computes."""
+"""The per-target workload query the rule stands for (a custom one is read per target)."""
 
 
 @dataclass
@@ -77,13 +62,11 @@ class Group:
     by: tuple[str, ...]
     targets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
     instant: bool = False
-    """An instant query at the grid's end (the frame-buffer signals), else a range query
-    over what is new."""
+    """An instant query at the grid's end (the frame-buffer signals), else a range query."""
     stale: Group | None = None
-    """An instant group's second try, over `metrics.staleness`, for the targets the
-    first (over the step's lookback) found nothing of."""
+    """An instant group's second try, over `metrics.staleness`, for what it found empty."""
     recorded: bool = False
-    """Over a pool recording rule's series (`rules.py`), not the raw per-GPU ones."""
+    """Over a pool recording rule's series (`rules.py`)."""
 
 
 @dataclass(frozen=True)
@@ -94,15 +77,13 @@ class Plan:
 
 
 def memory_lookbacks(config: Config) -> tuple[str, str]:
-    """The frame-buffer queries' lookbacks: that of a series sampled at the step, then
-    `metrics.staleness` (a GPU's figure counts while fresher than that)."""
+    """The frame-buffer queries' lookbacks: the step's, then `metrics.staleness`."""
     stale = f"{max(1, math.ceil(config.metrics.staleness * 1000))}ms"
     return lookback_ms(config.metrics.step, None), stale
 
 
 def workload_queries(config: Config, measured: Mapping[str, float]) -> list[tuple[str, str]]:
-    """(key, query) of each workload's load: the config's template, or its serving
-    stack's demand template where it has one; the lookback fits the series' spacing."""
+    """(key, query) of each workload's load (its serving stack's demand where it has one)."""
     default = config.prometheus.queries.workload_load
     step = config.metrics.step
     return [
@@ -120,8 +101,7 @@ def workload_queries(config: Config, measured: Mapping[str, float]) -> list[tupl
 
 
 def plan_reads(config: Config, measured: Mapping[str, float], rules: PoolRules) -> Plan:
-    """The grouped queries and the per-target ones for `config`, given the series found
-    coarser than the step (`measured`) and the pools Prometheus records (`rules`)."""
+    """The grouped and per-target queries, given the series found coarser than the step."""
     q = config.prometheus.queries
     signals = [
         ("util", q.pool_utilization, False),
@@ -189,10 +169,9 @@ def _family_group(
     lookback: Callable[[str, bool], str],
     lookbacks: tuple[str, str],
 ) -> tuple[Group | None, list[tuple[str, str, bool]]]:
-    """One signal's grouped query over a pool family (over the pool recording rule's
-    series when `recorded`), and the pools read on their own: a series sampled coarser
-    than the step needs its own lookback (frame-buffer figures have their own fallback,
-    the group over `metrics.staleness`, instead)."""
+    """One signal's grouped query over a pool family, and the pools read on their own: a
+    series sampled coarser than the step needs its own lookback (except the frame buffer,
+    whose fallback is the group over `metrics.staleness`)."""
     key = {name: f"pool:{name}:{signal}" for name, _ in pools}
     coarse = set() if instant else {n for n in key if lookback(key[n], False) != lookbacks[0]}
     grouped = recorded_template(signal) if recorded else grouped_template(template, [label])
@@ -219,17 +198,14 @@ def _family_group(
 
 
 def chunk_steps(step: float) -> int:
-    """Steps a range request spans at most: LIMIT, less what rounding its start and end
-    to whole seconds (as `chunks` cuts them) can add, under a second
-    (10,999 at 10 s: a week in 6 requests)."""
+    """Steps a range request spans at most: LIMIT, less what rounding to whole seconds adds."""
     return max(1, LIMIT - math.ceil(1.0 / step))
 
 
 def chunks(start: float, end: float, step: float, pieces: int = 1, series: int = 1) -> list[Chunk]:
-    """The (start, end) pairs a range is read in, in whole seconds, each of at most
-    `chunk_steps` steps and, for an answer holding `series` series, at most BUDGET
-    points in all, sharing their edge sample; with `pieces`, cut into at least that
-    many (a backfill's parallel chunks)."""
+    """The (start, end) pairs, in whole seconds and sharing their edge sample, a range is
+    read in: each of at most `chunk_steps` steps and BUDGET points over `series` series,
+    at least `pieces` of them (a backfill's parallel chunks)."""
     out: list[Chunk] = []
     size = max(1, math.floor(min(chunk_steps(step), BUDGET / max(1, series)) * step))
     if pieces > 1:
@@ -245,7 +221,6 @@ def chunks(start: float, end: float, step: float, pieces: int = 1, series: int =
 
 
 Store = Callable[[AnswerKey, Answer], None]
-"""Takes a target's answer to one chunk."""
 
 
 def split_answer(
@@ -255,11 +230,9 @@ def split_answer(
     store: Store,
     result: Answer,
 ) -> None:
-    """One grouped answer cut into the per-target answers it holds, each given to
-    `store`; a failed one gives nothing, so each target is asked on its own, and so does
-    a target the answer holds twice (series not aggregated: the workload rule's). An
-    instant answer is complete: a pool it does not hold has no sample in its lookback, so
-    its own query would be empty."""
+    """One grouped answer cut into per-target answers for `store`. A failed answer, or a
+    target it holds twice (the workload rule is not aggregated), gives nothing: those
+    are asked on their own. A pool an instant answer lacks is empty."""
     if isinstance(result, SourceError) or not isinstance(result, list):
         return
     by_values: dict[tuple[str, ...], Any] = {}
@@ -281,7 +254,6 @@ def split_answer(
 
 
 def _labels(item: Any) -> Mapping[str, Any]:
-    """A series' labels: a decoded range series' `metric`, or an instant item's."""
     if isinstance(item, Samples):
         return item.metric
     return (item.get("metric") or {}) if isinstance(item, dict) else {}

@@ -10,9 +10,6 @@ HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
 
 
-# --------------------------------------------------------------------------- PromQL
-
-
 def escape_label_value(value: str) -> str:
     """A PromQL double-quoted string literal holding exactly `value`."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -39,7 +36,7 @@ def matcher_sets(labels: Mapping[str, str]) -> list[str]:
 
 
 def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
-    """The template over the labels (asked once per target and tick: kept)."""
+    """The template over the labels (kept: asked once per target and tick)."""
     return _built_query(template, tuple(labels.items()), lookback)
 
 
@@ -50,17 +47,14 @@ def _built_query(template: str, labels: tuple[tuple[str, str], ...], lookback: s
 
 
 POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
-"""dcgm-exporter's pod attribution, as scraped: `pod`/`namespace` when the ServiceMonitor
-honours the exporter's labels, `exported_pod`/`exported_namespace` under the stock
-`honorLabels: false` of the dcgm-exporter Helm chart and the GPU Operator (Prometheus
-renames a scraped label that clashes with a target label)."""
+"""dcgm-exporter's pod labels as scraped: plain with `honorLabels: true`, `exported_` under
+the stock `honorLabels: false` (Prometheus renames a label clashing with a target's)."""
 
 
 def workload_matchers(
     namespace: str, name: str, labels: tuple[str, str] = POD_LABELS[0]
 ) -> list[str]:
-    """Matchers for a workload's pods: its namespace and pods named `<name>-...` (the
-    Deployment/StatefulSet naming); the name is regex-escaped, then string-escaped."""
+    """Matchers for a workload's pods: its namespace and pods named `<name>-...`."""
     ns_label, pod_label = labels
     return [
         f"{ns_label}={escape_label_value(namespace)}",
@@ -70,9 +64,8 @@ def workload_matchers(
 
 @lru_cache(maxsize=65_536)
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
-    """The template over the workload's pods under either label convention: `(A) or (B)`
-    takes the plain labels when they match and the exported ones otherwise. A template
-    without `{matchers}` (a demand query of the config's own) is taken as it is."""
+    """The template over the workload's pods under either label convention, `(A) or (B)`;
+    a template without `{matchers}` is taken as it is."""
     if "{matchers}" not in template:
         return template.format(lookback=lookback)
     parts = [

@@ -1,30 +1,13 @@
-"""Pool-family recording rules: a pool's utilization and stall read from the
-series the shipped PrometheusRule records per `modelName`, when Prometheus records them.
+"""Pool-family recording rules: a `modelName` pool's utilization and stall read from the
+series deploy/prometheus/prometheusrule.yaml (group `gpuscaler-pools`) records per pool,
+when Prometheus records them: N/100 series a tick instead of N per-GPU ones.
 
-At 10,000 GPUs, Prometheus' own evaluation of a family's grouped range query over the
-raw per-GPU series is most of a tick's read (71 steps x 10,000 series, about 0.34 s per
-signal). The rules in deploy/prometheus/prometheusrule.yaml (group `gpuscaler-pools`)
-compute the same aggregation once per evaluation, one series per pool, so a tick reads
-N/100 series instead of N:
-
-    gpuscaler:pool_gpu_utilization:avg =
-        avg by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL[1s]))
-
-which is the default `pool_utilization` template grouped by `modelName`, with the
-lookback a 500 ms step gives it (two steps, `spacing.lookback_ms`). What it changes: a
-rule evaluates at its group's own phase (rules/group.go `EvalTimestamp` in
-prometheus/prometheus: `hash(group) % interval` after each multiple of the interval), so
-the value read at grid time T is what the rule computed at its latest evaluation at or
-before T: the raw aggregate up to one interval (500 ms) older. Hence the rules are used
-only when `metrics.step` is their interval, the template is the default one, and the
-series is not sampled coarser than the step (those keep their own lookback, read per
-target).
-
-Which pools are recorded is asked once per `CHECK_EVERY` (one instant query), not every
-tick; again at once when a recorded answer misses a pool. A pool switches source at a
-check only, and the switch is logged: its window keeps what was read before, so until
-the window has turned over it holds raw reads before the switch and recorded ones after
-(the same expression, up to one evaluation apart).
+A rule evaluates at its group's own phase, so the value read at grid time T is the raw
+aggregate up to one interval (500 ms) older; hence it is used only when `metrics.step`
+is that interval, the template is the default one and the series is not sampled coarser
+than the step. Which pools are recorded is checked every `CHECK_EVERY` (one instant
+query), and again at once when a recorded answer misses a pool; a switch is logged, and
+the pool's window keeps what was read before it.
 """
 
 from __future__ import annotations
@@ -39,9 +22,8 @@ from gpuscaler.config.systems import PrometheusQueries
 log = logging.getLogger("gpuscaler.prometheus")
 
 RULE_LABEL = "modelName"
-"""The pool label the shipped pool rules aggregate by."""
 RULE_STEP = 0.5
-"""The rules' evaluation interval (group `gpuscaler-pools`): the only step they serve."""
+"""The rules' evaluation interval: the only step they serve."""
 CHECK_EVERY = 300.0
 """Seconds between two checks of which pools are recorded: rules change with a deploy."""
 
@@ -54,25 +36,22 @@ POOL_RULES = {
 
 
 def check_query() -> str:
-    """The check: which (series, modelName) are recorded now (a removed rule's series are
-    marked stale by Prometheus, so an instant selector stops seeing them at once)."""
+    """Which (series, modelName) are recorded now (a removed rule's series turn stale)."""
     names = "|".join(name for name, _ in POOL_RULES.values())
     return f'group by (__name__, {RULE_LABEL}) ({{__name__=~"{names}"}})'
 
 
 class PoolRules:
-    """Which pools' signals Prometheus records, checked every `CHECK_EVERY` seconds."""
+    """Which pools' signals Prometheus records (signal -> `modelName` values)."""
 
     def __init__(self) -> None:
         self.recorded: dict[str, frozenset[str]] = {s: frozenset() for s in POOL_RULES}
-        """signal -> the `modelName` values with a recorded series."""
         self.checked_at: float | None = None
         self.due = True
 
     @staticmethod
     def usable(config: Config, signal: str, label: str, template: str) -> bool:
-        """The recorded series stand for this family's signal exactly (up to the rule's
-        evaluation delay)."""
+        """The recorded series stand for this family's signal exactly."""
         return (
             config.prometheus.pool_recording_rules
             and signal in POOL_RULES
@@ -87,8 +66,8 @@ class PoolRules:
         return self.due or self.checked_at is None or now - self.checked_at >= CHECK_EVERY
 
     def update(self, now: float, answer: Any, config: Config) -> None:
-        """Take the check's answer (a failed check changes nothing, and is tried again
-        at the next tick); log the pools that switch source."""
+        """Take the check's answer (a failed one changes nothing and is tried again next
+        tick); log the pools that switch source."""
         if isinstance(answer, SourceError) or not isinstance(answer, list):
             log.warning("prometheus: checking the pool recording rules failed: %s", answer)
             return
@@ -99,17 +78,20 @@ class PoolRules:
             signal = by_name.get(str(metric.get("__name__", "")))
             if signal is not None and RULE_LABEL in metric:
                 found[signal].add(str(metric[RULE_LABEL]))
-        pools = family(config)
+        pools = [
+            (p.name, p.metrics_matchers[RULE_LABEL])
+            for p in config.node_pools
+            if list(p.metrics_matchers) == [RULE_LABEL]
+        ]
         for signal, values in found.items():
-            now_recorded = frozenset(values)
-            _log_switch(signal, pools, self.recorded[signal], now_recorded)
-            self.recorded[signal] = now_recorded
+            before, after = self.recorded[signal], frozenset(values)
+            _log_switch(signal, pools, before, after)
+            self.recorded[signal] = after
         self.checked_at, self.due = now, False
 
     def note_missing(self, missing: list[str]) -> None:
-        """Pools (their raw queries) a recorded series' answer missed: read raw for now
-        (the reader asks their own queries), and which pools are recorded is checked
-        again at the next read."""
+        """Pools (their raw queries) a recorded answer missed: read raw this tick, and the
+        rules checked again at the next read."""
         if missing:
             self.due = True
             log.warning(
@@ -129,28 +111,17 @@ class PoolRules:
         return [p for p in pools if p[1] in recorded], [p for p in pools if p[1] not in recorded]
 
 
-def family(config: Config) -> list[tuple[str, str]]:
-    """(name, value) of the pools selected by `modelName` alone."""
-    out = []
-    for p in config.node_pools:
-        items = list(p.metrics_matchers.items())
-        if len(items) == 1 and items[0][0] == RULE_LABEL:
-            out.append((p.name, items[0][1]))
-    return out
-
-
 def recorded_template(signal: str) -> str:
-    """The grouped read of a recorded pool series (one series per pool already), as a
-    template with `{matchers}` and `{lookback}`."""
+    """The grouped read of a recorded pool series, with `{matchers}` and `{lookback}`."""
     return "last_over_time(" + POOL_RULES[signal][0] + "{{{matchers}}}[{lookback}])"
 
 
 def _log_switch(
     signal: str, pools: list[tuple[str, str]], before: frozenset[str], after: frozenset[str]
 ) -> None:
+    name = POOL_RULES[signal][0]
     gained = [n for n, v in pools if v in after and v not in before]
     lost = [n for n, v in pools if v in before and v not in after]
-    name = POOL_RULES[signal][0]
     if gained:
         log.info(
             "prometheus: %d pool(s) now read from the recorded %s (e.g. %s); their windows "

@@ -1,14 +1,9 @@
 """The Prometheus reader: one grouped read a tick (`plan.py`) on the `metrics.step` grid
 into a window per target of its `forecast.fit_step` buckets (`window.py`).
 
-A target's first read backfills its window, in chunks under Prometheus'
-11,000-points-per-series limit and `plan.BUDGET` points an answer; with
-`prometheus.background_backfill` it reads only what a forecast needs
-(`forecast.min_history` plus `prometheus.overlap`) and the rest follows behind the tick
-(`backfill.py`). Later reads fetch only what is new, plus `overlap` for late samples;
-empty buckets are NaN; memory is the window's buckets x targets. All queries of a tick
-run on one thread pool kept for the process, at most `prometheus.max_concurrent_queries`
-at a time.
+A target's first read backfills its window (with `prometheus.background_backfill`, only
+`forecast.min_history` plus `prometheus.overlap` now, the rest behind the tick:
+`backfill.py`); later reads fetch only what is new, plus `overlap` for late samples.
 
 Failure policy: any failure for a target (a failed query, a malformed answer, a NaN, Inf
 or out-of-range sample) sets its `problem`, so the core takes no action on it and says
@@ -67,30 +62,26 @@ class Health:
 
 @dataclass
 class Read:
-    """What one target's read found."""
+    """What one target's read found: a NaN or Inf sample, the first out-of-range
+    problem, any sample, and the times of the finite samples (their spacing is measured)."""
 
     had_bad: bool = False
-    """A NaN or Inf sample."""
     absurd: str | None = None
-    """The first out-of-range problem."""
     got_any: bool = False
     times: list[FloatArray] = field(default_factory=list)
-    """Times of the finite samples read (their spacing is measured)."""
 
 
 @dataclass(frozen=True)
 class PoolMetrics:
-    """What Prometheus says of one node pool this tick."""
+    """What Prometheus says of one node pool this tick; the frame buffer in use is the
+    fullest GPU's, the total as dcgm-exporter reports it, both in GiB."""
 
     name: str
     utilization: Series | None
     stall: Series | None
     memory_used_gib: float | None = None
-    """Frame buffer in use on the pool's fullest GPU, newest sample."""
     memory_total_gib: float | None = None
-    """Frame buffer of the pool's GPUs as dcgm-exporter reports it, newest sample."""
     problem: str | None = None
-    """Why the metrics cannot be trusted this tick (a query failed, absurd values...)."""
     unmatched: bool = False
     """The pool has no metrics_matchers: nothing was asked of Prometheus."""
 
@@ -128,10 +119,7 @@ class PrometheusMetrics:
         self.windows: dict[str, Window] = {}
         self.health = Health()
         self.spacing = SpacingTracker(config.metrics.step)
-        """Series read more coarsely than metrics.step, and their lookback."""
-        self.sample_spacing = self.spacing.measured
         self.totals = Totals(config)
-        """The pools' frame-buffer totals, read every few minutes (`total.py`)."""
         self.backfill = Backfill(self._backfill_fetch)
         self._head: tuple[Config, float, dict[str, float]] | None = None
         self._answers: dict[AnswerKey, Answer] = {}
@@ -152,13 +140,11 @@ class PrometheusMetrics:
         return self.fetcher.queries
 
     def close(self) -> None:
-        """The process stops: the backfill starts nothing more, the pool's threads end."""
         self.backfill.close()
         self.fetcher.close()
 
     def after_tick(self) -> None:
-        """The first reads' backfill starts once the tick is done, so it does not slow
-        the tick's forecast (a reader not told starts it at its next read)."""
+        """The backfill starts once the tick is done, so it does not slow its forecast."""
         self.backfill.start()
 
     def reconfigure(self, config: Config) -> None:
@@ -182,12 +168,10 @@ class PrometheusMetrics:
         self.fetcher.reconfigure(config, transport)
         self.config = config
 
-    # ------------------------------------------------------------------ the tick
-
     def read(self, now: float) -> Metrics:
         """This tick's metrics of every configured pool and workload."""
-        # The rest of the windows joins at the next tick: a backfill still running (ticks
-        # closer than it takes) is waited for, at most one request's timeout.
+        # A backfill still running (ticks closer than it takes) is waited for, at most
+        # one request's timeout; what it found joins the windows now.
         self.backfill.wait(timeout=self.config.prometheus.timeout)
         self.backfill.apply(self.windows)
         self.backfill.start()
@@ -227,15 +211,9 @@ class PrometheusMetrics:
 
     def _pool_metrics(self, p: NodePoolConfig, now: float) -> PoolMetrics:
         if not p.metrics_matchers:
-            return PoolMetrics(
-                p.name,
-                None,
-                None,
-                problem="no metrics_matchers configured for this pool",
-                unmatched=True,
-            )
-        queries = self.config.prometheus.queries
-        m = p.metrics_matchers
+            why = "no metrics_matchers configured for this pool"
+            return PoolMetrics(p.name, None, None, problem=why, unmatched=True)
+        queries, m = self.config.prometheus.queries, p.metrics_matchers
         util, util_problem = self._fetch(
             f"pool:{p.name}:util", partial(build_query, queries.pool_utilization, m), now, PERCENT
         )
@@ -249,17 +227,13 @@ class PrometheusMetrics:
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
 
-    # ------------------------------------------------------------------ one target
-
     def _fetch(
         self, key: str, query: Callable[[str], str], now: float, bounds: tuple[float, float]
     ) -> tuple[Series | None, str | None]:
-        """The target's window after fetching what is new, and the problem if any; a
-        transport failure is also recorded for the reader's health. Values outside
-        `bounds` (the metric's physical range) are invalid input: kept out of the window,
-        and the target gets no action this tick. `query` builds the PromQL for a lookback:
-        a series found coarser than the step (measured on the sample times read) is read
-        again at once with its own."""
+        """The target's window after fetching what is new, and the problem if any. Values
+        outside `bounds` (the metric's physical range) are invalid input, kept out of the
+        window. `query` builds the PromQL for a lookback: a series found coarser than the
+        step is read again at once with its own."""
         series, problem, read = self._fetch_once(
             key, query(self.spacing.lookback(key)), now, bounds
         )
@@ -277,8 +251,7 @@ class PrometheusMetrics:
         self, key: str, query: str, now: float, bounds: tuple[float, float]
     ) -> tuple[Series | None, str | None, Read]:
         step, width = self.config.metrics.step, self._width(key)
-        end = math.floor(now / step) * step
-        first = end - step * (round(self.config.metrics.window / step) - 1)
+        first, end = self._grid(now)
         window = self.windows.get(key)
         if window is None or window.fetched_until is None or window.width != width:
             # A first read starts afresh: what a failed or empty one left is read again.
@@ -287,7 +260,7 @@ class PrometheusMetrics:
         window.advance(now)
         start = self._span(key, now)[0]
         if window.fetched_until is None and start > first:
-            self.backfill.note(key, Pending(window, query, first, start, bounds))
+            self.backfill.pending[key] = Pending(window, query, first, start, bounds)
         read = Read()
         try:
             self._read_span(read, window, query, start, end, bounds)
@@ -299,7 +272,7 @@ class PrometheusMetrics:
         except SourceError as e:
             self._errors.append(f"{key}: {e}")
             return window.series(), str(e), read
-        empty = not read.got_any and window.empty()  # a sample read means not empty
+        empty = not read.got_any and window.empty()
         if not empty:
             window.fetched_until = end  # an empty window is backfilled again next tick
             window.seal(end - self.config.prometheus.overlap)
@@ -320,8 +293,8 @@ class PrometheusMetrics:
         end: float,
         bounds: tuple[float, float],
     ) -> None:
-        """Samples from `start` to `end` into the window, chunk by chunk (those the
-        tick's prefetch cut, else at most the point limit), noted in `read`."""
+        """Samples from `start` to `end` into the window, in the chunks the tick's
+        prefetch cut (else at most the point limit), noted in `read`."""
         step = self.config.metrics.step
         for chunk in self._cuts.get((query, start, end)) or chunks(start, end, step):
             times, values, bad = one_series(self._answer(query, chunk))
@@ -341,30 +314,27 @@ class PrometheusMetrics:
             raise found
         return found
 
-    def _span(self, key: str, now: float) -> tuple[float, float]:
-        """(start, end) the tick reads of `key`'s series: what is new since its last
-        read (plus `overlap`), or a first read's head (`_head_start`)."""
+    def _grid(self, now: float) -> tuple[float, float]:
+        """(first, end): the window's first and last point on the step grid."""
         step = self.config.metrics.step
-        size = round(self.config.metrics.window / step)
         end = math.floor(now / step) * step
-        first = end - step * (size - 1)
+        return end - step * (round(self.config.metrics.window / step) - 1), end
+
+    def _span(self, key: str, now: float) -> tuple[float, float]:
+        """(start, end) the tick reads of `key`'s series: what is new since its last read
+        (plus `overlap`), or a first read's head: `forecast.min_history` (the longest any
+        target asks for) plus `overlap` and one bucket of the widest `fit_step` (the
+        forecaster counts whole buckets), unless `background_backfill` is off."""
+        first, end = self._grid(now)
         window = self.windows.get(key)
         if window is None or window.fetched_until is None:
-            return self._head_start(first, end), end
+            if not self.config.prometheus.background_backfill:
+                return first, end
+            return max(first, end - self._sections()[1]), end
         return max(first, window.fetched_until - self.config.prometheus.overlap), end
 
-    def _head_start(self, first: float, end: float) -> float:
-        """Where a first read starts: `forecast.min_history` (the longest any target's
-        forecast asks for) plus `prometheus.overlap` and one bucket (the widest
-        `fit_step`: the forecaster counts whole buckets) before `end`, unless the window
-        is read whole (`prometheus.background_backfill` off)."""
-        if not self.config.prometheus.background_backfill:
-            return first
-        return max(first, end - self._sections()[1])
-
     def _width(self, key: str) -> float:
-        """The bucket width of `key`'s window: its target's `forecast.fit_step` (no
-        finer than the step)."""
+        """`key`'s bucket width: its target's `forecast.fit_step`, no finer than the step."""
         width = self._sections()[2].get(key, self.config.forecast.fit_step)
         return max(width, self.config.metrics.step)
 
@@ -388,20 +358,11 @@ class PrometheusMetrics:
             self._head = (c, longest + c.prometheus.overlap + widest, widths)
         return self._head
 
-    # ------------------------------------------------------------------ frame buffer
-
     def _newest_gib(
         self, key: str, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
-        """Newest frame-buffer figure in GiB, None when dcgm-exporter does not export it
-        (or not within `metrics.staleness`): memory then bounds fragments by the config
-        alone. A failing query is still a problem.
-
-        Only the newest figure is used, so no window is kept: an instant query at the
-        grid's end over the step's lookback, and only when that finds nothing (a scrape
-        interval longer than the step, a lagging scrape) again over `metrics.staleness`.
-        Prometheus' cost grows with the samples in the lookback, so each is cheap where
-        it is used."""
+        """The newest frame-buffer figure in GiB, None when dcgm-exporter does not export
+        it within `metrics.staleness` (memory is then bounded by the config alone)."""
         try:
             return self._read_gib(template, matchers, now)
         except SourceError as e:
@@ -411,9 +372,10 @@ class PrometheusMetrics:
     def _read_gib(
         self, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
-        """`_newest_gib` without its handling of a failed query (raised)."""
-        step = self.config.metrics.step
-        at = math.floor(now / step) * step
+        """An instant query at the grid's end over the step's lookback, and only when
+        that finds nothing again over `metrics.staleness` (Prometheus' cost grows with
+        the lookback); a failed query is raised."""
+        at = self._grid(now)[1]
         value: float | None = None
         bad = False
         for lookback in memory_lookbacks(self.config):
@@ -429,11 +391,9 @@ class PrometheusMetrics:
         return (None, absurd) if absurd else (value / 1024, None)
 
     def _total(self, p: NodePoolConfig, used: bool, now: float) -> tuple[float | None, str | None]:
-        """The pool's frame-buffer total: the kept one while it is not due and the
-        pool's used figure is present this tick, else read (`total.py`)."""
+        """The pool's frame-buffer total: the kept one while it is not due and the pool's
+        used figure is present (else its GPUs may have changed), else read (`total.py`)."""
         key, totals = f"pool:{p.name}:fb_total", self.totals
-        # Without a used figure the pool's GPUs report nothing (those that come back may
-        # be other GPUs): the total is read as before, and what it finds replaces the kept.
         if used and not totals.due(key, now):
             return totals.kept[key].gib, None
         try:
@@ -447,14 +407,8 @@ class PrometheusMetrics:
         totals.store(key, gib, now)
         return gib, problem
 
-    # ------------------------------------------------------------------ fetching
-
     def _plan_now(self) -> Plan:
         return self.fetcher.plan(self.spacing.measured)
-
-    @property
-    def _pieces(self) -> int:
-        return self.config.prometheus.max_concurrent_queries
 
     def _backfill_fetch(self, batch: Mapping[str, Pending]) -> Folds:
         """What the first reads left out: by the grouped queries, then one by one, each
@@ -462,15 +416,16 @@ class PrometheusMetrics:
         folds = Folds(batch)
         spans = {k: (p.start, p.end) for k, p in batch.items()}
         end = max(p.end for p in batch.values())
+        pieces = self.config.prometheus.max_concurrent_queries
         plan, fetcher, step = self._plan_now(), self.fetcher, self.config.metrics.step
         got = fetcher.prefetch(
-            plan, end, spans.get, set(), backfill=True, pieces=self._pieces, sink=folds.take
+            plan, end, spans.get, set(), backfill=True, pieces=pieces, sink=folds.take
         )
         jobs: list[Job] = [
             (p.query, chunk, partial(folds.take, (p.query, *chunk)))
             for p in batch.values()
             for chunk in got.cuts.get((p.query, p.start, p.end))
-            or chunks(p.start, p.end, step, self._pieces)
+            or chunks(p.start, p.end, step, pieces)
             if (p.query, *chunk) not in folds.seen
         ]
         fetcher.run(jobs, counted=False)

@@ -1,14 +1,10 @@
 """The real sample spacing of each Prometheus series, and the lookback that fits it.
 
-The queries read `last_over_time(x[{lookback}])` on the `metrics.step` grid with a
-lookback of two steps, so that a missed scrape stays a gap. A series scraped more
-coarsely than that (kube-prometheus-stack's default scrape interval is 15 s against the
-500 ms step) comes back as short runs of points with holes between them: every hole a
-missing observation to the forecaster. The holes give the spacing away: runs start one
-scrape interval apart. Once measured, the series is read with a lookback of that spacing
-(plus the two steps of jitter), so every grid point carries the newest real sample and
-the forecaster's fit buckets have no holes; the controller says so once per series, in
-a log line, an Event (gpuscaler.app) and the gauge gpuscaler_sample_spacing_seconds.
+Queries read `last_over_time(x[{lookback}])` on the `metrics.step` grid with a lookback
+of two steps, so that a missed scrape stays a gap. A series scraped more coarsely (15 s
+against the 500 ms step) comes back as short runs of points one scrape apart; once
+measured it is read with a lookback of that spacing plus two steps, so its buckets have
+no holes, and the controller says so once per series.
 """
 
 from __future__ import annotations
@@ -36,10 +32,8 @@ interval rather than scattered outages."""
 
 def measure_spacing(times: FloatArray, step: float) -> float | None:
     """The sample spacing behind points returned on a `step` grid at a lookback of two
-    steps, None when the points show no scrape interval: contiguous, too few runs to
-    tell, long runs with outages between them, or irregular holes. Each sample yields a
-    short run of points and runs start one sample apart; the median interval between
-    run starts ignores a missed scrape."""
+    steps (the median interval between run starts), None when the points show no scrape
+    interval: contiguous, too few runs, long runs with outages between them, or irregular."""
     if times.size < MIN_RUNS:
         return None
     t = np.sort(times)
@@ -59,15 +53,14 @@ def measure_spacing(times: FloatArray, step: float) -> float | None:
 
 @lru_cache(maxsize=256)  # asked once per target and tick, of a few (step, spacing)
 def lookback_ms(step: float, spacing: float | None) -> str:
-    """The `{lookback}` of a query: two steps, or the measured spacing plus two steps."""
+    """The `{lookback}` of a query: two steps, plus the measured spacing."""
     seconds = 2 * step + (spacing or 0.0)
     return f"{max(1, math.ceil(seconds * 1000))}ms"
 
 
 RECHECK_EVERY = 10
-"""A series found fine is measured again only every this many reads (five minutes at the
-30 s tick): scrape intervals change with a redeploy, not by the tick. Each measure reads
-the sample times of that read: a first read's head holds plenty of scrapes."""
+"""A series found fine is measured again every this many reads: scrape intervals change
+with a redeploy, not by the tick."""
 
 SpacingListener = Callable[[str, float, float], None]
 """Told (series key, measured spacing, metrics.step) once per coarse series."""
@@ -82,15 +75,14 @@ class SpacingTracker:
         """Series key -> sample spacing in seconds, for series coarser than the step."""
         self.listeners: list[SpacingListener] = []
         self._fine: dict[str, int] = {}
-        """Series found fine -> reads left before measuring them again."""
+        """Series found fine -> reads left before measuring again."""
 
     def lookback(self, key: str) -> str:
         return lookback_ms(self.step, self.measured.get(key))
 
     def observe(self, key: str, times: FloatArray | Callable[[], FloatArray]) -> bool:
-        """Record the spacing behind `times` (points returned for `key`; a callable is
-        called only when the series is measured this read); True when the series turns
-        out coarser than the step for the first time (refetch it)."""
+        """Record the spacing behind `times` (a callable is called only when measured);
+        True when the series turns out coarser than the step for the first time."""
         if key in self.measured:
             return False
         left = self._fine.get(key, 0)
@@ -117,8 +109,7 @@ class SpacingTracker:
         return True
 
     def reset(self, step: float, keep: Callable[[str], bool]) -> None:
-        """A new config: everything is measured again on a new grid; else series no
-        longer configured are forgotten."""
+        """A new config: all measured again on a new grid; series gone are forgotten."""
         if step != self.step:
             self.step = step
             self.measured.clear()

@@ -1,14 +1,9 @@
-"""Warm start: the Prometheus source's windows saved to a file (an emptyDir
-survives a container restart; a new pod starts cold), so a restarted controller asks
-Prometheus only for the gap since the last save instead of backfilling the whole window
-(estimated at 60-70 s at 10,000 GPUs).
+"""Warm start: the windows saved to a file (an emptyDir survives a container restart),
+so a restarted controller asks Prometheus only for the gap since the last save.
 
-One `.npz` file: every window's bucket sums and counts and its raw tail, and as JSON the
-file's FORMAT and each window's key, bucket width, first bucket, `sealed` and
-`fetched_until`. Written to a temporary name and renamed, so a crash mid-write leaves
-the previous file. A file of another FORMAT, written for another sampling grid (step,
-window) or unreadable is ignored with a log line: the source then backfills as it always
-did.
+One `.npz` file (bucket sums, counts and raw tail per window; the rest as JSON), written
+to a temporary name and renamed. A file of another FORMAT or sampling grid, or
+unreadable, is ignored with a log line: the source then backfills.
 """
 
 from __future__ import annotations
@@ -27,12 +22,9 @@ from gpuscaler.config import Config
 log = logging.getLogger("gpuscaler.prometheus")
 
 FORMAT = 2
-"""The file's layout: 2 keeps buckets (sum, count) and a raw tail per window."""
 
 
 class WindowHolder(Protocol):
-    """What holds the windows: the metrics reader, or a source around it."""
-
     @property
     def config(self) -> Config: ...
     @property
@@ -40,7 +32,7 @@ class WindowHolder(Protocol):
 
 
 def save_windows(source: WindowHolder, path: str) -> int:
-    """Write the source's windows to `path` (atomically); the number written."""
+    """Write the source's windows to `path` atomically; the number written."""
     step, window = source.config.metrics.step, source.config.metrics.window
     kept = [(k, w, w.buckets) for k, w in source.windows.items() if w.buckets is not None]
     meta = {
@@ -70,8 +62,7 @@ def save_windows(source: WindowHolder, path: str) -> int:
 
 
 def load_windows(source: WindowHolder, path: str) -> int:
-    """Restore windows saved by `save_windows` for the source's grid; the number restored
-    (0 when the file is missing, unreadable, of another FORMAT or for another grid)."""
+    """Restore windows saved by `save_windows` for the source's grid; the number restored."""
     try:
         with np.load(path) as data:
             meta: dict[str, Any] = json.loads(bytes(data["meta"]).decode())

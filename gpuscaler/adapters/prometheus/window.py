@@ -1,12 +1,8 @@
 """Decoding and the window: a range answer decoded into arrays as it arrives (shape
 checked, values parsed, NaN/Inf flagged); per target a window of `forecast.fit_step`
-buckets, what the forecaster and the peaks read, on the grid k * fit_step.
-
-A window keeps per bucket the sum and count of its finite samples, and only the newest
-samples raw: those a later read may still send again (the `prometheus.overlap` read
-again, a late sample). The buckets those fall in are made from the raw samples at each
-`series`, so a sample read twice is counted once; once no read can send them again they
-are folded into their buckets (`seal`).
+buckets (sum and count of the finite samples) on the grid k * fit_step, with the newest
+samples raw until no read can send them again (`seal`), so a sample read twice is
+counted once.
 """
 
 from __future__ import annotations
@@ -23,19 +19,14 @@ from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.core.model import FloatArray, Series
 
 PERCENT = (0.0, 100.0)
-"""GPU utilization and stall are percentages: anything else is a broken exporter or rule."""
 LOAD = (0.0, 100.0 * 100_000)
 """A workload's load sums its pods' GPU utilization: at most 100 % on each of 100,000 GPUs."""
 MEMORY_MIB = (0.0, 1024.0 * 1024)
 """Frame buffer per GPU in MiB: no GPU has a TiB."""
 
 
-# --------------------------------------------------------------------------- decoding
-
-
 def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
-    """A problem naming how many decoded `values` (non-finite already NaN) lie outside
-    `bounds`, with one of them, and those values set to NaN; None when all are in."""
+    """Values outside `bounds` set to NaN, and a problem naming them (None when all in)."""
     lo, hi = bounds
     outside = (values < lo) | (values > hi)  # NaN compares False
     if not outside.any():
@@ -47,8 +38,8 @@ def drop_outside(values: FloatArray, bounds: tuple[float, float]) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class Samples:
-    """One series of a range answer, decoded as it arrives: its labels, its times and
-    values (non-finite values NaN, `non_finite` set), or why it is malformed (`error`)."""
+    """One series of a range answer: labels, times and values (non-finite ones NaN), or
+    why it is malformed."""
 
     metric: dict[str, str]
     times: FloatArray
@@ -58,8 +49,8 @@ class Samples:
 
 
 def decode_range(result: Any) -> list[Samples]:
-    """Every series of a range query's `data.result`, decoded into arrays; a malformed
-    series is kept with its error, so that only the targets it answers fail."""
+    """Every series of a range `data.result`; a malformed one keeps its error, so that
+    only the targets it answers fail."""
     if not isinstance(result, list):
         raise SourceError("data.result is not a list")
     return [_samples(item) for item in result]
@@ -81,8 +72,7 @@ def _samples(item: Any) -> Samples:
 
 
 def one_series(answer: list[Samples]) -> tuple[FloatArray, FloatArray, bool]:
-    """(times, values, had_non_finite) of a decoded answer holding one aggregate series;
-    several series are refused, an empty answer gives empty arrays."""
+    """(times, values, had_non_finite) of an answer of one aggregate series (or none)."""
     if len(answer) == 0:
         return np.empty(0), np.empty(0), False
     if len(answer) > 1:
@@ -94,14 +84,12 @@ def one_series(answer: list[Samples]) -> tuple[FloatArray, FloatArray, bool]:
 
 
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
-    """(times, values, had_non_finite) of a single-series matrix result, non-finite values
-    NaN; several series are refused, an empty result gives empty arrays."""
+    """`one_series` of a range `data.result`."""
     return one_series(decode_range(result))
 
 
 def decode_points(points: list[Any]) -> tuple[FloatArray, FloatArray]:
-    """(times, values) of a series' [timestamp, "value"] points, each converted by
-    `float`, one column at a time; SourceError when a point is not of that form."""
+    """(times, values) of a series' [timestamp, "value"] points."""
     n = len(points)
     try:
         times = np.fromiter(map(float, map(itemgetter(0), points)), np.float64, n)
@@ -112,8 +100,7 @@ def decode_points(points: list[Any]) -> tuple[FloatArray, FloatArray]:
 
 
 def decode_vector(result: Any) -> tuple[float | None, bool]:
-    """(value, non_finite) of a single-series instant-vector result; None when empty,
-    several series refused."""
+    """(value, non_finite) of an instant result of one aggregate series (None: empty)."""
     if not isinstance(result, list):
         raise SourceError("data.result is not a list")
     if len(result) == 0:
@@ -131,9 +118,6 @@ def decode_vector(result: Any) -> tuple[float | None, bool]:
     return (value, False) if np.isfinite(value) else (None, True)
 
 
-# --------------------------------------------------------------------------- window
-
-
 def bucket_index(times: FloatArray, width: float) -> npt.NDArray[np.int64]:
     """k of the bucket each time falls in: bucket k holds ((k - 1) * width, k * width]."""
     return np.ceil(times / width - 1e-9).astype(np.int64)
@@ -141,8 +125,7 @@ def bucket_index(times: FloatArray, width: float) -> npt.NDArray[np.int64]:
 
 @dataclass
 class Buckets:
-    """Sum and count of finite samples per `width`-second bucket, for the buckets
-    `first`, `first + 1`, ... (k as in `bucket_index`)."""
+    """Sum and count of finite samples in the buckets `first`, `first + 1`, ..."""
 
     width: float
     first: int
@@ -154,8 +137,7 @@ class Buckets:
         return cls(width, first, np.zeros(size), np.zeros(size))
 
     def add(self, times: FloatArray, values: FloatArray) -> None:
-        """The finite samples among `values` added to the buckets they fall in; those
-        outside the buckets are left out."""
+        """The finite samples added to the buckets they fall in (others left out)."""
         ok = np.isfinite(values)
         idx = bucket_index(times[ok], self.width) - self.first
         inside = (idx >= 0) & (idx < self.sums.size)
@@ -164,7 +146,6 @@ class Buckets:
         self.counts += np.bincount(idx, minlength=self.sums.size)
 
     def add_buckets(self, other: Buckets) -> None:
-        """`other`'s sums and counts (same width) added where the two overlap."""
         lo = max(self.first, other.first)
         hi = min(self.first + self.sums.size, other.first + other.sums.size)
         if hi <= lo:
@@ -177,7 +158,6 @@ class Buckets:
         self.counts[mine] += other.counts[theirs]
 
     def move_to(self, first: int) -> None:
-        """The buckets from `first` on, as many: those kept move, the new ones empty."""
         shift, size = first - self.first, self.sums.size
         for a in (self.sums, self.counts):
             if abs(shift) >= size:
@@ -193,9 +173,9 @@ class Buckets:
 
 @dataclass
 class Window:
-    """One target's window: the `size` buckets of `width` seconds up to the one nearest
-    the read's time, and the raw samples after `sealed` on the `step` grid (`tail`, slot
-    i at `sealed + (i + 1) * step`); samples at or before `sealed` are in the buckets."""
+    """One target's window: `size` buckets of `width` seconds up to the one nearest the
+    read's time, and the raw samples after `sealed` on the `step` grid (slot i of `tail`
+    at `sealed + (i + 1) * step`)."""
 
     step: float
     width: float
@@ -205,15 +185,9 @@ class Window:
     tail: FloatArray = field(default_factory=lambda: np.empty(0))
     fetched_until: float | None = None
 
-    @property
-    def end(self) -> float | None:
-        """End of the newest bucket, the time of the window's last point."""
-        return None if self.buckets is None else (self.buckets.first + self.size - 1) * self.width
-
     def advance(self, now: float) -> None:
-        """Move the window to end at the bucket end nearest `now` (the forecaster's
-        buckets end at `now`: its newest is then this one, holding the samples so far);
-        raw samples older than the window are dropped."""
+        """Move the window to end at the bucket end nearest `now` (where the forecaster's
+        newest bucket ends); raw samples older than the window are dropped."""
         first = round(now / self.width) - self.size + 1
         if self.buckets is None:
             self.buckets = Buckets.empty(self.width, first, self.size)
@@ -225,8 +199,8 @@ class Window:
             self.sealed = start
 
     def write(self, times: FloatArray, values: FloatArray) -> None:
-        """A read's samples into the raw tail, each in its slot (a sample read again
-        replaces itself); those at or before `sealed` are in the buckets already."""
+        """A read's samples into their slots of the raw tail (one read again replaces
+        itself); those at or before `sealed` are in the buckets already."""
         idx = np.rint((times - self.sealed) / self.step).astype(np.int64) - 1
         ok = idx >= 0
         if not ok.any():
@@ -240,8 +214,7 @@ class Window:
         self.tail[idx] = values
 
     def seal(self, until: float) -> None:
-        """The raw samples up to the bucket end at or before `until` (no read sends
-        them again) folded into their buckets."""
+        """The raw samples up to the bucket end at or before `until` into their buckets."""
         boundary = math.floor(until / self.width + 1e-9) * self.width
         if self.buckets is None or boundary <= self.sealed:
             return
@@ -255,14 +228,12 @@ class Window:
         return times
 
     def empty(self) -> bool:
-        """No finite sample in the window."""
         return not (
             (self.buckets is not None and self.buckets.counts.any()) or np.isfinite(self.tail).any()
         )
 
     def series(self) -> Series:
-        """The bucket means (NaN where a bucket holds no finite sample), step `width`,
-        ending at `end`."""
+        """The bucket means (NaN where a bucket holds no finite sample)."""
         assert self.buckets is not None
         b = self.buckets
         whole = Buckets(self.width, b.first, b.sums.copy(), b.counts.copy())
