@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.sim.kept import Plotted, plotted
-from gpuscaler.sim.simulate import RunResult, SimulationResult
+from gpuscaler.sim.records import RunResult, SimulationResult
 
 ROWS = (
     ("slo_violation_share", "share of requests waiting > SLO"),
@@ -95,9 +94,9 @@ def write_report(result: SimulationResult, directory: Path) -> list[Path]:
             out.write(json.dumps(d.as_record()) + "\n")
     summary = directory / "summary.json"
     summary.write_text(json.dumps(result.summary(), indent=2) + "\n", encoding="utf-8")
-    plot = directory / "simulation.png"
-    _plot(result, plot)
-    return [decisions, summary, plot]
+    png = directory / "simulation.png"
+    plot(result, png)
+    return [decisions, summary, png]
 
 
 TRADE_OFFS = (
@@ -118,7 +117,8 @@ FLOOR = {"slo_violation_share": 1.0, "p99_wait_s": 0.1, "scaling_actions": 1.0}
 readable axis."""
 
 
-def _plot(result: SimulationResult, path: Path) -> None:
+def plot(result: SimulationResult, path: Path) -> None:
+    """The PNG of one result: the trade-offs, then each run's demand and capacity."""
     # matplotlib builds its font cache on its first import and logs that at INFO
     # through the root logger, which would put a JSON line in the middle of the report.
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -139,7 +139,7 @@ def _plot(result: SimulationResult, path: Path) -> None:
             _series(ax, result, run)
         bottom.set_xlabel("hours into trace")
         fig.suptitle(
-            f"{result.trace}: each baseline swept over its target (90 % left .. 40 % right), "
+            f"{result.p.trace}: each baseline swept over its target (90 % left .. 40 % right), "
             "gpuscaler's point and the equal-cost line\n"
             "GPU load derived from request counts (load model: docs/evaluation.md)"
         )
@@ -219,7 +219,7 @@ def _trade_off(
     )
     ax.set_ylim(-0.04 * top, top)
     ax.set_xlabel("GPU-hours held")
-    ax.set_ylabel(label.replace("SLO", f"{result.config.simulator.slo_wait:g} s"))
+    ax.set_ylabel(label.replace("SLO", f"{result.p.config.simulator.slo_wait:g} s"))
     ax.set_title(f"{label.split(' (')[0]}: gpuscaler {shown_as.format(scale * g[key])}")
     if legend:
         ax.legend(loc="upper right")
@@ -228,8 +228,10 @@ def _trade_off(
 def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     """Demand, capacity, the forecast band and the decisions over time; requests over
     the SLO only where the table scores them (after the warm-up, shaded)."""
-    p = _drawn(result, run)
-    scored_from = result.scored_from * run.span()[0] / 3600
+    p, config = run.plotted, result.p.config
+    if p is None:
+        raise ValueError(f"{run.policy}'s run was finished without its plot")
+    scored_from = result.p.scored_from * run.slot / 3600
     if scored_from > 0:
         ax.axvspan(0, scored_from, color="0.92", label="warm-up, not scored")
     late = p.late[p.late >= scored_from]
@@ -242,15 +244,15 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
             "|",
             color="tab:red",
             ms=10,
-            label=f"requests over the SLO ({result.config.simulator.slo_wait:g} s)",
+            label=f"requests over the SLO ({config.simulator.slo_wait:g} s)",
         )
     if p.band is not None:
-        h = result.config.forecast.horizon
         ax.fill_between(
             *p.band,
             color="tab:orange",
             alpha=0.3,
-            label=f"forecast {result.config.forecast.interval_level:.0%} band at +{h:.0f}s",
+            label=f"forecast {config.forecast.interval_level:.0%} band at "
+            f"+{config.forecast.horizon:.0f}s",
         )
     for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
         times = [t for k, t in p.marks if k == kind]
@@ -262,25 +264,3 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     ax.set_title(POLICY_TITLES.get(run.policy, run.policy))
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left")
-
-
-def _drawn(result: SimulationResult, run: RunResult) -> Plotted:
-    """What the PNG draws of `run`: kept when it was released (`simulate.release`)."""
-    if run.kept is not None:
-        if run.kept.plotted is None:
-            raise ValueError(f"{run.policy}'s run was released without its plot")
-        return run.kept.plotted
-    t, cfg = run.track, result.config
-    return plotted(
-        run.cluster,
-        (t.origin, t.lower, t.upper),
-        run.decisions,
-        result.start,
-        cfg.simulator.slo_wait,
-        cfg.forecast.horizon,
-    )
-
-
-def plot(result: SimulationResult, path: Path) -> None:
-    """The simulator's PNG of one result (`gpuscaler whatif` writes one per workload)."""
-    _plot(result, path)

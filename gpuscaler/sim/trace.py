@@ -126,10 +126,7 @@ def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
 def bounded_span(times: FloatArray, step: float, where: str) -> int:
     """Bins of `step` from the first time to the last, refused (before anything is
     allocated) beyond MAX_BINS."""
-    return _grid_size(float(times[-1] - times[0]), step, where)
-
-
-def _grid_size(span: float, step: float, where: str) -> int:
+    span = float(times[-1] - times[0])
     bins = int(span / step) + 1
     if bins > MAX_BINS:
         raise TraceError(
@@ -147,7 +144,7 @@ def _binned(times: FloatArray, values: FloatArray | None, width: float, where: s
         i = int(np.flatnonzero(np.diff(times) < 0)[0])
         raise TraceError(f"{where}: time goes backwards at row {i + 2}")
     bins = np.floor((times - times[0]) / width).astype(np.int64)
-    size = _grid_size(float(times[-1] - times[0]), width, where)
+    size = bounded_span(times, width, where)
     weights = None if values is None else np.nan_to_num(values, nan=0.0)
     return np.bincount(bins, weights=weights, minlength=size).astype(np.float64)
 
@@ -188,7 +185,7 @@ def load_trace(
         raise TraceError(f"{where}: a single row is not a trace")
     # Put missing rows back as NaN so the grid is regular.
     slots = np.round((times - times[0]) / step).astype(np.int64)
-    _grid_size(float(times[-1] - times[0]), step, where)
+    bounded_span(times, step, where)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = counts
     return Trace(p.name, float(times[0]), step, grid, f"column {numeric_name!r}")
