@@ -161,25 +161,19 @@ def load_trace(
     if frame.shape[1] < 2 and resample is None:
         raise TraceError(f"{where}: needs a time column and a numeric column, found 1 column")
     times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
+    name = None if resample is not None and column is None else _value_column(frame, column, where)
+    values = None if name is None else pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
+    if values is not None and np.any(values[np.isfinite(values)] < 0):
+        raise TraceError(f"{where}: column {name!r} has negative request counts")
     if resample is not None:
-        values = None
-        what = "rows counted as requests"
-        if column is not None:
-            name = _value_column(frame, column, where)
-            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
-            what = f"column {name!r} summed"
-        if values is not None and np.any(values[np.isfinite(values)] < 0):
-            raise TraceError(f"{where}: column {column!r} has negative request counts")
         grid = _binned(times, values, resample, where)
         if len(grid) < 2:
             raise TraceError(f"{where}: all rows fall in one {resample:g}s bin: not a trace")
+        what = "rows counted as requests" if name is None else f"column {name!r} summed"
         return Trace(p.name, float(times[0]), resample, grid, f"{what} per {resample:g}s bin")
-    numeric_name = _value_column(frame, column, where)
-    counts = pd.to_numeric(frame[numeric_name], errors="coerce").to_numpy(dtype=np.float64)
-    if np.any(counts[np.isfinite(counts)] < 0):
-        raise TraceError(f"{where}: column {numeric_name!r} has negative request counts")
-    if np.any(np.isinf(counts)):
-        raise TraceError(f"{where}: column {numeric_name!r} has infinite values")
+    assert values is not None
+    if np.any(np.isinf(values)):
+        raise TraceError(f"{where}: column {name!r} has infinite values")
     step = regular_step(times, where) if len(times) > 1 else 0.0
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
@@ -187,5 +181,5 @@ def load_trace(
     slots = np.round((times - times[0]) / step).astype(np.int64)
     bounded_span(times, step, where)
     grid = np.full(int(slots[-1]) + 1, np.nan)
-    grid[slots] = counts
-    return Trace(p.name, float(times[0]), step, grid, f"column {numeric_name!r}")
+    grid[slots] = values
+    return Trace(p.name, float(times[0]), step, grid, f"column {name!r}")
