@@ -178,8 +178,8 @@ def load_trace(
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
     # Put missing rows back as NaN so the grid is regular.
-    slots = np.round((times - times[0]) / step).astype(np.int64)
     bounded_span(times, step, where)
+    slots = np.round((times - times[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = values
     return Trace(p.name, float(times[0]), step, grid, f"column {name!r}")
