@@ -108,6 +108,7 @@ TRADE_OFFS = (
 prints it), each against GPU-hours held."""
 COLORS = {"reactive": "tab:blue", "keda_rate": "tab:orange", "predictive_floor": "tab:green"}
 POLICY_TITLES = {"reactive": "reactive HPA on utilization at 70 %"}
+REACTIVE_AT = "reactive HPA at 70 %"
 NEAR = 0.75
 """A trade-off axis is scaled to the points from this share of gpuscaler's GPU-hours up:
 the far cheap end of a curve (a target that leaves half the requests late) would flatten
@@ -175,48 +176,21 @@ def _trade_off(
     for name, pts in curves.items():
         x = np.array([p[0] for p in pts])
         y = np.array([p[1] for p in pts])
-        color = COLORS.get(name, "tab:gray")
-        ax.plot(
-            x,
-            np.minimum(y, top),
-            marker="o",
-            ms=4,
-            color=color,
-            label=BASELINE_LABELS.get(name, name),
-        )
+        color, named = COLORS.get(name, "tab:gray"), BASELINE_LABELS.get(name, name)
+        ax.plot(x, np.minimum(y, top), marker="o", ms=4, color=color, label=named)
         if (y > top).any():
             ax.plot(x[y > top], np.full((y > top).sum(), top), "^", color=color, ms=9)
             beyond = max(beyond, float(y.max()))
         if name in reads:
             ax.plot(g["gpu_hours"], reads[name], "o", mfc="none", mec=color, ms=11)
     if beyond:
-        ax.annotate(
-            f"\u25b2 beyond the axis (up to {beyond:.3g})",
-            (0.98, 0.12),
-            xycoords="axes fraction",
-            ha="right",
-            color="0.3",
-        )
+        note = f"\u25b2 beyond the axis (up to {beyond:.3g})"
+        ax.annotate(note, (0.98, 0.12), xycoords="axes fraction", ha="right", color="0.3")
     ax.axvline(g["gpu_hours"], color="0.5", lw=0.8, ls=":", label="equal cost (gpuscaler's)")
-    ax.plot(
-        reactive["gpu_hours"],
-        scale * reactive[key],
-        "s",
-        color=COLORS["reactive"],
-        mec="black",
-        ms=9,
-        label="reactive HPA at 70 %",
-    )
-    ax.plot(
-        g["gpu_hours"],
-        scale * g[key],
-        "*",
-        color="black",
-        mec="white",
-        ms=20,
-        zorder=10,
-        label="gpuscaler",
-    )
+    at_reactive = (reactive["gpu_hours"], scale * reactive[key])
+    ax.plot(*at_reactive, "s", color=COLORS["reactive"], mec="black", ms=9, label=REACTIVE_AT)
+    at_g = (g["gpu_hours"], scale * g[key])
+    ax.plot(*at_g, "*", color="black", mec="white", ms=20, zorder=10, label="gpuscaler")
     ax.set_ylim(-0.04 * top, top)
     ax.set_xlabel("GPU-hours held")
     ax.set_ylabel(label.replace("SLO", f"{result.p.config.simulator.slo_wait:g} s"))
@@ -238,22 +212,12 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     ax.plot(p.hours, p.demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
     ax.plot(p.hours, p.capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
     if late.size:
-        ax.plot(
-            late,
-            np.zeros(late.size),
-            "|",
-            color="tab:red",
-            ms=10,
-            label=f"requests over the SLO ({config.simulator.slo_wait:g} s)",
-        )
+        over = f"requests over the SLO ({config.simulator.slo_wait:g} s)"
+        ax.plot(late, np.zeros(late.size), "|", color="tab:red", ms=10, label=over)
     if p.band is not None:
-        ax.fill_between(
-            *p.band,
-            color="tab:orange",
-            alpha=0.3,
-            label=f"forecast {config.forecast.interval_level:.0%} band at "
-            f"+{config.forecast.horizon:.0f}s",
-        )
+        cfg = config.forecast
+        band = f"forecast {cfg.interval_level:.0%} band at +{cfg.horizon:.0f}s"
+        ax.fill_between(*p.band, color="tab:orange", alpha=0.3, label=band)
     for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
         times = [t for k, t in p.marks if k == kind]
         for i, t in enumerate(times):
