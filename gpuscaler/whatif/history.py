@@ -150,7 +150,6 @@ def ready(
 
 
 def _replayed(r: Ready, run: RunResult, around: Around) -> WorkloadReplay:
-
     assert around.reactive is not None
     result = SimulationResult(r.prepared, run, around.reactive, around.curves or {})
     actual = around.actual
@@ -186,10 +185,12 @@ def replay_many(
         if isinstance(r, Ready):
             groups.setdefault(r.prepared.key(), []).append(r)
     size = max(1, lanes)
-    chunk_of: dict[int, list[Ready]] = {}
-    for group in groups.values():
-        for i in range(0, len(group), size):
-            chunk_of.update((id(x), group[i : i + size]) for x in group[i : i + size])
+    chunk_of = {
+        id(x): g[i : i + size]
+        for g in groups.values()
+        for i in range(0, len(g), size)
+        for x in g[i : i + size]
+    }
     done: dict[int, tuple[RunResult, Around]] = {}
     for r in out:
         if isinstance(r, Skipped):
