@@ -10,8 +10,8 @@ Each window runs `simulate` (gpuscaler, reactive HPA at 70 %, and every baseline
 over targets 40..90 %), all in the same run. The reactive curve is read at gpuscaler's
 own GPU-hours. Where gpuscaler holds more GPU-hours than a curve's dearest swept point,
 that curve is extended below 40 % (35, 30, ... down to 10 %, the points run as the swept
-ones; `gpuscaler.sim.extend`) until it reaches gpuscaler's GPU-hours, so the comparison
-is at equal cost; the output lists every extension. A window's verdict:
+ones; `gpuscaler.sim.simulate.extend_below`) until it reaches gpuscaler's GPU-hours, so
+the comparison is at equal cost; the output lists every extension. A window's verdict:
 - never worse: SLO-violation share <= reactive@equal x 1.05, or both below 0.1 %;
 - where reactive@equal violates for more than 0.5 % of requests: at most half of its
   violations, and no more than the predictive-floor baseline at equal GPU-hours (where
@@ -52,9 +52,8 @@ from typing import Any
 import numpy as np
 
 from gpuscaler.config import Config
-from gpuscaler.sim.around import simulate
 from gpuscaler.sim.equal_cost import equal_cost
-from gpuscaler.sim.extend import extend_below
+from gpuscaler.sim.simulate import extend_below, simulate
 from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
 

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 
 from gpuscaler.config import Config, NodePoolConfig, ReplicasConfig, parse_config
 from gpuscaler.core.guards import Outcome
+from gpuscaler.core.history import Signal as HistorySignal
+from gpuscaler.core.history import WorkloadHistory
 from gpuscaler.core.model import (
     Forecast,
     PoolObservation,
+    Series,
     Signal,
     TargetHistory,
     WorkloadObservation,
 )
 from gpuscaler.core.replicas import replica_floors
+from gpuscaler.sim.trace import Trace, load_trace
 
 NOW = 1_700_000_000.0
+HISTORY = (
+    ("workload_requests", "q_req"),
+    ("workload_load", "q_load"),
+    ("kube_horizontalpodautoscaler_status_current_replicas", "q_rep"),
+)
 
 
 def forecast(peak: float, upper: float | None = None, last: float | None = None) -> Forecast:
@@ -147,6 +159,40 @@ def assert_outcome(out: Outcome, expect: tuple[str, object], decision_text: str)
 CLI = [sys.executable, "-m", "gpuscaler.cli"]
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`gpuscaler ARGS` in a fresh process, output captured, bounded in time."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+def run_cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`gpuscaler ARGS` in a fresh process (with `env` added), output captured, bounded."""
+    full = None if env is None else {**os.environ, **env}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def workload_history(
+    key: str,
+    n: int,
+    *series: Series | None,
+    problems: Sequence[str | None] = (None, None, None),
+    start: float = 1000.0,
+) -> WorkloadHistory:
+    """`n` samples of 10 s from `start` of a workload's request rate, GPU load and
+    replicas (those not given: no series)."""
+    given = (*series, None, None, None)[:3]
+    signals = [
+        HistorySignal(name, query, s, problem)
+        for (name, query), s, problem in zip(HISTORY, given, problems, strict=True)
+    ]
+    return WorkloadHistory(key, start, start + 10.0 * (n - 1), 10.0, *signals)
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal: progress bars show on it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def shifted_week(i: int, scale: float) -> Trace:
+    """Workload i's demand: the bundled week shifted by i x 5 h, scaled."""
+    base = load_trace()
+    shift = round(i * 5 * 3600 / base.bin_seconds)
+    return Trace(f"w{i}", base.start, base.bin_seconds, np.roll(base.counts, -shift) * scale)

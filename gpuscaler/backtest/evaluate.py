@@ -42,19 +42,20 @@ class Scores:
     demand_won: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | None]:
-        def r(x: float) -> float | None:
-            return round(x, 4) if math.isfinite(x) else None
-
         out = {
-            "mae": r(self.mae),
-            "relative_to_naive": r(self.relative_to_naive),
-            "peak_mae": r(self.peak_mae),
-            "coverage": r(self.coverage),
+            "mae": rounded(self.mae),
+            "relative_to_naive": rounded(self.relative_to_naive),
+            "peak_mae": rounded(self.peak_mae),
+            "coverage": rounded(self.coverage),
             "origins": self.origins,
         }
         if math.isfinite(self.demand_won):
-            out["demand_won"] = r(self.demand_won)
+            out["demand_won"] = rounded(self.demand_won)
         return out
+
+
+def rounded(x: float) -> float | None:
+    return round(float(x), 4) if math.isfinite(x) else None
 
 
 @dataclass
@@ -77,20 +78,17 @@ def _empirical_interval(
     lower = np.full((n, steps), np.nan)
     upper = np.full((n, steps), np.nan)
     k = WINDOW_MEAN_POINTS
-    if kind == "window_mean":
-        windows = np.lib.stride_tricks.sliding_window_view(hist, k, axis=1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
+        if kind == "window_mean":
+            windows = np.lib.stride_tricks.sliding_window_view(hist, k, axis=1)
             means = np.nanmean(windows, axis=2)  # means[:, j] ends at hist[:, j + k - 1]
-    for h in range(1, steps + 1):
-        if kind == "naive":
-            err = hist[:, h:] - hist[:, : w - h]
-        else:
-            err = hist[:, k - 1 + h :] - means[:, : w - k + 1 - h]
-        if err.shape[1] == 0:
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        for h in range(1, steps + 1):
+            if kind == "naive":
+                err = hist[:, h:] - hist[:, : w - h]
+            else:
+                err = hist[:, k - 1 + h :] - means[:, : w - k + 1 - h]
+            if err.shape[1] == 0:
+                continue
             lower[:, h - 1] = point[:, h - 1] + np.nanquantile(err, lo_q, axis=1)
             upper[:, h - 1] = point[:, h - 1] + np.nanquantile(err, hi_q, axis=1)
     return lower, upper
@@ -167,8 +165,7 @@ def evaluate_series(
     last_vals = hist[:, -1]
     naive = np.repeat(last_vals[:, None], steps, axis=1)
     paths["naive"] = (naive, *_empirical_interval(hist, naive, steps, level, "naive"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
         wm = np.nanmean(hist[:, -WINDOW_MEAN_POINTS:], axis=1)
     wmean = np.repeat(wm[:, None], steps, axis=1)
     paths["window_mean"] = (wmean, *_empirical_interval(hist, wmean, steps, level, "window_mean"))
@@ -236,27 +233,21 @@ def _errors(
     where the demand signal won, for gpuscaler with one)."""
     out: dict[str, Errors] = {}
     finite = np.isfinite(actual)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
         actual_peak = np.nanmax(np.where(finite, actual, -np.inf), axis=1)
-    for method, (mean, lo, hi) in paths.items():
-        ok = finite & np.isfinite(mean)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        for method, (mean, lo, hi) in paths.items():
+            ok = finite & np.isfinite(mean)
             path_peak = np.nanmax(np.where(ok, mean, -np.inf), axis=1)
-        if method in peaks:  # gpuscaler's own peak forecast, not the path's maximum
-            path_peak = np.where(np.isfinite(peaks[method]), peaks[method], path_peak)
-        rows = ok.any(axis=1)
-        abs_err = np.where(ok, np.abs(mean - actual), np.nan)
-        inside = np.where(
-            ok & np.isfinite(lo) & np.isfinite(hi), (actual >= lo) & (actual <= hi), np.nan
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            peak = np.abs(path_peak - actual_peak)
+            if method in peaks:  # gpuscaler's own peak forecast, not the path's maximum
+                path_peak = np.where(np.isfinite(peaks[method]), peaks[method], path_peak)
+            rows = ok.any(axis=1)
+            abs_err = np.where(ok, np.abs(mean - actual), np.nan)
+            inside = np.where(
+                ok & np.isfinite(lo) & np.isfinite(hi), (actual >= lo) & (actual <= hi), np.nan
+            )
             out[method] = Errors(
                 abs_err=list(np.nanmean(abs_err[rows], axis=1)),
-                peak_err=list(peak[rows]),
+                peak_err=list(np.abs(path_peak - actual_peak)[rows]),
                 inside=list(np.nanmean(inside[rows], axis=1)),
                 won=list(won[rows]) if method == "gpuscaler" and won is not None else [],
             )

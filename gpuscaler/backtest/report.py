@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.backtest.evaluate import Errors, Reference, Scores, evaluate_series, scores
+from gpuscaler.backtest.evaluate import (
+    Errors,
+    Reference,
+    Scores,
+    evaluate_series,
+    rounded,
+    scores,
+)
 from gpuscaler.backtest.series import BacktestError, demand_for, load_series_csv, on_grid, to_grid
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.model import FloatArray
@@ -109,10 +116,6 @@ def _overall(
     """Overall: relative_to_naive and coverage pooled across series (each series' errors
     scaled by its own naive MAE); mae and peak_mae averaged over series in their units."""
     d = scores.as_dict()
-    d["mae"] = _round(float(np.mean([s[method].mae for s in per_series.values()])))
-    d["peak_mae"] = _round(float(np.mean([s[method].peak_mae for s in per_series.values()])))
+    d["mae"] = rounded(float(np.mean([s[method].mae for s in per_series.values()])))
+    d["peak_mae"] = rounded(float(np.mean([s[method].peak_mae for s in per_series.values()])))
     return d
-
-
-def _round(x: float) -> float | None:
-    return round(float(x), 4) if math.isfinite(x) else None

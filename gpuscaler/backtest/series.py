@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from gpuscaler.core.model import FloatArray, Series
+from gpuscaler.core.model import Series
 from gpuscaler.errors import InputError
 from gpuscaler.sim.trace import (
     TraceError,
@@ -23,21 +25,25 @@ class BacktestError(InputError):
     """Input the backtest cannot use; the message says what and where."""
 
 
+@contextmanager
+def _as_backtest_error(suffix: str = "") -> Iterator[None]:
+    """A trace helper's TraceError raised as a BacktestError (with `suffix`)."""
+    try:
+        yield
+    except TraceError as e:
+        raise BacktestError(f"{e}{suffix}") from e
+
+
 def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     """Named time series (float values indexed by unix seconds) from a CSV: a time column,
     then either a value column and an optional non-numeric series column, or several
     numeric columns, one series each."""
     p = Path(path)
-    try:
+    with _as_backtest_error():
         frame = read_csv(p, str(p))
-    except TraceError as e:
-        raise BacktestError(str(e)) from e
-    if frame.shape[1] < 2:
-        raise BacktestError(f"{p}: needs a timestamp column and a value column")
-    try:
+        if frame.shape[1] < 2:
+            raise BacktestError(f"{p}: needs a timestamp column and a value column")
         times = finite_times(parse_times(frame.iloc[:, 0], str(p)), frame, str(p))
-    except TraceError as e:
-        raise BacktestError(str(e)) from e
     rest = frame.iloc[:, 1:]
     numeric = {c: pd.to_numeric(rest[c], errors="coerce") for c in rest.columns}
     is_numeric = {c: bool(v.notna().any()) for c, v in numeric.items()}
@@ -63,19 +69,13 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
     return out
 
 
-def bounded(times: FloatArray, step: float, where: str) -> None:
-    try:
-        bounded_span(times, step, where)
-    except TraceError as e:
-        raise BacktestError(str(e)) from e
-
-
 def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: str) -> Series:
     """A regular grid: resampled into `resample`-second bins, or checked to be regular."""
     t = s.index.to_numpy(dtype=np.float64)
     v = s.to_numpy(dtype=np.float64)
     if resample is not None:
-        bounded(t, resample, where)
+        with _as_backtest_error():
+            bounded_span(t, resample, where)
         bins = np.floor((t - t[0]) / resample).astype(np.int64)
         frame = pd.DataFrame({"bin": bins, "v": v})
         grouped = frame.groupby("bin")["v"]
@@ -88,11 +88,10 @@ def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: st
         return Series(start=float(t[0]), step=resample, values=grid)
     if len(t) < 2:
         raise BacktestError(f"{where}: series {name!r} has fewer than 2 points")
-    try:
+    with _as_backtest_error("; pass --resample to put it on a grid"):
         step = regular_step(t, f"{where}: series {name!r}")
-    except TraceError as e:
-        raise BacktestError(f"{e}; pass --resample to put it on a grid") from e
-    bounded(t, step, where)
+    with _as_backtest_error():
+        bounded_span(t, step, where)
     slots = np.round((t - t[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = v

@@ -70,7 +70,7 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             )
             return controller, None
         if not config.prometheus.url:
-            from gpuscaler.sim.simulate import scenario_config
+            from gpuscaler.sim.replay import scenario_config
 
             live = _live_controller(config, args.dry_run)
             return _reloading(live, args, scenario_config), None

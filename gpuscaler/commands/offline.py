@@ -51,8 +51,8 @@ def _replay_window(args: argparse.Namespace) -> float | str | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from gpuscaler.sim.around import simulate
     from gpuscaler.sim.report import table, write_report
+    from gpuscaler.sim.simulate import simulate
     from gpuscaler.sim.trace import TraceError, load_trace
 
     config = config_or_exit(args.config, require_targets=False)

@@ -1,5 +1,5 @@
 """What a workload's Prometheus history holds over a what-if range: frozen observations
-filled by `adapters/prometheus/history.py`, replayed by `sim/replay.py`."""
+filled by `adapters/prometheus/history.py`, replayed by `whatif/history.py`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The simulated cluster: GPU inference workloads on their node pools, driven by request
-traces in slots of `simulator.slot` under the load model of `gpuscaler.sim.load`. One
-model for any number of runs: its state is arrays with a leading run axis, so a single
-replay is one run, a baseline sweep or the what-if lanes are many runs stepped together.
-
-The runs of one model share the range, slot, simulator settings and seed: their signal
-noise and dropped samples are one draw, and each run draws its cold starts from its own
-generator of that seed (the kth cold start of every run is the kth of one stream).
-"""
+"""The simulated cluster under the load model of `gpuscaler.sim.load`: one model for any
+number of runs, its state arrays with a leading run axis (a replay is one run, a baseline
+sweep or the what-if lanes are many stepped together). The runs share the range, slot,
+settings and seed: their signal noise and dropped samples are one draw, and the kth cold
+start of every run is the kth of one stream."""
 
 from __future__ import annotations
 
@@ -28,14 +24,21 @@ from gpuscaler.core.snapshot import RawPool, RawWorkload
 from gpuscaler.sim.load import (
     SAMPLE,
     STALL_LEVEL_FACTOR,
-    Draws,
+    draws,
     efficiency,
     layout_capacity,
+    lindley,
 )
 from gpuscaler.sim.pods import Pods
-from gpuscaler.sim.queue import lindley
-from gpuscaler.sim.records import Record, RunView, Window
+from gpuscaler.sim.records import RunView
+from gpuscaler.sim.replay import scenario
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
+
+EMPTY = np.zeros(0)
+KEPT = ("capacity", "demand_busy", "replicas")
+"""What a recorded run keeps besides the served work and the GPUs held."""
+ROOM = 2048
+"""Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,9 @@ class RunSpec:
     time_slice_level: str
     gpu_memory_gib: float
     uses_util: bool = True
-    """Whether its HPA reads the utilization (the HPA on utilization, the predictive
-    floor); a run on request rate reads only the signal it is given."""
+    """Its HPA reads the utilization (a run on request rate reads only its signal)."""
     recorded: bool = False
-    """Its whole record kept (capacity, demand, replicas besides the served work and the
-    GPUs held): what a plot and a run's full figures read."""
+    """Its capacity, demand and replicas kept too (what a plot and full figures read)."""
     observed: bool = False
     """A controller reads its pool's signals (computed for these runs alone)."""
 
@@ -67,10 +68,9 @@ def scenario_run(
     recorded: bool = False,
     observed: bool = False,
 ) -> RunSpec:
-    """A run of the first workload with a node pool of `config`, on that pool at its
-    initial fragments, its HPA at `target_pct` (default: the workload's target)."""
-    workload = next(w for w in config.workloads if w.node_pool)
-    pool = next(p for p in config.node_pools if p.name == workload.node_pool)
+    """A run of `config`'s scenario, its pool at its initial fragments, its HPA at
+    `target_pct` (default: the workload's target)."""
+    workload, pool = scenario(config)
     cfg = config.workload_section(workload.key, "replicas", ReplicasConfig)
     return RunSpec(
         member,
@@ -83,6 +83,29 @@ def scenario_run(
         recorded,
         observed,
     )
+
+
+class Window:
+    """The last `keep` slots (at least) of some (runs, slots) signals, in a table of
+    `keep + ROOM` slots from slot `offset`. When full, the kept slots move to a new table:
+    the old one stays as it is for the controller's series of earlier ticks that still
+    view it, so no slot once written ever changes."""
+
+    def __init__(self, runs: int, keep: int):
+        self.keep, self.offset = keep, 0
+        self.table = np.full((runs, keep + ROOM), np.nan)
+
+    def room(self, begin: int, end: int) -> None:
+        """Room for the slots `begin` to `end`."""
+        if end - self.offset <= self.table.shape[1]:
+            return
+        offset = max(self.offset, begin - self.keep)
+        table = np.full((len(self.table), max(self.keep + ROOM, end - offset)), np.nan)
+        table[:, : begin - offset] = self.table[:, offset - self.offset : begin - self.offset]
+        self.table, self.offset = table, offset
+
+    def slots(self, begin: int, end: int) -> slice:
+        return slice(begin - self.offset, end - self.offset)
 
 
 class Clusters:
@@ -106,8 +129,8 @@ class Clusters:
         self.specs = list(specs)
         runs = len(self.specs)
         self.member = np.array([s.member for s in specs], dtype=np.int64)
-        self.draws = Draws(seed, self.n)
-        self.noise = self.draws.noise * self.sim.noise_pct
+        noise, self.stall_noise, self.dropped = draws(seed, self.n)
+        self.noise = noise * self.sim.noise_pct
         self.sub = max(1, math.ceil(self.slot / SAMPLE - 1e-9))
         cfgs = [s.replicas for s in specs]
         self.lo = np.array([c.min_replicas for c in cfgs], dtype=np.int64)
@@ -144,21 +167,14 @@ class Clusters:
         self._keeping()
 
     def _keeping(self) -> None:
-        """The tables of the recorded runs (whole) and of the observed ones (their last
-        metrics window, for the controller)."""
+        """The tables of the recorded runs and the observed ones' last metrics window."""
         self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
         self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
         k = len(self.recorded)
-        self.kept = {
-            "capacity": np.full((k, self.n), np.nan),
-            "demand_busy": np.full((k, self.n), np.nan),
-            "replicas": np.full((k, self.n), np.nan),
-        }
+        self.kept = {name: np.full((k, self.n), np.nan) for name in KEPT}
         keep = max(self.window_slots, round(self.interval / self.slot))
         self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
         self.row_of = {int(r): j for j, r in enumerate(self.observed)}
-
-    # ------------------------------------------------------------------ slots
 
     def advance_to(self, now: float) -> None:
         """Simulate every run's slots in [cursor time, now)."""
@@ -174,7 +190,7 @@ class Clusters:
         f = self.fragments[:, None]
         served_pct = 100.0 * served / slot
         load = np.maximum(0.0, served_pct + self.noise[s] * np.sqrt(np.maximum(ready / f, 1)))
-        dropped = self.draws.dropped[s]
+        dropped = self.dropped[s]
         load[:, dropped] = np.nan
         keep = round(self.interval / slot)
         if load.shape[1] < keep:  # the slots before these still read
@@ -214,8 +230,8 @@ class Clusters:
         level = np.array([STALL_LEVEL_FACTOR[self.levels[r]] for r in rows.tolist()])
         term = np.log2(self.fragments[rows]) / 3.0 * level
         stall = 30.0 * (busy / 100.0) ** 2 * term[:, None]
-        stall = np.clip(stall + self.draws.stall_noise[s], 0.0, 100.0)
-        dropped = self.draws.dropped[s]
+        stall = np.clip(stall + self.stall_noise[s], 0.0, 100.0)
+        dropped = self.dropped[s]
         util[:, dropped] = np.nan
         stall[:, dropped] = np.nan
         for name, values in (("util", util), ("stall", stall)):
@@ -226,11 +242,10 @@ class Clusters:
     def _pods_over(
         self, begin: int, end: int
     ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-        """(ready replicas, service capacity in GPUs' worth, GPUs held) of every run in
-        the slots `begin` to `end`, counted at each 500 ms sample (their means over a
-        coarser slot), of shape (runs, slots), or (runs, 1) when no run's pods change and
-        no run is disrupted in them; and the pods holding a GPU share at the last slot's
-        first sample, per run. A run whose pods do not change is counted once."""
+        """(ready replicas, capacity in GPUs' worth, GPUs held) of every run in the slots
+        `begin` to `end`, counted every 500 ms (means over a coarser slot), of shape (runs,
+        slots) or (runs, 1) when no run changes; and each run's pods holding a GPU share at
+        the last slot's first sample. A run whose pods do not change is counted once."""
         slot, sub, overhead = self.slot, self.sub, self.sim.switch_overhead
         m = end - begin
         first, last = self.start + slot * begin, self.start + slot * (end - 1)
@@ -242,7 +257,7 @@ class Clusters:
             return (t[:, None] + (slot / sub) * np.arange(sub)).ravel() if sub > 1 else t
 
         pods = self.pods
-        _, moving, r, h = pods.count(first, last, samples)
+        moving, r, h = pods.count(first, last, samples)
         disrupted = np.flatnonzero(self.disrupted_until > first)
         if disrupted.size and not np.isin(disrupted, moving).all():
             moving = np.union1d(moving, disrupted)
@@ -266,15 +281,12 @@ class Clusters:
             ready[moving], capacity[moving], gpus[moving] = r, cap, g
         return ready, capacity, gpus, held_last
 
-    # ------------------------------------------------------------------ scaling
-
     def hpa_step(
         self, now: float, signal: FloatArray | None = None, fixed: IntArray | None = None
     ) -> None:
-        """Every run's reactive autoscaler at `now`; effective replicas = max(floor, its
-        answer). `signal`: per run, the load (percent of one GPU) its HPA reads besides
-        the utilization (the request rate, a forecast; NaN: none); `fixed`: per run, the
-        replicas to set instead (-1: its HPA decides)."""
+        """Every run's HPA at `now`; replicas = max(floor, its answer). `signal`: per run,
+        the load (% of one GPU) read besides the utilization (NaN: none); `fixed`: per
+        run, the replicas to set instead (-1: its HPA decides)."""
         current = self.spec.copy()
         ready = self.pods.ready_at(now)
         share = 1.0 / self.fragments
@@ -302,18 +314,16 @@ class Clusters:
         self.set_replicas(now, desired)
 
     def _util(self) -> FloatArray | None:
-        """Every run's mean utilization over the last control interval's samples not
-        dropped (None: all dropped)."""
+        """Every run's mean utilization over the last control interval (None: no sample)."""
         window = slice(max(0, self.cursor - round(self.interval / self.slot)), self.cursor)
-        finite = window.start + (~self.draws.dropped[window]).nonzero()[0]
+        finite = window.start + (~self.dropped[window]).nonzero()[0]
         if not finite.size:
             return None
         return np.asarray(self.load[:, finite - self.load_from].mean(axis=1))
 
     def set_replicas(self, now: float, n: IntArray) -> None:
-        """Every run's replicas asked from `now` (pods reach them `sync_delay` later): new
-        pods after their cold starts; all but the earliest-ready staying pods leave, a
-        ready one after the queue present is drained."""
+        """Every run's replicas asked at `now`, reached `sync_delay` later: new pods after
+        their cold starts; the newest-ready leave, a ready one after draining the queue."""
         current = self.spec
         rows = np.flatnonzero(n != current)
         if not rows.size:
@@ -329,8 +339,8 @@ class Clusters:
         self.events.append((now, rows, before, after))
 
     def _cold_starts(self, rows: IntArray, counts: IntArray) -> FloatArray:
-        """The next `counts` cold starts of each run of `rows`, each run's from its own
-        place in one stream of the seed (draws of any sizes are one stream)."""
+        """The next `counts` cold starts of each run of `rows`, from its own place in one
+        stream of the seed."""
         if not rows.size:
             return np.zeros(0)
         first = self.drawn[rows]
@@ -351,8 +361,6 @@ class Clusters:
             drain = np.minimum(self.sim.drain_max, q / cap)
         return np.where(cap <= 0, self.sim.drain_max, drain)
 
-    # ------------------------------------------------------------------ controller
-
     def apply(self, run: int, decisions: Sequence[Decision]) -> None:
         """A controller's decisions for run `run` (its floor, fragments, time slice)."""
         for d in decisions:
@@ -371,8 +379,7 @@ class Clusters:
                     self.time_slice_changes[run].append(d)
 
     def signals(self, run: int, pool_name: str, workload_key: str) -> tuple[RawPool, RawWorkload]:
-        """The pool's and the workload's signals of observed run `run` up to the cursor:
-        the last `metrics.window` of each."""
+        """The last `metrics.window` of observed run `run`'s pool and workload signals."""
         end = self.cursor
         begin = max(0, end - self.window_slots)
         start, step, row = self.start + self.slot * begin, self.slot, self.row_of[run]
@@ -399,8 +406,6 @@ class Clusters:
         )
         return pool, workload
 
-    # ------------------------------------------------------------------ records
-
     def replica_changes(self) -> list[list[tuple[float, int, int]]]:
         """Each run's replica changes (time, before, after), in time order."""
         changes: list[list[tuple[float, int, int]]] = [[] for _ in self.specs]
@@ -410,30 +415,27 @@ class Clusters:
         return changes
 
     def views(self) -> list[RunView]:
-        """Every run's record as the figures and the plot read it (a recorded run's
-        whole; the others' served work and GPUs held)."""
+        """Every run's record (a run not recorded: its served work and GPUs held)."""
         changes = self.replica_changes()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
+        gps = self.sim.gpu_seconds_per_request
         out = []
         for i, spec in enumerate(self.specs):
             arrivals = self.arrivals[spec.member]
-            gps = self.sim.gpu_seconds_per_request
-            rec = Record(self.served[i], self.gpus[i], arrivals, self.slot, gps)
             j = kept.get(i)
-            if j is not None:
-                if len(kept) < len(self.specs):  # its own rows: the others' go with the model
-                    rec.served, rec.gpus = self.served[i].copy(), self.gpus[i].copy()
-                rec.capacity = self.kept["capacity"][j]
-                rec.demand_busy = self.kept["demand_busy"][j]
-                rec.replicas = self.kept["replicas"][j]
+            cap, busy, reps = (EMPTY,) * 3 if j is None else (self.kept[k][j] for k in KEPT)
             out.append(
                 RunView(
                     self.start,
                     self.slot,
                     self.cursor,
                     arrivals,
-                    arrivals * self.sim.gpu_seconds_per_request,
-                    rec,
+                    arrivals * gps,
+                    self.served[i],
+                    self.gpus[i],
+                    cap,
+                    busy,
+                    reps,
                     changes[i],
                     self.fragment_changes[i],
                     self.time_slice_changes[i],

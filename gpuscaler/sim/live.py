@@ -1,5 +1,5 @@
-"""The simulated cluster on the wall clock, for `once` and `run` until the real adapters
-exist: wall time maps onto the bundled trace, one metrics window in (the window before is
+"""The simulated cluster on the wall clock, for `once` and `run` without a Prometheus:
+wall time maps onto the bundled trace, one metrics window in (the window before is
 warmed up with the reactive autoscaler alone)."""
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ from gpuscaler.config import Config
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import Series
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.sim.cluster import Clusters, scenario_run
-from gpuscaler.sim.load import arrivals_from_trace
-from gpuscaler.sim.lockstep import ClusterPorts, Lane
-from gpuscaler.sim.preemption import SimulatedPreemption
-from gpuscaler.sim.simulate import ForecastTrack, scenario_config
+from gpuscaler.sim.lockstep import lane_ports
+from gpuscaler.sim.replay import prepare
 from gpuscaler.sim.trace import Trace, load_trace
 
 
@@ -25,43 +22,28 @@ class LiveSimulation:
     def __init__(
         self, config: Config, wall_start: float, trace: Trace | None = None, seed: int = 1
     ):
-        self.config = scenario_config(config)
         trace = trace or load_trace()
+        p = prepare(trace, None, seed, config)
+        self.config, self.interval = p.config, p.config.control.interval
         window = self.config.metrics.window
         self.offset = trace.start + window - wall_start  # simulated time = wall time + offset
-        slot = self.config.simulator.slot
-        arrivals = arrivals_from_trace(trace, trace.start, trace.duration, seed, slot)
-        cfg = self.config
-        self.cluster = Clusters(
-            cfg, arrivals, trace.start, seed, [scenario_run(cfg, observed=True)]
-        )
-        workload = next(w for w in cfg.workloads if w.node_pool)
-        pool = next(p for p in cfg.node_pools if p.name == workload.node_pool)
-        burst = cfg.simulator.preemption_burst_after
-        preemption = (
-            SimulatedPreemption(trace.start, cfg.preemption, burst_after=burst)
-            if burst is not None
-            else None
-        )
-        lane = Lane(workload, pool, pool.name, [], ForecastTrack())
-        self.ports = ClusterPorts(self.cluster, [lane], preemption)
-        self._next_hpa = trace.start + self.config.control.interval
+        self.ports = lane_ports([p], recorded=False)[1]  # nothing reads its record
+        self._next_hpa = trace.start + self.interval
         self._advance(trace.start + window)
 
     def _advance(self, sim_now: float) -> None:
         while self._next_hpa <= sim_now:
             self.ports.advance_to(self._next_hpa)
-            self.cluster.hpa_step(self._next_hpa)
-            self._next_hpa += self.config.control.interval
+            self.ports.clusters.hpa_step(self._next_hpa)
+            self._next_hpa += self.interval
         self.ports.advance_to(sim_now)
 
     def _to_wall(self, s: Series | None) -> Series | None:
         return None if s is None else replace(s, start=s.start - self.offset)
 
     def observe(self, now: float) -> Observations:
-        sim_now = now + self.offset
-        self._advance(sim_now)
-        obs = self.ports.observe(sim_now)
+        self._advance(now + self.offset)
+        obs = self.ports.observe(now + self.offset)
         return Observations(
             time=now,
             pools=tuple(

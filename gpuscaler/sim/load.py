@@ -1,37 +1,11 @@
-"""The simulator's load model (stated wherever results are shown), in slots of
-`simulator.slot` (500 ms by default, dcgm-exporter's samples):
-
-- Requests: the trace's per-bin rate, linearly interpolated to the slot, with Poisson
-  arrivals in each slot (seeded).
-- Work: each request costs `gpu_seconds_per_request` GPU-seconds on a whole GPU.
-- Queue: work that capacity cannot serve in a slot waits, FIFO, for the next slots (a
-  fluid queue, `gpuscaler.sim.queue`); nothing is dropped. A request's wait is the time
-  until cumulative service reaches the cumulative work up to its slot.
-- Time-slicing: replicas are packed f to a GPU (f fragments). A replica alone on a GPU
-  can use all of it; k tenants sharing one lose `switch_overhead` of throughput per
-  doubling, so a GPU with k tenants serves 1 - switch_overhead x log2 k GPU-seconds a
-  second. GPUs held = ceil(replicas holding a pod / f).
-- Lead times: a scaler's decision reaches the pods `sync_delay` later; a new pod holds
-  its GPU from then and serves after a cold start drawn from [cold_start,
-  cold_start_max]; a leaving ready pod keeps its GPU and serves until the queue present
-  at its removal is drained (at most `drain_max`). A fragment change restarts the device
-  plugin: capacity x `fragment_disruption_capacity` for `fragment_disruption`. Pods are
-  counted every 500 ms whatever the slot: a coarser slot's capacity and GPUs held are the
-  means of its 500 ms counts (GPU-hours stay a time integral at 500 ms; only the queue
-  and the signals are coarser).
-- Signals: the workload's utilization (what the HPA reads) is busy GPU time served, in
-  percent of one GPU, plus Gaussian noise; its demand signal (what a request-rate query
-  gives) is the arriving work in percent of one GPU. A pool's utilization is its demand
-  per GPU held (what tenants would use unthrottled). 0.2 % of samples are dropped.
-- Stall: 30 % x utilization^2 x log2(f)/3, scaled by the time slice level (long 0.6,
-  medium 1.0, short 1.2, default 1.1): contention grows with tenants and load.
-- The reactive autoscaler (`gpuscaler.sim.scalers`) is always there; effective replicas
-  = max(floor, its answer).
-"""
+"""The simulator's load model, in slots of `simulator.slot` (docs/evaluation.md states it
+in full): Poisson arrivals at the trace's interpolated rate, each request
+`gpu_seconds_per_request` of work on a whole GPU, a fluid FIFO queue that drops nothing,
+k tenants time-slicing a GPU losing `switch_overhead` of throughput per doubling, noisy
+signals with 0.2 % of samples dropped, and a stall of 30 % x utilization^2 x log2(f)/3
+scaled by the time slice level."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,8 +13,7 @@ from gpuscaler.core.model import FloatArray
 from gpuscaler.sim.trace import Trace
 
 SAMPLE = 0.5
-"""Seconds per simulated sample at the default slot (dcgm-exporter's 500 ms), and the
-spacing at which pods are counted inside a coarser slot."""
+"""The default slot (dcgm-exporter's 500 ms), at which pods are counted in any slot."""
 DROP_PROBABILITY = 0.002
 """Share of samples lost to missed scrapes."""
 STALL_LEVEL_FACTOR = {"default": 1.1, "short": 1.2, "medium": 1.0, "long": 0.6}
@@ -84,19 +57,60 @@ def layout_capacity(ready: FloatArray, fragments: FloatArray | int, overhead: fl
     return np.asarray(full * efficiency(fragments, overhead) + partial, dtype=np.float64)
 
 
-@dataclass
-class Draws:
-    """The random streams of a seed: the utilization and stall noise and the dropped
-    scrapes of `n` slots (one for every run), and the cold starts."""
+def draws(seed: int, n: int) -> tuple[FloatArray, FloatArray, np.ndarray]:
+    """The random streams of a seed over `n` slots, one for every run: the utilization
+    and stall noise and the dropped scrapes."""
+    rng = np.random.default_rng(seed + 1)
+    noise, stall = rng.normal(0.0, 1.0, n), rng.normal(0.0, 0.5, n)
+    return noise, stall, rng.random(n) < DROP_PROBABILITY
 
-    seed: int
-    n: int
-    noise: FloatArray = field(init=False)
-    stall_noise: FloatArray = field(init=False)
-    dropped: np.ndarray = field(init=False)
 
-    def __post_init__(self) -> None:
-        rng = np.random.default_rng(self.seed + 1)
-        self.noise = rng.normal(0.0, 1.0, self.n)
-        self.stall_noise = rng.normal(0.0, 0.5, self.n)
-        self.dropped = rng.random(self.n) < DROP_PROBABILITY
+def lindley(
+    q0: float | FloatArray, work: FloatArray, service: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Queue left at the end of each slot and work served in it, of queues (rows) holding
+    `q0` before the first slot, with `work` arriving and `service` capacity a slot:
+    Q_t = max(0, Q_t-1 + A_t - C_t) is, with S_t the running sum of A - C,
+    S_t - min(-Q_0, min_k<=t S_k) (one cumsum and one running minimum)."""
+    if work.size == 0:
+        return np.zeros(0), np.zeros(0)
+    q = np.asarray(q0, dtype=np.float64)[..., None]
+    s = (work - service).cumsum(axis=-1)
+    queue = s - np.minimum(-q, np.minimum.accumulate(s, axis=-1))
+    np.maximum(queue, 0.0, out=queue)  # rounding only
+    if q.shape[:-1] != queue.shape[:-1]:
+        q = np.broadcast_to(q, (*queue.shape[:-1], 1))
+    before = np.concatenate((q, queue[..., :-1]), -1)
+    return queue, before + work - queue
+
+
+def fluid_waits(work: FloatArray, served: FloatArray, slot: float) -> FloatArray:
+    """Seconds the last request of each slot waits beyond the slot's end (given to every
+    request of the slot): done when cumulative service reaches the cumulative work up to
+    the slot, service spread evenly inside the slot that reaches it; work never served
+    waits at least until the run's end."""
+    n = len(work)
+    if n == 0:
+        return np.zeros(0)
+    due, done = np.cumsum(work), np.cumsum(served)
+    tol = 1e-9 * max(1.0, float(due[-1]))
+    s = np.searchsorted(done, due - tol, side="left")
+    s_c = np.minimum(s, n - 1)
+    before = np.where(s_c > 0, done[np.maximum(s_c - 1, 0)], 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(served[s_c] > 0, (due - before) / served[s_c], 1.0)
+    finished = np.where(s < n, (s_c + np.clip(frac, 0.0, 1.0)) * slot, n * slot)
+    arrived = (np.arange(n) + 1.0) * slot
+    return np.asarray(np.maximum(0.0, finished - arrived), dtype=np.float64)
+
+
+def wait_figures(counts: FloatArray, waits: FloatArray, slo: float) -> tuple[float, float]:
+    """p99 of the per-request wait and the share of requests waiting over `slo`, each
+    slot weighted by its requests; (0, 0) when none arrived."""
+    total = float(np.sum(counts))
+    if total <= 0:
+        return 0.0, 0.0
+    order = np.argsort(waits, kind="stable")
+    k = int(np.searchsorted(np.cumsum(counts[order]), 0.99 * total, side="left"))
+    p99 = float(waits[order][min(k, len(order) - 1)])
+    return p99, float(np.sum(counts[waits > slo]) / total)

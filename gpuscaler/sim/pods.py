@@ -17,11 +17,10 @@ INF = math.inf
 
 @dataclass
 class Pods:
-    """The pods of every run, padded with pods that never exist (created, ready and
-    leaving at infinity); with each run's counts as of the last sample counted (`seen`)
-    and its next pod event after it, so a run whose pods do not change is counted once
-    for a whole span of slots (`count`). Each run starts with `first[run]` pods created
-    and ready at `at`."""
+    """The pods of every run, padded with pods that never exist (all times infinite),
+    each run starting with `first[run]` pods ready at `at`; with each run's counts as of
+    the last sample counted (`seen`) and its next pod event, so that a run whose pods do
+    not change is counted once for a whole span of slots (`count`)."""
 
     first: IntArray
     at: float
@@ -35,9 +34,8 @@ class Pods:
     now_held: FloatArray = field(init=False)
     """Per run: ready and GPU-holding pods at `seen` (true until `next_event`)."""
     used: IntArray = field(init=False)
-    """Per run: the columns its pods take (the rest is padding); pods gone before `seen`
-    stay in them until the table runs out of room (they count nowhere: created, ready
-    and gone before any time still asked)."""
+    """Per run: the columns its pods take (the rest is padding; pods gone before `seen`,
+    counted nowhere, are dropped when it changes)."""
 
     def __post_init__(self) -> None:
         r = len(self.first)
@@ -55,10 +53,9 @@ class Pods:
         up: tuple[IntArray, IntArray, FloatArray],
         down: tuple[IntArray, IntArray, FloatArray],
     ) -> None:
-        """The runs whose replicas change at `at`, all at once, each run's pods gone
-        by `seen` forgotten first: `up` = (runs, pods each
-        adds, their cold starts in the order of the runs), `down` = (runs, staying pods
-        each keeps, each run's drain seconds); no run in both."""
+        """The runs whose replicas change at `at`: `up` = (runs, pods each adds, their
+        cold starts in the order of the runs), `down` = (runs, staying pods each keeps,
+        each run's drain seconds); no run in both."""
         rows = np.concatenate((up[0], down[0]))
         self._forget_gone(rows)
         if up[0].size:
@@ -68,8 +65,7 @@ class Pods:
         self.next_event[rows] = self._next_events(rows, self.seen)
 
     def _add(self, at: float, rows: IntArray, counts: IntArray, cold_starts: FloatArray) -> None:
-        """For each run of `rows`: `counts` new pods created at `at`, ready
-        after their cold starts."""
+        """`counts` new pods a run, created at `at`, ready after their cold starts."""
         self._room(rows, counts)
         within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
         r = np.repeat(rows, counts)
@@ -79,9 +75,9 @@ class Pods:
         self.used[rows] += counts
 
     def _remove_newest(self, at: float, rows: IntArray, keep: IntArray, drain: FloatArray) -> None:
-        """For each run of `rows`: all but its `keep` earliest-ready
-        staying pods leave at `at` (ties: the earliest created first), a ready one after
-        serving its run's `drain` seconds more, one not serving yet at once."""
+        """All but each run's `keep` earliest-ready staying pods (ties: the earliest
+        created) leave at `at`: a ready one after serving `drain` seconds more, one not
+        serving yet at once."""
         width = self._cols(rows)
         ready = self.ready[rows, :width]
         staying = (self.leave[rows, :width] == INF) & (np.arange(width) < self.used[rows][:, None])
@@ -100,8 +96,7 @@ class Pods:
         return max(1, int(self.used[rows].max())) if rows.size else 1
 
     def _forget_gone(self, rows: IntArray) -> None:
-        """The runs `rows`' pods gone by `seen` (counted
-        nowhere since) dropped, the others kept in order."""
+        """The runs' pods gone by `seen` dropped, the others kept in order."""
         width = self._cols(rows)
         live = (self.leave[rows, :width] > self.seen) & (
             np.arange(width) < self.used[rows][:, None]
@@ -136,15 +131,9 @@ class Pods:
         )
         return np.asarray(np.where(events > after, events, INF).min(axis=1))
 
-    def counts_at(self, t: float, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at `t` (`counts` at one time)."""
-        ready, held = self.counts(np.array([t]), rows)
-        return ready[:, 0], held[:, 0]
-
     def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """(ready, holding a GPU share) of the runs `rows` at each time of `t`: arrays of
-        shape (rows, len(t)) (a pod is counted from each of its times on, padding
-        never)."""
+        """(ready, holding a GPU share) of the runs `rows` at each time of `t`, of shape
+        (rows, len(t))."""
         t, w = np.asarray(t)[None, None, :], self._cols(rows)
         gone = (self.leave[rows, :w][:, :, None] <= t).sum(axis=1)
         ready = (self.ready[rows, :w][:, :, None] <= t).sum(axis=1) - gone
@@ -163,17 +152,16 @@ class Pods:
 
     def count(
         self, first: float, last: float, samples: Callable[[], FloatArray]
-    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
-        """(runs counted again, runs whose pods change over the samples from `first` to
-        `last` (start, turn ready or leave in (first, last]), the latter's counts at every
-        sample of `samples()` (shape (runs changing, samples))); the other runs' counts
-        at `first` hold throughout (`now_ready`, `now_held`)."""
+    ) -> tuple[IntArray, FloatArray, FloatArray]:
+        """(runs whose pods change in (first, last], their ready and GPU-holding pods at
+        every sample of `samples()`, of shape (runs, samples)); the other runs' counts at
+        `first` hold throughout (`now_ready`, `now_held`)."""
         touched = (self.next_event <= last).nonzero()[0]
         moving = np.zeros(0, dtype=np.int64)
         ready = held = np.zeros((0, 0))
         if not touched.size:
             self.seen = last
-            return touched, moving, ready, held
+            return moving, ready, held
         # The touched runs' rows, taken once: (created, ready, leave) side by side.
         width = self._cols(touched)
         rows = np.concatenate(
@@ -189,4 +177,4 @@ class Pods:
             self.now_ready[moving], self.now_held[moving] = ready[:, -1], held[:, -1]
         self.seen = last
         self.next_event[touched] = np.where(rows > last, rows, INF).min(axis=1)
-        return touched, moving, ready, held
+        return moving, ready, held

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuscaler.sim.kept import Plotted, plotted
-from gpuscaler.sim.simulate import RunResult, SimulationResult
+from gpuscaler.sim.records import RunResult, SimulationResult
 
 ROWS = (
     ("slo_violation_share", "share of requests waiting > SLO"),
@@ -95,9 +94,9 @@ def write_report(result: SimulationResult, directory: Path) -> list[Path]:
             out.write(json.dumps(d.as_record()) + "\n")
     summary = directory / "summary.json"
     summary.write_text(json.dumps(result.summary(), indent=2) + "\n", encoding="utf-8")
-    plot = directory / "simulation.png"
-    _plot(result, plot)
-    return [decisions, summary, plot]
+    png = directory / "simulation.png"
+    plot(result, png)
+    return [decisions, summary, png]
 
 
 TRADE_OFFS = (
@@ -109,6 +108,7 @@ TRADE_OFFS = (
 prints it), each against GPU-hours held."""
 COLORS = {"reactive": "tab:blue", "keda_rate": "tab:orange", "predictive_floor": "tab:green"}
 POLICY_TITLES = {"reactive": "reactive HPA on utilization at 70 %"}
+REACTIVE_AT = "reactive HPA at 70 %"
 NEAR = 0.75
 """A trade-off axis is scaled to the points from this share of gpuscaler's GPU-hours up:
 the far cheap end of a curve (a target that leaves half the requests late) would flatten
@@ -118,7 +118,8 @@ FLOOR = {"slo_violation_share": 1.0, "p99_wait_s": 0.1, "scaling_actions": 1.0}
 readable axis."""
 
 
-def _plot(result: SimulationResult, path: Path) -> None:
+def plot(result: SimulationResult, path: Path) -> None:
+    """The PNG of one result: the trade-offs, then each run's demand and capacity."""
     # matplotlib builds its font cache on its first import and logs that at INFO
     # through the root logger, which would put a JSON line in the middle of the report.
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -139,7 +140,7 @@ def _plot(result: SimulationResult, path: Path) -> None:
             _series(ax, result, run)
         bottom.set_xlabel("hours into trace")
         fig.suptitle(
-            f"{result.trace}: each baseline swept over its target (90 % left .. 40 % right), "
+            f"{result.p.trace}: each baseline swept over its target (90 % left .. 40 % right), "
             "gpuscaler's point and the equal-cost line\n"
             "GPU load derived from request counts (load model: docs/evaluation.md)"
         )
@@ -175,51 +176,24 @@ def _trade_off(
     for name, pts in curves.items():
         x = np.array([p[0] for p in pts])
         y = np.array([p[1] for p in pts])
-        color = COLORS.get(name, "tab:gray")
-        ax.plot(
-            x,
-            np.minimum(y, top),
-            marker="o",
-            ms=4,
-            color=color,
-            label=BASELINE_LABELS.get(name, name),
-        )
+        color, named = COLORS.get(name, "tab:gray"), BASELINE_LABELS.get(name, name)
+        ax.plot(x, np.minimum(y, top), marker="o", ms=4, color=color, label=named)
         if (y > top).any():
             ax.plot(x[y > top], np.full((y > top).sum(), top), "^", color=color, ms=9)
             beyond = max(beyond, float(y.max()))
         if name in reads:
             ax.plot(g["gpu_hours"], reads[name], "o", mfc="none", mec=color, ms=11)
     if beyond:
-        ax.annotate(
-            f"\u25b2 beyond the axis (up to {beyond:.3g})",
-            (0.98, 0.12),
-            xycoords="axes fraction",
-            ha="right",
-            color="0.3",
-        )
+        note = f"\u25b2 beyond the axis (up to {beyond:.3g})"
+        ax.annotate(note, (0.98, 0.12), xycoords="axes fraction", ha="right", color="0.3")
     ax.axvline(g["gpu_hours"], color="0.5", lw=0.8, ls=":", label="equal cost (gpuscaler's)")
-    ax.plot(
-        reactive["gpu_hours"],
-        scale * reactive[key],
-        "s",
-        color=COLORS["reactive"],
-        mec="black",
-        ms=9,
-        label="reactive HPA at 70 %",
-    )
-    ax.plot(
-        g["gpu_hours"],
-        scale * g[key],
-        "*",
-        color="black",
-        mec="white",
-        ms=20,
-        zorder=10,
-        label="gpuscaler",
-    )
+    at_reactive = (reactive["gpu_hours"], scale * reactive[key])
+    ax.plot(*at_reactive, "s", color=COLORS["reactive"], mec="black", ms=9, label=REACTIVE_AT)
+    at_g = (g["gpu_hours"], scale * g[key])
+    ax.plot(*at_g, "*", color="black", mec="white", ms=20, zorder=10, label="gpuscaler")
     ax.set_ylim(-0.04 * top, top)
     ax.set_xlabel("GPU-hours held")
-    ax.set_ylabel(label.replace("SLO", f"{result.config.simulator.slo_wait:g} s"))
+    ax.set_ylabel(label.replace("SLO", f"{result.p.config.simulator.slo_wait:g} s"))
     ax.set_title(f"{label.split(' (')[0]}: gpuscaler {shown_as.format(scale * g[key])}")
     if legend:
         ax.legend(loc="upper right")
@@ -228,30 +202,22 @@ def _trade_off(
 def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     """Demand, capacity, the forecast band and the decisions over time; requests over
     the SLO only where the table scores them (after the warm-up, shaded)."""
-    p = _drawn(result, run)
-    scored_from = result.scored_from * run.span()[0] / 3600
+    p, config = run.plotted, result.p.config
+    if p is None:
+        raise ValueError(f"{run.policy}'s run was finished without its plot")
+    scored_from = result.p.scored_from * run.slot / 3600
     if scored_from > 0:
         ax.axvspan(0, scored_from, color="0.92", label="warm-up, not scored")
     late = p.late[p.late >= scored_from]
     ax.plot(p.hours, p.demand, lw=0.6, color="0.45", label="demand (GPUs busy, 1 min mean)")
     ax.plot(p.hours, p.capacity, lw=1.0, color="tab:blue", label="ready capacity (GPUs)")
     if late.size:
-        ax.plot(
-            late,
-            np.zeros(late.size),
-            "|",
-            color="tab:red",
-            ms=10,
-            label=f"requests over the SLO ({result.config.simulator.slo_wait:g} s)",
-        )
+        over = f"requests over the SLO ({config.simulator.slo_wait:g} s)"
+        ax.plot(late, np.zeros(late.size), "|", color="tab:red", ms=10, label=over)
     if p.band is not None:
-        h = result.config.forecast.horizon
-        ax.fill_between(
-            *p.band,
-            color="tab:orange",
-            alpha=0.3,
-            label=f"forecast {result.config.forecast.interval_level:.0%} band at +{h:.0f}s",
-        )
+        cfg = config.forecast
+        band = f"forecast {cfg.interval_level:.0%} band at +{cfg.horizon:.0f}s"
+        ax.fill_between(*p.band, color="tab:orange", alpha=0.3, label=band)
     for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
         times = [t for k, t in p.marks if k == kind]
         for i, t in enumerate(times):
@@ -262,25 +228,3 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
     ax.set_title(POLICY_TITLES.get(run.policy, run.policy))
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left")
-
-
-def _drawn(result: SimulationResult, run: RunResult) -> Plotted:
-    """What the PNG draws of `run`: kept when it was released (`simulate.release`)."""
-    if run.kept is not None:
-        if run.kept.plotted is None:
-            raise ValueError(f"{run.policy}'s run was released without its plot")
-        return run.kept.plotted
-    t, cfg = run.track, result.config
-    return plotted(
-        run.cluster,
-        (t.origin, t.lower, t.upper),
-        run.decisions,
-        result.start,
-        cfg.simulator.slo_wait,
-        cfg.forecast.horizon,
-    )
-
-
-def plot(result: SimulationResult, path: Path) -> None:
-    """The simulator's PNG of one result (`gpuscaler whatif` writes one per workload)."""
-    _plot(result, path)

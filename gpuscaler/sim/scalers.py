@@ -40,28 +40,6 @@ STABILIZATION = 300.0
 """The HPA's scale-down stabilization window: the highest recommendation of the last 300 s."""
 
 
-def fft_peak(history: FloatArray, ahead: int, top: int = FFT_TOP) -> float:
-    """Peak of a periodic extension of the `top` strongest frequencies of `history`
-    over the next `ahead` points (NaN-free history)."""
-    n = len(history)
-    mean = float(history.mean())
-    spec = np.fft.rfft(history - mean)
-    spec[0] = 0.0
-    if len(spec) > top + 1:
-        weakest = np.argsort(np.abs(spec))[: len(spec) - top]
-        spec[weakest] = 0.0
-    fit = np.fft.irfft(spec, n)
-    path = mean + fit[np.arange(ahead) % n]  # the fit repeats with period n
-    return float(path.max())
-
-
-def rate_load(requests: FloatArray, slot: float, gpu_seconds_per_request: float) -> float:
-    """KEDA's rate(requests[1m]) as GPU load in percent of one GPU, from the requests of
-    the last minute's slots."""
-    seconds = max(len(requests), 1) * slot
-    return 100.0 * float(requests.sum()) / seconds * gpu_seconds_per_request
-
-
 def predicted_load(demand: FloatArray, slot: float, horizon: float) -> float:
     """The predictive floor's load from the last hour of demand (percent of one GPU):
     max(peak of the FFT forecast over the horizon, max of the last 5 minutes), both on
@@ -74,8 +52,8 @@ def predicted_load(demand: FloatArray, slot: float, horizon: float) -> float:
     buckets = demand[len(demand) - usable :].reshape(-1, width).mean(axis=1)
     # Max of the last 5 minutes of 10 s means, as a metrics pipeline scrapes them.
     recent = float(buckets[-max(1, round(RECENT_MAX / bucket)) :].max())
-    peak = fft_peak(buckets, max(1, round(horizon / bucket)))
-    return max(peak, recent)
+    peak = fft_peaks(buckets[None, :], max(1, round(horizon / bucket)))[0]
+    return max(float(peak), recent)
 
 
 def _windows(values: FloatArray, ends: IntArray, length: int) -> FloatArray:
@@ -86,17 +64,13 @@ def _windows(values: FloatArray, ends: IntArray, length: int) -> FloatArray:
 def rate_loads(
     requests: FloatArray, cursors: IntArray, slot: float, gpu_seconds_per_request: float
 ) -> FloatArray:
-    """`rate_load` of the last minute before each cursor, for many cursors at once."""
+    """KEDA's rate(requests[1m]) as GPU load in percent of one GPU, from the requests of
+    the last minute's slots before each cursor (whole counts: their sums are exact)."""
     length = round(RATE_WINDOW / slot)
-    out = np.empty(len(cursors))
-    full = cursors >= length
-    for i in np.flatnonzero(~full):
-        window = requests[max(0, cursors[i] - length) : cursors[i]]
-        out[i] = rate_load(window, slot, gpu_seconds_per_request)
-    for chunk in np.array_split(np.flatnonzero(full), max(1, int(full.sum()) // CHUNK)):
-        sums = _windows(requests, cursors[chunk], length).sum(axis=1)
-        out[chunk] = 100.0 * sums / (max(length, 1) * slot) * gpu_seconds_per_request
-    return out
+    total = np.concatenate(([0.0], np.cumsum(requests)))
+    begin = np.maximum(0, cursors - length)
+    seconds = np.maximum(cursors - begin, 1) * slot
+    return np.asarray(100.0 * (total[cursors] - total[begin]) / seconds * gpu_seconds_per_request)
 
 
 CHUNK = 2048
@@ -132,7 +106,8 @@ def predicted_loads(
 
 
 def fft_peaks(histories: FloatArray, ahead: int, top: int = FFT_TOP) -> FloatArray:
-    """`fft_peak` of each row of `histories`."""
+    """Peak of a periodic extension of the `top` strongest frequencies of each row of
+    `histories` over the next `ahead` points (NaN-free rows)."""
     n = histories.shape[1]
     mean = histories.mean(axis=1)
     spec = np.fft.rfft(histories - mean[:, None], axis=1)
@@ -151,18 +126,15 @@ def desired_replicas(
     ready: IntArray | int | None,
     target: FloatArray | float,
     tolerance: FloatArray | float,
-    share_target: FloatArray | None = None,
 ) -> IntArray:
     """The HPA's answer for `load` (percent of one GPU): `current` while the ratio to the
     `ready` replicas' use at `target` is within the tolerance (and all are ready; `ready`
-    None: all `current` are), else the HPA formula. Elementwise over arrays of runs
-    (`share_target`: share x target when computed once)."""
+    None: all `current` are), else the HPA formula. Elementwise over arrays of runs."""
     ratio = load / (share * np.maximum(current if ready is None else ready, 1) * target)
     hold = np.abs(ratio - 1) <= tolerance
     if ready is not None:
         hold = hold & (ready == current)
-    per = share * np.asarray(target) if share_target is None else share_target
-    formula = np.ceil(load / per - 1e-9)
+    formula = np.ceil(load / (share * np.asarray(target)) - 1e-9)
     return np.where(hold, current, formula).astype(np.int64)
 
 

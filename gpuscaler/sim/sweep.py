@@ -1,18 +1,10 @@
-"""Runs without a controller, many at once: the baselines swept over their targets, the
-reactive HPA, and the replicas that actually ran, each one run of the simulated cluster's
-model (`gpuscaler.sim.cluster.Clusters`), all of a group stepped together.
-
-A sweep runs the replays that share a model (`same_model`: one range, seed, slots and
-settings) together, each run on its own replay's arrivals and replica bounds; a run's
-figures do not depend on the runs beside it. The runs go in groups within a memory budget
-(`RUN_SLOT_BYTES` a run a slot): the fewest groups the budget allows, of even sizes, one
-group's arrays at a time.
-
-What a sweep's runs leave out, because no controller runs in them: the controller's
-floor (min_replicas throughout), fragment changes (the pool's initial fragments
-throughout) and the pool's signals. The request rate and the predictive floor's forecast
-read the arrivals alone, which no run changes: they are computed once for every tick.
-"""
+"""The runs around gpuscaler's, without a controller, many at once as runs of one model:
+the baselines swept over their targets, the reactive HPA (`hpa_util` at the workload's
+target) and the replicas that actually ran (set at each control tick). The floor stays at
+min_replicas and the fragments at the pool's initial ones; the request rate and the
+predictive floor's forecast read the arrivals alone, so they are computed once for every
+tick. A run's figures do not depend on the runs beside it: they go in the fewest groups
+of even sizes a memory budget allows (RUN_SLOT_BYTES a run a slot)."""
 
 from __future__ import annotations
 
@@ -22,32 +14,35 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.sim.cluster import Clusters, scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
-from gpuscaler.sim.records import RunView
+from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
+from gpuscaler.sim.replay import Prepared, one_model
 from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
-from gpuscaler.sim.simulate import Prepared, slo_metrics
-from gpuscaler.sim.ticks import control_ticks
 
 RUN_SLOT_BYTES = 8 + 4
-"""What every run of a sweep records a slot: the work served (float64) and the GPUs held
-(float32)."""
+"""What every run records a slot: the work served (float64) and the GPUs held (float32)."""
 SWEEP_BYTES = 256 * 2**20
-"""Memory the recorded arrays of one sweep may take by default: a longer replay runs its
-runs in groups."""
+"""What one group of a sweep may record by default: a longer replay runs in groups."""
+MANY_BYTES = 64 * 2**20
+"""The least a what-if chunk's sweep may record a group (whatif holds its lanes' results
+meanwhile, in each of its processes)."""
+REACTIVE, ACTUAL = "reactive HPA run", "replicas that ran"
+"""The labels of a replay's runs besides its baselines' (labelled by baseline)."""
 
 Curves = dict[str, list[dict[str, Any]]]
-"""Per baseline, its figures at each swept target (`simulate.slo_metrics` + target_pct)."""
+"""Per baseline, its figures at each swept target (`slo_metrics` + target_pct)."""
 
 
 @dataclass(frozen=True)
 class Swept:
-    """A run of replay `replay` in a sweep: a scaler (`kind` at `target_pct`), or with
-    `replicas` given, no scaler: the replicas set to `replicas[k]` at the kth control
-    tick. `recorded`: its whole record kept (a reactive run's plot, its full figures)."""
+    """A run of replay `replay`: a scaler (`kind` at `target_pct`), or with `replicas`
+    given, the kth control tick setting replicas[k]. `recorded`: its whole record kept."""
 
+    label: str
     replay: int
     kind: ScalerKind
     target_pct: float
@@ -55,44 +50,28 @@ class Swept:
     recorded: bool = False
 
 
-def same_model(a: Prepared, b: Prepared) -> bool:
-    """Whether replays `a` and `b` can share a sweep: the same range, seed, slots and
-    simulator settings, arrivals of their own."""
-    ca, cb = a.config, b.config
-    return (
-        (a.start, a.seconds, a.seed, len(a.arrivals))
-        == (b.start, b.seconds, b.seed, len(b.arrivals))
-        and ca.simulator == cb.simulator
-        and ca.control.interval == cb.control.interval
-        and ca.forecast.horizon == cb.forecast.horizon
-        and ca.metrics.window == cb.metrics.window
-    )
+@dataclass
+class Around:
+    """What runs around gpuscaler's run of one replay (None: not run)."""
+
+    curves: Curves | None
+    reactive: RunResult | None
+    actual: dict[str, Any] | None
+    """The SLO figures and mean of the replicas that ran (`actual_figures`)."""
 
 
-def group_size(runs: int, slots: int, budget: int | None = None) -> int:
-    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes
-    (SWEEP_BYTES): as few groups as fit, of one size (the last one may be smaller)."""
-    most = max(1, (SWEEP_BYTES if budget is None else budget) // (RUN_SLOT_BYTES * max(1, slots)))
-    groups = max(1, math.ceil(runs / most))
-    return max(1, math.ceil(runs / groups))
-
-
-def sweep_groups(
-    replays: Sequence[Prepared], runs: Sequence[Swept], budget: int | None = None
-) -> Iterator[tuple[int, list[RunView]]]:
-    """Every run of `runs` (on replays that share a model), in groups within `budget`
-    bytes, one group at a time: (the group's first run, its runs' records)."""
-    group = group_size(len(runs), len(replays[0].arrivals), budget)
-    for i in range(0, len(runs), group):
-        yield i, sweep_views(replays, runs[i : i + group])
+def group_size(runs: int, slots: int, budget: int = SWEEP_BYTES) -> int:
+    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes: as
+    few groups as fit, of one size (the last one may be smaller)."""
+    most = max(1, budget // (RUN_SLOT_BYTES * max(1, slots)))
+    return max(1, math.ceil(runs / max(1, math.ceil(runs / most))))
 
 
 def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunView]:
-    """Every run of `runs` stepped together over the replays' range: at each control
-    tick, the slots up to it, then every run's scaler."""
-    if any(not same_model(replays[0], replays[r.replay]) for r in runs):
-        raise ValueError("a sweep's replays must share one model (`same_model`)")
+    """Every run of `runs` stepped together over the replays' range (one model): at each
+    control tick, the slots up to it, then every run's scaler."""
     used = sorted({r.replay for r in runs})
+    one_model([replays[u] for u in used])
     member = {replay: m for m, replay in enumerate(used)}
     specs = [
         scenario_run(
@@ -107,7 +86,7 @@ def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunV
     p = replays[used[0]]
     arrivals = np.stack([replays[u].arrivals for u in used])
     clusters = Clusters(p.config, arrivals, p.start, p.seed, specs)
-    ticks = control_ticks(p.start, p.seconds, p.config.control.interval)
+    ticks = p.ticks()
     signal = _signals(clusters, runs, [member[r.replay] for r in runs], ticks, p)
     given = [(i, r.replicas) for i, r in enumerate(runs) if r.replicas is not None]
     rows = np.array([i for i, _ in given], dtype=np.int64)
@@ -131,45 +110,44 @@ def _signals(
     p: Prepared,
 ) -> Callable[[int], FloatArray] | None:
     """Per tick, each run's load read besides the utilization (KEDA's request rate, the
-    predictive floor's forecast; NaN: none), computed for every tick at once from each
-    replay's arrivals; None when no run reads one."""
-    kinds = [r.kind for r in runs]
-    if not any(k in ("keda_rate", "predictive_floor") for k in kinds):
-        return None
+    predictive floor's forecast; NaN: none), for every tick at once from each replay's
+    arrivals; None when no run reads one."""
     slot, n = clusters.slot, clusters.n
     steps = np.round((np.asarray(ticks) - clusters.start) / slot).astype(np.int64)
     cursors = np.maximum.accumulate(np.minimum(n, np.maximum(steps, 0)))
-    gps = clusters.sim.gpu_seconds_per_request
-    horizon = p.config.forecast.horizon
-    arrivals = clusters.arrivals
-    m = len(arrivals)
-    rates = [rate_loads(a, cursors, slot, gps) for a in arrivals] if "keda_rate" in kinds else []
-    predicted = (
-        [predicted_loads(100.0 * (a * gps) / slot, cursors, slot, horizon) for a in arrivals]
-        if "predictive_floor" in kinds
-        else []
-    )
+    gps, horizon = clusters.sim.gpu_seconds_per_request, p.config.forecast.horizon
+
+    def loads(kind: ScalerKind, arrivals: FloatArray) -> FloatArray:
+        if kind == "keda_rate":
+            return rate_loads(arrivals, cursors, slot, gps)
+        return predicted_loads(100.0 * (arrivals * gps) / slot, cursors, slot, horizon)
+
+    pairs = [(r.kind, m) for r, m in zip(runs, members, strict=True)]
+    col = {pair: i for i, pair in enumerate(dict.fromkeys(x for x in pairs if x[0] != "hpa_util"))}
+    if not col:
+        return None
     none = np.full(len(ticks), np.nan)
-    table = np.stack([*(rates or [none] * m), *(predicted or [none] * m), none], axis=1)
-    column = {"keda_rate": 0, "predictive_floor": m}
-    cols = np.array(
-        [column[k] + w if k in column else 2 * m for k, w in zip(kinds, members, strict=True)]
-    )
-
-    def at(k: int) -> FloatArray:
-        return np.asarray(table[k, cols])
-
-    return at
+    table = np.stack([*(loads(k, clusters.arrivals[m]) for k, m in col), none], axis=1)
+    cols = np.array([col.get(pair, len(col)) for pair in pairs])
+    return lambda k: np.asarray(table[k, cols])
 
 
 def baseline_runs(
     replay: int, targets: Sequence[float] | None = None, names: Sequence[str] | None = None
-) -> list[tuple[str, Swept]]:
-    """Every baseline (or those `names`) at every target (default `sweep_targets()`) of
-    replay `replay`: (baseline name, its run)."""
+) -> list[Swept]:
+    """Every baseline (or those `names`) at every target (default `sweep_targets()`)."""
     points = list(sweep_targets() if targets is None else targets)
     chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
-    return [(name, Swept(replay, kind, float(t))) for name, kind in chosen.items() for t in points]
+    return [Swept(name, replay, kind, float(t)) for name, kind in chosen.items() for t in points]
+
+
+def _swept(
+    replays: Sequence[Prepared], runs: Sequence[Swept], budget: int
+) -> Iterator[tuple[Swept, RunView]]:
+    """Every run of `runs` with its record, in groups within `budget` bytes."""
+    group = group_size(len(runs), len(replays[0].arrivals), budget)
+    for i in range(0, len(runs), group):
+        yield from zip(runs[i : i + group], sweep_views(replays, runs[i : i + group]), strict=True)
 
 
 def point(p: Prepared, target: float, view: RunView) -> dict[str, Any]:
@@ -179,3 +157,69 @@ def point(p: Prepared, target: float, view: RunView) -> dict[str, Any]:
         "target_pct": target_pct,
         **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
     }
+
+
+def held(replicas: Series) -> FloatArray:
+    """The replica counts with the last known one held over each gap (and the first
+    known one before it)."""
+    return np.asarray(pd.Series(replicas.values).ffill().bfill(), dtype=np.float64)
+
+
+def actual_counts(replicas: Series, ticks: Sequence[float]) -> IntArray:
+    """The replicas that ran at each tick (the last read at or before it, held over gaps,
+    rounded half to even, at least 1)."""
+    counts = held(replicas)
+    at = (np.asarray(ticks, dtype=np.float64) - replicas.start) / replicas.step
+    values = counts[np.clip(np.floor(at), 0, len(counts) - 1).astype(np.int64)]
+    if not np.isfinite(values).all():
+        raise ValueError("a replica count read is not finite")
+    return np.maximum(1, np.rint(values)).astype(np.int64)
+
+
+def around_many(
+    prepared: Sequence[Prepared],
+    replicas: Sequence[Series | None] | None = None,
+    baselines: bool = True,
+    reactive: bool = True,
+    budget: int = SWEEP_BYTES,
+    plot: bool = True,
+) -> list[Around]:
+    """For each replay (all of one model): the baselines' curves when `baselines`, the
+    reactive HPA's run when `reactive` (finished as soon as found, with the plot's series
+    when `plot`), the figures of its `replicas` that ran when given; in groups within
+    `budget` bytes."""
+    given = list(replicas) if replicas is not None else [None] * len(prepared)
+    runs: list[Swept] = []
+    for w, (p, series) in enumerate(zip(prepared, given, strict=True)):
+        runs += baseline_runs(w) if baselines else []
+        target = scenario_run(p.config).target_pct
+        if reactive:
+            runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=True))
+        if series is not None:
+            counts = actual_counts(series, p.ticks())
+            runs.append(Swept(ACTUAL, w, "hpa_util", target, counts, recorded=True))
+    out = [Around({n: [] for n in BASELINES} if baselines else None, None, None) for _ in prepared]
+    for run, view in _swept(prepared, runs, budget):
+        p, found = prepared[run.replay], out[run.replay]
+        if run.label == REACTIVE:
+            found.reactive = finished(p, "reactive", view, plot=plot)
+        elif run.label == ACTUAL:
+            s = slice(p.scored_from, view.cursor)
+            found.actual = {
+                **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
+                "mean_replicas": round(float(np.mean(view.replicas[s])), 2),
+            }
+        else:
+            assert found.curves is not None
+            found.curves[run.label].append(point(p, run.target_pct, view))
+    return out
+
+
+def baseline_curves(
+    p: Prepared, targets: Sequence[float] | None = None, names: Sequence[str] | None = None
+) -> Curves:
+    """Every baseline (or those `names`) at every target (default `sweep_targets()`)."""
+    curves: Curves = {name: [] for name in BASELINES if names is None or name in names}
+    for run, view in _swept([p], baseline_runs(0, targets, names), SWEEP_BYTES):
+        curves[run.label].append(point(p, run.target_pct, view))
+    return curves

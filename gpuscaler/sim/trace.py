@@ -126,10 +126,7 @@ def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
 def bounded_span(times: FloatArray, step: float, where: str) -> int:
     """Bins of `step` from the first time to the last, refused (before anything is
     allocated) beyond MAX_BINS."""
-    return _grid_size(float(times[-1] - times[0]), step, where)
-
-
-def _grid_size(span: float, step: float, where: str) -> int:
+    span = float(times[-1] - times[0])
     bins = int(span / step) + 1
     if bins > MAX_BINS:
         raise TraceError(
@@ -147,7 +144,7 @@ def _binned(times: FloatArray, values: FloatArray | None, width: float, where: s
         i = int(np.flatnonzero(np.diff(times) < 0)[0])
         raise TraceError(f"{where}: time goes backwards at row {i + 2}")
     bins = np.floor((times - times[0]) / width).astype(np.int64)
-    size = _grid_size(float(times[-1] - times[0]), width, where)
+    size = bounded_span(times, width, where)
     weights = None if values is None else np.nan_to_num(values, nan=0.0)
     return np.bincount(bins, weights=weights, minlength=size).astype(np.float64)
 
@@ -164,31 +161,25 @@ def load_trace(
     if frame.shape[1] < 2 and resample is None:
         raise TraceError(f"{where}: needs a time column and a numeric column, found 1 column")
     times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
+    name = None if resample is not None and column is None else _value_column(frame, column, where)
+    values = None if name is None else pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
+    if values is not None and np.any(values[np.isfinite(values)] < 0):
+        raise TraceError(f"{where}: column {name!r} has negative request counts")
     if resample is not None:
-        values = None
-        what = "rows counted as requests"
-        if column is not None:
-            name = _value_column(frame, column, where)
-            values = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=np.float64)
-            what = f"column {name!r} summed"
-        if values is not None and np.any(values[np.isfinite(values)] < 0):
-            raise TraceError(f"{where}: column {column!r} has negative request counts")
         grid = _binned(times, values, resample, where)
         if len(grid) < 2:
             raise TraceError(f"{where}: all rows fall in one {resample:g}s bin: not a trace")
+        what = "rows counted as requests" if name is None else f"column {name!r} summed"
         return Trace(p.name, float(times[0]), resample, grid, f"{what} per {resample:g}s bin")
-    numeric_name = _value_column(frame, column, where)
-    counts = pd.to_numeric(frame[numeric_name], errors="coerce").to_numpy(dtype=np.float64)
-    if np.any(counts[np.isfinite(counts)] < 0):
-        raise TraceError(f"{where}: column {numeric_name!r} has negative request counts")
-    if np.any(np.isinf(counts)):
-        raise TraceError(f"{where}: column {numeric_name!r} has infinite values")
+    assert values is not None
+    if np.any(np.isinf(values)):
+        raise TraceError(f"{where}: column {name!r} has infinite values")
     step = regular_step(times, where) if len(times) > 1 else 0.0
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
     # Put missing rows back as NaN so the grid is regular.
+    bounded_span(times, step, where)
     slots = np.round((times - times[0]) / step).astype(np.int64)
-    _grid_size(float(times[-1] - times[0]), step, where)
     grid = np.full(int(slots[-1]) + 1, np.nan)
-    grid[slots] = counts
-    return Trace(p.name, float(times[0]), step, grid, f"column {numeric_name!r}")
+    grid[slots] = values
+    return Trace(p.name, float(times[0]), step, grid, f"column {name!r}")

@@ -35,11 +35,8 @@ def test_the_layer_contracts_hold() -> None:
         ("core/replicas.py", "import time", "no clock, network"),
         ("core/fragments.py", "import kubernetes", "no clock, network"),
         ("adapters/prometheus/source.py", "from gpuscaler import controller", "Adapters never"),
-        (
-            "sim/report.py",
-            "from gpuscaler.adapters import prometheus",
-            "simulator and the backtest",
-        ),
+        ("sim/report.py", "from gpuscaler.adapters import prometheus", "The simulator, the"),
+        ("whatif/history.py", "from gpuscaler.adapters import kube", "The simulator, the"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

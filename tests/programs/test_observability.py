@@ -19,7 +19,7 @@ from promserver import binaries, free_port
 
 from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.observability import ControllerMetrics, HealthState, serve
-from gpuscaler.sim.around import simulate
+from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import load_trace
 
 EXPECTED = {

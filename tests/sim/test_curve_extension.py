@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from gpuscaler.config import Config
-from gpuscaler.sim.around import simulate
 from gpuscaler.sim.equal_cost import equal_cost
-from gpuscaler.sim.extend import extend_below
-from gpuscaler.sim.simulate import SimulationResult
+from gpuscaler.sim.records import SimulationResult
+from gpuscaler.sim.simulate import extend_below, simulate
 from gpuscaler.sim.synthetic import synthetic_trace
 
 
@@ -48,19 +47,14 @@ def test_a_curve_cheaper_than_gpuscaler_is_extended_down_until_it_reaches_its_gp
         assert max(p["gpu_hours"] for p in new[1:] + cheap_curve(g)) < g  # no step further
 
 
-def test_a_curve_that_already_reaches_gpuscaler_is_left_as_it_is(
-    one_hour: SimulationResult,
+@pytest.mark.parametrize(
+    ("scale", "lowest"),
+    [(4.0, 10), (1e-3, 40)],  # it already reaches gpuscaler; nothing below 40 % allowed
+)
+def test_a_curve_that_reaches_gpuscaler_or_the_lowest_target_is_left_as_it_is(
+    one_hour: SimulationResult, scale: float, lowest: int
 ) -> None:
-    g = one_hour.summary()["gpuscaler"]["gpu_hours"]
-    curve = cheap_curve(4 * g)
+    curve = cheap_curve(scale * one_hour.gpuscaler.metrics["gpu_hours"])
     one_hour.baselines = {"reactive": list(curve)}
-    assert extend_below(one_hour) == {}
-    assert one_hour.baselines["reactive"] == curve
-
-
-def test_the_extension_stops_at_the_lowest_target(one_hour: SimulationResult) -> None:
-    g = one_hour.summary()["gpuscaler"]["gpu_hours"]
-    curve = cheap_curve(g / 1000)
-    one_hour.baselines = {"reactive": list(curve)}
-    assert extend_below(one_hour, lowest=40) == {}  # nothing below 40 % allowed
+    assert extend_below(one_hour, lowest=lowest) == {}
     assert one_hour.baselines["reactive"] == curve

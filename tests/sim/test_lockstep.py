@@ -5,27 +5,21 @@ independent runs of one model."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
+from builders import shifted_week, workload_history
 
 from gpuscaler.config import Config, WorkloadConfig, parse_config
-from gpuscaler.core.decisions import FragmentsDecision, ReplicaFloorDecision
-from gpuscaler.core.history import Signal, WorkloadHistory
+from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.model import Series
-from gpuscaler.sim.lockstep import (
-    PROGRESS_TICKS,
-    ClusterPorts,
-    LockstepError,
-    combined_config,
-    lane_clusters,
-    lockstep_runs,
-    place,
-)
-from gpuscaler.sim.replay import Skipped, WorkloadReplay, replay_many, workload_config
-from gpuscaler.sim.simulate import Prepared, RunResult, prepare, run_figures
-from gpuscaler.sim.trace import Trace, load_trace
+from gpuscaler.sim.lockstep import PROGRESS_TICKS, lane_ports, lockstep_runs
+from gpuscaler.sim.records import RunResult
+from gpuscaler.sim.replay import ModelError, Prepared, prepare
+from gpuscaler.whatif.history import Skipped, WorkloadReplay, replay_many, workload_config
 
 CONFIG = """
 simulator: {preemption_burst_after: null, slot: 10s, gpu_seconds_per_request: 0.25}
@@ -51,37 +45,23 @@ START = 3 * 24 + 12.0
 pytestmark = pytest.mark.timeout(600)
 
 
-def _trace(i: int) -> Trace:
-    """Workload i's demand: the bundled week shifted by i x 5 h and scaled."""
-    base = load_trace()
-    shift = round(i * 5 * 3600 / base.bin_seconds)
-    scale = (1.0, 0.6, 1.7, 0.02)[i]
-    return Trace(f"w{i}", base.start, base.bin_seconds, np.roll(base.counts, -shift) * scale)
-
-
 def _prepared(config: Config, hours: float = HOURS) -> list[Prepared]:
+    """Each workload's replay of the bundled week, shifted and scaled."""
+    scales = (1.0, 0.6, 1.7, 0.02)
     return [
-        prepare(_trace(i), hours, 7, workload_config(config, w, 10.0), START)
+        prepare(shifted_week(i, scales[i]), hours, 7, workload_config(config, w, 10.0), START)
         for i, w in enumerate(config.workloads)
     ]
 
 
-def _outcome(p: Prepared, run: RunResult) -> tuple[str, list[dict[str, Any]]]:
-    """The run's figures, and its decisions without the forecast's figures (compared
-    apart, within a tolerance: a batch sums in another order than a lane alone)."""
-    figures = run_figures(p.config, p.start, p.scored_from, run)
-    decisions = [{k: v for k, v in d.as_record().items() if k != "forecast"} for d in run.decisions]
-    return json.dumps(figures, sort_keys=True), decisions
-
-
-def _forecast_figures(run: RunResult) -> list[float]:
-    """Every decision's forecast figures, in order."""
-    out = []
-    for d in run.decisions:
-        figures = d.as_record().get("forecast")
-        if isinstance(figures, dict):
-            out += [float(v) for v in figures.values()]
-    return out
+def _outcome(run: RunResult) -> tuple[str, list[dict[str, Any]], list[float]]:
+    """The run's figures, its decisions, and apart their forecast figures (compared within a
+    tolerance: a batch sums in another order than a lane alone)."""
+    records = [d.as_record() for d in run.decisions]
+    decisions = [{k: v for k, v in r.items() if k != "forecast"} for r in records]
+    forecasts = [r["forecast"] for r in records if isinstance(r["forecast"], dict)]
+    figures = [float(v) for f in forecasts for v in f.values()]
+    return json.dumps(run.metrics, sort_keys=True), decisions, figures
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +75,13 @@ def test_each_lane_gives_the_figures_and_decisions_of_its_workload_replayed_alon
 ) -> None:
     preps, alone, together = runs
     for p, a, b in zip(preps, alone, together, strict=True):
-        assert _outcome(p, b) == _outcome(p, a), p.trace
-        np.testing.assert_allclose(_forecast_figures(b), _forecast_figures(a), rtol=1e-9)
-        np.testing.assert_allclose(b.track.mean, a.track.mean, rtol=1e-9, atol=1e-9)
-        assert b.track.origin == a.track.origin
+        got, want = _outcome(b), _outcome(a)
+        assert got[:2] == want[:2], p.trace
+        assert all("-lane" not in d.target for d in b.decisions)  # the configured pool's name
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-9)
+        assert a.plotted is not None and b.plotted is not None and a.plotted.band is not None
+        for x, y in zip(b.plotted.band, a.plotted.band, strict=True):  # the forecasts' band
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9)
 
 
 def test_the_lanes_act_differently_so_the_equality_is_not_trivial(
@@ -110,18 +93,6 @@ def test_the_lanes_act_differently_so_the_equality_is_not_trivial(
     ]
     assert all(floors[:3]), "the busy workloads set floors"
     assert len({tuple(f) for f in floors}) == len(floors)
-
-
-def test_lane_decisions_name_the_configured_pool_not_the_lanes_copy(
-    runs: tuple[list[Prepared], list[RunResult], list[RunResult]],
-) -> None:
-    preps, _, together = runs
-    for p, run in zip(preps, together, strict=True):
-        pool = p.config.workloads[0].node_pool
-        for d in run.decisions:
-            if isinstance(d, FragmentsDecision):
-                assert d.target == pool
-            assert "-lane" not in d.target
 
 
 def test_two_workloads_on_one_pool_each_get_their_own_copy_of_it() -> None:
@@ -137,70 +108,45 @@ def test_two_workloads_on_one_pool_each_get_their_own_copy_of_it() -> None:
         }
     )
     preps = _prepared(config, hours=1.0)
-    lanes = [place(i, p, len(preps)) for i, p in enumerate(preps)]
-    combined = combined_config(preps, lanes)
+    combined, ports = lane_ports(preps)
     names = [p.name for p in combined.node_pools]
     assert names == ["a100-80gb-lane0", "a100-80gb-lane1", "h100-lane2", "a100-80gb-lane3"]
     assert [w.node_pool for w in combined.workloads] == names
     shared = {p.name: p.overrides for p in combined.node_pools}
     assert shared["a100-80gb-lane0"] == shared["a100-80gb-lane1"] == config.node_pools[0].overrides
-    ports = ClusterPorts(lane_clusters(preps), lanes)
     ports.advance_to(preps[0].start + 600.0)
     observed = ports.observe(preps[0].start + 600.0)
     assert [p.name for p in observed.pools] == names
     assert [w.key for w in observed.workloads] == [w.key for w in config.workloads]
 
 
+def _other_interval(config: Config) -> Config:
+    control = config.control.model_copy(update={"interval": 60.0})
+    return config.model_copy(update={"control": control})
+
+
+def _burst(config: Config) -> Config:
+    sim = config.simulator.model_copy(update={"preemption_burst_after": 600.0})
+    return config.model_copy(update={"simulator": sim})
+
+
 @pytest.mark.parametrize(
-    ("change", "why"),
+    ("second", "why"),
     [
-        ({"seed": 8}, "differs"),
-        ({"start": 0.0}, "differs"),
-        ({"seconds": 1800.0}, "differs"),
+        (lambda p, _: replace(p, seed=8), "differs"),
+        (lambda p, _: replace(p, start=0.0), "differs"),
+        (lambda p, _: replace(p, seconds=1800.0), "differs"),
+        (lambda p, c: replace(p, config=_other_interval(p.config)), "differs"),
+        (lambda p, c: replace(c, config=_burst(c.config)), "preemption"),
     ],
 )
 def test_replays_that_cannot_share_a_controller_are_refused(
-    change: dict[str, Any], why: str
+    second: Callable[[Prepared, Prepared], Prepared], why: str
 ) -> None:
-    preps = _prepared(parse_config(CONFIG), hours=1.0)[:2]
-    fields = {k: getattr(preps[1], k) for k in Prepared.__dataclass_fields__}
-    with pytest.raises(LockstepError, match=why):
-        lockstep_runs([preps[0], Prepared(**{**fields, **change})])
-
-
-def test_a_config_that_differs_beyond_workloads_and_pools_is_refused() -> None:
-    config = parse_config(CONFIG)
-    preps = _prepared(config, hours=1.0)[:2]
-    other = config.model_copy(
-        update={"control": config.control.model_copy(update={"interval": 60.0})}
-    )
-    p = prepare(_trace(1), 1.0, 7, workload_config(other, config.workloads[1], 10.0), START)
-    with pytest.raises(LockstepError, match="differs"):
-        lockstep_runs([preps[0], p])
-
-
-def test_a_synthetic_preemption_burst_is_refused() -> None:
-    config = parse_config(CONFIG)
-    w = config.workloads[0]
-    cfg = workload_config(config, w, 10.0)
-    cfg = cfg.model_copy(
-        update={"simulator": cfg.simulator.model_copy(update={"preemption_burst_after": 600.0})}
-    )
-    p = prepare(_trace(0), 1.0, 7, cfg, START)
-    with pytest.raises(LockstepError, match="preemption"):
-        lockstep_runs([p, p])
-
-
-def _history(key: str, rate: np.ndarray, start: float = 1000.0) -> WorkloadHistory:
-    return WorkloadHistory(
-        key,
-        start,
-        start + 10.0 * (len(rate) - 1),
-        10.0,
-        Signal("workload_requests", "q_req", Series(start, 10.0, rate)),
-        Signal("workload_load", "q_load", None),
-        Signal("kube_horizontalpodautoscaler_status_current_replicas", "q_rep", None),
-    )
+    first, other = _prepared(parse_config(CONFIG), hours=1.0)[:2]
+    other = second(other, first)
+    with pytest.raises(ModelError, match=why):
+        lockstep_runs([other if why == "preemption" else first, other])
 
 
 def test_replay_many_in_lockstep_gives_each_alone_and_keeps_skips_in_order() -> None:
@@ -210,7 +156,10 @@ def test_replay_many_in_lockstep_gives_each_alone_and_keeps_skips_in_order() -> 
     workloads: list[WorkloadConfig] = list(config.workloads)
     rates = [rng.uniform(5, 60, n) * (1 + np.sin(np.arange(n) / (40 + 9 * i))) for i in range(4)]
     rates[2] = np.repeat(rates[2][::30], 30)[:n]  # downsampled: skipped
-    histories = [(_history(w.key, r), w) for w, r in zip(workloads, rates, strict=True)]
+    histories = [
+        (workload_history(w.key, n, Series(1000.0, 10.0, r)), w)
+        for w, r in zip(workloads, rates, strict=True)
+    ]
 
     def figures(lanes: int) -> list[str]:
         out = []

@@ -1,7 +1,6 @@
-"""The runs without a controller (`gpuscaler.sim.sweep`, `gpuscaler.sim.around`): the
-baselines swept over their targets, the reactive HPA and the replicas that ran, many
-runs of one model stepped together. A run's figures do not depend on the runs beside
-it, on how the runs are grouped, or on the replays swept with it."""
+"""The runs without a controller (`gpuscaler.sim.sweep`): the baselines swept over their
+targets, the reactive HPA and the replicas that ran, many runs of one model stepped
+together. A run's figures do not depend on the runs beside it or on how they are grouped."""
 
 from __future__ import annotations
 
@@ -10,16 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import shifted_week
 
-from gpuscaler.config import Config, parse_config
+from gpuscaler.config import parse_config
 from gpuscaler.core.model import Series
-from gpuscaler.sim.around import around_many, baseline_curves, reactive_run
 from gpuscaler.sim.cluster import scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
-from gpuscaler.sim.kept import Kept
-from gpuscaler.sim.simulate import Prepared, prepare, release, run_figures
-from gpuscaler.sim.sweep import Swept, group_size, sweep_views
-from gpuscaler.sim.trace import Trace, load_trace
+from gpuscaler.sim.replay import ModelError, Prepared, prepare
+from gpuscaler.sim.sweep import Swept, around_many, baseline_curves, group_size, sweep_views
 
 CONFIG = """
 simulator: {preemption_burst_after: null, slot: 10s, gpu_seconds_per_request: 0.25}
@@ -37,17 +34,10 @@ START = 3 * 24 + 10.0
 pytestmark = pytest.mark.timeout(600)
 
 
-def _config(**update: Any) -> Config:
-    return parse_config(CONFIG).model_copy(update=update)
-
-
-def _prepared(i: int, hours: float = 1.5, seed: int = 7, config: Config | None = None) -> Prepared:
-    """Workload i's replay: the bundled week shifted by i x 5 h and scaled."""
-    base = load_trace()
-    shift = round(i * 5 * 3600 / base.bin_seconds)
-    counts = np.roll(base.counts, -shift) * (1.0, 0.5, 1.6)[i]
-    trace = Trace(f"w{i}", base.start, base.bin_seconds, counts)
-    return prepare(trace, hours, seed, config or _config(), START)
+def _prepared(i: int, hours: float = 1.5, seed: int = 7) -> Prepared:
+    """Workload i's replay of the bundled week, shifted and scaled."""
+    trace = shifted_week(i, (1.0, 0.5, 1.6)[i])
+    return prepare(trace, hours, seed, parse_config(CONFIG), START)
 
 
 def _json(x: Any) -> str:
@@ -60,7 +50,7 @@ def three() -> tuple[list[Prepared], list[Any]]:
     return preps, around_many(preps, budget=2**30)
 
 
-def test_every_baseline_is_swept_over_every_target(
+def test_every_baseline_is_swept_over_every_target_a_lower_one_holding_more_gpu_hours(
     three: tuple[list[Prepared], list[Any]],
 ) -> None:
     _, arounds = three
@@ -68,12 +58,6 @@ def test_every_baseline_is_swept_over_every_target(
         assert set(a.curves) == set(BASELINES)
         for curve in a.curves.values():
             assert [p["target_pct"] for p in curve] == sweep_targets()
-
-
-def test_a_lower_target_holds_more_gpu_hours(three: tuple[list[Prepared], list[Any]]) -> None:
-    _, arounds = three
-    for a in arounds:
-        for curve in a.curves.values():
             assert curve[0]["gpu_hours"] > curve[-1]["gpu_hours"]
 
 
@@ -82,19 +66,17 @@ def test_the_reactive_run_is_the_reactive_baseline_at_the_workloads_target(
 ) -> None:
     preps, arounds = three
     assert scenario_run(preps[0].config).target_pct == 70
-    for p, a in zip(preps, arounds, strict=True):
+    for a in arounds:
         point = next(x for x in a.curves["reactive"] if x["target_pct"] == 70)
-        figures = run_figures(p.config, p.start, p.scored_from, a.reactive)
         for key in ("gpu_hours", "slo_violation_share", "p99_wait_s", "scaling_actions"):
-            assert figures[key] == point[key], key
+            assert a.reactive.metrics[key] == point[key], key
 
 
 def test_each_workloads_curves_are_those_of_its_own_sweep(
     three: tuple[list[Prepared], list[Any]],
 ) -> None:
     preps, arounds = three
-    alone = baseline_curves(preps[1])
-    assert _json(alone) == _json(arounds[1].curves)
+    assert _json(baseline_curves(preps[1])) == _json(arounds[1].curves)
 
 
 @pytest.mark.parametrize("budget", [12 * 540 * 7, 12 * 540 * 40])
@@ -105,22 +87,16 @@ def test_grouping_the_runs_changes_no_figure(
     grouped = around_many(preps, budget=budget)
     for a, b in zip(arounds, grouped, strict=True):
         assert _json(a.curves) == _json(b.curves)
-        assert a.reactive is not None and b.reactive is not None
-        np.testing.assert_array_equal(a.reactive.cluster.rec.served, b.reactive.cluster.rec.served)
+        assert a.reactive.metrics == b.reactive.metrics
+        np.testing.assert_array_equal(a.reactive.plotted.capacity, b.reactive.plotted.capacity)
 
 
-def test_replays_of_other_models_are_swept_apart_with_their_own_figures() -> None:
+def test_replays_of_another_model_are_refused() -> None:
     preps = [_prepared(0, hours=1.0), _prepared(1, hours=1.0, seed=8)]
-    together = around_many(preps, reactive=False)
-    apart = [around_many([p], reactive=False)[0] for p in preps]
-    for a, b in zip(together, apart, strict=True):
-        assert _json(a.curves) == _json(b.curves)
-
-
-def test_a_sweep_refuses_replays_of_another_model() -> None:
-    preps = [_prepared(0, hours=1.0), _prepared(1, hours=1.0, seed=8)]
-    with pytest.raises(ValueError, match="one model"):
-        sweep_views(preps, [Swept(0, "hpa_util", 70.0), Swept(1, "hpa_util", 70.0)])
+    with pytest.raises(ModelError, match="differs"):
+        around_many(preps, reactive=False)
+    with pytest.raises(ModelError, match="differs"):
+        sweep_views(preps, [Swept("a", 0, "hpa_util", 70.0), Swept("b", 1, "hpa_util", 70.0)])
 
 
 def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
@@ -149,11 +125,11 @@ def test_a_sweep_runs_in_the_fewest_groups_its_budget_allows_of_even_sizes(
     assert group_size(runs, slots, budget) == size
 
 
-def test_a_released_reactive_run_reports_its_figures_and_holds_no_per_slot_array() -> None:
+def test_a_run_finished_without_its_plot_keeps_the_same_figures() -> None:
     p = _prepared(2, hours=1.0)
-    whole = reactive_run(p)
-    kept = release(p, whole, plot=True)
-    assert isinstance(kept.kept, Kept) and kept.kept.plotted is not None
-    assert kept.kept.metrics == run_figures(p.config, p.start, p.scored_from, whole)
-    assert kept.cluster.rec.served.size == kept.cluster.work.size == 0
-    assert kept.span() == whole.span()
+    [drawn] = around_many([p], baselines=False)
+    [bare] = around_many([p], baselines=False, plot=False)
+    assert drawn.reactive is not None and bare.reactive is not None
+    assert drawn.reactive.plotted is not None and bare.reactive.plotted is None
+    assert drawn.reactive.metrics == bare.reactive.metrics
+    assert (bare.reactive.slot, bare.reactive.cursor) == (10.0, 360)

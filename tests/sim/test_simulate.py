@@ -12,17 +12,17 @@ import pytest
 from builders import run_cli
 
 from gpuscaler.config import Config, parse_config
-from gpuscaler.sim.around import simulate
-from gpuscaler.sim.simulate import warmup_plan
+from gpuscaler.sim.records import SimulationResult
+from gpuscaler.sim.replay import warmup_plan
+from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import Trace, TraceError, load_trace
 
 pytestmark = pytest.mark.timeout(900)
 """Each replay runs gpuscaler, the reactive HPA and 33 baseline runs: minutes on a busy
 2-core machine, beyond the suite's 120 s default."""
 
-POLICY_KEYS = {
-    "slo_violation_share",
-    "p99_wait_s",
+FIGURES = {"slo_violation_share", "p99_wait_s"}
+POLICY_KEYS = FIGURES | {
     "under_provisioned_share",
     "gpu_hours",
     "scaling_actions",
@@ -45,20 +45,32 @@ def bundled_default() -> dict[str, Any]:
     return result
 
 
-def test_simulate_with_no_arguments_reports_both_policies_on_the_bundled_trace(
+def test_simulate_with_no_arguments_reports_both_policies_the_slo_and_the_curves(
     bundled_default: dict[str, Any],
 ) -> None:
-    assert bundled_default["trace"] == "azure_llm_2024_conversation_10s.csv.gz"
-    assert bundled_default["hours"] == 24
+    out = bundled_default
+    assert out["trace"] == "azure_llm_2024_conversation_10s.csv.gz" and out["hours"] == 24
+    assert out["slo_wait_s"] == 2.0
     for policy in ("gpuscaler", "reactive"):
-        assert set(bundled_default[policy]) >= POLICY_KEYS
+        assert set(out[policy]) >= POLICY_KEYS
+        assert 0.0 <= out[policy]["slo_violation_share"] <= 1.0
+    assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor"}
+    point_keys = {"target_pct", "gpu_hours", "slo_violation_share", "p99_wait_s", "scaling_actions"}
+    for curve in out["baselines"].values():
+        assert [p["target_pct"] for p in curve] == list(range(40, 91, 5))
+        assert all(set(point) >= point_keys for point in curve)
+    assert set(out["equal_cost"]) == set(out["baselines"])
+    for name, at in out["equal_cost"].items():
+        assert name in out["equal_cost_outside"] if at is None else set(at) >= FIGURES
+    # The reactive run is the reactive curve's 70 % point: same cluster, same arrivals.
+    reactive70 = next(p for p in out["baselines"]["reactive"] if p["target_pct"] == 70)
+    assert reactive70["gpu_hours"] == out["reactive"]["gpu_hours"]
+    assert reactive70["slo_violation_share"] == out["reactive"]["slo_violation_share"]
 
 
 def test_gpuscaler_is_no_worse_than_the_reactive_curve_at_its_own_gpu_hours(
     bundled_default: dict[str, Any],
 ) -> None:
-    # Issue 11: the old headline (less under-provisioned for more GPU-hours) was bought
-    # with headroom. The claim is now the equal-cost one, on the SLO.
     g = bundled_default["gpuscaler"]
     at = bundled_default["equal_cost"]["reactive"]
     assert at is not None, bundled_default["equal_cost_outside"]
@@ -69,44 +81,6 @@ def test_gpuscaler_is_no_worse_than_the_reactive_curve_at_its_own_gpu_hours(
     assert g["scaling_actions"] <= reactive70["scaling_actions"]
 
 
-def test_the_json_carries_the_slo_the_baseline_curves_and_the_equal_cost_figure(
-    bundled_default: dict[str, Any],
-) -> None:
-    out = bundled_default
-    assert out["slo_wait_s"] == 2.0
-    for policy in ("gpuscaler", "reactive"):
-        assert set(out[policy]) >= {
-            "slo_violation_share",
-            "p99_wait_s",
-            "gpu_hours",
-            "scaling_actions",
-            "direction_reversals",
-            "under_provisioned_share",
-        }
-        assert 0.0 <= out[policy]["slo_violation_share"] <= 1.0
-    assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor"}
-    for curve in out["baselines"].values():
-        assert [p["target_pct"] for p in curve] == list(range(40, 91, 5))
-        for point in curve:
-            assert set(point) >= {
-                "target_pct",
-                "gpu_hours",
-                "slo_violation_share",
-                "p99_wait_s",
-                "scaling_actions",
-            }
-    assert set(out["equal_cost"]) == set(out["baselines"])
-    for name, at in out["equal_cost"].items():
-        if at is None:
-            assert name in out["equal_cost_outside"]
-        else:
-            assert set(at) >= {"slo_violation_share", "p99_wait_s"}
-    # The reactive run is the reactive curve's 70 % point: same cluster, same arrivals.
-    reactive70 = next(p for p in out["baselines"]["reactive"] if p["target_pct"] == 70)
-    assert reactive70["gpu_hours"] == out["reactive"]["gpu_hours"]
-    assert reactive70["slo_violation_share"] == out["reactive"]["slo_violation_share"]
-
-
 def test_the_forecast_beats_the_last_value_at_the_horizon(
     bundled_default: dict[str, Any],
 ) -> None:
@@ -114,30 +88,30 @@ def test_the_forecast_beats_the_last_value_at_the_horizon(
     assert g["forecast_mae"] < g["naive_mae"]
 
 
-def test_report_writes_decisions_a_summary_and_a_plot(tmp_path: Path) -> None:
-    out = _cli("--hours", "3", "--report", str(tmp_path))
+RECORD = {"time", "kind", "target", "from", "to", "reason", "forecast", "detail"}
+
+
+def test_report_writes_decisions_a_summary_and_a_plot_and_no_matplotlib_log_line(
+    tmp_path: Path,
+) -> None:
+    cache, report = tmp_path / "matplotlib", tmp_path / "r"  # matplotlib builds its cache now
+    out = run_cli(
+        "simulate", "--hours", "3", "--report", str(report), timeout=900,
+        env={"MPLCONFIGDIR": str(cache)},
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    assert any(cache.iterdir()), "the font cache was built in this run"
+    assert "matplotlib." not in out.stdout + out.stderr  # its loggers' names
     assert "under_provisioned_share" in out.stdout  # the readable table
     assert out.stdout.splitlines()[1].startswith("Equal cost")  # it leads
-    lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
+    lines = (report / "decisions.jsonl").read_text().splitlines()
     assert lines, "a 3 h replay makes at least one decision"
     assert any('"kind": "preemption"' in line for line in lines)  # the burst at 30 min
-    for line in lines:
-        record = json.loads(line)
-        assert set(record) == {
-            "time",
-            "kind",
-            "target",
-            "from",
-            "to",
-            "reason",
-            "forecast",
-            "detail",
-        }
+    for record in map(json.loads, lines):
+        assert set(record) == RECORD and record["reason"]
         assert (record["detail"] is not None) == (record["kind"] == "preemption")
-        assert record["reason"]
-    assert (tmp_path / "simulation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((tmp_path / "summary.json").read_text())["hours"] == 3
+    assert (report / "simulation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((report / "summary.json").read_text())["hours"] == 3
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -150,54 +124,43 @@ def _rows(n: int, step: int = 10, start: int = 1_700_000_000) -> str:
     return "".join(f"{start + i * step},{100 + (i % 7)}\n" for i in range(n))
 
 
-@pytest.mark.parametrize(
-    ("name", "content", "message"),
-    [
-        ("missing file", None, "file not found"),
-        ("empty file", "", "empty file"),
-        ("header only", "time,requests\n", "no data rows"),
-        ("one column", "time\n1\n2\n", "found 1 column"),
-        ("no numeric column", "time,name\n1,a\n2,b\n", "no numeric column"),
-        ("time going backwards", "time,requests\n" + _rows(3) + "1600000000,5\n", "backwards"),
-        ("a repeated time", "time,requests\n10,1\n10,2\n", "backwards or repeats"),
-        ("irregular spacing", "time,requests\n0,1\n10,1\n25,1\n", "irregular spacing"),
-        ("negative counts", "time,requests\n0,1\n10,-4\n", "negative"),
-        (
-            "unparseable times",
-            "time,requests\nmonday,1\ntuesday,2\n",
-            "neither unix seconds nor ISO-8601",
-        ),
-        (
-            "shorter than 30 minutes",
-            "time,requests\n" + _rows(150),
-            "shorter than one forecast window",
-        ),
-        (
-            "shorter than 30 minutes names the only remedy",
-            "time,requests\n" + _rows(150),
-            "supply at least 30 min of trace (the shortest replay)",
-        ),
-    ],
-)
-def test_a_bad_trace_exits_two_with_a_clear_message(
-    tmp_path: Path, name: str, content: str | None, message: str
+NO_TRACE, DIRECTORY = "-", "/"
+BAD = [
+    (None, (), "file not found"),
+    ("", (), "empty file"),
+    ("time,requests\n", (), "no data rows"),
+    ("time\n1\n2\n", (), "found 1 column"),
+    ("time,name\n1,a\n2,b\n", (), "no numeric column"),
+    ("time,requests\n" + _rows(3) + "1600000000,5\n", (), "backwards"),
+    ("time,requests\n10,1\n10,2\n", (), "backwards or repeats"),
+    ("time,requests\n0,1\n10,1\n25,1\n", (), "irregular spacing"),
+    ("time,requests\n0,1\n10,-4\n", (), "negative"),
+    ("time,requests\nmonday,1\ntuesday,2\n", (), "neither unix seconds nor ISO-8601"),
+    ("time,requests\n" + _rows(150), (), "shorter than one forecast window"),
+    ("time,requests\n" + _rows(150), (), "supply at least 30 min of trace (the shortest replay)"),
+    ("t,r\n0,1\n10,1\n10000000000,1\n", (), "cut the gap out"),  # unbounded memory
+    (DIRECTORY, (), "is a directory"),
+    ("t,r\n" + _rows(1000), ("--hours", "10"), "the trace holds"),
+    (NO_TRACE, ("--hours", "nan"), "--hours must be a finite number > 0"),
+    (NO_TRACE, ("--hours", "-1"), "--hours must be a finite number > 0"),
+    (NO_TRACE, ("--hours", "0"), "--hours must be a finite number > 0"),
+    (NO_TRACE, ("--start", "nan"), "--start must be a finite number >= 0"),
+    (NO_TRACE, ("--start", "-2"), "--start must be a finite number >= 0"),
+    (NO_TRACE, ("--resample", "fast"), "--resample"),
+    (NO_TRACE, ("--resample", "100ms"), "at least 500ms"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("content", "args", "message"), BAD)
+def test_bad_input_exits_two_with_a_clear_message(
+    tmp_path: Path, content: str | None, args: tuple[str, ...], message: str
 ) -> None:
-    path = tmp_path / "missing.csv" if content is None else _write(tmp_path, "trace.csv", content)
-    out = _cli("--trace", str(path), timeout=60)
+    path = tmp_path if content == DIRECTORY else tmp_path / "trace.csv"
+    if content not in (None, DIRECTORY, NO_TRACE):
+        path.write_text(content)
+    out = _cli(*([] if content == NO_TRACE else ["--trace", str(path)]), *args, timeout=60)
     assert out.returncode == 2, out.stdout
-    assert message in out.stderr
-    assert "Traceback" not in out.stderr
-
-
-def test_a_directory_is_not_a_trace(tmp_path: Path) -> None:
-    out = _cli("--trace", str(tmp_path), timeout=60)
-    assert out.returncode == 2 and "is a directory" in out.stderr
-
-
-def test_more_hours_than_the_trace_holds_exits_two(tmp_path: Path) -> None:
-    path = _write(tmp_path, "t.csv", "t,r\n" + _rows(1000))
-    out = _cli("--trace", str(path), "--hours", "10", timeout=60)
-    assert out.returncode == 2 and "the trace holds" in out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_unix_seconds_trace_with_a_missing_row_replays(tmp_path: Path) -> None:
@@ -241,36 +204,25 @@ workloads:
     )
 
 
+def _steps(result: SimulationResult, kind: str) -> list[tuple[Any, Any]]:
+    return [(d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == kind]
+
+
 def test_an_idle_pool_gets_more_fragments_step_by_step_through_the_controller() -> None:
-    result = simulate(
-        _flat_trace(50),
-        None,
-        1,
-        _scenario(1, "{min_replicas: 4, max_replicas: 200}"),
-        baselines=False,
-    )
-    steps = [
-        (d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == "fragments"
-    ]
+    config = _scenario(1, "{min_replicas: 4, max_replicas: 200}")
+    result = simulate(_flat_trace(50), None, 1, config, baselines=False)
     # 4 replicas forced by min_replicas on 0.3 GPUs of demand: packing them saves GPUs
-    # until one GPU holds all four; an eighth fragment would pack nothing (no ratchet
-    # to 8).
-    assert steps == [(1, 2), (2, 4)]
-    assert [d.to_value for d in result.gpuscaler.cluster.fragment_changes] == [2, 4]
-    assert not result.reactive.cluster.fragment_changes  # the baseline never changes sharing
+    # until one GPU holds all four; an eighth fragment would pack nothing (no ratchet).
+    assert _steps(result, "fragments") == [(1, 2), (2, 4)]
+    assert result.gpuscaler.metrics["fragment_changes"] == 2  # both reached the cluster
+    assert result.reactive.metrics["fragment_changes"] == 0  # the baseline never changes it
 
 
 def test_a_hot_shared_pool_gets_fewer_fragments_and_a_longer_time_slice() -> None:
-    result = simulate(
-        _flat_trace(500),
-        None,
-        1,
-        _scenario(8, "{max_replicas: 200, target_utilization_pct: 90}"),
-        baselines=False,
-    )
-    kinds = {(d.kind, d.from_value, d.to_value) for d in result.gpuscaler.decisions}
-    assert ("fragments", 8, 4) in kinds
-    assert ("time_slice", "medium", "long") in kinds
+    config = _scenario(8, "{max_replicas: 200, target_utilization_pct: 90}")
+    result = simulate(_flat_trace(500), None, 1, config, baselines=False)
+    assert (8, 4) in _steps(result, "fragments")
+    assert ("medium", "long") in _steps(result, "time_slice")
 
 
 def test_fragments_come_back_down_when_demand_rises_after_a_quiet_start() -> None:
@@ -278,13 +230,8 @@ def test_fragments_come_back_down_when_demand_rises_after_a_quiet_start() -> Non
     # decision goes both ways, on demand per GPU rather than utilization.
     counts = np.concatenate([np.full(3 * 360, 50.0), np.full(3 * 360, 1000.0)])
     trace = Trace("quiet-then-busy", 1.7e9, 10.0, counts)
-    result = simulate(
-        trace, None, 1, _scenario(1, "{min_replicas: 4, max_replicas: 200}"), baselines=False
-    )
-    steps = [
-        (d.from_value, d.to_value) for d in result.gpuscaler.decisions if d.kind == "fragments"
-    ]
-    assert (1, 2) in steps
+    config = _scenario(1, "{min_replicas: 4, max_replicas: 200}")
+    steps = _steps(simulate(trace, None, 1, config, baselines=False), "fragments")
     up = steps.index((1, 2))
     assert any(int(b) < int(a) for a, b in steps[up:]), steps
 
@@ -299,31 +246,6 @@ def test_a_short_trace_runs_reactive_until_min_history_and_says_how_much_was_sco
     assert summary["hours"] == 0.75
     assert summary["forecast_from_hours"] == pytest.approx(10 / 60, abs=1e-3)
     assert summary["scored_hours"] == pytest.approx(0.75 - 10 / 60, abs=1e-3)
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("--hours", "nan"), "--hours must be a finite number > 0"),
-        (("--hours", "-1"), "--hours must be a finite number > 0"),
-        (("--hours", "0"), "--hours must be a finite number > 0"),
-        (("--start", "nan"), "--start must be a finite number >= 0"),
-        (("--start", "-2"), "--start must be a finite number >= 0"),
-        (("--resample", "fast"), "--resample"),
-        (("--resample", "100ms"), "at least 500ms"),
-    ],
-)
-def test_bad_numbers_exit_two_with_the_reason(args: tuple[str, ...], message: str) -> None:
-    out = _cli(*args, timeout=60)
-    assert out.returncode == 2, out.stdout
-    assert message in out.stderr and "Traceback" not in out.stderr
-
-
-def test_a_gap_needing_unbounded_memory_is_refused_with_the_remedy(tmp_path: Path) -> None:
-    path = _write(tmp_path, "t.csv", "t,r\n0,1\n10,1\n10000000000,1\n")
-    out = _cli("--trace", str(path), timeout=60)
-    assert out.returncode == 2
-    assert "cut the gap out" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_per_request_log_is_binned_by_resample_and_the_column_is_named(

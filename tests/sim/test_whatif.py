@@ -4,7 +4,6 @@ replay is in test_whatif_live.py)."""
 
 from __future__ import annotations
 
-import io
 import math
 import subprocess
 import sys
@@ -13,49 +12,43 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import workload_history
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuscaler.adapters.prometheus.history import hpa_name, replica_queries
 from gpuscaler.config import Config, WorkloadConfig, parse_config
-from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
+from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
 from gpuscaler.demand import DemandConfig
-from gpuscaler.sim.around import actual_run, held
-from gpuscaler.sim.replay import (
+from gpuscaler.sim.replay import Prepared
+from gpuscaler.sim.sweep import around_many, held
+from gpuscaler.whatif import WhatifError, parse_when, select
+from gpuscaler.whatif.history import (
     Skipped,
-    compare,
+    WorkloadReplay,
     demand_rate,
-    hours_at_share,
-    replay,
-    verdict,
+    replay_many,
     workload_config,
 )
-from gpuscaler.sim.simulate import Prepared
-from gpuscaler.whatif import WhatifError, parse_when, select
-from gpuscaler.whatif_progress import Progress
+from gpuscaler.whatif.verdict import compare, hours_at_share, verdict
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 NOW = 1_800_000_000.0
 W = WorkloadConfig(namespace="ns", kind="ScaledObject", name="chat")
 
 
+def _replay(history: WorkloadHistory, config: Config) -> WorkloadReplay | Skipped:
+    [done] = replay_many([(history, W)], config, 1, baselines=False)
+    return done
+
+
 def _series(values: list[float], step: float = 10.0) -> Series:
     return Series(1000.0, step, np.array(values, dtype=np.float64))
 
 
-def _history(
-    requests: Series | None = None, load: Series | None = None, replicas: Series | None = None
-) -> WorkloadHistory:
-    return WorkloadHistory(
-        W.key,
-        1000.0,
-        1000.0 + 10.0 * 100,
-        10.0,
-        Signal("workload_requests", "q_req", requests),
-        Signal("workload_load", "q_load", load),
-        Signal("kube_horizontalpodautoscaler_status_current_replicas", "q_rep", replicas),
-    )
+def _history(*series: Series | None, n: int = 101) -> WorkloadHistory:
+    return workload_history(W.key, n, *series)
 
 
 @pytest.mark.parametrize(
@@ -81,65 +74,57 @@ def test_native_resolution_is_the_step_for_a_live_series_and_longer_for_a_downsa
     assert native_resolution(_series(list(coarse))) == 300.0
 
 
-def test_the_demand_is_the_request_rate_when_there_is_one() -> None:
-    found = demand_rate(_history(_series([1.0, 2.0]), _series([50.0, 60.0])), Config())
-    assert not isinstance(found, str)
-    series, what = found
-    assert list(series.values) == [1.0, 2.0] and what.startswith("request rate (q_req)")
+@pytest.mark.parametrize(
+    ("requests", "load", "values", "says"),
+    [
+        ([1.0, 2.0], [50.0, 60.0], [1.0, 2.0], ["request rate (q_req)"]),  # the rate first
+        (None, [60.0, 120.0], [10.0, 20.0], ["GPU load (q_load)", "served load"]),  # / 0.06 s
+        ([1.0, math.nan], None, [1.0, math.nan], ["request rate"]),  # out of range: dropped
+        (None, None, None, ["no demand signal", "workload_requests: no series", "workload_load"]),
+    ],
+)
+def test_the_demand_is_the_request_rate_else_the_gpu_load_else_a_skip_naming_each_signal(
+    requests: list[float] | None,
+    load: list[float] | None,
+    values: list[float] | None,
+    says: list[str],
+) -> None:
+    found = demand_rate(
+        _history(*(None if v is None else _series(v) for v in (requests, load))), Config()
+    )
+    what = found if isinstance(found, str) else found[1]
+    assert all(word in what for word in says), what
+    if values is not None:
+        assert not isinstance(found, str)
+        np.testing.assert_allclose(found[0].values, values)
 
 
-def test_without_a_request_rate_the_demand_is_derived_from_gpu_load_and_says_so() -> None:
-    found = demand_rate(_history(None, _series([60.0, 120.0])), Config())
-    assert not isinstance(found, str)
-    series, what = found
-    np.testing.assert_allclose(series.values, [10.0, 20.0])  # 60 % / 100 / 0.06 s
-    assert "GPU load (q_load)" in what and "served load" in what
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        (np.repeat(np.arange(1.0, 11.0), 10), "series coarser than the step"),
+        (np.random.default_rng(1).uniform(1, 3, 101), "too little history"),
+    ],
+)
+def test_a_history_that_cannot_be_replayed_is_a_skip_not_an_error(
+    values: np.ndarray, why: str
+) -> None:
+    done = _replay(_history(_series(list(values))), Config())
+    assert isinstance(done, Skipped) and done.reason.startswith(why)
 
 
-def test_no_signal_at_all_is_a_skip_naming_each_signal() -> None:
-    found = demand_rate(_history(), Config())
-    assert isinstance(found, str) and found.startswith("no demand signal")
-    assert "workload_requests: no series matched" in found and "workload_load" in found
-
-
-def test_a_downsampled_history_is_skipped_as_coarser_than_the_step() -> None:
-    coarse = np.repeat(np.arange(1.0, 11.0), 10)
-    done = replay(_history(_series(list(coarse))), Config(), W, seed=1, baselines=False)
-    assert isinstance(done, Skipped) and "coarser than the step" in done.reason
-
-
-def test_too_little_history_is_a_skip_not_an_error() -> None:
-    values = [float(v) for v in np.random.default_rng(1).uniform(1, 3, 101)]
-    done = replay(_history(_series(values)), Config(), W, seed=1, baselines=False)
-    assert isinstance(done, Skipped) and done.reason.startswith("too little history")
-
-
-def test_the_workload_is_replayed_alone_on_its_pool_without_a_synthetic_burst() -> None:
-    cfg = workload_config(Config(workloads=(W,)), W)
-    assert [w.name for w in cfg.workloads] == ["chat"]
-    assert cfg.workloads[0].node_pool is not None
-    assert cfg.simulator.preemption_burst_after is None
-
-
-def test_the_history_is_replayed_in_slots_of_its_read_step() -> None:
+def test_the_history_is_replayed_alone_on_its_pool_without_a_burst_in_slots_of_its_step() -> None:
     """A week is not kept at 500 ms: the replay steps at the step the history was read at."""
-    assert workload_config(Config(workloads=(W,)), W, 10.0).simulator.slot == 10.0
+    cfg = workload_config(Config(workloads=(W,)), W, 10.0)
+    assert [w.name for w in cfg.workloads] == ["chat"] and cfg.workloads[0].node_pool
+    assert cfg.simulator.preemption_burst_after is None and cfg.simulator.slot == 10.0
     assert workload_config(Config(workloads=(W,)), W).simulator.slot == 0.5
     n = 240 + 3  # 40 min at 10 s, one step of margin each side
     rate = _series([float(v) for v in np.random.default_rng(2).uniform(20, 40, n)])
-    history = WorkloadHistory(
-        W.key,
-        1000.0,
-        1000.0 + 10.0 * (n - 1),
-        10.0,
-        Signal("workload_requests", "q_req", rate),
-        Signal("workload_load", "q_load", None),
-        Signal("kube_horizontalpodautoscaler_status_current_replicas", "q_rep", None),
-    )
-    done = replay(history, Config(workloads=(W,)), W, seed=1, baselines=False)
-    assert not isinstance(done, Skipped), done
-    cluster = done.result.gpuscaler.cluster
-    assert (cluster.slot, cluster.cursor, len(cluster.arrivals)) == (10.0, 240, 240)
+    done = _replay(_history(rate, n=n), Config(workloads=(W,)))
+    assert isinstance(done, WorkloadReplay), done
+    run = done.result.gpuscaler
+    assert (run.slot, run.cursor, len(done.result.p.arrivals)) == (10.0, 240, 240)
     assert done.result.summary()["scored_hours"] == 0.5  # after forecast.min_history
 
 
@@ -152,8 +137,9 @@ def test_the_replay_of_the_replicas_that_ran_follows_them() -> None:
     arrivals = np.full(7200, 10.0)  # 1 h of 20 requests/s at 500 ms
     schedule = Series(0.0, 60.0, np.r_[np.full(30, 4.0), np.full(30, 8.0)])
     p = Prepared("flat", cfg, 0.0, 3600.0, arrivals, 1, 0, 0.0)
-    out = actual_run(p, schedule)
-    assert out["scaling_actions"] == 2  # min replicas -> 4 -> 8
+    [around] = around_many([p], [schedule], baselines=False, reactive=False)
+    out = around.actual
+    assert out is not None and out["scaling_actions"] == 2  # min replicas -> 4 -> 8
     assert out["mean_replicas"] == pytest.approx(6, abs=0.1)
 
 
@@ -231,16 +217,15 @@ def test_no_comparison_on_either_axis_is_not_enough_data() -> None:
         ("1700000000", 1_700_000_000.0),
         ("2023-11-14T22:13:20Z", 1_700_000_000.0),
         ("2023-11-14T23:13:20+01:00", 1_700_000_000.0),
+        *((bad, None) for bad in ("yesterday", "7x", "", "2023-13-45T00:00:00Z", "nan", "inf")),
     ],
 )
-def test_when_arguments(text: str, expected: float) -> None:
-    assert parse_when(text, NOW, "--since") == expected
-
-
-@pytest.mark.parametrize("text", ["yesterday", "7x", "", "2023-13-45T00:00:00Z", "nan", "inf"])
-def test_bad_when_arguments_name_the_flag(text: str) -> None:
-    with pytest.raises(WhatifError, match="--since"):
-        parse_when(text, NOW, "--since")
+def test_when_arguments_or_an_error_naming_the_flag(text: str, expected: float | None) -> None:
+    if expected is not None:
+        assert parse_when(text, NOW, "--since") == expected
+    else:
+        with pytest.raises(WhatifError, match="--since"):
+            parse_when(text, NOW, "--since")
 
 
 @given(st.text(max_size=30))
@@ -279,85 +264,35 @@ def test_the_requests_template_is_checked_like_the_others() -> None:
         parse_config("prometheus: {queries: {workload_requests: 'sum(rate(x[1m]))'}}\n")
 
 
-def test_whatif_answers_help_with_its_documented_flags() -> None:
-    out = subprocess.run(
-        [str(SCRIPT), "whatif", "--help"], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0
-    for flag in ("--config", "--since", "--until", "--workload", "--report", "--json"):
-        assert flag in out.stdout
+CLI = [
+    (None, ["--help"], 0, ["--config", "--since", "--until", "--workload", "--report", "--json"]),
+    ("workloads: [{namespace: ns, kind: ScaledObject, name: chat}]\n", [], 2, ["prometheus.url is not set"]),
+]  # fmt: skip
 
 
-def test_whatif_without_a_prometheus_url_exits_2(tmp_path: Path) -> None:
-    config = tmp_path / "c.yaml"
-    config.write_text("workloads: [{namespace: ns, kind: ScaledObject, name: chat}]\n")
-    out = subprocess.run(
-        [str(SCRIPT), "whatif", "--config", str(config)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 2
-    assert "prometheus.url is not set" in out.stderr and "Traceback" not in out.stderr
+@pytest.mark.parametrize(("config", "args", "code", "says"), CLI)
+def test_whatif_answers_help_and_exits_2_without_a_prometheus_url(
+    tmp_path: Path, config: str | None, args: list[str], code: int, says: list[str]
+) -> None:
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+        args = [*args, "--config", str(tmp_path / "c.yaml")]
+    out = subprocess.run([str(SCRIPT), "whatif", *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == code
+    assert all(word in out.stdout + out.stderr for word in says)
+    assert "Traceback" not in out.stderr
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
+TEMPLATES = [
+    ("prometheus: {queries: {workload_requests: 'sum(x{{{matchers}}})'}}\n", "workload_requests", True, None),
+    ("{}\n", "workload_requests", False, "workload_requests is not set"),
+    ("workload_demand: {preset: triton_rate, per_replica: 10}\n", "demand (triton_rate)", True, None),
+    ("workload_demand: {preset: query, per_replica: 5, query: 'sum(r)', unit: requests/s}\n", "demand (query)", True, None),
+    ("workload_demand: {preset: vllm, per_replica: 16}\n", "demand (vllm)", False, "not arrivals"),
+]  # fmt: skip
 
 
-def test_the_progress_bar_shows_on_a_terminal_only() -> None:
-    term = _Terminal()
-    bar = Progress(term, total=4)
-    bar.request(3)
-    bar.workload("ns/ScaledObject/chat")
-    bar.close()
-    assert "[" + "#" * 8 + "." * 22 + "] 1/4 workloads, 3 range queries" in term.getvalue()
-    assert term.getvalue().endswith("\n")
-    plain = io.StringIO()
-    quiet = Progress(plain, total=4)
-    quiet.request(1)
-    quiet.workload("x")
-    quiet.close()
-    assert plain.getvalue() == ""
-
-
-def test_out_of_range_requests_are_dropped_and_listed_not_fatal() -> None:
-    signal = Signal("workload_requests", "q", _series([1.0, math.nan]), "1 value(s) outside")
-    history = WorkloadHistory(
-        W.key, 1000.0, 1010.0, 10.0, signal, Signal("workload_load", "q", None), signal
-    )
-    found = demand_rate(history, Config())
-    assert not isinstance(found, str)
-
-
-@pytest.mark.parametrize(
-    ("yaml_text", "name", "is_rate", "why"),
-    [
-        (
-            "prometheus: {queries: {workload_requests: 'sum(x{{{matchers}}})'}}\n",
-            "workload_requests",
-            True,
-            None,
-        ),
-        ("{}\n", "workload_requests", False, "workload_requests is not set"),
-        (
-            "workload_demand: {preset: triton_rate, per_replica: 10}\n",
-            "demand (triton_rate)",
-            True,
-            None,
-        ),
-        (
-            "workload_demand: {preset: query, per_replica: 5, query: 'sum(r)', unit: requests/s}\n",
-            "demand (query)",
-            True,
-            None,
-        ),
-        (
-            "workload_demand: {preset: vllm, per_replica: 16}\n",
-            "demand (vllm)",
-            False,
-            "not arrivals",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("yaml_text", "name", "is_rate", "why"), TEMPLATES)
 def test_the_request_rate_comes_from_the_query_or_a_rate_demand_never_a_queue(
     yaml_text: str, name: str, is_rate: bool, why: str | None
 ) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpuscaler.commands.common import memory_size
 from gpuscaler.config import WorkloadConfig
-from gpuscaler.whatif_sizing import (
+from gpuscaler.whatif.sizing import (
     MIN_LANES,
     PARENT_BYTES,
     WORKER_BYTES,
@@ -96,23 +96,18 @@ def test_the_default_jobs_are_one_a_core_as_many_as_the_memory_holds(
         assert not over_budget(memory_mb * MB, jobs, days * 86400)
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("1GiB", 2**30), ("512MiB", 2**29), ("2G", 2 * 10**9), ("1.5GB", 15 * 10**8)],
-)
-def test_memory_sizes_are_read_as_pydantic_byte_sizes(text: str, value: int) -> None:
-    assert memory_size(text) == value
+SIZES = [
+    ("1GiB", 2**30), ("512MiB", 2**29), ("2G", 2 * 10**9), ("1.5GB", 15 * 10**8),
+    ("abc", "not a size"), ("-1GiB", "not a size"), ("100MiB", "less than 128MiB"), ("0", "less than"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("text", "why"),
-    [
-        ("abc", "not a size"),
-        ("-1GiB", "not a size"),
-        ("100MiB", "less than 128MiB"),
-        ("0", "less than"),
-    ],
-)
-def test_a_bad_memory_size_is_refused_with_what_is_wrong(text: str, why: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError, match=why):
-        memory_size(text)
+@pytest.mark.parametrize(("text", "expected"), SIZES)
+def test_memory_sizes_are_pydantic_byte_sizes_or_refused_with_what_is_wrong(
+    text: str, expected: int | str
+) -> None:
+    if isinstance(expected, int):
+        assert memory_size(text) == expected
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=expected):
+            memory_size(text)

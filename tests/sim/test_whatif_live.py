@@ -9,7 +9,6 @@ workload-week for each of whatif and simulate it would take ten minutes."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -22,13 +21,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import Terminal
 from promserver import free_port, prometheus
 
 from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.prometheus.history import HistoryReader
 from gpuscaler.config import parse_config
 from gpuscaler.sim.trace import load_trace
-from gpuscaler.whatif import run_whatif, select
+from gpuscaler.whatif import run_whatif, select, text
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 STEP = 10.0
@@ -178,36 +178,18 @@ def test_whatif_reproduces_simulate_on_the_same_trace_within_one_percent(week: W
     since = week.start + WINDOW_AT
     until = since + WINDOW
     report = week.root / "report"
+    # The two workloads in two processes (the same figures as in one), in less memory than
+    # two processes of 10 lanes take: run so, and said.
     done = _run(
-        "whatif",
-        "--config",
-        str(week.config),
-        "--since",
-        rfc3339(since),
-        "--until",
-        rfc3339(until),
-        "--report",
-        str(report),
-        "--json",
-        "--jobs",
-        "2",  # the two workloads in two processes: the same figures as in one
-        "--memory",
-        "512MiB",  # less than two processes of 10 lanes take: run so, and said
+        *f"whatif --config {week.config} --since {rfc3339(since)} --until {rfc3339(until)} "
+        f"--report {report} --json --jobs 2 --memory 512MiB".split()
     )
     assert done.returncode == 0, done.stderr
     assert "--jobs 2: 2 processes of 10 lanes need more than --memory 512 MiB" in done.stderr
     out = json.loads(done.stdout)
     sim = _run(
-        "simulate",
-        "--trace",
-        str(week.csv),
-        "--config",
-        str(week.sim_config),
-        "--start",
-        repr(WINDOW_AT / 3600),
-        "--hours",
-        repr(WINDOW / 3600),
-        "--json",
+        *f"simulate --trace {week.csv} --config {week.sim_config} --start {WINDOW_AT / 3600!r} "
+        f"--hours {WINDOW / 3600!r} --json".split()
     )
     assert sim.returncode == 0, sim.stderr
     expected = json.loads(sim.stdout)
@@ -235,38 +217,15 @@ def test_whatif_reproduces_simulate_on_the_same_trace_within_one_percent(week: W
     assert all(json.loads(line)["workload"] == "serving/ScaledObject/llm-chat" for line in lines)
 
 
-def test_whatif_text_report_starts_with_the_verdict_table(week: Week) -> None:
-    since = week.start + WINDOW_AT
-    done = _run(
-        "whatif",
-        "--config",
-        str(week.config),
-        "--since",
-        f"{since:.0f}",
-        "--until",
-        f"{since + WINDOW:.0f}",
-        "--workload",
-        "serving/llm-chat",
-        "--no-baselines",
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[1].split(" | ")[0].strip() == "workload"
-    assert "GPU-hours saved at equal SLO" in lines[1]
-    assert lines[2].startswith("serving/ScaledObject/llm-chat")
-    assert lines[2].rstrip().endswith("not enough data")  # no sweep, no comparison
-    assert "load model: derived, not measured: request rate" in done.stdout
+BAD = [
+    (("--since", "30d", "--until", "29d"), "no workload could be replayed"),
+    (("--workload", "serving/nope"), "--workload serving/nope: not in the config"),
+    (("--workload", "serving/ghost"), "no demand signal"),
+    (("--since", "yesterday"), "--since 'yesterday'"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (("--since", "30d", "--until", "29d"), "no workload could be replayed"),
-        (("--workload", "serving/nope"), "--workload serving/nope: not in the config"),
-        (("--workload", "serving/ghost"), "no demand signal"),
-        (("--since", "yesterday"), "--since 'yesterday'"),
-    ],
-)
+@pytest.mark.parametrize(("args", "says"), BAD)
 def test_whatif_bad_input_exits_2_with_the_reason(
     week: Week, args: tuple[str, ...], says: str
 ) -> None:
@@ -289,23 +248,15 @@ def test_whatif_on_an_unreachable_prometheus_exits_2_naming_it(tmp_path: Path) -
     assert "Traceback" not in done.stderr
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_on_a_terminal_the_worker_processes_reads_reach_the_progress_bar(week: Week) -> None:
+def test_on_a_terminal_the_workers_reads_reach_the_bar_and_the_text_leads_with_verdicts(
+    week: Week,
+) -> None:
     config = parse_config(week.config.read_text())
     since = week.start + WINDOW_AT
-    term = _Terminal()
+    term = Terminal()
+    workloads = select(config, [])  # llm-chat and the ghost: two chunks, one a process
     outcome = run_whatif(
-        config,
-        since,
-        since + WINDOW,
-        select(config, []),  # llm-chat and the ghost: two chunks, one a process
-        baselines=False,
-        err=term,
-        jobs=2,
+        config, since, since + WINDOW, workloads, baselines=False, err=term, jobs=2
     )
     assert [s["workload"] for s in outcome.summaries] == ["serving/ScaledObject/llm-chat"]
     lines = term.getvalue().split("\r")
@@ -315,3 +266,11 @@ def test_on_a_terminal_the_worker_processes_reads_reach_the_progress_bar(week: W
     # The probe is the parent's; every other query was a worker's, sent through the queue.
     assert queries > 1
     assert any(" 0/2 workloads, " in line and " 0 range queries" not in line for line in lines)
+    report = text(outcome)
+    lines = report.splitlines()
+    assert lines[1].split(" | ")[0].strip() == "workload"
+    assert "GPU-hours saved at equal SLO" in lines[1]
+    assert lines[2].startswith("serving/ScaledObject/llm-chat")
+    assert lines[2].rstrip().endswith("not enough data")  # no sweep, no comparison
+    assert lines[3].startswith("serving/ScaledObject/ghost")  # skipped, still a row
+    assert "load model: derived, not measured: request rate" in report

@@ -11,23 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import workload_history
 
-import gpuscaler.sim.replay as replay_module
+import gpuscaler.whatif.history as history_module
 from gpuscaler.config import Config, WorkloadConfig
-from gpuscaler.core.history import Signal, WorkloadHistory
+from gpuscaler.core.history import WorkloadHistory
 from gpuscaler.core.model import Series
-from gpuscaler.sim.replay import (
-    LANE_SLOT_BYTES,
-    Ready,
-    demand_rate,
-    limits,
-    ready,
-    replay_many,
-)
-from gpuscaler.whatif import handed_over
+from gpuscaler.whatif.command import handed_over
+from gpuscaler.whatif.history import LANE_SLOT_BYTES, Ready, ready, replay_many
 
 W = WorkloadConfig(namespace="ns", kind="ScaledObject", name="chat")
-STEP = 10.0
 N = 3 * 360 + 3  # 3 h at 10 s, one step of margin each side
 
 
@@ -38,19 +31,10 @@ def _history(holes: int, replicas: bool, problem: str | None, key: str = W.key) 
     for k in range(holes):
         rate[100 + 200 * k : 103 + 200 * k] = math.nan
     reps = np.where(rng.random(N) < 0.05, math.nan, np.ceil(rate / 8))
-    return WorkloadHistory(
-        key,
-        1000.0,
-        1000.0 + STEP * (N - 1),
-        STEP,
-        Signal("workload_requests", "q_req", Series(1000.0, STEP, rate), problem),
-        Signal("workload_load", "q_load", None, "no series matched"),
-        Signal(
-            "kube_horizontalpodautoscaler_status_current_replicas",
-            "q_rep",
-            Series(1000.0, STEP, reps) if replicas else None,
-            None if replicas else "no series matched",
-        ),
+    series = [Series(1000.0, 10.0, rate), None, Series(1000.0, 10.0, reps) if replicas else None]
+    unmatched = "no series matched"
+    return workload_history(
+        key, N, *series, problems=(problem, unmatched, None if replicas else unmatched)
     )
 
 
@@ -64,16 +48,21 @@ def _history(holes: int, replicas: bool, problem: str | None, key: str = W.key) 
     ],
 )
 @pytest.mark.parametrize("actual", [None, {"gpu_hours": 1.0}])
-def test_a_ready_replay_words_its_limits_as_its_whole_history_does(
+def test_a_ready_replay_words_its_limits_from_the_whole_history(
     holes: int, replicas: bool, problem: str | None, actual: dict[str, float] | None
 ) -> None:
-    history = _history(holes, replicas, problem)
-    found = demand_rate(history, Config())
-    assert not isinstance(found, str)
-    r = ready(history, Config(workloads=(W,)), W, 1)
+    r = ready(_history(holes, replicas, problem), Config(workloads=(W,)), W, 1)
     assert isinstance(r, Ready), r
-    assert r.limits(actual) == limits(history, found[0], actual)
-    assert len(r.gap_lines) == (1 if holes else 0)
+    why = "no kube-state-metrics replica series matched" if replicas else "no series matched"
+    said = (
+        "the replicas that ran are replayed at the pool's initial fragments"
+        if actual is not None
+        else f"replicas that ran unknown ({why}): no replay of them"
+    )
+    dropped = [] if problem is None else [f"workload_requests: {problem} (those samples dropped)"]
+    assert r.limits(actual) == [*r.gap_lines, said, *dropped]
+    assert [line.split(" in ")[0] for line in r.gap_lines] == ([f"{holes} gap(s)"] if holes else [])
+    assert all(line.endswith(" ...") == (holes > 3) for line in r.gap_lines)
     assert (r.replicas.series is not None) == replicas
 
 
@@ -128,13 +117,13 @@ def test_the_sweep_around_a_lockstep_may_take_what_its_lanes_held(
         budgets.append(k["budget"])
         raise Seen  # the budget is all this asks
 
-    monkeypatch.setattr(replay_module, "around_many", spy)
+    monkeypatch.setattr(history_module, "around_many", spy)
     workloads = [W.model_copy(update={"name": f"w{i}"}) for i in (0, 1)]
     histories = [(_history(0, True, None, w.key), w) for w in workloads]
     config = Config(workloads=tuple(workloads))
     slots = 3 * 360  # 3 h at 10 s
     for floor, expected in ((2**30, 2**30), (0, 2 * LANE_SLOT_BYTES * slots)):
-        monkeypatch.setattr(replay_module, "MANY_BYTES", floor)
+        monkeypatch.setattr(history_module, "MANY_BYTES", floor)
         with pytest.raises(Seen):
             list(replay_many(histories, config, 1, baselines=False, lanes=2, plot=False))
         assert budgets.pop() == expected

@@ -8,14 +8,10 @@ import io
 import queue
 
 import pytest
+from builders import Terminal
 
-import gpuscaler.whatif_progress as progress_module
-from gpuscaler.whatif_progress import Progress, drain, reporters, worker_init
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
+import gpuscaler.whatif.progress as progress_module
+from gpuscaler.whatif.progress import Progress, drain, reporters, worker_init
 
 
 class _Clock:
@@ -26,7 +22,7 @@ class _Clock:
         return self.now
 
 
-def _last_line(term: _Terminal) -> str:
+def _last_line(term: Terminal) -> str:
     return term.getvalue().split("\r")[-1]
 
 
@@ -43,7 +39,7 @@ def _last_line(term: _Terminal) -> str:
 def test_the_bar_fills_with_the_workloads_done_or_the_chunks_ticks_whichever_is_more(
     shares: dict[int, tuple[int, float]], done: int, filled: int
 ) -> None:
-    term = _Terminal()
+    term = Terminal()
     bar = Progress(term, total=10)
     bar.done = done
     for chunk, (size, share) in shares.items():
@@ -53,7 +49,7 @@ def test_the_bar_fills_with_the_workloads_done_or_the_chunks_ticks_whichever_is_
 
 
 def test_the_time_left_is_estimated_from_the_share_done_once_there_is_enough() -> None:
-    term, clock = _Terminal(), _Clock()
+    term, clock = Terminal(), _Clock()
     bar = Progress(term, total=4, clock=clock)
     clock.now += 5
     bar.replayed(0, 4, 0.01)  # 1 %: too little to estimate from
@@ -75,18 +71,27 @@ def test_the_workers_reports_reach_the_bar_through_the_queue(
     requests, ticked = reporters(chunk=1, size=3)
     requests(2)
     ticked(0.5)
-    term = _Terminal()
+    term = Terminal()
     bar = Progress(term, total=6)
     drain(to, bar)
     assert bar.requests == 2 and bar.shares == {1: (3, 0.5)}
     assert "2 range queries" in _last_line(term)
     assert to.empty()
     drain(None, bar)  # no queue (not on a terminal): nothing to show
-
-
-def test_without_a_queue_a_workers_reports_go_nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress_module, "_QUEUE", None)
+    worker_init(None)  # a worker without a queue: its reports go nowhere
     requests, ticked = reporters(chunk=0, size=1)
-    requests(1)  # no error, no queue
+    requests(1)
     ticked(1.0)
-    assert progress_module._QUEUE is None
+    assert to.empty()
+
+
+def test_the_bar_shows_on_a_terminal_only() -> None:
+    term, plain = Terminal(), io.StringIO()
+    for out in (term, plain):
+        bar = Progress(out, total=4)
+        bar.request(3)
+        bar.workload("ns/ScaledObject/chat")
+        bar.close()
+    assert "[" + "#" * 8 + "." * 22 + "] 1/4 workloads, 3 range queries" in term.getvalue()
+    assert term.getvalue().endswith("\n")
+    assert plain.getvalue() == ""

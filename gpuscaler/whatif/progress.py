@@ -1,7 +1,5 @@
-"""`gpuscaler whatif`'s progress on a terminal: the workloads done, the replay's share of
-control ticks done, the range queries sent, the time taken and an estimate of the time
-left. The worker processes (`--jobs`) report through a queue the whatif process drains
-while it waits for them."""
+"""`gpuscaler whatif`'s progress bar on a terminal: workloads done, share of control ticks
+done, range queries sent, time taken and left. Worker processes report through a queue."""
 
 from __future__ import annotations
 
@@ -76,15 +74,14 @@ def _minutes(seconds: float) -> str:
 
 
 def worker_init(to: Any) -> None:
-    """A worker process' initializer: its progress sent to `to` (a multiprocessing queue,
-    or None: not reported)."""
+    """A worker process' initializer: its progress goes to the queue `to` (None: nowhere)."""
     global _QUEUE
     _QUEUE = to
 
 
 def reporters(chunk: int, size: int) -> tuple[Callable[[int], None], Callable[[float], None]]:
     """In a worker: (range queries sent, share of ticks done) callbacks for chunk `chunk`
-    of `size` workloads, each a message on the queue (no-ops without one)."""
+    of `size` workloads, each a message on the queue."""
     to = _QUEUE
     if to is None:
         return (lambda _n: None), (lambda _share: None)
@@ -92,7 +89,7 @@ def reporters(chunk: int, size: int) -> tuple[Callable[[int], None], Callable[[f
 
 
 def drain(source: Any, bar: Progress) -> None:
-    """Show every message waiting on `source` (a queue the workers report to, or None)."""
+    """Show every message waiting on the workers' queue `source` (None: none)."""
     while source is not None:
         try:
             message = source.get_nowait()

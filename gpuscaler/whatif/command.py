@@ -1,21 +1,17 @@
-"""`gpuscaler whatif`: what gpuscaler would have done on the user's own cluster.
-
-Reads each workload's history from the configured Prometheus (`adapters/prometheus/history.py`),
-replays it through the simulator's model (`sim/replay.py`) and writes the report: a
-table of verdicts first, then each workload's figures and limits; with `--report DIR`,
-`decisions.jsonl`, `summary.json` and one PNG per workload.
-"""
+"""`gpuscaler whatif`: reads each workload's history from the configured Prometheus,
+replays it (`whatif.history`) and writes the report: a table of verdicts first, then each
+workload's figures and limits; with `--report DIR`, `decisions.jsonl`, `summary.json` and
+one PNG per workload."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -24,9 +20,10 @@ from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
 from gpuscaler.config import Config, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
-from gpuscaler.sim.replay import Skipped, replay_many
-from gpuscaler.whatif_progress import Progress, drain, reporters, worker_init
-from gpuscaler.whatif_sizing import MEMORY, chunks, sized
+from gpuscaler.whatif.history import Skipped, replay_many
+from gpuscaler.whatif.progress import Progress, drain, reporters, worker_init
+from gpuscaler.whatif.report import Outcome, write
+from gpuscaler.whatif.sizing import MEMORY, chunks, sized
 
 T = TypeVar("T")
 
@@ -74,42 +71,6 @@ def select(config: Config, names: list[str]) -> list[WorkloadConfig]:
     return chosen
 
 
-@dataclass
-class Outcome:
-    since: float
-    until: float
-    step: float
-    summaries: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "since": rfc3339(self.since),
-            "until": rfc3339(self.until),
-            "step_s": self.step,
-            "slot_s": self.step,
-            "table": [row(s) for s in self.summaries]
-            + [
-                {"workload": s.key, "verdict": "not enough data", "reason": s.reason}
-                for s in self.skipped
-            ],
-            "workloads": self.summaries,
-            "skipped": [{"workload": s.key, "reason": s.reason} for s in self.skipped],
-        }
-
-
-def row(summary: dict[str, Any]) -> dict[str, Any]:
-    c = summary["comparison"]
-    saved, avoided = c["gpu_hours_saved"], c["violations_avoided"]
-    return {
-        "workload": summary["workload"],
-        "gpu_hours_saved_at_equal_slo": None if saved is None else saved["gpu_hours"],
-        "slo_violations_avoided_at_equal_gpu_hours": None if avoided is None else avoided["share"],
-        "verdict": c["verdict"],
-    }
-
-
 def _file_name(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".png"
 
@@ -127,8 +88,7 @@ class Job:
     report: Path | None = None
     lanes: int = 1
     readers: int = READERS
-    """Histories a process reads at once (`prometheus.max_concurrent_queries` shared by the
-    processes, at most READERS each)."""
+    """Histories a process reads at once."""
 
 
 Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
@@ -142,9 +102,8 @@ def replay_chunk(
     progress: Callable[[float], None] | None = None,
     chunk: int = 0,
 ) -> list[Done]:
-    """Read some workloads' histories, replay them (up to `job.lanes` in lockstep) and
-    draw their PNGs. In a worker process (no `reader`), its range queries and the share of
-    ticks done are reported as chunk `chunk` (`whatif_progress.reporters`)."""
+    """Read some workloads' histories, replay them and draw their PNGs. In a worker
+    process (no `reader`), its progress is reported as chunk `chunk`."""
     if reader is None:
         requests, progress = reporters(chunk, len(workloads))
         reader = HistoryReader(job.config, progress=requests)
@@ -174,8 +133,7 @@ def replay_chunk(
 
 
 def handed_over(items: list[T]) -> Iterator[T]:
-    """The items of `items` in order, each taken out of it as it is handed over (the
-    list holds none once the last one is taken)."""
+    """The items of `items` in order, each taken out of the list as it is handed over."""
     items.reverse()
     while items:
         yield items.pop()
@@ -184,8 +142,8 @@ def handed_over(items: list[T]) -> Iterator[T]:
 def _results(
     job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader, bar: Progress
 ) -> Iterator[Done]:
-    """Each workload's replay, in order: in this process, or in `jobs` processes (which
-    report their progress through a queue while the bar is shown)."""
+    """Each workload's replay, in order: in this process, or in `jobs` processes (their
+    progress through a queue while the bar is shown)."""
     parts = chunks(workloads, jobs, job.lanes)
     if jobs <= 1 or len(parts) <= 1:
         for i, part in enumerate(parts):
@@ -221,9 +179,8 @@ def run_whatif(
     lanes: int | None = None,
     memory: float = MEMORY,
 ) -> Outcome:
-    """Read, replay and report every workload; raise WhatifError when none replays. By
-    default `default_jobs(memory)` processes, each with at most LANES lanes and the whole
-    run within `memory` bytes."""
+    """Read, replay and report every workload within `memory` bytes; raise WhatifError
+    when none replays."""
     step = step or config.forecast.fit_step
     jobs, lanes, readers = sized(config, until - since, memory, jobs, lanes, err)
     if not until > since:
@@ -258,85 +215,10 @@ def run_whatif(
     finally:
         bar.close()
     if report is not None:
-        _write(report, outcome, records)
+        write(report, outcome, records)
     if not outcome.summaries:
         why = "; ".join(f"{s.key}: {s.reason}" for s in outcome.skipped)
         raise WhatifError(
             f"no workload could be replayed from {rfc3339(since)} to {rfc3339(until)}: {why}"
         )
     return outcome
-
-
-def _write(report: Path, outcome: Outcome, records: list[dict[str, Any]]) -> None:
-    path = report / "decisions.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    outcome.files.insert(0, path)
-    path = report / "summary.json"
-    path.write_text(json.dumps(outcome.summary(), indent=2) + "\n", encoding="utf-8")
-    outcome.files.append(path)
-
-
-def _pct(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:+.3f} pts"
-
-
-def table_lines(outcome: Outcome) -> list[str]:
-    """The verdict table: one row per workload, skipped ones included."""
-    head = (
-        "workload",
-        "GPU-hours saved at equal SLO",
-        "SLO violations avoided at equal GPU-h",
-        "verdict",
-    )
-    rows = [head]
-    for s in outcome.summaries:
-        c = s["comparison"]
-        saved, avoided = c["gpu_hours_saved"], c["violations_avoided"]
-        saved_text = (
-            "-"
-            if saved is None
-            else (
-                f"{saved['gpu_hours']:+.2f} vs {saved['against']}"
-                + (" (sweep edge)" if saved["at_sweep_edge"] else "")
-            )
-        )
-        avoided_text = (
-            "-" if avoided is None else f"{_pct(avoided['share'])} vs {avoided['against']}"
-        )
-        rows.append((s["workload"], saved_text, avoided_text, c["verdict"]))
-    rows.extend((s.key, "-", "-", "not enough data") for s in outcome.skipped)
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return [" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
-
-
-def text(outcome: Outcome) -> str:
-    from gpuscaler.sim.report import table
-
-    lines = [
-        f"What-if from {rfc3339(outcome.since)} to {rfc3339(outcome.until)} (history read "
-        f"every {outcome.step:g}s and replayed in {outcome.step:g}s slots); each baseline "
-        "swept over targets 40..90 %, compared with the best one",
-        *table_lines(outcome),
-    ]
-    for s in outcome.summaries:
-        lines += ["", f"== {s['workload']} ==", f"load model: {s['load_model']}", table(s)]
-        a = s["actual"]
-        if a is not None:
-            lines.append(
-                f"replicas that ran ({a['source']}): SLO violations "
-                f"{100 * a['slo_violation_share']:.3f} %, p99 wait {a['p99_wait_s']:g}s, "
-                f"{a['gpu_hours']:g} GPU-hours, {a['scaling_actions']} scaling actions, "
-                f"mean replicas {a['mean_replicas']:g}"
-            )
-        kinds = s["decision_counts"]
-        lines.append(
-            "decisions gpuscaler would have taken: "
-            + (", ".join(f"{n} {k}" for k, n in kinds.items()) or "none")
-        )
-        lines += [
-            f"  {d['kind']} {d['from']} -> {d['to']}: {d['reason']}" for d in s["decision_examples"]
-        ]
-        lines += [f"limit: {x}" for x in s["limits"]]
-    for skip in outcome.skipped:
-        lines.append(f"skipped {skip.key}: {skip.reason}")
-    return "\n".join(lines)
