@@ -16,6 +16,7 @@ from __future__ import annotations
 from gpuscaler.config.base import (
     MAX_CONFIG_BYTES,
     MAX_DURATION,
+    DurationTooLong,
     M,
     Seconds,
     StrictModel,
@@ -41,6 +42,7 @@ from gpuscaler.config.loading import (
     load_config,
     merge_section,
     parse_config,
+    read_config_file,
 )
 from gpuscaler.config.systems import (
     AgentConfig,
@@ -74,6 +76,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ControlConfig",
+    "DurationTooLong",
     "ExternalScalerConfig",
     "ForecastConfig",
     "FragmentsConfig",
@@ -102,5 +105,6 @@ __all__ = [
     "only_sections",
     "parse_config",
     "parse_duration",
+    "read_config_file",
     "redact_url",
 ]

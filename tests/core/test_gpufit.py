@@ -234,6 +234,13 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
             {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "x"},
             "annotation gpu-scheduler/gpu-count: 'x' is not a whole number",
         ),
+        *(  # int() takes each of these; nobody writes them meaning a number
+            (
+                {"gpu-scheduler/memory-mb": text},
+                f"annotation gpu-scheduler/memory-mb: {text!r} is not a whole number",
+            )
+            for text in ("8_192", "+8192", "８１９２", "٨١٩٢", "²")
+        ),
         (
             {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "65"},
             "annotation gpu-scheduler/gpu-count: 65 is above 64",
@@ -310,6 +317,7 @@ def test_numa_comes_from_the_topology_annotation_then_the_label() -> None:
             "label gpuscaler.io/gpus-per-numa-node: 'four' is not a positive whole number",
         ),
         (None, "0", "label gpuscaler.io/gpus-per-numa-node: '0' is not a positive whole number"),
+        (None, "٤", "label gpuscaler.io/gpus-per-numa-node: '٤' is not a positive whole number"),
     ],
 )
 def test_malformed_node_topology_is_refused_naming_the_annotation(

@@ -24,6 +24,7 @@ from gpuscaler.adapters.kube.floor_facts import (
     trigger_count,
 )
 from gpuscaler.config import Config, NodePoolConfig
+from gpuscaler.core.parsing import parse_count
 
 Json = dict[str, Any]
 
@@ -175,10 +176,12 @@ def _meta(obj: Json, where: str) -> Json:
 
 
 def _int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     try:
-        return int(str(value))
-    except ValueError:
-        raise ClusterStateError(f"{where}: {value!r} is not a whole number") from None
+        return parse_count(str(value))
+    except ValueError as e:
+        raise ClusterStateError(f"{where}: {e}") from None
 
 
 def sharing_fragments(config_name: str | None, config: Config) -> int | None:
@@ -186,7 +189,7 @@ def sharing_fragments(config_name: str | None, config: Config) -> int | None:
     if config_name is None:
         return None
     for pattern in config.kubernetes.sharing_config_names.values():
-        regex = re.escape(pattern).replace(re.escape("{n}"), r"(\d+)")
+        regex = re.escape(pattern).replace(re.escape("{n}"), "([0-9]+)")
         m = re.fullmatch(regex, config_name)
         if m:
             return int(m.group(1))
