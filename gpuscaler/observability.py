@@ -13,12 +13,13 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpuscaler.config import TIME_SLICE_LEVELS
+from gpuscaler.config import TIME_SLICE_LEVELS, Config, ConfigError
 from gpuscaler.controller import Controller, TickResult
 from gpuscaler.core.decisions import FragmentsDecision, PreemptionStep, ReplicaFloorDecision, Skip
 from gpuscaler.core.model import Forecast
 from gpuscaler.core.preemption import IN_FLIGHT, TRANSITIONS
 from gpuscaler.logs import decision_outcome
+from gpuscaler.reload import ConfigReloader
 
 _REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action")
 
@@ -99,7 +100,8 @@ class ControllerMetrics:
             "gpuscaler_config_generation", "Generation of the config in force."
         )
         self.config_reload_failures = counter(
-            "gpuscaler_config_reload_failures", "New configs refused as invalid."
+            "gpuscaler_config_reload_failures",
+            "Changed config files refused (invalid, unreadable, not a file, too large).",
         )
         self.last_success = gauge(
             "gpuscaler_last_successful_tick_timestamp_seconds",
@@ -119,7 +121,6 @@ class ControllerMetrics:
             "gpuscaler_preemption_victims", "Victims on record (kept a day), by tier.", ["tier"]
         )
         self.config_generation.set(1)
-        self._refused_seen = 0
 
     def _forecast(self, kind: str, target: str, f: Forecast | None) -> None:
         if f is None:
@@ -201,14 +202,26 @@ class ControllerMetrics:
 
         def listen(result: TickResult) -> None:
             self.source_up.labels("kubernetes").set(1 if parts.reader.healthy else 0)
-            if parts.reloader is not None:
-                self.config_generation.set(parts.reloader.generation)
-                refused = parts.reloader.failures - self._refused_seen
-                if refused > 0:
-                    self.config_reload_failures.inc(refused)
-                    self._refused_seen = parts.reloader.failures
 
         parts.controller.stats.listeners.append(listen)
+        if parts.reloader is not None:
+            self.attach_reloader(parts.reloader)
+
+    def attach_reloader(self, reloader: ConfigReloader) -> None:
+        """Count each refused reload and show the generation, as they happen (a refusal
+        is counted even when the tick after it fails), in every mode that reloads."""
+        refused, reloaded = reloader.on_refused, reloader.on_reload
+
+        def on_refused(e: ConfigError) -> None:
+            self.config_reload_failures.inc()
+            refused(e)
+
+        def on_reload(config: Config, generation: int) -> None:
+            reloaded(config, generation)
+            self.config_generation.set(generation)
+
+        reloader.on_refused, reloader.on_reload = on_refused, on_reload
+        self.config_generation.set(reloader.generation)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,29 +3,43 @@
 Kubernetes updates a ConfigMap volume by swapping a symlink, so the file's content is
 compared (by digest), not its mtime. Checked before every tick:
 - unchanged: nothing happens;
+- changed, but read differently again `settle` seconds later: still being written (an
+  in-place edit can be valid YAML half-way); nothing happens, the next tick looks again.
+  A file in a ConfigMap volume (a `..data` symlink beside it) is swapped whole by the
+  kubelet, so one read is enough there;
 - changed and valid: the new config is handed to `on_reload` and the generation goes up;
-- changed and invalid (or unreadable): refused; every problem is logged with its path and
-  reported to `on_refused` (an Event); the running config stays. The same broken content
-  is reported once, not every tick.
+- changed and invalid, unreadable, not a regular file or too large: refused; every
+  problem is logged with its path and reported to `on_refused` (an Event, the metric);
+  the running config stays. The same broken content is reported once, not every tick.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.config import Config, ConfigError, parse_config, read_config_file
 
 log = logging.getLogger("gpuscaler.config")
 
+SETTLE = 0.5
+"""Seconds between the two reads of a changed file: an editor or `cp` finishes a
+config-sized write well within it, and a tick waits it only when the file changed."""
 
-def _digest(path: Path) -> str | None:
+
+def _read(path: Path) -> str | ConfigError:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
+        return read_config_file(path)
+    except ConfigError as e:
+        return e
+
+
+def _key(read: str | ConfigError) -> str:
+    text = read if isinstance(read, str) else "\n".join(read.problems)
+    return hashlib.sha256(text.encode()).hexdigest() + ("" if isinstance(read, str) else "!")
 
 
 class ConfigReloader:
@@ -34,22 +48,33 @@ class ConfigReloader:
         path: str | Path,
         on_reload: Callable[[Config, int], None],
         on_refused: Callable[[ConfigError], None] = lambda e: None,
+        settle: float = SETTLE,
     ):
         self.path = Path(path)
         self.on_reload = on_reload
         self.on_refused = on_refused
+        self.settle = settle
         self.generation = 1
         self.failures = 0
-        self._digest = _digest(self.path)
+        self._key = _key(_read(self.path))
 
     def check(self) -> bool:
-        """Reload if the file changed; True when a new config took effect."""
-        digest = _digest(self.path)
-        if digest == self._digest:
+        """Reload if the file changed and reads the same twice; True when a new config
+        took effect."""
+        read = _read(self.path)
+        key = _key(read)
+        if key == self._key:
             return False
-        self._digest = digest
+        if not (self.path.parent / "..data").is_symlink():
+            time.sleep(self.settle)
+            if _key(_read(self.path)) != key:
+                log.info("config file %s is being written; read again next tick", self.path)
+                return False
+        self._key = key
         try:
-            config = load_config(self.path)
+            if isinstance(read, ConfigError):
+                raise read
+            config = parse_config(read, str(self.path), require_targets=True)
         except ConfigError as e:
             self.failures += 1
             log.error(

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.core.parsing import parse_count
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,9 +36,9 @@ def stop_on_signal() -> threading.Event:
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = parse_count(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value

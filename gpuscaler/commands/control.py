@@ -43,20 +43,22 @@ def _reloading(
     controller: Controller,
     args: argparse.Namespace,
     adapt: Callable[[Config], Config] = lambda c: c,
-) -> Controller:
+) -> tuple[Controller, None, Any]:
     """`run` without a cluster reloads its config file too: a valid change applies from the
     next tick (`adapt`ed as the mode needs), an invalid one is logged and refused."""
-    if args.command == "run":
-        from gpuscaler.reload import ConfigReloader
+    if args.command != "run":
+        return controller, None, None
+    from gpuscaler.reload import ConfigReloader
 
-        reloader = ConfigReloader(args.config, lambda c, _: controller.reconfigure(adapt(c)))
-        controller.before_tick.insert(0, reloader.check)
-    return controller
+    reloader = ConfigReloader(args.config, lambda c, _: controller.reconfigure(adapt(c)))
+    controller.before_tick.insert(0, reloader.check)
+    return controller, None, reloader
 
 
-def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any]:
-    """The controller for once/run, and the cluster parts around it (None without a
-    cluster). Exits 2 on bad input: a bad state or snapshot file, no Kubernetes API."""
+def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, Any, Any]:
+    """The controller for once/run, the cluster parts around it (None without a cluster)
+    and the config reloader (None when nothing reloads). Exits 2 on bad input: a bad
+    state or snapshot file, no Kubernetes API."""
     from gpuscaler.app import SetupError, cluster_controller, kube_api, snapshot_controller
 
     snapshot = getattr(args, "cluster_snapshot", None)
@@ -68,18 +70,18 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             print(
                 f"cluster state from {snapshot}; metrics from Prometheus; dry run", file=sys.stderr
             )
-            return controller, None
+            return controller, None, None
         if not config.prometheus.url:
             from gpuscaler.sim.replay import scenario_config
 
             live = _live_controller(config, args.dry_run)
-            return _reloading(live, args, scenario_config), None
+            return _reloading(live, args, scenario_config)
         if args.state is not None:
-            return _reloading(_prometheus_controller(config, args.state), args), None
+            return _reloading(_prometheus_controller(config, args.state), args)
         api = kube_api(args.kubeconfig, config.kubernetes)
         elect = args.command == "run" and not args.no_leader_election
         parts = cluster_controller(config, api, args.dry_run, args.config, elect)
-        return parts.controller, parts
+        return parts.controller, parts, parts.reloader
     except (SetupError, ValueError) as e:
         print(str(e), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
@@ -90,7 +92,7 @@ def cmd_once(args: argparse.Namespace) -> int:
     # One tick decides: it reads its whole window first, with nothing left behind it.
     prometheus = config.prometheus.model_copy(update={"background_backfill": False})
     config = config.model_copy(update={"prometheus": prometheus})
-    controller, _ = _controller(args, config)
+    controller, _, _ = _controller(args, config)
     result = controller.tick(time.time())
     for d in result.plan.decisions:
         outcome = decision_outcome(d, result.applied, result.mode)
@@ -101,7 +103,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 
 def _serve_metrics(
-    controller: Controller, parts: Any, interval: float, port: int, host: str
+    controller: Controller, parts: Any, reloader: Any, interval: float, port: int, host: str
 ) -> Any:
     from gpuscaler.observability import ControllerMetrics, HealthState, serve
 
@@ -109,6 +111,8 @@ def _serve_metrics(
     metrics.attach(controller)
     if parts is not None:
         metrics.attach_cluster(parts)
+    elif reloader is not None:
+        metrics.attach_reloader(reloader)
     serve(metrics, HealthState(controller, interval), port, host)
     print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
     return metrics.registry
@@ -140,11 +144,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuscaler.loop import ControlLoop
 
     config = config_or_exit(args.config)
-    controller, parts = _controller(args, config)
+    controller, parts, reloader = _controller(args, config)
     registry = None
     if args.metrics_port:
-        interval = config.control.interval
-        registry = _serve_metrics(controller, parts, interval, args.metrics_port, args.metrics_host)
+        registry = _serve_metrics(
+            controller, parts, reloader, config.control.interval, args.metrics_port, args.metrics_host
+        )
     external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads

@@ -10,6 +10,7 @@ from __future__ import annotations
 from gpuscaler.config.base import (
     MAX_CONFIG_BYTES,
     MAX_DURATION,
+    DurationTooLong,
     M,
     Seconds,
     StrictModel,
@@ -39,6 +40,7 @@ from gpuscaler.config.loading import (
     load_config,
     merge_section,
     parse_config,
+    read_config_file,
 )
 from gpuscaler.config.systems import (
     AgentConfig,
@@ -65,6 +67,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ControlConfig",
+    "DurationTooLong",
     "ExternalScalerConfig",
     "ForecastConfig",
     "FragmentsConfig",
@@ -92,5 +95,6 @@ __all__ = [
     "only_sections",
     "parse_config",
     "parse_duration",
+    "read_config_file",
     "redact_url",
 ]

@@ -30,8 +30,13 @@ def parse_duration(text: str) -> float:
             "(e.g. '500ms', '30s', '5m', '1h')"
         )
     if total > MAX_DURATION:
-        raise ValueError(f"duration {text!r} is longer than a year: no gpuscaler setting is")
+        raise DurationTooLong(f"duration {text!r} is longer than a year: the maximum is 366d")
     return total
+
+
+class DurationTooLong(ValueError):
+    """A duration written right but past MAX_DURATION: named apart so that a caller
+    trying other formats next reports the maximum, not the format."""
 
 
 MAX_DURATION = 366 * 86400.0

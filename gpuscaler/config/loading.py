@@ -4,6 +4,7 @@ overrides), and how a YAML file becomes one: every problem named with its path."
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -382,18 +383,30 @@ def parse_config(text: str, source: str = "<config>", require_targets: bool = Fa
     return config
 
 
-def load_config(path: str | Path, require_targets: bool = True) -> Config:
-    """The config file, checked; see `parse_config`."""
+def read_config_file(path: str | Path) -> str:
+    """The file's text; ConfigError, before anything is read, unless it is a regular file
+    of at most MAX_CONFIG_BYTES (a device such as /dev/zero would exhaust memory, a FIFO
+    block a tick forever)."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(
-                str(p), [f"file is {size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,}"]
-            )
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError(str(p), ["file not found"]) from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(str(p), [f"cannot read: {e}"]) from e
-    return parse_config(text, str(p), require_targets)
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise ConfigError(str(p), ["not a regular file (a device, FIFO or directory)"])
+        with p.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(str(p), ["file not found"]) from None
+    except OSError as e:
+        raise ConfigError(str(p), [f"cannot read: {e.strerror}"]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            str(p), [f"a config is at most {MAX_CONFIG_BYTES:,} bytes; this is larger"]
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), [f"not UTF-8 text (byte {e.start})"]) from None
+
+
+def load_config(path: str | Path, require_targets: bool = True) -> Config:
+    """The config file, checked; see `read_config_file` and `parse_config`."""
+    return parse_config(read_config_file(path), str(path), require_targets)

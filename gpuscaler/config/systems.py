@@ -13,8 +13,9 @@ from gpuscaler.demand import check_template
 
 
 def redact_url(url: str) -> str:
-    """`url` with the password of any `user:password@` part replaced by ***: safe to print."""
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", r"\1:***@", url)
+    """`url` with the password of any `user:password@` part (up to the authority's last
+    @, whatever characters it holds) replaced by ***: safe to print."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
 
 
 class PrometheusQueries(StrictModel):

@@ -19,6 +19,7 @@ from typing import Final
 
 from gpuscaler.core.decisions import target_key
 from gpuscaler.core.model import Plan, Snapshot
+from gpuscaler.core.parsing import parse_count, shown
 
 METRIC_NAME: Final = "gpuscaler-replica-floor"
 TARGET_SIZE: Final = 1.0
@@ -34,8 +35,9 @@ KNOWN_METADATA: Final = KEDA_METADATA | {ACTIVATION_FLOOR}
 
 EXTERNAL_TRIGGERS: Final = ("external", "external-push")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""Matched whole (`fullmatch`: `$` would also match before a trailing newline)."""
 
 
 @dataclass(frozen=True)
@@ -67,26 +69,29 @@ class ScalerRequest:
 
 def check_request(name: str, namespace: str, metadata: Mapping[str, str]) -> ScalerRequest:
     """The request as gpuscaler reads it; ValueError naming what is malformed."""
-    if not namespace or not _DNS_LABEL.match(namespace):
-        raise ValueError(f"scaledObjectRef.namespace {namespace!r} is not a namespace name")
-    if not name or not _DNS_SUBDOMAIN.match(name):
-        raise ValueError(f"scaledObjectRef.name {name!r} is not a ScaledObject name")
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise ValueError(f"scaledObjectRef.namespace {shown(namespace)} is not a namespace name")
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(f"scaledObjectRef.name {shown(name)} is not a ScaledObject name")
     where = f"ScaledObject {namespace}/{name}"
     for key in sorted(metadata):
         base = key.removesuffix("FromEnv")  # KEDA resolves xFromEnv, keeping the key
         if base not in KNOWN_METADATA:
             raise ValueError(
-                f"{where}: trigger metadata {key!r} is not known to gpuscaler (known: "
+                f"{where}: trigger metadata {shown(key)} is not known to gpuscaler (known: "
                 f"{', '.join(sorted(KNOWN_METADATA))})"
             )
-    raw = metadata.get(ACTIVATION_FLOOR, metadata.get(ACTIVATION_FLOOR + "FromEnv", "1"))
-    bad = f"{where}: trigger metadata {ACTIVATION_FLOOR}={raw!r}"
-    try:
-        activation = int(raw.strip())
-    except ValueError:
-        raise ValueError(f"{bad} is not a whole number") from None
-    if activation < 1:
-        raise ValueError(f"{bad} must be at least 1")
+    activation = 1
+    raw = metadata.get(ACTIVATION_FLOOR, metadata.get(ACTIVATION_FLOOR + "FromEnv"))
+    if raw is not None:
+        try:
+            activation = parse_count(raw)
+        except ValueError as e:
+            raise ValueError(f"{where}: trigger metadata {ACTIVATION_FLOOR}={e}") from None
+        if activation < 1:
+            raise ValueError(
+                f"{where}: trigger metadata {ACTIVATION_FLOOR}={shown(raw)} must be at least 1"
+            )
     return ScalerRequest(f"{namespace}/ScaledObject/{name}", activation)
 
 
@@ -94,7 +99,7 @@ def check_metric_name(name: str, key: str) -> None:
     """GetMetrics asks for the metric GetMetricSpec named; ValueError otherwise."""
     if name != METRIC_NAME:
         raise ValueError(
-            f"{key}: metric {name!r} is not gpuscaler's (it serves {METRIC_NAME!r} only)"
+            f"{key}: metric {shown(name)} is not gpuscaler's (it serves {METRIC_NAME!r} only)"
         )
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from gpuscaler.core.parsing import parse_count, shown
+
 MEMORY_ANNOTATION = "gpu-scheduler/memory-mb"
 COUNT_ANNOTATION = "gpu-scheduler/gpu-count"
 RESERVED_ANNOTATION = "gpu-scheduler/reserved-mb"
@@ -90,11 +92,10 @@ def _positive_int(annotations: Mapping[str, str], key: str, default: int | None)
     raw = annotations.get(key)
     if raw is None:
         return default
-    text = str(raw).strip()
     try:
-        value = int(text)
-    except ValueError:
-        raise AnnotationError(f"annotation {key}: {raw!r} is not a whole number") from None
+        value = parse_count(str(raw))
+    except ValueError as e:
+        raise AnnotationError(f"annotation {key}: {e}") from None
     if value <= 0:
         raise AnnotationError(f"annotation {key}: {value} must be positive")
     return value
@@ -132,12 +133,13 @@ def numa_map(
         return out
     if per_numa_label:
         try:
-            per = int(per_numa_label)
+            per = parse_count(per_numa_label)
         except ValueError:
             per = 0
         if per <= 0:
             raise AnnotationError(
-                f"label {GPUS_PER_NUMA_LABEL}: {per_numa_label!r} is not a positive whole number"
+                f"label {GPUS_PER_NUMA_LABEL}: {shown(per_numa_label)} is not a positive "
+                "whole number"
             )
         return {g.uuid: g.index // per for g in gpus}
     return {g.uuid: None for g in gpus}

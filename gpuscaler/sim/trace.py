@@ -6,6 +6,7 @@ that say what is wrong and where; never a traceback.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -98,6 +99,8 @@ def read_csv(path: Path, where: str) -> pd.DataFrame:
         raise TraceError(f"{where}: empty file") from e
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
         raise TraceError(f"{where}: not a readable CSV ({e})") from e
+    except (EOFError, zlib.error) as e:  # a compressed file cut short or corrupt
+        raise TraceError(f"{where}: a truncated or corrupt compressed file ({e})") from e
     if frame.empty:
         raise TraceError(f"{where}: no data rows")
     return frame
@@ -105,6 +108,20 @@ def read_csv(path: Path, where: str) -> pd.DataFrame:
 
 MAX_BINS = 50_000_000
 """Longest regular grid a trace may need (400 MB of float64): a gap beyond is refused."""
+MAX_RATE = 1e9
+"""Requests per second no service sees: a bin above is a broken trace, refused before the
+simulator draws arrivals from it."""
+
+
+def _plausible(trace: Trace, where: str) -> Trace:
+    rate = trace.rate
+    high = np.flatnonzero(rate > MAX_RATE)  # NaN compares False
+    if high.size:
+        raise TraceError(
+            f"{where}: {high.size} bin(s) above {MAX_RATE:g} requests per second, e.g. "
+            f"{rate[high[0]]:g} at {trace.start + high[0] * trace.bin_seconds:g}s: not a load trace"
+        )
+    return trace
 
 
 def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
@@ -170,7 +187,8 @@ def load_trace(
         if len(grid) < 2:
             raise TraceError(f"{where}: all rows fall in one {resample:g}s bin: not a trace")
         what = "rows counted as requests" if name is None else f"column {name!r} summed"
-        return Trace(p.name, float(times[0]), resample, grid, f"{what} per {resample:g}s bin")
+        trace = Trace(p.name, float(times[0]), resample, grid, f"{what} per {resample:g}s bin")
+        return _plausible(trace, where)
     assert values is not None
     if np.any(np.isinf(values)):
         raise TraceError(f"{where}: column {name!r} has infinite values")
@@ -182,4 +200,4 @@ def load_trace(
     slots = np.round((times - times[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = values
-    return Trace(p.name, float(times[0]), step, grid, f"column {name!r}")
+    return _plausible(Trace(p.name, float(times[0]), step, grid, f"column {name!r}"), where)

@@ -18,7 +18,7 @@ from typing import Any, TextIO, TypeVar
 
 from gpuscaler.adapters.kube.objects import parse_time, rfc3339
 from gpuscaler.adapters.prometheus.history import READERS, HistoryReader
-from gpuscaler.config import Config, WorkloadConfig, parse_duration
+from gpuscaler.config import Config, DurationTooLong, WorkloadConfig, parse_duration
 from gpuscaler.errors import InputError
 from gpuscaler.whatif.history import Skipped, replay_many
 from gpuscaler.whatif.progress import Progress, drain, reporters, worker_init
@@ -41,6 +41,8 @@ def parse_when(text: str, now: float, flag: str) -> float:
         return now
     try:
         return now - parse_duration(text)
+    except DurationTooLong as e:
+        raise WhatifError(f"{flag}: {e}") from None
     except ValueError:
         pass
     try:

@@ -130,14 +130,17 @@ def ready(
             f"({cfg.control.interval:g}s)",
         )
     finite = np.isfinite(demand.values)
+    used = history.requests if history.requests.series is not None else history.load
+    # Samples out of range were dropped: that, not the history's length, is the cause.
+    few = f"{used.name}: {used.problem}; too few samples left" if used.problem else None
     if finite.sum() < 2:
-        return Skipped(history.key, "too little history: fewer than 2 samples")
+        return Skipped(history.key, few or "too little history: fewer than 2 samples")
     seconds = history.end - history.start - 2 * history.step
     known = float(finite.sum()) * demand.step
     try:
         warmup_plan(cfg, min(seconds, known), history.key)
     except TraceError as e:
-        return Skipped(history.key, f"too little history: {e}")
+        return Skipped(history.key, f"{few} ({e})" if few else f"too little history: {e}")
     # The demand as a trace: requests per bin of one read step.
     trace = Trace(history.key, demand.start, demand.step, demand.values * demand.step, "prometheus")
     try:

@@ -191,9 +191,7 @@ def test_credentials_in_the_prometheus_url_never_reach_stderr_or_errors(tmp_path
     assert "admin:***@" in out.stderr
     config = parse_config(cfg.read_text())
     transport = Transport(config.prometheus)
-    assert transport.scrub(f"GET http://admin:{secret}@host failed") == (
-        "GET http://admin:***@host failed"
-    )
+    assert transport.scrub(f"GET http://admin:{secret}@host failed") == "GET http://***@host failed"
     bad = cfg.read_text().replace("http://", "ftp://")
     with pytest.raises(ConfigError) as info:
         parse_config(bad)

@@ -46,6 +46,11 @@ NAMES = ("gpuscaler",)
         ("chat", "ml", {"activationFloor": "three"}, "activationFloor='three' is not a whole"),
         ("chat", "ml", {"activationFloor": "0"}, "activationFloor='0' must be at least 1"),
         ("chat", "ml", {"activationFloor": "1.5"}, "activationFloor='1.5' is not a whole"),
+        ("chat", "ml", {"activationFloor": "1_0"}, "activationFloor='1_0' is not a whole"),
+        ("chat", "ml", {"activationFloor": "+3"}, "activationFloor='.3' is not a whole"),
+        ("chat", "ml", {"activationFloor": "٣"}, "activationFloor='٣' is not a whole"),
+        ("chat\n", "ml", {}, "scaledObjectRef.name 'chat.n' is not a ScaledObject name"),
+        ("chat", "ml\n", {}, "scaledObjectRef.namespace 'ml.n' is not a namespace name"),
     ],
 )
 def test_a_request_is_read_or_refused_naming_what_is_wrong(
@@ -57,6 +62,18 @@ def test_a_request_is_read_or_refused_naming_what_is_wrong(
     else:
         with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
             check_request(name, namespace, metadata)
+
+
+@pytest.mark.parametrize("field", ["name", "namespace", "metadata key", "metric"])
+def test_bad_input_is_echoed_bounded_with_its_length(field: str) -> None:
+    huge = "x" * 3_000_000
+    with pytest.raises(ValueError) as e:
+        if field == "metric":
+            check_metric_name(huge, KEY)
+        else:
+            refs = {"name": (huge, "ml", {}), "namespace": ("chat", huge, {})}
+            check_request(*refs.get(field, ("chat", "ml", {huge: "1"})))
+    assert len(str(e.value)) < 400 and "3,000,000 characters" in str(e.value)
 
 
 @pytest.mark.parametrize(("metadata", "activation"), [({}, 1), ({"activationFloor": " 4 "}, 4)])

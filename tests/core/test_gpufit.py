@@ -212,6 +212,10 @@ MEM, COUNT = "gpu-scheduler/memory-mb", "gpu-scheduler/gpu-count"
         ("0", None, f"annotation {MEM}: 0 must be positive"),
         ("1.5", None, f"annotation {MEM}: '1.5' is not a whole number"),
         ("10", "x", f"annotation {COUNT}: 'x' is not a whole number"),
+        *(  # int() takes each of these; nobody writes them meaning a number
+            (text, None, f"annotation {MEM}: {text!r} is not a whole number")
+            for text in ("8_192", "+8192", "８１９２", "٨١٩٢", "²")
+        ),
         ("10", "65", f"annotation {COUNT}: 65 is above 64"),
         (None, "2", f"annotation {COUNT} needs {MEM}"),
     ],
@@ -267,6 +271,7 @@ PER_NUMA = "label gpuscaler.io/gpus-per-numa-node"
         ),
         (None, "four", f"{PER_NUMA}: 'four' is not a positive whole number"),
         (None, "0", f"{PER_NUMA}: '0' is not a positive whole number"),
+        (None, "٤", f"{PER_NUMA}: '٤' is not a positive whole number"),
     ],
 )
 def test_malformed_node_topology_is_refused_naming_the_annotation(

@@ -4,6 +4,7 @@ an unexpected error gets exit 1 and a message, with the traceback only under --d
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import subprocess
@@ -95,6 +96,7 @@ def test_a_huge_config_file_is_refused_before_it_is_parsed(tmp_path: Path) -> No
         (["backtest", "--series", "S", "--max-origins", "0"], "0 must be at least 1"),
         (["backtest", "--series", "S", "--max-origins", "-3"], "-3 must be at least 1"),
         (["backtest", "--series", "S", "--max-origins", "x"], "'x' is not a whole number"),
+        (["backtest", "--series", "S", "--max-origins", "1_0"], "'1_0' is not a whole number"),
         (["simulate", "--report", "FILE"], "exists and is not a directory"),
         (["--log-level", "BOGUS", "validate-config", "X"], "invalid choice: 'BOGUS'"),
     ],
@@ -110,6 +112,37 @@ def test_bad_arguments_exit_2_naming_the_argument(
     out = run_cli(*argv, timeout=120)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _gzipped_trace(cut: slice | None = None, zeroed: slice | None = None) -> bytes:
+    text = "time,requests\n" + "".join(f"{10 * i},{i % 7}\n" for i in range(5000))
+    data = bytearray(gzip.compress(text.encode()))
+    if zeroed is not None:
+        data[zeroed] = bytes(zeroed.stop - zeroed.start)
+    return bytes(data[cut or slice(None)])
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("t.csv.gz", _gzipped_trace(cut=slice(0, 2000)), "truncated or corrupt compressed file"),
+        ("t.csv.gz", _gzipped_trace(zeroed=slice(40, 60)), "truncated or corrupt compressed file"),
+        (
+            "t.csv",
+            ("time,requests\n" + "".join(f"{10 * i},1e300\n" for i in range(999))).encode(),
+            "999 bin(s) above 1e+09 requests per second, e.g. 1e+299",
+        ),
+    ],
+    ids=["a truncated gzip", "a corrupt gzip", "gigantic values"],
+)
+def test_a_broken_trace_exits_2_with_the_reason(
+    tmp_path: Path, name: str, content: bytes, says: str
+) -> None:
+    trace = tmp_path / name
+    trace.write_bytes(content)
+    out = run_cli("simulate", "--trace", str(trace), "--hours", "1", timeout=120)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from builders import NOW
+from builders import CLI, NOW, run_cli
 from controlplane import Kube
 from kubeobjects import hpa
 from kubernetes import client
+from promserver import free_port
 
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import Config, ConfigError, load_config
@@ -62,6 +69,94 @@ def test_an_invalid_new_config_is_refused_once_and_the_running_one_stays(
     assert reloader.check() is False  # the same broken content is reported once
     assert reloaded == [] and reloader.generation == 1 and reloader.failures == 1
     assert len(refused) == 1 and any(problem in p for p in refused[0].problems)
+
+
+def test_a_file_being_written_is_applied_only_once_it_reads_the_same_twice(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    seen: list[Config] = []
+    reloader = ConfigReloader(path, lambda c, g: seen.append(c))
+    full = BASE.replace("50", "80") + "preemption: {protected_namespaces: [ml]}\n"
+    with path.open("w") as f:  # an in-place edit, valid YAML half-way
+        f.write(full[: full.index("preemption")])
+        f.flush()
+        finish = threading.Timer(
+            0.1, lambda: (f.write(full[full.index("preemption") :]), f.flush())
+        )
+        finish.start()
+        assert reloader.check() is False  # read again 0.5 s later: it had changed
+        finish.join()
+    assert seen == [] and reloader.failures == 0
+    assert reloader.check() is True
+    assert [c.preemption.protected_namespaces for c in seen] == [("ml",)]
+
+
+@pytest.mark.parametrize(
+    ("replace", "problem"),
+    [
+        (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.mkdir(), "not a regular file"),
+        (lambda p: p.write_text("#" * (2 << 20)), "a config is at most 1,048,576 bytes"),
+    ],
+    ids=["a device", "a FIFO", "a directory", "too large"],
+)
+def test_a_path_that_is_no_regular_file_or_too_large_is_refused_before_it_is_read(
+    tmp_path: Path, replace: Callable[[Path], None], problem: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    refused: list[ConfigError] = []
+    reloader = ConfigReloader(path, lambda c, g: None, refused.append, settle=0.01)
+    path.unlink()
+    replace(path)
+    metrics = ControllerMetrics()
+    metrics.attach_reloader(reloader)
+    assert reloader.check() is False  # a FIFO would block the open
+    assert reloader.failures == 1 and problem in refused[0].problems[0]
+    assert "gpuscaler_config_reload_failures_total 1.0" in metrics.exposition().decode()
+    out = run_cli("validate-config", str(path))
+    assert out.returncode == 2 and problem in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "prometheus",
+    ["", 'prometheus: {url: "http://127.0.0.1:1", timeout: 1s, retries: 0}\n'],
+    ids=["simulated", "run --state"],
+)
+def test_a_refused_reload_is_counted_when_run_has_no_cluster(
+    tmp_path: Path, prometheus: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(prometheus + "control: {interval: 1s}\nworkloads: []\n")
+    port = free_port()
+    state = ["--state", "/dev/null"] if prometheus else []
+    command = [*CLI, "run", "--config", str(config), "--dry-run", "--metrics-port", str(port)]
+    with subprocess.Popen([*command, *state], stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            _until(url, "gpuscaler_config_reload_failures_total 0.0", 60)
+            config.write_text("replicas: {max_replicas: -1}\n")
+            _until(url, "gpuscaler_config_reload_failures_total 1.0", 30)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=30)[1]
+    assert "new config refused" in err and "replicas.max_replicas" in err
+
+
+def _until(url: str, line: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if line in answer.read().decode():
+                    return
+        except OSError:
+            pass  # not serving yet
+        time.sleep(0.3)
+    pytest.fail(f"no {line!r} at {url} within {seconds:g} s")
 
 
 def _project(kube: Kube, ns: str, name: str, volume: Path) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from builders import workload_history
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuscaler.adapters.prometheus.history import hpa_name, replica_queries
+from gpuscaler.adapters.prometheus.history import REQUESTS, hpa_name, replica_queries
+from gpuscaler.adapters.prometheus.window import drop_outside
 from gpuscaler.config import Config, WorkloadConfig, parse_config
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
@@ -226,6 +228,24 @@ def test_when_arguments_or_an_error_naming_the_flag(text: str, expected: float |
     else:
         with pytest.raises(WhatifError, match="--since"):
             parse_when(text, NOW, "--since")
+
+
+def test_a_duration_past_the_maximum_names_the_maximum() -> None:
+    with pytest.raises(
+        WhatifError, match="--since: duration '10000d' is longer than a year: the maximum is 366d"
+    ):
+        parse_when("10000d", NOW, "--since")
+
+
+def test_samples_out_of_range_are_the_reason_of_a_skip_not_too_little_history() -> None:
+    values = np.full(101, 1e300)
+    problem = drop_outside(values, REQUESTS)
+    history = _history(_series(list(values)))
+    history = replace(history, requests=replace(history.requests, problem=problem))
+    done = replay(history, Config(), W, seed=1, baselines=False)
+    assert isinstance(done, Skipped)
+    assert done.reason.startswith("workload_requests: 101 value(s) outside 0..1e+09, e.g. 1e+300")
+    assert "too little history" not in done.reason
 
 
 @given(st.text(max_size=30))

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuscaler.config import Config, NodePoolConfig
 from gpuscaler.core.external import EXTERNAL_TRIGGERS
+from gpuscaler.core.parsing import parse_count
 
 Json = dict[str, Any]
 
@@ -154,10 +155,12 @@ def _meta(obj: Json, where: str) -> Json:
 
 
 def _int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     try:
-        return int(str(value))
-    except ValueError:
-        raise ClusterStateError(f"{where}: {value!r} is not a whole number") from None
+        return parse_count(str(value))
+    except ValueError as e:
+        raise ClusterStateError(f"{where}: {e}") from None
 
 
 def sharing_fragments(config_name: str | None, config: Config) -> int | None:
@@ -165,7 +168,7 @@ def sharing_fragments(config_name: str | None, config: Config) -> int | None:
     if config_name is None:
         return None
     for pattern in config.kubernetes.sharing_config_names.values():
-        regex = re.escape(pattern).replace(re.escape("{n}"), r"(\d+)")
+        regex = re.escape(pattern).replace(re.escape("{n}"), "([0-9]+)")
         m = re.fullmatch(regex, config_name)
         if m:
             return int(m.group(1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import Any
 
 from kubernetes import client
@@ -24,6 +25,7 @@ from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
+from gpuscaler.core.parsing import parse_count
 from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
 
 
@@ -136,8 +138,9 @@ def preemption_observation(
             memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
             numa = n.labels.get(NUMA_LABEL, "")
             domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
-            if domain is None and numa.isdigit():
-                domain = int(numa)
+            if domain is None and numa:
+                with suppress(ValueError):  # a label that is no number: as if absent
+                    domain = max(0, parse_count(numa))
             nodes.append(
                 NodeView(
                     n.name,

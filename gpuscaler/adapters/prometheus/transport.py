@@ -12,9 +12,11 @@ cluster network or loopback; the answer is the same either way.
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 import orjson
 import requests
@@ -27,6 +29,10 @@ from gpuscaler.errors import OutsideError
 
 PLAIN = {"Accept-Encoding": "identity"}
 """The header that asks for an uncompressed answer."""
+TOKEN = re.compile(r"[\x21-\x7e]+")
+"""A bearer token an HTTP header can carry: printable ASCII, no space."""
+MAX_SECRET_BYTES = 64 << 10
+"""A token or password file is read up to this (a projected token is about 1 KB)."""
 
 
 class SourceError(OutsideError):
@@ -35,13 +41,19 @@ class SourceError(OutsideError):
 
 class Transport:
     """Prometheus' HTTP API with auth, TLS, timeouts and retries; secrets never leak.
-    Safe to share between threads (one connection pool of `max_concurrent_queries`)."""
+    Safe to share between threads (one connection pool of `max_concurrent_queries`).
+
+    The Authorization header is built here, from the URL's userinfo (which is then cut
+    from the URL requests sees), the password file or the token file, and every form of
+    each credential is kept for `scrub`. A message is written from the status code and
+    the URL, never from an HTTP library's exception text, which may quote the header."""
 
     def __init__(self, cfg: PrometheusConfig):
         if cfg.url is None:
             raise ValueError("prometheus.url is not set")
         self.cfg = cfg
-        self.url = cfg.url.rstrip("/")
+        parts = urlsplit(cfg.url)
+        self.url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl().rstrip("/")
         retry = Retry(
             total=cfg.retries,
             backoff_factor=cfg.backoff,
@@ -59,24 +71,41 @@ class Transport:
         if cfg.client_cert_file and cfg.client_key_file:
             self.session.cert = (cfg.client_cert_file, cfg.client_key_file)
         self.auth_headers: dict[str, str] = {}
-        """The bearer token's header, when one is configured."""
-        self.auth: tuple[str, str] | None = None
-        """Basic auth, when configured."""
+        """The Authorization header, when a credential is configured."""
         self._token: tuple[float, str] | None = None
-        self._secrets: set[str] = set()
-        password = urlsplit(cfg.url).password
-        if password:  # credentials in the URL itself are a secret like any other
-            self._secrets.add(password)
+        self._secrets: list[str] = []
+        if parts.username is not None or parts.password is not None:
+            self._keep(parts.password or "")  # as written, %-encoded
+            self._basic(unquote(parts.username or ""), unquote(parts.password or ""))
+
+    def _keep(self, *secrets: str) -> None:
+        """Remember every form in which `secrets` may appear in a message, longest first."""
+        for s in secrets:
+            self._secrets += (
+                s,
+                repr(s)[1:-1],
+                json.dumps(s)[1:-1],
+                s.encode("unicode_escape").decode(),
+                repr(s.encode())[2:-1],
+                quote(s, safe=""),
+                quote_plus(s),
+            )
+        self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
+
+    def _basic(self, user: str, password: str) -> None:
+        encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._keep(password, f"{user}:{password}", encoded)
+        self.auth_headers = {"Authorization": f"Basic {encoded}"}
 
     def _read_secret(self, path: str) -> str:
         try:
-            with open(path, encoding="utf-8") as f:
-                secret = f.read().strip()
-        except OSError as e:
-            raise SourceError(f"cannot read secret file {path}: {e.strerror}") from None
-        if secret:
-            self._secrets.add(secret)
-        return secret
+            with open(path, encoding="utf-8", newline="") as f:  # a secret as written
+                raw = f.read(MAX_SECRET_BYTES)
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not UTF-8"
+            raise SourceError(f"cannot read secret file {path}: {why}") from None
+        self._keep(raw, raw.strip())
+        return raw.strip()
 
     def _authorize(self) -> None:
         cfg = self.cfg
@@ -87,15 +116,19 @@ class Transport:
                 raise SourceError(f"cannot read bearer token file: {e.strerror}") from None
             if self._token is None or self._token[0] != mtime:  # rotated: read it again
                 self._token = (mtime, self._read_secret(cfg.bearer_token_file))
+            if not TOKEN.fullmatch(self._token[1]):
+                raise SourceError(
+                    f"bearer token file {cfg.bearer_token_file}: the token holds a character "
+                    "an HTTP header cannot carry (a space or newline inside it, a control or "
+                    "non-ASCII character)"
+                )
             self.auth_headers = {"Authorization": f"Bearer {self._token[1]}"}
         if cfg.basic_auth_username and cfg.basic_auth_password_file:
             password = self._read_secret(cfg.basic_auth_password_file)
-            self.auth = (cfg.basic_auth_username, password)
-            # A server may echo the header back: its encoded form is a secret too.
-            pair = f"{cfg.basic_auth_username}:{password}".encode()
-            self._secrets.add(base64.b64encode(pair).decode())
+            self._basic(cfg.basic_auth_username, password)
 
     def scrub(self, text: str) -> str:
+        """`text` with every form of every credential replaced by ***."""
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
@@ -119,7 +152,6 @@ class Transport:
                 f"{self.url}/api/v1/{path}",
                 params=params,
                 headers=headers,
-                auth=self.auth,
                 timeout=self.cfg.timeout,
             )
         except requests.Timeout:
@@ -127,12 +159,14 @@ class Transport:
         except requests.ConnectionError as e:
             if "timed out" in str(e) or "Timeout" in str(e):  # a read timeout after retries
                 raise SourceError(f"timed out after {self.cfg.timeout:g}s") from None
-            raise SourceError(self.scrub(f"cannot connect: {type(e).__name__}")) from None
+            raise SourceError(f"cannot connect to {self.url}: {type(e).__name__}") from None
         except requests.RequestException as e:
-            raise SourceError(self.scrub(f"request failed: {e}")) from None
+            raise SourceError(f"request to {self.url} failed: {type(e).__name__}") from None
         if answer.status_code != 200:
-            text = f"HTTP Status Code {answer.status_code} ({answer.content[:200]!r})"
-            raise SourceError(self.scrub(text)[:300])
+            raise SourceError(
+                f"HTTP {answer.status_code} from {self.url}/api/v1/{path}"
+                + self._said(answer.content)
+            )
         try:
             result: Any = orjson.loads(answer.content)["data"]["result"]
         except orjson.JSONDecodeError:
@@ -140,3 +174,11 @@ class Transport:
         except (KeyError, TypeError):
             raise SourceError("answer is JSON of the wrong shape (no data.result)") from None
         return result  # type: ignore[no-any-return]
+
+    def _said(self, body: bytes) -> str:
+        """Prometheus' own error of a refused query (JSON `error`), scrubbed, then cut."""
+        try:
+            error = orjson.loads(body).get("error")
+        except (orjson.JSONDecodeError, AttributeError):
+            return ""
+        return f": {self.scrub(error)[:200]}" if isinstance(error, str) else ""
