@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from gpuscaler.core.numbers import strict_int
+
 MEMORY_ANNOTATION = "gpu-scheduler/memory-mb"
 COUNT_ANNOTATION = "gpu-scheduler/gpu-count"
 RESERVED_ANNOTATION = "gpu-scheduler/reserved-mb"
@@ -99,14 +101,25 @@ def _positive_int(annotations: Mapping[str, str], key: str, default: int | None)
     raw = annotations.get(key)
     if raw is None:
         return default
-    text = str(raw).strip()
     try:
-        value = int(text)
-    except ValueError:
-        raise AnnotationError(f"annotation {key}: {raw!r} is not a whole number") from None
+        value = strict_int(str(raw).strip())
+    except ValueError as e:
+        raise AnnotationError(f"annotation {key}: {e}") from None
     if value <= 0:
         raise AnnotationError(f"annotation {key}: {value} must be positive")
     return value
+
+
+def refusal(scheduler: str, node: str, annotations: Mapping[str, str], ours: str) -> str | None:
+    """Why the extender must not place a pod, None when it may: only unbound pods of the
+    GPU scheduler that ask for GPU memory are its to filter, score and bind."""
+    if scheduler != ours:
+        return f"pod's schedulerName {scheduler[:63]!r} is not {ours!r}"
+    if node:
+        return f"pod is already bound to node {node[:253]}"
+    if MEMORY_ANNOTATION not in annotations:
+        return f"pod has no annotation {MEMORY_ANNOTATION}"
+    return None
 
 
 def pod_request(annotations: Mapping[str, str]) -> PodRequest | None:
@@ -141,7 +154,7 @@ def numa_map(
         return out
     if per_numa_label:
         try:
-            per = int(per_numa_label)
+            per = strict_int(per_numa_label)
         except ValueError:
             per = 0
         if per <= 0:
@@ -392,3 +405,5 @@ class PodRecord:
     annotations: Mapping[str, str]
     assumed_at: float | None
     """Parsed gpu-scheduler/assume-time, None when absent or unreadable."""
+    scheduler_name: str = ""
+    node_name: str = ""

@@ -29,6 +29,7 @@ from gpuscaler.core.gpufit import (
     with_numa,
     with_reservations,
 )
+from gpuscaler.core.numbers import strict_int
 
 MARGIN = 0.1
 A100 = 40960.0  # MiB
@@ -205,6 +206,23 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
     assert place(n, PodRequest(40000 * 9, 9), MARGIN) == ()
 
 
+def NOT(text: str) -> str:
+    return f"{text!r} is not a whole number (ASCII digits only)"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0", 0), ("8192", 8192), ("007", 7), ("9" * 18, 10**18 - 1)]
+    + [(t, None) for t in ("", " 1", "1 ", "+1", "-1", "1_0", "²", "١", "1e3", "9" * 19)],
+)
+def test_strict_int_reads_ascii_digits_only(text: str, expected: int | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError, match="is not a whole number"):
+            strict_int(text)
+    else:
+        assert strict_int(text) == expected
+
+
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
@@ -214,25 +232,17 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
             {"gpu-scheduler/memory-mb": " 8192 ", "gpu-scheduler/gpu-count": "4"},
             PodRequest(8192, 4),
         ),
-        (
-            {"gpu-scheduler/memory-mb": "lots"},
-            "annotation gpu-scheduler/memory-mb: 'lots' is not a whole number",
-        ),
-        (
-            {"gpu-scheduler/memory-mb": "-5"},
-            "annotation gpu-scheduler/memory-mb: -5 must be positive",
+        *(
+            ({"gpu-scheduler/memory-mb": text}, f"annotation gpu-scheduler/memory-mb: {NOT(text)}")
+            for text in ("lots", "-5", "1.5", "8_192", "+8192", "²", "８１９２")
         ),
         (
             {"gpu-scheduler/memory-mb": "0"},
             "annotation gpu-scheduler/memory-mb: 0 must be positive",
         ),
         (
-            {"gpu-scheduler/memory-mb": "1.5"},
-            "annotation gpu-scheduler/memory-mb: '1.5' is not a whole number",
-        ),
-        (
             {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "x"},
-            "annotation gpu-scheduler/gpu-count: 'x' is not a whole number",
+            f"annotation gpu-scheduler/gpu-count: {NOT('x')}",
         ),
         (
             {"gpu-scheduler/memory-mb": "10", "gpu-scheduler/gpu-count": "65"},
