@@ -161,10 +161,10 @@ def in_process(app: ExtenderApp, body: bytes, rounds: int) -> dict[str, list[flo
     times: dict[str, list[float]] = {"filter": [], "prioritize": []}
     for _ in range(rounds):
         t = time.perf_counter()
-        app.extender.filter(parse_args(body))
+        app.extender.filter(parse_args(body, app.extender.config.max_nodes))
         times["filter"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        app.extender.prioritize(parse_args(body))
+        app.extender.prioritize(parse_args(body, app.extender.config.max_nodes))
         times["prioritize"].append(time.perf_counter() - t)
     return times
 

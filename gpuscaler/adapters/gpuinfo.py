@@ -9,20 +9,27 @@ max per GPU (pod attribution would otherwise repeat a GPU once per pod):
     total = used + free + reserved;  used (for placement) = used + reserved
 
 since driver-reserved memory is as unavailable to a pod as used memory. A GPU without
-both `used` and `free`, or with a non-finite value, is left out (never guessed). The
+both `used` and `free` is left out (never guessed), and so is one with a value the
+controller would refuse too (non-finite, negative, above a TiB), with a warning. The
 `Hostname` label is taken as the Kubernetes node name (dcgm-exporter's DaemonSet sets it
 from NODE_NAME).
 """
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
+from gpuscaler.adapters.prometheus.window import MEMORY_MIB, drop_outside
 from gpuscaler.config import format_duration
 from gpuscaler.core.gpufit import Gpu, NodeGpus
+from gpuscaler.core.parsing import parse_count
+
+log = logging.getLogger("gpuscaler.extender")
 
 FIELDS = {
     "used": "DCGM_FI_DEV_FB_USED",
@@ -43,18 +50,22 @@ def grouped_query(max_age: float) -> str:
 
 
 def decode_gpus(result: Any, sampled_at: float) -> dict[str, NodeGpus]:
-    """Nodes and their GPUs from the vector result of `grouped_query`."""
+    """Nodes and their GPUs from the vector result of `grouped_query`. A series that is
+    malformed, or a GPU with a value outside MEMORY_MIB (the controller's bound) or an
+    index that is not ASCII digits, is left out and logged: never the whole refresh."""
     if not isinstance(result, list):
         raise SourceError("data.result is not a list")
     fields: dict[tuple[str, str], dict[str, Any]] = {}
+    dropped: list[str] = []
     for item in result:
-        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
-            raise SourceError("result item has no metric labels")
-        labels: dict[str, str] = item["metric"]
+        labels = item.get("metric") if isinstance(item, dict) else None
         try:
-            value = float(item["value"][1])
+            value: float | None = float(item["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
-            raise SourceError('a sample is not [timestamp, "value"]') from None
+            value = None
+        if not isinstance(labels, dict) or value is None:
+            dropped.append('a sample is not {"metric": {...}, "value": [time, "number"]}')
+            continue
         node = labels.get("Hostname") or labels.get("hostname")
         key = labels.get("UUID") or labels.get("pci_bus_id") or labels.get("gpu")
         if not node or not key:
@@ -64,26 +75,38 @@ def decode_gpus(result: Any, sampled_at: float) -> dict[str, NodeGpus]:
     nodes: dict[str, list[Gpu]] = {}
     for (node, key), entry in fields.items():
         gpu = _gpu(key, entry)
-        if gpu is not None:
+        if isinstance(gpu, str):
+            dropped.append(f"node {node} GPU {key}: {gpu}")
+        elif gpu is not None:
             nodes.setdefault(node, []).append(gpu)
+    if dropped:
+        log.warning("dcgm series left out: %d, e.g. %s", len(dropped), dropped[0][:200])
     return {
         name: NodeGpus(name, tuple(sorted(gpus, key=lambda g: (g.index, g.uuid))), sampled_at)
         for name, gpus in nodes.items()
     }
 
 
-def _gpu(key: str, entry: dict[str, Any]) -> Gpu | None:
+def _gpu(key: str, entry: dict[str, Any]) -> Gpu | str | None:
+    """The GPU, None without both used and free, else what is wrong with it."""
     used, free = entry.get("used"), entry.get("free")
-    reserved = entry.get("reserved", 0.0)
     if used is None or free is None:
         return None
-    if not all(math.isfinite(v) and v >= 0 for v in (used, free, reserved)):
-        return None
-    total = used + free + reserved
+    values = np.array([used, free, entry.get("reserved", 0.0)])
+    if not np.isfinite(values).all():
+        return "frame buffer NaN or infinite"
+    if problem := drop_outside(values, MEMORY_MIB):
+        return problem
+    total = float(values.sum())
     if total <= 0:
-        return None
-    index = int(entry["index"]) if str(entry["index"]).isdigit() else -1
-    return Gpu(key, index, total, used + reserved)
+        return "no frame buffer"
+    try:
+        index = parse_count(str(entry["index"])) if entry["index"] != "" else -1
+    except ValueError as e:
+        return f"label gpu: {e}"
+    if index < 0 and entry["index"] != "":
+        return f"label gpu: {index} is negative"
+    return Gpu(key, index, total, float(values[0] + values[2]))
 
 
 class PrometheusGpus:

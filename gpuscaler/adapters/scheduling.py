@@ -40,6 +40,7 @@ def _load(response: Any) -> dict[str, Any]:
 def pod_record(obj: dict[str, Any]) -> PodRecord:
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    spec = obj.get("spec") or {}
     return PodRecord(
         uid=meta.get("uid", ""),
         namespace=meta.get("namespace", ""),
@@ -47,6 +48,8 @@ def pod_record(obj: dict[str, Any]) -> PodRecord:
         phase=(obj.get("status") or {}).get("phase", ""),
         annotations=annotations,
         assumed_at=parse_time(annotations.get(ASSUME_TIME_ANNOTATION)),
+        scheduler_name=spec.get("schedulerName", ""),
+        node_name=spec.get("nodeName", ""),
     )
 
 

@@ -46,19 +46,18 @@ def cmd_extender(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    if not 0 < args.port < 65536:
-        print(f"--port {args.port}: not a TCP port", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
+    for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if port is not None and not 0 < port < 65536:
+            print(f"{flag} {port}: not a TCP port", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    from gpuscaler.extender.run import serve
+
+    try:  # no API, an address that cannot be listened on, unreadable TLS files: exit 2
         api = kube_api(args.kubeconfig, config.kubernetes)
+        serve(config, api, args.host, args.port, not args.no_leader_election, args.metrics_port)
     except SetupError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_INPUT
-    from gpuscaler.extender.run import serve
-
-    paths = "/filter, /prioritize, /bind, /healthz, /readyz, /metrics"
-    print(f"serving {paths} on {args.host}:{args.port}", file=sys.stderr)
-    serve(config, api, args.host, args.port, leader_election=not args.no_leader_election)
     return EXIT_OK
 
 
@@ -67,6 +66,9 @@ def add_extender_parser(sub: Any) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument(
+        "--metrics-port", type=int, help="also /metrics, /healthz, /readyz here, plain HTTP"
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument(
         "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"

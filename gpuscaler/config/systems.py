@@ -329,6 +329,24 @@ class SchedulerConfig(StrictModel):
     """Node objects (topology annotation, NUMA label, pool labels) are re-read this often."""
     lease: LeaseConfig = LeaseConfig(name="gpuscaler-extender")
     """The extender's own Lease: one replica holds the reservation ledger."""
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=256 << 20)
+    """A verb's request body above this is refused (413): 4 MiB holds 5,000 node names
+    (nodeCacheCapable, as deployed) many times over."""
+    max_nodes: int = Field(10_000, ge=1)
+    """A filter or prioritize request naming more nodes is refused (400): twice the
+    5,000 nodes Kubernetes supports."""
+    tls_cert_file: str | None = None
+    """HTTPS on the verbs' port with this certificate, `tls_key_file` and client
+    certificates required, signed by `client_ca_file` (kube-scheduler's tlsConfig)."""
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        files = (self.tls_cert_file, self.tls_key_file, self.client_ca_file)
+        if any(f is not None for f in files) and None in files:
+            raise ValueError("TLS needs tls_cert_file, tls_key_file and client_ca_file together")
+        return self
 
 
 class ExternalScalerConfig(StrictModel):

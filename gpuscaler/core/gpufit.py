@@ -101,6 +101,18 @@ def _positive_int(annotations: Mapping[str, str], key: str, default: int | None)
     return value
 
 
+def refusal(scheduler: str, node: str, annotations: Mapping[str, str], ours: str) -> str | None:
+    """Why the extender must not place a pod, None when it may: only unbound pods of the
+    GPU scheduler that ask for GPU memory are its to filter, score and bind."""
+    if scheduler != ours:
+        return f"pod's schedulerName {scheduler[:63]!r} is not {ours!r}"
+    if node:
+        return f"pod is already bound to node {node[:253]}"
+    if MEMORY_ANNOTATION not in annotations:
+        return f"pod has no annotation {MEMORY_ANNOTATION}"
+    return None
+
+
 def pod_request(annotations: Mapping[str, str]) -> PodRequest | None:
     """What a pod asks for, None when it asks for no GPU memory (not our business)."""
     memory = _positive_int(annotations, MEMORY_ANNOTATION, None)
@@ -338,4 +350,6 @@ class PodRecord:
     phase: str
     annotations: Mapping[str, str]
     assumed_at: float | None
-    """gpu-scheduler/assume-time; None when absent or unreadable."""
+    """Parsed gpu-scheduler/assume-time, None when absent or unreadable."""
+    scheduler_name: str = ""
+    node_name: str = ""

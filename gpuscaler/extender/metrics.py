@@ -24,6 +24,7 @@ REASONS = (
     "no_gpu_data",
     "bad_annotation",
     "bad_node_annotation",
+    "not_ours",
 )
 
 

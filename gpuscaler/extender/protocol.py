@@ -47,6 +47,7 @@ class ObjectMeta(_Lenient):
 
 class PodSpec(_Lenient):
     schedulerName: str = ""
+    nodeName: str = ""
 
 
 class Pod(_Lenient):
@@ -98,8 +99,8 @@ def _where(e: ValidationError) -> str:
     return f"{path}: {first['msg']}"
 
 
-def parse_args(body: bytes) -> ExtenderArgs:
-    """A filter or prioritize request."""
+def parse_args(body: bytes, max_nodes: int) -> ExtenderArgs:
+    """A filter or prioritize request naming at most `max_nodes` nodes."""
     doc = _decode(body)
     if not isinstance(doc, dict):
         raise ProtocolError("body is not a JSON object (ExtenderArgs)")
@@ -109,7 +110,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
         raise ProtocolError(f"not ExtenderArgs: {_where(e)}") from None
     if args.NodeNames is None and args.Nodes is None:
         raise ProtocolError("not ExtenderArgs: neither NodeNames nor Nodes is set")
-    args.node_names()  # every node has a name
+    count = len(args.node_names())  # every node has a name
+    if count > max_nodes:
+        raise ProtocolError(f"{count} nodes, more than the {max_nodes} allowed (max_nodes)")
     return args
 
 

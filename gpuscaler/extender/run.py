@@ -7,8 +7,12 @@ import gc
 import logging
 import os
 import signal
+import socket
+import ssl
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -74,11 +78,49 @@ class Refresher:
         self._thread.join(timeout=self.every + 5)
 
 
+CONNECTIONS = 32
+"""Connections at once (more get 503): kube-scheduler sends one verb at a time plus the
+binds in flight; with max_body_bytes this bounds the memory held by bodies."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket, or SetupError naming the address (exit 2, nothing served)."""
+    from gpuscaler.app import SetupError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise SetupError(f"extender: cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+class Probes:
+    """/healthz and /readyz of the metrics port (observability.serve)."""
+
+    def __init__(self, ready: Callable[[], str | None]):
+        self._ready = ready
+
+    def healthy(self) -> tuple[bool, str]:
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        problem = self._ready()
+        return problem is None, problem or "ok"
+
+
 def serve(
-    config: Config, api: client.ApiClient, host: str, port: int, leader_election: bool
+    config: Config,
+    api: client.ApiClient,
+    host: str,
+    port: int,
+    leader_election: bool,
+    metrics_port: int | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn handles them); release the Lease after."""
-    from gpuscaler.app import identity
+    """Serve until SIGTERM/SIGINT (uvicorn handles them); release the Lease after. An
+    address that cannot be listened on or TLS files that cannot be read: SetupError
+    before anything is served."""
+    from gpuscaler.app import SetupError, identity
+    from gpuscaler.observability import serve as serve_metrics
 
     cfg = config.scheduler
     kube = SchedulingKube(api, config)
@@ -107,25 +149,41 @@ def serve(
         return None
 
     app = ExtenderApp(extender, metrics, ready)
+    tls: dict[str, Any] = {}
+    if cfg.tls_cert_file is not None:  # mutual TLS: the client must present a certificate
+        tls = {"ssl_certfile": cfg.tls_cert_file, "ssl_keyfile": cfg.tls_key_file}
+        tls |= {"ssl_ca_certs": cfg.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    sock = listen(host, port)
+    uv = uvicorn.Config(
+        app.build(), log_level="warning", access_log=False, lifespan="off",
+        limit_concurrency=CONNECTIONS, **tls,
+    )  # fmt: skip
+    try:
+        uv.load()
+        side = serve_metrics(metrics, Probes(ready), metrics_port, host) if metrics_port else None
+    except OSError as e:  # ssl.SSLError is one: a TLS file unreadable or not PEM
+        sock.close()
+        raise SetupError(f"extender: {e}") from None
+    scheme = "https" if tls else "http"
+    paths = "/filter, /prioritize, /bind, /healthz, /readyz, /metrics"
+    print(f"serving {paths} on {scheme}://{host}:{port}", file=sys.stderr)
     state.refresh()  # the ledger rebuilt from pod annotations before the first verb
     refresher = Refresher(state, app, cfg.cache_ttl)
     refresher.start()
     if elector is not None:
         elector.step()
         elector.start()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app.build(), host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-        )
-    )
+    server = uvicorn.Server(uv)
     log.info("extender serving on %s:%d", host, port, extra={"event": "extender_started"})
     # uvicorn stops on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
     # a no-op one here, so the Lease is released and the exit code is 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         refresher.stop()
+        if side is not None:
+            side.shutdown()
         if elector is not None:
             elector.stop()

@@ -4,8 +4,11 @@
 - A body that is not the protocol: 400 naming what is wrong (kube-scheduler logs it).
 - Anything else that goes wrong inside a verb: a protocol answer carrying `Error`, never
   a 500 without one. A filter answer always carries NodeNames (or Nodes).
-- Filter and Prioritize are computed on the event loop (pure, sub-millisecond per 100
-  nodes); Bind, which calls the Kubernetes API, runs in the thread pool.
+- A body above `max_body_bytes` is refused with 413, from its Content-Length or while
+  it is read; a request naming more than `max_nodes` nodes with 400.
+- Small Filter and Prioritize calls are answered on the event loop (pure, sub-millisecond
+  per 100 nodes); a larger body is parsed and answered in the thread pool, so /healthz
+  and small calls go on meanwhile. Bind, which calls the Kubernetes API, always is.
 """
 
 from __future__ import annotations
@@ -29,6 +32,26 @@ from gpuscaler.extender.service import Extender, FilterAnswer
 
 log = logging.getLogger("gpuscaler.extender")
 JSON = "application/json"
+INLINE_BYTES = 64 << 10
+"""Bodies up to this are answered on the event loop: about 1,000 node names."""
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body, or TooLarge past `limit` bytes (declared or read: never held whole)."""
+    declared = request.headers.get("content-length", "0")  # digits: the HTTP parser checked
+    if len(declared) > 18 or int(declared) > limit:
+        raise TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _json(body: bytes) -> Response:
@@ -63,15 +86,23 @@ class ExtenderApp:
         )
 
     def _verb(
-        self, verb: str, handle: Callable[[bytes], Awaitable[bytes]]
+        self, verb: str, handle: Callable[[bytes], bytes]
     ) -> Callable[[Request], Awaitable[Response]]:
         histogram = self.metrics.latency.labels(verb)
 
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
-            body = await request.body()
+            limit = self.extender.config.max_body_bytes
             try:
-                answer = await handle(body)
+                body = await _body(request, limit)
+                if verb == "bind" or len(body) > INLINE_BYTES:
+                    answer = await run_in_threadpool(handle, body)
+                else:
+                    answer = handle(body)
+            except TooLarge:
+                self.metrics.bad_requests.inc()
+                text = f"{verb}: body over {limit} bytes (scheduler.max_body_bytes)\n"
+                return PlainTextResponse(text, status_code=413)
             except ProtocolError as e:
                 self.metrics.bad_requests.inc()
                 return PlainTextResponse(f"{verb}: {e}\n", status_code=400)
@@ -83,8 +114,8 @@ class ExtenderApp:
 
     # ------------------------------------------------------------------ verbs
 
-    async def _filter(self, body: bytes) -> bytes:
-        args = protocol.parse_args(body)
+    def _filter(self, body: bytes) -> bytes:
+        args = protocol.parse_args(body, self.extender.config.max_nodes)
         try:
             answer = self.extender.filter(args)
         except Exception as e:  # a defect: say so in the protocol, keep serving
@@ -101,8 +132,8 @@ class ExtenderApp:
         else:
             self.refused_since.setdefault(uid, self.clock())
 
-    async def _prioritize(self, body: bytes) -> bytes:
-        args = protocol.parse_args(body)
+    def _prioritize(self, body: bytes) -> bytes:
+        args = protocol.parse_args(body, self.extender.config.max_nodes)
         try:
             scores = self.extender.prioritize(args)
         except Exception:
@@ -110,10 +141,10 @@ class ExtenderApp:
             scores = [(n, 0) for n in args.node_names()]
         return protocol.priorities(scores)
 
-    async def _bind(self, body: bytes) -> bytes:
+    def _bind(self, body: bytes) -> bytes:
         args = protocol.parse_binding(body)
         try:
-            error = await run_in_threadpool(self.extender.bind, args)
+            error = self.extender.bind(args)
         except Exception as e:
             log.exception("bind failed")
             error = f"gpuscaler extender: {type(e).__name__}: {e}"

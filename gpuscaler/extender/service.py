@@ -30,12 +30,13 @@ from gpuscaler.core.gpufit import (
     freshness,
     place,
     pod_request,
+    refusal,
     request_problem,
     reservation_annotations,
     with_reservations,
 )
 from gpuscaler.core.gputable import extender_scores, fits, scores
-from gpuscaler.extender.protocol import ExtenderArgs, ExtenderBindingArgs
+from gpuscaler.extender.protocol import ExtenderArgs, ExtenderBindingArgs, Pod
 from gpuscaler.extender.state import GpuState, Snapshot
 
 log = logging.getLogger("gpuscaler.extender")
@@ -51,6 +52,17 @@ class Binder(Protocol):
         """Merge `values` into the pod's annotations (None removes), only if its UID is `uid`."""
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+FIT_REASONS = ("insufficient_memory", "insufficient_gpus")
+"""Failed nodes (preemption could help); every other kind is unresolvable."""
+NODE_REASONS = {
+    "insufficient_memory": "not enough free GPU memory",
+    "insufficient_gpus": "too few GPUs with the memory per GPU the pod asks for",
+    "stale": STALE_REASON,
+    "unknown_node": "node unknown to the GPU extender",
+    "no_gpu_data": "no GPU metrics (dcgm-exporter)",
+}
 
 
 @dataclass
@@ -82,21 +94,28 @@ class Extender:
 
     # ------------------------------------------------------------------ filter
 
+    def _request(self, pod: Pod, largest: float | None) -> tuple[PodRequest | None, str, str]:
+        """The pod's request, or why there is none: the metric's reason and the sentence."""
+        meta, spec, ours = pod.metadata, pod.spec, self.config.scheduler_name
+        why = refusal(spec.schedulerName, spec.nodeName, meta.annotations, ours)
+        if why is not None:
+            return None, "not_ours", why
+        try:
+            req = pod_request(meta.annotations)
+        except AnnotationError as e:
+            return None, "bad_annotation", str(e)
+        assert req is not None  # refusal() found the memory annotation
+        problem = request_problem(req, largest)
+        return (None, "bad_annotation", problem) if problem else (req, "", "")
+
     def filter(self, args: ExtenderArgs) -> FilterAnswer:
         names = args.node_names()
         answer = FilterAnswer()
         snap = self.state.snapshot
-        try:
-            req = pod_request(args.Pod.metadata.annotations)
-            problem = request_problem(req, snap.largest_total) if req is not None else None
-        except AnnotationError as e:
-            req, problem = None, str(e)
-        if problem is not None:  # nothing about a node would change this: unresolvable
-            answer.unresolvable = dict.fromkeys(names, problem)
-            answer.reasons["bad_annotation"] += len(names)
-            return answer
-        if req is None:  # asks for no GPU memory: every node is fine
-            answer.kept = list(names)
+        req, kind, why = self._request(args.Pod, snap.largest_total)
+        if req is None:  # nothing about a node would change this: unresolvable
+            answer.unresolvable = dict.fromkeys(names, why)
+            answer.reasons[kind] += len(names)
             return answer
         now = self.wall()
         table = snap.table
@@ -107,42 +126,36 @@ class Extender:
             at = rows[known]
             fresh = table.sampled_at[at] >= now - 3 * self.config.cache_ttl
             good[known] = fits(table, at, req) & fresh
-        for i in np.flatnonzero(~good):  # the refused: few, each with its sentence
+        for i in np.flatnonzero(~good):
             name = names[i]
-            reason, why = self._node_problem(snap, name, req, now)
-            answer.reasons[reason] += 1
-            if reason in ("insufficient_memory", "insufficient_gpus"):
-                answer.failed[name] = why or ""
-            else:
-                answer.unresolvable[name] = why or ""
+            kind, why = self._node_problem(snap, name, req, now)
+            answer.reasons[kind] += 1
+            (answer.failed if kind in FIT_REASONS else answer.unresolvable)[name] = why
         answer.kept = [names[i] for i in np.flatnonzero(good)]
         return answer
 
     def _node_problem(
         self, snap: Snapshot, name: str, req: PodRequest, now: float
-    ) -> tuple[str, str | None]:
+    ) -> tuple[str, str]:
+        """The kind of problem and its short sentence, the same for every node of a kind
+        (kube-scheduler counts nodes per sentence; the answer stays proportional)."""
         view = snap.views.get(name)
         if view is None:
             if name in snap.problems:
                 return "bad_node_annotation", snap.problems[name]
-            if name in snap.meta:
-                return "no_gpu_data", f"node {name} has no GPU metrics (dcgm-exporter)"
-            return "unknown_node", f"node {name} is unknown to the GPU extender"
-        if freshness(now - view.sampled_at, self.config.cache_ttl) == "stale":
-            return "stale", STALE_REASON
-        why = fit_problem(view, req)
-        if why is None:
-            return "", None
-        return ("insufficient_gpus" if "GPU(s)" in why else "insufficient_memory"), why
+            kind = "no_gpu_data" if name in snap.meta else "unknown_node"
+        elif freshness(now - view.sampled_at, self.config.cache_ttl) == "stale":
+            kind = "stale"
+        else:
+            why = fit_problem(view, req)
+            kind = "insufficient_gpus" if why and "GPU(s)" in why else "insufficient_memory"
+        return kind, NODE_REASONS[kind]
 
     # ------------------------------------------------------------------ prioritize
 
     def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
         names = args.node_names()
-        try:
-            req = pod_request(args.Pod.metadata.annotations)
-        except AnnotationError:
-            req = None
+        req, _, _ = self._request(args.Pod, self.state.snapshot.largest_total)
         if req is None:
             return [(n, 0) for n in names]
         table = self.state.snapshot.table
@@ -166,13 +179,15 @@ class Extender:
             pod = self.binder.get_pod(b.PodNamespace, b.PodName)
             if pod.uid != b.PodUID:
                 return f"{where} was replaced (UID {pod.uid}, binding asked for {b.PodUID})"
+            ours = self.config.scheduler_name
+            why = refusal(pod.scheduler_name, pod.node_name, pod.annotations, ours)
+            if why is not None:
+                return f"{where}: {why}"
             try:
                 req = pod_request(pod.annotations)
             except AnnotationError as e:
                 return f"{where}: {e}"
-            if req is None:
-                self.binder.bind(b.PodNamespace, b.PodName, b.PodUID, b.Node)
-                return ""
+            assert req is not None  # refusal() found the memory annotation
             with self.state.node_lock(b.Node):
                 return self._commit(b, req, where)
         except KubeError as e:

@@ -64,7 +64,7 @@ class Snapshot:
     """With reservations counted as used."""
     meta: dict[str, NodeMeta] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
-    """Nodes whose annotations cannot be read, with the sentence naming the annotation."""
+    """Nodes whose annotations cannot be read: the sentence naming the annotation."""
     largest_total: float | None = None
     table: NodeTable = field(default_factory=lambda: node_table({}))
     """The views as arrays, for the verbs' many-node questions."""
@@ -175,7 +175,7 @@ class GpuState:
             try:
                 numa = numa_map(m.topology, m.gpus_per_numa, measured.gpus)
             except AnnotationError as e:
-                problems[name] = f"node {name}: {e}"
+                problems[name] = str(e)
                 continue
             gpus[name] = with_numa(measured, numa)
         by_node: dict[str, list[Reservation]] = {}

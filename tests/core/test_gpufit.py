@@ -31,6 +31,7 @@ from gpuscaler.core.gpufit import (
     with_reservations,
 )
 from gpuscaler.core.gputable import extender_scores, fits, node_table, scores
+from gpuscaler.core.parsing import parse_count
 
 MARGIN = 0.1
 A100 = 40960.0  # MiB
@@ -199,6 +200,19 @@ def test_placement_takes_the_tightest_gpus_inside_one_numa_domain() -> None:
 
 
 MEM, COUNT = "gpu-scheduler/memory-mb", "gpu-scheduler/gpu-count"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0", 0), ("8192", 8192), ("007", 7), (" 1 ", 1), ("-1", -1), ("9" * 18, 10**18 - 1)]
+    + [(t, None) for t in ("", "+1", "1_0", "\u00b2", "\u0661", "1e3", "9" * 19)],
+)
+def test_counts_are_read_from_ascii_digits_only(text: str, expected: int | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError, match="is not a whole number"):
+            parse_count(text)
+    else:
+        assert parse_count(text) == expected
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """End to end on the real control plane (tests/controlplane.py): the real kube-scheduler,
-configured by the shipped deploy/scheduler/kube-scheduler-config.yaml (only its urlPrefix
-pointed at 127.0.0.1 and its client kubeconfig added), calls `gpuscaler extender` as
-deployed, which reads GPU memory from a real Prometheus scraping dcgm-style series.
+configured by the shipped deploy/scheduler/kube-scheduler-config.yaml (its urlPrefix
+pointed at 127.0.0.1, its client kubeconfig added, and mutual TLS on as the chart's
+scheduler.tls renders it), calls `gpuscaler extender` as deployed, which reads GPU memory
+from a real Prometheus scraping dcgm-style series.
 
 Nodes are API objects (no kubelet); the extender binds, the API server records it."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -24,6 +26,7 @@ import yaml
 from builders import CLI
 from extenderkit import MIB, DcgmExporter
 from kubemeta import annotations_of
+from kubepki import make_mutual_tls_dir
 from promserver import free_port, prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +53,11 @@ class GpuScheduler:
         self.plane, self.dir = plane, workdir
         self.exporter = DcgmExporter()
         self.procs: list[Any] = []
+        self.tls = workdir / "tls"  # one certificate for both ends, as a Secret mounts it
+        self.tls.mkdir()
+        make_mutual_tls_dir(self.tls, "gpu-scheduler", ["localhost"])
+        self.ssl = ssl.create_default_context(cafile=self.tls / "ca.crt")
+        self.ssl.load_cert_chain(self.tls / "tls.crt", self.tls / "tls.key")
 
     def node(self, kube: cp.Kube, used: list[float], per_numa: int | None = None,
              topology: list[int] | None = None) -> str:  # fmt: skip
@@ -70,10 +78,12 @@ class GpuScheduler:
         return name
 
     def start(self, prom: str) -> None:
-        port = free_port()
+        port, self.metrics = free_port(), free_port()
         cfg = self.dir / "gpuscaler.yaml"
+        tls = f"tls_cert_file: {self.tls}/tls.crt, tls_key_file: {self.tls}/tls.key"
         cfg.write_text(
-            f"prometheus: {{url: '{prom}'}}\nscheduler: {{cache_ttl: 1s, node_resync: 1s}}\n"
+            f"prometheus: {{url: '{prom}'}}\nscheduler: {{cache_ttl: 1s, node_resync: 1s, "
+            f"{tls}, client_ca_file: {self.tls}/ca.crt}}\n"
         )
         # as deployed: the extender's ServiceAccount with the shipped RBAC, nothing more
         self.kube = cp.Kube(self.plane)
@@ -87,13 +97,18 @@ class GpuScheduler:
         env = os.environ | {"POD_NAME": "extender-e2e", "POD_NAMESPACE": home}
         self.extender = subprocess.Popen(
             [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
-             "--kubeconfig", str(kubeconfig)],
+             "--kubeconfig", str(kubeconfig), "--metrics-port", str(self.metrics)],
             stdout=subprocess.PIPE, stderr=(self.dir / "extender.log").open("w"), text=True, env=env,
         )  # fmt: skip
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"https://127.0.0.1:{port}"
         cp.wait_until("extender ready", self._ready, 60, 0.25)
         ksc = yaml.safe_load(SHIPPED.read_text())
-        ksc["extenders"][0]["urlPrefix"] = self.url
+        files = {"certFile": "tls.crt", "keyFile": "tls.key", "caFile": "ca.crt"}
+        ksc["extenders"][0] |= {
+            "urlPrefix": self.url,
+            "enableHTTPS": True,
+            "tlsConfig": {k: str(self.tls / v) for k, v in files.items()},
+        }
         ksc["leaderElection"]["resourceNamespace"] = "kube-system"
         ksc["clientConnection"] = {"kubeconfig": str(self.plane.admin_kubeconfig)}
         (self.dir / "ksc.yaml").write_text(yaml.safe_dump(ksc))
@@ -111,7 +126,7 @@ class GpuScheduler:
     def _ready(self) -> bool:
         if self.extender.poll() is not None:
             raise RuntimeError((self.dir / "extender.log").read_text()[-2000:])
-        with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/readyz", timeout=2) as r:
             return bool(r.status == 200)
 
     def stop(self) -> None:
@@ -177,14 +192,20 @@ def _wait_bound(kube: cp.Kube, ns: str, name: str, timeout: float = 60) -> str:
     return node
 
 
+def _failed_scheduling(kube: cp.Kube, ns: str, name: str) -> str:
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+    return " ".join(e.message or "" for e in events.items if e.reason == "FailedScheduling")
+
+
 def _wait_fresh(s: GpuScheduler, nodes: list[str]) -> None:
     """The extender knows the new nodes (metrics scraped, node objects re-read)."""
 
     def known() -> bool:
-        body = json.dumps({"Pod": {"metadata": {"annotations": {"gpu-scheduler/memory-mb": "1"}}},
+        body = json.dumps({"Pod": {"metadata": {"annotations": {"gpu-scheduler/memory-mb": "1"}},
+                                   "spec": {"schedulerName": "gpu-scheduler"}},
                            "NodeNames": nodes}).encode()  # fmt: skip
         request = urllib.request.Request(s.url + "/filter", body, method="POST")
-        with urllib.request.urlopen(request, timeout=5) as r:
+        with urllib.request.urlopen(request, timeout=5, context=s.ssl) as r:
             return bool(json.loads(r.read())["NodeNames"] == nodes)
 
     cp.wait_until("extender sees the nodes", known, 60, 0.5)
@@ -215,14 +236,9 @@ def test_a_pod_no_node_can_hold_stays_pending_with_the_extenders_reason(
     ns = kube.namespace()
     _pod(kube, ns, "huge", 30000)
 
-    def reason() -> str:
-        events = kube.core.list_namespaced_event(
-            ns, field_selector="involvedObject.name=huge"
-        ).items
-        return " ".join(e.message or "" for e in events if e.reason == "FailedScheduling")
-
-    cp.wait_until("FailedScheduling event", lambda: "pod requests" in reason(), 60, 0.5)
-    assert f"node {node} has 0 GPU(s) with 30000 MiB usable, pod requests 1" in reason()
+    reason = "too few GPUs with the memory per GPU the pod asks for"
+    said = lambda: reason in _failed_scheduling(kube, ns, "huge")  # noqa: E731
+    cp.wait_until("FailedScheduling event with the extender's reason", said, 60, 0.5)
     assert _node_of(kube, ns, "huge") is None
 
 
@@ -264,3 +280,42 @@ def test_a_4_gpu_pod_prefers_the_node_with_4_gpus_in_one_numa_domain(
     record = annotations_of(kube.core.read_namespaced_pod("tp4", ns))
     reserved = json.loads(record["gpu-scheduler/reservation"])["gpus"]
     assert sorted(reserved) == [f"GPU-{packed}-{i}" for i in range(4)]  # all on NUMA node 0
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "bound", "annotated", "reason"),
+    [
+        ("other-scheduler", False, True, "pod's schedulerName 'other-scheduler' is not 'gpu-scheduler'"),
+        ("gpu-scheduler", True, True, "pod is already bound to node "),
+        ("gpu-scheduler", False, False, "pod has no annotation gpu-scheduler/memory-mb"),
+    ],
+    ids=["another scheduler's", "bound", "without annotations"],
+)  # fmt: skip
+def test_the_extender_binds_only_unbound_annotated_pods_of_the_gpu_scheduler(
+    gpu_scheduler: GpuScheduler, kube: cp.Kube, scheduler: str, bound: bool, annotated: bool,
+    reason: str,
+) -> None:  # fmt: skip
+    s = gpu_scheduler
+    node, other = s.node(kube, [0.0]), s.node(kube, [0.0])
+    _wait_fresh(s, [node, other])
+    ns = kube.namespace()
+    spec = {"schedulerName": scheduler, "containers": [{"name": "main", "image": "pause"}]}
+    created = kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": ns,
+                     "annotations": {"gpu-scheduler/memory-mb": "1000"} if annotated else {}},
+        "spec": spec | ({"nodeName": other} if bound else {}),
+    })  # fmt: skip
+    binding = {"PodName": "p", "PodNamespace": ns, "PodUID": created["metadata"]["uid"]}
+    request = urllib.request.Request(
+        s.url + "/bind", json.dumps(binding | {"Node": node}).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10, context=s.ssl) as r:  # as anyone could
+        error = json.loads(r.read())["Error"]
+    assert error == f"pod {ns}/p: {reason}" + (other if bound else "")
+    if not annotated:  # the real scheduler's Filter call is refused the same way
+        said = lambda: reason in _failed_scheduling(kube, ns, "p")  # noqa: E731
+        cp.wait_until("FailedScheduling event", said, 60, 0.5)
+    pod = kube.core.read_namespaced_pod("p", ns)
+    assert _node_of(kube, ns, "p") == (other if bound else None)
+    assert "gpu-scheduler/reserved-mb" not in annotations_of(pod)

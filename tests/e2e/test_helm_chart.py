@@ -19,6 +19,7 @@ import yaml
 from controlplane import Kube, kubectl_path, wait_until
 from test_deploy import render
 
+from gpuscaler.cli import build_parser
 from gpuscaler.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,9 +197,86 @@ def test_the_scheduler_follows_the_release_namespace_prometheus_and_its_values()
     assert "gpuscaler-extender" not in {d["metadata"]["name"] for d in template(*AS_KUSTOMIZE)}
 
 
+SCHEDULER = ("--set", "scheduler.enabled=true")
+
+
+def _pod_spec(docs: tuple[dict[str, Any], ...], deployment: str) -> dict[str, Any]:
+    spec: dict[str, Any] = _one(docs, "Deployment", deployment)["spec"]["template"]["spec"]
+    return spec
+
+
+def _secret_mounts(docs: tuple[dict[str, Any], ...], deployment: str) -> dict[str, str]:
+    """mountPath -> Secret name of the deployment's Secret volumes."""
+    spec = _pod_spec(docs, deployment)
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    mounts = spec["containers"][0]["volumeMounts"]
+    return {m["mountPath"]: secrets[m["name"]] for m in mounts if m["name"] in secrets}
+
+
+def test_only_the_gpu_schedulers_pods_reach_the_verbs_and_prometheus_the_metrics_port() -> None:
+    docs = template(*SCHEDULER)
+    policy = _one(docs, "NetworkPolicy", "gpuscaler-extender")["spec"]
+    name = "app.kubernetes.io/name"
+    assert policy["podSelector"] == {"matchLabels": {name: "gpuscaler-extender"}}
+    assert policy["policyTypes"] == ["Ingress"]
+    verbs, metrics = policy["ingress"]  # nothing else is admitted
+    assert verbs["from"] == [{"podSelector": {"matchLabels": {name: "gpu-scheduler"}}}]
+    assert verbs["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert metrics["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {name: "prometheus"}},
+        }
+    ]
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    scheduler = _one(docs, "Deployment", "gpu-scheduler")["spec"]["template"]["metadata"]
+    assert scheduler["labels"][name] == "gpu-scheduler"
+    (extender,) = _pod_spec(docs, "gpuscaler-extender")["containers"]
+    assert {p["name"]: p["containerPort"] for p in extender["ports"]} == {
+        "http": 8888,
+        "metrics": 8889,
+    }
+    parsed = build_parser().parse_args(extender["args"])  # the flags are the CLI's
+    assert (parsed.port, parsed.metrics_port) == (8888, 8889)
+    for probe in ("readinessProbe", "livenessProbe"):  # the kubelet's: node traffic, admitted
+        assert extender[probe]["httpGet"]["port"] == "metrics"
+    monitor = _one(docs, "ServiceMonitor", "gpuscaler-extender")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    off = template(*SCHEDULER, "--set", "scheduler.networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in {d["kind"] for d in off}
+
+
+def test_with_tls_on_the_gpu_scheduler_calls_the_extender_over_mutual_tls() -> None:
+    docs = template("--namespace", "gpu-system", *SCHEDULER, "--set", "scheduler.tls.enabled=true")
+    text = _one(docs, "ConfigMap", "gpu-scheduler-config")["data"]["config.yaml"]
+    (extender,) = yaml.safe_load(text)["extenders"]
+    assert extender["urlPrefix"] == "https://gpuscaler-extender.gpu-system.svc:8888"
+    assert extender["enableHTTPS"] is True
+    client = "/etc/kubernetes/gpu-scheduler-tls"
+    assert extender["tlsConfig"] == {
+        "certFile": f"{client}/tls.crt",
+        "keyFile": f"{client}/tls.key",
+        "caFile": f"{client}/ca.crt",
+    }
+    assert _secret_mounts(docs, "gpu-scheduler") == {client: "gpu-scheduler-extender-client"}
+    text = _one(docs, "ConfigMap", "gpuscaler-extender-config")["data"]["gpuscaler.yaml"]
+    tls = parse_config(text).scheduler
+    assert (tls.tls_cert_file, tls.tls_key_file, tls.client_ca_file) == tuple(
+        f"/etc/gpuscaler-tls/{f}" for f in ("tls.crt", "tls.key", "ca.crt")
+    )
+    assert _secret_mounts(docs, "gpuscaler-extender") == {
+        "/etc/gpuscaler-tls": "gpuscaler-extender-tls"
+    }
+    plain = template(*SCHEDULER)  # off by default: as kustomize, no Secret needed
+    text = _one(plain, "ConfigMap", "gpu-scheduler-config")["data"]["config.yaml"]
+    (extender,) = yaml.safe_load(text)["extenders"]
+    assert extender["enableHTTPS"] is False and "tlsConfig" not in extender
+    assert _secret_mounts(plain, "gpu-scheduler") == {}
+
+
 def test_helm_lint_passes_with_the_scheduler_and_the_agent_on() -> None:
     # lint renders every template, NOTES.txt included (helm template leaves NOTES out).
-    on = ("--set", "scheduler.enabled=true", "--set", "agent.enabled=true")
+    on = (*SCHEDULER, "--set", "agent.enabled=true", "--set", "scheduler.tls.enabled=true")
     out = helm("lint", "--strict", str(CHART), *on)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout

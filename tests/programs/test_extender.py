@@ -7,6 +7,7 @@ import json
 import subprocess
 import threading
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from promserver import binaries
 from starlette.testclient import TestClient
 
+from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import NodeMeta
 from gpuscaler.extender.protocol import ExtenderArgs, ProtocolError, parse_args
 
@@ -43,7 +45,7 @@ def test_filter_keeps_nodes_with_usable_memory_and_explains_the_others(client: T
     body = r.json()
     assert body["NodeNames"] == ["busy", "uneven"]
     assert body["Nodes"] is None
-    assert body["FailedNodes"] == {"full": "node full has 0 MiB usable, pod requests 8192 MiB"}
+    assert body["FailedNodes"] == {"full": "not enough free GPU memory"}
     assert body["FailedAndUnresolvableNodes"] == {}
     assert body["Error"] == ""
 
@@ -55,9 +57,25 @@ def test_a_filter_reply_always_lists_node_names_even_when_it_keeps_none(client: 
     assert body["NodeNames"] == [] and "full" in body["FailedNodes"]
 
 
-def test_a_pod_without_the_annotations_passes_every_node(client: TestClient) -> None:
-    body = client.post("/filter", json=args(pod(memory=None), ["busy", "full", "nope"])).json()
-    assert body["NodeNames"] == ["busy", "full", "nope"]
+NOT_OURS = [
+    ({"spec": {"schedulerName": "default-scheduler"}}, "pod's schedulerName 'default-scheduler' is not 'gpu-scheduler'"),
+    ({"spec": {"schedulerName": "gpu-scheduler", "nodeName": "full"}}, "pod is already bound to node full"),
+    ({"metadata": {"annotations": {}}}, "pod has no annotation gpu-scheduler/memory-mb"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "reason"), NOT_OURS)
+def test_a_pod_not_the_gpu_schedulers_to_place_passes_no_node_and_scores_zero(
+    client: TestClient, change: dict[str, dict[str, Any]], reason: str
+) -> None:
+    p = pod()
+    for part, values in change.items():
+        p[part] |= values
+    body = client.post("/filter", json=args(p, ["busy", "uneven"])).json()
+    assert body["NodeNames"] == []
+    assert body["FailedAndUnresolvableNodes"] == {"busy": reason, "uneven": reason}
+    scores = client.post("/prioritize", json=args(p, ["busy", "uneven"])).json()
+    assert scores == [{"Host": "busy", "Score": 0}, {"Host": "uneven", "Score": 0}]
 
 
 def test_a_scheduler_without_node_cache_gets_node_objects_back(client: TestClient) -> None:
@@ -103,6 +121,28 @@ def test_a_body_that_is_not_the_protocol_gets_400_saying_what_is_wrong(
     assert message in r.text and r.text.startswith(f"{verb}: ")
 
 
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+def test_a_body_over_the_limit_is_refused_with_413_before_it_is_parsed(
+    verb: str, declared: bool
+) -> None:
+    app, _ = make_extender(_cluster(), SchedulerConfig(max_body_bytes=4096))
+    c = TestClient(app.build())
+    body = orjson.dumps(args(pod(), [f"node-{i}" for i in range(400)]))
+    content = body if declared else iter([body[:1000], body[1000:]])
+    r = c.post(f"/{verb}", content=content)
+    assert r.status_code == 413
+    assert r.text == f"{verb}: body over 4096 bytes (scheduler.max_body_bytes)\n"
+    assert c.post("/filter", json=args(pod(), ["busy"])).json()["NodeNames"] == ["busy"]
+
+
+def test_a_request_naming_more_nodes_than_allowed_gets_400() -> None:
+    app, _ = make_extender(_cluster(), SchedulerConfig(max_nodes=2))
+    r = TestClient(app.build()).post("/filter", json=args(pod(), ["busy", "full", "uneven"]))
+    assert r.status_code == 400
+    assert r.text == "filter: 3 nodes, more than the 2 allowed (max_nodes)\n"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -126,7 +166,8 @@ def test_a_bind_body_that_is_not_the_protocol_gets_400(
     ("memory", "count", "message"),
     [
         ("lots", None, "annotation gpu-scheduler/memory-mb: 'lots' is not a whole number"),
-        ("-1", None, "annotation gpu-scheduler/memory-mb: -1 must be positive"),
+        ("8_192", None, "annotation gpu-scheduler/memory-mb: '8_192' is not a whole number"),
+        ("0", None, "annotation gpu-scheduler/memory-mb: 0 must be positive"),
         (
             "999999999",
             None,
@@ -142,27 +183,29 @@ def test_a_malformed_pod_annotation_fails_every_node_naming_the_annotation(
     assert r.status_code == 200
     body = r.json()
     assert body["NodeNames"] == []
-    assert body["FailedAndUnresolvableNodes"] == {"busy": message, "full": message}
-    scores = client.post("/prioritize", json=args(pod(memory=memory, count=count), ["busy"]))
-    assert scores.status_code == 200  # a score, never a 500
-    if "more than any node" not in message:
-        assert scores.json() == [{"Host": "busy", "Score": 0}]
-
-
-def test_unknown_nodes_and_nodes_without_gpu_data_are_failed_nodes() -> None:
-    cluster = _cluster()
-    cluster.meta["cpu-only"] = NodeMeta("cpu-only")
-    app, _ = make_extender(cluster)
-    body = (
-        TestClient(app.build())
-        .post("/filter", json=args(pod(), ["busy", "ghost", "cpu-only"]))
-        .json()
-    )
-    assert body["NodeNames"] == ["busy"]
-    assert body["FailedAndUnresolvableNodes"] == {
-        "ghost": "node ghost is unknown to the GPU extender",
-        "cpu-only": "node cpu-only has no GPU metrics (dcgm-exporter)",
+    assert {k: v.startswith(message) for k, v in body["FailedAndUnresolvableNodes"].items()} == {
+        "busy": True,
+        "full": True,
     }
+    scores = client.post("/prioritize", json=args(pod(memory=memory, count=count), ["busy"]))
+    assert scores.json() == [{"Host": "busy", "Score": 0}]
+
+
+def test_unknown_nodes_and_nodes_without_gpu_data_get_one_short_reason_per_kind() -> None:
+    cluster = _cluster()
+    cpu = [f"cpu-{i}" for i in range(3)]
+    cluster.meta |= {n: NodeMeta(n) for n in cpu}
+    app, _ = make_extender(cluster)
+    ghosts = [f"ip-10-0-{i // 250}-{i % 250}.ec2.internal" for i in range(5000)]
+    request = orjson.dumps(args(pod(), ["busy", *cpu, *ghosts]))
+    r = TestClient(app.build()).post("/filter", content=request)
+    body = r.json()
+    assert body["NodeNames"] == ["busy"]
+    unresolvable = body["FailedAndUnresolvableNodes"]
+    assert unresolvable == dict.fromkeys(cpu, "no GPU metrics (dcgm-exporter)") | dict.fromkeys(
+        ghosts, "node unknown to the GPU extender"
+    )
+    assert len(r.content) < 3 * len(request)  # proportional: names and a short reason each
 
 
 def test_a_malformed_topology_annotation_fails_the_node_naming_the_annotation() -> None:
@@ -171,7 +214,7 @@ def test_a_malformed_topology_annotation_fails_the_node_naming_the_annotation() 
     app, _ = make_extender(cluster)
     body = TestClient(app.build()).post("/filter", json=args(pod(), ["busy"])).json()
     assert body["FailedAndUnresolvableNodes"] == {
-        "busy": "node busy: annotation gpuscaler.io/gpu-topology: not JSON"
+        "busy": "annotation gpuscaler.io/gpu-topology: not JSON"
     }
 
 
@@ -221,7 +264,7 @@ def test_bind_reserves_the_memory_on_the_pod_then_binds_it() -> None:
     assert orjson.loads(annotations["gpu-scheduler/reservation"])["gpus"] == {"n1-gpu0": 20000.0}
     # the reservation counts as used before any measurement shows the pod
     body = c.post("/filter", json=args(pod("b", memory="20000"), ["n1"])).json()
-    assert body["FailedNodes"] == {"n1": "node n1 has 16864 MiB usable, pod requests 20000 MiB"}
+    assert body["FailedNodes"] == {"n1": "not enough free GPU memory"}
     app.observe_state()
     assert "gpuscaler_extender_reservations_in_flight 1.0" in app.metrics.exposition().decode()
 
@@ -392,7 +435,7 @@ near_protocol = st.fixed_dictionaries(
 )
 def test_the_parser_answers_any_body_with_args_or_a_protocol_error(body: bytes) -> None:
     try:
-        parsed = parse_args(body)
+        parsed = parse_args(body, 10)
     except ProtocolError as e:
         assert str(e)
         return

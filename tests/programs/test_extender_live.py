@@ -5,9 +5,13 @@ Leases and Bindings. Requests are shaped as kube-scheduler sends them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -124,23 +128,26 @@ def _get(url: str) -> int:
         return 0
 
 
-@pytest.fixture
-def served(dcgm: tuple[DcgmExporter, str], tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
-    _, prom = dcgm
-    cfg = tmp_path / "gpuscaler.yaml"
-    cfg.write_text(f"prometheus:\n  url: {prom}\nscheduler:\n  cache_ttl: 1s\n")
+@contextlib.contextmanager
+def _extender(
+    prom: str, tmp: Path, scheduler: str = "{cache_ttl: 1s}", *argv: str
+) -> Iterator[tuple[str, FakeCluster]]:
+    """`gpuscaler extender` in a subprocess on the API server fake; its base URL."""
+    cfg = tmp / "gpuscaler.yaml"
+    cfg.write_text(f"prometheus:\n  url: {prom}\nscheduler: {scheduler}\n")
     port = free_port()
     with fake_apiserver() as (url, cluster):
         _seed(cluster)
         env = os.environ | {"POD_NAME": "extender-0", "POD_NAMESPACE": "gpuscaler"}
         proc = subprocess.Popen(
             [*CLI, "extender", "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1",
-             "--kubeconfig", str(kubeconfig_for(url, tmp_path / "kubeconfig"))],
+             "--kubeconfig", str(kubeconfig_for(url, tmp / "kubeconfig")), *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
+        probe = base if "--metrics-port" not in argv else f"http://127.0.0.1:{argv[-1]}"
         try:
-            _wait(lambda: _get(base + "/readyz") == 200 or proc.poll() is not None, 60, "ready")
+            _wait(lambda: _get(probe + "/readyz") == 200 or proc.poll() is not None, 60, "ready")
             assert proc.poll() is None, proc.communicate()[1]
             yield base, cluster
         finally:
@@ -152,6 +159,12 @@ def served(dcgm: tuple[DcgmExporter, str], tmp_path: Path) -> Iterator[tuple[str
     assert lease is not None  # it ran leader-elected on its own Lease
 
 
+@pytest.fixture
+def served(dcgm: tuple[DcgmExporter, str], tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
+    with _extender(dcgm[1], tmp_path) as served:
+        yield served
+
+
 def test_the_served_extender_filters_scores_and_binds_as_kube_scheduler_asks(
     served: tuple[str, FakeCluster],
 ) -> None:
@@ -161,12 +174,8 @@ def test_the_served_extender_filters_scores_and_binds_as_kube_scheduler_asks(
     assert status == 200
     # even: 4 GPUs at 25 % + 512 reserved -> 26,112 MiB usable each, none holds 30,000
     assert body["NodeNames"] == ["uneven", "tiny"]
-    assert body["FailedNodes"] == {
-        "even": "node even has 0 GPU(s) with 30000 MiB usable, pod requests 1"
-    }
-    assert (
-        body["FailedAndUnresolvableNodes"]["ghost"] == "node ghost is unknown to the GPU extender"
-    )
+    assert body["FailedNodes"] == {"even": "too few GPUs with the memory per GPU the pod asks for"}
+    assert body["FailedAndUnresolvableNodes"] == {"ghost": "node unknown to the GPU extender"}
     # a 2-GPU pod: "even" has 2 GPUs in each NUMA domain, "uneven" one per domain
     status, scores = _post(
         base, "prioritize", args(pod("m", memory="20000", count="2"), ["even", "uneven"])
@@ -249,3 +258,124 @@ def test_the_extender_refuses_bad_input_with_exit_2_and_no_traceback(
     out = run_cli("extender", "--config", str(path), *argv, timeout=60)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_healthz_answers_at_once_while_a_large_body_is_parsed(
+    dcgm: tuple[DcgmExporter, str], tmp_path: Path
+) -> None:
+    names = [f"ghost-{i:07d}" for i in range(600_000)]
+    body = json.dumps(args(pod(), names)).encode()  # 9 MB, allowed by this config
+    limits = "{cache_ttl: 1s, max_body_bytes: 16777216, max_nodes: 1000000}"
+    with _extender(dcgm[1], tmp_path, limits) as (base, _):
+        request = urllib.request.Request(f"{base}/filter", data=body, method="POST")
+        answer: list[Any] = []
+
+        def big() -> None:
+            with urllib.request.urlopen(request, timeout=120) as r:
+                answer.append(json.loads(r.read()))
+
+        thread = threading.Thread(target=big)
+        thread.start()
+        waits = []
+        while thread.is_alive():
+            started = time.monotonic()
+            assert _get(base + "/healthz") == 200
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+        thread.join()
+    assert len(waits) >= 5, waits  # the large call took a while: probes ran meanwhile
+    assert max(waits) < 1.0, waits
+    assert answer[0]["NodeNames"] == [] and len(answer[0]["FailedAndUnresolvableNodes"]) == 600_000
+
+
+def test_with_tls_the_verbs_need_a_client_certificate_of_the_ca_and_metrics_stay_plain(
+    dcgm: tuple[DcgmExporter, str], tmp_path: Path
+) -> None:
+    from kubepki import make_mutual_tls_dir
+
+    good, other = tmp_path / "good", tmp_path / "other"
+    for d in (good, other):
+        d.mkdir()
+        make_mutual_tls_dir(d, "gpu-scheduler", ["localhost"])
+    files = f"tls_cert_file: {good}/tls.crt, tls_key_file: {good}/tls.key"
+    tls = f"{{cache_ttl: 1s, {files}, client_ca_file: {good}/ca.crt}}"
+    metrics = free_port()
+    with _extender(dcgm[1], tmp_path, tls, "--metrics-port", str(metrics)) as (base, _):
+
+        def call(client: Path | None) -> int:
+            context = ssl.create_default_context(cafile=good / "ca.crt")
+            if client is not None:
+                context.load_cert_chain(client / "tls.crt", client / "tls.key")
+            body = json.dumps(args(pod(), ["even"])).encode()
+            request = urllib.request.Request(base.replace("http:", "https:") + "/filter", body)
+            try:
+                with urllib.request.urlopen(request, timeout=10, context=context) as r:
+                    return int(r.status)
+            except OSError:  # the handshake refused, or the connection closed after it
+                return 0
+
+        assert call(good) == 200
+        assert call(None) == 0  # no client certificate
+        assert call(other) == 0  # a certificate of another CA
+        assert _get(f"http://127.0.0.1:{metrics}/readyz") == 200  # the kubelet's probes
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+            assert "gpuscaler_extender_leader 1.0" in r.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("host", "busy", "scheduler", "message"),
+    [
+        ("127.0.0.1", True, "{}", "extender: cannot listen on 127.0.0.1:"),
+        ("no-such-host.invalid", False, "{}", "extender: cannot listen on no-such-host.invalid:"),
+        (
+            "127.0.0.1",
+            False,
+            "{tls_cert_file: /none/c, tls_key_file: /none/k, client_ca_file: /none/ca}",
+            "No such file or directory",
+        ),
+    ],
+    ids=["port in use", "host unresolvable", "TLS files missing"],
+)
+def test_an_extender_that_cannot_listen_exits_2_before_it_says_it_serves(
+    tmp_path: Path, host: str, busy: bool, scheduler: str, message: str
+) -> None:
+    from builders import run_cli
+
+    path = tmp_path / "gpuscaler.yaml"
+    path.write_text(f"prometheus: {{url: 'http://127.0.0.1:9'}}\nscheduler: {scheduler}\n")
+    kubeconfig = kubeconfig_for("http://127.0.0.1:9", tmp_path / "kubeconfig")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1] if busy else free_port()
+        out = run_cli("extender", "--config", str(path), "--host", host, "--port", str(port),
+                      "--kubeconfig", str(kubeconfig), timeout=60)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr, out.stderr
+    assert "serving" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_garbage_dcgm_value_or_label_drops_its_gpu_never_the_refresh(
+    dcgm: tuple[DcgmExporter, str],
+) -> None:
+    exporter, url = dcgm
+    bad = {  # UUID: (gpu label, node, used, free)
+        "GPU-huge": ("0", "huge", 0.0, 1e300),  # the controller's bound: no GPU has a TiB
+        "GPU-negative": ("0", "negative", -5.0, MIB),
+        "GPU-nan": ("0", "nan", math.nan, MIB),
+        "GPU-tiny-9": ("²", "tiny", 0.0, MIB),  # str.isdigit() says yes, int() fails
+    }
+    labels = {u: (gpu, u, "0000:99:00.0", node, "", "A100") for u, (gpu, node, *_) in bad.items()}
+    for uuid, (*_, used, free) in bad.items():
+        exporter.gauges["used"].labels(*labels[uuid]).set(used)
+        exporter.gauges["free"].labels(*labels[uuid]).set(free)
+    transport = Transport(PrometheusConfig(url=url))
+    scraped = 'count(DCGM_FI_DEV_FB_FREE{UUID=~"GPU-huge|GPU-negative|GPU-nan|GPU-tiny-9"})'
+    try:
+        _wait(lambda: transport.query(scraped)[:1] and transport.query(scraped)[0]["value"][1] == "4", 30, "scraped")  # fmt: skip
+        nodes = _fetch(url)
+    finally:
+        for uuid in bad:
+            for field in ("used", "free"):
+                exporter.gauges[field].remove(*labels[uuid])
+    assert sorted(nodes) == ["even", "tiny", "uneven"]
+    assert [g.uuid for g in nodes["tiny"].gpus] == ["GPU-tiny-0"]
+    assert len(nodes["even"].gpus) == 4
