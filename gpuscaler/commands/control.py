@@ -147,9 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     controller, parts, reloader = _controller(args, config)
     registry = None
     if args.metrics_port:
-        registry = _serve_metrics(
-            controller, parts, reloader, config.control.interval, args.metrics_port, args.metrics_host
-        )
+        port, host = args.metrics_port, args.metrics_host
+        registry = _serve_metrics(controller, parts, reloader, config.control.interval, port, host)
     external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads

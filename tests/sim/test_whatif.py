@@ -242,7 +242,7 @@ def test_samples_out_of_range_are_the_reason_of_a_skip_not_too_little_history() 
     problem = drop_outside(values, REQUESTS)
     history = _history(_series(list(values)))
     history = replace(history, requests=replace(history.requests, problem=problem))
-    done = replay(history, Config(), W, seed=1, baselines=False)
+    done = _replay(history, Config())
     assert isinstance(done, Skipped)
     assert done.reason.startswith("workload_requests: 101 value(s) outside 0..1e+09, e.g. 1e+300")
     assert "too little history" not in done.reason
