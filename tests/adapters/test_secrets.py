@@ -80,7 +80,7 @@ def _leaks(text: str, secret: str) -> list[str]:
 
 
 AWKWARD = st.one_of(
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8),
     st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=8),  # a header's
 )
 
@@ -98,15 +98,21 @@ def test_no_form_of_a_credential_reaches_an_error_a_skip_reason_or_a_log(
     with pytest.raises(SourceError) as error:
         Transport(config.prometheus).query_range("up", 0, 60, 10)
     records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda r: records.append(logging.Formatter().format(r))  # type: ignore[method-assign]
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(logging.Formatter().format(record))
+
+    handler = Kept()
     logging.getLogger().addHandler(handler)
     try:
         state = CurrentState(fragments={"p": 1})
         observed = PrometheusSource(config, state).observe(time.time())
     finally:
         logging.getLogger().removeHandler(handler)
-    problems = [t.problem or "" for t in (*observed.pools, *observed.workloads)]
+    problems = [t.problem or "" for t in observed.pools] + [
+        t.problem or "" for t in observed.workloads
+    ]
     refused = ""  # the ConfigRefused Event's note is the problems of a refused config
     if kind == "url":
         with pytest.raises(ConfigError) as bad:

@@ -71,7 +71,10 @@ def test_bad_input_is_echoed_bounded_with_its_length(field: str) -> None:
         if field == "metric":
             check_metric_name(huge, KEY)
         else:
-            refs = {"name": (huge, "ml", {}), "namespace": ("chat", huge, {})}
+            refs: dict[str, tuple[str, str, dict[str, str]]] = {
+                "name": (huge, "ml", {}),
+                "namespace": ("chat", huge, {}),
+            }
             check_request(*refs.get(field, ("chat", "ml", {huge: "1"})))
     assert len(str(e.value)) < 400 and "3,000,000 characters" in str(e.value)
 

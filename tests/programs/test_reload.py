@@ -82,9 +82,12 @@ def test_a_file_being_written_is_applied_only_once_it_reads_the_same_twice(
     with path.open("w") as f:  # an in-place edit, valid YAML half-way
         f.write(full[: full.index("preemption")])
         f.flush()
-        finish = threading.Timer(
-            0.1, lambda: (f.write(full[full.index("preemption") :]), f.flush())
-        )
+
+        def finish_writing() -> None:
+            f.write(full[full.index("preemption") :])
+            f.flush()
+
+        finish = threading.Timer(0.1, finish_writing)
         finish.start()
         assert reloader.check() is False  # read again 0.5 s later: it had changed
         finish.join()

@@ -79,7 +79,8 @@ def test_each_lane_gives_the_figures_and_decisions_of_its_workload_replayed_alon
         assert got[:2] == want[:2], p.trace
         assert all("-lane" not in d.target for d in b.decisions)  # the configured pool's name
         np.testing.assert_allclose(got[2], want[2], rtol=1e-9)
-        assert a.plotted is not None and b.plotted is not None and a.plotted.band is not None
+        assert a.plotted is not None and b.plotted is not None
+        assert a.plotted.band is not None and b.plotted.band is not None
         for x, y in zip(b.plotted.band, a.plotted.band, strict=True):  # the forecasts' band
             np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9)
 

@@ -86,6 +86,7 @@ def test_grouping_the_runs_changes_no_figure(
     preps, arounds = three
     grouped = around_many(preps, budget=budget)
     for a, b in zip(arounds, grouped, strict=True):
+        assert b.reactive is not None and b.reactive.plotted is not None
         assert _json(a.curves) == _json(b.curves)
         assert a.reactive.metrics == b.reactive.metrics
         np.testing.assert_array_equal(a.reactive.plotted.capacity, b.reactive.plotted.capacity)
