@@ -626,6 +626,19 @@ class Kube:
             made[(doc["kind"], ns, meta["name"])] = created
         return made
 
+    def wait_gone(self, ns: str) -> None:
+        """Wait while a namespace `ns` is terminating (a fixed name an earlier test
+        deleted): nothing can be created in it meanwhile."""
+
+        def terminating() -> bool:
+            try:
+                status = self.core.read_namespace(ns).status
+                return status is not None and status.phase == "Terminating"
+            except ApiException:
+                return False
+
+        wait_until(f"namespace {ns} gone", lambda: not terminating(), 60, 0.5)
+
     def _exists(self, ns: str) -> bool:
         try:
             self.core.read_namespace(ns)

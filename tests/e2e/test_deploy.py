@@ -218,6 +218,7 @@ def test_the_manifests_apply_to_a_real_server_and_its_pods_are_admitted(kube: Ku
     kube.plane.kubectl(
         "delete", "priorityclass", "gpu-critical", "gpu-standard", "gpu-batch", "--ignore-not-found"
     )
+    kube.wait_gone("gpuscaler")  # deploy/ makes it; an earlier test's may be terminating
     for directory in ("deploy/examples", "deploy"):
         out = kube.plane.kubectl("apply", "-k", str(ROOT / directory))
         assert "created" in out, out
