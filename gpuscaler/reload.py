@@ -3,10 +3,10 @@
 Kubernetes updates a ConfigMap volume by swapping a symlink, so the file's content is
 compared (by digest), not its mtime. Checked before every tick:
 - unchanged: nothing happens;
-- changed, but read differently again `settle` seconds later: still being written (an
-  in-place edit can be valid YAML half-way); nothing happens, the next tick looks again.
-  A file in a ConfigMap volume (a `..data` symlink beside it) is swapped whole by the
-  kubelet, so one read is enough there;
+- changed: applied once two consecutive checks (a tick apart) read the same content, so a
+  file still being written (an in-place edit can be valid YAML half-way) is never applied
+  and no tick waits for a second read. A file in a ConfigMap volume (a `..data` symlink
+  beside it) is swapped whole by the kubelet, so one read is enough there;
 - changed and valid: the new config is handed to `on_reload` and the generation goes up;
 - changed and invalid, unreadable, not a regular file or too large: refused; every
   problem is logged with its path and reported to `on_refused` (an Event, the metric);
@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from gpuscaler.config import Config, ConfigError, parse_config, read_config_file
 
 log = logging.getLogger("gpuscaler.config")
-
-SETTLE = 0.5
-"""Seconds between the two reads of a changed file: an editor or `cp` finishes a
-config-sized write well within it, and a tick waits it only when the file changed."""
 
 
 def _read(path: Path) -> str | ConfigError:
@@ -48,29 +43,29 @@ class ConfigReloader:
         path: str | Path,
         on_reload: Callable[[Config, int], None],
         on_refused: Callable[[ConfigError], None] = lambda e: None,
-        settle: float = SETTLE,
     ):
         self.path = Path(path)
         self.on_reload = on_reload
         self.on_refused = on_refused
-        self.settle = settle
         self.generation = 1
         self.failures = 0
         self._key = _key(_read(self.path))
+        self._pending: str | None = None
+        """The changed content seen at the last check, applied if the next reads the same."""
 
     def check(self) -> bool:
-        """Reload if the file changed and reads the same twice; True when a new config
-        took effect."""
+        """Reload if the file changed and read the same at the last check (or sits in a
+        ConfigMap volume); True when a new config took effect."""
         read = _read(self.path)
         key = _key(read)
         if key == self._key:
+            self._pending = None
             return False
-        if not (self.path.parent / "..data").is_symlink():
-            time.sleep(self.settle)
-            if _key(_read(self.path)) != key:
-                log.info("config file %s is being written; read again next tick", self.path)
-                return False
-        self._key = key
+        if key != self._pending and not (self.path.parent / "..data").is_symlink():
+            self._pending = key
+            log.info("config file %s changed; applied if it reads the same next tick", self.path)
+            return False
+        self._key, self._pending = key, None
         try:
             if isinstance(read, ConfigError):
                 raise read

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -39,6 +38,7 @@ def test_a_changed_valid_config_is_swapped_in_and_the_generation_goes_up(tmp_pat
     reloader = ConfigReloader(path, lambda c, g: seen.append((c, g)))
     assert reloader.check() is False  # unchanged
     path.write_text(BASE.replace("max_replicas: 50", "max_replicas: 80"))
+    assert reloader.check() is False  # changed: applied when the next check reads the same
     assert reloader.check() is True
     assert reloader.generation == 2
     assert seen[0][0].replicas.max_replicas == 80 and seen[0][1] == 2
@@ -65,13 +65,14 @@ def test_an_invalid_new_config_is_refused_once_and_the_running_one_stays(
         path.unlink()
     else:
         path.write_text(content)
+    assert reloader.check() is False  # changed: judged when the next check reads the same
     assert reloader.check() is False
     assert reloader.check() is False  # the same broken content is reported once
     assert reloaded == [] and reloader.generation == 1 and reloader.failures == 1
     assert len(refused) == 1 and any(problem in p for p in refused[0].problems)
 
 
-def test_a_file_being_written_is_applied_only_once_it_reads_the_same_twice(
+def test_a_file_being_written_is_applied_only_once_two_checks_read_the_same(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "c.yaml"
@@ -82,18 +83,22 @@ def test_a_file_being_written_is_applied_only_once_it_reads_the_same_twice(
     with path.open("w") as f:  # an in-place edit, valid YAML half-way
         f.write(full[: full.index("preemption")])
         f.flush()
-
-        def finish_writing() -> None:
-            f.write(full[full.index("preemption") :])
-            f.flush()
-
-        finish = threading.Timer(0.1, finish_writing)
-        finish.start()
-        assert reloader.check() is False  # read again 0.5 s later: it had changed
-        finish.join()
+        assert reloader.check() is False
+        f.write(full[full.index("preemption") :])
+        f.flush()
+    assert reloader.check() is False  # it changed since the last check: still being written
     assert seen == [] and reloader.failures == 0
     assert reloader.check() is True
     assert [c.preemption.protected_namespaces for c in seen] == [("ml",)]
+
+
+def test_a_config_map_volume_update_is_applied_at_the_first_check(tmp_path: Path) -> None:
+    volume = _write_volume(tmp_path / "config", {"c.yaml": BASE})
+    seen: list[Config] = []
+    reloader = ConfigReloader(volume / "c.yaml", lambda c, g: seen.append(c))
+    _write_volume(volume, {"c.yaml": BASE.replace("max_replicas: 50", "max_replicas: 80")})
+    assert reloader.check() is True
+    assert [c.replicas.max_replicas for c in seen] == [80]
 
 
 @pytest.mark.parametrize(
@@ -112,12 +117,13 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_before_it_is_rea
     path = tmp_path / "c.yaml"
     path.write_text(BASE)
     refused: list[ConfigError] = []
-    reloader = ConfigReloader(path, lambda c, g: None, refused.append, settle=0.01)
+    reloader = ConfigReloader(path, lambda c, g: None, refused.append)
     path.unlink()
     replace(path)
     metrics = ControllerMetrics()
     metrics.attach_reloader(reloader)
     assert reloader.check() is False  # a FIFO would block the open
+    assert reloader.check() is False
     assert reloader.failures == 1 and problem in refused[0].problems[0]
     assert "gpuscaler_config_reload_failures_total 1.0" in metrics.exposition().decode()
     out = run_cli("validate-config", str(path))
@@ -163,10 +169,13 @@ def _until(url: str, line: str, seconds: float) -> None:
 
 
 def _project(kube: Kube, ns: str, name: str, volume: Path) -> Path:
-    """Write the ConfigMap as the kubelet's volume does (kubernetes pkg/volume/util/
+    return _write_volume(volume, kube.core.read_namespaced_config_map(name, ns).data or {})
+
+
+def _write_volume(volume: Path, data: dict[str, str]) -> Path:
+    """Write a ConfigMap's data as the kubelet's volume does (kubernetes pkg/volume/util/
     atomic_writer.go): the data in a fresh `..<timestamp>` directory, the `..data` symlink
     swapped to it by a rename, and each key a symlink through `..data`."""
-    data = kube.core.read_namespaced_config_map(name, ns).data or {}
     volume.mkdir(exist_ok=True)
     stamp = volume / f"..{time.time_ns()}"
     stamp.mkdir()
