@@ -21,10 +21,7 @@ from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import WriteBudget
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.decisions import (
-    FragmentsDecision,
-    TimeSliceDecision,
-)
+from gpuscaler.core.decisions import FragmentsDecision, TimeSliceDecision
 
 
 def _config(ns: str, extra: str = "", plugin_ns: str | None = None) -> Config:
