@@ -117,7 +117,7 @@ def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
     actuator = real.actuator()
     real.seed_pool({"ts-2": sharing_config("time-slicing", 2)})
     # The config is added, but no node names it before the kubelet can have synced it to
-    # every config-manager (which exits on a config it lacks): issue 13.
+    # every config-manager (which exits on a config it lacks).
     assert not actuator.apply([_fragments(2, 4)])
     ts4 = yaml.safe_load(real.configmap()["data"]["ts-4"])
     assert ts4["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]

@@ -102,7 +102,7 @@ def test_the_total_is_read_once_and_kept_until_it_is_due(grouped: bool) -> None:
 
 
 @READERS
-def test_every_zero_reads_the_total_every_tick_as_before(grouped: bool) -> None:
+def test_every_zero_reads_the_total_every_tick(grouped: bool) -> None:
     reader, fake = _reader(grouped, every="0s")
     for k, mib in enumerate([81_920.0, 40_960.0, 20_480.0]):
         fake.total = {"a": mib, "b": mib}
@@ -117,12 +117,12 @@ def test_every_zero_reads_the_total_every_tick_as_before(grouped: bool) -> None:
         # A refresh that fails keeps the kept total while younger than 5 min + 2 min...
         (300, "fail", (80.0, None)),
         (420, "fail", (80.0, None)),
-        # ...past that, the failure is the pool's problem: no action, as before.
+        # ...past that, the failure is the pool's problem: no action.
         (421, "fail", (None, "timed out")),
         (900, "fail", (None, "timed out")),
-        # A refresh that finds nothing forgets it: the config's memory bounds, as before.
+        # A refresh that finds nothing forgets it: the config's memory bounds.
         (300, None, (None, None)),
-        # A NaN total is the problem it always was.
+        # A NaN total is a problem.
         (300, float("nan"), (None, "NaN or Inf in the newest samples")),
         # Before it is due, nothing is asked: a failure then is not seen.
         (299, "fail", (80.0, None)),
