@@ -43,7 +43,6 @@ kubernetes:
 
 
 CONFIG = _config("ml", plugin_ns="nvidia-device-plugin")  # the fake server's seeds
-CM = ("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
 
 
 def _fragments(old: int, new: int, at: float = NOW) -> FragmentsDecision:
