@@ -5,14 +5,13 @@ guarded by UID, and the Binding. Every call has a timeout; answers are read as r
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.api import KubeError, json_body
 from gpuscaler.adapters.kube.objects import parse_time
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import (
@@ -28,13 +27,6 @@ log = logging.getLogger("gpuscaler.extender")
 TIMEOUT = 10.0
 """Seconds for any one API call: a bind waits on it, and kube-scheduler's own extender
 HTTP timeout defaults to 5 s per verb (httpTimeout), so a stuck call must end."""
-
-
-def _load(response: Any) -> dict[str, Any]:
-    data = json.loads(response.data)
-    if not isinstance(data, dict):
-        raise KubeError("answer is not a JSON object")
-    return data
 
 
 def pod_record(obj: dict[str, Any]) -> PodRecord:
@@ -60,7 +52,7 @@ class SchedulingKube:
 
     def _call(self, action: str, call: Any, **kwargs: Any) -> dict[str, Any]:
         try:
-            return _load(call(_preload_content=False, _request_timeout=TIMEOUT, **kwargs))
+            return json_body(call(_preload_content=False, _request_timeout=TIMEOUT, **kwargs))
         except ApiException as e:
             raise KubeError(f"{action}: HTTP {e.status} {e.reason}") from None
         except (OSError, ValueError) as e:
@@ -95,12 +87,9 @@ class SchedulingKube:
         return [pod_record(item) for item in listing.get("items", [])]
 
     def get_pod(self, namespace: str, name: str) -> PodRecord:
+        action = f"read pod {namespace}/{name}"
         return pod_record(
-            self._call(
-                f"read pod {namespace}/{name}",
-                self.core.read_namespaced_pod,
-                **_nn(name, namespace),
-            )
+            self._call(action, self.core.read_namespaced_pod, name=name, namespace=namespace)
         )
 
     def annotate(self, namespace: str, name: str, uid: str, values: dict[str, str | None]) -> None:
@@ -109,7 +98,8 @@ class SchedulingKube:
         self._call(
             f"annotate pod {namespace}/{name}",
             self.core.patch_namespaced_pod,
-            **_nn(name, namespace),
+            name=name,
+            namespace=namespace,
             body=body,
         )
 
@@ -127,7 +117,3 @@ class SchedulingKube:
             namespace=namespace,
             body=binding,
         )
-
-
-def _nn(name: str, namespace: str) -> dict[str, str]:
-    return {"name": name, "namespace": namespace}

@@ -1,6 +1,7 @@
 """A workload's demand from its serving stack's metrics: presets, a malformed demand
 refused, the floor ceil(forecast upper / per_replica), and vLLM's series in a real
-Prometheus giving the demand and, through a controller tick, the floor."""
+Prometheus giving the demand and, through a controller tick, the floor; the GPU load
+under either pod label convention."""
 
 from __future__ import annotations
 
@@ -123,21 +124,25 @@ def _vllm_series(
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
-    """vLLM's scheduler gauges for three pods: two of `chat` scraped with honorLabels:
-    false (the pod labels become exported_*), one of `embed` with honorLabels: true, and
-    `chatty-0`, whose name only starts like chat's."""
+    """vLLM's scheduler gauges and dcgm-exporter's GPU utilization for four pods: two of
+    `chat` scraped with honorLabels: false (stock scraping: the pod labels become
+    exported_*), one of `embed` with honorLabels: true, and `chatty-0`, whose name only
+    starts like chat's."""
     start, end = planted_window(POINTS, 20)
     scraper = {"namespace": "monitoring", "pod": "vllm-exporter-sidecar"}
-    pods = [
-        _vllm_series(10, 6, {**scraper, "exported_namespace": "ml", "exported_pod": "chat-7c-a"}),
-        _vllm_series(12, 4, {**scraper, "exported_namespace": "ml", "exported_pod": "chat-7c-b"}),
-        _vllm_series(99, 99, {**scraper, "exported_namespace": "ml", "exported_pod": "chatty-0"}),
-        _vllm_series(3, 0, {"namespace": "ml", "pod": "embed-5f-a"}),
+    chat = {**scraper, "exported_namespace": "ml"}
+    pods = [  # (labels, running, waiting, GPU utilization)
+        ({**chat, "exported_pod": "chat-7c-a"}, 10, 6, 60.0),
+        ({**chat, "exported_pod": "chat-7c-b"}, 12, 4, 40.0),
+        ({**chat, "exported_pod": "chatty-0"}, 99, 99, 99.0),
+        ({"namespace": "ml", "pod": "embed-5f-a"}, 3, 0, 30.0),
     ]
     metrics: dict[str, list[tuple[dict[str, str], object]]] = {}
-    for pod in pods:
-        for name, (labels, value) in pod.items():
-            metrics.setdefault(name, []).append((labels, lambda i, v=value: v))
+    for i, (labels, running, waiting, util) in enumerate(pods):
+        for name, (series, value) in _vllm_series(running, waiting, labels).items():
+            metrics.setdefault(name, []).append((series, lambda i, v=value: v))
+        gpu = {**labels, "UUID": f"GPU-{i}"}
+        metrics.setdefault("DCGM_FI_DEV_GPU_UTIL", []).append((gpu, lambda i, v=util: v))
     # TGI's router gauges and Triton's per-model series (labels model, version), one pod each.
     tgi = {"namespace": "ml", "pod": "tgi-8d-a"}
     metrics["tgi_queue_size"] = [(tgi, lambda i: 7.0)]
@@ -177,6 +182,29 @@ def test_a_workloads_demand_is_read_from_vllm_metrics_in_a_real_prometheus(
     assert w.load is not None
     values = w.load.values[np.isfinite(w.load.values)]
     assert values.size > 50 and np.allclose(values, demand)  # chatty-0 never counts
+
+
+@pytest.mark.parametrize(
+    ("workload", "load"),
+    [("chat", 100.0), ("embed", 30.0), ("absent", None)],
+    ids=["exported_* labels", "plain labels", "no such pods"],
+)
+def test_a_workloads_gpu_load_is_read_under_either_label_convention(
+    vllm: tuple[str, float], workload: str, load: float | None
+) -> None:
+    url, end = vllm
+    config = parse_config(
+        f'prometheus: {{url: "{url}", retries: 0}}\n'
+        f"workloads:\n  - {{namespace: ml, kind: ScaledObject, name: {workload}}}\n"
+    )
+    (w,) = PrometheusSource(config, CurrentState()).observe(end + 1).workloads
+    if load is None:
+        assert w.problem is not None and "empty result" in w.problem
+        return
+    assert w.problem is None, w.problem
+    assert w.load is not None
+    values = w.load.values[np.isfinite(w.load.values)]
+    assert values.size > 50 and np.allclose(values, load)  # chatty-0 never counts for chat
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from kubeobjects import node
 
 from gpuscaler.adapters.kube.cluster import pool_state, selects
 from gpuscaler.adapters.kube.objects import parse_objects
-from gpuscaler.config import parse_config
+from gpuscaler.config import Config, parse_config
 
 MODEL = "NVIDIA A100-SXM4-80GB"  # as NVML names it; GFD replaces spaces with '-'
 PRODUCT = MODEL.replace(" ", "-")
@@ -91,17 +91,22 @@ def test_a_product_selector_matches_with_or_without_the_shared_suffix(
     assert selects(selector, value, label) is matches
 
 
+@pytest.mark.parametrize("mig_strategy", ["none", "single", "mixed"])
 @pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
-def test_a_pool_keeps_every_node_through_1_2_4_2_1_fragments(strategy: str) -> None:
+def test_a_pool_keeps_every_node_through_1_2_4_2_1_fragments(
+    strategy: str, mig_strategy: str
+) -> None:
+    # GFD labels nvidia.com/mig.strategy on every node once the strategy is single or
+    # mixed (a GPU Operator setting), MIG on or not: that alone is no MIG node.
     prefix = "ts" if strategy == "time-slicing" else "mps"
     for fragments in (1, 2, 4, 2, 1):
+        labels = gfd(strategy, fragments, mig_strategy=mig_strategy)
         nodes = [
-            node(f"gpu-{i}", config=f"{prefix}-{fragments}", extra_labels=gfd(strategy, fragments))
-            for i in range(3)
+            node(f"gpu-{i}", config=f"{prefix}-{fragments}", extra_labels=labels) for i in range(3)
         ]
         state = pool_state(_objects(nodes), CONFIG.node_pools[0])
         assert [n.name for n in state.nodes] == ["gpu-0", "gpu-1", "gpu-2"], fragments
-        assert state.fragments == fragments and state.problem is None
+        assert state.fragments == fragments and state.problem is None, (fragments, state.problem)
 
 
 def test_a_pool_half_way_through_a_rollout_still_holds_both_label_forms() -> None:
@@ -125,47 +130,28 @@ workloads: []
     assert [n.name for n in pool_state(_objects(nodes), config.node_pools[0]).nodes] == ["gpu-0"]
 
 
-def test_a_mig_pool_is_recognised_and_its_fragments_left_alone() -> None:
-    config = parse_config(
-        """
-node_pools:
-  - {name: mig, gpu_memory_gib: 80, selector: {label: pool, value: mig}}
-workloads: []
-"""
-    )
-    nodes = [node("gpu-0", config="ts-1", extra_labels={**gfd("mig", 1), "pool": "mig"})]
-    state = pool_state(parse_objects(nodes, config), config.node_pools[0])
-    assert state.problem is not None and "MIG pool" in state.problem
-    assert state.fragments is None  # nothing to change: no fragments decision can be made
+MIG_CONFIG = parse_config(
+    "node_pools: [{name: mig, gpu_memory_gib: 80, selector: {label: pool, value: mig}}]\n"
+)
 
 
-@pytest.mark.parametrize("mig_strategy", ["single", "mixed"])
-@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
-def test_full_gpus_under_gfds_single_or_mixed_mig_strategy_keep_their_fragments(
-    strategy: str, mig_strategy: str
+@pytest.mark.parametrize(
+    ("labels", "config", "mig"),
+    [
+        ({**gfd("mig", 1), "pool": "mig"}, MIG_CONFIG, True),
+        (gfd_mixed_mig(), CONFIG, True),  # its parent product is the pool's
+        (gfd_mixed_mig(count=0), CONFIG, False),  # a resource label GFD no longer writes
+    ],
+    ids=["single strategy", "mixed strategy", "mixed strategy with no devices left"],
+)
+def test_a_mig_pool_is_recognised_and_its_fragments_left_alone(
+    labels: dict[str, str], config: Config, mig: bool
 ) -> None:
-    # GFD labels nvidia.com/mig.strategy on every node once the strategy is single or
-    # mixed (a GPU Operator setting), MIG on or not: that alone is no MIG node.
-    prefix = "ts" if strategy == "time-slicing" else "mps"
-    for fragments in (1, 2, 4, 2, 1):
-        labels = gfd(strategy, fragments, mig_strategy=mig_strategy)
-        nodes = [
-            node(f"gpu-{i}", config=f"{prefix}-{fragments}", extra_labels=labels) for i in range(2)
-        ]
-        state = pool_state(_objects(nodes), CONFIG.node_pools[0])
-        assert [n.name for n in state.nodes] == ["gpu-0", "gpu-1"], fragments
-        assert state.problem is None and state.fragments == fragments, (fragments, state.problem)
-
-
-def test_a_node_with_mig_devices_under_the_mixed_strategy_is_recognised_as_mig() -> None:
-    nodes = [node("gpu-0", config="ts-1", extra_labels=gfd_mixed_mig())]
-    state = pool_state(_objects(nodes), CONFIG.node_pools[0])
-    assert [n.name for n in state.nodes] == ["gpu-0"]  # its parent product is the pool's
-    assert state.problem is not None and "MIG pool" in state.problem
-    assert state.fragments is None
-
-
-def test_a_mixed_strategy_profile_with_no_devices_left_is_no_mig() -> None:
-    labels = gfd_mixed_mig(count=0)  # a resource label GFD would no longer write, stale
     nodes = [node("gpu-0", config="ts-1", extra_labels=labels)]
-    assert pool_state(_objects(nodes), CONFIG.node_pools[0]).problem is None
+    state = pool_state(parse_objects(nodes, config), config.node_pools[0])
+    assert [n.name for n in state.nodes] == ["gpu-0"]
+    if mig:  # nothing to change: no fragments decision can be made
+        assert state.problem is not None and "MIG pool" in state.problem
+        assert state.fragments is None
+    else:
+        assert state.problem is None

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubefake import reply, serving
+from kubefake import serving
 from test_prometheus_transport import _Recording
 
 from gpuscaler.adapters.prometheus.history import HistoryReader
@@ -170,27 +170,15 @@ def test_history_is_read_uncompressed_unless_the_config_asks_for_gzip(
 
 
 def test_a_request_over_the_point_limit_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Refusing:
-        """Prometheus' answer to a range over 11,000 points (HTTP 400)."""
-
-        def handler(self) -> Any:
-            from http.server import BaseHTTPRequestHandler
-
-            class Handler(BaseHTTPRequestHandler):
-                def do_GET(self) -> None:
-                    body = (
-                        b'{"status":"error","errorType":"bad_data","error":"exceeded maximum '
-                        b"resolution of 11,000 points per timeseries. Try decreasing the query "
-                        b'resolution (?step=XX)"}'
-                    )
-                    reply(self, 400, body, {})
-
-                def log_message(self, *args: Any) -> None:
-                    pass
-
-            return Handler
-
-    with serving(Refusing().handler()) as url:
+    refused = {  # Prometheus' answer to a range over 11,000 points (HTTP 400)
+        "status": "error",
+        "errorType": "bad_data",
+        "error": "exceeded maximum resolution of 11,000 points per timeseries. Try "
+        "decreasing the query resolution (?step=XX)",
+    }
+    monkeypatch.setattr(_Recording, "answer", refused)
+    monkeypatch.setattr(_Recording, "status", 400)
+    with serving(_Recording.handler()) as url:
         reader = HistoryReader(_config(url))
         history = reader.workload(reader.config.workloads[0], 0.0, 3600.0, 10.0)
     assert history.requests.series is None

@@ -4,13 +4,14 @@ ERROR event, a 500 on list), from a scripted HTTP server."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+from kubefake import reply, serving
 from kubernetes import client
 
 from gpuscaler.adapters.kube import informer as informer_module
@@ -47,30 +48,20 @@ class Script:
 
 @pytest.fixture
 def serve() -> Iterator[Any]:
-    servers = []
+    with ExitStack() as servers:
 
-    def start(script: Script) -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body = script.answer(self.path)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def start(script: Script) -> str:
+            class Handler(BaseHTTPRequestHandler):
+                def do_GET(self) -> None:
+                    status, body = script.answer(self.path)
+                    reply(self, status, body, {"Content-Type": "application/json"})
 
-            def log_message(self, *args: Any) -> None:
-                pass
+                def log_message(self, *args: Any) -> None:
+                    pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+            return servers.enter_context(serving(Handler))
 
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+        yield start
 
 
 def _informer(url: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Informer:

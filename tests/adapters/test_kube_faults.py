@@ -22,9 +22,7 @@ from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import parse_config
-from gpuscaler.core.decisions import (
-    ReplicaFloorDecision,
-)
+from gpuscaler.core.decisions import ReplicaFloorDecision
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = parse_config(
@@ -165,12 +163,8 @@ def test_a_conflict_on_every_try_stops_after_the_stated_retries_and_changes_noth
         fake.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
         for _ in range(MAX_CONFLICT_RETRIES + 2):
             fake.fail_next("PATCH", r"/scaledobjects/chat$", 409)
-        assert (
-            kube_actuator(api, CONFIG, identity="t").apply(
-                [_decision("ml/ScaledObject/chat", 2, 7)]
-            )
-            == ()
-        )
+        actuator = kube_actuator(api, CONFIG, identity="t")
+        assert actuator.apply([_decision("ml/ScaledObject/chat", 2, 7)]) == ()
         patches = [r for r in fake.requests if r[0] == "PATCH"]
         assert len(patches) == 1 + MAX_CONFLICT_RETRIES
         obj = fake.get("keda.sh/v1alpha1", "scaledobjects", "ml", "chat")

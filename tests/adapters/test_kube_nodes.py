@@ -21,10 +21,7 @@ from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import WriteBudget
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.decisions import (
-    FragmentsDecision,
-    TimeSliceDecision,
-)
+from gpuscaler.core.decisions import FragmentsDecision, TimeSliceDecision
 
 
 def _config(ns: str, extra: str = "", plugin_ns: str | None = None) -> Config:
@@ -46,7 +43,6 @@ kubernetes:
 
 
 CONFIG = _config("ml", plugin_ns="nvidia-device-plugin")  # the fake server's seeds
-CM = ("v1", "configmaps", "nvidia-device-plugin", "gpuscaler-sharing-configs")
 
 
 def _fragments(old: int, new: int, at: float = NOW) -> FragmentsDecision:
@@ -82,6 +78,10 @@ class Real:
     def labels(self, name: str) -> dict[str, str]:
         return dict(labels_of(self.kube.core.read_node(name)))
 
+    def configs(self, n: int) -> list[str]:
+        """The sharing config each of the first `n` nodes names."""
+        return [self.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(n)]
+
     def configmap(self) -> dict[str, Any]:
         return self.kube.get(f"/api/v1/namespaces/{self.ns}/configmaps/gpuscaler-sharing-configs")
 
@@ -116,19 +116,16 @@ def test_more_fragments_add_the_named_config_then_relabel_a_few_nodes_per_tick(
     actuator = real.actuator()
     real.seed_pool({"ts-2": sharing_config("time-slicing", 2)})
     # The config is added, but no node names it before the kubelet can have synced it to
-    # every config-manager (which exits on a config it lacks): issue 13.
+    # every config-manager (which exits on a config it lacks).
     assert not actuator.apply([_fragments(2, 4)])
     ts4 = yaml.safe_load(real.configmap()["data"]["ts-4"])
     assert ts4["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
     added = real.configmap()["metadata"]["annotations"]["gpuscaler.io/config-added-ts-4"]
     assert added == rfc3339(NOW)
-    assert {real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)} == {
-        "ts-2"
-    }
+    assert set(real.configs(3)) == {"ts-2"}
     assert not actuator.apply([_fragments(2, 4, at=NOW + 60)])  # still propagating
     assert actuator.apply([_fragments(2, 4, at=NOW + 90)])
-    labels = [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)]
-    assert labels == ["ts-4", "ts-4", "ts-2"]  # max_nodes_per_tick = 2
+    assert real.configs(3) == ["ts-4", "ts-4", "ts-2"]  # max_nodes_per_tick = 2
     node0 = real.kube.core.read_node("gpu-0")
     record = json.loads(annotations_of(node0)["gpuscaler.io/last-fragments-decision"])
     assert record["to"] == 4 and "forecast upper" in record["reason"]
@@ -213,10 +210,7 @@ def test_a_time_slice_decision_relabels_the_pools_nodes(real: Real) -> None:
     real.seed_pool({}, n=2)
     d = TimeSliceDecision(NOW, "a100", "medium", "long", "stall 22% > 15% over 5m")
     assert actuator.apply([d])
-    assert [real.labels(f"gpu-{i}")["gpuscaler.io/time-slice"] for i in range(2)] == [
-        "long",
-        "long",
-    ]
+    assert [real.labels(f"gpu-{i}")["gpuscaler.io/time-slice"] for i in range(2)] == ["long"] * 2
     assert real.configmap().get("data") is None  # time slice never touches the plugin config
 
 
@@ -257,7 +251,7 @@ def test_an_api_error_mid_rollout_leaves_each_node_whole_and_the_next_tick_resum
     assert actuator.apply([_fragments(2, 4)])  # started: its cooldown runs from now
     gpu1 = cluster.get("v1", "nodes", None, "gpu-1")
     assert (
-        gpu1 is not None and gpu1["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "ts-2"
+        gpu1 is not None and _labels(cluster, "gpu-1")["nvidia.com/device-plugin.config"] == "ts-2"
     )
     assert "gpuscaler.io/last-fragments-decision" not in gpu1["metadata"]["annotations"]
     actuator.apply([])  # the decision recorded on gpu-0 is carried on
@@ -270,11 +264,7 @@ def test_writes_stop_when_the_budget_is_spent_or_leadership_is_lost(real: Real) 
     budget = WriteBudget(1, clock=lambda: clock[0])
     actuator = real.actuator(budget=budget)
     assert actuator.apply([_fragments(2, 4)])  # one node relabelled, then the budget is spent
-    assert [real.labels(f"gpu-{i}")["nvidia.com/device-plugin.config"] for i in range(3)] == [
-        "ts-4",
-        "ts-2",
-        "ts-2",
-    ]
+    assert real.configs(3) == ["ts-4", "ts-2", "ts-2"]
     clock[0] = 61.0  # a minute later the budget is back
     leader = [False]
     actuator = real.actuator(may_act=lambda: leader[0], budget=budget)

@@ -18,7 +18,7 @@ from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.config import parse_config
+from gpuscaler.config import Config, parse_config
 from gpuscaler.core.decisions import Decision, Skip
 from gpuscaler.core.preemption import decide_preemption
 
@@ -74,19 +74,18 @@ class Tick:
     """One control tick's preemption part, with fresh adapter objects each time (as
     after a restart): read, decide, act."""
 
-    def __init__(self, api: Api, may_act: bool = True):
-        self.api, self.may_act = api, may_act
+    def __init__(self, api: Api, may_act: bool = True, config: Config = CONFIG, memory: Any = None):
+        self.api, self.may_act, self.config, self.memory = api, may_act, config, memory
 
     def __call__(
         self, now: float
     ) -> tuple[tuple[Decision, ...], tuple[Skip, ...], tuple[Decision, ...]]:
-        cluster = ClusterReader(self.api[0], CONFIG)
+        api, config = self.api[0], self.config
+        cluster = ClusterReader(api, config)
         cluster.state()
-        obs = PreemptionReader(self.api[0], CONFIG, cluster, "gpuscaler").observe(now)
-        decisions, skips = decide_preemption(obs, CONFIG.preemption, now)
-        actuator: KubeActuator = kube_actuator(
-            self.api[0], CONFIG, "test", may_act=lambda: self.may_act
-        )
+        obs = PreemptionReader(api, config, cluster, "gpuscaler", self.memory).observe(now)
+        decisions, skips = decide_preemption(obs, config.preemption, now)
+        actuator: KubeActuator = kube_actuator(api, config, "test", may_act=lambda: self.may_act)
         return decisions, skips, actuator.apply(decisions)
 
 
@@ -282,13 +281,9 @@ class HeldMemory:
 def test_memory_still_held_after_the_victim_left_taints_and_labels_the_node(api: Api) -> None:
     _, fake = api
     _seed(fake)
-    reader_memory: Any = HeldMemory()
+    tick = Tick(api, memory=HeldMemory())
     for t in (T0, T0 + 301, T0 + 310, T0 + 500):
-        cluster = ClusterReader(api[0], CONFIG)
-        cluster.state()
-        obs = PreemptionReader(api[0], CONFIG, cluster, "gpuscaler", reader_memory).observe(t)
-        decisions, _ = decide_preemption(obs, CONFIG.preemption, t)
-        kube_actuator(api[0], CONFIG, "test").apply(decisions)
+        tick(t)
     assert _state(fake)["tier"] == "quarantined"
     node = fake.get("v1", "nodes", None, "gpu-0")
     assert node is not None
@@ -322,14 +317,8 @@ def test_the_checkpoint_endpoint_is_called_with_the_reason_and_deadline(api: Api
     victim["status"]["podIP"] = "127.0.0.1"
     with serving(Handler) as url:
         port = url.rsplit(":", 1)[1]
-        config = parse_config(
-            CONFIG_TEXT + f'  checkpoint_endpoint: "http://{{pod_ip}}:{port}/checkpoint"\n'
-        )
-        cluster = ClusterReader(api[0], config)
-        cluster.state()
-        obs = PreemptionReader(api[0], config, cluster, "gpuscaler").observe(T0)
-        decisions, _ = decide_preemption(obs, config.preemption, T0)
-        kube_actuator(api[0], config, "test").apply(decisions)
+        endpoint = f'  checkpoint_endpoint: "http://{{pod_ip}}:{port}/checkpoint"\n'
+        Tick(api, config=parse_config(CONFIG_TEXT + endpoint))(T0)
     assert len(received) == 1
     assert received[0]["deadline"] == rfc3339(T0 + 300)
     assert "serving/critical" in received[0]["reason"]

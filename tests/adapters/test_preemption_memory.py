@@ -64,16 +64,9 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuMemoryProbe]:
 
 def _state(pod: str) -> VictimState:
     gone = START + GONE_AT_POINT * STEP
+    victim = f"batch/{pod}"
     return VictimState(
-        f"batch/{pod}",
-        "serving/critical",
-        "gpu-0",
-        1,
-        10,
-        "cleanup",
-        gone,
-        START + 10,
-        gone_at=gone,
+        victim, "serving/critical", "gpu-0", 1, 10, "cleanup", gone, START + 10, gone_at=gone
     )
 
 

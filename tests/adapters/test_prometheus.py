@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import AbstractContextManager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 from builders import run_cli
+from kubefake import reply, serving
 from promserver import STEP, free_port, planted_window, prometheus, write_openmetrics
 
 from gpuscaler.adapters.kube.objects import CurrentState
@@ -50,22 +50,17 @@ FB_USED_MIB = {"idle": 20_000.0, "full": 70_000.0}  # of 81,920 MiB
 POOL_LABEL = {"idle": "hostname"}  # the newer dcgm-exporter's lowercase label
 
 
+def _gpu(name: str) -> dict[str, str]:
+    return {POOL_LABEL.get(name, "Hostname"): f"node-{name}", "gpu": "0", "UUID": f"GPU-{name}"}
+
+
 def _metrics() -> dict[str, list[tuple[dict[str, str], Any]]]:
     util, stall, used, free = [], [], [], []
     for name, mib in FB_USED_MIB.items():
-        labels = {
-            POOL_LABEL.get(name, "Hostname"): f"node-{name}",
-            "gpu": "0",
-            "UUID": f"GPU-{name}",
-        }
-        used.append((labels, lambda i, mib=mib: mib))
-        free.append((labels, lambda i, mib=mib: 81_920.0 - mib))
+        used.append((_gpu(name), lambda i, mib=mib: mib))
+        free.append((_gpu(name), lambda i, mib=mib: 81_920.0 - mib))
     for name, fn in PLANTED.items():
-        labels = {
-            POOL_LABEL.get(name, "Hostname"): f"node-{name}",
-            "gpu": "0",
-            "UUID": f"GPU-{name}",
-        }
+        labels = _gpu(name)
         util.append((labels, fn))
         level = 20.0 if name == "rising" else 4.0
         stall.append((labels, (lambda i, fn=fn, level=level: None if fn(i) is None else level)))
@@ -241,12 +236,16 @@ def test_steps_are_sent_as_float_seconds(seconds: float, text: str) -> None:
 # --------------------------------------------------------------------------- failures
 
 
+def _answer(result_type: str, result: list[Any]) -> bytes:
+    return json.dumps(
+        {"status": "success", "data": {"resultType": result_type, "result": result}}
+    ).encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     mode = "garbage"
-    seen_auth: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
-        type(self).seen_auth.append(self.headers.get("Authorization", ""))
         if self.mode == "slow":
             time.sleep(3)
         status, body = {
@@ -254,49 +253,27 @@ class _Handler(BaseHTTPRequestHandler):
             "shape": (200, b'{"status": "success", "data": {"nope": []}}'),
             "error": (503, b"overloaded"),
             "echo": (500, ("token was " + self.headers.get("Authorization", "")).encode()),
-            "slow": (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}'),
+            "slow": (200, _answer("matrix", [])),
             "object_sample": (
                 200,
-                b'{"status":"success","data":{"resultType":"matrix",'
-                b'"result":[{"metric":{},"values":[{"t":1,"v":"2"}]}]}}',
+                _answer("matrix", [{"metric": {}, "values": [{"t": 1, "v": "2"}]}]),
             ),
             "infinite": (
                 200,
-                json.dumps(
-                    {
-                        "status": "success",
-                        "data": {
-                            "resultType": "matrix",
-                            "result": [{"metric": {}, "values": [[END - 1, "+Inf"], [END, "1"]]}],
-                        },
-                    }
-                ).encode(),
+                _answer("matrix", [{"metric": {}, "values": [[END - 1, "+Inf"], [END, "1"]]}]),
             ),
         }[self.mode]
         if self.mode == "infinite" and self.path.startswith("/api/v1/query?"):
             # An instant query (the frame buffer's newest figure) answers a vector.
-            vector = {"resultType": "vector", "result": [{"metric": {}, "value": [END, "+Inf"]}]}
-            body = json.dumps({"status": "success", "data": vector}).encode()
-        self.send_response(status)
-        self.end_headers()
-        self.wfile.write(body)
+            body = _answer("vector", [{"metric": {}, "value": [END, "+Inf"]}])
+        reply(self, status, body, {})
 
     def log_message(self, *args: Any) -> None:
         pass
 
 
-@contextmanager
-def _bad_server(mode: str) -> Iterator[str]:
-    handler = type("H", (_Handler,), {"mode": mode, "seen_auth": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+def _bad_server(mode: str) -> AbstractContextManager[str]:
+    return serving(type("H", (_Handler,), {"mode": mode}))
 
 
 def _flat_problem(url: str, extra: str = "") -> tuple[str | None, PrometheusSource]:

@@ -142,6 +142,11 @@ workloads:{listed}
     )
 
 
+def _prometheus(cfg: Config, **update: Any) -> Config:
+    """`cfg` with its prometheus section updated."""
+    return cfg.model_copy(update={"prometheus": cfg.prometheus.model_copy(update=update)})
+
+
 WORKLOADS = [
     ("ml", "ScaledObject", "chat"),
     ("ml", "HorizontalPodAutoscaler", "embed"),
@@ -185,10 +190,10 @@ def _same(a: Observations, b: Observations, rule: bool = False, past: int = 0) -
 
 
 def _sources(
-    url: str, workloads: list[tuple[str, str, str]]
+    url: str, workloads: list[tuple[str, str, str]], extra: str = ""
 ) -> tuple[PrometheusSource, PrometheusSource]:
-    grouped = PrometheusSource(_config(url, workloads), CurrentState())
-    plain = PrometheusSource(_config(url, workloads, grouped=False), CurrentState())
+    grouped = PrometheusSource(_config(url, workloads, extra=extra), CurrentState())
+    plain = PrometheusSource(_config(url, workloads, grouped=False, extra=extra), CurrentState())
     return grouped, plain
 
 
@@ -218,9 +223,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     """The first tick acts once forecast.min_history is in; the rest of the window follows
     behind it and is in the windows by the next tick, equal to a whole-window read."""
     url, _, now = planted
-    early = "forecast: {min_history: 80s}\n"
-    grouped = PrometheusSource(_config(url, WORKLOADS, extra=early), CurrentState())
-    plain = PrometheusSource(_config(url, WORKLOADS, grouped=False, extra=early), CurrentState())
+    grouped, plain = _sources(url, WORKLOADS, extra="forecast: {min_history: 80s}\n")
     first = grouped.observe(now)
     # min_history, overlap (5 s) and a bucket of the 2 planted minutes, in 10 s buckets.
     for pool in first.pools:
@@ -244,8 +247,7 @@ def test_a_frame_buffer_template_that_cannot_be_grouped_is_read_per_pool_in_adva
 
     def custom(cfg: Config) -> Config:
         queries = cfg.prometheus.queries.model_copy(update={"pool_memory_used": used})
-        prometheus = cfg.prometheus.model_copy(update={"queries": queries})
-        return cfg.model_copy(update={"prometheus": prometheus})
+        return _prometheus(cfg, queries=queries)
 
     grouped = PrometheusSource(custom(_config(url, WORKLOADS)), CurrentState())
     plain = PrometheusSource(custom(_config(url, WORKLOADS, grouped=False)), CurrentState())

@@ -36,12 +36,12 @@ def _config(
 
 class Fake(Transport):
     """Utilization and stall always fine; each pool's frame buffer as `used` and `total`
-    say (MiB, None for no sample, "fail" for a failed query, NaN)."""
+    say (MiB, None for no sample, "fail" for a failed query, NaN): 1 of 80 GiB at first."""
 
     def __init__(self, config: Config):
         super().__init__(config.prometheus)
-        self.used: dict[str, float | None] = {}
-        self.total: dict[str, float | str | None] = {}
+        self.used: dict[str, float | None] = {"a": 1.0, "b": 1.0}
+        self.total: dict[str, float | str | None] = {"a": 81_920.0, "b": 81_920.0}
         self.asked: list[str] = []
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[Any]:
@@ -102,9 +102,8 @@ def test_the_total_is_read_once_and_kept_until_it_is_due(grouped: bool) -> None:
 
 
 @READERS
-def test_every_zero_reads_the_total_every_tick_as_before(grouped: bool) -> None:
+def test_every_zero_reads_the_total_every_tick(grouped: bool) -> None:
     reader, fake = _reader(grouped, every="0s")
-    fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
     for k, mib in enumerate([81_920.0, 40_960.0, 20_480.0]):
         fake.total = {"a": mib, "b": mib}
         assert _pool(reader, T0 + 30 * k).memory_total_gib == mib / 1024
@@ -118,12 +117,12 @@ def test_every_zero_reads_the_total_every_tick_as_before(grouped: bool) -> None:
         # A refresh that fails keeps the kept total while younger than 5 min + 2 min...
         (300, "fail", (80.0, None)),
         (420, "fail", (80.0, None)),
-        # ...past that, the failure is the pool's problem: no action, as before.
+        # ...past that, the failure is the pool's problem: no action.
         (421, "fail", (None, "timed out")),
         (900, "fail", (None, "timed out")),
-        # A refresh that finds nothing forgets it: the config's memory bounds, as before.
+        # A refresh that finds nothing forgets it: the config's memory bounds.
         (300, None, (None, None)),
-        # A NaN total is the problem it always was.
+        # A NaN total is a problem.
         (300, float("nan"), (None, "NaN or Inf in the newest samples")),
         # Before it is due, nothing is asked: a failure then is not seen.
         (299, "fail", (80.0, None)),
@@ -133,7 +132,6 @@ def test_a_total_older_than_the_limit_is_not_used_and_its_failure_stops_action(
     grouped: bool, after: float, total: float | str | None, want: tuple[Any, Any]
 ) -> None:
     reader, fake = _reader(grouped)
-    fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
     assert _pool(reader, T0).memory_total_gib == 80.0
     fake.total = {"a": total, "b": 81_920.0}
     pool = _pool(reader, T0 + after)
@@ -144,7 +142,6 @@ def test_a_total_older_than_the_limit_is_not_used_and_its_failure_stops_action(
 @READERS
 def test_a_failed_refresh_is_tried_again_at_the_next_tick(grouped: bool) -> None:
     reader, fake = _reader(grouped)
-    fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
     _pool(reader, T0)
     fake.total = {"a": "fail", "b": "fail"}
     assert _pool(reader, T0 + 300).memory_total_gib == 80.0
@@ -159,7 +156,6 @@ def test_a_pool_whose_gpus_stop_reporting_has_no_total_and_is_read_again_when_th
     grouped: bool,
 ) -> None:
     reader, fake = _reader(grouped)
-    fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
     _pool(reader, T0)
     fake.used, fake.total = {"b": 1.0}, {"b": 81_920.0}  # pool a's GPUs gone quiet
     pool = _pool(reader, T0 + 30)
@@ -179,17 +175,14 @@ def test_a_new_or_changed_pool_is_read_at_once_the_others_keep_theirs(grouped: b
     reader.reconfigure(_config(pools=("a", "b", "c"), grouped=grouped))
     got = {p.name: p.memory_total_gib for p in reader.read(T0 + 30).pools}
     assert got == {"a": 80.0, "b": 80.0, "c": 20.0}
-    fake.used = {"a": 1.0, "b": 1.0, "c": 1.0}
-    reader.reconfigure(
-        _config(pools=("a", "b", "c"), model="N", grouped=grouped)
-    )  # other matchers: all anew
+    # Other matchers: all anew.
+    reader.reconfigure(_config(pools=("a", "b", "c"), model="N", grouped=grouped))
     got = {p.name: p.memory_total_gib for p in reader.read(T0 + 60).pools}
     assert got == {"a": 40.0, "b": 40.0, "c": 20.0}
 
 
 def test_the_grouped_reader_sends_one_query_less_on_the_ticks_the_total_rests() -> None:
-    reader, fake = _reader(True)
-    fake.used, fake.total = {"a": 1.0, "b": 1.0}, {"a": 81_920.0, "b": 81_920.0}
+    reader, _ = _reader(True)
     reader.read(T0)
     first = reader.queries_last_tick
     reader.read(T0 + 30)

@@ -7,7 +7,16 @@ import logging
 from typing import Any
 
 import pytest
-from test_prometheus_grouped import MODELS, PAST, WORKLOADS, _config, _same, planted
+from test_prometheus_grouped import (
+    MODELS,
+    PAST,
+    WORKLOADS,
+    _config,
+    _prometheus,
+    _same,
+    _sources,
+    planted,
+)
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.rules import CHECK_EVERY, POOL_RULES, PoolRules, check_query
@@ -18,14 +27,9 @@ from gpuscaler.sources import PrometheusSource
 __all__ = ["planted"]  # the module's fixture: a Prometheus with and one without the rules
 
 
-def _off(cfg: Config) -> Config:
-    prometheus = cfg.prometheus.model_copy(update={"pool_recording_rules": False})
-    return cfg.model_copy(update={"prometheus": prometheus})
-
-
 def _grouped(url: str, rules: bool = True) -> PrometheusSource:
-    cfg = _config(url, WORKLOADS)
-    return PrometheusSource(cfg if rules else _off(cfg), CurrentState())
+    cfg = _prometheus(_config(url, WORKLOADS), pool_recording_rules=rules)
+    return PrometheusSource(cfg, CurrentState())
 
 
 def _recorded_queries(source: PrometheusSource) -> list[str]:
@@ -59,8 +63,7 @@ def test_without_the_pool_rules_the_raw_series_are_read(
     planted: tuple[str, str, float],
 ) -> None:
     _, raw_url, now = planted
-    source = _grouped(raw_url)
-    plain = PrometheusSource(_config(raw_url, WORKLOADS, grouped=False), CurrentState())
+    source, plain = _sources(raw_url, WORKLOADS)
     _same(source.observe(now), plain.observe(now))
     assert source.metrics.rules.recorded == {s: frozenset() for s in POOL_RULES}
     assert _recorded_queries(source) == []
@@ -72,11 +75,10 @@ def test_a_pool_whose_recorded_series_is_missing_is_read_raw_and_checked_again(
     """The rules were removed after the last check: this tick reads the raw series for
     the pools the recorded answer misses, and the next read checks again."""
     _, raw_url, now = planted
-    source = _grouped(raw_url)
+    source, plain = _sources(raw_url, WORKLOADS)
     rules = source.metrics.rules
     rules.recorded = {s: frozenset(MODELS.values()) for s in POOL_RULES}
     rules.checked_at, rules.due = now, False
-    plain = PrometheusSource(_config(raw_url, WORKLOADS, grouped=False), CurrentState())
     with caplog.at_level(logging.WARNING, logger="gpuscaler.prometheus"):
         _same(source.observe(now), plain.observe(now))
     assert rules.due and "recorded pool answer(s) missing" in caplog.text

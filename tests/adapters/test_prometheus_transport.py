@@ -35,6 +35,7 @@ class _Recording:
 
     seen: ClassVar[list[dict[str, str]]] = []
     answer: ClassVar[dict[str, Any]] = ANSWER
+    status: ClassVar[int] = 200
 
     @classmethod
     def handler(cls) -> Any:
@@ -48,7 +49,7 @@ class _Recording:
                 if "gzip" in self.headers.get("Accept-Encoding", ""):
                     body = gzip.compress(body)
                     headers["Content-Encoding"] = "gzip"
-                reply(self, 200, body, headers)
+                reply(self, cls.status, body, headers)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -53,6 +53,15 @@ kubernetes:
     )
 
 
+def _configmap(name: str, ns: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": ns},
+        "data": data,
+    }
+
+
 class Cached:
     """One test's cache on the real server (optionally behind a proxy), and its readers."""
 
@@ -124,14 +133,7 @@ def test_the_cache_answers_what_listing_answers(cached: Cached) -> None:
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "chat"}}},
         }
     )
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": STATE_CONFIGMAP, "namespace": ns},
-            "data": {},
-        }
-    )
+    kube.create(_configmap(STATE_CONFIGMAP, ns, {}))
     listing = ClusterReader(cached.api, cached.config)
     _equal_when_settled(cached.reader.objects, listing.objects)
     objects = cached.reader.objects()
@@ -334,26 +336,12 @@ def test_the_records_configmap_is_watched_by_name(cached: Cached) -> None:
         cached.api, cached.config, cached.reader, ns, cache=cached.cache
     )
     assert reader.states() == ()
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "other", "namespace": ns},
-            "data": {"x": "1"},
-        }
-    )
+    kube.create(_configmap("other", ns, {"x": "1"}))
     record = (
         '{"victim": "ml/p", "beneficiary": "ml/q", "node": "n", "gpus": 1, "priority": 0,'
         ' "tier": "soft", "since": 1.0, "requested_at": 1.0}'
     )
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": STATE_CONFIGMAP, "namespace": ns},
-            "data": {"ml.p": record},
-        }
-    )
+    kube.create(_configmap(STATE_CONFIGMAP, ns, {"ml.p": record}))
     _seen("record seen", lambda: len(reader.states()) == 1)
     assert [o["metadata"]["name"] for o in cached.cache.items("records")] == [STATE_CONFIGMAP]
 

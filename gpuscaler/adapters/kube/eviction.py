@@ -97,10 +97,6 @@ class KubePreemption:
             raise KubeError(f"{victim}: no preemption record")
         return parse_record(key, raw)
 
-    def _pod_ref(self, key: str) -> client.V1ObjectReference:
-        ns, name = key.split("/", 1)
-        return client.V1ObjectReference(api_version="v1", kind="Pod", name=name, namespace=ns)
-
     def _annotate(self, key: str, annotations: dict[str, str | None]) -> None:
         ns, name = key.split("/", 1)
         self.writer.gate(f"annotate pod {key}")
@@ -113,7 +109,9 @@ class KubePreemption:
                 raise api_error(f"annotate pod {key}", e) from None
 
     def _event(self, key: str, reason: str, note: str, type_: str = "Normal") -> None:
-        self.writer.event(self._pod_ref(key), key.split("/", 1)[0], reason, "Preempt", note, type_)
+        ns, name = key.split("/", 1)
+        pod = client.V1ObjectReference(api_version="v1", kind="Pod", name=name, namespace=ns)
+        self.writer.event(pod, ns, reason, "Preempt", note, type_)
 
     def _ask_checkpoint(self, key: str, s: VictimState) -> None:
         endpoint = self.config.preemption.checkpoint_endpoint

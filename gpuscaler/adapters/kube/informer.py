@@ -52,19 +52,14 @@ class CacheUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Resource:
-    """What to list and watch: a collection path and its selectors."""
+    """What to list and watch: a collection path and its field selector."""
 
     kind: str
     path: str
     field_selector: str | None = None
-    label_selector: str | None = None
 
     def params(self, **extra: Any) -> list[tuple[str, str]]:
-        params: list[tuple[str, str]] = []
-        if self.field_selector:
-            params.append(("fieldSelector", self.field_selector))
-        if self.label_selector:
-            params.append(("labelSelector", self.label_selector))
+        params = [("fieldSelector", self.field_selector)] if self.field_selector else []
         return params + [(k, str(v)) for k, v in extra.items() if v is not None]
 
 

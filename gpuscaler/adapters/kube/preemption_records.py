@@ -12,9 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
-from gpuscaler.core.preemption import (
-    VictimState,
-)
+from gpuscaler.core.preemption import VictimState
 
 STATE_CONFIGMAP = "gpuscaler-preemptions"
 KEEP_FINISHED = 24 * 3600

@@ -18,7 +18,7 @@ from gpuscaler.adapters.kube.objects import (
     CurrentState,
     parse_objects,
 )
-from gpuscaler.adapters.kube.workloads import KEDA
+from gpuscaler.adapters.kube.workloads import SCALE_APIS
 from gpuscaler.config import Config
 
 log = logging.getLogger("gpuscaler.kubernetes")
@@ -29,7 +29,6 @@ class ClusterReader:
         self.config = config
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.hpa = client.AutoscalingV2Api(api)
         self.healthy = True
         self.last_objects: ClusterObjects | None = None
         self._prefetched: ClusterObjects | None = None
@@ -52,10 +51,10 @@ class ClusterReader:
         lists: dict[str, Callable[[], Any]] = {
             "Node": partial(self.core.list_node, _preload_content=False),
             "Pod": partial(self.core.list_pod_for_all_namespaces, _preload_content=False),
-            "ScaledObject": partial(self.custom.list_cluster_custom_object, *KEDA),
-            "HorizontalPodAutoscaler": partial(
-                self.hpa.list_horizontal_pod_autoscaler_for_all_namespaces, _preload_content=False
-            ),
+            **{
+                kind: partial(self.custom.list_cluster_custom_object, *api)
+                for kind, api in SCALE_APIS.items()
+            },
         }
         items = [item for kind, call in lists.items() for item in self._items(kind, call)]
         return parse_objects(items, self.config)

@@ -29,7 +29,11 @@ from gpuscaler.core.decisions import ReplicaFloorDecision
 from gpuscaler.core.floor_patch import FloorTarget, floor_patch_refusal
 
 log = logging.getLogger("gpuscaler.kubernetes")
-KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
+SCALE_APIS = {
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
+}
+"""(group, version, plural) of each kind of workload object, read and merge-patched as JSON."""
 
 
 class KubeWorkloads:
@@ -44,7 +48,6 @@ class KubeWorkloads:
     ):
         self.config = config
         self.custom = client.CustomObjectsApi(api)
-        self.hpa = client.AutoscalingV2Api(api)
         self.writer = writer or Writer(api, config, identity)
         self._said: dict[str, str] = {}
         """The refusal last said of each workload."""
@@ -56,31 +59,20 @@ class KubeWorkloads:
         raise KubeError(f"{key} is not a configured workload")
 
     def read(self, w: WorkloadConfig) -> ScaleObject:
-        if w.kind == "ScaledObject":
-            obj = read_json(
-                f"read {w.key}",
-                lambda: self.custom.get_namespaced_custom_object(
-                    *KEDA[:2], w.namespace, KEDA[2], w.name
-                ),
-            )
-        else:
-            obj = read_json(
-                f"read {w.key}",
-                lambda: self.hpa.read_namespaced_horizontal_pod_autoscaler(
-                    w.name, w.namespace, _preload_content=False
-                ),
-            )
+        group, version, plural = SCALE_APIS[w.kind]
+        obj = read_json(
+            f"read {w.key}",
+            lambda: self.custom.get_namespaced_custom_object(
+                group, version, w.namespace, plural, w.name
+            ),
+        )
         return parse_scale_object({**obj, "metadata": obj.get("metadata") or {}}, w.kind)
 
     def _patch(self, w: WorkloadConfig, body: dict[str, Any]) -> None:
-        if w.kind == "ScaledObject":
-            self.custom.patch_namespaced_custom_object(
-                *KEDA[:2], w.namespace, KEDA[2], w.name, body
-            )
-        else:
-            self.hpa.patch_namespaced_horizontal_pod_autoscaler(
-                w.name, w.namespace, body, _preload_content=False
-            )
+        group, version, plural = SCALE_APIS[w.kind]
+        self.custom.patch_namespaced_custom_object(
+            group, version, w.namespace, plural, w.name, body
+        )
 
     def refusal(self, w: WorkloadConfig, state: ScaleObject, want: int) -> str | None:
         """Why `state`'s floor may not be patched to `want` (a KEDA pause, GitOps), or
