@@ -332,9 +332,7 @@ def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(
 
 
 @given(
-    st.lists(st.floats(0, A100), min_size=1, max_size=8),
-    st.integers(1, 200000),
-    st.integers(1, 8),
+    st.lists(st.floats(0, A100), min_size=1, max_size=8), st.integers(1, 200000), st.integers(1, 8)
 )
 def test_placement_agrees_with_the_filter(used: list[float], memory: int, count: int) -> None:
     n = node("n", used, [i // 4 for i in range(len(used))])

@@ -195,52 +195,19 @@ def test_an_orphan_whose_pod_reappears_is_forgotten() -> None:
 
 
 SELF = "5e1f5e1f-0000-4000-8000-000000000001"
+ME = {"a/me": {SELF}}
+LACKS = (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted")
+TRUST = {
+    "trusted": (ME | {"ml/x": {UID}}, {"a/me"}, SELF, (frozenset({SELF, UID}), (), "")),
+    "empty": ({}, set(), SELF, LACKS),
+    "own pod missing": ({"ml/x": {UID}}, set(), SELF, LACKS),
+    "own uid unknown": (ME, set(), None, (None, (), "the agent's own pod UID is unknown (POD_UID unset)")),
+    "kubelet unread": (ME, None, SELF, (None, (), "the kubelet's pods are unknown (pod-resources unread)")),
+    "kubelet runs more": (ME, {"a/me", "kube-system/etcd-n"}, SELF, (frozenset({SELF}), ("kube-system/etcd-n",), "")),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("api", "kubelet", "own", "expected"),
-    [
-        ({"a/me": {SELF}, "ml/x": {UID}}, {"a/me"}, SELF, (frozenset({SELF, UID}), (), "")),
-        (
-            {},
-            set(),
-            SELF,
-            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
-        ),
-        (
-            {"ml/x": {UID}},
-            set(),
-            SELF,
-            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
-        ),
-        (
-            {"a/me": {SELF}},
-            set(),
-            None,
-            (None, (), "the agent's own pod UID is unknown (POD_UID unset)"),
-        ),
-        (
-            {"a/me": {SELF}},
-            None,
-            SELF,
-            (None, (), "the kubelet's pods are unknown (pod-resources unread)"),
-        ),
-        (
-            {"a/me": {SELF}},
-            {"a/me", "kube-system/etcd-n"},
-            SELF,
-            (frozenset({SELF}), ("kube-system/etcd-n",), ""),
-        ),
-    ],
-    ids=[
-        "trusted",
-        "empty",
-        "own pod missing",
-        "own uid unknown",
-        "kubelet unread",
-        "kubelet runs more",
-    ],
-)
+@pytest.mark.parametrize(("api", "kubelet", "own", "expected"), TRUST.values(), ids=list(TRUST))
 def test_the_pod_lists_are_trusted_only_with_the_agents_own_pod_and_the_kubelets_answer(
     api: dict[str, set[str]], kubelet: set[str] | None, own: str | None, expected: object
 ) -> None:
