@@ -1,6 +1,5 @@
-"""deploy/agent: the DaemonSet has the privileges the agent needs and no more, its RBAC
-grants exactly the calls the agent makes, and preemption tier 3 ends with the taint
-removed by the agent."""
+"""deploy/agent: the DaemonSet has the privileges the agent needs and no more, and its
+RBAC grants exactly the calls the agent makes lifting a quarantine preemption left."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The Helm chart (deploy/helm/gpuscaler): helm built from its Go module
-(tests/helm/build.sh) lints it and renders it; with the values that match the kustomize
-base it renders exactly what `kubectl kustomize deploy/` does (one source of truth: the
-config, dashboard and rules are the base's own files, the rest is checked equal here);
-its values change what they say; and the rendered chart applies to the real control
-plane."""
+"""The Helm chart (deploy/helm/gpuscaler), with helm built by tests/helm/build.sh: it lints;
+with the values matching the kustomize base it renders exactly what `kubectl kustomize`
+does (the config, dashboard and rules are the base's own files, the rest checked equal);
+its values change what they say; it installs on the real control plane."""
 
 from __future__ import annotations
 

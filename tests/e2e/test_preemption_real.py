@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from controlplane import Kube, Recorder, wait_until
-from kubeobjects import classed_pod, node, priority_class
+from kubeobjects import classed_pod, deployment, node, priority_class
 from kubernetes.client.exceptions import ApiException
 from steps import steps
 
@@ -239,9 +239,9 @@ def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
 def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_the_uid(
     cluster: Cluster,
 ) -> None:
-    """On the real server: the victim is evicted, a StatefulSet-like
-    controller recreates `train` under the same name, and gpuscaler never evicts the new
-    pod; a stale eviction carrying the old UID is refused by the API server itself."""
+    """The victim is evicted, a StatefulSet-like controller recreates `train` under the
+    same name, and gpuscaler never evicts the new pod; a stale eviction carrying the old
+    UID is refused by the API server itself."""
     t0 = time.time() - 400
     cluster.seed(t0 - 60)
     cluster.tick(t0)
@@ -250,12 +250,7 @@ def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_t
     assert victim is not None and victim["metadata"]["uid"] == first_uid
     cluster.tick(t0 + 301)  # evicted; no kubelet: it stays Terminating until deleted
     assert cluster.evictions() == [201]
-    cluster.kube.request(
-        "DELETE",
-        f"/api/v1/namespaces/{cluster.batch}/pods/train",
-        {"gracePeriodSeconds": 0},
-        "application/json",
-    )
+    cluster.kube.core.delete_namespaced_pod("train", cluster.batch, grace_period_seconds=0)
     replacement = cluster.pod("train", cluster.batch, "gpu-0", 2, "gpu-test-batch")
     cluster.kube.make_running(cluster.batch, "train")
     assert replacement["metadata"]["uid"] != first_uid
@@ -291,32 +286,11 @@ def test_a_victim_recreated_under_its_name_is_a_new_pod_and_never_touched(cluste
     t0 = time.time() - 400
     cluster.seed(t0 - 60)
     kube.core.delete_namespaced_pod("train", cluster.batch, grace_period_seconds=0)
-    labels = {"app": "sweep"}
-    kube.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "sweep", "namespace": cluster.batch},
-            "spec": {
-                "replicas": 1,
-                "serviceName": "sweep",
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "priorityClassName": "gpu-test-batch",
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "x",
-                                "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                            }
-                        ],
-                    },
-                },
-            },
-        }
-    )
+    sweep = deployment("sweep", cluster.batch, 1) | {"kind": "StatefulSet"}
+    sweep["spec"]["serviceName"] = "sweep"
+    pod = classed_pod("sweep", None, 2, cluster.batch, "gpu-test-batch")  # 2 GPUs
+    sweep["spec"]["template"]["spec"] = pod["spec"]
+    kube.create(sweep)
     path = f"/api/v1/namespaces/{cluster.batch}/pods/sweep-0"
     wait_until("the StatefulSet makes sweep-0", lambda: bool(kube.get(path)), 30, 0.2)
     kube.bind(cluster.batch, "sweep-0", "gpu-0")  # then Running, as the kubelet reports

@@ -211,13 +211,8 @@ def test_every_call_is_allowed_and_every_grant_is_used(
     assert unused == []
     # The scenario did exercise the conflict paths (re-reads) and all three actuators.
     assert Call("get", "", "nodes", None, "gpu-0") in calls
-    assert {c.resource for c in calls if c.verb == "patch"} == {
-        "nodes",
-        "configmaps",
-        "scaledobjects",
-        "horizontalpodautoscalers",
-        "pods",
-    }
+    patched = {c.resource for c in calls if c.verb == "patch"}
+    assert patched == {"nodes", "configmaps", "scaledobjects", "horizontalpodautoscalers", "pods"}
 
 
 @pytest.mark.parametrize(
