@@ -82,22 +82,16 @@ ROWS = {
     "acts at once when the sustain period is zero":
         Row(obs(90, 95), ("set", 2), cfg={"sustain": "0s"}),
     "waits out the cooldown after a change": Row(
-        obs(90, 95),
-        ("hold", "cooldown"),
-        history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1),
-    ),
+        obs(90, 95), ("hold", "cooldown"),
+        history(changed_ago=100, direction=-1, pending_for=60, pending_direction=-1)),
     "acts again once the cooldown has passed": Row(
-        obs(90, 95, fragments=2),
-        ("set", 1),
-        history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1),
-    ),
+        obs(90, 95, fragments=2), ("set", 1),
+        history(changed_ago=601, direction=-1, pending_for=60, pending_direction=-1)),
     "needs the reversal margin to undo a doubling":
         Row(obs(87, 95), ("hold", "within [40%, 90%]"), history(changed_ago=900, direction=+1)),
     "undoes a doubling once the margin is passed": Row(
-        obs(91, 95),
-        ("set", 2),
-        history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1),
-    ),
+        obs(91, 95), ("set", 2),
+        history(changed_ago=900, direction=+1, pending_for=60, pending_direction=-1)),
     "needs the reversal margin to undo a halving":
         Row(obs(30, 38), ("hold", "within [35%, 85%]"), history(changed_ago=900, direction=-1)),
     "never goes below the fewest allowed count":
@@ -105,19 +99,13 @@ ROWS = {
     "never goes above the most allowed count":
         Row(obs(5, 10, fragments=8), ("hold", "most allowed"), UP),
     "keeps training fragments at 8 GiB or more": Row(
-        obs(5, 10, fragments=2),
-        ("hold", "memory bound"),
-        UP,
-        pool=pool(gpu_memory_gib=16, workload_type="training"),
-    ),
+        obs(5, 10, fragments=2), ("hold", "memory bound"), UP,
+        pool=pool(gpu_memory_gib=16, workload_type="training")),
     "allows training fragments that keep 8 GiB after reserve and over-commit":
         Row(obs(5, 10, fragments=2), ("set", 4), UP, pool=pool(gpu_memory_gib=24, workload_type="training")),
     "keeps inference fragments at 4 GiB or more": Row(
-        obs(5, 10, fragments=4),
-        ("hold", "below the 4 GiB inference floor"),
-        UP,
-        pool=pool(gpu_memory_gib=16),
-    ),
+        obs(5, 10, fragments=4), ("hold", "below the 4 GiB inference floor"), UP,
+        pool=pool(gpu_memory_gib=16)),
     "uses the GPU memory the cluster reports over the configured one":
         Row(obs(5, 10, fragments=4, gpu_memory_gib=16), ("hold", "memory bound"), UP),
     "never over-commits compute when stepping more than one doubling":
@@ -125,10 +113,8 @@ ROWS = {
     "quadruples in one step when memory and compute allow it":
         Row(obs(5, 10, fragments=2), ("set", 8), UP, cfg={"max_step": 2}),
     "never shrinks fragments below the memory tenants already use": Row(
-        obs(5, 10, fragments=2, memory_used_gib=60),
-        ("hold", "memory in use: tenants hold 30.0 GiB each"),
-        UP,
-    ),
+        obs(5, 10, fragments=2, memory_used_gib=60), ("hold", "memory in use: tenants hold 30.0 GiB each"),
+        UP),
     "stops doubling where the memory tenants use would no longer fit":
         Row(obs(5, 10, fragments=2, memory_used_gib=30), ("set", 4), UP, cfg={"max_step": 2}),
     "never lowers fragments below the shares pods hold":
@@ -140,9 +126,7 @@ ROWS = {
     "takes no action on a NaN forecast":
         Row(pool_obs(nan_signal()), ("invalid", "not finite")),
     "takes no action when the source reported a problem": Row(
-        pool_obs(signal(90, 95, problem="Prometheus unreachable")),
-        ("invalid", "Prometheus unreachable"),
-    ),
+        pool_obs(signal(90, 95, problem="Prometheus unreachable")), ("invalid", "Prometheus unreachable")),
     "takes no action when current fragments are unknown":
         Row(obs(90, 95, fragments=None), ("invalid", "unknown")),
     "takes no action when current fragments are not an allowed count":

@@ -175,10 +175,8 @@ TIERS = {
     "soft: grace over, evict":
         tier(replace(SOFT, since=NOW - 301), (C, V), ("hard", "evict", "soft grace 300s over")),
     "soft: checkpoint acknowledged early, evict now": tier(
-        SOFT,
-        (C, replace(V, checkpoint_done_at=NOW - 5)),
-        ("hard", "evict", "checkpoint acknowledged after 25s"),
-    ),
+        SOFT, (C, replace(V, checkpoint_done_at=NOW - 5)),
+        ("hard", "evict", "checkpoint acknowledged after 25s")),
     "soft: an acknowledgement older than the request does not count":
         tier(SOFT, (C, replace(V, checkpoint_done_at=NOW - 100)), ("hold", "soft tier")),
     "soft: the victim exited by itself":
@@ -190,24 +188,18 @@ TIERS = {
     "hard: evict":
         tier(HARD, (C, V), ("hard", "evict", "attempt 1")),
     "hard: terminating, wait": tier(
-        replace(HARD, evicted_at=NOW - 5),
-        (C, replace(V, terminating_since=NOW - 5)),
-        ("hold", "terminating for 5s"),
-    ),
+        replace(HARD, evicted_at=NOW - 5), (C, replace(V, terminating_since=NOW - 5)),
+        ("hold", "terminating for 5s")),
     "hard: stuck terminating, force-delete": tier(
-        replace(HARD, evicted_at=NOW - 400),
-        (C, replace(V, terminating_since=NOW - 301)),
-        ("hard", "force_delete", "stuck Terminating for 301s"),
-    ),
+        replace(HARD, evicted_at=NOW - 400), (C, replace(V, terminating_since=NOW - 301)),
+        ("hard", "force_delete", "stuck Terminating for 301s")),
     "hard: a PDB refused, wait before retrying":
         tier(replace(HARD, attempts=1, last_attempt_at=NOW - 10), (C, V), ("hold", "retry in 20s")),
     "hard: retry the eviction":
         tier(replace(HARD, attempts=1, last_attempt_at=NOW - 31), (C, V), ("hard", "evict", "attempt 2")),
     "hard: a PDB kept refusing, give up": tier(
-        replace(HARD, attempts=4, last_attempt_at=NOW - 31),
-        (C, V),
-        ("given_up", "give_up", "refused 4 times"),
-    ),
+        replace(HARD, attempts=4, last_attempt_at=NOW - 31), (C, V),
+        ("given_up", "give_up", "refused 4 times")),
     "hard: gone, check memory":
         tier(replace(HARD, evicted_at=NOW - 5), (C,), ("cleanup", "record_gone", "victim is gone")),
     "cleanup: memory released":
@@ -215,17 +207,11 @@ TIERS = {
     "cleanup: memory held, still within the timeout":
         tier(CLEANUP, (C,), ("hold", "30s for GPU memory release"), {"ml/c": False}),
     "cleanup: memory held past the timeout, quarantine": tier(
-        replace(CLEANUP, since=NOW - 121),
-        (C,),
-        ("quarantined", "quarantine", "node n1 tainted"),
-        {"ml/c": False},
-    ),
+        replace(CLEANUP, since=NOW - 121), (C,), ("quarantined", "quarantine", "node n1 tainted"),
+        {"ml/c": False}),
     "cleanup: a missing metric never quarantines": tier(
-        replace(CLEANUP, since=NOW - 121),
-        (C,),
-        ("done", "confirm_released", "not verified"),
-        {"ml/c": None},
-    ),
+        replace(CLEANUP, since=NOW - 121), (C,), ("done", "confirm_released", "not verified"),
+        {"ml/c": None}),
 }  # fmt: skip
 
 

@@ -55,25 +55,17 @@ ROWS = {
     "adds at most max_step_up_gpus worth of replicas per change":
         Row(obs(1000, 2100, floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}),
     "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas": Row(
-        obs(1000, 2100, floor=2, share=0.25),
-        ("set", 10),
-        cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False},
-    ),
+        obs(1000, 2100, floor=2, share=0.25), ("set", 10),
+        cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False}),
     "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do": Row(
-        obs(1000, 2100, floor=2, share=0.25),
-        ("set", 12),
-        cfg={"max_step_up_gpus": 2, "max_replicas": 200},
-    ),
+        obs(1000, 2100, floor=2, share=0.25), ("set", 12), cfg={"max_step_up_gpus": 2, "max_replicas": 200}),
     "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set":
         Row(obs(50, 100, floor=1, share=0.5), ("set", 4)),
     "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set":
         Row(obs(50, 100, floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}),
     "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do": Row(
-        obs(200, 240, floor=8, share=0.5),
-        ("hold", "floor stays 8: 7 replicas would free no GPU"),
-        recs(400, 560),
-        cfg={"scale_down_margin": 0},
-    ),
+        obs(200, 240, floor=8, share=0.5), ("hold", "floor stays 8: 7 replicas would free no GPU"),
+        recs(400, 560), cfg={"scale_down_margin": 0}),
     "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)":
         Row(obs(150, 170, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"scale_down_margin": 0}),
     "may double in one step, as the HPA's default scale-up policy does":
@@ -91,17 +83,11 @@ ROWS = {
     "steps down only to a count the window's demand fits with the margin below it": Row(
         obs(100, 140, floor=8),
         ("hold", "floor stays 8, held by the stabilization window and the 10% scale-down margin"),
-        recs(100, 490),
-        cfg={"scale_down_margin": 0.1},
-    ),
+        recs(100, 490), cfg={"scale_down_margin": 0.1}),
     "steps down once the window's demand fits the lower count with the margin":
         Row(obs(100, 140, floor=8), ("set", 7), recs(100, 440), cfg={"scale_down_margin": 0.1}),
     "the margin never holds the floor above the object's own maximum": Row(
-        obs(100, 140, floor=8, max_replicas=6),
-        ("set", 6),
-        recs(100, 490),
-        cfg={"scale_down_margin": 0.1},
-    ),
+        obs(100, 140, floor=8, max_replicas=6), ("set", 6), recs(100, 490), cfg={"scale_down_margin": 0.1}),
     "holds the floor while the window remembers a recommendation as high":
         Row(obs(100, 140, floor=8), ("hold", "stabilization"), recs(100, 560)),
     "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas":

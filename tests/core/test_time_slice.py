@@ -45,18 +45,13 @@ ROWS = {
     "steps up toward the base from the driver default after stabilization":
         Row(pool_obs(UTIL, stall=5, level="default"), ("set", "short"), history(calm_for=900)),
     "uses the short base level for an IO-bound pool": Row(
-        pool_obs(UTIL, stall=5, level="medium"),
-        ("set", "short"),
-        history(calm_for=900),
-        pool(profile="io_bound"),
-    ),
+        pool_obs(UTIL, stall=5, level="medium"), ("set", "short"), history(calm_for=900),
+        pool(profile="io_bound")),
     "does nothing at the base level when stall is low":
         Row(pool_obs(UTIL, stall=1, level="medium"), ("hold", "at level medium")),
     "waits out the cooldown after a change": Row(
-        pool_obs(UTIL, stall=20, level="medium"),
-        ("hold", "cooldown"),
-        history(changed_ago=100, direction=1),
-    ),
+        pool_obs(UTIL, stall=20, level="medium"), ("hold", "cooldown"),
+        history(changed_ago=100, direction=1)),
     "takes no action when stall is unknown":
         Row(pool_obs(UTIL, stall=None), ("invalid", "missing")),
     "takes no action when stall is NaN":
