@@ -50,10 +50,7 @@ def forecast(peak: float, upper: float | None = None, last: float | None = None)
 
 
 def signal(
-    peak: float | None,
-    upper: float | None = None,
-    age: float = 1.0,
-    problem: str | None = None,
+    peak: float | None, upper: float | None = None, age: float = 1.0, problem: str | None = None
 ) -> Signal:
     f = None if peak is None else forecast(peak, upper)
     return Signal(last_sample_time=NOW - age, forecast=f, problem=problem)
@@ -93,10 +90,7 @@ def pool_obs(
 
 
 def workload_obs(
-    load: Signal,
-    floor: int | None = 4,
-    max_replicas: int | None = None,
-    share: float = 1.0,
+    load: Signal, floor: int | None = 4, max_replicas: int | None = None, share: float = 1.0
 ) -> WorkloadObservation:
     return WorkloadObservation(
         key="ml/ScaledObject/chat",
@@ -127,11 +121,7 @@ def history(
 
 
 def floor_of(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
+    obs: WorkloadObservation, cfg: ReplicasConfig, staleness: float, h: TargetHistory, now: float
 ) -> Outcome:
     """The replica floor of one workload: `replica_floors` of a tick of one."""
     return replica_floors([(obs, cfg, h)], staleness, now)[0]

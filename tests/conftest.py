@@ -16,9 +16,8 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="session")
 def one_blas_thread() -> Iterator[None]:
-    """One BLAS thread for the whole suite: multithreaded BLAS on 2 shared cores makes the
-    statsmodels reference 10x slower and the suite time out under load (issue 14). The
-    limit reaches only libraries already loaded, so statsmodels (and scipy's own BLAS) is loaded first."""
+    """One BLAS thread: multithreaded BLAS on 2 shared cores slows statsmodels tenfold. The
+    limit reaches only libraries already loaded, so statsmodels (and scipy's BLAS) goes first."""
     import statsmodels.tsa.arima.model  # noqa: F401
 
     with threadpool_limits(limits=1):
@@ -27,10 +26,8 @@ def one_blas_thread() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def root_logging_restored() -> Iterator[None]:
-    """A command run in-process (`cli.main`) points the root logger at the sys.stderr
-    pytest captured for that test and sets INFO; restored after each test, so a later
-    test's logs neither go to that closed stream ("--- Logging error ---" in a CI log)
-    nor run at INFO."""
+    """`cli.main` run in-process points the root logger at that test's captured stderr, at
+    INFO: restored, so a later test neither logs to a closed stream nor at INFO."""
     import logging
 
     root = logging.getLogger()
@@ -57,49 +54,20 @@ import os  # noqa: E402
 
 import controlplane as cp  # noqa: E402
 
-SLOW_MODULES = frozenset(
-    {
-        # each test starts a program: the CLI, lint-imports, promtool or a real Prometheus
-        "test_agent_cli",
-        "test_agent_mps_memory",
-        "test_cli_errors",
-        "test_cluster_cli",
-        "test_entrypoints",
-        "test_extender_live",
-        "test_extender_observability",
-        "test_fault_matrix",
-        "test_layers",
-        "test_observability",
-        "test_preemption_memory",
-        "test_prometheus",
-        "test_prometheus_invalid",
-        "test_prometheus_live",
-        "test_stock_scraping",
-        "test_demand",
-        "test_extscaler_live",
-        "test_forecast_leading",
-        "test_helm_chart",
-        "test_prometheus_grouped",
-        "test_prometheus_warm",
-        "test_sample_spacing",
-        "test_whatif_live",
-        # simulator replays with their baselines, and planning at 10,000 workloads
-        "test_simulate",
-        "test_plan_scale",
-        "test_sim_slot",
-        # statsmodels references, fake servers with real timeouts, leases, gRPC servers,
-        # watches: 0.5-44 s a module (pytest --durations, 2026-11-29)
-        "test_backtest",
-        "test_agent",
-        "test_kube_faults",
-        "test_kube_preemption",
-        "test_extscaler_grpc",
-        "test_kubefake",
-        "test_loop",
-        "test_leader",
-        "test_informer_faults",
-    }
-)
+SLOW_MODULES = frozenset({
+    # each test starts a program: the CLI, lint-imports, promtool or a real Prometheus
+    "test_agent_cli", "test_agent_mps_memory", "test_cli_errors", "test_cluster_cli",
+    "test_entrypoints", "test_extender_live", "test_extender_observability", "test_fault_matrix",
+    "test_layers", "test_observability", "test_preemption_memory", "test_prometheus",
+    "test_prometheus_invalid", "test_prometheus_live", "test_stock_scraping", "test_demand",
+    "test_extscaler_live", "test_forecast_leading", "test_helm_chart", "test_prometheus_grouped",
+    "test_prometheus_warm", "test_sample_spacing", "test_whatif_live",
+    # simulator replays with their baselines, and planning at 10,000 workloads
+    "test_simulate", "test_plan_scale", "test_sim_slot",
+    # statsmodels, fake servers with real timeouts, leases, gRPC servers, watches
+    "test_backtest", "test_agent", "test_kube_faults", "test_kube_preemption",
+    "test_extscaler_grpc", "test_kubefake", "test_loop", "test_leader", "test_informer_faults",
+})  # fmt: skip
 """Modules whose tests take seconds each: marker `slow`, left out by `make test-fast`."""
 
 

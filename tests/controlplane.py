@@ -1,33 +1,16 @@
 """A real Kubernetes control plane for the tests: etcd, kube-apiserver, and on demand
-kube-controller-manager and kube-scheduler, built from the k8s.io/kubernetes Go module by
-`tests/controlplane/build.sh` (binaries cached outside the repository, keyed by version).
+kube-controller-manager and kube-scheduler, built by `tests/controlplane/build.sh`
+(binaries cached outside the repository, keyed by version).
 
-Everything listens on 127.0.0.1 on free ports, with self-signed certificates, RBAC
-authorization and ServiceAccount token signing; there is no kubelet, so nodes are plain
-API objects and pods are made Running/Ready by a status patch. Every process is stopped
-by its PID, every wait is bounded in time.
+Everything listens on 127.0.0.1 on free ports, with self-signed certificates, RBAC and
+ServiceAccount tokens; there is no kubelet, so nodes are plain API objects and pods are
+made Running by a status patch. Every process is stopped by its PID, every wait bounded.
 
-The fixtures (tests/conftest.py):
-- `control_plane` (session): a started `ControlPlane` with the vendored CRDs
-  (tests/data/crds: KEDA ScaledObject, Prometheus Operator ServiceMonitor/PrometheusRule)
-  and kube-controller-manager running (PDB status, ReplicaSets, HPA, ServiceAccount tokens,
-  root CA publisher, namespaces, garbage collector). Missing binaries skip the test,
-  or fail it under CI=true.
-- `kube` (function): a `Kube` handle for one test: `kube.api` (admin `ApiClient`),
-  `kube.core` (`CoreV1Api`), `kube.namespace()` a fresh namespace (or a fixed name, waited
-  for if an earlier test's is still terminating), `kube.add_gpu_node(name, labels, gpus)`,
-  `kube.make_running(ns, pod)`, `kube.create(doc)` / `kube.ensure(doc)` (any object as
-  JSON), `kube.seed(items)` (a `kubectl get -o yaml` dump, statuses included),
-  `kube.get(path)` / `kube.request(method, path, body, content_type)` (raw API calls);
-  everything it made is deleted afterwards (nodes, namespaces, seeded strays).
-- `Recorder(api)` logs every (method, path, status) an `ApiClient` sends.
-- `scheduler` (function): kube-scheduler on the same control plane for one test (stopped
-  after it, so other tests' pending pods stay pending).
-
-`ControlPlane` API: `.url`, `.ca_file`, `.admin_kubeconfig`, `.api()`, `.kubectl(*args)`,
-`.start_controller_manager()`, `.start_scheduler()`, `.stop()`,
-`.token_kubeconfig(namespace, service_account, path, pod=None)` (a kubeconfig carrying a
-TokenRequest token, for running as a ServiceAccount; bound to a pod, node-bound too).
+Fixtures (tests/conftest.py): `control_plane` (session; the vendored CRDs of tests/data/crds
+installed, the controller-manager running; missing binaries skip, or fail under CI=true),
+`kube` (one test's `Kube` handle, which deletes what it made) and `scheduler`
+(kube-scheduler for one test). `Recorder(api)` logs every (method, path, status) a client
+sends.
 """
 
 from __future__ import annotations
@@ -49,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kubeobjects import priority_class, unschedulable
 from kubepki import make_pki, write_kubeconfig
 from kubernetes import client
 from kubernetes import config as kube_config
@@ -510,12 +494,7 @@ class Kube:
             "application/strategic-merge-patch+json",
         )
         # No kubelet will lift the taints a new node gets; remove them as it would.
-        return self.request(
-            "PATCH",
-            f"/api/v1/nodes/{name}",
-            {"spec": {"taints": None}},
-            "application/merge-patch+json",
-        )
+        return self.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
 
     def make_running(self, namespace: str, name: str, ready: bool = True) -> Json:
         """What a kubelet would report: phase Running, containers started, Ready."""
@@ -557,6 +536,26 @@ class Kube:
             "application/strategic-merge-patch+json",
         )
 
+    def patch(self, path: str, body: Json) -> Json:
+        """A JSON merge patch (RFC 7386) of the object at `path`."""
+        return self.request("PATCH", path, body, "application/merge-patch+json")
+
+    def bind(self, namespace: str, name: str, node: str) -> Json:
+        """Bind a pod to `node`, as kube-scheduler does."""
+        target = {"apiVersion": "v1", "kind": "Node", "name": node}
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": target}
+        return self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+
+    def mark_unschedulable(self, namespace: str, name: str, since: str, message: str = "") -> Json:
+        """What kube-scheduler leaves on a pod it cannot place: Pending, not scheduled."""
+        status = {"phase": "Pending", "conditions": [unschedulable(since, message)]}
+        return self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            {"status": status},
+            "application/strategic-merge-patch+json",
+        )
+
     def seed(self, items: list[Json]) -> dict[tuple[str, str | None, str], Json]:
         """Create objects as `kubectl get -o yaml` dumped them: server-set fields dropped,
         namespaces made, owner references pointed at the owners created here (others
@@ -574,14 +573,7 @@ class Kube:
             ):
                 # A dump of pods without every PriorityClass they name: the Priority
                 # admission plugin refuses a pod whose class is missing, so make it.
-                self.ensure(
-                    {
-                        "apiVersion": "scheduling.k8s.io/v1",
-                        "kind": "PriorityClass",
-                        "metadata": {"name": spec["priorityClassName"]},
-                        "value": spec.get("priority", 0),
-                    }
-                )
+                self.ensure(priority_class(spec["priorityClassName"], spec.get("priority", 0)))
             if doc["kind"] == "PriorityClass":
                 self.ensure(doc)
                 continue
@@ -610,19 +602,10 @@ class Kube:
                 self.strays.append(self.path(doc))
             if doc["kind"] == "Node":
                 self.nodes.append(meta["name"])
-                self.request(
-                    "PATCH",
-                    f"/api/v1/nodes/{meta['name']}",
-                    {"spec": {"taints": doc.get("spec", {}).get("taints")}},
-                    "application/merge-patch+json",
-                )
+                taints = doc.get("spec", {}).get("taints")
+                self.patch(f"/api/v1/nodes/{meta['name']}", {"spec": {"taints": taints}})
             if status and doc["kind"] in _STATUS:
-                created = self.request(
-                    "PATCH",
-                    self.path(doc) + "/status",
-                    {"status": status},
-                    "application/merge-patch+json",
-                )
+                created = self.patch(self.path(doc) + "/status", {"status": status})
             made[(doc["kind"], ns, meta["name"])] = created
         return made
 
@@ -674,9 +657,4 @@ class Kube:
 _SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
 _STATUS = {"Node", "Pod", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ScaledObject"}
 """Kinds whose status is a subresource, written after the object."""
-_PLURALS = {
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "PriorityClass": "priorityclasses",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "Ingress": "ingresses",
-}
+_PLURALS = {"PriorityClass": "priorityclasses", "Ingress": "ingresses"}

@@ -152,12 +152,6 @@ class DcgmExporter:
         self.gauges["free"].labels(*labels).set(MIB - used - reserved)
         self.gauges["reserved"].labels(*labels).set(reserved)
 
-    def drop_node(self, node: str) -> None:
-        for g in self.gauges.values():
-            for labels in list(g._metrics):
-                if node in labels[3:5]:
-                    g.remove(*labels)
-
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()

@@ -1,21 +1,12 @@
-"""A faithful-enough Kubernetes API server for the tests (no kube-apiserver installs here).
+"""A Kubernetes API server fake, for the faults a real one cannot be made to give on demand
+(`fail_next` injects an error status, `delay` hangs every answer); every request (verb,
+path) and the status it got are recorded, for RBAC checks.
 
-It speaks the real REST paths the official client uses, for core (/api/v1) and grouped
-(/apis/GROUP/VERSION) resources, namespaced or cluster-scoped, and keeps the semantics
-gpuscaler depends on:
-
-- every write bumps a global resourceVersion; PUT with a stale one is 409 Conflict;
-- POST of an existing name is 409 AlreadyExists; a missing object is 404 NotFound, as
-  `Status` objects;
-- PATCH honours the content type: JSON merge patch (RFC 7386), strategic merge patch
-  (maps merged, lists of objects merged by `name` or `type`, `null` deletes), anything
-  else is 415;
-- GET of a collection filters by `labelSelector` (equality, `!=`, `in`, `notin`, exists)
-  and by `fieldSelector` equalities on dotted paths (`spec.nodeName=NAME`);
-- `pods/NAME/eviction` deletes the pod (201) unless a PodDisruptionBudget in the namespace
-  selects it with `status.disruptionsAllowed` 0 (429 TooManyRequests);
-- Events and Leases are ordinary objects.
-Every request is recorded (verb, path) for RBAC checks, and `fail_next` injects errors.
+It speaks the REST paths of the official client, core and grouped, namespaced or not, with
+the semantics gpuscaler depends on: resourceVersion bumped by every write, a stale one 409;
+AlreadyExists and NotFound as `Status` objects; JSON merge and strategic merge PATCH (else
+415); label and field selectors on lists; `pods/NAME/eviction` refused (429) by a
+PodDisruptionBudget with no disruption allowed; `pods/NAME/binding`.
 """
 
 from __future__ import annotations
@@ -156,9 +147,7 @@ class FakeCluster:
 
     def add(self, gv: str, plural: str, obj: Json) -> Json:
         """Seed an object (as if created earlier)."""
-        meta = obj.setdefault("metadata", {})
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta = _stamped(obj.setdefault("metadata", {}))
         with self.lock:
             self.objects[(gv, plural, meta.get("namespace"), meta["name"])] = self._bump(
                 copy.deepcopy(obj)
@@ -209,12 +198,7 @@ class FakeCluster:
         if not m:
             return 404, status(404, "NotFound", f"no route {path}")
         gv = "v1" if m.group("core") else f"{m.group('group')}/{m.group('version')}"
-        ns, plural, name, sub = (
-            m.group("ns"),
-            m.group("plural"),
-            m.group("name"),
-            m.group("sub"),
-        )
+        ns, plural, name, sub = m.group("ns", "plural", "name", "sub")
         key: Key = (gv, plural, ns, name or "")
         if sub == "eviction" and verb == "POST":
             return self._evict(ns, name or "", (body or {}).get("deleteOptions"))
@@ -296,8 +280,7 @@ class FakeCluster:
             return 409, status(
                 409, "AlreadyExists", f'{plural} "{meta.get("name")}" already exists'
             )
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        _stamped(meta)
         self.objects[key] = self._bump(copy.deepcopy(body))
         return 201, copy.deepcopy(self.objects[key])
 
@@ -337,6 +320,13 @@ class FakeCluster:
                     )
         del self.objects[key]
         return 201, status(201, "", "evicted") | {"status": "Success"}
+
+
+def _stamped(meta: Json) -> Json:
+    """`meta` with the uid and creationTimestamp the server sets on create."""
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return meta
 
 
 def _precondition_failed(obj: Json, options: Json | None) -> tuple[int, Json] | None:

@@ -1,4 +1,5 @@
-"""Kubernetes objects as the API serves them, for the fake server and snapshot files."""
+"""Kubernetes objects as the API serves them, for the fake server, the real one and snapshot
+files."""
 
 from __future__ import annotations
 
@@ -88,11 +89,7 @@ def hpa(
     replicas: int | None = None,
     namespace: str = "ml",
 ) -> Json:
-    meta: Json = {
-        "name": name,
-        "namespace": namespace,
-        "labels": {"gpuscaler.io/enabled": "true"},
-    }
+    meta: Json = {"name": name, "namespace": namespace, "labels": {"gpuscaler.io/enabled": "true"}}
     if owner:
         meta["ownerReferences"] = [
             {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "name": owner, "uid": "u"}
@@ -123,4 +120,59 @@ def plugin_configmap(
             "labels": {"gpuscaler.io/enabled": "true"} if opted else {},
         },
         "data": data,
+    }
+
+
+def bare_pod(name: str, namespace: str, node_name: str | None = None, **spec: Any) -> Json:
+    """A bare pod of one container (`spec` added to its spec), as a user creates it."""
+    body: Json = {"containers": [{"name": "main", "image": "x"}], **spec}
+    if node_name is not None:
+        body["nodeName"] = node_name
+    meta = {"name": name, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def classed_pod(name: str, node_name: str | None, gpus: int, namespace: str, cls: str) -> Json:
+    """A GPU pod for the real server: the Priority admission plugin sets its priority from
+    the PriorityClass `cls`; its status is the server's."""
+    doc = gpu_pod(name, node_name, gpus, namespace=namespace)
+    doc["spec"].pop("priority")
+    doc["spec"]["priorityClassName"] = cls
+    doc.pop("status")
+    return doc
+
+
+def priority_class(name: str, value: int) -> Json:
+    meta = {"name": name}
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": meta,
+        "value": value,
+    }
+
+
+def unschedulable(since: str, message: str = "") -> Json:
+    """The PodScheduled condition kube-scheduler leaves on a pod it cannot place."""
+    return {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": since,
+    }
+
+
+def deployment(name: str, namespace: str, replicas: int, app: str = "") -> Json:
+    """A Deployment of `replicas` pods labelled app=`app` or NAME (they need no GPU)."""
+    labels = {"app": app or name}
+    template = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template},
     }

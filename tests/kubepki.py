@@ -70,51 +70,44 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _name(common: str, organization: str | None = None) -> x509.Name:
+    org = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    return x509.Name([*org, x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _sans(ips: list[str], dns: list[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    return names + [x509.DNSName(n) for n in dns]
+
+
+def _ca(path: Path, common: str) -> tuple[x509.Name, rsa.RSAPrivateKey]:
+    """A self-signed CA, its certificate written to `path`: its name and key, to sign with."""
+    name, key = _name(common), _key()
+    path.write_bytes(_pem(_cert(name, key, ca=True)))
+    return name, key
+
+
+def _issue(
+    d: Path, stem: str, subject: x509.Name, ca: tuple[x509.Name, rsa.RSAPrivateKey], **kw: Any
+) -> None:
+    """A certificate signed by `ca` and its key, written to STEM.crt and STEM.key in `d`."""
+    key = _key()
+    (d / f"{stem}.crt").write_bytes(_pem(_cert(subject, key, ca, **kw)))
+    (d / f"{stem}.key").write_bytes(_pem_key(key))
+
+
 def make_pki(d: Path) -> None:
     """ca.crt, apiserver.{crt,key} (127.0.0.1, localhost, kubernetes.default.svc),
     admin.{crt,key} (system:masters) and the ServiceAccount signing key sa.{key,pub}."""
-    ca_key = _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuscaler-test-ca")])
-    ca = _cert(ca_name, ca_key, ca=True)
-    (d / "ca.crt").write_bytes(_pem(ca))
-    sans: list[x509.GeneralName] = [
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
-    ]
-    sans += [
-        x509.DNSName(n)
-        for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
-    ]
-    server_key = _key()
-    server = _cert(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-        server_key,
-        (ca_name, ca_key),
-        sans=sans,
-        server=True,
-    )
-    (d / "apiserver.crt").write_bytes(_pem(server))
-    (d / "apiserver.key").write_bytes(_pem_key(server_key))
-    admin_key = _key()
-    admin = _cert(
-        x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "admin"),
-            ]
-        ),
-        admin_key,
-        (ca_name, ca_key),
-    )
-    (d / "admin.crt").write_bytes(_pem(admin))
-    (d / "admin.key").write_bytes(_pem_key(admin_key))
+    ca = _ca(d / "ca.crt", "gpuscaler-test-ca")
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    sans = _sans(["127.0.0.1", "10.0.0.1"], dns)
+    _issue(d, "apiserver", _name("kube-apiserver"), ca, sans=sans, server=True)
+    _issue(d, "admin", _name("admin", "system:masters"), ca)
     sa = _key()
     (d / "sa.key").write_bytes(_pem_key(sa))
-    (d / "sa.pub").write_bytes(
-        sa.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    public = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    (d / "sa.pub").write_bytes(sa.public_key().public_bytes(*public))
 
 
 def make_front_proxy_pki(d: Path) -> None:
@@ -122,29 +115,17 @@ def make_front_proxy_pki(d: Path) -> None:
     kubeadm makes them (front-proxy-ca.crt, front-proxy-client.{crt,key}, CN
     front-proxy-client): the apiserver presents it when it proxies a request to an
     aggregated API server, which trusts the X-Remote-User/-Group headers only from it."""
-    ca_key = _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-ca")])
-    (d / "front-proxy-ca.crt").write_bytes(_pem(_cert(ca_name, ca_key, ca=True)))
-    key = _key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "front-proxy-client")])
-    (d / "front-proxy-client.crt").write_bytes(_pem(_cert(name, key, (ca_name, ca_key))))
-    (d / "front-proxy-client.key").write_bytes(_pem_key(key))
+    ca = _ca(d / "front-proxy-ca.crt", "front-proxy-ca")
+    _issue(d, "front-proxy-client", _name("front-proxy-client"), ca)
 
 
 def make_mutual_tls_dir(d: Path, common_name: str, dns_names: list[str]) -> None:
     """ca.crt, tls.crt and tls.key in `d`, as a cert-manager or Kubernetes TLS Secret
     mounts them: one certificate for both ends of a mutual-TLS link (server and client
     usage), valid for 127.0.0.1 and `dns_names`."""
-    ca_key = _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name}-ca")])
-    (d / "ca.crt").write_bytes(_pem(_cert(ca_name, ca_key, ca=True)))
-    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    sans += [x509.DNSName(n) for n in dns_names]
-    key = _key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = _cert(name, key, (ca_name, ca_key), sans=sans, server=True, client_too=True)
-    (d / "tls.crt").write_bytes(_pem(cert))
-    (d / "tls.key").write_bytes(_pem_key(key))
+    ca = _ca(d / "ca.crt", f"{common_name}-ca")
+    sans = _sans(["127.0.0.1"], dns_names)
+    _issue(d, "tls", _name(common_name), ca, sans=sans, server=True, client_too=True)
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, user: Json) -> Path:

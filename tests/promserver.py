@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from controlplane import free_port as free_port  # re-exported: the tests import it from here
 
 STEP = 0.5
 
@@ -40,12 +40,6 @@ def planted_window(points: int, lag: float) -> tuple[float, float]:
     return end - (points - 1) * STEP, end
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _format(value: float) -> str:
     if value != value:  # NaN
         return "NaN"
@@ -55,10 +49,7 @@ def _format(value: float) -> str:
 
 
 def write_openmetrics(
-    path: Path,
-    metrics: dict[str, list[tuple[dict[str, str], ValueAt]]],
-    start: float,
-    points: int,
+    path: Path, metrics: dict[str, list[tuple[dict[str, str], ValueAt]]], start: float, points: int
 ) -> None:
     """Samples of every planted series at start + i * 500 ms, families kept together."""
     with path.open("w", encoding="utf-8") as out:

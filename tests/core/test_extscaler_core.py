@@ -162,19 +162,14 @@ UNPLANNED = "not planned this tick"
     ("plan", "floor", "serving", "want"),
     [
         (_plan((_decision(5),)), 2, None, (5, True, "forecast upper 300% -> 5 replicas")),
-        (
-            _plan(skips=_skip("hold: floor stays 4", False)),
-            4,
-            None,
-            (4, True, "hold: floor stays 4"),
-        ),
+        (_plan(skips=_skip("hold: floor stays 4", False)), 4, None, (4, True, "hold: floor stays 4")),
         (_plan(skips=_skip("no action: stale", True)), 4, None, (4, False, "no action: stale")),
         (_plan((_decision(1),), fallback=True), 4, None, (1, False, NO_SKILL)),
         (_plan((_decision(5),)), 2, "dry run", (5, False, "dry run")),
         (_plan(), 4, None, (4, False, UNPLANNED)),
         (_plan(), None, None, (0, False, UNPLANNED)),
     ],
-)
+)  # fmt: skip
 def test_the_floor_entry_follows_the_plan(
     plan: Plan, floor: int | None, serving: str | None, want: tuple[int, bool, str]
 ) -> None:
@@ -237,21 +232,13 @@ HPA = "HorizontalPodAutoscaler"
         (_so(floor_managers=("kubectl-client-side-apply", "gpuscaler")), 1, None),
         (_so({ARGO: "app:keda.sh/ScaledObject:ml/chat"}), 1, "managed by a GitOps tool"),
         (_so({ARGO: "a", OWNED: "false"}), 1, None),
-        (
-            _so({OWNED: "false"}, floor_managers=("kustomize-controller",)),
-            1,
-            "kustomize-controller",
-        ),
+        (_so({OWNED: "false"}, floor_managers=("kustomize-controller",)), 1, "kustomize-controller"),
         (_so({OWNED: "true"}), 1, "declared GitOps-owned"),
-        (
-            _so(labels={"kustomize.toolkit.fluxcd.io/name": "a"}),
-            1,
-            "kustomize.toolkit.fluxcd.io/name",
-        ),
+        (_so(labels={"kustomize.toolkit.fluxcd.io/name": "a"}), 1, "kustomize.toolkit.fluxcd.io/name"),
         (FloorTarget(HPA, annotations={KEDA: "true"}), 1, None),
         (FloorTarget(HPA, floor_managers=("helm-controller",)), 1, "helm-controller"),
     ],
-)
+)  # fmt: skip
 def test_a_floor_is_patched_only_where_nobody_else_owns_it(
     target: FloorTarget, direction: int, refusal: str | None
 ) -> None:

@@ -49,9 +49,7 @@ def score(view: NodeView, req: PodRequest) -> float:
     return float(scores(node_table({view.name: view}), np.array([0]), req)[0])
 
 
-def test_the_design_example_a_node_with_8_gpus_each_40_percent_used_and_2_allocated_fits_a_1_gpu_pod() -> (
-    None
-):
+def test_the_design_example_8_gpus_each_40_percent_used_and_2_allocated_fit_a_1_gpu_pod() -> None:
     # 8 A100s, 4 services holding 2 GPUs each at 40 % memory: the default scheduler sees
     # the node full, the memory view sees 8 x (40960 - 16384 - 4096) = 163,840 MiB usable.
     n = node("a100", [0.4 * A100] * 8)
@@ -278,16 +276,12 @@ PER_NUMA = "label gpuscaler.io/gpus-per-numa-node"
     [
         ("{not json", None, f"{TOPOLOGY}: not JSON"),
         ('{"uuid": "x"}', None, f"{TOPOLOGY}: expected a JSON list of objects"),
-        (
-            '[{"uuid": "x", "numa_node": "zero"}]',
-            None,
-            f"{TOPOLOGY}: numa_node 'zero' is not an integer",
-        ),
+        ('[{"uuid": "x", "numa_node": "zero"}]', None, f"{TOPOLOGY}: numa_node 'zero' is not an integer"),
         (None, "four", f"{PER_NUMA}: 'four' is not a positive whole number"),
         (None, "0", f"{PER_NUMA}: '0' is not a positive whole number"),
         (None, "٤", f"{PER_NUMA}: '٤' is not a positive whole number"),
     ],
-)
+)  # fmt: skip
 def test_malformed_node_topology_is_refused_naming_the_annotation(
     topology: str, label: str | None, message: str
 ) -> None:
@@ -332,9 +326,7 @@ def test_any_annotations_give_a_request_or_an_error_naming_the_annotation(
 
 
 @given(
-    st.lists(st.floats(0, A100), min_size=1, max_size=8),
-    st.integers(1, 200000),
-    st.integers(1, 8),
+    st.lists(st.floats(0, A100), min_size=1, max_size=8), st.integers(1, 200000), st.integers(1, 8)
 )
 def test_placement_agrees_with_the_filter(used: list[float], memory: int, count: int) -> None:
     n = node("n", used, [i // 4 for i in range(len(used))])

@@ -35,14 +35,7 @@ def gpu(index: int, used: float = 300, mig: bool = False, numa: int = 0) -> GpuF
     [
         ("no label: nothing asked", None, {}, [], [], False),
         ("fresh start: every GPU", "medium", {}, [("GPU-0", 2), ("GPU-1", 2)], [], False),
-        (
-            "already applied: nothing",
-            "medium",
-            {"GPU-0": "medium", "GPU-1": "medium"},
-            [],
-            [],
-            False,
-        ),
+        ("already applied: nothing", "medium", {"GPU-0": "medium", "GPU-1": "medium"}, [], [], False),
         (
             "label changed: every GPU",
             "long",
@@ -54,7 +47,7 @@ def gpu(index: int, used: float = 300, mig: bool = False, numa: int = 0) -> GpuF
         ("one GPU behind", "short", {"GPU-0": "short"}, [("GPU-1", 1)], [], False),
         ("a bad label value", "fast", {}, [], [], True),
     ],
-)
+)  # fmt: skip
 def test_the_time_slice_is_set_only_where_it_differs(
     name: str,
     label: str | None,
@@ -122,13 +115,7 @@ def _action(kind: Any, gpu_uuid: str, owner: Any = "pod") -> OrphanAction:
         ("not quarantined", False, [gpu(0, used=9000)], [], False),
         ("memory back below the threshold", True, [gpu(0, used=300), gpu(1, used=1024)], [], True),
         ("memory still held with no pod", True, [gpu(0, used=300), gpu(1, used=5000)], [], False),
-        (
-            "held by a live pod: in use, not leaked",
-            True,
-            [gpu(0, used=5000)],
-            [_action("keep", "GPU-0")],
-            True,
-        ),
+        ("held by a live pod: in use, not leaked", True, [gpu(0, used=5000)], [_action("keep", "GPU-0")], True),
         ("an orphan still waiting", True, [gpu(0, used=300)], [_action("wait", "GPU-0")], False),
         (
             "a process with an unknown cgroup",
@@ -137,16 +124,10 @@ def _action(kind: Any, gpu_uuid: str, owner: Any = "pod") -> OrphanAction:
             [_action("report", "GPU-0", "unknown")],
             False,
         ),
-        (
-            "a host process holding memory",
-            True,
-            [gpu(0, used=5000)],
-            [_action("keep", "GPU-0", "host")],
-            False,
-        ),
+        ("a host process holding memory", True, [gpu(0, used=5000)], [_action("keep", "GPU-0", "host")], False),
         ("pods unknown this poll", True, [gpu(0, used=0)], None, False),
     ],
-)
+)  # fmt: skip
 def test_the_quarantine_is_lifted_only_when_every_gpu_is_clean(
     name: str,
     quarantined: bool,

@@ -24,73 +24,41 @@ STATIC = "6c8b8ed0a3e04d1c0c5f8b6c5b5c0b9b"  # a static pod: the manifest hash
 # Path forms from kubelet (kubernetes/kubernetes pkg/kubelet/cm/cgroup_manager_linux.go,
 # ToSystemd / escapeSystemdCgroupName; pod_container_manager_linux.go, "pod" + UID).
 CASES = [
-    (
-        "cgroup v2, systemd, burstable",
-        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope",
-        "pod",
-        UID,
-    ),
-    (
-        "cgroup v2, systemd, guaranteed",
-        f"0::/kubepods.slice/kubepods-pod{ESC}.slice/crio-abc.scope",
-        "pod",
-        UID,
-    ),
-    (
-        "cgroup v2, systemd, besteffort",
-        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESC}.slice/docker-abc.scope",
-        "pod",
-        UID,
-    ),
-    ("cgroup v2, cgroupfs, burstable", f"0::/kubepods/burstable/pod{UID}/abc", "pod", UID),
-    ("cgroup v2, cgroupfs, guaranteed", f"0::/kubepods/pod{UID}/abc", "pod", UID),
-    (
-        "cgroup v1, cgroupfs",
-        f"12:memory:/kubepods/besteffort/pod{UID}/abc\n11:devices:/kubepods/besteffort/pod{UID}/abc\n1:name=systemd:/kubepods/besteffort/pod{UID}/abc",
-        "pod",
-        UID,
-    ),
-    (
-        "cgroup v1, systemd",
-        f"4:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope\n2:cpu,cpuacct:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope",
-        "pod",
-        UID,
-    ),
-    (
-        "cgroup v2 seen from a private cgroup namespace",
-        f"0::/../../kubepods-besteffort-pod{ESC}.slice/cri-containerd-abc.scope",
-        "pod",
-        UID,
-    ),
-    (
-        "a runtime cgroupsPath slice:prefix:id, not a kubelet path: reported",
-        f"0::/system.slice/containerd.service/kubepods-burstable-pod{ESC}.slice:cri-containerd:abc",
-        "unknown",
-        None,
-    ),
-    ("a static pod's hash UID", f"0::/kubepods/burstable/pod{STATIC}/abc", "pod", STATIC),
-    ("persistenced, a host service", "0::/system.slice/nvidia-persistenced.service", "host", None),
-    ("the MPS control daemon", "0::/system.slice/nvidia-mps.service", "host", None),
-    ("a login shell", "0::/user.slice/user-1000.slice/session-3.scope", "host", None),
-    ("init", "0::/init.scope", "host", None),
-    ("the root cgroup", "0::/", "host", None),
-    ("a plain docker container", "0::/docker/0123456789abcdef", "host", None),
-    ("kubepods but no pod segment", "0::/kubepods/burstable/abc", "unknown", None),
-    ("kubepods with a malformed UID", "0::/kubepods/burstable/pod1234/abc", "unknown", None),
-    (
-        "two pods in one file",
-        f"12:memory:/kubepods/pod{UID}/a\n11:devices:/kubepods/pod{STATIC}/a",
-        "unknown",
-        None,
-    ),
-    ("empty file", "", "unknown", None),
-    ("not cgroup lines", "hello world", "unknown", None),
-]
+    ("cgroup v2, systemd, burstable", "pod", UID,
+     f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope"),
+    ("cgroup v2, systemd, guaranteed", "pod", UID,
+     f"0::/kubepods.slice/kubepods-pod{ESC}.slice/crio-abc.scope"),
+    ("cgroup v2, systemd, besteffort", "pod", UID,
+     f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESC}.slice/docker-abc.scope"),
+    ("cgroup v2, cgroupfs, burstable", "pod", UID, f"0::/kubepods/burstable/pod{UID}/abc"),
+    ("cgroup v2, cgroupfs, guaranteed", "pod", UID, f"0::/kubepods/pod{UID}/abc"),
+    ("cgroup v1, cgroupfs", "pod", UID,
+     f"12:memory:/kubepods/besteffort/pod{UID}/abc\n11:devices:/kubepods/besteffort/pod{UID}/abc\n1:name=systemd:/kubepods/besteffort/pod{UID}/abc"),
+    ("cgroup v1, systemd", "pod", UID,
+     f"4:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope\n2:cpu,cpuacct:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESC}.slice/cri-containerd-abc.scope"),
+    ("cgroup v2 seen from a private cgroup namespace", "pod", UID,
+     f"0::/../../kubepods-besteffort-pod{ESC}.slice/cri-containerd-abc.scope"),
+    ("a runtime cgroupsPath slice:prefix:id, not a kubelet path: reported", "unknown", None,
+     f"0::/system.slice/containerd.service/kubepods-burstable-pod{ESC}.slice:cri-containerd:abc"),
+    ("a static pod's hash UID", "pod", STATIC, f"0::/kubepods/burstable/pod{STATIC}/abc"),
+    ("persistenced, a host service", "host", None, "0::/system.slice/nvidia-persistenced.service"),
+    ("the MPS control daemon", "host", None, "0::/system.slice/nvidia-mps.service"),
+    ("a login shell", "host", None, "0::/user.slice/user-1000.slice/session-3.scope"),
+    ("init", "host", None, "0::/init.scope"),
+    ("the root cgroup", "host", None, "0::/"),
+    ("a plain docker container", "host", None, "0::/docker/0123456789abcdef"),
+    ("kubepods but no pod segment", "unknown", None, "0::/kubepods/burstable/abc"),
+    ("kubepods with a malformed UID", "unknown", None, "0::/kubepods/burstable/pod1234/abc"),
+    ("two pods in one file", "unknown", None,
+     f"12:memory:/kubepods/pod{UID}/a\n11:devices:/kubepods/pod{STATIC}/a"),
+    ("empty file", "unknown", None, ""),
+    ("not cgroup lines", "unknown", None, "hello world"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "text", "kind", "uid"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "kind", "uid", "text"), CASES, ids=[c[0] for c in CASES])
 def test_a_cgroup_file_gives_the_pod_uid_or_says_why_not(
-    name: str, text: str, kind: str, uid: str | None
+    name: str, kind: str, uid: str | None, text: str
 ) -> None:
     owner = pod_uid_from_cgroup(text)
     assert (owner.kind, owner.pod_uid) == (kind, uid), owner.reason
@@ -160,14 +128,9 @@ def test_an_orphan_waits_out_its_grace_then_gets_sigterm_then_sigkill() -> None:
         ("a host process", proc(2, None, "host"), frozenset(), "keep"),
         ("an unknown cgroup", proc(3, None, "unknown"), frozenset(), "report"),
         ("any process when the pod list is unknown", proc(4, GONE), None, "keep"),
-        (
-            "a process of a static pod, by its mirror's config UID",
-            proc(5, STATIC),
-            frozenset({STATIC}),
-            "keep",
-        ),
+        ("a process of a static pod, by its mirror's config UID", proc(5, STATIC), frozenset({STATIC}), "keep"),
     ],
-)
+)  # fmt: skip
 def test_never_a_candidate(name: str, p: GpuProc, live: frozenset[str] | None, kind: str) -> None:
     memory = OrphanMemory()
     for now in (0, 1000, 2000):
@@ -195,61 +158,26 @@ def test_an_orphan_whose_pod_reappears_is_forgotten() -> None:
 
 
 SELF = "5e1f5e1f-0000-4000-8000-000000000001"
+ME = {"a/me": {SELF}}
+LACKS = (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted")
+TRUST = {
+    "trusted": (ME | {"ml/x": {UID}}, {"a/me"}, SELF, (frozenset({SELF, UID}), (), "")),
+    "empty": ({}, set(), SELF, LACKS),
+    "own pod missing": ({"ml/x": {UID}}, set(), SELF, LACKS),
+    "own uid unknown": (ME, set(), None, (None, (), "the agent's own pod UID is unknown (POD_UID unset)")),
+    "kubelet unread": (ME, None, SELF, (None, (), "the kubelet's pods are unknown (pod-resources unread)")),
+    "kubelet runs more": (ME, {"a/me", "kube-system/etcd-n"}, SELF, (frozenset({SELF}), ("kube-system/etcd-n",), "")),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("api", "kubelet", "own", "expected"),
-    [
-        ({"a/me": {SELF}, "ml/x": {UID}}, {"a/me"}, SELF, (frozenset({SELF, UID}), (), "")),
-        (
-            {},
-            set(),
-            SELF,
-            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
-        ),
-        (
-            {"ml/x": {UID}},
-            set(),
-            SELF,
-            (None, (), f"the pod list lacks the agent's own pod {SELF}: not trusted"),
-        ),
-        (
-            {"a/me": {SELF}},
-            set(),
-            None,
-            (None, (), "the agent's own pod UID is unknown (POD_UID unset)"),
-        ),
-        (
-            {"a/me": {SELF}},
-            None,
-            SELF,
-            (None, (), "the kubelet's pods are unknown (pod-resources unread)"),
-        ),
-        (
-            {"a/me": {SELF}},
-            {"a/me", "kube-system/etcd-n"},
-            SELF,
-            (frozenset({SELF}), ("kube-system/etcd-n",), ""),
-        ),
-    ],
-    ids=[
-        "trusted",
-        "empty",
-        "own pod missing",
-        "own uid unknown",
-        "kubelet unread",
-        "kubelet runs more",
-    ],
-)
+@pytest.mark.parametrize(("api", "kubelet", "own", "expected"), TRUST.values(), ids=list(TRUST))
 def test_the_pod_lists_are_trusted_only_with_the_agents_own_pod_and_the_kubelets_answer(
     api: dict[str, set[str]], kubelet: set[str] | None, own: str | None, expected: object
 ) -> None:
     assert trusted_pods(api, kubelet, own) == expected
 
 
-def test_while_the_kubelet_runs_a_pod_the_api_lacks_no_unlisted_pods_process_is_a_candidate() -> (
-    None
-):
+def test_while_the_kubelet_runs_a_pod_the_api_lacks_no_unlisted_process_is_a_candidate() -> None:
     memory = OrphanMemory()
     for now in (0, 100, 200):
         actions, memory = orphan_actions(

@@ -26,8 +26,7 @@ SNAP = Snapshot(
 
 
 def test_a_plan_holds_one_outcome_per_configured_target() -> None:
-    snap = SNAP
-    p = plan(snap, CONFIG, History(), NOW)
+    p = plan(SNAP, CONFIG, History(), NOW)
     kinds = sorted(d.kind for d in p.decisions)
     assert kinds == ["fragments", "replica_floor", "time_slice"]
     assert p.skips == ()
@@ -51,16 +50,14 @@ def test_configured_targets_with_no_observation_are_skipped_with_a_reason() -> N
 
 
 def test_planning_is_deterministic_and_leaves_its_inputs_alone() -> None:
-    snap = SNAP
     history = History()
-    a, b = plan(snap, CONFIG, history, NOW), plan(snap, CONFIG, history, NOW)
+    a, b = plan(SNAP, CONFIG, history, NOW), plan(SNAP, CONFIG, history, NOW)
     assert [d.as_record() for d in a.decisions] == [d.as_record() for d in b.decisions]
     assert dict(history.targets) == {}
 
 
 def test_only_applied_decisions_start_a_cooldown() -> None:
-    snap = SNAP
-    p = plan(snap, CONFIG, History(), NOW)
+    p = plan(SNAP, CONFIG, History(), NOW)
     frag = next(d for d in p.decisions if d.kind == "fragments")
     after = record_applied(p.history, (frag,))
     assert after.get(target_key("fragments", "a100")).last_change_at == NOW

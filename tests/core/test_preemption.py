@@ -60,111 +60,53 @@ def _victims(decisions: tuple[PreemptionStep, ...]) -> list[str]:
 FULL_N1 = (pod("a", "n1", 2, 100), pod("b", "n1", 1, 50), pod("c", "n1", 1, 10))
 
 
-def row(*values: object) -> tuple[object, ...]:
-    return values
-
-
 CHOICES = {
-    "the fewest low-priority victims that make room, most important given back first": row(
-        (critical(), *FULL_N1), (node("n1"),), ["ml/b", "ml/c"], ""
-    ),
-    "one share needed: only the lowest priority goes": row(
-        (critical(1), *FULL_N1), (node("n1"),), ["ml/c"], ""
-    ),
-    "the node whose highest victim priority is lowest": row(
-        (
-            critical(),
-            pod("a", "n1", 2, 100),
-            pod("b", "n1", 2, 50),
-            pod("x", "n2", 2, 10),
-            pod("y", "n2", 2, 20),
-        ),
-        (node("n1"), node("n2")),
-        ["ml/x"],
-        "",
-    ),
-    "the node with the fewest PDB violations": row(
-        (
-            critical(),
-            pod("a", "n1", 2, 10, pdb_blocked=True),
-            pod("b", "n1", 2, 10),
-            pod("x", "n2", 2, 10, pdb_blocked=True),
-            pod("y", "n2", 2, 10, pdb_blocked=True),
-        ),
-        (node("n1"), node("n2")),
-        ["ml/b"],
-        "",
-    ),
-    "the node with the fewest victims when priorities tie": row(
-        (
-            critical(),
-            pod("a", "n1", 1, 10),
-            pod("b", "n1", 1, 10),
-            pod("c", "n1", 2, 10),
-            pod("x", "n2", 2, 10),
-            pod("y", "n2", 2, 10),
-        ),
-        (node("n1"), node("n2")),
-        ["ml/c"],
-        "",
-    ),
-    "the victim with the freshest checkpoint loses least work": row(
-        (
-            critical(2),
-            pod("old", "n1", 2, 10, checkpoint_at=NOW - 3000),
-            pod("new", "n1", 2, 10, checkpoint_at=NOW - 60),
-        ),
-        (node("n1"),),
-        ["ml/new"],
-        "",
-    ),
-    "protected namespaces are never victims": row(
-        (
-            critical(),
-            pod("a", "n1", 2, 10, namespace="kube-system"),
-            pod("b", "n1", 2, 10, namespace="gpuscaler"),
-        ),
-        (node("n1"),),
-        [],
-        "would not fit",
-    ),
-    "pods at or above victim_max_priority are never victims": row(
+    "the fewest low-priority victims that make room, most important given back first":
+        ((critical(), *FULL_N1), (node("n1"),), ["ml/b", "ml/c"], ""),
+    "one share needed: only the lowest priority goes":
+        ((critical(1), *FULL_N1), (node("n1"),), ["ml/c"], ""),
+    "the node whose highest victim priority is lowest": (
+        (critical(), pod("a", "n1", 2, 100), pod("b", "n1", 2, 50),
+         pod("x", "n2", 2, 10), pod("y", "n2", 2, 20)),
+        (node("n1"), node("n2")), ["ml/x"], ""),
+    "the node with the fewest PDB violations": (
+        (critical(), pod("a", "n1", 2, 10, pdb_blocked=True), pod("b", "n1", 2, 10),
+         pod("x", "n2", 2, 10, pdb_blocked=True), pod("y", "n2", 2, 10, pdb_blocked=True)),
+        (node("n1"), node("n2")), ["ml/b"], ""),
+    "the node with the fewest victims when priorities tie": (
+        (critical(), pod("a", "n1", 1, 10), pod("b", "n1", 1, 10), pod("c", "n1", 2, 10),
+         pod("x", "n2", 2, 10), pod("y", "n2", 2, 10)),
+        (node("n1"), node("n2")), ["ml/c"], ""),
+    "the victim with the freshest checkpoint loses least work": (
+        (critical(2), pod("old", "n1", 2, 10, checkpoint_at=NOW - 3000),
+         pod("new", "n1", 2, 10, checkpoint_at=NOW - 60)),
+        (node("n1"),), ["ml/new"], ""),
+    "protected namespaces are never victims": (
+        (critical(), pod("a", "n1", 2, 10, namespace="kube-system"),
+         pod("b", "n1", 2, 10, namespace="gpuscaler")),
+        (node("n1"),), [], "would not fit"),
+    "pods at or above victim_max_priority are never victims": (
         (critical(), pod("a", "n1", 2, 20_000), pod("b", "n1", 2, 20_000)),
-        (node("n1"),),
-        [],
-        "would not fit",
-    ),
-    "a pod that opted out is spared even when it is the better victim": row(
+        (node("n1"),), [], "would not fit"),
+    "a pod that opted out is spared even when it is the better victim": (
         (critical(), pod("a", "n1", 2, 1, opted_out=True), pod("b", "n1", 2, 10)),
-        (node("n1"),),
-        ["ml/b"],
-        "",
-    ),
-    "freeing everything preemptible would not fit it": row(
-        (critical(gpus=5), *FULL_N1), (node("n1"),), [], "preemptible < 5"
-    ),
-    "a multi-GPU pod larger than a NUMA domain": row(
-        (critical(gpus=3), *FULL_N1),
-        (NodeView("n1", 4, 36.0, numa_domain_shares=2),),
-        [],
-        "3 shares do not fit one NUMA domain",
-    ),
-    "a share too small for its GPU memory": row(
-        (critical(gpu_memory_gib=40), *FULL_N1), (node("n1"),), [], "36.0 GiB, 40 GiB needed"
-    ),
-    "a free share already: the scheduler will place it": row(
-        (critical(), pod("a", "n1", 2, 10)), (node("n1"),), [], "has 2 free share(s) already"
-    ),
-    "a beneficiary whose PriorityClass never preempts": row(
-        (critical(preemption_never=True), *FULL_N1), (node("n1"),), [], None
-    ),
-    "pending for less than pending_for": row(
-        (replace(critical(), unschedulable_since=NOW - 5), *FULL_N1), (node("n1"),), [], None
-    ),
-    "below beneficiary_min_priority": row(
-        (replace(critical(), priority=999_999), *FULL_N1), (node("n1"),), [], None
-    ),
-}
+        (node("n1"),), ["ml/b"], ""),
+    "freeing everything preemptible would not fit it":
+        ((critical(gpus=5), *FULL_N1), (node("n1"),), [], "preemptible < 5"),
+    "a multi-GPU pod larger than a NUMA domain": (
+        (critical(gpus=3), *FULL_N1), (NodeView("n1", 4, 36.0, numa_domain_shares=2),), [],
+        "3 shares do not fit one NUMA domain"),
+    "a share too small for its GPU memory":
+        ((critical(gpu_memory_gib=40), *FULL_N1), (node("n1"),), [], "36.0 GiB, 40 GiB needed"),
+    "a free share already: the scheduler will place it":
+        ((critical(), pod("a", "n1", 2, 10)), (node("n1"),), [], "has 2 free share(s) already"),
+    "a beneficiary whose PriorityClass never preempts":
+        ((critical(preemption_never=True), *FULL_N1), (node("n1"),), [], None),
+    "pending for less than pending_for":
+        ((replace(critical(), unschedulable_since=NOW - 5), *FULL_N1), (node("n1"),), [], None),
+    "below beneficiary_min_priority":
+        ((replace(critical(), priority=999_999), *FULL_N1), (node("n1"),), [], None),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(("pods", "nodes", "victims", "why"), CHOICES.values(), ids=list(CHOICES))
@@ -228,69 +170,49 @@ def tier(
 
 
 TIERS = {
-    "soft: waiting for the checkpoint": tier(SOFT, (C, V), ("hold", "soft tier, 270s left")),
-    "soft: grace over, evict": tier(
-        replace(SOFT, since=NOW - 301), (C, V), ("hard", "evict", "soft grace 300s over")
-    ),
+    "soft: waiting for the checkpoint":
+        tier(SOFT, (C, V), ("hold", "soft tier, 270s left")),
+    "soft: grace over, evict":
+        tier(replace(SOFT, since=NOW - 301), (C, V), ("hard", "evict", "soft grace 300s over")),
     "soft: checkpoint acknowledged early, evict now": tier(
-        SOFT,
-        (C, replace(V, checkpoint_done_at=NOW - 5)),
-        ("hard", "evict", "checkpoint acknowledged after 25s"),
-    ),
-    "soft: an acknowledgement older than the request does not count": tier(
-        SOFT, (C, replace(V, checkpoint_done_at=NOW - 100)), ("hold", "soft tier")
-    ),
-    "soft: the victim exited by itself": tier(
-        SOFT, (C,), ("cleanup", "record_gone", "exited during the soft tier")
-    ),
-    "soft: the beneficiary was scheduled elsewhere": tier(
-        SOFT, (replace(C, node="n2"), V), ("aborted", "abort", "was scheduled on n2")
-    ),
-    "soft: the beneficiary is gone": tier(SOFT, (V,), ("aborted", "abort", "is gone")),
-    "hard: evict": tier(HARD, (C, V), ("hard", "evict", "attempt 1")),
+        SOFT, (C, replace(V, checkpoint_done_at=NOW - 5)),
+        ("hard", "evict", "checkpoint acknowledged after 25s")),
+    "soft: an acknowledgement older than the request does not count":
+        tier(SOFT, (C, replace(V, checkpoint_done_at=NOW - 100)), ("hold", "soft tier")),
+    "soft: the victim exited by itself":
+        tier(SOFT, (C,), ("cleanup", "record_gone", "exited during the soft tier")),
+    "soft: the beneficiary was scheduled elsewhere":
+        tier(SOFT, (replace(C, node="n2"), V), ("aborted", "abort", "was scheduled on n2")),
+    "soft: the beneficiary is gone":
+        tier(SOFT, (V,), ("aborted", "abort", "is gone")),
+    "hard: evict":
+        tier(HARD, (C, V), ("hard", "evict", "attempt 1")),
     "hard: terminating, wait": tier(
-        replace(HARD, evicted_at=NOW - 5),
-        (C, replace(V, terminating_since=NOW - 5)),
-        ("hold", "terminating for 5s"),
-    ),
+        replace(HARD, evicted_at=NOW - 5), (C, replace(V, terminating_since=NOW - 5)),
+        ("hold", "terminating for 5s")),
     "hard: stuck terminating, force-delete": tier(
-        replace(HARD, evicted_at=NOW - 400),
-        (C, replace(V, terminating_since=NOW - 301)),
-        ("hard", "force_delete", "stuck Terminating for 301s"),
-    ),
-    "hard: a PDB refused, wait before retrying": tier(
-        replace(HARD, attempts=1, last_attempt_at=NOW - 10), (C, V), ("hold", "retry in 20s")
-    ),
-    "hard: retry the eviction": tier(
-        replace(HARD, attempts=1, last_attempt_at=NOW - 31), (C, V), ("hard", "evict", "attempt 2")
-    ),
+        replace(HARD, evicted_at=NOW - 400), (C, replace(V, terminating_since=NOW - 301)),
+        ("hard", "force_delete", "stuck Terminating for 301s")),
+    "hard: a PDB refused, wait before retrying":
+        tier(replace(HARD, attempts=1, last_attempt_at=NOW - 10), (C, V), ("hold", "retry in 20s")),
+    "hard: retry the eviction":
+        tier(replace(HARD, attempts=1, last_attempt_at=NOW - 31), (C, V), ("hard", "evict", "attempt 2")),
     "hard: a PDB kept refusing, give up": tier(
-        replace(HARD, attempts=4, last_attempt_at=NOW - 31),
-        (C, V),
-        ("given_up", "give_up", "refused 4 times"),
-    ),
-    "hard: gone, check memory": tier(
-        replace(HARD, evicted_at=NOW - 5), (C,), ("cleanup", "record_gone", "victim is gone")
-    ),
-    "cleanup: memory released": tier(
-        CLEANUP, (C,), ("done", "confirm_released", "GPU memory released"), {"ml/c": True}
-    ),
-    "cleanup: memory held, still within the timeout": tier(
-        CLEANUP, (C,), ("hold", "30s for GPU memory release"), {"ml/c": False}
-    ),
+        replace(HARD, attempts=4, last_attempt_at=NOW - 31), (C, V),
+        ("given_up", "give_up", "refused 4 times")),
+    "hard: gone, check memory":
+        tier(replace(HARD, evicted_at=NOW - 5), (C,), ("cleanup", "record_gone", "victim is gone")),
+    "cleanup: memory released":
+        tier(CLEANUP, (C,), ("done", "confirm_released", "GPU memory released"), {"ml/c": True}),
+    "cleanup: memory held, still within the timeout":
+        tier(CLEANUP, (C,), ("hold", "30s for GPU memory release"), {"ml/c": False}),
     "cleanup: memory held past the timeout, quarantine": tier(
-        replace(CLEANUP, since=NOW - 121),
-        (C,),
-        ("quarantined", "quarantine", "node n1 tainted"),
-        {"ml/c": False},
-    ),
+        replace(CLEANUP, since=NOW - 121), (C,), ("quarantined", "quarantine", "node n1 tainted"),
+        {"ml/c": False}),
     "cleanup: a missing metric never quarantines": tier(
-        replace(CLEANUP, since=NOW - 121),
-        (C,),
-        ("done", "confirm_released", "not verified"),
-        {"ml/c": None},
-    ),
-}
+        replace(CLEANUP, since=NOW - 121), (C,), ("done", "confirm_released", "not verified"),
+        {"ml/c": None}),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(("state", "pods", "memory", "expect"), TIERS.values(), ids=list(TIERS))

@@ -44,107 +44,73 @@ def recs(seconds_ago: float, load: int) -> TargetHistory:
 
 
 ROWS = {
-    "raises the floor to ceil(forecast upper bound / target)": Row(
-        obs(280, 490, floor=4), ("set", 7)
-    ),
-    "sizes from the upper bound, not the mean": Row(obs(100, 490, floor=4), ("set", 7)),
-    "holds within the 10 percent tolerance of the current floor": Row(
-        obs(280, 300, floor=4), ("hold", "floor stays 4")
-    ),
-    "divides by the GPU share of one replica on a shared GPU": Row(
-        obs(100, 140, floor=2, share=0.5), ("set", 4)
-    ),
-    "adds at most max_step_up_gpus worth of replicas per change": Row(
-        obs(1000, 2100, floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}
-    ),
+    "raises the floor to ceil(forecast upper bound / target)":
+        Row(obs(280, 490, floor=4), ("set", 7)),
+    "sizes from the upper bound, not the mean":
+        Row(obs(100, 490, floor=4), ("set", 7)),
+    "holds within the 10 percent tolerance of the current floor":
+        Row(obs(280, 300, floor=4), ("hold", "floor stays 4")),
+    "divides by the GPU share of one replica on a shared GPU":
+        Row(obs(100, 140, floor=2, share=0.5), ("set", 4)),
+    "adds at most max_step_up_gpus worth of replicas per change":
+        Row(obs(1000, 2100, floor=2), ("set", 10), cfg={"max_step_up_gpus": 8}),
     "counts the step up in GPUs: on a quarter of a GPU each, 2 GPUs are 8 replicas": Row(
-        obs(1000, 2100, floor=2, share=0.25),
-        ("set", 10),
-        cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False},
-    ),
+        obs(1000, 2100, floor=2, share=0.25), ("set", 10),
+        cfg={"max_step_up_gpus": 2, "max_replicas": 200, "whole_gpus": False}),
     "fills the last GPU of a step up: 10 quarter-GPU replicas hold 3 GPUs, so 12 do": Row(
-        obs(1000, 2100, floor=2, share=0.25),
-        ("set", 12),
-        cfg={"max_step_up_gpus": 2, "max_replicas": 200},
-    ),
-    "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set": Row(
-        obs(50, 100, floor=1, share=0.5), ("set", 4)
-    ),
-    "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set": Row(
-        obs(50, 100, floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}
-    ),
+        obs(1000, 2100, floor=2, share=0.25), ("set", 12), cfg={"max_step_up_gpus": 2, "max_replicas": 200}),
+    "fills the last GPU on the way up: 3 half-GPU replicas wanted, 4 set":
+        Row(obs(50, 100, floor=1, share=0.5), ("set", 4)),
+    "any count with whole_gpus off: 3 half-GPU replicas wanted, 3 set":
+        Row(obs(50, 100, floor=1, share=0.5), ("set", 3), cfg={"whole_gpus": False}),
     "holds a step down that frees no GPU: 7 half-GPU replicas hold 4 GPUs as 8 do": Row(
-        obs(200, 240, floor=8, share=0.5),
-        ("hold", "floor stays 8: 7 replicas would free no GPU"),
-        recs(400, 560),
-        cfg={"scale_down_margin": 0},
-    ),
-    "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)": Row(
-        obs(150, 170, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"scale_down_margin": 0}
-    ),
-    "may double in one step, as the HPA's default scale-up policy does": Row(
-        obs(3000, 4200, floor=20), ("set", 40), cfg={"max_step_up_gpus": 4, "max_replicas": 100}
-    ),
-    "never sets the floor above max_replicas": Row(obs(3000, 4000, floor=45), ("set", 50)),
-    "never sets the floor above the object's own maximum": Row(
-        obs(500, 700, floor=4, max_replicas=6), ("set", 6)
-    ),
-    "the object's own maximum wins over a higher min_replicas (clamped once, here)": Row(
-        obs(5, 10, floor=4, max_replicas=6), ("set", 6), cfg={"min_replicas": 8, "max_replicas": 50}
-    ),
-    "never sets the floor below min_replicas": Row(
-        obs(5, 10, floor=3), ("set", 2), cfg={"min_replicas": 2}
-    ),
-    "scales down only to the highest recommendation in the stabilization window": Row(
-        obs(100, 140, floor=8), ("set", 7), recs(100, 490), cfg={"scale_down_margin": 0}
-    ),
+        obs(200, 240, floor=8, share=0.5), ("hold", "floor stays 8: 7 replicas would free no GPU"),
+        recs(400, 560), cfg={"scale_down_margin": 0}),
+    "steps down to full GPUs: 5 half-GPU replicas wanted, 6 set (3 GPUs, from 4)":
+        Row(obs(150, 170, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"scale_down_margin": 0}),
+    "may double in one step, as the HPA's default scale-up policy does":
+        Row(obs(3000, 4200, floor=20), ("set", 40), cfg={"max_step_up_gpus": 4, "max_replicas": 100}),
+    "never sets the floor above max_replicas":
+        Row(obs(3000, 4000, floor=45), ("set", 50)),
+    "never sets the floor above the object's own maximum":
+        Row(obs(500, 700, floor=4, max_replicas=6), ("set", 6)),
+    "the object's own maximum wins over a higher min_replicas (clamped once, here)":
+        Row(obs(5, 10, floor=4, max_replicas=6), ("set", 6), cfg={"min_replicas": 8, "max_replicas": 50}),
+    "never sets the floor below min_replicas":
+        Row(obs(5, 10, floor=3), ("set", 2), cfg={"min_replicas": 2}),
+    "scales down only to the highest recommendation in the stabilization window":
+        Row(obs(100, 140, floor=8), ("set", 7), recs(100, 490), cfg={"scale_down_margin": 0}),
     "steps down only to a count the window's demand fits with the margin below it": Row(
         obs(100, 140, floor=8),
         ("hold", "floor stays 8, held by the stabilization window and the 10% scale-down margin"),
-        recs(100, 490),
-        cfg={"scale_down_margin": 0.1},
-    ),
-    "steps down once the window's demand fits the lower count with the margin": Row(
-        obs(100, 140, floor=8), ("set", 7), recs(100, 440), cfg={"scale_down_margin": 0.1}
-    ),
+        recs(100, 490), cfg={"scale_down_margin": 0.1}),
+    "steps down once the window's demand fits the lower count with the margin":
+        Row(obs(100, 140, floor=8), ("set", 7), recs(100, 440), cfg={"scale_down_margin": 0.1}),
     "the margin never holds the floor above the object's own maximum": Row(
-        obs(100, 140, floor=8, max_replicas=6),
-        ("set", 6),
-        recs(100, 490),
-        cfg={"scale_down_margin": 0.1},
-    ),
-    "holds the floor while the window remembers a recommendation as high": Row(
-        obs(100, 140, floor=8), ("hold", "stabilization"), recs(100, 560)
-    ),
-    "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas": Row(
-        obs(100, 140, floor=14, share=0.5), ("hold", "stabilization"), recs(100, 490)
-    ),
-    "forgets recommendations older than the window and drops in one step, like the HPA": Row(
-        obs(100, 140, floor=8), ("set", 2), recs(400, 560), cfg={"scale_down_margin": 0}
-    ),
-    "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)": Row(
-        obs(100, 140, floor=8), ("set", 3), recs(400, 560), cfg={"scale_down_margin": 0.1}
-    ),
-    "removes at most max_step_down_gpus worth of replicas when that is set": Row(
-        obs(100, 140, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"max_step_down_gpus": 1}
-    ),
-    "waits out the cooldown after a change": Row(
-        obs(280, 490, floor=4), ("hold", "cooldown"), history(changed_ago=10, direction=1)
-    ),
-    "takes no action without a forecast": Row(
-        workload_obs(signal(None)), ("invalid", "no forecast")
-    ),
-    "takes no action on stale data": Row(
-        workload_obs(signal(280, 490, age=121)), ("invalid", "stale")
-    ),
-    "takes no action on a non-finite forecast": Row(nan_load(), ("invalid", "not finite")),
-    "takes no action when the source reported a problem": Row(
-        workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")), ("invalid", "HTTP 503")
-    ),
-    "takes no action when the current floor is unknown": Row(
-        obs(280, 490, floor=None), ("invalid", "floor unknown")
-    ),
-}
+        obs(100, 140, floor=8, max_replicas=6), ("set", 6), recs(100, 490), cfg={"scale_down_margin": 0.1}),
+    "holds the floor while the window remembers a recommendation as high":
+        Row(obs(100, 140, floor=8), ("hold", "stabilization"), recs(100, 560)),
+    "keeps the window's load across a fragment change: 4.9 GPUs are 14 half-GPU replicas":
+        Row(obs(100, 140, floor=14, share=0.5), ("hold", "stabilization"), recs(100, 490)),
+    "forgets recommendations older than the window and drops in one step, like the HPA":
+        Row(obs(100, 140, floor=8), ("set", 2), recs(400, 560), cfg={"scale_down_margin": 0}),
+    "drops in one step to the count the margin keeps (140 percent at 63: 3 replicas)":
+        Row(obs(100, 140, floor=8), ("set", 3), recs(400, 560), cfg={"scale_down_margin": 0.1}),
+    "removes at most max_step_down_gpus worth of replicas when that is set":
+        Row(obs(100, 140, floor=8, share=0.5), ("set", 6), recs(400, 560), cfg={"max_step_down_gpus": 1}),
+    "waits out the cooldown after a change":
+        Row(obs(280, 490, floor=4), ("hold", "cooldown"), history(changed_ago=10, direction=1)),
+    "takes no action without a forecast":
+        Row(workload_obs(signal(None)), ("invalid", "no forecast")),
+    "takes no action on stale data":
+        Row(workload_obs(signal(280, 490, age=121)), ("invalid", "stale")),
+    "takes no action on a non-finite forecast":
+        Row(nan_load(), ("invalid", "not finite")),
+    "takes no action when the source reported a problem":
+        Row(workload_obs(signal(280, 490, problem="HTTP 503 from Prometheus")), ("invalid", "HTTP 503")),
+    "takes no action when the current floor is unknown":
+        Row(obs(280, 490, floor=None), ("invalid", "floor unknown")),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=list(ROWS))
@@ -177,27 +143,15 @@ TOO_SHORT = "only 300s of samples in the window, forecast needs 600s"
 
 
 NO_FORECAST = {
-    "before the forecast has history the floor sizes for the observed demand": (
-        Signal(NOW - 1, None, TOO_SHORT),
-        490.0,
-        ("set", 7),
-    ),
-    "a source problem (no observed peak) takes no action": (
-        Signal(NOW - 1, None, "HTTP 503 from Prometheus"),
-        None,
-        ("invalid", "HTTP 503"),
-    ),
-    "stale samples take no action": (
-        Signal(NOW - 200, None, TOO_SHORT),
-        490.0,
-        ("invalid", TOO_SHORT),
-    ),
-    "a non-finite observed peak takes no action": (
-        Signal(NOW - 1, None, TOO_SHORT),
-        float("nan"),
-        ("invalid", TOO_SHORT),
-    ),
-}
+    "before the forecast has history the floor sizes for the observed demand":
+        (Signal(NOW - 1, None, TOO_SHORT), 490.0, ("set", 7)),
+    "a source problem (no observed peak) takes no action":
+        (Signal(NOW - 1, None, "HTTP 503 from Prometheus"), None, ("invalid", "HTTP 503")),
+    "stale samples take no action":
+        (Signal(NOW - 200, None, TOO_SHORT), 490.0, ("invalid", TOO_SHORT)),
+    "a non-finite observed peak takes no action":
+        (Signal(NOW - 1, None, TOO_SHORT), float("nan"), ("invalid", TOO_SHORT)),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(("load", "peak", "expect"), NO_FORECAST.values(), ids=list(NO_FORECAST))
@@ -272,17 +226,11 @@ WHOLE = {
     "never above the ceiling": (9, 4, 0.25, 10, 10),
     "whole-GPU replicas are left as they are": (3, 5, 1.0, 50, 3),
     "two-GPU replicas are left as they are": (3, 1, 2.0, 50, 3),
-    "a share that does not divide a GPU packs floor(1 / share): 5 and 6 hold 2 GPUs": (
-        5,
-        6,
-        0.3,
-        50,
-        6,
-    ),
+    "a share that does not divide a GPU packs floor(1 / share): 5 and 6 hold 2 GPUs": (5, 6, 0.3, 50, 6),
     "a share of 0.3 fills to 3 a GPU": (4, 1, 0.3, 50, 6),
     "from zero, the first GPU is filled": (1, 0, 0.5, 50, 2),
     "no change stays no change": (6, 6, 0.5, 50, 6),
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,5 @@
-"""deploy/agent: the DaemonSet has the privileges the agent needs and no more, its RBAC
-grants exactly the calls the agent makes, and preemption tier 3 ends with the taint
-removed by the agent."""
+"""deploy/agent: the DaemonSet has the privileges the agent needs and no more, and its
+RBAC grants exactly the calls the agent makes lifting a quarantine preemption left."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any
 
 import pytest
 from agentkit import BUS0, GPU0, SELF, agent_pod, cgroupfs_v1, fake_node
-from kubefake import FakeCluster, fake_apiserver
+from kubefake import FakeCluster
 from kubeobjects import gpu_pod, node
 from kubernetes import client
 from test_deploy import ROOT, _one, render
@@ -18,7 +17,7 @@ from test_rbac import Call, _allows, _preemption, as_call
 
 from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
-from gpuscaler.adapters.node import CLEANUP_LABEL, NodeApi
+from gpuscaler.adapters.node import NodeApi
 from gpuscaler.adapters.nvidia_smi import SmiResult
 from gpuscaler.adapters.nvml import FakeNvml
 from gpuscaler.adapters.podresources import list_pods
@@ -174,40 +173,19 @@ def _tier3(fake: FakeCluster, api: client.ApiClient) -> tuple[str, str]:
     return tainted, gone
 
 
-def test_preemption_tier_3_ends_with_the_taint_removed_by_the_agent() -> None:
-    with (
-        fake_node() as node_dir,
-        fake_apiserver() as (url, fake),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
+def test_every_agent_call_is_allowed_and_every_grant_is_used(
+    api: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    official, fake = api
+    with fake_node() as node_dir:
         node_dir.add_gpu(GPU0, 0, BUS0, numa=0)
-        tainted, victim_uid = _tier3(fake, api)
-        leak = node_dir.start(cgroupfs_v1(victim_uid), GPU0, 12000)
-        agent = _agent_for(node_dir, api, tainted)
-        assert not agent.poll(0).lifted
-        agent.poll(60)  # SIGTERM after the grace
-        next(c for c in node_dir.children if c.pid == leak).wait(timeout=10)
-        assert agent.poll(61).lifted
-        stored = fake.get("v1", "nodes", None, tainted)
-        assert stored is not None
-        assert QUARANTINE_TAINT not in json.dumps(stored["spec"])
-        assert CLEANUP_LABEL not in stored["metadata"]["labels"]
-
-
-def test_every_agent_call_is_allowed_and_every_grant_is_used() -> None:
-    with (
-        fake_node() as node_dir,
-        fake_apiserver() as (url, fake),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        node_dir.add_gpu(GPU0, 0, BUS0, numa=0)
-        tainted, victim_uid = _tier3(fake, api)
+        tainted, victim_uid = _tier3(fake, official)
         fake.requests.clear()
         fake.codes.clear()
         node_dir.start(cgroupfs_v1(victim_uid), GPU0, 12000)
         labels = fake.objects[("v1", "nodes", None, tainted)]["metadata"]["labels"]
         labels["gpuscaler.io/time-slice"] = "long"
-        agent = _agent_for(node_dir, api, tainted)
+        agent = _agent_for(node_dir, official, tainted)
         fake.fail_next("PATCH", f"/nodes/{tainted}$", 409)  # a conflict: re-read
         for now in (0, 60, 61, 62):
             agent.poll(now)

@@ -30,6 +30,7 @@ from agentkit import (
     terminate,
 )
 from controlplane import Kube, wait_until
+from kubeobjects import bare_pod
 from kubernetes import config as kube_config
 
 from gpuscaler.adapters.kube.api import KubeError
@@ -48,12 +49,7 @@ OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
 def _quarantine(kube: Kube, node: str) -> None:
     """Tier 3's quarantine, by the controller's own adapter code, on a node that already
     carries another taint (which must survive the lift)."""
-    kube.request(
-        "PATCH",
-        f"/api/v1/nodes/{node}",
-        {"spec": {"taints": [OTHER_TAINT]}},
-        "application/merge-patch+json",
-    )
+    kube.patch(f"/api/v1/nodes/{node}", {"spec": {"taints": [OTHER_TAINT]}})
     config = parse_config("")
     now = time.time()
     with kube.plane.api() as api:
@@ -64,11 +60,8 @@ def _quarantine(kube: Kube, node: str) -> None:
             victim
         )
     taints = _node(kube, node)["spec"]["taints"]
-    assert {
-        "key": QUARANTINE_TAINT,
-        "value": "true",
-        "effect": "NoSchedule",
-    } in taints and OTHER_TAINT in taints
+    quarantine = {"key": QUARANTINE_TAINT, "value": "true", "effect": "NoSchedule"}
+    assert quarantine in taints and OTHER_TAINT in taints
 
 
 def _node(kube: Kube, name: str) -> dict[str, Any]:
@@ -122,22 +115,10 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
     (ds_pod,) = agent_pods()  # admitted under the namespace's Pod Security level
     assert ds_pod["spec"]["priority"] == 1_000_000_000 and ds_pod["spec"]["hostPID"] is True
     ds_name, ds_uid = ds_pod["metadata"]["name"], ds_pod["metadata"]["uid"]
-    target = {"apiVersion": "v1", "kind": "Node", "name": name}
-    kube.request(  # bound to its node as the scheduler would
-        "POST",
-        f"/api/v1/namespaces/gpuscaler-agent/pods/{ds_name}/binding",
-        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": ds_name}, "target": target},
-    )
+    kube.bind("gpuscaler-agent", ds_name, name)
 
     ns = kube.namespace()
-    live = kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "serving", "namespace": ns},
-            "spec": {"nodeName": name, "containers": [{"name": "m", "image": "x"}]},
-        }
-    )
+    live = kube.create(bare_pod("serving", ns, name))
     live_uid = live["metadata"]["uid"]
     gone_uid = str(uuid.uuid4())  # an evicted pod: no longer in the API
     with fake_node() as node:
@@ -174,19 +155,9 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
             "POD_UID": ds_uid,
             "PATH": f"{node.root / 'bin'}:{os.environ['PATH']}",
         }
+        argv = [GPUSCALER, "agent", "--config", str(config), "--kubeconfig", str(kubeconfig)]
         agent = subprocess.Popen(
-            [
-                GPUSCALER,
-                "agent",
-                "--config",
-                str(config),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--metrics-port",
-                "0",
-                "--fake-nvml",
-                str(node.nvml_file),
-            ],
+            [*argv, "--metrics-port", "0", "--fake-nvml", str(node.nvml_file)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / "agent.log").open("w"),
@@ -216,19 +187,16 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
     assert annotations[TIME_SLICE_APPLIED] == "medium"
     assert [g["numa_node"] for g in json.loads(annotations[GPU_TOPOLOGY])] == [0, 1]
     events = _events(kube, name)
-    reasons = {e["reason"] for e in events}
-    assert {
+    wanted = {
         "TimeSliceApplied",
         "OrphanGPUProcessKilled",
         "OrphanGPUMemoryFreed",
         "GPUMemoryReleased",
-    } <= reasons
+    }
+    assert wanted <= {e["reason"] for e in events}
     (killed,) = [e for e in events if e["reason"] == "OrphanGPUProcessKilled"]
-    assert (
-        f"PID {orphan}" in killed["note"]
-        and gone_uid in killed["note"]
-        and "8000 MiB" in killed["note"]
-    )
+    for part in (f"PID {orphan}", gone_uid, "8000 MiB"):
+        assert part in killed["note"]
     assert killed["reportingController"] == "gpuscaler.io/controller"
     plane.kubectl("delete", "-k", str(ROOT / "deploy" / "agent"), "--wait=false", check=False)
 
@@ -237,12 +205,7 @@ def test_the_agent_as_its_service_account_cleans_up_a_quarantined_node(
 
 
 def _label(kube: Kube, node: str, labels: dict[str, str | None]) -> None:
-    kube.request(
-        "PATCH",
-        f"/api/v1/nodes/{node}",
-        {"metadata": {"labels": labels}},
-        "application/merge-patch+json",
-    )
+    kube.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": labels}})
 
 
 def test_on_the_real_server_a_label_change_is_applied_once_and_a_failure_is_a_warning(
@@ -291,22 +254,8 @@ def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_ru
     kube.add_gpu_node(name, {"gpuscaler.io/enabled": "true"})
     _quarantine(kube, name)
     ns = kube.namespace()
-    live = kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "serving", "namespace": ns},
-            "spec": {"nodeName": name, "containers": [{"name": "m", "image": "x"}]},
-        }
-    )
-    me = kube.create(  # the agent's own pod: the pod list must hold it
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "agent", "namespace": ns},
-            "spec": {"nodeName": name, "containers": [{"name": "a", "image": "x"}]},
-        }
-    )
+    live = kube.create(bare_pod("serving", ns, name))
+    me = kube.create(bare_pod("agent", ns, name))  # the agent's own: the pod list must hold it
     with fake_node() as node, kube.plane.api() as api:
         node.add_gpu(GPU0, 0, BUS0, numa=0)
         pids = [
@@ -326,10 +275,8 @@ def test_on_the_real_server_live_and_host_processes_are_never_touched_and_dry_ru
     assert kinds[pids[3]] == "sigkill" and {kinds[p] for p in pids[:3]} == {"keep"}
     assert not report.lifted
     stored = _node(kube, name)
-    assert (
-        QUARANTINE_TAINT in json.dumps(stored["spec"])
-        and CLEANUP_LABEL in stored["metadata"]["labels"]
-    )
+    assert QUARANTINE_TAINT in json.dumps(stored["spec"])
+    assert CLEANUP_LABEL in stored["metadata"]["labels"]
     assert GPU_TOPOLOGY in stored["metadata"]["annotations"]  # published in dry run too
     assert not [e for e in _events(kube, name) if e["reason"].startswith("Orphan")]
 
@@ -345,16 +292,7 @@ def test_the_agents_token_changes_its_own_node_and_no_other(kube: Kube, tmp_path
     for name in (own, other, canary):
         kube.add_gpu_node(name, {})  # no GPU label: no DaemonSet pod
     me = kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "agent", "namespace": "gpuscaler-agent"},
-            "spec": {
-                "nodeName": own,
-                "serviceAccountName": "gpuscaler-agent",
-                "containers": [{"name": "a", "image": "x"}],
-            },
-        }
+        bare_pod("agent", "gpuscaler-agent", own, serviceAccountName="gpuscaler-agent")
     )
     plane, config = kube.plane, parse_config("")
     bound = plane.token_kubeconfig(

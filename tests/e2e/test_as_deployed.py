@@ -29,7 +29,7 @@ import pytest
 import yaml
 from controlplane import ROOT, Kube, free_port, wait_until
 from kubemeta import annotations_of, labels_of, meta
-from kubeobjects import plugin_configmap
+from kubeobjects import deployment, plugin_configmap
 from test_cluster_cli import SNAPSHOT, _config, planted_prometheus
 from test_deploy import render
 
@@ -39,24 +39,6 @@ HOME = "gpuscaler"
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
 SO = "/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects/chat"
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{HOME}/leases/gpuscaler-leader"
-
-
-def _deployment(name: str, replicas: int) -> dict[str, Any]:
-    """A scale target as the workload owner has it (pods need no GPU for this)."""
-    labels = {"app": f"{name}-target"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "ml"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "registry.example.com/x:1"}]},
-            },
-        },
-    }
 
 
 @pytest.fixture
@@ -74,8 +56,8 @@ def cluster(kube: Kube) -> Kube:
     kube.namespace(HOME)
     kube.seed(yaml.safe_load(SNAPSHOT.read_text())["items"])
     kube.create(plugin_configmap({"ts-2": sharing_config("time-slicing", 2)}))
-    kube.create(_deployment("chat", 2))
-    kube.create(_deployment("embedder", 1))
+    for name, replicas in (("chat", 2), ("embedder", 1)):  # scale targets; no GPU needed
+        kube.create(deployment(name, "ml", replicas, app=f"{name}-target"))
     kube.plane.kubectl("apply", "-f", str(ROOT / "deploy" / "rbac.yaml"))
     return kube
 
@@ -121,6 +103,21 @@ class Replica:
         self.popen.wait(10)
 
 
+def run_two_ticks(
+    cluster: Kube, cfg: Path, tmp_path: Path, pod: str
+) -> subprocess.CompletedProcess[str]:
+    """`gpuscaler run` for two ticks as pod `pod` of HOME, with its ServiceAccount's token."""
+    kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
+    argv = [GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)]
+    return subprocess.run(
+        [*argv, "--max-ticks", "2", "--metrics-port", "0"],
+        env=_env(POD_NAME=pod, POD_NAMESPACE=HOME),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.fixture
 def replicas() -> Iterator[list[Replica]]:
     started: list[Replica] = []
@@ -158,9 +155,7 @@ def test_two_real_replicas_elect_one_leader_and_the_other_takes_over_when_it_die
     wait_until("a sets the floor", lambda: cluster.get(SO)["spec"]["minReplicaCount"] > 2, 60, 0.5)
     a.signal(signal.SIGKILL)  # dies without releasing the lease
     killed = time.monotonic()
-    cluster.request(  # someone lowers the floor while there is no leader
-        "PATCH", SO, {"spec": {"minReplicaCount": 2}}, "application/merge-patch+json"
-    )
+    cluster.patch(SO, {"spec": {"minReplicaCount": 2}})  # lowered while there is no leader
     wait_until("b takes over", lambda: _lease_holder(cluster) == "gpuscaler-b", 40, 0.2)
     took = time.monotonic() - killed
     assert took >= 3, f"taken over after {took:.1f} s: before the lease could expire"
@@ -189,25 +184,7 @@ def test_run_acts_on_the_cluster_as_leader_with_its_service_account(
     # The flow end to end in two ticks: a config gpuscaler adds is named on nodes at once
     # here; the propagation wait itself is tested in test_kube_nodes.py.
     cfg = _config(tmp_path, prom_url, "kubernetes: {config_propagation: 0s}\n")
-    kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
-    out = subprocess.run(
-        [
-            GPUSCALER,
-            "run",
-            "--config",
-            str(cfg),
-            "--kubeconfig",
-            str(kubeconfig),
-            "--max-ticks",
-            "2",
-            "--metrics-port",
-            "0",
-        ],
-        env=_env(POD_NAME="gpuscaler-abc", POD_NAMESPACE=HOME),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_two_ticks(cluster, cfg, tmp_path, "gpuscaler-abc")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HTTP 4" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
     so = cluster.get(SO)
@@ -339,19 +316,8 @@ def test_started_exactly_as_the_deployment_starts_it(
     for e in container["env"]:
         if "value" in e:
             env[e["name"]] = e["value"]
-    argv = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        GPUSCALER,
-        *args,
-    ]
-    r = Replica(argv, env, tmp_path / "deployed.log")
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", GPUSCALER]
+    r = Replica([*argv, *args], env, tmp_path / "deployed.log")
     replicas.append(r)
     base = f"http://127.0.0.1:{port}"
     readiness = container["readinessProbe"]["httpGet"]["path"]
@@ -376,7 +342,7 @@ def test_started_exactly_as_the_deployment_starts_it(
     assert _external_floor(config["external_scaler"]["port"]) == floor, r.output()[-3000:]
     # The process ran as the Deployment's user, not root.
     ps = subprocess.run(
-        ["ps", "-o", "uid=", "-p", str(_child(r.popen.pid))],
+        ["ps", "-o", "uid=", "-p", str(r.popen.pid)],  # unshare exec'd it: the same PID
         capture_output=True,
         text=True,
         timeout=10,
@@ -406,8 +372,3 @@ def _external_floor(port: int) -> float:
             timeout=10,
         )
     return float(got.metricValues[0].metricValueFloat)
-
-
-def _child(pid: int) -> int:
-    """The gpuscaler process under unshare (exec'd in place: the same PID)."""
-    return pid

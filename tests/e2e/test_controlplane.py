@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from controlplane import Kube
 from kubemeta import status_of
+from kubeobjects import bare_pod
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -22,14 +23,7 @@ def test_a_gpu_node_is_ready_untainted_and_advertises_its_gpus(kube: Kube) -> No
 
 def test_a_pod_is_made_running_and_ready_as_a_kubelet_would_report(kube: Kube) -> None:
     ns = kube.namespace()
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "p", "namespace": ns},
-            "spec": {"containers": [{"name": "c", "image": "x"}]},
-        }
-    )
+    kube.create(bare_pod("p", ns))
     kube.make_running(ns, "p")
     status = status_of(kube.core.read_namespaced_pod("p", ns))
     assert status.phase == "Running"

@@ -119,18 +119,16 @@ def test_the_dockerfile_runs_as_a_non_root_user_and_writes_nothing() -> None:
     user = re.search(r"^USER (\d+)(?::(\d+))?$", final, re.M)
     assert user is not None and int(user.group(1)) != 0
     deployment = _one(render("deploy"), "Deployment")
-    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(
-        user.group(1)
-    )
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == int(user.group(1))
     assert "PYTHONDONTWRITEBYTECODE=1" in final
     assert "MPLCONFIGDIR=/tmp" in final
 
 
 def test_the_example_sharing_configs_are_the_ones_gpuscaler_writes() -> None:
     cm = _one(render("deploy/examples"), "ConfigMap", "gpuscaler-sharing-configs")
-    config = parse_config(
-        (ROOT / "deploy" / "config.yaml").read_text(), "deploy/config.yaml"
-    ).kubernetes
+    text = (ROOT / "deploy" / "config.yaml").read_text()
+    config = parse_config(text, "deploy/config.yaml").kubernetes
     assert cm["metadata"]["namespace"] == config.device_plugin_config_map.namespace
     for name, text in cm["data"].items():
         strategy, n = name.rsplit("-", 1)
@@ -188,22 +186,14 @@ def test_the_extender_rbac_grants_bind_patch_and_its_own_lease() -> None:
     docs = render("deploy/scheduler")
     role = _one(docs, "ClusterRole", "gpuscaler-extender")
     grants = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert {
-        ("pods/binding", "create"),
-        ("pods", "patch"),
-        ("pods", "get"),
-        ("pods", "list"),
-    } <= grants
-    assert ("nodes", "list") in grants
+    pods = {("pods/binding", "create"), ("pods", "patch"), ("pods", "get"), ("pods", "list")}
+    assert pods | {("nodes", "list")} <= grants
     lease = _one(docs, "Role", "gpuscaler-extender-lease")
     named = next(r for r in lease["rules"] if r.get("resourceNames"))
     assert named["resourceNames"] == ["gpuscaler-extender"]
-    assert (
-        _one(docs, "Deployment", "gpuscaler-extender")["spec"]["template"]["spec"][
-            "serviceAccountName"
-        ]
-        == _one(docs, "ServiceAccount", "gpuscaler-extender")["metadata"]["name"]
-    )
+    pod = _one(docs, "Deployment", "gpuscaler-extender")["spec"]["template"]["spec"]
+    account = _one(docs, "ServiceAccount", "gpuscaler-extender")["metadata"]["name"]
+    assert pod["serviceAccountName"] == account
     scheduler_lease = _one(docs, "Role", "gpu-scheduler-lease")
     assert any(r.get("resourceNames") == ["gpu-scheduler"] for r in scheduler_lease["rules"])
 

@@ -26,6 +26,7 @@ import yaml
 from builders import CLI
 from extenderkit import MIB, DcgmExporter
 from kubemeta import annotations_of
+from kubeobjects import bare_pod
 from kubepki import make_mutual_tls_dir
 from promserver import free_port, prometheus
 
@@ -160,24 +161,10 @@ def gpu_scheduler(
 
 
 def _pod(kube: cp.Kube, ns: str, name: str, memory: int, count: int = 1) -> None:
-    kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "annotations": {
-                    "gpu-scheduler/memory-mb": str(memory),
-                    "gpu-scheduler/gpu-count": str(count),
-                },
-            },
-            "spec": {
-                "schedulerName": "gpu-scheduler",
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-            },
-        }
-    )
+    doc = bare_pod(name, ns, schedulerName="gpu-scheduler")
+    annotations = {"gpu-scheduler/memory-mb": str(memory), "gpu-scheduler/gpu-count": str(count)}
+    doc["metadata"]["annotations"] = annotations
+    kube.create(doc)
 
 
 def _node_of(kube: cp.Kube, ns: str, name: str) -> str | None:
@@ -299,13 +286,9 @@ def test_the_extender_binds_only_unbound_annotated_pods_of_the_gpu_scheduler(
     node, other = s.node(kube, [0.0]), s.node(kube, [0.0])
     _wait_fresh(s, [node, other])
     ns = kube.namespace()
-    spec = {"schedulerName": scheduler, "containers": [{"name": "main", "image": "pause"}]}
-    created = kube.create({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": ns,
-                     "annotations": {"gpu-scheduler/memory-mb": "1000"} if annotated else {}},
-        "spec": spec | ({"nodeName": other} if bound else {}),
-    })  # fmt: skip
+    doc = bare_pod("p", ns, other if bound else None, schedulerName=scheduler)
+    doc["metadata"]["annotations"] = {"gpu-scheduler/memory-mb": "1000"} if annotated else {}
+    created = kube.create(doc)
     binding = {"PodName": "p", "PodNamespace": ns, "PodUID": created["metadata"]["uid"]}
     request = urllib.request.Request(
         s.url + "/bind", json.dumps(binding | {"Node": node}).encode(), method="POST"

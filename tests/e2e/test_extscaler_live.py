@@ -1,4 +1,4 @@
-"""KEDA the way KEDA extends, on the real control plane with a real Prometheus (issue 13).
+"""KEDA the way KEDA extends, on the real control plane with a real Prometheus.
 
 - A ScaledObject with a `type: external` trigger pointing at gpuscaler is accepted by the
   real kube-apiserver under KEDA's own CRD (tests/data/crds, from kedacore/keda);
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import grpc
 import pytest
 import test_as_deployed as deployed
 from controlplane import Kube, free_port, wait_until
-from test_as_deployed import GPUSCALER, HOME, SO, Replica, _env, _events
+from test_as_deployed import HOME, SO, Replica, _events
 from test_cluster_cli import _config, planted_prometheus
 
 from gpuscaler.extscaler.pb import externalscaler_pb2 as pb
@@ -46,12 +45,7 @@ EXTERNAL_TRIGGER = {"type": "external", "metadata": {"scalerAddress": ADDRESS}}
 
 
 def _add_external_trigger(kube: Kube) -> dict[str, Any]:
-    return kube.request(
-        "PATCH",
-        SO,
-        {"spec": {"triggers": [PROMETHEUS_TRIGGER, EXTERNAL_TRIGGER]}},
-        "application/merge-patch+json",
-    )
+    return kube.patch(SO, {"spec": {"triggers": [PROMETHEUS_TRIGGER, EXTERNAL_TRIGGER]}})
 
 
 def _ask(stub: pb_grpc.ExternalScalerStub, name: str = "chat") -> tuple[float, bool]:
@@ -71,12 +65,7 @@ def test_a_scaled_object_with_gpuscalers_external_trigger_is_accepted_by_kedas_c
     so = _add_external_trigger(cluster)
     assert so["spec"]["triggers"][1] == EXTERNAL_TRIGGER
     push = {"type": "external-push", "metadata": {"scalerAddress": ADDRESS, "activationFloor": "2"}}
-    so = cluster.request(
-        "PATCH",
-        SO,
-        {"spec": {"triggers": [PROMETHEUS_TRIGGER, push]}},
-        "application/merge-patch+json",
-    )
+    so = cluster.patch(SO, {"spec": {"triggers": [PROMETHEUS_TRIGGER, push]}})
     assert so["spec"]["triggers"][1]["type"] == "external-push"
 
 
@@ -135,18 +124,7 @@ def test_run_serves_the_floor_over_grpc_never_patches_and_goes_neutral_when_prom
 
 
 def _run_twice(cluster: Kube, url: str, tmp_path: Path) -> str:
-    cfg = _config(tmp_path, url)
-    kubeconfig = cluster.plane.token_kubeconfig(HOME, "gpuscaler", tmp_path / "sa.kubeconfig")
-    out = subprocess.run(
-        [
-            *(GPUSCALER, "run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)),
-            *("--max-ticks", "2", "--metrics-port", "0"),
-        ],
-        env=_env(POD_NAME="gpuscaler-patch", POD_NAMESPACE=HOME),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = deployed.run_two_ticks(cluster, _config(tmp_path, url), tmp_path, "gpuscaler-patch")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     return out.stderr
@@ -159,12 +137,7 @@ def _refusals(cluster: Kube) -> list[str]:
 def test_a_scaled_object_paused_by_keda_keeps_its_floor_with_the_reason(
     cluster: Kube, prom_url: str, tmp_path: Path
 ) -> None:
-    cluster.request(
-        "PATCH",
-        SO,
-        {"metadata": {"annotations": {"autoscaling.keda.sh/paused": "true"}}},
-        "application/merge-patch+json",
-    )
+    cluster.patch(SO, {"metadata": {"annotations": {"autoscaling.keda.sh/paused": "true"}}})
     log = _run_twice(cluster, prom_url, tmp_path)
     assert cluster.get(SO)["spec"]["minReplicaCount"] == 2
     notes = _refusals(cluster)

@@ -1,9 +1,7 @@
-"""The Helm chart (deploy/helm/gpuscaler, issue 13): helm built from its Go module
-(tests/helm/build.sh) lints it and renders it; with the values that match the kustomize
-base it renders exactly what `kubectl kustomize deploy/` does (one source of truth: the
-config, dashboard and rules are the base's own files, the rest is checked equal here);
-its values change what they say; and the rendered chart applies to the real control
-plane."""
+"""The Helm chart (deploy/helm/gpuscaler), with helm built by tests/helm/build.sh: it lints;
+with the values matching the kustomize base it renders exactly what `kubectl kustomize`
+does (the config, dashboard and rules are the base's own files, the rest checked equal);
+its values change what they say; it installs on the real control plane."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import Kube, kubectl_path, wait_until
+from controlplane import Kube, wait_until
 from test_deploy import render
 
 from gpuscaler.cli import build_parser
@@ -49,11 +47,10 @@ def helm_path() -> str:
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/gpuscaler-helm/cache"}
-    env |= {
-        "HELM_CONFIG_HOME": "/tmp/gpuscaler-helm/config",
-        "HELM_DATA_HOME": "/tmp/gpuscaler-helm/data",
+    homes = {
+        f"HELM_{d.upper()}_HOME": f"/tmp/gpuscaler-helm/{d}" for d in ("cache", "config", "data")
     }
+    env = os.environ | homes
     return subprocess.run(
         [helm_path(), *args], capture_output=True, text=True, timeout=120, env=env
     )
@@ -95,20 +92,6 @@ def _config(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     return loaded
 
 
-def test_helm_lint_passes_on_the_chart() -> None:
-    out = helm("lint", "--strict", str(CHART))
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
-
-
-def test_the_chart_renders_exactly_what_the_kustomize_base_applies() -> None:
-    chart = {_key(d): _comparable(d) for d in template(*AS_KUSTOMIZE)}
-    base = {_key(d): _comparable(d) for d in render("deploy")}
-    assert sorted(chart) == sorted(base)
-    for key, doc in base.items():
-        assert chart[key] == doc, key
-
-
 HASHED_CONFIGS = {
     "gpuscaler-agent-config": ("DaemonSet", None),
     "gpu-scheduler-config": ("Deployment", "config.yaml"),
@@ -141,16 +124,23 @@ def _without_hashes(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _chart_equals_kustomize(value: str, *bases: str) -> None:
-    chart = {_key(d): d for d in map(_without_hashes, template(*AS_KUSTOMIZE, "--set", value))}
+@pytest.mark.parametrize(
+    ("values", "bases"),
+    [
+        ((), ("deploy",)),
+        (("--set", "agent.enabled=true"), ("deploy", "deploy/agent")),
+        (("--set", "scheduler.enabled=true"), ("deploy", "deploy/scheduler")),
+    ],
+    ids=["base", "agent", "scheduler"],
+)
+def test_the_chart_renders_exactly_what_kustomize_applies(
+    values: tuple[str, ...], bases: tuple[str, ...]
+) -> None:
+    chart = {_key(d): d for d in map(_without_hashes, template(*AS_KUSTOMIZE, *values))}
     base = {_key(d): d for d in map(_without_hashes, (d for b in bases for d in render(b)))}
     assert sorted(chart) == sorted(base)
     for key, doc in base.items():
         assert chart[key] == doc, key
-
-
-def test_with_the_agent_the_chart_also_renders_what_deploy_agent_applies() -> None:
-    _chart_equals_kustomize("agent.enabled=true", "deploy", "deploy/agent")
 
 
 def test_the_agents_own_node_policy_names_its_service_account_in_its_namespace() -> None:
@@ -169,10 +159,6 @@ def test_the_agents_own_node_policy_names_its_service_account_in_its_namespace()
     ]
     env = {e["name"]: e.get("valueFrom") for e in container["env"]}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
-
-
-def test_with_the_scheduler_the_chart_also_renders_what_deploy_scheduler_applies() -> None:
-    _chart_equals_kustomize("scheduler.enabled=true", "deploy", "deploy/scheduler")
 
 
 def test_the_scheduler_follows_the_release_namespace_prometheus_and_its_values() -> None:
@@ -274,10 +260,14 @@ def test_with_tls_on_the_gpu_scheduler_calls_the_extender_over_mutual_tls() -> N
     assert _secret_mounts(plain, "gpu-scheduler") == {}
 
 
-def test_helm_lint_passes_with_the_scheduler_and_the_agent_on() -> None:
+@pytest.mark.parametrize(
+    "values",
+    [(), (*SCHEDULER, "--set", "agent.enabled=true", "--set", "scheduler.tls.enabled=true")],
+    ids=["defaults", "scheduler-and-agent-on"],
+)
+def test_helm_lint_passes(values: tuple[str, ...]) -> None:
     # lint renders every template, NOTES.txt included (helm template leaves NOTES out).
-    on = (*SCHEDULER, "--set", "agent.enabled=true", "--set", "scheduler.tls.enabled=true")
-    out = helm("lint", "--strict", str(CHART), *on)
+    out = helm("lint", "--strict", str(CHART), *values)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
 
@@ -371,13 +361,7 @@ def _with_gpu_operator_component(tmp_path: Path) -> tuple[dict[str, Any], ...]:
     (tmp_path / "kustomization.yaml").write_text(
         f"resources: [{deploy}]\ncomponents: [{deploy}/components/gpu-operator]\n"
     )
-    kubectl = kubectl_path()
-    assert kubectl is not None  # render("deploy") above skipped or failed without it
-    out = subprocess.run(
-        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+    return render(str(tmp_path))  # an absolute path: ROOT / it is itself
 
 
 def test_the_gpu_operator_component_changes_only_the_device_plugin_namespace(

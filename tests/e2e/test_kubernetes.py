@@ -4,14 +4,13 @@ real KEDA ScaledObject CRD (tests/data/crds) and autoscaling/v2 HPAs."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from builders import NOW
 from controlplane import Kube, wait_until
-from kubefake import FakeCluster, fake_apiserver
-from kubeobjects import hpa, scaled_object
+from kubefake import FakeCluster
+from kubeobjects import deployment, hpa, scaled_object
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -19,9 +18,7 @@ from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.decisions import (
-    ReplicaFloorDecision,
-)
+from gpuscaler.core.decisions import ReplicaFloorDecision
 
 SO = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}"
 HPA = "/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}"
@@ -39,14 +36,8 @@ workloads:
 
 
 def _decision(target: str, old: int, new: int) -> ReplicaFloorDecision:
-    return ReplicaFloorDecision(
-        NOW,
-        target,
-        old,
-        new,
-        "forecast upper 490% -> 7 replicas",
-        {"upper": 490.0},
-    )
+    reason = "forecast upper 490% -> 7 replicas"
+    return ReplicaFloorDecision(NOW, target, old, new, reason, {"upper": 490.0})
 
 
 Real = tuple[KubeActuator, Kube, str]
@@ -143,12 +134,7 @@ def test_a_real_conflict_is_re_read_and_retried(real: Real) -> None:
     def read_then_someone_writes(w: Any) -> Any:
         state = read(w)
         if not reads:  # another writer changes the object between our read and patch
-            kube.request(
-                "PATCH",
-                path,
-                {"metadata": {"labels": {"team": "x"}}},
-                "application/merge-patch+json",
-            )
+            kube.patch(path, {"metadata": {"labels": {"team": "x"}}})
         reads.append(state)
         return state
 
@@ -159,35 +145,17 @@ def test_a_real_conflict_is_re_read_and_retried(real: Real) -> None:
     assert obj["spec"]["minReplicaCount"] == 7 and obj["metadata"]["labels"]["team"] == "x"
 
 
-def test_a_stale_resource_version_is_refused_by_the_server(real: Real) -> None:
-    workloads, kube, ns = real
-    kube.create(scaled_object("chat", 2, namespace=ns))
-    state = workloads.workloads.read(workloads.workloads.config.workloads[0])
-    kube.request(
-        "PATCH",
-        SO.format(ns=ns, name="chat"),
-        {"spec": {"maxReplicaCount": 30}},
-        "application/merge-patch+json",
-    )
-    body = {"metadata": {"resourceVersion": state.resource_version}, "spec": {"minReplicaCount": 9}}
-    with pytest.raises(ApiException) as info:
-        workloads.workloads.custom.patch_namespaced_custom_object(
-            "keda.sh", "v1alpha1", ns, "scaledobjects", "chat", body
-        )
-    assert info.value.status == 409
-
-
 def test_set_floor_with_a_stale_resource_version_never_overwrites_the_newer_object(
     real: Real,
 ) -> None:
-    """`set_floor` itself, not a hand-made patch: every read it makes returns the state
-    from before another writer's change, so each of its patches carries a stale
-    resourceVersion; the real server refuses them all and the newer object stays."""
+    """Every read `set_floor` makes returns the state from before another writer's change,
+    so each patch carries a stale resourceVersion: the real server refuses them all and
+    the newer object stays."""
     workloads, kube, ns = real
     kube.create(scaled_object("chat", 2, namespace=ns))
     path = SO.format(ns=ns, name="chat")
     stale = workloads.workloads.read(workloads.workloads.config.workloads[0])
-    kube.request("PATCH", path, {"spec": {"maxReplicaCount": 30}}, "application/merge-patch+json")
+    kube.patch(path, {"spec": {"maxReplicaCount": 30}})
     reads: list[Any] = []
 
     def stale_read(w: Any) -> Any:
@@ -209,12 +177,7 @@ def test_the_crds_own_rule_refuses_a_floor_above_the_maximum(real: Real) -> None
     _, kube, ns = real
     kube.create(scaled_object("chat", 2, maximum=5, namespace=ns))
     with pytest.raises(ApiException) as info:
-        kube.request(
-            "PATCH",
-            SO.format(ns=ns, name="chat"),
-            {"spec": {"minReplicaCount": 9}},
-            "application/merge-patch+json",
-        )
+        kube.patch(SO.format(ns=ns, name="chat"), {"spec": {"minReplicaCount": 9}})
     assert info.value.status == 422 and "minReplicaCount must be less than" in str(info.value.body)
 
 
@@ -224,37 +187,20 @@ def test_a_missing_object_is_a_clear_error(real: Real) -> None:
         workloads.workloads.read(workloads.workloads.config.workloads[0])
 
 
-def test_the_real_hpa_controller_scales_the_workload_up_to_the_floor_written(
-    real: Real,
-) -> None:
+def test_the_real_hpa_controller_scales_the_workload_up_to_the_floor_written(real: Real) -> None:
     """The claim a floor rests on: the HPA controller (kube-controller-manager) raises
     the replicas to minReplicas whatever its metrics say (there are none here), and the
     ReplicaSet controller makes the pods."""
     workloads, kube, ns = real
-    labels = {"app": "embed"}
-    kube.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "embed", "namespace": ns},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "c", "image": "x"}]},
-                },
-            },
-        }
-    )
+    kube.create(deployment("embed", ns, 1))
     doc = hpa("embed", 1, maximum=8, namespace=ns)
     doc.pop("status")
     kube.create(doc)
     assert workloads.apply([_decision(f"{ns}/HorizontalPodAutoscaler/embed", 1, 4)])
-    deployment = f"/apis/apps/v1/namespaces/{ns}/deployments/embed"
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments/embed"
     wait_until(
         "the HPA controller scales to the floor",
-        lambda: kube.get(deployment)["spec"]["replicas"] == 4,
+        lambda: kube.get(path)["spec"]["replicas"] == 4,
         60,
         0.5,
     )
@@ -268,21 +214,11 @@ def test_the_real_hpa_controller_scales_the_workload_up_to_the_floor_written(
     assert status["desiredReplicas"] == 4
 
 
-# A 500 on the patch cannot be made on a real server on demand: the fake stays for it.
-@pytest.fixture
-def fake() -> Iterator[tuple[KubeActuator, FakeCluster]]:
-    with (
-        fake_apiserver() as (url, cluster),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        yield kube_actuator(api, _config("ml"), identity="test"), cluster
-
-
 def test_a_server_error_leaves_the_object_unchanged_and_the_decision_unapplied(
-    fake: tuple[KubeActuator, FakeCluster],
+    api: tuple[client.ApiClient, FakeCluster],
 ) -> None:
-    """Fake server: a 500 on demand is a fault the real server cannot be made to give."""
-    workloads, cluster = fake
+    # A 500 on the patch cannot be made on a real server on demand: the fake gives it.
+    workloads, cluster = kube_actuator(api[0], _config("ml"), identity="test"), api[1]
     cluster.add("keda.sh/v1alpha1", "scaledobjects", scaled_object("chat", 2))
     cluster.fail_next("PATCH", r"/scaledobjects/chat$", 500)
     assert workloads.apply([_decision("ml/ScaledObject/chat", 2, 7)]) == ()

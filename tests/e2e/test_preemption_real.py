@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from controlplane import Kube, Recorder, wait_until
-from kubeobjects import gpu_pod, node
+from kubeobjects import classed_pod, deployment, node, priority_class
 from kubernetes.client.exceptions import ApiException
 from steps import steps
 
@@ -49,23 +49,13 @@ class Cluster:
         self.kube = kube
         self.batch, self.serving, self.home = kube.namespace(), kube.namespace(), kube.namespace()
         for name, value in CLASSES.items():
-            kube.ensure(
-                {
-                    "apiVersion": "scheduling.k8s.io/v1",
-                    "kind": "PriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                }
-            )
+            kube.ensure(priority_class(name, value))
         self.api = kube.plane.api()
         self.record = Recorder(self.api)
 
     def pod(self, name: str, ns: str, node_name: str | None, gpus: int, cls: str) -> dict[str, Any]:
-        doc = gpu_pod(name, node_name, gpus, namespace=ns)
-        doc["spec"].pop("priority")  # the Priority admission plugin sets it from the class
-        doc["spec"]["priorityClassName"] = cls
+        doc = classed_pod(name, node_name, gpus, ns, cls)
         doc["metadata"]["labels"] = {"app": name}
-        doc.pop("status")
         return self.kube.create(doc)
 
     def seed(self, since: float) -> None:
@@ -77,25 +67,8 @@ class Cluster:
         for name in ("keep", "train"):
             self.kube.make_running(self.batch, name)
         self.pod("critical", self.serving, None, 2, "gpu-test-critical")
-        self.kube.request(
-            "PATCH",
-            f"/api/v1/namespaces/{self.serving}/pods/critical/status",
-            {
-                "status": {
-                    "phase": "Pending",
-                    "conditions": [
-                        {
-                            "type": "PodScheduled",
-                            "status": "False",
-                            "reason": "Unschedulable",
-                            "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
-                            "lastTransitionTime": rfc3339(since),
-                        }
-                    ],
-                }
-            },
-            "application/strategic-merge-patch+json",
-        )
+        message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+        self.kube.mark_unschedulable(self.serving, "critical", rfc3339(since), message)
 
     def tick(
         self, now: float, config: Config = CONFIG
@@ -266,9 +239,9 @@ def test_the_real_schedulers_unschedulable_verdict_is_what_gpuscaler_reads(
 def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_the_uid(
     cluster: Cluster,
 ) -> None:
-    """Issue 17, defect 1, on the real server: the victim is evicted, a StatefulSet-like
-    controller recreates `train` under the same name, and gpuscaler never evicts the new
-    pod; a stale eviction carrying the old UID is refused by the API server itself."""
+    """The victim is evicted, a StatefulSet-like controller recreates `train` under the
+    same name, and gpuscaler never evicts the new pod; a stale eviction carrying the old
+    UID is refused by the API server itself."""
     t0 = time.time() - 400
     cluster.seed(t0 - 60)
     cluster.tick(t0)
@@ -277,12 +250,7 @@ def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_t
     assert victim is not None and victim["metadata"]["uid"] == first_uid
     cluster.tick(t0 + 301)  # evicted; no kubelet: it stays Terminating until deleted
     assert cluster.evictions() == [201]
-    cluster.kube.request(
-        "DELETE",
-        f"/api/v1/namespaces/{cluster.batch}/pods/train",
-        {"gracePeriodSeconds": 0},
-        "application/json",
-    )
+    cluster.kube.core.delete_namespaced_pod("train", cluster.batch, grace_period_seconds=0)
     replacement = cluster.pod("train", cluster.batch, "gpu-0", 2, "gpu-test-batch")
     cluster.kube.make_running(cluster.batch, "train")
     assert replacement["metadata"]["uid"] != first_uid
@@ -311,53 +279,21 @@ def test_a_same_name_replacement_is_never_evicted_and_the_real_server_enforces_t
     assert still is not None and not still["metadata"].get("deletionTimestamp")
 
 
-def test_a_victim_recreated_under_its_name_is_a_new_pod_and_never_touched(
-    cluster: Cluster,
-) -> None:
+def test_a_victim_recreated_under_its_name_is_a_new_pod_and_never_touched(cluster: Cluster) -> None:
     """The real StatefulSet controller recreates `sweep-0` as soon as it is deleted: the
     same name, another uid. The victim is the pod gpuscaler chose, by uid."""
     kube = cluster.kube
     t0 = time.time() - 400
     cluster.seed(t0 - 60)
     kube.core.delete_namespaced_pod("train", cluster.batch, grace_period_seconds=0)
-    labels = {"app": "sweep"}
-    kube.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "sweep", "namespace": cluster.batch},
-            "spec": {
-                "replicas": 1,
-                "serviceName": "sweep",
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "priorityClassName": "gpu-test-batch",
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "x",
-                                "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                            }
-                        ],
-                    },
-                },
-            },
-        }
-    )
+    sweep = deployment("sweep", cluster.batch, 1) | {"kind": "StatefulSet"}
+    sweep["spec"]["serviceName"] = "sweep"
+    pod = classed_pod("sweep", None, 2, cluster.batch, "gpu-test-batch")  # 2 GPUs
+    sweep["spec"]["template"]["spec"] = pod["spec"]
+    kube.create(sweep)
     path = f"/api/v1/namespaces/{cluster.batch}/pods/sweep-0"
     wait_until("the StatefulSet makes sweep-0", lambda: bool(kube.get(path)), 30, 0.2)
-    kube.request(  # bound as the scheduler binds, then Running as the kubelet reports
-        "POST",
-        path + "/binding",
-        {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": "sweep-0"},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-0"},
-        },
-    )
+    kube.bind(cluster.batch, "sweep-0", "gpu-0")  # then Running, as the kubelet reports
     kube.make_running(cluster.batch, "sweep-0")
     chosen = kube.get(path)["metadata"]["uid"]
     _, _, applied = cluster.tick(t0)

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 from builders import NOW
-from kubefake import _PATH, FakeCluster, fake_apiserver
-from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
+from kubefake import _PATH, FakeCluster
+from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object, unschedulable
 from kubernetes import client
 from test_deploy import render
 
-from gpuscaler.adapters.kube.actuator import kube_actuator
+from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.cache import ClusterCache
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
-from gpuscaler.config import ConfigError, parse_config
+from gpuscaler.config import Config, ConfigError, parse_config
 from gpuscaler.core.decisions import (
     CheckpointRequest,
     Eviction,
@@ -30,7 +30,7 @@ from gpuscaler.core.decisions import (
     ReplicaFloorDecision,
     TimeSliceDecision,
 )
-from gpuscaler.core.preemption import decide_preemption
+from gpuscaler.core.preemption import PreemptionObservation, decide_preemption
 from gpuscaler.leader import LeaderElector
 
 NAMESPACE = "gpuscaler"  # where the Deployment runs (POD_NAMESPACE)
@@ -118,35 +118,35 @@ def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
     pending = gpu_pod(
         "critical", None, 16, namespace="serving", priority=1_000_000, phase="Pending"
     )
-    pending["status"]["conditions"] = [
-        {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "lastTransitionTime": "2020-01-01T00:00:00Z",
-        }
-    ]
+    pending["status"]["conditions"] = [unschedulable("2020-01-01T00:00:00Z")]
     fake.add("v1", "pods", pending)
     config = CONFIG
     cluster = ClusterReader(api, config)
     cluster.state()
     actuator = kube_actuator(api, config, "gpuscaler-abc", namespace=NAMESPACE)
     reader = PreemptionReader(api, config, cluster, NAMESPACE)
-    decisions, _ = decide_preemption(reader.observe(NOW), config.preemption, NOW)
-    assert [d.to_value for d in decisions] == ["soft"]
-    assert actuator.apply(decisions) == decisions
-    victim_key = decisions[0].target
-    first = decisions[0]
+    walk_the_tiers(actuator, reader.observe(NOW), config, NOW)
+
+
+def walk_the_tiers(
+    actuator: KubeActuator, obs: PreemptionObservation, config: Config, now: float
+) -> None:
+    """One victim chosen and every tier after it applied: checkpoint request, eviction,
+    force delete, record gone, quarantine."""
+    soft, _ = decide_preemption(obs, config.preemption, now)
+    assert [d.to_value for d in soft] == ["soft"]
+    assert actuator.apply(soft) == soft
+    (first,) = soft
     assert isinstance(first, CheckpointRequest)
-    at = (victim_key, "r")
+    at = (first.target, "r")
     where = (first.beneficiary, first.node)
     for step in (
-        Eviction(NOW + 1, at[0], "soft", "hard", at[1], "evict", *where, grace_seconds=0.0),
-        PreemptionStep(NOW + 2, at[0], "hard", "hard", at[1], "force_delete", *where),
-        PreemptionStep(NOW + 3, at[0], "hard", "cleanup", at[1], "record_gone", *where),
-        PreemptionStep(NOW + 4, at[0], "cleanup", "quarantined", at[1], "quarantine", *where),
+        Eviction(now + 1, at[0], "soft", "hard", at[1], "evict", *where, grace_seconds=0.0),
+        PreemptionStep(now + 2, at[0], "hard", "hard", at[1], "force_delete", *where),
+        PreemptionStep(now + 3, at[0], "hard", "cleanup", at[1], "record_gone", *where),
+        PreemptionStep(now + 4, at[0], "cleanup", "quarantined", at[1], "quarantine", *where),
     ):
-        assert actuator.apply([step]) == (step,)
+        assert actuator.apply([step]) == (step,), step.action
 
 
 def _cache_calls() -> set[Call]:
@@ -193,12 +193,11 @@ def _allows(rule: dict[str, Any], ns: str | None, call: Call) -> bool:
     )
 
 
-def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    with (
-        fake_apiserver() as (url, fake),
-        client.ApiClient(client.Configuration(host=url)) as api,
-    ):
-        _scenario(api, fake, monkeypatch)
+def test_every_call_is_allowed_and_every_grant_is_used(
+    api: tuple[client.ApiClient, FakeCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scenario(*api, monkeypatch)
+    fake = api[1]  # its request log
     calls = {as_call(m, p) for m, p in fake.requests} | _cache_calls()
     rules = _rules()
     denied = [c for c in calls if not any(_allows(r, ns, c) for r, ns in rules)]
@@ -212,13 +211,8 @@ def test_every_call_is_allowed_and_every_grant_is_used(monkeypatch: pytest.Monke
     assert unused == []
     # The scenario did exercise the conflict paths (re-reads) and all three actuators.
     assert Call("get", "", "nodes", None, "gpu-0") in calls
-    assert {c.resource for c in calls if c.verb == "patch"} == {
-        "nodes",
-        "configmaps",
-        "scaledobjects",
-        "horizontalpodautoscalers",
-        "pods",
-    }
+    patched = {c.resource for c in calls if c.verb == "patch"}
+    assert patched == {"nodes", "configmaps", "scaledobjects", "horizontalpodautoscalers", "pods"}
 
 
 @pytest.mark.parametrize(

@@ -11,16 +11,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from builders import NOW
 from controlplane import ROOT, ControlPlane, Kube, Recorder, wait_until
 from kubemeta import labels_of
-from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object
+from kubeobjects import (
+    classed_pod,
+    gpu_pod,
+    hpa,
+    node,
+    plugin_configmap,
+    priority_class,
+    scaled_object,
+)
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
+from test_rbac import walk_the_tiers
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
@@ -28,15 +36,10 @@ from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
 from gpuscaler.core.decisions import (
-    CheckpointRequest,
-    Eviction,
     FragmentsDecision,
-    PreemptionAction,
-    PreemptionStep,
     ReplicaFloorDecision,
     TimeSliceDecision,
 )
-from gpuscaler.core.preemption import decide_preemption
 from gpuscaler.leader import LeaderElector
 
 HOME = "gpuscaler"  # the Deployment's namespace (POD_NAMESPACE)
@@ -72,22 +75,7 @@ def _seed(kube: Kube) -> None:
     kube.create(scaled_object("chat", 2))
     kube.create(hpa("embed", 1))
     for name, value in (("gpu-test-batch", 10), ("gpu-test-critical", 1_000_000)):
-        kube.ensure(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": name},
-                "value": value,
-            }
-        )
-
-
-def _pod(name: str, node_name: str | None, gpus: int, ns: str, cls: str) -> dict[str, Any]:
-    doc = gpu_pod(name, node_name, gpus, namespace=ns)
-    doc["spec"].pop("priority")  # the Priority admission plugin sets it from the class
-    doc["spec"]["priorityClassName"] = cls
-    doc.pop("status")
-    return doc
+        kube.ensure(priority_class(name, value))
 
 
 def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
@@ -130,56 +118,15 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     chat = gpu_pod("chat-1", "gpu-0", 1)  # gpu-0 is not free either; never a victim
     chat["metadata"]["annotations"] = {"gpuscaler.io/preemptible": "false"}
     kube.seed([chat])
-    victim = kube.create(_pod("train", "gpu-1", 16, "batch", "gpu-test-batch"))
+    victim = kube.create(classed_pod("train", "gpu-1", 16, "batch", "gpu-test-batch"))
     kube.make_running("batch", "train")
-    kube.request(
-        "PATCH",
-        "/api/v1/namespaces/batch/pods/train/status",
-        {"status": {"podIP": "127.0.0.1"}},
-        "application/merge-patch+json",
-    )
-    kube.create(_pod("critical", None, 16, "serving", "gpu-test-critical"))
-    kube.request(
-        "PATCH",
-        "/api/v1/namespaces/serving/pods/critical/status",
-        {
-            "status": {
-                "phase": "Pending",
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "lastTransitionTime": "2020-01-01T00:00:00Z",
-                    }
-                ],
-            }
-        },
-        "application/strategic-merge-patch+json",
-    )
+    kube.patch("/api/v1/namespaces/batch/pods/train/status", {"status": {"podIP": "127.0.0.1"}})
+    kube.create(classed_pod("critical", None, 16, "serving", "gpu-test-critical"))
+    kube.mark_unschedulable("serving", "critical", "2020-01-01T00:00:00Z")
     reader.state()
     preemption = PreemptionReader(api, config, reader, HOME)
     now = time.time()  # the server stamped the pods with the real time
-    soft, _ = decide_preemption(preemption.observe(now), config.preemption, now)
-    assert [d.to_value for d in soft] == ["soft"]
-    assert actuator.apply(soft) == soft
-    key = soft[0].target
-    first = soft[0]
-    assert isinstance(first, CheckpointRequest)
-    where = (first.beneficiary, first.node)
-    steps: list[tuple[str, str, PreemptionAction]] = [
-        ("soft", "hard", "evict"),
-        ("hard", "hard", "force_delete"),
-        ("hard", "cleanup", "record_gone"),
-        ("cleanup", "quarantined", "quarantine"),
-    ]
-    for i, (old, new, action) in enumerate(steps, start=1):
-        step: PreemptionStep = (
-            Eviction(now + i, key, old, new, "r", "evict", *where, grace_seconds=0.0)
-            if action == "evict"
-            else PreemptionStep(now + i, key, old, new, "r", action, *where)
-        )
-        assert actuator.apply([step]) == (step,), action
+    walk_the_tiers(actuator, preemption.observe(now), config, now)
     with pytest.raises(ApiException) as gone:
         kube.core.read_namespaced_pod("train", "batch")
     assert gone.value.status == 404 and victim["metadata"]["uid"]
@@ -235,16 +182,9 @@ def test_a_service_account_without_grants_gets_a_clear_error_from_the_cli(
     kubeconfig = kube.plane.token_kubeconfig(HOME, "nobody", tmp_path / "nobody.kubeconfig")
     cfg = tmp_path / "config.yaml"
     cfg.write_text(CONFIG)
+    gpuscaler = str(Path(sys.executable).parent / "gpuscaler")
     out = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "gpuscaler"),
-            "once",
-            "--dry-run",
-            "--config",
-            str(cfg),
-            "--kubeconfig",
-            str(kubeconfig),
-        ],
+        [gpuscaler, "once", "--dry-run", "--config", str(cfg), "--kubeconfig", str(kubeconfig)],
         capture_output=True,
         text=True,
         timeout=120,

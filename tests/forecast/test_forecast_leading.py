@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from builders import floor_of, run_cli
 from promserver import ValueAt, planted_window, prometheus, write_openmetrics
-from threadpoolctl import threadpool_limits
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.backtest import BacktestError, backtest, on_grid
@@ -20,15 +19,6 @@ from gpuscaler.core.forecast import fit_ratio, forecast, lead
 from gpuscaler.core.model import Series, Signal, TargetHistory
 from gpuscaler.core.snapshot import Observations, RawWorkload, build_snapshot
 from gpuscaler.sources import PrometheusSource
-
-pytestmark = pytest.mark.usefixtures("one_blas_thread")
-
-
-@pytest.fixture
-def one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1):
-        yield
-
 
 N = 360  # 1 h of 10 s buckets
 CFG = ForecastConfig()
