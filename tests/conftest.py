@@ -59,7 +59,7 @@ SLOW_MODULES = frozenset({
     "test_agent_cli", "test_agent_mps_memory", "test_cli_errors", "test_cluster_cli",
     "test_entrypoints", "test_extender_live", "test_extender_observability", "test_fault_matrix",
     "test_layers", "test_observability", "test_preemption_memory", "test_prometheus",
-    "test_prometheus_invalid", "test_prometheus_live", "test_stock_scraping", "test_demand",
+    "test_prometheus_invalid", "test_prometheus_live", "test_demand",
     "test_extscaler_live", "test_forecast_leading", "test_helm_chart", "test_prometheus_grouped",
     "test_prometheus_warm", "test_sample_spacing", "test_whatif_live",
     # simulator replays with their baselines, and planning at 10,000 workloads
