@@ -291,13 +291,10 @@ def serve(
     return server
 
 
-class _AlwaysHealthy:
+class ReplayHealth:
+    """Health for `simulate --metrics-port`: the replay has no live sources."""
+
     def healthy(self) -> tuple[bool, str]:
         return True, "simulation"
 
     ready = healthy
-
-
-def sim_health() -> Any:
-    """Health for `simulate --metrics-port`: the replay has no live sources."""
-    return _AlwaysHealthy()

@@ -64,11 +64,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     stop = threading.Event()
     if args.metrics_port:
         stop = stop_on_signal()  # a signal during the replay ends the serving after it
-        from gpuscaler.observability import ControllerMetrics, serve, sim_health
+        from gpuscaler.observability import ControllerMetrics, ReplayHealth, serve
 
         metrics = ControllerMetrics()
         listeners.append(metrics)
-        serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
+        serve(metrics, ReplayHealth(), args.metrics_port, host="127.0.0.1")
         print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
     try:
         trace = load_trace(args.trace, resample, args.column)
