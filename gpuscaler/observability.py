@@ -198,7 +198,7 @@ class ControllerMetrics:
 
     def attach_cluster(self, parts: Any) -> None:
         """Kubernetes health and config reloads of a cluster-backed controller
-        (`gpuscaler.app.ClusterController`)."""
+        (`gpuscaler.controller.assembly.ClusterController`)."""
 
         def listen(result: TickResult) -> None:
             self.source_up.labels("kubernetes").set(1 if parts.reader.healthy else 0)

@@ -226,24 +226,32 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout=60)
 
 
-def test_validate_config_prints_a_one_line_summary_and_exits_zero() -> None:
-    out = _cli("validate-config", str(SHIPPED))
-    assert out.returncode == 0
-    assert out.stdout.count("\n") == 1 and "valid: 2 node pool(s), 2 workload(s)" in out.stdout
+@pytest.mark.parametrize("path", [SHIPPED, ROOT / "deploy" / "config.yaml"])
+def test_validate_config_prints_a_one_line_summary_of_a_shipped_config_and_exits_zero(
+    path: Path,
+) -> None:
+    out = _cli("validate-config", str(path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1 and out.stdout.startswith(f"{path}: valid: ")
+    assert path != SHIPPED or "valid: 2 node pool(s), 2 workload(s)" in out.stdout
 
 
 @pytest.mark.parametrize(
-    "content",
-    ["a: [1\n", "fragments: {more_below_pct: 90}\ncontrol: {interval: x}\n", "\x00\x01binary"],
+    ("content", "names"),
+    [
+        ("a: [1\n", "not valid YAML"),
+        ("fragments: {more_below_pct: 90}\ncontrol: {interval: x}\n", "control.interval"),
+        ("\x00\x01binary", "invalid config"),
+    ],
 )
 def test_validate_config_exits_two_listing_problems_without_a_traceback(
-    tmp_path: Path, content: str
+    tmp_path: Path, content: str, names: str
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(content)
     out = _cli("validate-config", str(path))
     assert out.returncode == 2
-    assert "invalid config" in out.stderr
+    assert "invalid config" in out.stderr and names in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
 
 

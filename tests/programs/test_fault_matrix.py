@@ -36,9 +36,9 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import KubeActuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.nodepools import sharing_config
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
 from gpuscaler.controller import TickResult
+from gpuscaler.controller.assembly import cluster_controller
 
 STEP = 5.0
 WINDOW = 1200.0

@@ -14,9 +14,9 @@ import pytest
 from builders import config
 
 from gpuscaler.controller import Controller
+from gpuscaler.controller.loop import ControlLoop
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.loop import ControlLoop
 
 ROOT = Path(__file__).resolve().parents[2]
 

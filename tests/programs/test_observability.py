@@ -6,15 +6,12 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
-from builders import run_cli
+from builders import CLI, http_get, run_cli
 from promserver import binaries, free_port
 
 from gpuscaler.config import Config, ReplicasConfig
@@ -56,12 +53,13 @@ def exposition() -> str:
     return metrics.exposition().decode()
 
 
+def _names(exposition: str) -> set[str]:
+    samples = [line for line in exposition.splitlines() if line and line[0] != "#"]
+    return {line.split("{")[0].split(" ")[0] for line in samples}
+
+
 def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> None:
-    names = {
-        line.split("{")[0].split(" ")[0]
-        for line in exposition.splitlines()
-        if line and not line.startswith("#")
-    }
+    names = _names(exposition)
     assert names >= EXPECTED, EXPECTED - names
     assert (
         'gpuscaler_forecast_value{kind="workload",series="peak_upper",target="default/ScaledObject/llm-chat"}'
@@ -107,14 +105,6 @@ class _Controller:
         self.source = _Source()
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complete() -> None:
     clock = [1000.0]
     controller = _Controller()
@@ -123,20 +113,20 @@ def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complet
     server = serve(ControllerMetrics(), health, port, host="127.0.0.1")
     base = f"http://127.0.0.1:{port}"
     try:
-        assert _get(base + "/readyz")[0] == 503
-        assert _get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 503
+        assert http_get(base + "/healthz")[0] == 200
         controller.stats.ticks = 1
         controller.stats.last_success_wall = clock[0]
-        assert _get(base + "/readyz") == (503, "source prometheus not seen yet\n")
+        assert http_get(base + "/readyz") == (503, "source prometheus not seen yet\n")
         _Source.health.last_success = clock[0]
-        assert _get(base + "/readyz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 200
         clock[0] += 121  # more than three intervals (and slack) without a completed tick
-        status, body = _get(base + "/healthz")
+        status, body = http_get(base + "/healthz")
         assert status == 503 and "no tick completed" in body
         controller.stats.last_skipped_wall = clock[0]  # a standby between its rarer ticks
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/metrics")[0] == 200
-        assert _get(base + "/nope")[0] == 404
+        assert http_get(base + "/healthz")[0] == 200
+        assert http_get(base + "/metrics")[0] == 200
+        assert http_get(base + "/nope")[0] == 404
     finally:
         server.shutdown()
         server.server_close()
@@ -171,11 +161,7 @@ def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
     used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
     # the extender's metrics: tests/programs/test_extender_observability.py
     used = {m for m in used if not m.startswith(EXTENDER)}
-    exposed = {
-        line.split("{")[0].split(" ")[0]
-        for line in exposition.splitlines()
-        if line and not line.startswith("#")
-    }
+    exposed = _names(exposition)
     assert used and used <= exposed, used - exposed
 
 
@@ -196,25 +182,12 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
     exprs, variables = _dashboard_queries()
     exprs = [e for e in exprs if EXTENDER not in e]  # the extender's row: its own test
     with prometheus(scrape_target=f"127.0.0.1:{port}") as url:
+        # --no-baselines: only the controller's run feeds the metrics
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuscaler.cli",
-                "simulate",
-                "--hours",
-                "24",
-                "--metrics-port",
-                str(port),
-                "--no-baselines",  # only the controller's run feeds the metrics
-                "--config",
-                str(config),
-                "--json",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+            [*CLI, "simulate", "--hours", "24", "--no-baselines", "--json", "--config",
+             str(config), "--metrics-port", str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         try:
             missing: list[str] = exprs
             deadline = time.monotonic() + 240  # generous: CI has 2 cores
@@ -224,7 +197,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
             assert not missing, f"no data for: {missing}"
             for label, selector in variables:
                 query = urllib.parse.urlencode({"match[]": selector})
-                status, body = _get(f"{url}/api/v1/label/{label}/values?{query}")
+                status, body = http_get(f"{url}/api/v1/label/{label}/values?{query}")
                 assert status == 200 and json.loads(body)["data"], (label, selector)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -234,7 +207,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
 
 
 def _instant(url: str, expr: str) -> bool:
-    status, body = _get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    status, body = http_get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
     assert status in (200, 503), (expr, body)  # 400 = the query does not parse
     return status == 200 and bool(json.loads(body)["data"]["result"])
 

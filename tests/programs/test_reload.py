@@ -19,8 +19,8 @@ from kubeobjects import hpa
 from kubernetes import client
 from promserver import free_port
 
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.controller.assembly import cluster_controller
 from gpuscaler.observability import ControllerMetrics
 from gpuscaler.reload import ConfigReloader
 
