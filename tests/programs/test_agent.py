@@ -303,14 +303,10 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(
     ("name", "labels", "extra"),
     [
         ("dry run", {"gpuscaler.io/enabled": "true"}, "  dry_run: true\n"),
-        (
-            "dry run inherited from control.dry_run",
-            {"gpuscaler.io/enabled": "true"},
-            "control:\n  dry_run: true\n",
-        ),
+        ("dry run inherited from control.dry_run", {"gpuscaler.io/enabled": "true"}, "control:\n  dry_run: true\n"),
         ("node not opted in", {}, ""),
     ],
-)
+)  # fmt: skip
 def test_without_leave_to_act_the_agent_reports_what_it_would_kill(
     world: Any, caplog: pytest.LogCaptureFixture, name: str, labels: dict[str, str], extra: str
 ) -> None:

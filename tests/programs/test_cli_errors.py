@@ -26,18 +26,9 @@ WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        (
-            "workloads:\n  - {namespace: [a, b], kind: ScaledObject, name: x}\n",
-            "workloads[0].namespace: Input should be a valid string",
-        ),
-        (
-            "workloads:\n  - {namespace: a, kind: ScaledObject, name: {x: 1}}\n",
-            "workloads[0].name: Input should be a valid string",
-        ),
-        (
-            "replicas: {min_replicas: true}\n" + WORKLOAD,
-            "min_replicas: expected a number, got true",
-        ),
+        ("workloads:\n  - {namespace: [a, b], kind: ScaledObject, name: x}\n", "workloads[0].namespace: Input should be a valid string"),
+        ("workloads:\n  - {namespace: a, kind: ScaledObject, name: {x: 1}}\n", "workloads[0].name: Input should be a valid string"),
+        ("replicas: {min_replicas: true}\n" + WORKLOAD, "min_replicas: expected a number, got true"),
         ("fragments: {max_step: false}\n" + WORKLOAD, "max_step: expected a number, got false"),
         ("control: {interval: 99999999999999d}\n" + WORKLOAD, "longer than a year"),
         ("control: {interval: 2h}\n" + WORKLOAD, "control.interval: Input should be less than"),
@@ -46,19 +37,8 @@ WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
         ("control: {dry_run: true}\n", "manages nothing"),
         ("[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
     ],
-    ids=[
-        "namespace as a list",
-        "name as a map",
-        "boolean as an integer",
-        "boolean as a step",
-        "absurd duration",
-        "tick slower than hourly",
-        "horizon beyond the window",
-        "empty file",
-        "nothing to manage",
-        "deep nesting",
-    ],
-)
+    ids=["namespace as a list", "name as a map", "boolean as an integer", "boolean as a step", "absurd duration", "tick slower than hourly", "horizon beyond the window", "empty file", "nothing to manage", "deep nesting"],
+)  # fmt: skip
 def test_nonsense_in_the_config_is_refused_with_its_path(
     tmp_path: Path, text: str, problem: str
 ) -> None:
@@ -128,14 +108,10 @@ def _gzipped_trace(cut: slice | None = None, zeroed: slice | None = None) -> byt
     [
         ("t.csv.gz", _gzipped_trace(cut=slice(0, 2000)), "truncated or corrupt compressed file"),
         ("t.csv.gz", _gzipped_trace(zeroed=slice(40, 60)), "truncated or corrupt compressed file"),
-        (
-            "t.csv",
-            ("time,requests\n" + "".join(f"{10 * i},1e300\n" for i in range(999))).encode(),
-            "999 bin(s) above 1e+09 requests per second, e.g. 1e+299",
-        ),
+        ("t.csv", ("time,requests\n" + "".join(f"{10 * i},1e300\n" for i in range(999))).encode(), "999 bin(s) above 1e+09 requests per second, e.g. 1e+299"),
     ],
     ids=["a truncated gzip", "a corrupt gzip", "gigantic values"],
-)
+)  # fmt: skip
 def test_a_broken_trace_exits_2_with_the_reason(
     tmp_path: Path, name: str, content: bytes, says: str
 ) -> None:

@@ -126,27 +126,13 @@ def test_once_dry_run_plans_against_a_kubectl_dump(prom_url: str, tmp_path: Path
     ("content", "extra_args", "message"),
     [
         ("items: [\n  - {kind: Node", (), "not valid YAML at line"),
-        (
-            "apiVersion: v1\nkind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n",
-            (),
-            "no Pod objects",
-        ),
+        ("apiVersion: v1\nkind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n", (), "no Pod objects"),
         ("- just\n- a list\n", (), "is not a Kubernetes object"),
-        (
-            "kind: List\nitems:\n- {kind: Node, metadata: {name: n, labels: {nvidia.com/gpu.count: eight}}}\n- {kind: Pod, metadata: {name: p}}\n",
-            (),
-            "nvidia.com/gpu.count: 'eight' is not a whole number",
-        ),
+        ("kind: List\nitems:\n- {kind: Node, metadata: {name: n, labels: {nvidia.com/gpu.count: eight}}}\n- {kind: Pod, metadata: {name: p}}\n", (), "nvidia.com/gpu.count: 'eight' is not a whole number"),
         (SNAPSHOT.read_text(), ("--no-dry-run",), "add --dry-run"),
     ],
-    ids=[
-        "truncated YAML",
-        "a partial dump without pods",
-        "not objects",
-        "a garbage label",
-        "no --dry-run",
-    ],
-)
+    ids=["truncated YAML", "a partial dump without pods", "not objects", "a garbage label", "no --dry-run"],
+)  # fmt: skip
 def test_a_bad_cluster_snapshot_is_a_clear_error(
     prom_url: str, tmp_path: Path, content: str, extra_args: tuple[str, ...], message: str
 ) -> None:

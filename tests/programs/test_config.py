@@ -99,97 +99,28 @@ def test_the_shipped_config_names_every_field_with_a_comment() -> None:
         ("a list at the top", "- 1\n", "expected a mapping"),
         ("an unknown key", "fragments: {bogus: 1}\n", "fragments.bogus: unknown key"),
         ("an unknown section", "frobnicate: {}\n", "frobnicate: unknown key"),
-        (
-            "a wrong type",
-            "replicas: {max_replicas: many}\n",
-            "replicas.max_replicas: Input should be a valid integer",
-        ),
+        ("a wrong type", "replicas: {max_replicas: many}\n", "replicas.max_replicas: Input should be a valid integer"),
         ("a bad duration", "control: {interval: 30x}\n", "control.interval: bad duration '30x'"),
-        (
-            "a duration without unit",
-            "control: {interval: 30}\n",
-            "control.interval: expected a duration string",
-        ),
-        (
-            "an out-of-range threshold",
-            "fragments: {fewer_above_pct: 120}\n",
-            "fragments.fewer_above_pct",
-        ),
-        (
-            "contradictory fragment thresholds",
-            "fragments: {more_below_pct: 90}\n",
-            "fragments.more_below_pct: more_below_pct (90) must be below fewer_above_pct (85)",
-        ),
-        (
-            "a band too narrow for doubling",
-            "fragments: {more_below_pct: 50}\n",
-            "must be at most half",
-        ),
+        ("a duration without unit", "control: {interval: 30}\n", "control.interval: expected a duration string"),
+        ("an out-of-range threshold", "fragments: {fewer_above_pct: 120}\n", "fragments.fewer_above_pct"),
+        ("contradictory fragment thresholds", "fragments: {more_below_pct: 90}\n", "fragments.more_below_pct: more_below_pct (90) must be below fewer_above_pct (85)"),
+        ("a band too narrow for doubling", "fragments: {more_below_pct: 50}\n", "must be at most half"),
         ("unsorted allowed counts", "fragments: {allowed: [4, 2]}\n", "strictly increasing"),
-        (
-            "a compute over-commit",
-            "fragments: {max_compute_commit: 1.2}\n",
-            "fragments.max_compute_commit",
-        ),
-        (
-            "min above max replicas",
-            "replicas: {min_replicas: 5, max_replicas: 2}\n",
-            "must not be below min_replicas",
-        ),
-        (
-            "recovery above the stall trigger",
-            "time_slice: {recover_below_pct: 20}\n",
-            "recover_below_pct (20)",
-        ),
-        (
-            "an MA term on the fast engine",
-            "forecast: {order: [2, 1, 1]}\n",
-            "fits ARIMA(p,d,0) only",
-        ),
+        ("a compute over-commit", "fragments: {max_compute_commit: 1.2}\n", "fragments.max_compute_commit"),
+        ("min above max replicas", "replicas: {min_replicas: 5, max_replicas: 2}\n", "must not be below min_replicas"),
+        ("recovery above the stall trigger", "time_slice: {recover_below_pct: 20}\n", "recover_below_pct (20)"),
+        ("an MA term on the fast engine", "forecast: {order: [2, 1, 1]}\n", "fits ARIMA(p,d,0) only"),
         ("second differences", "forecast: {order: [2, 2, 0]}\n", "d > 1 is not supported"),
-        (
-            "a window shorter than min_history",
-            "metrics: {window: 5m}\n",
-            "metrics.window: shorter than",
-        ),
-        (
-            "a duplicate workload",
-            "workloads:\n  - {namespace: a, kind: ScaledObject, name: x}\n  - {namespace: a, kind: ScaledObject, name: x}\n",
-            "workloads[1]: duplicate workload a/ScaledObject/x",
-        ),
-        (
-            "a duplicate node pool",
-            POOL + "  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16}\n",
-            "node_pools[1].name: duplicate node pool 'p'",
-        ),
-        (
-            "a workload naming an unknown pool",
-            "workloads:\n  - {namespace: a, kind: ScaledObject, name: x, node_pool: nope}\n",
-            "workloads[0].node_pool: no node pool named 'nope'",
-        ),
-        (
-            "an unknown workload kind",
-            "workloads:\n  - {namespace: a, kind: Deployment, name: x}\n",
-            "workloads[0].kind",
-        ),
-        (
-            "an override of a section a pool cannot override",
-            "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, overrides: {replicas: {}}}\n",
-            "cannot override ['replicas']",
-        ),
-        (
-            "a contradiction an override creates",
-            "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, "
-            "overrides: {fragments: {more_below_pct: 86}}}\n",
-            "node_pools[0].overrides.fragments.more_below_pct",
-        ),
-        (
-            "an unknown key in an override",
-            "workloads:\n  - {namespace: a, kind: ScaledObject, name: x, overrides: {replicas: {floor: 3}}}\n",
-            "workloads[0].overrides.replicas.floor: unknown key",
-        ),
+        ("a window shorter than min_history", "metrics: {window: 5m}\n", "metrics.window: shorter than"),
+        ("a duplicate workload", "workloads:\n  - {namespace: a, kind: ScaledObject, name: x}\n  - {namespace: a, kind: ScaledObject, name: x}\n", "workloads[1]: duplicate workload a/ScaledObject/x"),
+        ("a duplicate node pool", POOL + "  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16}\n", "node_pools[1].name: duplicate node pool 'p'"),
+        ("a workload naming an unknown pool", "workloads:\n  - {namespace: a, kind: ScaledObject, name: x, node_pool: nope}\n", "workloads[0].node_pool: no node pool named 'nope'"),
+        ("an unknown workload kind", "workloads:\n  - {namespace: a, kind: Deployment, name: x}\n", "workloads[0].kind"),
+        ("an override of a section a pool cannot override", "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, overrides: {replicas: {}}}\n", "cannot override ['replicas']"),
+        ("a contradiction an override creates", "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, overrides: {fragments: {more_below_pct: 86}}}\n", "node_pools[0].overrides.fragments.more_below_pct"),
+        ("an unknown key in an override", "workloads:\n  - {namespace: a, kind: ScaledObject, name: x, overrides: {replicas: {floor: 3}}}\n", "workloads[0].overrides.replicas.floor: unknown key"),
     ],
-)
+)  # fmt: skip
 def test_an_invalid_config_is_refused_naming_the_path_and_reason(
     name: str, text: str, problem: str
 ) -> None:

@@ -99,16 +99,10 @@ BAD_BODIES = [
     (b"[]", "body is not a JSON object (ExtenderArgs)"),
     (b'{"NodeNames": ["a"]}', "not ExtenderArgs: Pod: Field required"),
     (b'{"Pod": {"metadata": {}}}', "neither NodeNames nor Nodes is set"),
-    (
-        b'{"Pod": {"metadata": {}}, "NodeNames": "a"}',
-        "not ExtenderArgs: NodeNames: Input should be a valid list",
-    ),
-    (
-        b'{"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": []}',
-        "Pod.metadata.annotations.a",
-    ),
+    (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "not ExtenderArgs: NodeNames: Input should be a valid list"),
+    (b'{"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": []}', "Pod.metadata.annotations.a"),
     (b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}', "a node without metadata.name"),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "message"), BAD_BODIES)
@@ -148,13 +142,10 @@ def test_a_request_naming_more_nodes_than_allowed_gets_400() -> None:
     [
         (b"{}", "PodName: Field required"),
         (b'{"PodName": "p", "PodNamespace": "default", "Node": "busy"}', "PodUID: Field required"),
-        (
-            b'{"PodName": "p", "PodUID": "u", "Node": ""}',
-            "Node: String should have at least 1 character",
-        ),
+        (b'{"PodName": "p", "PodUID": "u", "Node": ""}', "Node: String should have at least 1 character"),
         (b"null", "body is not a JSON object (ExtenderBindingArgs)"),
     ],
-)
+)  # fmt: skip
 def test_a_bind_body_that_is_not_the_protocol_gets_400(
     client: TestClient, body: bytes, message: str
 ) -> None:
@@ -168,14 +159,10 @@ def test_a_bind_body_that_is_not_the_protocol_gets_400(
         ("lots", None, "annotation gpu-scheduler/memory-mb: 'lots' is not a whole number"),
         ("8_192", None, "annotation gpu-scheduler/memory-mb: '8_192' is not a whole number"),
         ("0", None, "annotation gpu-scheduler/memory-mb: 0 must be positive"),
-        (
-            "999999999",
-            None,
-            "annotation gpu-scheduler/memory-mb: 999999999 MiB is more than any node's GPU memory (327680 MiB)",
-        ),
+        ("999999999", None, "annotation gpu-scheduler/memory-mb: 999999999 MiB is more than any node's GPU memory (327680 MiB)"),
         ("100", "two", "annotation gpu-scheduler/gpu-count: 'two' is not a whole number"),
     ],
-)
+)  # fmt: skip
 def test_a_malformed_pod_annotation_fails_every_node_naming_the_annotation(
     client: TestClient, memory: str, count: str | None, message: str
 ) -> None:

@@ -170,50 +170,15 @@ def test_the_activation_floor_from_the_trigger_metadata_gates_is_active(
 @pytest.mark.parametrize(
     ("ref", "metric", "code", "message"),
     [
-        (
-            _ref(name="other"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.NOT_FOUND,
-            "ScaledObject ml/other is not managed by gpuscaler",
-        ),
-        (
-            _ref(namespace="prod"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.NOT_FOUND,
-            "ScaledObject prod/chat is not managed",
-        ),
-        (
-            _ref(name=""),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "scaledObjectRef.name '' is not a ScaledObject name",
-        ),
-        (
-            _ref(activationFloor="lots"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "activationFloor='lots' is not a whole number",
-        ),
-        (
-            _ref(threshold="5"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "trigger metadata 'threshold' is not known to gpuscaler",
-        ),
-        (
-            _ref(),
-            "s0-gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "metric 's0-gpuscaler-replica-floor' is not gpuscaler's",
-        ),
-        (
-            None,
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "scaledObjectRef is missing",
-        ),
+        (_ref(name="other"), "gpuscaler-replica-floor", grpc.StatusCode.NOT_FOUND, "ScaledObject ml/other is not managed by gpuscaler"),
+        (_ref(namespace="prod"), "gpuscaler-replica-floor", grpc.StatusCode.NOT_FOUND, "ScaledObject prod/chat is not managed"),
+        (_ref(name=""), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef.name '' is not a ScaledObject name"),
+        (_ref(activationFloor="lots"), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "activationFloor='lots' is not a whole number"),
+        (_ref(threshold="5"), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "trigger metadata 'threshold' is not known to gpuscaler"),
+        (_ref(), "s0-gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "metric 's0-gpuscaler-replica-floor' is not gpuscaler's"),
+        (None, "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef is missing"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_get_a_grpc_error_naming_the_problem(
     stub: pb_grpc.ExternalScalerStub,
     board: FloorBoard,
