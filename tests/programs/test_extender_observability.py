@@ -18,23 +18,13 @@ import uvicorn
 import yaml
 from extenderkit import A100, MemoryCluster, args, gpu_node, make_extender, pod
 from promserver import SHIPPED_RULE, binaries, free_port, prometheus, shipped_rules
+from test_observability import DASHBOARD, dashboard_queries
 
 from gpuscaler.core.gpufit import NodeMeta
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
-
 
 def _extender_exprs() -> list[str]:
-    board = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
-    fill = {"$pool": ".*", "$__rate_interval": "1m"}
-    out = []
-    for e in exprs:
-        if "gpuscaler_extender_" in e:
-            for var, value in fill.items():
-                e = e.replace(var, value)
-            out.append(e)
-    return out
+    return [e for e in dashboard_queries()[0] if "gpuscaler_extender_" in e]
 
 
 def test_the_dashboard_has_a_scheduling_row_over_the_extender_metrics() -> None:

@@ -137,7 +137,7 @@ EXTENDER = "gpuscaler_extender_"
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
 
 
-def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
+def dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
     """Every PromQL expression of the dashboard (panels and annotations, variables filled
     with match-all), and its label_values variables as (label, selector)."""
     board = json.loads(DASHBOARD.read_text())
@@ -157,7 +157,7 @@ def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
-    exprs, variables = _dashboard_queries()
+    exprs, variables = dashboard_queries()
     used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
     # the extender's metrics: tests/programs/test_extender_observability.py
     used = {m for m in used if not m.startswith(EXTENDER)}
@@ -179,7 +179,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
     config = tmp_path / "gpuscaler.yaml"
     config.write_text("replicas: {skill_check: false, whole_gpus: false}\n")
     port = free_port()
-    exprs, variables = _dashboard_queries()
+    exprs, variables = dashboard_queries()
     exprs = [e for e in exprs if EXTENDER not in e]  # the extender's row: its own test
     with prometheus(scrape_target=f"127.0.0.1:{port}") as url:
         # --no-baselines: only the controller's run feeds the metrics
