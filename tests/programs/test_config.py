@@ -25,6 +25,7 @@ from gpuscaler.config import (
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "gpuscaler.yaml"
 POOL = "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16}\n"
+WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
 
 
 @pytest.mark.parametrize(
@@ -119,13 +120,23 @@ def test_the_shipped_config_names_every_field_with_a_comment() -> None:
         ("an override of a section a pool cannot override", "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, overrides: {replicas: {}}}\n", "cannot override ['replicas']"),
         ("a contradiction an override creates", "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16, overrides: {fragments: {more_below_pct: 86}}}\n", "node_pools[0].overrides.fragments.more_below_pct"),
         ("an unknown key in an override", "workloads:\n  - {namespace: a, kind: ScaledObject, name: x, overrides: {replicas: {floor: 3}}}\n", "workloads[0].overrides.replicas.floor: unknown key"),
+        ("a namespace as a list", "workloads:\n  - {namespace: [a, b], kind: ScaledObject, name: x}\n", "workloads[0].namespace: Input should be a valid string"),
+        ("a name as a map", "workloads:\n  - {namespace: a, kind: ScaledObject, name: {x: 1}}\n", "workloads[0].name: Input should be a valid string"),
+        ("a boolean as an integer", "replicas: {min_replicas: true}\n" + WORKLOAD, "min_replicas: expected a number, got true"),
+        ("a boolean as a step", "fragments: {max_step: false}\n" + WORKLOAD, "max_step: expected a number, got false"),
+        ("an absurd duration", "control: {interval: 99999999999999d}\n" + WORKLOAD, "longer than a year"),
+        ("a tick slower than hourly", "control: {interval: 2h}\n" + WORKLOAD, "control.interval: Input should be less than"),
+        ("a horizon beyond the window", "forecast: {horizon: 2h}\n" + WORKLOAD, "forecast.horizon: 2h is not shorter than"),
+        ("an empty file", "", "manages nothing"),
+        ("nothing to manage", "control: {dry_run: true}\n", "manages nothing"),
+        ("deep nesting", "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
     ],
 )  # fmt: skip
 def test_an_invalid_config_is_refused_naming_the_path_and_reason(
     name: str, text: str, problem: str
 ) -> None:
-    with pytest.raises(ConfigError) as info:
-        parse_config(text, "test.yaml")
+    with pytest.raises(ConfigError) as info:  # a controller's config: it names its targets
+        parse_config(text, "test.yaml", require_targets=True)
     assert any(problem in p for p in info.value.problems), info.value.problems
 
 

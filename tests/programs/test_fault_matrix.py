@@ -1,4 +1,4 @@
-"""The fault matrix (issue 17): each fault paired with each actuator, through the
+"""The fault matrix: each fault paired with each actuator, through the
 controller as `run` assembles it (Prometheus source, cluster reader, actuators). Each case:
 - no action on the affected target, and a reason in the plan and in the logs;
 - the other targets unaffected (their decisions are applied in the same tick);

@@ -1,11 +1,11 @@
-"""Every parser boundary under generated input (issue 17): the config YAML, durations, the
+"""Every parser boundary under generated input: the config YAML, durations, the
 trace CSV, the backtest CSV, Prometheus' JSON and the cluster snapshot. The invariant: a
 value, or the parser's own error naming the problem; never another exception, never a hang,
 and memory bounded by the input, not by what the input claims (a timestamp gap of a
 million years must not allocate a million years of slots).
 
 Budgets are bounded (`max_examples`) so the suite stays fast; the generators lean on the
-edges the issue reproduced: NaN and infinite timestamps, huge gaps, booleans where numbers
+edges once reproduced as defects: NaN and infinite timestamps, huge gaps, booleans where numbers
 belong, lists where names belong, deep nesting, objects where samples belong."""
 
 from __future__ import annotations
