@@ -22,23 +22,6 @@ from gpuscaler.sim.trace import TraceError
 WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
 
 
-def test_a_config_that_relies_on_discovery_says_so_and_is_valid(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text("workloads: []\n")
-    out = run_cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
-def test_a_huge_config_file_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text(WORKLOAD + "# padding\n" * 200_000)  # 2 MB of comments
-    started = time.monotonic()
-    out = run_cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 2
-    assert "a config is at most 1,048,576" in out.stderr
-    assert time.monotonic() - started < 30
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -164,5 +147,7 @@ def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    assert proc.returncode == 0
-    assert "control.interval" in log.read_text()
+    said = log.read_text()
+    assert proc.returncode == 0 and '"event": "stopped"' in said and "Traceback" not in said
+    assert "source: simulator" in said  # it says it acts on no real cluster
+    assert "control.interval" in said

@@ -160,8 +160,9 @@ def test_overrides_merge_over_the_global_section_per_target() -> None:
     assert chat.max_replicas == 200 and chat.min_replicas == 1
 
 
-def test_an_empty_file_gives_the_defaults() -> None:
+def test_an_empty_file_or_one_relying_on_discovery_gives_the_defaults() -> None:
     assert parse_config("") == Config()
+    assert parse_config("workloads: []\n", require_targets=True) == Config()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
