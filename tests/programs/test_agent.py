@@ -167,10 +167,8 @@ def test_a_failing_nvidia_smi_leaves_the_label_unapplied_with_a_warning_event(wo
     (warning,) = [e for e in events(cluster) if e["reason"] == "TimeSliceNotApplied"]
     assert warning["type"] == "Warning" and "Insufficient Permissions" in warning["note"]
     assert "exit 4" in warning["note"] and warning["regarding"]["name"] == NODE
-    assert (
-        'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0' in text
 
 
 def test_a_node_that_did_not_opt_in_gets_no_time_slice(world: Any) -> None:
@@ -292,10 +290,8 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(
     assert node.alive(pid)
     reported = [r.getMessage() for r in caplog.records if "cgroup not understood" in r.getMessage()]
     assert len(reported) == 1 and str(pid) in reported[0]
-    assert (
-        'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0' in text
     assert not report.lifted
 
 
@@ -517,10 +513,8 @@ def test_a_refused_lift_leaves_the_taint_and_says_why(world: Any) -> None:
     assert QUARANTINE_TAINT in json.dumps(stored_node(cluster)["spec"])
     (kept,) = [e for e in events(cluster) if e["reason"] == "GPUQuarantineKept"]
     assert kept["type"] == "Warning" and "403" in kept["note"]
-    assert (
-        'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0' in text
 
 
 def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(world: Any) -> None:
@@ -542,10 +536,8 @@ def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(
     assert signals == ["SIGTERM", "SIGKILL", "SIGKILL", "SIGKILL"]
     notes = [e["note"] for e in events(cluster) if e["reason"] == "OrphanGPUProcessKilled"]
     assert len(notes) == 2 and node.alive(pid)
-    assert (
-        'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0' in text
 
 
 def test_an_unreachable_api_server_fails_the_poll_counted_and_the_loop_goes_on(world: Any) -> None:

@@ -34,32 +34,18 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @contextmanager
 def planted_prometheus(directory: Path) -> Iterator[str]:
     """A real Prometheus holding the last hour of the planted series, ending just now."""
-    a100 = {"modelName": "NVIDIA A100-SXM4-80GB"}
+    a100 = {"modelName": "NVIDIA A100-SXM4-80GB", "gpu": "0"}
+    a0, a1 = ({**a100, "Hostname": f"gpu-a100-{i}", "UUID": f"GPU-a{i}"} for i in (0, 1))
+    # a GPU outside the configured pools, so the pool itself stays idle
+    h100 = {"modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-h100-0", "gpu": "1"}
+    h100 |= {"UUID": "GPU-a2", "namespace": "ml", "pod": "chat-7d9f6c5b8-x2k9q"}
     series: dict[str, list[tuple[dict[str, str], Any]]] = {
         "DCGM_FI_DEV_GPU_UTIL": [
-            (
-                {**a100, "Hostname": "gpu-a100-0", "gpu": "0", "UUID": "GPU-a0"},
-                lambda i: 15 + _wave(i),
-            ),
-            (
-                {**a100, "Hostname": "gpu-a100-1", "gpu": "0", "UUID": "GPU-a1"},
-                lambda i: 17 - _wave(i),
-            ),
-            (
-                {  # on a GPU outside the configured pools, so the pool itself stays idle
-                    "modelName": "NVIDIA H100 80GB HBM3",
-                    "Hostname": "gpu-h100-0",
-                    "gpu": "1",
-                    "UUID": "GPU-a2",
-                    "namespace": "ml",
-                    "pod": "chat-7d9f6c5b8-x2k9q",
-                },
-                lambda i: 100 + 150 * i / POINTS + _wave(i),
-            ),
+            (a0, lambda i: 15 + _wave(i)),
+            (a1, lambda i: 17 - _wave(i)),
+            (h100, lambda i: 100 + 150 * i / POINTS + _wave(i)),
         ],
-        "nvidia_gpu_stall_percentage": [
-            ({**a100, "Hostname": "gpu-a100-0", "gpu": "0", "UUID": "GPU-a0"}, lambda i: 3.0)
-        ],
+        "nvidia_gpu_stall_percentage": [(a0, lambda i: 3.0)],
     }
     data = directory / "data.om"
     global START, END

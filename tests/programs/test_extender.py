@@ -375,14 +375,12 @@ def test_a_pod_no_node_fits_is_tracked_as_unschedulable_until_one_does() -> None
     c.post("/filter", json=args(pod("big", memory="100000"), ["busy", "full"]))
     clock[0] = 700.0
     app.observe_state()
-    assert (
-        "gpuscaler_extender_oldest_unschedulable_seconds 600.0" in app.metrics.exposition().decode()
-    )
+    text = app.metrics.exposition().decode()
+    assert "gpuscaler_extender_oldest_unschedulable_seconds 600.0" in text
     c.post("/filter", json=args(pod("big", memory="100"), ["busy"]))
     app.observe_state()
-    assert (
-        "gpuscaler_extender_oldest_unschedulable_seconds 0.0" in app.metrics.exposition().decode()
-    )
+    text = app.metrics.exposition().decode()
+    assert "gpuscaler_extender_oldest_unschedulable_seconds 0.0" in text
 
 
 def test_health_and_readiness(client: TestClient) -> None:
