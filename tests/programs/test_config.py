@@ -65,15 +65,7 @@ def test_the_shipped_config_is_valid() -> None:
 def test_the_shipped_config_states_the_built_in_defaults() -> None:
     shipped = load_config(SHIPPED)
     defaults = Config()
-    for section in (
-        "control",
-        "metrics",
-        "forecast",
-        "fragments",
-        "time_slice",
-        "replicas",
-        "simulator",
-    ):
+    for section in "control metrics forecast fragments time_slice replicas simulator".split():
         assert getattr(shipped, section) == getattr(defaults, section), section
 
 

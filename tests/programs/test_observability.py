@@ -20,27 +20,15 @@ from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import load_trace
 
 EXPECTED = {
-    "gpuscaler_observed_value",
-    "gpuscaler_forecast_value",
-    "gpuscaler_forecast_recent_error",
-    "gpuscaler_stall_ratio",
-    "gpuscaler_decisions_total",
-    "gpuscaler_fragments",
-    "gpuscaler_replica_floor",
-    "gpuscaler_replicas",
-    "gpuscaler_time_slice_level",
-    "gpuscaler_tick_duration_seconds_bucket",
-    "gpuscaler_ticks_failed_total",
-    "gpuscaler_invalid_inputs",
-    "gpuscaler_source_up",
-    "gpuscaler_leader",
-    "gpuscaler_config_generation",
-    "gpuscaler_config_reload_failures_total",
-    "gpuscaler_last_successful_tick_timestamp_seconds",
-    "gpuscaler_preemption_steps_total",
-    "gpuscaler_preemptions_in_flight",
-    "gpuscaler_preemption_victims",
-}
+    "gpuscaler_observed_value", "gpuscaler_forecast_value", "gpuscaler_forecast_recent_error",
+    "gpuscaler_stall_ratio", "gpuscaler_decisions_total", "gpuscaler_fragments",
+    "gpuscaler_replica_floor", "gpuscaler_replicas", "gpuscaler_time_slice_level",
+    "gpuscaler_tick_duration_seconds_bucket", "gpuscaler_ticks_failed_total",
+    "gpuscaler_invalid_inputs", "gpuscaler_source_up", "gpuscaler_leader",
+    "gpuscaler_config_generation", "gpuscaler_config_reload_failures_total",
+    "gpuscaler_last_successful_tick_timestamp_seconds", "gpuscaler_preemption_steps_total",
+    "gpuscaler_preemptions_in_flight", "gpuscaler_preemption_victims",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
