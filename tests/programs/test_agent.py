@@ -444,18 +444,10 @@ def test_the_pod_to_gpu_mapping_from_pod_resources_is_a_metric(world: Any) -> No
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({}))
     pods = [
-        {
-            "name": "serving-0",
-            "namespace": "ml",
-            "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}},
-        },
-        {
-            "name": "trainer",
-            "namespace": "ml",
-            "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}},
-        },
+        {"name": "serving-0", "namespace": "ml", "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}}},
+        {"name": "trainer", "namespace": "ml", "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}}},
         {"name": "web", "namespace": "web", "containers": {"w": {}}},
-    ]
+    ]  # fmt: skip
     with pod_resources_server(pods) as socket:
         agent, metrics = make_agent(node, api, socket=socket)
         agent.poll(0)

@@ -25,6 +25,8 @@ from gpuscaler.config import (
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "config" / "gpuscaler.yaml"
 POOL = "node_pools:\n  - {name: p, selector: {label: a, value: b}, gpu_memory_gib: 16}\n"
+DEFAULTED = ("control", "metrics", "forecast", "fragments", "time_slice", "replicas", "simulator")
+"""The sections the shipped config states at their built-in defaults."""
 WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
 
 
@@ -65,7 +67,7 @@ def test_the_shipped_config_is_valid() -> None:
 def test_the_shipped_config_states_the_built_in_defaults() -> None:
     shipped = load_config(SHIPPED)
     defaults = Config()
-    for section in "control metrics forecast fragments time_slice replicas simulator".split():
+    for section in DEFAULTED:
         assert getattr(shipped, section) == getattr(defaults, section), section
 
 

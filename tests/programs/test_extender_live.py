@@ -77,22 +77,13 @@ def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporte
 
 def _seed(cluster: FakeCluster) -> None:
     topology = [{"uuid": f"GPU-even-{i}", "index": i, "numa_node": i // 2} for i in range(4)]
-    cluster.add(
-        "v1",
-        "nodes",
-        {
-            "metadata": {
-                "name": "even",
-                "annotations": {"gpuscaler.io/gpu-topology": json.dumps(topology)},
-            }
-        },
-    )
-    cluster.add(
-        "v1",
-        "nodes",
-        {"metadata": {"name": "uneven", "labels": {"gpuscaler.io/gpus-per-numa-node": "1"}}},
-    )
-    cluster.add("v1", "nodes", {"metadata": {"name": "tiny"}})
+    nodes: dict[str, dict[str, Any]] = {
+        "even": {"annotations": {"gpuscaler.io/gpu-topology": json.dumps(topology)}},
+        "uneven": {"labels": {"gpuscaler.io/gpus-per-numa-node": "1"}},
+        "tiny": {},
+    }
+    for name, meta in nodes.items():
+        cluster.add("v1", "nodes", {"metadata": {"name": name, **meta}})
     for name, memory in (("a", "30000"), ("b", "30000"), ("c", "1000")):
         body = pod(name, memory=memory)
         body["metadata"]["uid"] = f"uid-{name}"
