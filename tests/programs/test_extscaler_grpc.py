@@ -305,9 +305,8 @@ def test_every_answer_is_counted_and_the_served_floor_is_a_metric(
 
 def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Path) -> None:
     import socket
-    import subprocess
-    import sys
 
+    from builders import run_cli
     from kubefake import kubeconfig_for
 
     config = tmp_path / "gpuscaler.yaml"
@@ -320,15 +319,9 @@ def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run(
-            [
-                *(sys.executable, "-m", "gpuscaler.cli", "run", "--config", str(config)),
-                *("--kubeconfig", str(kubeconfig), "--metrics-port", "0"),
-                *("--external-scaler-port", str(port), "--max-ticks", "1"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        out = run_cli(
+            *("run", "--config", str(config), "--kubeconfig", str(kubeconfig)),
+            *("--metrics-port", "0", "--external-scaler-port", str(port), "--max-ticks", "1"),
         )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"external_scaler: cannot listen on 0.0.0.0:{port}" in out.stderr

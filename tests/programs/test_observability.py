@@ -9,12 +9,14 @@ import subprocess
 import time
 import urllib.parse
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from builders import CLI, http_get, run_cli
 from promserver import binaries, free_port
 
 from gpuscaler.config import Config, ReplicasConfig
+from gpuscaler.controller import TickStats
 from gpuscaler.observability import ControllerMetrics, HealthState, serve
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import load_trace
@@ -73,13 +75,6 @@ def test_metric_names_pass_promtool_check_metrics(exposition: str) -> None:
     assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stdout + out.stderr
 
 
-class _Stats:
-    def __init__(self) -> None:
-        self.ticks = 0
-        self.last_success_wall: float | None = None
-        self.last_skipped_wall: float | None = None
-
-
 class _Source:
     name = "prometheus"
 
@@ -87,15 +82,9 @@ class _Source:
         last_success: float | None = None
 
 
-class _Controller:
-    def __init__(self) -> None:
-        self.stats = _Stats()
-        self.source = _Source()
-
-
 def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complete() -> None:
     clock = [1000.0]
-    controller = _Controller()
+    controller = SimpleNamespace(stats=TickStats(), source=_Source())
     health = HealthState(controller, interval=30, clock=lambda: clock[0])  # type: ignore[arg-type]
     port = free_port()
     server = serve(ControllerMetrics(), health, port, host="127.0.0.1")
