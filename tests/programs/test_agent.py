@@ -8,7 +8,6 @@ import errno
 import json
 import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,9 +139,8 @@ def test_a_time_slice_label_change_is_applied_once_and_mig_gpus_are_skipped(worl
         agent.poll(now)
     assert calls(log) == [f"compute-policy -i {GPU0} --set-timeslice 2"]
     assert stored_node(cluster)["metadata"]["annotations"][TIME_SLICE_APPLIED] == "medium"
-    cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"][
-        "gpuscaler.io/time-slice"
-    ] = "long"
+    labels = cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"]
+    labels["gpuscaler.io/time-slice"] = "long"
     agent.poll(30)
     agent.poll(40)
     assert calls(log)[1:] == [f"compute-policy -i {GPU0} --set-timeslice 3"]
@@ -452,10 +450,7 @@ def test_the_pod_to_gpu_mapping_from_pod_resources_is_a_metric(world: Any) -> No
         agent, metrics = make_agent(node, api, socket=socket)
         agent.poll(0)
     text = metrics.exposition().decode()
-    assert (
-        f'gpuscaler_agent_pod_gpu_device{{container="main",device="{GPU0}::1",gpu="{GPU0}",namespace="ml",pod="serving-0"}} 1.0'
-        in text
-    )
+    assert f'gpuscaler_agent_pod_gpu_device{{container="main",device="{GPU0}::1",gpu="{GPU0}",namespace="ml",pod="serving-0"}} 1.0' in text  # fmt: skip
     assert f'device="{GPU1}",gpu="{GPU1}",namespace="ml",pod="trainer"' in text
     assert "eth1" not in text and 'pod="web"' not in text
     assert 'gpuscaler_agent_source_up{source="pod_resources"} 1.0' in text
@@ -474,7 +469,7 @@ def test_an_unreachable_pod_resources_socket_is_reported_and_the_poll_goes_on(wo
 
 
 def test_the_agent_metrics_pass_promtool_check_metrics(world: Any) -> None:
-    from promserver import binaries
+    from promserver import promtool_check
 
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}, quarantined=True))
@@ -484,14 +479,7 @@ def test_the_agent_metrics_pass_promtool_check_metrics(world: Any) -> None:
         agent, metrics = make_agent(node, api, socket=socket)
         for now in (0, 60):
             agent.poll(now)
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=metrics.exposition().decode(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = promtool_check(metrics.exposition().decode())
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -67,14 +67,13 @@ def _state(pod: str) -> VictimState:
 
 @pytest.mark.parametrize(
     ("pod", "released"),
-    [("leaked", False), ("released", True), ("shared", True), ("unknown-pod", None)],
-    ids=[
-        "held on an idle GPU the agent mapped to the gone pod",
-        "fell below the threshold after the pod left",
-        "another MPS client of the GPU is still there: in use",
-        "neither dcgm-exporter nor the agent knows the pod: not measurable",
+    [
+        pytest.param("leaked", False, id="held on an idle GPU the agent mapped to the gone pod"),
+        pytest.param("released", True, id="fell below the threshold after the pod left"),
+        pytest.param("shared", True, id="another MPS client of the GPU is still there: in use"),
+        pytest.param("unknown-pod", None, id="neither dcgm-exporter nor the agent knows the pod: not measurable"),
     ],
-)
+)  # fmt: skip
 def test_the_agents_pod_to_gpu_mapping_makes_mps_gpus_measurable(
     probe: GpuMemoryProbe, pod: str, released: bool | None
 ) -> None:

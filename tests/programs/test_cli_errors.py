@@ -130,13 +130,9 @@ def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
     config.write_text(original.replace("interval: 30s", "interval: 1s", 1))
     log = tmp_path / "run.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [*CLI, "run", "--config", str(config), "--metrics-port", "0"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        )
+        argv = [*CLI, "run", "--config", str(config), "--metrics-port", "0"]
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             assert _wait_for(proc, log, '"event": "tick"', 60), log.read_text()[-2000:]
             config.write_text(config.read_text().replace("dry_run: false", "dry_run: true", 1))

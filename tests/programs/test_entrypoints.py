@@ -68,13 +68,8 @@ def deployed_run() -> Iterator[tuple[subprocess.Popen[str], int, dict[str, Any]]
     args[args.index("--metrics-port") + 1] = str(port)
     env = os.environ | {"POD_NAME": "gpuscaler-test", "POD_NAMESPACE": "gpuscaler"}
     proc = subprocess.Popen(
-        [str(SCRIPT), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+        [str(SCRIPT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )  # fmt: skip
     try:
         yield proc, port, container
     finally:

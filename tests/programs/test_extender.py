@@ -4,7 +4,6 @@ staleness, reservations, metrics."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from extenderkit import A100, MemoryCluster, args, gpu_node, make_extender, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from promserver import binaries
+from promserver import promtool_check
 from starlette.testclient import TestClient
 
 from gpuscaler.config import SchedulerConfig
@@ -170,10 +169,8 @@ def test_a_malformed_pod_annotation_fails_every_node_naming_the_annotation(
     assert r.status_code == 200
     body = r.json()
     assert body["NodeNames"] == []
-    assert {k: v.startswith(message) for k, v in body["FailedAndUnresolvableNodes"].items()} == {
-        "busy": True,
-        "full": True,
-    }
+    failed = body["FailedAndUnresolvableNodes"]
+    assert {k: v.startswith(message) for k, v in failed.items()} == {"busy": True, "full": True}
     scores = client.post("/prioritize", json=args(pod(memory=memory, count=count), ["busy"]))
     assert scores.json() == [{"Host": "busy", "Score": 0}]
 
@@ -200,9 +197,8 @@ def test_a_malformed_topology_annotation_fails_the_node_naming_the_annotation() 
     cluster.meta["busy"] = NodeMeta("busy", topology="{broken")
     app, _ = make_extender(cluster)
     body = TestClient(app.build()).post("/filter", json=args(pod(), ["busy"])).json()
-    assert body["FailedAndUnresolvableNodes"] == {
-        "busy": "annotation gpuscaler.io/gpu-topology: not JSON"
-    }
+    why = "annotation gpuscaler.io/gpu-topology: not JSON"
+    assert body["FailedAndUnresolvableNodes"] == {"busy": why}
 
 
 def test_stale_nodes_are_scored_from_last_state_then_filtered_as_stale() -> None:
@@ -219,11 +215,8 @@ def test_stale_nodes_are_scored_from_last_state_then_filtered_as_stale() -> None
     body = c.post("/filter", json=args(pod(), ["fresh", "late", "gone"])).json()
     assert body["NodeNames"] == ["fresh", "late"]
     assert body["FailedAndUnresolvableNodes"] == {"gone": "GPU state stale"}
-    scores = {
-        h["Host"]: h["Score"]
-        for h in c.post("/prioritize", json=args(pod(), ["late", "gone"])).json()
-    }
-    assert scores == {"late": 6, "gone": 0}
+    answer = c.post("/prioritize", json=args(pod(), ["late", "gone"])).json()
+    assert {h["Host"]: h["Score"] for h in answer} == {"late": 6, "gone": 0}
     app.observe_state()
     exposition = app.metrics.exposition().decode()
     assert 'gpuscaler_extender_stale_nodes{state="stale"} 1.0' in exposition
@@ -265,9 +258,8 @@ def test_two_pods_racing_for_one_slot_are_never_both_bound() -> None:
     c = TestClient(app.build())
     # both passed the filter (neither was reserved yet)
     for name in ("a", "b"):
-        assert c.post("/filter", json=args(pod(name, memory="20000"), ["n1"])).json()[
-            "NodeNames"
-        ] == ["n1"]
+        answer = c.post("/filter", json=args(pod(name, memory="20000"), ["n1"])).json()
+        assert answer["NodeNames"] == ["n1"]
     answers: dict[str, str] = {}
 
     def bind(name: str) -> None:
@@ -360,10 +352,7 @@ def test_the_metrics_pass_promtool_and_name_verbs_reasons_and_pools() -> None:
         "gpuscaler_extender_oldest_unschedulable_seconds 0.0",
     ):
         assert needle in text, needle
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-    )
+    out = promtool_check(text)
     assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr
 
 

@@ -175,9 +175,8 @@ def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
     base, cluster = served
     # "uneven" GPU 0 holds one 30,000 MiB pod (36,352 usable), GPU 1 none
     for name in ("a", "b"):
-        assert _post(base, "filter", args(pod(name, memory="30000"), ["uneven"]))[1][
-            "NodeNames"
-        ] == ["uneven"]
+        answer = _post(base, "filter", args(pod(name, memory="30000"), ["uneven"]))[1]
+        assert answer["NodeNames"] == ["uneven"]
     answers: dict[str, str] = {}
 
     def bind(name: str) -> None:

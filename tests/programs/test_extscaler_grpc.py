@@ -298,9 +298,8 @@ def test_every_answer_is_counted_and_the_served_floor_is_a_metric(
     assert sample(requests, method="IsActive", code="NOT_FOUND") == 1
     assert sample("gpuscaler_external_scaler_served_floor", workload=KEY) == 5
     assert sample("gpuscaler_external_scaler_active", workload=KEY) == 1
-    assert (
-        sample("gpuscaler_external_scaler_served_floor", workload="ml/ScaledObject/other") is None
-    )
+    other = "ml/ScaledObject/other"
+    assert sample("gpuscaler_external_scaler_served_floor", workload=other) is None
 
 
 def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from builders import CLI, http_get, run_cli
-from promserver import binaries, free_port
+from promserver import free_port, promtool_check
 
 from gpuscaler.config import Config, ReplicasConfig
 from gpuscaler.controller import TickStats
@@ -67,10 +67,7 @@ def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> N
 
 
 def test_metric_names_pass_promtool_check_metrics(exposition: str) -> None:
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
-    )
+    out = promtool_check(exposition)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stdout + out.stderr
 

@@ -171,13 +171,17 @@ json_values = st.recursive(
     ),
     max_leaves=20,
 )
-matrix_like = st.lists(
-    st.fixed_dictionaries(
-        {"metric": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)},
-        optional={"values": st.lists(st.one_of(json_values, st.tuples(json_values, json_values)))},
-    ),
-    max_size=3,
-)
+samples = st.one_of(json_values, st.tuples(json_values, json_values))
+
+
+def _answers(key: str, values: Any) -> Any:
+    """Lists of up to 3 series shaped like Prometheus' answers, `key` holding `values`."""
+    labels = st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)
+    return st.lists(st.fixed_dictionaries({"metric": labels}, optional={key: values}), max_size=3)
+
+
+matrix_like = _answers("values", st.lists(samples))
+vector_like = _answers("value", samples)
 
 
 @BUDGET
@@ -190,15 +194,6 @@ def test_any_prometheus_result_is_decoded_or_a_source_error(result: Any) -> None
         assert str(e)
     else:
         assert times_.shape == values.shape
-
-
-vector_like = st.lists(
-    st.fixed_dictionaries(
-        {"metric": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)},
-        optional={"value": st.one_of(json_values, st.tuples(json_values, json_values))},
-    ),
-    max_size=3,
-)
 
 
 @BUDGET
