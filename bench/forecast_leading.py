@@ -17,7 +17,7 @@ demand, exactly as in the traces):
 So the request rate is an imperfect proxy: the ratio drifts, request sizes vary, and the
 load follows arrivals by the service time. Several windows of each trace (4 spans of 6 h
 of each 2024 week, at different times of day; the 2023 hours with 2 noise seeds) are each
-scored with `gpuscaler.backtest.evaluate_series` at 10 s, a 5-minute horizon and a 1 h
+scored with `gpuscaler.backtest.evaluate.evaluate_series` at 10 s, a 5-minute horizon and a 1 h
 (2024) or 20 min (2023) window, in the same run with the demand and without it
 (`worst_with_vs_load_only` is the largest ratio of the two MAEs); statsmodels ARIMA(5,1,0)
 on the load is the reference (cached like bench/forecast_quality.py's).
@@ -112,14 +112,13 @@ def cases() -> list[tuple[str, np.ndarray, np.ndarray, float]]:
 
 
 def run_case(demand: np.ndarray, load: np.ndarray, window: float, origins: int, cache: Any) -> Any:
-    import gpuscaler.backtest as bt
     import gpuscaler.backtest.evaluate as bt_evaluate
     from gpuscaler.config import ForecastConfig
     from gpuscaler.core.model import Series
 
     cfg = ForecastConfig()
     s, d = Series(0.0, STEP, load), Series(0.0, STEP, demand)
-    errors = bt.evaluate_series(s, cfg, 300.0, window, origins, reference=cache, demand=d)
+    errors = bt_evaluate.evaluate_series(s, cfg, 300.0, window, origins, reference=cache, demand=d)
     return bt_evaluate.scores(errors)
 
 

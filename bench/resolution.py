@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.sim.load import SAMPLE, demand_from_trace
+from gpuscaler.sim.load import SAMPLE, arrivals_from_trace
 from gpuscaler.sim.trace import load_trace
 
 TARGET = 10.0  # seconds: the resolution every forecast is scored at
@@ -61,7 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     trace = load_trace()
     start = trace.start + args.start * 3600
-    demand = demand_from_trace(trace, start, args.hours * 3600, 0.06, seed=3)
+    arrivals = arrivals_from_trace(trace, start, args.hours * 3600, seed=3)
+    demand = arrivals * 0.06 / SAMPLE  # GPUs' worth of work a 500 ms slot, 0.06 s a request
     rng = np.random.default_rng(4)
     load = 100 * demand + rng.normal(0, 2.0, demand.size)  # % of one GPU, as measured
     per_window, per_horizon = int(WINDOW / SAMPLE), int(HORIZON / SAMPLE)

@@ -5,7 +5,7 @@
     │   ├── ConfigError           config/loading.py: the config file, every problem with its path
     │   ├── TraceError            sim/trace.py: a load trace
     │   ├── BacktestError         backtest/series.py: a series to backtest
-    │   └── SetupError            app.py: arguments that do not fit together, no API
+    │   └── SetupError            setup.py: arguments that do not fit together, no API
     ├── OutsideError          something outside gpuscaler failed; exit 1
     │   ├── KubeError             adapters/kube/api.py: an API call, naming the object
     │   └── SourceError           adapters/prometheus/transport.py: a query (secrets scrubbed)

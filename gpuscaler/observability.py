@@ -198,7 +198,7 @@ class ControllerMetrics:
 
     def attach_cluster(self, parts: Any) -> None:
         """Kubernetes health and config reloads of a cluster-backed controller
-        (`gpuscaler.app.ClusterController`)."""
+        (`gpuscaler.controller.assembly.ClusterController`)."""
 
         def listen(result: TickResult) -> None:
             self.source_up.labels("kubernetes").set(1 if parts.reader.healthy else 0)
@@ -291,13 +291,10 @@ def serve(
     return server
 
 
-class _AlwaysHealthy:
+class ReplayHealth:
+    """Health for `simulate --metrics-port`: the replay has no live sources."""
+
     def healthy(self) -> tuple[bool, str]:
         return True, "simulation"
 
     ready = healthy
-
-
-def sim_health() -> Any:
-    """Health for `simulate --metrics-port`: the replay has no live sources."""
-    return _AlwaysHealthy()

@@ -6,6 +6,8 @@ import io
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 
 import numpy as np
@@ -155,6 +157,17 @@ def run_cli(
     """`gpuscaler ARGS` in a fresh process (with `env` added), output captured, bounded."""
     full = None if env is None else {**os.environ, **env}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET of a program's endpoint; (0, why) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
 
 
 def workload_history(

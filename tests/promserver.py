@@ -32,6 +32,13 @@ def binaries() -> tuple[str, str]:
     pytest.skip(reason)
 
 
+def promtool_check(exposition: str) -> subprocess.CompletedProcess[str]:
+    """`promtool check metrics` (Prometheus' lint of names, units and help) of an exposition."""
+    tool = binaries()[1]
+    args = [tool, "check", "metrics"]
+    return subprocess.run(args, input=exposition, capture_output=True, text=True, timeout=60)
+
+
 def planted_window(points: int, lag: float) -> tuple[float, float]:
     """(start, end) of `points` samples at STEP ending `lag` seconds before now: call it in
     the fixture that plants them, not at import, since a CLI under test plans at

@@ -58,7 +58,7 @@ def build_agent(
     config: Config, args: AgentArgs, metrics: AgentMetrics
 ) -> tuple[NodeAgent, Callable[[], None]]:
     """The agent, and what starts each poll (the API client's time budget per poll)."""
-    from gpuscaler.app import SetupError, identity, kube_api
+    from gpuscaler.setup import SetupError, identity, kube_api
 
     name = node_name(args.node)
     try:

@@ -5,18 +5,7 @@ are documented in docs/forecasting.md ("Backtesting a series")."""
 
 from __future__ import annotations
 
-from gpuscaler.backtest.evaluate import Scores, evaluate_series
-from gpuscaler.backtest.report import AGGREGATIONS, METHODS, backtest
+from gpuscaler.backtest.report import backtest
 from gpuscaler.backtest.series import BacktestError, load_series_csv, on_grid, to_grid
 
-__all__ = [
-    "AGGREGATIONS",
-    "METHODS",
-    "BacktestError",
-    "Scores",
-    "backtest",
-    "evaluate_series",
-    "load_series_csv",
-    "on_grid",
-    "to_grid",
-]
+__all__ = ["BacktestError", "backtest", "load_series_csv", "on_grid", "to_grid"]

@@ -30,7 +30,7 @@ def _live_controller(config: Config, dry_run: bool) -> Controller:
 
 def _prometheus_controller(config: Config, state_file: str) -> Controller:
     from gpuscaler.adapters.kube.cluster import load_state
-    from gpuscaler.app import NoActuator
+    from gpuscaler.controller.assembly import NoActuator
     from gpuscaler.sources import PrometheusSource
 
     state, said = load_state(state_file, config)
@@ -59,7 +59,8 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
     """The controller for once/run, the cluster parts around it (None without a cluster)
     and the config reloader (None when nothing reloads). Exits 2 on bad input: a bad
     state or snapshot file, no Kubernetes API."""
-    from gpuscaler.app import SetupError, cluster_controller, kube_api, snapshot_controller
+    from gpuscaler.controller.assembly import cluster_controller, snapshot_controller
+    from gpuscaler.setup import SetupError, kube_api
 
     snapshot = getattr(args, "cluster_snapshot", None)
     try:
@@ -141,7 +142,7 @@ def _serve_external_scaler(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gpuscaler.loop import ControlLoop
+    from gpuscaler.controller.loop import ControlLoop
 
     config = config_or_exit(args.config)
     controller, parts, reloader = _controller(args, config)

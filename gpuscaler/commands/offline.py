@@ -64,11 +64,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     stop = threading.Event()
     if args.metrics_port:
         stop = stop_on_signal()  # a signal during the replay ends the serving after it
-        from gpuscaler.observability import ControllerMetrics, serve, sim_health
+        from gpuscaler.observability import ControllerMetrics, ReplayHealth, serve
 
         metrics = ControllerMetrics()
         listeners.append(metrics)
-        serve(metrics, sim_health(), args.metrics_port, host="127.0.0.1")
+        serve(metrics, ReplayHealth(), args.metrics_port, host="127.0.0.1")
         print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
     try:
         trace = load_trace(args.trace, resample, args.column)
@@ -125,7 +125,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         baselines=not args.no_baselines,
         jobs=args.jobs,
         memory=args.memory,
-        **({} if args.lanes is None else {"lanes": args.lanes}),
+        lanes=args.lanes,
     )
     print(json.dumps(outcome.summary()) if args.json else text(outcome))
     for path in outcome.files:
@@ -135,7 +135,6 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
-    from gpuscaler.config import ForecastConfig
 
     config = config_or_exit(args.config, require_targets=False)
     try:
@@ -151,11 +150,10 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.agg != "mean" and resample is None:
         print("--agg needs --resample", file=sys.stderr)
         return EXIT_BAD_INPUT
-    cfg: ForecastConfig = config.forecast
     try:
         bins = (horizon, window, resample, args.agg, args.max_origins)
         report = backtest(
-            args.series, cfg, *bins, demand_path=args.demand, demand_agg=args.demand_agg
+            args.series, config.forecast, *bins, demand_path=args.demand, demand_agg=args.demand_agg
         )
     except BacktestError as e:
         print(f"bad series: {e}", file=sys.stderr)

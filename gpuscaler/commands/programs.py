@@ -36,7 +36,7 @@ def add_agent_parser(sub: Any) -> None:
 
 def cmd_extender(args: argparse.Namespace) -> int:
     """The scheduler extender for a second kube-scheduler."""
-    from gpuscaler.app import SetupError, kube_api
+    from gpuscaler.setup import SetupError, kube_api
 
     config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets
     if not config.prometheus.url:

@@ -85,7 +85,7 @@ binds in flight; with max_body_bytes this bounds the memory held by bodies."""
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket, or SetupError naming the address (exit 2, nothing served)."""
-    from gpuscaler.app import SetupError
+    from gpuscaler.setup import SetupError
 
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -119,8 +119,8 @@ def serve(
     """Serve until SIGTERM/SIGINT (uvicorn handles them); release the Lease after. An
     address that cannot be listened on or TLS files that cannot be read: SetupError
     before anything is served."""
-    from gpuscaler.app import SetupError, identity
     from gpuscaler.observability import serve as serve_metrics
+    from gpuscaler.setup import SetupError, identity
 
     cfg = config.scheduler
     kube = SchedulingKube(api, config)

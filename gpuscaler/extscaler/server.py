@@ -76,7 +76,7 @@ def serve(
 def attach(
     parts: Any, port: int, host: str | None = None, registry: CollectorRegistry | None = None
 ) -> ExternalScalerServer:
-    """Serve the floors of the controller in `parts` (`gpuscaler.app.ClusterController`):
+    """Serve the floors of the controller in `parts` (`controller.assembly.ClusterController`):
     a board fed by every tick, served ScaledObjects taken out of the actuator, and their
     held floor given to the core as the current one."""
     controller = parts.controller

@@ -33,15 +33,6 @@ def arrivals_from_trace(
     return np.asarray(rng.poisson(lam * slot), dtype=np.float64)
 
 
-def demand_from_trace(
-    trace: Trace, start: float, seconds: float, gpu_seconds_per_request: float, seed: int
-) -> FloatArray:
-    """Work arriving in each 500 ms slot, in GPUs' worth of busy time (whole GPU, no
-    sharing overhead)."""
-    counts = arrivals_from_trace(trace, start, seconds, seed)
-    return np.asarray(counts * gpu_seconds_per_request / SAMPLE, dtype=np.float64)
-
-
 def efficiency(tenants: FloatArray | float, overhead: float) -> FloatArray:
     """GPU-seconds a GPU serves per second with `tenants` time-slicing it."""
     k = np.maximum(np.asarray(tenants, dtype=np.float64), 1.0)

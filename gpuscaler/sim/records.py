@@ -51,19 +51,15 @@ class RunView:
     preemption: SimulatedPreemption | None = None
 
 
-def _doubles() -> array[float]:
-    return array("d")
-
-
 @dataclass
 class ForecastTrack:
     """The policy's forecast at the horizon at each tick (origin, mean, band), as doubles:
     what the forecast error and the PNG read."""
 
-    origin: array[float] = field(default_factory=_doubles)
-    mean: array[float] = field(default_factory=_doubles)
-    lower: array[float] = field(default_factory=_doubles)
-    upper: array[float] = field(default_factory=_doubles)
+    origin: array[float] = field(default_factory=lambda: array("d"))
+    mean: array[float] = field(default_factory=lambda: array("d"))
+    lower: array[float] = field(default_factory=lambda: array("d"))
+    upper: array[float] = field(default_factory=lambda: array("d"))
 
     def add(self, origin: float, w: WorkloadObservation) -> None:
         f = w.load.forecast

@@ -5,6 +5,6 @@ across processes and lanes within the memory, `progress` shows it on a terminal,
 `command` reads and runs it and `report` words it."""
 
 from gpuscaler.whatif.command import WhatifError, parse_when, run_whatif, select
-from gpuscaler.whatif.report import Outcome, text
+from gpuscaler.whatif.report import text
 
-__all__ = ["Outcome", "WhatifError", "parse_when", "run_whatif", "select", "text"]
+__all__ = ["WhatifError", "parse_when", "run_whatif", "select", "text"]

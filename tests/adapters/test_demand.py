@@ -17,9 +17,9 @@ from promserver import planted_window, prometheus, write_openmetrics
 from gpuscaler.adapters.kube.cluster import discovered_workloads
 from gpuscaler.adapters.kube.objects import ClusterObjects, CurrentState, ScaleObject
 from gpuscaler.adapters.prometheus.promql import build_workload_query
-from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, ReplicasConfig, parse_config
 from gpuscaler.controller import Controller
+from gpuscaler.controller.assembly import NoActuator
 from gpuscaler.core.model import TargetHistory
 from gpuscaler.demand import DEMAND_ANNOTATION, PRESETS
 from gpuscaler.sources import PrometheusSource

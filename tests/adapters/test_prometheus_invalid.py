@@ -19,9 +19,9 @@ from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.adapters.prometheus.transport import Transport
 from gpuscaler.adapters.prometheus.window import drop_outside
-from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config, redact_url
 from gpuscaler.controller import Controller
+from gpuscaler.controller.assembly import NoActuator
 from gpuscaler.core.preemption import VictimState
 from gpuscaler.sources import PrometheusSource
 

@@ -22,8 +22,8 @@ from gpuscaler.adapters.prometheus.spacing import (
     lookback_ms,
     measure_spacing,
 )
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
+from gpuscaler.controller.assembly import cluster_controller
 from gpuscaler.observability import ControllerMetrics
 from gpuscaler.sources import PrometheusSource
 

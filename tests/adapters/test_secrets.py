@@ -24,9 +24,9 @@ from kubefake import reply, serving
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
-from gpuscaler.app import NoActuator
 from gpuscaler.config import ConfigError, parse_config
 from gpuscaler.controller import Controller
+from gpuscaler.controller.assembly import NoActuator
 from gpuscaler.observability import ControllerMetrics
 from gpuscaler.sources import PrometheusSource
 

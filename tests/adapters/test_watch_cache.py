@@ -350,7 +350,7 @@ def test_the_records_configmap_is_watched_by_name(cached: Cached) -> None:
 def test_cluster_controller_reads_through_the_cache_only_when_configured(
     kube: Kube, setting: bool
 ) -> None:
-    from gpuscaler.app import cluster_controller
+    from gpuscaler.controller.assembly import cluster_controller
 
     ns = kube.namespace()
     config = _config(ns, watch_cache=str(setting).lower())

@@ -31,7 +31,7 @@ def test_the_layer_contracts_hold() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "broken"),
     [
-        ("core/replicas.py", "from gpuscaler.app import kube_api", "The core imports nothing"),
+        ("core/replicas.py", "from gpuscaler.setup import kube_api", "The core imports nothing"),
         ("core/replicas.py", "import time", "no clock, network"),
         ("core/fragments.py", "import kubernetes", "no clock, network"),
         ("adapters/prometheus/source.py", "from gpuscaler import controller", "Adapters never"),

@@ -20,8 +20,8 @@ from gpuscaler.adapters.kube.actuator import KubeActuator, kube_actuator
 from gpuscaler.adapters.kube.cache import ClusterCache
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import Config, ConfigError, parse_config
+from gpuscaler.controller.assembly import cluster_controller
 from gpuscaler.core.decisions import (
     CheckpointRequest,
     Eviction,

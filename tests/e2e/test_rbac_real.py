@@ -33,8 +33,8 @@ from test_rbac import walk_the_tiers
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import ConfigError, parse_config
+from gpuscaler.controller.assembly import cluster_controller
 from gpuscaler.core.decisions import (
     FragmentsDecision,
     ReplicaFloorDecision,

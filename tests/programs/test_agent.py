@@ -8,7 +8,6 @@ import errno
 import json
 import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,9 +139,8 @@ def test_a_time_slice_label_change_is_applied_once_and_mig_gpus_are_skipped(worl
         agent.poll(now)
     assert calls(log) == [f"compute-policy -i {GPU0} --set-timeslice 2"]
     assert stored_node(cluster)["metadata"]["annotations"][TIME_SLICE_APPLIED] == "medium"
-    cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"][
-        "gpuscaler.io/time-slice"
-    ] = "long"
+    labels = cluster.objects[("v1", "nodes", None, NODE)]["metadata"]["labels"]
+    labels["gpuscaler.io/time-slice"] = "long"
     agent.poll(30)
     agent.poll(40)
     assert calls(log)[1:] == [f"compute-policy -i {GPU0} --set-timeslice 3"]
@@ -167,10 +165,8 @@ def test_a_failing_nvidia_smi_leaves_the_label_unapplied_with_a_warning_event(wo
     (warning,) = [e for e in events(cluster) if e["reason"] == "TimeSliceNotApplied"]
     assert warning["type"] == "Warning" and "Insufficient Permissions" in warning["note"]
     assert "exit 4" in warning["note"] and warning["regarding"]["name"] == NODE
-    assert (
-        'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_time_slice_sets_total{outcome="failed"} 4.0' in text
 
 
 def test_a_node_that_did_not_opt_in_gets_no_time_slice(world: Any) -> None:
@@ -292,10 +288,8 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(
     assert node.alive(pid)
     reported = [r.getMessage() for r in caplog.records if "cgroup not understood" in r.getMessage()]
     assert len(reported) == 1 and str(pid) in reported[0]
-    assert (
-        'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_gpu_processes{gpu="0",owner="unknown"} 1.0' in text
     assert not report.lifted
 
 
@@ -303,14 +297,10 @@ def test_an_unknown_cgroup_format_is_reported_not_guessed(
     ("name", "labels", "extra"),
     [
         ("dry run", {"gpuscaler.io/enabled": "true"}, "  dry_run: true\n"),
-        (
-            "dry run inherited from control.dry_run",
-            {"gpuscaler.io/enabled": "true"},
-            "control:\n  dry_run: true\n",
-        ),
+        ("dry run inherited from control.dry_run", {"gpuscaler.io/enabled": "true"}, "control:\n  dry_run: true\n"),
         ("node not opted in", {}, ""),
     ],
-)
+)  # fmt: skip
 def test_without_leave_to_act_the_agent_reports_what_it_would_kill(
     world: Any, caplog: pytest.LogCaptureFixture, name: str, labels: dict[str, str], extra: str
 ) -> None:
@@ -452,26 +442,15 @@ def test_the_pod_to_gpu_mapping_from_pod_resources_is_a_metric(world: Any) -> No
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({}))
     pods = [
-        {
-            "name": "serving-0",
-            "namespace": "ml",
-            "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}},
-        },
-        {
-            "name": "trainer",
-            "namespace": "ml",
-            "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}},
-        },
+        {"name": "serving-0", "namespace": "ml", "containers": {"main": {"nvidia.com/gpu": [f"{GPU0}::1"]}}},
+        {"name": "trainer", "namespace": "ml", "containers": {"t": {"nvidia.com/gpu": [GPU1], "example.com/nic": ["eth1"]}}},
         {"name": "web", "namespace": "web", "containers": {"w": {}}},
-    ]
+    ]  # fmt: skip
     with pod_resources_server(pods) as socket:
         agent, metrics = make_agent(node, api, socket=socket)
         agent.poll(0)
     text = metrics.exposition().decode()
-    assert (
-        f'gpuscaler_agent_pod_gpu_device{{container="main",device="{GPU0}::1",gpu="{GPU0}",namespace="ml",pod="serving-0"}} 1.0'
-        in text
-    )
+    assert f'gpuscaler_agent_pod_gpu_device{{container="main",device="{GPU0}::1",gpu="{GPU0}",namespace="ml",pod="serving-0"}} 1.0' in text  # fmt: skip
     assert f'device="{GPU1}",gpu="{GPU1}",namespace="ml",pod="trainer"' in text
     assert "eth1" not in text and 'pod="web"' not in text
     assert 'gpuscaler_agent_source_up{source="pod_resources"} 1.0' in text
@@ -490,7 +469,7 @@ def test_an_unreachable_pod_resources_socket_is_reported_and_the_poll_goes_on(wo
 
 
 def test_the_agent_metrics_pass_promtool_check_metrics(world: Any) -> None:
-    from promserver import binaries
+    from promserver import promtool_check
 
     node, cluster, api = world
     cluster.add("v1", "nodes", node_object({"gpuscaler.io/enabled": "true"}, quarantined=True))
@@ -500,14 +479,7 @@ def test_the_agent_metrics_pass_promtool_check_metrics(world: Any) -> None:
         agent, metrics = make_agent(node, api, socket=socket)
         for now in (0, 60):
             agent.poll(now)
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=metrics.exposition().decode(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = promtool_check(metrics.exposition().decode())
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -521,10 +493,8 @@ def test_a_refused_lift_leaves_the_taint_and_says_why(world: Any) -> None:
     assert QUARANTINE_TAINT in json.dumps(stored_node(cluster)["spec"])
     (kept,) = [e for e in events(cluster) if e["reason"] == "GPUQuarantineKept"]
     assert kept["type"] == "Warning" and "403" in kept["note"]
-    assert (
-        'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_quarantine_lifts_total{outcome="failed"} 1.0' in text
 
 
 def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(world: Any) -> None:
@@ -546,10 +516,8 @@ def test_a_process_that_survives_sigkill_is_signalled_again_without_a_new_event(
     assert signals == ["SIGTERM", "SIGKILL", "SIGKILL", "SIGKILL"]
     notes = [e["note"] for e in events(cluster) if e["reason"] == "OrphanGPUProcessKilled"]
     assert len(notes) == 2 and node.alive(pid)
-    assert (
-        'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0'
-        in metrics.exposition().decode()
-    )
+    text = metrics.exposition().decode()
+    assert 'gpuscaler_agent_orphan_signals_total{outcome="sent",signal="SIGKILL"} 3.0' in text
 
 
 def test_an_unreachable_api_server_fails_the_poll_counted_and_the_loop_goes_on(world: Any) -> None:

@@ -9,9 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,8 @@ from agentkit import (
     systemd_v2,
     terminate,
 )
-from builders import run_cli
+from builders import http_get, run_cli
+from controlplane import wait_until
 from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from promserver import free_port
 from test_agent import GONE, LIVE, NODE, node_object, pod
@@ -38,30 +36,12 @@ from test_agent import GONE, LIVE, NODE, node_object, pod
 from gpuscaler.adapters.node import CLEANUP_LABEL, GPU_TOPOLOGY, TIME_SLICE_APPLIED
 
 GPUSCALER = str(Path(sys.executable).parent / "gpuscaler")
+SHIPPED = str(Path(__file__).parents[2] / "config" / "gpuscaler.yaml")
 
 
 def kubeconfig(directory: Path, url: str) -> Path:
     directory.mkdir(exist_ok=True)
     return kubeconfig_for(url, directory / "kubeconfig")
-
-
-def until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-    except OSError:
-        return 0, ""
 
 
 def _node(cluster: FakeCluster) -> dict[str, Any]:
@@ -101,31 +81,20 @@ def test_gpuscaler_agent_runs_as_documented_and_cleans_up_after_an_eviction(
                 "PATH": f"{node.root / 'bin'}:{os.environ['PATH']}",
             }
             agent = subprocess.Popen(
-                [
-                    GPUSCALER,
-                    "agent",
-                    "--config",
-                    str(config),
-                    "--kubeconfig",
-                    str(kubeconfig(tmp_path / "kc", url)),
-                    "--metrics-port",
-                    str(port),
-                    "--metrics-host",
-                    "127.0.0.1",
-                    "--fake-nvml",
-                    str(node.nvml_file),
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
+                [GPUSCALER, "agent", "--config", str(config), "--metrics-port", str(port),
+                 "--kubeconfig", str(kubeconfig(tmp_path / "kc", url)),
+                 "--metrics-host", "127.0.0.1", "--fake-nvml", str(node.nvml_file)],
+                env=env, stdout=subprocess.DEVNULL,
                 stderr=(tmp_path / "agent.log").open("w"),  # a file: a full pipe cannot stall it
-            )
+            )  # fmt: skip
+            base = f"http://127.0.0.1:{port}"
             try:
-                until(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, "readyz")
+                wait_until("readyz", lambda: http_get(base + "/readyz")[0] == 200, 30)
                 assert node.alive(orphan)  # inside its grace
-                until(lambda: not node.alive(orphan), "the orphan killed")
-                until(lambda: not _node(cluster)["spec"]["taints"][1:], "the taint lifted")
-                status, metrics = get(f"http://127.0.0.1:{port}/metrics")
-                health, _ = get(f"http://127.0.0.1:{port}/healthz")
+                wait_until("the orphan killed", lambda: not node.alive(orphan), 30)
+                wait_until("the taint lifted", lambda: not _node(cluster)["spec"]["taints"][1:], 30)
+                status, metrics = http_get(base + "/metrics")
+                health, _ = http_get(base + "/healthz")
             finally:
                 terminate(agent)
         said = (tmp_path / "agent.log").read_text()
@@ -154,18 +123,8 @@ def test_gpuscaler_agent_runs_as_documented_and_cleans_up_after_an_eviction(
 
 def test_without_a_node_name_the_agent_exits_2_saying_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
-    out = subprocess.run(
-        [
-            GPUSCALER,
-            "agent",
-            "--config",
-            str(Path(__file__).parents[2] / "config" / "gpuscaler.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    argv = [GPUSCALER, "agent", "--config", SHIPPED]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2
     assert "--node NAME or set NODE_NAME" in out.stderr and "Traceback" not in out.stderr
 
@@ -181,20 +140,8 @@ def test_a_bad_agent_section_exits_2_naming_the_field(tmp_path: Path) -> None:
 
 def test_without_nvml_the_agent_exits_2_saying_so(tmp_path: Path) -> None:
     with fake_apiserver() as (url, _cluster):
-        out = subprocess.run(
-            [
-                GPUSCALER,
-                "agent",
-                "--config",
-                str(Path(__file__).parents[2] / "config" / "gpuscaler.yaml"),
-                "--node",
-                NODE,
-                "--kubeconfig",
-                str(kubeconfig(tmp_path / "kc", url)),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        kc = str(kubeconfig(tmp_path / "kc", url))
+        argv = [GPUSCALER, "agent", "--config", SHIPPED, "--node", NODE, "--kubeconfig", kc]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "no NVML" in out.stderr and "Traceback" not in out.stderr

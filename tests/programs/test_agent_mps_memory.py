@@ -24,25 +24,12 @@ def _gpu(uuid: str) -> dict[str, str]:  # dcgm-exporter under MPS: no pod labels
 
 
 def _device(uuid: str, pod: str) -> dict[str, str]:  # gpuscaler agent, pod-resources
-    return {
-        "namespace": "batch",
-        "pod": pod,
-        "container": "main",
-        "gpu": uuid,
-        "device": f"{uuid}::1",
-    }
+    return dict(namespace="batch", pod=pod, container="main", gpu=uuid, device=f"{uuid}::1")
 
 
-def _before(value: float) -> Any:
-    return lambda i: value if i < GONE_AT_POINT else None
-
-
-def _after(value: float) -> Any:
-    return lambda i: value if i >= GONE_AT_POINT else None
-
-
-def _always(value: float) -> Any:
-    return lambda i: value
+def _while(value: float, gone: bool | None = None) -> Any:
+    """`value` before the victim left (gone False), after it (True) or throughout (None)."""
+    return lambda i: value if gone is None or (i >= GONE_AT_POINT) == gone else None
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +38,18 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuMemoryProbe]:
     WINDOW.update(start=start, end=end)
     series = {
         "DCGM_FI_DEV_FB_USED": [
-            (_gpu("GPU-mps-leaked"), _always(30_000.0)),
+            (_gpu("GPU-mps-leaked"), _while(30_000.0)),
             (_gpu("GPU-mps-released"), lambda i: 30_000.0 if i < GONE_AT_POINT else 200.0),
-            (_gpu("GPU-mps-shared"), _always(30_000.0)),
+            (_gpu("GPU-mps-shared"), _while(30_000.0)),
         ],
         "DCGM_FI_DEV_GPU_UTIL": [
-            (_gpu(u), _always(0.0)) for u in ("GPU-mps-leaked", "GPU-mps-shared")
+            (_gpu(u), _while(0.0)) for u in ("GPU-mps-leaked", "GPU-mps-shared")
         ],
         AGENT_POD_GPU: [
-            (_device("GPU-mps-leaked", "leaked"), _before(1.0)),
-            (_device("GPU-mps-released", "released"), _before(1.0)),
-            (_device("GPU-mps-shared", "shared"), _before(1.0)),
-            (_device("GPU-mps-shared", "neighbour"), _always(1.0)),  # another MPS client stays
+            (_device("GPU-mps-leaked", "leaked"), _while(1.0, False)),
+            (_device("GPU-mps-released", "released"), _while(1.0, False)),
+            (_device("GPU-mps-shared", "shared"), _while(1.0, False)),
+            (_device("GPU-mps-shared", "neighbour"), _while(1.0)),  # another MPS client stays
         ],
     }
     data = tmp_path_factory.mktemp("prom") / "data.om"
@@ -74,29 +61,19 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuMemoryProbe]:
 
 def _state(pod: str) -> VictimState:
     gone = WINDOW["start"] + GONE_AT_POINT * STEP
-    return VictimState(
-        f"batch/{pod}",
-        "serving/critical",
-        "gpu-0",
-        1,
-        10,
-        "cleanup",
-        gone,
-        WINDOW["start"] + 10,
-        gone_at=gone,
-    )
+    asked = WINDOW["start"] + 10
+    return VictimState(f"batch/{pod}", "serving/critical", "gpu-0", 1, 10, "cleanup", gone, asked, gone_at=gone)  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("pod", "released"),
-    [("leaked", False), ("released", True), ("shared", True), ("unknown-pod", None)],
-    ids=[
-        "held on an idle GPU the agent mapped to the gone pod",
-        "fell below the threshold after the pod left",
-        "another MPS client of the GPU is still there: in use",
-        "neither dcgm-exporter nor the agent knows the pod: not measurable",
+    [
+        pytest.param("leaked", False, id="held on an idle GPU the agent mapped to the gone pod"),
+        pytest.param("released", True, id="fell below the threshold after the pod left"),
+        pytest.param("shared", True, id="another MPS client of the GPU is still there: in use"),
+        pytest.param("unknown-pod", None, id="neither dcgm-exporter nor the agent knows the pod: not measurable"),
     ],
-)
+)  # fmt: skip
 def test_the_agents_pod_to_gpu_mapping_makes_mps_gpus_measurable(
     probe: GpuMemoryProbe, pod: str, released: bool | None
 ) -> None:

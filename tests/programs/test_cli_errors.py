@@ -1,6 +1,5 @@
 """Bad input at the command line and in the config gets exit 2 and a message naming it;
-an unexpected error gets exit 1 and a message, with the traceback only under --debug
-(issue 17, defects 10-12, 14 and 15)."""
+an unexpected error gets exit 1 and a message, with the traceback only under --debug."""
 
 from __future__ import annotations
 
@@ -21,70 +20,6 @@ from gpuscaler.config import ConfigError
 from gpuscaler.sim.trace import TraceError
 
 WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
-
-
-@pytest.mark.parametrize(
-    ("text", "problem"),
-    [
-        (
-            "workloads:\n  - {namespace: [a, b], kind: ScaledObject, name: x}\n",
-            "workloads[0].namespace: Input should be a valid string",
-        ),
-        (
-            "workloads:\n  - {namespace: a, kind: ScaledObject, name: {x: 1}}\n",
-            "workloads[0].name: Input should be a valid string",
-        ),
-        (
-            "replicas: {min_replicas: true}\n" + WORKLOAD,
-            "min_replicas: expected a number, got true",
-        ),
-        ("fragments: {max_step: false}\n" + WORKLOAD, "max_step: expected a number, got false"),
-        ("control: {interval: 99999999999999d}\n" + WORKLOAD, "longer than a year"),
-        ("control: {interval: 2h}\n" + WORKLOAD, "control.interval: Input should be less than"),
-        ("forecast: {horizon: 2h}\n" + WORKLOAD, "forecast.horizon: 2h is not shorter than"),
-        ("", "manages nothing"),
-        ("control: {dry_run: true}\n", "manages nothing"),
-        ("[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
-    ],
-    ids=[
-        "namespace as a list",
-        "name as a map",
-        "boolean as an integer",
-        "boolean as a step",
-        "absurd duration",
-        "tick slower than hourly",
-        "horizon beyond the window",
-        "empty file",
-        "nothing to manage",
-        "deep nesting",
-    ],
-)
-def test_nonsense_in_the_config_is_refused_with_its_path(
-    tmp_path: Path, text: str, problem: str
-) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    out = run_cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 2, out.stdout
-    assert problem in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
-
-
-def test_a_config_that_relies_on_discovery_says_so_and_is_valid(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text("workloads: []\n")
-    out = run_cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
-def test_a_huge_config_file_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text(WORKLOAD + "# padding\n" * 200_000)  # 2 MB of comments
-    started = time.monotonic()
-    out = run_cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 2
-    assert "a config is at most 1,048,576" in out.stderr
-    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize(
@@ -128,14 +63,10 @@ def _gzipped_trace(cut: slice | None = None, zeroed: slice | None = None) -> byt
     [
         ("t.csv.gz", _gzipped_trace(cut=slice(0, 2000)), "truncated or corrupt compressed file"),
         ("t.csv.gz", _gzipped_trace(zeroed=slice(40, 60)), "truncated or corrupt compressed file"),
-        (
-            "t.csv",
-            ("time,requests\n" + "".join(f"{10 * i},1e300\n" for i in range(999))).encode(),
-            "999 bin(s) above 1e+09 requests per second, e.g. 1e+299",
-        ),
+        ("t.csv", ("time,requests\n" + "".join(f"{10 * i},1e300\n" for i in range(999))).encode(), "999 bin(s) above 1e+09 requests per second, e.g. 1e+299"),
     ],
     ids=["a truncated gzip", "a corrupt gzip", "gigantic values"],
-)
+)  # fmt: skip
 def test_a_broken_trace_exits_2_with_the_reason(
     tmp_path: Path, name: str, content: bytes, says: str
 ) -> None:
@@ -199,13 +130,9 @@ def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
     config.write_text(original.replace("interval: 30s", "interval: 1s", 1))
     log = tmp_path / "run.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [*CLI, "run", "--config", str(config), "--metrics-port", "0"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        )
+        argv = [*CLI, "run", "--config", str(config), "--metrics-port", "0"]
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             assert _wait_for(proc, log, '"event": "tick"', 60), log.read_text()[-2000:]
             config.write_text(config.read_text().replace("dry_run: false", "dry_run: true", 1))
@@ -216,5 +143,7 @@ def test_run_without_a_cluster_reloads_a_valid_edit_and_refuses_an_invalid_one(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    assert proc.returncode == 0
-    assert "control.interval" in log.read_text()
+    said = log.read_text()
+    assert proc.returncode == 0 and '"event": "stopped"' in said and "Traceback" not in said
+    assert "source: simulator" in said  # it says it acts on no real cluster
+    assert "control.interval" in said

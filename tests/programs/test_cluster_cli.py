@@ -34,32 +34,18 @@ def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @contextmanager
 def planted_prometheus(directory: Path) -> Iterator[str]:
     """A real Prometheus holding the last hour of the planted series, ending just now."""
-    a100 = {"modelName": "NVIDIA A100-SXM4-80GB"}
+    a100 = {"modelName": "NVIDIA A100-SXM4-80GB", "gpu": "0"}
+    a0, a1 = ({**a100, "Hostname": f"gpu-a100-{i}", "UUID": f"GPU-a{i}"} for i in (0, 1))
+    # a GPU outside the configured pools, so the pool itself stays idle
+    h100 = {"modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-h100-0", "gpu": "1"}
+    h100 |= {"UUID": "GPU-a2", "namespace": "ml", "pod": "chat-7d9f6c5b8-x2k9q"}
     series: dict[str, list[tuple[dict[str, str], Any]]] = {
         "DCGM_FI_DEV_GPU_UTIL": [
-            (
-                {**a100, "Hostname": "gpu-a100-0", "gpu": "0", "UUID": "GPU-a0"},
-                lambda i: 15 + _wave(i),
-            ),
-            (
-                {**a100, "Hostname": "gpu-a100-1", "gpu": "0", "UUID": "GPU-a1"},
-                lambda i: 17 - _wave(i),
-            ),
-            (
-                {  # on a GPU outside the configured pools, so the pool itself stays idle
-                    "modelName": "NVIDIA H100 80GB HBM3",
-                    "Hostname": "gpu-h100-0",
-                    "gpu": "1",
-                    "UUID": "GPU-a2",
-                    "namespace": "ml",
-                    "pod": "chat-7d9f6c5b8-x2k9q",
-                },
-                lambda i: 100 + 150 * i / POINTS + _wave(i),
-            ),
+            (a0, lambda i: 15 + _wave(i)),
+            (a1, lambda i: 17 - _wave(i)),
+            (h100, lambda i: 100 + 150 * i / POINTS + _wave(i)),
         ],
-        "nvidia_gpu_stall_percentage": [
-            ({**a100, "Hostname": "gpu-a100-0", "gpu": "0", "UUID": "GPU-a0"}, lambda i: 3.0)
-        ],
+        "nvidia_gpu_stall_percentage": [(a0, lambda i: 3.0)],
     }
     data = directory / "data.om"
     global START, END
@@ -126,27 +112,13 @@ def test_once_dry_run_plans_against_a_kubectl_dump(prom_url: str, tmp_path: Path
     ("content", "extra_args", "message"),
     [
         ("items: [\n  - {kind: Node", (), "not valid YAML at line"),
-        (
-            "apiVersion: v1\nkind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n",
-            (),
-            "no Pod objects",
-        ),
+        ("apiVersion: v1\nkind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n", (), "no Pod objects"),
         ("- just\n- a list\n", (), "is not a Kubernetes object"),
-        (
-            "kind: List\nitems:\n- {kind: Node, metadata: {name: n, labels: {nvidia.com/gpu.count: eight}}}\n- {kind: Pod, metadata: {name: p}}\n",
-            (),
-            "nvidia.com/gpu.count: 'eight' is not a whole number",
-        ),
+        ("kind: List\nitems:\n- {kind: Node, metadata: {name: n, labels: {nvidia.com/gpu.count: eight}}}\n- {kind: Pod, metadata: {name: p}}\n", (), "nvidia.com/gpu.count: 'eight' is not a whole number"),
         (SNAPSHOT.read_text(), ("--no-dry-run",), "add --dry-run"),
     ],
-    ids=[
-        "truncated YAML",
-        "a partial dump without pods",
-        "not objects",
-        "a garbage label",
-        "no --dry-run",
-    ],
-)
+    ids=["truncated YAML", "a partial dump without pods", "not objects", "a garbage label", "no --dry-run"],
+)  # fmt: skip
 def test_a_bad_cluster_snapshot_is_a_clear_error(
     prom_url: str, tmp_path: Path, content: str, extra_args: tuple[str, ...], message: str
 ) -> None:

@@ -13,18 +13,17 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from builders import http_get
+from controlplane import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "gpuscaler.yaml"
@@ -52,35 +51,6 @@ def _dockerfile_command() -> list[str]:
     return parts["ENTRYPOINT"] + parts["CMD"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def _wait_for(url: str, status: int, within: float) -> tuple[int, str]:
-    deadline = time.monotonic() + within
-    last: tuple[int, str] = (0, "no answer")
-    while time.monotonic() < deadline:
-        try:
-            last = _get(url)
-            if last[0] == status:
-                return last
-        except OSError as e:
-            last = (0, str(e))
-        time.sleep(0.2)
-    return last
-
-
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
@@ -94,17 +64,12 @@ def deployed_run() -> Iterator[tuple[subprocess.Popen[str], int, dict[str, Any]]
     container = _deployment_container()
     args: list[str] = list(container["args"])
     args[args.index("--config") + 1] = str(CONFIG)
-    port = _free_port()
+    port = free_port()
     args[args.index("--metrics-port") + 1] = str(port)
     env = os.environ | {"POD_NAME": "gpuscaler-test", "POD_NAMESPACE": "gpuscaler"}
     proc = subprocess.Popen(
-        [str(SCRIPT), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+        [str(SCRIPT), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )  # fmt: skip
     try:
         yield proc, port, container
     finally:
@@ -147,10 +112,10 @@ def test_run_as_the_deployment_starts_it_serves_its_probes_and_stops_cleanly_on_
     assert set(probes) == {"/readyz", "/healthz"}
     assert {named_ports[p] for p in probes.values()} == {8080}  # the --metrics-port given
 
-    status, body = _wait_for(f"http://127.0.0.1:{port}/readyz", 200, within=60)
-    assert status == 200, (body, proc.poll())
-    assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
-    status, metrics = _get(f"http://127.0.0.1:{port}/metrics")
+    base = f"http://127.0.0.1:{port}"
+    wait_until("/readyz answers 200", lambda: http_get(base + "/readyz")[0] == 200, 60)
+    assert http_get(base + "/healthz")[0] == 200
+    status, metrics = http_get(base + "/metrics")
     assert status == 200
     assert re.search(r"^gpuscaler_ticks_total\S* [1-9]", metrics, re.M) or re.search(
         r"^gpuscaler_tick_duration_seconds_count\S* [1-9]", metrics, re.M
@@ -172,40 +137,6 @@ def test_once_with_the_shipped_config_prints_the_plan_as_json_lines() -> None:
     assert lines, "a plan names at least one target, as a decision or a skip"
     assert all("reason" in line for line in lines)
     assert all(line.get("outcome") in (None, "dry_run") for line in lines)
-
-
-@pytest.mark.parametrize("path", [CONFIG, ROOT / "deploy" / "config.yaml"])
-def test_validate_config_accepts_the_shipped_configs(path: Path) -> None:
-    out = _cli("validate-config", str(path), timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"{path}: valid: ")
-
-
-def test_validate_config_names_the_bad_field_and_exits_2(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("control:\n  interval: soon\n")
-    out = _cli("validate-config", str(bad), timeout=60)
-    assert out.returncode == 2
-    assert "control.interval" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
-def test_simulate_two_hours_prints_both_policies_as_json() -> None:
-    out = _cli("simulate", "--hours", "2", "--json", timeout=300)
-    assert out.returncode == 0, out.stderr
-    summary = json.loads(out.stdout)
-    assert {"gpuscaler", "reactive"} <= set(summary)
-    assert summary["gpuscaler"]["gpu_hours"] > 0
-
-
-def test_backtest_scores_a_csv_series(tmp_path: Path) -> None:
-    series = tmp_path / "s.csv"
-    rows = [f"{1_700_000_000 + 60 * i},{50 + 20 * ((i // 30) % 2)}" for i in range(400)]
-    series.write_text("timestamp,value\n" + "\n".join(rows) + "\n")
-    out = _cli("backtest", "--series", str(series), "--max-origins", "20", "--json", timeout=300)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    assert report["overall"], report
 
 
 def _readme_usage() -> dict[str, set[str]]:

@@ -4,7 +4,6 @@ staleness, reservations, metrics."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from extenderkit import A100, MemoryCluster, args, gpu_node, make_extender, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from promserver import binaries
+from promserver import promtool_check
 from starlette.testclient import TestClient
 
 from gpuscaler.config import SchedulerConfig
@@ -99,16 +98,10 @@ BAD_BODIES = [
     (b"[]", "body is not a JSON object (ExtenderArgs)"),
     (b'{"NodeNames": ["a"]}', "not ExtenderArgs: Pod: Field required"),
     (b'{"Pod": {"metadata": {}}}', "neither NodeNames nor Nodes is set"),
-    (
-        b'{"Pod": {"metadata": {}}, "NodeNames": "a"}',
-        "not ExtenderArgs: NodeNames: Input should be a valid list",
-    ),
-    (
-        b'{"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": []}',
-        "Pod.metadata.annotations.a",
-    ),
+    (b'{"Pod": {"metadata": {}}, "NodeNames": "a"}', "not ExtenderArgs: NodeNames: Input should be a valid list"),
+    (b'{"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": []}', "Pod.metadata.annotations.a"),
     (b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{}]}}', "a node without metadata.name"),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "message"), BAD_BODIES)
@@ -148,13 +141,10 @@ def test_a_request_naming_more_nodes_than_allowed_gets_400() -> None:
     [
         (b"{}", "PodName: Field required"),
         (b'{"PodName": "p", "PodNamespace": "default", "Node": "busy"}', "PodUID: Field required"),
-        (
-            b'{"PodName": "p", "PodUID": "u", "Node": ""}',
-            "Node: String should have at least 1 character",
-        ),
+        (b'{"PodName": "p", "PodUID": "u", "Node": ""}', "Node: String should have at least 1 character"),
         (b"null", "body is not a JSON object (ExtenderBindingArgs)"),
     ],
-)
+)  # fmt: skip
 def test_a_bind_body_that_is_not_the_protocol_gets_400(
     client: TestClient, body: bytes, message: str
 ) -> None:
@@ -168,14 +158,10 @@ def test_a_bind_body_that_is_not_the_protocol_gets_400(
         ("lots", None, "annotation gpu-scheduler/memory-mb: 'lots' is not a whole number"),
         ("8_192", None, "annotation gpu-scheduler/memory-mb: '8_192' is not a whole number"),
         ("0", None, "annotation gpu-scheduler/memory-mb: 0 must be positive"),
-        (
-            "999999999",
-            None,
-            "annotation gpu-scheduler/memory-mb: 999999999 MiB is more than any node's GPU memory (327680 MiB)",
-        ),
+        ("999999999", None, "annotation gpu-scheduler/memory-mb: 999999999 MiB is more than any node's GPU memory (327680 MiB)"),
         ("100", "two", "annotation gpu-scheduler/gpu-count: 'two' is not a whole number"),
     ],
-)
+)  # fmt: skip
 def test_a_malformed_pod_annotation_fails_every_node_naming_the_annotation(
     client: TestClient, memory: str, count: str | None, message: str
 ) -> None:
@@ -183,10 +169,8 @@ def test_a_malformed_pod_annotation_fails_every_node_naming_the_annotation(
     assert r.status_code == 200
     body = r.json()
     assert body["NodeNames"] == []
-    assert {k: v.startswith(message) for k, v in body["FailedAndUnresolvableNodes"].items()} == {
-        "busy": True,
-        "full": True,
-    }
+    failed = body["FailedAndUnresolvableNodes"]
+    assert {k: v.startswith(message) for k, v in failed.items()} == {"busy": True, "full": True}
     scores = client.post("/prioritize", json=args(pod(memory=memory, count=count), ["busy"]))
     assert scores.json() == [{"Host": "busy", "Score": 0}]
 
@@ -213,9 +197,8 @@ def test_a_malformed_topology_annotation_fails_the_node_naming_the_annotation() 
     cluster.meta["busy"] = NodeMeta("busy", topology="{broken")
     app, _ = make_extender(cluster)
     body = TestClient(app.build()).post("/filter", json=args(pod(), ["busy"])).json()
-    assert body["FailedAndUnresolvableNodes"] == {
-        "busy": "annotation gpuscaler.io/gpu-topology: not JSON"
-    }
+    why = "annotation gpuscaler.io/gpu-topology: not JSON"
+    assert body["FailedAndUnresolvableNodes"] == {"busy": why}
 
 
 def test_stale_nodes_are_scored_from_last_state_then_filtered_as_stale() -> None:
@@ -232,11 +215,8 @@ def test_stale_nodes_are_scored_from_last_state_then_filtered_as_stale() -> None
     body = c.post("/filter", json=args(pod(), ["fresh", "late", "gone"])).json()
     assert body["NodeNames"] == ["fresh", "late"]
     assert body["FailedAndUnresolvableNodes"] == {"gone": "GPU state stale"}
-    scores = {
-        h["Host"]: h["Score"]
-        for h in c.post("/prioritize", json=args(pod(), ["late", "gone"])).json()
-    }
-    assert scores == {"late": 6, "gone": 0}
+    answer = c.post("/prioritize", json=args(pod(), ["late", "gone"])).json()
+    assert {h["Host"]: h["Score"] for h in answer} == {"late": 6, "gone": 0}
     app.observe_state()
     exposition = app.metrics.exposition().decode()
     assert 'gpuscaler_extender_stale_nodes{state="stale"} 1.0' in exposition
@@ -278,9 +258,8 @@ def test_two_pods_racing_for_one_slot_are_never_both_bound() -> None:
     c = TestClient(app.build())
     # both passed the filter (neither was reserved yet)
     for name in ("a", "b"):
-        assert c.post("/filter", json=args(pod(name, memory="20000"), ["n1"])).json()[
-            "NodeNames"
-        ] == ["n1"]
+        answer = c.post("/filter", json=args(pod(name, memory="20000"), ["n1"])).json()
+        assert answer["NodeNames"] == ["n1"]
     answers: dict[str, str] = {}
 
     def bind(name: str) -> None:
@@ -373,10 +352,7 @@ def test_the_metrics_pass_promtool_and_name_verbs_reasons_and_pools() -> None:
         "gpuscaler_extender_oldest_unschedulable_seconds 0.0",
     ):
         assert needle in text, needle
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-    )
+    out = promtool_check(text)
     assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr
 
 
@@ -388,14 +364,12 @@ def test_a_pod_no_node_fits_is_tracked_as_unschedulable_until_one_does() -> None
     c.post("/filter", json=args(pod("big", memory="100000"), ["busy", "full"]))
     clock[0] = 700.0
     app.observe_state()
-    assert (
-        "gpuscaler_extender_oldest_unschedulable_seconds 600.0" in app.metrics.exposition().decode()
-    )
+    text = app.metrics.exposition().decode()
+    assert "gpuscaler_extender_oldest_unschedulable_seconds 600.0" in text
     c.post("/filter", json=args(pod("big", memory="100"), ["busy"]))
     app.observe_state()
-    assert (
-        "gpuscaler_extender_oldest_unschedulable_seconds 0.0" in app.metrics.exposition().decode()
-    )
+    text = app.metrics.exposition().decode()
+    assert "gpuscaler_extender_oldest_unschedulable_seconds 0.0" in text
 
 
 def test_health_and_readiness(client: TestClient) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import CLI
+from builders import CLI, http_get
+from controlplane import wait_until
 from extenderkit import MIB, DcgmExporter, args, pod
 from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
 from promserver import free_port, prometheus
@@ -42,7 +43,7 @@ def dcgm() -> Iterator[tuple[DcgmExporter, str]]:
     exporter.gpu("tiny", 0, 0.0)
     try:
         with prometheus(scrape_target=f"127.0.0.1:{exporter.port}") as url:
-            _wait(lambda: len(_fetch(url)) == 3, 30, "three nodes scraped")
+            wait_until("three nodes scraped", lambda: len(_fetch(url)) == 3, 30)
             yield exporter, url
     finally:
         exporter.close()
@@ -50,15 +51,6 @@ def dcgm() -> Iterator[tuple[DcgmExporter, str]]:
 
 def _fetch(url: str) -> dict[str, Any]:
     return PrometheusGpus(Transport(PrometheusConfig(url=url)), 60.0, time.time).fetch()
-
-
-def _wait(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporter, str]) -> None:
@@ -85,22 +77,13 @@ def test_one_grouped_query_reads_every_gpu_of_every_node(dcgm: tuple[DcgmExporte
 
 def _seed(cluster: FakeCluster) -> None:
     topology = [{"uuid": f"GPU-even-{i}", "index": i, "numa_node": i // 2} for i in range(4)]
-    cluster.add(
-        "v1",
-        "nodes",
-        {
-            "metadata": {
-                "name": "even",
-                "annotations": {"gpuscaler.io/gpu-topology": json.dumps(topology)},
-            }
-        },
-    )
-    cluster.add(
-        "v1",
-        "nodes",
-        {"metadata": {"name": "uneven", "labels": {"gpuscaler.io/gpus-per-numa-node": "1"}}},
-    )
-    cluster.add("v1", "nodes", {"metadata": {"name": "tiny"}})
+    nodes: dict[str, dict[str, Any]] = {
+        "even": {"annotations": {"gpuscaler.io/gpu-topology": json.dumps(topology)}},
+        "uneven": {"labels": {"gpuscaler.io/gpus-per-numa-node": "1"}},
+        "tiny": {},
+    }
+    for name, meta in nodes.items():
+        cluster.add("v1", "nodes", {"metadata": {"name": name, **meta}})
     for name, memory in (("a", "30000"), ("b", "30000"), ("c", "1000")):
         body = pod(name, memory=memory)
         body["metadata"]["uid"] = f"uid-{name}"
@@ -116,16 +99,6 @@ def _post(base: str, verb: str, body: Any) -> tuple[int, Any]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
 
 
 @contextlib.contextmanager
@@ -147,7 +120,8 @@ def _extender(
         base = f"http://127.0.0.1:{port}"
         probe = base if "--metrics-port" not in argv else f"http://127.0.0.1:{argv[-1]}"
         try:
-            _wait(lambda: _get(probe + "/readyz") == 200 or proc.poll() is not None, 60, "ready")
+            ready = probe + "/readyz"
+            wait_until("ready", lambda: proc.poll() is not None or http_get(ready)[0] == 200, 60)
             assert proc.poll() is None, proc.communicate()[1]
             yield base, cluster
         finally:
@@ -190,8 +164,7 @@ def test_the_served_extender_filters_scores_and_binds_as_kube_scheduler_asks(
     assert bound is not None and bound["spec"]["nodeName"] == "even"
     assert bound["metadata"]["annotations"]["gpu-scheduler/reserved-mb"] == "1000"
     assert _post(base, "filter", b"{oops")[0] == 400
-    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
-        text = r.read().decode()
+    text = http_get(base + "/metrics")[1]
     assert 'gpuscaler_extender_binds_total{outcome="bound"} 1.0' in text
     assert "gpuscaler_extender_leader 1.0" in text
 
@@ -202,9 +175,8 @@ def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
     base, cluster = served
     # "uneven" GPU 0 holds one 30,000 MiB pod (36,352 usable), GPU 1 none
     for name in ("a", "b"):
-        assert _post(base, "filter", args(pod(name, memory="30000"), ["uneven"]))[1][
-            "NodeNames"
-        ] == ["uneven"]
+        answer = _post(base, "filter", args(pod(name, memory="30000"), ["uneven"]))[1]
+        assert answer["NodeNames"] == ["uneven"]
     answers: dict[str, str] = {}
 
     def bind(name: str) -> None:
@@ -234,19 +206,11 @@ def test_two_pods_racing_for_the_last_memory_are_never_both_bound(
         (None, [], "file not found"),
         ("scheduler: {cache_ttl: soon}\n", [], "scheduler.cache_ttl"),
         ("scheduler: {}\n", [], "prometheus.url is not set"),
-        (
-            "prometheus: {url: 'http://127.0.0.1:9'}\n",
-            ["--port", "70000"],
-            "--port 70000: not a TCP port",
-        ),
+        ("prometheus: {url: 'http://127.0.0.1:9'}\n", ["--port", "70000"], "--port 70000: not a TCP port"),
         ("prometheus: {url: 'http://127.0.0.1:9'}\n", ["--port", "x"], "invalid int value"),
-        (
-            "prometheus: {url: 'http://127.0.0.1:9'}\n",
-            ["--kubeconfig", "/nonexistent/kubeconfig"],
-            "no Kubernetes API",
-        ),
+        ("prometheus: {url: 'http://127.0.0.1:9'}\n", ["--kubeconfig", "/nonexistent/kubeconfig"], "no Kubernetes API"),
     ],
-)
+)  # fmt: skip
 def test_the_extender_refuses_bad_input_with_exit_2_and_no_traceback(
     tmp_path: Path, config: str | None, argv: list[str], message: str
 ) -> None:
@@ -279,7 +243,7 @@ def test_healthz_answers_at_once_while_a_large_body_is_parsed(
         waits = []
         while thread.is_alive():
             started = time.monotonic()
-            assert _get(base + "/healthz") == 200
+            assert http_get(base + "/healthz")[0] == 200
             waits.append(time.monotonic() - started)
             time.sleep(0.05)
         thread.join()
@@ -317,9 +281,8 @@ def test_with_tls_the_verbs_need_a_client_certificate_of_the_ca_and_metrics_stay
         assert call(good) == 200
         assert call(None) == 0  # no client certificate
         assert call(other) == 0  # a certificate of another CA
-        assert _get(f"http://127.0.0.1:{metrics}/readyz") == 200  # the kubelet's probes
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
-            assert "gpuscaler_extender_leader 1.0" in r.read().decode()
+        assert http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200  # the kubelet's probes
+        assert "gpuscaler_extender_leader 1.0" in http_get(f"http://127.0.0.1:{metrics}/metrics")[1]
 
 
 @pytest.mark.parametrize(
@@ -327,15 +290,10 @@ def test_with_tls_the_verbs_need_a_client_certificate_of_the_ca_and_metrics_stay
     [
         ("127.0.0.1", True, "{}", "extender: cannot listen on 127.0.0.1:"),
         ("no-such-host.invalid", False, "{}", "extender: cannot listen on no-such-host.invalid:"),
-        (
-            "127.0.0.1",
-            False,
-            "{tls_cert_file: /none/c, tls_key_file: /none/k, client_ca_file: /none/ca}",
-            "No such file or directory",
-        ),
+        ("127.0.0.1", False, "{tls_cert_file: /none/c, tls_key_file: /none/k, client_ca_file: /none/ca}", "No such file or directory"),
     ],
     ids=["port in use", "host unresolvable", "TLS files missing"],
-)
+)  # fmt: skip
 def test_an_extender_that_cannot_listen_exits_2_before_it_says_it_serves(
     tmp_path: Path, host: str, busy: bool, scheduler: str, message: str
 ) -> None:
@@ -370,7 +328,7 @@ def test_a_garbage_dcgm_value_or_label_drops_its_gpu_never_the_refresh(
     transport = Transport(PrometheusConfig(url=url))
     scraped = 'count(DCGM_FI_DEV_FB_FREE{UUID=~"GPU-huge|GPU-negative|GPU-nan|GPU-tiny-9"})'
     try:
-        _wait(lambda: transport.query(scraped)[:1] and transport.query(scraped)[0]["value"][1] == "4", 30, "scraped")  # fmt: skip
+        wait_until("scraped", lambda: transport.query(scraped)[0]["value"][1] == "4", 30)
         nodes = _fetch(url)
     finally:
         for uuid in bad:

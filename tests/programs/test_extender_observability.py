@@ -16,39 +16,29 @@ from pathlib import Path
 import pytest
 import uvicorn
 import yaml
+from controlplane import wait_until
 from extenderkit import A100, MemoryCluster, args, gpu_node, make_extender, pod
 from promserver import SHIPPED_RULE, binaries, free_port, prometheus, shipped_rules
+from test_observability import DASHBOARD, dashboard_queries
 
 from gpuscaler.core.gpufit import NodeMeta
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
+SCHEDULING = (
+    "request_duration_seconds_bucket", "filter_rejections_total", "node_fragmentation",
+    "pool_fragmentation", "reservations_in_flight", "stale_nodes",
+)  # fmt: skip
+"""The extender's metrics the scheduling row draws."""
 
 
 def _extender_exprs() -> list[str]:
-    board = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
-    fill = {"$pool": ".*", "$__rate_interval": "1m"}
-    out = []
-    for e in exprs:
-        if "gpuscaler_extender_" in e:
-            for var, value in fill.items():
-                e = e.replace(var, value)
-            out.append(e)
-    return out
+    return [e for e in dashboard_queries()[0] if "gpuscaler_extender_" in e]
 
 
 def test_the_dashboard_has_a_scheduling_row_over_the_extender_metrics() -> None:
     board = json.loads(DASHBOARD.read_text())
     assert any(p["type"] == "row" and "Scheduling" in p["title"] for p in board["panels"])
     used = " ".join(_extender_exprs())
-    for metric in (
-        "request_duration_seconds_bucket",
-        "filter_rejections_total",
-        "node_fragmentation",
-        "pool_fragmentation",
-        "reservations_in_flight",
-        "stale_nodes",
-    ):
+    for metric in SCHEDULING:
         assert f"gpuscaler_extender_{metric}" in used, metric
 
 
@@ -73,9 +63,7 @@ def served_extender() -> Iterator[int]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until("the extender serving", lambda: server.started, 20, 0.05)
 
     def post(verb: str, body: object) -> None:
         request = urllib.request.Request(f"{base}/{verb}", json.dumps(body).encode(), method="POST")

@@ -170,50 +170,15 @@ def test_the_activation_floor_from_the_trigger_metadata_gates_is_active(
 @pytest.mark.parametrize(
     ("ref", "metric", "code", "message"),
     [
-        (
-            _ref(name="other"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.NOT_FOUND,
-            "ScaledObject ml/other is not managed by gpuscaler",
-        ),
-        (
-            _ref(namespace="prod"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.NOT_FOUND,
-            "ScaledObject prod/chat is not managed",
-        ),
-        (
-            _ref(name=""),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "scaledObjectRef.name '' is not a ScaledObject name",
-        ),
-        (
-            _ref(activationFloor="lots"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "activationFloor='lots' is not a whole number",
-        ),
-        (
-            _ref(threshold="5"),
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "trigger metadata 'threshold' is not known to gpuscaler",
-        ),
-        (
-            _ref(),
-            "s0-gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "metric 's0-gpuscaler-replica-floor' is not gpuscaler's",
-        ),
-        (
-            None,
-            "gpuscaler-replica-floor",
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "scaledObjectRef is missing",
-        ),
+        (_ref(name="other"), "gpuscaler-replica-floor", grpc.StatusCode.NOT_FOUND, "ScaledObject ml/other is not managed by gpuscaler"),
+        (_ref(namespace="prod"), "gpuscaler-replica-floor", grpc.StatusCode.NOT_FOUND, "ScaledObject prod/chat is not managed"),
+        (_ref(name=""), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef.name '' is not a ScaledObject name"),
+        (_ref(activationFloor="lots"), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "activationFloor='lots' is not a whole number"),
+        (_ref(threshold="5"), "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "trigger metadata 'threshold' is not known to gpuscaler"),
+        (_ref(), "s0-gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "metric 's0-gpuscaler-replica-floor' is not gpuscaler's"),
+        (None, "gpuscaler-replica-floor", grpc.StatusCode.INVALID_ARGUMENT, "scaledObjectRef is missing"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_get_a_grpc_error_naming_the_problem(
     stub: pb_grpc.ExternalScalerStub,
     board: FloorBoard,
@@ -333,16 +298,14 @@ def test_every_answer_is_counted_and_the_served_floor_is_a_metric(
     assert sample(requests, method="IsActive", code="NOT_FOUND") == 1
     assert sample("gpuscaler_external_scaler_served_floor", workload=KEY) == 5
     assert sample("gpuscaler_external_scaler_active", workload=KEY) == 1
-    assert (
-        sample("gpuscaler_external_scaler_served_floor", workload="ml/ScaledObject/other") is None
-    )
+    other = "ml/ScaledObject/other"
+    assert sample("gpuscaler_external_scaler_served_floor", workload=other) is None
 
 
 def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Path) -> None:
     import socket
-    import subprocess
-    import sys
 
+    from builders import run_cli
     from kubefake import kubeconfig_for
 
     config = tmp_path / "gpuscaler.yaml"
@@ -355,15 +318,9 @@ def test_run_with_the_external_scaler_port_taken_exits_2_naming_it(tmp_path: Pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run(
-            [
-                *(sys.executable, "-m", "gpuscaler.cli", "run", "--config", str(config)),
-                *("--kubeconfig", str(kubeconfig), "--metrics-port", "0"),
-                *("--external-scaler-port", str(port), "--max-ticks", "1"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        out = run_cli(
+            *("run", "--config", str(config), "--kubeconfig", str(kubeconfig)),
+            *("--metrics-port", "0", "--external-scaler-port", str(port), "--max-ticks", "1"),
         )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"external_scaler: cannot listen on 0.0.0.0:{port}" in out.stderr

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 17): each fault paired with each actuator, through the
+"""The fault matrix: each fault paired with each actuator, through the
 controller as `run` assembles it (Prometheus source, cluster reader, actuators). Each case:
 - no action on the affected target, and a reason in the plan and in the logs;
 - the other targets unaffected (their decisions are applied in the same tick);
@@ -36,9 +36,9 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import KubeActuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.nodepools import sharing_config
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import parse_config
 from gpuscaler.controller import TickResult
+from gpuscaler.controller.assembly import cluster_controller
 
 STEP = 5.0
 WINDOW = 1200.0
@@ -168,12 +168,7 @@ class World:
     """The fake cluster, the fake Prometheus and the controller `run` would build."""
 
     def __init__(
-        self,
-        prom_url: str,
-        faults: Faults,
-        api_url: str,
-        fake: FakeCluster,
-        config_path: Path | None = None,
+        self, prom: str, faults: Faults, api_url: str, fake: FakeCluster, path: Path | None = None
     ):
         self.faults, self.fake = faults, fake
         for pool in POOLS:
@@ -183,17 +178,14 @@ class World:
         fake.add("v1", "configmaps", plugin_configmap(configs))  # pre-provisioned
         for w in WORKLOADS:
             fake.add("keda.sh/v1alpha1", "scaledobjects", scaled_object(w, 1))
-        text = CONFIG.format(url=prom_url)
-        if config_path is not None:
-            config_path.write_text(text)
+        text = CONFIG.format(url=prom)
+        if path is not None:
+            path.write_text(text)
         self.config = parse_config(text)
         self.api = BoundedApiClient(client.Configuration(host=api_url), 1.0, 1.0, 30.0)
+        reload = str(path) if path else None
         self.parts = cluster_controller(
-            self.config,
-            self.api,
-            dry_run=False,
-            config_path=str(config_path) if config_path else None,
-            leader_election=False,
+            self.config, self.api, dry_run=False, config_path=reload, leader_election=False
         )
 
     def tick(self) -> TickResult:
@@ -357,7 +349,7 @@ def test_a_config_changed_mid_tick_applies_whole_from_the_next_tick(
 ) -> None:
     config_file = tmp_path / "gpuscaler.yaml"
     with fake_apiserver() as (url, fake):
-        world = World(prometheus[0], prometheus[1], url, fake, config_path=config_file)
+        world = World(prometheus[0], prometheus[1], url, fake, path=config_file)
         original = fake.handle
         edited: list[bool] = []
 

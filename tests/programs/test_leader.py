@@ -18,9 +18,7 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.nodepools import sharing_config
 from gpuscaler.config import LeaseConfig, parse_config
-from gpuscaler.core.decisions import (
-    FragmentsDecision,
-)
+from gpuscaler.core.decisions import FragmentsDecision
 from gpuscaler.leader import LeaderElector
 
 LEASE = LeaseConfig(duration="15s", renew_deadline="10s", retry_period="2s")

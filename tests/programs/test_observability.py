@@ -6,44 +6,31 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from builders import run_cli
-from promserver import binaries, free_port
+from builders import CLI, http_get, run_cli
+from promserver import free_port, promtool_check
 
 from gpuscaler.config import Config, ReplicasConfig
+from gpuscaler.controller import TickStats
 from gpuscaler.observability import ControllerMetrics, HealthState, serve
 from gpuscaler.sim.simulate import simulate
 from gpuscaler.sim.trace import load_trace
 
 EXPECTED = {
-    "gpuscaler_observed_value",
-    "gpuscaler_forecast_value",
-    "gpuscaler_forecast_recent_error",
-    "gpuscaler_stall_ratio",
-    "gpuscaler_decisions_total",
-    "gpuscaler_fragments",
-    "gpuscaler_replica_floor",
-    "gpuscaler_replicas",
-    "gpuscaler_time_slice_level",
-    "gpuscaler_tick_duration_seconds_bucket",
-    "gpuscaler_ticks_failed_total",
-    "gpuscaler_invalid_inputs",
-    "gpuscaler_source_up",
-    "gpuscaler_leader",
-    "gpuscaler_config_generation",
-    "gpuscaler_config_reload_failures_total",
-    "gpuscaler_last_successful_tick_timestamp_seconds",
-    "gpuscaler_preemption_steps_total",
-    "gpuscaler_preemptions_in_flight",
-    "gpuscaler_preemption_victims",
-}
+    "gpuscaler_observed_value", "gpuscaler_forecast_value", "gpuscaler_forecast_recent_error",
+    "gpuscaler_stall_ratio", "gpuscaler_decisions_total", "gpuscaler_fragments",
+    "gpuscaler_replica_floor", "gpuscaler_replicas", "gpuscaler_time_slice_level",
+    "gpuscaler_tick_duration_seconds_bucket", "gpuscaler_ticks_failed_total",
+    "gpuscaler_invalid_inputs", "gpuscaler_source_up", "gpuscaler_leader",
+    "gpuscaler_config_generation", "gpuscaler_config_reload_failures_total",
+    "gpuscaler_last_successful_tick_timestamp_seconds", "gpuscaler_preemption_steps_total",
+    "gpuscaler_preemptions_in_flight", "gpuscaler_preemption_victims",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +43,13 @@ def exposition() -> str:
     return metrics.exposition().decode()
 
 
+def _names(exposition: str) -> set[str]:
+    samples = [line for line in exposition.splitlines() if line and line[0] != "#"]
+    return {line.split("{")[0].split(" ")[0] for line in samples}
+
+
 def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> None:
-    names = {
-        line.split("{")[0].split(" ")[0]
-        for line in exposition.splitlines()
-        if line and not line.startswith("#")
-    }
+    names = _names(exposition)
     assert names >= EXPECTED, EXPECTED - names
     assert (
         'gpuscaler_forecast_value{kind="workload",series="peak_upper",target="default/ScaledObject/llm-chat"}'
@@ -79,19 +67,9 @@ def test_a_replay_exposes_every_metric_with_bounded_labels(exposition: str) -> N
 
 
 def test_metric_names_pass_promtool_check_metrics(exposition: str) -> None:
-    _, promtool = binaries()
-    out = subprocess.run(
-        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
-    )
+    out = promtool_check(exposition)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stdout + out.stderr
-
-
-class _Stats:
-    def __init__(self) -> None:
-        self.ticks = 0
-        self.last_success_wall: float | None = None
-        self.last_skipped_wall: float | None = None
 
 
 class _Source:
@@ -101,42 +79,28 @@ class _Source:
         last_success: float | None = None
 
 
-class _Controller:
-    def __init__(self) -> None:
-        self.stats = _Stats()
-        self.source = _Source()
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def test_ready_only_after_a_tick_saw_its_sources_and_healthy_while_ticks_complete() -> None:
     clock = [1000.0]
-    controller = _Controller()
+    controller = SimpleNamespace(stats=TickStats(), source=_Source())
     health = HealthState(controller, interval=30, clock=lambda: clock[0])  # type: ignore[arg-type]
     port = free_port()
     server = serve(ControllerMetrics(), health, port, host="127.0.0.1")
     base = f"http://127.0.0.1:{port}"
     try:
-        assert _get(base + "/readyz")[0] == 503
-        assert _get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 503
+        assert http_get(base + "/healthz")[0] == 200
         controller.stats.ticks = 1
         controller.stats.last_success_wall = clock[0]
-        assert _get(base + "/readyz") == (503, "source prometheus not seen yet\n")
+        assert http_get(base + "/readyz") == (503, "source prometheus not seen yet\n")
         _Source.health.last_success = clock[0]
-        assert _get(base + "/readyz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 200
         clock[0] += 121  # more than three intervals (and slack) without a completed tick
-        status, body = _get(base + "/healthz")
+        status, body = http_get(base + "/healthz")
         assert status == 503 and "no tick completed" in body
         controller.stats.last_skipped_wall = clock[0]  # a standby between its rarer ticks
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/metrics")[0] == 200
-        assert _get(base + "/nope")[0] == 404
+        assert http_get(base + "/healthz")[0] == 200
+        assert http_get(base + "/metrics")[0] == 200
+        assert http_get(base + "/nope")[0] == 404
     finally:
         server.shutdown()
         server.server_close()
@@ -147,7 +111,7 @@ EXTENDER = "gpuscaler_extender_"
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuscaler-dashboard.json"
 
 
-def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
+def dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
     """Every PromQL expression of the dashboard (panels and annotations, variables filled
     with match-all), and its label_values variables as (label, selector)."""
     board = json.loads(DASHBOARD.read_text())
@@ -167,15 +131,11 @@ def _dashboard_queries() -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def test_every_metric_the_dashboard_uses_exists(exposition: str) -> None:
-    exprs, variables = _dashboard_queries()
+    exprs, variables = dashboard_queries()
     used = set(re.findall(r"gpuscaler_[a-z_]+", " ".join(exprs + [s for _, s in variables])))
     # the extender's metrics: tests/programs/test_extender_observability.py
     used = {m for m in used if not m.startswith(EXTENDER)}
-    exposed = {
-        line.split("{")[0].split(" ")[0]
-        for line in exposition.splitlines()
-        if line and not line.startswith("#")
-    }
+    exposed = _names(exposition)
     assert used and used <= exposed, used - exposed
 
 
@@ -193,28 +153,15 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
     config = tmp_path / "gpuscaler.yaml"
     config.write_text("replicas: {skill_check: false, whole_gpus: false}\n")
     port = free_port()
-    exprs, variables = _dashboard_queries()
+    exprs, variables = dashboard_queries()
     exprs = [e for e in exprs if EXTENDER not in e]  # the extender's row: its own test
     with prometheus(scrape_target=f"127.0.0.1:{port}") as url:
+        # --no-baselines: only the controller's run feeds the metrics
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuscaler.cli",
-                "simulate",
-                "--hours",
-                "24",
-                "--metrics-port",
-                str(port),
-                "--no-baselines",  # only the controller's run feeds the metrics
-                "--config",
-                str(config),
-                "--json",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+            [*CLI, "simulate", "--hours", "24", "--no-baselines", "--json", "--config",
+             str(config), "--metrics-port", str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         try:
             missing: list[str] = exprs
             deadline = time.monotonic() + 240  # generous: CI has 2 cores
@@ -224,7 +171,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
             assert not missing, f"no data for: {missing}"
             for label, selector in variables:
                 query = urllib.parse.urlencode({"match[]": selector})
-                status, body = _get(f"{url}/api/v1/label/{label}/values?{query}")
+                status, body = http_get(f"{url}/api/v1/label/{label}/values?{query}")
                 assert status == 200 and json.loads(body)["data"], (label, selector)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -234,7 +181,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus_scraping_simu
 
 
 def _instant(url: str, expr: str) -> bool:
-    status, body = _get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    status, body = http_get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
     assert status in (200, 503), (expr, body)  # 400 = the query does not parse
     return status == 200 and bool(json.loads(body)["data"]["result"])
 

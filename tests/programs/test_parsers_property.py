@@ -1,11 +1,11 @@
-"""Every parser boundary under generated input (issue 17): the config YAML, durations, the
+"""Every parser boundary under generated input: the config YAML, durations, the
 trace CSV, the backtest CSV, Prometheus' JSON and the cluster snapshot. The invariant: a
 value, or the parser's own error naming the problem; never another exception, never a hang,
 and memory bounded by the input, not by what the input claims (a timestamp gap of a
 million years must not allocate a million years of slots).
 
 Budgets are bounded (`max_examples`) so the suite stays fast; the generators lean on the
-edges the issue reproduced: NaN and infinite timestamps, huge gaps, booleans where numbers
+edges once reproduced as defects: NaN and infinite timestamps, huge gaps, booleans where numbers
 belong, lists where names belong, deep nesting, objects where samples belong."""
 
 from __future__ import annotations
@@ -171,13 +171,17 @@ json_values = st.recursive(
     ),
     max_leaves=20,
 )
-matrix_like = st.lists(
-    st.fixed_dictionaries(
-        {"metric": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)},
-        optional={"values": st.lists(st.one_of(json_values, st.tuples(json_values, json_values)))},
-    ),
-    max_size=3,
-)
+samples = st.one_of(json_values, st.tuples(json_values, json_values))
+
+
+def _answers(key: str, values: Any) -> Any:
+    """Lists of up to 3 series shaped like Prometheus' answers, `key` holding `values`."""
+    labels = st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)
+    return st.lists(st.fixed_dictionaries({"metric": labels}, optional={key: values}), max_size=3)
+
+
+matrix_like = _answers("values", st.lists(samples))
+vector_like = _answers("value", samples)
 
 
 @BUDGET
@@ -190,15 +194,6 @@ def test_any_prometheus_result_is_decoded_or_a_source_error(result: Any) -> None
         assert str(e)
     else:
         assert times_.shape == values.shape
-
-
-vector_like = st.lists(
-    st.fixed_dictionaries(
-        {"metric": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)},
-        optional={"value": st.one_of(json_values, st.tuples(json_values, json_values))},
-    ),
-    max_size=3,
-)
 
 
 @BUDGET

@@ -7,19 +7,18 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from builders import CLI, NOW, run_cli
-from controlplane import Kube
+from builders import CLI, NOW, http_get, run_cli
+from controlplane import Kube, wait_until
 from kubeobjects import hpa
 from kubernetes import client
 from promserver import free_port
 
-from gpuscaler.app import cluster_controller
 from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.controller.assembly import cluster_controller
 from gpuscaler.observability import ControllerMetrics
 from gpuscaler.reload import ConfigReloader
 
@@ -146,26 +145,14 @@ def test_a_refused_reload_is_counted_when_run_has_no_cluster(
     with subprocess.Popen([*command, *state], stderr=subprocess.PIPE, text=True) as proc:
         try:
             url = f"http://127.0.0.1:{port}/metrics"
-            _until(url, "gpuscaler_config_reload_failures_total 0.0", 60)
+            failures = "gpuscaler_config_reload_failures_total"
+            wait_until("serving", lambda: f"{failures} 0.0" in http_get(url)[1], 60, 0.3)
             config.write_text("replicas: {max_replicas: -1}\n")
-            _until(url, "gpuscaler_config_reload_failures_total 1.0", 30)
+            wait_until("a refusal counted", lambda: f"{failures} 1.0" in http_get(url)[1], 30, 0.3)
         finally:
             proc.send_signal(signal.SIGTERM)
             err = proc.communicate(timeout=30)[1]
     assert "new config refused" in err and "replicas.max_replicas" in err
-
-
-def _until(url: str, line: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if line in answer.read().decode():
-                    return
-        except OSError:
-            pass  # not serving yet
-        time.sleep(0.3)
-    pytest.fail(f"no {line!r} at {url} within {seconds:g} s")
 
 
 def _project(kube: Kube, ns: str, name: str, volume: Path) -> Path:

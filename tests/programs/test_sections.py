@@ -39,19 +39,13 @@ def test_each_pools_section_is_the_one_the_config_gives() -> None:
 def test_a_new_config_and_a_copy_get_their_own_sections() -> None:
     first = config(YAML)
     second = config(YAML.replace("max_replicas: 7", "max_replicas: 9"))
-    assert (
-        first.workload_sections("replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas == 7
-    )
-    assert (
-        second.workload_sections("replicas", ReplicasConfig)["ml/ScaledObject/w0"].max_replicas == 9
-    )
-    assert (
-        first.workload_sections("forecast", ForecastConfig)["ml/ScaledObject/w1"] is first.forecast
-    )
+    w0, w1 = "ml/ScaledObject/w0", "ml/ScaledObject/w1"
+    assert first.workload_sections("replicas", ReplicasConfig)[w0].max_replicas == 7
+    assert second.workload_sections("replicas", ReplicasConfig)[w0].max_replicas == 9
+    assert first.workload_sections("forecast", ForecastConfig)[w1] is first.forecast
     # A copy with other targets answers from its own table, not the original's.
-    w0 = first.workloads[0]
-    renamed = w0.model_copy(update={"name": "w9"})
+    renamed = first.workloads[0].model_copy(update={"name": "w9"})
     copy = first.model_copy(update={"workloads": [renamed, *first.workloads[1:]]})
     table = copy.workload_sections("replicas", ReplicasConfig)
     assert table["ml/ScaledObject/w9"].max_replicas == 7
-    assert table["ml/ScaledObject/w0"] is copy.replicas
+    assert table[w0] is copy.replicas

@@ -98,16 +98,9 @@ def test_the_lanes_act_differently_so_the_equality_is_not_trivial(
 
 def test_two_workloads_on_one_pool_each_get_their_own_copy_of_it() -> None:
     config = parse_config(CONFIG)
-    config = config.model_copy(
-        update={
-            "node_pools": (
-                config.node_pools[0].model_copy(
-                    update={"overrides": {"fragments": {"fewer_above_pct": 80.0}}}
-                ),
-                *config.node_pools[1:],
-            )
-        }
-    )
+    first = config.node_pools[0]
+    first = first.model_copy(update={"overrides": {"fragments": {"fewer_above_pct": 80.0}}})
+    config = config.model_copy(update={"node_pools": (first, *config.node_pools[1:])})
     preps = _prepared(config, hours=1.0)
     combined, ports = lane_ports(preps)
     names = [p.name for p in combined.node_pools]

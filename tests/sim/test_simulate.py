@@ -23,13 +23,9 @@ pytestmark = pytest.mark.timeout(900)
 
 FIGURES = {"slo_violation_share", "p99_wait_s"}
 POLICY_KEYS = FIGURES | {
-    "under_provisioned_share",
-    "gpu_hours",
-    "scaling_actions",
-    "direction_reversals",
-    "forecast_mae",
-    "naive_mae",
-}
+    "under_provisioned_share", "gpu_hours", "scaling_actions", "direction_reversals",
+    "forecast_mae", "naive_mae",
+}  # fmt: skip
 
 
 def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -39,15 +39,13 @@ WINDOW_AT = 3 * 86400 + 12 * 3600
 WINDOW = 2 * 3600.0
 """... and lasts 2 hours: one metrics window of warm-up, one hour scored."""
 
+GHOST = "  - {namespace: serving, kind: ScaledObject, name: ghost, node_pool: a100-80gb}\n"
+"""A configured workload with no series in Prometheus."""
+
 pytestmark = pytest.mark.timeout(900)
 
 
 def _config(url: str, ghost: bool, slot: str = "500ms") -> str:
-    ghost_workload = (
-        "  - {namespace: serving, kind: ScaledObject, name: ghost, node_pool: a100-80gb}\n"
-        if ghost
-        else ""
-    )
     return f"""
 prometheus:
   url: "{url}"
@@ -68,7 +66,7 @@ workloads:
     name: llm-chat
     node_pool: a100-80gb
     overrides: {{replicas: {{max_replicas: 200}}}}
-{ghost_workload}"""
+{GHOST if ghost else ""}"""
 
 
 def _replicas(rate: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The imperative shell around the core: one tick = observe, forecast, plan, act, record;
-the same against a real cluster (`gpuscaler.loop`) and a simulated one."""
+the same against a real cluster (`loop`) and a simulated one."""
 
 from __future__ import annotations
 

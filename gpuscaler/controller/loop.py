@@ -16,7 +16,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuscaler.controller import Controller
+from gpuscaler.controller.tick import Controller
 
 log = logging.getLogger("gpuscaler.loop")
 

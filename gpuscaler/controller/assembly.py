@@ -4,15 +4,11 @@ Nothing here parses arguments or prints."""
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
-from kubernetes import config as kube_config
-from kubernetes.config.config_exception import ConfigException
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
@@ -22,45 +18,15 @@ from gpuscaler.adapters.kube.preemption_reader import PreemptionReader, preempti
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import Writer
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
-from gpuscaler.config import Config, ConfigError, KubernetesConfig
-from gpuscaler.controller import Controller
+from gpuscaler.config import Config, ConfigError
+from gpuscaler.controller.tick import Controller
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.preemption import PreemptionObservation
 from gpuscaler.core.snapshot import Observations
-from gpuscaler.errors import InputError
 from gpuscaler.leader import LeaderElector
 from gpuscaler.reload import ConfigReloader
+from gpuscaler.setup import SetupError, identity
 from gpuscaler.sources import PrometheusSource
-
-log = logging.getLogger("gpuscaler.app")
-
-
-class SetupError(InputError):
-    """The controller cannot be assembled; the message says what to fix."""
-
-
-def kube_api(kubeconfig: str | None, limits: KubernetesConfig | None = None) -> BoundedApiClient:
-    """In-cluster config inside a pod (unless a kubeconfig is given), else the kubeconfig
-    (`--kubeconfig`, $KUBECONFIG, ~/.kube/config); every call bounded in time."""
-    configuration = client.Configuration()
-    try:
-        load: Any = kube_config.load_kube_config
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            load(config_file=kubeconfig, client_configuration=configuration)
-    except (ConfigException, OSError) as e:
-        raise SetupError(
-            f"no Kubernetes API: {e}. Run in a pod, pass --kubeconfig, or plan without a "
-            "cluster: --cluster-snapshot FILE (once) or --state FILE"
-        ) from None
-    k = limits or KubernetesConfig()
-    return BoundedApiClient(configuration, k.connect_timeout, k.read_timeout, k.tick_api_budget)
-
-
-def identity() -> str:
-    """This replica's name in the Lease and in Events: the pod name when in a pod."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 class NoActuator:
