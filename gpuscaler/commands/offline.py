@@ -103,13 +103,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
 
     config = config_or_exit(args.config, require_targets=False)
-    horizon, resample = args.horizon, args.resample
-    window = args.window or config.metrics.window
-    if args.agg != "mean" and resample is None:
+    if args.agg != "mean" and args.resample is None:
         print("--agg needs --resample", file=sys.stderr)
         return EXIT_BAD_INPUT
+    window = args.window or config.metrics.window
     try:
-        bins = (horizon, window, resample, args.agg, args.max_origins)
+        bins = (args.horizon, window, args.resample, args.agg, args.max_origins)
         report = backtest(
             args.series, config.forecast, *bins, demand_path=args.demand, demand_agg=args.demand_agg
         )
