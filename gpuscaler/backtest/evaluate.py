@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -42,15 +42,10 @@ class Scores:
     demand_won: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | None]:
-        out = {
-            "mae": rounded(self.mae),
-            "relative_to_naive": rounded(self.relative_to_naive),
-            "peak_mae": rounded(self.peak_mae),
-            "coverage": rounded(self.coverage),
-            "origins": self.origins,
-        }
-        if math.isfinite(self.demand_won):
-            out["demand_won"] = rounded(self.demand_won)
+        """Each figure rounded; `demand_won` only when there was a demand."""
+        out = {k: v if k == "origins" else rounded(v) for k, v in asdict(self).items()}
+        if not math.isfinite(self.demand_won):
+            del out["demand_won"]
         return out
 
 

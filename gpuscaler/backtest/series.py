@@ -15,6 +15,7 @@ from gpuscaler.sim.trace import (
     TraceError,
     bounded_span,
     finite_times,
+    on_regular_grid,
     parse_times,
     read_csv,
     regular_step,
@@ -91,11 +92,7 @@ def to_grid(name: str, s: pd.Series, resample: float | None, agg: str, where: st
     with _as_backtest_error("; pass --resample to put it on a grid"):
         step = regular_step(t, f"{where}: series {name!r}")
     with _as_backtest_error():
-        bounded_span(t, step, where)
-    slots = np.round((t - t[0]) / step).astype(np.int64)
-    grid = np.full(int(slots[-1]) + 1, np.nan)
-    grid[slots] = v
-    return Series(start=float(t[0]), step=step, values=grid)
+        return Series(start=float(t[0]), step=step, values=on_regular_grid(t, v, step, where))
 
 
 def demand_for(name: str, demands: dict[str, pd.Series], where: str) -> pd.Series:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from gpuscaler.config import Config, ConfigError, load_config
+from gpuscaler.config import Config, ConfigError, format_duration, load_config, parse_duration
 from gpuscaler.core.parsing import parse_count
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -26,6 +29,15 @@ def config_or_exit(path: str | None, require_targets: bool = True) -> Config:
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
+def cluster_parser(sub: Any, name: str, help_text: str, func: Callable[..., int]) -> Any:
+    """The parser of a program against a cluster: its config file and kubeconfig."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("--config", required=True)
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    p.set_defaults(func=func)
+    return p
+
+
 def stop_on_signal() -> threading.Event:
     """An event set by SIGTERM or SIGINT."""
     done = threading.Event()
@@ -34,16 +46,31 @@ def stop_on_signal() -> threading.Event:
     return done
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = parse_count(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def bounded(
+    least: float, above: bool = False, parse: Callable[[str], float] = parse_duration
+) -> Callable[[str], float]:
+    """The argparse type of a finite value `parse` reads (a duration such as 10s or 5m by
+    default), at least `least`, or more when `above`."""
+    shown = format_duration(least) if parse is parse_duration else f"{least:g}"
+
+    def read(text: str) -> float:
+        try:
+            value = parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < least or (above and value == least):
+            raise argparse.ArgumentTypeError(
+                f"must be {'more than' if above else 'at least'} {shown}, got {text}"
+            )
+        return value
+
+    return read
 
 
+COUNT = bounded(1, parse=parse_count)
+"""The argparse type of a whole number of at least 1."""
 MIN_MEMORY = 2**27
 """The least `--memory` taken (128 MiB): below it no process fits."""
 

@@ -9,7 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, config_or_exit
+from gpuscaler.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    cluster_parser,
+    config_or_exit,
+)
 from gpuscaler.config import Config, redact_url
 from gpuscaler.controller import Controller
 from gpuscaler.logs import decision_outcome
@@ -169,13 +175,11 @@ def add_controller_parsers(sub: Any) -> None:
         ("once", cmd_once, "run one control cycle and print the plan as JSON lines"),
         ("run", cmd_run, "run the control loop until SIGTERM/SIGINT"),
     ):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--config", required=True)
+        p = cluster_parser(sub, name, help_text, func)
         p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
         p.add_argument(
             "--state", help="plan without a cluster: YAML of current fragments and floors"
         )
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
         if name == "once":
             p.add_argument(
                 "--cluster-snapshot",
@@ -193,4 +197,3 @@ def add_controller_parsers(sub: Any) -> None:
             p.add_argument("--metrics-host", default="0.0.0.0", help=where)
             keda = "KEDA external scaler gRPC port (default: external_scaler.port; 0: off)"
             p.add_argument("--external-scaler-port", type=int, default=None, help=keda)
-        p.set_defaults(func=func)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, config_or_exit
+from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, cluster_parser, config_or_exit
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -23,15 +23,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def add_agent_parser(sub: Any) -> None:
-    p = sub.add_parser("agent", help="the node agent: time slices, GPU topology, orphan cleanup")
-    p.add_argument("--config", required=True)
+    does = "the node agent: time slices, GPU topology, orphan cleanup"
+    p = cluster_parser(sub, "agent", does, cmd_agent)
     p.add_argument("--node", help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the probes (all)")
     p.add_argument("--fake-nvml", help=argparse.SUPPRESS)  # tests: GPUs from a JSON file
     p.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_agent)
 
 
 def cmd_extender(args: argparse.Namespace) -> int:
@@ -62,15 +60,13 @@ def cmd_extender(args: argparse.Namespace) -> int:
 
 
 def add_extender_parser(sub: Any) -> None:
-    p = sub.add_parser("extender", help="serve the memory-aware kube-scheduler extender")
-    p.add_argument("--config", required=True)
+    does = "serve the memory-aware kube-scheduler extender"
+    p = cluster_parser(sub, "extender", does, cmd_extender)
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     p.add_argument(
         "--metrics-port", type=int, help="also /metrics, /healthz, /readyz here, plain HTTP"
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.add_argument(
         "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
     )
-    p.set_defaults(func=cmd_extender)

@@ -46,7 +46,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def format_duration(seconds: float) -> str:
-    if seconds < 1:
+    if 0 < seconds < 1:
         return f"{round(seconds * 1000)}ms"
     for unit, size in (("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:

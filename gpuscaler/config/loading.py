@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import stat
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any, Generic, Literal, Self, TypeVar
 
@@ -194,18 +193,17 @@ class Config(StrictModel):
 
     def pool_sections(self, section: str, model: type[M]) -> Sections[M]:
         """Every pool's `section` by name, resolved once per config."""
-        resolve = partial(self.pool_section, section=section, model=model)
-        table = self.memo(
-            f"pool:{section}", lambda: {p.name: resolve(p.name) for p in self.node_pools}
-        )
-        return Sections(table, resolve)
+        return self._sections("pool", [p.name for p in self.node_pools], section, model)
 
     def workload_sections(self, section: str, model: type[M]) -> Sections[M]:
         """Every workload's `section` by key, resolved once per config."""
-        resolve = partial(self.workload_section, section=section, model=model)
-        table = self.memo(
-            f"workload:{section}", lambda: {w.key: resolve(w.key) for w in self.workloads}
-        )
+        return self._sections("workload", [w.key for w in self.workloads], section, model)
+
+    def _sections(self, kind: str, names: list[str], section: str, model: type[M]) -> Sections[M]:
+        def resolve(name: str) -> M:
+            return self._section(f"{kind}:{name}", section, model)
+
+        table = self.memo(f"{kind}:{section}", lambda: {n: resolve(n) for n in names})
         return Sections(table, resolve)
 
     def _section(self, owner: str, section: str, model: type[M]) -> M:

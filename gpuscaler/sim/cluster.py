@@ -164,10 +164,7 @@ class Clusters:
         self.fragment_changes: list[list[Decision]] = [[] for _ in specs]
         self.time_slice_changes: list[list[Decision]] = [[] for _ in specs]
         self.cursor = 0
-        self._keeping()
-
-    def _keeping(self) -> None:
-        """The tables of the recorded runs and the observed ones' last metrics window."""
+        # The tables of the recorded runs and the observed ones' last metrics window.
         self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
         self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
         k = len(self.recorded)

@@ -41,12 +41,6 @@ class Lane:
     track: ForecastTrack = field(default_factory=ForecastTrack)
 
 
-def place(i: int, p: Prepared, lanes: int) -> Lane:
-    """Lane `i` of `lanes`: its pool named `<pool>-lane<i>` when there are more."""
-    workload, pool = scenario(p.config)
-    return Lane(workload, pool, pool.name if lanes == 1 else f"{pool.name}-lane{i}")
-
-
 def combined_config(preps: Sequence[Prepared], lanes: Sequence[Lane]) -> Config:
     """One config holding every lane's workload on its own copy of its pool."""
     if len(preps) == 1:
@@ -125,7 +119,10 @@ def lane_ports(preps: Sequence[Prepared], recorded: bool = True) -> tuple[Config
     """The combined config and the ports over the simulated cluster of every replay of
     `preps`, run i on replay i's arrivals, its pool observed by the controller; a single
     replay with its synthetic preemption burst, when its config has one."""
-    lanes = [place(i, p, len(preps)) for i, p in enumerate(preps)]
+    lanes = []
+    for i, p in enumerate(preps):  # each pool named `<pool>-lane<i>` when there are more
+        workload, pool = scenario(p.config)
+        lanes.append(Lane(workload, pool, pool.name if len(preps) == 1 else f"{pool.name}-lane{i}"))
     config, first = combined_config(preps, lanes), preps[0]
     burst = config.simulator.preemption_burst_after
     preemption = (

@@ -107,13 +107,26 @@ def finished(
     failed: int = 0,
     plot: bool = True,
 ) -> RunResult:
-    """The run's result: its figures, and the plot's series when `plot`."""
+    """The result of a recorded run of the replay `p`: its figures, and the plot's series
+    when `plot`."""
     track = track or ForecastTrack()
     decisions = decisions or []
+    s = slice(p.scored_from, view.cursor)
+    under = view.demand_busy[s] > view.capacity[s] + 1e-9
+    forecast_mae, naive_mae = _forecast_errors(p, view, track)
+    figures = {
+        **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
+        "under_provisioned_share": round(float(under.mean()), 5),
+        "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
+        "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
+        "fragment_changes": len(view.fragment_changes),
+        "time_slice_changes": len(view.time_slice_changes),
+        "mean_replicas": round(float(np.mean(view.replicas[s])), 2),
+        "failed_ticks": failed,
+        "preemption": None if view.preemption is None else view.preemption.summary(),
+    }
     drawn = _plotted(p, view, track, decisions) if plot else None
-    return RunResult(
-        policy, run_figures(p, view, track, failed), decisions, view.slot, view.cursor, drawn
-    )
+    return RunResult(policy, figures, decisions, view.slot, view.cursor, drawn)
 
 
 def _plotted(
@@ -151,26 +164,6 @@ def slo_metrics(view: RunView, scored_from: int, slo: float) -> dict[str, Any]:
         "gpu_hours": round(float(np.nansum(view.gpus[s], dtype=np.float64)) * slot / 3600, 3),
         "scaling_actions": len(directions),
         "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
-    }
-
-
-def run_figures(
-    p: Prepared, view: RunView, track: ForecastTrack, failed: int = 0
-) -> dict[str, Any]:
-    """The figures of one run of the replay `p` (a recorded one)."""
-    s = slice(p.scored_from, view.cursor)
-    under = view.demand_busy[s] > view.capacity[s] + 1e-9
-    forecast_mae, naive_mae = _forecast_errors(p, view, track)
-    return {
-        **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
-        "under_provisioned_share": round(float(under.mean()), 5),
-        "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
-        "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
-        "fragment_changes": len(view.fragment_changes),
-        "time_slice_changes": len(view.time_slice_changes),
-        "mean_replicas": round(float(np.mean(view.replicas[s])), 2),
-        "failed_ticks": failed,
-        "preemption": None if view.preemption is None else view.preemption.summary(),
     }
 
 

@@ -132,15 +132,6 @@ def _signals(
     return lambda k: np.asarray(table[k, cols])
 
 
-def baseline_runs(
-    replay: int, targets: Sequence[float] | None = None, names: Sequence[str] | None = None
-) -> list[Swept]:
-    """Every baseline (or those `names`) at every target (default `sweep_targets()`)."""
-    points = list(sweep_targets() if targets is None else targets)
-    chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
-    return [Swept(name, replay, kind, float(t)) for name, kind in chosen.items() for t in points]
-
-
 def _swept(
     replays: Sequence[Prepared], runs: Sequence[Swept], budget: int
 ) -> Iterator[tuple[Swept, RunView]]:
@@ -191,7 +182,8 @@ def around_many(
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     runs: list[Swept] = []
     for w, (p, series) in enumerate(zip(prepared, given, strict=True)):
-        runs += baseline_runs(w) if baselines else []
+        if baselines:
+            runs += [Swept(n, w, k, t) for n, k in BASELINES.items() for t in sweep_targets()]
         target = scenario_run(p.config).target_pct
         if reactive:
             runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=True))
@@ -219,7 +211,10 @@ def baseline_curves(
     p: Prepared, targets: Sequence[float] | None = None, names: Sequence[str] | None = None
 ) -> Curves:
     """Every baseline (or those `names`) at every target (default `sweep_targets()`)."""
-    curves: Curves = {name: [] for name in BASELINES if names is None or name in names}
-    for run, view in _swept([p], baseline_runs(0, targets, names), SWEEP_BYTES):
+    chosen = {n: k for n, k in BASELINES.items() if names is None or n in names}
+    points = sweep_targets() if targets is None else targets
+    runs = [Swept(n, 0, k, float(t)) for n, k in chosen.items() for t in points]
+    curves: Curves = {name: [] for name in chosen}
+    for run, view in _swept([p], runs, SWEEP_BYTES):
         curves[run.label].append(point(p, run.target_pct, view))
     return curves

@@ -195,9 +195,14 @@ def load_trace(
     step = regular_step(times, where) if len(times) > 1 else 0.0
     if step == 0.0:
         raise TraceError(f"{where}: a single row is not a trace")
-    # Put missing rows back as NaN so the grid is regular.
+    grid = on_regular_grid(times, values, step, where)
+    return _plausible(Trace(p.name, float(times[0]), step, grid, f"column {name!r}"), where)
+
+
+def on_regular_grid(times: FloatArray, values: FloatArray, step: float, where: str) -> FloatArray:
+    """`values` on the `step` grid from the first time: missing rows put back as NaN."""
     bounded_span(times, step, where)
     slots = np.round((times - times[0]) / step).astype(np.int64)
     grid = np.full(int(slots[-1]) + 1, np.nan)
     grid[slots] = values
-    return _plausible(Trace(p.name, float(times[0]), step, grid, f"column {name!r}"), where)
+    return grid

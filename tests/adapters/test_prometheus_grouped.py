@@ -233,7 +233,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert first.pools[0].memory_used_gib is not None  # the newest figure needs no history
     assert grouped.backfilling and grouped.queries_last_tick == 9 + 1  # backfill not counted
     grouped.after_tick()  # as the controller does once the tick is done
-    assert grouped.metrics.backfill.wait(timeout=120), "backfill still running after 120 s"
+    assert grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert not grouped.backfilling
     assert grouped.queries_last_tick == 9 - 2 + 1 + 1  # as steady as without a backfill

@@ -25,11 +25,11 @@ WORKLOAD = "workloads:\n  - {namespace: ml, kind: ScaledObject, name: chat}\n"
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["backtest", "--series", "S", "--resample", "0s"], "--resample must be longer than 0s"),
-        (["backtest", "--series", "S", "--window", "0s"], "--window must be longer than 0s"),
-        (["backtest", "--series", "S", "--horizon", "0s"], "--horizon must be longer than 0s"),
-        (["backtest", "--series", "S", "--max-origins", "0"], "0 must be at least 1"),
-        (["backtest", "--series", "S", "--max-origins", "-3"], "-3 must be at least 1"),
+        (["backtest", "--series", "S", "--resample", "0s"], "--resample: must be more than 0s"),
+        (["backtest", "--series", "S", "--window", "0s"], "--window: must be more than 0s"),
+        (["backtest", "--series", "S", "--horizon", "0s"], "--horizon: must be more than 0s"),
+        (["backtest", "--series", "S", "--max-origins", "0"], "must be at least 1, got 0"),
+        (["backtest", "--series", "S", "--max-origins", "-3"], "must be at least 1, got -3"),
         (["backtest", "--series", "S", "--max-origins", "x"], "'x' is not a whole number"),
         (["backtest", "--series", "S", "--max-origins", "1_0"], "'1_0' is not a whole number"),
         (["simulate", "--report", "FILE"], "exists and is not a directory"),

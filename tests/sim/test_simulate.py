@@ -137,11 +137,11 @@ BAD = [
     ("t,r\n0,1\n10,1\n10000000000,1\n", (), "cut the gap out"),  # unbounded memory
     (DIRECTORY, (), "is a directory"),
     ("t,r\n" + _rows(1000), ("--hours", "10"), "the trace holds"),
-    (NO_TRACE, ("--hours", "nan"), "--hours must be a finite number > 0"),
-    (NO_TRACE, ("--hours", "-1"), "--hours must be a finite number > 0"),
-    (NO_TRACE, ("--hours", "0"), "--hours must be a finite number > 0"),
-    (NO_TRACE, ("--start", "nan"), "--start must be a finite number >= 0"),
-    (NO_TRACE, ("--start", "-2"), "--start must be a finite number >= 0"),
+    (NO_TRACE, ("--hours", "nan"), "--hours: must be a finite number"),
+    (NO_TRACE, ("--hours", "-1"), "--hours: must be more than 0"),
+    (NO_TRACE, ("--hours", "0"), "--hours: must be more than 0"),
+    (NO_TRACE, ("--start", "nan"), "--start: must be a finite number"),
+    (NO_TRACE, ("--start", "-2"), "--start: must be at least 0"),
     (NO_TRACE, ("--resample", "fast"), "--resample"),
     (NO_TRACE, ("--resample", "100ms"), "at least 500ms"),
 ]  # fmt: skip
