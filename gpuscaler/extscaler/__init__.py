@@ -1,4 +1,4 @@
-"""KEDA's External Scaler gRPC service, served by `gpuscaler run` (issue 13).
+"""KEDA's External Scaler gRPC service, served by `gpuscaler run`.
 
 A ScaledObject adds a trigger `type: external` (or `external-push`) whose scalerAddress is
 gpuscaler's Service; KEDA then asks gpuscaler for the forecast floor as a metric and the
