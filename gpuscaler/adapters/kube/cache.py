@@ -24,7 +24,6 @@ from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
     GpuPod,
-    Node,
     floor_field,
     floor_managers,
     parse_node,
@@ -151,22 +150,9 @@ class CachedClusterReader(ClusterReader):
     def __init__(self, api: client.ApiClient, config: Config, cache: ClusterCache):
         super().__init__(api, config)
         self.cache = cache
-        self._nodes: dict[tuple[str, str], tuple[Config, Node]] = {}
-        """Parsed nodes by (name, resourceVersion), with their config."""
-
-    def _node(self, obj: Json) -> Node:
-        key = _version_key(obj)
-        memo = self._nodes.get(key)
-        if memo is None or memo[0] is not self.config:
-            memo = (self.config, parse_node(obj, self.config))
-            self._nodes[key] = memo
-        return memo[1]
 
     def objects(self) -> ClusterObjects:
-        raw_nodes = self.cache.items("Node")
-        nodes = tuple(self._node(obj) for obj in raw_nodes)
-        for key in self._nodes.keys() - {_version_key(obj) for obj in raw_nodes}:
-            del self._nodes[key]  # deleted or changed since
+        nodes = tuple(parse_node(obj, self.config) for obj in self.cache.items("Node"))
         pods = []
         for pod in self.cache.items("Pod"):
             if isinstance(pod, Broken):
@@ -175,11 +161,6 @@ class CachedClusterReader(ClusterReader):
         scale = self.cache.items("ScaledObject") + self.cache.items("HorizontalPodAutoscaler")
         scale_objects = parse_objects(scale, self.config).scale_objects
         return ClusterObjects(nodes, tuple(pods), scale_objects)
-
-
-def _version_key(obj: Json) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return str(meta.get("name")), str(meta.get("resourceVersion"))
 
 
 class CachedPreemptionReader(PreemptionReader):
