@@ -90,17 +90,6 @@ class ClusterCache:
         self._first_lists_by = 0.0
         """The first lists are waited for until one read timeout after start, all kinds."""
 
-        def informer(resource: Resource, transform: Any) -> Informer:
-            return Informer(
-                api,
-                resource,
-                transform,
-                watch_timeout=limits.watch_timeout,
-                connect_timeout=limits.connect_timeout,
-                read_timeout=limits.read_timeout,
-                stale_after=limits.watch_stale_after,
-            )
-
         paths = {
             "Node": "/api/v1/nodes",
             "Pod": "/api/v1/pods",
@@ -110,17 +99,17 @@ class ClusterCache:
         }
         transforms = {"Node": node_fields, "Pod": gpu_pod}
         self.informers: dict[str, Informer] = {
-            kind: informer(Resource(kind, path), transforms.get(kind) or with_kind(kind))
+            kind: Informer(
+                api, Resource(kind, path), transforms.get(kind) or with_kind(kind), limits
+            )
             for kind, path in paths.items()
         }
-        self.informers["records"] = informer(
-            Resource(
-                "ConfigMap",
-                f"/api/v1/namespaces/{namespace}/configmaps",
-                field_selector=f"metadata.name={STATE_CONFIGMAP}",
-            ),
-            with_kind("ConfigMap"),
+        records = Resource(
+            "ConfigMap",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            field_selector=f"metadata.name={STATE_CONFIGMAP}",
         )
+        self.informers["records"] = Informer(api, records, with_kind("ConfigMap"), limits)
 
     def start(self) -> ClusterCache:
         self._first_lists_by = time.monotonic() + self.limits.read_timeout
