@@ -31,6 +31,7 @@ from gpuscaler.adapters.prometheus.plan import (
     Plan,
     chunks,
     memory_lookbacks,
+    plan_reads,
 )
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
 from gpuscaler.adapters.prometheus.rules import PoolRules
@@ -408,7 +409,7 @@ class PrometheusMetrics:
         return gib, problem
 
     def _plan_now(self) -> Plan:
-        return self.fetcher.plan(self.spacing.measured)
+        return plan_reads(self.config, self.spacing.measured, self.rules)
 
     def _backfill_fetch(self, batch: Mapping[str, Pending]) -> Folds:
         """What the first reads left out: by the grouped queries, then one by one, each
