@@ -70,7 +70,7 @@ def controller(config_text: str) -> tuple[Any, Any]:
 def wait_backfill(source: Any) -> None:
     """Waits until `source` has read the older part of its first window, which it fetches
     behind the ticks (written into the windows at the next tick)."""
-    if not source.metrics.backfill.wait(timeout=600):
+    if not source.backfill.wait(timeout=600):
         raise SystemExit("the backfill of the first window took over 10 minutes")
 
 

@@ -10,15 +10,12 @@ from collections.abc import Callable
 
 from gpuscaler.adapters.kube.objects import CurrentState
 from gpuscaler.adapters.prometheus.source import (
-    Health,
     Metrics,
     PoolMetrics,
     PrometheusMetrics,
     WorkloadMetrics,
 )
-from gpuscaler.adapters.prometheus.spacing import SpacingTracker
 from gpuscaler.adapters.prometheus.transport import Transport
-from gpuscaler.adapters.prometheus.window import Window
 from gpuscaler.config import Config
 from gpuscaler.core.snapshot import Observations, RawPool, RawWorkload
 
@@ -70,59 +67,21 @@ def _problem(prometheus: str | None, cluster: str | None) -> str | None:
     return f"kubernetes: {cluster}" if cluster else None
 
 
-class PrometheusSource:
+class PrometheusSource(PrometheusMetrics):
     """Metrics from Prometheus joined with the cluster's current state (fixed, or read
     each tick by a `StateReader`)."""
-
-    name = "prometheus"
 
     def __init__(
         self, config: Config, state: CurrentState | StateReader, transport: Transport | None = None
     ):
-        self.metrics = PrometheusMetrics(config, transport)
+        super().__init__(config, transport)
         self.state = state
-
-    @property
-    def config(self) -> Config:
-        return self.metrics.config
-
-    @property
-    def health(self) -> Health:
-        return self.metrics.health
-
-    @property
-    def transport(self) -> Transport:
-        return self.metrics.transport
-
-    @property
-    def windows(self) -> dict[str, Window]:
-        return self.metrics.windows
-
-    @property
-    def spacing(self) -> SpacingTracker:
-        return self.metrics.spacing
-
-    @property
-    def queries_last_tick(self) -> int:
-        return self.metrics.queries_last_tick
 
     @property
     def backfilling(self) -> bool:
         """The older part of some first reads is still being fetched."""
-        return self.metrics.backfill.busy
-
-    def reconfigure(self, config: Config) -> None:
-        self.metrics.reconfigure(config)
+        return self.backfill.busy
 
     def observe(self, now: float) -> Observations:
         state = self.state() if callable(self.state) else self.state  # the cluster first
-        return join(self.metrics.read(now), state)
-
-    def after_tick(self) -> None:
-        """Called by the controller once a tick is done: the background backfill starts
-        then, not while the tick forecasts."""
-        self.metrics.after_tick()
-
-    def close(self) -> None:
-        """Stops what runs behind the ticks: the backfill and the query pool."""
-        self.metrics.close()
+        return join(self.read(now), state)

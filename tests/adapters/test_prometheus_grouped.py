@@ -212,7 +212,7 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
     # end at `now`: the frame buffer's newest is 5 s old, past the step's lookback, so its
     # grouped instant query and the Hostname pool's are tried again over
     # metrics.staleness (source._newest_gib); the frame-buffer totals (the family's and
-    # the Hostname pool's) are kept from the first tick (adapters/prometheus/total.py).
+    # the Hostname pool's) are kept from the first tick (adapters/prometheus/source.py, Totals).
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert grouped.queries_last_tick == 9 - 2 + 1 + 1
 
@@ -233,7 +233,7 @@ def test_the_first_read_takes_what_a_forecast_needs_and_the_rest_follows_behind(
     assert first.pools[0].memory_used_gib is not None  # the newest figure needs no history
     assert grouped.backfilling and grouped.queries_last_tick == 9 + 1  # backfill not counted
     grouped.after_tick()  # as the controller does once the tick is done
-    assert grouped.metrics.backfill.wait(timeout=120), "backfill still running after 120 s"
+    assert grouped.backfill.wait(timeout=120), "backfill still running after 120 s"
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert not grouped.backfilling
     assert grouped.queries_last_tick == 9 - 2 + 1 + 1  # as steady as without a backfill

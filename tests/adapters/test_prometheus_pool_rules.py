@@ -33,7 +33,7 @@ def _grouped(url: str, rules: bool = True) -> PrometheusSource:
 
 
 def _recorded_queries(source: PrometheusSource) -> list[str]:
-    return [g.query for g in source.metrics._plan_now().groups if g.recorded]
+    return [g.query for g in source._plan_now().groups if g.recorded]
 
 
 def test_pools_read_from_the_recording_rules_get_the_windows_the_raw_series_give(
@@ -47,7 +47,7 @@ def test_pools_read_from_the_recording_rules_get_the_windows_the_raw_series_give
     _same(got, want, rule=True)
     _same(raw.observe(now), want, rule=True)
     models = set(MODELS.values())  # and the T4, selected by Hostname: read raw
-    assert all(models < rules.metrics.rules.recorded[s] for s in POOL_RULES)
+    assert all(models < rules.rules.recorded[s] for s in POOL_RULES)
     assert [q.split("{")[0] for q in _recorded_queries(rules)] == [
         f"last_over_time({name}" for name, _ in POOL_RULES.values()
     ]
@@ -65,7 +65,7 @@ def test_without_the_pool_rules_the_raw_series_are_read(
     _, raw_url, now = planted
     source, plain = _sources(raw_url, WORKLOADS)
     _same(source.observe(now), plain.observe(now))
-    assert source.metrics.rules.recorded == {s: frozenset() for s in POOL_RULES}
+    assert source.rules.recorded == {s: frozenset() for s in POOL_RULES}
     assert _recorded_queries(source) == []
 
 
@@ -76,7 +76,7 @@ def test_a_pool_whose_recorded_series_is_missing_is_read_raw_and_checked_again(
     the pools the recorded answer misses, and the next read checks again."""
     _, raw_url, now = planted
     source, plain = _sources(raw_url, WORKLOADS)
-    rules = source.metrics.rules
+    rules = source.rules
     rules.recorded = {s: frozenset(MODELS.values()) for s in POOL_RULES}
     rules.checked_at, rules.due = now, False
     with caplog.at_level(logging.WARNING, logger="gpuscaler.prometheus"):
