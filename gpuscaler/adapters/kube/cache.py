@@ -33,12 +33,8 @@ from gpuscaler.adapters.kube.objects import (
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.workloads import SCALE_APIS
 from gpuscaler.config import Config, KubernetesConfig
-
-SCALE_KINDS = {
-    "ScaledObject": "/apis/keda.sh/v1alpha1/scaledobjects",
-    "HorizontalPodAutoscaler": "/apis/autoscaling/v2/horizontalpodautoscalers",
-}
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,7 @@ def with_kind(kind: str) -> Any:
     def keep(obj: Json) -> Json:
         meta = obj.get("metadata") or {}
         slim = {k: v for k, v in meta.items() if k != "managedFields"}
-        if kind in SCALE_KINDS:  # who owns the floor field is read (GitOps refusals)
+        if kind in SCALE_APIS:  # who owns the floor field is read (GitOps refusals)
             owners = floor_managers(meta, kind)
             slim["managedFields"] = [
                 {"manager": m, "fieldsV1": {"f:spec": {"f:" + floor_field(kind): {}}}}
@@ -89,11 +85,10 @@ class ClusterCache:
         self.limits = limits
         self._first_lists_by = 0.0
         """The first lists are waited for until one read timeout after start, all kinds."""
-
         paths = {
             "Node": "/api/v1/nodes",
             "Pod": "/api/v1/pods",
-            **SCALE_KINDS,
+            **{kind: f"/apis/{g}/{v}/{plural}" for kind, (g, v, plural) in SCALE_APIS.items()},
             "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
             "PodDisruptionBudget": "/apis/policy/v1/poddisruptionbudgets",
         }

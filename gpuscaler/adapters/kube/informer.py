@@ -266,16 +266,16 @@ class Informer:
         """Watch until the server closes the stream; True at a normal end."""
         opened = self.clock()
         self._phase = "watch"
+        timeout = self.limits.watch_timeout
         try:
             response = self._get(
                 self.resource.params(
                     watch="true",
                     resourceVersion=self.resource_version,
                     allowWatchBookmarks="true",
-                    timeoutSeconds=max(1, round(self.limits.watch_timeout)),
+                    timeoutSeconds=max(1, round(timeout)),
                 ),
-                self.limits.watch_timeout
-                + 15.0,  # the server ends it first; this catches a hung one
+                timeout + 15.0,  # the server ends it first; this catches a hung one
             )
         except ApiException as e:
             if e.status == 410:
@@ -305,16 +305,13 @@ class Informer:
                 raise Gone()
             raise ValueError(f"watch error {obj.get('code')}: {obj.get('message')}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind in ("ADDED", "MODIFIED"):
-            value = self.transform(obj)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            value = self.transform(obj) if kind != "DELETED" else None
             with self._lock:
                 if value is None:
                     self._store.pop(object_key(obj), None)
                 else:
                     self._store[object_key(obj)] = value
-        elif kind == "DELETED":
-            with self._lock:
-                self._store.pop(object_key(obj), None)
         elif kind != "BOOKMARK":
             raise ValueError(f"unknown watch event type {kind!r}")
         if version:
