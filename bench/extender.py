@@ -31,15 +31,31 @@ from typing import Any
 import orjson
 
 from gpuscaler.config import SchedulerConfig
-from gpuscaler.core.gpufit import Gpu, NodeGpus, NodeMeta
+from gpuscaler.core.gpufit import Gpu, NodeGpus, NodeMeta, PodRecord
 from gpuscaler.extender.metrics import ExtenderMetrics
 from gpuscaler.extender.protocol import parse_args
 from gpuscaler.extender.server import ExtenderApp
 from gpuscaler.extender.service import Extender
-from gpuscaler.extender.state import FixedCluster, GpuState
+from gpuscaler.extender.state import GpuState
 
 GATE_MS = 20.0
 A100 = 40960.0
+
+
+class FixedCluster:
+    """GPU data and nodes given up front, no pods."""
+
+    def __init__(self, gpus: dict[str, NodeGpus], meta: dict[str, NodeMeta]):
+        self.gpus, self.meta = gpus, meta
+
+    def fetch(self) -> dict[str, NodeGpus]:
+        return dict(self.gpus)
+
+    def nodes(self) -> dict[str, NodeMeta]:
+        return self.meta
+
+    def pods(self) -> list[PodRecord]:
+        return []
 
 
 def cluster(nodes: int, gpus: int, seed: int) -> dict[str, NodeGpus]:

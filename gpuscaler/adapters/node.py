@@ -112,7 +112,8 @@ class NodeApi:
         for pod in doc.get("items") or []:
             meta = pod.get("metadata") or {}
             name = f"{meta.get('namespace')}/{meta.get('name')}"
-            pods[name] = frozenset(str(v) for v in (meta.get("uid"), _mirror(meta)) if v)
+            mirror = (meta.get("annotations") or {}).get(MIRROR_ANNOTATION)
+            pods[name] = frozenset(str(v) for v in (meta.get("uid"), mirror) if v)
         return pods
 
     def _patch(self, what: str, body_for: Callable[[NodeView], dict[str, Any]]) -> NodeView:
@@ -161,8 +162,3 @@ class NodeApi:
             )
         except urllib3.exceptions.HTTPError as e:
             log.warning("event %s on node %s not recorded: %s", reason, self.node, e)
-
-
-def _mirror(meta: dict[str, Any]) -> str | None:
-    value = (meta.get("annotations") or {}).get(MIRROR_ANNOTATION)
-    return str(value) if value else None

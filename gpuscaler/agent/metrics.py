@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -19,70 +20,59 @@ from gpuscaler.adapters.podresources import PodDevice, gpu_of_device
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
-        self.polls = Counter(
-            "gpuscaler_agent_polls", "Agent polls by outcome (ok, failed).", ["outcome"], registry=r
+        gauge, counter = partial(Gauge, registry=r), partial(Counter, registry=r)
+        self.polls = counter(
+            "gpuscaler_agent_polls", "Agent polls by outcome (ok, failed).", ["outcome"]
         )
-        self.source_up = Gauge(
+        self.source_up = gauge(
             "gpuscaler_agent_source_up",
             "1 when the last poll could read the source (nvml, kubernetes, pod_resources).",
             ["source"],
-            registry=r,
         )
-        self.time_slice = Gauge(
+        self.time_slice = gauge(
             "gpuscaler_agent_time_slice_level",
             "Time-slice level the agent applied to a GPU (0 default, 1 short, 2 medium, 3 long).",
             ["gpu"],
-            registry=r,
         )
-        self.time_slice_sets = Counter(
+        self.time_slice_sets = counter(
             "gpuscaler_agent_time_slice_sets",
             "nvidia-smi --set-timeslice calls by outcome (ok, failed, dry_run), and MIG GPUs "
             "skipped (skipped).",
             ["outcome"],
-            registry=r,
         )
-        self.memory_used = Gauge(
-            "gpuscaler_agent_gpu_memory_used_mib", "Frame buffer used (NVML).", ["gpu"], registry=r
+        self.memory_used = gauge(
+            "gpuscaler_agent_gpu_memory_used_mib", "Frame buffer used (NVML).", ["gpu"]
         )
-        self.processes = Gauge(
+        self.processes = gauge(
             "gpuscaler_agent_gpu_processes",
             "Compute processes per GPU by owner: pod (its pod exists), host (no pod UID), "
             "orphan (its pod is gone), unknown (cgroup not understood).",
             ["gpu", "owner"],
-            registry=r,
         )
-        self._cleanup_metrics(r)
-
-    def _cleanup_metrics(self, r: CollectorRegistry) -> None:
-        self.signals = Counter(
+        self.signals = counter(
             "gpuscaler_agent_orphan_signals",
             "Signals to orphaned GPU processes by signal and outcome (sent, gone, reused, "
             "refused, dry_run).",
             ["signal", "outcome"],
-            registry=r,
         )
-        self.freed = Counter(
+        self.freed = counter(
             "gpuscaler_agent_orphan_memory_freed_mib",
             "GPU memory held by orphans that exited after a signal.",
-            registry=r,
         )
-        self.quarantined = Gauge(
+        self.quarantined = gauge(
             "gpuscaler_agent_node_quarantined",
             "1 while the node carries the gpu-memory-held taint or the cleanup label.",
-            registry=r,
         )
-        self.lifts = Counter(
+        self.lifts = counter(
             "gpuscaler_agent_quarantine_lifts",
             "Quarantines lifted by outcome (ok, failed, dry_run).",
             ["outcome"],
-            registry=r,
         )
-        self.pod_gpu = Gauge(
+        self.pod_gpu = gauge(
             "gpuscaler_agent_pod_gpu_device",
             "1 per device the kubelet allocated to a pod's container (pod-resources API); gpu "
             "is the GPU UUID, device the plugin's device ID (UUID::n when shared).",
             ["namespace", "pod", "container", "gpu", "device"],
-            registry=r,
         )
 
     def set_pod_devices(self, devices: Iterable[PodDevice]) -> None:

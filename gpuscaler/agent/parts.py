@@ -1,5 +1,5 @@
-"""What the node agent's parts share: its Kubernetes client, a poll's report, and what
-the orphan cleanup reads and writes of the agent (so `cleanup` does not import `runner`)."""
+"""What the node agent's parts share: a poll's report, and what the orphan cleanup reads
+and writes of the agent (so `cleanup` does not import `runner`)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuscaler.adapters.host import HostFs
-from gpuscaler.adapters.node import NodeView
+from gpuscaler.adapters.node import NodeApi
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.core.node_agent import GpuFacts
 from gpuscaler.core.orphans import GpuProc, OrphanAction
-
-
-class NodeClient(Protocol):
-    """What the agent needs of the Kubernetes API (gpuscaler.adapters.node.NodeApi)."""
-
-    node: str
-
-    def read(self) -> NodeView: ...
-    def pods(self) -> dict[str, frozenset[str]]: ...
-    def annotate(self, values: dict[str, str]) -> NodeView: ...
-    def lift_quarantine(self) -> NodeView: ...
-    def event(self, reason: str, action: str, note: str, type_: str = "Normal") -> None: ...
 
 
 @dataclass
@@ -39,7 +27,7 @@ class PollReport:
 class CleanupState(Protocol):
     """The agent as the orphan cleanup sees it (`runner.NodeAgent`)."""
 
-    node: NodeClient
+    node: NodeApi
     host: HostFs
     metrics: AgentMetrics
     not_acting: str

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TypeVar
 
 from gpuscaler.adapters.host import HostFs
 from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.objects import OPT_IN_LABEL
-from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeView
+from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi, NodeView
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
 from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
 from gpuscaler.adapters.podresources import KubeletPods, PodResourcesError
 from gpuscaler.agent.cleanup import carry_out
 from gpuscaler.agent.metrics import AgentMetrics
-from gpuscaler.agent.parts import NodeClient, PollReport
+from gpuscaler.agent.parts import PollReport
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import (
     GpuFacts,
@@ -51,7 +52,7 @@ class NodeAgent:
     def __init__(
         self,
         config: Config,
-        node: NodeClient,
+        node: NodeApi,
         nvml: Nvml,
         host: HostFs,
         metrics: AgentMetrics,
@@ -92,8 +93,6 @@ class NodeAgent:
         self.not_acting = ""
         """Why this poll only reports (dry run, node not opted in); empty when it acts."""
 
-    # ------------------------------------------------------------------ the poll
-
     def poll(self, now: float) -> PollReport:
         """One pass. Raises KubeError or NvmlError when the node or the GPUs cannot be read
         (nothing else can be judged then); every later part fails alone."""
@@ -125,18 +124,7 @@ class NodeAgent:
         raw = self.nvml.gpus()
         self._raw = {g.uuid: g for g in raw}
         self._indexes = {g.uuid: str(g.index) for g in raw}
-        gpus = [
-            GpuFacts(
-                uuid=g.uuid,
-                index=g.index,
-                pci_bus_id=g.pci_bus_id,
-                memory_total_mib=g.memory_total_mib,
-                memory_used_mib=g.memory_used_mib,
-                mig=g.mig,
-                numa_node=self.host.numa_node(g.pci_bus_id),
-            )
-            for g in raw
-        ]
+        gpus = [GpuFacts(**asdict(g), numa_node=self.host.numa_node(g.pci_bus_id)) for g in raw]
         for g in gpus:
             self.metrics.memory_used.labels(str(g.index)).set(g.memory_used_mib)
         return gpus
@@ -153,8 +141,6 @@ class NodeAgent:
                 out.append(GpuProc(p.pid, start, g.uuid, p.used_mib, self.host.name(p.pid), owner))
         return out
 
-    # ------------------------------------------------------------------ topology
-
     def _publish_topology(self, view: NodeView, gpus: list[GpuFacts], report: PollReport) -> None:
         value = topology_annotation(gpus)
         if view.annotations.get(GPU_TOPOLOGY) == value:
@@ -165,8 +151,6 @@ class NodeAgent:
         except KubeError as e:
             report.problems.append(f"topology not published: {e}")
             log.warning("GPU topology not published: %s", e)
-
-    # ------------------------------------------------------------------ time slice
 
     def _time_slice(
         self, view: NodeView, gpus: list[GpuFacts], acting: bool, report: PollReport
@@ -245,8 +229,6 @@ class NodeAgent:
             return "dry run"
         return f"node has no label {OPT_IN_LABEL}=true"
 
-    # ------------------------------------------------------------------ pod-resources
-
     def _kubelet_pods(self, report: PollReport) -> frozenset[str] | None:
         if self.kubelet_pods is None:
             return None
@@ -260,8 +242,6 @@ class NodeAgent:
         self.metrics.source_up.labels("pod_resources").set(1)
         self.metrics.set_pod_devices(answer.devices)
         return answer.pods
-
-    # ------------------------------------------------------------------ orphans
 
     def _orphans(
         self,
@@ -296,8 +276,6 @@ class NodeAgent:
             owner = "orphan" if orphan else a.proc.owner.kind
             gpu = self.gpu_index(a.proc.gpu)
             self.metrics.processes.labels(gpu, owner).inc()
-
-    # ------------------------------------------------------------------ quarantine
 
     def _quarantine(
         self,

@@ -8,6 +8,7 @@ extender for more than 10 minutes" alert.
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
@@ -31,6 +32,7 @@ REASONS = (
 class ExtenderMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        gauge, counter = partial(Gauge, registry=r), partial(PromCounter, registry=r)
         self.latency = Histogram(
             "gpuscaler_extender_request_duration_seconds",
             "Time to answer kube-scheduler, per verb",
@@ -38,49 +40,39 @@ class ExtenderMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.rejections = PromCounter(
+        self.rejections = counter(
             "gpuscaler_extender_filter_rejections",
             "Nodes the filter refused, by reason",
             ["reason"],
-            registry=r,
         )
-        self.binds = PromCounter(
-            "gpuscaler_extender_binds", "Bind verbs, by outcome", ["outcome"], registry=r
+        self.binds = counter("gpuscaler_extender_binds", "Bind verbs, by outcome", ["outcome"])
+        self.bad_requests = counter(
+            "gpuscaler_extender_bad_requests", "Bodies that were not the protocol"
         )
-        self.bad_requests = PromCounter(
-            "gpuscaler_extender_bad_requests", "Bodies that were not the protocol", registry=r
-        )
-        self.node_fragmentation = Gauge(
+        self.node_fragmentation = gauge(
             "gpuscaler_extender_node_fragmentation",
             "Stddev of the per-GPU memory-used ratio of a node (reservations included)",
             ["node"],
-            registry=r,
         )
-        self.pool_fragmentation = Gauge(
+        self.pool_fragmentation = gauge(
             "gpuscaler_extender_pool_fragmentation",
             "Mean node fragmentation of a node pool",
             ["pool"],
-            registry=r,
         )
-        self.reservations = Gauge(
+        self.reservations = gauge(
             "gpuscaler_extender_reservations_in_flight",
             "Bound pods whose GPU memory is reserved until measured memory shows them",
-            registry=r,
         )
-        self.stale_nodes = Gauge(
+        self.stale_nodes = gauge(
             "gpuscaler_extender_stale_nodes",
             "GPU nodes whose data is older than the cache TTL",
             ["state"],
-            registry=r,
         )
-        self.oldest_unschedulable = Gauge(
+        self.oldest_unschedulable = gauge(
             "gpuscaler_extender_oldest_unschedulable_seconds",
             "How long the longest-refused pod has found no node (0: none)",
-            registry=r,
         )
-        self.leader = Gauge(
-            "gpuscaler_extender_leader", "1 when this replica holds the Lease", registry=r
-        )
+        self.leader = gauge("gpuscaler_extender_leader", "1 when this replica holds the Lease")
         for reason in REASONS:
             self.rejections.labels(reason)
         for outcome in ("bound", "refused"):

@@ -19,12 +19,13 @@ Bodies are decoded with orjson and checked by pydantic; anything else is a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_EXTENDER_PRIORITY = 10
+M = TypeVar("M", bound=BaseModel)
 
 
 class ProtocolError(ValueError):
@@ -86,28 +87,25 @@ def _node_name(item: dict[str, Any]) -> str:
     return name
 
 
-def _decode(body: bytes) -> Any:
+def _parse(body: bytes, model: type[M]) -> M:
+    """The body as `model`; ProtocolError naming the first thing wrong."""
     try:
-        return orjson.loads(body)
+        doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ProtocolError(f"body is not JSON: {e}") from None
-
-
-def _where(e: ValidationError) -> str:
-    first = e.errors()[0]
-    path = ".".join(str(p) for p in first["loc"]) or "body"
-    return f"{path}: {first['msg']}"
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"body is not a JSON object ({model.__name__})")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        path = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ProtocolError(f"not {model.__name__}: {path}: {first['msg']}") from None
 
 
 def parse_args(body: bytes, max_nodes: int) -> ExtenderArgs:
     """A filter or prioritize request naming at most `max_nodes` nodes."""
-    doc = _decode(body)
-    if not isinstance(doc, dict):
-        raise ProtocolError("body is not a JSON object (ExtenderArgs)")
-    try:
-        args = ExtenderArgs.model_validate(doc)
-    except ValidationError as e:
-        raise ProtocolError(f"not ExtenderArgs: {_where(e)}") from None
+    args = _parse(body, ExtenderArgs)
     if args.NodeNames is None and args.Nodes is None:
         raise ProtocolError("not ExtenderArgs: neither NodeNames nor Nodes is set")
     count = len(args.node_names())  # every node has a name
@@ -117,13 +115,7 @@ def parse_args(body: bytes, max_nodes: int) -> ExtenderArgs:
 
 
 def parse_binding(body: bytes) -> ExtenderBindingArgs:
-    doc = _decode(body)
-    if not isinstance(doc, dict):
-        raise ProtocolError("body is not a JSON object (ExtenderBindingArgs)")
-    try:
-        return ExtenderBindingArgs.model_validate(doc)
-    except ValidationError as e:
-        raise ProtocolError(f"not ExtenderBindingArgs: {_where(e)}") from None
+    return _parse(body, ExtenderBindingArgs)
 
 
 def filter_result(

@@ -17,6 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -58,20 +59,14 @@ def _json(body: bytes) -> Response:
     return Response(body, media_type=JSON)
 
 
+@dataclass(eq=False)
 class ExtenderApp:
-    def __init__(
-        self,
-        extender: Extender,
-        metrics: ExtenderMetrics,
-        ready: Callable[[], str | None],
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.extender = extender
-        self.metrics = metrics
-        self.ready = ready
-        self.clock = clock
-        self.refused_since: dict[str, float] = {}
-        """Pod UID -> when the filter first found no node for it (until one fits)."""
+    extender: Extender
+    metrics: ExtenderMetrics
+    ready: Callable[[], str | None]
+    clock: Callable[[], float] = time.monotonic
+    refused_since: dict[str, float] = field(default_factory=dict, init=False)
+    """Pod UID -> when the filter first found no node for it (until one fits)."""
 
     def build(self) -> Starlette:
         return Starlette(
@@ -111,8 +106,6 @@ class ExtenderApp:
             return _json(answer)
 
         return endpoint
-
-    # ------------------------------------------------------------------ verbs
 
     def _filter(self, body: bytes) -> bytes:
         args = protocol.parse_args(body, self.extender.config.max_nodes)
@@ -155,8 +148,6 @@ class ExtenderApp:
             log.info("bind refused: %s", error, extra={"event": "bind_refused"})
         return protocol.binding_result(error)
 
-    # ------------------------------------------------------------------ health
-
     async def _healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok\n")
 
@@ -168,8 +159,6 @@ class ExtenderApp:
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
-
-    # ------------------------------------------------------------------ state metrics
 
     def observe_state(self, live_uids: set[str] | None = None) -> None:
         """Refresh the state gauges; forget refusals of pods that are gone."""

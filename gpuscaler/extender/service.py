@@ -77,22 +77,13 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(eq=False)
 class Extender:
-    def __init__(
-        self,
-        state: GpuState,
-        binder: Binder,
-        config: SchedulerConfig,
-        is_leader: Callable[[], bool],
-        wall: Callable[[], float],
-    ):
-        self.state = state
-        self.binder = binder
-        self.config = config
-        self.is_leader = is_leader
-        self.wall = wall
-
-    # ------------------------------------------------------------------ filter
+    state: GpuState
+    binder: Binder
+    config: SchedulerConfig
+    is_leader: Callable[[], bool]
+    wall: Callable[[], float]
 
     def _request(self, pod: Pod, largest: float | None) -> tuple[PodRequest | None, str, str]:
         """The pod's request, or why there is none: the metric's reason and the sentence."""
@@ -151,8 +142,6 @@ class Extender:
             kind = "insufficient_gpus" if why and "GPU(s)" in why else "insufficient_memory"
         return kind, NODE_REASONS[kind]
 
-    # ------------------------------------------------------------------ prioritize
-
     def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
         names = args.node_names()
         req, _, _ = self._request(args.Pod, self.state.snapshot.largest_total)
@@ -167,8 +156,6 @@ class Extender:
             fresh = table.sampled_at[at] >= self.wall() - 3 * self.config.cache_ttl
             out[known] = np.where(fresh, extender_scores(scores(table, at, req)), 0)
         return list(zip(names, out.tolist(), strict=True))
-
-    # ------------------------------------------------------------------ bind
 
     def bind(self, b: ExtenderBindingArgs) -> str:
         """ "" when bound, else the error for ExtenderBindingResult.Error."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpuscaler.core.gpufit import (
@@ -99,8 +99,6 @@ class GpuState:
     def node_lock(self, node: str) -> threading.Lock:
         with self._lock:
             return self._node_locks.setdefault(node, threading.Lock())
-
-    # ------------------------------------------------------------------ refresh
 
     def refresh(self) -> None:
         """Read GPUs (one query), nodes and pods; rebuild the ledger and the views. A
@@ -188,8 +186,6 @@ class GpuState:
         largest = max((v.total_mib for v in views.values()), default=None)
         return Snapshot(gpus, views, meta, problems, largest, node_table(views))
 
-    # ------------------------------------------------------------------ ledger writes
-
     def reservations_on(self, node: str) -> list[Reservation]:
         with self._lock:
             return [r for r in self.reservations.values() if r.node == node]
@@ -210,25 +206,6 @@ class GpuState:
         if node not in snap.gpus:
             return
         mine = [r for r in self.reservations.values() if r.node == node]
-        views = dict(snap.views)
-        views[node] = node_view(with_reservations(snap.gpus[node], mine), self.margin)
-        self.snapshot = Snapshot(
-            snap.gpus, views, snap.meta, snap.problems, snap.largest_total, node_table(views)
-        )
-
-
-class FixedCluster:
-    """GPU data and nodes given up front, no pods: for benchmarks and planning runs."""
-
-    def __init__(self, gpus: dict[str, NodeGpus], meta: dict[str, NodeMeta] | None = None):
-        self.gpus = gpus
-        self.meta = meta if meta is not None else {n: NodeMeta(n) for n in gpus}
-
-    def fetch(self) -> dict[str, NodeGpus]:
-        return dict(self.gpus)
-
-    def nodes(self) -> dict[str, NodeMeta]:
-        return self.meta
-
-    def pods(self) -> list[PodRecord]:
-        return []
+        view = node_view(with_reservations(snap.gpus[node], mine), self.margin)
+        views = snap.views | {node: view}
+        self.snapshot = replace(snap, views=views, table=node_table(views))

@@ -6,28 +6,29 @@ managed ScaledObjects (a request for another one is counted, never labelled by n
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class ExternalScalerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = r = registry or CollectorRegistry()
+        gauge = partial(Gauge, registry=r)
         self.requests = Counter(
             "gpuscaler_external_scaler_requests",
             "Requests to KEDA's external scaler, by method and gRPC status code.",
             ["method", "code"],
-            registry=self.registry,
+            registry=r,
         )
-        self.served = Gauge(
+        self.served = gauge(
             "gpuscaler_external_scaler_served_floor",
             "The floor last served to KEDA for a ScaledObject (0: the reactive triggers "
             "decide: no fresh forecast).",
             ["workload"],
-            registry=self.registry,
         )
-        self.active = Gauge(
+        self.active = gauge(
             "gpuscaler_external_scaler_active",
             "1 when the last IsActive answer for a ScaledObject was true.",
             ["workload"],
-            registry=self.registry,
         )

@@ -16,6 +16,7 @@ from kubernetes import client
 
 from gpuscaler.adapters.kube import informer as informer_module
 from gpuscaler.adapters.kube.informer import CacheUnavailable, Informer, Resource
+from gpuscaler.config import KubernetesConfig
 
 
 def _node(name: str, version: str) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def test_a_cache_whose_watch_keeps_failing_is_refused_after_stale_after(
     serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = Script([_list("a")], [(500, b"{}")])
-    informer = _informer(serve(script), monkeypatch, stale_after=0.3)
+    limits = KubernetesConfig(watch_stale_after="300ms")
+    informer = _informer(serve(script), monkeypatch, limits=limits)
     try:
         _until(informer.synced.is_set)
 

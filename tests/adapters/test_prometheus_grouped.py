@@ -212,7 +212,7 @@ def test_grouped_reads_see_what_per_target_reads_see_in_fewer_queries(
     # end at `now`: the frame buffer's newest is 5 s old, past the step's lookback, so its
     # grouped instant query and the Hostname pool's are tried again over
     # metrics.staleness (source._newest_gib); the frame-buffer totals (the family's and
-    # the Hostname pool's) are kept from the first tick (adapters/prometheus/total.py).
+    # the Hostname pool's) are kept from the first tick (adapters/prometheus/source.py, Totals).
     _same(grouped.observe(now + 5), plain.observe(now + 5), rule=True, past=PAST)
     assert grouped.queries_last_tick == 9 - 2 + 1 + 1
 

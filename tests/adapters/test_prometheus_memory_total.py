@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuscaler.adapters.prometheus.source import PoolMetrics, PrometheusMetrics
-from gpuscaler.adapters.prometheus.total import Totals
+from gpuscaler.adapters.prometheus.source import PoolMetrics, PrometheusMetrics, Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.config import Config, parse_config
 

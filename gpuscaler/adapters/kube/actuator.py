@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kubernetes import client
 
@@ -25,18 +26,13 @@ from gpuscaler.core.decisions import (
 log = logging.getLogger("gpuscaler.kubernetes")
 
 
+@dataclass(eq=False)
 class KubeActuator:
     """A failure is logged with its reason and leaves that decision unapplied."""
 
-    def __init__(
-        self,
-        workloads: KubeWorkloads,
-        pools: KubeNodePools,
-        preemption: KubePreemption | None = None,
-    ):
-        self.workloads = workloads
-        self.pools = pools
-        self.preemption = preemption
+    workloads: KubeWorkloads
+    pools: KubeNodePools
+    preemption: KubePreemption | None = None
 
     def reconfigure(self, config: Config) -> None:
         self.workloads.config = config

@@ -24,7 +24,6 @@ from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
     GpuPod,
-    Node,
     floor_field,
     floor_managers,
     parse_node,
@@ -34,12 +33,8 @@ from gpuscaler.adapters.kube.objects import (
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
 from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.workloads import SCALE_APIS
 from gpuscaler.config import Config, KubernetesConfig
-
-SCALE_KINDS = {
-    "ScaledObject": "/apis/keda.sh/v1alpha1/scaledobjects",
-    "HorizontalPodAutoscaler": "/apis/autoscaling/v2/horizontalpodautoscalers",
-}
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ def with_kind(kind: str) -> Any:
     def keep(obj: Json) -> Json:
         meta = obj.get("metadata") or {}
         slim = {k: v for k, v in meta.items() if k != "managedFields"}
-        if kind in SCALE_KINDS:  # who owns the floor field is read (GitOps refusals)
+        if kind in SCALE_APIS:  # who owns the floor field is read (GitOps refusals)
             owners = floor_managers(meta, kind)
             slim["managedFields"] = [
                 {"manager": m, "fieldsV1": {"f:spec": {"f:" + floor_field(kind): {}}}}
@@ -90,38 +85,26 @@ class ClusterCache:
         self.limits = limits
         self._first_lists_by = 0.0
         """The first lists are waited for until one read timeout after start, all kinds."""
-
-        def informer(resource: Resource, transform: Any) -> Informer:
-            return Informer(
-                api,
-                resource,
-                transform,
-                watch_timeout=limits.watch_timeout,
-                connect_timeout=limits.connect_timeout,
-                read_timeout=limits.read_timeout,
-                stale_after=limits.watch_stale_after,
-            )
-
         paths = {
             "Node": "/api/v1/nodes",
             "Pod": "/api/v1/pods",
-            **SCALE_KINDS,
+            **{kind: f"/apis/{g}/{v}/{plural}" for kind, (g, v, plural) in SCALE_APIS.items()},
             "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
             "PodDisruptionBudget": "/apis/policy/v1/poddisruptionbudgets",
         }
         transforms = {"Node": node_fields, "Pod": gpu_pod}
         self.informers: dict[str, Informer] = {
-            kind: informer(Resource(kind, path), transforms.get(kind) or with_kind(kind))
+            kind: Informer(
+                api, Resource(kind, path), transforms.get(kind) or with_kind(kind), limits
+            )
             for kind, path in paths.items()
         }
-        self.informers["records"] = informer(
-            Resource(
-                "ConfigMap",
-                f"/api/v1/namespaces/{namespace}/configmaps",
-                field_selector=f"metadata.name={STATE_CONFIGMAP}",
-            ),
-            with_kind("ConfigMap"),
+        records = Resource(
+            "ConfigMap",
+            f"/api/v1/namespaces/{namespace}/configmaps",
+            field_selector=f"metadata.name={STATE_CONFIGMAP}",
         )
+        self.informers["records"] = Informer(api, records, with_kind("ConfigMap"), limits)
 
     def start(self) -> ClusterCache:
         self._first_lists_by = time.monotonic() + self.limits.read_timeout
@@ -151,22 +134,9 @@ class CachedClusterReader(ClusterReader):
     def __init__(self, api: client.ApiClient, config: Config, cache: ClusterCache):
         super().__init__(api, config)
         self.cache = cache
-        self._nodes: dict[tuple[str, str], tuple[Config, Node]] = {}
-        """Parsed nodes by (name, resourceVersion), with their config."""
-
-    def _node(self, obj: Json) -> Node:
-        key = _version_key(obj)
-        memo = self._nodes.get(key)
-        if memo is None or memo[0] is not self.config:
-            memo = (self.config, parse_node(obj, self.config))
-            self._nodes[key] = memo
-        return memo[1]
 
     def objects(self) -> ClusterObjects:
-        raw_nodes = self.cache.items("Node")
-        nodes = tuple(self._node(obj) for obj in raw_nodes)
-        for key in self._nodes.keys() - {_version_key(obj) for obj in raw_nodes}:
-            del self._nodes[key]  # deleted or changed since
+        nodes = tuple(parse_node(obj, self.config) for obj in self.cache.items("Node"))
         pods = []
         for pod in self.cache.items("Pod"):
             if isinstance(pod, Broken):
@@ -175,11 +145,6 @@ class CachedClusterReader(ClusterReader):
         scale = self.cache.items("ScaledObject") + self.cache.items("HorizontalPodAutoscaler")
         scale_objects = parse_objects(scale, self.config).scale_objects
         return ClusterObjects(nodes, tuple(pods), scale_objects)
-
-
-def _version_key(obj: Json) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return str(meta.get("name")), str(meta.get("resourceVersion"))
 
 
 class CachedPreemptionReader(PreemptionReader):

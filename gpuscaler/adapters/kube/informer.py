@@ -26,6 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import api_error
+from gpuscaler.config import KubernetesConfig
 
 log = logging.getLogger("gpuscaler.kubernetes.watch")
 
@@ -85,19 +86,13 @@ class Informer:
         api: client.ApiClient,
         resource: Resource,
         transform: Callable[[Json], Any] = slim,
-        watch_timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 15.0,
-        stale_after: float = 30.0,
+        limits: KubernetesConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.api = api
         self.resource = resource
         self.transform = transform
-        self.watch_timeout = watch_timeout
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.stale_after = stale_after
+        self.limits = limits or KubernetesConfig()
         self.clock = clock
         self._store: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -121,10 +116,11 @@ class Informer:
             why = f": {self.last_error}" if self.last_error else ""
             raise CacheUnavailable(f"{self.resource.kind}: not listed yet{why}")
         since = self.disconnected_since
-        if since is not None and self.clock() - since > self.stale_after:
+        stale_after = self.limits.watch_stale_after
+        if since is not None and self.clock() - since > stale_after:
             raise CacheUnavailable(
                 f"{self.resource.kind}: watch down for {self.clock() - since:.0f}s "
-                f"(over {self.stale_after:g}s): {self.last_error}"
+                f"(over {stale_after:g}s): {self.last_error}"
             )
         with self._lock:
             return list(self._store.values())
@@ -216,7 +212,7 @@ class Informer:
             header_params=headers,
             body=body,
             post_params=post,
-            _request_timeout=(self.connect_timeout, read_timeout),
+            _request_timeout=(self.limits.connect_timeout, read_timeout),
         )
         response = answer.response
         if not 200 <= answer.status < 300:
@@ -234,7 +230,7 @@ class Informer:
             try:
                 answer = self._get(
                     self.resource.params(limit=PAGE, **{"continue": token}),
-                    self.read_timeout,
+                    self.limits.read_timeout,
                 )
             except ApiException as e:
                 if e.status == 404:
@@ -270,15 +266,16 @@ class Informer:
         """Watch until the server closes the stream; True at a normal end."""
         opened = self.clock()
         self._phase = "watch"
+        timeout = self.limits.watch_timeout
         try:
             response = self._get(
                 self.resource.params(
                     watch="true",
                     resourceVersion=self.resource_version,
                     allowWatchBookmarks="true",
-                    timeoutSeconds=max(1, round(self.watch_timeout)),
+                    timeoutSeconds=max(1, round(timeout)),
                 ),
-                self.watch_timeout + 15.0,  # the server ends it first; this catches a hung one
+                timeout + 15.0,  # the server ends it first; this catches a hung one
             )
         except ApiException as e:
             if e.status == 410:
@@ -308,16 +305,13 @@ class Informer:
                 raise Gone()
             raise ValueError(f"watch error {obj.get('code')}: {obj.get('message')}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind in ("ADDED", "MODIFIED"):
-            value = self.transform(obj)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            value = self.transform(obj) if kind != "DELETED" else None
             with self._lock:
                 if value is None:
                     self._store.pop(object_key(obj), None)
                 else:
                     self._store[object_key(obj)] = value
-        elif kind == "DELETED":
-            with self._lock:
-                self._store.pop(object_key(obj), None)
         elif kind != "BOOKMARK":
             raise ValueError(f"unknown watch event type {kind!r}")
         if version:

@@ -7,7 +7,7 @@ answer's JSON outlives its request.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,7 +21,6 @@ from gpuscaler.adapters.prometheus.plan import (
     Plan,
     Store,
     chunks,
-    plan_reads,
     split_answer,
 )
 from gpuscaler.adapters.prometheus.rules import PoolRules, check_query
@@ -52,7 +51,6 @@ class Fetcher:
         self.queries = 0
         """Queries sent for the tick since it was last reset."""
         self._pool = self._new_pool()
-        self._plan: tuple[Config, object, Plan] | None = None
 
     def _new_pool(self) -> ThreadPoolExecutor:
         workers = self.config.prometheus.max_concurrent_queries
@@ -67,14 +65,6 @@ class Fetcher:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def plan(self, measured: Mapping[str, float]) -> Plan:
-        """The queries, planned again only when the config, the series found coarse or the
-        pools recorded change."""
-        state = (dict(measured), dict(self.rules.recorded))
-        if self._plan is None or self._plan[0] is not self.config or self._plan[1] != state:
-            self._plan = (self.config, state, plan_reads(self.config, state[0], self.rules))
-        return self._plan[2]
 
     def query(self, query: str, chunk: Chunk) -> Answer:
         try:

@@ -18,6 +18,7 @@ import numpy as np
 
 from gpuscaler.adapters.prometheus.plan import chunks
 from gpuscaler.adapters.prometheus.promql import build_workload_query, escape_label_value
+from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import LOAD, decode_matrix, drop_outside
 from gpuscaler.config import Config, WorkloadConfig, redact_url
@@ -141,7 +142,7 @@ class HistoryReader:
         """Everything the replay needs of one workload (each signal None when absent; the
         GPU load is read only when there is no request rate)."""
         queries = self.config.prometheus.queries
-        lookback = f"{max(1, math.ceil(2 * step * 1000))}ms"
+        lookback = lookback_ms(step, None)
         ns, name = workload.namespace, workload.name
         template, what, why_not = request_template(workload, self.config)
         if template is None:

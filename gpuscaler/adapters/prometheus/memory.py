@@ -43,19 +43,15 @@ class GpuMemoryProbe:
 
     def released(self, s: VictimState, now: float) -> bool | None:
         namespace, pod = s.victim.split("/", 1)
-        gone = s.gone_at or s.since
+        gone, since = s.gone_at or s.since, s.requested_at - 60
+        of_pod = f"namespace={escape_label_value(namespace)},pod={escape_label_value(pod)}"
         try:
-            attributed = self._series(
-                f"DCGM_FI_DEV_FB_USED{{namespace={escape_label_value(namespace)},"
-                f"pod={escape_label_value(pod)}}}",
-                s.requested_at - 60,
-                gone,
-                5.0,
-            )
+            attributed = self._series(f"DCGM_FI_DEV_FB_USED{{{of_pod}}}", since, gone, 5.0)
             uuids = sorted({m["UUID"] for m, _ in attributed if "UUID" in m})
             by_agent = not uuids  # MPS: no per-pod series; the node agent's mapping instead
             if by_agent:
-                uuids = self._agent_gpus(namespace, pod, s.requested_at - 60, gone)
+                mapped = self._series(f"{AGENT_POD_GPU}{{{of_pod}}}", since, gone, 5.0)
+                uuids = sorted({m["gpu"] for m, _ in mapped if "gpu" in m})
             if not uuids:
                 return None
             match = "|".join(re.escape(u) for u in uuids)
@@ -63,7 +59,12 @@ class GpuMemoryProbe:
             start = math.floor(gone)
             memory = self._series(f"DCGM_FI_DEV_FB_USED{{{selector}}}", start, now, 1.0)
             util = self._series(f"DCGM_FI_DEV_GPU_UTIL{{{selector}}}", start, now, 1.0)
-            others = self._agent_pods(match, start, now) - {(namespace, pod)} if by_agent else set()
+            others: set[tuple[str, str]] = set()
+            if by_agent:
+                on_gpus = f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(match)}}}"
+                mapped = self._series(on_gpus, start, now, 5.0)
+                others = {(m.get("namespace", ""), m.get("pod", "")) for m, _ in mapped}
+                others -= {(namespace, pod)}
         except SourceError as e:
             log.warning("memory check of %s: %s", s.victim, e)
             return None
@@ -78,19 +79,3 @@ class GpuMemoryProbe:
         if busy.size and busy.max() < 5:
             return False
         return None
-
-    def _agent_gpus(self, namespace: str, pod: str, start: float, end: float) -> list[str]:
-        series = self._series(
-            f"{AGENT_POD_GPU}{{namespace={escape_label_value(namespace)},"
-            f"pod={escape_label_value(pod)}}}",
-            start,
-            end,
-            5.0,
-        )
-        return sorted({m["gpu"] for m, _ in series if "gpu" in m})
-
-    def _agent_pods(self, uuid_match: str, start: float, end: float) -> set[tuple[str, str]]:
-        series = self._series(
-            f"{AGENT_POD_GPU}{{gpu=~{escape_label_value(uuid_match)}}}", start, end, 5.0
-        )
-        return {(m.get("namespace", ""), m.get("pod", "")) for m, _ in series}

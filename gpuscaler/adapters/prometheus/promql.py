@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 
 HOSTNAME_LABELS = ("Hostname", "hostname")
 """dcgm-exporter is renaming Hostname to hostname; a matcher on either tries both."""
@@ -36,13 +35,8 @@ def matcher_sets(labels: Mapping[str, str]) -> list[str]:
 
 
 def build_query(template: str, labels: Mapping[str, str], lookback: str) -> str:
-    """The template over the labels (kept: asked once per target and tick)."""
-    return _built_query(template, tuple(labels.items()), lookback)
-
-
-@lru_cache(maxsize=65_536)
-def _built_query(template: str, labels: tuple[tuple[str, str], ...], lookback: str) -> str:
-    parts = [template.format(matchers=m, lookback=lookback) for m in matcher_sets(dict(labels))]
+    """The template over the labels, `(A) or (B)` when there are two matcher sets."""
+    parts = [template.format(matchers=m, lookback=lookback) for m in matcher_sets(labels)]
     return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
 
 
@@ -62,7 +56,6 @@ def workload_matchers(
     ]
 
 
-@lru_cache(maxsize=65_536)
 def build_workload_query(template: str, namespace: str, name: str, lookback: str) -> str:
     """The template over the workload's pods under either label convention, `(A) or (B)`;
     a template without `{matchers}` is taken as it is."""

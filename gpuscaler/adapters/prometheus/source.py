@@ -31,11 +31,11 @@ from gpuscaler.adapters.prometheus.plan import (
     Plan,
     chunks,
     memory_lookbacks,
+    plan_reads,
 )
 from gpuscaler.adapters.prometheus.promql import build_query, build_workload_query
 from gpuscaler.adapters.prometheus.rules import PoolRules
 from gpuscaler.adapters.prometheus.spacing import SpacingTracker
-from gpuscaler.adapters.prometheus.total import Totals
 from gpuscaler.adapters.prometheus.transport import SourceError, Transport
 from gpuscaler.adapters.prometheus.window import (
     LOAD,
@@ -105,6 +105,64 @@ class Metrics:
     time: float
     pools: tuple[PoolMetrics, ...] = ()
     workloads: tuple[WorkloadMetrics, ...] = ()
+
+
+@dataclass(frozen=True)
+class Kept:
+    gib: float
+    read_at: float
+
+
+def _identity(config: Config) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:
+    """What a pool's total is read with: the template and the pool's matchers."""
+    template = config.prometheus.queries.pool_memory_total
+    return {
+        f"pool:{p.name}:fb_total": (template, tuple(sorted(p.metrics_matchers.items())))
+        for p in config.node_pools
+        if p.metrics_matchers
+    }
+
+
+class Totals:
+    """Each pool's frame-buffer total, kept by target key (`pool:NAME:fb_total`) and read
+    every `prometheus.memory_total_every` instead of every tick: a GPU's memory does not
+    change while it is there, and its query is the costliest of a tick's. It is read again
+    when none is kept (a start, a pool or template changed), when due, or when the pool's
+    frame buffer in use is absent this tick (its GPUs may come back as others). A kept
+    total counts while younger than `memory_total_every` + `metrics.staleness`: a refresh
+    that fails keeps it that long, one that finds nothing forgets it;
+    `memory_total_every: 0` reads it every tick."""
+
+    def __init__(self, config: Config):
+        self.kept: dict[str, Kept] = {}
+        self._identity: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        self.reconfigure(config)
+
+    def due(self, key: str, now: float) -> bool:
+        kept = self.kept.get(key)
+        return kept is None or not 0 <= now - kept.read_at < self.every
+
+    def kept_within_limit(self, key: str, now: float) -> float | None:
+        kept = self.kept.get(key)
+        return kept.gib if kept is not None and 0 <= now - kept.read_at <= self.limit else None
+
+    def store(self, key: str, gib: float | None, now: float) -> None:
+        if gib is None or self.every <= 0:
+            self.kept.pop(key, None)
+        else:
+            self.kept[key] = Kept(gib, now)
+
+    def reconfigure(self, config: Config) -> None:
+        """Forget the totals of pools gone, or read with other matchers or template."""
+        identity = _identity(config)
+        self.kept = {k: v for k, v in self.kept.items() if identity.get(k) == self._identity.get(k)}
+        self._identity = identity
+        self.every = config.prometheus.memory_total_every
+        self.limit = self.every + config.metrics.staleness
+
+    def resting(self, now: float) -> set[str]:
+        """Keys whose total is not asked of Prometheus this tick."""
+        return {key for key in self.kept if not self.due(key, now)}
 
 
 class PrometheusMetrics:
@@ -240,7 +298,7 @@ class PrometheusMetrics:
         if (
             problem is None
             and series is not None
-            and self.spacing.observe(key, partial(_joined, read.times))
+            and self.spacing.observe(key, partial(np.concatenate, [np.empty(0), *read.times]))
         ):
             self.windows.pop(key, None)  # backfill the window with the new lookback
             self.backfill.pending.pop(key, None)
@@ -392,7 +450,7 @@ class PrometheusMetrics:
 
     def _total(self, p: NodePoolConfig, used: bool, now: float) -> tuple[float | None, str | None]:
         """The pool's frame-buffer total: the kept one while it is not due and the pool's
-        used figure is present (else its GPUs may have changed), else read (`total.py`)."""
+        used figure is present (else its GPUs may have changed), else read (`Totals`)."""
         key, totals = f"pool:{p.name}:fb_total", self.totals
         if used and not totals.due(key, now):
             return totals.kept[key].gib, None
@@ -408,7 +466,7 @@ class PrometheusMetrics:
         return gib, problem
 
     def _plan_now(self) -> Plan:
-        return self.fetcher.plan(self.spacing.measured)
+        return plan_reads(self.config, self.spacing.measured, self.rules)
 
     def _backfill_fetch(self, batch: Mapping[str, Pending]) -> Folds:
         """What the first reads left out: by the grouped queries, then one by one, each
@@ -446,7 +504,3 @@ class PrometheusMetrics:
                 log.info("prometheus recovered", extra={"event": "source_recovered"})
             self.health.ok = True
             self.health.last_success = now
-
-
-def _joined(times: list[FloatArray]) -> FloatArray:
-    return np.concatenate(times) if times else np.empty(0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from functools import lru_cache
 
 import numpy as np
 
@@ -51,7 +50,6 @@ def measure_spacing(times: FloatArray, step: float) -> float | None:
     return spacing if spacing > 1.5 * step else None
 
 
-@lru_cache(maxsize=256)  # asked once per target and tick, of a few (step, spacing)
 def lookback_ms(step: float, spacing: float | None) -> str:
     """The `{lookback}` of a query: two steps, plus the measured spacing."""
     seconds = 2 * step + (spacing or 0.0)

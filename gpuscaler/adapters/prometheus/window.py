@@ -158,17 +158,9 @@ class Buckets:
         self.counts[mine] += other.counts[theirs]
 
     def move_to(self, first: int) -> None:
-        shift, size = first - self.first, self.sums.size
-        for a in (self.sums, self.counts):
-            if abs(shift) >= size:
-                a[:] = 0.0
-            elif shift > 0:
-                a[: size - shift] = a[shift:]
-                a[size - shift :] = 0.0
-            elif shift < 0:
-                a[-shift:] = a[: size + shift].copy()
-                a[:-shift] = 0.0
-        self.first = first
+        moved = Buckets.empty(self.width, first, self.sums.size)
+        moved.add_buckets(self)
+        self.first, self.sums, self.counts = first, moved.sums, moved.counts
 
 
 @dataclass
