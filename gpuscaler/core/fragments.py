@@ -74,13 +74,8 @@ def decide_fragments(
         return hold(KIND, target, now, why, sustain(h, 0, now))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
-        return hold(
-            KIND,
-            target,
-            now,
-            f"wait: {step.why} for {held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold",
-            h,
-        )
+        held = f"{held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold"
+        return hold(KIND, target, now, f"wait: {step.why} for {held}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {step.why}, {left:.0f}s of cooldown left", h)
@@ -153,14 +148,9 @@ def _fewer(
         return hold(KIND, obs.name, now, f"at bound: {why}, already at fewest allowed", h)
     to = candidates[0]
     if to < obs.max_shares_held:
-        held = hold(
-            KIND,
-            obs.name,
-            now,
-            f"blocked: {why}, but pods hold {obs.max_shares_held} shares of one GPU; "
-            f"{to} fragments needs preemption first",
-            h,
-        )
+        shares = f"pods hold {obs.max_shares_held} shares of one GPU"
+        why = f"blocked: {why}, but {shares}; {to} fragments needs preemption first"
+        held = hold(KIND, obs.name, now, why, h)
         return replace(held, blocked_until_preempted=to)
     return to, f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
 
