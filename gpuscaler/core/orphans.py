@@ -53,10 +53,7 @@ class CgroupOwner:
 
 def _segment_uid(segment: str) -> str | None:
     m = _POD_SEGMENT.match(segment)
-    if m is None:
-        return None
-    uid = m.group("uid").replace("_", "-")
-    return uid
+    return None if m is None else m.group("uid").replace("_", "-")
 
 
 def pod_uid_from_cgroup(text: str) -> CgroupOwner:
@@ -199,22 +196,16 @@ def orphan_actions(
 def _orphan_step(
     p: GpuProc, seen: float, termed: float | None, now: float, policy: OrphanPolicy
 ) -> OrphanAction:
-    uid = p.owner.pod_uid
+    gone = f"pod {p.owner.pod_uid} gone"
     if termed is not None:
         if now - termed >= policy.kill_timeout:
-            return OrphanAction(
-                "sigkill",
-                p,
-                f"pod {uid} gone; still alive {now - termed:.0f}s after SIGTERM "
-                f"(limit {policy.kill_timeout:.0f}s)",
-            )
-        return OrphanAction("wait", p, f"pod {uid} gone; SIGTERM sent {now - termed:.0f}s ago")
+            limit = f"(limit {policy.kill_timeout:.0f}s)"
+            why = f"{gone}; still alive {now - termed:.0f}s after SIGTERM {limit}"
+            return OrphanAction("sigkill", p, why)
+        return OrphanAction("wait", p, f"{gone}; SIGTERM sent {now - termed:.0f}s ago")
     if now - seen >= policy.grace:
-        return OrphanAction(
-            "sigterm",
-            p,
-            f"pod {uid} gone; orphan for {now - seen:.0f}s (grace {policy.grace:.0f}s)",
-        )
+        why = f"{gone}; orphan for {now - seen:.0f}s (grace {policy.grace:.0f}s)"
+        return OrphanAction("sigterm", p, why)
     return OrphanAction(
-        "wait", p, f"pod {uid} gone; orphan for {now - seen:.0f}s of {policy.grace:.0f}s grace"
+        "wait", p, f"{gone}; orphan for {now - seen:.0f}s of {policy.grace:.0f}s grace"
     )

@@ -154,12 +154,8 @@ def _try_lead(
         return "demand not used: too few paired points or no variation", None, None
     mapped = _map(Arima(p, d), lh, dh, ratio, f)
     if mapped is None:
-        return (
-            "demand not used: too little history to score it, or its path leaves the "
-            "window's range",
-            None,
-            None,
-        )
+        why = "too little history to score it, or its path leaves the window's range"
+        return f"demand not used: {why}", None, None
     return "", mapped, ratio
 
 

@@ -140,18 +140,12 @@ def _refused(s: Series | None, cfg: ForecastConfig, last: float | None) -> Signa
     if s is None or last is None:
         return Signal(last, None, "no samples in the window")
     if s.step > cfg.fit_step + 1e-9:
-        return Signal(
-            last,
-            None,
-            f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s",
-        )
+        why = f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s"
+        return Signal(last, None, why)
     observed = float(np.isfinite(s.values).sum()) * s.step
     if observed < cfg.min_history:
-        return Signal(
-            last,
-            None,
-            f"only {observed:.0f}s of samples in the window, forecast needs {cfg.min_history:.0f}s",
-        )
+        why = f"only {observed:.0f}s of samples in the window, forecast needs"
+        return Signal(last, None, f"{why} {cfg.min_history:.0f}s")
     return None
 
 
