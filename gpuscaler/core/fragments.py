@@ -99,11 +99,7 @@ def decide_fragments(
 
 
 def _current(
-    obs: PoolObservation,
-    cfg: FragmentsConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
+    obs: PoolObservation, cfg: FragmentsConfig, staleness: float, h: TargetHistory, now: float
 ) -> int | Outcome:
     """The fragments the pool runs now, or why the input cannot be acted on."""
     problem = input_problem(obs.utilization, now, staleness)
@@ -133,12 +129,7 @@ def _trigger(
 
 
 def _fewer(
-    obs: PoolObservation,
-    current: int,
-    why: str,
-    cfg: FragmentsConfig,
-    h: TargetHistory,
-    now: float,
+    obs: PoolObservation, current: int, why: str, cfg: FragmentsConfig, h: TargetHistory, now: float
 ) -> tuple[int, str] | Outcome:
     """At most `max_step` halvings, to an allowed count; blocked (for preemption) while
     pods hold more shares of one GPU than that."""

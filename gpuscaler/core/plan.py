@@ -14,12 +14,7 @@ from gpuscaler.config import (
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import (
-    History,
-    Plan,
-    Snapshot,
-    TargetHistory,
-)
+from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
 from gpuscaler.core.preemption import (
     PodView,
     decide_preemption,
@@ -139,11 +134,7 @@ def plan_rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
 
 
 def _replica_floors(
-    snapshot: Snapshot,
-    rows: dict[str, FloorRow],
-    staleness: float,
-    history: History,
-    now: float,
+    snapshot: Snapshot, rows: dict[str, FloorRow], staleness: float, history: History, now: float
 ) -> tuple[dict[str, Outcome], dict[str, float]]:
     """This tick's floor outcome of every configured workload observed, and per node pool
     what its floors (after this tick's decisions) hold sized for their load (`floor_gpus`)."""

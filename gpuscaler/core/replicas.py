@@ -81,11 +81,7 @@ def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
 
 
 def _record(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
+    obs: WorkloadObservation, cfg: ReplicasConfig, staleness: float, h: TargetHistory, now: float
 ) -> Outcome | _Tick:
     """The floor's outcome when the input cannot be acted on, else the tick's record."""
     problem = input_problem(obs.load, now, staleness)
@@ -212,11 +208,7 @@ def _floor(
 
 
 def _skill_check(
-    fallback: bool,
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    tick: _Tick,
-    skill: Skill | None,
+    fallback: bool, obs: WorkloadObservation, cfg: ReplicasConfig, tick: _Tick, skill: Skill | None
 ) -> tuple[bool, str | None, float | None]:
     """Whether the forecast is set aside after this tick, why, and its upper bound when it
     counts."""

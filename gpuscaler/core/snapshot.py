@@ -10,13 +10,7 @@ import numpy as np
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged, reissued
 from gpuscaler.core.forecast.members import bucket_means
-from gpuscaler.core.model import (
-    PoolObservation,
-    Series,
-    Signal,
-    Snapshot,
-    WorkloadObservation,
-)
+from gpuscaler.core.model import PoolObservation, Series, Signal, Snapshot, WorkloadObservation
 from gpuscaler.core.preemption import PreemptionObservation
 
 POOL_CLIP: tuple[float, float | None] = (0.0, 100.0)

@@ -110,8 +110,7 @@ def assess(
         errors[name], mse[name] = _mae_mse(future - path)
     optimism = _optimism(arima, hist, origins.size)
     raw = np.stack(
-        [_inverse(mse[m] * optimism[m] + tiny(hist), np.isfinite(mse[m])) for m in MEMBERS],
-        axis=1,
+        [_inverse(mse[m] * optimism[m] + tiny(hist), np.isfinite(mse[m])) for m in MEMBERS], axis=1
     )
     weights = normalized(raw, live)
     paths["ensemble"] = combine(weights, paths)

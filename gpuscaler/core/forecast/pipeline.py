@@ -66,12 +66,7 @@ Clip = tuple[float, float | None]
 ASSESS_CHUNK = 256
 """Series scored together: bounds the (series, origins, steps) temporaries."""
 LABELS = MappingProxyType(
-    {
-        "arima": "",
-        "ses": "smoothing",
-        "ses_avg": "averaged smoothing",
-        "window_mean": "window mean",
-    }
+    {"arima": "", "ses": "smoothing", "ses_avg": "averaged smoothing", "window_mean": "window mean"}
 )
 
 
