@@ -174,41 +174,28 @@ def _model(b: _Batch, arima: Arima) -> _Model:
     """Coefficients kept where younger than `refit_every`, refitted otherwise; the path
     from the newest point; the rows whose path may be used, and why not."""
     n, steps, level = b.hist.shape[0], b.steps, b.cfg.interval_level
+    c: Coefficients | None = None
     if b.cfg.engine == "statsmodels":
         engine = StatsmodelsArima(b.cfg.order)
         mean, lower, _ = engine.forecast(b.hist, steps, level)
-        nan, ones = np.full(n, np.nan), np.ones(n, dtype=bool)
-        return _usable(engine.name, b.hist, mean, mean - lower, ones, None, ones, nan, nan)
-    with np.errstate(invalid="ignore"):
-        refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
-    c = b.prior.coefficients
-    c = Coefficients(c.intercept.copy(), c.phi.copy(), c.sigma2.copy())
-    fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
-    if refit.any():
-        new = arima.fit(b.hist[refit])
-        c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
-        modulus[refit] = inverse_root_modulus(new.phi)
-        fitted_at[refit] = b.now
-    mean = arima.predict(c, b.hist, steps)
-    half = arima.half_width(c, steps, level)
-    return _usable(arima.name, b.hist, mean, half, stable(modulus), c, refit, fitted_at, modulus)
-
-
-def _usable(
-    name: str,
-    hist: FloatArray,
-    mean: FloatArray,
-    half: FloatArray,
-    stable_rows: BoolArray,
-    c: Coefficients | None,
-    refit: BoolArray,
-    fitted_at: FloatArray,
-    modulus: FloatArray,
-) -> _Model:
+        name, half, refit = engine.name, mean - lower, np.ones(n, dtype=bool)
+        fitted_at, modulus, stable_rows = np.full(n, np.nan), np.full(n, np.nan), refit
+    else:
+        with np.errstate(invalid="ignore"):
+            refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
+        old = b.prior.coefficients
+        c = Coefficients(old.intercept.copy(), old.phi.copy(), old.sigma2.copy())
+        fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
+        if refit.any():
+            new = arima.fit(b.hist[refit])
+            c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
+            modulus[refit] = inverse_root_modulus(new.phi)
+            fitted_at[refit] = b.now
+        name, mean = arima.name, arima.predict(c, b.hist, steps)
+        half, stable_rows = arima.half_width(c, steps, level), stable(modulus)
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
-    banded = within_band(mean, hist)
-    usable = finite & stable_rows & banded
-    dropped: list[str | None] = [None] * len(usable)
+    usable = finite & stable_rows & within_band(mean, b.hist)
+    dropped: list[str | None] = [None] * n
     for r in np.flatnonzero(~usable).tolist():
         if not finite[r]:
             dropped[r] = f"{name} dropped: no fit"
