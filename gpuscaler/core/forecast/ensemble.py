@@ -67,12 +67,6 @@ class Assessment:
     newest: int  # index of the newest origin scored
 
 
-def future_at(hist: FloatArray, origins: IntArray, steps: int) -> FloatArray:
-    """The points after each origin (n, origins, steps)."""
-    out: FloatArray = hist[:, origins[:, None] + np.arange(1, steps + 1)[None, :]]
-    return out
-
-
 def assess(
     arima: Arima, c: Coefficients, hist: FloatArray, steps: int, live_arima: FloatArray
 ) -> Assessment | None:
@@ -84,7 +78,7 @@ def assess(
     origins = origins_for(t, steps, lowest_origin(arima))
     if origins.size < 4:
         return None
-    future = future_at(hist, origins, steps)
+    future = hist[:, origins[:, None] + np.arange(1, steps + 1)[None, :]]  # (n, O, steps)
     levels = ses_at(hist, np.append(origins, t - 1))  # (alphas, n, origins + 1)
     ses_mse = _flat_mse(future, levels[:, :, :-1])  # (alphas, n)
     ses_mse = np.where(np.isfinite(ses_mse), ses_mse, np.inf)

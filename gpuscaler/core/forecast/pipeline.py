@@ -93,16 +93,13 @@ def forecast(
     # an overflowing series (huge values) is flagged below, not warned about
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         hist = bucket_rows(rows, cfg.fit_step, now)
-        batch = _Batch(cfg, now, hist, steps, prior, found, [_clip(clips, i) for i in index])
+        bounds = [clips[i] if clips is not None else (0.0, None) for i in index]
+        batch = _Batch(cfg, now, hist, steps, prior, found, bounds)
         forecasts, finite, after = _forecast(batch)
     for i, f, ok in zip(index, forecasts, finite, strict=True):
         signals[i] = Signal(last[i], f, None if ok else "forecast is not finite (NaN or Inf)")
     out = ForecastState((after,)) if keys is not None else EMPTY
     return [s for s in signals if s is not None], out
-
-
-def _clip(clips: Sequence[Clip] | None, i: int) -> Clip:
-    return clips[i] if clips is not None else (0.0, None)
 
 
 def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
