@@ -1,8 +1,5 @@
 """Which GPU processes did an evicted pod leave behind, and what to do with each.
 
-Pure: the agent reads `/proc/<pid>/cgroup`, NVML and the pod list, and passes the text,
-the processes, the live pod UIDs, what it remembers and `now` in; these functions answer.
-
 Pod UID from a cgroup file. The kubelet names a pod's cgroup after its UID
 (kubernetes/kubernetes `pkg/kubelet/cm/pod_container_manager_linux.go`, `GetPodContainerName`:
 `"pod" + string(pod.UID)`, under the QoS cgroup `kubepods[/burstable|/besteffort]`), and the

@@ -135,14 +135,8 @@ def _forecasts(
             out[i] = Signal(series.last_sample_time() if series else None, None, problem)
     states = []
     for cfg, idx in groups.items():
-        signals, state = forecast(
-            [items[i][1] for i in idx],
-            cfg,
-            now,
-            prior,
-            keys=[items[i][0] for i in idx],
-            clips=[clips[i] for i in idx],
-        )
+        batch, keys = [items[i][1] for i in idx], [items[i][0] for i in idx]
+        signals, state = forecast(batch, cfg, now, prior, keys, [clips[i] for i in idx])
         states.append(state)
         for i, signal in zip(idx, signals, strict=True):
             out[i] = signal

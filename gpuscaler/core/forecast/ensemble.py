@@ -111,19 +111,13 @@ def assess(
     errors["ensemble"] = _mae_mse(future - paths["ensemble"])[0]
     chosen = ("ensemble", "last_value")
     top = _nanmax(future)
-    return Assessment(
-        errors,
-        raw,
-        best,
-        inv,
-        {
-            "ensemble": combine(weights, live),
-            "last_value": np.repeat(live["last_value"], steps, axis=1),
-        },
-        {k: future - paths[k] for k in chosen},
-        {k: top - _nanmax(np.broadcast_to(paths[k], future.shape)) for k in chosen},
-        int(origins[-1]),
-    )
+    live_paths = {
+        "ensemble": combine(weights, live),
+        "last_value": np.repeat(live["last_value"], steps, axis=1),
+    }
+    residuals = {k: future - paths[k] for k in chosen}
+    peaks = {k: top - _nanmax(np.broadcast_to(paths[k], future.shape)) for k in chosen}
+    return Assessment(errors, raw, best, inv, live_paths, residuals, peaks, int(origins[-1]))
 
 
 def _flat_mse(future: FloatArray, level: FloatArray) -> FloatArray:

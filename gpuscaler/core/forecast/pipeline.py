@@ -223,9 +223,7 @@ def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
     if chosen.size:
         shares[chosen] = _from_scorings(b, model, scorings, chosen, adaptive, mean, half)
         offsets[chosen] = peak_offset(scorings.peaks[chosen])
-    in_chosen = np.zeros(n, dtype=bool)
-    in_chosen[chosen] = True
-    dropped = np.flatnonzero(~model.usable & ~in_chosen)
+    dropped = np.setdiff1d(np.flatnonzero(~model.usable), chosen)
     lasts = last_finite(b.hist)
     if dropped.size:
         mean[dropped] = lasts[dropped][:, None]
@@ -274,9 +272,7 @@ def _scorings(b: _Batch, arima: Arima, model: _Model) -> Scorings:
         a = assess(arima, model.coefficients.rows(rows), b.hist[rows], b.steps, live_arima[rows])
         if a is not None:
             _put_assessment(s, rows, a, b)
-    again = np.zeros(s.scored.shape, dtype=bool)
-    again[todo] = True
-    kept = np.flatnonzero(s.scored & (s.method > 0) & ~again)
+    kept = np.setdiff1d(np.flatnonzero(s.scored & (s.method > 0)), todo)
     if kept.size:
         _roll_on(b, arima, model, s, kept)
     return s

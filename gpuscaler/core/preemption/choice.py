@@ -105,13 +105,10 @@ def choose_victims(
         for p in on_node
         if is_candidate(p, cfg) and p.priority < beneficiary.priority and p.key not in taken
     ]
-    if free + sum(p.gpus for p in candidates) < need:
-        return (
-            None,
-            f"{node.name}: {free} free + {sum(p.gpus for p in candidates)} preemptible < {need}",
-        )
-    victims = list(candidates)
     available = free + sum(p.gpus for p in candidates)
+    if available < need:
+        return None, f"{node.name}: {free} free + {available - free} preemptible < {need}"
+    victims = list(candidates)
     for p in sorted(candidates, key=_reprieve_order):
         if available - p.gpus >= need:
             available -= p.gpus
