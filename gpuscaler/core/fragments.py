@@ -55,11 +55,9 @@ def decide_fragments(
     now: float,
     floor_gpus: float = 0.0,
 ) -> Outcome:
-    """Steps, each able to stop with its reason: the input can be trusted; the forecast
-    leaves the band for long enough, out of cooldown; the next count is within every
-    bound (allowed, memory, compute, memory in use, shares held, GPUs saved).
-    `floor_gpus`: what the pool's replica floors hold sized for their load (`floor_gpus`
-    in `replicas`), which a fragment change does not move."""
+    """Trusted input; the forecast out of the band long enough, out of cooldown; the next
+    count within every bound (allowed, memory, compute, memory in use, shares held, GPUs
+    saved). `floor_gpus`: what the pool's replica floors hold sized for their load."""
     target = obs.name
     current = _current(obs, cfg, staleness, h, now)
     if isinstance(current, Outcome):
@@ -203,12 +201,10 @@ def _packs_nothing(
     cfg: FragmentsConfig,
     floor_gpus: float = 0.0,
 ) -> str | None:
-    """Why more fragments would pack nothing, or None when they would. The same replicas
-    packed `nearest` to a GPU hold `after` GPUs: the pool's demand must still fit them
-    below the "more" threshold, or the autoscaler adds replicas back (no GPU saved, only a
-    device-plugin restart). Nor may the replica floors hold all the GPUs held now sized
-    for their load (`floor_gpus`): a floor in load units doubles its replicas when each
-    gets half a GPU."""
+    """Why more fragments would pack nothing, or None. The pool's demand must still fit the
+    fewer GPUs below the "more" threshold, or the autoscaler adds replicas back (no GPU
+    saved, only a device-plugin restart); nor may the replica floors hold all the GPUs
+    held (a floor in load units doubles its replicas when each gets half a GPU)."""
     nearest = next((f for f in cfg.allowed if f > current), None)
     if g is None or nearest is None:
         return None

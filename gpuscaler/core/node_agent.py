@@ -144,10 +144,9 @@ def quarantine_decision(
 
 
 def gpus_per_numa_domain(annotation: str | None) -> int | None:
-    """GPUs in the smallest NUMA domain of a node, from its topology annotation; None when
-    absent, malformed, or any GPU's domain is unknown (-1): then the
-    `gpuscaler.io/gpus-per-numa-node` label is the fallback. The smallest, so a fit is
-    never promised that only a larger domain could give."""
+    """GPUs in the smallest NUMA domain of a node (so no fit is promised that only a larger
+    domain could give); None when the annotation is absent, malformed or a domain unknown
+    (-1): then the `gpuscaler.io/gpus-per-numa-node` label is the fallback."""
     if not annotation:
         return None
     try:

@@ -81,9 +81,8 @@ def _nanquantile(a: FloatArray, q: float) -> FloatArray:
 
 @dataclass(frozen=True, eq=False)
 class Adaptive:
-    """Rows' adaptive interval state: each row's level, the points checked and missed so
-    far, when last checked, and the intervals issued and not yet fully observed, as a ring
-    of `slots` (issued_at NaN: an empty slot)."""
+    """Rows' adaptive level, points checked and missed, when last checked, and the
+    intervals issued and not yet observed in a ring of `slots` (issued_at NaN: empty)."""
 
     level: FloatArray  # (n,)
     points: IntArray  # (n,)
