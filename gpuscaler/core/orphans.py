@@ -35,15 +35,13 @@ _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12
 _POD_SEGMENT = re.compile(rf"^(?:kubepods(?:-[a-z]+)*-)?pod(?P<uid>{_UID})(?:\.slice)?$")
 _LINE = re.compile(r"^(?P<id>\d+):(?P<controllers>[^:]*):(?P<path>/.*)$")
 
-CgroupKind = Literal["pod", "host", "unknown"]
-
 
 @dataclass(frozen=True)
 class CgroupOwner:
     """Whose process it is, by its cgroup file: a pod (with its UID), the host (no pod),
     or unknown (with the reason)."""
 
-    kind: CgroupKind
+    kind: Literal["pod", "host", "unknown"]
     pod_uid: str | None = None
     reason: str = ""
 
@@ -116,12 +114,9 @@ class OrphanMemory:
     terminated: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
-ActionKind = Literal["sigterm", "sigkill", "wait", "keep", "report"]
-
-
 @dataclass(frozen=True)
 class OrphanAction:
-    kind: ActionKind
+    kind: Literal["sigterm", "sigkill", "wait", "keep", "report"]
     proc: GpuProc
     reason: str
 
@@ -162,31 +157,27 @@ def orphan_actions(
     for p in procs:
         if p.owner.kind == "unknown":
             actions.append(OrphanAction("report", p, f"cgroup not understood: {p.owner.reason}"))
-            continue
-        if p.owner.kind == "host" or p.owner.pod_uid is None:
+        elif p.owner.kind == "host" or p.owner.pod_uid is None:
             actions.append(OrphanAction("keep", p, "no pod UID (host process)"))
-            continue
-        if live_pod_uids is None:
+        elif live_pod_uids is None:
             actions.append(OrphanAction("keep", p, "pod list unknown this poll"))
-            continue
-        if p.owner.pod_uid in live_pod_uids:
+        elif p.owner.pod_uid in live_pod_uids:
             actions.append(OrphanAction("keep", p, f"pod {p.owner.pod_uid} exists"))
-            continue
-        if unlisted:
+        elif unlisted:
             names = ", ".join(unlisted[:3]) + (" ..." if len(unlisted) > 3 else "")
             why = (
                 f"pod {p.owner.pod_uid} is not in the API's list, but the kubelet runs pods "
                 f"that are not ({names}; a static pod without its mirror?): it may be theirs"
             )
             actions.append(OrphanAction("report", p, why))
-            continue
-        seen = memory.first_seen.get(p.key, now)
-        first_seen[p.key] = seen
-        actions.append(_orphan_step(p, seen, memory.terminated.get(p.key), now, policy))
-        if actions[-1].kind == "sigterm":
-            terminated[p.key] = now
-        elif p.key in memory.terminated:
-            terminated[p.key] = memory.terminated[p.key]
+        else:
+            seen = memory.first_seen.get(p.key, now)
+            first_seen[p.key] = seen
+            actions.append(_orphan_step(p, seen, memory.terminated.get(p.key), now, policy))
+            if actions[-1].kind == "sigterm":
+                terminated[p.key] = now
+            elif p.key in memory.terminated:
+                terminated[p.key] = memory.terminated[p.key]
     return actions, OrphanMemory(first_seen, terminated)
 
 

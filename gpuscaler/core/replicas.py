@@ -178,9 +178,8 @@ def _floor(
     h = replace(h, recommendations=recent, seen=judged.seen, fallback=fallback)
     why = _why(obs, cfg, note, sized, observed, raw)
     if stabilized == current:
-        by = (
-            f", held by the stabilization window{_margin(cfg)}" if stabilized != recommended else ""
-        )
+        held = stabilized != recommended
+        by = f", held by the stabilization window{_margin(cfg)}" if held else ""
         return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:

@@ -103,9 +103,10 @@ def assess(
     for name, path in paths.items():
         errors[name], mse[name] = _mae_mse(future - path)
     optimism = _optimism(arima, hist, origins.size)
-    raw = np.stack(
-        [_inverse(mse[m] * optimism[m] + tiny(hist), np.isfinite(mse[m])) for m in MEMBERS], axis=1
-    )
+    corrected = {m: mse[m] * optimism[m] + tiny(hist) for m in MEMBERS}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inverse = [np.where(np.isfinite(mse[m]), 1.0 / corrected[m], 0.0) for m in MEMBERS]
+    raw = np.stack(inverse, axis=1)
     weights = normalized(raw, live)
     paths["ensemble"] = combine(weights, paths)
     errors["ensemble"] = _mae_mse(future - paths["ensemble"])[0]
@@ -144,12 +145,6 @@ def smoothed_average(levels: FloatArray, inv: FloatArray) -> FloatArray:
 def tiny(hist: FloatArray) -> FloatArray:
     """A squared error too small to tell from zero, per row (keeps 1/MSE finite)."""
     out: FloatArray = 1e-12 * (1.0 + nanmean_rows(hist * hist))
-    return out
-
-
-def _inverse(corrected: FloatArray, usable: BoolArray) -> FloatArray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(usable, 1.0 / corrected, 0.0)
     return out
 
 
