@@ -204,9 +204,8 @@ def toward_arima(raw: FloatArray) -> FloatArray:
 
 
 def combine(weights: FloatArray, paths: Mapping[str, FloatArray]) -> FloatArray:
-    """The weighted mean of the members' paths over the members with a finite value at
-    each point (NaN where none has one). `weights` (n, members); the paths (n, ...) may be
-    of shapes that broadcast (a flat member's last axis of 1 beside full paths)."""
+    """The weighted mean of the members' paths over those finite at each point (NaN: none).
+    `weights` (n, members); the paths (n, ...) broadcast (a flat member's last axis is 1)."""
     shape = np.broadcast_shapes(*(paths[m].shape for m in MEMBERS))
     total, wsum = np.zeros(shape), np.zeros(shape)
     for i, m in enumerate(MEMBERS):

@@ -41,9 +41,8 @@ def conformal_half_width(abs_errors: FloatArray, level: FloatArray) -> FloatArra
 
 
 def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
-    """Half width (n, steps) of the last value's interval: the conformal quantile of its
-    own errors |y[t + h] - y[t]| over the window, never narrower at a later step (used
-    when no model can be trusted)."""
+    """Half width (n, steps) of the last value's interval, for when no model can be trusted:
+    the conformal quantile of |y[t + h] - y[t]| over the window, never narrower later."""
     n, t = hist.shape
     out = np.full((n, steps), np.nan)
     reach = min(steps, t - 1)

@@ -46,8 +46,7 @@ def check_transition(old: str, new: str) -> None:
 def _step(
     now: float, s: VictimState, to: str, action: PreemptionAction, reason: str
 ) -> tuple[float, str, str, str, str, PreemptionAction, str, str]:
-    """The fields every step of `s`'s victim to tier `to` starts with, checked against
-    the table."""
+    """The fields every step of `s`'s victim to tier `to` starts with, checked."""
     check_transition(s.tier, to)
     return now, s.victim, s.tier, to, reason, action, s.beneficiary, s.node
 
