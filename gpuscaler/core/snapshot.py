@@ -136,7 +136,7 @@ def _forecasts(
     states = []
     for cfg, idx in groups.items():
         batch, keys = [items[i][1] for i in idx], [items[i][0] for i in idx]
-        signals, state = forecast(batch, cfg, now, prior, keys, [clips[i] for i in idx])
+        signals, state = forecast(batch, cfg, now, prior, keys=keys, clips=[clips[i] for i in idx])
         states.append(state)
         for i, signal in zip(idx, signals, strict=True):
             out[i] = signal
