@@ -25,7 +25,7 @@ from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
 from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, WriteBudget, Writer
 from gpuscaler.config import Config
-from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION
+from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
 
 log = logging.getLogger("gpuscaler.agent")
 

@@ -35,16 +35,14 @@ class _Change:
     kind: ClassVar[DecisionKind]
     time: float
     target: str
+    from_value: int | str
+    to_value: int | str
     reason: str
-
-    @property
-    def values(self) -> tuple[int | str, int | str]:
-        raise NotImplementedError
 
     @property
     def direction(self) -> int:
         """+1 when the new value is more (fragments, replicas, a longer slice), -1 when less."""
-        a, b = self.values
+        a, b = self.from_value, self.to_value
         ra = a if isinstance(a, int) else LEVEL_RANK.get(a, 0)
         rb = b if isinstance(b, int) else LEVEL_RANK.get(b, 0)
         return (rb > ra) - (rb < ra)
@@ -56,13 +54,12 @@ class _Change:
         return None
 
     def as_record(self) -> dict[str, object]:
-        a, b = self.values
         return {
             "time": self.time,
             "kind": self.kind,
             "target": self.target,
-            "from": a,
-            "to": b,
+            "from": self.from_value,
+            "to": self.to_value,
             "reason": self.reason,
             "forecast": self.forecast_record(),
             "detail": self.detail_record(),
@@ -86,10 +83,6 @@ class _CountChange(_Forecasted):
     to_value: int
     reason: str
     forecast: Mapping[str, float] | None = None
-
-    @property
-    def values(self) -> tuple[int, int]:
-        return self.from_value, self.to_value
 
 
 @dataclass(frozen=True)
@@ -118,10 +111,6 @@ class TimeSliceDecision(_Forecasted):
     forecast: Mapping[str, float] | None = None
     kind: ClassVar[DecisionKind] = "time_slice"
 
-    @property
-    def values(self) -> tuple[str, str]:
-        return self.from_value, self.to_value
-
 
 @dataclass(frozen=True)
 class PreemptionStep(_Change):
@@ -142,10 +131,6 @@ class PreemptionStep(_Change):
         own = {"request_checkpoint": "CheckpointRequest", "evict": "Eviction"}
         if type(self) is PreemptionStep and self.action in own:
             raise TypeError(f"a {self.action} step is a {own[self.action]}, with its data")
-
-    @property
-    def values(self) -> tuple[str, str]:
-        return self.from_value, self.to_value
 
     def detail_record(self) -> dict[str, str | int | float | None]:
         """action, beneficiary, node, then what the step's kind carries."""

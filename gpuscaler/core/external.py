@@ -110,11 +110,8 @@ def answer(entry: FloorEntry | None, now: float, max_age: float, activation: int
         return Answer(0, False, f"no tick has planned this workload yet: {neutral}")
     age = now - entry.at
     if age > max_age:
-        return Answer(
-            0,
-            False,
-            f"no fresh forecast: the last plan is {age:.0f}s old (limit {max_age:.0f}s): {neutral}",
-        )
+        why = f"no fresh forecast: the last plan is {age:.0f}s old (limit {max_age:.0f}s)"
+        return Answer(0, False, f"{why}: {neutral}")
     if not entry.fresh:
         return Answer(0, False, f"{entry.reason}: {neutral}")
     active = entry.floor >= activation

@@ -55,11 +55,9 @@ def decide_fragments(
     now: float,
     floor_gpus: float = 0.0,
 ) -> Outcome:
-    """Steps, each able to stop with its reason: the input can be trusted; the forecast
-    leaves the band for long enough, out of cooldown; the next count is within every
-    bound (allowed, memory, compute, memory in use, shares held, GPUs saved).
-    `floor_gpus`: what the pool's replica floors hold sized for their load (`floor_gpus`
-    in `replicas`), which a fragment change does not move."""
+    """Trusted input; the forecast out of the band long enough, out of cooldown; the next
+    count within every bound (allowed, memory, compute, memory in use, shares held, GPUs
+    saved). `floor_gpus`: what the pool's replica floors hold sized for their load."""
     target = obs.name
     current = _current(obs, cfg, staleness, h, now)
     if isinstance(current, Outcome):
@@ -74,13 +72,8 @@ def decide_fragments(
         return hold(KIND, target, now, why, sustain(h, 0, now))
     h = sustain(h, step.direction, now)
     if held_for(h, now) < cfg.sustain:
-        return hold(
-            KIND,
-            target,
-            now,
-            f"wait: {step.why} for {held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold",
-            h,
-        )
+        held = f"{held_for(h, now):.0f}s of the {cfg.sustain:.0f}s it must hold"
+        return hold(KIND, target, now, f"wait: {step.why} for {held}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
         return hold(KIND, target, now, f"cooldown: {step.why}, {left:.0f}s of cooldown left", h)
@@ -104,11 +97,7 @@ def decide_fragments(
 
 
 def _current(
-    obs: PoolObservation,
-    cfg: FragmentsConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
+    obs: PoolObservation, cfg: FragmentsConfig, staleness: float, h: TargetHistory, now: float
 ) -> int | Outcome:
     """The fragments the pool runs now, or why the input cannot be acted on."""
     problem = input_problem(obs.utilization, now, staleness)
@@ -138,12 +127,7 @@ def _trigger(
 
 
 def _fewer(
-    obs: PoolObservation,
-    current: int,
-    why: str,
-    cfg: FragmentsConfig,
-    h: TargetHistory,
-    now: float,
+    obs: PoolObservation, current: int, why: str, cfg: FragmentsConfig, h: TargetHistory, now: float
 ) -> tuple[int, str] | Outcome:
     """At most `max_step` halvings, to an allowed count; blocked (for preemption) while
     pods hold more shares of one GPU than that."""
@@ -153,14 +137,9 @@ def _fewer(
         return hold(KIND, obs.name, now, f"at bound: {why}, already at fewest allowed", h)
     to = candidates[0]
     if to < obs.max_shares_held:
-        held = hold(
-            KIND,
-            obs.name,
-            now,
-            f"blocked: {why}, but pods hold {obs.max_shares_held} shares of one GPU; "
-            f"{to} fragments needs preemption first",
-            h,
-        )
+        shares = f"pods hold {obs.max_shares_held} shares of one GPU"
+        why = f"blocked: {why}, but {shares}; {to} fragments needs preemption first"
+        held = hold(KIND, obs.name, now, why, h)
         return replace(held, blocked_until_preempted=to)
     return to, f"fewest allowed {cfg.allowed[0]}" if to == cfg.allowed[0] else "max step"
 
@@ -222,12 +201,10 @@ def _packs_nothing(
     cfg: FragmentsConfig,
     floor_gpus: float = 0.0,
 ) -> str | None:
-    """Why more fragments would pack nothing, or None when they would. The same replicas
-    packed `nearest` to a GPU hold `after` GPUs: the pool's demand must still fit them
-    below the "more" threshold, or the autoscaler adds replicas back (no GPU saved, only a
-    device-plugin restart). Nor may the replica floors hold all the GPUs held now sized
-    for their load (`floor_gpus`): a floor in load units doubles its replicas when each
-    gets half a GPU."""
+    """Why more fragments would pack nothing, or None. The pool's demand must still fit the
+    fewer GPUs below the "more" threshold, or the autoscaler adds replicas back (no GPU
+    saved, only a device-plugin restart); nor may the replica floors hold all the GPUs
+    held (a floor in load units doubles its replicas when each gets half a GPU)."""
     nearest = next((f for f in cfg.allowed if f > current), None)
     if g is None or nearest is None:
         return None

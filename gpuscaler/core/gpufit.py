@@ -245,10 +245,7 @@ def fit_problem(view: NodeView, req: PodRequest) -> str | None:
     return None
 
 
-Freshness = Literal["fresh", "stale_scored", "stale"]
-
-
-def freshness(age: float, ttl: float) -> Freshness:
+def freshness(age: float, ttl: float) -> Literal["fresh", "stale_scored", "stale"]:
     """Fresh within the TTL; scored from the last known state up to 3 TTLs; then stale."""
     if age <= ttl:
         return "fresh"

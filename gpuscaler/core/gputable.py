@@ -7,13 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from gpuscaler.core.gpufit import FRAGMENTATION_WEIGHT, TOPOLOGY_WEIGHT, NodeView, PodRequest
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
 
 @dataclass(frozen=True)

@@ -78,14 +78,10 @@ def applied_annotation(
 
 # --------------------------------------------------------------------------- topology
 
-TOPOLOGY_ANNOTATION = "gpuscaler.io/gpu-topology"
-"""Node annotation the agent publishes: JSON list of {uuid, index, pci_bus_id, memory_mib,
-numa_node} (the scheduler extender and preemption's NUMA fit read it)."""
-
 
 def topology_annotation(gpus: Sequence[GpuFacts]) -> str:
-    """The `gpuscaler.io/gpu-topology` value: a JSON list, one object per GPU by index,
-    keys uuid, index, pci_bus_id, memory_mib, numa_node (the extender reads these)."""
+    """The `TOPOLOGY_ANNOTATION` value: a JSON list, one object per GPU by index, keys
+    uuid, index, pci_bus_id, memory_mib, numa_node (the extender and preemption read it)."""
     return json.dumps(
         [
             {
@@ -143,16 +139,14 @@ def quarantine_decision(
             )
     if held:
         return QuarantineDecision(True, False, "memory still held: " + "; ".join(held))
-    return QuarantineDecision(
-        True, True, f"every GPU at or below {released_below_mib:.0f} MiB or used by a live pod"
-    )
+    clean = f"every GPU at or below {released_below_mib:.0f} MiB or used by a live pod"
+    return QuarantineDecision(True, True, clean)
 
 
 def gpus_per_numa_domain(annotation: str | None) -> int | None:
-    """GPUs in the smallest NUMA domain of a node, from its topology annotation; None when
-    absent, malformed, or any GPU's domain is unknown (-1): then the
-    `gpuscaler.io/gpus-per-numa-node` label is the fallback. The smallest, so a fit is
-    never promised that only a larger domain could give."""
+    """GPUs in the smallest NUMA domain of a node (so no fit is promised that only a larger
+    domain could give); None when the annotation is absent, malformed or a domain unknown
+    (-1): then the `gpuscaler.io/gpus-per-numa-node` label is the fallback."""
     if not annotation:
         return None
     try:

@@ -1,8 +1,5 @@
 """Which GPU processes did an evicted pod leave behind, and what to do with each.
 
-Pure: the agent reads `/proc/<pid>/cgroup`, NVML and the pod list, and passes the text,
-the processes, the live pod UIDs, what it remembers and `now` in; these functions answer.
-
 Pod UID from a cgroup file. The kubelet names a pod's cgroup after its UID
 (kubernetes/kubernetes `pkg/kubelet/cm/pod_container_manager_linux.go`, `GetPodContainerName`:
 `"pod" + string(pod.UID)`, under the QoS cgroup `kubepods[/burstable|/besteffort]`), and the
@@ -38,25 +35,20 @@ _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12
 _POD_SEGMENT = re.compile(rf"^(?:kubepods(?:-[a-z]+)*-)?pod(?P<uid>{_UID})(?:\.slice)?$")
 _LINE = re.compile(r"^(?P<id>\d+):(?P<controllers>[^:]*):(?P<path>/.*)$")
 
-CgroupKind = Literal["pod", "host", "unknown"]
-
 
 @dataclass(frozen=True)
 class CgroupOwner:
     """Whose process it is, by its cgroup file: a pod (with its UID), the host (no pod),
     or unknown (with the reason)."""
 
-    kind: CgroupKind
+    kind: Literal["pod", "host", "unknown"]
     pod_uid: str | None = None
     reason: str = ""
 
 
 def _segment_uid(segment: str) -> str | None:
     m = _POD_SEGMENT.match(segment)
-    if m is None:
-        return None
-    uid = m.group("uid").replace("_", "-")
-    return uid
+    return None if m is None else m.group("uid").replace("_", "-")
 
 
 def pod_uid_from_cgroup(text: str) -> CgroupOwner:
@@ -122,12 +114,9 @@ class OrphanMemory:
     terminated: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
-ActionKind = Literal["sigterm", "sigkill", "wait", "keep", "report"]
-
-
 @dataclass(frozen=True)
 class OrphanAction:
-    kind: ActionKind
+    kind: Literal["sigterm", "sigkill", "wait", "keep", "report"]
     proc: GpuProc
     reason: str
 
@@ -168,53 +157,43 @@ def orphan_actions(
     for p in procs:
         if p.owner.kind == "unknown":
             actions.append(OrphanAction("report", p, f"cgroup not understood: {p.owner.reason}"))
-            continue
-        if p.owner.kind == "host" or p.owner.pod_uid is None:
+        elif p.owner.kind == "host" or p.owner.pod_uid is None:
             actions.append(OrphanAction("keep", p, "no pod UID (host process)"))
-            continue
-        if live_pod_uids is None:
+        elif live_pod_uids is None:
             actions.append(OrphanAction("keep", p, "pod list unknown this poll"))
-            continue
-        if p.owner.pod_uid in live_pod_uids:
+        elif p.owner.pod_uid in live_pod_uids:
             actions.append(OrphanAction("keep", p, f"pod {p.owner.pod_uid} exists"))
-            continue
-        if unlisted:
+        elif unlisted:
             names = ", ".join(unlisted[:3]) + (" ..." if len(unlisted) > 3 else "")
             why = (
                 f"pod {p.owner.pod_uid} is not in the API's list, but the kubelet runs pods "
                 f"that are not ({names}; a static pod without its mirror?): it may be theirs"
             )
             actions.append(OrphanAction("report", p, why))
-            continue
-        seen = memory.first_seen.get(p.key, now)
-        first_seen[p.key] = seen
-        actions.append(_orphan_step(p, seen, memory.terminated.get(p.key), now, policy))
-        if actions[-1].kind == "sigterm":
-            terminated[p.key] = now
-        elif p.key in memory.terminated:
-            terminated[p.key] = memory.terminated[p.key]
+        else:
+            seen = memory.first_seen.get(p.key, now)
+            first_seen[p.key] = seen
+            actions.append(_orphan_step(p, seen, memory.terminated.get(p.key), now, policy))
+            if actions[-1].kind == "sigterm":
+                terminated[p.key] = now
+            elif p.key in memory.terminated:
+                terminated[p.key] = memory.terminated[p.key]
     return actions, OrphanMemory(first_seen, terminated)
 
 
 def _orphan_step(
     p: GpuProc, seen: float, termed: float | None, now: float, policy: OrphanPolicy
 ) -> OrphanAction:
-    uid = p.owner.pod_uid
+    gone = f"pod {p.owner.pod_uid} gone"
     if termed is not None:
         if now - termed >= policy.kill_timeout:
-            return OrphanAction(
-                "sigkill",
-                p,
-                f"pod {uid} gone; still alive {now - termed:.0f}s after SIGTERM "
-                f"(limit {policy.kill_timeout:.0f}s)",
-            )
-        return OrphanAction("wait", p, f"pod {uid} gone; SIGTERM sent {now - termed:.0f}s ago")
+            limit = f"(limit {policy.kill_timeout:.0f}s)"
+            why = f"{gone}; still alive {now - termed:.0f}s after SIGTERM {limit}"
+            return OrphanAction("sigkill", p, why)
+        return OrphanAction("wait", p, f"{gone}; SIGTERM sent {now - termed:.0f}s ago")
     if now - seen >= policy.grace:
-        return OrphanAction(
-            "sigterm",
-            p,
-            f"pod {uid} gone; orphan for {now - seen:.0f}s (grace {policy.grace:.0f}s)",
-        )
+        why = f"{gone}; orphan for {now - seen:.0f}s (grace {policy.grace:.0f}s)"
+        return OrphanAction("sigterm", p, why)
     return OrphanAction(
-        "wait", p, f"pod {uid} gone; orphan for {now - seen:.0f}s of {policy.grace:.0f}s grace"
+        "wait", p, f"{gone}; orphan for {now - seen:.0f}s of {policy.grace:.0f}s grace"
     )

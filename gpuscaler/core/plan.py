@@ -14,12 +14,7 @@ from gpuscaler.config import (
 from gpuscaler.core.decisions import PreemptionStep, ReplicaFloorDecision, Skip, target_key
 from gpuscaler.core.fragments import decide_fragments
 from gpuscaler.core.guards import Outcome, invalid
-from gpuscaler.core.model import (
-    History,
-    Plan,
-    Snapshot,
-    TargetHistory,
-)
+from gpuscaler.core.model import History, Plan, Snapshot, TargetHistory
 from gpuscaler.core.preemption import (
     PodView,
     decide_preemption,
@@ -81,15 +76,13 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
         if name not in seen_pools:
             for kind in ("fragments", "time_slice"):
                 key = target_key(kind, name)
-                outcomes[key] = invalid(
-                    kind, name, now, "no observation of this node pool", history.get(key)
-                )
+                why = "no observation of this node pool"
+                outcomes[key] = invalid(kind, name, now, why, history.get(key))
     seen_workloads = {w.key for w in snapshot.workloads}
     for wkey in sorted(configured.keys() - seen_workloads):
         key = target_key("replica_floor", wkey)
-        outcomes[key] = invalid(
-            "replica_floor", wkey, now, "no observation of this workload", history.get(key)
-        )
+        why = "no observation of this workload"
+        outcomes[key] = invalid("replica_floor", wkey, now, why, history.get(key))
     changes: dict[str, TargetHistory] = {k: o.history for k, o in outcomes.items()}
     preempt = _preemption(snapshot, config, outcomes, now)
     found = outcomes.values()
@@ -139,11 +132,7 @@ def plan_rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
 
 
 def _replica_floors(
-    snapshot: Snapshot,
-    rows: dict[str, FloorRow],
-    staleness: float,
-    history: History,
-    now: float,
+    snapshot: Snapshot, rows: dict[str, FloorRow], staleness: float, history: History, now: float
 ) -> tuple[dict[str, Outcome], dict[str, float]]:
     """This tick's floor outcome of every configured workload observed, and per node pool
     what its floors (after this tick's decisions) hold sized for their load (`floor_gpus`)."""
@@ -179,12 +168,7 @@ def _preemption(
         for p in snapshot.pools:
             out = outcomes.get(target_key("fragments", p.name))
             if out is not None and out.blocked_until_preempted and p.fragments:
-                extra += fragments_beneficiaries(
-                    p.name,
-                    p.fragments,
-                    out.blocked_until_preempted,
-                    seen,
-                    config.preemption.beneficiary_min_priority,
-                )
+                to, least = out.blocked_until_preempted, config.preemption.beneficiary_min_priority
+                extra += fragments_beneficiaries(p.name, p.fragments, to, seen, least)
     seen = replace(seen, pods=seen.pods + extra)
     return decide_preemption(seen, config.preemption, now)

@@ -4,11 +4,8 @@ The HPA formula, ceil(load / target), on the highest observed demand of the stab
 window, raised to the forecast's upper bound over the lead time while the forecast shows
 skill against that reactive sizing (`assess`), and kept for bursts that outran it
 (`overflow_reserves`); the reactive autoscaler above keeps the ceiling. Scale-down only to
-the window's highest recommendation; steps bounded, in GPUs.
-
-A tick decides every floor at once: each input is checked and its tick record made
-(`_record`); the records of workloads that share their times are judged as rows
-(`_judged`); each floor is then sized, stabilized and stepped, with its reason (`_floor`).
+the window's highest recommendation; steps bounded, in GPUs. Workloads whose records share
+their times are judged as rows (`_judged`).
 """
 
 from __future__ import annotations
@@ -32,15 +29,13 @@ FloorInput = tuple[WorkloadObservation, ReplicasConfig, TargetHistory]
 
 
 class _Tick(NamedTuple):
-    """A workload's tick record (as `TargetHistory.seen`) and, without a forecast, why."""
-
     record: tuple[float, float, float, float]
     note: str | None
 
 
 class _Judged(NamedTuple):
-    """What a workload's records (this tick's included) say: its forecast's skill (None:
-    `skill_check` off), its reserve, the highest demand of the stabilization window."""
+    """A workload's records with this tick's, its skill (None: `skill_check` off), reserve
+    and the stabilization window's highest demand."""
 
     seen: FloatArray
     skill: Skill | None
@@ -74,7 +69,7 @@ def _replicas_for(demand: float, per_replica: float) -> int:
 
 
 def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
-    """What a workload's records are judged with (the same, and the same times: together)."""
+    """What a workload's records are judged with (the same, with the same times: together)."""
     return (
         cfg.lead_time,
         cfg.scale_down_stabilization,
@@ -86,11 +81,7 @@ def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
 
 
 def _record(
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    staleness: float,
-    h: TargetHistory,
-    now: float,
+    obs: WorkloadObservation, cfg: ReplicasConfig, staleness: float, h: TargetHistory, now: float
 ) -> Outcome | _Tick:
     """The floor's outcome when the input cannot be acted on, else the tick's record."""
     problem = input_problem(obs.load, now, staleness)
@@ -100,7 +91,6 @@ def _record(
         return invalid(KIND, obs.key, now, "current replica floor unknown", h)
     forecast, peak = obs.load.forecast, obs.recent_peak
     if forecast is None:
-        # No forecast yet (too little history): reactive on the observed demand alone.
         assert peak is not None
         note = f"no forecast ({problem}): the floor sizes for the observed demand alone"
         return _Tick((now, peak, math.nan, math.nan), note)
@@ -111,8 +101,7 @@ def _record(
 
 
 def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bool:
-    """Whether the floor can size for the observed demand alone: no forecast yet, but
-    fresh, finite samples."""
+    """No forecast yet, but fresh, finite samples: the floor sizes for them alone."""
     load = obs.load
     return (
         load.forecast is None
@@ -124,15 +113,13 @@ def _reactive_only(obs: WorkloadObservation, now: float, staleness: float) -> bo
 
 
 def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float) -> list[_Judged]:
-    """What the records of workloads with the same parameters and record times say, as
-    rows: this tick's added, those older than the windows need dropped."""
+    """`_Judged` of workloads with the same parameters and record times, as rows."""
     cfg = rows[0][1]
     old = np.stack([h.seen for _, _, h in rows])
     t = old[0, :, 0]
     window = cfg.scale_down_stabilization
     keep = max(cfg.skill_window, cfg.reserve_window) + max(cfg.lead_time, window)
-    # Records are in time order: those kept are a run, the newest but any of this tick's
-    # time or later (the clock went back), which this tick's record replaces.
+    # Records of this tick's time or later (the clock went back) are replaced by its own.
     start, stop = int(np.searchsorted(t, now - keep, "right")), int(np.searchsorted(t, now))
     recs = np.concatenate((old[:, start:stop], np.asarray(records)[:, None, :]), axis=1)
     skills: list[Skill | None] = [None] * len(rows)
@@ -145,8 +132,7 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
     first = min(int(np.searchsorted(times, now - window, "right")), len(times) - 1)
     finite = np.where(np.isfinite(values), values, -np.inf)
     peaks = window_max(finite, np.asarray([first]), np.asarray([len(times)]))[:, 0].tolist()
-    # Each history its own copy: a history kept after its workload is gone holds its
-    # records alone, not the whole tick's.
+    # Each history its own copy, so a kept history does not hold the whole tick's records.
     seen = [row.copy() for row in recs]
     for s in seen:
         s.setflags(write=False)
@@ -154,8 +140,7 @@ def _judged(rows: list[FloorInput], records: list[tuple[float, ...]], now: float
 
 
 def _reserve_sizes(obs: WorkloadObservation, cfg: ReplicasConfig) -> tuple[float, float]:
-    """What one replica serves at the target and at full use, in the load's unit (a
-    serving stack's demand is served at its rate either way)."""
+    """What one replica serves at the target and at full use, in the load's unit."""
     if obs.serving is not None:
         per_replica = obs.serving[0]
         return per_replica, per_replica
@@ -171,8 +156,8 @@ def _floor(
     judged: _Judged,
     now: float,
 ) -> Outcome:
-    """The floor for the observed peak, the forecast's upper bound when higher and skilled,
-    or the reserve when that asks for more; stabilized and stepped, with its reason."""
+    """The floor for the observed peak, the skilled forecast's upper bound or the reserve,
+    whichever is highest; stabilized and stepped, with its reason."""
     target, current, share = obs.key, obs.floor, obs.replica_gpu_share
     assert current is not None
     fallback, note, upper = _skill_check(h.fallback, obs, cfg, tick, judged.skill)
@@ -193,9 +178,8 @@ def _floor(
     h = replace(h, recommendations=recent, seen=judged.seen, fallback=fallback)
     why = _why(obs, cfg, note, sized, observed, raw)
     if stabilized == current:
-        by = (
-            f", held by the stabilization window{_margin(cfg)}" if stabilized != recommended else ""
-        )
+        held = stabilized != recommended
+        by = f", held by the stabilization window{_margin(cfg)}" if held else ""
         return hold(KIND, target, now, f"hold: {why}, floor stays {current}{by}", h)
     left = cooling_down(h, now, cfg.cooldown)
     if left > 0:
@@ -223,14 +207,10 @@ def _floor(
 
 
 def _skill_check(
-    fallback: bool,
-    obs: WorkloadObservation,
-    cfg: ReplicasConfig,
-    tick: _Tick,
-    skill: Skill | None,
+    fallback: bool, obs: WorkloadObservation, cfg: ReplicasConfig, tick: _Tick, skill: Skill | None
 ) -> tuple[bool, str | None, float | None]:
-    """Whether the forecast is set aside after this tick (`fallback`: before it), why (None:
-    it is not), and its upper bound when it counts."""
+    """Whether the forecast is set aside after this tick, why, and its upper bound when it
+    counts."""
     _, observed, upper, _ = tick.record
     if obs.load.forecast is None:
         return fallback, tick.note, None
@@ -299,9 +279,8 @@ def _stabilized(
 
 
 def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> int:
-    """Replicas for `sized` demand by the HPA formula, none changed within the tolerance."""
+    """Replicas for `sized` demand by the HPA formula; within its tolerance, no change."""
     raw = _replicas_for(sized, capacity)
-    # Within tolerance of the current floor: no change (the HPA's own 10 % dead band).
     usage_ratio = sized / (capacity * current) if current else 0.0
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
@@ -324,7 +303,6 @@ def _why(
     observed: float,
     raw: int,
 ) -> str:
-    """A floor's reason up to its verdict."""
     source = (
         f"observed peak {_value(obs, cfg, sized)} (highest of {cfg.scale_down_stabilization:.0f}s)"
         if sized == observed
@@ -334,7 +312,6 @@ def _why(
 
 
 def _value(obs: WorkloadObservation, cfg: ReplicasConfig, sized: float) -> str:
-    """The demand sized for over what one replica serves at target."""
     if obs.serving is not None:
         return f"{sized:.1f} {obs.serving[1]} / {obs.serving[0]:g} per replica"
     share = obs.replica_gpu_share
@@ -384,10 +361,8 @@ def _bound(raw: int, to: int, cfg: ReplicasConfig, ceiling: int) -> str:
 
 
 def window_max(values: FloatArray, start: IntArray, stop: IntArray) -> FloatArray:
-    """The maximum of each row of `values` (rows, records) over each window [start[i],
-    stop[i]): (rows, windows), -inf for an empty window, NaN kept. A sparse table: level k
-    holds the maxima of runs of 2**k, and a window is the larger of its first and last run
-    of 2**floor(log2 width)."""
+    """The maximum of each row of `values` over each window [start[i], stop[i]) (-inf:
+    empty): level k of a sparse table holds the maxima of runs of 2**k."""
     out = np.full((values.shape[0], start.size), -np.inf)
     level = np.frexp(stop - start)[1] - 1  # floor(log2(width)); -1 for an empty window
     table = values
@@ -464,9 +439,8 @@ def assess(
 
 
 def in_fallback(fallback: bool, skill: Skill, below: float, above: float) -> bool:
-    """Whether the floor steps back to reactive (`fallback`: whether it had): skill under
-    `below` engages, over `above` returns (hysteresis). Until enough origins are scored
-    the forecast has proven nothing: reactive."""
+    """Whether the floor steps back to reactive: skill under `below` engages, over `above`
+    returns (hysteresis); unscored, the forecast has proven nothing."""
     if skill.score is None:
         return True
     if fallback:
@@ -477,8 +451,7 @@ def in_fallback(fallback: bool, skill: Skill, below: float, above: float) -> boo
 def _window_means(
     values: FloatArray, counted: BoolArray, start: IntArray, stop: IntArray
 ) -> FloatArray:
-    """The mean of the counted values of each row over each window [start, stop) (NaN
-    where none is counted), from running sums of the values and of the counts."""
+    """The mean of the counted values of each row over each window [start, stop)."""
     rows, n = values.shape
     running = np.zeros((2, rows, n + 1))
     running[0, :, 1:] = np.where(counted, values, 0.0)
@@ -510,19 +483,17 @@ def shift_at_cost(
 
 
 def _shortfall(need: FloatArray, capacity: FloatArray) -> FloatArray:
-    """The shortfall of each row: sum(max(0, need - capacity))."""
     found: FloatArray = np.maximum(0.0, need - capacity).sum(axis=1)
     return found
 
 
 @dataclass(frozen=True)
 class Reserve:
+    """The span's highest demand over reactive sizing at full use, its age, the overflows."""
+
     peak: float
-    """The highest demand of the span that overflowed the reactive sizing's full use."""
     age: float
-    """Seconds since that tick."""
     overflows: int
-    """Ticks of the span that overflowed."""
 
 
 def overflow_reserves(
@@ -533,14 +504,12 @@ def overflow_reserves(
     at_target: FloatArray,
     full: FloatArray,
 ) -> list[Reserve | None]:
-    """The reserve for bursts reactive sizing cannot meet in time, for each row of `records`
-    (rows, records, 4; time and observed demand first; rows share their times). Each tick
-    of the last `span` seconds is checked against what reactive sizing (the HPA formula on
-    the highest demand of the `window` before it: the counterfactual, not the replicas that
-    ran, so a reserve does not erase its own evidence) would have had at full use; the
-    highest demand that overflowed it is the reserve (None: no tick did). New replicas come
-    too late for bursts that short; a ramp never overflows. `at_target`, `full`: what one
-    replica serves at the target and at full use, in the records' unit."""
+    """The reserve for bursts reactive sizing cannot meet in time, per row of `records` (as
+    in `assess`). Each tick of the last `span` seconds is checked against what reactive
+    sizing (the HPA formula on the highest demand of the `window` before it: the
+    counterfactual, so a reserve does not erase its own evidence) would have served at full
+    use; the highest demand that overflowed it is the reserve (None: none did). A ramp
+    never overflows. `at_target`, `full`: what one replica serves at each."""
     rows = records.shape[0]
     t = records[0, :, 0] if rows else np.zeros(0)
     inspan = np.flatnonzero(t > now - span)
@@ -554,7 +523,7 @@ def overflow_reserves(
     replicas = np.maximum(1.0, np.ceil(reactive / at_target[:, None] - 1e-9))
     over = (v[:, inspan] > replicas * full[:, None] + 1e-9) & (reactive > -np.inf)
     counts: list[int] = over.sum(axis=1).tolist()
-    # The newest of the highest: the last maximum of the overflows in time order.
+    # The newest of the highest.
     last = over.shape[1] - 1 - np.argmax(np.where(over, v[:, inspan], -np.inf)[:, ::-1], axis=1)
     found: list[Reserve | None] = []
     for row, (count, k) in enumerate(zip(counts, last.tolist(), strict=True)):

@@ -9,13 +9,8 @@ import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged, reissued
-from gpuscaler.core.model import (
-    PoolObservation,
-    Series,
-    Signal,
-    Snapshot,
-    WorkloadObservation,
-)
+from gpuscaler.core.forecast.members import bucket_means
+from gpuscaler.core.model import PoolObservation, Series, Signal, Snapshot, WorkloadObservation
 from gpuscaler.core.preemption import PreemptionObservation
 
 POOL_CLIP: tuple[float, float | None] = (0.0, 100.0)
@@ -100,13 +95,10 @@ def bucket_peaks(
         usable = max(0, size - cut) // width * width
         if usable == 0:
             continue
-        rows = [s.values[size - usable :] for i in idx if (s := series[i]) is not None]
-        block = np.stack(rows).reshape(len(idx), -1, width)
-        finite = np.isfinite(block)
-        counts = finite.sum(axis=2)
-        sums = np.where(finite, block, 0.0).sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            best = np.where(counts > 0, sums / counts, -np.inf).max(axis=1)
+        rows = np.stack([s.values[size - usable :] for i in idx if (s := series[i]) is not None])
+        end = start + spacing * (size - 1)
+        means = bucket_means(rows, spacing, end, step, end)
+        best = np.where(np.isnan(means), -np.inf, means).max(axis=1)
         for i, peak in zip(idx, best.tolist(), strict=True):
             out[i] = _number(peak)
     return out
@@ -143,14 +135,8 @@ def _forecasts(
             out[i] = Signal(series.last_sample_time() if series else None, None, problem)
     states = []
     for cfg, idx in groups.items():
-        signals, state = forecast(
-            [items[i][1] for i in idx],
-            cfg,
-            now,
-            prior,
-            keys=[items[i][0] for i in idx],
-            clips=[clips[i] for i in idx],
-        )
+        batch, keys = [items[i][1] for i in idx], [items[i][0] for i in idx]
+        signals, state = forecast(batch, cfg, now, prior, keys=keys, clips=[clips[i] for i in idx])
         states.append(state)
         for i, signal in zip(idx, signals, strict=True):
             out[i] = signal

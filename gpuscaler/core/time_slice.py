@@ -69,14 +69,8 @@ def decide_time_slice(
         calm = h.calm_since if h.calm_since is not None else now
         h = replace(h, calm_since=calm)
         if now - calm < cfg.stabilization:
-            return hold(
-                KIND,
-                target,
-                now,
-                f"wait: stall {stall:.1f}% low for {now - calm:.0f}s of "
-                f"{cfg.stabilization:.0f}s before returning toward {base}",
-                h,
-            )
+            why = f"stall {stall:.1f}% low for {now - calm:.0f}s of {cfg.stabilization:.0f}s"
+            return hold(KIND, target, now, f"wait: {why} before returning toward {base}", h)
         rank = TIME_SLICE_LEVELS.index(current)
         step = 1 if TIME_SLICE_LEVELS.index(base) > rank else -1
         to = TIME_SLICE_LEVELS[rank + step]

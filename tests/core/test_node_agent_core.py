@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuscaler.adapters.nvml import sysfs_bus_id
+from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
 from gpuscaler.core.node_agent import (
-    TOPOLOGY_ANNOTATION,
     GpuFacts,
     TimeSlicePlan,
     applied_annotation,

@@ -24,7 +24,8 @@ from gpuscaler.adapters.kube.preemption_records import (
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.config import Config
-from gpuscaler.core.node_agent import TOPOLOGY_ANNOTATION, gpus_per_numa_domain
+from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
+from gpuscaler.core.node_agent import gpus_per_numa_domain
 from gpuscaler.core.parsing import parse_count
 from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
 

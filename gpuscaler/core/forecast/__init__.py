@@ -7,23 +7,18 @@ put together), `leading` (a workload's demand mapped to GPU load, when more accu
 """
 
 from gpuscaler.core.forecast.arima import Arima, StatsmodelsArima
-from gpuscaler.core.forecast.ensemble import FALLBACK_MARGIN, WINDOW_MEAN_POINTS
-from gpuscaler.core.forecast.leading import LEAD_MARGIN, Ratio, fit_ratio, lead
-from gpuscaler.core.forecast.members import SES_ALPHAS, bucket
+from gpuscaler.core.forecast.ensemble import WINDOW_MEAN_POINTS
+from gpuscaler.core.forecast.leading import fit_ratio, lead
+from gpuscaler.core.forecast.members import bucket
 from gpuscaler.core.forecast.pipeline import Clip, forecast
-from gpuscaler.core.forecast.state import EMPTY, ForecastState, Rows, merged, reissued
+from gpuscaler.core.forecast.state import EMPTY, ForecastState, merged, reissued
 
 __all__ = [
     "EMPTY",
-    "FALLBACK_MARGIN",
-    "LEAD_MARGIN",
-    "SES_ALPHAS",
     "WINDOW_MEAN_POINTS",
     "Arima",
     "Clip",
     "ForecastState",
-    "Ratio",
-    "Rows",
     "StatsmodelsArima",
     "bucket",
     "fit_ratio",

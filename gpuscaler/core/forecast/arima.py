@@ -132,7 +132,8 @@ class Arima:
                 psi[:, j] += c.phi[:, i - 1] * psi[:, j - i]
         if self.d:
             psi = np.cumsum(psi, axis=1)
-        return z_score(level) * np.sqrt(c.sigma2[:, None] * np.cumsum(psi**2, axis=1))
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        return z * np.sqrt(c.sigma2[:, None] * np.cumsum(psi**2, axis=1))
 
 
 class StatsmodelsArima:
@@ -166,10 +167,6 @@ class StatsmodelsArima:
                 for a, column in zip(out, ("mean", "mean_ci_lower", "mean_ci_upper"), strict=True):
                     a[i] = frame[column].to_numpy()
         return out[0], out[1], out[2]
-
-
-def z_score(level: float) -> float:
-    return NormalDist().inv_cdf(0.5 + level / 2)
 
 
 def last_finite(hist: FloatArray) -> FloatArray:

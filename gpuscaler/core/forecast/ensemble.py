@@ -67,12 +67,6 @@ class Assessment:
     newest: int  # index of the newest origin scored
 
 
-def future_at(hist: FloatArray, origins: IntArray, steps: int) -> FloatArray:
-    """The points after each origin (n, origins, steps)."""
-    out: FloatArray = hist[:, origins[:, None] + np.arange(1, steps + 1)[None, :]]
-    return out
-
-
 def assess(
     arima: Arima, c: Coefficients, hist: FloatArray, steps: int, live_arima: FloatArray
 ) -> Assessment | None:
@@ -84,7 +78,7 @@ def assess(
     origins = origins_for(t, steps, lowest_origin(arima))
     if origins.size < 4:
         return None
-    future = future_at(hist, origins, steps)
+    future = hist[:, origins[:, None] + np.arange(1, steps + 1)[None, :]]  # (n, O, steps)
     levels = ses_at(hist, np.append(origins, t - 1))  # (alphas, n, origins + 1)
     ses_mse = _flat_mse(future, levels[:, :, :-1])  # (alphas, n)
     ses_mse = np.where(np.isfinite(ses_mse), ses_mse, np.inf)
@@ -109,28 +103,22 @@ def assess(
     for name, path in paths.items():
         errors[name], mse[name] = _mae_mse(future - path)
     optimism = _optimism(arima, hist, origins.size)
-    raw = np.stack(
-        [_inverse(mse[m] * optimism[m] + tiny(hist), np.isfinite(mse[m])) for m in MEMBERS],
-        axis=1,
-    )
+    corrected = {m: mse[m] * optimism[m] + tiny(hist) for m in MEMBERS}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inverse = [np.where(np.isfinite(mse[m]), 1.0 / corrected[m], 0.0) for m in MEMBERS]
+    raw = np.stack(inverse, axis=1)
     weights = normalized(raw, live)
     paths["ensemble"] = combine(weights, paths)
     errors["ensemble"] = _mae_mse(future - paths["ensemble"])[0]
     chosen = ("ensemble", "last_value")
     top = _nanmax(future)
-    return Assessment(
-        errors,
-        raw,
-        best,
-        inv,
-        {
-            "ensemble": combine(weights, live),
-            "last_value": np.repeat(live["last_value"], steps, axis=1),
-        },
-        {k: future - paths[k] for k in chosen},
-        {k: top - _nanmax(np.broadcast_to(paths[k], future.shape)) for k in chosen},
-        int(origins[-1]),
-    )
+    live_paths = {
+        "ensemble": combine(weights, live),
+        "last_value": np.repeat(live["last_value"], steps, axis=1),
+    }
+    residuals = {k: future - paths[k] for k in chosen}
+    peaks = {k: top - _nanmax(np.broadcast_to(paths[k], future.shape)) for k in chosen}
+    return Assessment(errors, raw, best, inv, live_paths, residuals, peaks, int(origins[-1]))
 
 
 def _flat_mse(future: FloatArray, level: FloatArray) -> FloatArray:
@@ -157,12 +145,6 @@ def smoothed_average(levels: FloatArray, inv: FloatArray) -> FloatArray:
 def tiny(hist: FloatArray) -> FloatArray:
     """A squared error too small to tell from zero, per row (keeps 1/MSE finite)."""
     out: FloatArray = 1e-12 * (1.0 + nanmean_rows(hist * hist))
-    return out
-
-
-def _inverse(corrected: FloatArray, usable: BoolArray) -> FloatArray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(usable, 1.0 / corrected, 0.0)
     return out
 
 
@@ -222,9 +204,8 @@ def toward_arima(raw: FloatArray) -> FloatArray:
 
 
 def combine(weights: FloatArray, paths: Mapping[str, FloatArray]) -> FloatArray:
-    """The weighted mean of the members' paths over the members with a finite value at
-    each point (NaN where none has one). `weights` (n, members); the paths (n, ...) may be
-    of shapes that broadcast (a flat member's last axis of 1 beside full paths)."""
+    """The weighted mean of the members' paths over those finite at each point (NaN: none).
+    `weights` (n, members); the paths (n, ...) broadcast (a flat member's last axis is 1)."""
     shape = np.broadcast_shapes(*(paths[m].shape for m in MEMBERS))
     total, wsum = np.zeros(shape), np.zeros(shape)
     for i, m in enumerate(MEMBERS):

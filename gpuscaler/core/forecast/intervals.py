@@ -41,9 +41,8 @@ def conformal_half_width(abs_errors: FloatArray, level: FloatArray) -> FloatArra
 
 
 def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
-    """Half width (n, steps) of the last value's interval: the conformal quantile of its
-    own errors |y[t + h] - y[t]| over the window, never narrower at a later step (used
-    when no model can be trusted)."""
+    """Half width (n, steps) of the last value's interval, for when no model can be trusted:
+    the conformal quantile of |y[t + h] - y[t]| over the window, never narrower later."""
     n, t = hist.shape
     out = np.full((n, steps), np.nan)
     reach = min(steps, t - 1)
@@ -81,9 +80,8 @@ def _nanquantile(a: FloatArray, q: float) -> FloatArray:
 
 @dataclass(frozen=True, eq=False)
 class Adaptive:
-    """Rows' adaptive interval state: each row's level, the points checked and missed so
-    far, when last checked, and the intervals issued and not yet fully observed, as a ring
-    of `slots` (issued_at NaN: an empty slot)."""
+    """Rows' adaptive level, points checked and missed, when last checked, and the
+    intervals issued and not yet observed in a ring of `slots` (issued_at NaN: empty)."""
 
     level: FloatArray  # (n,)
     points: IntArray  # (n,)

@@ -154,12 +154,8 @@ def _try_lead(
         return "demand not used: too few paired points or no variation", None, None
     mapped = _map(Arima(p, d), lh, dh, ratio, f)
     if mapped is None:
-        return (
-            "demand not used: too little history to score it, or its path leaves the "
-            "window's range",
-            None,
-            None,
-        )
+        why = "too little history to score it, or its path leaves the window's range"
+        return f"demand not used: {why}", None, None
     return "", mapped, ratio
 
 
@@ -199,12 +195,9 @@ def _map(arima: Arima, lh: FloatArray, dh: FloatArray, ratio: Ratio, f: Forecast
     filled = forward_fill(dh[None, :])[0]
     lag = ratio.lag
     known = filled[origins[:, None] - lag + 1 + np.arange(lag)[None, :]]  # (O, lag)
-    mapped = ratio.intercept + ratio.ratio * np.concatenate(
-        [known, d_window[:, : steps - lag]], axis=1
-    )
-    live = ratio.intercept + ratio.ratio * np.concatenate(
-        [filled[w - lag :], d_live[: steps - lag]]
-    )
+    a, b = ratio.intercept, ratio.ratio
+    mapped = a + b * np.concatenate([known, d_window[:, : steps - lag]], axis=1)
+    live = a + b * np.concatenate([filled[w - lag :], d_live[: steps - lag]])
     future = lh[origins[:, None] + 1 + np.arange(steps)[None, :]]
     inflate = (ratio.points + RATIO_PARAMS) / max(ratio.points - RATIO_PARAMS, 1)
     with warnings.catch_warnings():

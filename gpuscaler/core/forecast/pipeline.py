@@ -66,12 +66,7 @@ Clip = tuple[float, float | None]
 ASSESS_CHUNK = 256
 """Series scored together: bounds the (series, origins, steps) temporaries."""
 LABELS = MappingProxyType(
-    {
-        "arima": "",
-        "ses": "smoothing",
-        "ses_avg": "averaged smoothing",
-        "window_mean": "window mean",
-    }
+    {"arima": "", "ses": "smoothing", "ses_avg": "averaged smoothing", "window_mean": "window mean"}
 )
 
 
@@ -98,16 +93,13 @@ def forecast(
     # an overflowing series (huge values) is flagged below, not warned about
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         hist = bucket_rows(rows, cfg.fit_step, now)
-        batch = _Batch(cfg, now, hist, steps, prior, found, [_clip(clips, i) for i in index])
+        bounds = [clips[i] if clips is not None else (0.0, None) for i in index]
+        batch = _Batch(cfg, now, hist, steps, prior, found, bounds)
         forecasts, finite, after = _forecast(batch)
     for i, f, ok in zip(index, forecasts, finite, strict=True):
         signals[i] = Signal(last[i], f, None if ok else "forecast is not finite (NaN or Inf)")
     out = ForecastState((after,)) if keys is not None else EMPTY
     return [s for s in signals if s is not None], out
-
-
-def _clip(clips: Sequence[Clip] | None, i: int) -> Clip:
-    return clips[i] if clips is not None else (0.0, None)
 
 
 def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
@@ -140,18 +132,12 @@ def _refused(s: Series | None, cfg: ForecastConfig, last: float | None) -> Signa
     if s is None or last is None:
         return Signal(last, None, "no samples in the window")
     if s.step > cfg.fit_step + 1e-9:
-        return Signal(
-            last,
-            None,
-            f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s",
-        )
+        why = f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s"
+        return Signal(last, None, why)
     observed = float(np.isfinite(s.values).sum()) * s.step
     if observed < cfg.min_history:
-        return Signal(
-            last,
-            None,
-            f"only {observed:.0f}s of samples in the window, forecast needs {cfg.min_history:.0f}s",
-        )
+        why = f"only {observed:.0f}s of samples in the window, forecast needs"
+        return Signal(last, None, f"{why} {cfg.min_history:.0f}s")
     return None
 
 
@@ -185,41 +171,28 @@ def _model(b: _Batch, arima: Arima) -> _Model:
     """Coefficients kept where younger than `refit_every`, refitted otherwise; the path
     from the newest point; the rows whose path may be used, and why not."""
     n, steps, level = b.hist.shape[0], b.steps, b.cfg.interval_level
+    c: Coefficients | None = None
     if b.cfg.engine == "statsmodels":
         engine = StatsmodelsArima(b.cfg.order)
         mean, lower, _ = engine.forecast(b.hist, steps, level)
-        nan, ones = np.full(n, np.nan), np.ones(n, dtype=bool)
-        return _usable(engine.name, b.hist, mean, mean - lower, ones, None, ones, nan, nan)
-    with np.errstate(invalid="ignore"):
-        refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
-    c = b.prior.coefficients
-    c = Coefficients(c.intercept.copy(), c.phi.copy(), c.sigma2.copy())
-    fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
-    if refit.any():
-        new = arima.fit(b.hist[refit])
-        c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
-        modulus[refit] = inverse_root_modulus(new.phi)
-        fitted_at[refit] = b.now
-    mean = arima.predict(c, b.hist, steps)
-    half = arima.half_width(c, steps, level)
-    return _usable(arima.name, b.hist, mean, half, stable(modulus), c, refit, fitted_at, modulus)
-
-
-def _usable(
-    name: str,
-    hist: FloatArray,
-    mean: FloatArray,
-    half: FloatArray,
-    stable_rows: BoolArray,
-    c: Coefficients | None,
-    refit: BoolArray,
-    fitted_at: FloatArray,
-    modulus: FloatArray,
-) -> _Model:
+        name, half, refit = engine.name, mean - lower, np.ones(n, dtype=bool)
+        fitted_at, modulus, stable_rows = np.full(n, np.nan), np.full(n, np.nan), refit
+    else:
+        with np.errstate(invalid="ignore"):
+            refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
+        old = b.prior.coefficients
+        c = Coefficients(old.intercept.copy(), old.phi.copy(), old.sigma2.copy())
+        fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
+        if refit.any():
+            new = arima.fit(b.hist[refit])
+            c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
+            modulus[refit] = inverse_root_modulus(new.phi)
+            fitted_at[refit] = b.now
+        name, mean = arima.name, arima.predict(c, b.hist, steps)
+        half, stable_rows = arima.half_width(c, steps, level), stable(modulus)
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
-    banded = within_band(mean, hist)
-    usable = finite & stable_rows & banded
-    dropped: list[str | None] = [None] * len(usable)
+    usable = finite & stable_rows & within_band(mean, b.hist)
+    dropped: list[str | None] = [None] * n
     for r in np.flatnonzero(~usable).tolist():
         if not finite[r]:
             dropped[r] = f"{name} dropped: no fit"
@@ -250,9 +223,7 @@ def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
     if chosen.size:
         shares[chosen] = _from_scorings(b, model, scorings, chosen, adaptive, mean, half)
         offsets[chosen] = peak_offset(scorings.peaks[chosen])
-    in_chosen = np.zeros(n, dtype=bool)
-    in_chosen[chosen] = True
-    dropped = np.flatnonzero(~model.usable & ~in_chosen)
+    dropped = np.setdiff1d(np.flatnonzero(~model.usable), chosen)
     lasts = last_finite(b.hist)
     if dropped.size:
         mean[dropped] = lasts[dropped][:, None]
@@ -301,9 +272,7 @@ def _scorings(b: _Batch, arima: Arima, model: _Model) -> Scorings:
         a = assess(arima, model.coefficients.rows(rows), b.hist[rows], b.steps, live_arima[rows])
         if a is not None:
             _put_assessment(s, rows, a, b)
-    again = np.zeros(s.scored.shape, dtype=bool)
-    again[todo] = True
-    kept = np.flatnonzero(s.scored & (s.method > 0) & ~again)
+    kept = np.setdiff1d(np.flatnonzero(s.scored & (s.method > 0)), todo)
     if kept.size:
         _roll_on(b, arima, model, s, kept)
     return s

@@ -17,20 +17,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gpuscaler.core.forecast.arima import Coefficients
+from gpuscaler.core.forecast.ensemble import MEMBERS
 from gpuscaler.core.forecast.intervals import Adaptive
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
 METHODS = ("", "ensemble", "last_value")
 """A scoring's method by code: 0 none (too little evidence: the model's own path)."""
-CANDIDATES = (
-    "arima",
-    "ses",
-    "ses_avg",
-    "window_mean",
-    "window_mean_long",
-    "last_value",
-    "ensemble",
-)
+CANDIDATES = (*MEMBERS, "window_mean_long", "last_value", "ensemble")
 """What a scoring reports a recent error of, in the order of `Scorings.errors`."""
 
 

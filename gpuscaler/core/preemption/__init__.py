@@ -23,13 +23,6 @@ before acting, so a restart resumes, never repeats.
 
 from __future__ import annotations
 
-from gpuscaler.core.preemption.choice import (
-    Choice,
-    choose_victims,
-    is_beneficiary,
-    is_candidate,
-    start_preemption,
-)
 from gpuscaler.core.preemption.decide import (
     decide_preemption,
     forecast_beneficiaries,
@@ -37,44 +30,22 @@ from gpuscaler.core.preemption.decide import (
 )
 from gpuscaler.core.preemption.tiers import (
     IN_FLIGHT,
-    KIND,
     TRANSITIONS,
     TransitionError,
     check_transition,
-    hold,
-    progress,
-    step_decision,
 )
-from gpuscaler.core.preemption.views import (
-    FORECAST_PREFIX,
-    FRAGMENTS_PREFIX,
-    NodeView,
-    PodView,
-    PreemptionObservation,
-    VictimState,
-)
+from gpuscaler.core.preemption.views import NodeView, PodView, PreemptionObservation, VictimState
 
 __all__ = [
-    "FORECAST_PREFIX",
-    "FRAGMENTS_PREFIX",
     "IN_FLIGHT",
-    "KIND",
     "TRANSITIONS",
-    "Choice",
     "NodeView",
     "PodView",
     "PreemptionObservation",
     "TransitionError",
     "VictimState",
     "check_transition",
-    "choose_victims",
     "decide_preemption",
     "forecast_beneficiaries",
     "fragments_beneficiaries",
-    "hold",
-    "is_beneficiary",
-    "is_candidate",
-    "progress",
-    "start_preemption",
-    "step_decision",
 ]

@@ -105,13 +105,10 @@ def choose_victims(
         for p in on_node
         if is_candidate(p, cfg) and p.priority < beneficiary.priority and p.key not in taken
     ]
-    if free + sum(p.gpus for p in candidates) < need:
-        return (
-            None,
-            f"{node.name}: {free} free + {sum(p.gpus for p in candidates)} preemptible < {need}",
-        )
-    victims = list(candidates)
     available = free + sum(p.gpus for p in candidates)
+    if available < need:
+        return None, f"{node.name}: {free} free + {available - free} preemptible < {need}"
+    victims = list(candidates)
     for p in sorted(candidates, key=_reprieve_order):
         if available - p.gpus >= need:
             available -= p.gpus
@@ -145,12 +142,9 @@ def start_preemption(
         return hold(now, b.key, f"blocked: freeing preemptible pods would not fit it ({detail})")
     best = min(choices, key=Choice.rank)
     if len(best.victims) > budget:
-        return hold(
-            now,
-            b.key,
-            f"blocked: needs {len(best.victims)} victim(s) on {best.node}, limits leave {budget} "
-            f"(max_in_flight {cfg.max_in_flight}, max_per_hour {cfg.max_per_hour})",
-        )
+        limits = f"max_in_flight {cfg.max_in_flight}, max_per_hour {cfg.max_per_hour}"
+        why = f"needs {len(best.victims)} victim(s) on {best.node}, limits leave {budget}"
+        return hold(now, b.key, f"blocked: {why} ({limits})")
     why = _need(b, now)
     out = []
     for v in best.victims:
@@ -158,18 +152,12 @@ def start_preemption(
             v.key, b.key, best.node, v.gpus, v.priority, "none", now, now, uid=v.uid
         )
         fresh = v.checkpoint_at is not None and now - v.checkpoint_at <= cfg.checkpoint_fresh
-        out.append(
-            checkpoint_step(
-                now,
-                state,
-                f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on "
-                f"{best.node} frees room"
-                + (", checkpointed recently" if fresh else "")
-                + f"; asked to checkpoint within {cfg.soft_grace:.0f}s",
-                cfg.soft_grace,
-                cfg.eviction_grace_period,
-            )
+        frees = (
+            f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on {best.node} frees "
+            f"room{', checkpointed recently' if fresh else ''}; asked to checkpoint within "
+            f"{cfg.soft_grace:.0f}s"
         )
+        out.append(checkpoint_step(now, state, frees, cfg.soft_grace, cfg.eviction_grace_period))
         taken.add(v.key)
     return out
 

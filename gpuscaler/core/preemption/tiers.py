@@ -46,8 +46,7 @@ def check_transition(old: str, new: str) -> None:
 def _step(
     now: float, s: VictimState, to: str, action: PreemptionAction, reason: str
 ) -> tuple[float, str, str, str, str, PreemptionAction, str, str]:
-    """The fields every step of `s`'s victim to tier `to` starts with, checked against
-    the table."""
+    """The fields every step of `s`'s victim to tier `to` starts with, checked."""
     check_transition(s.tier, to)
     return now, s.victim, s.tier, to, reason, action, s.beneficiary, s.node
 
@@ -77,13 +76,12 @@ def hold(now: float, target: str, reason: str) -> Skip:
 
 @dataclass(frozen=True)
 class _Victim:
-    """A victim's record with the pod it names now, when that is still the victim."""
+    """A victim's record, its pod (None: gone or replaced) and why a pod of its name is
+    not it (another UID), else ""."""
 
     state: VictimState
     pod: PodView | None
-    """None when the victim is gone (deleted, finished, or replaced under its name)."""
     swap: str
-    """Why a pod of the victim's name is not the victim (another UID), else ""."""
 
 
 def progress(
@@ -117,28 +115,18 @@ def _soft(
     beneficiary no longer needs the room."""
     s, pod = v.state, v.pod
     if pod is None:
-        return step_decision(
-            now, s, "cleanup", "record_gone", f"victim exited during the soft tier{v.swap}"
-        )
+        why = f"victim exited during the soft tier{v.swap}"
+        return step_decision(now, s, "cleanup", "record_gone", why)
     if beneficiary is None or beneficiary.node is not None:
         why = "is gone" if beneficiary is None else f"was scheduled on {beneficiary.node}"
         return step_decision(now, s, "aborted", "abort", f"beneficiary {s.beneficiary} {why}")
     if pod.checkpoint_done_at is not None and pod.checkpoint_done_at >= s.requested_at:
         waited = pod.checkpoint_done_at - s.requested_at
-        return evict_step(
-            now,
-            s,
-            f"checkpoint acknowledged after {waited:.0f}s: evict for {s.beneficiary}",
-            cfg.eviction_grace_period,
-        )
+        why = f"checkpoint acknowledged after {waited:.0f}s: evict for {s.beneficiary}"
+        return evict_step(now, s, why, cfg.eviction_grace_period)
     if now - s.since >= cfg.soft_grace:
-        return evict_step(
-            now,
-            s,
-            f"soft grace {cfg.soft_grace:.0f}s over without a checkpoint: evict for "
-            f"{s.beneficiary}",
-            cfg.eviction_grace_period,
-        )
+        why = f"soft grace {cfg.soft_grace:.0f}s over without a checkpoint: evict for "
+        return evict_step(now, s, f"{why}{s.beneficiary}", cfg.eviction_grace_period)
     left = cfg.soft_grace - (now - s.since)
     return hold(now, s.victim, f"wait: soft tier, {left:.0f}s left to checkpoint")
 
@@ -148,59 +136,36 @@ def _hard(v: _Victim, cfg: PreemptionConfig, now: float) -> PreemptionStep | Ski
     retry an eviction a PDB refused, and give up when that keeps failing."""
     s, pod = v.state, v.pod
     if pod is None:
-        return step_decision(
-            now, s, "cleanup", "record_gone", f"victim is gone{v.swap}; checking its GPU memory"
-        )
+        why = f"victim is gone{v.swap}; checking its GPU memory"
+        return step_decision(now, s, "cleanup", "record_gone", why)
     if pod.terminating_since is not None:
         stuck = now - pod.terminating_since
         if stuck >= cfg.terminating_timeout:
-            return step_decision(
-                now,
-                s,
-                "hard",
-                "force_delete",
-                f"stuck Terminating for {stuck:.0f}s (limit {cfg.terminating_timeout:.0f}s)",
-            )
+            why = f"stuck Terminating for {stuck:.0f}s (limit {cfg.terminating_timeout:.0f}s)"
+            return step_decision(now, s, "hard", "force_delete", why)
         return hold(now, s.victim, f"wait: terminating for {stuck:.0f}s")
     if s.evicted_at is not None:
         waited = now - s.evicted_at
         if waited < cfg.terminating_timeout:
             return hold(now, s.victim, f"wait: evicted {waited:.0f}s ago, not terminating yet")
-        return step_decision(  # the way out: the slot is freed, the pod is never touched again
-            now,
-            s,
-            "given_up",
-            "give_up",
+        # The way out: the slot is freed, the pod is never touched again.
+        why = (
             f"evicted {waited:.0f}s ago but never started terminating (limit "
-            f"{cfg.terminating_timeout:.0f}s); record closed, pod left alone",
+            f"{cfg.terminating_timeout:.0f}s); record closed, pod left alone"
         )
+        return step_decision(now, s, "given_up", "give_up", why)
     if s.attempts >= cfg.max_eviction_attempts:
+        refused = f"eviction refused {s.attempts} times (PodDisruptionBudget)"
         if cfg.escalate_to_delete:
-            return step_decision(
-                now,
-                s,
-                "hard",
-                "delete",
-                f"eviction refused {s.attempts} times (PodDisruptionBudget): deleting, "
-                "as escalate_to_delete allows",
-            )
-        return step_decision(
-            now,
-            s,
-            "given_up",
-            "give_up",
-            f"eviction refused {s.attempts} times (PodDisruptionBudget); another victim "
-            "will be chosen",
-        )
+            why = f"{refused}: deleting, as escalate_to_delete allows"
+            return step_decision(now, s, "hard", "delete", why)
+        why = f"{refused}; another victim will be chosen"
+        return step_decision(now, s, "given_up", "give_up", why)
     if s.last_attempt_at is not None and now - s.last_attempt_at < cfg.eviction_retry:
         left = cfg.eviction_retry - (now - s.last_attempt_at)
         return hold(now, s.victim, f"wait: eviction refused, retry in {left:.0f}s")
-    return evict_step(
-        now,
-        s,
-        f"evict for {s.beneficiary} (attempt {s.attempts + 1})",
-        cfg.eviction_grace_period,
-    )
+    why = f"evict for {s.beneficiary} (attempt {s.attempts + 1})"
+    return evict_step(now, s, why, cfg.eviction_grace_period)
 
 
 def _cleanup(
@@ -214,18 +179,10 @@ def _cleanup(
     if waited < cfg.memory_release_timeout:
         return hold(now, s.victim, f"wait: cleanup, {waited:.0f}s for GPU memory release")
     if released is False:
-        return step_decision(
-            now,
-            s,
-            "quarantined",
-            "quarantine",
+        why = (
             f"GPU memory still held {waited:.0f}s after the pod left, no pod on the GPU: "
-            f"node {s.node} tainted until a node-side cleanup",
+            f"node {s.node} tainted until a node-side cleanup"
         )
-    return step_decision(
-        now,
-        s,
-        "done",
-        "confirm_released",
-        "GPU memory not measurable (no per-pod dcgm-exporter series): not verified",
-    )
+        return step_decision(now, s, "quarantined", "quarantine", why)
+    why = "GPU memory not measurable (no per-pod dcgm-exporter series): not verified"
+    return step_decision(now, s, "done", "confirm_released", why)
