@@ -36,7 +36,8 @@ from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_repli
 
 EMPTY = np.zeros(0)
 KEPT = ("capacity", "demand_busy", "replicas")
-"""What a recorded run keeps besides the served work and the GPUs held."""
+"""What a recorded run keeps besides the served work and the GPUs held, in single
+precision as the GPUs held (whole replicas, and GPUs' worth within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -168,7 +169,7 @@ class Clusters:
         self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
         self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
         k = len(self.recorded)
-        self.kept = {name: np.full((k, self.n), np.nan) for name in KEPT}
+        self.kept = {name: np.full((k, self.n), np.nan, dtype=np.float32) for name in KEPT}
         keep = max(self.window_slots, round(self.interval / self.slot))
         self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
         self.row_of = {int(r): j for j, r in enumerate(self.observed)}
@@ -415,10 +416,9 @@ class Clusters:
         """Every run's record (a run not recorded: its served work and GPUs held)."""
         changes = self.replica_changes()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
-        gps = self.sim.gpu_seconds_per_request
+        work = self.arrivals * self.sim.gpu_seconds_per_request  # one row a member, shared
         out = []
         for i, spec in enumerate(self.specs):
-            arrivals = self.arrivals[spec.member]
             j = kept.get(i)
             cap, busy, reps = (EMPTY,) * 3 if j is None else (self.kept[k][j] for k in KEPT)
             out.append(
@@ -426,8 +426,8 @@ class Clusters:
                     self.start,
                     self.slot,
                     self.cursor,
-                    arrivals,
-                    arrivals * gps,
+                    self.arrivals[spec.member],
+                    work[spec.member],
                     self.served[i],
                     self.gpus[i],
                     cap,

@@ -121,7 +121,7 @@ def finished(
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
         "fragment_changes": len(view.fragment_changes),
         "time_slice_changes": len(view.time_slice_changes),
-        "mean_replicas": round(float(np.mean(view.replicas[s])), 2),
+        "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
         "failed_ticks": failed,
         "preemption": None if view.preemption is None else view.preemption.summary(),
     }

@@ -28,8 +28,8 @@ RUN_SLOT_BYTES = 8 + 4
 SWEEP_BYTES = 256 * 2**20
 """What one group of a sweep may record by default: a longer replay runs in groups."""
 MANY_BYTES = 64 * 2**20
-"""The least a what-if chunk's sweep may record a group (whatif holds its lanes' results
-meanwhile, in each of its processes)."""
+"""What a what-if chunk's sweep may record a group, whatever its lanes (whatif holds its
+lanes' results meanwhile, in each of its processes)."""
 REACTIVE, ACTUAL = "reactive HPA run", "replicas that ran"
 """The labels of a replay's runs besides its baselines' (labelled by baseline)."""
 
@@ -199,7 +199,7 @@ def around_many(
             s = slice(p.scored_from, view.cursor)
             found.actual = {
                 **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
-                "mean_replicas": round(float(np.mean(view.replicas[s])), 2),
+                "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
             }
         else:
             assert found.curves is not None

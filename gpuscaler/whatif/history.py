@@ -161,12 +161,6 @@ def _replayed(r: Ready, run: RunResult, around: Around) -> WorkloadReplay:
     return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
 
 
-LANE_SLOT_BYTES = 8 + 4 + 3 * 8 + 8
-"""What a lane holds a slot while its lockstep runs (its run's served work, GPUs held,
-capacity, demand and replicas, and its arrivals): what the sweep around the lockstep may
-record a lane's slot in its place once the lanes' records are let go."""
-
-
 def replay_many(
     histories: Iterable[tuple[WorkloadHistory, WorkloadConfig]],
     config: Config,
@@ -204,8 +198,7 @@ def replay_many(
             preps = [x.prepared for x in chunk]
             runs = lockstep_runs(preps, progress, plot=plot)
             series = [x.replicas.series for x in chunk]
-            budget = max(MANY_BYTES, sum(LANE_SLOT_BYTES * len(p.arrivals) for p in preps))
-            arounds = around_many(preps, series, baselines, budget=budget, plot=plot)
+            arounds = around_many(preps, series, baselines, budget=MANY_BYTES, plot=plot)
             for x, run, around in zip(chunk, runs, arounds, strict=True):
                 done[id(x)] = (run, around)
             del runs, arounds

@@ -14,16 +14,16 @@ LANES = 50
 """Most workloads a process replays in lockstep (the batched forecast costs less a
 workload with more lanes), fewer when the memory would not hold them."""
 LANE_BYTES = 1 * 2**20
-LANE_BYTES_A_WEEK = 6 * 2**20
+LANE_BYTES_A_WEEK = 2 * 2**20
 """What a lane adds to a process' peak: the controller's state for it whatever the range,
 and a week of its run's per-slot records, arrivals, replicas read and forecast track
-(the sweep around the lockstep then records in their place, `history.LANE_SLOT_BYTES`);
-measured peaks of 10 and 50 lanes a process, a day and a week, with a margin."""
+(the sweep around the lockstep records within `sweep.MANY_BYTES` whatever the lanes);
+measured peaks of a process' lanes, a day and a week, with a margin."""
 MEMORY = 2**30
 """The whole run's memory by default (`--memory`), whatif and its workers together."""
 PARENT_BYTES = 100 * 2**20
 """The whatif process' own peak: the interpreter, numpy, the config and the reports."""
-WORKER_BYTES = 240 * 2**20
+WORKER_BYTES = 230 * 2**20
 """A worker's own peak beside its lanes: numpy, the forecast and one group of its
 sweep (`sweep.MANY_BYTES`)."""
 MIN_LANES = 10

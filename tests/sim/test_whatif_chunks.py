@@ -58,11 +58,11 @@ def test_chunks_hold_at_most_lanes_each_and_share_the_rounds_evenly_among_the_jo
 @pytest.mark.parametrize(
     ("memory_mb", "jobs", "days", "lanes"),
     [
-        (1024, 2, 7.0, 31),  # the default for a week on two cores: 434 MB of lanes
-        (1024, 1, 7.0, 97),  # (whatif holds at most LANES)
-        (1024, 2, 1.0, 119),  # a day's lanes: a seventh of a week's arrays, the same state
-        (1024, 2, 14.0, 17),
-        (4096, 8, 7.0, 37),
+        (1024, 2, 7.0, 77),  # the default for a week on two cores: LANES a process
+        (1024, 1, 7.0, 231),  # (whatif holds at most LANES)
+        (1024, 2, 1.0, 180),  # a day's lanes: a seventh of a week's arrays, the same state
+        (1024, 2, 14.0, 46),
+        (4096, 8, 7.0, 89),
         (1024, 4, 7.0, MIN_LANES),  # more processes than it holds: MIN_LANES each, said
         (200, 1, 7.0, 1),  # one process: never none
     ],
@@ -81,9 +81,9 @@ def test_lanes_fit_the_parent_and_every_process_with_its_lanes_within_the_memory
     [
         (1, 1024, 7.0, 1),
         (2, 1024, 7.0, 2),  # this machine: as before
-        (16, 1024, 7.0, 2),  # 1 GB holds two processes of 10 lane-weeks
-        (16, 4096, 7.0, 12),
-        (16, 4096, 1.0, 15),  # a day's lanes are smaller: more processes
+        (16, 1024, 7.0, 3),  # 1 GB holds three processes of 10 lane-weeks
+        (16, 4096, 7.0, 15),
+        (16, 4096, 1.0, 16),  # a day's lanes are smaller: more processes
         (16, 300, 7.0, 1),  # never none
     ],
 )
