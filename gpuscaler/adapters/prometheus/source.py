@@ -113,25 +113,12 @@ class Kept:
     read_at: float
 
 
-def _identity(config: Config) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:
-    """What a pool's total is read with: the template and the pool's matchers."""
-    template = config.prometheus.queries.pool_memory_total
-    return {
-        f"pool:{p.name}:fb_total": (template, tuple(sorted(p.metrics_matchers.items())))
-        for p in config.node_pools
-        if p.metrics_matchers
-    }
-
-
 class Totals:
-    """Each pool's frame-buffer total, kept by target key (`pool:NAME:fb_total`) and read
-    every `prometheus.memory_total_every` instead of every tick: a GPU's memory does not
-    change while it is there, and its query is the costliest of a tick's. It is read again
-    when none is kept (a start, a pool or template changed), when due, or when the pool's
-    frame buffer in use is absent this tick (its GPUs may come back as others). A kept
-    total counts while younger than `memory_total_every` + `metrics.staleness`: a refresh
-    that fails keeps it that long, one that finds nothing forgets it;
-    `memory_total_every: 0` reads it every tick."""
+    """Each pool's frame-buffer total (`pool:NAME:fb_total`), read every
+    `prometheus.memory_total_every` (0: every tick), not every tick: a GPU's memory does not
+    change, and its query is the costliest. Read again when none is kept, when due, or when
+    the pool's memory in use is absent (its GPUs may have changed). A failed refresh keeps
+    it up to `memory_total_every` + `metrics.staleness`; one that finds nothing forgets it."""
 
     def __init__(self, config: Config):
         self.kept: dict[str, Kept] = {}
@@ -154,7 +141,12 @@ class Totals:
 
     def reconfigure(self, config: Config) -> None:
         """Forget the totals of pools gone, or read with other matchers or template."""
-        identity = _identity(config)
+        template = config.prometheus.queries.pool_memory_total
+        identity = {
+            f"pool:{p.name}:fb_total": (template, tuple(sorted(p.metrics_matchers.items())))
+            for p in config.node_pools
+            if p.metrics_matchers
+        }
         self.kept = {k: v for k, v in self.kept.items() if identity.get(k) == self._identity.get(k)}
         self._identity = identity
         self.every = config.prometheus.memory_total_every
