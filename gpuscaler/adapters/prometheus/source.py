@@ -270,9 +270,11 @@ class PrometheusMetrics:
         stall, stall_problem = self._fetch(
             f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
         )
-        used_gib, used_problem = self._newest_gib(
-            f"pool:{p.name}:fb_used", queries.pool_memory_used, m, now
-        )
+        try:  # None when not exported within the staleness: the config alone bounds memory
+            used_gib, used_problem = self._read_gib(queries.pool_memory_used, m, now)
+        except SourceError as e:
+            self._errors.append(f"pool:{p.name}:fb_used: {e}")
+            used_gib, used_problem = None, str(e)
         total_gib, total_problem = self._total(p, used_gib is not None, now)
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
@@ -408,23 +410,12 @@ class PrometheusMetrics:
             self._head = (c, longest + c.prometheus.overlap + widest, widths)
         return self._head
 
-    def _newest_gib(
-        self, key: str, template: str, matchers: Mapping[str, str], now: float
-    ) -> tuple[float | None, str | None]:
-        """The newest frame-buffer figure in GiB, None when dcgm-exporter does not export
-        it within `metrics.staleness` (memory is then bounded by the config alone)."""
-        try:
-            return self._read_gib(template, matchers, now)
-        except SourceError as e:
-            self._errors.append(f"{key}: {e}")
-            return None, str(e)
-
     def _read_gib(
         self, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
-        """An instant query at the grid's end over the step's lookback, and only when
-        that finds nothing again over `metrics.staleness` (Prometheus' cost grows with
-        the lookback); a failed query is raised."""
+        """The newest frame-buffer figure in GiB: an instant query at the grid's end over
+        the step's lookback, and only when that finds nothing again over
+        `metrics.staleness` (Prometheus' cost grows with the lookback); failures raised."""
         at = self._grid(now)[1]
         value: float | None = None
         bad = False
