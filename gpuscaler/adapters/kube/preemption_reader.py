@@ -90,7 +90,7 @@ class PreemptionReader:
         return (cm or {}).get("data") or {}
 
     def listed(self, kind: str) -> list[dict[str, Any]]:
-        list_all = {
+        list_all: Any = {  # the client is untyped
             "PriorityClass": self.scheduling.list_priority_class,
             "PodDisruptionBudget": self.policy.list_pod_disruption_budget_for_all_namespaces,
         }[kind]
