@@ -1,9 +1,9 @@
 """Kubernetes adapter of the node agent: its own Node and the pods bound to it.
 
 Built on `gpuscaler.adapters.kube` (JSON objects, `KubeError`, the `Writer`'s gate
-and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: connect and read
-timeouts on every call, a time budget per poll). Every patch carries the resourceVersion
-read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
+and Events) and its bounded API client (`gpuscaler.adapters.kube.api`: timeouts on every
+call, a time budget per poll, a transport failure an `ApiException`). Every patch carries
+the resourceVersion read, and a 409 re-reads (at most `MAX_CONFLICT_RETRIES` times).
 
 What the agent may touch (deploy/agent/rbac.yaml): get and patch Nodes (its own: an
 admission policy compares the node with the one its token is bound to), list pods (only
@@ -12,22 +12,18 @@ with the field selector `spec.nodeName=<its node>`), create Events.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError, api_error, json_body
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json
 from gpuscaler.adapters.kube.preemption_records import QUARANTINE_TAINT
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES, WriteBudget, Writer
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
-
-log = logging.getLogger("gpuscaler.agent")
 
 TIME_SLICE_APPLIED = "gpuscaler.io/time-slice-applied"
 """Node annotation: the time-slice level the agent applied to every GPU that takes one."""
@@ -79,17 +75,9 @@ class NodeApi:
             api, config, identity, WriteBudget(config.kubernetes.max_writes_per_minute)
         )
 
-    def _call(self, action: str, fn: Callable[[], Any]) -> dict[str, Any]:
-        try:
-            return json_body(fn())
-        except ApiException as e:
-            raise api_error(action, e) from None
-        except urllib3.exceptions.HTTPError as e:  # timeouts, refused connections
-            raise KubeError(f"{action}: {type(e).__name__}: {e}") from None
-
     def read(self) -> NodeView:
         view = _node_view(
-            self._call(
+            read_json(
                 f"read node {self.node}",
                 lambda: self.core.read_node(self.node, _preload_content=False),
             )
@@ -101,7 +89,7 @@ class NodeApi:
         """Every pod the API lists on this node (Terminating ones included: their processes
         are still the pod's), "namespace/name" -> its UID and a static pod's config UID. A
         consistent read (no resourceVersion): never an older cache's answer."""
-        doc = self._call(
+        doc = read_json(
             f"list pods on node {self.node}",
             lambda: self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node}",
@@ -130,8 +118,6 @@ class NodeApi:
             except ApiException as e:
                 if e.status != 409:
                     raise api_error(f"{what} on node {self.node}", e) from None
-            except urllib3.exceptions.HTTPError as e:
-                raise KubeError(f"{what} on node {self.node}: {e}") from None
             node = self.read()
         raise KubeError(f"{what} on node {self.node}: still conflicting")
 
@@ -149,16 +135,11 @@ class NodeApi:
 
     def event(self, reason: str, action: str, note: str, type_: str = "Normal") -> None:
         """An Event on the node; a lost Event is logged, never fatal."""
-        try:
-            self.writer.event(
-                client.V1ObjectReference(
-                    api_version="v1", kind="Node", name=self.node, uid=self.uid
-                ),
-                self.config.kubernetes.events_namespace,
-                reason,
-                action,
-                note,
-                type_,
-            )
-        except urllib3.exceptions.HTTPError as e:
-            log.warning("event %s on node %s not recorded: %s", reason, self.node, e)
+        self.writer.event(
+            client.V1ObjectReference(api_version="v1", kind="Node", name=self.node, uid=self.uid),
+            self.config.kubernetes.events_namespace,
+            reason,
+            action,
+            note,
+            type_,
+        )

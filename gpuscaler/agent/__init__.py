@@ -4,7 +4,6 @@ topology, maps pods to GPUs (kubelet pod-resources), and kills GPU processes tha
 pods left behind, then lifts preemption's `gpu-memory-held` quarantine.
 
 runner.py   one poll: observe, decide (gpuscaler.core.orphans, core.node_agent), act
-cleanup.py  signals, Events and the dry-run report for orphans
 metrics.py  Prometheus metrics, /healthz, /readyz
 app.py      assembly from the config and the command line; the poll loop
 """

@@ -10,9 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from gpuscaler.adapters.nvml import FakeNvml, Nvml, NvmlError, RealNvml
 from gpuscaler.adapters.podresources import PodResourcesError, list_pods
 from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
+from gpuscaler.commands.common import stop_on_signal
 from gpuscaler.config import Config
 
 log = logging.getLogger("gpuscaler.agent")
@@ -84,13 +83,6 @@ def build_agent(
     return agent, api.begin_tick
 
 
-def _stop_event() -> threading.Event:
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    return done
-
-
 def poll_once(
     agent: NodeAgent,
     metrics: AgentMetrics,
@@ -119,7 +111,7 @@ def run_agent(config: Config, args: AgentArgs) -> int:
     metrics = AgentMetrics()
     health = AgentHealth(config.agent.poll_interval)
     agent, begin = build_agent(config, args, metrics)
-    stop = _stop_event()
+    stop = stop_on_signal()
     if args.metrics_port:
         serve(metrics, health, args.metrics_port, args.metrics_host)
         print(

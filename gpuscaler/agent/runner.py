@@ -6,13 +6,17 @@ A part that cannot be read skips what depends on it and says so; the other parts
 Nothing is killed, set or lifted in dry-run or on a node without `gpuscaler.io/enabled=true`:
 it is reported instead. The topology annotation is published in both (an observation, not
 an action; the extender and preemption read it).
+
+An orphan is signalled through a pidfd (never a reused PID), with an Event when the signal
+is sent and when its memory is freed; each finding is reported once, not every poll.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from gpuscaler.adapters.host import HostFs
@@ -22,9 +26,7 @@ from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi, N
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
 from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
 from gpuscaler.adapters.podresources import KubeletPods, PodResourcesError
-from gpuscaler.agent.cleanup import carry_out
 from gpuscaler.agent.metrics import AgentMetrics
-from gpuscaler.agent.parts import PollReport
 from gpuscaler.config import Config
 from gpuscaler.core.node_agent import (
     GpuFacts,
@@ -46,6 +48,23 @@ from gpuscaler.core.orphans import (
 
 log = logging.getLogger("gpuscaler.agent")
 T = TypeVar("T")
+
+_SIGNALS = {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+
+
+def _mib(value: float | None) -> str:
+    return "unknown MiB" if value is None else f"{value:.0f} MiB"
+
+
+@dataclass
+class PollReport:
+    """What one poll saw and did (for logs and tests)."""
+
+    gpus: list[GpuFacts] = field(default_factory=list)
+    actions: list[OrphanAction] | None = None
+    time_slice_set: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    lifted: bool = False
 
 
 class NodeAgent:
@@ -101,7 +120,8 @@ class NodeAgent:
         gpus = self._source("nvml", lambda: self._gpus())
         report.gpus = gpus
         acting = not self.dry_run and view.labels.get(OPT_IN_LABEL) == "true"
-        self.not_acting = "" if acting else self._why_not_acting(view)
+        why = "dry run" if self.dry_run else f"node has no label {OPT_IN_LABEL}=true"
+        self.not_acting = "" if acting else why
         self._publish_topology(view, gpus, report)
         if self.cfg.time_slice:
             self._time_slice(view, gpus, acting, report)
@@ -224,11 +244,6 @@ class NodeAgent:
         """The GPU's index (as this poll's NVML listing gave it), for labels and Events."""
         return self._indexes.get(uuid, uuid)
 
-    def _why_not_acting(self, view: NodeView) -> str:
-        if self.dry_run:
-            return "dry run"
-        return f"node has no label {OPT_IN_LABEL}=true"
-
     def _kubelet_pods(self, report: PollReport) -> frozenset[str] | None:
         if self.kubelet_pods is None:
             return None
@@ -266,7 +281,7 @@ class NodeAgent:
         policy = OrphanPolicy(self.cfg.orphan_grace, self.cfg.kill_timeout)
         actions, self.memory = orphan_actions(procs, live, self.memory, now, policy, unlisted)
         self._count(actions)
-        carry_out(self, actions, procs, acting, report)
+        self._carry_out(actions, procs, acting, report)
         return actions if live is not None else None
 
     def _count(self, actions: list[OrphanAction]) -> None:
@@ -317,3 +332,86 @@ class NodeAgent:
             f"removed taint gpuscaler.io/gpu-memory-held and label gpuscaler.io/gpu-cleanup: "
             f"{decision.reason}",
         )
+
+    def describe(self, p: GpuProc) -> str:
+        return (
+            f"PID {p.pid} ({p.name}) of pod UID {p.owner.pod_uid} on GPU {self.gpu_index(p.gpu)} "
+            f"({p.gpu}) holding {_mib(p.used_mib)}"
+        )
+
+    def _carry_out(
+        self,
+        actions: list[OrphanAction],
+        procs: list[GpuProc],
+        acting: bool,
+        report: PollReport,
+    ) -> None:
+        self._freed(procs)
+        present = {p.key for p in procs}
+        self.reported = {r for r in self.reported if r[1] in present}  # gone: forgotten
+        for a in actions:
+            if a.kind == "report":
+                self._once("unknown", a, f"GPU process {a.proc.pid} left alone: {a.reason}")
+            elif a.kind in _SIGNALS:
+                if acting:
+                    self._signal(a, report)
+                else:
+                    self.metrics.signals.labels(a.kind.upper(), "dry_run").inc()
+                    self._once(
+                        f"would-{a.kind}",
+                        a,
+                        f"would {a.kind.upper()} ({self.not_acting}): "
+                        f"{self.describe(a.proc)}: {a.reason}",
+                    )
+
+    def _once(self, kind: str, a: OrphanAction, message: str) -> None:
+        key = (kind, a.proc.key)
+        if key in self.reported:
+            return
+        self.reported.add(key)
+        log.warning("%s", message, extra={"event": kind, "pid": a.proc.pid})
+
+    def _signal(self, a: OrphanAction, report: PollReport) -> None:
+        p = a.proc
+        name = a.kind.upper()
+        try:
+            outcome = self.host.signal(p.pid, p.start, _SIGNALS[a.kind])
+        except PermissionError as e:
+            self.metrics.signals.labels(name, "refused").inc()
+            report.problems.append(f"{name} to {p.pid} refused: {e}")
+            self.node.event(
+                "OrphanGPUProcessNotKilled",
+                "KillOrphan",
+                f"{name} refused for {self.describe(p)}: {e} (the agent needs CAP_KILL)",
+                "Warning",
+            )
+            return
+        self.metrics.signals.labels(name, outcome).inc()
+        if outcome != "sent" or (p.key, name) in self.sent:
+            return  # a SIGKILL repeated on a process that will not die is not news
+        log.warning("%s sent: %s (%s)", name, self.describe(p), a.reason)
+        self.sent.add((p.key, name))
+        self.signalled[p.key] = p
+        self.node.event(
+            "OrphanGPUProcessKilled",
+            "KillOrphan",
+            f"{name} sent to {self.describe(p)}: {a.reason}",
+            "Warning",
+        )
+
+    def _freed(self, procs: list[GpuProc]) -> None:
+        """Events for signalled processes no longer on any GPU: their memory is freed."""
+        present = {p.key for p in procs}
+        for key, p in list(self.signalled.items()):
+            if key in present:
+                continue
+            del self.signalled[key]
+            self.sent = {(k, n) for k, n in self.sent if k != key}
+            if p.used_mib is not None:
+                self.metrics.freed.inc(p.used_mib)
+            self.node.event(
+                "OrphanGPUMemoryFreed",
+                "KillOrphan",
+                f"PID {p.pid} of pod UID {p.owner.pod_uid} exited; {_mib(p.used_mib)} freed on "
+                f"GPU {self.gpu_index(p.gpu)} ({p.gpu})",
+            )

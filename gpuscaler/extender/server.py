@@ -32,7 +32,6 @@ from gpuscaler.extender.protocol import ExtenderArgs, ProtocolError
 from gpuscaler.extender.service import Extender, FilterAnswer
 
 log = logging.getLogger("gpuscaler.extender")
-JSON = "application/json"
 INLINE_BYTES = 64 << 10
 """Bodies up to this are answered on the event loop: about 1,000 node names."""
 
@@ -53,10 +52,6 @@ async def _body(request: Request, limit: int) -> bytes:
             raise TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _json(body: bytes) -> Response:
-    return Response(body, media_type=JSON)
 
 
 @dataclass(eq=False)
@@ -103,7 +98,7 @@ class ExtenderApp:
                 return PlainTextResponse(f"{verb}: {e}\n", status_code=400)
             finally:
                 histogram.observe(time.perf_counter() - started)
-            return _json(answer)
+            return Response(answer, media_type="application/json")
 
         return endpoint
 

@@ -12,9 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuscaler.errors import InputError
 from gpuscaler.extscaler.board import FloorBoard, ServedFloorActuator, served_state
-from gpuscaler.extscaler.metrics import ExternalScalerMetrics
 from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
-from gpuscaler.extscaler.service import ExternalScalerService
+from gpuscaler.extscaler.service import ExternalScalerMetrics, ExternalScalerService
 
 log = logging.getLogger("gpuscaler.extscaler")
 

@@ -13,9 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, NoReturn
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuscaler.core.external import (
     METRIC_NAME,
@@ -26,7 +28,6 @@ from gpuscaler.core.external import (
     check_request,
 )
 from gpuscaler.extscaler.board import FloorBoard
-from gpuscaler.extscaler.metrics import ExternalScalerMetrics
 from gpuscaler.extscaler.pb import externalscaler_pb2 as pb
 from gpuscaler.extscaler.pb import externalscaler_pb2_grpc as pb_grpc
 
@@ -36,6 +37,31 @@ NOT_MANAGED = (
     "is not managed by gpuscaler: label it gpuscaler.io/enabled=true or list it under "
     "workloads in the config"
 )
+
+
+class ExternalScalerMetrics:
+    """What KEDA asked and was told; labels bounded (a ScaledObject not managed is never one)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        gauge = partial(Gauge, registry=r)
+        self.requests = Counter(
+            "gpuscaler_external_scaler_requests",
+            "Requests to KEDA's external scaler, by method and gRPC status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.served = gauge(
+            "gpuscaler_external_scaler_served_floor",
+            "The floor last served to KEDA for a ScaledObject (0: the reactive triggers "
+            "decide: no fresh forecast).",
+            ["workload"],
+        )
+        self.active = gauge(
+            "gpuscaler_external_scaler_active",
+            "1 when the last IsActive answer for a ScaledObject was true.",
+            ["workload"],
+        )
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):

@@ -90,14 +90,11 @@ class PreemptionReader:
         return (cm or {}).get("data") or {}
 
     def listed(self, kind: str) -> list[dict[str, Any]]:
-        answer: Any
-        if kind == "PriorityClass":
-            answer = self.scheduling.list_priority_class(_preload_content=False)
-        else:
-            answer = self.policy.list_pod_disruption_budget_for_all_namespaces(
-                _preload_content=False
-            )
-        return json_body(answer).get("items") or []
+        list_all: Any = {  # the client is untyped
+            "PriorityClass": self.scheduling.list_priority_class,
+            "PodDisruptionBudget": self.policy.list_pod_disruption_budget_for_all_namespaces,
+        }[kind]
+        return json_body(list_all(_preload_content=False)).get("items") or []
 
     def states(self) -> tuple[VictimState, ...]:
         return tuple(parse_record(k, raw) for k, raw in sorted(self.records_data().items()))

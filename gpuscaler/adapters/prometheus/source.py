@@ -113,25 +113,12 @@ class Kept:
     read_at: float
 
 
-def _identity(config: Config) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:
-    """What a pool's total is read with: the template and the pool's matchers."""
-    template = config.prometheus.queries.pool_memory_total
-    return {
-        f"pool:{p.name}:fb_total": (template, tuple(sorted(p.metrics_matchers.items())))
-        for p in config.node_pools
-        if p.metrics_matchers
-    }
-
-
 class Totals:
-    """Each pool's frame-buffer total, kept by target key (`pool:NAME:fb_total`) and read
-    every `prometheus.memory_total_every` instead of every tick: a GPU's memory does not
-    change while it is there, and its query is the costliest of a tick's. It is read again
-    when none is kept (a start, a pool or template changed), when due, or when the pool's
-    frame buffer in use is absent this tick (its GPUs may come back as others). A kept
-    total counts while younger than `memory_total_every` + `metrics.staleness`: a refresh
-    that fails keeps it that long, one that finds nothing forgets it;
-    `memory_total_every: 0` reads it every tick."""
+    """Each pool's frame-buffer total (`pool:NAME:fb_total`), read every
+    `prometheus.memory_total_every` (0: every tick), not every tick: a GPU's memory does not
+    change, and its query is the costliest. Read again when none is kept, when due, or when
+    the pool's memory in use is absent (its GPUs may have changed). A failed refresh keeps
+    it up to `memory_total_every` + `metrics.staleness`; one that finds nothing forgets it."""
 
     def __init__(self, config: Config):
         self.kept: dict[str, Kept] = {}
@@ -154,7 +141,12 @@ class Totals:
 
     def reconfigure(self, config: Config) -> None:
         """Forget the totals of pools gone, or read with other matchers or template."""
-        identity = _identity(config)
+        template = config.prometheus.queries.pool_memory_total
+        identity = {
+            f"pool:{p.name}:fb_total": (template, tuple(sorted(p.metrics_matchers.items())))
+            for p in config.node_pools
+            if p.metrics_matchers
+        }
         self.kept = {k: v for k, v in self.kept.items() if identity.get(k) == self._identity.get(k)}
         self._identity = identity
         self.every = config.prometheus.memory_total_every
@@ -278,9 +270,11 @@ class PrometheusMetrics:
         stall, stall_problem = self._fetch(
             f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
         )
-        used_gib, used_problem = self._newest_gib(
-            f"pool:{p.name}:fb_used", queries.pool_memory_used, m, now
-        )
+        try:  # None when not exported within the staleness: the config alone bounds memory
+            used_gib, used_problem = self._read_gib(queries.pool_memory_used, m, now)
+        except SourceError as e:
+            self._errors.append(f"pool:{p.name}:fb_used: {e}")
+            used_gib, used_problem = None, str(e)
         total_gib, total_problem = self._total(p, used_gib is not None, now)
         problem = util_problem or stall_problem or used_problem or total_problem
         return PoolMetrics(p.name, util, stall, used_gib, total_gib, problem)
@@ -416,23 +410,12 @@ class PrometheusMetrics:
             self._head = (c, longest + c.prometheus.overlap + widest, widths)
         return self._head
 
-    def _newest_gib(
-        self, key: str, template: str, matchers: Mapping[str, str], now: float
-    ) -> tuple[float | None, str | None]:
-        """The newest frame-buffer figure in GiB, None when dcgm-exporter does not export
-        it within `metrics.staleness` (memory is then bounded by the config alone)."""
-        try:
-            return self._read_gib(template, matchers, now)
-        except SourceError as e:
-            self._errors.append(f"{key}: {e}")
-            return None, str(e)
-
     def _read_gib(
         self, template: str, matchers: Mapping[str, str], now: float
     ) -> tuple[float | None, str | None]:
-        """An instant query at the grid's end over the step's lookback, and only when
-        that finds nothing again over `metrics.staleness` (Prometheus' cost grows with
-        the lookback); a failed query is raised."""
+        """The newest frame-buffer figure in GiB: an instant query at the grid's end over
+        the step's lookback, and only when that finds nothing again over
+        `metrics.staleness` (Prometheus' cost grows with the lookback); failures raised."""
         at = self._grid(now)[1]
         value: float | None = None
         bad = False
