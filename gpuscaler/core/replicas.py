@@ -55,8 +55,8 @@ def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float
         else:
             ticks[i] = found
             # Records judged with the same parameters at the same times: together.
-            params = (cfg.lead_time, cfg.scale_down_stabilization, float(cfg.skill_check))
-            params += (cfg.skill_min_origins, cfg.skill_window, cfg.reserve_window)
+            params: tuple[float, ...] = (cfg.lead_time, cfg.scale_down_stabilization)
+            params += (cfg.skill_check, cfg.skill_min_origins, cfg.skill_window, cfg.reserve_window)
             groups.setdefault((h.seen[:, 0].tobytes(), params), []).append(i)
     for idx in groups.values():
         rows = [workloads[i] for i in idx]
