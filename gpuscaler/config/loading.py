@@ -244,18 +244,14 @@ class Sections(Generic[M]):
         return self._resolve(key) if found is None else found
 
 
-def _as_yaml(section: BaseModel) -> dict[str, Any]:
-    """A section's values as YAML would write them (durations with their unit again)."""
-    out = section.model_dump()
-    for name, info in type(section).model_fields.items():
+def merge_section(base: BaseModel, override: dict[str, Any], model: type[M]) -> M:
+    """`base` with `override` (raw YAML values) merged in, validated as a whole; `base` as
+    YAML would write it (durations with their unit again)."""
+    out = base.model_dump()
+    for name, info in type(base).model_fields.items():
         if any(getattr(m, "func", None) is parse_duration for m in info.metadata):
             out[name] = f"{out[name]!r}s"
-    return out
-
-
-def merge_section(base: BaseModel, override: dict[str, Any], model: type[M]) -> M:
-    """`base` with `override` (raw YAML values) merged in, validated as a whole."""
-    return model.model_validate({**_as_yaml(base), **override})
+    return model.model_validate({**out, **override})
 
 
 class ConfigError(InputError):
@@ -265,16 +261,6 @@ class ConfigError(InputError):
         self.source = source
         self.problems = problems
         super().__init__(f"{source}: invalid config\n" + "\n".join(f"  {p}" for p in problems))
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
 
 
 def _problems(error: ValidationError, prefix: tuple[int | str, ...] = ()) -> list[str]:
@@ -287,7 +273,10 @@ def _problems(error: ValidationError, prefix: tuple[int | str, ...] = ()) -> lis
         if "\n" in msg:
             lines += msg.split("\n")  # several problems, each naming its own path
             continue
-        lines.append(f"{_path(loc)}: {msg}")
+        path = ""
+        for part in loc:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+        lines.append(f"{path or '(top level)'}: {msg}")
     return lines
 
 

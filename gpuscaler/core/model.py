@@ -127,10 +127,8 @@ class WorkloadObservation:
     when unknown. What the floor sizes for when reactive."""
 
 
-def _no_records() -> FloatArray:
-    out = np.zeros((0, 4))
-    out.flags.writeable = False  # read-only like every kept one
-    return out
+_NO_RECORDS = np.zeros((0, 4))
+_NO_RECORDS.flags.writeable = False  # read-only like every kept one
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,7 @@ class TargetHistory:
     load sized for, in percent of one GPU (independent of the replicas' GPU share)."""
     calm_since: float | None = None
     """Since when the signal has stayed on the calm side (time slice recovery)."""
-    seen: FloatArray = field(default_factory=_no_records, compare=False, repr=False)
+    seen: FloatArray = field(default_factory=lambda: _NO_RECORDS, compare=False, repr=False)
     """The replica floor's tick records, oldest first, read-only (records, 4): time,
     observed demand, forecast upper bound and mean peak over the lead time (NaN without a
     forecast). What skill and the burst reserve are judged on."""

@@ -96,12 +96,25 @@ def plan(snapshot: Snapshot, config: Config, history: History, now: float) -> Pl
 
 PoolRow = tuple[NodePoolConfig, str, FragmentsConfig, str, TimeSliceConfig]
 """A node pool's section, and its fragments' and time slice's target keys and sections."""
+FloorRow = tuple[str, str | None, ReplicasConfig]
+"""A configured workload's replica floor: its target key, node pool and section."""
 
 
-def _pool_table(config: Config) -> dict[str, PoolRow]:
+def plan_rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
+    """Every configured workload's `FloorRow` and node pool's `PoolRow` by key, built once
+    per config: a tick looks each observed target up once."""
+    return config.memo("plan.rows", lambda: _rows(config))
+
+
+def _rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
+    replicas = config.workload_sections("replicas", ReplicasConfig)
     fragments = config.pool_sections("fragments", FragmentsConfig)
     time_slice = config.pool_sections("time_slice", TimeSliceConfig)
-    return {
+    floors = {
+        w.key: (target_key("replica_floor", w.key), w.node_pool, replicas[w.key])
+        for w in config.workloads
+    }
+    pools = {
         p.name: (
             p,
             target_key("fragments", p.name),
@@ -111,24 +124,7 @@ def _pool_table(config: Config) -> dict[str, PoolRow]:
         )
         for p in config.node_pools
     }
-
-
-FloorRow = tuple[str, str | None, ReplicasConfig]
-"""A configured workload's replica floor: its target key, node pool and section."""
-
-
-def _floor_table(config: Config) -> dict[str, FloorRow]:
-    replicas = config.workload_sections("replicas", ReplicasConfig)
-    return {
-        w.key: (target_key("replica_floor", w.key), w.node_pool, replicas[w.key])
-        for w in config.workloads
-    }
-
-
-def plan_rows(config: Config) -> tuple[dict[str, FloorRow], dict[str, PoolRow]]:
-    """Every configured workload's `FloorRow` and node pool's `PoolRow` by key, built once
-    per config: a tick looks each observed target up once."""
-    return config.memo("plan.rows", lambda: (_floor_table(config), _pool_table(config)))
+    return floors, pools
 
 
 def _replica_floors(

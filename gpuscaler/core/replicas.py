@@ -54,7 +54,10 @@ def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float
             outcomes[i] = found
         else:
             ticks[i] = found
-            groups.setdefault((h.seen[:, 0].tobytes(), _params(cfg)), []).append(i)
+            # Records judged with the same parameters at the same times: together.
+            params: tuple[float, ...] = (cfg.lead_time, cfg.scale_down_stabilization)
+            params += (cfg.skill_check, cfg.skill_min_origins, cfg.skill_window, cfg.reserve_window)
+            groups.setdefault((h.seen[:, 0].tobytes(), params), []).append(i)
     for idx in groups.values():
         rows = [workloads[i] for i in idx]
         judged = _judged(rows, [ticks[i].record for i in idx], now)
@@ -66,18 +69,6 @@ def replica_floors(workloads: Sequence[FloorInput], staleness: float, now: float
 def _replicas_for(demand: float, per_replica: float) -> int:
     """Replicas that serve `demand` at `per_replica` each (a rounding error is no replica)."""
     return math.ceil(demand / per_replica - 1e-9)
-
-
-def _params(cfg: ReplicasConfig) -> tuple[float, ...]:
-    """What a workload's records are judged with (the same, with the same times: together)."""
-    return (
-        cfg.lead_time,
-        cfg.scale_down_stabilization,
-        float(cfg.skill_check),
-        cfg.skill_min_origins,
-        cfg.skill_window,
-        cfg.reserve_window,
-    )
 
 
 def _record(
@@ -169,7 +160,11 @@ def _floor(
     kept = 0 if reserve is None else _replicas_for(reserve.peak, full)
     raw = _raw(cfg, sized, capacity, current)
     if reserve is not None and kept > raw:
-        said = _reserve_text(reserve, cfg, kept)
+        said = (
+            f"reserve {kept} replicas: demand {reserve.peak:.0f} outran reactive sizing at full "
+            f"use {reserve.overflows} time(s) in the last {cfg.reserve_window:.0f}s (highest "
+            f"{reserve.age:.0f}s ago); new replicas come too late for bursts that short"
+        )
         note = f"{note}; {said}" if note else said
     raw = max(raw, kept)
     # Clamped here, once: never above the object's own maximum, even for min_replicas.
@@ -285,14 +280,6 @@ def _raw(cfg: ReplicasConfig, sized: float, capacity: float, current: int) -> in
     if current > 0 and abs(usage_ratio - 1) <= cfg.tolerance:
         raw = current
     return raw
-
-
-def _reserve_text(r: Reserve, cfg: ReplicasConfig, replicas: int) -> str:
-    return (
-        f"reserve {replicas} replicas: demand {r.peak:.0f} outran reactive sizing at full use "
-        f"{r.overflows} time(s) in the last {cfg.reserve_window:.0f}s (highest {r.age:.0f}s "
-        "ago); new replicas come too late for bursts that short"
-    )
 
 
 def _why(
@@ -412,7 +399,14 @@ def assess(
     finite = np.isfinite(values)
     v = np.where(finite, values, -np.inf)
     reactive, need = window_max(v, start, mid), window_max(v, mid, end)
-    level = _window_means(values, finite, start, mid)
+    # The mean of the finite values of each row over each reactive window [start, mid).
+    running = np.zeros((2, values.shape[0], values.shape[1] + 1))
+    running[0, :, 1:] = np.where(finite, values, 0.0)
+    running[1, :, 1:] = finite
+    np.cumsum(running, axis=2, out=running)
+    sums, counts = running[:, :, mid] - running[:, :, start]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level = sums / counts
     upper, mean = records[:, at, 2], records[:, at, 3]
     scored = np.isfinite(upper) & np.isfinite(mean) & (reactive > -np.inf) & (need > -np.inf)
     n = scored.sum(axis=1)
@@ -446,21 +440,6 @@ def in_fallback(fallback: bool, skill: Skill, below: float, above: float) -> boo
     if fallback:
         return skill.score < above
     return skill.score < below
-
-
-def _window_means(
-    values: FloatArray, counted: BoolArray, start: IntArray, stop: IntArray
-) -> FloatArray:
-    """The mean of the counted values of each row over each window [start, stop)."""
-    rows, n = values.shape
-    running = np.zeros((2, rows, n + 1))
-    running[0, :, 1:] = np.where(counted, values, 0.0)
-    running[1, :, 1:] = counted
-    np.cumsum(running, axis=2, out=running)
-    sums, counts = running[:, :, stop] - running[:, :, start]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        means: FloatArray = sums / counts
-    return means
 
 
 def shift_at_cost(

@@ -171,8 +171,18 @@ def build_snapshot(
         _pool(p, signal, *stall)
         for p, signal, stall in zip(raw.pools, pool_signals, stalls, strict=True)
     ]
-    interval = config.control.interval
-    peaks = _recent_peaks(raw.workloads, load_items, now, interval)
+    # Each workload's highest `fit_step` bucket mean over the last tick (None with a
+    # problem), the workloads of one fit step together.
+    peaks: list[float | None] = [None] * len(raw.workloads)
+    steps: dict[float, list[int]] = {}
+    for i, (w, item) in enumerate(zip(raw.workloads, load_items, strict=True)):
+        if not w.problem:
+            steps.setdefault(item[3].fit_step, []).append(i)
+    for fit_step, idx in steps.items():
+        loads = [raw.workloads[i].load for i in idx]
+        found = bucket_peaks(loads, now, config.control.interval, fit_step)
+        for i, peak in zip(idx, found, strict=True):
+            peaks[i] = peak
     workloads = [
         _workload(w, signal, peak)
         for w, signal, peak in zip(raw.workloads, load_signals, peaks, strict=True)
@@ -198,26 +208,6 @@ def _pool(
         memory_used_gib=p.memory_used_gib,
         gpus_held=p.gpus_held,
     )
-
-
-def _recent_peaks(
-    workloads: Sequence[RawWorkload],
-    items: Sequence[tuple[str, Series | None, str | None, ForecastConfig]],
-    now: float,
-    interval: float,
-) -> list[float | None]:
-    """Each workload's highest `fit_step` bucket mean over the last tick (None with a
-    problem), the workloads of one fit step together."""
-    out: list[float | None] = [None] * len(workloads)
-    steps: dict[float, list[int]] = {}
-    for i, (w, item) in enumerate(zip(workloads, items, strict=True)):
-        if not w.problem:
-            steps.setdefault(item[3].fit_step, []).append(i)
-    for fit_step, idx in steps.items():
-        found = bucket_peaks([workloads[i].load for i in idx], now, interval, fit_step)
-        for i, peak in zip(idx, found, strict=True):
-            out[i] = peak
-    return out
 
 
 def _workload(w: RawWorkload, signal: Signal, peak: float | None) -> WorkloadObservation:
