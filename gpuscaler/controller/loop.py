@@ -47,6 +47,8 @@ class ControlLoop:
         )
 
     def _tick(self) -> None:
+        if self._done.is_set():  # stopping: no tick starts between the stop and the shutdown
+            return
         now = self.clock()
         if not self.controller.due(now):  # a standby between its own, rarer ticks
             return
