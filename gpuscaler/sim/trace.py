@@ -49,21 +49,21 @@ def bundled_trace_path() -> Path:
     return Path(str(resources.files("gpuscaler") / "data" / BUNDLED_TRACE))
 
 
-def parse_times(column: pd.Series, where: str) -> FloatArray:
-    """Unix seconds from a column of unix seconds or ISO-8601 strings."""
+def parse_times(frame: pd.DataFrame, where: str) -> FloatArray:
+    """Unix seconds from the first column (unix seconds or ISO-8601 strings), or TraceError
+    naming the first row (1 = the header) without a finite time."""
+    column = frame.iloc[:, 0]
     numeric = pd.to_numeric(column, errors="coerce")
     if numeric.notna().sum() == column.notna().sum():  # numbers, and maybe empty cells
-        return numeric.to_numpy(dtype=np.float64)
-    try:
-        parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
-        seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-    except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime is a ValueError
-        raise TraceError(f"{where}: time column is neither unix seconds nor ISO-8601 ({e})") from e
-    return np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
-
-
-def finite_times(times: FloatArray, frame: pd.DataFrame, where: str) -> FloatArray:
-    """`times`, or TraceError naming the first row (1 = the header) without a finite time."""
+        times = numeric.to_numpy(dtype=np.float64)
+    else:
+        try:
+            parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
+            seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+        except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime: ValueError
+            why = f"time column is neither unix seconds nor ISO-8601 ({e})"
+            raise TraceError(f"{where}: {why}") from e
+        times = np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(times))
     if bad.size:
         raw = frame.iloc[int(bad[0]), 0]
@@ -177,7 +177,7 @@ def load_trace(
     frame = read_csv(p, where)
     if frame.shape[1] < 2 and resample is None:
         raise TraceError(f"{where}: needs a time column and a numeric column, found 1 column")
-    times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
+    times = parse_times(frame, where)
     name = None if resample is not None and column is None else _value_column(frame, column, where)
     values = None if name is None else pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
     if values is not None and np.any(values[np.isfinite(values)] < 0):
