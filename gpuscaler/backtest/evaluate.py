@@ -139,13 +139,8 @@ def evaluate_series(
     on the same grid, the leading signal too)."""
     step = series.step
     steps, origins, idx, hist, actual = _origins(series, cfg, horizon, window, max_origins)
-    fcfg = cfg.model_copy(
-        update={
-            "horizon": steps * step,
-            "fit_step": step,
-            "min_history": step * (sum(cfg.order) + 2),
-        }
-    )
+    fitted = {"horizon": steps * step, "fit_step": step, "min_history": step * (sum(cfg.order) + 2)}
+    fcfg = cfg.model_copy(update=fitted)
     level = cfg.interval_level
     paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
     peaks: dict[str, FloatArray] = {}

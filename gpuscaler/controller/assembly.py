@@ -201,7 +201,12 @@ def cluster_controller(
     own_events = Writer(api, config, me)
     _announce_coarse_samples(prometheus, controller, own_events)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
-    _warm_start(prometheus, config, controller)
+    if config.prometheus.warm_state_file:  # windows saved after ticks, read back at start
+        from gpuscaler.adapters.prometheus.warm import WarmStart
+
+        p = config.prometheus
+        warm = WarmStart(prometheus, p.warm_state_file, p.warm_state_every)
+        controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))
     discovery = Discovery(config, reader, controller)
     controller.before_tick.append(discovery.discover)
     if isinstance(api, BoundedApiClient):
@@ -210,12 +215,8 @@ def cluster_controller(
 
         def refused(e: ConfigError) -> None:
             parts.refused.append(e)
-            own_pod_event(
-                own_events,
-                "ConfigRefused",
-                "ReloadConfig",
-                "new config refused, the running one stays: " + "; ".join(e.problems),
-            )
+            note = "new config refused, the running one stays: " + "; ".join(e.problems)
+            own_pod_event(own_events, "ConfigRefused", "ReloadConfig", note)
 
         parts.reloader = ConfigReloader(config_path, lambda c, _: discovery.reload(c), refused)
         controller.before_tick.insert(0, parts.reloader.check)
@@ -241,15 +242,3 @@ def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterR
         partial(CachedPreemptionReader, cache=cache),
         cache,
     )
-
-
-def _warm_start(prometheus: PrometheusSource, config: Config, controller: Controller) -> None:
-    """The windows saved after ticks and read back at start (`prometheus.warm_state_file`)."""
-    if not config.prometheus.warm_state_file:
-        return
-    from gpuscaler.adapters.prometheus.warm import WarmStart
-
-    warm = WarmStart(
-        prometheus, config.prometheus.warm_state_file, config.prometheus.warm_state_every
-    )
-    controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))

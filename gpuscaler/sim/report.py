@@ -128,8 +128,8 @@ def plot(result: SimulationResult, path: Path) -> None:
         fig = plt.figure(figsize=(14, 13))
         grid = fig.add_gridspec(3, len(TRADE_OFFS), height_ratios=(1, 1, 1))
         summary = result.summary()
-        for i, panel in enumerate(TRADE_OFFS):
-            _trade_off(fig.add_subplot(grid[0, i]), result, summary, panel, legend=i == 0)
+        for i in range(len(TRADE_OFFS)):
+            _trade_off(fig.add_subplot(grid[0, i]), result, summary, i)
         top = fig.add_subplot(grid[1, :])
         bottom = fig.add_subplot(grid[2, :], sharex=top, sharey=top)
         for ax, run in ((top, result.gpuscaler), (bottom, result.reactive)):
@@ -145,16 +145,10 @@ def plot(result: SimulationResult, path: Path) -> None:
         plt.close(fig)
 
 
-def _trade_off(
-    ax: Any,
-    result: SimulationResult,
-    summary: dict[str, Any],
-    panel: tuple[str, float, str, str],
-    legend: bool,
-) -> None:
-    """One figure of every swept baseline against GPU-hours, on a linear axis, with
+def _trade_off(ax: Any, result: SimulationResult, summary: dict[str, Any], i: int) -> None:
+    """Panel `i` of TRADE_OFFS: every swept baseline against GPU-hours, on a linear axis,
     gpuscaler's point drawn over the curves and each curve read at its GPU-hours."""
-    key, scale, label, shown_as = panel
+    key, scale, label, shown_as = TRADE_OFFS[i]
     g, reactive = summary["gpuscaler"], summary["reactive"]
     curves = {
         name: sorted(((p["gpu_hours"], scale * p[key]) for p in curve), key=lambda xy: xy[0])
@@ -192,7 +186,7 @@ def _trade_off(
     ax.set_xlabel("GPU-hours held")
     ax.set_ylabel(label.replace("SLO", f"{result.p.config.simulator.slo_wait:g} s"))
     ax.set_title(f"{label.split(' (')[0]}: gpuscaler {shown_as.format(scale * g[key])}")
-    if legend:
+    if i == 0:
         ax.legend(loc="upper right")
 
 
