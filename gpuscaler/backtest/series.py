@@ -100,9 +100,8 @@ def demand_for(name: str, demands: dict[str, pd.Series], where: str) -> pd.Serie
         return demands[name]
     if len(demands) == 1:
         return next(iter(demands.values()))
-    raise BacktestError(
-        f"{where}: no demand series named {name!r} (it has {', '.join(sorted(demands))})"
-    )
+    names = ", ".join(sorted(demands))
+    raise BacktestError(f"{where}: no demand series named {name!r} (it has {names})")
 
 
 def on_grid(s: Series, grid: Series) -> Series:

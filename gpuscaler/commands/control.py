@@ -101,22 +101,6 @@ def cmd_once(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _serve_metrics(
-    controller: Controller, parts: Any, reloader: Any, interval: float, port: int, host: str
-) -> Any:
-    from gpuscaler.observability import ControllerMetrics, HealthState, serve
-
-    metrics = ControllerMetrics()
-    metrics.attach(controller)
-    if parts is not None:
-        metrics.attach_cluster(parts)
-    elif reloader is not None:
-        metrics.attach_reloader(reloader)
-    serve(metrics, HealthState(controller, interval), port, host)
-    print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
-    return metrics.registry
-
-
 def _serve_external_scaler(
     args: argparse.Namespace, config: Config, parts: Any, registry: Any
 ) -> Any:
@@ -146,8 +130,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     controller, parts, reloader = _controller(args, config)
     registry = None
     if args.metrics_port:
+        from gpuscaler.observability import ControllerMetrics, HealthState, serve
+
+        metrics = ControllerMetrics()
+        metrics.attach(controller)
+        if parts is not None:
+            metrics.attach_cluster(parts)
+        elif reloader is not None:
+            metrics.attach_reloader(reloader)
         port, host = args.metrics_port, args.metrics_host
-        registry = _serve_metrics(controller, parts, reloader, config.control.interval, port, host)
+        serve(metrics, HealthState(controller, config.control.interval), port, host)
+        print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+        registry = metrics.registry
     external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads
@@ -169,16 +163,14 @@ def add_controller_parsers(sub: Any) -> None:
     ):
         p = cluster_parser(sub, name, help_text, func)
         p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
-        p.add_argument(
-            "--state", help="plan without a cluster: YAML of current fragments and floors"
-        )
+        state = "plan without a cluster: YAML of current fragments and floors"
+        p.add_argument("--state", help=state)
         if name == "once":
-            p.add_argument(
-                "--cluster-snapshot",
-                metavar="FILE",
-                help="plan (with --dry-run) against `kubectl get nodes,pods,"
-                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output",
+            snapshot = (
+                "plan (with --dry-run) against `kubectl get nodes,pods,"
+                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output"
             )
+            p.add_argument("--cluster-snapshot", metavar="FILE", help=snapshot)
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
             lease = "act without a Lease (one replica only)"

@@ -64,9 +64,7 @@ def add_extender_parser(sub: Any) -> None:
     p = cluster_parser(sub, "extender", does, cmd_extender)
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
-    p.add_argument(
-        "--metrics-port", type=int, help="also /metrics, /healthz, /readyz here, plain HTTP"
-    )
-    p.add_argument(
-        "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
-    )
+    probes = "also /metrics, /healthz, /readyz here, plain HTTP"
+    p.add_argument("--metrics-port", type=int, help=probes)
+    lease = "act without a Lease (one replica only)"
+    p.add_argument("--no-leader-election", action="store_true", help=lease)

@@ -97,8 +97,7 @@ class ClusterSource:
 
 
 def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
-    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod); none
-    outside a pod."""
+    """A Warning Event on gpuscaler's own pod (kubectl describe pod); none outside a pod."""
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if pod and namespace:
         uid = os.environ.get("POD_UID")
@@ -106,29 +105,6 @@ def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
             api_version="v1", kind="Pod", name=pod, namespace=namespace, uid=uid
         )
         writer.event(ref, namespace, reason, action, note, type_="Warning")
-
-
-def _announce_coarse_samples(
-    prometheus: PrometheusSource, controller: Controller, writer: Writer
-) -> None:
-    """One Warning Event per tick that found series sampled more coarsely than
-    metrics.step, naming them (each series is found once: adapters/prometheus/spacing.py)."""
-    found: list[str] = []
-    prometheus.spacing.listeners.append(
-        lambda key, spacing, step: found.append(f"{key} every {spacing:g}s")
-    )
-
-    def announce(_: object) -> None:
-        if found:
-            note = (
-                f"{len(found)} series sampled more coarsely than metrics.step "
-                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
-                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(found)
-            )
-            own_pod_event(writer, "CoarseSamples", "ReadMetrics", note)
-            found.clear()
-
-    controller.stats.listeners.append(announce)
 
 
 class Discovery:
@@ -199,7 +175,24 @@ def cluster_controller(
     source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     own_events = Writer(api, config, me)
-    _announce_coarse_samples(prometheus, controller, own_events)
+    # One Warning Event per tick that found series sampled more coarsely than metrics.step,
+    # naming them (each series is found once: adapters/prometheus/spacing.py).
+    coarse: list[str] = []
+    prometheus.spacing.listeners.append(
+        lambda key, spacing, step: coarse.append(f"{key} every {spacing:g}s")
+    )
+
+    def announce(_: object) -> None:
+        if coarse:
+            note = (
+                f"{len(coarse)} series sampled more coarsely than metrics.step "
+                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
+                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(coarse)
+            )
+            own_pod_event(own_events, "CoarseSamples", "ReadMetrics", note)
+            coarse.clear()
+
+    controller.stats.listeners.append(announce)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
     if config.prometheus.warm_state_file:  # windows saved after ticks, read back at start
         from gpuscaler.adapters.prometheus.warm import WarmStart

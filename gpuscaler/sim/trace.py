@@ -141,8 +141,7 @@ def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
 
 
 def bounded_span(times: FloatArray, step: float, where: str) -> int:
-    """Bins of `step` from the first time to the last, refused (before anything is
-    allocated) beyond MAX_BINS."""
+    """Bins of `step` from the first time to the last, refused beyond MAX_BINS."""
     span = float(times[-1] - times[0])
     bins = int(span / step) + 1
     if bins > MAX_BINS:
@@ -155,8 +154,7 @@ def bounded_span(times: FloatArray, step: float, where: str) -> int:
 
 
 def _binned(times: FloatArray, values: FloatArray | None, width: float, where: str) -> FloatArray:
-    """Per-bin sums of `values` (row counts when None) on a `width`-second grid from the
-    first time; an empty bin holds 0 requests."""
+    """Per-bin sums of `values` (row counts when None); an empty bin holds 0 requests."""
     if np.any(np.diff(times) < 0):
         i = int(np.flatnonzero(np.diff(times) < 0)[0])
         raise TraceError(f"{where}: time goes backwards at row {i + 2}")
