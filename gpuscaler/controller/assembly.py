@@ -194,11 +194,11 @@ def cluster_controller(
 
     controller.stats.listeners.append(announce)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
-    if config.prometheus.warm_state_file:  # windows saved after ticks, read back at start
+    warm_file = config.prometheus.warm_state_file  # windows saved after ticks, read at start
+    if warm_file:
         from gpuscaler.adapters.prometheus.warm import WarmStart
 
-        p = config.prometheus
-        warm = WarmStart(prometheus, p.warm_state_file, p.warm_state_every)
+        warm = WarmStart(prometheus, warm_file, config.prometheus.warm_state_every)
         controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))
     discovery = Discovery(config, reader, controller)
     controller.before_tick.append(discovery.discover)
