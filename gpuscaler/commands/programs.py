@@ -38,11 +38,8 @@ def cmd_extender(args: argparse.Namespace) -> int:
 
     config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets
     if not config.prometheus.url:
-        print(
-            "prometheus.url is not set: the extender reads GPU memory from dcgm-exporter "
-            "through Prometheus",
-            file=sys.stderr,
-        )
+        why = "the extender reads GPU memory from dcgm-exporter through Prometheus"
+        print(f"prometheus.url is not set: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if port is not None and not 0 < port < 65536:
