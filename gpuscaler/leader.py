@@ -59,12 +59,9 @@ class LeaderElector:
     def _report(self) -> bool:
         leader = self.is_leader()
         if leader != self._was_leader:
-            log.info(
-                "%s leadership of lease %s",
-                "acquired" if leader else "lost",
-                self._where,
-                extra={"event": "leader" if leader else "standby", "identity": self.identity},
-            )
+            what = "acquired" if leader else "lost"
+            extra = {"event": "leader" if leader else "standby", "identity": self.identity}
+            log.info("%s leadership of lease %s", what, self._where, extra=extra)
             self._was_leader = leader
         return leader
 
@@ -123,12 +120,11 @@ class LeaderElector:
         """Create or replace the Lease with this replica as holder; a 409 means another
         replica wrote first."""
         try:
+            lease = self._lease(previous)
             if previous is None:
-                self.coordination.create_namespaced_lease(self.namespace, self._lease(None))
+                self.coordination.create_namespaced_lease(self.namespace, lease)
             else:
-                self.coordination.replace_namespaced_lease(
-                    self.name, self.namespace, self._lease(previous)
-                )
+                self.coordination.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as e:
             if e.status != 409:
                 log.warning("lease %s: write failed: HTTP %s", self._where, e.status)

@@ -33,10 +33,8 @@ def setup_logging(level: str = "INFO", json_lines: bool | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if json_lines is None:
         json_lines = not sys.stderr.isatty()
-    if json_lines:
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(JsonFormatter() if json_lines else text)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

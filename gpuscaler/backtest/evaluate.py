@@ -139,13 +139,8 @@ def evaluate_series(
     on the same grid, the leading signal too)."""
     step = series.step
     steps, origins, idx, hist, actual = _origins(series, cfg, horizon, window, max_origins)
-    fcfg = cfg.model_copy(
-        update={
-            "horizon": steps * step,
-            "fit_step": step,
-            "min_history": step * (sum(cfg.order) + 2),
-        }
-    )
+    fitted = {"horizon": steps * step, "fit_step": step, "min_history": step * (sum(cfg.order) + 2)}
+    fcfg = cfg.model_copy(update=fitted)
     level = cfg.interval_level
     paths: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
     peaks: dict[str, FloatArray] = {}
@@ -157,8 +152,7 @@ def evaluate_series(
     if d_hist is not None:
         *band, peaks["gpuscaler_load_only"], _ = _gpuscaler_paths(hist, origins, step, fcfg)
         paths["gpuscaler_load_only"] = (band[0], band[1], band[2])
-    last_vals = hist[:, -1]
-    naive = np.repeat(last_vals[:, None], steps, axis=1)
+    naive = np.repeat(hist[:, -1:], steps, axis=1)
     paths["naive"] = (naive, *_empirical_interval(hist, naive, steps, level, "naive"))
     with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
         wm = np.nanmean(hist[:, -WINDOW_MEAN_POINTS:], axis=1)

@@ -1,6 +1,4 @@
-"""The backtest over every series of a CSV, and its report: pooled and per-series
-scores, the worst series.
-"""
+"""The backtest over every series of a CSV: pooled and per-series scores, the worst one."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from gpuscaler.errors import InputError
 from gpuscaler.sim.trace import (
     TraceError,
     bounded_span,
-    finite_times,
     on_regular_grid,
     parse_times,
     read_csv,
@@ -44,7 +43,7 @@ def load_series_csv(path: str | Path) -> dict[str, pd.Series]:
         frame = read_csv(p, str(p))
         if frame.shape[1] < 2:
             raise BacktestError(f"{p}: needs a timestamp column and a value column")
-        times = finite_times(parse_times(frame.iloc[:, 0], str(p)), frame, str(p))
+        times = parse_times(frame, str(p))
     rest = frame.iloc[:, 1:]
     numeric = {c: pd.to_numeric(rest[c], errors="coerce") for c in rest.columns}
     is_numeric = {c: bool(v.notna().any()) for c, v in numeric.items()}
@@ -101,9 +100,8 @@ def demand_for(name: str, demands: dict[str, pd.Series], where: str) -> pd.Serie
         return demands[name]
     if len(demands) == 1:
         return next(iter(demands.values()))
-    raise BacktestError(
-        f"{where}: no demand series named {name!r} (it has {', '.join(sorted(demands))})"
-    )
+    names = ", ".join(sorted(demands))
+    raise BacktestError(f"{where}: no demand series named {name!r} (it has {names})")
 
 
 def on_grid(s: Series, grid: Series) -> Series:

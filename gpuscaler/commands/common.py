@@ -49,8 +49,8 @@ def stop_on_signal() -> threading.Event:
 def bounded(
     least: float, above: bool = False, parse: Callable[[str], float] = parse_duration
 ) -> Callable[[str], float]:
-    """The argparse type of a finite value `parse` reads (a duration such as 10s or 5m by
-    default), at least `least`, or more when `above`."""
+    """The argparse type of a finite value `parse` reads (a duration by default), at least
+    `least`, or more when `above`."""
     shown = format_duration(least) if parse is parse_duration else f"{least:g}"
 
     def read(text: str) -> float:

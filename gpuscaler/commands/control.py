@@ -20,30 +20,6 @@ from gpuscaler.config import Config, redact_url
 from gpuscaler.controller import Controller
 from gpuscaler.logs import decision_outcome
 
-NO_ADAPTER_NOTICE = (
-    "source: simulator on the bundled trace (no prometheus.url in the config): `once` and "
-    "`run` observe and act on an in-process simulated cluster, never a real one."
-)
-
-
-def _live_controller(config: Config, dry_run: bool) -> Controller:
-    from gpuscaler.sim.live import LiveSimulation
-
-    print(NO_ADAPTER_NOTICE, file=sys.stderr)
-    live = LiveSimulation(config, wall_start=time.time())
-    return Controller(live.config, live, live, dry_run=dry_run or config.control.dry_run)
-
-
-def _prometheus_controller(config: Config, state_file: str) -> Controller:
-    from gpuscaler.adapters.kube.cluster import load_state
-    from gpuscaler.controller.assembly import NoActuator
-    from gpuscaler.sources import PrometheusSource
-
-    state, said = load_state(state_file, config)
-    url = redact_url(config.prometheus.url or "")
-    print(f"source: Prometheus at {url}; {said}; no cluster: dry run.", file=sys.stderr)
-    return Controller(config, PrometheusSource(config, state), NoActuator(), dry_run=True)
-
 
 def _reloading(
     controller: Controller,
@@ -65,7 +41,7 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
     """The controller for once/run, the cluster parts around it (None without a cluster)
     and the config reloader (None when nothing reloads). Exits 2 on bad input: a bad
     state or snapshot file, no Kubernetes API."""
-    from gpuscaler.controller.assembly import cluster_controller, snapshot_controller
+    from gpuscaler.controller.assembly import NoActuator, cluster_controller, snapshot_controller
     from gpuscaler.setup import SetupError, kube_api
 
     snapshot = getattr(args, "cluster_snapshot", None)
@@ -79,12 +55,28 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
             )
             return controller, None, None
         if not config.prometheus.url:
+            from gpuscaler.sim.live import LiveSimulation
             from gpuscaler.sim.replay import scenario_config
 
-            live = _live_controller(config, args.dry_run)
-            return _reloading(live, args, scenario_config)
+            print(
+                "source: simulator on the bundled trace (no prometheus.url in the config): "
+                "`once` and `run` observe and act on an in-process simulated cluster, never a "
+                "real one.",
+                file=sys.stderr,
+            )
+            live = LiveSimulation(config, wall_start=time.time())
+            dry = args.dry_run or config.control.dry_run
+            live_controller = Controller(live.config, live, live, dry_run=dry)
+            return _reloading(live_controller, args, scenario_config)
         if args.state is not None:
-            return _reloading(_prometheus_controller(config, args.state), args)
+            from gpuscaler.adapters.kube.cluster import load_state
+            from gpuscaler.sources import PrometheusSource
+
+            state, said = load_state(args.state, config)
+            url = redact_url(config.prometheus.url)
+            print(f"source: Prometheus at {url}; {said}; no cluster: dry run.", file=sys.stderr)
+            source = PrometheusSource(config, state)
+            return _reloading(Controller(config, source, NoActuator(), dry_run=True), args)
         api = kube_api(args.kubeconfig, config.kubernetes)
         elect = args.command == "run" and not args.no_leader_election
         parts = cluster_controller(config, api, args.dry_run, args.config, elect)
@@ -107,22 +99,6 @@ def cmd_once(args: argparse.Namespace) -> int:
     for s in result.plan.skips:
         print(json.dumps(s.as_record()))
     return EXIT_OK
-
-
-def _serve_metrics(
-    controller: Controller, parts: Any, reloader: Any, interval: float, port: int, host: str
-) -> Any:
-    from gpuscaler.observability import ControllerMetrics, HealthState, serve
-
-    metrics = ControllerMetrics()
-    metrics.attach(controller)
-    if parts is not None:
-        metrics.attach_cluster(parts)
-    elif reloader is not None:
-        metrics.attach_reloader(reloader)
-    serve(metrics, HealthState(controller, interval), port, host)
-    print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
-    return metrics.registry
 
 
 def _serve_external_scaler(
@@ -154,8 +130,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     controller, parts, reloader = _controller(args, config)
     registry = None
     if args.metrics_port:
+        from gpuscaler.observability import ControllerMetrics, HealthState, serve
+
+        metrics = ControllerMetrics()
+        metrics.attach(controller)
+        if parts is not None:
+            metrics.attach_cluster(parts)
+        elif reloader is not None:
+            metrics.attach_reloader(reloader)
         port, host = args.metrics_port, args.metrics_host
-        registry = _serve_metrics(controller, parts, reloader, config.control.interval, port, host)
+        serve(metrics, HealthState(controller, config.control.interval), port, host)
+        print(f"serving /metrics, /healthz, /readyz on {host}:{port}", file=sys.stderr)
+        registry = metrics.registry
     external = _serve_external_scaler(args, config, parts, registry)
     if parts is not None and parts.elector is not None:
         parts.elector.step()  # the first tick knows whether it leads
@@ -177,16 +163,14 @@ def add_controller_parsers(sub: Any) -> None:
     ):
         p = cluster_parser(sub, name, help_text, func)
         p.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
-        p.add_argument(
-            "--state", help="plan without a cluster: YAML of current fragments and floors"
-        )
+        state = "plan without a cluster: YAML of current fragments and floors"
+        p.add_argument("--state", help=state)
         if name == "once":
-            p.add_argument(
-                "--cluster-snapshot",
-                metavar="FILE",
-                help="plan (with --dry-run) against `kubectl get nodes,pods,"
-                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output",
+            snapshot = (
+                "plan (with --dry-run) against `kubectl get nodes,pods,"
+                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output"
             )
+            p.add_argument("--cluster-snapshot", metavar="FILE", help=snapshot)
         if name == "run":
             p.add_argument("--max-ticks", type=int, default=None, help=argparse.SUPPRESS)
             lease = "act without a Lease (one replica only)"

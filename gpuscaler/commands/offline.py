@@ -47,15 +47,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace, args.resample, args.column)
         print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
-        result = simulate(
-            trace,
-            args.hours,
-            args.seed,
-            config,
-            args.start,
-            metrics=listeners,
-            baselines=not args.no_baselines,
-        )
+        baselines = not args.no_baselines
+        result = simulate(trace, args.hours, args.seed, config, args.start, listeners, baselines)
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -80,19 +73,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     since = parse_when(args.since, now, "--since")
     until = parse_when(args.until, now, "--until")
     report = Path(args.report) if args.report else None
-    outcome = run_whatif(
-        config,
-        since,
-        until,
-        select(config, args.workload or []),
-        report,
-        seed=args.seed,
-        step=args.step,
-        baselines=not args.no_baselines,
-        jobs=args.jobs,
-        memory=args.memory,
-        lanes=args.lanes,
-    )
+    workloads = select(config, args.workload or [])
+    options = {n: getattr(args, n) for n in ("seed", "step", "jobs", "memory", "lanes")}
+    baselines = not args.no_baselines
+    outcome = run_whatif(config, since, until, workloads, report, baselines=baselines, **options)
     print(json.dumps(outcome.summary()) if args.json else text(outcome))
     for path in outcome.files:
         print(f"wrote {path}", file=sys.stderr)

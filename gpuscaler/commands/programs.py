@@ -38,11 +38,8 @@ def cmd_extender(args: argparse.Namespace) -> int:
 
     config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets
     if not config.prometheus.url:
-        print(
-            "prometheus.url is not set: the extender reads GPU memory from dcgm-exporter "
-            "through Prometheus",
-            file=sys.stderr,
-        )
+        why = "the extender reads GPU memory from dcgm-exporter through Prometheus"
+        print(f"prometheus.url is not set: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if port is not None and not 0 < port < 65536:
@@ -64,9 +61,7 @@ def add_extender_parser(sub: Any) -> None:
     p = cluster_parser(sub, "extender", does, cmd_extender)
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
-    p.add_argument(
-        "--metrics-port", type=int, help="also /metrics, /healthz, /readyz here, plain HTTP"
-    )
-    p.add_argument(
-        "--no-leader-election", action="store_true", help="act without a Lease (one replica only)"
-    )
+    probes = "also /metrics, /healthz, /readyz here, plain HTTP"
+    p.add_argument("--metrics-port", type=int, help=probes)
+    lease = "act without a Lease (one replica only)"
+    p.add_argument("--no-leader-election", action="store_true", help=lease)

@@ -97,8 +97,7 @@ class ClusterSource:
 
 
 def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
-    """A Warning Event on gpuscaler's own pod (found by kubectl describe pod); none
-    outside a pod."""
+    """A Warning Event on gpuscaler's own pod (kubectl describe pod); none outside a pod."""
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if pod and namespace:
         uid = os.environ.get("POD_UID")
@@ -106,29 +105,6 @@ def own_pod_event(writer: Writer, reason: str, action: str, note: str) -> None:
             api_version="v1", kind="Pod", name=pod, namespace=namespace, uid=uid
         )
         writer.event(ref, namespace, reason, action, note, type_="Warning")
-
-
-def _announce_coarse_samples(
-    prometheus: PrometheusSource, controller: Controller, writer: Writer
-) -> None:
-    """One Warning Event per tick that found series sampled more coarsely than
-    metrics.step, naming them (each series is found once: adapters/prometheus/spacing.py)."""
-    found: list[str] = []
-    prometheus.spacing.listeners.append(
-        lambda key, spacing, step: found.append(f"{key} every {spacing:g}s")
-    )
-
-    def announce(_: object) -> None:
-        if found:
-            note = (
-                f"{len(found)} series sampled more coarsely than metrics.step "
-                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
-                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(found)
-            )
-            own_pod_event(writer, "CoarseSamples", "ReadMetrics", note)
-            found.clear()
-
-    controller.stats.listeners.append(announce)
 
 
 class Discovery:
@@ -199,9 +175,31 @@ def cluster_controller(
     source = ClusterSource(prometheus, preemption)
     controller = Controller(config, source, actuator, dry_run=dry_run, is_leader=may_act)
     own_events = Writer(api, config, me)
-    _announce_coarse_samples(prometheus, controller, own_events)
+    # One Warning Event per tick that found series sampled more coarsely than metrics.step,
+    # naming them (each series is found once: adapters/prometheus/spacing.py).
+    coarse: list[str] = []
+    prometheus.spacing.listeners.append(
+        lambda key, spacing, step: coarse.append(f"{key} every {spacing:g}s")
+    )
+
+    def announce(_: object) -> None:
+        if coarse:
+            note = (
+                f"{len(coarse)} series sampled more coarsely than metrics.step "
+                f"{prometheus.spacing.step:g}s (a scrape interval?): each point is read from "
+                "the newest sample within its spacing instead of seeing gaps: " + ", ".join(coarse)
+            )
+            own_pod_event(own_events, "CoarseSamples", "ReadMetrics", note)
+            coarse.clear()
+
+    controller.stats.listeners.append(announce)
     parts = ClusterController(controller, reader, elector, None, cache=cache)
-    _warm_start(prometheus, config, controller)
+    warm_file = config.prometheus.warm_state_file  # windows saved after ticks, read at start
+    if warm_file:
+        from gpuscaler.adapters.prometheus.warm import WarmStart
+
+        warm = WarmStart(prometheus, warm_file, config.prometheus.warm_state_every)
+        controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))
     discovery = Discovery(config, reader, controller)
     controller.before_tick.append(discovery.discover)
     if isinstance(api, BoundedApiClient):
@@ -210,12 +208,8 @@ def cluster_controller(
 
         def refused(e: ConfigError) -> None:
             parts.refused.append(e)
-            own_pod_event(
-                own_events,
-                "ConfigRefused",
-                "ReloadConfig",
-                "new config refused, the running one stays: " + "; ".join(e.problems),
-            )
+            note = "new config refused, the running one stays: " + "; ".join(e.problems)
+            own_pod_event(own_events, "ConfigRefused", "ReloadConfig", note)
 
         parts.reloader = ConfigReloader(config_path, lambda c, _: discovery.reload(c), refused)
         controller.before_tick.insert(0, parts.reloader.check)
@@ -241,15 +235,3 @@ def _readers(api: client.ApiClient, config: Config, home: str) -> tuple[ClusterR
         partial(CachedPreemptionReader, cache=cache),
         cache,
     )
-
-
-def _warm_start(prometheus: PrometheusSource, config: Config, controller: Controller) -> None:
-    """The windows saved after ticks and read back at start (`prometheus.warm_state_file`)."""
-    if not config.prometheus.warm_state_file:
-        return
-    from gpuscaler.adapters.prometheus.warm import WarmStart
-
-    warm = WarmStart(
-        prometheus, config.prometheus.warm_state_file, config.prometheus.warm_state_every
-    )
-    controller.stats.listeners.append(lambda result: warm.after_tick(result.snapshot.time))

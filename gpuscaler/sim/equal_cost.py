@@ -46,14 +46,10 @@ def reason_outside(curve: list[dict[str, Any]], gpu_hours: float) -> str | None:
         return "no curve"
     lo = min(curve, key=lambda p: p["gpu_hours"])
     hi = max(curve, key=lambda p: p["gpu_hours"])
-    if gpu_hours < lo["gpu_hours"]:
-        return (
-            f"gpuscaler's {gpu_hours:g} GPU-hours are below the curve's cheapest point "
-            f"({lo['gpu_hours']:g} at target {lo['target_pct']} %)"
-        )
-    if gpu_hours > hi["gpu_hours"]:
-        return (
-            f"gpuscaler's {gpu_hours:g} GPU-hours are above the curve's dearest point "
-            f"({hi['gpu_hours']:g} at target {hi['target_pct']} %)"
-        )
+    for sign, side, end, p in ((1, "below", "cheapest", lo), (-1, "above", "dearest", hi)):
+        if sign * (p["gpu_hours"] - gpu_hours) > 0:
+            return (
+                f"gpuscaler's {gpu_hours:g} GPU-hours are {side} the curve's {end} point "
+                f"({p['gpu_hours']:g} at target {p['target_pct']} %)"
+            )
     return None

@@ -44,14 +44,12 @@ class LiveSimulation:
     def observe(self, now: float) -> Observations:
         self._advance(now + self.offset)
         obs = self.ports.observe(now + self.offset)
-        return Observations(
-            time=now,
-            pools=tuple(
-                replace(p, utilization=self._to_wall(p.utilization), stall=self._to_wall(p.stall))
-                for p in obs.pools
-            ),
-            workloads=tuple(replace(w, load=self._to_wall(w.load)) for w in obs.workloads),
+        wall = self._to_wall
+        pools = tuple(
+            replace(p, utilization=wall(p.utilization), stall=wall(p.stall)) for p in obs.pools
         )
+        workloads = tuple(replace(w, load=wall(w.load)) for w in obs.workloads)
+        return Observations(now, pools, workloads)
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
         self.ports.apply([replace(d, time=d.time + self.offset) for d in decisions])

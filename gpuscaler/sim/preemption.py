@@ -125,14 +125,9 @@ class SimulatedPreemption:
                         break
 
     def observe(self, now: float) -> PreemptionObservation:
-        nodes = tuple(
-            NodeView(
-                f"batch-{n}",
-                self.gpus_per_node if f"batch-{n}" not in self.quarantined else 0,
-                72.0,
-            )
-            for n in range(self.nodes)
-        )
+        names = [f"batch-{n}" for n in range(self.nodes)]
+        gpus = [0 if name in self.quarantined else self.gpus_per_node for name in names]
+        nodes = tuple(NodeView(name, g, 72.0) for name, g in zip(names, gpus, strict=True))
         released: dict[str, bool | None] = {}
         for key, s in self.states.items():
             if s.tier == "cleanup":
@@ -142,12 +137,8 @@ class SimulatedPreemption:
                         released[key] = False
                     elif now - gone.gone_at >= MEMORY_RELEASE_SECONDS:
                         released[key] = True
-        return PreemptionObservation(
-            tuple(p.view for p in self.pods.values()),
-            nodes,
-            tuple(self.states.values()),
-            released,
-        )
+        pods = tuple(p.view for p in self.pods.values())
+        return PreemptionObservation(pods, nodes, tuple(self.states.values()), released)
 
     def apply(self, d: PreemptionStep) -> None:
         now = d.time

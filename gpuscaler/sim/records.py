@@ -1,6 +1,5 @@
-"""What a simulated run leaves: its per-slot record while it runs (`RunView`) and, once it
-ends, what the report reads of it (`RunResult`: its figures and the plot's series), so
-that its record can be let go."""
+"""A simulated run's per-slot record while it runs (`RunView`) and, once it ends, what the
+report reads (`RunResult`), so that the record can be let go."""
 
 from __future__ import annotations
 
@@ -107,8 +106,7 @@ def finished(
     failed: int = 0,
     plot: bool = True,
 ) -> RunResult:
-    """The result of a recorded run of the replay `p`: its figures, and the plot's series
-    when `plot`."""
+    """A recorded run of the replay `p`: its figures, and the plot's series when `plot`."""
     track = track or ForecastTrack()
     decisions = decisions or []
     s = slice(p.scored_from, view.cursor)

@@ -107,15 +107,11 @@ TRADE_OFFS = (
 """The trade-off panels: (figure, scale, axis label, gpuscaler's value as the table
 prints it), each against GPU-hours held."""
 COLORS = {"reactive": "tab:blue", "keda_rate": "tab:orange", "predictive_floor": "tab:green"}
-POLICY_TITLES = {"reactive": "reactive HPA on utilization at 70 %"}
-REACTIVE_AT = "reactive HPA at 70 %"
 NEAR = 0.75
-"""A trade-off axis is scaled to the points from this share of gpuscaler's GPU-hours up:
-the far cheap end of a curve (a target that leaves half the requests late) would flatten
-everything else at 0; such points are drawn on the axis' top edge with their value."""
+"""Trade-off axes fit the points from this share of gpuscaler's GPU-hours up, so a curve's
+far cheap end does not flatten the rest; points above are drawn on the top edge."""
 FLOOR = {"slo_violation_share": 1.0, "p99_wait_s": 0.1, "scaling_actions": 1.0}
-"""The least top of each trade-off axis, in its drawn unit: all-zero figures still get a
-readable axis."""
+"""The least top of each trade-off axis (drawn unit), so all-zero figures stay readable."""
 
 
 def plot(result: SimulationResult, path: Path) -> None:
@@ -132,8 +128,8 @@ def plot(result: SimulationResult, path: Path) -> None:
         fig = plt.figure(figsize=(14, 13))
         grid = fig.add_gridspec(3, len(TRADE_OFFS), height_ratios=(1, 1, 1))
         summary = result.summary()
-        for i, panel in enumerate(TRADE_OFFS):
-            _trade_off(fig.add_subplot(grid[0, i]), result, summary, panel, legend=i == 0)
+        for i in range(len(TRADE_OFFS)):
+            _trade_off(fig.add_subplot(grid[0, i]), result, summary, i)
         top = fig.add_subplot(grid[1, :])
         bottom = fig.add_subplot(grid[2, :], sharex=top, sharey=top)
         for ax, run in ((top, result.gpuscaler), (bottom, result.reactive)):
@@ -149,16 +145,10 @@ def plot(result: SimulationResult, path: Path) -> None:
         plt.close(fig)
 
 
-def _trade_off(
-    ax: Any,
-    result: SimulationResult,
-    summary: dict[str, Any],
-    panel: tuple[str, float, str, str],
-    legend: bool,
-) -> None:
-    """One figure of every swept baseline against GPU-hours, on a linear axis, with
+def _trade_off(ax: Any, result: SimulationResult, summary: dict[str, Any], i: int) -> None:
+    """Panel `i` of TRADE_OFFS: every swept baseline against GPU-hours, on a linear axis,
     gpuscaler's point drawn over the curves and each curve read at its GPU-hours."""
-    key, scale, label, shown_as = panel
+    key, scale, label, shown_as = TRADE_OFFS[i]
     g, reactive = summary["gpuscaler"], summary["reactive"]
     curves = {
         name: sorted(((p["gpu_hours"], scale * p[key]) for p in curve), key=lambda xy: xy[0])
@@ -188,14 +178,15 @@ def _trade_off(
         ax.annotate(note, (0.98, 0.12), xycoords="axes fraction", ha="right", color="0.3")
     ax.axvline(g["gpu_hours"], color="0.5", lw=0.8, ls=":", label="equal cost (gpuscaler's)")
     at_reactive = (reactive["gpu_hours"], scale * reactive[key])
-    ax.plot(*at_reactive, "s", color=COLORS["reactive"], mec="black", ms=9, label=REACTIVE_AT)
+    label_r = "reactive HPA at 70 %"
+    ax.plot(*at_reactive, "s", color=COLORS["reactive"], mec="black", ms=9, label=label_r)
     at_g = (g["gpu_hours"], scale * g[key])
     ax.plot(*at_g, "*", color="black", mec="white", ms=20, zorder=10, label="gpuscaler")
     ax.set_ylim(-0.04 * top, top)
     ax.set_xlabel("GPU-hours held")
     ax.set_ylabel(label.replace("SLO", f"{result.p.config.simulator.slo_wait:g} s"))
     ax.set_title(f"{label.split(' (')[0]}: gpuscaler {shown_as.format(scale * g[key])}")
-    if legend:
+    if i == 0:
         ax.legend(loc="upper right")
 
 
@@ -219,12 +210,11 @@ def _series(ax: Any, result: SimulationResult, run: RunResult) -> None:
         band = f"forecast {cfg.interval_level:.0%} band at +{cfg.horizon:.0f}s"
         ax.fill_between(*p.band, color="tab:orange", alpha=0.3, label=band)
     for kind, color in (("fragments", "tab:purple"), ("time_slice", "tab:green")):
-        times = [t for k, t in p.marks if k == kind]
-        for i, t in enumerate(times):
+        for i, t in enumerate(t for k, t in p.marks if k == kind):
             ax.axvline(t, color=color, lw=0.8, ls="--", label=f"{kind} change" if i == 0 else None)
     pre = [t for k, t in p.marks if k == "preemption"]
     if pre:
         ax.plot(pre, np.zeros(len(pre)), "v", color="black", ms=5, label="preemption step")
-    ax.set_title(POLICY_TITLES.get(run.policy, run.policy))
+    ax.set_title("reactive HPA on utilization at 70 %" if run.policy == "reactive" else run.policy)
     ax.set_ylabel("GPUs")
     ax.legend(loc="upper left")

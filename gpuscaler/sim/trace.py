@@ -49,21 +49,21 @@ def bundled_trace_path() -> Path:
     return Path(str(resources.files("gpuscaler") / "data" / BUNDLED_TRACE))
 
 
-def parse_times(column: pd.Series, where: str) -> FloatArray:
-    """Unix seconds from a column of unix seconds or ISO-8601 strings."""
+def parse_times(frame: pd.DataFrame, where: str) -> FloatArray:
+    """Unix seconds from the first column (unix seconds or ISO-8601 strings), or TraceError
+    naming the first row (1 = the header) without a finite time."""
+    column = frame.iloc[:, 0]
     numeric = pd.to_numeric(column, errors="coerce")
     if numeric.notna().sum() == column.notna().sum():  # numbers, and maybe empty cells
-        return numeric.to_numpy(dtype=np.float64)
-    try:
-        parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
-        seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-    except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime is a ValueError
-        raise TraceError(f"{where}: time column is neither unix seconds nor ISO-8601 ({e})") from e
-    return np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
-
-
-def finite_times(times: FloatArray, frame: pd.DataFrame, where: str) -> FloatArray:
-    """`times`, or TraceError naming the first row (1 = the header) without a finite time."""
+        times = numeric.to_numpy(dtype=np.float64)
+    else:
+        try:
+            parsed = pd.to_datetime(column.astype(str), utc=True, format="ISO8601")
+            seconds = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+        except (ValueError, TypeError, OverflowError) as e:  # OutOfBoundsDatetime: ValueError
+            why = f"time column is neither unix seconds nor ISO-8601 ({e})"
+            raise TraceError(f"{where}: {why}") from e
+        times = np.asarray(seconds.to_numpy(dtype=np.float64), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(times))
     if bad.size:
         raw = frame.iloc[int(bad[0]), 0]
@@ -141,8 +141,7 @@ def _value_column(frame: pd.DataFrame, column: str | None, where: str) -> str:
 
 
 def bounded_span(times: FloatArray, step: float, where: str) -> int:
-    """Bins of `step` from the first time to the last, refused (before anything is
-    allocated) beyond MAX_BINS."""
+    """Bins of `step` from the first time to the last, refused beyond MAX_BINS."""
     span = float(times[-1] - times[0])
     bins = int(span / step) + 1
     if bins > MAX_BINS:
@@ -155,8 +154,7 @@ def bounded_span(times: FloatArray, step: float, where: str) -> int:
 
 
 def _binned(times: FloatArray, values: FloatArray | None, width: float, where: str) -> FloatArray:
-    """Per-bin sums of `values` (row counts when None) on a `width`-second grid from the
-    first time; an empty bin holds 0 requests."""
+    """Per-bin sums of `values` (row counts when None); an empty bin holds 0 requests."""
     if np.any(np.diff(times) < 0):
         i = int(np.flatnonzero(np.diff(times) < 0)[0])
         raise TraceError(f"{where}: time goes backwards at row {i + 2}")
@@ -177,7 +175,7 @@ def load_trace(
     frame = read_csv(p, where)
     if frame.shape[1] < 2 and resample is None:
         raise TraceError(f"{where}: needs a time column and a numeric column, found 1 column")
-    times = finite_times(parse_times(frame[frame.columns[0]], where), frame, where)
+    times = parse_times(frame, where)
     name = None if resample is not None and column is None else _value_column(frame, column, where)
     values = None if name is None else pd.to_numeric(frame[name], errors="coerce").to_numpy(float)
     if values is not None and np.any(values[np.isfinite(values)] < 0):
