@@ -289,8 +289,12 @@ class Clusters:
         ready = self.pods.ready_at(now)
         share = 1.0 / self.fragments
         wants = np.full(len(current), -1, dtype=np.int64)
-        util = self._util()
-        if util is not None:  # the dropped samples are the only missing ones, in every run
+        # Every run's mean utilization over the last control interval; the dropped samples
+        # are the only missing ones, in every run.
+        window = slice(max(0, self.cursor - round(self.interval / self.slot)), self.cursor)
+        finite = window.start + (~self.dropped[window]).nonzero()[0]
+        if finite.size:
+            util = np.asarray(self.load[:, finite - self.load_from].mean(axis=1))
             asks = desired_replicas(util, share, current, ready, self.targets, self.tol)
             wants = np.where(self.uses_util & (ready > 0), asks, wants)
         if signal is not None:
@@ -310,14 +314,6 @@ class Clusters:
         if fixed is not None:
             desired = np.where(fixed >= 0, fixed, desired)
         self.set_replicas(now, desired)
-
-    def _util(self) -> FloatArray | None:
-        """Every run's mean utilization over the last control interval (None: no sample)."""
-        window = slice(max(0, self.cursor - round(self.interval / self.slot)), self.cursor)
-        finite = window.start + (~self.dropped[window]).nonzero()[0]
-        if not finite.size:
-            return None
-        return np.asarray(self.load[:, finite - self.load_from].mean(axis=1))
 
     def set_replicas(self, now: float, n: IntArray) -> None:
         """Every run's replicas asked at `now`, reached `sync_delay` later: new pods after

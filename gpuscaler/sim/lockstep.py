@@ -41,28 +41,6 @@ class Lane:
     track: ForecastTrack = field(default_factory=ForecastTrack)
 
 
-def combined_config(preps: Sequence[Prepared], lanes: Sequence[Lane]) -> Config:
-    """One config holding every lane's workload on its own copy of its pool."""
-    if len(preps) == 1:
-        return preps[0].config
-    if preps[0].config.simulator.preemption_burst_after is not None:
-        raise ModelError("lockstep replays run without a synthetic preemption burst")
-    one_model(preps)
-    keys = [lane.workload.key for lane in lanes]
-    if len(set(keys)) != len(keys):
-        raise ModelError("a workload appears twice in one lockstep")
-    return preps[0].config.model_copy(
-        update={
-            "node_pools": tuple(
-                lane.pool.model_copy(update={"name": lane.lane_pool}) for lane in lanes
-            ),
-            "workloads": tuple(
-                lane.workload.model_copy(update={"node_pool": lane.lane_pool}) for lane in lanes
-            ),
-        }
-    )
-
-
 class ClusterPorts:
     """Observation source and actuator over the runs of `clusters`, run i being lane i,
     with the simulated preemption pool of a single replay."""
@@ -123,7 +101,19 @@ def lane_ports(preps: Sequence[Prepared], recorded: bool = True) -> tuple[Config
     for i, p in enumerate(preps):  # each pool named `<pool>-lane<i>` when there are more
         workload, pool = scenario(p.config)
         lanes.append(Lane(workload, pool, pool.name if len(preps) == 1 else f"{pool.name}-lane{i}"))
-    config, first = combined_config(preps, lanes), preps[0]
+    config, first = preps[0].config, preps[0]
+    if len(preps) > 1:  # one config: every lane's workload on its own copy of its pool
+        if config.simulator.preemption_burst_after is not None:
+            raise ModelError("lockstep replays run without a synthetic preemption burst")
+        one_model(preps)
+        keys = [lane.workload.key for lane in lanes]
+        if len(set(keys)) != len(keys):
+            raise ModelError("a workload appears twice in one lockstep")
+        pools = tuple(lane.pool.model_copy(update={"name": lane.lane_pool}) for lane in lanes)
+        workloads = tuple(
+            lane.workload.model_copy(update={"node_pool": lane.lane_pool}) for lane in lanes
+        )
+        config = config.model_copy(update={"node_pools": pools, "workloads": workloads})
     burst = config.simulator.preemption_burst_after
     preemption = (
         None

@@ -62,11 +62,22 @@ class Pods:
             self._add(at, *up)
         if down[0].size:
             self._remove_newest(at, *down)
-        self.next_event[rows] = self._next_events(rows, self.seen)
+        w = self._cols(rows)
+        events = np.concatenate(
+            (self.created[rows, :w], self.ready[rows, :w], self.leave[rows, :w]), axis=1
+        )
+        self.next_event[rows] = np.where(events > self.seen, events, INF).min(axis=1)
 
     def _add(self, at: float, rows: IntArray, counts: IntArray, cold_starts: FloatArray) -> None:
-        """`counts` new pods a run, created at `at`, ready after their cold starts."""
-        self._room(rows, counts)
+        """`counts` new pods a run, created at `at`, ready after their cold starts; the
+        tables made wider when short."""
+        width = self.created.shape[1]
+        need = int((self.used[rows] + counts).max())
+        if need > width:
+            pad = np.full((len(self.created), need + 8 - width), INF)
+            self.created, self.ready, self.leave = (
+                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
+            )
         within = np.arange(len(cold_starts)) - np.repeat(np.cumsum(counts) - counts, counts)
         r = np.repeat(rows, counts)
         c = np.repeat(self.used[rows], counts) + within
@@ -113,23 +124,6 @@ class Pods:
             moved[padding] = INF
             table[rows, :width] = moved
         self.used[rows] = kept
-
-    def _room(self, rows: IntArray, counts: IntArray) -> None:
-        """Room for `counts` more pods on the runs `rows`: the table wider if short."""
-        width = self.created.shape[1]
-        need = int((self.used[rows] + counts).max())
-        if need > width:
-            pad = np.full((len(self.created), need + 8 - width), INF)
-            self.created, self.ready, self.leave = (
-                np.concatenate((a, pad), axis=1) for a in (self.created, self.ready, self.leave)
-            )
-
-    def _next_events(self, rows: IntArray, after: float) -> FloatArray:
-        w = self._cols(rows)
-        events = np.concatenate(
-            (self.created[rows, :w], self.ready[rows, :w], self.leave[rows, :w]), axis=1
-        )
-        return np.asarray(np.where(events > after, events, INF).min(axis=1))
 
     def counts(self, t: FloatArray, rows: IntArray) -> tuple[FloatArray, FloatArray]:
         """(ready, holding a GPU share) of the runs `rows` at each time of `t`, of shape

@@ -102,7 +102,16 @@ def prepare(
 ) -> Prepared:
     """`hours` of `trace` (all of it when None) from `start_hours` into it, checked."""
     config = scenario_config(config)
-    slot_problem(config, trace.name)
+    # The forecaster refuses samples coarser than forecast.fit_step, and a control tick
+    # must see at least one new slot.
+    slot, fit_step = config.simulator.slot, config.forecast.fit_step
+    limit = min(fit_step, config.control.interval)
+    if slot > limit + 1e-9:
+        raise TraceError(
+            f"{trace.name}: simulator.slot {slot:g}s is coarser than forecast.fit_step "
+            f"({fit_step:g}s) or control.interval ({config.control.interval:g}s); "
+            f"use a slot of at most {limit:g}s"
+        )
     offset = start_hours * 3600.0
     available = trace.duration - offset
     seconds = available if hours is None else hours * 3600.0
@@ -141,17 +150,3 @@ def warmup_plan(config: Config, seconds: float, name: str) -> tuple[int, float]:
             f"{remedy}"
         )
     return int(min_history / slot), min_history
-
-
-def slot_problem(config: Config, name: str) -> None:
-    """Raise TraceError when `simulator.slot` is coarser than what the controller reads:
-    the forecaster refuses samples coarser than forecast.fit_step, and a control tick
-    must see at least one new slot."""
-    slot, fit_step = config.simulator.slot, config.forecast.fit_step
-    limit = min(fit_step, config.control.interval)
-    if slot > limit + 1e-9:
-        raise TraceError(
-            f"{name}: simulator.slot {slot:g}s is coarser than forecast.fit_step "
-            f"({fit_step:g}s) or control.interval ({config.control.interval:g}s); "
-            f"use a slot of at most {limit:g}s"
-        )

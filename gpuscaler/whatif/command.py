@@ -1,7 +1,5 @@
-"""`gpuscaler whatif`: reads each workload's history from the configured Prometheus,
-replays it (`whatif.history`) and writes the report: a table of verdicts first, then each
-workload's figures and limits; with `--report DIR`, `decisions.jsonl`, `summary.json` and
-one PNG per workload."""
+"""`gpuscaler whatif`: each workload's Prometheus history replayed (`whatif.history`) and
+reported (`whatif.report`), with one PNG per workload under `--report DIR`."""
 
 from __future__ import annotations
 
@@ -73,10 +71,6 @@ def select(config: Config, names: list[str]) -> list[WorkloadConfig]:
     return chosen
 
 
-def _file_name(key: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", key) + ".png"
-
-
 @dataclass(frozen=True)
 class Job:
     """What every workload's replay shares (picklable: `--jobs` runs them in processes)."""
@@ -89,8 +83,7 @@ class Job:
     baselines: bool = True
     report: Path | None = None
     lanes: int = 1
-    readers: int = READERS
-    """Histories a process reads at once."""
+    readers: int = READERS  # histories a process reads at once
 
 
 Done = tuple[dict[str, Any] | Skipped, list[dict[str, Any]], Path | None]
@@ -104,16 +97,13 @@ def replay_chunk(
     progress: Callable[[float], None] | None = None,
     chunk: int = 0,
 ) -> list[Done]:
-    """Read some workloads' histories, replay them and draw their PNGs. In a worker
-    process (no `reader`), its progress is reported as chunk `chunk`."""
+    """Some workloads' histories read, replayed and drawn; in a worker (no `reader`), its
+    progress reported as chunk `chunk`."""
     if reader is None:
         requests, progress = reporters(chunk, len(workloads))
         reader = HistoryReader(job.config, progress=requests)
-    read = reader.workloads(
-        workloads, job.since - job.step, job.until + job.step, job.step, job.readers
-    )
-    histories = list(zip(read, workloads, strict=True))
-    del read
+    span = (job.since - job.step, job.until + job.step, job.step)
+    histories = list(zip(reader.workloads(workloads, *span, job.readers), workloads, strict=True))
     out: list[Done] = []
     draw = job.report is not None  # the PNG's series kept only when it is drawn
     given = handed_over(histories)  # each history let go once checked
@@ -128,7 +118,7 @@ def replay_chunk(
             records = [{"workload": done.key, **d.as_record()} for d in decided]
             from gpuscaler.sim.report import plot
 
-            png = job.report / _file_name(done.key)
+            png = job.report / (re.sub(r"[^A-Za-z0-9._-]+", "_", done.key) + ".png")
             plot(done.result, png)
         out.append((done.summary(), records, png))
     return out

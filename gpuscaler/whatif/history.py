@@ -105,11 +105,17 @@ class Ready:
     """The replicas that ran (their series, or why there is none)."""
     gap_lines: list[str]
     problem_lines: list[str]
+    """The samples dropped from the series read (out of range, ...)."""
     prepared: Prepared
 
     def limits(self, actual: dict[str, Any] | None) -> list[str]:
         """The honest limits of the replay, in words."""
-        return [*self.gap_lines, actual_line(self.replicas, actual), *self.problem_lines]
+        if actual is None:
+            why = self.replicas.problem or "no kube-state-metrics replica series matched"
+            ran = f"replicas that ran unknown ({why}): no replay of them"
+        else:
+            ran = "the replicas that ran are replayed at the pool's initial fragments"
+        return [*self.gap_lines, ran, *self.problem_lines]
 
 
 def ready(
@@ -147,18 +153,12 @@ def ready(
         prepared = prepare(trace, seconds / 3600, seed, cfg, history.step / 3600)
     except TraceError as e:
         return Skipped(history.key, str(e))
-    return Ready(
-        history.key, signal, history.replicas, gap_lines(demand), problem_lines(history), prepared
-    )
-
-
-def _replayed(r: Ready, run: RunResult, around: Around) -> WorkloadReplay:
-    assert around.reactive is not None
-    result = SimulationResult(r.prepared, run, around.reactive, around.curves or {})
-    actual = around.actual
-    if actual is not None:
-        actual["source"] = r.replicas.name
-    return WorkloadReplay(r.key, r.signal, result, actual, r.limits(actual))
+    dropped = [
+        f"{s.name}: {s.problem} (those samples dropped)"
+        for s in (history.requests, history.load, history.replicas)
+        if s.problem is not None and s.series is not None
+    ]
+    return Ready(history.key, signal, history.replicas, gap_lines(demand), dropped, prepared)
 
 
 def replay_many(
@@ -202,7 +202,12 @@ def replay_many(
             for x, run, around in zip(chunk, runs, arounds, strict=True):
                 done[id(x)] = (run, around)
             del runs, arounds
-        yield _replayed(r, *done.pop(id(r)))
+        run, around = done.pop(id(r))
+        assert around.reactive is not None
+        result = SimulationResult(r.prepared, run, around.reactive, around.curves or {})
+        if around.actual is not None:
+            around.actual["source"] = r.replicas.name
+        yield WorkloadReplay(r.key, r.signal, result, around.actual, r.limits(around.actual))
 
 
 def _hours(t: float) -> str:
@@ -221,21 +226,4 @@ def gap_lines(demand: Series) -> list[str]:
     return [
         f"{len(holes)} gap(s) in the demand history ({missing / 3600:.2f} h, interpolated "
         f"over): {first}{' ...' if len(holes) > 3 else ''}"
-    ]
-
-
-def actual_line(replicas: Signal, actual: dict[str, Any] | None) -> str:
-    """Whether, and how, the replicas that ran were replayed."""
-    if actual is None:
-        why = replicas.problem or "no kube-state-metrics replica series matched"
-        return f"replicas that ran unknown ({why}): no replay of them"
-    return "the replicas that ran are replayed at the pool's initial fragments"
-
-
-def problem_lines(history: WorkloadHistory) -> list[str]:
-    """The samples dropped from the series read (out of range, ...)."""
-    return [
-        f"{s.name}: {s.problem} (those samples dropped)"
-        for s in (history.requests, history.load, history.replicas)
-        if s.problem is not None and s.series is not None
     ]

@@ -27,7 +27,7 @@ class Outcome:
             "until": rfc3339(self.until),
             "step_s": self.step,
             "slot_s": self.step,
-            "table": [row(s) for s in self.summaries]
+            "table": [_row(s["workload"], s["comparison"]) for s in self.summaries]
             + [
                 {"workload": s.key, "verdict": "not enough data", "reason": s.reason}
                 for s in self.skipped
@@ -37,11 +37,10 @@ class Outcome:
         }
 
 
-def row(summary: dict[str, Any]) -> dict[str, Any]:
-    c = summary["comparison"]
+def _row(workload: str, c: dict[str, Any]) -> dict[str, Any]:
     saved, avoided = c["gpu_hours_saved"], c["violations_avoided"]
     return {
-        "workload": summary["workload"],
+        "workload": workload,
         "gpu_hours_saved_at_equal_slo": None if saved is None else saved["gpu_hours"],
         "slo_violations_avoided_at_equal_gpu_hours": None if avoided is None else avoided["share"],
         "verdict": c["verdict"],
@@ -57,10 +56,6 @@ def write(report: Path, outcome: Outcome, records: list[dict[str, Any]]) -> None
     outcome.files.append(path)
 
 
-def _pct(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:+.3f} pts"
-
-
 def table_lines(outcome: Outcome) -> list[str]:
     """The verdict table: one row per workload, skipped ones included."""
     saved_at, avoided_at = "GPU-hours saved at equal SLO", "SLO violations avoided at equal GPU-h"
@@ -73,7 +68,9 @@ def table_lines(outcome: Outcome) -> list[str]:
             (
                 s["workload"],
                 "-" if saved is None else f"{saved['gpu_hours']:+.2f} vs {saved['against']}{edge}",
-                "-" if avoided is None else f"{_pct(avoided['share'])} vs {avoided['against']}",
+                "-"
+                if avoided is None
+                else f"{100 * avoided['share']:+.3f} pts vs {avoided['against']}",
                 c["verdict"],
             )
         )
