@@ -1,8 +1,6 @@
-"""The simulated cluster under the load model of `gpuscaler.sim.load`: one model for any
-number of runs, its state arrays with a leading run axis (a replay is one run, a baseline
-sweep or the what-if lanes are many stepped together). The runs share the range, slot,
-settings and seed: their signal noise and dropped samples are one draw, and the kth cold
-start of every run is the kth of one stream."""
+"""The simulated cluster under `gpuscaler.sim.load`'s model, for any number of runs stepped
+together (arrays with a leading run axis). The runs share range, slot, settings and seed:
+one draw of signal noise and dropped samples, the kth cold start of each from one stream."""
 
 from __future__ import annotations
 
@@ -88,9 +86,8 @@ def scenario_run(
 
 class Window:
     """The last `keep` slots (at least) of some (runs, slots) signals, in a table of
-    `keep + ROOM` slots from slot `offset`. When full, the kept slots move to a new table:
-    the old one stays as it is for the controller's series of earlier ticks that still
-    view it, so no slot once written ever changes."""
+    `keep + ROOM` slots from slot `offset`. When full, the kept slots move to a new table,
+    so that no slot an earlier tick's series still views ever changes."""
 
     def __init__(self, runs: int, keep: int):
         self.keep, self.offset = keep, 0
@@ -241,9 +238,8 @@ class Clusters:
         self, begin: int, end: int
     ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """(ready replicas, capacity in GPUs' worth, GPUs held) of every run in the slots
-        `begin` to `end`, counted every 500 ms (means over a coarser slot), of shape (runs,
-        slots) or (runs, 1) when no run changes; and each run's pods holding a GPU share at
-        the last slot's first sample. A run whose pods do not change is counted once."""
+        `begin` to `end`, every 500 ms (means over a coarser slot), (runs, slots) or (runs,
+        1) when none changes; and each run's GPU-holding pods at the last slot's start."""
         slot, sub, overhead = self.slot, self.sub, self.sim.switch_overhead
         m = end - begin
         first, last = self.start + slot * begin, self.start + slot * (end - 1)

@@ -1,9 +1,8 @@
 """The real controller driving the simulated cluster: one replay or many in lockstep
-(what-if's lanes), each one run of one model, all ticked through one controller so that
-a tick forecasts every series in one batch. The lanes stay independent: each lane's pool
-is its own copy (`<pool>-lane<i>`, decisions renamed back), the planner decides per
-target, and preemption, the one cross-target step, runs for a single replay only. A tick
-that raises is lost for every lane (each one's `failed_ticks`)."""
+(what-if's lanes, one model), so that a tick forecasts every series in one batch. Lanes
+stay independent: each has its own copy of its pool (`<pool>-lane<i>`, decisions renamed
+back), and preemption, the one cross-target step, runs for a single replay only. A tick
+that raises is lost for every lane."""
 
 from __future__ import annotations
 

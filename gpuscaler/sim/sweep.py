@@ -1,10 +1,9 @@
-"""The runs around gpuscaler's, without a controller, many at once as runs of one model:
-the baselines swept over their targets, the reactive HPA (`hpa_util` at the workload's
-target) and the replicas that actually ran (set at each control tick). The floor stays at
-min_replicas and the fragments at the pool's initial ones; the request rate and the
-predictive floor's forecast read the arrivals alone, so they are computed once for every
-tick. A run's figures do not depend on the runs beside it: they go in the fewest groups
-of even sizes a memory budget allows (RUN_SLOT_BYTES a run a slot)."""
+"""The runs around gpuscaler's, without a controller, as runs of one model: the baselines
+swept over their targets, the reactive HPA (`hpa_util` at the workload's target) and the
+replicas that ran (set at each tick). Floor and fragments stay at their initial values, so
+the request rate and the predictive forecast, read from the arrivals alone, are computed
+once for every tick. Runs are independent: they go in the fewest even groups a memory
+budget allows (RUN_SLOT_BYTES a run a slot)."""
 
 from __future__ import annotations
 

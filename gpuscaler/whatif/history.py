@@ -1,15 +1,11 @@
-"""The what-if replay: workloads' own Prometheus histories through the simulator's model.
-
-Pure: it takes the `WorkloadHistory` the history adapter read and runs it as `gpuscaler
-simulate` runs a trace CSV (gpuscaler's policy, the reactive HPA, every baseline swept),
-plus once more with the replica counts that actually ran: the same trace, seed and config
-give the same figures.
+"""The what-if replay, pure: each `WorkloadHistory` read runs as `gpuscaler simulate` runs
+a trace (gpuscaler, the reactive HPA, every baseline swept), plus once with the replicas
+that ran; same history, seed and config, same figures.
 
 The load model is derived, not measured: requests per second become Poisson arrivals of
-`simulator.gpu_seconds_per_request` GPU-seconds each. When only GPU load is known, the
-request rate is derived from it (load / 100 / GPU-seconds per request): that load is what
-was served, so demand that queued unserved is not in it.
-"""
+`simulator.gpu_seconds_per_request` GPU-seconds each, derived from the GPU load when only
+that is known (load / 100 / GPU-seconds per request: served load, so demand that queued
+unserved is not in it)."""
 
 from __future__ import annotations
 
@@ -61,9 +57,9 @@ class WorkloadReplay:
 
 
 def workload_config(config: Config, workload: WorkloadConfig, slot: float | None = None) -> Config:
-    """The config replaying `workload`: it alone on its pool (the default pool when it names
-    none), no synthetic preemption burst (history has its own), in slots of `slot` seconds
-    (the read step: Prometheus keeps no week at 500 ms; default: simulator.slot)."""
+    """The config replaying `workload` alone on its pool (the default one when it names
+    none), without the synthetic preemption burst (history has its own), in slots of
+    `slot` seconds (the read step; default: simulator.slot)."""
     pools = config.node_pools
     if workload.node_pool is None or all(p.name != workload.node_pool for p in pools):
         workload = workload.model_copy(update={"node_pool": DEFAULT_POOL.name})
@@ -96,8 +92,8 @@ def demand_rate(history: WorkloadHistory, config: Config) -> tuple[Series, str] 
 
 @dataclass(frozen=True, eq=False)
 class Ready:
-    """A workload's history checked and prepared: what the replay and its limits read of
-    it (not the demand itself: its arrivals are in `prepared`, its gaps in `gap_lines`)."""
+    """A workload's history checked and prepared (its demand kept only as `prepared`'s
+    arrivals and its `gap_lines`)."""
 
     key: str
     signal: str
@@ -170,12 +166,10 @@ def replay_many(
     plot: bool = True,
     progress: Callable[[float], None] | None = None,
 ) -> Iterator[WorkloadReplay | Skipped]:
-    """Each workload's replay, in order. Up to `lanes` workloads of one model at a time run
-    gpuscaler's controller in lockstep (one batched forecast a tick), then the runs around
-    them in one sweep, each run finished (its figures, and the PNG's series when `plot`)
-    as soon as it ends; each replay is yielded before the next lockstep starts. A history
-    is let go once checked (`Ready`) when the caller holds it no more. `progress` is told
-    each lockstep's share of ticks done."""
+    """Each workload's replay, in order: up to `lanes` of one model at a time run gpuscaler
+    in lockstep (one batched forecast a tick), then the runs around them in one sweep, each
+    finished as it ends (the PNG's series kept when `plot`) and yielded before the next
+    lockstep. `progress` is told each lockstep's share of ticks done."""
     out: list[Ready | Skipped] = [ready(h, config, w, seed) for h, w in histories]
     groups: dict[tuple[float, float, int, str], list[Ready]] = {}
     for r in out:
