@@ -17,10 +17,9 @@ INF = math.inf
 
 @dataclass
 class Pods:
-    """The pods of every run, padded with pods that never exist (all times infinite),
-    each run starting with `first[run]` pods ready at `at`; with each run's counts as of
-    the last sample counted (`seen`) and its next pod event, so that a run whose pods do
-    not change is counted once for a whole span of slots (`count`)."""
+    """The pods of every run, padded with pods that never exist (all times infinite), each
+    run starting with `first[run]` ready at `at`; with its counts as of `seen` and its next
+    pod event, so that a run whose pods do not change is counted once a span (`count`)."""
 
     first: IntArray
     at: float
@@ -53,9 +52,8 @@ class Pods:
         up: tuple[IntArray, IntArray, FloatArray],
         down: tuple[IntArray, IntArray, FloatArray],
     ) -> None:
-        """The runs whose replicas change at `at`: `up` = (runs, pods each adds, their
-        cold starts in the order of the runs), `down` = (runs, staying pods each keeps,
-        each run's drain seconds); no run in both."""
+        """Replicas changed at `at`: `up` = (runs, pods each adds, their cold starts in run
+        order), `down` = (runs, staying pods each keeps, drain seconds); no run in both."""
         rows = np.concatenate((up[0], down[0]))
         self._forget_gone(rows)
         if up[0].size:

@@ -37,8 +37,7 @@ class ModelError(ValueError):
 
 
 def scenario_config(config: Config) -> Config:
-    """The config with a workload and its pool to simulate: the first configured workload
-    that names a pool, or the built-in scenario when there is none."""
+    """The config, with the built-in scenario added when no workload names a pool."""
     if any(w.node_pool for w in config.workloads):
         return config
     return config.model_copy(
@@ -78,8 +77,8 @@ class Prepared:
         return (self.start, self.seconds, self.seed, shared.model_dump_json())
 
     def ticks(self) -> list[float]:
-        """The control ticks: every control.interval from the start up to and including
-        its end, summed one interval at a time (the same floats in every run)."""
+        """Every control.interval after the start through its end, summed one interval at a
+        time (the same floats in every run)."""
         ticks, t, interval = [], self.start, self.config.control.interval
         while (t := t + interval) <= self.start + self.seconds:
             ticks.append(t)

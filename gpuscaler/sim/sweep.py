@@ -38,8 +38,8 @@ Curves = dict[str, list[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class Swept:
-    """A run of replay `replay`: a scaler (`kind` at `target_pct`), or with `replicas`
-    given, the kth control tick setting replicas[k]. `recorded`: its whole record kept."""
+    """A run of replay `replay`: `kind` at `target_pct`, or with `replicas`, tick k setting
+    replicas[k]; `recorded`: its whole record kept."""
 
     label: str
     replay: int
@@ -60,15 +60,13 @@ class Around:
 
 
 def group_size(runs: int, slots: int, budget: int = SWEEP_BYTES) -> int:
-    """Runs a group of a sweep of `runs` runs of `slots` slots within `budget` bytes: as
-    few groups as fit, of one size (the last one may be smaller)."""
+    """Runs a group within `budget` bytes: the fewest groups, of one size (the last less)."""
     most = max(1, budget // (RUN_SLOT_BYTES * max(1, slots)))
     return max(1, math.ceil(runs / max(1, math.ceil(runs / most))))
 
 
 def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunView]:
-    """Every run of `runs` stepped together over the replays' range (one model): at each
-    control tick, the slots up to it, then every run's scaler."""
+    """Every run of `runs` stepped together over the replays' range (one model)."""
     used = sorted({r.replay for r in runs})
     one_model([replays[u] for u in used])
     member = {replay: m for m, replay in enumerate(used)}
@@ -174,10 +172,9 @@ def around_many(
     budget: int = SWEEP_BYTES,
     plot: bool = True,
 ) -> list[Around]:
-    """For each replay (all of one model): the baselines' curves when `baselines`, the
-    reactive HPA's run when `reactive` (finished as soon as found, with the plot's series
-    when `plot`), the figures of its `replicas` that ran when given; in groups within
-    `budget` bytes."""
+    """For each replay (one model): the baselines' curves, the reactive HPA's run (finished
+    as found, the plot's series kept when `plot`), the figures of its `replicas` that ran
+    when given; in groups within `budget` bytes."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     runs: list[Swept] = []
     for w, (p, series) in enumerate(zip(prepared, given, strict=True)):

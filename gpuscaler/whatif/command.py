@@ -134,8 +134,7 @@ def handed_over(items: list[T]) -> Iterator[T]:
 def _results(
     job: Job, workloads: list[WorkloadConfig], jobs: int, reader: HistoryReader, bar: Progress
 ) -> Iterator[Done]:
-    """Each workload's replay, in order: in this process, or in `jobs` processes (their
-    progress through a queue while the bar is shown)."""
+    """Each workload's replay, in order, here or in `jobs` processes (progress by queue)."""
     parts = chunks(workloads, jobs, job.lanes)
     if jobs <= 1 or len(parts) <= 1:
         for i, part in enumerate(parts):

@@ -43,8 +43,7 @@ class Progress:
         self.show()
 
     def share(self) -> float:
-        """The run's share done: the workloads done, or the chunks' ticks, whichever is more."""
-        total = max(self.total, 1)
+        total = max(self.total, 1)  # workloads done, or the chunks' ticks, whichever is more
         ticked = sum(size * share for size, share in self.shares.values()) / total
         return min(1.0, max(self.done / total, ticked))
 
@@ -80,8 +79,7 @@ def worker_init(to: Any) -> None:
 
 
 def reporters(chunk: int, size: int) -> tuple[Callable[[int], None], Callable[[float], None]]:
-    """In a worker: (range queries sent, share of ticks done) callbacks for chunk `chunk`
-    of `size` workloads, each a message on the queue."""
+    """In a worker: (range queries sent, share of ticks done) callbacks of chunk `chunk`."""
     to = _QUEUE
     if to is None:
         return (lambda _n: None), (lambda _share: None)

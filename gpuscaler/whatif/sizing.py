@@ -11,21 +11,19 @@ from gpuscaler.adapters.prometheus.history import READERS
 from gpuscaler.config import Config, WorkloadConfig
 
 LANES = 50
-"""Most workloads a process replays in lockstep (the batched forecast costs less a
-workload with more lanes), fewer when the memory would not hold them."""
+"""Most workloads a process replays in lockstep (more lanes: a cheaper batched forecast a
+workload), fewer when the memory would not hold them."""
 LANE_BYTES = 1 * 2**20
 LANE_BYTES_A_WEEK = 2 * 2**20
-"""What a lane adds to a process' peak: the controller's state for it whatever the range,
-and a week of its run's per-slot records, arrivals, replicas read and forecast track
-(the sweep around the lockstep records within `sweep.MANY_BYTES` whatever the lanes);
-measured peaks of a process' lanes, a day and a week, with a margin."""
+"""What a lane adds to a process' peak: the controller's state for it, plus a week of its
+per-slot records, arrivals, replicas read and forecast track (the sweep around it stays
+within `sweep.MANY_BYTES`); measured peaks with a margin."""
 MEMORY = 2**30
 """The whole run's memory by default (`--memory`), whatif and its workers together."""
 PARENT_BYTES = 100 * 2**20
 """The whatif process' own peak: the interpreter, numpy, the config and the reports."""
 WORKER_BYTES = 230 * 2**20
-"""A worker's own peak beside its lanes: numpy, the forecast and one group of its
-sweep (`sweep.MANY_BYTES`)."""
+"""A worker's own peak beside its lanes: numpy, the forecast, one group of its sweep."""
 MIN_LANES = 10
 """The fewest lanes a process is worth its WORKER_BYTES (fewer cost more a lane-tick)."""
 
@@ -36,8 +34,7 @@ def lane_bytes(seconds: float) -> float:
 
 
 def default_jobs(memory: float = MEMORY, seconds: float = 7 * 86400.0) -> int:
-    """One process a core, as many as `memory` holds with MIN_LANES lanes each, at least
-    one."""
+    """One process a core, as many as `memory` holds with MIN_LANES lanes each (at least 1)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -12,9 +12,8 @@ HOURS_MARGIN = 0.01
 
 
 def hours_at_share(curve: list[dict[str, Any]], share: float) -> tuple[float, bool] | None:
-    """(GPU-hours, at the sweep's edge) the cheapest point of the curve (linear between
-    swept targets) at or under `share`; None when no swept target reaches it. At the
-    edge: even the cheapest target reaches it, so a cheaper one might too."""
+    """(GPU-hours, at the sweep's edge) of the cheapest point of the curve, linear between
+    targets, at or under `share` (None: none). At the edge, a cheaper target might too."""
     points = sorted(curve, key=lambda p: (p["gpu_hours"], -p["target_pct"]))
     prev: dict[str, Any] | None = None
     for p in points:
@@ -30,8 +29,7 @@ def hours_at_share(curve: list[dict[str, Any]], share: float) -> tuple[float, bo
 
 
 def compare(summary: dict[str, Any]) -> dict[str, Any]:
-    """The what-if table's row: GPU-hours saved at equal SLO and SLO violations avoided at
-    equal GPU-hours, each against the best baseline, and the verdict."""
+    """The what-if table's row: both figures against the best baseline, and the verdict."""
     g = summary["gpuscaler"]
     needed = {
         name: hours_at_share(curve, g["slo_violation_share"])
