@@ -1,11 +1,13 @@
 """What every program's assembly shares: the Kubernetes API client, this replica's
-identity and the error for a program that cannot be assembled. Nothing here parses
-arguments or prints."""
+identity, the stop signal and the error for a program that cannot be assembled. Nothing
+here parses arguments or prints."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 from kubernetes import client
@@ -43,3 +45,11 @@ def kube_api(kubeconfig: str | None, limits: KubernetesConfig | None = None) -> 
 def identity() -> str:
     """This replica's name in the Lease and in Events: the pod name when in a pod."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def stop_on_signal() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    return done

@@ -23,8 +23,8 @@ from gpuscaler.adapters.nvml import FakeNvml, Nvml, NvmlError, RealNvml
 from gpuscaler.adapters.podresources import PodResourcesError, list_pods
 from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
-from gpuscaler.commands.common import stop_on_signal
 from gpuscaler.config import Config
+from gpuscaler.setup import stop_on_signal
 
 log = logging.getLogger("gpuscaler.agent")
 

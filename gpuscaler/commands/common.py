@@ -1,12 +1,10 @@
-"""What every subcommand shares: the config file or exit 2, argument types, a stop signal."""
+"""What every subcommand shares: the config file or exit 2 and argument types."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,14 +34,6 @@ def cluster_parser(sub: Any, name: str, help_text: str, func: Callable[..., int]
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     p.set_defaults(func=func)
     return p
-
-
-def stop_on_signal() -> threading.Event:
-    """An event set by SIGTERM or SIGINT."""
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    return done
 
 
 def bounded(

@@ -18,8 +18,8 @@ from gpuscaler.commands.common import (
     config_or_exit,
     memory_size,
     report_dir,
-    stop_on_signal,
 )
+from gpuscaler.setup import stop_on_signal
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

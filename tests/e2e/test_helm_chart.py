@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import Kube, wait_until
+from controlplane import Kube, unavailable, wait_until
 from test_deploy import render
 
 from gpuscaler.cli import build_parser
@@ -40,9 +40,7 @@ def helm_path() -> str:
     cache = os.environ.get("GPUSCALER_HELM_CACHE") or str(Path.home() / ".cache/gpuscaler/helm")
     helm = Path(cache) / match.group(1) / "bin" / "helm"
     if not helm.exists():
-        if os.environ.get("CI"):
-            pytest.fail("helm is not built (tests/helm/build.sh); CI must lint the chart")
-        pytest.skip("helm is not built: run tests/helm/build.sh")
+        unavailable("helm is not built: run tests/helm/build.sh")
     return str(helm)
 
 
