@@ -59,8 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from gpuscaler.logs import setup_logging
+    from gpuscaler.setup import one_blas_thread
 
     setup_logging(args.log_level)
+    one_blas_thread()
     logging.captureWarnings(True)
     if getattr(args, "command", None) == "simulate" and args.hours is None and args.trace is None:
         args.hours = 24.0

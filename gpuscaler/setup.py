@@ -47,6 +47,17 @@ def identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def one_blas_thread() -> None:
+    """BLAS on one thread in this process. The linear algebra here is many tiny systems
+    (each series' ARIMA fit), where BLAS threads only spin: they about double the CPU a
+    program uses, and what-if's worker processes (one a core) would contend for it. Call
+    it in every process (threadpoolctl limits the libraries loaded, so numpy first)."""
+    import numpy  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def stop_on_signal() -> threading.Event:
     """An event set by SIGTERM or SIGINT."""
     done = threading.Event()

@@ -73,8 +73,12 @@ def _minutes(seconds: float) -> str:
 
 
 def worker_init(to: Any) -> None:
-    """A worker process' initializer: its progress goes to the queue `to` (None: nowhere)."""
+    """A worker process' initializer: one BLAS thread; its progress goes to the queue `to`
+    (None: nowhere)."""
+    from gpuscaler.setup import one_blas_thread
+
     global _QUEUE
+    one_blas_thread()
     _QUEUE = to
 
 

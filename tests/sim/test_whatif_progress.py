@@ -9,6 +9,7 @@ import queue
 
 import pytest
 from builders import Terminal
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import gpuscaler.whatif.progress as progress_module
 from gpuscaler.whatif.progress import Progress, drain, reporters, worker_init
@@ -83,6 +84,14 @@ def test_the_workers_reports_reach_the_bar_through_the_queue(
     requests(1)
     ticked(1.0)
     assert to.empty()
+
+
+def test_a_worker_process_runs_blas_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_module, "_QUEUE", None)
+    with threadpool_limits(limits=2, user_api="blas"):
+        worker_init(None)
+        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        assert blas and set(blas) == {1}
 
 
 def test_the_bar_shows_on_a_terminal_only() -> None:
