@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.config import ForecastConfig
-from gpuscaler.core.forecast import EMPTY, ForecastState, forecast
-from gpuscaler.core.model import Series
+from gpuscaler.core.forecast import EMPTY, ForecastState, forecast, merged
+from gpuscaler.core.model import Series, Signal
 
 CFG = ForecastConfig()
 
@@ -97,3 +97,27 @@ def test_a_young_window_takes_the_models_path_and_says_so() -> None:
     assert signal.forecast.reason == "arima(5,1,0) fit, too little history to assess"
     (rows,) = state.batches
     assert not rows.scorings.scored[0]  # scored again next tick
+
+
+def test_a_series_state_is_found_in_any_batch_in_any_order_and_a_new_key_starts_fresh() -> None:
+    values = {k: _load(seed, 1200) for seed, k in enumerate("abc")}
+    alone = {k: EMPTY for k in "ab"}
+    for k in range(360, 420, 3):
+        now = NOW + 10.0 * k
+        window = {key: _series(v[k - 360 : k], now) for key, v in values.items()}
+        together = merged(*alone.values())
+        if k > 360:
+            out, _ = forecast([window[key] for key in "bca"], CFG, now, together, list("bca"))
+        for key in "ab":
+            (own,), alone[key] = forecast([window[key]], CFG, now, alone[key], [key])
+            if k > 360:
+                _assert_same(own, out["bca".index(key)])
+    (new,), _ = forecast([window["c"]], CFG, now)
+    _assert_same(new, out[1])
+
+
+def _assert_same(a: Signal, b: Signal) -> None:
+    assert a.forecast is not None and b.forecast is not None
+    np.testing.assert_allclose(a.forecast.mean, b.forecast.mean, rtol=1e-9)
+    np.testing.assert_allclose(a.forecast.upper, b.forecast.upper, rtol=1e-9)
+    assert a.forecast.reason == b.forecast.reason

@@ -89,7 +89,7 @@ def forecast(
     rows = [s for i in index if (s := series[i]) is not None]
     names = tuple(keys[i] for i in index) if keys is not None else tuple(map(str, index))
     steps = max(1, round(cfg.horizon / cfg.fit_step))
-    prior, found = gathered(state, names, _fresh(names, cfg, steps))
+    prior, found = gathered(state, names, lambda new: _fresh(new, cfg, steps))
     # an overflowing series (huge values) is flagged below, not warned about
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         hist = bucket_rows(rows, cfg.fit_step, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -81,7 +81,7 @@ def take(rows: T, idx: Any, keys: tuple[str, ...] | None = None) -> T:
     for f in dataclasses.fields(rows):  # type: ignore[arg-type]
         value = getattr(rows, f.name)
         if isinstance(value, np.ndarray):
-            changes[f.name] = value[idx]
+            changes[f.name] = np.take(value, idx, axis=0)
         elif dataclasses.is_dataclass(value):
             changes[f.name] = take(value, idx)
     if keys is not None:
@@ -89,14 +89,21 @@ def take(rows: T, idx: Any, keys: tuple[str, ...] | None = None) -> T:
     return dataclasses.replace(rows, **changes)  # type: ignore[type-var]
 
 
-def put(into: T, at: Any, rows: T, idx: Any) -> None:
-    """Write `rows`' rows `idx` into `into`'s rows `at`, in place (fresh arrays only)."""
-    for f in dataclasses.fields(into):  # type: ignore[arg-type]
-        target = getattr(into, f.name)
-        if isinstance(target, np.ndarray):
-            target[at] = getattr(rows, f.name)[idx]
-        elif dataclasses.is_dataclass(target):
-            put(target, at, getattr(rows, f.name), idx)
+def joined(batches: Sequence[T]) -> T:
+    """The rows of several batches (state dataclasses of arrays) one after another."""
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(first):  # type: ignore[arg-type]
+        values = [getattr(b, f.name) for b in batches]
+        if isinstance(values[0], np.ndarray):
+            changes[f.name] = np.concatenate(values)
+        elif dataclasses.is_dataclass(values[0]):
+            changes[f.name] = joined(values)
+        elif isinstance(values[0], tuple):
+            changes[f.name] = tuple(k for v in values for k in v)
+    return dataclasses.replace(first, **changes)  # type: ignore[type-var]
 
 
 def same_shape(a: object, b: object) -> bool:
@@ -110,21 +117,24 @@ def same_shape(a: object, b: object) -> bool:
     return True
 
 
-def gathered(state: ForecastState, keys: Sequence[str], fresh: Rows) -> tuple[Rows, BoolArray]:
-    """`fresh` (the batch's rows, all new) with each key's row from `state` where it has
-    one of the same shape (a changed section starts the series afresh); and which rows
-    were found."""
-    found = np.zeros(len(keys), dtype=bool)
-    position = {key: r for r, key in enumerate(keys)}
-    for old in state.batches:
-        if not same_shape(old, fresh):
-            continue
-        pairs = [(position[k], i) for i, k in enumerate(old.keys) if k in position]
-        if pairs:
-            at, idx = (list(p) for p in zip(*pairs, strict=True))
-            put(fresh, at, old, idx)
-            found[at] = True
-    return fresh, found
+def gathered(
+    state: ForecastState, keys: tuple[str, ...], new: Callable[[tuple[str, ...]], Rows]
+) -> tuple[Rows, BoolArray]:
+    """The batch's rows, the batch's own arrays: each key's row from `state` where it has
+    one shaped as `new`'s (a changed section starts the series afresh), else from `new`
+    (rows of keys never seen); and which rows were found."""
+    sources = [old for old in state.batches if same_shape(old, new(()))]
+    where = {k: (s, i) for s, old in enumerate(sources) for i, k in enumerate(old.keys)}
+    found = np.array([k in where for k in keys], dtype=bool)
+    missing = tuple(k for k in keys if k not in where)
+    if missing:
+        where.update((k, (len(sources), i)) for i, k in enumerate(missing))
+        sources.append(new(missing))
+    used = sorted({where[k][0] for k in keys})
+    sizes = [len(sources[s].keys) for s in used]
+    start = dict(zip(used, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
+    idx = np.array([start[s] + i for s, i in (where[k] for k in keys)], dtype=np.int64)
+    return take(joined([sources[s] for s in used]), idx, keys), found
 
 
 def reissued(
