@@ -34,7 +34,7 @@ from gpuscaler.core.model import Series
 def test_the_conformal_half_width_uses_the_small_sample_rank(
     errors: list[float], level: float, expected: float
 ) -> None:
-    resid = np.asarray(errors, dtype=float)[None, :, None]
+    resid = np.asarray(errors, dtype=float)[None, None, :]
     out = conformal_half_width(resid, np.array([level]))
     np.testing.assert_allclose(out[0, 0], expected, equal_nan=True)
 

@@ -28,14 +28,13 @@ EPS = 1e-9
 
 
 def conformal_half_width(abs_errors: FloatArray, level: FloatArray) -> FloatArray:
-    """Half width (n, steps) from absolute errors (n, origins, steps) at each row's
+    """Half width (n, steps) from absolute errors (n, steps, origins) at each row's
     `level` (n,); NaN at a step with fewer than MIN_RESIDUALS finite errors."""
-    ordered = np.sort(abs_errors, axis=1)  # NaN last
-    n, _, steps = ordered.shape
-    count = np.isfinite(ordered).sum(axis=1)  # (n, steps)
+    ordered = np.sort(abs_errors, axis=2)  # NaN last
+    count = np.isfinite(abs_errors).sum(axis=2)  # (n, steps)
     rank = np.ceil((count + 1) * level[:, None]).astype(np.int64)
     idx = np.maximum(np.minimum(rank, count) - 1, 0)
-    out = ordered[np.arange(n)[:, None], idx, np.arange(steps)[None, :]]
+    out = np.take_along_axis(ordered, idx[:, :, None], axis=2)[:, :, 0]
     result: FloatArray = np.where(count >= MIN_RESIDUALS, out, np.nan)
     return result
 
@@ -47,9 +46,9 @@ def naive_half_width(hist: FloatArray, steps: int, level: float) -> FloatArray:
     out = np.full((n, steps), np.nan)
     reach = min(steps, t - 1)
     if reach > 0:
-        errors = np.full((n, t - 1, reach), np.nan)
+        errors = np.full((n, reach, t - 1), np.nan)
         for h in range(1, reach + 1):
-            errors[:, : t - h, h - 1] = np.abs(hist[:, h:] - hist[:, : t - h])
+            errors[:, h - 1, : t - h] = np.abs(hist[:, h:] - hist[:, : t - h])
         out[:, :reach] = conformal_half_width(errors, np.full(n, level))
     filled: FloatArray = np.fmax.accumulate(np.where(np.isfinite(out), out, -np.inf), axis=1)
     return np.where(np.isfinite(filled), filled, np.nan)

@@ -228,7 +228,7 @@ def _demand_forecast(
 ) -> Forecast:
     """The forecast from the combined path, its conformal interval and peak."""
     level = adaptive if adaptive is not None else f.level
-    half = conformal_half_width(np.abs(mapped.residuals)[None], np.array([level]))[0]
+    half = conformal_half_width(np.abs(mapped.residuals).T[None], np.array([level]))[0]
     if not np.all(np.isfinite(half)):
         half = f.upper - f.mean
     lo, hi = clip

@@ -118,7 +118,7 @@ def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
             np.full((n, len(CANDIDATES)), np.nan),
             np.zeros(n, dtype=np.int64),
             np.ones((n, len(SES_ALPHAS))),
-            np.full((n, ASSESS_ORIGINS, steps), np.nan),
+            np.full((n, steps, ASSESS_ORIGINS), np.nan),
             np.full((n, ASSESS_ORIGINS), np.nan),
             np.zeros(n, dtype=np.int64),
             nan.copy(),
@@ -291,10 +291,11 @@ def _put_assessment(s: Scorings, rows: IntArray, a: Assessment, b: _Batch) -> No
     )
     chosen_peaks = np.where(last[:, None], a.peak_errors["last_value"], a.peak_errors["ensemble"])
     depth = chosen.shape[1]  # at most ASSESS_ORIGINS
-    recent = np.full((rows.size, ASSESS_ORIGINS, b.steps), np.nan)
+    recent = np.full((rows.size, b.steps, ASSESS_ORIGINS), np.nan)
     peaks = np.full((rows.size, ASSESS_ORIGINS), np.nan)
     some = method > 0  # a scoring without a method keeps no errors
-    recent[some, :depth], peaks[some, :depth] = chosen[some], chosen_peaks[some]
+    recent[some, :, :depth] = chosen[some].transpose(0, 2, 1)
+    peaks[some, :depth] = chosen_peaks[some]
     s.scored[rows], s.method[rows], s.weights[rows] = True, method, a.raw_weights
     s.errors[rows], s.ses_best[rows], s.ses_inv[rows] = errors, a.ses_best, a.ses_inv
     s.recent[rows], s.peaks[rows], s.head[rows] = recent, peaks, depth % ASSESS_ORIGINS
@@ -334,7 +335,7 @@ def _roll_on(b: _Batch, arima: Arima, model: _Model, s: Scorings, kept: IntArray
     first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     moved, count = rows[first], np.diff(np.r_[first, rows.size])
     place = (s.head[rows] + np.arange(rows.size) - np.repeat(first, count)) % ASSESS_ORIGINS
-    s.recent[rows, place], s.peaks[rows, place] = errors, peaks
+    s.recent[rows, :, place], s.peaks[rows, place] = errors, peaks
     s.head[moved] = (s.head[moved] + count) % ASSESS_ORIGINS
     s.newest[moved] = times[first + count - 1]
 

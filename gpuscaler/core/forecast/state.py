@@ -37,8 +37,9 @@ class Scorings:
     errors: FloatArray  # (n, candidates) recent MAE at the refit, NaN: none
     ses_best: IntArray  # (n,) index of the best-fit smoothing constant
     ses_inv: FloatArray  # (n, alphas) inverse recent squared error of each constant
-    recent: FloatArray  # (n, origins, steps) the chosen method's absolute errors at its
-    # recent origins, a ring (NaN: not scored yet): its conformal interval at any level
+    recent: FloatArray  # (n, steps, origins) the chosen method's absolute errors at its
+    # recent origins, a ring along the last axis (NaN: not scored yet): its conformal
+    # interval at any level, sorted along contiguous memory
     peaks: FloatArray  # (n, origins) the chosen method's peak errors, in the same ring
     head: IntArray  # (n,) where the ring's next origin goes, in place of its oldest
     newest: FloatArray  # (n,) time of the newest origin scored
