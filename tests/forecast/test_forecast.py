@@ -217,6 +217,22 @@ def test_forecast_says_why_there_is_no_forecast(series: np.ndarray | None, probl
     assert sig.problem is not None and problem in sig.problem
 
 
+def test_a_batch_of_mixed_grids_reports_each_series_last_sample_time() -> None:
+    gappy = np.concatenate([50 + np.sin(np.arange(7000) / 300), np.full(10, np.nan)])
+    batch = [
+        None,
+        Series(NOW, 10.0, np.empty(0)),
+        _series(gappy),
+        _series(SHORT),
+        Series(NOW - 600, 60.0, np.full(11, 40.0)),
+        _series(np.full(7200, np.nan)),
+    ]
+    signals, _ = forecast(batch, ForecastConfig(), NOW)
+    expected = [s.last_sample_time() if s is not None else None for s in batch]
+    assert [s.last_sample_time for s in signals] == expected
+    assert [s.forecast is not None for s in signals] == [False, False, True, False, False, False]
+
+
 def test_utilization_forecasts_are_clipped_to_zero_to_one_hundred() -> None:
     t = np.arange(7200)
     rising = np.minimum(100, 10 + t * 0.02)

@@ -80,7 +80,8 @@ def _nanquantile(a: FloatArray, q: float) -> FloatArray:
 @dataclass(frozen=True, eq=False)
 class Adaptive:
     """Rows' adaptive level, points checked and missed, when last checked, and the
-    intervals issued and not yet observed in a ring of `slots` (issued_at NaN: empty)."""
+    intervals issued and not yet observed in a ring of `slots` (issued_at NaN: empty, its
+    bounds not read)."""
 
     level: FloatArray  # (n,)
     points: IntArray  # (n,)
@@ -105,7 +106,7 @@ def fresh(n: int, slots: int, steps: int, nominal: float) -> Adaptive:
 def check(a: Adaptive, hist: FloatArray, now: float, step: float, nominal: float) -> Adaptive:
     """Every bucket of `hist` (n, t; ending at `now`) observed since each row's last check
     against the intervals issued before that cover it; the levels moved by what missed,
-    the intervals fully observed dropped."""
+    the intervals fully observed dropped (their slots emptied)."""
     n, _, _, steps = a.bounds.shape
     t = hist.shape[1]
     with np.errstate(invalid="ignore"):
@@ -135,7 +136,7 @@ def check(a: Adaptive, hist: FloatArray, now: float, step: float, nominal: float
         a.misses + missed_n,
         np.full(n, now),
         np.where(done, np.nan, a.issued_at),
-        np.where(done[:, :, None, None], np.nan, a.bounds),
+        a.bounds,  # read only where issued: an emptied slot's are left for the next issue
     )
 
 

@@ -58,6 +58,24 @@ def bucket_rows(series: Sequence[Series], width: float, end: float) -> FloatArra
     return hist
 
 
+def sampled(series: Sequence[Series | None]) -> tuple[list[float | None], list[float]]:
+    """Each series' last sample time (None: no sample) and seconds observed (finite
+    samples x step), read from all their values at once, right-aligned in one array."""
+    sizes = np.array([s.values.size if s is not None else 0 for s in series])
+    values = np.full((sizes.size, max(1, int(sizes.max(initial=0)))), np.nan)
+    for r, s in enumerate(series):
+        if s is not None and s.values.size:
+            values[r, values.shape[1] - s.values.size :] = s.values
+    finite = np.isfinite(values)
+    count = finite.sum(axis=1)
+    newest = sizes - 1 - np.argmax(finite[:, ::-1], axis=1)  # index of the last sample
+    start = np.array([s.start if s is not None else np.nan for s in series])
+    step = np.array([s.step if s is not None else np.nan for s in series])
+    last = np.where(count > 0, start + step * newest, np.nan).tolist()
+    observed: list[float] = (count * step).tolist()
+    return [t if c else None for t, c in zip(last, count.tolist(), strict=True)], observed
+
+
 def forward_fill(a: FloatArray) -> FloatArray:
     """Each gap of each row takes the last finite value before it; leading gaps take the
     row's first finite value (NaN for a row with none). A new array."""

@@ -49,7 +49,7 @@ from gpuscaler.core.forecast.intervals import (
     naive_half_width,
     peak_offset,
 )
-from gpuscaler.core.forecast.members import SES_ALPHAS, bucket_rows
+from gpuscaler.core.forecast.members import SES_ALPHAS, bucket_rows, sampled
 from gpuscaler.core.forecast.state import (
     CANDIDATES,
     EMPTY,
@@ -81,8 +81,10 @@ def forecast(
     """Forecast each series `cfg.horizon` ahead of `now`, or say why not; with `keys`,
     each series' state is read from `state` and the new state of those series returned.
     `clips`: each series' bounds (low, high or None), (0, None) by default."""
-    last = [s.last_sample_time() if s is not None else None for s in series]
-    signals: list[Signal | None] = [_refused(s, cfg, t) for s, t in zip(series, last, strict=True)]
+    last, observed = sampled(series)
+    signals: list[Signal | None] = [
+        _refused(s, cfg, t, seen) for s, t, seen in zip(series, last, observed, strict=True)
+    ]
     index = [i for i, s in enumerate(signals) if s is None]
     if not index:
         return [s for s in signals if s is not None], EMPTY
@@ -127,14 +129,16 @@ def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
     )
 
 
-def _refused(s: Series | None, cfg: ForecastConfig, last: float | None) -> Signal | None:
-    """Why `s` cannot be forecast (a Signal without a forecast), or None when it can."""
+def _refused(
+    s: Series | None, cfg: ForecastConfig, last: float | None, observed: float
+) -> Signal | None:
+    """Why `s` (sampled last at `last`, `observed` seconds) cannot be forecast (a Signal
+    without a forecast), or None when it can."""
     if s is None or last is None:
         return Signal(last, None, "no samples in the window")
     if s.step > cfg.fit_step + 1e-9:
         why = f"samples every {s.step:g}s are coarser than forecast.fit_step {cfg.fit_step:g}s"
         return Signal(last, None, why)
-    observed = float(np.isfinite(s.values).sum()) * s.step
     if observed < cfg.min_history:
         why = f"only {observed:.0f}s of samples in the window, forecast needs"
         return Signal(last, None, f"{why} {cfg.min_history:.0f}s")
