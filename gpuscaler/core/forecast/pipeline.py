@@ -250,12 +250,17 @@ def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
             level=nominal,
             method=method,
             reason=reason,
-            last_value=float(lasts[r]),
+            last_value=last,
             errors=errors,
-            peak_error=float(peak_error[r]),
+            peak_error=peak,
         )
-        for r, (method, reason, errors) in enumerate(
-            _methods_and_reasons(b, model, scorings, shares, adaptive)
+        for r, ((method, reason, errors), last, peak) in enumerate(
+            zip(
+                _methods_and_reasons(b, model, scorings, shares, adaptive),
+                lasts.tolist(),
+                peak_error.tolist(),
+                strict=True,
+            )
         )
     ]
     coefficients = model.coefficients or b.prior.coefficients
@@ -286,7 +291,8 @@ def _put_assessment(s: Scorings, rows: IntArray, a: Assessment, b: _Batch) -> No
     """An assessment of `rows` written into their scorings."""
     errors = np.stack([a.errors[k] for k in CANDIDATES], axis=1)
     methods = [
-        METHODS.index(m or "") for m in map(choose_method, (errors_dict(row) for row in errors))
+        METHODS.index(m or "")
+        for m in map(choose_method, (errors_dict(row) for row in errors.tolist()))
     ]
     method = np.array(methods, dtype=np.int64)
     last = method == METHODS.index("last_value")
@@ -383,19 +389,18 @@ def _methods_and_reasons(
     """Each row's method, the reason that names how its forecast was made, and the recent
     errors it reports."""
     labels = [model.name if m == "arima" else LABELS[m] for m in MEMBERS]
+    weights = ", ".join(f"{label} {{:.2f}}" for label in labels)  # a row's shares go in
     young = ", too little history to assess" if b.cfg.ensemble and model.coefficients else ""
+    nominal = b.cfg.interval_level
+    columns = (s.scored, s.method, s.errors, shares, a.level, a.points, a.misses)
+    rows = zip(*(c.tolist() for c in columns), strict=True)
     out = []
-    for r, (scored, code) in enumerate(zip(s.scored.tolist(), s.method.tolist(), strict=True)):
+    for r, (scored, code, row, share, level, points, misses) in enumerate(rows):
         if scored and code:
             method = METHODS[code]
-            weights = ", ".join(
-                f"{label} {w:.2f}" for label, w in zip(labels, shares[r].tolist(), strict=True)
-            )
-            errors = errors_dict(s.errors[r])
-            why = _scored_reason(model, method, weights, errors, s, r)
-            nominal = b.cfg.interval_level
-            coverage = coverage_text(nominal, float(a.level[r]), int(a.points[r]), int(a.misses[r]))
-            out.append((method, f"{why}; {coverage}", errors))
+            errors = errors_dict(row)
+            why = _scored_reason(model, method, weights.format(*share), errors, s, r)
+            out.append((method, f"{why}; {coverage_text(nominal, level, points, misses)}", errors))
         elif model.usable[r]:
             out.append((model.name, f"{model.name} fit{young}", {}))
         else:

@@ -162,6 +162,6 @@ def merged(*states: ForecastState) -> ForecastState:
     return ForecastState(tuple(rows for s in states for rows in s.batches))
 
 
-def errors_dict(row: FloatArray) -> dict[str, float]:
+def errors_dict(row: Sequence[float]) -> dict[str, float]:
     """A row of `Scorings.errors` as the forecast reports it: the finite ones by name."""
-    return {k: v for k, v in zip(CANDIDATES, row.tolist(), strict=True) if math.isfinite(v)}
+    return {k: v for k, v in zip(CANDIDATES, row, strict=True) if math.isfinite(v)}
