@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscaler.core.forecast.arima import Arima, Coefficients, last_finite, nanmean_rows
-from gpuscaler.core.forecast.members import ses_at, window_means_at
+from gpuscaler.core.forecast.members import forward_fill, ses_at, window_means_at
 from gpuscaler.core.model import BoolArray, FloatArray, IntArray
 
 ASSESS_ORIGINS = 72
@@ -79,7 +79,7 @@ def assess(
     if origins.size < 4:
         return None
     future = hist[:, origins[:, None] + np.arange(1, steps + 1)[None, :]]  # (n, O, steps)
-    levels = ses_at(hist, np.append(origins, t - 1))  # (alphas, n, origins + 1)
+    levels = ses_at(hist, forward_fill(hist), np.append(origins, t - 1))  # (alphas, n, O + 1)
     ses_mse = _flat_mse(future, levels[:, :, :-1])  # (alphas, n)
     ses_mse = np.where(np.isfinite(ses_mse), ses_mse, np.inf)
     best = np.argmin(ses_mse, axis=0)
@@ -231,12 +231,17 @@ def choose_method(errors: Mapping[str, float]) -> str | None:
 
 
 def live_members(
-    hist: FloatArray, ses_best: IntArray, ses_inv: FloatArray, arima_path: FloatArray
+    hist: FloatArray,
+    filled: FloatArray,
+    ses_best: IntArray,
+    ses_inv: FloatArray,
+    arima_path: FloatArray,
 ) -> dict[str, FloatArray]:
     """Every member's path at the newest point (flat ones (n, 1), ARIMA (n, steps)) and
-    the last value, with the kept smoothing constant and its weights."""
+    the last value, with the kept smoothing constant and its weights (`filled`: `hist`
+    forward-filled)."""
     n, t = hist.shape
-    levels = ses_at(hist, np.array([t - 1]))[:, :, 0]  # (alphas, n)
+    levels = ses_at(hist, filled, np.array([t - 1]))[:, :, 0]  # (alphas, n)
     return {
         "arima": arima_path,
         "ses": levels[ses_best, np.arange(n)][:, None],
@@ -250,6 +255,7 @@ def errors_at(
     arima: Arima,
     c: Coefficients,
     hist: FloatArray,
+    filled: FloatArray,
     rows: IntArray,
     origins: IntArray,
     kept: tuple[FloatArray, IntArray, FloatArray, BoolArray],
@@ -257,13 +263,14 @@ def errors_at(
     steps: int,
 ) -> tuple[FloatArray, FloatArray]:
     """The chosen method's absolute errors (pairs, steps) and peak errors (pairs,) at
-    origin `origins[i]` of row `rows[i]`, with that row's kept coefficients, and `kept`:
+    origin `origins[i]` of row `rows[i]` of `hist` (`filled`: forward-filled), with that
+    row's kept coefficients, and `kept`:
     its raw weights (n, members), best smoothing constant (n,), the constants' inverse
     errors (n, alphas), and whether its method is the ensemble (else the last value)."""
     raw, ses_best, ses_inv, ensemble = kept
     ends = np.unique(origins)
     at = np.searchsorted(ends, origins)
-    levels = ses_at(hist, ends)[:, rows, at]  # (alphas, pairs)
+    levels = ses_at(hist, filled, ends)[:, rows, at]  # (alphas, pairs)
     members = {
         "ses": levels[ses_best[rows], np.arange(rows.size)][:, None],
         "ses_avg": smoothed_average(levels, ses_inv[rows])[:, None],

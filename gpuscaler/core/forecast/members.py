@@ -92,11 +92,11 @@ def forward_fill(a: FloatArray) -> FloatArray:
     return out
 
 
-def ses_at(hist: FloatArray, ends: IntArray) -> FloatArray:
+def ses_at(hist: FloatArray, filled: FloatArray, ends: IntArray) -> FloatArray:
     """Smoothed levels (alphas, n, len(ends)) after the point at each index of `ends`:
     level[j] = alpha * y[j] + (1 - alpha) * level[j - 1] from level[0] = y[0] over the
-    forward-filled window, written out as the weighted sum it is (one matrix product)."""
-    filled = forward_fill(hist)
+    forward-filled window `filled` (`forward_fill(hist)`, made once for every reader),
+    written out as the weighted sum it is (one matrix product)."""
     t = hist.shape[1]
     age = ends[:, None] - np.arange(t)[None, :]  # (ends, t): how far each point lies back
     keep = 1.0 - SES_ALPHAS[:, None, None]

@@ -49,7 +49,7 @@ from gpuscaler.core.forecast.intervals import (
     naive_half_width,
     peak_offset,
 )
-from gpuscaler.core.forecast.members import SES_ALPHAS, bucket_rows, sampled
+from gpuscaler.core.forecast.members import SES_ALPHAS, bucket_rows, forward_fill, sampled
 from gpuscaler.core.forecast.state import (
     CANDIDATES,
     EMPTY,
@@ -96,7 +96,7 @@ def forecast(
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         hist = bucket_rows(rows, cfg.fit_step, now)
         bounds = [clips[i] if clips is not None else (0.0, None) for i in index]
-        batch = _Batch(cfg, now, hist, steps, prior, found, bounds)
+        batch = _Batch(cfg, now, hist, forward_fill(hist), steps, prior, found, bounds)
         forecasts, finite, after = _forecast(batch)
     for i, f, ok in zip(index, forecasts, finite, strict=True):
         signals[i] = Signal(last[i], f, None if ok else "forecast is not finite (NaN or Inf)")
@@ -150,6 +150,7 @@ class _Batch:
     cfg: ForecastConfig
     now: float
     hist: FloatArray  # (n, t) bucket means ending at `now`
+    filled: FloatArray  # `hist` forward-filled: what smoothing reads
     steps: int
     prior: Rows  # each row's state (fresh where `found` is False)
     found: BoolArray
@@ -334,6 +335,7 @@ def _roll_on(b: _Batch, arima: Arima, model: _Model, s: Scorings, kept: IntArray
         arima,
         model.coefficients,
         b.hist,
+        b.filled,
         rows,
         origins,
         (s.weights, s.ses_best, s.ses_inv, ensemble),
@@ -363,7 +365,8 @@ def _from_scorings(
     into `mean`, the conformal half width at the adaptive level (the model's or the last
     value's where too few errors) into `half`; returns the normalized weights."""
     live_arima = np.where(model.usable[chosen][:, None], model.mean[chosen], np.nan)
-    members = live_members(b.hist[chosen], s.ses_best[chosen], s.ses_inv[chosen], live_arima)
+    hist, filled = b.hist[chosen], b.filled[chosen]
+    members = live_members(hist, filled, s.ses_best[chosen], s.ses_inv[chosen], live_arima)
     weights = normalized(s.weights[chosen], members)
     ensemble = combine(weights, members)
     last_value = s.method[chosen] == METHODS.index("last_value")
