@@ -4,6 +4,8 @@ tick, and rolling the scoring on between refits tracks scoring afresh."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -121,3 +123,29 @@ def _assert_same(a: Signal, b: Signal) -> None:
     np.testing.assert_allclose(a.forecast.mean, b.forecast.mean, rtol=1e-9)
     np.testing.assert_allclose(a.forecast.upper, b.forecast.upper, rtol=1e-9)
     assert a.forecast.reason == b.forecast.reason
+
+
+def test_forecasting_from_a_state_leaves_that_state_as_it_was() -> None:
+    values = _load(3, 1200)
+    state = EMPTY
+    for k in range(360, 420, 3):
+        now = NOW + 10.0 * k
+        before = copy.deepcopy(state)
+        _, after = forecast([_series(values[k - 360 : k], now)], CFG, now, state, ["s"])
+        for old, kept in zip(_arrays(state), _arrays(before), strict=True):
+            np.testing.assert_array_equal(old, kept)
+        state = after
+    assert state.batches[0].scorings.scored[0]
+
+
+def _arrays(x: object) -> list[np.ndarray]:
+    out = []
+    for f in dataclasses.fields(x):  # type: ignore[arg-type]
+        value = getattr(x, f.name)
+        if isinstance(value, np.ndarray):
+            out.append(value)
+        elif isinstance(value, tuple):
+            out += [a for v in value if dataclasses.is_dataclass(v) for a in _arrays(v)]
+        elif dataclasses.is_dataclass(value):
+            out += _arrays(value)
+    return out

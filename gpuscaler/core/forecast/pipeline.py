@@ -59,6 +59,7 @@ from gpuscaler.core.forecast.state import (
     Scorings,
     errors_dict,
     gathered,
+    take,
 )
 from gpuscaler.core.model import BoolArray, FloatArray, Forecast, IntArray, Series, Signal
 
@@ -274,7 +275,7 @@ def _scorings(b: _Batch, arima: Arima, model: _Model) -> Scorings:
     """Each row's scoring: kept while its coefficients are (errors rolled on to the origins
     completed since), made afresh where refitted now or not scored yet."""
     assert model.coefficients is not None
-    s = b.prior.scorings  # the batch's own arrays (`gathered`): written in place
+    s = take(b.prior.scorings, np.arange(b.hist.shape[0]))  # a copy, written in place
     todo = np.flatnonzero(model.refit | ~s.scored)
     live_arima = np.where(model.usable[:, None], model.mean, np.nan)
     for i in range(0, todo.size, ASSESS_CHUNK):

@@ -121,9 +121,9 @@ def same_shape(a: object, b: object) -> bool:
 def gathered(
     state: ForecastState, keys: tuple[str, ...], new: Callable[[tuple[str, ...]], Rows]
 ) -> tuple[Rows, BoolArray]:
-    """The batch's rows, the batch's own arrays: each key's row from `state` where it has
-    one shaped as `new`'s (a changed section starts the series afresh), else from `new`
-    (rows of keys never seen); and which rows were found."""
+    """The batch's rows (read only: they may be `state`'s own): each key's row from `state`
+    where it has one shaped as `new`'s (a changed section starts the series afresh), else
+    from `new` (rows of keys never seen); and which rows were found."""
     sources = [old for old in state.batches if same_shape(old, new(()))]
     where = {k: (s, i) for s, old in enumerate(sources) for i, k in enumerate(old.keys)}
     found = np.array([k in where for k in keys], dtype=bool)
@@ -134,8 +134,11 @@ def gathered(
     used = sorted({where[k][0] for k in keys})
     sizes = [len(sources[s].keys) for s in used]
     start = dict(zip(used, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
+    rows = joined([sources[s] for s in used])
+    if rows.keys == keys:  # the same keys in the same order (every tick's usual case)
+        return rows, found
     idx = np.array([start[s] + i for s, i in (where[k] for k in keys)], dtype=np.int64)
-    return take(joined([sources[s] for s in used]), idx, keys), found
+    return take(rows, idx, keys), found
 
 
 def reissued(
