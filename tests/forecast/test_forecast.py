@@ -11,7 +11,7 @@ from builders import NOW
 
 from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast import Arima, ForecastState, StatsmodelsArima, bucket, forecast
-from gpuscaler.core.forecast.arima import last_finite
+from gpuscaler.core.forecast.arima import half_width, last_finite
 from gpuscaler.core.forecast.ensemble import MEMBERS, choose_method, normalized
 from gpuscaler.core.forecast.members import bucket_rows
 from gpuscaler.core.model import Series
@@ -26,7 +26,7 @@ class Paths(NamedTuple):
 def _paths(arima: Arima, hist: np.ndarray, steps: int, level: float) -> Paths:
     """The model's own path and interval, fitted on `hist`."""
     c = arima.fit(hist)
-    mean, half = arima.predict(c, hist, steps), arima.half_width(c, steps, level)
+    mean, half = arima.predict(c, hist, steps), half_width(arima.spread(c, steps), level)
     return Paths(mean, mean - half, mean + half)
 
 

@@ -122,8 +122,8 @@ class Arima:
         lags = z[:, z.shape[1] - self.p :][:, ::-1]
         return self.roll(c, lags, last_finite(hist), nanmean_rows(z), steps)
 
-    def half_width(self, c: Coefficients, steps: int, level: float) -> FloatArray:
-        """The model's own prediction half width (n, steps), from its MA(inf) weights."""
+    def spread(self, c: Coefficients, steps: int) -> FloatArray:
+        """The model's own forecast standard error (n, steps), from its MA(inf) weights."""
         n, p = c.phi.shape
         psi = np.zeros((n, steps))
         psi[:, 0] = 1.0
@@ -132,8 +132,8 @@ class Arima:
                 psi[:, j] += c.phi[:, i - 1] * psi[:, j - i]
         if self.d:
             psi = np.cumsum(psi, axis=1)
-        z = NormalDist().inv_cdf(0.5 + level / 2)
-        return z * np.sqrt(c.sigma2[:, None] * np.cumsum(psi**2, axis=1))
+        out: FloatArray = np.sqrt(c.sigma2[:, None] * np.cumsum(psi**2, axis=1))
+        return out
 
 
 class StatsmodelsArima:
@@ -167,6 +167,12 @@ class StatsmodelsArima:
                 for a, column in zip(out, ("mean", "mean_ci_lower", "mean_ci_upper"), strict=True):
                     a[i] = frame[column].to_numpy()
         return out[0], out[1], out[2]
+
+
+def half_width(spread: FloatArray, level: float) -> FloatArray:
+    """Half width at the two-sided `level` of a normal error of standard error `spread`."""
+    out: FloatArray = NormalDist().inv_cdf(0.5 + level / 2) * spread
+    return out
 
 
 def last_finite(hist: FloatArray) -> FloatArray:

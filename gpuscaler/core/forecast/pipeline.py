@@ -20,6 +20,7 @@ from gpuscaler.core.forecast.arima import (
     Arima,
     Coefficients,
     StatsmodelsArima,
+    half_width,
     inverse_root_modulus,
     last_finite,
     stable,
@@ -114,6 +115,7 @@ def _fresh(keys: tuple[str, ...], cfg: ForecastConfig, steps: int) -> Rows:
         nan.copy(),
         Coefficients(nan.copy(), np.full((n, p), np.nan), nan.copy()),
         nan.copy(),
+        np.full((n, steps), np.nan),
         Scorings(
             np.zeros(n, dtype=bool),
             np.zeros(n, dtype=np.int64),
@@ -171,6 +173,7 @@ class _Model:
     refit: BoolArray
     fitted_at: FloatArray
     modulus: FloatArray
+    spread: FloatArray
 
 
 def _model(b: _Batch, arima: Arima) -> _Model:
@@ -183,19 +186,22 @@ def _model(b: _Batch, arima: Arima) -> _Model:
         mean, lower, _ = engine.forecast(b.hist, steps, level)
         name, half, refit = engine.name, mean - lower, np.ones(n, dtype=bool)
         fitted_at, modulus, stable_rows = np.full(n, np.nan), np.full(n, np.nan), refit
+        spread = np.full((n, steps), np.nan)
     else:
         with np.errstate(invalid="ignore"):
             refit = ~(b.now - b.prior.fitted_at < b.cfg.refit_every)  # NaN: never fitted
         old = b.prior.coefficients
         c = Coefficients(old.intercept.copy(), old.phi.copy(), old.sigma2.copy())
         fitted_at, modulus = b.prior.fitted_at.copy(), b.prior.modulus.copy()
+        spread = b.prior.spread.copy()
         if refit.any():
             new = arima.fit(b.hist[refit])
             c.intercept[refit], c.phi[refit], c.sigma2[refit] = new.intercept, new.phi, new.sigma2
             modulus[refit] = inverse_root_modulus(new.phi)
             fitted_at[refit] = b.now
+            spread[refit] = arima.spread(new, steps)
         name, mean = arima.name, arima.predict(c, b.hist, steps)
-        half, stable_rows = arima.half_width(c, steps, level), stable(modulus)
+        half, stable_rows = half_width(spread, level), stable(modulus)
     finite: BoolArray = np.asarray(np.isfinite(mean).all(axis=1))
     usable = finite & stable_rows & within_band(mean, b.hist)
     dropped: list[str | None] = [None] * n
@@ -209,7 +215,7 @@ def _model(b: _Batch, arima: Arima) -> _Model:
             )
         else:
             dropped[r] = f"{name} dropped: its path leaves the window's range"
-    return _Model(name, mean, half, usable, dropped, c, refit, fitted_at, modulus)
+    return _Model(name, mean, half, usable, dropped, c, refit, fitted_at, modulus, spread)
 
 
 def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
@@ -266,7 +272,9 @@ def _forecast(b: _Batch) -> tuple[list[Forecast], list[bool], Rows]:
         )
     ]
     coefficients = model.coefficients or b.prior.coefficients
-    after = Rows(b.prior.keys, model.fitted_at, coefficients, model.modulus, scorings, adaptive)
+    after = Rows(
+        b.prior.keys, model.fitted_at, coefficients, model.modulus, model.spread, scorings, adaptive
+    )
     ok: list[bool] = finite.tolist()
     return forecasts, ok, after
 

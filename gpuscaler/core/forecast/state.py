@@ -53,6 +53,7 @@ class Rows:
     fitted_at: FloatArray  # (n,) NaN: never fitted
     coefficients: Coefficients
     modulus: FloatArray  # (n,) largest inverse root modulus: the fit is used only below 1
+    spread: FloatArray  # (n, steps) the fit's forecast standard error
     scorings: Scorings
     adaptive: Adaptive
 
