@@ -34,8 +34,8 @@ from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_repli
 
 EMPTY = np.zeros(0)
 KEPT = ("capacity", "demand_busy", "replicas")
-"""What a recorded run keeps besides the served work and the GPUs held, in single
-precision as the GPUs held (whole replicas, and GPUs' worth within the figures' rounding)."""
+"""What a recorded run keeps besides the served work, in single precision (whole
+replicas, and GPUs' worth within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -108,7 +108,8 @@ class Window:
 
 class Clusters:
     """The simulated cluster of every run of `specs`, each on the arrivals of its member
-    of `arrivals` (members, slots), from `start`."""
+    of `arrivals` (members, slots), from `start`; the figures scored from slot
+    `scored_from`."""
 
     def __init__(
         self,
@@ -117,8 +118,10 @@ class Clusters:
         start: float,
         seed: int,
         specs: Sequence[RunSpec],
+        scored_from: int = 0,
     ):
         self.sim = config.simulator
+        self.scored_from = scored_from
         self.slot, self.start = self.sim.slot, start
         self.interval = config.control.interval
         self.window_slots = int(config.metrics.window / self.slot)
@@ -149,9 +152,9 @@ class Clusters:
         self.q = np.zeros(runs)
         self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
         self.served = np.full((runs, self.n), np.nan)
-        self.gpus = np.full((runs, self.n), np.nan, dtype=np.float32)
-        """GPUs held in each slot: whole numbers, or their mean over a coarser slot's
-        samples (single precision holds either within the figures' rounding)."""
+        self.gpu_slots = np.zeros(runs)
+        """GPUs held summed over the scored slots simulated (a run's GPU-hours times
+        3600 / slot): all a figure reads of them, so a swept run keeps 8 bytes a slot."""
         self.load = np.zeros((runs, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
         self.load_from = 0
@@ -193,7 +196,8 @@ class Clusters:
         self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
         gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
-        self.served[:, s], self.gpus[:, s] = served, gpus
+        self.served[:, s] = served
+        self.gpu_slots += gpus[:, max(0, self.scored_from - begin) :].sum(axis=1)
         self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
         if self.recorded.size or self.observed.size:
             eff = efficiency(
@@ -421,7 +425,7 @@ class Clusters:
                     self.arrivals[spec.member],
                     work[spec.member],
                     self.served[i],
-                    self.gpus[i],
+                    float(self.gpu_slots[i]),
                     cap,
                     busy,
                     reps,

@@ -123,7 +123,7 @@ def lane_ports(preps: Sequence[Prepared], recorded: bool = True) -> tuple[Config
         scenario_run(p.config, i, recorded=recorded, observed=True) for i, p in enumerate(preps)
     ]
     arrivals = np.stack([p.arrivals for p in preps])
-    clusters = Clusters(first.config, arrivals, first.start, first.seed, specs)
+    clusters = Clusters(first.config, arrivals, first.start, first.seed, specs, first.scored_from)
     return config, ClusterPorts(clusters, lanes, preemption)
 
 

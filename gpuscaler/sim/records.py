@@ -40,7 +40,8 @@ class RunView:
     work: FloatArray
     """GPU-seconds of work arriving in each slot."""
     served: FloatArray
-    gpus: np.ndarray
+    gpu_slots: float
+    """GPUs held summed over the scored slots."""
     capacity: FloatArray
     demand_busy: FloatArray
     replicas: FloatArray
@@ -159,7 +160,7 @@ def slo_metrics(view: RunView, scored_from: int, slo: float) -> dict[str, Any]:
     return {
         "slo_violation_share": round(share, 6),
         "p99_wait_s": round(p99, 3),
-        "gpu_hours": round(float(np.nansum(view.gpus[s], dtype=np.float64)) * slot / 3600, 3),
+        "gpu_hours": round(view.gpu_slots * slot / 3600, 3),
         "scaling_actions": len(directions),
         "direction_reversals": sum(1 for a, b in itertools.pairwise(directions) if a != b),
     }

@@ -22,8 +22,8 @@ from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
 from gpuscaler.sim.replay import Prepared, one_model
 from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
 
-RUN_SLOT_BYTES = 8 + 4
-"""What every run records a slot: the work served (float64) and the GPUs held (float32)."""
+RUN_SLOT_BYTES = 8
+"""What every run records a slot: the work served (float64)."""
 SWEEP_BYTES = 256 * 2**20
 """What one group of a sweep may record by default: a longer replay runs in groups."""
 MANY_BYTES = 64 * 2**20
@@ -82,7 +82,7 @@ def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunV
     ]
     p = replays[used[0]]
     arrivals = np.stack([replays[u].arrivals for u in used])
-    clusters = Clusters(p.config, arrivals, p.start, p.seed, specs)
+    clusters = Clusters(p.config, arrivals, p.start, p.seed, specs, p.scored_from)
     ticks = p.ticks()
     signal = _signals(clusters, runs, [member[r.replay] for r in runs], ticks, p)
     given = [(i, r.replicas) for i, r in enumerate(runs) if r.replicas is not None]

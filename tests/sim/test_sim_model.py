@@ -80,7 +80,7 @@ def test_a_lower_target_holds_more_gpus_and_replicas_rise_within_bounds_at_most_
     specs = [scenario_run(config, target_pct=t, recorded=True) for t in (40.0, 60.0, 90.0)]
     clusters = _run(config, arrivals, specs, 4 * 3600.0)
     views = clusters.views()
-    gpus = [float(np.nansum(v.gpus, dtype=np.float64)) for v in views]
+    gpus = [v.gpu_slots for v in views]
     capacity = [float(np.mean(v.capacity)) for v in views]
     assert gpus[0] > gpus[1] > gpus[2] and capacity[0] > capacity[1] > capacity[2]
     for changes, spec in zip(clusters.replica_changes(), specs, strict=True):
@@ -101,7 +101,7 @@ def test_a_run_does_the_same_alone_and_beside_others() -> None:
     both = _run(config, arrivals, together, 7200.0).views()
     alone = _run(config, arrivals, [together[1]], 7200.0).views()[0]
     np.testing.assert_allclose(both[1].served, alone.served, rtol=1e-12)
-    np.testing.assert_allclose(both[1].gpus, alone.gpus, rtol=1e-7)
+    assert both[1].gpu_slots == pytest.approx(alone.gpu_slots, rel=1e-12)
     assert both[1].replica_changes == alone.replica_changes
 
 
@@ -117,7 +117,7 @@ def test_a_coarser_slot_counts_pods_every_500ms_so_gpu_hours_are_the_same_integr
         clusters.set_replicas(603.0, np.array([5]))  # created at 618 s (sync delay 15 s)
         clusters.advance_to(3600.0)
         view = clusters.views()[0]
-        gpu_seconds = float(np.nansum(view.gpus, dtype=np.float64)) * slot
+        gpu_seconds = view.gpu_slots * slot
         capacity = float(np.nansum(view.capacity, dtype=np.float64)) * slot
         figures[slot] = (gpu_seconds, capacity)
     for coarse, fine in zip(figures[10.0], figures[0.5], strict=True):

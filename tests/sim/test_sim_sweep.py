@@ -16,7 +16,14 @@ from gpuscaler.core.model import Series
 from gpuscaler.sim.cluster import scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
 from gpuscaler.sim.replay import ModelError, Prepared, prepare
-from gpuscaler.sim.sweep import Swept, around_many, baseline_curves, group_size, sweep_views
+from gpuscaler.sim.sweep import (
+    RUN_SLOT_BYTES,
+    Swept,
+    around_many,
+    baseline_curves,
+    group_size,
+    sweep_views,
+)
 
 CONFIG = """
 simulator: {preemption_burst_after: null, slot: 10s, gpu_seconds_per_request: 0.25}
@@ -114,9 +121,9 @@ def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
 @pytest.mark.parametrize(
     ("runs", "slots", "budget", "size"),
     [
-        (33, 1000, 12 * 1000 * 33, 33),  # all fit: one group
-        (33, 1000, 12 * 1000 * 32, 17),  # one short: two even groups, not 32 + 1
-        (33, 1000, 12 * 1000 * 10, 9),  # four groups of 9, 9, 9, 6
+        (33, 1000, RUN_SLOT_BYTES * 1000 * 33, 33),  # all fit: one group
+        (33, 1000, RUN_SLOT_BYTES * 1000 * 32, 17),  # one short: two even groups, not 32 + 1
+        (33, 1000, RUN_SLOT_BYTES * 1000 * 10, 9),  # four groups of 9, 9, 9, 6
         (33, 1000, 1, 1),  # no room: one run a group
     ],
 )
