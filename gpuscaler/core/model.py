@@ -34,10 +34,6 @@ class Series:
         """Time of the last slot of the grid."""
         return self.start + self.step * (len(self.values) - 1)
 
-    def last_sample_time(self) -> float | None:
-        finite = np.flatnonzero(np.isfinite(self.values))
-        return None if finite.size == 0 else self.start + self.step * float(finite[-1])
-
 
 @dataclass(frozen=True, eq=False)
 class Forecast:

@@ -9,7 +9,7 @@ import numpy as np
 
 from gpuscaler.config import Config, ForecastConfig
 from gpuscaler.core.forecast import EMPTY, Clip, ForecastState, forecast, lead, merged, reissued
-from gpuscaler.core.forecast.members import bucket_means
+from gpuscaler.core.forecast.members import bucket_means, sampled
 from gpuscaler.core.model import PoolObservation, Series, Signal, Snapshot, WorkloadObservation
 from gpuscaler.core.preemption import PreemptionObservation
 
@@ -132,7 +132,7 @@ def _forecasts(
         if problem is None:
             groups.setdefault(cfg, []).append(i)
         else:
-            out[i] = Signal(series.last_sample_time() if series else None, None, problem)
+            out[i] = Signal(sampled([series])[0][0], None, problem)
     states = []
     for cfg, idx in groups.items():
         batch, keys = [items[i][1] for i in idx], [items[i][0] for i in idx]

@@ -23,7 +23,7 @@ from gpuscaler.config import ForecastConfig
 from gpuscaler.core.forecast.arima import Arima, inverse_root_modulus, stable, within_band
 from gpuscaler.core.forecast.ensemble import assess, choose_method, lowest_origin, origins_for
 from gpuscaler.core.forecast.intervals import conformal_half_width, peak_offset
-from gpuscaler.core.forecast.members import bucket, forward_fill
+from gpuscaler.core.forecast.members import bucket, forward_fill, sampled
 from gpuscaler.core.model import FloatArray, Forecast, Series, Signal
 
 MAX_LAG = 6
@@ -134,7 +134,7 @@ def _try_lead(
     """The mapped path and its ratio, or why the demand cannot be compared."""
     if demand_problem:
         return f"demand not used: {demand_problem}", None, None
-    newest = demand.last_sample_time() if demand is not None else None
+    newest = sampled([demand])[0][0]
     if demand is None or newest is None:
         return "demand not used: no samples", None, None
     if now - newest > STALE_BUCKETS * cfg.fit_step:
