@@ -16,7 +16,8 @@ Baselines, each measured in the same run on the same backfill, alternated `--rou
 - `--speedup`: the same whatif with `--jobs 1`: `speedup_2_jobs` is its wall time over the
   `--jobs 2` run's (parallel speed-up is a wall-time figure);
 - `--base REV`: another revision's whatif (`git archive`, run on PYTHONPATH):
-  `vs_base` is this tree's wall time over the base's.
+  `vs_base` is this tree's wall time over the base's (the gate), `vs_base_cpu` the
+  same of CPU time (all processes).
 
 Gate (on the whole run, `--replay` equal to `--workloads`): at most 1.25x the base's time
 (goal: 300 s for 100 workload-weeks on 2 cores), at most 1 GB of all processes together,
@@ -29,7 +30,7 @@ and says so: `gate=...(estimated)`; a gate whose baselines were not run says whi
     python bench/whatif.py --workloads 2 --days 1 --speedup               # a quick check
 
 Last line: RESULT workloads= days= replayed= seconds= (or seconds_estimated=) cpu_s=
-rss_mb= rss_total_mb= simulate_cpu_s= ratio= [speedup_2_jobs=] [vs_base=] gate=
+rss_mb= rss_total_mb= simulate_cpu_s= ratio= [speedup_2_jobs=] [vs_base= vs_base_cpu=] gate=
 """
 
 from __future__ import annotations
@@ -333,6 +334,7 @@ def main() -> None:
         untested.append("speedup_2_jobs")
     if base is not None:
         fields.append(f"vs_base={wall / median('base', 'wall'):.2f}")
+        fields.append(f"vs_base_cpu={median('whatif', 'cpu') / median('base', 'cpu'):.2f}")
         ok = ok and wall / median("base", "wall") <= GATE_VS_BASE
     else:
         untested.append("vs_base")

@@ -1,11 +1,7 @@
 """Three-tier preemption of low-priority GPU pods, as pure functions.
 
-When a pod at or above `beneficiary_min_priority` has been unschedulable for
-`pending_for` and no node has a free GPU share for it, victims are chosen on one node the
-way kube-scheduler chooses them (fewest PDB violations, then the lowest highest-victim
-priority, the smallest priority sum, the fewest victims, the latest start), but only if
-freeing them really makes the pod fit, and preferring victims with the freshest checkpoint
-(least work lost). Each victim then goes through the tiers:
+Victims are chosen for a long-pending high-priority pod (`choice`, docs/preemption.md);
+each then goes through the tiers:
 
     none -> soft      ask to checkpoint (annotation, optional HTTP call)
     soft -> hard      checkpoint acknowledged, or soft_grace over: evict (evidence first)
