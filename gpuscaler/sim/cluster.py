@@ -22,6 +22,7 @@ from gpuscaler.core.snapshot import RawPool, RawWorkload
 from gpuscaler.sim.load import (
     SAMPLE,
     STALL_LEVEL_FACTOR,
+    Waits,
     draws,
     efficiency,
     layout_capacity,
@@ -34,7 +35,7 @@ from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_repli
 
 EMPTY = np.zeros(0)
 KEPT = ("capacity", "demand_busy", "replicas")
-"""What a recorded run keeps besides the served work, in single precision (whole
+"""What a recorded run keeps besides each slot's wait, in single precision (whole
 replicas, and GPUs' worth within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
@@ -151,7 +152,6 @@ class Clusters:
         self.drawn = np.zeros(runs, dtype=np.int64)
         self.q = np.zeros(runs)
         self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
-        self.served = np.full((runs, self.n), np.nan)
         self.gpu_slots = np.zeros(runs)
         """GPUs held summed over the scored slots simulated (a run's GPU-hours times
         3600 / slot): all a figure reads of them, so a swept run keeps 8 bytes a slot."""
@@ -173,6 +173,9 @@ class Clusters:
         keep = max(self.window_slots, round(self.interval / self.slot))
         self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
         self.row_of = {int(r): j for j, r in enumerate(self.observed)}
+        work = self.arrivals * self.sim.gpu_seconds_per_request
+        slo, member = self.sim.slo_wait, self.member
+        self.waits = Waits(work, self.arrivals, member, self.slot, scored_from, slo, self.recorded)
 
     def advance_to(self, now: float) -> None:
         """Simulate every run's slots in [cursor time, now)."""
@@ -196,7 +199,7 @@ class Clusters:
         self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
         gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
-        self.served[:, s] = served
+        self.waits.feed(served)
         self.gpu_slots += gpus[:, max(0, self.scored_from - begin) :].sum(axis=1)
         self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
         if self.recorded.size or self.observed.size:
@@ -409,8 +412,9 @@ class Clusters:
         return changes
 
     def views(self) -> list[RunView]:
-        """Every run's record (a run not recorded: its served work and GPUs held)."""
+        """Every run's record (a run not recorded: its figures)."""
         changes = self.replica_changes()
+        self.waits.finish()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
         work = self.arrivals * self.sim.gpu_seconds_per_request  # one row a member, shared
         out = []
@@ -424,7 +428,8 @@ class Clusters:
                     self.cursor,
                     self.arrivals[spec.member],
                     work[spec.member],
-                    self.served[i],
+                    EMPTY if j is None else self.waits.waits[j],
+                    *self.waits.figures(i),
                     float(self.gpu_slots[i]),
                     cap,
                     busy,

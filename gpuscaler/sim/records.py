@@ -15,7 +15,6 @@ import numpy as np
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray, WorkloadObservation
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
-from gpuscaler.sim.load import fluid_waits, wait_figures
 from gpuscaler.sim.replay import Prepared
 
 if TYPE_CHECKING:
@@ -39,7 +38,11 @@ class RunView:
     arrivals: FloatArray
     work: FloatArray
     """GPU-seconds of work arriving in each slot."""
-    served: FloatArray
+    waits: FloatArray
+    """Each slot's wait (`load.Waits`), of a recorded run."""
+    p99_wait: float
+    slo_share: float
+    """The requests that waited over the SLO: its figures (`load.Waits`)."""
     gpu_slots: float
     """GPUs held summed over the scored slots."""
     capacity: FloatArray
@@ -114,7 +117,7 @@ def finished(
     under = view.demand_busy[s] > view.capacity[s] + 1e-9
     forecast_mae, naive_mae = _forecast_errors(p, view, track)
     figures = {
-        **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
+        **slo_metrics(view, p.scored_from),
         "under_provisioned_share": round(float(under.mean()), 5),
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
@@ -137,7 +140,7 @@ def _plotted(
     hours = (np.arange(m // per) + 1) * per * slot / 3600
     demand = view.demand_busy[:m].reshape(-1, per).mean(axis=1)
     capacity = view.capacity[:m].reshape(-1, per).mean(axis=1)
-    waits = fluid_waits(view.work[:n], view.served[:n], slot)
+    waits = view.waits[:n]
     slo = p.config.simulator.slo_wait
     late = np.flatnonzero((waits > slo) & (view.arrivals[:n] > 0)) * slot / 3600
     band = None
@@ -148,13 +151,10 @@ def _plotted(
     return Plotted(hours, demand, capacity, late, band, marks)
 
 
-def slo_metrics(view: RunView, scored_from: int, slo: float) -> dict[str, Any]:
+def slo_metrics(view: RunView, scored_from: int) -> dict[str, Any]:
     """The SLO-true outcome of a run: waits of the requests arriving in the scored part,
     GPU-hours held (a time integral), replica changes and reversals."""
-    n, slot = view.cursor, view.slot
-    s = slice(scored_from, n)
-    waits = fluid_waits(view.work[:n], view.served[:n], slot)[s]
-    p99, share = wait_figures(view.arrivals[s], waits, slo)
+    slot, p99, share = view.slot, view.p99_wait, view.slo_share
     t0 = view.start + scored_from * slot
     directions = [1 if new > old else -1 for t, old, new in view.replica_changes if t >= t0]
     return {
