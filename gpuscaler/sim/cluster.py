@@ -34,9 +34,9 @@ from gpuscaler.sim.replay import scenario
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
 EMPTY = np.zeros(0)
-KEPT = ("capacity", "demand_busy", "replicas")
-"""What a recorded run keeps besides each slot's wait, in single precision (whole
-replicas, and GPUs' worth within the figures' rounding)."""
+KEPT = ("capacity", "demand_busy")
+"""What a recorded run keeps besides each slot's wait, in single precision (GPUs' worth
+within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -55,7 +55,7 @@ class RunSpec:
     uses_util: bool = True
     """Its HPA reads the utilization (a run on request rate reads only its signal)."""
     recorded: bool = False
-    """Its capacity, demand and replicas kept too (what a plot and full figures read)."""
+    """Its capacity, demand and waits kept slot by slot (what a plot draws)."""
     observed: bool = False
     """A controller reads its pool's signals (computed for these runs alone)."""
 
@@ -152,9 +152,9 @@ class Clusters:
         self.drawn = np.zeros(runs, dtype=np.int64)
         self.q = np.zeros(runs)
         self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
-        self.gpu_slots = np.zeros(runs)
-        """GPUs held summed over the scored slots simulated (a run's GPU-hours times
-        3600 / slot): all a figure reads of them, so a swept run keeps 8 bytes a slot."""
+        self.sums = np.zeros((3, runs))
+        """GPUs held, under-provisioned slots and replicas asked, summed over the scored
+        slots simulated: all a figure reads of them."""
         self.load = np.zeros((runs, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
         self.load_from = 0
@@ -200,18 +200,18 @@ class Clusters:
         self.load_from = end - self.load.shape[1]
         gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
         self.waits.feed(served)
-        self.gpu_slots += gpus[:, max(0, self.scored_from - begin) :].sum(axis=1)
+        eff = efficiency(
+            np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
+        )
+        busy, cap = (work / slot / eff[:, None]).astype(np.float32), capacity.astype(np.float32)
+        k = min(end - begin, max(0, self.scored_from - begin))  # the first scored of these
+        under = (busy[:, k:] > cap[:, k:] + 1e-9).sum(axis=1)
+        self.sums += (gpus[:, k:].sum(axis=1), under, self.spec * (end - begin - k))
         self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
-        if self.recorded.size or self.observed.size:
-            eff = efficiency(
-                np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
-            )
-            rows = self.recorded
-            self.kept["capacity"][:, s] = capacity[rows]
-            self.kept["demand_busy"][:, s] = work[rows] / slot / eff[rows, None]
-            self.kept["replicas"][:, s] = self.spec[rows, None]
-            if self.observed.size:
-                self._signals(begin, end, work, served_pct, gpus, eff)
+        for name, values in zip(KEPT, (cap, busy), strict=True):
+            self.kept[name][:, s] = values[self.recorded]
+        if self.observed.size:
+            self._signals(begin, end, work, served_pct, gpus, eff)
         self.cursor = end
 
     def _signals(
@@ -414,26 +414,25 @@ class Clusters:
     def views(self) -> list[RunView]:
         """Every run's record (a run not recorded: its figures)."""
         changes = self.replica_changes()
-        self.waits.finish()
+        figures = np.vstack((*self.waits.finish(), self.sums)).T.tolist()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
         work = self.arrivals * self.sim.gpu_seconds_per_request  # one row a member, shared
         out = []
         for i, spec in enumerate(self.specs):
             j = kept.get(i)
-            cap, busy, reps = (EMPTY,) * 3 if j is None else (self.kept[k][j] for k in KEPT)
+            cap, busy = (EMPTY,) * 2 if j is None else (self.kept[k][j] for k in KEPT)
+            waits = EMPTY if j is None else self.waits.waits[j]
+            p99, share, gpus, under, reps = figures[i]
+            args = (self.arrivals[spec.member], work[spec.member], waits, p99, share, gpus, under)
             out.append(
                 RunView(
                     self.start,
                     self.slot,
                     self.cursor,
-                    self.arrivals[spec.member],
-                    work[spec.member],
-                    EMPTY if j is None else self.waits.waits[j],
-                    *self.waits.figures(i),
-                    float(self.gpu_slots[i]),
+                    *args,
+                    reps,
                     cap,
                     busy,
-                    reps,
                     changes[i],
                     self.fragment_changes[i],
                     self.time_slice_changes[i],

@@ -83,9 +83,9 @@ class Waits:
     (`feed`), so no run keeps its served work slot by slot. A slot's last request waits
     until cumulative service reaches the cumulative work up to the slot (service spread
     evenly inside the slot that reaches it); work never served, until the run's end
-    (`finish`). A run keeps its requests that waited over `slo` and the largest waits with
-    at most 1 % of its requests above them (its p99 is among them), of the slots from
-    `scored_from`; the runs `kept` keep every slot's wait."""
+    (`finish`). Of the slots from `scored_from`, a run tallies its requests that waited
+    over `slo` and keeps the waits with at most 1 % of its requests above them (its p99
+    is among them); the runs `kept` keep every slot's wait."""
 
     def __init__(
         self,
@@ -107,7 +107,8 @@ class Waits:
         self.fed = 0
         self.total = arrivals[:, scored_from:].sum(axis=1)[member]
         self.late = np.zeros(runs)
-        self.top = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))  # run, wait, requests
+        self.top = [(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))]  # run, wait, requests
+        self.new = 0  # candidates added since the last pruning
         self.kept = np.full(runs, -1, dtype=np.int64)
         self.kept[kept] = np.arange(len(kept))
         self.waits = np.full((len(kept), work.shape[1]), np.nan)
@@ -139,11 +140,23 @@ class Waits:
         self.done, self.fed = done[:, -1].copy(), b0 + m
         self._add(r, i, wait)
 
-    def finish(self) -> None:
-        """The run's end: the work still waiting waits until then."""
+    def finish(self) -> tuple[FloatArray, FloatArray]:
+        """The runs' end, the work still waiting waiting until then: each run's p99 wait
+        and share of its requests that waited over the SLO, each slot weighted by its
+        requests (0 when none arrived)."""
         r, i = _spans(self.first, self.fed - self.first)
         self.first[:] = self.fed
         self._add(r, i, np.maximum(0.0, self.fed * self.slot - (i + 1.0) * self.slot))
+        runs, waits, counts, above = self._ranked()
+        ok = self.total[runs] - above >= P99 * self.total[runs]  # 99 % waited at most this
+        r, w = runs[ok], waits[ok]
+        last = np.diff(r, append=-1) != 0  # the least such wait of each run
+        p99 = np.zeros(len(self.total))
+        p99[r[last]] = w[last]
+        below = self.total - np.bincount(runs, counts, len(self.total))
+        p99[below >= P99 * self.total] = 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return p99, np.where(self.total > 0, self.late / self.total, 0.0)
 
     def _add(self, r: IntArray, i: IntArray, wait: FloatArray) -> None:
         mine = self.kept[r] >= 0
@@ -154,39 +167,27 @@ class Waits:
         over = wait > self.slo
         self.late += np.bincount(r[over], weights=requests[over], minlength=len(self.late))
         some = (wait > 0) & (requests > 0)
-        runs, waits, counts = (
-            np.concatenate(x)
-            for x in zip(self.top, (r[some], wait[some], requests[some]), strict=True)
-        )
-        # Keep the waits with at most 1 % of the requests strictly above them (and a
-        # margin for rounding: the p99 is chosen exactly among them).
+        self.top.append((r[some], wait[some], requests[some]))
+        self.new += int(some.sum())
+        if self.new > max(len(self.top[0][0]), len(self.late)):
+            # The candidates kept so far are outnumbered: keep those with at most 1 % of
+            # the requests strictly above them (and a margin for rounding).
+            runs, waits, counts, above = self._ranked()
+            keep = above <= self.total[runs] * (1 - P99) * 1.001
+            self.top, self.new = [(runs[keep], waits[keep], counts[keep])], 0
+
+    def _ranked(self) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+        """The candidates by run, largest wait first, with the requests of the run that
+        waited strictly longer."""
+        runs, waits, counts = (np.concatenate(x) for x in zip(*self.top, strict=True))
         order = np.lexsort((-waits, runs))
         runs, waits, counts = runs[order], waits[order], counts[order]
         new = np.r_[True, (runs[1:] != runs[:-1]) | (waits[1:] != waits[:-1])]
         start = np.r_[True, runs[1:] != runs[:-1]]
         above = counts.cumsum() - counts
         above -= np.maximum.accumulate(np.where(start, above, 0.0))
-        above = above[np.maximum.accumulate(np.where(new, np.arange(runs.size), 0))]
-        room = self.total[runs] * (1 - P99) * 1.001
-        keep = above <= room
-        self.top = (runs[keep], waits[keep], counts[keep])
-
-    def figures(self, run: int) -> tuple[float, float]:
-        """Run `run`'s p99 wait and share of its requests that waited over the SLO, each
-        slot weighted by its requests; (0, 0) when none arrived."""
-        total = float(self.total[run])
-        if total <= 0:
-            return 0.0, 0.0
-        mine = self.top[0] == run
-        waits, counts = self.top[1][mine], self.top[2][mine]
-        order = np.argsort(waits, kind="stable")
-        waits, counts = waits[order], counts[order]
-        below = total - float(counts.sum())  # the requests that waited less (or not at all)
-        k = int(np.searchsorted(below + np.cumsum(counts), P99 * total, side="left"))
-        p99 = (
-            0.0 if below >= P99 * total or not waits.size else float(waits[min(k, waits.size - 1)])
-        )
-        return p99, float(self.late[run] / total)
+        tied = np.maximum.accumulate(np.where(new, np.arange(runs.size), 0))
+        return runs, waits, counts, above[tied]
 
 
 def _spans(first: IntArray, count: IntArray) -> tuple[IntArray, IntArray]:

@@ -27,9 +27,9 @@ MARKED = ("fragments", "time_slice", "preemption")
 
 @dataclass
 class RunView:
-    """One run's per-slot arrays and what it did. `capacity` (GPUs' worth ready),
-    `demand_busy` (the work arriving in GPUs busy at the current sharing) and `replicas`
-    (asked) are kept of a recorded run only."""
+    """One run's per-slot arrays and what it did. `capacity` (GPUs' worth ready) and
+    `demand_busy` (the work arriving in GPUs busy at the current sharing) are kept of a
+    recorded run only."""
 
     start: float
     slot: float
@@ -44,10 +44,11 @@ class RunView:
     slo_share: float
     """The requests that waited over the SLO: its figures (`load.Waits`)."""
     gpu_slots: float
-    """GPUs held summed over the scored slots."""
+    under_slots: float
+    replica_slots: float
+    """Summed over the scored slots: GPUs held, slots under-provisioned, replicas asked."""
     capacity: FloatArray
     demand_busy: FloatArray
-    replicas: FloatArray
     replica_changes: Sequence[tuple[float, int, int]]
     fragment_changes: Sequence[Decision] = ()
     time_slice_changes: Sequence[Decision] = ()
@@ -110,20 +111,19 @@ def finished(
     failed: int = 0,
     plot: bool = True,
 ) -> RunResult:
-    """A recorded run of the replay `p`: its figures, and the plot's series when `plot`."""
+    """A run of the replay `p`: its figures, and the plot's series when `plot` (of a
+    recorded run)."""
     track = track or ForecastTrack()
     decisions = decisions or []
-    s = slice(p.scored_from, view.cursor)
-    under = view.demand_busy[s] > view.capacity[s] + 1e-9
     forecast_mae, naive_mae = _forecast_errors(p, view, track)
     figures = {
         **slo_metrics(view, p.scored_from),
-        "under_provisioned_share": round(float(under.mean()), 5),
+        "under_provisioned_share": round(view.under_slots / (view.cursor - p.scored_from), 5),
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
         "fragment_changes": len(view.fragment_changes),
         "time_slice_changes": len(view.time_slice_changes),
-        "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
+        "mean_replicas": mean_replicas(view, p.scored_from),
         "failed_ticks": failed,
         "preemption": None if view.preemption is None else view.preemption.summary(),
     }
@@ -149,6 +149,11 @@ def _plotted(
         band = (fx, np.asarray(track.lower) / 100, np.asarray(track.upper) / 100)
     marks = tuple((d.kind, (d.time - start) / 3600) for d in decisions if d.kind in MARKED)
     return Plotted(hours, demand, capacity, late, band, marks)
+
+
+def mean_replicas(view: RunView, scored_from: int) -> float:
+    """The replicas asked, averaged over the scored slots."""
+    return round(view.replica_slots / (view.cursor - scored_from), 2)
 
 
 def slo_metrics(view: RunView, scored_from: int) -> dict[str, Any]:

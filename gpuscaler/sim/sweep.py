@@ -2,8 +2,8 @@
 swept over their targets, the reactive HPA (`hpa_util` at the workload's target) and the
 replicas that ran (set at each tick). Floor and fragments stay at their initial values, so
 the request rate and the predictive forecast, read from the arrivals alone, are computed
-once for every tick. A run keeps its figures, not its slots (but a recorded one), so all
-step together whatever the replay's length."""
+once for every tick. A run keeps its figures, not its slots (but one drawn), so all step
+together whatever the replay's length."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pandas as pd
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.sim.cluster import Clusters, scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
-from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
+from gpuscaler.sim.records import RunResult, RunView, finished, mean_replicas, slo_metrics
 from gpuscaler.sim.replay import Prepared, one_model
 from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
 
@@ -31,7 +31,7 @@ Curves = dict[str, list[dict[str, Any]]]
 @dataclass(frozen=True)
 class Swept:
     """A run of replay `replay`: `kind` at `target_pct`, or with `replicas`, tick k setting
-    replicas[k]; `recorded`: its whole record kept."""
+    replicas[k]; `recorded`: its slots kept for the plot."""
 
     label: str
     replay: int
@@ -158,21 +158,18 @@ def around_many(
             runs += [Swept(n, w, k, t) for n, k in BASELINES.items() for t in sweep_targets()]
         target = scenario_run(p.config).target_pct
         if reactive:
-            runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=True))
+            runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=plot))
         if series is not None:
             counts = actual_counts(series, p.ticks())
-            runs.append(Swept(ACTUAL, w, "hpa_util", target, counts, recorded=True))
+            runs.append(Swept(ACTUAL, w, "hpa_util", target, counts))
     out = [Around({n: [] for n in BASELINES} if baselines else None, None, None) for _ in prepared]
     for run, view in zip(runs, sweep_views(prepared, runs), strict=True):
         p, found = prepared[run.replay], out[run.replay]
         if run.label == REACTIVE:
             found.reactive = finished(p, "reactive", view, plot=plot)
         elif run.label == ACTUAL:
-            s = slice(p.scored_from, view.cursor)
-            found.actual = {
-                **slo_metrics(view, p.scored_from),
-                "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
-            }
+            mean = mean_replicas(view, p.scored_from)
+            found.actual = {**slo_metrics(view, p.scored_from), "mean_replicas": mean}
         else:
             assert found.curves is not None
             found.curves[run.label].append(point(p, run.target_pct, view))

@@ -51,7 +51,6 @@ def _waits(work: list[float], served: list[float], blocks: list[int], slo: float
     for size in blocks:
         waits.feed(np.array([served[at : at + size]]))
         at += size
-    waits.finish()
     return waits
 
 
@@ -70,7 +69,9 @@ def _waits(work: list[float], served: list[float], blocks: list[int], slo: float
 def test_a_slots_last_request_waits_until_cumulative_service_reaches_its_work(
     work: list[float], served: list[float], wait: float
 ) -> None:
-    assert _waits(work, served, [len(work)]).waits[0, 0] == pytest.approx(wait)
+    waits = _waits(work, served, [len(work)])
+    waits.finish()
+    assert waits.waits[0, 0] == pytest.approx(wait)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -85,32 +86,35 @@ def test_the_waits_and_figures_are_the_same_whatever_blocks_the_service_comes_in
     whole = _waits(list(work), list(served), [n], slo=1.0)
     cuts = np.sort(rng.choice(np.arange(1, n), 20, replace=False))
     blocked = _waits(list(work), list(served), np.diff(np.r_[0, cuts, n]).tolist(), slo=1.0)
+    figures = whole.finish(), blocked.finish()
     np.testing.assert_array_equal(whole.waits, blocked.waits)
-    assert whole.figures(0) == pytest.approx(blocked.figures(0), rel=1e-12)
+    np.testing.assert_array_equal(*figures)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_p99_and_the_violation_share_weight_each_slot_by_its_requests(seed: int) -> None:
+def test_p99_and_the_violation_share_of_each_run_weight_each_slot_by_its_requests(
+    seed: int,
+) -> None:
     rng = np.random.default_rng(seed)
-    n = 300
+    n, runs = 300, 3
     work = rng.exponential(1.0, (1, n))
     requests = rng.integers(0, 20, (1, n)).astype(float)
-    served = lindley(0.0, work[0], rng.uniform(0.5, 1.3, n))[1]
-    waits = Waits(work, requests, np.array([0]), 0.5, 50, 1.0, np.array([0]))
-    for block in np.array_split(served, 7):
-        waits.feed(block[None, :])
-    waits.finish()
-    each, counts = waits.waits[0, 50:], requests[0, 50:]
-    order = np.argsort(each, kind="stable")  # the definition: the 99th request's wait
-    at = np.searchsorted(np.cumsum(counts[order]), 0.99 * counts.sum())
-    p99, share = waits.figures(0)
-    assert p99 == each[order][at]
-    assert share == pytest.approx(counts[each > 1.0].sum() / counts.sum(), rel=1e-12)
+    served = np.stack([lindley(0.0, work[0], rng.uniform(0.5, c, n))[1] for c in (1.1, 1.3, 2)])
+    waits = Waits(work, requests, np.zeros(runs, dtype=np.int64), 0.5, 50, 1.0, np.arange(runs))
+    for block in np.array_split(served, 7, axis=1):
+        waits.feed(block)
+    figures = waits.finish()
+    counts = requests[0, 50:]
+    for run, (p99, share) in enumerate(zip(*figures, strict=True)):
+        each = waits.waits[run, 50:]
+        order = np.argsort(each, kind="stable")  # the definition: the 99th request's wait
+        at = np.searchsorted(np.cumsum(counts[order]), 0.99 * counts.sum())
+        assert p99 == each[order][at]
+        assert share == pytest.approx(counts[each > 1.0].sum() / counts.sum(), rel=1e-12)
 
 
 def test_a_run_without_requests_has_no_wait_figures() -> None:
     w = np.ones((1, 4))
     waits = Waits(w, np.zeros_like(w), np.array([0]), 0.5, 0, 2.0, np.array([], dtype=np.int64))
     waits.feed(np.zeros((1, 4)))
-    waits.finish()
-    assert waits.figures(0) == (0.0, 0.0)
+    assert [f.tolist() for f in waits.finish()] == [[0.0], [0.0]]
