@@ -34,9 +34,6 @@ from gpuscaler.sim.replay import scenario
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
 EMPTY = np.zeros(0)
-KEPT = ("capacity", "demand_busy")
-"""What a recorded run keeps besides each slot's wait, in single precision (GPUs' worth
-within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -168,8 +165,8 @@ class Clusters:
         # The tables of the recorded runs and the observed ones' last metrics window.
         self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
         self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
-        k = len(self.recorded)
-        self.kept = {name: np.full((k, self.n), np.nan, dtype=np.float32) for name in KEPT}
+        # capacity and demand_busy, in single precision (within the figures' rounding)
+        self.kept = np.full((2, len(self.recorded), self.n), np.nan, dtype=np.float32)
         keep = max(self.window_slots, round(self.interval / self.slot))
         self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
         self.row_of = {int(r): j for j, r in enumerate(self.observed)}
@@ -208,8 +205,7 @@ class Clusters:
         under = (busy[:, k:] > cap[:, k:] + 1e-9).sum(axis=1)
         self.sums += (gpus[:, k:].sum(axis=1), under, self.spec * (end - begin - k))
         self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
-        for name, values in zip(KEPT, (cap, busy), strict=True):
-            self.kept[name][:, s] = values[self.recorded]
+        self.kept[:, :, s] = cap[self.recorded], busy[self.recorded]
         if self.observed.size:
             self._signals(begin, end, work, served_pct, gpus, eff)
         self.cursor = end
@@ -416,26 +412,13 @@ class Clusters:
         changes = self.replica_changes()
         figures = np.vstack((*self.waits.finish(), self.sums)).T.tolist()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
-        work = self.arrivals * self.sim.gpu_seconds_per_request  # one row a member, shared
+        tables = (*self.kept, self.waits.waits)
         out = []
         for i, spec in enumerate(self.specs):
             j = kept.get(i)
-            cap, busy = (EMPTY,) * 2 if j is None else (self.kept[k][j] for k in KEPT)
-            waits = EMPTY if j is None else self.waits.waits[j]
+            cap, busy, waits = (EMPTY,) * 3 if j is None else (t[j] for t in tables)
+            head = (self.start, self.slot, self.cursor, self.arrivals[spec.member])
             p99, share, gpus, under, reps = figures[i]
-            args = (self.arrivals[spec.member], work[spec.member], waits, p99, share, gpus, under)
-            out.append(
-                RunView(
-                    self.start,
-                    self.slot,
-                    self.cursor,
-                    *args,
-                    reps,
-                    cap,
-                    busy,
-                    changes[i],
-                    self.fragment_changes[i],
-                    self.time_slice_changes[i],
-                )
-            )
+            tail = (changes[i], self.fragment_changes[i], self.time_slice_changes[i])
+            out.append(RunView(*head, cap, busy, waits, p99, share, gpus, under, reps, *tail))
         return out

@@ -79,13 +79,12 @@ P99 = 0.99
 
 
 class Waits:
-    """The fluid FIFO queue's waits of runs fed their served work as they advance
-    (`feed`), so no run keeps its served work slot by slot. A slot's last request waits
-    until cumulative service reaches the cumulative work up to the slot (service spread
-    evenly inside the slot that reaches it); work never served, until the run's end
-    (`finish`). Of the slots from `scored_from`, a run tallies its requests that waited
-    over `slo` and keeps the waits with at most 1 % of its requests above them (its p99
-    is among them); the runs `kept` keep every slot's wait."""
+    """The fluid FIFO queue's waits of runs fed their served work as they advance, kept
+    by no run slot by slot: a slot's last request waits until cumulative service reaches
+    the cumulative work up to the slot (spread evenly inside the slot that reaches it);
+    work never served, until the end. Of the slots from `scored_from`, a run tallies the
+    requests that waited over `slo` and keeps the waits with at most 1 % of its requests
+    above them (its p99 is among them); the runs `kept` keep every slot's wait."""
 
     def __init__(
         self,
@@ -100,13 +99,10 @@ class Waits:
         self.due = np.cumsum(work, axis=1)  # (members, slots): the work arrived so far
         self.tol = 1e-9 * np.maximum(1.0, self.due[:, -1] if work.shape[1] else 0.0)
         self.arrivals, self.member, self.slot, self.slo = arrivals, member, slot, slo
-        self.scored_from = scored_from
-        runs = len(member)
-        self.done = np.zeros(runs)  # each run's work served so far
-        self.first = np.zeros(runs, dtype=np.int64)  # its first slot still waiting
-        self.fed = 0
+        self.scored_from, self.fed, runs = scored_from, 0, len(member)
+        self.done, self.late = np.zeros(runs), np.zeros(runs)  # work served, requests late
+        self.first = np.zeros(runs, dtype=np.int64)  # each run's first slot still waiting
         self.total = arrivals[:, scored_from:].sum(axis=1)[member]
-        self.late = np.zeros(runs)
         self.top = [(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))]  # run, wait, requests
         self.new = 0  # candidates added since the last pruning
         self.kept = np.full(runs, -1, dtype=np.int64)

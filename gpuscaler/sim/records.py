@@ -27,19 +27,18 @@ MARKED = ("fragments", "time_slice", "preemption")
 
 @dataclass
 class RunView:
-    """One run's per-slot arrays and what it did. `capacity` (GPUs' worth ready) and
-    `demand_busy` (the work arriving in GPUs busy at the current sharing) are kept of a
-    recorded run only."""
+    """One run's per-slot arrays and what it did."""
 
     start: float
     slot: float
     cursor: int
     """Slots simulated."""
     arrivals: FloatArray
-    work: FloatArray
-    """GPU-seconds of work arriving in each slot."""
+    capacity: FloatArray
+    demand_busy: FloatArray
     waits: FloatArray
-    """Each slot's wait (`load.Waits`), of a recorded run."""
+    """Of a recorded run only: each slot's GPUs' worth ready, work arriving in GPUs busy at
+    the current sharing and wait (`load.Waits`)."""
     p99_wait: float
     slo_share: float
     """The requests that waited over the SLO: its figures (`load.Waits`)."""
@@ -47,8 +46,6 @@ class RunView:
     under_slots: float
     replica_slots: float
     """Summed over the scored slots: GPUs held, slots under-provisioned, replicas asked."""
-    capacity: FloatArray
-    demand_busy: FloatArray
     replica_changes: Sequence[tuple[float, int, int]]
     fragment_changes: Sequence[Decision] = ()
     time_slice_changes: Sequence[Decision] = ()
@@ -177,7 +174,7 @@ def _forecast_errors(p: Prepared, view: RunView, track: ForecastTrack) -> tuple[
     cfg, slot = p.config.forecast, view.slot
     width = max(1, round(cfg.fit_step / slot))
     bucket = width * slot  # fit_step, or one slot when slots are coarser
-    demand = 100.0 * view.work / slot
+    demand = 100.0 * (view.arrivals * p.config.simulator.gpu_seconds_per_request) / slot
     block = demand[: len(demand) // width * width].reshape(-1, width)
     finite = np.isfinite(block)
     with np.errstate(invalid="ignore"):

@@ -118,10 +118,7 @@ def _signals(
 def point(p: Prepared, target: float, view: RunView) -> dict[str, Any]:
     """A baseline's point on its curve: its target and figures on replay `p`."""
     target_pct: float | int = int(target) if float(target).is_integer() else target
-    return {
-        "target_pct": target_pct,
-        **slo_metrics(view, p.scored_from),
-    }
+    return {"target_pct": target_pct, **slo_metrics(view, p.scored_from)}
 
 
 def held(replicas: Series) -> FloatArray:
