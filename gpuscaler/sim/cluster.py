@@ -410,7 +410,8 @@ class Clusters:
     def views(self) -> list[RunView]:
         """Every run's record (a run not recorded: its figures)."""
         changes = self.replica_changes()
-        figures = np.vstack((*self.waits.finish(), self.sums)).T.tolist()
+        means = self.sums[1:] / max(1, self.cursor - self.scored_from)
+        figures = np.vstack((*self.waits.finish(), self.sums[:1], means)).T.tolist()
         kept = {int(r): j for j, r in enumerate(self.recorded)}
         tables = (*self.kept, self.waits.waits)
         out = []

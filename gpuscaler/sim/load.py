@@ -151,8 +151,7 @@ class Waits:
         p99[r[last]] = w[last]
         below = self.total - np.bincount(runs, counts, len(self.total))
         p99[below >= P99 * self.total] = 0.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return p99, np.where(self.total > 0, self.late / self.total, 0.0)
+        return p99, self.late / np.maximum(self.total, 1.0)  # whole requests: none, or >= 1
 
     def _add(self, r: IntArray, i: IntArray, wait: FloatArray) -> None:
         mine = self.kept[r] >= 0

@@ -43,9 +43,9 @@ class RunView:
     slo_share: float
     """The requests that waited over the SLO: its figures (`load.Waits`)."""
     gpu_slots: float
-    under_slots: float
-    replica_slots: float
-    """Summed over the scored slots: GPUs held, slots under-provisioned, replicas asked."""
+    under_share: float
+    mean_replicas: float
+    """Of the scored slots: GPUs held summed, share under-provisioned, replicas asked mean."""
     replica_changes: Sequence[tuple[float, int, int]]
     fragment_changes: Sequence[Decision] = ()
     time_slice_changes: Sequence[Decision] = ()
@@ -115,12 +115,12 @@ def finished(
     forecast_mae, naive_mae = _forecast_errors(p, view, track)
     figures = {
         **slo_metrics(view, p.scored_from),
-        "under_provisioned_share": round(view.under_slots / (view.cursor - p.scored_from), 5),
+        "under_provisioned_share": round(view.under_share, 5),
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
         "fragment_changes": len(view.fragment_changes),
         "time_slice_changes": len(view.time_slice_changes),
-        "mean_replicas": mean_replicas(view, p.scored_from),
+        "mean_replicas": round(view.mean_replicas, 2),
         "failed_ticks": failed,
         "preemption": None if view.preemption is None else view.preemption.summary(),
     }
@@ -137,20 +137,14 @@ def _plotted(
     hours = (np.arange(m // per) + 1) * per * slot / 3600
     demand = view.demand_busy[:m].reshape(-1, per).mean(axis=1)
     capacity = view.capacity[:m].reshape(-1, per).mean(axis=1)
-    waits = view.waits[:n]
     slo = p.config.simulator.slo_wait
-    late = np.flatnonzero((waits > slo) & (view.arrivals[:n] > 0)) * slot / 3600
+    late = np.flatnonzero((view.waits[:n] > slo) & (view.arrivals[:n] > 0)) * slot / 3600
     band = None
     if track.origin:
         fx = (np.asarray(track.origin) + p.config.forecast.horizon - start) / 3600
         band = (fx, np.asarray(track.lower) / 100, np.asarray(track.upper) / 100)
     marks = tuple((d.kind, (d.time - start) / 3600) for d in decisions if d.kind in MARKED)
     return Plotted(hours, demand, capacity, late, band, marks)
-
-
-def mean_replicas(view: RunView, scored_from: int) -> float:
-    """The replicas asked, averaged over the scored slots."""
-    return round(view.replica_slots / (view.cursor - scored_from), 2)
 
 
 def slo_metrics(view: RunView, scored_from: int) -> dict[str, Any]:

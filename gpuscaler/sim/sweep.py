@@ -17,7 +17,7 @@ import pandas as pd
 from gpuscaler.core.model import FloatArray, Series
 from gpuscaler.sim.cluster import Clusters, scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
-from gpuscaler.sim.records import RunResult, RunView, finished, mean_replicas, slo_metrics
+from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
 from gpuscaler.sim.replay import Prepared, one_model
 from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
 
@@ -165,7 +165,7 @@ def around_many(
         if run.label == REACTIVE:
             found.reactive = finished(p, "reactive", view, plot=plot)
         elif run.label == ACTUAL:
-            mean = mean_replicas(view, p.scored_from)
+            mean = round(view.mean_replicas, 2)
             found.actual = {**slo_metrics(view, p.scored_from), "mean_replicas": mean}
         else:
             assert found.curves is not None
