@@ -33,7 +33,6 @@ from gpuscaler.sim.records import RunView
 from gpuscaler.sim.replay import scenario
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
-EMPTY = np.zeros(0)
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -150,8 +149,7 @@ class Clusters:
         self.q = np.zeros(runs)
         self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
         self.sums = np.zeros((3, runs))
-        """GPUs held, under-provisioned slots and replicas asked, summed over the scored
-        slots simulated: all a figure reads of them."""
+        """GPUs held, under-provisioned slots and replicas asked, over the scored slots."""
         self.load = np.zeros((runs, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
         self.load_from = 0
@@ -412,12 +410,11 @@ class Clusters:
         changes = self.replica_changes()
         means = self.sums[1:] / max(1, self.cursor - self.scored_from)
         figures = np.vstack((*self.waits.finish(), self.sums[:1], means)).T.tolist()
-        kept = {int(r): j for j, r in enumerate(self.recorded)}
         tables = (*self.kept, self.waits.waits)
         out = []
         for i, spec in enumerate(self.specs):
-            j = kept.get(i)
-            cap, busy, waits = (EMPTY,) * 3 if j is None else (t[j] for t in tables)
+            j = self.waits.kept[i]  # its row in the tables, -1: none
+            cap, busy, waits = (np.zeros(0),) * 3 if j < 0 else (t[j] for t in tables)
             head = (self.start, self.slot, self.cursor, self.arrivals[spec.member])
             p99, share, gpus, under, reps = figures[i]
             tail = (changes[i], self.fragment_changes[i], self.time_slice_changes[i])

@@ -79,12 +79,11 @@ P99 = 0.99
 
 
 class Waits:
-    """The fluid FIFO queue's waits of runs fed their served work as they advance, kept
-    by no run slot by slot: a slot's last request waits until cumulative service reaches
-    the cumulative work up to the slot (spread evenly inside the slot that reaches it);
-    work never served, until the end. Of the slots from `scored_from`, a run tallies the
-    requests that waited over `slo` and keeps the waits with at most 1 % of its requests
-    above them (its p99 is among them); the runs `kept` keep every slot's wait."""
+    """The fluid FIFO queue's waits of runs fed their service as they advance: a slot's
+    last request waits until cumulative service reaches the work arrived up to the slot
+    (spread evenly inside the slot reaching it), or until the end. Of the slots from
+    `scored_from`, a run tallies the requests over `slo` and keeps the waits with at most
+    1 % of its requests above them (its p99 among them); the runs `kept`, every wait."""
 
     def __init__(
         self,
@@ -137,9 +136,8 @@ class Waits:
         self._add(r, i, wait)
 
     def finish(self) -> tuple[FloatArray, FloatArray]:
-        """The runs' end, the work still waiting waiting until then: each run's p99 wait
-        and share of its requests that waited over the SLO, each slot weighted by its
-        requests (0 when none arrived)."""
+        """The runs' end (the work still waiting waits until then): each run's p99 wait and
+        share of its requests over the SLO, each slot weighted by its requests."""
         r, i = _spans(self.first, self.fed - self.first)
         self.first[:] = self.fed
         self._add(r, i, np.maximum(0.0, self.fed * self.slot - (i + 1.0) * self.slot))
@@ -165,15 +163,13 @@ class Waits:
         self.top.append((r[some], wait[some], requests[some]))
         self.new += int(some.sum())
         if self.new > max(len(self.top[0][0]), len(self.late)):
-            # The candidates kept so far are outnumbered: keep those with at most 1 % of
-            # the requests strictly above them (and a margin for rounding).
+            # Those kept are outnumbered: keep those with at most 1 % (and a margin) above.
             runs, waits, counts, above = self._ranked()
             keep = above <= self.total[runs] * (1 - P99) * 1.001
             self.top, self.new = [(runs[keep], waits[keep], counts[keep])], 0
 
     def _ranked(self) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
-        """The candidates by run, largest wait first, with the requests of the run that
-        waited strictly longer."""
+        """The candidates by run, largest first, with the run's requests waiting longer."""
         runs, waits, counts = (np.concatenate(x) for x in zip(*self.top, strict=True))
         order = np.lexsort((-waits, runs))
         runs, waits, counts = runs[order], waits[order], counts[order]

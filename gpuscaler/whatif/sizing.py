@@ -16,8 +16,8 @@ workload), fewer when the memory would not hold them."""
 LANE_BYTES = 1 * 2**20
 LANE_BYTES_A_WEEK = 2 * 2**20
 """What a lane adds to a process' peak: the controller's state for it, plus a week of its
-per-slot records, arrivals, replicas read and forecast track, and of the two runs of
-the sweep around it that are recorded; measured peaks with a margin."""
+arrivals, replicas read and forecast track (and per-slot records of the runs drawn);
+measured peaks with a margin."""
 MEMORY = 2**30
 """The whole run's memory by default (`--memory`), whatif and its workers together."""
 PARENT_BYTES = 100 * 2**20
