@@ -22,6 +22,7 @@ from gpuscaler.core.snapshot import RawPool, RawWorkload
 from gpuscaler.sim.load import (
     SAMPLE,
     STALL_LEVEL_FACTOR,
+    Waits,
     draws,
     efficiency,
     layout_capacity,
@@ -32,10 +33,6 @@ from gpuscaler.sim.records import RunView
 from gpuscaler.sim.replay import scenario
 from gpuscaler.sim.scalers import STABILIZATION, IntArray, bounds, desired_replicas
 
-EMPTY = np.zeros(0)
-KEPT = ("capacity", "demand_busy", "replicas")
-"""What a recorded run keeps besides the served work, in single precision (whole
-replicas, and GPUs' worth within the figures' rounding)."""
 ROOM = 2048
 """Slots a `Window` takes beyond the window it keeps (one copy every ROOM slots)."""
 
@@ -54,7 +51,7 @@ class RunSpec:
     uses_util: bool = True
     """Its HPA reads the utilization (a run on request rate reads only its signal)."""
     recorded: bool = False
-    """Its capacity, demand and replicas kept too (what a plot and full figures read)."""
+    """Its capacity, demand and waits kept slot by slot (what a plot draws)."""
     observed: bool = False
     """A controller reads its pool's signals (computed for these runs alone)."""
 
@@ -151,10 +148,8 @@ class Clusters:
         self.drawn = np.zeros(runs, dtype=np.int64)
         self.q = np.zeros(runs)
         self.last_capacity, self.last_gpus = np.zeros(runs), np.zeros(runs)
-        self.served = np.full((runs, self.n), np.nan)
-        self.gpu_slots = np.zeros(runs)
-        """GPUs held summed over the scored slots simulated (a run's GPU-hours times
-        3600 / slot): all a figure reads of them, so a swept run keeps 8 bytes a slot."""
+        self.sums = np.zeros((3, runs))
+        """GPUs held, under-provisioned slots and replicas asked, over the scored slots."""
         self.load = np.zeros((runs, 0))
         """The utilization the HPA reads, of the slots from `load_from` to the cursor."""
         self.load_from = 0
@@ -168,11 +163,14 @@ class Clusters:
         # The tables of the recorded runs and the observed ones' last metrics window.
         self.recorded = np.array([i for i, s in enumerate(self.specs) if s.recorded], np.int64)
         self.observed = np.array([i for i, s in enumerate(self.specs) if s.observed], np.int64)
-        k = len(self.recorded)
-        self.kept = {name: np.full((k, self.n), np.nan, dtype=np.float32) for name in KEPT}
+        # capacity and demand_busy, in single precision (within the figures' rounding)
+        self.kept = np.full((2, len(self.recorded), self.n), np.nan, dtype=np.float32)
         keep = max(self.window_slots, round(self.interval / self.slot))
         self.windows = {name: Window(len(self.observed), keep) for name in ("util", "stall")}
         self.row_of = {int(r): j for j, r in enumerate(self.observed)}
+        work = self.arrivals * self.sim.gpu_seconds_per_request
+        slo, member = self.sim.slo_wait, self.member
+        self.waits = Waits(work, self.arrivals, member, self.slot, scored_from, slo, self.recorded)
 
     def advance_to(self, now: float) -> None:
         """Simulate every run's slots in [cursor time, now)."""
@@ -196,19 +194,18 @@ class Clusters:
         self.load = load[:, -keep:]
         self.load_from = end - self.load.shape[1]
         gpus, capacity = (np.broadcast_to(a, served.shape) for a in (gpus, capacity))
-        self.served[:, s] = served
-        self.gpu_slots += gpus[:, max(0, self.scored_from - begin) :].sum(axis=1)
+        self.waits.feed(served)
+        eff = efficiency(
+            np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
+        )
+        busy, cap = (work / slot / eff[:, None]).astype(np.float32), capacity.astype(np.float32)
+        k = min(end - begin, max(0, self.scored_from - begin))  # the first scored of these
+        under = (busy[:, k:] > cap[:, k:] + 1e-9).sum(axis=1)
+        self.sums += (gpus[:, k:].sum(axis=1), under, self.spec * (end - begin - k))
         self.last_capacity, self.last_gpus = capacity[:, -1].copy(), gpus[:, -1].copy()
-        if self.recorded.size or self.observed.size:
-            eff = efficiency(
-                np.minimum(self.fragments, np.maximum(1.0, held_last)), self.sim.switch_overhead
-            )
-            rows = self.recorded
-            self.kept["capacity"][:, s] = capacity[rows]
-            self.kept["demand_busy"][:, s] = work[rows] / slot / eff[rows, None]
-            self.kept["replicas"][:, s] = self.spec[rows, None]
-            if self.observed.size:
-                self._signals(begin, end, work, served_pct, gpus, eff)
+        self.kept[:, :, s] = cap[self.recorded], busy[self.recorded]
+        if self.observed.size:
+            self._signals(begin, end, work, served_pct, gpus, eff)
         self.cursor = end
 
     def _signals(
@@ -409,29 +406,17 @@ class Clusters:
         return changes
 
     def views(self) -> list[RunView]:
-        """Every run's record (a run not recorded: its served work and GPUs held)."""
+        """Every run's record (a run not recorded: its figures)."""
         changes = self.replica_changes()
-        kept = {int(r): j for j, r in enumerate(self.recorded)}
-        work = self.arrivals * self.sim.gpu_seconds_per_request  # one row a member, shared
+        means = self.sums[1:] / max(1, self.cursor - self.scored_from)
+        figures = np.vstack((*self.waits.finish(), self.sums[:1], means)).T.tolist()
+        tables = (*self.kept, self.waits.waits)
         out = []
         for i, spec in enumerate(self.specs):
-            j = kept.get(i)
-            cap, busy, reps = (EMPTY,) * 3 if j is None else (self.kept[k][j] for k in KEPT)
-            out.append(
-                RunView(
-                    self.start,
-                    self.slot,
-                    self.cursor,
-                    self.arrivals[spec.member],
-                    work[spec.member],
-                    self.served[i],
-                    float(self.gpu_slots[i]),
-                    cap,
-                    busy,
-                    reps,
-                    changes[i],
-                    self.fragment_changes[i],
-                    self.time_slice_changes[i],
-                )
-            )
+            j = self.waits.kept[i]  # its row in the tables, -1: none
+            cap, busy, waits = (np.zeros(0),) * 3 if j < 0 else (t[j] for t in tables)
+            head = (self.start, self.slot, self.cursor, self.arrivals[spec.member])
+            p99, share, gpus, under, reps = figures[i]
+            tail = (changes[i], self.fragment_changes[i], self.time_slice_changes[i])
+            out.append(RunView(*head, cap, busy, waits, p99, share, gpus, under, reps, *tail))
         return out

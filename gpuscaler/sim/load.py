@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuscaler.core.model import FloatArray
+from gpuscaler.core.model import FloatArray, IntArray
 from gpuscaler.sim.trace import Trace
 
 SAMPLE = 0.5
@@ -75,33 +75,114 @@ def lindley(
     return queue, before + work - queue
 
 
-def fluid_waits(work: FloatArray, served: FloatArray, slot: float) -> FloatArray:
-    """Seconds the last request of each slot waits beyond the slot's end (given to every
-    request of the slot): done when cumulative service reaches the cumulative work up to
-    the slot, service spread evenly inside the slot that reaches it; work never served
-    waits at least until the run's end."""
-    n = len(work)
-    if n == 0:
-        return np.zeros(0)
-    due, done = np.cumsum(work), np.cumsum(served)
-    tol = 1e-9 * max(1.0, float(due[-1]))
-    s = np.searchsorted(done, due - tol, side="left")
-    s_c = np.minimum(s, n - 1)
-    before = np.where(s_c > 0, done[np.maximum(s_c - 1, 0)], 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(served[s_c] > 0, (due - before) / served[s_c], 1.0)
-    finished = np.where(s < n, (s_c + np.clip(frac, 0.0, 1.0)) * slot, n * slot)
-    arrived = (np.arange(n) + 1.0) * slot
-    return np.asarray(np.maximum(0.0, finished - arrived), dtype=np.float64)
+P99 = 0.99
 
 
-def wait_figures(counts: FloatArray, waits: FloatArray, slo: float) -> tuple[float, float]:
-    """p99 of the per-request wait and the share of requests waiting over `slo`, each
-    slot weighted by its requests; (0, 0) when none arrived."""
-    total = float(np.sum(counts))
-    if total <= 0:
-        return 0.0, 0.0
-    order = np.argsort(waits, kind="stable")
-    k = int(np.searchsorted(np.cumsum(counts[order]), 0.99 * total, side="left"))
-    p99 = float(waits[order][min(k, len(order) - 1)])
-    return p99, float(np.sum(counts[waits > slo]) / total)
+class Waits:
+    """The fluid FIFO queue's waits of runs fed their service as they advance: a slot's
+    last request waits until cumulative service reaches the work arrived up to the slot
+    (spread evenly inside the slot reaching it), or until the end. Of the slots from
+    `scored_from`, a run tallies the requests over `slo` and keeps the waits with at most
+    1 % of its requests above them (its p99 among them); the runs `kept`, every wait."""
+
+    def __init__(
+        self,
+        work: FloatArray,
+        arrivals: FloatArray,
+        member: IntArray,
+        slot: float,
+        scored_from: int,
+        slo: float,
+        kept: IntArray,
+    ):
+        self.due = np.cumsum(work, axis=1)  # (members, slots): the work arrived so far
+        self.tol = 1e-9 * np.maximum(1.0, self.due[:, -1] if work.shape[1] else 0.0)
+        self.arrivals, self.member, self.slot, self.slo = arrivals, member, slot, slo
+        self.scored_from, self.fed, runs = scored_from, 0, len(member)
+        self.done, self.late = np.zeros(runs), np.zeros(runs)  # work served, requests late
+        self.first = np.zeros(runs, dtype=np.int64)  # each run's first slot still waiting
+        self.total = arrivals[:, scored_from:].sum(axis=1)[member]
+        self.top = [(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))]  # run, wait, requests
+        self.new = 0  # candidates added since the last pruning
+        self.kept = np.full(runs, -1, dtype=np.int64)
+        self.kept[kept] = np.arange(len(kept))
+        self.waits = np.full((len(kept), work.shape[1]), np.nan)
+        self.runs_of = [np.flatnonzero(member == u) for u in range(len(work))]
+
+    def feed(self, served: FloatArray) -> None:
+        """The work each run served in the next slots (runs, slots)."""
+        b0, m = self.fed, served.shape[1]
+        done = np.cumsum(np.concatenate((self.done[:, None], served), axis=1), axis=1)
+        # Only slots whose work the service so far may reach can finish now.
+        reach = np.empty(len(done), dtype=np.int64)
+        for member, rows in enumerate(self.runs_of):
+            top = done[rows, -1] + 2 * self.tol[member]
+            reach[rows] = np.searchsorted(self.due[member], top, "right")
+        r, i = _spans(self.first, np.maximum(np.minimum(reach, b0 + m) - self.first, 0))
+        u = self.member[r]
+        # The slot that reaches each: searchsorted in each run's cumulative service.
+        s = (done[r] < (self.due[u, i] - self.tol[u])[:, None]).sum(axis=1)
+        reached = s <= m  # a prefix of each run's slots
+        r, i, s, u = r[reached], i[reached], s[reached], u[reached]
+        col = np.maximum(s - 1, 0)
+        before, during = done[r, col], served[r, col]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(during > 0, (self.due[u, i] - before) / during, 1.0)
+        finished = (b0 + s - 1 + np.clip(frac, 0.0, 1.0)) * self.slot
+        # s == 0: reached before these slots, so before its own end
+        wait = np.where(s > 0, np.maximum(0.0, finished - (i + 1.0) * self.slot), 0.0)
+        self.first += np.bincount(r, minlength=len(done))
+        self.done, self.fed = done[:, -1].copy(), b0 + m
+        self._add(r, i, wait)
+
+    def finish(self) -> tuple[FloatArray, FloatArray]:
+        """The runs' end (the work still waiting waits until then): each run's p99 wait and
+        share of its requests over the SLO, each slot weighted by its requests."""
+        r, i = _spans(self.first, self.fed - self.first)
+        self.first[:] = self.fed
+        self._add(r, i, np.maximum(0.0, self.fed * self.slot - (i + 1.0) * self.slot))
+        runs, waits, counts, above = self._ranked()
+        ok = self.total[runs] - above >= P99 * self.total[runs]  # 99 % waited at most this
+        r, w = runs[ok], waits[ok]
+        last = np.diff(r, append=-1) != 0  # the least such wait of each run
+        p99 = np.zeros(len(self.total))
+        p99[r[last]] = w[last]
+        below = self.total - np.bincount(runs, counts, len(self.total))
+        p99[below >= P99 * self.total] = 0.0
+        return p99, self.late / np.maximum(self.total, 1.0)  # whole requests: none, or >= 1
+
+    def _add(self, r: IntArray, i: IntArray, wait: FloatArray) -> None:
+        mine = self.kept[r] >= 0
+        self.waits[self.kept[r[mine]], i[mine]] = wait[mine]
+        scored = i >= self.scored_from
+        r, i, wait = r[scored], i[scored], wait[scored]
+        requests = self.arrivals[self.member[r], i]
+        over = wait > self.slo
+        self.late += np.bincount(r[over], weights=requests[over], minlength=len(self.late))
+        some = (wait > 0) & (requests > 0)
+        self.top.append((r[some], wait[some], requests[some]))
+        self.new += int(some.sum())
+        if self.new > max(len(self.top[0][0]), len(self.late)):
+            # Those kept are outnumbered: keep those with at most 1 % (and a margin) above.
+            runs, waits, counts, above = self._ranked()
+            keep = above <= self.total[runs] * (1 - P99) * 1.001
+            self.top, self.new = [(runs[keep], waits[keep], counts[keep])], 0
+
+    def _ranked(self) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+        """The candidates by run, largest first, with the run's requests waiting longer."""
+        runs, waits, counts = (np.concatenate(x) for x in zip(*self.top, strict=True))
+        order = np.lexsort((-waits, runs))
+        runs, waits, counts = runs[order], waits[order], counts[order]
+        new = np.r_[True, (runs[1:] != runs[:-1]) | (waits[1:] != waits[:-1])]
+        start = np.r_[True, runs[1:] != runs[:-1]]
+        above = counts.cumsum() - counts
+        above -= np.maximum.accumulate(np.where(start, above, 0.0))
+        tied = np.maximum.accumulate(np.where(new, np.arange(runs.size), 0))
+        return runs, waits, counts, above[tied]
+
+
+def _spans(first: IntArray, count: IntArray) -> tuple[IntArray, IntArray]:
+    """(row, index) of every index of each row's span [first, first + count)."""
+    rows = np.repeat(np.arange(len(count)), count)
+    starts = np.repeat(count.cumsum() - count, count)
+    return rows, np.repeat(first, count) + np.arange(rows.size) - starts

@@ -138,7 +138,7 @@ def lockstep_runs(
     told the share of ticks done every PROGRESS_TICKS ticks and at the end."""
     if not preps:
         return []
-    config, ports = lane_ports(preps)
+    config, ports = lane_ports(preps, plot)
     clusters, first = ports.clusters, preps[0]
     controller = Controller(config, ports, ports, dry_run=False, log_decisions=False)
     controller.stats.listeners.append(ports.record)

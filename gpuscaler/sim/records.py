@@ -15,7 +15,6 @@ import numpy as np
 from gpuscaler.core.decisions import Decision
 from gpuscaler.core.model import FloatArray, WorkloadObservation
 from gpuscaler.sim.equal_cost import equal_cost, reason_outside
-from gpuscaler.sim.load import fluid_waits, wait_figures
 from gpuscaler.sim.replay import Prepared
 
 if TYPE_CHECKING:
@@ -28,23 +27,25 @@ MARKED = ("fragments", "time_slice", "preemption")
 
 @dataclass
 class RunView:
-    """One run's per-slot arrays and what it did. `capacity` (GPUs' worth ready),
-    `demand_busy` (the work arriving in GPUs busy at the current sharing) and `replicas`
-    (asked) are kept of a recorded run only."""
+    """One run's per-slot arrays and what it did."""
 
     start: float
     slot: float
     cursor: int
     """Slots simulated."""
     arrivals: FloatArray
-    work: FloatArray
-    """GPU-seconds of work arriving in each slot."""
-    served: FloatArray
-    gpu_slots: float
-    """GPUs held summed over the scored slots."""
     capacity: FloatArray
     demand_busy: FloatArray
-    replicas: FloatArray
+    waits: FloatArray
+    """Of a recorded run only: each slot's GPUs' worth ready, work arriving in GPUs busy at
+    the current sharing and wait (`load.Waits`)."""
+    p99_wait: float
+    slo_share: float
+    """The requests that waited over the SLO: its figures (`load.Waits`)."""
+    gpu_slots: float
+    under_share: float
+    mean_replicas: float
+    """Of the scored slots: GPUs held summed, share under-provisioned, replicas asked mean."""
     replica_changes: Sequence[tuple[float, int, int]]
     fragment_changes: Sequence[Decision] = ()
     time_slice_changes: Sequence[Decision] = ()
@@ -107,20 +108,19 @@ def finished(
     failed: int = 0,
     plot: bool = True,
 ) -> RunResult:
-    """A recorded run of the replay `p`: its figures, and the plot's series when `plot`."""
+    """A run of the replay `p`: its figures, and the plot's series when `plot` (of a
+    recorded run)."""
     track = track or ForecastTrack()
     decisions = decisions or []
-    s = slice(p.scored_from, view.cursor)
-    under = view.demand_busy[s] > view.capacity[s] + 1e-9
     forecast_mae, naive_mae = _forecast_errors(p, view, track)
     figures = {
-        **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
-        "under_provisioned_share": round(float(under.mean()), 5),
+        **slo_metrics(view, p.scored_from),
+        "under_provisioned_share": round(view.under_share, 5),
         "forecast_mae": round(forecast_mae, 3) if math.isfinite(forecast_mae) else None,
         "naive_mae": round(naive_mae, 3) if math.isfinite(naive_mae) else None,
         "fragment_changes": len(view.fragment_changes),
         "time_slice_changes": len(view.time_slice_changes),
-        "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
+        "mean_replicas": round(view.mean_replicas, 2),
         "failed_ticks": failed,
         "preemption": None if view.preemption is None else view.preemption.summary(),
     }
@@ -137,9 +137,8 @@ def _plotted(
     hours = (np.arange(m // per) + 1) * per * slot / 3600
     demand = view.demand_busy[:m].reshape(-1, per).mean(axis=1)
     capacity = view.capacity[:m].reshape(-1, per).mean(axis=1)
-    waits = fluid_waits(view.work[:n], view.served[:n], slot)
     slo = p.config.simulator.slo_wait
-    late = np.flatnonzero((waits > slo) & (view.arrivals[:n] > 0)) * slot / 3600
+    late = np.flatnonzero((view.waits[:n] > slo) & (view.arrivals[:n] > 0)) * slot / 3600
     band = None
     if track.origin:
         fx = (np.asarray(track.origin) + p.config.forecast.horizon - start) / 3600
@@ -148,13 +147,10 @@ def _plotted(
     return Plotted(hours, demand, capacity, late, band, marks)
 
 
-def slo_metrics(view: RunView, scored_from: int, slo: float) -> dict[str, Any]:
+def slo_metrics(view: RunView, scored_from: int) -> dict[str, Any]:
     """The SLO-true outcome of a run: waits of the requests arriving in the scored part,
     GPU-hours held (a time integral), replica changes and reversals."""
-    n, slot = view.cursor, view.slot
-    s = slice(scored_from, n)
-    waits = fluid_waits(view.work[:n], view.served[:n], slot)[s]
-    p99, share = wait_figures(view.arrivals[s], waits, slo)
+    slot, p99, share = view.slot, view.p99_wait, view.slo_share
     t0 = view.start + scored_from * slot
     directions = [1 if new > old else -1 for t, old, new in view.replica_changes if t >= t0]
     return {
@@ -172,7 +168,7 @@ def _forecast_errors(p: Prepared, view: RunView, track: ForecastTrack) -> tuple[
     cfg, slot = p.config.forecast, view.slot
     width = max(1, round(cfg.fit_step / slot))
     bucket = width * slot  # fit_step, or one slot when slots are coarser
-    demand = 100.0 * view.work / slot
+    demand = 100.0 * (view.arrivals * p.config.simulator.gpu_seconds_per_request) / slot
     block = demand[: len(demand) // width * width].reshape(-1, width)
     finite = np.isfinite(block)
     with np.errstate(invalid="ignore"):

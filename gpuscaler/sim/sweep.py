@@ -2,13 +2,12 @@
 swept over their targets, the reactive HPA (`hpa_util` at the workload's target) and the
 replicas that ran (set at each tick). Floor and fragments stay at their initial values, so
 the request rate and the predictive forecast, read from the arrivals alone, are computed
-once for every tick. Runs are independent: they go in the fewest even groups a memory
-budget allows (RUN_SLOT_BYTES a run a slot)."""
+once for every tick. A run keeps its figures, not its slots (but one drawn), so all step
+together whatever the replay's length."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +21,6 @@ from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
 from gpuscaler.sim.replay import Prepared, one_model
 from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
 
-RUN_SLOT_BYTES = 8
-"""What every run records a slot: the work served (float64)."""
-SWEEP_BYTES = 256 * 2**20
-"""What one group of a sweep may record by default: a longer replay runs in groups."""
-MANY_BYTES = 64 * 2**20
-"""What a what-if chunk's sweep may record a group, whatever its lanes (whatif holds its
-lanes' results meanwhile, in each of its processes)."""
 REACTIVE, ACTUAL = "reactive HPA run", "replicas that ran"
 """The labels of a replay's runs besides its baselines' (labelled by baseline)."""
 
@@ -39,7 +31,7 @@ Curves = dict[str, list[dict[str, Any]]]
 @dataclass(frozen=True)
 class Swept:
     """A run of replay `replay`: `kind` at `target_pct`, or with `replicas`, tick k setting
-    replicas[k]; `recorded`: its whole record kept."""
+    replicas[k]; `recorded`: its slots kept for the plot."""
 
     label: str
     replay: int
@@ -57,12 +49,6 @@ class Around:
     reactive: RunResult | None
     actual: dict[str, Any] | None
     """The SLO figures and mean of the replicas that ran (`actual_figures`)."""
-
-
-def group_size(runs: int, slots: int, budget: int = SWEEP_BYTES) -> int:
-    """Runs a group within `budget` bytes: the fewest groups, of one size (the last less)."""
-    most = max(1, budget // (RUN_SLOT_BYTES * max(1, slots)))
-    return max(1, math.ceil(runs / max(1, math.ceil(runs / most))))
 
 
 def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunView]:
@@ -129,22 +115,10 @@ def _signals(
     return lambda k: np.asarray(table[k, cols])
 
 
-def _swept(
-    replays: Sequence[Prepared], runs: Sequence[Swept], budget: int
-) -> Iterator[tuple[Swept, RunView]]:
-    """Every run of `runs` with its record, in groups within `budget` bytes."""
-    group = group_size(len(runs), len(replays[0].arrivals), budget)
-    for i in range(0, len(runs), group):
-        yield from zip(runs[i : i + group], sweep_views(replays, runs[i : i + group]), strict=True)
-
-
 def point(p: Prepared, target: float, view: RunView) -> dict[str, Any]:
     """A baseline's point on its curve: its target and figures on replay `p`."""
     target_pct: float | int = int(target) if float(target).is_integer() else target
-    return {
-        "target_pct": target_pct,
-        **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
-    }
+    return {"target_pct": target_pct, **slo_metrics(view, p.scored_from)}
 
 
 def held(replicas: Series) -> FloatArray:
@@ -169,12 +143,11 @@ def around_many(
     replicas: Sequence[Series | None] | None = None,
     baselines: bool = True,
     reactive: bool = True,
-    budget: int = SWEEP_BYTES,
     plot: bool = True,
 ) -> list[Around]:
     """For each replay (one model): the baselines' curves, the reactive HPA's run (finished
     as found, the plot's series kept when `plot`), the figures of its `replicas` that ran
-    when given; in groups within `budget` bytes."""
+    when given."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     runs: list[Swept] = []
     for w, (p, series) in enumerate(zip(prepared, given, strict=True)):
@@ -182,21 +155,18 @@ def around_many(
             runs += [Swept(n, w, k, t) for n, k in BASELINES.items() for t in sweep_targets()]
         target = scenario_run(p.config).target_pct
         if reactive:
-            runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=True))
+            runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=plot))
         if series is not None:
             counts = actual_counts(series, p.ticks())
-            runs.append(Swept(ACTUAL, w, "hpa_util", target, counts, recorded=True))
+            runs.append(Swept(ACTUAL, w, "hpa_util", target, counts))
     out = [Around({n: [] for n in BASELINES} if baselines else None, None, None) for _ in prepared]
-    for run, view in _swept(prepared, runs, budget):
+    for run, view in zip(runs, sweep_views(prepared, runs), strict=True):
         p, found = prepared[run.replay], out[run.replay]
         if run.label == REACTIVE:
             found.reactive = finished(p, "reactive", view, plot=plot)
         elif run.label == ACTUAL:
-            s = slice(p.scored_from, view.cursor)
-            found.actual = {
-                **slo_metrics(view, p.scored_from, p.config.simulator.slo_wait),
-                "mean_replicas": round(float(np.mean(view.replicas[s], dtype=np.float64)), 2),
-            }
+            mean = round(view.mean_replicas, 2)
+            found.actual = {**slo_metrics(view, p.scored_from), "mean_replicas": mean}
         else:
             assert found.curves is not None
             found.curves[run.label].append(point(p, run.target_pct, view))
@@ -211,6 +181,6 @@ def baseline_curves(
     points = sweep_targets() if targets is None else targets
     runs = [Swept(n, 0, k, float(t)) for n, k in chosen.items() for t in points]
     curves: Curves = {name: [] for name in chosen}
-    for run, view in _swept([p], runs, SWEEP_BYTES):
+    for run, view in zip(runs, sweep_views([p], runs), strict=True):
         curves[run.label].append(point(p, run.target_pct, view))
     return curves

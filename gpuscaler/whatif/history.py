@@ -22,7 +22,7 @@ from gpuscaler.core.model import Series
 from gpuscaler.sim.lockstep import lockstep_runs
 from gpuscaler.sim.records import RunResult, SimulationResult
 from gpuscaler.sim.replay import DEFAULT_POOL, Prepared, prepare, warmup_plan
-from gpuscaler.sim.sweep import MANY_BYTES, Around, around_many
+from gpuscaler.sim.sweep import Around, around_many
 from gpuscaler.sim.trace import Trace, TraceError
 from gpuscaler.whatif.verdict import compare
 
@@ -192,7 +192,7 @@ def replay_many(
             preps = [x.prepared for x in chunk]
             runs = lockstep_runs(preps, progress, plot=plot)
             series = [x.replicas.series for x in chunk]
-            arounds = around_many(preps, series, baselines, budget=MANY_BYTES, plot=plot)
+            arounds = around_many(preps, series, baselines, plot=plot)
             for x, run, around in zip(chunk, runs, arounds, strict=True):
                 done[id(x)] = (run, around)
             del runs, arounds

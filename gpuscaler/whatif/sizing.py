@@ -16,14 +16,14 @@ workload), fewer when the memory would not hold them."""
 LANE_BYTES = 1 * 2**20
 LANE_BYTES_A_WEEK = 2 * 2**20
 """What a lane adds to a process' peak: the controller's state for it, plus a week of its
-per-slot records, arrivals, replicas read and forecast track (the sweep around it stays
-within `sweep.MANY_BYTES`); measured peaks with a margin."""
+arrivals, replicas read and forecast track (and per-slot records of the runs drawn);
+measured peaks with a margin."""
 MEMORY = 2**30
 """The whole run's memory by default (`--memory`), whatif and its workers together."""
 PARENT_BYTES = 100 * 2**20
 """The whatif process' own peak: the interpreter, numpy, the config and the reports."""
 WORKER_BYTES = 230 * 2**20
-"""A worker's own peak beside its lanes: numpy, the forecast, one group of its sweep."""
+"""A worker's own peak beside its lanes: numpy, the forecast, its sweep's runs."""
 MIN_LANES = 10
 """The fewest lanes a process is worth its WORKER_BYTES (fewer cost more a lane-tick)."""
 

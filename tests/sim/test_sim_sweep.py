@@ -16,14 +16,7 @@ from gpuscaler.core.model import Series
 from gpuscaler.sim.cluster import scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
 from gpuscaler.sim.replay import ModelError, Prepared, prepare
-from gpuscaler.sim.sweep import (
-    RUN_SLOT_BYTES,
-    Swept,
-    around_many,
-    baseline_curves,
-    group_size,
-    sweep_views,
-)
+from gpuscaler.sim.sweep import Swept, around_many, baseline_curves, sweep_views
 
 CONFIG = """
 simulator: {preemption_burst_after: null, slot: 10s, gpu_seconds_per_request: 0.25}
@@ -54,7 +47,7 @@ def _json(x: Any) -> str:
 @pytest.fixture(scope="module")
 def three() -> tuple[list[Prepared], list[Any]]:
     preps = [_prepared(i) for i in range(3)]
-    return preps, around_many(preps, budget=2**30)
+    return preps, around_many(preps)
 
 
 def test_every_baseline_is_swept_over_every_target_a_lower_one_holding_more_gpu_hours(
@@ -86,19 +79,6 @@ def test_each_workloads_curves_are_those_of_its_own_sweep(
     assert _json(baseline_curves(preps[1])) == _json(arounds[1].curves)
 
 
-@pytest.mark.parametrize("budget", [12 * 540 * 7, 12 * 540 * 40])
-def test_grouping_the_runs_changes_no_figure(
-    three: tuple[list[Prepared], list[Any]], budget: int
-) -> None:
-    preps, arounds = three
-    grouped = around_many(preps, budget=budget)
-    for a, b in zip(arounds, grouped, strict=True):
-        assert b.reactive is not None and b.reactive.plotted is not None
-        assert _json(a.curves) == _json(b.curves)
-        assert a.reactive.metrics == b.reactive.metrics
-        np.testing.assert_array_equal(a.reactive.plotted.capacity, b.reactive.plotted.capacity)
-
-
 def test_replays_of_another_model_are_refused() -> None:
     preps = [_prepared(0, hours=1.0), _prepared(1, hours=1.0, seed=8)]
     with pytest.raises(ModelError, match="differs"):
@@ -116,21 +96,6 @@ def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
     assert a.actual is not None
     assert a.actual["scaling_actions"] <= 1  # at most the 3 -> 9 step inside the scored part
     assert 3 < a.actual["mean_replicas"] < 9
-
-
-@pytest.mark.parametrize(
-    ("runs", "slots", "budget", "size"),
-    [
-        (33, 1000, RUN_SLOT_BYTES * 1000 * 33, 33),  # all fit: one group
-        (33, 1000, RUN_SLOT_BYTES * 1000 * 32, 17),  # one short: two even groups, not 32 + 1
-        (33, 1000, RUN_SLOT_BYTES * 1000 * 10, 9),  # four groups of 9, 9, 9, 6
-        (33, 1000, 1, 1),  # no room: one run a group
-    ],
-)
-def test_a_sweep_runs_in_the_fewest_groups_its_budget_allows_of_even_sizes(
-    runs: int, slots: int, budget: int, size: int
-) -> None:
-    assert group_size(runs, slots, budget) == size
 
 
 def test_a_run_finished_without_its_plot_keeps_the_same_figures() -> None:

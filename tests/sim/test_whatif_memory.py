@@ -7,13 +7,11 @@ from __future__ import annotations
 import gc
 import math
 import weakref
-from typing import Any
 
 import numpy as np
 import pytest
 from builders import workload_history
 
-import gpuscaler.whatif.history as history_module
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import WorkloadHistory
 from gpuscaler.core.model import Series
@@ -102,26 +100,3 @@ def test_handed_over_gives_every_item_in_order_and_empties_the_list(n: int) -> N
         seen.append(x)
         assert len(items) == n - len(seen)
     assert seen == list(range(n))
-
-
-def test_the_sweep_around_a_lockstep_records_within_many_bytes_whatever_its_lanes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    budgets: list[int] = []
-
-    class Seen(Exception):
-        pass
-
-    def spy(*a: Any, **k: Any) -> Any:
-        budgets.append(k["budget"])
-        raise Seen  # the budget is all this asks
-
-    monkeypatch.setattr(history_module, "around_many", spy)
-    workloads = [W.model_copy(update={"name": f"w{i}"}) for i in (0, 1)]
-    histories = [(_history(0, True, None, w.key), w) for w in workloads]
-    config = Config(workloads=tuple(workloads))
-    for budget in (2**30, 1):
-        monkeypatch.setattr(history_module, "MANY_BYTES", budget)
-        with pytest.raises(Seen):
-            list(replay_many(histories, config, 1, baselines=False, lanes=2, plot=False))
-        assert budgets.pop() == budget
