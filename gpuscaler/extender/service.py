@@ -13,12 +13,12 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Protocol
 
 import numpy as np
 
 from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import (
     STALE_REASON,
@@ -71,10 +71,6 @@ class FilterAnswer:
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
     reasons: Counter[str] = field(default_factory=Counter)
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(eq=False)
@@ -203,9 +199,8 @@ class Extender:
             tuple((u, used[u]) for u, _ in chosen),
             now,
         )
-        self.binder.annotate(
-            b.PodNamespace, b.PodName, b.PodUID, dict(reservation_annotations(r, rfc3339(now)))
-        )
+        notes = dict(reservation_annotations(r, rfc3339(now, micro=True)))
+        self.binder.annotate(b.PodNamespace, b.PodName, b.PodUID, notes)
         self.state.reserve(r)
         try:
             self.binder.bind(b.PodNamespace, b.PodName, b.PodUID, b.Node)

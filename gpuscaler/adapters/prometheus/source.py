@@ -57,7 +57,6 @@ log = logging.getLogger("gpuscaler.prometheus")
 class Health:
     ok: bool = True
     last_success: float | None = None
-    failures: int = 0
 
 
 @dataclass
@@ -475,7 +474,6 @@ class PrometheusMetrics:
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:
             self.health.ok = False
-            self.health.failures += 1
             log.warning(
                 "prometheus: %d target(s) failed: %s",
                 len(errors),
