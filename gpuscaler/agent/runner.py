@@ -343,8 +343,8 @@ class NodeAgent:
         acting: bool,
         report: PollReport,
     ) -> None:
-        self._freed(procs)
         present = {p.key for p in procs}
+        self._freed(present)
         self.reported = {r for r in self.reported if r[1] in present}  # gone: forgotten
         for a in actions:
             if a.kind == "report":
@@ -396,9 +396,8 @@ class NodeAgent:
             "Warning",
         )
 
-    def _freed(self, procs: list[GpuProc]) -> None:
+    def _freed(self, present: set[tuple[int, int]]) -> None:
         """Events for signalled processes no longer on any GPU: their memory is freed."""
-        present = {p.key for p in procs}
         for key, p in list(self.signalled.items()):
             if key in present:
                 continue

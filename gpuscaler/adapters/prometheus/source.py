@@ -152,7 +152,6 @@ class Totals:
         self.limit = self.every + config.metrics.staleness
 
     def resting(self, now: float) -> set[str]:
-        """Keys whose total is not asked of Prometheus this tick."""
         return {key for key in self.kept if not self.due(key, now)}
 
 
