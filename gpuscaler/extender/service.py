@@ -1,10 +1,6 @@
-"""The three verbs: Filter and Prioritize read one snapshot; Bind is the commit point.
-
-Bind, per node under a lock: re-check the fit on the cache (at most one TTL old) plus
-every reservation, pick the GPUs, write the reservation on the pod (annotations keyed by
-its UID), count it in the ledger, then create the Binding. A second pod racing for the
-same memory finds the first one's reservation and is refused; kube-scheduler then retries
-it with fresh Filter answers.
+"""The three verbs: Filter and Prioritize read one snapshot; Bind is the commit point, its
+steps and why in docs/scheduling.md ("Bind is the commit point"): the reservation is
+written on the pod and counted in the ledger before the Binding is created.
 """
 
 from __future__ import annotations
