@@ -195,7 +195,7 @@ class Extender:
             tuple((u, used[u]) for u, _ in chosen),
             now,
         )
-        notes = dict(reservation_annotations(r, rfc3339(now, micro=True)))
+        notes: dict[str, str | None] = dict(reservation_annotations(r, rfc3339(now, micro=True)))
         self.binder.annotate(b.PodNamespace, b.PodName, b.PodUID, notes)
         self.state.reserve(r)
         try:
