@@ -262,11 +262,9 @@ class PrometheusMetrics:
             why = "no metrics_matchers configured for this pool"
             return PoolMetrics(p.name, None, None, problem=why, unmatched=True)
         queries, m = self.config.prometheus.queries, p.metrics_matchers
-        util, util_problem = self._fetch(
-            f"pool:{p.name}:util", partial(build_query, queries.pool_utilization, m), now, PERCENT
-        )
-        stall, stall_problem = self._fetch(
-            f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
+        (util, util_problem), (stall, stall_problem) = (
+            self._fetch(f"pool:{p.name}:{s}", partial(build_query, t, m), now, PERCENT)
+            for s, t in (("util", queries.pool_utilization), ("stall", queries.pool_stall))
         )
         try:  # None when not exported within the staleness: the config alone bounds memory
             used_gib, used_problem = self._read_gib(queries.pool_memory_used, m, now)
