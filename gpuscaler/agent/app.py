@@ -119,8 +119,6 @@ def run_agent(config: Config, args: AgentArgs) -> int:
     while True:
         poll_once(agent, metrics, health, begin)
         polls += 1
-        if args.max_polls is not None and polls >= args.max_polls:
-            break
-        if stop.wait(config.agent.poll_interval):
-            break
-    return 0
+        done = args.max_polls is not None and polls >= args.max_polls
+        if done or stop.wait(config.agent.poll_interval):
+            return 0

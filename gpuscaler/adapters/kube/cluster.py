@@ -36,11 +36,9 @@ MIG_RESOURCE = "nvidia.com/mig-"
 def selects(selector_value: str, label_value: str | None, label: str) -> bool:
     """Does a node's label value match the pool selector? A `*.product` label matches with
     or without -SHARED, so sharing never moves a node out of its pool."""
-    if label_value is None:
-        return False
-    if label_value == selector_value:
-        return True
-    return label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+    return label_value == selector_value or (
+        label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+    )
 
 
 def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
