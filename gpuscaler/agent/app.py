@@ -36,7 +36,6 @@ class AgentArgs:
     metrics_port: int
     metrics_host: str
     fake_nvml: str | None = None
-    max_polls: int | None = None
 
 
 def node_name(given: str | None) -> str:
@@ -115,10 +114,7 @@ def run_agent(config: Config, args: AgentArgs) -> int:
     if agent.own_uid is None:
         mode += " (POD_UID unset: no pod list is trusted, nothing is killed)"
     print(f"agent on node {agent.node.node}: {mode}", file=sys.stderr)
-    polls = 0
     while True:
         poll_once(agent, metrics, health, begin)
-        polls += 1
-        done = args.max_polls is not None and polls >= args.max_polls
-        if done or stop.wait(config.agent.poll_interval):
+        if stop.wait(config.agent.poll_interval):
             return 0

@@ -13,7 +13,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from gpuscaler.agent.app import AgentArgs, run_agent
 
     config = config_or_default(args.config, require_targets=False)  # the agent manages its node
-    names = ("node", "kubeconfig", "metrics_port", "metrics_host", "fake_nvml", "max_polls")
+    names = ("node", "kubeconfig", "metrics_port", "metrics_host", "fake_nvml")
     return run_agent(config, AgentArgs(**{n: getattr(args, n) for n in names}))
 
 
@@ -24,7 +24,6 @@ def add_agent_parser(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the probes (all)")
     p.add_argument("--fake-nvml", help=argparse.SUPPRESS)  # tests: GPUs from a JSON file
-    p.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def cmd_extender(args: argparse.Namespace) -> int:
