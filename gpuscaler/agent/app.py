@@ -24,7 +24,7 @@ from gpuscaler.adapters.podresources import PodResourcesError, list_pods
 from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config
-from gpuscaler.setup import SetupError, stop_on_signal
+from gpuscaler.setup import SetupError, identity, kube_api, stop_on_signal
 
 log = logging.getLogger("gpuscaler.agent")
 
@@ -52,8 +52,6 @@ def build_agent(
     config: Config, args: AgentArgs, metrics: AgentMetrics
 ) -> tuple[NodeAgent, Callable[[], None]]:
     """The agent, and what starts each poll (the API client's time budget per poll)."""
-    from gpuscaler.setup import identity, kube_api
-
     name = node_name(args.node)
     api = kube_api(args.kubeconfig, config.kubernetes)
     nvml: Nvml

@@ -11,6 +11,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+import yaml
+
 from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
@@ -205,8 +207,6 @@ SNAPSHOT_COMMAND = (
 def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
     """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them), nodes
     and pods both (without pods, fragments could be planned below the shares held)."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
             docs = [d for d in yaml.safe_load_all(f) if d is not None]
@@ -245,8 +245,6 @@ def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
 def load_state(path: str | None, config: Config) -> tuple[CurrentState, str]:
     """The cluster's current state from a YAML file, or the config's initial values;
     with a sentence saying which, for the operator."""
-    import yaml
-
     if path is None:
         return (
             CurrentState(fragments={p.name: p.initial_fragments or 1 for p in config.node_pools}),
