@@ -25,7 +25,6 @@ _REASON_CLASSES = ("hold", "cooldown", "wait", "at bound", "blocked", "no action
 
 
 def reason_class(skip: Skip) -> str:
-    """The bounded label for a skip's reason."""
     found = next((c for c in _REASON_CLASSES if skip.reason.startswith(c)), "other")
     return found.replace(" ", "_")
 

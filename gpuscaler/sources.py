@@ -79,7 +79,6 @@ class PrometheusSource(PrometheusMetrics):
 
     @property
     def backfilling(self) -> bool:
-        """The older part of some first reads is still being fetched."""
         return self.backfill.busy
 
     def observe(self, now: float) -> Observations:

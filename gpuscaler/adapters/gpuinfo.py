@@ -116,9 +116,7 @@ class PrometheusGpus:
         self.transport = transport
         self.query = grouped_query(max_age)
         self.wall = wall
-        self.queries = 0
 
     def fetch(self) -> dict[str, NodeGpus]:
-        self.queries += 1
         at = self.wall()
         return decode_gpus(self.transport.query(self.query), at)

@@ -7,7 +7,9 @@ NVML calls used (NVML API reference, "Device Queries"): nvmlDeviceGetCount,
 nvmlDeviceGetHandleByIndex, nvmlDeviceGetUUID, nvmlDeviceGetPciInfo (busId),
 nvmlDeviceGetMemoryInfo (bytes), nvmlDeviceGetMigMode (NotSupported on GPUs without MIG),
 nvmlDeviceGetComputeRunningProcesses (pid, usedGpuMemory in bytes or None when the driver
-cannot tell, e.g. without privileges or under some vGPU modes).
+cannot tell, e.g. without privileges or under some vGPU modes). A GPU is the core's
+`GpuFacts` with `pci_bus_id` as NVML writes it (8-digit domain, upper case, e.g.
+00000000:3B:00.0) and `numa_node` -1: the agent reads NUMA from sysfs.
 """
 
 from __future__ import annotations
@@ -18,22 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuscaler.core.node_agent import GpuFacts
+
 MIB = 1024 * 1024
 
 
 class NvmlError(Exception):
     """NVML is missing or failed; the message says which call."""
-
-
-@dataclass(frozen=True)
-class Gpu:
-    uuid: str
-    index: int
-    pci_bus_id: str
-    """As NVML writes it: 8-digit domain, upper case, e.g. 00000000:3B:00.0."""
-    memory_total_mib: int
-    memory_used_mib: float
-    mig: bool
 
 
 @dataclass(frozen=True)
@@ -44,9 +37,9 @@ class Process:
 
 
 class Nvml(Protocol):
-    def gpus(self) -> list[Gpu]: ...
+    def gpus(self) -> list[GpuFacts]: ...
 
-    def processes(self, gpu: Gpu) -> list[Process]: ...
+    def processes(self, gpu: GpuFacts) -> list[Process]: ...
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -93,7 +86,7 @@ class RealNvml:
             return False
         return bool(current == self._nvml.NVML_DEVICE_MIG_ENABLE)
 
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[GpuFacts]:
         n = self._nvml
         out = []
         for i in range(self._call("nvmlDeviceGetCount", n.nvmlDeviceGetCount)):
@@ -101,18 +94,19 @@ class RealNvml:
             mem = self._call(f"nvmlDeviceGetMemoryInfo({i})", n.nvmlDeviceGetMemoryInfo, h)
             pci = self._call(f"nvmlDeviceGetPciInfo({i})", n.nvmlDeviceGetPciInfo, h)
             out.append(
-                Gpu(
+                GpuFacts(
                     uuid=_text(self._call(f"nvmlDeviceGetUUID({i})", n.nvmlDeviceGetUUID, h)),
                     index=i,
                     pci_bus_id=_text(pci.busId),
                     memory_total_mib=int(mem.total // MIB),
                     memory_used_mib=mem.used / MIB,
                     mig=self._mig(h),
+                    numa_node=-1,
                 )
             )
         return out
 
-    def processes(self, gpu: Gpu) -> list[Process]:
+    def processes(self, gpu: GpuFacts) -> list[Process]:
         n = self._nvml
         h = self._call(f"handle of {gpu.uuid}", n.nvmlDeviceGetHandleByUUID, gpu.uuid)
         procs = self._call(
@@ -169,11 +163,11 @@ class FakeNvml:
     def _live(self, doc: dict[str, Any]) -> list[dict[str, Any]]:
         return [p for p in doc.get("processes") or [] if self._alive(int(p["pid"]))]
 
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[GpuFacts]:
         doc = self._doc()
         live = self._live(doc)
         return [
-            Gpu(
+            GpuFacts(
                 uuid=g["uuid"],
                 index=int(g["index"]),
                 pci_bus_id=g["pci_bus_id"],
@@ -181,11 +175,12 @@ class FakeNvml:
                 memory_used_mib=float(g.get("base_used_mib", 0))
                 + sum(float(p.get("used_mib") or 0) for p in live if p["gpu"] == g["uuid"]),
                 mig=bool(g.get("mig", False)),
+                numa_node=-1,
             )
             for g in doc.get("gpus") or []
         ]
 
-    def processes(self, gpu: Gpu) -> list[Process]:
+    def processes(self, gpu: GpuFacts) -> list[Process]:
         return [
             Process(int(p["pid"]), gpu.uuid, p.get("used_mib"))
             for p in self._live(self._doc())

@@ -16,8 +16,6 @@ import grpc
 
 from gpuscaler.adapters.kubelet_pb import api_pb2, api_pb2_grpc
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 
 class PodResourcesError(Exception):
     """The kubelet's pod-resources API did not answer; the message says why."""

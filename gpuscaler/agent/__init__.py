@@ -2,8 +2,4 @@
 controller: it applies the node's time-slice label with nvidia-smi, publishes the GPU
 topology, maps pods to GPUs (kubelet pod-resources), and kills GPU processes that evicted
 pods left behind, then lifts preemption's `gpu-memory-held` quarantine.
-
-runner.py   one poll: observe, decide (gpuscaler.core.orphans, core.node_agent), act
-metrics.py  Prometheus metrics, /healthz, /readyz
-app.py      assembly from the config and the command line; the poll loop
 """

@@ -24,13 +24,9 @@ from gpuscaler.adapters.podresources import PodResourcesError, list_pods
 from gpuscaler.agent.metrics import AgentHealth, AgentMetrics
 from gpuscaler.agent.runner import NodeAgent
 from gpuscaler.config import Config
-from gpuscaler.setup import stop_on_signal
+from gpuscaler.setup import SetupError, identity, kube_api, stop_on_signal
 
 log = logging.getLogger("gpuscaler.agent")
-
-
-class AgentSetupError(Exception):
-    """The agent cannot start; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -40,13 +36,12 @@ class AgentArgs:
     metrics_port: int
     metrics_host: str
     fake_nvml: str | None = None
-    max_polls: int | None = None
 
 
 def node_name(given: str | None) -> str:
     name = given or os.environ.get("NODE_NAME")
     if not name:
-        raise AgentSetupError(
+        raise SetupError(
             "no node name: pass --node NAME or set NODE_NAME (the DaemonSet sets it from "
             "spec.nodeName by the downward API)"
         )
@@ -57,18 +52,13 @@ def build_agent(
     config: Config, args: AgentArgs, metrics: AgentMetrics
 ) -> tuple[NodeAgent, Callable[[], None]]:
     """The agent, and what starts each poll (the API client's time budget per poll)."""
-    from gpuscaler.setup import SetupError, identity, kube_api
-
     name = node_name(args.node)
-    try:
-        api = kube_api(args.kubeconfig, config.kubernetes)
-    except SetupError as e:
-        raise AgentSetupError(str(e)) from None
+    api = kube_api(args.kubeconfig, config.kubernetes)
     nvml: Nvml
     try:
         nvml = FakeNvml(args.fake_nvml) if args.fake_nvml else RealNvml()
     except NvmlError as e:
-        raise AgentSetupError(f"no NVML: {e}") from None
+        raise SetupError(f"no NVML: {e}") from None
     cfg = config.agent
     socket = cfg.pod_resources_socket
     agent = NodeAgent(
@@ -122,12 +112,7 @@ def run_agent(config: Config, args: AgentArgs) -> int:
     if agent.own_uid is None:
         mode += " (POD_UID unset: no pod list is trusted, nothing is killed)"
     print(f"agent on node {agent.node.node}: {mode}", file=sys.stderr)
-    polls = 0
     while True:
         poll_once(agent, metrics, health, begin)
-        polls += 1
-        if args.max_polls is not None and polls >= args.max_polls:
-            break
         if stop.wait(config.agent.poll_interval):
-            break
-    return 0
+            return 0

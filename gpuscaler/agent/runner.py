@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from gpuscaler.adapters.host import HostFs
@@ -24,7 +24,7 @@ from gpuscaler.adapters.kube.api import KubeError
 from gpuscaler.adapters.kube.objects import OPT_IN_LABEL
 from gpuscaler.adapters.node import GPU_TOPOLOGY, TIME_SLICE_APPLIED, NodeApi, NodeView
 from gpuscaler.adapters.nvidia_smi import SmiResult, set_timeslice
-from gpuscaler.adapters.nvml import Gpu, Nvml, NvmlError
+from gpuscaler.adapters.nvml import Nvml, NvmlError
 from gpuscaler.adapters.podresources import KubeletPods, PodResourcesError
 from gpuscaler.agent.metrics import AgentMetrics
 from gpuscaler.config import Config
@@ -107,7 +107,6 @@ class NodeAgent:
         """(process, signal) already announced by an Event."""
         self.reported: set[tuple[str, tuple[int, int]]] = set()
         self.mig_reported: set[str] = set()
-        self._raw: dict[str, Gpu] = {}
         self._indexes: dict[str, str] = {}
         self.not_acting = ""
         """Why this poll only reports (dry run, node not opted in); empty when it acts."""
@@ -141,10 +140,8 @@ class NodeAgent:
         return value
 
     def _gpus(self) -> list[GpuFacts]:
-        raw = self.nvml.gpus()
-        self._raw = {g.uuid: g for g in raw}
-        self._indexes = {g.uuid: str(g.index) for g in raw}
-        gpus = [GpuFacts(**asdict(g), numa_node=self.host.numa_node(g.pci_bus_id)) for g in raw]
+        gpus = [replace(g, numa_node=self.host.numa_node(g.pci_bus_id)) for g in self.nvml.gpus()]
+        self._indexes = {g.uuid: str(g.index) for g in gpus}
         for g in gpus:
             self.metrics.memory_used.labels(str(g.index)).set(g.memory_used_mib)
         return gpus
@@ -152,7 +149,7 @@ class NodeAgent:
     def _processes(self, gpus: list[GpuFacts]) -> list[GpuProc]:
         out = []
         for g in gpus:
-            for p in self.nvml.processes(self._raw[g.uuid]):
+            for p in self.nvml.processes(g):
                 start = self.host.start_time(p.pid)
                 text = self.host.cgroup(p.pid)
                 if start is None or text is None:
@@ -346,8 +343,8 @@ class NodeAgent:
         acting: bool,
         report: PollReport,
     ) -> None:
-        self._freed(procs)
         present = {p.key for p in procs}
+        self._freed(present)
         self.reported = {r for r in self.reported if r[1] in present}  # gone: forgotten
         for a in actions:
             if a.kind == "report":
@@ -399,9 +396,8 @@ class NodeAgent:
             "Warning",
         )
 
-    def _freed(self, procs: list[GpuProc]) -> None:
+    def _freed(self, present: set[tuple[int, int]]) -> None:
         """Events for signalled processes no longer on any GPU: their memory is freed."""
-        present = {p.key for p in procs}
         for key, p in list(self.signalled.items()):
             if key in present:
                 continue

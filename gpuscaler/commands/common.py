@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuscaler.config import Config, ConfigError, format_duration, load_config, parse_duration
+from gpuscaler.config import Config, format_duration, load_config, parse_duration
 from gpuscaler.core.parsing import parse_count
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def config_or_exit(path: str | None, require_targets: bool = True) -> Config:
-    """The config file, or exit 2 naming every problem. `once`, `run` and validation need
-    it to say what it manages; `simulate` and `backtest` bring their own targets."""
-    if path is None:
-        return Config()
-    try:
-        return load_config(path, require_targets)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+def config_or_default(path: str | None, require_targets: bool = True) -> Config:
+    """The config file (a ConfigError, exit 2, names every problem), or the defaults. `once`,
+    `run` and validation need it to say what it manages; `simulate` and `backtest` bring
+    their own targets."""
+    return Config() if path is None else load_config(path, require_targets)
 
 
 def cluster_parser(sub: Any, name: str, help_text: str, func: Callable[..., int]) -> Any:

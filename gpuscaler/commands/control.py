@@ -14,7 +14,7 @@ from gpuscaler.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
     cluster_parser,
-    config_or_exit,
+    config_or_default,
 )
 from gpuscaler.config import Config, redact_url
 from gpuscaler.controller import Controller
@@ -87,7 +87,7 @@ def _controller(args: argparse.Namespace, config: Config) -> tuple[Controller, A
 
 
 def cmd_once(args: argparse.Namespace) -> int:
-    config = config_or_exit(args.config)
+    config = config_or_default(args.config)
     # One tick decides: it reads its whole window first, with nothing left behind it.
     prometheus = config.prometheus.model_copy(update={"background_backfill": False})
     config = config.model_copy(update={"prometheus": prometheus})
@@ -112,13 +112,9 @@ def _serve_external_scaler(
     if parts is None:
         print("external scaler: serves a cluster's ScaledObjects; off here", file=sys.stderr)
         return None
-    from gpuscaler.extscaler.server import ExternalScalerSetupError, attach
+    from gpuscaler.extscaler.server import attach
 
-    try:
-        server = attach(parts, port, registry=registry)
-    except ExternalScalerSetupError as e:
-        print(str(e), file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+    server = attach(parts, port, registry=registry)  # ExternalScalerSetupError: exit 2
     print(f"serving KEDA's external scaler (gRPC) on port {server.port}", file=sys.stderr)
     return server
 
@@ -126,7 +122,7 @@ def _serve_external_scaler(
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuscaler.controller.loop import ControlLoop
 
-    config = config_or_exit(args.config)
+    config = config_or_default(args.config)
     controller, parts, reloader = _controller(args, config)
     registry = None
     if args.metrics_port:

@@ -12,10 +12,9 @@ from typing import Any
 
 from gpuscaler.commands.common import (
     COUNT,
-    EXIT_BAD_INPUT,
     EXIT_OK,
     bounded,
-    config_or_exit,
+    config_or_default,
     memory_size,
     report_dir,
 )
@@ -23,7 +22,7 @@ from gpuscaler.setup import stop_on_signal
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config = config_or_exit(args.path)
+    config = config_or_default(args.path)
     print(f"{args.path}: valid: {config.summary()}")
     return EXIT_OK
 
@@ -31,9 +30,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from gpuscaler.sim.report import table, write_report
     from gpuscaler.sim.simulate import simulate
-    from gpuscaler.sim.trace import TraceError, load_trace
+    from gpuscaler.sim.trace import load_trace
 
-    config = config_or_exit(args.config, require_targets=False)
+    config = config_or_default(args.config, require_targets=False)
     listeners = []
     stop = threading.Event()
     if args.metrics_port:
@@ -44,14 +43,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         listeners.append(metrics)
         serve(metrics, ReplayHealth(), args.metrics_port, host="127.0.0.1")
         print(f"serving /metrics on 127.0.0.1:{args.metrics_port}", file=sys.stderr)
-    try:
-        trace = load_trace(args.trace, args.resample, args.column)
-        print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
-        baselines = not args.no_baselines
-        result = simulate(trace, args.hours, args.seed, config, args.start, listeners, baselines)
-    except TraceError as e:
-        print(f"bad trace: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    trace = load_trace(args.trace, args.resample, args.column)  # TraceError: exit 2
+    print(f"trace {trace.name}: requests from {trace.source}", file=sys.stderr)
+    baselines = not args.no_baselines
+    result = simulate(trace, args.hours, args.seed, config, args.start, listeners, baselines)
     summary = result.summary()
     print(json.dumps(summary) if args.json else table(summary))
     if args.report:
@@ -68,7 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_whatif(args: argparse.Namespace) -> int:
     from gpuscaler.whatif import parse_when, run_whatif, select, text
 
-    config = config_or_exit(args.config)
+    config = config_or_default(args.config)
     now = time.time()
     since = parse_when(args.since, now, "--since")
     until = parse_when(args.until, now, "--until")
@@ -86,19 +81,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def cmd_backtest(args: argparse.Namespace) -> int:
     from gpuscaler.backtest import BacktestError, backtest
 
-    config = config_or_exit(args.config, require_targets=False)
+    config = config_or_default(args.config, require_targets=False)
     if args.agg != "mean" and args.resample is None:
-        print("--agg needs --resample", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BacktestError("--agg needs --resample")
     window = args.window or config.metrics.window
-    try:
-        bins = (args.horizon, window, args.resample, args.agg, args.max_origins)
-        report = backtest(
-            args.series, config.forecast, *bins, demand_path=args.demand, demand_agg=args.demand_agg
-        )
-    except BacktestError as e:
-        print(f"bad series: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    bins = (args.horizon, window, args.resample, args.agg, args.max_origins)
+    report = backtest(
+        args.series, config.forecast, *bins, demand_path=args.demand, demand_agg=args.demand_agg
+    )
     print(json.dumps(report) if args.json else backtest_table(report))
     return EXIT_OK
 

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from gpuscaler.commands.common import EXIT_BAD_INPUT, EXIT_OK, cluster_parser, config_or_exit
+from gpuscaler.commands.common import EXIT_OK, cluster_parser, config_or_default
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """The node agent: see gpuscaler.agent."""
-    from gpuscaler.agent.app import AgentArgs, AgentSetupError, run_agent
+    from gpuscaler.agent.app import AgentArgs, run_agent
 
-    config = config_or_exit(args.config, require_targets=False)  # the agent manages its node
-    names = ("node", "kubeconfig", "metrics_port", "metrics_host", "fake_nvml", "max_polls")
-    try:
-        return run_agent(config, AgentArgs(**{n: getattr(args, n) for n in names}))
-    except AgentSetupError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_BAD_INPUT
+    config = config_or_default(args.config, require_targets=False)  # the agent manages its node
+    names = ("node", "kubeconfig", "metrics_port", "metrics_host", "fake_nvml")
+    return run_agent(config, AgentArgs(**{n: getattr(args, n) for n in names}))
 
 
 def add_agent_parser(sub: Any) -> None:
@@ -29,30 +24,24 @@ def add_agent_parser(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=8080, help="/metrics, /healthz, /readyz")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the probes (all)")
     p.add_argument("--fake-nvml", help=argparse.SUPPRESS)  # tests: GPUs from a JSON file
-    p.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def cmd_extender(args: argparse.Namespace) -> int:
     """The scheduler extender for a second kube-scheduler."""
     from gpuscaler.setup import SetupError, kube_api
 
-    config = config_or_exit(args.config, require_targets=False)  # it places pods, not targets
+    config = config_or_default(args.config, require_targets=False)  # it places pods, not targets
     if not config.prometheus.url:
         why = "the extender reads GPU memory from dcgm-exporter through Prometheus"
-        print(f"prometheus.url is not set: {why}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise SetupError(f"prometheus.url is not set: {why}")
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if port is not None and not 0 < port < 65536:
-            print(f"{flag} {port}: not a TCP port", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            raise SetupError(f"{flag} {port}: not a TCP port")
     from gpuscaler.extender.run import serve
 
-    try:  # no API, an address that cannot be listened on, unreadable TLS files: exit 2
-        api = kube_api(args.kubeconfig, config.kubernetes)
-        serve(config, api, args.host, args.port, not args.no_leader_election, args.metrics_port)
-    except SetupError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_BAD_INPUT
+    # no API, an address that cannot be listened on, unreadable TLS files: SetupError, exit 2
+    api = kube_api(args.kubeconfig, config.kubernetes)
+    serve(config, api, args.host, args.port, not args.no_leader_election, args.metrics_port)
     return EXIT_OK
 
 

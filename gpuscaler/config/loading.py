@@ -395,5 +395,4 @@ def read_config_file(path: str | Path) -> str:
 
 
 def load_config(path: str | Path, require_targets: bool = True) -> Config:
-    """The config file, checked; see `read_config_file` and `parse_config`."""
     return parse_config(read_config_file(path), str(path), require_targets)

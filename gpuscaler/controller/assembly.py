@@ -13,7 +13,6 @@ from kubernetes import client
 from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.api import BoundedApiClient
 from gpuscaler.adapters.kube.cluster import current_state, load_cluster_snapshot, with_discovered
-from gpuscaler.adapters.kube.objects import ClusterStateError
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader, preemption_observation
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import Writer
@@ -41,10 +40,7 @@ def snapshot_controller(config: Config, path: str) -> Controller:
     Prometheus, always dry."""
     if not config.prometheus.url:
         raise SetupError("--cluster-snapshot plans on metrics: set prometheus.url in the config")
-    try:
-        objects = load_cluster_snapshot(path, config)
-    except ClusterStateError as e:
-        raise SetupError(str(e)) from None
+    objects = load_cluster_snapshot(path, config)  # ClusterStateError: `once` exits 2
     config = with_discovered(config, objects)
     state = current_state(objects, config)
     preemption = preemption_observation(

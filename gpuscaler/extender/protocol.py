@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_EXTENDER_PRIORITY = 10
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -28,6 +28,7 @@ from gpuscaler.extender.server import ExtenderApp
 from gpuscaler.extender.service import Extender
 from gpuscaler.extender.state import GpuState
 from gpuscaler.leader import LeaderElector
+from gpuscaler.setup import SetupError, identity
 
 log = logging.getLogger("gpuscaler.extender")
 
@@ -85,8 +86,6 @@ binds in flight; with max_body_bytes this bounds the memory held by bodies."""
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket, or SetupError naming the address (exit 2, nothing served)."""
-    from gpuscaler.setup import SetupError
-
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((host, port), family=family, backlog=2048)
@@ -120,7 +119,6 @@ def serve(
     address that cannot be listened on or TLS files that cannot be read: SetupError
     before anything is served."""
     from gpuscaler.observability import serve as serve_metrics
-    from gpuscaler.setup import SetupError, identity
 
     cfg = config.scheduler
     kube = SchedulingKube(api, config)

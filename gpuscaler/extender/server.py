@@ -148,9 +148,7 @@ class ExtenderApp:
 
     async def _readyz(self, request: Request) -> Response:
         problem = self.ready()
-        if problem is not None:
-            return PlainTextResponse(problem + "\n", status_code=503)
-        return PlainTextResponse("ok\n")
+        return PlainTextResponse(f"{problem or 'ok'}\n", 200 if problem is None else 503)
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")

@@ -1,10 +1,6 @@
-"""The three verbs: Filter and Prioritize read one snapshot; Bind is the commit point.
-
-Bind, per node under a lock: re-check the fit on the cache (at most one TTL old) plus
-every reservation, pick the GPUs, write the reservation on the pod (annotations keyed by
-its UID), count it in the ledger, then create the Binding. A second pod racing for the
-same memory finds the first one's reservation and is refused; kube-scheduler then retries
-it with fresh Filter answers.
+"""The three verbs: Filter and Prioritize read one snapshot; Bind is the commit point, its
+steps and why in docs/scheduling.md ("Bind is the commit point"): the reservation is
+written on the pod and counted in the ledger before the Binding is created.
 """
 
 from __future__ import annotations
@@ -13,12 +9,12 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Protocol
 
 import numpy as np
 
 from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.objects import rfc3339
 from gpuscaler.config import SchedulerConfig
 from gpuscaler.core.gpufit import (
     STALE_REASON,
@@ -71,10 +67,6 @@ class FilterAnswer:
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
     reasons: Counter[str] = field(default_factory=Counter)
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(eq=False)
@@ -203,9 +195,8 @@ class Extender:
             tuple((u, used[u]) for u, _ in chosen),
             now,
         )
-        self.binder.annotate(
-            b.PodNamespace, b.PodName, b.PodUID, dict(reservation_annotations(r, rfc3339(now)))
-        )
+        notes: dict[str, str | None] = dict(reservation_annotations(r, rfc3339(now, micro=True)))
+        self.binder.annotate(b.PodNamespace, b.PodName, b.PodUID, notes)
         self.state.reserve(r)
         try:
             self.binder.bind(b.PodNamespace, b.PodName, b.PodUID, b.Node)

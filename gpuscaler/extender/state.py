@@ -128,10 +128,9 @@ class GpuState:
             self.refreshed_at = self.clock()
 
     def _rebuild_ledger(self, pods: list[PodRecord], listed_at: float) -> None:
-        live = {p.uid: p for p in pods if p.phase not in ("Succeeded", "Failed")}
         rebuilt: dict[str, Reservation] = {}
-        for p in live.values():
-            if p.assumed_at is None:
+        for p in pods:
+            if p.assumed_at is None or p.phase in ("Succeeded", "Failed"):
                 continue
             try:
                 r = reservation_from_pod(p.uid, p.namespace, p.name, p.annotations, p.assumed_at)

@@ -41,12 +41,9 @@ class FloorBoard:
         cfg = self.config()
         return cfg.external_scaler.max_age or 3 * cfg.control.interval
 
-    def managed(self, key: str) -> bool:
-        return any(w.key == key for w in self.config().workloads)
-
     def lookup(self, key: str) -> tuple[bool, FloorEntry | None]:
         """(whether gpuscaler manages the ScaledObject `key`, its latest entry)."""
-        managed = self.managed(key)
+        managed = any(w.key == key for w in self.config().workloads)
         with self._lock:
             return managed, self._entries.get(key)
 

@@ -112,8 +112,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"ScaledObject {ref.namespace}/{ref.name} {NOT_MANAGED}",
             )
-        got = answer(entry, self.clock(), self.board.max_age(), request.activation)
-        return request.key, got
+        return request.key, answer(entry, self.clock(), self.board.max_age(), request.activation)
 
     def _ok(self, method: str) -> None:
         self.metrics.requests.labels(method, "OK").inc()

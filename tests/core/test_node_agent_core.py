@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuscaler.adapters.nvml import sysfs_bus_id
-from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
+from gpuscaler.core.gpufit import GPUS_PER_NUMA_LABEL, TOPOLOGY_ANNOTATION
 from gpuscaler.core.node_agent import (
     GpuFacts,
     TimeSlicePlan,
@@ -205,7 +205,6 @@ def test_preemption_reads_the_numa_domains_the_agent_publishes(
 
     from gpuscaler.adapters.kube.objects import parse_objects
     from gpuscaler.adapters.kube.preemption_reader import preemption_observation
-    from gpuscaler.adapters.kube.preemption_records import NUMA_LABEL
     from gpuscaler.config import parse_config
 
     config = parse_config(
@@ -213,7 +212,7 @@ def test_preemption_reads_the_numa_domains_the_agent_publishes(
     )
     doc = node("gpu-0", gpus=4, annotations={TOPOLOGY_ANNOTATION: annotation} if annotation else {})
     if label:
-        doc["metadata"]["labels"][NUMA_LABEL] = label
+        doc["metadata"]["labels"][GPUS_PER_NUMA_LABEL] = label
     observation = preemption_observation(parse_objects([doc], config), config, [], [])
     (view,) = observation.nodes
     assert view.numa_domain_shares == shares

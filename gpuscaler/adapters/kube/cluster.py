@@ -11,6 +11,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+import yaml
+
 from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
@@ -36,11 +38,9 @@ MIG_RESOURCE = "nvidia.com/mig-"
 def selects(selector_value: str, label_value: str | None, label: str) -> bool:
     """Does a node's label value match the pool selector? A `*.product` label matches with
     or without -SHARED, so sharing never moves a node out of its pool."""
-    if label_value is None:
-        return False
-    if label_value == selector_value:
-        return True
-    return label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+    return label_value == selector_value or (
+        label.endswith(".product") and label_value == selector_value + SHARED_SUFFIX
+    )
 
 
 def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
@@ -207,8 +207,6 @@ SNAPSHOT_COMMAND = (
 def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
     """The objects of a `kubectl get ... -o yaml` dump (a List, or a stream of them), nodes
     and pods both (without pods, fragments could be planned below the shares held)."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
             docs = [d for d in yaml.safe_load_all(f) if d is not None]
@@ -247,8 +245,6 @@ def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
 def load_state(path: str | None, config: Config) -> tuple[CurrentState, str]:
     """The cluster's current state from a YAML file, or the config's initial values;
     with a sentence saying which, for the operator."""
-    import yaml
-
     if path is None:
         return (
             CurrentState(fragments={p.name: p.initial_fragments or 1 for p in config.node_pools}),

@@ -197,8 +197,9 @@ class Informer:
         return f"{type(e).__name__}: {e}"[:300]
 
     def _get(self, query: list[tuple[str, str]], read_timeout: float) -> Any:
-        """GET on the collection: the urllib3 response, unread; an error status raised as
-        an ApiException, as the generated API methods do."""
+        """GET on the collection: the urllib3 response, unread; 410 raised as Gone (a list
+        page's continue token or a watch's resourceVersion expired: only a relist helps),
+        another error status as an ApiException, as the generated API methods do."""
         method, url, headers, body, post = self.api.param_serialize(
             method="GET",
             resource_path=self.resource.path,
@@ -215,6 +216,8 @@ class Informer:
             _request_timeout=(self.limits.connect_timeout, read_timeout),
         )
         response = answer.response
+        if answer.status == 410:
+            raise Gone()
         if not 200 <= answer.status < 300:
             error = ApiException(status=answer.status, reason=answer.reason)
             error.body = response.data  # the server's Status: _api_error quotes its message
@@ -236,8 +239,6 @@ class Informer:
                 if e.status == 404:
                     self._replace({}, None, absent=True)
                     return
-                if e.status == 410:  # a page's continue token expired: start over
-                    raise Gone() from None
                 raise
             page = orjson.loads(answer.data)
             for obj in page.get("items") or ():
@@ -267,20 +268,15 @@ class Informer:
         opened = self.clock()
         self._phase = "watch"
         timeout = self.limits.watch_timeout
-        try:
-            response = self._get(
-                self.resource.params(
-                    watch="true",
-                    resourceVersion=self.resource_version,
-                    allowWatchBookmarks="true",
-                    timeoutSeconds=max(1, round(timeout)),
-                ),
-                timeout + 15.0,  # the server ends it first; this catches a hung one
-            )
-        except ApiException as e:
-            if e.status == 410:
-                raise Gone() from None
-            raise
+        response = self._get(
+            self.resource.params(
+                watch="true",
+                resourceVersion=self.resource_version,
+                allowWatchBookmarks="true",
+                timeoutSeconds=max(1, round(timeout)),
+            ),
+            timeout + 15.0,  # the server ends it first; this catches a hung one
+        )
         self._response = response
         if self._stop.is_set():  # halted while opening: halt() may have missed it
             response.release_conn()

@@ -323,9 +323,11 @@ def external_addresses(spec: Json) -> tuple[str, ...]:
     )
 
 
-def rfc3339(t: float) -> str:
-    """Unix seconds as the RFC 3339 timestamp Kubernetes writes (whole seconds, UTC)."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def rfc3339(t: float, micro: bool = False) -> str:
+    """Unix seconds as the RFC 3339 timestamp Kubernetes writes (whole seconds, UTC); `micro`
+    keeps microseconds (the extender's assume-time is compared with GPU sample times)."""
+    fraction = ".%f" if micro else ""
+    return datetime.fromtimestamp(t, UTC).strftime(f"%Y-%m-%dT%H:%M:%S{fraction}Z")
 
 
 def parse_time(text: Any) -> float | None:

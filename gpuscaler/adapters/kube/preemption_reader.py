@@ -16,7 +16,6 @@ from gpuscaler.adapters.kube.preemption_records import (
     CHECKPOINT_DONE,
     GPU_MEMORY,
     LAST_CHECKPOINT,
-    NUMA_LABEL,
     PREEMPTIBLE,
     parse_record,
     read_records,
@@ -24,7 +23,7 @@ from gpuscaler.adapters.kube.preemption_records import (
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.prometheus.memory import GpuMemoryProbe
 from gpuscaler.config import Config
-from gpuscaler.core.gpufit import TOPOLOGY_ANNOTATION
+from gpuscaler.core.gpufit import GPUS_PER_NUMA_LABEL, TOPOLOGY_ANNOTATION
 from gpuscaler.core.node_agent import gpus_per_numa_domain
 from gpuscaler.core.parsing import parse_count
 from gpuscaler.core.preemption import NodeView, PodView, PreemptionObservation, VictimState
@@ -134,7 +133,7 @@ def preemption_observation(
         for n in pool_nodes(objects, pool):
             per_gpu = max(1, n.fragments or 1)
             memory = n.gpu_memory_mib / 1024 if n.gpu_memory_mib else pool.gpu_memory_gib
-            numa = n.labels.get(NUMA_LABEL, "")
+            numa = n.labels.get(GPUS_PER_NUMA_LABEL, "")
             domain = gpus_per_numa_domain(n.annotations.get(TOPOLOGY_ANNOTATION))  # the agent's
             if domain is None and numa:
                 with suppress(ValueError):  # a label that is no number: as if absent

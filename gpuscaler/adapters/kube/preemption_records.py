@@ -25,7 +25,6 @@ GPU_MEMORY = "gpuscaler.io/gpu-memory-gib"
 VICTIM_ANNOTATION = "gpuscaler.io/preemption"
 BENEFICIARY_ANNOTATION = "gpuscaler.io/preempting"
 QUARANTINE_TAINT = "gpuscaler.io/gpu-memory-held"
-NUMA_LABEL = "gpuscaler.io/gpus-per-numa-node"
 
 
 def record_key(victim: str) -> str:

@@ -43,8 +43,7 @@ class ClusterReader:
             if kind == "ScaledObject" and e.status == 404:
                 return []  # KEDA is not installed: HPAs only
             raise api_error(f"list {kind}", e) from None
-        doc = json_body(answer)
-        items = doc.get("items") or []
+        items = json_body(answer).get("items") or []
         return [{**item, "kind": kind} for item in items]  # list items carry no kind
 
     def objects(self) -> ClusterObjects:

@@ -80,8 +80,7 @@ class Folds:
                 continue
             p = fold.pending
             values = values.copy()  # the answer may serve several targets
-            absurd = drop_outside(values, p.bounds)
-            if absurd is not None:
+            if absurd := drop_outside(values, p.bounds):
                 fold.absurd.append(absurd)
             keep = (times >= p.start) & (times < p.end)
             if chunk_start > p.start:

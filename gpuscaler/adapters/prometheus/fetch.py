@@ -101,9 +101,8 @@ class Fetcher:
 
     def check_rules(self, now: float) -> None:
         """Which pools Prometheus records (`rules.py`), when queries are grouped."""
-        if not self.config.prometheus.grouped_queries or not self.rules.needs_check(
-            self.config, now
-        ):
+        grouped = self.config.prometheus.grouped_queries
+        if not (grouped and self.rules.needs_check(self.config, now)):
             return
         step = self.config.metrics.step
         answer = self.ask(check_query(), (math.floor(now / step) * step, INSTANT))

@@ -27,8 +27,7 @@ def matcher_sets(labels: Mapping[str, str]) -> list[str]:
     host = next((h for h in HOSTNAME_LABELS if h in labels), None)
     if host is not None:
         other = HOSTNAME_LABELS[1] if host == HOSTNAME_LABELS[0] else HOSTNAME_LABELS[0]
-        swapped = {(other if k == host else k): v for k, v in labels.items()}
-        variants = [dict(labels), swapped]
+        variants.append({(other if k == host else k): v for k, v in labels.items()})
     return [
         ",".join(f"{k}={escape_label_value(v)}" for k, v in sorted(v.items())) for v in variants
     ]

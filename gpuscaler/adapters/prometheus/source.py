@@ -57,7 +57,6 @@ log = logging.getLogger("gpuscaler.prometheus")
 class Health:
     ok: bool = True
     last_success: float | None = None
-    failures: int = 0
 
 
 @dataclass
@@ -153,7 +152,6 @@ class Totals:
         self.limit = self.every + config.metrics.staleness
 
     def resting(self, now: float) -> set[str]:
-        """Keys whose total is not asked of Prometheus this tick."""
         return {key for key in self.kept if not self.due(key, now)}
 
 
@@ -264,11 +262,9 @@ class PrometheusMetrics:
             why = "no metrics_matchers configured for this pool"
             return PoolMetrics(p.name, None, None, problem=why, unmatched=True)
         queries, m = self.config.prometheus.queries, p.metrics_matchers
-        util, util_problem = self._fetch(
-            f"pool:{p.name}:util", partial(build_query, queries.pool_utilization, m), now, PERCENT
-        )
-        stall, stall_problem = self._fetch(
-            f"pool:{p.name}:stall", partial(build_query, queries.pool_stall, m), now, PERCENT
+        (util, util_problem), (stall, stall_problem) = (
+            self._fetch(f"pool:{p.name}:{s}", partial(build_query, t, m), now, PERCENT)
+            for s, t in (("util", queries.pool_utilization), ("stall", queries.pool_stall))
         )
         try:  # None when not exported within the staleness: the config alone bounds memory
             used_gib, used_problem = self._read_gib(queries.pool_memory_used, m, now)
@@ -475,7 +471,6 @@ class PrometheusMetrics:
     def _record_health(self, now: float, errors: list[str]) -> None:
         if errors:
             self.health.ok = False
-            self.health.failures += 1
             log.warning(
                 "prometheus: %d target(s) failed: %s",
                 len(errors),

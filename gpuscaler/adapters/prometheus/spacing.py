@@ -114,5 +114,4 @@ class SpacingTracker:
             self._fine.clear()
         for key in [k for k in self.measured if not keep(k)]:
             del self.measured[key]
-        for key in [k for k in self._fine if not keep(k)]:
-            del self._fine[key]
+        self._fine = {k: n for k, n in self._fine.items() if keep(k)}

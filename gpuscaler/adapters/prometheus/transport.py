@@ -40,8 +40,7 @@ class SourceError(OutsideError):
 
 
 class Transport:
-    """Prometheus' HTTP API with auth, TLS, timeouts and retries; secrets never leak.
-    Safe to share between threads (one connection pool of `max_concurrent_queries`).
+    """Safe to share between threads (one connection pool of `max_concurrent_queries`).
 
     The Authorization header is built here, from the URL's userinfo (which is then cut
     from the URL requests sees), the password file or the token file, and every form of

@@ -84,7 +84,6 @@ def one_series(answer: list[Samples]) -> tuple[FloatArray, FloatArray, bool]:
 
 
 def decode_matrix(result: Any) -> tuple[FloatArray, FloatArray, bool]:
-    """`one_series` of a range `data.result`."""
     return one_series(decode_range(result))
 
 
@@ -150,10 +149,8 @@ class Buckets:
         hi = min(self.first + self.sums.size, other.first + other.sums.size)
         if hi <= lo:
             return
-        mine, theirs = (
-            slice(lo - self.first, hi - self.first),
-            slice(lo - other.first, hi - other.first),
-        )
+        mine = slice(lo - self.first, hi - self.first)
+        theirs = slice(lo - other.first, hi - other.first)
         self.sums[mine] += other.sums[theirs]
         self.counts[mine] += other.counts[theirs]
 
