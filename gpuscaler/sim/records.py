@@ -27,7 +27,7 @@ MARKED = ("fragments", "time_slice", "preemption")
 
 @dataclass
 class RunView:
-    """One run's per-slot arrays and what it did."""
+    """One run's figures and what it did; a recorded (drawn) run's slots too."""
 
     start: float
     slot: float
