@@ -27,10 +27,26 @@ def gpu_device(name: str, kind: str = "gpu", memory: str = "40Gi") -> Json:
     }
 
 
+def shared(device: Json) -> Json:
+    """`device` shared by claims consuming its memory: the driver's consumable-shares
+    mode `memory` (cmd/gpu-kubelet-plugin/consumable_shares.go; KEP 5075)."""
+    policy = {"default": "40Gi", "validRange": {"min": "1Mi", "max": "40Gi", "step": "1Mi"}}
+    return device | {
+        "allowMultipleAllocations": True,
+        "capacity": {"memory": {"value": "40Gi", "requestPolicy": policy}},
+    }
+
+
 def gpu_slice(
-    node: str, gpus: int = 2, driver: str = DRIVER, generation: int = 1, name: str | None = None
+    node: str,
+    gpus: int = 2,
+    driver: str = DRIVER,
+    generation: int = 1,
+    name: str | None = None,
+    sharing: bool = False,
 ) -> Json:
-    """One node's pool of whole GPUs, as the driver's kubelet plugin publishes it."""
+    """One node's pool of GPUs, as the driver's kubelet plugin publishes it."""
+    devices = [gpu_device(f"gpu-{i}") for i in range(gpus)]
     return {
         "apiVersion": API,
         "kind": "ResourceSlice",
@@ -39,7 +55,7 @@ def gpu_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [gpu_device(f"gpu-{i}") for i in range(gpus)],
+            "devices": [shared(d) for d in devices] if sharing else devices,
         },
     }
 
@@ -62,12 +78,18 @@ def device_class(name: str = DRIVER) -> Json:
     }
 
 
-def claim_template(namespace: str, name: str, count: int = 1, cls: str = DRIVER) -> Json:
+def claim_template(
+    namespace: str, name: str, count: int = 1, cls: str = DRIVER, memory: str | None = None
+) -> Json:
+    """Claims of `count` devices of class `cls`, or of `memory` of one shared device."""
+    request = _request(count, cls)
+    if memory:
+        request["exactly"]["capacity"] = {"requests": {"memory": memory}}
     return {
         "apiVersion": API,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [_request(count, cls)]}}},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
     }
 
 
