@@ -666,4 +666,8 @@ class Kube:
 _SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
 _STATUS = {"Node", "Pod", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ScaledObject"}
 """Kinds whose status is a subresource, written after the object."""
-_PLURALS = {"PriorityClass": "priorityclasses", "Ingress": "ingresses"}
+_PLURALS = {
+    "PriorityClass": "priorityclasses",
+    "Ingress": "ingresses",
+    "DeviceClass": "deviceclasses",
+}

@@ -27,6 +27,7 @@ from gpuscaler.config.loading import (
 )
 from gpuscaler.config.systems import (
     AgentConfig,
+    DraConfig,
     KubernetesConfig,
     LeaseConfig,
     PreemptionConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "AgentConfig",
     "Config",
     "ConfigError",
+    "DraConfig",
     "DurationTooLong",
     "ForecastConfig",
     "FragmentsConfig",

@@ -183,6 +183,23 @@ class LeaseConfig(StrictModel):
         return self
 
 
+class DraConfig(StrictModel):
+    """Which Dynamic Resource Allocation devices (resource.k8s.io/v1) are GPUs. Defaults are
+    NVIDIA's DRA driver's names (kubernetes-sigs/dra-driver-nvidia-gpu: driver and DeviceClass
+    `gpu.nvidia.com`, deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml)."""
+
+    enabled: bool = True
+    """Watch ResourceSlices and ResourceClaims (a server without them is an empty store)."""
+    drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    """An allocated device of one of these drivers is a GPU held by the claim's pods."""
+    device_classes: tuple[str, ...] = ("gpu.nvidia.com",)
+    """A request for one of these DeviceClasses asks for GPUs: what a pending pod waits for
+    (a class's CEL selectors are not evaluated here)."""
+    gpu_types: tuple[str, ...] = ("gpu",)
+    """A published device counts as one of its node's GPUs when its `type` attribute is one
+    of these (or absent): the NVIDIA driver lists MIG devices (type mig) of the same GPUs."""
+
+
 class KubernetesConfig(StrictModel):
     device_plugin_config_map: ObjectRef = ObjectRef(
         namespace="nvidia-device-plugin", name="gpuscaler-sharing-configs"
@@ -219,6 +236,7 @@ class KubernetesConfig(StrictModel):
     """Each watch asks the server to end it after this (as client-go), then resumes."""
     watch_stale_after: Seconds = Field(30.0, gt=0, le=3600)
     """A watch failing this long is not trusted: ticks flag every target until it is back."""
+    dra: DraConfig = DraConfig()
     gitops_field_managers: tuple[str, ...] = (
         "argocd-controller",
         "argocd-application-controller",

@@ -29,10 +29,11 @@ from gpuscaler.adapters.kube.objects import (
     parse_node,
     parse_objects,
     parse_pod,
+    with_dra,
 )
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
-from gpuscaler.adapters.kube.reader import ClusterReader
+from gpuscaler.adapters.kube.reader import DRA, ClusterReader
 from gpuscaler.adapters.kube.workloads import SCALE_APIS
 from gpuscaler.config import Config, KubernetesConfig
 
@@ -91,6 +92,7 @@ class ClusterCache:
             **{kind: f"/apis/{g}/{v}/{plural}" for kind, (g, v, plural) in SCALE_APIS.items()},
             "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
             "PodDisruptionBudget": "/apis/policy/v1/poddisruptionbudgets",
+            **{k: "/apis/{}/{}/{}".format(*v) for k, v in DRA.items() if limits.dra.enabled},
         }
         transforms = {"Node": node_fields, "Pod": gpu_pod}
         self.informers: dict[str, Informer] = {
@@ -144,7 +146,10 @@ class CachedClusterReader(ClusterReader):
             pods.append(pod)
         scale = self.cache.items("ScaledObject") + self.cache.items("HorizontalPodAutoscaler")
         scale_objects = parse_objects(scale, self.config).scale_objects
-        return ClusterObjects(nodes, tuple(pods), scale_objects)
+        slices, claims = (self.cache.items(k) if k in self.cache.informers else [] for k in DRA)
+        return with_dra(
+            ClusterObjects(nodes, tuple(pods), scale_objects), slices, claims, self.config
+        )
 
 
 class CachedPreemptionReader(PreemptionReader):

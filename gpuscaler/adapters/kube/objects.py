@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscaler.adapters.kube import dra
 from gpuscaler.config import Config, NodePoolConfig
 from gpuscaler.core.external import EXTERNAL_TRIGGERS
 from gpuscaler.core.parsing import parse_count
+from gpuscaler.core.preemption import DeviceHold
 
 Json = dict[str, Any]
 
@@ -100,6 +102,10 @@ class GpuPod:
     tolerations: tuple[Json, ...] = ()
     uid: str = ""
     """A pod recreated under the same name (a StatefulSet's) is another pod."""
+    claims: tuple[str, ...] | None = None
+    """Names of its ResourceClaims (None: it has none; `with_dra` counts their GPUs)."""
+    devices: tuple[DeviceHold, ...] = ()
+    """Its GPUs allocated by DRA, counted in `gpus`."""
 
     @property
     def key(self) -> str:
@@ -220,15 +226,37 @@ def _gpus_requested(spec: Json, where: str) -> int:
     return total
 
 
+def _claim_names(spec: Json, status: Json, where: str) -> tuple[str, ...] | None:
+    """Its ResourceClaims' names: named in the spec, or made from a template (status)."""
+    refs = spec.get("resourceClaims")
+    if not refs:
+        return None
+    if not isinstance(refs, list) or len(refs) > dra.POD_CLAIMS_MAX:
+        raise ClusterStateError(
+            f"{where}: spec.resourceClaims not a list of at most {dra.POD_CLAIMS_MAX}"
+        )
+    made = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (status.get("resourceClaimStatuses") or [])[: len(refs)]
+        if isinstance(s, dict)  # a list the API keeps as long as spec.resourceClaims
+    }
+    names = (
+        r.get("resourceClaimName") or made.get(r.get("name")) for r in refs if isinstance(r, dict)
+    )
+    return tuple(n for n in names if isinstance(n, str) and n)
+
+
 def parse_pod(obj: Json) -> GpuPod | None:
-    """The pod if it requests GPUs, else None."""
+    """The pod if it requests GPUs or has ResourceClaims (`with_dra` keeps those holding
+    or wanting GPUs), else None."""
     meta = _meta(obj, "Pod")
     where = f"Pod {meta.get('namespace')}/{meta['name']}"
     spec = obj.get("spec") or {}
     gpus = _gpus_requested(spec, where)
-    if gpus == 0:
-        return None
     status = obj.get("status") or {}
+    claims = _claim_names(spec, status, where)
+    if gpus == 0 and claims is None:
+        return None
     unschedulable = next(
         (
             c.get("lastTransitionTime")
@@ -258,6 +286,7 @@ def parse_pod(obj: Json) -> GpuPod | None:
         node_selector=dict(spec.get("nodeSelector") or {}),
         node_affinity=tuple((affinity or {}).get("nodeSelectorTerms") or ()),
         tolerations=tuple(spec.get("tolerations") or ()),
+        claims=claims,
     )
 
 
@@ -343,6 +372,7 @@ def parse_time(text: Any) -> float | None:
 def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
     """Nodes, GPU pods, ScaledObjects and HPAs out of a mixed list; other kinds ignored."""
     nodes, pods, scale = [], [], {}
+    resources: dict[str, list[Json]] = {"ResourceSlice": [], "ResourceClaim": []}
     classes: list[Json] = []
     budgets: list[Json] = []
     hpa_replicas: dict[str, int] = {}
@@ -357,6 +387,8 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
                 pod = parse_pod(obj)
                 if pod is not None:
                     pods.append(pod)
+            elif kind in resources:
+                resources[kind].append(obj)
             elif kind in ("PriorityClass", "PodDisruptionBudget"):
                 _meta(obj, kind)
                 (classes if kind == "PriorityClass" else budgets).append(obj)
@@ -377,4 +409,38 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
     for key, replicas in hpa_replicas.items():
         if key in scale:
             scale[key] = replace(scale[key], replicas=replicas)
-    return ClusterObjects(tuple(nodes), tuple(pods), scale, tuple(classes), tuple(budgets))
+    objects = ClusterObjects(tuple(nodes), tuple(pods), scale, tuple(classes), tuple(budgets))
+    return with_dra(objects, resources["ResourceSlice"], resources["ResourceClaim"], config)
+
+
+def with_dra(
+    objects: ClusterObjects, slices: Iterable[Json], claims: Iterable[Json], config: Config
+) -> ClusterObjects:
+    """`objects` with the GPUs DRA allocated: a node publishing GPU devices has at least
+    that many GPUs (their smallest memory when it has no label for it), a pod holds its
+    claims' GPU devices and counts them, with what its unallocated claims ask for, in
+    `gpus`; a pod with claims but no GPU in them is dropped."""
+    cfg = config.kubernetes.dra
+    try:
+        parsed = [dra.parse_claim(c, cfg) for c in claims] if cfg.enabled else []
+        devices = dra.current(d for s in slices if cfg.enabled for d in dra.parse_slice(s, cfg))
+    except ValueError as e:
+        raise ClusterStateError(str(e)) from None
+    by_key = {c.key: c for c in parsed if c is not None}
+    gpus_of = dra.node_gpus(devices)
+    nodes = []
+    for n in objects.nodes:
+        count, memory = gpus_of.get(n.name, (0, None))
+        if count:
+            n = replace(
+                n, gpu_count=max(n.gpu_count or 0, count), gpu_memory_mib=n.gpu_memory_mib or memory
+            )
+        nodes.append(n)
+    pods = []
+    for p in objects.pods:
+        if p.claims is not None:
+            holds, wanted = dra.pod_gpus(p.uid, p.namespace, p.claims, by_key, devices)
+            p = replace(p, gpus=p.gpus + len(holds) + wanted, devices=holds)
+        if p.gpus:
+            pods.append(p)
+    return replace(objects, nodes=tuple(nodes), pods=tuple(pods))

@@ -58,6 +58,7 @@ def pod_view(
         allowed_nodes=frozenset(n.name for n in nodes if schedulable_on(p, n))
         if p.node is None
         else None,
+        devices=p.devices,
     )
 
 

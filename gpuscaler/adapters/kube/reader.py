@@ -23,6 +23,11 @@ from gpuscaler.config import Config
 
 log = logging.getLogger("gpuscaler.kubernetes")
 
+DRA = {
+    "ResourceSlice": ("resource.k8s.io", "v1", "resourceslices"),
+    "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
+}
+
 
 class ClusterReader:
     def __init__(self, api: client.ApiClient, config: Config):
@@ -40,8 +45,8 @@ class ClusterReader:
         try:
             answer = fetch()
         except ApiException as e:
-            if kind == "ScaledObject" and e.status == 404:
-                return []  # KEDA is not installed: HPAs only
+            if kind in ("ScaledObject", *DRA) and e.status == 404:
+                return []  # KEDA is not installed: HPAs only; DRA not served: no DRA GPUs
             raise api_error(f"list {kind}", e) from None
         items = json_body(answer).get("items") or []
         return [{**item, "kind": kind} for item in items]  # list items carry no kind
@@ -55,6 +60,10 @@ class ClusterReader:
                 for kind, api in SCALE_APIS.items()
             },
         }
+        if self.config.kubernetes.dra.enabled:
+            lists |= {
+                kind: partial(self.custom.list_cluster_custom_object, *DRA[kind]) for kind in DRA
+            }
         items = [item for kind, call in lists.items() for item in self._items(kind, call)]
         return parse_objects(items, self.config)
 

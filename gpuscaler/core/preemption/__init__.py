@@ -30,11 +30,18 @@ from gpuscaler.core.preemption.tiers import (
     TransitionError,
     check_transition,
 )
-from gpuscaler.core.preemption.views import NodeView, PodView, PreemptionObservation, VictimState
+from gpuscaler.core.preemption.views import (
+    DeviceHold,
+    NodeView,
+    PodView,
+    PreemptionObservation,
+    VictimState,
+)
 
 __all__ = [
     "IN_FLIGHT",
     "TRANSITIONS",
+    "DeviceHold",
     "NodeView",
     "PodView",
     "PreemptionObservation",

@@ -13,6 +13,22 @@ FRAGMENTS_PREFIX: Final = "fragments:"
 
 
 @dataclass(frozen=True)
+class DeviceHold:
+    """One device a pod holds through a Dynamic Resource Allocation claim."""
+
+    driver: str
+    pool: str
+    device: str
+    claim: str
+    """namespace/name of the ResourceClaim."""
+    node: str | None
+    share: float = 1.0
+    """Part of the device the claim consumed (consumable capacity); 1: all of it."""
+    memory_gib: float | None = None
+    """GPU memory it holds: the consumed memory, else the device's, when published."""
+
+
+@dataclass(frozen=True)
 class PodView:
     """What preemption needs to know of a pod holding or wanting GPUs."""
 
@@ -47,6 +63,8 @@ class PodView:
     shrink_to: int | None = None
     """For fewer fragments on `only_node`: its shares after the change."""
     uid: str = ""
+    devices: tuple[DeviceHold, ...] = ()
+    """Its GPUs allocated by DRA (counted in `gpus` too)."""
 
     @property
     def gone(self) -> bool:
