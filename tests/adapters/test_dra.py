@@ -218,6 +218,19 @@ def test_a_mixed_cluster_gives_both_kinds_of_gpu_with_holder_node_and_capacity()
         (hold,),
     )
     assert {n.name: n.shares for n in seen.nodes} == {"plugin-1": 4, "dra-1": 2}
+    # What preemption frees whole devices by: the node's GPUs and which are allocated,
+    # what the waiting pod asks for, whose claims still hold devices.
+    keys = (f"{DRIVER}/dra-1/gpu-0", f"{DRIVER}/dra-1/gpu-1")
+    assert {n.name: (n.devices, n.allocated) for n in seen.nodes} == {
+        "plugin-1": ((), frozenset()),
+        "dra-1": (keys, frozenset(keys[:1])),
+    }
+    assert {v.key: v.wanted_devices for v in seen.pods} == {
+        "ml/plugin-pod": 0,
+        "ml/holder": 0,
+        "ml/waiting": 2,
+    }
+    assert seen.claim_holders == {"u-held"}
 
 
 def test_a_share_of_a_device_under_consumable_capacity_is_its_part_of_the_capacity() -> None:

@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 from controlplane import Kube, wait_until
 from draobjects import DRIVER, claim_pod, claim_template, device_class, gpu_slice
+from kubeobjects import priority_class
+from steps import steps
 
+from gpuscaler.adapters.kube.actuator import kube_actuator
 from gpuscaler.adapters.kube.cache import CachedClusterReader, CachedPreemptionReader, ClusterCache
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.config import Config, parse_config
-from gpuscaler.core.preemption import DeviceHold, PreemptionObservation
+from gpuscaler.core.decisions import Decision
+from gpuscaler.core.preemption import DeviceHold, PreemptionObservation, decide_preemption
 
 SEEN = 60.0
 """Seconds for the scheduler to allocate and bind and the cache to see it (about 1 idle)."""
@@ -180,3 +184,79 @@ def test_two_claims_sharing_one_device_are_each_seen_holding_their_part(cluster:
         ("gpu-0", node, 0.25, 10.0)
     ] * 2
     assert len({h.claim for d in pods.values() for h in d}) == 2
+
+
+def _tick(c: Cluster, config: Config, now: float) -> tuple[Decision, ...]:
+    """Read, decide, act, with fresh adapter objects each time (as after a restart)."""
+    reader = ClusterReader(c.kube.api, config)
+    obs = PreemptionReader(c.kube.api, config, reader, c.ns).observe(now)
+    decisions, _ = decide_preemption(obs, config.preemption, now)
+    return kube_actuator(c.kube.api, config, "test", namespace=c.ns).apply(decisions)
+
+
+def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees(
+    cluster: Cluster,
+) -> None:
+    """Both DRA GPUs held by low-priority pods, a critical pod's claim waits: the real
+    scheduler does not preempt for it; gpuscaler evicts the holder a PDB does not protect,
+    waits for the claim controller to release its device, and the real scheduler then
+    allocates that device to the waiting claim and binds the pod."""
+    c = cluster
+    for name, value in (("gpu-dra-batch", 10), ("gpu-dra-mid", 100), ("gpu-dra-critical", 10**6)):
+        c.kube.ensure(priority_class(name, value))
+    config = c.config.model_copy(
+        update={"preemption": c.config.preemption.model_copy(update={"eviction_grace_period": 0.0})}
+    )
+    for name, cls in (("spared", "gpu-dra-batch"), ("victim", "gpu-dra-mid")):
+        doc = claim_pod(name, c.ns, template="one-gpu")
+        doc["metadata"]["labels"] = {"app": name}
+        doc["spec"] |= {"priorityClassName": cls}
+        c.kube.create(doc)
+        assert c.bound(name) == c.dra_node
+        c.kube.make_running(c.ns, name)
+    c.kube.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "spared", "namespace": c.ns},
+            "spec": {"selector": {"matchLabels": {"app": "spared"}}, "minAvailable": 1},
+        }
+    )
+    pdb = f"/apis/policy/v1/namespaces/{c.ns}/poddisruptionbudgets/spared"
+    wait_until(
+        "the PDB counted", lambda: "currentHealthy" in c.kube.get(pdb).get("status", {}), SEEN, 0.2
+    )
+    held = {p.key: p.devices for p in c.observed(c.listed, "victim").pods}
+    (victim_device,) = [h.device for h in held[f"{c.ns}/victim"]]
+    doc = claim_pod("critical", c.ns, template="one-gpu")
+    doc["spec"] |= {"priorityClassName": "gpu-dra-critical"}
+    c.kube.create(doc)
+    path = f"/api/v1/namespaces/{c.ns}/pods/critical"
+
+    def unschedulable() -> bool:
+        conditions = c.kube.get(path).get("status", {}).get("conditions") or []
+        return any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conditions)
+
+    wait_until("the scheduler's Unschedulable verdict", unschedulable, SEEN, 0.2)
+    t0 = time.time() + 60  # past pending_for
+    applied = _tick(c, config, t0)
+    assert [(d.target, d.to_value) for d in applied] == [(f"{c.ns}/victim", "soft")]
+    assert f"{DRIVER}/{c.dra_node}/{victim_device}" in applied[0].reason
+    assert "1 DRA GPU device(s)" in applied[0].reason
+    applied = _tick(c, config, t0 + 301)  # soft grace over
+    assert [(d.to_value, d.action) for d in steps(applied)] == [("hard", "evict")]
+    # The real scheduler binds the waiting pod to the device the victim's claim held, once
+    # the claim controller released it; gpuscaler's record closes after that.
+    assert c.bound("critical") == c.dra_node
+    claims = c.kube.get(f"/apis/resource.k8s.io/v1/namespaces/{c.ns}/resourceclaims")["items"]
+    (mine,) = [x for x in claims if x["metadata"]["name"].startswith("critical-")]
+    assert [r["device"] for r in mine["status"]["allocation"]["devices"]["results"]] == [
+        victim_device
+    ]
+    assert [d.to_value for d in _tick(c, config, t0 + 310)] == ["cleanup"]
+    applied = _tick(c, config, t0 + 310 + 121)  # no dcgm series: memory not measurable
+    assert [d.to_value for d in applied] == ["done"]
+    assert "not verified" in applied[0].reason and "DRA claim" not in applied[0].reason
+    spared = c.kube.get(f"/api/v1/namespaces/{c.ns}/pods/spared")
+    assert not spared["metadata"].get("deletionTimestamp")
+    assert not (spared["metadata"].get("annotations") or {})

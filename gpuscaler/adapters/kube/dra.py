@@ -241,18 +241,21 @@ def current(devices: Iterable[Device]) -> dict[DeviceKey, Device]:
     return {d.key: d for d in devices if d.generation == newest[d.driver, d.pool]}
 
 
-def node_gpus(devices: Mapping[DeviceKey, Device]) -> dict[str, tuple[int, float | None]]:
-    """Per node: its whole GPUs and the smallest one's memory (MiB), when published."""
-    count: dict[str, int] = {}
+def node_gpus(
+    devices: Mapping[DeviceKey, Device],
+) -> dict[str, tuple[int, float | None, tuple[str, ...]]]:
+    """Per node: its whole GPUs, the smallest one's memory (MiB) when published, and the
+    GPUs' keys (driver/pool/device)."""
+    keys: dict[str, list[str]] = {}
     memory: dict[str, float] = {}
     for d in devices.values():
         if d.node is None or not d.whole_gpu:
             continue
-        count[d.node] = count.get(d.node, 0) + 1
+        keys.setdefault(d.node, []).append("/".join(d.key))
         if MEMORY in d.capacity:
             mib = d.capacity[MEMORY] / (1 << 20)
             memory[d.node] = min(memory.get(d.node, mib), mib)
-    return {node: (n, memory.get(node)) for node, n in count.items()}
+    return {node: (len(k), memory.get(node), tuple(sorted(k))) for node, k in keys.items()}
 
 
 def pod_gpus(

@@ -65,6 +65,10 @@ class Node:
     time_slice_level: str | None
     taints: tuple[Json, ...] = ()
     uid: str = ""
+    dra_devices: tuple[str, ...] = ()
+    """Its whole GPUs published through DRA (driver/pool/device)."""
+    dra_allocated: frozenset[str] = frozenset()
+    """Those of `dra_devices` a ResourceClaim is allocated."""
 
     @property
     def opted_in(self) -> bool:
@@ -106,6 +110,8 @@ class GpuPod:
     """Names of its ResourceClaims (None: it has none; `with_dra` counts their GPUs)."""
     devices: tuple[DeviceHold, ...] = ()
     """Its GPUs allocated by DRA, counted in `gpus`."""
+    wanted_devices: int = 0
+    """GPUs its DRA claims not allocated yet ask for, counted in `gpus`."""
 
     @property
     def key(self) -> str:
@@ -151,6 +157,8 @@ class ClusterObjects:
     scale_objects: Mapping[str, ScaleObject] = field(default_factory=dict)
     priority_classes: tuple[Json, ...] = ()
     disruption_budgets: tuple[Json, ...] = ()
+    claim_holders: frozenset[str] = frozenset()
+    """UIDs of the pods an allocated DRA GPU claim is reserved for."""
 
 
 def _meta(obj: Json, where: str) -> Json:
@@ -428,19 +436,25 @@ def with_dra(
         raise ClusterStateError(str(e)) from None
     by_key = {c.key: c for c in parsed if c is not None}
     gpus_of = dra.node_gpus(devices)
+    allocated = {f"{a.driver}/{a.pool}/{a.device}" for c in by_key.values() for a in c.gpus}
     nodes = []
     for n in objects.nodes:
-        count, memory = gpus_of.get(n.name, (0, None))
+        count, memory, keys = gpus_of.get(n.name, (0, None, ()))
         if count:
             n = replace(
-                n, gpu_count=max(n.gpu_count or 0, count), gpu_memory_mib=n.gpu_memory_mib or memory
+                n,
+                gpu_count=max(n.gpu_count or 0, count),
+                gpu_memory_mib=n.gpu_memory_mib or memory,
+                dra_devices=keys,
+                dra_allocated=frozenset(allocated.intersection(keys)),
             )
         nodes.append(n)
     pods = []
     for p in objects.pods:
         if p.claims is not None:
             holds, wanted = dra.pod_gpus(p.uid, p.namespace, p.claims, by_key, devices)
-            p = replace(p, gpus=p.gpus + len(holds) + wanted, devices=holds)
+            p = replace(p, gpus=p.gpus + len(holds) + wanted, devices=holds, wanted_devices=wanted)
         if p.gpus:
             pods.append(p)
-    return replace(objects, nodes=tuple(nodes), pods=tuple(pods))
+    holders = frozenset(u for c in by_key.values() if c.allocated and c.gpus for u in c.holders)
+    return replace(objects, nodes=tuple(nodes), pods=tuple(pods), claim_holders=holders)

@@ -59,6 +59,7 @@ def pod_view(
         if p.node is None
         else None,
         devices=p.devices,
+        wanted_devices=p.wanted_devices,
     )
 
 
@@ -146,9 +147,13 @@ def preemption_observation(
                     memory * (1 - reserve) / per_gpu,
                     domain * per_gpu if domain is not None else None,
                     pool.name,
+                    n.dra_devices,
+                    n.dra_allocated,
                 )
             )
-    return PreemptionObservation(pods, tuple(nodes), states, released or {})
+    return PreemptionObservation(
+        pods, tuple(nodes), states, released or {}, claim_holders=objects.claim_holders
+    )
 
 
 def _pdb_blocked(pods: tuple[GpuPod, ...], pdbs: list[dict[str, Any]]) -> set[str]:

@@ -4,6 +4,7 @@ chosen the way kube-scheduler chooses them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscaler.config import PreemptionConfig
@@ -46,6 +47,8 @@ def is_candidate(p: PodView, cfg: PreemptionConfig) -> bool:
 class Choice:
     node: str
     victims: tuple[PodView, ...]
+    frees: tuple[str, ...] = ()
+    """The DRA devices the victims free (driver/pool/device); empty for shares."""
 
     def rank(self) -> tuple[int, int, int, int, float, str]:
         """kube-scheduler's node order: lower is better."""
@@ -72,6 +75,16 @@ def _reprieve_order(p: PodView) -> tuple[bool, int, float, float]:
     )
 
 
+def _fewest(candidates: list[PodView], fits: Callable[[list[PodView]], bool]) -> list[PodView]:
+    """All candidates, less those given back (in reprieve order) while the rest still fit."""
+    victims = list(candidates)
+    for p in sorted(candidates, key=_reprieve_order):
+        rest = [v for v in victims if v is not p]
+        if fits(rest):
+            victims = rest
+    return victims
+
+
 def choose_victims(
     beneficiary: PodView,
     node: NodeView,
@@ -96,24 +109,48 @@ def choose_victims(
             f"({node.numa_domain_shares} shares each)"
         )
     on_node = [p for p in pods if p.node == node.name and not p.gone]
-    shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
-    free = shares - sum(p.gpus for p in on_node)
-    if free >= need:
-        return Choice(node.name, ()), f"{node.name} has {free} free share(s) already"
     candidates = [
         p
         for p in on_node
         if is_candidate(p, cfg) and p.priority < beneficiary.priority and p.key not in taken
     ]
+    if beneficiary.wanted_devices:
+        return _free_devices(beneficiary.wanted_devices, node, on_node, candidates)
+    shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
+    free = shares - sum(p.gpus for p in on_node)
+    if free >= need:
+        return Choice(node.name, ()), f"{node.name} has {free} free share(s) already"
     available = free + sum(p.gpus for p in candidates)
     if available < need:
         return None, f"{node.name}: {free} free + {available - free} preemptible < {need}"
-    victims = list(candidates)
-    for p in sorted(candidates, key=_reprieve_order):
-        if available - p.gpus >= need:
-            available -= p.gpus
-            victims.remove(p)
+    victims = _fewest(candidates, lambda rest: free + sum(p.gpus for p in rest) >= need)
     return Choice(node.name, tuple(victims)), ""
+
+
+def _free_devices(
+    need: int, node: NodeView, on_node: list[PodView], candidates: list[PodView]
+) -> tuple[Choice | None, str]:
+    """Victims whose DRA devices free `need` whole devices on `node`. A device is freed only
+    when every pod holding it (consumable capacity shares one) is a victim; one allocated
+    to no pod seen (a claim not released yet) is neither free nor freeable."""
+    holders: dict[str, set[str]] = {}
+    for p in on_node:
+        for h in p.devices:
+            holders.setdefault(h.key, set()).add(p.key)
+    free = [d for d in node.devices if d not in node.allocated and d not in holders]
+    if len(free) >= need:
+        return Choice(node.name, ()), f"{node.name} has {len(free)} free DRA device(s) already"
+
+    def freed(victims: list[PodView]) -> list[str]:
+        keys = {v.key for v in victims}
+        return [d for d in node.devices if d in holders and holders[d] <= keys]
+
+    can = len(free) + len(freed(candidates))
+    if can < need:
+        why = f"{node.name}: {len(free)} free + {can - len(free)} freeable DRA device(s) < {need}"
+        return None, why
+    victims = _fewest(candidates, lambda rest: len(free) + len(freed(rest)) >= need)
+    return Choice(node.name, tuple(victims), tuple(freed(victims))), ""
 
 
 def start_preemption(
@@ -152,9 +189,11 @@ def start_preemption(
             v.key, b.key, best.node, v.gpus, v.priority, "none", now, now, uid=v.uid
         )
         fresh = v.checkpoint_at is not None and now - v.checkpoint_at <= cfg.checkpoint_fresh
+        devices = sorted({h.key for h in v.devices} & set(best.frees))
+        room = f"DRA device(s) {', '.join(devices)}" if devices else "room"
         frees = (
             f"{why}; {v.key} (priority {v.priority}, {v.gpus} share(s)) on {best.node} frees "
-            f"room{', checkpointed recently' if fresh else ''}; asked to checkpoint within "
+            f"{room}{', checkpointed recently' if fresh else ''}; asked to checkpoint within "
             f"{cfg.soft_grace:.0f}s"
         )
         out.append(checkpoint_step(now, state, frees, cfg.soft_grace, cfg.eviction_grace_period))
@@ -175,4 +214,7 @@ def _need(b: PodView, now: float) -> str:
             f"replica ({b.gpus} GPU share(s)) within the horizon and its pool has no room"
         )
     waited = now - (b.unschedulable_since or now)
-    return f"{b.key} (priority {b.priority}, {b.gpus} GPU share(s)) unschedulable for {waited:.0f}s"
+    wants = f"{b.gpus} GPU share(s)"
+    if b.wanted_devices:
+        wants = f"{b.wanted_devices} DRA GPU device(s)"
+    return f"{b.key} (priority {b.priority}, {wants}) unschedulable for {waited:.0f}s"

@@ -104,7 +104,8 @@ def progress(
     if s.tier == "hard":
         return _hard(victim, cfg, now)
     if s.tier == "cleanup":
-        return _cleanup(s, obs.memory_released.get(s.victim), cfg, now)
+        claimed = bool(s.uid) and s.uid in obs.claim_holders
+        return _cleanup(s, obs.memory_released.get(s.victim), claimed, cfg, now)
     return None
 
 
@@ -169,13 +170,19 @@ def _hard(v: _Victim, cfg: PreemptionConfig, now: float) -> PreemptionStep | Ski
 
 
 def _cleanup(
-    s: VictimState, released: bool | None, cfg: PreemptionConfig, now: float
+    s: VictimState, released: bool | None, claimed: bool, cfg: PreemptionConfig, now: float
 ) -> PreemptionStep | Skip:
     """The victim is gone: done once its GPU memory is released (or cannot be measured),
-    quarantine the node when it stays held."""
+    quarantine the node when it stays held. DRA releases a device asynchronously: while a
+    claim is still reserved for the victim its devices are not free, so the record waits."""
+    waited = now - s.since
+    if claimed:
+        if waited < cfg.memory_release_timeout:
+            return hold(now, s.victim, f"wait: its DRA claim still holds its GPU(s), {waited:.0f}s")
+        why = f"its DRA claim still holds its GPU(s) {waited:.0f}s after it left: not verified"
+        return step_decision(now, s, "done", "confirm_released", why)
     if released:
         return step_decision(now, s, "done", "confirm_released", "GPU memory released")
-    waited = now - s.since
     if waited < cfg.memory_release_timeout:
         return hold(now, s.victim, f"wait: cleanup, {waited:.0f}s for GPU memory release")
     if released is False:

@@ -27,6 +27,11 @@ class DeviceHold:
     memory_gib: float | None = None
     """GPU memory it holds: the consumed memory, else the device's, when published."""
 
+    @property
+    def key(self) -> str:
+        """driver/pool/device: how a NodeView names the device."""
+        return f"{self.driver}/{self.pool}/{self.device}"
+
 
 @dataclass(frozen=True)
 class PodView:
@@ -65,6 +70,9 @@ class PodView:
     uid: str = ""
     devices: tuple[DeviceHold, ...] = ()
     """Its GPUs allocated by DRA (counted in `gpus` too)."""
+    wanted_devices: int = 0
+    """GPU devices its claims not allocated yet ask for (counted in `gpus` too): a
+    beneficiary with some is placed by freeing whole devices, not shares."""
 
     @property
     def gone(self) -> bool:
@@ -82,6 +90,10 @@ class NodeView:
     """Shares of the GPUs in one NUMA domain, when the topology is known (label
     gpuscaler.io/gpus-per-numa-node): a multi-GPU pod must fit inside one domain."""
     pool: str | None = None
+    devices: tuple[str, ...] = ()
+    """Its whole GPUs published through DRA (driver/pool/device)."""
+    allocated: frozenset[str] = frozenset()
+    """Those of `devices` some ResourceClaim is allocated (held, or not released yet)."""
 
 
 @dataclass(frozen=True)
@@ -116,5 +128,8 @@ class PreemptionObservation:
     memory_released: Mapping[str, bool | None] = field(default_factory=dict)
     """Per victim in cleanup: True released, False held on a GPU with no pod, None not
     measurable (no per-pod dcgm series, or Prometheus down)."""
+    claim_holders: frozenset[str] = frozenset()
+    """UIDs of pods an allocated DRA GPU claim is still reserved for: a victim's devices
+    are free only once its UID has left this set (its claims deallocated or deleted)."""
     problem: str | None = None
     """Set when the cluster could not be read: nothing is decided."""
