@@ -198,6 +198,10 @@ class DraConfig(StrictModel):
     gpu_types: tuple[str, ...] = ("gpu",)
     """A published device counts as one of its node's GPUs when its `type` attribute is one
     of these (or absent): the NVIDIA driver lists MIG devices (type mig) of the same GPUs."""
+    pool_label: str = Field("gpuscaler.io/pool", min_length=1)
+    """Opt-in for sharing under DRA: a DeviceClass or ResourceClaimTemplate labelled with it,
+    valued a pool's name, carries that pool's time slice and share size; nothing else is
+    written (docs/dra.md)."""
 
 
 class KubernetesConfig(StrictModel):
