@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from controlplane import Kube, wait_until
 from draobjects import API, claim_pod, claim_template, device_class, gpu_slice
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
-from gpuscaler.adapters.kube.cluster import current_state
+from gpuscaler.adapters.kube.cluster import (
+    SNAPSHOT_COMMAND,
+    current_state,
+    load_cluster_snapshot,
+)
 from gpuscaler.adapters.kube.drashare import DECISION
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.config import parse_config
@@ -29,7 +34,7 @@ def labelled(doc: dict[str, Any], pool: str) -> dict[str, Any]:
 
 
 def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only(
-    scheduler: Any, kube: Kube
+    scheduler: Any, kube: Kube, tmp_path: Path
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     ns, pool, node = kube.namespace(), f"p{tag}", f"dra-{tag}"
@@ -64,6 +69,9 @@ kubernetes: {{read_timeout: 30s}}
     reader = ClusterReader(kube.api, config)
     state = current_state(reader.objects(), config)
     assert (state.fragments[pool], state.time_slice_levels[pool]) == (4, "default")
+    dump = tmp_path / "cluster.yaml"  # what `once --cluster-snapshot` reads sees the same
+    dump.write_text(kube.plane.kubectl(*SNAPSHOT_COMMAND.split()[1:]))
+    assert current_state(load_cluster_snapshot(str(dump), config), config) == state
     untouched = {
         **{n: kube.path(t) for n, t in templates.items() if n != "opted"},
         "plain": kube.path(classes[1]),

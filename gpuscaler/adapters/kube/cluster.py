@@ -229,8 +229,10 @@ def unavailable_state(config: Config, why: str) -> CurrentState:
 
 
 SNAPSHOT_COMMAND = (
-    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml"
+    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers,resourceslices,"
+    "resourceclaims,resourceclaimtemplates,deviceclasses -A -o yaml"
 )
+"""The DRA kinds need a server with resource.k8s.io (Kubernetes 1.34+); drop them before."""
 
 
 def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:
