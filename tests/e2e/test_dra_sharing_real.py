@@ -118,3 +118,39 @@ kubernetes: {{read_timeout: 30s}}
     state = current_state(reader.objects(), config)
     assert (state.fragments[pool], state.time_slice_levels[pool]) == (2, "long")
     assert actuator.apply(decisions) == ()  # already there: nothing written
+
+
+def test_under_mps_fragments_set_the_classs_thread_percentage_and_no_time_slice(
+    kube: Kube,
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    ns, pool, node = kube.namespace(), f"m{tag}", f"mps-{tag}"
+    config = parse_config(
+        f"""
+node_pools:
+  - {{name: {pool}, gpu_memory_gib: 40, sharing: mps, selector: {{label: gpuscaler.test/pool, value: {tag}}}}}
+"""
+    )
+    kube.add_gpu_node(node, {"gpuscaler.test/pool": tag}, gpus=0)
+    cls = labelled(device_class(f"mps-{tag}"), pool)
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10Gi"}}
+    params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": mps}
+    cls["spec"]["config"] = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": params}}]
+    for obj in (gpu_slice(node, 1, sharing=True), cls):
+        kube.create(obj)
+        kube.strays.append(kube.path(obj))
+    kube.create(labelled(claim_template(ns, "quarter", cls=f"mps-{tag}", memory="10Gi"), pool))
+    now = time.time()
+    actuator = kube_actuator(kube.api, config, "test")
+    fragments = FragmentsDecision(now, pool, 4, 2, "more GPU per task")
+    assert actuator.apply(
+        [fragments, TimeSliceDecision(now, pool, "default", "long", "stall")]
+    ) == (fragments,)
+    (entry,) = kube.get(kube.path(cls))["spec"]["config"]
+    assert entry["opaque"]["parameters"]["sharing"]["mpsConfig"] == {
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+        "defaultActiveThreadPercentage": 50,
+    }
+    template = kube.get(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/quarter")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"]["memory"] == "20Gi"

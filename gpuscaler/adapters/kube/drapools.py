@@ -87,7 +87,7 @@ class KubeDraPools:
         done = 0
         for o in targets:
             try:
-                done += self._write(o, kind, value, record, capacity)
+                done += self._write(o, STRATEGIES[pool.sharing], kind, value, record, capacity)
             except KubeError as e:
                 if done == 0:
                     raise
@@ -96,17 +96,24 @@ class KubeDraPools:
         return done
 
     def _write(
-        self, o: Opted, kind: str, value: str, record: str, capacity: dict[str, float]
+        self,
+        o: Opted,
+        strategy: str,
+        kind: str,
+        value: str,
+        record: str,
+        capacity: dict[str, float],
     ) -> int:
+        """1 when `o` was written (its decision annotation with it), 0 when it has `value`."""
+        template = o.kind == "ResourceClaimTemplate"
         for _ in range(MAX_CONFLICT_RETRIES + 1):
             if o.problem:
                 raise KubeError(f"{o.problem}; left as it is")
-            pool = next(p for p in self.config.node_pools if p.name == o.pool)
             try:
                 body = (
                     template_body(o, int(value), capacity)
-                    if o.kind == "ResourceClaimTemplate"
-                    else class_body(o, STRATEGIES[pool.sharing], kind, value, self.config)
+                    if template
+                    else class_body(o, strategy, kind, value, self.config)
                 )
             except ValueError as e:
                 raise KubeError(f"{e}; left as it is") from None
@@ -114,22 +121,18 @@ class KubeDraPools:
                 return 0
             meta = body["metadata"]
             meta["annotations"] = {**(meta.get("annotations") or {}), DECISION[kind]: record}
-            if o.kind == "DeviceClass":
-                ok = self._patch_class(o, body)
-            else:
-                ok = self._replace_template(o, body)
-            if ok:
+            if self._replace_template(o, body) if template else self._patch_class(o, body):
                 self.writer.event(
                     client.V1ObjectReference(
                         api_version="resource.k8s.io/v1",
                         kind=o.kind,
                         name=o.name,
                         namespace=o.namespace or None,
-                        uid=(o.doc.get("metadata") or {}).get("uid"),
+                        uid=None if template else (o.doc.get("metadata") or {}).get("uid"),
                     ),
                     o.namespace or self.config.kubernetes.events_namespace,
                     "FragmentsChanged" if kind == "fragments" else "TimeSliceChanged",
-                    "ReplaceTemplate" if o.kind == "ResourceClaimTemplate" else "SetClassConfig",
+                    "ReplaceTemplate" if template else "SetClassConfig",
                     f"{kind} {value} for new claims (pool {o.pool}): "
                     + json.loads(record)["reason"],
                 )

@@ -190,8 +190,9 @@ def _agreed(objs: list[Opted], kind: str, values: list[str]) -> str | None:
 def pool_sharing(
     opted: Iterable[Opted], pool: str, capacity: Mapping[str, float]
 ) -> PoolSharing | None:
-    """The fragments and time slice level the pool's opted-in objects give new claims, from
-    `capacity` (the pool's smallest device capacities); None when none opted in."""
+    """The fragments and time slice level the pool's opted-in objects give new claims: the
+    templates' shares of `capacity` (the pool's smallest device capacities), else the MPS
+    classes' thread percentage; None when none opted in."""
     mine = [o for o in opted if o.pool == pool]
     if not mine:
         return None
@@ -205,7 +206,9 @@ def pool_sharing(
             else:
                 counts.append(str(max(1, round(capacity[key] / asked))))
     classes = [o for o in mine if o.kind == "DeviceClass"]
-    fragments = _agreed(templates, "fragments", counts)  # None: no template, no fragments
+    if not counts:  # no share size: under MPS, the clients' thread percentage
+        counts = [str(round(100 / o.mps_percent)) for o in classes if o.mps_percent]
+    fragments = _agreed(templates or classes, "fragments", counts)
     level = _agreed(classes, "time_slice", [o.level or "default" for o in classes])
     return PoolSharing(int(fragments) if fragments else None, level, bad)
 
