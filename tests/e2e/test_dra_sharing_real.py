@@ -41,7 +41,7 @@ def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only
     config = parse_config(
         f"""
 node_pools:
-  - {{name: {pool}, gpu_memory_gib: 40, selector: {{label: gpuscaler.test/pool, value: {tag}}}}}
+  - {{name: {pool}, gpu_memory_gib: 40, selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
 kubernetes: {{read_timeout: 30s}}
 """
     )
@@ -128,7 +128,7 @@ def test_under_mps_fragments_set_the_classs_thread_percentage_and_no_time_slice(
     config = parse_config(
         f"""
 node_pools:
-  - {{name: {pool}, gpu_memory_gib: 40, sharing: mps, selector: {{label: gpuscaler.test/pool, value: {tag}}}}}
+  - {{name: {pool}, gpu_memory_gib: 40, sharing: mps, selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
 """
     )
     kube.add_gpu_node(node, {"gpuscaler.test/pool": tag}, gpus=0)

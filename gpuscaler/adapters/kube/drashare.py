@@ -17,7 +17,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscaler.adapters.kube.dra import (
@@ -114,14 +114,15 @@ def _parse(obj: Json, kind: str, pool: str, config: Config) -> Opted:
             spec = as_dict(as_dict(obj.get("spec"), f"{opted.where} spec").get("spec"), opted.where)
             shares: dict[str, float] = {}
             for ask in asks(spec, opted.where):
-                wanted = as_dict(as_dict(ask.get("capacity"), opted.where).get("requests"), "")
+                at = f"{opted.where} capacity.requests"
+                wanted = as_dict(as_dict(ask.get("capacity"), at).get("requests"), at)
                 for key in SHARE_KEYS:
                     if key in wanted:
                         value = quantity(wanted[key], f"{opted.where} capacity.requests.{key}")
                         shares[key] = min(shares.get(key, value), value)
             if not shares:
-                return _with(opted, problem=f"{opted.where} requests no share (memory, shares)")
-            return _with(opted, shares=shares)
+                return replace(opted, problem=f"{opted.where} requests no share (memory, shares)")
+            return replace(opted, shares=shares)
         _, params = gpu_config(obj, config.kubernetes.dra.drivers)
         sharing = as_dict((params or {}).get("sharing"), f"{opted.where} GpuConfig sharing")
         interval = as_dict(sharing.get("timeSlicingConfig"), opted.where).get("interval")
@@ -129,15 +130,12 @@ def _parse(obj: Json, kind: str, pool: str, config: Config) -> Opted:
             "defaultActiveThreadPercentage"
         )
         level = str(interval or "Default").lower()
-        if level not in INTERVALS or not (percent is None or isinstance(percent, int)):
+        valid = percent is None or (isinstance(percent, int) and 0 <= percent <= 100)
+        if level not in INTERVALS or not valid:  # the driver's own bounds (validate.go)
             raise ValueError(f"{opted.where}: GpuConfig interval {interval!r} or MPS {percent!r}")
-        return _with(opted, level=level, mps_percent=percent)
+        return replace(opted, level=level, mps_percent=percent)
     except ValueError as e:
-        return _with(opted, problem=str(e))
-
-
-def _with(opted: Opted, **changes: Any) -> Opted:
-    return Opted(**{**opted.__dict__, **changes})
+        return replace(opted, problem=str(e))
 
 
 def parse_opted(items: Iterable[Json], config: Config) -> tuple[Opted, ...]:
