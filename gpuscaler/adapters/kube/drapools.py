@@ -163,14 +163,18 @@ class KubeDraPools:
         if not written(f"delete {o.where}", partial(delete, body=options, _preload_content=False)):
             return False
         self.recreate[f"{o.namespace}/{o.name}"] = body
-        self._recreate_pending()
+        self._recreate_pending(gated=True)
         return True
 
-    def _recreate_pending(self) -> None:
-        """Create the templates deleted and not created again (KubeError if one fails)."""
+    def _recreate_pending(self, gated: bool = False) -> None:
+        """Create the templates deleted and not created again (KubeError if one fails),
+        through the gate unless the delete's already let it through. Only this process
+        holds their bodies: a restart in between loses them (docs/dra.md)."""
         g, v, plural = DRA_SHARING["ResourceClaimTemplate"]
         for key, body in list(self.recreate.items()):
             ns = body["metadata"]["namespace"]
+            if not gated:
+                self.writer.gate(f"create ResourceClaimTemplate {key} again")
             create = partial(self.custom.create_namespaced_custom_object, g, v, ns, plural, body)
             try:
                 written(
