@@ -163,8 +163,8 @@ def add_controller_parsers(sub: Any) -> None:
         p.add_argument("--state", help=state)
         if name == "once":
             snapshot = (
-                "plan (with --dry-run) against `kubectl get nodes,pods,"
-                "scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml` output"
+                "plan (with --dry-run) against a `kubectl get <kinds> -A -o yaml` dump "
+                "(the kinds: README, or the error a file without nodes and pods gets)"
             )
             p.add_argument("--cluster-snapshot", metavar="FILE", help=snapshot)
         if name == "run":

@@ -24,7 +24,13 @@ class PrometheusQueries(StrictModel):
 
     pool_utilization: str = "avg(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
     pool_stall: str = "avg(last_over_time(nvidia_gpu_stall_percentage{{{matchers}}}[{lookback}]))"
-    workload_load: str = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+    workload_load: str = (
+        "sum(max by (namespace, pod, exported_namespace, exported_pod, UUID, gpu, Hostname, "
+        "hostname) (last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}])))"
+    )
+    """The GPU utilization of the workload's pods, each GPU once per pod: dcgm-exporter's DRA
+    mode copies a GPU's series to every container holding it (internal/pkg/transformation/
+    kubernetes.go), the label `container` apart."""
     pool_memory_used: str = "max(last_over_time(DCGM_FI_DEV_FB_USED{{{matchers}}}[{lookback}]))"
     """MiB used on the pool's fullest GPU."""
     pool_memory_total: str = (
@@ -198,6 +204,10 @@ class DraConfig(StrictModel):
     gpu_types: tuple[str, ...] = ("gpu",)
     """A published device counts as one of its node's GPUs when its `type` attribute is one
     of these (or absent): the NVIDIA driver lists MIG devices (type mig) of the same GPUs."""
+    pool_label: str = Field("gpuscaler.io/pool", min_length=1)
+    """Opt-in for sharing under DRA: a DeviceClass or ResourceClaimTemplate labelled with it,
+    valued a pool's name, carries that pool's time slice and share size; nothing else is
+    written (docs/dra.md)."""
 
 
 class KubernetesConfig(StrictModel):

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from builders import NOW, run_cli
+from draobjects import API, claim_template, gpu_slice
 from kubefake import FakeCluster, fake_apiserver, kubeconfig_for
-from kubeobjects import scaled_object
+from kubeobjects import node, scaled_object
 from kubernetes import client
 
 from gpuscaler.adapters.kube.actuator import kube_actuator
@@ -22,7 +23,7 @@ from gpuscaler.adapters.kube.api import NO_ANSWER, BoundedApiClient
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.adapters.kube.writer import MAX_CONFLICT_RETRIES
 from gpuscaler.config import parse_config
-from gpuscaler.core.decisions import ReplicaFloorDecision
+from gpuscaler.core.decisions import FragmentsDecision, ReplicaFloorDecision
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = parse_config(
@@ -171,3 +172,29 @@ def test_a_conflict_on_every_try_stops_after_the_stated_retries_and_changes_noth
         assert obj is not None and obj["spec"]["minReplicaCount"] == 2
     documented = (ROOT / "docs" / "failure-behaviour.md").read_text()
     assert f"retried at most {MAX_CONFLICT_RETRIES} times" in documented
+
+
+def test_a_template_deleted_but_not_created_again_is_created_on_the_next_tick(
+    api: tuple[client.ApiClient, FakeCluster],
+) -> None:
+    """The replacement's second half failing (a fault the real server has no switch for)
+    must not lose the template: its new body is kept and created by the next tick."""
+    kube, fake = api
+    config = parse_config(
+        "node_pools: [{name: dra, gpu_memory_gib: 40, selector: {label: pool, value: dra}}]"
+    )
+    fake.add("v1", "nodes", node("dra-0", config=None, extra_labels={"pool": "dra"}))
+    fake.add(API, "resourceslices", gpu_slice("dra-0", 1, sharing=True))
+    template = claim_template("ml", "quarter", memory="10Gi")
+    template["metadata"]["labels"] = {"gpuscaler.io/pool": "dra"}
+    fake.add(API, "resourceclaimtemplates", template)
+    path = f"/apis/{API}/namespaces/ml/resourceclaimtemplates"
+    fake.fail_next("POST", f"{path}$", 500)
+    actuator = kube_actuator(kube, config, "gpuscaler-abc")
+    assert actuator.apply([FragmentsDecision(NOW, "dra", 4, 2, "r")]) == ()
+    assert (API, "resourceclaimtemplates", "ml", "quarter") not in fake.objects
+    actuator.apply([])  # the next tick
+    made = fake.objects[(API, "resourceclaimtemplates", "ml", "quarter")]
+    (request,) = made["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"] == {"memory": "20480Mi"}
+    assert made["metadata"]["labels"] == {"gpuscaler.io/pool": "dra"}

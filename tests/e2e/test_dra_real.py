@@ -39,7 +39,7 @@ class Cluster:
         self.config: Config = parse_config(
             f"""
 node_pools:
-  - {{name: a, gpu_memory_gib: 80, selector: {{label: gpuscaler.test/pool, value: {tag}}}}}
+  - {{name: a, gpu_memory_gib: 80, selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
 preemption: {{enabled: true}}
 kubernetes: {{read_timeout: 30s}}
 """

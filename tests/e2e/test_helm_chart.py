@@ -304,6 +304,20 @@ def test_the_device_plugin_namespace_moves_its_rbac_and_the_config_together(name
     assert role["rules"][0]["resourceNames"] == ["gpuscaler-sharing-configs"]
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["dra on", "dra off"])
+def test_the_dra_value_turns_the_dra_reads_writes_and_their_grants_on_or_off(
+    enabled: bool,
+) -> None:
+    docs = template("--set", f"dra.enabled={str(enabled).lower()}")
+    assert _config(docs)["kubernetes"]["dra"] == {"enabled": enabled}
+    rules = _one(docs, "ClusterRole", "gpuscaler")["rules"]
+    granted = {
+        r for rule in rules if "resource.k8s.io" in rule["apiGroups"] for r in rule["resources"]
+    }
+    expected = {"resourceslices", "resourceclaims", "deviceclasses", "resourceclaimtemplates"}
+    assert granted == (expected if enabled else set())
+
+
 @pytest.mark.parametrize(
     ("release", "expected"), [("prometheus", "prometheus"), ("", None)], ids=["set", "none"]
 )

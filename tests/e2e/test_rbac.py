@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from builders import NOW
+from draobjects import API, claim_template, device_class, gpu_slice
 from kubefake import _PATH, FakeCluster
 from kubeobjects import gpu_pod, hpa, node, plugin_configmap, scaled_object, unschedulable
 from kubernetes import client
@@ -41,6 +42,7 @@ preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
 kubernetes: {config_propagation: 0s, watch_cache: false}  # the walk covers every call; the wait is tested elsewhere
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
+  - {name: dra, gpu_memory_gib: 40, selector: {label: gpuscaler.test/pool, value: dra}}
 workloads:
   - {namespace: ml, kind: ScaledObject, name: chat}
   - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
@@ -107,6 +109,26 @@ def _scenario(api: client.ApiClient, fake: FakeCluster, monkeypatch: pytest.Monk
     finally:
         parts.stop()  # its watch cache's threads end with the test
     _preemption(api, fake)
+    _dra_sharing(api, fake)
+
+
+def _dra_sharing(api: client.ApiClient, fake: FakeCluster) -> None:
+    """A pool shared under DRA: its opted-in class patched and template replaced, each after
+    a conflict (re-read)."""
+    fake.add("v1", "nodes", node("dra-0", extra_labels={"gpuscaler.test/pool": "dra"}))
+    fake.add(API, "resourceslices", gpu_slice("dra-0", 1, sharing=True))
+    for doc in (device_class("shared"), claim_template("ml", "quarter", memory="10Gi")):
+        doc["metadata"]["labels"] = {"gpuscaler.io/pool": "dra"}
+        fake.add(
+            API, "deviceclasses" if doc["kind"] == "DeviceClass" else "resourceclaimtemplates", doc
+        )
+    fake.fail_next("PATCH", "/deviceclasses/shared$", 409)
+    fake.fail_next("DELETE", "/resourceclaimtemplates/quarter$", 409)
+    decisions = (
+        FragmentsDecision(NOW, "dra", 4, 2, "r"),
+        TimeSliceDecision(NOW, "dra", "default", "long", "r"),
+    )
+    assert kube_actuator(api, CONFIG, "gpuscaler-abc").apply(decisions) == decisions
 
 
 def _preemption(api: client.ApiClient, fake: FakeCluster) -> None:
@@ -212,7 +234,14 @@ def test_every_call_is_allowed_and_every_grant_is_used(
     # The scenario did exercise the conflict paths (re-reads) and all three actuators.
     assert Call("get", "", "nodes", None, "gpu-0") in calls
     patched = {c.resource for c in calls if c.verb == "patch"}
-    assert patched == {"nodes", "configmaps", "scaledobjects", "horizontalpodautoscalers", "pods"}
+    assert patched == {
+        "nodes",
+        "configmaps",
+        "scaledobjects",
+        "horizontalpodautoscalers",
+        "pods",
+        "deviceclasses",
+    }
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import NOW
 from controlplane import ROOT, ControlPlane, Kube, Recorder, wait_until
+from draobjects import claim_template, device_class, gpu_slice
 from kubemeta import labels_of
 from kubeobjects import (
     classed_pod,
@@ -49,6 +51,7 @@ preemption: {checkpoint_endpoint: "http://{pod_ip}:9/checkpoint"}
 kubernetes: {config_propagation: 0s}  # the walk covers every call; the wait is tested elsewhere
 node_pools:
   - {name: a100, gpu_memory_gib: 80, selector: {label: nvidia.com/gpu.product, value: NVIDIA-A100-SXM4-80GB}}
+  - {name: dra, gpu_memory_gib: 40, selector: {label: gpuscaler.test/pool, value: rbac-dra}}
 workloads:
   - {namespace: ml, kind: ScaledObject, name: chat}
   - {namespace: ml, kind: HorizontalPodAutoscaler, name: embed}
@@ -63,6 +66,11 @@ def _as_service_account(
         config_file=str(kubeconfig)
     )
     return api
+
+
+def _opted(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["metadata"]["labels"] = {"gpuscaler.io/pool": "dra"}
+    return doc
 
 
 def _seed(kube: Kube) -> None:
@@ -130,6 +138,18 @@ def test_as_its_service_account_every_call_gpuscaler_makes_is_allowed(
     with pytest.raises(ApiException) as gone:
         kube.core.read_namespaced_pod("train", "batch")
     assert gone.value.status == 404 and victim["metadata"]["uid"]
+
+    # Sharing under DRA: the opted-in class patched, the opted-in template replaced.
+    kube.add_gpu_node("rbac-dra-0", {"gpuscaler.test/pool": "rbac-dra"}, gpus=0)
+    for doc in (gpu_slice("rbac-dra-0", 1, sharing=True), device_class("rbac-shared")):
+        kube.create(doc if doc["kind"] == "ResourceSlice" else _opted(doc))
+        kube.strays.append(kube.path(doc))
+    kube.create(_opted(claim_template("ml", "quarter", memory="10Gi")))
+    sharing = (
+        FragmentsDecision(NOW, "dra", 4, 2, "r"),
+        TimeSliceDecision(NOW, "dra", "default", "long", "r"),
+    )
+    assert actuator.apply(sharing) == sharing
 
     refused = [c for c in record.calls if c[2] in (401, 403)]
     assert refused == []

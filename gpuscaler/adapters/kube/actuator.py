@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from kubernetes import client
 
 from gpuscaler.adapters.kube.api import KubeError
+from gpuscaler.adapters.kube.drapools import KubeDraPools
 from gpuscaler.adapters.kube.eviction import KubePreemption
 from gpuscaler.adapters.kube.nodepools import KubeNodePools
 from gpuscaler.adapters.kube.reader import ClusterReader
@@ -33,6 +34,8 @@ class KubeActuator:
     workloads: KubeWorkloads
     pools: KubeNodePools
     preemption: KubePreemption | None = None
+    dra: KubeDraPools | None = None
+    """A pool some DRA object opted in to is shared under DRA: its decisions go there."""
 
     def reconfigure(self, config: Config) -> None:
         self.workloads.config = config
@@ -41,12 +44,16 @@ class KubeActuator:
         self.pools.reader.config = config
         if self.preemption is not None:
             self.preemption.config = config
+        if self.dra is not None:
+            self.dra.config = config
 
     def apply_one(self, d: Decision) -> bool:
         match d:
             case ReplicaFloorDecision():
                 return self.workloads.set_floor(d)
             case FragmentsDecision() | TimeSliceDecision():
+                if self.dra is not None and self.dra.manages(d.target):
+                    return self.dra.apply_one(d)
                 return self.pools.apply_one(d)
             case PreemptionStep():
                 if self.preemption is None:
@@ -55,7 +62,10 @@ class KubeActuator:
                 return self.preemption.apply_one(d)
 
     def apply(self, decisions: Sequence[Decision]) -> tuple[Decision, ...]:
-        self.pools.continue_rollouts({f"{d.kind}:{d.target}" for d in decisions})
+        skip = {f"{d.kind}:{d.target}" for d in decisions}
+        self.pools.continue_rollouts(skip)
+        if self.dra is not None:
+            self.dra.continue_rollouts(skip)
         done = []
         for d in decisions:
             try:
@@ -84,8 +94,10 @@ def kube_actuator(
     """The actuator for `config`, all writes behind one gate; preemption records live in
     `namespace` (gpuscaler's own)."""
     writer = Writer(api, config, identity, budget, may_act)
+    pools = KubeNodePools(api, config, writer, reader)
     return KubeActuator(
         KubeWorkloads(api, config, identity, writer),
-        KubeNodePools(api, config, writer, reader),
+        pools,
         KubePreemption(api, config, writer, namespace),
+        KubeDraPools(api, config, writer, pools.reader) if config.kubernetes.dra.enabled else None,
     )

@@ -33,7 +33,7 @@ from gpuscaler.adapters.kube.objects import (
 )
 from gpuscaler.adapters.kube.preemption_reader import PreemptionReader
 from gpuscaler.adapters.kube.preemption_records import STATE_CONFIGMAP
-from gpuscaler.adapters.kube.reader import DRA, ClusterReader
+from gpuscaler.adapters.kube.reader import DRA, DRA_SHARING, ClusterReader
 from gpuscaler.adapters.kube.workloads import SCALE_APIS
 from gpuscaler.config import Config, KubernetesConfig
 
@@ -107,6 +107,9 @@ class ClusterCache:
             field_selector=f"metadata.name={STATE_CONFIGMAP}",
         )
         self.informers["records"] = Informer(api, records, with_kind("ConfigMap"), limits)
+        for kind, (g, v, plural) in DRA_SHARING.items() if limits.dra.enabled else ():
+            opted = Resource(kind, f"/apis/{g}/{v}/{plural}", label_selector=limits.dra.pool_label)
+            self.informers[kind] = Informer(api, opted, with_kind(kind), limits)
 
     def start(self) -> ClusterCache:
         self._first_lists_by = time.monotonic() + self.limits.read_timeout
@@ -146,9 +149,15 @@ class CachedClusterReader(ClusterReader):
             pods.append(pod)
         scale = self.cache.items("ScaledObject") + self.cache.items("HorizontalPodAutoscaler")
         scale_objects = parse_objects(scale, self.config).scale_objects
-        slices, claims = (self.cache.items(k) if k in self.cache.informers else [] for k in DRA)
+        slices, claims, classes, templates = (
+            self.cache.items(k) if k in self.cache.informers else [] for k in (*DRA, *DRA_SHARING)
+        )
         return with_dra(
-            ClusterObjects(nodes, tuple(pods), scale_objects), slices, claims, self.config
+            ClusterObjects(nodes, tuple(pods), scale_objects),
+            slices,
+            claims,
+            self.config,
+            classes + templates,
         )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import yaml
 
+from gpuscaler.adapters.kube.drashare import PoolSharing, pool_sharing
 from gpuscaler.adapters.kube.objects import (
     ClusterObjects,
     ClusterStateError,
@@ -98,6 +99,17 @@ def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
         problem = f"fragments unknown on node(s) {', '.join(unknown)} (no sharing config label)"
     fragments = _rollout_value(nodes, "fragments", frag_values)
     levels = [n.time_slice_level or "default" for n in nodes]
+    dra = dra_sharing(objects, pool, nodes)
+    if dra is not None and not mig:
+        plugin = [n.name for n in nodes if n.fragments is not None][:3]
+        problem = dra.problem or (
+            f"node(s) {', '.join(plugin)} share by the device plugin while DRA objects "
+            "opted in to the pool: fragments left alone"
+            if plugin
+            else None
+        )
+        fragments = str(dra.fragments) if dra.fragments is not None else None
+        levels = [dra.level] if dra.level else levels
     memories = [n.gpu_memory_mib for n in nodes if n.gpu_memory_mib is not None]
     return PoolState(
         name=pool.name,
@@ -108,6 +120,23 @@ def pool_state(objects: ClusterObjects, pool: NodePoolConfig) -> PoolState:
         max_shares_held=max(shares_held(n, objects.pods) for n in nodes),
         problem=problem,
     )
+
+
+def dra_sharing(
+    objects: ClusterObjects, pool: NodePoolConfig, nodes: tuple[Node, ...]
+) -> PoolSharing | None:
+    """What the pool's opted-in DeviceClasses and templates give new claims, or None."""
+    return pool_sharing(objects.dra_sharing, pool.name, pool_capacity(objects, nodes))
+
+
+def pool_capacity(objects: ClusterObjects, nodes: Iterable[Node]) -> dict[str, float]:
+    """The smallest capacity of each name among the nodes' DRA GPUs: a share size is
+    measured against it, so a share fits every device of the pool."""
+    capacity: dict[str, float] = {}
+    for n in nodes:
+        for key, value in objects.dra_capacity.get(n.name, {}).items():
+            capacity[key] = min(capacity.get(key, value), value)
+    return capacity
 
 
 _refused_annotations: set[str] = set()
@@ -200,8 +229,10 @@ def unavailable_state(config: Config, why: str) -> CurrentState:
 
 
 SNAPSHOT_COMMAND = (
-    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers -A -o yaml"
+    "kubectl get nodes,pods,scaledobjects.keda.sh,horizontalpodautoscalers,resourceslices,"
+    "resourceclaims,resourceclaimtemplates,deviceclasses -A -o yaml"
 )
+"""The DRA kinds need a server with resource.k8s.io (Kubernetes 1.34+); drop them before."""
 
 
 def load_cluster_snapshot(path: str, config: Config) -> ClusterObjects:

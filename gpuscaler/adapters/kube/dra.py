@@ -117,6 +117,10 @@ def _quantity(value: Any, where: str) -> float:
         raise ValueError(f"{where}: {value!r} is not a quantity") from None
 
 
+as_dict, as_list, quantity = _dict, _list, _quantity
+"""The same checks for the readers of other DRA objects (drashare.py)."""
+
+
 def _name(obj: Json, kind: str) -> tuple[str, str]:
     meta = _dict(obj.get("metadata"), kind)
     name = meta.get("name")

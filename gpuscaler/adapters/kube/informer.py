@@ -53,14 +53,16 @@ class CacheUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Resource:
-    """What to list and watch: a collection path and its field selector."""
+    """What to list and watch: a collection path and its field and label selectors."""
 
     kind: str
     path: str
     field_selector: str | None = None
+    label_selector: str | None = None
 
     def params(self, **extra: Any) -> list[tuple[str, str]]:
         params = [("fieldSelector", self.field_selector)] if self.field_selector else []
+        params += [("labelSelector", self.label_selector)] if self.label_selector else []
         return params + [(k, str(v)) for k, v in extra.items() if v is not None]
 
 

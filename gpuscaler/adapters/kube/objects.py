@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuscaler.adapters.kube import dra
+from gpuscaler.adapters.kube import dra, drashare
 from gpuscaler.config import Config, NodePoolConfig
 from gpuscaler.core.external import EXTERNAL_TRIGGERS
 from gpuscaler.core.parsing import parse_count
@@ -159,6 +159,10 @@ class ClusterObjects:
     disruption_budgets: tuple[Json, ...] = ()
     claim_holders: frozenset[str] = frozenset()
     """UIDs of the pods an allocated DRA GPU claim is reserved for."""
+    dra_sharing: tuple[drashare.Opted, ...] = ()
+    """DeviceClasses and ResourceClaimTemplates opted in to a pool's sharing."""
+    dra_capacity: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per node, the smallest capacity of each name among its DRA GPUs."""
 
 
 def _meta(obj: Json, where: str) -> Json:
@@ -381,6 +385,7 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
     """Nodes, GPU pods, ScaledObjects and HPAs out of a mixed list; other kinds ignored."""
     nodes, pods, scale = [], [], {}
     resources: dict[str, list[Json]] = {"ResourceSlice": [], "ResourceClaim": []}
+    resources |= {"DeviceClass": [], "ResourceClaimTemplate": []}
     classes: list[Json] = []
     budgets: list[Json] = []
     hpa_replicas: dict[str, int] = {}
@@ -418,16 +423,22 @@ def parse_objects(items: Iterable[Json], config: Config) -> ClusterObjects:
         if key in scale:
             scale[key] = replace(scale[key], replicas=replicas)
     objects = ClusterObjects(tuple(nodes), tuple(pods), scale, tuple(classes), tuple(budgets))
-    return with_dra(objects, resources["ResourceSlice"], resources["ResourceClaim"], config)
+    shared = resources["DeviceClass"] + resources["ResourceClaimTemplate"]
+    return with_dra(objects, resources["ResourceSlice"], resources["ResourceClaim"], config, shared)
 
 
 def with_dra(
-    objects: ClusterObjects, slices: Iterable[Json], claims: Iterable[Json], config: Config
+    objects: ClusterObjects,
+    slices: Iterable[Json],
+    claims: Iterable[Json],
+    config: Config,
+    shared: Iterable[Json] = (),
 ) -> ClusterObjects:
     """`objects` with the GPUs DRA allocated: a node publishing GPU devices has at least
     that many GPUs (their smallest memory when it has no label for it), a pod holds its
     claims' GPU devices and counts them, with what its unallocated claims ask for, in
-    `gpus`; a pod with claims but no GPU in them is dropped."""
+    `gpus`; a pod with claims but no GPU in them is dropped. `shared`: the DeviceClasses
+    and ResourceClaimTemplates labelled for a pool's sharing."""
     cfg = config.kubernetes.dra
     try:
         parsed = [dra.parse_claim(c, cfg) for c in claims] if cfg.enabled else []
@@ -457,4 +468,11 @@ def with_dra(
         if p.gpus:
             pods.append(p)
     holders = frozenset(u for c in by_key.values() if c.allocated and c.gpus for u in c.holders)
-    return replace(objects, nodes=tuple(nodes), pods=tuple(pods), claim_holders=holders)
+    return replace(
+        objects,
+        nodes=tuple(nodes),
+        pods=tuple(pods),
+        claim_holders=holders,
+        dra_sharing=drashare.parse_opted(shared, config) if cfg.enabled else (),
+        dra_capacity=drashare.node_capacity(devices),
+    )

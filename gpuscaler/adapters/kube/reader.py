@@ -27,6 +27,11 @@ DRA = {
     "ResourceSlice": ("resource.k8s.io", "v1", "resourceslices"),
     "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
 }
+DRA_SHARING = {
+    "DeviceClass": ("resource.k8s.io", "v1", "deviceclasses"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+}
+"""Read only when labelled `kubernetes.dra.pool_label`: those opted in to a pool's sharing."""
 
 
 class ClusterReader:
@@ -45,7 +50,7 @@ class ClusterReader:
         try:
             answer = fetch()
         except ApiException as e:
-            if kind in ("ScaledObject", *DRA) and e.status == 404:
+            if kind in ("ScaledObject", *DRA, *DRA_SHARING) and e.status == 404:
                 return []  # KEDA is not installed: HPAs only; DRA not served: no DRA GPUs
             raise api_error(f"list {kind}", e) from None
         items = json_body(answer).get("items") or []
@@ -63,6 +68,11 @@ class ClusterReader:
         if self.config.kubernetes.dra.enabled:
             lists |= {
                 kind: partial(self.custom.list_cluster_custom_object, *DRA[kind]) for kind in DRA
+            }
+            label = self.config.kubernetes.dra.pool_label
+            lists |= {
+                kind: partial(self.custom.list_cluster_custom_object, *api, label_selector=label)
+                for kind, api in DRA_SHARING.items()
             }
         items = [item for kind, call in lists.items() for item in self._items(kind, call)]
         return parse_objects(items, self.config)

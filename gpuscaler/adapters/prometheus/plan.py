@@ -34,6 +34,7 @@ from gpuscaler.adapters.prometheus.spacing import lookback_ms
 from gpuscaler.adapters.prometheus.transport import SourceError
 from gpuscaler.adapters.prometheus.window import Samples
 from gpuscaler.config import Config
+from gpuscaler.config.systems import PrometheusQueries
 
 LIMIT = 11_000
 """Points per series a range query may have (prometheus web/api/v1/api.go, `queryRange`)."""
@@ -50,7 +51,7 @@ Answer = list[Any] | SourceError
 or the error it failed with."""
 
 WORKLOAD_RULE = "gpuscaler:workload_gpu_utilization:sum"
-DEFAULT_WORKLOAD_TEMPLATE = "sum(last_over_time(DCGM_FI_DEV_GPU_UTIL{{{matchers}}}[{lookback}]))"
+DEFAULT_WORKLOAD_TEMPLATE = PrometheusQueries().workload_load
 """The per-target workload query the rule stands for (a custom one is read per target)."""
 
 

@@ -26,6 +26,9 @@ the dry run, the Prometheus URL and the device plugin's ConfigMap from their own
 {{- $kubernetes := get $config "kubernetes" | default dict -}}
 {{- $plugin := dict "namespace" .Values.devicePlugin.namespace "name" .Values.devicePlugin.configMap -}}
 {{- $_ = set $kubernetes "device_plugin_config_map" $plugin -}}
+{{- $dra := get $kubernetes "dra" | default dict -}}
+{{- $_ = set $dra "enabled" .Values.dra.enabled -}}
+{{- $_ = set $kubernetes "dra" $dra -}}
 {{- $_ = set $config "control" $control -}}
 {{- $_ = set $config "prometheus" $prometheus -}}
 {{- $_ = set $config "kubernetes" $kubernetes -}}
