@@ -221,9 +221,9 @@ def test_a_mixed_cluster_gives_both_kinds_of_gpu_with_holder_node_and_capacity()
     # What preemption frees whole devices by: the node's GPUs and which are allocated,
     # what the waiting pod asks for, whose claims still hold devices.
     keys = (f"{DRIVER}/dra-1/gpu-0", f"{DRIVER}/dra-1/gpu-1")
-    assert {n.name: (n.devices, n.allocated) for n in seen.nodes} == {
-        "plugin-1": ((), frozenset()),
-        "dra-1": (keys, frozenset(keys[:1])),
+    assert {n.name: (n.devices, n.allocated, n.plugin) for n in seen.nodes} == {
+        "plugin-1": ((), frozenset(), True),
+        "dra-1": (keys, frozenset(keys[:1]), False),
     }
     assert {v.key: v.wanted_devices for v in seen.pods} == {
         "ml/plugin-pod": 0,

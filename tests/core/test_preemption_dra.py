@@ -132,3 +132,25 @@ def test_a_victims_devices_count_as_free_only_once_its_claims_are_released(
     (d,) = decisions
     assert (d.to_value, d.action) == ("done", "confirm_released")
     assert expect[1] in d.reason
+
+
+def test_a_mixed_cluster_plans_shares_on_the_plugin_node_and_devices_on_the_dra_node() -> None:
+    """One tick, two beneficiaries: a pod asking for plugin shares and one waiting on a DRA
+    claim; each gets victims on the node of its own kind (the DRA node's holder of priority
+    50 would rank before the plugin node's 60, were a plugin pod able to use its GPUs)."""
+    plugin_waiting = PodView(
+        "ml/shares", "ml", None, 1, 1_000_000, "Pending", unschedulable_since=NOW - 60
+    )
+    pods = (
+        waiting(),
+        plugin_waiting,
+        holder("a", 10, 0),
+        holder("b", 50, 1),
+        PodView("ml/p", "ml", "n1", 4, 60, "Running", NOW - 3600),
+    )
+    nodes = (replace(dra_node(BOTH), plugin=False), NodeView("n1", 4, 36.0))
+    decisions, _ = decide_preemption(PreemptionObservation(pods, nodes), CFG, NOW)
+    assert sorted((d.beneficiary, d.target, d.node) for d in decisions) == [
+        ("ml/critical", "ml/a", "d1"),
+        ("ml/shares", "ml/p", "n1"),
+    ]

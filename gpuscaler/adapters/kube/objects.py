@@ -69,6 +69,8 @@ class Node:
     """Its whole GPUs published through DRA (driver/pool/device)."""
     dra_allocated: frozenset[str] = frozenset()
     """Those of `dra_devices` a ResourceClaim is allocated."""
+    dra_only: bool = False
+    """All its GPUs are DRA's: its device plugin advertises none."""
 
     @property
     def opted_in(self) -> bool:
@@ -457,6 +459,7 @@ def with_dra(
                 gpu_count=max(n.gpu_count or 0, count),
                 gpu_memory_mib=n.gpu_memory_mib or memory,
                 dra_devices=keys,
+                dra_only=not n.gpu_count,
                 dra_allocated=frozenset(allocated.intersection(keys)),
             )
         nodes.append(n)

@@ -149,6 +149,7 @@ def preemption_observation(
                     pool.name,
                     n.dra_devices,
                     n.dra_allocated,
+                    not n.dra_only,
                 )
             )
     return PreemptionObservation(

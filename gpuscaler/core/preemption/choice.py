@@ -116,6 +116,8 @@ def choose_victims(
     ]
     if beneficiary.wanted_devices:
         return _free_devices(beneficiary.wanted_devices, node, on_node, candidates)
+    if not node.plugin:
+        return None, f"{node.name}: its GPUs are allocated through DRA only"
     shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
     free = shares - sum(p.gpus for p in on_node)
     if free >= need:

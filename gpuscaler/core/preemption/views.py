@@ -94,6 +94,9 @@ class NodeView:
     """Its whole GPUs published through DRA (driver/pool/device)."""
     allocated: frozenset[str] = frozenset()
     """Those of `devices` some ResourceClaim is allocated (held, or not released yet)."""
+    plugin: bool = True
+    """Its device plugin advertises GPUs (False: all are DRA's, no pod asking for
+    `nvidia.com/gpu` shares fits)."""
 
 
 @dataclass(frozen=True)
