@@ -278,3 +278,28 @@ def test_an_oversized_slice_fails_the_read_like_any_unreadable_object() -> None:
         match=re.escape("ResourceSlice dra-1-gpu.nvidia.com devices: 129 entries"),
     ):
         parse_objects([big], CONFIG)
+
+
+def test_a_pending_claim_for_part_of_a_shared_device_is_seen_with_what_it_asks() -> None:
+    asking = claim("part", count=1)
+    asking["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+        "requests": {"memory": "10Gi"}
+    }
+    objects = parse_objects(
+        [
+            node("dra-1", config=None, gpus=0, extra_labels={"pool": "a"}) | {"status": {}},
+            gpu_slice("dra-1", 2, sharing=True),
+            asking,
+            claim_pod("p", claims={"g": "part"}, uid="u"),
+        ],
+        CONFIG,
+    )
+    (pod,) = objects.pods
+    assert (pod.wanted_devices, dict(pod.wanted_capacity)) == (1, {"memory": 10 * 2.0**30})
+    (dra_node,) = objects.nodes
+    assert dict(dra_node.dra_shared) == {
+        f"{DRIVER}/dra-1/gpu-{i}": {"memory": 40 * 2.0**30} for i in range(2)
+    }
+    seen = preemption_observation(objects, CONFIG, [], [])
+    assert seen.pods[0].wanted_capacity == pod.wanted_capacity
+    assert seen.nodes[0].shared == dra_node.dra_shared

@@ -154,3 +154,26 @@ def test_a_mixed_cluster_plans_shares_on_the_plugin_node_and_devices_on_the_dra_
         ("ml/critical", "ml/a", "d1"),
         ("ml/shares", "ml/p", "n1"),
     ]
+
+
+GIB = float(1 << 30)
+SHARED = {DEVICES[0]: {"memory": 40 * GIB}}
+SHARERS = (holder("x", 10, 0, share=0.5), holder("y", 20, 0, share=0.5), holder("z", 50, 1))
+SHARES = {
+    "a share fits beside the sharer left: one sharer goes": (SHARED, 20, ["ml/x"]),
+    "a share too large beside either sharer: both go": (SHARED, 30, ["ml/x", "ml/y"]),
+    "a device that does not allow sharing is freed whole even for a share": ({}, 20, ["ml/x", "ml/y"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("shared", "gib", "victims"), SHARES.values(), ids=list(SHARES))
+def test_a_claim_asking_for_part_of_a_device_frees_only_that_part(
+    shared: dict[str, dict[str, float]], gib: int, victims: list[str]
+) -> None:
+    beneficiary = replace(waiting(), wanted_capacity={"memory": gib * GIB})
+    node = replace(dra_node(BOTH), shared=shared)
+    decisions, _ = decide_preemption(
+        PreemptionObservation((beneficiary, *SHARERS), (node,)), CFG, NOW
+    )
+    assert sorted(d.target for d in decisions) == victims
+    assert all("gpu.nvidia.com/d1/gpu-0" in d.reason for d in decisions)

@@ -44,7 +44,7 @@ preemption: {{enabled: true}}
 kubernetes: {{read_timeout: 30s}}
 """
         )
-        labels = {"gpuscaler.test/pool": tag}
+        self.labels = labels = {"gpuscaler.test/pool": tag}
         kube.add_gpu_node(self.plugin_node, labels, gpus=4)
         kube.add_gpu_node(self.dra_node, labels, gpus=0)
         self.publish(gpu_slice(self.dra_node, 2))
@@ -194,6 +194,33 @@ def _tick(c: Cluster, config: Config, now: float) -> tuple[Decision, ...]:
     return kube_actuator(c.kube.api, config, "test", namespace=c.ns).apply(decisions)
 
 
+def _preempting(c: Cluster) -> Config:
+    """The cluster's config evicting at once (no kubelet finishes a graceful deletion),
+    and the PriorityClasses of the preemption tests."""
+    for name, value in (("gpu-dra-batch", 10), ("gpu-dra-mid", 100), ("gpu-dra-critical", 10**6)):
+        c.kube.ensure(priority_class(name, value))
+    at_once = c.config.preemption.model_copy(update={"eviction_grace_period": 0.0})
+    return c.config.model_copy(update={"preemption": at_once})
+
+
+def _unschedulable(c: Cluster, name: str) -> None:
+    path = f"/api/v1/namespaces/{c.ns}/pods/{name}"
+
+    def verdict() -> bool:
+        conditions = c.kube.get(path).get("status", {}).get("conditions") or []
+        return any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conditions)
+
+    wait_until("the scheduler's Unschedulable verdict", verdict, SEEN, 0.2)
+
+
+def _allocated(c: Cluster, pod: str) -> list[tuple[str, Any]]:
+    """(device, consumed capacity) of the claim made for `pod`."""
+    claims = c.kube.get(f"/apis/resource.k8s.io/v1/namespaces/{c.ns}/resourceclaims")["items"]
+    (mine,) = [x for x in claims if x["metadata"]["name"].startswith(f"{pod}-")]
+    results = mine["status"]["allocation"]["devices"]["results"]
+    return [(r["device"], r.get("consumedCapacity")) for r in results]
+
+
 def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees(
     cluster: Cluster,
 ) -> None:
@@ -202,11 +229,7 @@ def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees
     waits for the claim controller to release its device, and the real scheduler then
     allocates that device to the waiting claim and binds the pod."""
     c = cluster
-    for name, value in (("gpu-dra-batch", 10), ("gpu-dra-mid", 100), ("gpu-dra-critical", 10**6)):
-        c.kube.ensure(priority_class(name, value))
-    config = c.config.model_copy(
-        update={"preemption": c.config.preemption.model_copy(update={"eviction_grace_period": 0.0})}
-    )
+    config = _preempting(c)
     for name, cls in (("spared", "gpu-dra-batch"), ("victim", "gpu-dra-mid")):
         doc = claim_pod(name, c.ns, template="one-gpu")
         doc["metadata"]["labels"] = {"app": name}
@@ -231,13 +254,7 @@ def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees
     doc = claim_pod("critical", c.ns, template="one-gpu")
     doc["spec"] |= {"priorityClassName": "gpu-dra-critical"}
     c.kube.create(doc)
-    path = f"/api/v1/namespaces/{c.ns}/pods/critical"
-
-    def unschedulable() -> bool:
-        conditions = c.kube.get(path).get("status", {}).get("conditions") or []
-        return any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conditions)
-
-    wait_until("the scheduler's Unschedulable verdict", unschedulable, SEEN, 0.2)
+    _unschedulable(c, "critical")
     t0 = time.time() + 60  # past pending_for
     applied = _tick(c, config, t0)
     assert [(d.target, d.to_value) for d in applied] == [(f"{c.ns}/victim", "soft")]
@@ -248,11 +265,7 @@ def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees
     # The real scheduler binds the waiting pod to the device the victim's claim held, once
     # the claim controller released it; gpuscaler's record closes after that.
     assert c.bound("critical") == c.dra_node
-    claims = c.kube.get(f"/apis/resource.k8s.io/v1/namespaces/{c.ns}/resourceclaims")["items"]
-    (mine,) = [x for x in claims if x["metadata"]["name"].startswith("critical-")]
-    assert [r["device"] for r in mine["status"]["allocation"]["devices"]["results"]] == [
-        victim_device
-    ]
+    assert [device for device, _ in _allocated(c, "critical")] == [victim_device]
     assert [d.to_value for d in _tick(c, config, t0 + 310)] == ["cleanup"]
     applied = _tick(c, config, t0 + 310 + 121)  # no dcgm series: memory not measurable
     assert [d.to_value for d in applied] == ["done"]
@@ -260,3 +273,39 @@ def test_a_pod_waiting_on_a_dra_claim_gets_the_device_its_preempted_holder_frees
     spared = c.kube.get(f"/api/v1/namespaces/{c.ns}/pods/spared")
     assert not spared["metadata"].get("deletionTimestamp")
     assert not (spared["metadata"].get("annotations") or {})
+
+
+def test_a_claim_for_half_a_shared_device_preempts_one_of_its_two_sharers(
+    cluster: Cluster,
+) -> None:
+    """Consumable capacity: two low-priority claims hold 20Gi each of one 40Gi GPU, a
+    critical claim asks for 20Gi. One sharer (the lower priority) is enough, and the real
+    scheduler gives the critical claim the 20Gi it frees on the same device."""
+    c = cluster
+    config = _preempting(c)
+    node = f"{c.dra_node}-shared"
+    c.kube.add_gpu_node(node, c.labels | {"gpuscaler.test/node": node}, gpus=0)
+    c.publish(gpu_slice(node, 1, sharing=True))
+    c.kube.create(claim_template(c.ns, "half", memory="20Gi"))
+    here = {"nodeSelector": {"gpuscaler.test/node": node}}
+    for name, cls in (
+        ("low", "gpu-dra-batch"),
+        ("mid", "gpu-dra-mid"),
+        ("critical", "gpu-dra-critical"),
+    ):
+        doc = claim_pod(name, c.ns, template="half")
+        doc["spec"] |= {"priorityClassName": cls} | here
+        c.kube.create(doc)
+        if name != "critical":
+            assert c.bound(name) == node
+    _unschedulable(c, "critical")
+    t0 = time.time() + 60
+    applied = _tick(c, config, t0)
+    assert [(d.target, d.to_value) for d in applied] == [(f"{c.ns}/low", "soft")]
+    assert f"{DRIVER}/{node}/gpu-0" in applied[0].reason
+    applied = _tick(c, config, t0 + 301)
+    assert [(d.target, d.action) for d in steps(applied)] == [(f"{c.ns}/low", "evict")]
+    assert c.bound("critical") == node
+    assert _allocated(c, "critical") == [("gpu-0", {"memory": "20Gi"})]
+    mid = c.kube.get(f"/api/v1/namespaces/{c.ns}/pods/mid")
+    assert mid["spec"]["nodeName"] == node and not mid["metadata"].get("deletionTimestamp")

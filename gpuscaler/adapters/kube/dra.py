@@ -13,7 +13,7 @@ cut short: a GPU read as free while it is held is how preemption would choose wr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
@@ -58,6 +58,8 @@ class Device:
     generation: int = 0
     """Its pool's generation: only the newest generation of a pool is current."""
     product: str | None = None
+    shared: bool = False
+    """allowMultipleAllocations: several claims may consume parts of its capacity."""
 
     @property
     def key(self) -> DeviceKey:
@@ -86,6 +88,9 @@ class Claim:
     """Its allocated devices that are GPUs."""
     wanted: int
     """GPUs its requests for GPU DeviceClasses ask for (the preferred alternative)."""
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    """What it asks of each such device (consumable capacity, the largest request's per
+    name); empty: whole devices."""
 
     @property
     def key(self) -> str:
@@ -166,24 +171,28 @@ def parse_slice(obj: Json, config: DraConfig) -> tuple[Device, ...]:
                 },
                 generation=generation,
                 product=product if isinstance(product, str) else None,
+                shared=d.get("allowMultipleAllocations") is True,
             )
         )
     return tuple(out)
 
 
-def _wanted(request: Json, config: DraConfig, at: str) -> int:
-    """GPUs one request asks for: its own, or its first (preferred) alternative's."""
+def _wanted(request: Json, config: DraConfig, at: str) -> tuple[int, dict[str, float]]:
+    """GPUs one request asks for, and the capacity of each it asks (consumable capacity;
+    empty: whole devices): its own, or its first (preferred) alternative's."""
     exactly = request.get("exactly")
     first = _list(request.get("firstAvailable"), SUBREQUESTS_MAX, f"{at} firstAvailable")
     ask = _dict(exactly if exactly is not None else (first or [None])[0], at)
     if ask.get("deviceClassName") not in config.device_classes:
-        return 0
+        return 0, {}
+    asked = _dict(_dict(ask.get("capacity"), f"{at} capacity").get("requests"), f"{at} capacity")
+    capacity = {k: _quantity(v, f"{at} capacity.requests.{k}") for k, v in asked.items()}
     if ask.get("allocationMode", "ExactCount") != "ExactCount":
-        return 1  # All: every matching device, how many is known once allocated
+        return 1, capacity  # All: every matching device, how many is known once allocated
     count = ask.get("count", 1)
     if not isinstance(count, int) or count < 0:
         raise ValueError(f"{at}: count {count!r} is not a count")
-    return count
+    return count, capacity
 
 
 def parse_claim(obj: Json, config: DraConfig) -> Claim | None:
@@ -194,10 +203,14 @@ def parse_claim(obj: Json, config: DraConfig) -> Claim | None:
     requests = _list(devices.get("requests"), RESULTS_MAX, f"{where} spec.devices.requests")
     classes: dict[str, Any] = {}
     wanted = 0
+    capacity: dict[str, float] = {}
     for i, r in enumerate(requests):
         at = f"{where} requests[{i}]"
         r = _dict(r, at)
-        wanted += _wanted(r, config, at)
+        count, asked = _wanted(r, config, at)
+        wanted += count
+        for k, v in asked.items():
+            capacity[k] = max(capacity.get(k, 0.0), v)
         classes[str(r.get("name"))] = _dict(r.get("exactly"), at).get("deviceClassName")
         for sub in _list(r.get("firstAvailable"), SUBREQUESTS_MAX, at):
             sub = _dict(sub, at)
@@ -232,7 +245,7 @@ def parse_claim(obj: Json, config: DraConfig) -> Claim | None:
         for ref in reserved
         if isinstance(ref, dict) and ref.get("resource") == "pods" and ref.get("uid")
     )
-    return Claim(namespace, name, holders, allocation is not None, tuple(gpus), wanted)
+    return Claim(namespace, name, holders, allocation is not None, tuple(gpus), wanted, capacity)
 
 
 def current(devices: Iterable[Device]) -> dict[DeviceKey, Device]:
@@ -268,17 +281,20 @@ def pod_gpus(
     claim_names: Iterable[str],
     claims: Mapping[str, Claim],
     devices: Mapping[DeviceKey, Device],
-) -> tuple[tuple[DeviceHold, ...], int]:
-    """The GPU devices a pod holds (its claims allocated and reserved for it), and the
-    GPUs its claims not allocated yet ask for."""
+) -> tuple[tuple[DeviceHold, ...], int, dict[str, float]]:
+    """The GPU devices a pod holds (its claims allocated and reserved for it), the GPUs
+    its claims not allocated yet ask for, and what they ask of each (empty: whole)."""
     holds: list[DeviceHold] = []
     wanted = 0
+    asked: dict[str, float] = {}
     for name in claim_names:
         claim = claims.get(f"{namespace}/{name}")
         if claim is None:
             continue
         if not claim.allocated:
             wanted += claim.wanted
+            for k, v in claim.capacity.items():
+                asked[k] = max(asked.get(k, 0.0), v)
             continue
         if uid not in claim.holders:
             continue
@@ -298,4 +314,4 @@ def pod_gpus(
                     memory / GIB if memory is not None else None,
                 )
             )
-    return tuple(holds), wanted
+    return tuple(holds), wanted, asked

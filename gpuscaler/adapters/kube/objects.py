@@ -71,6 +71,8 @@ class Node:
     """Those of `dra_devices` a ResourceClaim is allocated."""
     dra_only: bool = False
     """All its GPUs are DRA's: its device plugin advertises none."""
+    dra_shared: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """The capacity of each of `dra_devices` several claims may share."""
 
     @property
     def opted_in(self) -> bool:
@@ -114,6 +116,8 @@ class GpuPod:
     """Its GPUs allocated by DRA, counted in `gpus`."""
     wanted_devices: int = 0
     """GPUs its DRA claims not allocated yet ask for, counted in `gpus`."""
+    wanted_capacity: Mapping[str, float] = field(default_factory=dict)
+    """What they ask of each GPU (consumable capacity); empty: whole devices."""
 
     @property
     def key(self) -> str:
@@ -460,14 +464,25 @@ def with_dra(
                 gpu_memory_mib=n.gpu_memory_mib or memory,
                 dra_devices=keys,
                 dra_only=not n.gpu_count,
+                dra_shared={
+                    "/".join(d.key): d.capacity
+                    for d in devices.values()
+                    if d.shared and d.node == n.name and d.whole_gpu
+                },
                 dra_allocated=frozenset(allocated.intersection(keys)),
             )
         nodes.append(n)
     pods = []
     for p in objects.pods:
         if p.claims is not None:
-            holds, wanted = dra.pod_gpus(p.uid, p.namespace, p.claims, by_key, devices)
-            p = replace(p, gpus=p.gpus + len(holds) + wanted, devices=holds, wanted_devices=wanted)
+            holds, wanted, asked = dra.pod_gpus(p.uid, p.namespace, p.claims, by_key, devices)
+            p = replace(
+                p,
+                gpus=p.gpus + len(holds) + wanted,
+                devices=holds,
+                wanted_devices=wanted,
+                wanted_capacity=asked,
+            )
         if p.gpus:
             pods.append(p)
     holders = frozenset(u for c in by_key.values() if c.allocated and c.gpus for u in c.holders)

@@ -60,6 +60,7 @@ def pod_view(
         else None,
         devices=p.devices,
         wanted_devices=p.wanted_devices,
+        wanted_capacity=p.wanted_capacity,
     )
 
 
@@ -150,6 +151,7 @@ def preemption_observation(
                     n.dra_devices,
                     n.dra_allocated,
                     not n.dra_only,
+                    n.dra_shared,
                 )
             )
     return PreemptionObservation(

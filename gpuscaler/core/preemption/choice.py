@@ -115,7 +115,7 @@ def choose_victims(
         if is_candidate(p, cfg) and p.priority < beneficiary.priority and p.key not in taken
     ]
     if beneficiary.wanted_devices:
-        return _free_devices(beneficiary.wanted_devices, node, on_node, candidates)
+        return _free_devices(beneficiary, node, on_node, candidates)
     if not node.plugin:
         return None, f"{node.name}: its GPUs are allocated through DRA only"
     shares = node.shares if beneficiary.shrink_to is None else beneficiary.shrink_to
@@ -130,29 +130,42 @@ def choose_victims(
 
 
 def _free_devices(
-    need: int, node: NodeView, on_node: list[PodView], candidates: list[PodView]
+    beneficiary: PodView, node: NodeView, on_node: list[PodView], candidates: list[PodView]
 ) -> tuple[Choice | None, str]:
-    """Victims whose DRA devices free `need` whole devices on `node`. A device is freed only
-    when every pod holding it (consumable capacity shares one) is a victim; one allocated
-    to no pod seen (a claim not released yet) is neither free nor freeable."""
-    holders: dict[str, set[str]] = {}
+    """Victims that leave `beneficiary.wanted_devices` devices on `node` able to take its
+    claims: a device nobody else holds, or (consumable capacity) one whose holders left
+    apart from the victims consume no more than what it asks for allows. A device
+    allocated to a claim no pod seen holds (a victim's claim not released yet) is neither
+    free nor freeable."""
+    need, asked = beneficiary.wanted_devices, beneficiary.wanted_capacity
+    holders: dict[str, list[tuple[str, float]]] = {}
     for p in on_node:
         for h in p.devices:
-            holders.setdefault(h.key, set()).add(p.key)
-    free = [d for d in node.devices if d not in node.allocated and d not in holders]
+            holders.setdefault(h.key, []).append((p.key, h.share))
+
+    def takes(device: str, gone: set[str]) -> bool:
+        if device in node.allocated and device not in holders:
+            return False
+        used = sum(share for key, share in holders.get(device, ()) if key not in gone)
+        capacity = node.shared.get(device)
+        if used <= 0 or not asked or capacity is None:
+            return used <= 0
+        part = max((v / capacity[k] for k, v in asked.items() if capacity.get(k)), default=1.0)
+        return used + part <= 1.0 + 1e-9
+
+    def usable(victims: list[PodView]) -> list[str]:
+        gone = {v.key for v in victims}
+        return [d for d in node.devices if takes(d, gone)]
+
+    free = usable([])
     if len(free) >= need:
         return Choice(node.name, ()), f"{node.name} has {len(free)} free DRA device(s) already"
-
-    def freed(victims: list[PodView]) -> list[str]:
-        keys = {v.key for v in victims}
-        return [d for d in node.devices if d in holders and holders[d] <= keys]
-
-    can = len(free) + len(freed(candidates))
+    can = len(usable(candidates))
     if can < need:
         why = f"{node.name}: {len(free)} free + {can - len(free)} freeable DRA device(s) < {need}"
         return None, why
-    victims = _fewest(candidates, lambda rest: len(free) + len(freed(rest)) >= need)
-    return Choice(node.name, tuple(victims), tuple(freed(victims))), ""
+    victims = _fewest(candidates, lambda rest: len(usable(rest)) >= need)
+    return Choice(node.name, tuple(victims), tuple(sorted(set(usable(victims)) - set(free)))), ""
 
 
 def start_preemption(

@@ -72,7 +72,9 @@ class PodView:
     """Its GPUs allocated by DRA (counted in `gpus` too)."""
     wanted_devices: int = 0
     """GPU devices its claims not allocated yet ask for (counted in `gpus` too): a
-    beneficiary with some is placed by freeing whole devices, not shares."""
+    beneficiary with some is placed by freeing devices, not shares."""
+    wanted_capacity: Mapping[str, float] = field(default_factory=dict)
+    """What they ask of each device (consumable capacity); empty: whole devices."""
 
     @property
     def gone(self) -> bool:
@@ -97,6 +99,8 @@ class NodeView:
     plugin: bool = True
     """Its device plugin advertises GPUs (False: all are DRA's, no pod asking for
     `nvidia.com/gpu` shares fits)."""
+    shared: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """The capacity of each of `devices` several claims may share (consumable capacity)."""
 
 
 @dataclass(frozen=True)
