@@ -1,41 +1,47 @@
-"""gpuscaler against the baselines at equal GPU-hours, on every shared trace window.
+"""gpuscaler against the baselines at equal GPU-hours and at equal SLO, on every shared
+trace window, in three cold-start regimes.
 
 Windows: 24 h at hours 0, 48, 96 and 144 of both shared 2024 traces; the shared 2023
 per-request logs binned to 10 s (about 1 h each, their GPU-seconds per request scaled so
 mean demand is 2 GPUs: at 0.06 they would need a sixth of one GPU); and 6 h of each
-synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Default config, seed 1
-(`--seed`, `--replicas` change them).
+synthetic family (gpuscaler.sim.synthetic, 30 requests/s mean). Regimes: a new replica
+is ready after a cold start drawn uniformly from 60-120 s (the shipped simulator
+default), 2-4 min or 5-8 min (vLLM pods loading a large model). Default config otherwise,
+seed 1 (`--seed`, `--replicas` change them).
 
 Each window runs `simulate` (gpuscaler, reactive HPA at 70 %, and every baseline swept
-over targets 40..90 %), all in the same run. The reactive curve is read at gpuscaler's
-own GPU-hours. Where gpuscaler holds more GPU-hours than a curve's dearest swept point,
-that curve is extended below 40 % (35, 30, ... down to 10 %, the points run as the swept
-ones; `gpuscaler.sim.simulate.extend_below`) until it reaches gpuscaler's GPU-hours, so
-the comparison is at equal cost; the output lists every extension. A window's verdict:
-- never worse: SLO-violation share <= reactive@equal x 1.05, or both below 0.1 %;
-- where reactive@equal violates for more than 0.5 % of requests: at most half of its
-  violations, and no more than the predictive-floor baseline at equal GPU-hours (where
-  gpuscaler's GPU-hours fall outside that curve there is no equal-cost point, as in
-  `simulate --json`: the table shows the curve's nearest end, marked, and that part of
-  the verdict is not judged);
+over targets 40..90 %), all in the same run. Where gpuscaler holds more GPU-hours than a
+curve's dearest swept point, or violates less than it, that curve is extended below 40 %
+(35, 30, ... down to 10 %; `gpuscaler.sim.simulate.extend_below`); the output lists every
+extension. Two readings of each curve:
+- at equal cost: its SLO-violation share at gpuscaler's GPU-hours; ratio = gpuscaler /
+  reactive@equal, where either is at least 0.1 % (ties below that carry no ratio);
+- at equal SLO: the GPU-hours reactive needs to violate no more than gpuscaler
+  (`hours_at_share`, as `whatif` reads it); saved = 1 - gpuscaler's GPU-hours / those.
+  Negative is overspend. Read at the curve's cheapest point (marked) when even that
+  violates no more: reactive might need fewer still.
+A window's verdict (a win passes every check, any failure is a loss):
+- never worse than any baseline at equal GPU-hours: share <= baseline@equal x 1.05, or
+  both below 0.1 % (where gpuscaler's GPU-hours fall outside a curve there is no
+  equal-cost point: the table shows its nearest end, marked, and it is not judged);
+- where reactive@equal violates for more than 0.5 % of requests: at most 0.3x its
+  violations, and in the 2-4 and 5-8 minute regimes at least 25 % GPU-hours saved;
+- at most 5 % more GPU-hours than reactive needs for gpuscaler's SLO share;
 - no more scaling actions than reactive at 70 %.
-A window passing every check is a win, any failure a loss. ratio = gpuscaler /
-reactive@equal SLO-violation share, where either is at least 0.1 % (ties below that
-carry no ratio).
-
-Gate: no loss, and the worst ratio at or under 0.30.
 
 `--baselines-from rows.json` reuses the baseline curves of an earlier `--json` run (they do
-not depend on gpuscaler's policy: same trace, seed and config) and runs only gpuscaler and
-the reactive HPA: a policy change is judged on every window in a fraction of the time.
-The baselines' own code must not have changed since that run.
+not depend on gpuscaler's policy: same trace, seed, regime and config) and runs only
+gpuscaler and the reactive HPA: a policy change is judged on every window in a fraction of
+the time. The baselines' own code must not have changed since that run.
 
-`--only LABEL,...` runs those windows alone; `--before rows.json` prints every window
-before (that earlier run) and after (this one).
+`--only LABEL,...` runs those windows alone; `--regime NAME` (repeatable) those regimes;
+`--before rows.json` prints every window before (that earlier run) and after (this one).
 
     python bench/equal_cost.py [--jobs 2] [--quick]
 
-Last line: RESULT windows= wins= losses= ties= worst_ratio= mean_ratio= gate=pass|fail
+Per regime: RESULT regime= windows= wins= losses= ties= worst_ratio= mean_ratio=
+gpu_hours_saved_mean= gpu_hours_saved_worst=. Last line: the same over every regime, with
+gate=pass|fail.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from gpuscaler.sim.equal_cost import equal_cost
 from gpuscaler.sim.simulate import extend_below, simulate
 from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
+from gpuscaler.whatif.verdict import hours_at_share
 
 DATA = Path("/work/shared/data")
 TIE = 0.001
@@ -63,6 +70,14 @@ TIE = 0.001
 HIGH = 0.005
 GATE_RATIO = 0.30
 MEAN_DEMAND_GPUS = 2.0
+OVERSPEND = 0.05
+"""At most 5 % more GPU-hours than reactive needs for gpuscaler's SLO share."""
+SAVED_WHERE_IT_HURTS = 0.25
+REGIMES = {"60-120s": (60.0, 120.0), "2-4min": (120.0, 240.0), "5-8min": (300.0, 480.0)}
+"""Cold-start regimes: (shortest, longest) seconds until a new replica serves."""
+LONG_REGIMES = ("2-4min", "5-8min")
+EQUAL_COST = {"reactive": "equal", "predictive floor": "floor_equal", "KEDA rate": "keda_equal"}
+"""Each baseline's name in a verdict -> its row's reading at gpuscaler's GPU-hours."""
 
 
 def windows(quick: bool) -> list[tuple[str, str, float, float]]:
@@ -87,31 +102,30 @@ def _trace(source: str) -> Trace:
     return load_trace(source)
 
 
-def _config(trace: Trace, source: str) -> Config:
+def _config(trace: Trace, source: str, regime: str) -> Config:
     config = Config()
-    if "2023" not in source:
-        return config
-    rate = float(np.nansum(trace.counts)) / trace.duration
-    gps = MEAN_DEMAND_GPUS / rate
-    return config.model_copy(
-        update={"simulator": config.simulator.model_copy(update={"gpu_seconds_per_request": gps})}
-    )
+    shortest, longest = REGIMES[regime]
+    update: dict[str, float] = {"cold_start": shortest, "cold_start_max": longest}
+    if "2023" in source:
+        rate = float(np.nansum(trace.counts)) / trace.duration
+        update["gpu_seconds_per_request"] = MEAN_DEMAND_GPUS / rate
+    return config.model_copy(update={"simulator": config.simulator.model_copy(update=update)})
 
 
 def run_window(
-    window: tuple[str, str, float, float],
+    job: tuple[str, tuple[str, str, float, float]],
     reuse: dict[str, Any] | None = None,
     seed: int = 1,
     replicas: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One window's row; `reuse`: the baseline curves of an earlier run of this window
-    (they do not depend on gpuscaler's policy: same trace, seed and config), not re-run;
-    `replicas`: fields of the replicas config set for this run."""
-    label, source, start, hours = window
+    """One (regime, window)'s row; `reuse`: the baseline curves of an earlier run of it
+    (they do not depend on gpuscaler's policy: same trace, seed, regime and config), not
+    re-run; `replicas`: fields of the replicas config set for this run."""
+    regime, (label, source, start, hours) = job
     t0 = time.perf_counter()
     trace = _trace(source)
     span = None if math.isnan(hours) else hours
-    config = _config(trace, source)
+    config = _config(trace, source, regime)
     if replicas:
         config = config.model_copy(update={"replicas": config.replicas.model_copy(update=replicas)})
     result = simulate(trace, span, seed, config, start, baselines=reuse is None)
@@ -122,7 +136,9 @@ def run_window(
     g = s["gpuscaler"]
     curve = s["baselines"]["reactive"]
     reactive70 = next(p for p in curve if p["target_pct"] == 70)
+    needed = hours_at_share(curve, g["slo_violation_share"])
     return {
+        "regime": regime,
         "window": label,
         "hours": s["hours"],
         "scored_hours": s["scored_hours"],
@@ -131,6 +147,9 @@ def run_window(
         "equal": _equal(curve, g["gpu_hours"]),
         "floor_equal": _equal(s["baselines"]["predictive_floor"], g["gpu_hours"]),
         "keda_equal": _equal(s["baselines"]["keda_rate"], g["gpu_hours"]),
+        "slo_equal": None
+        if needed is None
+        else {"gpu_hours": needed[0], "where": "cheapest point" if needed[1] else "equal"},
         "baselines": s["baselines"],
         "extended": extended,
         "seconds": round(time.perf_counter() - t0, 1),
@@ -152,27 +171,43 @@ def _equal(curve: list[dict[str, Any]], gpu_hours: float) -> dict[str, Any]:
     }
 
 
+def saved(row: dict[str, Any]) -> float | None:
+    """GPU-hours saved against reactive at gpuscaler's SLO share (negative: overspend);
+    None when the reactive curve never violates so little."""
+    need = row.get("slo_equal")
+    if need is None or need["gpu_hours"] <= 0:
+        return None
+    return float(1.0 - row["gpuscaler"]["gpu_hours"] / need["gpu_hours"])
+
+
 def judge(row: dict[str, Any]) -> dict[str, Any]:
     g = row["gpuscaler"]["slo_violation_share"]
     r = row["equal"]["slo_violation_share"]
-    f = row["floor_equal"]["slo_violation_share"]
     failed = []
     if row["equal"]["where"] == "dearest point" and g > r:
         failed.append("dearer than the whole reactive curve")
-    if not (g <= r * 1.05 or (g < TIE and r < TIE)):
-        failed.append("worse than reactive@equal")
-    if r > HIGH and g > 0.5 * r:
-        failed.append("not half of reactive's violations")
-    # Only at equal GPU-hours: outside the predictive floor's curve there is no such point.
-    if r > HIGH and row["floor_equal"]["where"] == "equal" and g > f:
-        failed.append("above the predictive floor")
+    for name, key in EQUAL_COST.items():
+        b = row[key]["slo_violation_share"]
+        if row[key]["where"] == "equal" and not (g <= b * 1.05 or (g < TIE and b < TIE)):
+            failed.append(f"worse than {name}@equal")
+    won = saved(row)
+    if r > HIGH and g > GATE_RATIO * r:
+        failed.append(f"not {GATE_RATIO:g}x reactive's violations")
+    if (
+        r > HIGH
+        and row.get("regime") in LONG_REGIMES
+        and (won is None or won < SAVED_WHERE_IT_HURTS)
+    ):
+        failed.append(f"under {100 * SAVED_WHERE_IT_HURTS:.0f} % saved at equal SLO")
+    if won is not None and won < -OVERSPEND:
+        failed.append(f"overspends {-100 * won:.0f} % at equal SLO")
     if row["gpuscaler"]["scaling_actions"] > row["reactive70"]["scaling_actions"]:
         failed.append("more scaling actions than reactive@70")
     tie = g < TIE and r < TIE
     ratio = None if tie or r == 0 else g / r
     if ratio is None and not tie:
         ratio = math.inf if g > 0 else 1.0
-    return {**row, "failed": failed, "tie": tie, "ratio": ratio}
+    return {**row, "failed": failed, "tie": tie, "ratio": ratio, "saved": won}
 
 
 def _fmt(x: float | None, pct: bool = True) -> str:
@@ -187,24 +222,48 @@ def _where(point: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| window | GPU-h | SLO viol. % gpuscaler | reactive@equal | predictive floor@equal "
-        "| KEDA rate@equal | p99 wait s (g / r@equal) | actions (g / r@70) | ratio | verdict |"
+        "| regime | window | GPU-h | SLO viol. % gpuscaler | reactive@equal | predictive "
+        "floor@equal | KEDA rate@equal | p99 wait s (g / r@equal) | actions (g / r@70) | ratio "
+        "| saved at equal SLO % | verdict |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         g = r["gpuscaler"]
         where = _where(r["equal"])
         verdict = "win" if not r["failed"] else "LOSS: " + "; ".join(r["failed"])
+        won = "-" if r["saved"] is None else f"{100 * r['saved']:.1f}"
+        if r["saved"] is not None and r["slo_equal"]["where"] != "equal":
+            won += f" ({r['slo_equal']['where']})"
         lines.append(
-            f"| {r['window']} | {g['gpu_hours']:.1f} | {_fmt(g['slo_violation_share'])} | "
+            f"| {r['regime']} | {r['window']} | {g['gpu_hours']:.1f} | "
+            f"{_fmt(g['slo_violation_share'])} | "
             f"{_fmt(r['equal']['slo_violation_share'])}{where} | "
             f"{_fmt(r['floor_equal']['slo_violation_share'])}{_where(r['floor_equal'])} | "
             f"{_fmt(r['keda_equal']['slo_violation_share'])} | "
             f"{g['p99_wait_s']:.3f} / {r['equal']['p99_wait_s']:.3f} | "
             f"{g['scaling_actions']} / {r['reactive70']['scaling_actions']} | "
-            f"{'tie' if r['tie'] else _fmt(r['ratio'], pct=False)} | {verdict} |"
+            f"{'tie' if r['tie'] else _fmt(r['ratio'], pct=False)} | {won} | {verdict} |"
         )
     return "\n".join(lines)
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str]:
+    return row.get("regime", "60-120s"), row["window"]
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """The RESULT fields of `rows`: verdicts, ratios at equal cost, saved at equal SLO."""
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    won = [r["saved"] for r in rows if r["saved"] is not None]
+    wins = sum(1 for r in rows if not r["failed"])
+    return (
+        f"windows={len(rows)} wins={wins} losses={len(rows) - wins} "
+        f"ties={sum(1 for r in rows if r['tie'])} "
+        f"worst_ratio={max(ratios) if ratios else 1.0:.3f} "
+        f"mean_ratio={float(np.mean(ratios)) if ratios else 1.0:.3f} "
+        f"gpu_hours_saved_mean={float(np.mean(won)) if won else 0.0:.3f} "
+        f"gpu_hours_saved_worst={min(won) if won else 0.0:.3f}"
+    )
 
 
 def compared(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
@@ -220,14 +279,14 @@ def compared(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
             f"{'win' if not r['failed'] else 'LOSS'}"
         )
 
-    old = {r["window"]: r for r in before}
+    old = {_key(r): r for r in before}
     lines = [
-        "| window | GPU-h before | viol. % before | ratio before | verdict before "
+        "| regime | window | GPU-h before | viol. % before | ratio before | verdict before "
         "| GPU-h after | viol. % after | ratio after | verdict after |",
-        "|" + "---|" * 9,
+        "|" + "---|" * 10,
     ]
     for r in after:
-        lines.append(f"| {r['window']} | {cell(old.get(r['window']))} | {cell(r)} |")
+        lines.append(f"| {r['regime']} | {r['window']} | {cell(old.get(_key(r)))} | {cell(r)} |")
     return "\n".join(lines)
 
 
@@ -242,6 +301,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--before", metavar="PATH", help="an earlier --json: print each window before and after"
+    )
+    parser.add_argument(
+        "--regime", choices=list(REGIMES), action="append", help="cold-start regimes (default all)"
     )
     parser.add_argument("--seed", type=int, default=1, help="arrivals seed (default 1)")
     parser.add_argument(
@@ -272,34 +334,31 @@ def main() -> None:
             if unknown:
                 parser.error(f"unknown window(s) {', '.join(sorted(unknown))}")
             todo = [w for w in todo if w[0] in wanted]
-        curves: dict[str, Any] = {}
+        regimes = args.regime or list(REGIMES)
+        jobs = [(regime, w) for regime in regimes for w in todo]
+        curves: dict[tuple[str, str], Any] = {}
         if args.baselines_from:
-            curves = {
-                r["window"]: r["baselines"]
-                for r in json.loads(Path(args.baselines_from).read_text())
-            }
+            rows = json.loads(Path(args.baselines_from).read_text())
+            curves = {_key(r): r["baselines"] for r in rows}
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             run = partial(run_window, seed=args.seed, replicas=json.loads(args.replicas or "{}"))
-            rows = [judge(r) for r in pool.map(run, todo, [curves.get(w[0]) for w in todo])]
+            reuse = [curves.get((regime, w[0])) for regime, w in jobs]
+            rows = [judge(r) for r in pool.map(run, jobs, reuse)]
     print(table(rows))
     for r in rows:
         for name, targets in r.get("extended", {}).items():
-            print(f"{r['window']}: {name} curve extended below 40 % to {targets[-1]} %")
+            print(
+                f"{r['regime']} {r['window']}: {name} curve extended below 40 % to {targets[-1]} %"
+            )
     if args.before:
         before = [judge(r) for r in json.loads(Path(args.before).read_text())]
         print(compared(before, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    wins = sum(1 for r in rows if not r["failed"])
-    worst = max(ratios) if ratios else 1.0
-    mean = float(np.mean(ratios)) if ratios else 1.0
-    ok = wins == len(rows) and (not ratios or worst <= GATE_RATIO)  # ties carry no ratio
-    print(
-        f"RESULT windows={len(rows)} wins={wins} losses={len(rows) - wins} "
-        f"ties={sum(1 for r in rows if r['tie'])} worst_ratio={worst:.3f} mean_ratio={mean:.3f} "
-        f"gate={'pass' if ok else 'fail'}"
-    )
+    for regime in dict.fromkeys(r["regime"] for r in rows):
+        print(f"RESULT regime={regime} {summary([r for r in rows if r['regime'] == regime])}")
+    ok = all(not r["failed"] for r in rows)
+    print(f"RESULT regime=all {summary(rows)} gate={'pass' if ok else 'fail'}")
 
 
 if __name__ == "__main__":

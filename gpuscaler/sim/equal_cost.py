@@ -13,6 +13,7 @@ BASELINES: dict[str, ScalerKind] = {
     "reactive": "hpa_util",
     "keda_rate": "keda_rate",
     "predictive_floor": "predictive_floor",
+    "dynamo_sla": "dynamo_sla",
 }
 """Baseline name in the report -> the scaler that runs it."""
 FIGURES = ("slo_violation_share", "p99_wait_s")

@@ -30,6 +30,7 @@ BASELINE_LABELS = {
     "reactive": "reactive HPA on utilization",
     "keda_rate": "KEDA on request rate",
     "predictive_floor": "predictive floor (FFT + 5 min max)",
+    "dynamo_sla": "Dynamo-style SLA planner (Kalman, 180 s)",
 }
 
 
@@ -106,7 +107,12 @@ TRADE_OFFS = (
 )
 """The trade-off panels: (figure, scale, axis label, gpuscaler's value as the table
 prints it), each against GPU-hours held."""
-COLORS = {"reactive": "tab:blue", "keda_rate": "tab:orange", "predictive_floor": "tab:green"}
+COLORS = {
+    "reactive": "tab:blue",
+    "keda_rate": "tab:orange",
+    "predictive_floor": "tab:green",
+    "dynamo_sla": "tab:purple",
+}
 NEAR = 0.75
 """Trade-off axes fit the points from this share of gpuscaler's GPU-hours up, so a curve's
 far cheap end does not flatten the rest; points above are drawn on the top edge."""

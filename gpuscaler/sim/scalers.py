@@ -10,6 +10,14 @@
   last hour over the horizon, max of the last 5 minutes) of the request-rate signal.
   Crane's DSP predictor (gocrane/crane, pkg/prediction/dsp) keeps the strongest
   frequencies of the history's FFT and extends them periodically; this does the same.
+- `dynamo_sla`: in the style of NVIDIA Dynamo's throughput-based SLA planner
+  (ai-dynamo/dynamo components/src/dynamo/planner/core/throughput_scaling.py): every
+  adjustment interval (its default 180 s) the next interval's request count is predicted
+  by its Kalman predictor (core/load/predictors.py: local linear trend, q_level 1,
+  q_trend 0.1, r 10, its defaults) and replicas = ceil(predicted rate / a replica's rate
+  at the SLO), the profile's rate being the swept target's share of a replica's capacity.
+  Without the profile-correction factor of its earlier versions: the simulated replica's
+  capacity is exactly what the profile says.
 
 Each shares the HPA's machinery: tolerance 10 %, bounds, scale-up at most max(2x, +4)
 per step, and scale-down only to the highest recommendation of the last 300 s.
@@ -25,7 +33,7 @@ import numpy.typing as npt
 from gpuscaler.core.model import FloatArray
 
 IntArray = npt.NDArray[np.int64]
-ScalerKind = Literal["hpa_util", "keda_rate", "predictive_floor"]
+ScalerKind = Literal["hpa_util", "keda_rate", "predictive_floor", "dynamo_sla"]
 HPA_SCALE_UP_PODS = 4
 """The HPA's default scale-up policy: at most double, or add 4 pods, per period."""
 RATE_WINDOW = 60.0
@@ -38,6 +46,9 @@ RECENT_MAX = 300.0
 """The predictive floor never forecasts below the max of the last 5 minutes."""
 STABILIZATION = 300.0
 """The HPA's scale-down stabilization window: the highest recommendation of the last 300 s."""
+DYNAMO_INTERVAL = 180.0
+KALMAN_Q = np.diag([1.0, 0.1])
+KALMAN_R = 10.0
 
 
 def predicted_load(demand: FloatArray, slot: float, horizon: float) -> float:
@@ -71,6 +82,37 @@ def rate_loads(
     begin = np.maximum(0, cursors - length)
     seconds = np.maximum(cursors - begin, 1) * slot
     return np.asarray(100.0 * (total[cursors] - total[begin]) / seconds * gpu_seconds_per_request)
+
+
+def kalman_predictions(counts: FloatArray) -> FloatArray:
+    """After each interval's request count, the local-linear-trend Kalman filter's
+    prediction of the next one (first count: itself, no trend), at least 0."""
+    f = np.array([[1.0, 1.0], [0.0, 1.0]])
+    x, cov = np.array([counts[0], 0.0]) if counts.size else np.zeros(2), np.eye(2) * 1000.0
+    out = np.empty(len(counts))
+    for i, z in enumerate(counts):
+        if i:
+            x, cov = f @ x, f @ cov @ f.T + KALMAN_Q
+            gain = cov[:, 0] / (cov[0, 0] + KALMAN_R)
+            x = x + gain * (z - x[0])
+            cov = cov - np.outer(gain, cov[0])
+        out[i] = (f @ x)[0]
+    return np.maximum(out, 0.0)
+
+
+def dynamo_loads(
+    requests: FloatArray, cursors: IntArray, slot: float, gpu_seconds_per_request: float
+) -> FloatArray:
+    """`dynamo_sla`'s load at each cursor (percent of one GPU): the rate its Kalman
+    predictor gave at the last adjustment before the cursor; NaN before the first."""
+    width = max(1, round(DYNAMO_INTERVAL / slot))
+    whole = len(requests) // width
+    counts = requests[: whole * width].reshape(whole, width).sum(axis=1)
+    predicted = kalman_predictions(counts) / (width * slot)
+    done = np.minimum(cursors // width, whole)  # intervals complete at each cursor
+    known = done > 0
+    rate = np.where(known, predicted[np.maximum(done - 1, 0)] if whole else 0.0, np.nan)
+    return np.asarray(100.0 * rate * gpu_seconds_per_request)
 
 
 CHUNK = 2048

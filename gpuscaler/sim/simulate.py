@@ -36,14 +36,19 @@ def simulate(
 
 def extend_below(sim: SimulationResult, lowest: int = 10, step: int = 5) -> dict[str, list[int]]:
     """Extend each baseline curve below its lowest target, `step` points at a time down to
-    `lowest` %, until its dearest point holds at least gpuscaler's GPU-hours: a policy
-    dearer than the whole swept curve has no equal-cost point until the curve reaches it.
-    The points run as the swept ones; returns the targets added per baseline."""
+    `lowest` %, until its dearest point holds at least gpuscaler's GPU-hours and violates
+    the SLO no more than gpuscaler: a policy dearer or better than the whole swept curve
+    has no equal-cost (equal-SLO) point until the curve reaches it. The points run as the
+    swept ones; returns the targets added per baseline."""
     gpu_hours = sim.gpuscaler.metrics["gpu_hours"]
+    share = sim.gpuscaler.metrics["slo_violation_share"]
     added: dict[str, list[int]] = {}
     for name in list(sim.baselines):
         curve = sim.baselines[name]
-        while curve and max(pt["gpu_hours"] for pt in curve) < gpu_hours:
+        while curve and (
+            max(pt["gpu_hours"] for pt in curve) < gpu_hours
+            or min(pt["slo_violation_share"] for pt in curve) > share
+        ):
             target = min(pt["target_pct"] for pt in curve) - step
             if target < lowest:
                 break

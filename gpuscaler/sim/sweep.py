@@ -19,7 +19,13 @@ from gpuscaler.sim.cluster import Clusters, scenario_run
 from gpuscaler.sim.equal_cost import BASELINES, sweep_targets
 from gpuscaler.sim.records import RunResult, RunView, finished, slo_metrics
 from gpuscaler.sim.replay import Prepared, one_model
-from gpuscaler.sim.scalers import IntArray, ScalerKind, predicted_loads, rate_loads
+from gpuscaler.sim.scalers import (
+    IntArray,
+    ScalerKind,
+    dynamo_loads,
+    predicted_loads,
+    rate_loads,
+)
 
 REACTIVE, ACTUAL = "reactive HPA run", "replicas that ran"
 """The labels of a replay's runs besides its baselines' (labelled by baseline)."""
@@ -61,7 +67,7 @@ def sweep_views(replays: Sequence[Prepared], runs: Sequence[Swept]) -> list[RunV
             replays[r.replay].config,
             member[r.replay],
             r.target_pct,
-            uses_util=r.kind != "keda_rate",
+            uses_util=r.kind not in ("keda_rate", "dynamo_sla"),
             recorded=r.recorded,
         )
         for r in runs
@@ -103,6 +109,8 @@ def _signals(
     def loads(kind: ScalerKind, arrivals: FloatArray) -> FloatArray:
         if kind == "keda_rate":
             return rate_loads(arrivals, cursors, slot, gps)
+        if kind == "dynamo_sla":
+            return dynamo_loads(arrivals, cursors, slot, gps)
         return predicted_loads(100.0 * (arrivals * gps) / slot, cursors, slot, horizon)
 
     pairs = [(r.kind, m) for r, m in zip(runs, members, strict=True)]

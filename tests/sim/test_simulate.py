@@ -50,7 +50,7 @@ def test_simulate_with_no_arguments_reports_both_policies_the_slo_and_the_curves
     for policy in ("gpuscaler", "reactive"):
         assert set(out[policy]) >= POLICY_KEYS
         assert 0.0 <= out[policy]["slo_violation_share"] <= 1.0
-    assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor"}
+    assert set(out["baselines"]) == {"reactive", "keda_rate", "predictive_floor", "dynamo_sla"}
     point_keys = {"target_pct", "gpu_hours", "slo_violation_share", "p99_wait_s", "scaling_actions"}
     for curve in out["baselines"].values():
         assert [p["target_pct"] for p in curve] == list(range(40, 91, 5))
