@@ -34,6 +34,10 @@ not depend on gpuscaler's policy: same trace, seed, regime and config) and runs 
 gpuscaler and the reactive HPA: a policy change is judged on every window in a fraction of
 the time. The baselines' own code must not have changed since that run.
 
+`--frontier` also sweeps gpuscaler's own utilization target (50..90 %) and says, per
+baseline, on how many windows gpuscaler's curve lies below it (violates no more at equal
+GPU-hours, x 1.05 or both under 0.1 %) over the range both cover.
+
 `--only LABEL,...` runs those windows alone; `--regime NAME` (repeatable) those regimes;
 `--before rows.json` prints every window before (that earlier run) and after (this one).
 
@@ -76,8 +80,8 @@ SAVED_WHERE_IT_HURTS = 0.25
 REGIMES = {"60-120s": (60.0, 120.0), "2-4min": (120.0, 240.0), "5-8min": (300.0, 480.0)}
 """Cold-start regimes: (shortest, longest) seconds until a new replica serves."""
 LONG_REGIMES = ("2-4min", "5-8min")
-EQUAL_COST = {"reactive": "equal", "predictive floor": "floor_equal", "KEDA rate": "keda_equal"}
-"""Each baseline's name in a verdict -> its row's reading at gpuscaler's GPU-hours."""
+FRONTIER_TARGETS = (50.0, 60.0, 70.0, 80.0, 90.0)
+"""gpuscaler's own utilization targets swept with --frontier."""
 
 
 def windows(quick: bool) -> list[tuple[str, str, float, float]]:
@@ -117,10 +121,12 @@ def run_window(
     reuse: dict[str, Any] | None = None,
     seed: int = 1,
     replicas: dict[str, Any] | None = None,
+    frontier: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """One (regime, window)'s row; `reuse`: the baseline curves of an earlier run of it
     (they do not depend on gpuscaler's policy: same trace, seed, regime and config), not
-    re-run; `replicas`: fields of the replicas config set for this run."""
+    re-run; `replicas`: fields of the replicas config set for this run; `frontier`:
+    gpuscaler's own utilization targets to sweep."""
     regime, (label, source, start, hours) = job
     t0 = time.perf_counter()
     trace = _trace(source)
@@ -145,15 +151,55 @@ def run_window(
         "gpuscaler": g,
         "reactive70": reactive70,
         "equal": _equal(curve, g["gpu_hours"]),
-        "floor_equal": _equal(s["baselines"]["predictive_floor"], g["gpu_hours"]),
-        "keda_equal": _equal(s["baselines"]["keda_rate"], g["gpu_hours"]),
+        "at_equal": {name: _equal(c, g["gpu_hours"]) for name, c in s["baselines"].items()},
         "slo_equal": None
         if needed is None
         else {"gpu_hours": needed[0], "where": "cheapest point" if needed[1] else "equal"},
         "baselines": s["baselines"],
         "extended": extended,
+        "frontier": _frontier(trace, span, seed, config, start, frontier, s["baselines"]),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _frontier(
+    trace: Trace,
+    span: float | None,
+    seed: int,
+    config: Config,
+    start: float,
+    targets: tuple[float, ...],
+    baselines: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any] | None:
+    """gpuscaler swept over its own utilization target like the baselines, and per
+    baseline whether every point of that curve inside the baseline's GPU-hours violates
+    no more than the baseline there (x 1.05, or both under 0.1 %); None: not swept."""
+    if not targets:
+        return None
+    points = []
+    for t in targets:
+        knob = config.replicas.model_copy(update={"target_utilization_pct": t})
+        run = simulate(
+            trace, span, seed, config.model_copy(update={"replicas": knob}), start, baselines=False
+        )
+        g = run.gpuscaler.metrics
+        points.append(
+            {
+                "target_pct": t,
+                "gpu_hours": g["gpu_hours"],
+                "slo_violation_share": g["slo_violation_share"],
+            }
+        )
+    below: dict[str, bool | None] = {}
+    for name, curve in baselines.items():
+        verdicts = []
+        for p in points:
+            at = equal_cost(curve, p["gpu_hours"])
+            if at is not None:
+                b, share = at["slo_violation_share"], p["slo_violation_share"]
+                verdicts.append(share <= b * 1.05 or (share < TIE and b < TIE))
+        below[name] = all(verdicts) if verdicts else None
+    return {"curve": points, "below": below}
 
 
 def _equal(curve: list[dict[str, Any]], gpu_hours: float) -> dict[str, Any]:
@@ -171,6 +217,15 @@ def _equal(curve: list[dict[str, Any]], gpu_hours: float) -> dict[str, Any]:
     }
 
 
+def _at_equal(row: dict[str, Any]) -> dict[str, Any]:
+    """Each baseline read at gpuscaler's GPU-hours (rows written before the Dynamo-style
+    baseline name the other three by key)."""
+    if "at_equal" in row:
+        return dict(row["at_equal"])
+    old = {"reactive": "equal", "predictive_floor": "floor_equal", "keda_rate": "keda_equal"}
+    return {name: row[key] for name, key in old.items()}
+
+
 def saved(row: dict[str, Any]) -> float | None:
     """GPU-hours saved against reactive at gpuscaler's SLO share (negative: overspend);
     None when the reactive curve never violates so little."""
@@ -186,9 +241,9 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
     failed = []
     if row["equal"]["where"] == "dearest point" and g > r:
         failed.append("dearer than the whole reactive curve")
-    for name, key in EQUAL_COST.items():
-        b = row[key]["slo_violation_share"]
-        if row[key]["where"] == "equal" and not (g <= b * 1.05 or (g < TIE and b < TIE)):
+    for name, at in _at_equal(row).items():
+        b = at["slo_violation_share"]
+        if at["where"] == "equal" and not (g <= b * 1.05 or (g < TIE and b < TIE)):
             failed.append(f"worse than {name}@equal")
     won = saved(row)
     if r > HIGH and g > GATE_RATIO * r:
@@ -220,15 +275,20 @@ def _where(point: dict[str, Any]) -> str:
     return "" if point["where"] == "equal" else f" ({point['where']})"
 
 
+def _cell(at: dict[str, Any], name: str) -> str:
+    point = at.get(name)
+    return "-" if point is None else f"{_fmt(point['slo_violation_share'])}{_where(point)}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| regime | window | GPU-h | SLO viol. % gpuscaler | reactive@equal | predictive "
-        "floor@equal | KEDA rate@equal | p99 wait s (g / r@equal) | actions (g / r@70) | ratio "
-        "| saved at equal SLO % | verdict |"
+        "floor@equal | KEDA rate@equal | Dynamo-style@equal | p99 wait s (g / r@equal) "
+        "| actions (g / r@70) | ratio | saved at equal SLO % | verdict |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
-        g = r["gpuscaler"]
+        g, at = r["gpuscaler"], _at_equal(r)
         where = _where(r["equal"])
         verdict = "win" if not r["failed"] else "LOSS: " + "; ".join(r["failed"])
         won = "-" if r["saved"] is None else f"{100 * r['saved']:.1f}"
@@ -238,8 +298,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['regime']} | {r['window']} | {g['gpu_hours']:.1f} | "
             f"{_fmt(g['slo_violation_share'])} | "
             f"{_fmt(r['equal']['slo_violation_share'])}{where} | "
-            f"{_fmt(r['floor_equal']['slo_violation_share'])}{_where(r['floor_equal'])} | "
-            f"{_fmt(r['keda_equal']['slo_violation_share'])} | "
+            f"{_cell(at, 'predictive_floor')} | {_cell(at, 'keda_rate')} | "
+            f"{_cell(at, 'dynamo_sla')} | "
             f"{g['p99_wait_s']:.3f} / {r['equal']['p99_wait_s']:.3f} | "
             f"{g['scaling_actions']} / {r['reactive70']['scaling_actions']} | "
             f"{'tie' if r['tie'] else _fmt(r['ratio'], pct=False)} | {won} | {verdict} |"
@@ -256,13 +316,18 @@ def summary(rows: list[dict[str, Any]]) -> str:
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     won = [r["saved"] for r in rows if r["saved"] is not None]
     wins = sum(1 for r in rows if not r["failed"])
+    swept = [r["frontier"]["below"] for r in rows if r.get("frontier")]
+    below = "".join(
+        f" frontier_below_{name}={sum(1 for b in swept if b.get(name))}/{len(swept)}"
+        for name in dict.fromkeys(n for b in swept for n in b)
+    )
     return (
         f"windows={len(rows)} wins={wins} losses={len(rows) - wins} "
         f"ties={sum(1 for r in rows if r['tie'])} "
         f"worst_ratio={max(ratios) if ratios else 1.0:.3f} "
         f"mean_ratio={float(np.mean(ratios)) if ratios else 1.0:.3f} "
         f"gpu_hours_saved_mean={float(np.mean(won)) if won else 0.0:.3f} "
-        f"gpu_hours_saved_worst={min(won) if won else 0.0:.3f}"
+        f"gpu_hours_saved_worst={min(won) if won else 0.0:.3f}{below}"
     )
 
 
@@ -313,6 +378,11 @@ def main() -> None:
         "policy's before and after in one tree)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="windows run in parallel")
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="sweep gpuscaler's own utilization target too and compare the frontiers",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every row as JSON")
     parser.add_argument(
         "--rejudge", metavar="PATH", help="judge the rows of an earlier --json, run nothing"
@@ -341,7 +411,12 @@ def main() -> None:
             rows = json.loads(Path(args.baselines_from).read_text())
             curves = {_key(r): r["baselines"] for r in rows}
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            run = partial(run_window, seed=args.seed, replicas=json.loads(args.replicas or "{}"))
+            run = partial(
+                run_window,
+                seed=args.seed,
+                replicas=json.loads(args.replicas or "{}"),
+                frontier=FRONTIER_TARGETS if args.frontier else (),
+            )
             reuse = [curves.get((regime, w[0])) for regime, w in jobs]
             rows = [judge(r) for r in pool.map(run, jobs, reuse)]
     print(table(rows))
