@@ -62,11 +62,10 @@ from typing import Any
 import numpy as np
 
 from gpuscaler.config import Config
-from gpuscaler.sim.equal_cost import equal_cost
+from gpuscaler.sim.equal_cost import equal_cost, hours_at_share
 from gpuscaler.sim.simulate import extend_below, simulate
 from gpuscaler.sim.synthetic import FAMILIES, synthetic_trace
 from gpuscaler.sim.trace import Trace, load_trace
-from gpuscaler.whatif.verdict import hours_at_share
 
 DATA = Path("/work/shared/data")
 TIE = 0.001

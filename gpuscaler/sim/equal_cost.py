@@ -1,5 +1,6 @@
 """The equal-cost figure: a baseline's trade-off curve (GPU-hours against SLO outcome,
-one point per swept target) read at gpuscaler's own GPU-hours."""
+one point per swept target) read at gpuscaler's own GPU-hours, and its dual, read at
+gpuscaler's own SLO outcome."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ BASELINES: dict[str, ScalerKind] = {
     "dynamo_sla": "dynamo_sla",
 }
 """Baseline name in the report -> the scaler that runs it."""
+WHATIF_BASELINES = ("reactive", "keda_rate", "predictive_floor")
+"""The baselines `whatif` sweeps on each workload's history: the Dynamo-style planner is
+left to `simulate` and bench/equal_cost.py, where one replay pays for its fourth sweep."""
 FIGURES = ("slo_violation_share", "p99_wait_s")
 
 
@@ -53,4 +57,21 @@ def reason_outside(curve: list[dict[str, Any]], gpu_hours: float) -> str | None:
                 f"gpuscaler's {gpu_hours:g} GPU-hours are {side} the curve's {end} point "
                 f"({p['gpu_hours']:g} at target {p['target_pct']} %)"
             )
+    return None
+
+
+def hours_at_share(curve: list[dict[str, Any]], share: float) -> tuple[float, bool] | None:
+    """(GPU-hours, at the sweep's edge) of the cheapest point of the curve, linear between
+    targets, at or under `share` (None: none). At the edge, a cheaper target might too."""
+    points = sorted(curve, key=lambda p: (p["gpu_hours"], -p["target_pct"]))
+    prev: dict[str, Any] | None = None
+    for p in points:
+        if p["slo_violation_share"] <= share + 1e-12:
+            if prev is None:
+                return float(p["gpu_hours"]), True
+            s0, s1 = prev["slo_violation_share"], p["slo_violation_share"]
+            h0, h1 = prev["gpu_hours"], p["gpu_hours"]
+            frac = (s0 - share) / (s0 - s1) if s0 != s1 else 1.0
+            return float(h0 + frac * (h1 - h0)), False
+        prev = p
     return None

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuscaler.config import Config
+from gpuscaler.sim.equal_cost import BASELINES
 from gpuscaler.sim.lockstep import lockstep_runs
 from gpuscaler.sim.records import SimulationResult
 from gpuscaler.sim.replay import prepare
@@ -29,7 +30,7 @@ def simulate(
     """Replay `hours` of `trace` (all of it when None) from `start_hours` into it."""
     p = prepare(trace, hours, seed, config, start_hours)
     [run] = lockstep_runs([p], metrics=metrics)
-    [around] = around_many([p], baselines=baselines)
+    [around] = around_many([p], baselines=tuple(BASELINES) if baselines else ())
     assert around.reactive is not None
     return SimulationResult(p, run, around.reactive, around.curves or {})
 

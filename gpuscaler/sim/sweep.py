@@ -149,25 +149,25 @@ def actual_counts(replicas: Series, ticks: Sequence[float]) -> IntArray:
 def around_many(
     prepared: Sequence[Prepared],
     replicas: Sequence[Series | None] | None = None,
-    baselines: bool = True,
+    baselines: Sequence[str] = tuple(BASELINES),
     reactive: bool = True,
     plot: bool = True,
 ) -> list[Around]:
-    """For each replay (one model): the baselines' curves, the reactive HPA's run (finished
-    as found, the plot's series kept when `plot`), the figures of its `replicas` that ran
-    when given."""
+    """For each replay (one model): the curves of the baselines named (none: no curves),
+    the reactive HPA's run (finished as found, the plot's series kept when `plot`), the
+    figures of its `replicas` that ran when given."""
     given = list(replicas) if replicas is not None else [None] * len(prepared)
     runs: list[Swept] = []
     for w, (p, series) in enumerate(zip(prepared, given, strict=True)):
-        if baselines:
-            runs += [Swept(n, w, k, t) for n, k in BASELINES.items() for t in sweep_targets()]
+        for n in baselines:
+            runs += [Swept(n, w, BASELINES[n], t) for t in sweep_targets()]
         target = scenario_run(p.config).target_pct
         if reactive:
             runs.append(Swept(REACTIVE, w, "hpa_util", target, recorded=plot))
         if series is not None:
             counts = actual_counts(series, p.ticks())
             runs.append(Swept(ACTUAL, w, "hpa_util", target, counts))
-    out = [Around({n: [] for n in BASELINES} if baselines else None, None, None) for _ in prepared]
+    out = [Around({n: [] for n in baselines} if baselines else None, None, None) for _ in prepared]
     for run, view in zip(runs, sweep_views(prepared, runs), strict=True):
         p, found = prepared[run.replay], out[run.replay]
         if run.label == REACTIVE:

@@ -19,6 +19,7 @@ import numpy as np
 from gpuscaler.config import Config, WorkloadConfig
 from gpuscaler.core.history import Signal, WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
+from gpuscaler.sim.equal_cost import WHATIF_BASELINES
 from gpuscaler.sim.lockstep import lockstep_runs
 from gpuscaler.sim.records import RunResult, SimulationResult
 from gpuscaler.sim.replay import DEFAULT_POOL, Prepared, prepare, warmup_plan
@@ -192,7 +193,8 @@ def replay_many(
             preps = [x.prepared for x in chunk]
             runs = lockstep_runs(preps, progress, plot=plot)
             series = [x.replicas.series for x in chunk]
-            arounds = around_many(preps, series, baselines, plot=plot)
+            names = WHATIF_BASELINES if baselines else ()
+            arounds = around_many(preps, series, names, plot=plot)
             for x, run, around in zip(chunk, runs, arounds, strict=True):
                 done[id(x)] = (run, around)
             del runs, arounds

@@ -5,27 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuscaler.sim.equal_cost import hours_at_share
+
 SHARE_MARGIN = 1e-4
 """SLO-violation shares closer than this (0.01 % of requests) count as equal."""
 HOURS_MARGIN = 0.01
 """GPU-hours within 1 % count as equal."""
-
-
-def hours_at_share(curve: list[dict[str, Any]], share: float) -> tuple[float, bool] | None:
-    """(GPU-hours, at the sweep's edge) of the cheapest point of the curve, linear between
-    targets, at or under `share` (None: none). At the edge, a cheaper target might too."""
-    points = sorted(curve, key=lambda p: (p["gpu_hours"], -p["target_pct"]))
-    prev: dict[str, Any] | None = None
-    for p in points:
-        if p["slo_violation_share"] <= share + 1e-12:
-            if prev is None:
-                return float(p["gpu_hours"]), True
-            s0, s1 = prev["slo_violation_share"], p["slo_violation_share"]
-            h0, h1 = prev["gpu_hours"], p["gpu_hours"]
-            frac = (s0 - share) / (s0 - s1) if s0 != s1 else 1.0
-            return float(h0 + frac * (h1 - h0)), False
-        prev = p
-    return None
 
 
 def compare(summary: dict[str, Any]) -> dict[str, Any]:

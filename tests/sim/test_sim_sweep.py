@@ -92,7 +92,7 @@ def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
     ticks = np.arange(p.start, p.start + p.seconds + 1, 30.0)
     counts = np.where(np.arange(len(ticks)) < 60, 3, 9)
     replicas = Series(p.start, 30.0, counts.astype(np.float64))
-    [a] = around_many([p], [replicas], baselines=False, reactive=False)
+    [a] = around_many([p], [replicas], baselines=(), reactive=False)
     assert a.actual is not None
     assert a.actual["scaling_actions"] <= 1  # at most the 3 -> 9 step inside the scored part
     assert 3 < a.actual["mean_replicas"] < 9
@@ -100,8 +100,8 @@ def test_the_replicas_that_ran_are_set_at_each_tick_whatever_the_load() -> None:
 
 def test_a_run_finished_without_its_plot_keeps_the_same_figures() -> None:
     p = _prepared(2, hours=1.0)
-    [drawn] = around_many([p], baselines=False)
-    [bare] = around_many([p], baselines=False, plot=False)
+    [drawn] = around_many([p], baselines=())
+    [bare] = around_many([p], baselines=(), plot=False)
     assert drawn.reactive is not None and bare.reactive is not None
     assert drawn.reactive.plotted is not None and bare.reactive.plotted is None
     assert drawn.reactive.metrics == bare.reactive.metrics

@@ -23,6 +23,7 @@ from gpuscaler.config import Config, WorkloadConfig, parse_config
 from gpuscaler.core.history import WorkloadHistory, gaps, native_resolution
 from gpuscaler.core.model import Series
 from gpuscaler.demand import DemandConfig
+from gpuscaler.sim.equal_cost import hours_at_share
 from gpuscaler.sim.replay import Prepared
 from gpuscaler.sim.sweep import around_many, held
 from gpuscaler.whatif import WhatifError, parse_when, select
@@ -33,7 +34,7 @@ from gpuscaler.whatif.history import (
     replay_many,
     workload_config,
 )
-from gpuscaler.whatif.verdict import compare, hours_at_share, verdict
+from gpuscaler.whatif.verdict import compare, verdict
 
 SCRIPT = Path(sys.executable).parent / "gpuscaler"
 NOW = 1_800_000_000.0
@@ -139,7 +140,7 @@ def test_the_replay_of_the_replicas_that_ran_follows_them() -> None:
     arrivals = np.full(7200, 10.0)  # 1 h of 20 requests/s at 500 ms
     schedule = Series(0.0, 60.0, np.r_[np.full(30, 4.0), np.full(30, 8.0)])
     p = Prepared("flat", cfg, 0.0, 3600.0, arrivals, 1, 0, 0.0)
-    [around] = around_many([p], [schedule], baselines=False, reactive=False)
+    [around] = around_many([p], [schedule], baselines=(), reactive=False)
     out = around.actual
     assert out is not None and out["scaling_actions"] == 2  # min replicas -> 4 -> 8
     assert out["mean_replicas"] == pytest.approx(6, abs=0.1)
