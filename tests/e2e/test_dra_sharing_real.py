@@ -21,7 +21,7 @@ from gpuscaler.adapters.kube.cluster import (
 )
 from gpuscaler.adapters.kube.drashare import DECISION
 from gpuscaler.adapters.kube.reader import ClusterReader
-from gpuscaler.config import parse_config
+from gpuscaler.config import Config, parse_config
 from gpuscaler.core.decisions import FragmentsDecision, TimeSliceDecision
 
 LABEL = "gpuscaler.io/pool"
@@ -33,19 +33,27 @@ def labelled(doc: dict[str, Any], pool: str) -> dict[str, Any]:
     return doc
 
 
-def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only(
-    scheduler: Any, kube: Kube, tmp_path: Path
-) -> None:
+def one_pool(kube: Kube, kind: str, fields: str = "", rest: str = "") -> tuple[str, str, Config]:
+    """A fresh pool `<kind[0]><tag>` of one DRA node `<kind>-<tag>` (its pool `fields`,
+    the config's `rest`): (tag, pool, config)."""
     tag = uuid.uuid4().hex[:6]
-    ns, pool, node = kube.namespace(), f"p{tag}", f"dra-{tag}"
+    pool = f"{kind[0]}{tag}"
     config = parse_config(
         f"""
 node_pools:
-  - {{name: {pool}, gpu_memory_gib: 40, selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
-kubernetes: {{read_timeout: 30s}}
-"""
+  - {{name: {pool}, gpu_memory_gib: 40, {fields}selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
+{rest}"""
     )
-    kube.add_gpu_node(node, {"gpuscaler.test/pool": tag}, gpus=0)
+    kube.add_gpu_node(f"{kind}-{tag}", {"gpuscaler.test/pool": tag}, gpus=0)
+    return tag, pool, config
+
+
+def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only(
+    scheduler: Any, kube: Kube, tmp_path: Path
+) -> None:
+    ns = kube.namespace()
+    tag, pool, config = one_pool(kube, "pdra", rest="kubernetes: {read_timeout: 30s}\n")
+    node = f"pdra-{tag}"
     classes = [labelled(device_class(f"gpu-{tag}"), pool), device_class(f"plain-{tag}")]
     for obj in [gpu_slice(node, 1, sharing=True), *classes]:
         kube.create(obj)
@@ -123,15 +131,9 @@ kubernetes: {{read_timeout: 30s}}
 def test_under_mps_fragments_set_the_classs_thread_percentage_and_no_time_slice(
     kube: Kube,
 ) -> None:
-    tag = uuid.uuid4().hex[:6]
-    ns, pool, node = kube.namespace(), f"m{tag}", f"mps-{tag}"
-    config = parse_config(
-        f"""
-node_pools:
-  - {{name: {pool}, gpu_memory_gib: 40, sharing: mps, selector: {{label: gpuscaler.test/pool, value: "{tag}"}}}}
-"""
-    )
-    kube.add_gpu_node(node, {"gpuscaler.test/pool": tag}, gpus=0)
+    ns = kube.namespace()
+    tag, pool, config = one_pool(kube, "mps", fields="sharing: mps, ")
+    node = f"mps-{tag}"
     cls = labelled(device_class(f"mps-{tag}"), pool)
     mps = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10Gi"}}
     params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": mps}
