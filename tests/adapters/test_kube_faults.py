@@ -178,7 +178,8 @@ def test_a_template_deleted_but_not_created_again_is_created_on_the_next_tick(
     api: tuple[client.ApiClient, FakeCluster],
 ) -> None:
     """The replacement's second half failing (a fault the real server has no switch for)
-    must not lose the template: its new body is kept and created by the next tick."""
+    must not lose the template: its new body is stored before the delete and created by
+    the next tick, even one of a restarted controller."""
     kube, fake = api
     config = parse_config(
         "node_pools: [{name: dra, gpu_memory_gib: 40, selector: {label: pool, value: dra}}]"
@@ -193,7 +194,12 @@ def test_a_template_deleted_but_not_created_again_is_created_on_the_next_tick(
     actuator = kube_actuator(kube, config, "gpuscaler-abc")
     assert actuator.apply([FragmentsDecision(NOW, "dra", 4, 2, "r")]) == ()
     assert (API, "resourceclaimtemplates", "ml", "quarter") not in fake.objects
-    actuator.apply([])  # the next tick
+    pending = fake.objects[("v1", "configmaps", "gpuscaler", "gpuscaler-dra-templates")]
+    assert list(pending["data"]) == ["ml.quarter"]
+    kube_actuator(kube, config, "gpuscaler-abc").apply([])  # the next tick, after a restart
+    assert not fake.objects[("v1", "configmaps", "gpuscaler", "gpuscaler-dra-templates")].get(
+        "data"
+    )
     made = fake.objects[(API, "resourceclaimtemplates", "ml", "quarter")]
     (request,) = made["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["capacity"]["requests"] == {"memory": "20480Mi"}

@@ -19,6 +19,7 @@ from gpuscaler.adapters.kube.cluster import (
     current_state,
     load_cluster_snapshot,
 )
+from gpuscaler.adapters.kube.drapools import PENDING_CONFIGMAP
 from gpuscaler.adapters.kube.drashare import DECISION
 from gpuscaler.adapters.kube.reader import ClusterReader
 from gpuscaler.config import Config, parse_config
@@ -88,7 +89,7 @@ def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only
     seen = {n: kube.get(p) for n, p in untouched.items()}
 
     now = time.time()
-    actuator = kube_actuator(kube.api, config, "test", reader=reader)
+    actuator = kube_actuator(kube.api, config, "test", namespace=ns, reader=reader)
     decisions = (
         FragmentsDecision(now, pool, 4, 2, "more GPU per task"),
         TimeSliceDecision(now, pool, "default", "long", "stall"),
@@ -100,6 +101,9 @@ def test_a_decision_changes_the_share_and_slice_of_new_claims_that_opted_in_only
     assert request["exactly"]["capacity"]["requests"]["memory"] == "20Gi"
     assert opted["metadata"]["labels"] == {LABEL: pool}
     assert DECISION["fragments"] in opted["metadata"]["annotations"]
+    # Its new body was stored before the delete, and dropped once it was created again.
+    pending = kube.get(f"/api/v1/namespaces/{ns}/configmaps/{PENDING_CONFIGMAP}")
+    assert not pending.get("data")
     (entry,) = kube.get(kube.path(classes[0]))["spec"]["config"]
     assert entry["opaque"]["driver"] == "gpu.nvidia.com"
     assert entry["opaque"]["parameters"]["sharing"] == {
@@ -143,7 +147,7 @@ def test_under_mps_fragments_set_the_classs_thread_percentage_and_no_time_slice(
         kube.strays.append(kube.path(obj))
     kube.create(labelled(claim_template(ns, "quarter", cls=f"mps-{tag}", memory="10Gi"), pool))
     now = time.time()
-    actuator = kube_actuator(kube.api, config, "test")
+    actuator = kube_actuator(kube.api, config, "test", namespace=ns)
     fragments = FragmentsDecision(now, pool, 4, 2, "more GPU per task")
     assert actuator.apply(
         [fragments, TimeSliceDecision(now, pool, "default", "long", "stall")]

@@ -99,5 +99,7 @@ def kube_actuator(
         KubeWorkloads(api, config, identity, writer),
         pools,
         KubePreemption(api, config, writer, namespace),
-        KubeDraPools(api, config, writer, pools.reader) if config.kubernetes.dra.enabled else None,
+        KubeDraPools(api, config, writer, pools.reader, namespace)
+        if config.kubernetes.dra.enabled
+        else None,
     )

@@ -8,8 +8,10 @@ claims allocated after the write; claims already made keep what they were given.
   `.shares`) become the device's capacity over the fragments; under MPS also the class's
   defaultActiveThreadPercentage, 100 / fragments. A template's spec is immutable, so it is
   replaced: deleted (preconditions uid and resourceVersion) and created again, same name,
-  labels, owners. A pod created in between waits for the claim controller's retry; a create
-  that failed is tried again every tick from the body kept here.
+  labels, owners. A pod created in between waits for the claim controller's retry. The new
+  body is stored first in a ConfigMap of gpuscaler's namespace (`PENDING_CONFIGMAP`) and
+  dropped once created: a create that failed, or a restart between the two halves, is
+  carried on by the next tick, so a template is never lost.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from functools import partial
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.adapters.kube.api import KubeError, read_json, written
+from gpuscaler.adapters.kube.api import KubeError, api_error, json_body, read_json, written
 from gpuscaler.adapters.kube.cluster import pool_capacity, pool_nodes
 from gpuscaler.adapters.kube.drashare import (
     DECISION,
@@ -40,20 +43,29 @@ from gpuscaler.core.decisions import FragmentsDecision, TimeSliceDecision
 
 Json = dict[str, Any]
 log = logging.getLogger("gpuscaler.kubernetes")
+PENDING_CONFIGMAP = "gpuscaler-dra-templates"
+"""Templates deleted for a replacement and not created again yet: `<namespace>.<name>` ->
+the body to create."""
 
 
 class KubeDraPools:
     """Writes a pool's sharing decisions into the objects that opted in to it."""
 
     def __init__(
-        self, api: client.ApiClient, config: Config, writer: Writer, reader: ClusterReader
+        self,
+        api: client.ApiClient,
+        config: Config,
+        writer: Writer,
+        reader: ClusterReader,
+        namespace: str,
     ):
         self.config = config
         self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
         self.reader = reader
         self.writer = writer
-        self.recreate: dict[str, Json] = {}
-        """Templates deleted and not created again yet, by namespace/name."""
+        self.namespace = namespace
+        """gpuscaler's own, where `PENDING_CONFIGMAP` lives."""
 
     def _objects(self) -> ClusterObjects:
         return self.reader.last_objects or self.reader.objects()
@@ -160,18 +172,49 @@ class KubeDraPools:
         delete = partial(
             self.custom.delete_namespaced_custom_object, g, v, o.namespace, plural, o.name
         )
+        key = f"{o.namespace}.{o.name}"
+        self._pending({key: json.dumps(body)})  # before the delete: a restart carries on
         if not written(f"delete {o.where}", partial(delete, body=options, _preload_content=False)):
+            self._pending({key: None})  # changed since read: left as it is, re-read
             return False
-        self.recreate[f"{o.namespace}/{o.name}"] = body
         self._recreate_pending(gated=True)
         return True
 
+    def _pending(self, data: dict[str, str | None]) -> dict[str, str]:
+        """Set (None: drop) keys of `PENDING_CONFIGMAP`; what it holds before (empty: none
+        or no change asked)."""
+        name, ns = PENDING_CONFIGMAP, self.namespace
+        try:
+            cm = json_body(self.core.read_namespaced_config_map(name, ns, _preload_content=False))
+        except ApiException as e:
+            if e.status != 404:
+                raise api_error(f"read ConfigMap {ns}/{name}", e) from None
+            cm = None
+        held: dict[str, str] = dict((cm or {}).get("data") or {})
+        if not data or all(held.get(k) == v for k, v in data.items()):
+            return held
+        if cm is None:
+            made = client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name=name, namespace=ns),
+                data={k: v for k, v in data.items() if v is not None},
+            )
+            write = partial(self.core.create_namespaced_config_map, ns, made)
+        else:
+            body = {
+                "metadata": {"resourceVersion": cm["metadata"]["resourceVersion"]},
+                "data": data,
+            }
+            write = partial(self.core.patch_namespaced_config_map, name, ns, body)
+        if not written(f"write ConfigMap {ns}/{name}", partial(write, _preload_content=False)):
+            raise KubeError(f"ConfigMap {ns}/{name} changed meanwhile; retried next tick")
+        return held
+
     def _recreate_pending(self, gated: bool = False) -> None:
         """Create the templates deleted and not created again (KubeError if one fails),
-        through the gate unless the delete's already let it through. Only this process
-        holds their bodies: a restart in between loses them (docs/dra.md)."""
+        through the gate unless the delete's already let it through."""
         g, v, plural = DRA_SHARING["ResourceClaimTemplate"]
-        for key, body in list(self.recreate.items()):
+        for key, raw in self._pending({}).items():
+            body = json.loads(raw)
             ns = body["metadata"]["namespace"]
             if not gated:
                 self.writer.gate(f"create ResourceClaimTemplate {key} again")
@@ -182,7 +225,7 @@ class KubeDraPools:
                 )
             except KubeError as e:
                 raise KubeError(f"{e}; it is created again next tick") from None
-            del self.recreate[key]  # a 409: it exists again (created by its owner)
+            self._pending({key: None})  # a 409: it exists again (created by its owner)
 
     def _reread(self, o: Opted) -> Opted:
         g, v, plural = DRA_SHARING[o.kind]
