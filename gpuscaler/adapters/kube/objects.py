@@ -454,6 +454,10 @@ def with_dra(
     by_key = {c.key: c for c in parsed if c is not None}
     gpus_of = dra.node_gpus(devices)
     allocated = {f"{a.driver}/{a.pool}/{a.device}" for c in by_key.values() for a in c.gpus}
+    sharable: dict[str, dict[str, Mapping[str, float]]] = {}
+    for d in devices.values():
+        if d.shared and d.whole_gpu and d.node is not None:
+            sharable.setdefault(d.node, {})["/".join(d.key)] = d.capacity
     nodes = []
     for n in objects.nodes:
         count, memory, keys = gpus_of.get(n.name, (0, None, ()))
@@ -464,11 +468,7 @@ def with_dra(
                 gpu_memory_mib=n.gpu_memory_mib or memory,
                 dra_devices=keys,
                 dra_only=not n.gpu_count,
-                dra_shared={
-                    "/".join(d.key): d.capacity
-                    for d in devices.values()
-                    if d.shared and d.node == n.name and d.whole_gpu
-                },
+                dra_shared=sharable.get(n.name, {}),
                 dra_allocated=frozenset(allocated.intersection(keys)),
             )
         nodes.append(n)
