@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.adapters.kube.api import KubeError, json_body
+from gpuscaler.adapters.kube.cluster import in_pool
 from gpuscaler.adapters.kube.objects import parse_time
 from gpuscaler.config import Config
 from gpuscaler.core.gpufit import (
@@ -59,10 +60,7 @@ class SchedulingKube:
             raise KubeError(f"{action}: {type(e).__name__}: {e}") from None
 
     def _pool(self, labels: dict[str, str]) -> str | None:
-        for p in self.config.node_pools:
-            if labels.get(p.selector.label) == p.selector.value:
-                return p.name
-        return None
+        return next((p.name for p in self.config.node_pools if in_pool(p, labels)), None)
 
     def nodes(self) -> dict[str, NodeMeta]:
         listing = self._call("list nodes", self.core.list_node)

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from kubeobjects import node
+from kubernetes import client
 
 from gpuscaler.adapters.kube.cluster import pool_state, selects
 from gpuscaler.adapters.kube.objects import parse_objects
+from gpuscaler.adapters.scheduling import SchedulingKube
 from gpuscaler.config import Config, parse_config
 
 MODEL = "NVIDIA A100-SXM4-80GB"  # as NVML names it; GFD replaces spaces with '-'
@@ -155,3 +157,16 @@ def test_a_mig_pool_is_recognised_and_its_fragments_left_alone(
         assert state.fragments is None
     else:
         assert state.problem is None
+
+
+@pytest.mark.parametrize("fragments", [1, 2, 4])
+def test_the_extender_places_a_shared_node_in_its_pool_as_the_controller_does(
+    fragments: int,
+) -> None:
+    labels = gfd("time-slicing", fragments)
+    kube = SchedulingKube(client.ApiClient(), CONFIG)
+    (pool,) = CONFIG.node_pools
+    assert kube._pool(labels) == pool.name
+    assert [n.name for n in pool_state(_objects([node("g", extra_labels=labels)]), pool).nodes] == [
+        "g"
+    ]

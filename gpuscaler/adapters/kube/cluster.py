@@ -44,9 +44,14 @@ def selects(selector_value: str, label_value: str | None, label: str) -> bool:
     )
 
 
-def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
+def in_pool(pool: NodePoolConfig, labels: Mapping[str, str]) -> bool:
+    """Is a node of these labels in `pool` (its selector written with or without -SHARED)?"""
     label, value = pool.selector.label, pool.selector.value.removesuffix(SHARED_SUFFIX)
-    return tuple(n for n in objects.nodes if selects(value, n.labels.get(label), label))
+    return selects(value, labels.get(label), label)
+
+
+def pool_nodes(objects: ClusterObjects, pool: NodePoolConfig) -> tuple[Node, ...]:
+    return tuple(n for n in objects.nodes if in_pool(pool, n.labels))
 
 
 def is_mig(node: Node) -> bool:
