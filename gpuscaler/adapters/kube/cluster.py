@@ -131,15 +131,15 @@ def dra_sharing(
     objects: ClusterObjects, pool: NodePoolConfig, nodes: tuple[Node, ...]
 ) -> PoolSharing | None:
     """What the pool's opted-in DeviceClasses and templates give new claims, or None."""
-    return pool_sharing(objects.dra_sharing, pool.name, pool_capacity(objects, nodes))
+    return pool_sharing(objects.dra_sharing, pool.name, pool_capacity(nodes))
 
 
-def pool_capacity(objects: ClusterObjects, nodes: Iterable[Node]) -> dict[str, float]:
+def pool_capacity(nodes: Iterable[Node]) -> dict[str, float]:
     """The smallest capacity of each name among the nodes' DRA GPUs: a share size is
     measured against it, so a share fits every device of the pool."""
     capacity: dict[str, float] = {}
     for n in nodes:
-        for key, value in objects.dra_capacity.get(n.name, {}).items():
+        for key, value in n.dra_capacity.items():
             capacity[key] = min(capacity.get(key, value), value)
     return capacity
 

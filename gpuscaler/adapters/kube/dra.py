@@ -258,21 +258,37 @@ def current(devices: Iterable[Device]) -> dict[DeviceKey, Device]:
     return {d.key: d for d in devices if d.generation == newest[d.driver, d.pool]}
 
 
-def node_gpus(
-    devices: Mapping[DeviceKey, Device],
-) -> dict[str, tuple[int, float | None, tuple[str, ...]]]:
-    """Per node: its whole GPUs, the smallest one's memory (MiB) when published, and the
-    GPUs' keys (driver/pool/device)."""
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's whole GPUs, as its driver publishes them."""
+
+    keys: tuple[str, ...]
+    """driver/pool/device of each."""
+    capacity: Mapping[str, float]
+    """The smallest capacity of each name among them (a share fits every one)."""
+    shared: Mapping[str, Mapping[str, float]]
+    """The capacity of each that several claims may share (allowMultipleAllocations)."""
+
+
+def node_gpus(devices: Mapping[DeviceKey, Device]) -> dict[str, NodeGpus]:
+    """Per node, its whole GPUs (MIG devices of the same GPUs are not counted again)."""
     keys: dict[str, list[str]] = {}
-    memory: dict[str, float] = {}
+    capacity: dict[str, dict[str, float]] = {}
+    shared: dict[str, dict[str, Mapping[str, float]]] = {}
     for d in devices.values():
         if d.node is None or not d.whole_gpu:
             continue
-        keys.setdefault(d.node, []).append("/".join(d.key))
-        if MEMORY in d.capacity:
-            mib = d.capacity[MEMORY] / (1 << 20)
-            memory[d.node] = min(memory.get(d.node, mib), mib)
-    return {node: (len(k), memory.get(node), tuple(sorted(k))) for node, k in keys.items()}
+        key = "/".join(d.key)
+        keys.setdefault(d.node, []).append(key)
+        smallest = capacity.setdefault(d.node, {})
+        for k, v in d.capacity.items():
+            smallest[k] = min(smallest.get(k, v), v)
+        if d.shared:
+            shared.setdefault(d.node, {})[key] = d.capacity
+    return {
+        node: NodeGpus(tuple(sorted(k)), capacity[node], shared.get(node, {}))
+        for node, k in keys.items()
+    }
 
 
 def pod_gpus(

@@ -95,7 +95,7 @@ class KubeDraPools:
             targets += [o for o in mine if o.kind == "DeviceClass" and pool.sharing == "mps"]
         if not targets:
             raise KubeError(f"pool {pool.name}: no DRA object opted in carries its {kind}")
-        capacity = pool_capacity(objects, pool_nodes(objects, pool))
+        capacity = pool_capacity(pool_nodes(objects, pool))
         done = 0
         for o in targets:
             try:

@@ -23,8 +23,6 @@ from typing import Any
 from gpuscaler.adapters.kube.dra import (
     RESULTS_MAX,
     SUBREQUESTS_MAX,
-    Device,
-    DeviceKey,
     as_dict,
     as_list,
     quantity,
@@ -148,17 +146,6 @@ def parse_opted(items: Iterable[Json], config: Config) -> tuple[Opted, ...]:
         if pool in pools:
             out.append(_parse(obj, str(obj.get("kind")), pool, config))
     return tuple(out)
-
-
-def node_capacity(devices: Mapping[DeviceKey, Device]) -> dict[str, dict[str, float]]:
-    """Per node, the smallest capacity of each name among its whole GPUs."""
-    out: dict[str, dict[str, float]] = {}
-    for d in devices.values():
-        if d.node is not None and d.whole_gpu:
-            have = out.setdefault(d.node, {})
-            for k, v in d.capacity.items():
-                have[k] = min(have.get(k, v), v)
-    return out
 
 
 def share_value(capacity: float, fragments: int, key: str) -> float:

@@ -73,6 +73,8 @@ class Node:
     """All its GPUs are DRA's: its device plugin advertises none."""
     dra_shared: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """The capacity of each of `dra_devices` several claims may share."""
+    dra_capacity: Mapping[str, float] = field(default_factory=dict)
+    """The smallest capacity of each name among `dra_devices`."""
 
     @property
     def opted_in(self) -> bool:
@@ -167,8 +169,6 @@ class ClusterObjects:
     """UIDs of the pods an allocated DRA GPU claim is reserved for."""
     dra_sharing: tuple[drashare.Opted, ...] = ()
     """DeviceClasses and ResourceClaimTemplates opted in to a pool's sharing."""
-    dra_capacity: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    """Per node, the smallest capacity of each name among its DRA GPUs."""
 
 
 def _meta(obj: Json, where: str) -> Json:
@@ -454,22 +454,20 @@ def with_dra(
     by_key = {c.key: c for c in parsed if c is not None}
     gpus_of = dra.node_gpus(devices)
     allocated = {f"{a.driver}/{a.pool}/{a.device}" for c in by_key.values() for a in c.gpus}
-    sharable: dict[str, dict[str, Mapping[str, float]]] = {}
-    for d in devices.values():
-        if d.shared and d.whole_gpu and d.node is not None:
-            sharable.setdefault(d.node, {})["/".join(d.key)] = d.capacity
     nodes = []
     for n in objects.nodes:
-        count, memory, keys = gpus_of.get(n.name, (0, None, ()))
-        if count:
+        gpus = gpus_of.get(n.name)
+        if gpus is not None:
+            memory = gpus.capacity.get(dra.MEMORY)
             n = replace(
                 n,
-                gpu_count=max(n.gpu_count or 0, count),
-                gpu_memory_mib=n.gpu_memory_mib or memory,
-                dra_devices=keys,
+                gpu_count=max(n.gpu_count or 0, len(gpus.keys)),
+                gpu_memory_mib=n.gpu_memory_mib or (memory / (1 << 20) if memory else None),
+                dra_devices=gpus.keys,
                 dra_only=not n.gpu_count,
-                dra_shared=sharable.get(n.name, {}),
-                dra_allocated=frozenset(allocated.intersection(keys)),
+                dra_shared=gpus.shared,
+                dra_capacity=gpus.capacity,
+                dra_allocated=frozenset(allocated.intersection(gpus.keys)),
             )
         nodes.append(n)
     pods = []
@@ -492,5 +490,4 @@ def with_dra(
         pods=tuple(pods),
         claim_holders=holders,
         dra_sharing=drashare.parse_opted(shared, config) if cfg.enabled else (),
-        dra_capacity=drashare.node_capacity(devices),
     )
